@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Ferry's one entry point on a fresh machine: installs what is missing (Debian packages),
+# configures and builds with CMake + Ninja, then runs the main job or the tests.
+#
+#   ./build.sh demo    install, build, run a local cluster (2 ferry-ps + 2 workers) that trains
+#   ./build.sh test    install, build, run every test (ctest)
+#   ./build.sh build   install and build only
+#   ./build.sh bench   install, build, run the micro-benchmarks
+#
+# Environment: BUILD_DIR (default build), JOBS (default: cores), FERRY_CMAKE_ARGS (extra args).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+PACKAGES=(cmake ninja-build g++ pkg-config
+          libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
+          libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev)
+
+say() { printf '\033[1m[ferry]\033[0m %s\n' "$*"; }
+
+install_deps() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    say "all build dependencies are installed"
+    return
+  fi
+  say "installing: ${missing[*]}"
+  local sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+build() {
+  say "configuring ($BUILD_DIR)"
+  # shellcheck disable=SC2086
+  cmake -S . -B "$BUILD_DIR" -G Ninja ${FERRY_CMAKE_ARGS:-}
+  say "building with $JOBS jobs"
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+}
+
+run_tests() {
+  say "running the tests"
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 300
+}
+
+run_demo() {
+  local bin="$BUILD_DIR" ports=(7470 7471) pids=() endpoints=()
+  cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+  trap cleanup EXIT
+  for i in 0 1; do
+    "$bin/ps/ferry-ps" --bind "tcp://127.0.0.1:${ports[$i]}" --rank "$i" --num-servers 2 --compute-threads 1 &
+    pids+=($!)
+    endpoints+=("tcp://127.0.0.1:${ports[$i]}")
+  done
+  say "2 servers started; training with 2 workers"
+  "$bin/trainer/ferry-demo" --servers "$(IFS=,; echo "${endpoints[*]}")" --workers 2 --steps 300
+}
+
+case "${1:-}" in
+  demo) install_deps; build; run_demo ;;
+  test) install_deps; build; run_tests ;;
+  build) install_deps; build ;;
+  bench) install_deps; build; "$BUILD_DIR/bench/ferry-bench" ;;
+  *) echo "usage: $0 demo|test|build|bench" >&2; exit 2 ;;
+esac

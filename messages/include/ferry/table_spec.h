@@ -1,0 +1,72 @@
+// ferry/table_spec.h — how a table is declared: kind, shape, optimizer, consistency, init.
+//
+// A TableSpec is plain data. Every worker may declare the same table; the servers accept an
+// identical declaration again and refuse a conflicting one with an error naming both specs.
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/status.h"
+
+namespace ferry {
+
+enum class TableType : uint8_t { kDense = 0, kSparse = 1 };
+enum class OptimizerType : uint8_t { kSgd = 0, kMomentum = 1, kAdagrad = 2, kAdam = 3 };
+enum class Consistency : uint8_t { kSync = 0, kAsync = 1, kSsp = 2 };
+enum class InitType : uint8_t { kZeros = 0, kUniform = 1, kNormal = 2, kConstant = 3 };
+
+// Server-side optimizer and its hyperparameters (fields not used by `type` are ignored).
+struct OptimizerSpec {
+  OptimizerType type = OptimizerType::kSgd;
+  float learning_rate = 0.01f;
+  float momentum = 0.9f;             // kMomentum: v = momentum*v + g; p -= lr*v
+  bool nesterov = false;             // kMomentum: p -= lr*(g + momentum*v)
+  float beta1 = 0.9f;                // kAdam
+  float beta2 = 0.999f;              // kAdam
+  float epsilon = 1e-8f;             // kAdagrad, kAdam
+  float initial_accumulator = 0.1f;  // kAdagrad: accumulator starts here
+
+  friend bool operator==(const OptimizerSpec&, const OptimizerSpec&) = default;
+};
+
+struct TableSpec {
+  std::string name;
+  TableType type = TableType::kDense;
+  std::vector<int64_t> shape;        // kDense: tensor shape (product = element count)
+  int64_t dim = 0;                   // kSparse: floats per row
+  int64_t chunk_elems = 1 << 20;     // kDense: elements per chunk (4 MiB); spreads big tensors
+  OptimizerSpec optimizer;
+  Consistency consistency = Consistency::kAsync;
+  int32_t staleness = 0;             // kSsp: bound s (a pull at clock c waits for all >= c - s)
+  int32_t replicas_to_aggregate = 0; // kSync: gradients per step (0 = every worker)
+  InitType init = InitType::kZeros;
+  float init_scale = 0.0f;           // kUniform: [-scale, scale); kNormal: stddev; kConstant: value
+  uint64_t seed = 0;                 // initial values depend only on (seed, table, index or id)
+
+  // Dense: product of `shape`; sparse: 0.
+  int64_t num_elements() const;
+  // Number of dense chunks (0 for sparse).
+  int64_t num_chunks() const;
+  // Checks the spec on its own (names the offending field).
+  Status Validate() const;
+  // One line that names every field, for logs and conflict errors.
+  std::string ToString() const;
+
+  friend bool operator==(const TableSpec&, const TableSpec&) = default;
+};
+
+// Parses "sync", "async" or "ssp:<s>" into consistency + staleness.
+Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t* staleness);
+// Parses "sgd", "momentum", "adagrad" or "adam".
+Status ParseOptimizerType(std::string_view text, OptimizerType* type);
+std::string_view ConsistencyName(Consistency c);
+std::string_view OptimizerName(OptimizerType t);
+
+// The 64-bit id of a table on the wire: FNV-1a of its name (stable across processes and builds).
+uint64_t TableId(std::string_view name);
+
+}  // namespace ferry

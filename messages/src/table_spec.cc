@@ -1,0 +1,156 @@
+#include "ferry/table_spec.h"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+namespace ferry {
+
+int64_t TableSpec::num_elements() const {
+  if (type != TableType::kDense) return 0;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t TableSpec::num_chunks() const {
+  if (type != TableType::kDense || chunk_elems <= 0) return 0;
+  return (num_elements() + chunk_elems - 1) / chunk_elems;
+}
+
+Status TableSpec::Validate() const {
+  auto bad = [&](const std::string& what) {
+    return InvalidArgumentError("table '" + name + "': " + what);
+  };
+  if (name.empty()) return InvalidArgumentError("table spec: name is empty");
+  if (name.size() > 256) return bad("name is longer than 256 characters");
+  if (type == TableType::kDense) {
+    if (shape.empty()) return bad("dense table needs a shape");
+    __int128 n = 1;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (shape[i] <= 0) return bad("shape[" + std::to_string(i) + "] = " + std::to_string(shape[i]) + " must be > 0");
+      n *= shape[i];
+      if (n > (static_cast<__int128>(1) << 40)) return bad("shape has more than 2^40 elements");
+    }
+    if (chunk_elems <= 0) return bad("chunk_elems must be > 0");
+    if (dim != 0) return bad("dim is for sparse tables; dense tables use shape");
+  } else if (type == TableType::kSparse) {
+    if (dim <= 0 || dim > (1 << 20)) return bad("sparse dim must be in [1, 2^20], got " + std::to_string(dim));
+    if (!shape.empty()) return bad("shape is for dense tables; sparse tables use dim");
+  } else {
+    return bad("unknown table type");
+  }
+  const auto& o = optimizer;
+  if (static_cast<uint8_t>(o.type) > static_cast<uint8_t>(OptimizerType::kAdam)) return bad("unknown optimizer");
+  if (!(o.learning_rate >= 0.0f) || !std::isfinite(o.learning_rate)) return bad("learning_rate must be finite and >= 0");
+  if (!(o.epsilon >= 0.0f)) return bad("epsilon must be >= 0");
+  if (o.type == OptimizerType::kAdam && !(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
+    return bad("adam betas must be in [0, 1)");
+  if (o.type == OptimizerType::kAdagrad && !(o.initial_accumulator > 0.0f) && !(o.epsilon > 0.0f))
+    return bad("adagrad needs initial_accumulator > 0 or epsilon > 0");
+  if (static_cast<uint8_t>(consistency) > static_cast<uint8_t>(Consistency::kSsp)) return bad("unknown consistency");
+  if (staleness < 0) return bad("staleness must be >= 0");
+  if (consistency != Consistency::kSsp && staleness != 0) return bad("staleness is only for ssp tables");
+  if (replicas_to_aggregate < 0) return bad("replicas_to_aggregate must be >= 0");
+  if (consistency != Consistency::kSync && replicas_to_aggregate != 0)
+    return bad("replicas_to_aggregate is only for sync tables");
+  if (static_cast<uint8_t>(init) > static_cast<uint8_t>(InitType::kConstant)) return bad("unknown init");
+  if (!std::isfinite(init_scale) || (init != InitType::kConstant && init_scale < 0))
+    return bad("init_scale must be finite (and >= 0 unless init is constant)");
+  return Status::Ok();
+}
+
+std::string_view ConsistencyName(Consistency c) {
+  switch (c) {
+    case Consistency::kSync: return "sync";
+    case Consistency::kAsync: return "async";
+    case Consistency::kSsp: return "ssp";
+  }
+  return "?";
+}
+
+std::string_view OptimizerName(OptimizerType t) {
+  switch (t) {
+    case OptimizerType::kSgd: return "sgd";
+    case OptimizerType::kMomentum: return "momentum";
+    case OptimizerType::kAdagrad: return "adagrad";
+    case OptimizerType::kAdam: return "adam";
+  }
+  return "?";
+}
+
+static std::string_view InitName(InitType t) {
+  switch (t) {
+    case InitType::kZeros: return "zeros";
+    case InitType::kUniform: return "uniform";
+    case InitType::kNormal: return "normal";
+    case InitType::kConstant: return "constant";
+  }
+  return "?";
+}
+
+std::string TableSpec::ToString() const {
+  std::ostringstream os;
+  os << "{name=" << name << " type=" << (type == TableType::kDense ? "dense" : "sparse");
+  if (type == TableType::kDense) {
+    os << " shape=[";
+    for (size_t i = 0; i < shape.size(); ++i) os << (i ? "," : "") << shape[i];
+    os << "] chunk_elems=" << chunk_elems;
+  } else {
+    os << " dim=" << dim;
+  }
+  os << " optimizer=" << OptimizerName(optimizer.type) << "(lr=" << optimizer.learning_rate;
+  switch (optimizer.type) {
+    case OptimizerType::kSgd: break;
+    case OptimizerType::kMomentum:
+      os << " momentum=" << optimizer.momentum << (optimizer.nesterov ? " nesterov" : "");
+      break;
+    case OptimizerType::kAdagrad:
+      os << " initial_accumulator=" << optimizer.initial_accumulator << " eps=" << optimizer.epsilon;
+      break;
+    case OptimizerType::kAdam:
+      os << " beta1=" << optimizer.beta1 << " beta2=" << optimizer.beta2 << " eps=" << optimizer.epsilon;
+      break;
+  }
+  os << ") consistency=" << ConsistencyName(consistency);
+  if (consistency == Consistency::kSsp) os << ":" << staleness;
+  if (consistency == Consistency::kSync) os << " replicas_to_aggregate=" << replicas_to_aggregate;
+  os << " init=" << InitName(init) << "(" << init_scale << ") seed=" << seed << "}";
+  return os.str();
+}
+
+Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t* staleness) {
+  if (text == "sync") { *consistency = Consistency::kSync; *staleness = 0; return Status::Ok(); }
+  if (text == "async") { *consistency = Consistency::kAsync; *staleness = 0; return Status::Ok(); }
+  if (text.starts_with("ssp:")) {
+    std::string_view num = text.substr(4);
+    int32_t s = -1;
+    auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), s);
+    if (ec == std::errc() && ptr == num.data() + num.size() && s >= 0) {
+      *consistency = Consistency::kSsp;
+      *staleness = s;
+      return Status::Ok();
+    }
+  }
+  return InvalidArgumentError("consistency '" + std::string(text) +
+                              "' is not one of: sync, async, ssp:<s> (s a non-negative integer)");
+}
+
+Status ParseOptimizerType(std::string_view text, OptimizerType* type) {
+  for (auto t : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdagrad, OptimizerType::kAdam}) {
+    if (text == OptimizerName(t)) { *type = t; return Status::Ok(); }
+  }
+  return InvalidArgumentError("optimizer '" + std::string(text) + "' is not one of: sgd, momentum, adagrad, adam");
+}
+
+uint64_t TableId(std::string_view name) {
+  uint64_t h = 14695981039346656037ull;  // FNV-1a 64
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace ferry

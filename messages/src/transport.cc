@@ -1,0 +1,119 @@
+#include "messages/internal/transport.h"
+
+namespace ferry::transport {
+namespace {
+
+void ReleaseBorrowed(void* /*data*/, void* hint) {
+  auto* lender = static_cast<std::shared_ptr<Lender>*>(hint);
+  (*lender)->Release();
+  delete lender;
+}
+
+Status FromZmq(const zmq::error_t& e, const char* what) {
+  return UnavailableError(std::string(what) + ": " + e.what());
+}
+
+}  // namespace
+
+void Lender::Release() {
+  if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    std::lock_guard lock(mu_);
+    cv_.notify_all();
+  }
+}
+
+bool Lender::WaitReturned(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_until(lock, deadline, [&] { return outstanding() == 0; });
+}
+
+zmq::message_t Borrow(const void* data, size_t size, const std::shared_ptr<Lender>& lender) {
+  lender->Lend();
+  // ZeroMQ never writes through the pointer of a message it sends.
+  return zmq::message_t(const_cast<void*>(data), size, &ReleaseBorrowed, new std::shared_ptr<Lender>(lender));
+}
+
+StatusOr<zmq::socket_t> MakeSocket(zmq::context_t& ctx, zmq::socket_type type, int hwm) {
+  try {
+    zmq::socket_t s(ctx, type);
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::sndhwm, hwm);
+    s.set(zmq::sockopt::rcvhwm, hwm);
+    return s;
+  } catch (const zmq::error_t& e) {
+    return FromZmq(e, "creating a socket");
+  }
+}
+
+Status Send(zmq::socket_t& socket, Frames& frames, bool dontwait) {
+  try {
+    for (size_t i = 0; i < frames.size(); ++i) {
+      auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+      if (dontwait) flags = flags | zmq::send_flags::dontwait;
+      if (!socket.send(frames[i], flags)) {
+        return ResourceExhaustedError("send timed out: the peer's queue stayed full");
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    return FromZmq(e, "send");
+  }
+  frames.clear();
+  return Status::Ok();
+}
+
+Status RecvNonBlocking(zmq::socket_t& socket, Frames* frames, bool* got, size_t max_frames, bool* truncated) {
+  frames->clear();
+  *got = false;
+  *truncated = false;
+  try {
+    zmq::message_t msg;
+    if (!socket.recv(msg, zmq::recv_flags::dontwait)) return Status::Ok();
+    *got = true;
+    bool more = msg.more();
+    frames->push_back(std::move(msg));
+    while (more) {
+      zmq::message_t part;
+      // The remaining frames of a message are already here: a blocking read cannot wait.
+      (void)socket.recv(part, zmq::recv_flags::none);
+      more = part.more();
+      if (frames->size() < max_frames) {
+        frames->push_back(std::move(part));
+      } else {
+        *truncated = true;
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    return FromZmq(e, "recv");
+  }
+  return Status::Ok();
+}
+
+std::string LastEndpoint(zmq::socket_t& socket) {
+  try {
+    return socket.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t&) {
+    return "?";
+  }
+}
+
+}  // namespace ferry::transport
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+namespace ferry::transport {
+
+Waker::Waker() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+Waker::~Waker() {
+  if (fd_ >= 0) close(fd_);
+}
+void Waker::Notify() {
+  const uint64_t one = 1;
+  [[maybe_unused]] auto n = write(fd_, &one, sizeof one);  // EAGAIN only if already signalled
+}
+void Waker::Drain() {
+  uint64_t value;
+  [[maybe_unused]] auto n = read(fd_, &value, sizeof value);
+}
+
+}  // namespace ferry::transport

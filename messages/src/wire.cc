@@ -1,0 +1,186 @@
+#include "messages/internal/wire.h"
+
+#include <limits>
+
+namespace ferry::wire {
+namespace {
+
+// a * b, or false on overflow past `limit`.
+bool MulFits(int64_t a, int64_t b, int64_t limit, int64_t* out) {
+  if (a < 0 || b < 0) return false;
+  if (a != 0 && b > limit / a) return false;
+  *out = a * b;
+  return *out <= limit;
+}
+
+Status FrameSize(std::string_view what, const zmq::message_t& frame, int64_t count, int64_t elem_bytes) {
+  int64_t want = 0;
+  if (!MulFits(count, elem_bytes, std::numeric_limits<int64_t>::max() / 2, &want)) {
+    return InvalidArgumentError(std::string(what) + ": count " + std::to_string(count) + " is out of range");
+  }
+  if (static_cast<int64_t>(frame.size()) != want) {
+    return InvalidArgumentError(std::string(what) + " frame has " + std::to_string(frame.size()) +
+                                " bytes, the header's count says " + std::to_string(want));
+  }
+  return Status::Ok();
+}
+
+Status FrameCount(const Header& h, size_t got, size_t want) {
+  if (got == want) return Status::Ok();
+  return InvalidArgumentError(std::string(KindName(h.kind())) + " carries " + std::to_string(got) +
+                              " payload frames, expected " + std::to_string(want));
+}
+
+}  // namespace
+
+std::string_view KindName(Kind kind) {
+  const char* name = EnumNameKind(kind);
+  return (name && *name) ? name : "UnknownKind";
+}
+
+Status VerifyHeader(const zmq::message_t& frame, const Header** out) {
+  if (frame.size() == 0) return InvalidArgumentError("empty header frame");
+  if (frame.size() > kMaxHeaderBytes) {
+    return InvalidArgumentError("header frame of " + std::to_string(frame.size()) + " bytes exceeds " +
+                                std::to_string(kMaxHeaderBytes));
+  }
+  const auto* data = static_cast<const uint8_t*>(frame.data());
+  if (frame.size() < 8 || !flatbuffers::BufferHasIdentifier(data, HeaderIdentifier())) {
+    return InvalidArgumentError("header frame is not a Ferry message (file identifier FRY1 missing)");
+  }
+  flatbuffers::Verifier verifier(data, frame.size(), /*max_depth=*/16, /*max_tables=*/1 << 16);
+  if (!VerifyHeaderBuffer(verifier)) {
+    return InvalidArgumentError("header frame fails FlatBuffers verification (truncated or corrupt)");
+  }
+  const Header* h = GetHeader(data);
+  if (h->major() != kMajor) {
+    return FailedPreconditionError("protocol major version " + std::to_string(h->major()) +
+                                   " is not supported (this side speaks " + std::to_string(kMajor) + "." +
+                                   std::to_string(kMinor) + ")");
+  }
+  const auto k = static_cast<int>(h->kind());
+  const bool known = (k >= static_cast<int>(Kind::Hello) && k <= static_cast<int>(Kind::Stats)) ||
+                     h->kind() == Kind::Reply || h->kind() == Kind::Error;
+  if (!known) return InvalidArgumentError("unknown message kind " + std::to_string(k));
+  *out = h;
+  return Status::Ok();
+}
+
+Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payload) {
+  switch (h.kind()) {
+    case Kind::PushDense:
+    case Kind::PushPullDense: {
+      const auto* slices = h.slices();
+      if (!slices || slices->size() == 0) return InvalidArgumentError(std::string(KindName(h.kind())) + " has no slices");
+      FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), slices->size()));
+      for (flatbuffers::uoffset_t i = 0; i < slices->size(); ++i) {
+        FERRY_RETURN_IF_ERROR(FrameSize("slice " + std::to_string(i), payload[i], slices->Get(i)->count(), 4));
+      }
+      return Status::Ok();
+    }
+    case Kind::PullDense: {
+      const auto* slices = h.slices();
+      if (!slices || slices->size() == 0) return InvalidArgumentError("PullDense has no slices");
+      return FrameCount(h, payload.size(), 0);
+    }
+    case Kind::PullSparse:
+      FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), 1));
+      return FrameSize("id", payload[0], h.num_ids(), 8);
+    case Kind::PushSparse: {
+      FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), 2));
+      FERRY_RETURN_IF_ERROR(FrameSize("id", payload[0], h.num_ids(), 8));
+      int64_t values = 0;
+      if (!MulFits(h.num_ids(), h.dim(), std::numeric_limits<int64_t>::max() / 8, &values)) {
+        return InvalidArgumentError("num_ids x dim is out of range");
+      }
+      return FrameSize("gradient", payload[1], values, 4);
+    }
+    case Kind::Reply:
+    case Kind::Error:
+      return Status::Ok();  // the receiver checks replies against its own request
+    default:
+      return FrameCount(h, payload.size(), 0);
+  }
+}
+
+zmq::message_t ToFrame(const flatbuffers::FlatBufferBuilder& fbb) {
+  return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
+}
+
+zmq::message_t MakeError(uint64_t request_id, Kind request_kind, const Status& status) {
+  flatbuffers::FlatBufferBuilder fbb(256 + status.message().size());
+  auto msg = fbb.CreateString(status.message());
+  HeaderBuilder b(fbb);
+  b.add_major(kMajor);
+  b.add_minor(kMinor);
+  b.add_kind(Kind::Error);
+  b.add_request_id(request_id);
+  b.add_request_kind(request_kind);
+  b.add_error_code(static_cast<int>(status.code()));
+  b.add_error_message(msg);
+  FinishHeaderBuffer(fbb, b.Finish());
+  return ToFrame(fbb);
+}
+
+zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, int64_t version) {
+  flatbuffers::FlatBufferBuilder fbb(128);
+  HeaderBuilder b(fbb);
+  b.add_major(kMajor);
+  b.add_minor(kMinor);
+  b.add_kind(Kind::Reply);
+  b.add_request_id(request_id);
+  b.add_request_kind(request_kind);
+  b.add_version(version);
+  FinishHeaderBuffer(fbb, b.Finish());
+  return ToFrame(fbb);
+}
+
+Status ErrorStatus(const Header& h) {
+  int code = h.error_code();
+  if (code <= 0 || code > static_cast<int>(StatusCode::kDataLoss)) code = static_cast<int>(StatusCode::kUnknown);
+  std::string msg = h.error_message() ? h.error_message()->str() : "(no message)";
+  return Status(static_cast<StatusCode>(code), std::move(msg));
+}
+
+flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& fbb, const ferry::TableSpec& s) {
+  auto name = fbb.CreateString(s.name);
+  auto shape = fbb.CreateVector(s.shape);
+  const auto& o = s.optimizer;
+  auto opt = CreateOptimizerSpec(fbb, static_cast<OptimizerType>(o.type), o.learning_rate, o.momentum, o.beta1,
+                                 o.beta2, o.epsilon, o.initial_accumulator, o.nesterov);
+  return CreateTableSpec(fbb, name, static_cast<TableType>(s.type), shape, s.dim, s.chunk_elems, opt,
+                         static_cast<ConsistencyType>(s.consistency), s.staleness, s.replicas_to_aggregate,
+                         static_cast<InitType>(s.init), s.init_scale, s.seed);
+}
+
+Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
+  if (!in) return InvalidArgumentError("CreateTable without a spec");
+  if (!in->name()) return InvalidArgumentError("table spec without a name");
+  ferry::TableSpec s;
+  s.name = in->name()->str();
+  s.type = static_cast<ferry::TableType>(in->type());
+  if (in->shape()) s.shape.assign(in->shape()->begin(), in->shape()->end());
+  s.dim = in->dim();
+  s.chunk_elems = in->chunk_elems();
+  if (const auto* o = in->optimizer()) {
+    s.optimizer.type = static_cast<ferry::OptimizerType>(o->type());
+    s.optimizer.learning_rate = o->learning_rate();
+    s.optimizer.momentum = o->momentum();
+    s.optimizer.beta1 = o->beta1();
+    s.optimizer.beta2 = o->beta2();
+    s.optimizer.epsilon = o->epsilon();
+    s.optimizer.initial_accumulator = o->initial_accumulator();
+    s.optimizer.nesterov = o->nesterov();
+  }
+  s.consistency = static_cast<ferry::Consistency>(in->consistency());
+  s.staleness = in->staleness();
+  s.replicas_to_aggregate = in->replicas_to_aggregate();
+  s.init = static_cast<ferry::InitType>(in->init());
+  s.init_scale = in->init_scale();
+  s.seed = in->seed();
+  FERRY_RETURN_IF_ERROR(s.Validate());
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+}  // namespace ferry::wire

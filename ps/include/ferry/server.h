@@ -1,0 +1,62 @@
+// ferry/server.h — a Ferry parameter server (one shard of every table).
+//
+// A server binds one endpoint, holds its share of every declared table in CPU memory, applies
+// pushed gradients with each table's optimizer and enforces each table's consistency mode
+// (sync / async / ssp). The `ferry-ps` binary is a thin main() around this class; tests run
+// several servers in one process over inproc:// with a shared Context.
+//
+// Thread-safety: Start() returns a running server whose work happens on its own threads;
+// endpoint(), stats() and Stop() may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/context.h"
+#include "ferry/status.h"
+
+namespace ferry {
+
+struct ServerOptions {
+  // Where to listen: tcp://HOST:PORT (port 0 picks a free one), ipc://PATH or inproc://NAME.
+  std::string bind = "tcp://127.0.0.1:7000";
+  int rank = 0;         // this server's index in the cluster's server list
+  int num_servers = 1;  // servers in the cluster (placement is computed from it)
+  // Threads that share large updates and pulls with the I/O thread (0 = one per core, minus one).
+  int compute_threads = 0;
+  // Largest message accepted, all frames together; larger ones get an error reply.
+  int64_t max_message_bytes = int64_t{1} << 30;
+  // Longest a pull (sync / ssp) or barrier is held waiting before it gets a DEADLINE_EXCEEDED reply.
+  std::chrono::milliseconds max_wait{std::chrono::minutes(5)};
+  // Requests held at once (waiting pulls, barriers); beyond that new ones are refused.
+  size_t max_held = 1 << 16;
+  // Required for inproc://; optional otherwise (a private one is made).
+  std::shared_ptr<Context> context;
+};
+
+struct ServerStats {
+  // Monotonic counters: messages, bad_messages, errors_sent, late_gradients_dropped, ...
+  std::map<std::string, int64_t> counters;
+  // staleness_histogram[k]: updates applied k versions after the pushing worker's last pull
+  // (async and ssp tables); the last bucket counts k >= size-1.
+  std::vector<int64_t> staleness_histogram;
+};
+
+class Server {
+ public:
+  // Binds and starts serving. Fails with a clear status if the endpoint cannot be bound.
+  static StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
+
+  virtual ~Server() = default;  // stops the server
+  // The bound endpoint (with the actual port when bound to port 0).
+  virtual std::string endpoint() const = 0;
+  virtual ServerStats stats() const = 0;
+  // Stops serving and joins the threads; requests in flight get no reply. Idempotent.
+  virtual void Stop() = 0;
+};
+
+}  // namespace ferry

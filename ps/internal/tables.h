@@ -1,0 +1,89 @@
+// ps/internal/tables.h — one server's shard of a table: storage, optimizer state, versions and
+// the gradients held for a sync step. Pure data structures: no sockets, no locks (the server's
+// I/O thread owns them; compute helpers only touch disjoint ranges during ParallelFor).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <absl/container/flat_hash_map.h>
+#include <zmq.hpp>
+
+#include "ferry/table_spec.h"
+#include "ps/internal/thread_pool.h"
+
+namespace ferry::ps {
+
+// Gradients received for the current sync step, one slot per worker rank.
+struct SyncSlots {
+  std::vector<std::optional<zmq::message_t>> by_rank;   // dense: the gradient frame
+  std::vector<std::optional<zmq::message_t>> ids_by_rank;  // sparse: the id frame (grads in by_rank)
+  int received = 0;
+
+  void Reset(int num_workers, bool sparse);
+};
+
+struct DenseChunk {
+  int64_t offset = 0;  // first element of the chunk in the flattened tensor
+  int64_t size = 0;    // elements
+  std::vector<float> params;
+  std::vector<float> state;  // StateSlots() arrays of `size` floats
+  int64_t version = 0;       // updates applied
+  std::vector<int64_t> last_pulled;  // per rank: version at that worker's last pull (staleness)
+  SyncSlots sync;
+};
+
+class DenseShard {
+ public:
+  // Allocates and initialises the chunks that `placement` assigns to server `rank`.
+  DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers);
+  // nullptr when `chunk` is out of range or not held here.
+  DenseChunk* chunk(int64_t index);
+  int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
+  int64_t held_chunks() const { return held_; }
+
+ private:
+  std::vector<std::unique_ptr<DenseChunk>> chunks_;  // indexed by chunk; null where not held
+  int64_t held_ = 0;
+};
+
+// id -> row of `dim` floats, rows created (and initialised) on first touch. Rows live in blocks
+// that never move, so growing the table never copies it.
+class SparseShard {
+ public:
+  SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers);
+
+  // The row's index, creating and initialising it if new.
+  uint32_t FindOrCreate(int64_t id);
+  float* row(uint32_t index) { return &blocks_[index >> kBlockShift][(index & kBlockMask) * row_floats_]; }
+  float* state(uint32_t index) { return row(index) + dim_; }
+  int64_t& steps(uint32_t index) { return steps_[index]; }
+  int64_t dim() const { return dim_; }
+  size_t size() const { return index_.size(); }
+
+  int64_t version = 0;  // pushes applied to this shard
+  std::vector<int64_t> last_pulled;
+  SyncSlots sync;
+
+ private:
+  static constexpr int kBlockShift = 12;
+  static constexpr uint32_t kBlockMask = (1u << kBlockShift) - 1;
+  const TableSpec& spec_;
+  uint64_t table_id_;
+  int64_t dim_;
+  int64_t row_floats_;  // params + optimizer state of one row
+  absl::flat_hash_map<int64_t, uint32_t> index_;
+  std::vector<std::unique_ptr<float[]>> blocks_;
+  std::vector<int64_t> steps_;
+};
+
+struct Table {
+  TableSpec spec;
+  uint64_t id = 0;
+  std::unique_ptr<DenseShard> dense;    // set for dense tables
+  std::unique_ptr<SparseShard> sparse;  // set for sparse tables
+};
+
+}  // namespace ferry::ps

@@ -1,0 +1,65 @@
+#include "ps/internal/tables.h"
+
+#include "messages/internal/placement.h"
+#include "ps/internal/init.h"
+#include "ps/internal/optimizer.h"
+
+namespace ferry::ps {
+
+void SyncSlots::Reset(int num_workers, bool sparse) {
+  by_rank.clear();
+  by_rank.resize(static_cast<size_t>(num_workers));
+  ids_by_rank.clear();
+  if (sparse) ids_by_rank.resize(static_cast<size_t>(num_workers));
+  received = 0;
+}
+
+DenseShard::DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers) {
+  const int64_t n = spec.num_elements();
+  const int64_t count = spec.num_chunks();
+  const int slots = StateSlots(spec.optimizer.type);
+  chunks_.resize(static_cast<size_t>(count));
+  for (int64_t c = 0; c < count; ++c) {
+    if (placement::ChunkServer(table_id, c, num_servers) != rank) continue;
+    auto ch = std::make_unique<DenseChunk>();
+    ch->offset = c * spec.chunk_elems;
+    ch->size = std::min(spec.chunk_elems, n - ch->offset);
+    ch->params.resize(static_cast<size_t>(ch->size));
+    InitDense(spec, table_id, ch->offset, ch->params.data(), ch->size);
+    ch->state.resize(static_cast<size_t>(ch->size) * static_cast<size_t>(slots));
+    InitState(spec.optimizer, ch->state.data(), static_cast<size_t>(ch->size));
+    ch->last_pulled.assign(static_cast<size_t>(num_workers), 0);
+    ch->sync.Reset(num_workers, /*sparse=*/false);
+    chunks_[static_cast<size_t>(c)] = std::move(ch);
+    ++held_;
+  }
+}
+
+DenseChunk* DenseShard::chunk(int64_t index) {
+  if (index < 0 || index >= static_cast<int64_t>(chunks_.size())) return nullptr;
+  return chunks_[static_cast<size_t>(index)].get();
+}
+
+SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers)
+    : spec_(spec),
+      table_id_(table_id),
+      dim_(spec.dim),
+      row_floats_(spec.dim * (1 + StateSlots(spec.optimizer.type))) {
+  last_pulled.assign(static_cast<size_t>(num_workers), 0);
+  sync.Reset(num_workers, /*sparse=*/true);
+}
+
+uint32_t SparseShard::FindOrCreate(int64_t id) {
+  auto [it, inserted] = index_.try_emplace(id, static_cast<uint32_t>(index_.size()));
+  if (!inserted) return it->second;
+  const uint32_t index = it->second;
+  if ((index >> kBlockShift) >= blocks_.size()) {
+    blocks_.push_back(std::make_unique_for_overwrite<float[]>(static_cast<size_t>(row_floats_) << kBlockShift));
+  }
+  steps_.push_back(0);
+  InitSparseRow(spec_, table_id_, id, row(index));
+  InitState(spec_.optimizer, state(index), static_cast<size_t>(dim_));
+  return index;
+}
+
+}  // namespace ferry::ps

@@ -1,0 +1,307 @@
+// Whole clusters in one process: servers and workers as threads over inproc://.
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include <zmq_addon.hpp>
+
+#include "messages/internal/transport.h"
+#include "messages/internal/wire.h"
+#include "support/cluster.h"
+#include "support/scenarios.h"
+
+namespace ferry::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+ClusterAddress Address(const LocalCluster& c) { return {c.endpoints, c.context}; }
+
+TEST(Cluster, SyncAdamMatchesSequentialReferenceBitwise) {
+  auto c = LocalCluster::Start(2);
+  ExpectSyncMatchesSequential(Address(c), 2, OptimizerType::kAdam, 6, "adam_");
+}
+
+TEST(Cluster, SyncMomentumThreeWorkersThreeServersMatchesReference) {
+  auto c = LocalCluster::Start(3);
+  ExpectSyncMatchesSequential(Address(c), 3, OptimizerType::kMomentum, 5, "mom_");
+}
+
+TEST(Cluster, SyncAdagradOneServerMatchesReference) {
+  auto c = LocalCluster::Start(1);
+  ExpectSyncMatchesSequential(Address(c), 2, OptimizerType::kAdagrad, 4, "ada_");
+}
+
+TEST(Cluster, AsyncLosesNoUpdate) {
+  auto c = LocalCluster::Start(2);
+  ExpectAsyncLosesNothing(Address(c), 3, 30, "");
+  // Every async update was recorded in the staleness histogram.
+  int64_t applied = 0, recorded = 0;
+  for (auto& s : c.servers) {
+    auto st = s->stats();
+    applied += st.counters["updates_applied"];
+    for (int64_t b : st.staleness_histogram) recorded += b;
+  }
+  EXPECT_GT(applied, 0);
+  EXPECT_EQ(applied, recorded);
+}
+
+TEST(Cluster, SspNeverLetsAFastWorkerRunMoreThanSClocksAhead) {
+  constexpr int kStaleness = 2, kClocks = 12;
+  auto c = LocalCluster::Start(2);
+  TableSpec spec;
+  spec.name = "ssp";
+  spec.shape = {64};
+  spec.consistency = Consistency::kSsp;
+  spec.staleness = kStaleness;
+  std::atomic<int64_t> slow_clock{0};  // raised before the slow worker tells the servers
+  std::atomic<int64_t> max_lead{-1};
+  std::thread slow([&] {
+    auto w = c.Connect(1, 2);
+    ASSERT_TRUE(w->Declare(spec).ok());
+    std::vector<float> p(64), g(64, 0.1f);
+    for (int64_t clock = 0; clock < kClocks; ++clock) {
+      ASSERT_TRUE(w->PullDense("ssp", p, clock).wait().ok());
+      std::this_thread::sleep_for(20ms);  // a slow machine
+      ASSERT_TRUE(w->PushDense("ssp", g, clock).wait().ok());
+      slow_clock.store(clock + 1);
+      ASSERT_TRUE(w->AdvanceClock(clock + 1).ok());
+    }
+  });
+  auto w = c.Connect(0, 2);
+  ASSERT_TRUE(w->Declare(spec).ok());
+  std::vector<float> p(64), g(64, 0.1f);
+  for (int64_t clock = 0; clock < kClocks; ++clock) {
+    Status s = w->PullDense("ssp", p, clock).wait();
+    ASSERT_TRUE(s.ok()) << s;
+    const int64_t lead = clock - slow_clock.load();
+    EXPECT_LE(lead, kStaleness) << "fast worker pulled clock " << clock << " while the slow one was at "
+                                << slow_clock.load();
+    max_lead = std::max(max_lead.load(), lead);
+    ASSERT_TRUE(w->PushDense("ssp", g, clock).wait().ok());
+    ASSERT_TRUE(w->AdvanceClock(clock + 1).ok());
+  }
+  slow.join();
+  // The fast worker did run ahead, as far as the bound allows: the check above was exercised.
+  EXPECT_EQ(max_lead.load(), kStaleness);
+}
+
+TEST(Cluster, GarbageGetsErrorRepliesAndTheServerKeepsServing) {
+  ServerOptions opts;
+  opts.max_message_bytes = 1 << 20;
+  auto c = LocalCluster::Start(1, false, opts);
+  auto raw = transport::MakeSocket(transport::Zmq(*c.context), zmq::socket_type::dealer);
+  ASSERT_TRUE(raw.ok());
+  raw->set(zmq::sockopt::rcvtimeo, 5000);
+  raw->connect(c.endpoints[0]);
+
+  auto push_header = [](int64_t count, uint16_t major) {
+    flatbuffers::FlatBufferBuilder fbb;
+    std::vector<wire::DenseSlice> slices = {wire::DenseSlice(TableId("w"), 0, count)};
+    auto vec = fbb.CreateVectorOfStructs(slices);
+    wire::HeaderBuilder b(fbb);
+    b.add_major(major);
+    b.add_kind(wire::Kind::PushDense);
+    b.add_request_id(42);
+    b.add_slices(vec);
+    wire::FinishHeaderBuffer(fbb, b.Finish());
+    return wire::ToFrame(fbb);
+  };
+  struct Case {
+    const char* what;
+    std::function<transport::Frames()> frames;
+    StatusCode code;
+    bool malformed;  // refused by verification (counted as a bad message), not by the handler
+  };
+  std::vector<Case> cases = {
+      {"random bytes", [] { transport::Frames f; f.emplace_back("\x01\x02garbage!", 10); return f; },
+       StatusCode::kInvalidArgument, true},
+      {"truncated header",
+       [&] {
+         auto h = push_header(4, wire::kMajor);
+         transport::Frames f;
+         f.emplace_back(h.data(), h.size() - 6);
+         return f;
+       },
+       StatusCode::kInvalidArgument, true},
+      {"payload shorter than the count",
+       [&] { transport::Frames f; f.push_back(push_header(4, wire::kMajor)); f.emplace_back(12); return f; },
+       StatusCode::kInvalidArgument, true},
+      {"future major version",
+       [&] { transport::Frames f; f.push_back(push_header(4, wire::kMajor + 1)); f.emplace_back(16); return f; },
+       StatusCode::kFailedPrecondition, true},
+      {"oversized message",
+       [&] { transport::Frames f; f.push_back(push_header(300000, wire::kMajor)); f.emplace_back(1200000); return f; },
+       StatusCode::kResourceExhausted, true},
+      {"empty message", [] { transport::Frames f; f.emplace_back(0); return f; }, StatusCode::kInvalidArgument, true},
+      {"well-formed request without a worker rank",
+       [&] { transport::Frames f; f.push_back(push_header(4, wire::kMajor)); f.emplace_back(16); return f; },
+       StatusCode::kInvalidArgument, false},
+  };
+  // A well-behaved worker keeps working between the bad messages.
+  auto good = c.Connect(0, 1);
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {4};
+  ASSERT_TRUE(good->Declare(spec).ok());
+  int expected_bad = 0;
+  for (auto& k : cases) {
+    auto frames = k.frames();
+    ASSERT_TRUE(transport::Send(*raw, frames).ok());
+    transport::Frames reply;
+    ASSERT_TRUE(zmq::recv_multipart(*raw, std::back_inserter(reply)).has_value()) << k.what << ": no reply";
+    const wire::Header* h = nullptr;
+    ASSERT_TRUE(wire::VerifyHeader(reply[0], &h).ok()) << k.what;
+    ASSERT_EQ(h->kind(), wire::Kind::Error) << k.what;
+    Status s = wire::ErrorStatus(*h);
+    EXPECT_EQ(s.code(), k.code) << k.what << ": " << s;
+    EXPECT_FALSE(s.message().empty());
+    if (k.malformed) ++expected_bad;
+    std::vector<float> out(4);
+    ASSERT_TRUE(good->PullDense("w", out, 0).wait(5s).ok()) << "server stopped serving after " << k.what;
+  }
+  auto stats = c.servers[0]->stats();
+  EXPECT_EQ(stats.counters["bad_messages"], expected_bad);
+  EXPECT_EQ(stats.counters["errors_sent"], static_cast<int64_t>(cases.size()));
+}
+
+TEST(Cluster, DeclarationIsIdempotentAndConflictsNameBothSpecs) {
+  auto c = LocalCluster::Start(2);
+  auto a = c.Connect(0, 2), b = c.Connect(1, 2);
+  TableSpec spec;
+  spec.name = "emb";
+  spec.type = TableType::kSparse;
+  spec.dim = 8;
+  ASSERT_TRUE(a->Declare(spec).ok());
+  ASSERT_TRUE(b->Declare(spec).ok());
+  TableSpec other = spec;
+  other.dim = 16;
+  Status s = b->Declare(other);
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(s.message().find("dim=8"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("dim=16"), std::string::npos) << s;
+  // Using an undeclared table is a clear error, not a hang.
+  std::vector<float> out(8);
+  s = a->PullDense("nope", out, 0).wait(5s);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+}
+
+TEST(Cluster, BackupWorkersUseTheFirstKGradientsAndDropLateOnes) {
+  auto c = LocalCluster::Start(1);
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {3};
+  spec.optimizer.learning_rate = 1.0f;
+  spec.consistency = Consistency::kSync;
+  spec.replicas_to_aggregate = 2;
+  std::vector<std::unique_ptr<Client>> w;
+  for (int r = 0; r < 3; ++r) w.push_back(c.Connect(r, 3));
+  ASSERT_TRUE(w[0]->Declare(spec).ok());
+  for (auto& x : w) ASSERT_TRUE(x->Declare(spec).ok());
+  std::vector<float> g1 = {1, 2, 3}, g0 = {3, 2, 1}, g2 = {100, 100, 100};
+  ASSERT_TRUE(w[1]->PushDense("w", g1, 0).wait().ok());
+  ASSERT_TRUE(w[0]->PushDense("w", g0, 0).wait().ok());
+  // Step 0 is complete with two gradients; the third worker's is late and dropped.
+  ASSERT_TRUE(w[2]->PushDense("w", g2, 0).wait().ok());
+  std::vector<float> p(3);
+  ASSERT_TRUE(w[2]->PullDense("w", p, 1).wait(5s).ok());
+  EXPECT_EQ(p, (std::vector<float>{-2, -2, -2}));  // -(g0 + g1) / 2, rank order
+  EXPECT_EQ(c.servers[0]->stats().counters["late_gradients_dropped"], 1);
+}
+
+TEST(Cluster, SyncPullForAStepThatNeverCompletesTimesOutOnTheServer) {
+  ServerOptions opts;
+  opts.max_wait = 200ms;
+  auto c = LocalCluster::Start(1, false, opts);
+  auto w0 = c.Connect(0, 2);
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {4};
+  spec.consistency = Consistency::kSync;
+  ASSERT_TRUE(w0->Declare(spec).ok());
+  std::vector<float> g(4, 1.0f), p(4);
+  ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
+  // Worker 1 never pushes: the pull for step 1 cannot be served, and says so.
+  Status s = w0->PullDense("w", p, 1).wait(10s);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("step 1"), std::string::npos) << s;
+}
+
+TEST(Cluster, UnreachableServerIsAClearErrorNotAHang) {
+  ClientOptions o;
+  o.servers = {"tcp://127.0.0.1:9"};  // discard port: nothing listens there
+  o.connect_timeout = 300ms;
+  auto start = std::chrono::steady_clock::now();
+  auto c = Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_NE(c.status().message().find("tcp://127.0.0.1:9"), std::string::npos) << c.status();
+}
+
+TEST(Cluster, StoppedServerFailsRequestsWithinTheTimeout) {
+  auto c = LocalCluster::Start(2, /*tcp=*/true);
+  ClientOptions o;
+  o.request_timeout = 500ms;
+  auto w = c.Connect(0, 1, o);
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {1000};
+  spec.chunk_elems = 100;
+  ASSERT_TRUE(w->Declare(spec).ok());
+  c.servers[1]->Stop();
+  std::vector<float> g(1000, 1.0f);
+  Status s = w->PushDense("w", g, 0).wait(10s);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("server 1"), std::string::npos) << s;
+}
+
+TEST(Cluster, ManySmallTensorsCostOneMessagePerServer) {
+  auto c = LocalCluster::Start(2);
+  auto w = c.Connect(0, 1);
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> bufs;
+  for (int i = 0; i < 50; ++i) {
+    TableSpec spec;
+    spec.name = "small" + std::to_string(i);
+    spec.shape = {16};
+    spec.optimizer.learning_rate = 1.0f;
+    ASSERT_TRUE(w->Declare(spec).ok());
+    names.push_back(spec.name);
+    bufs.emplace_back(16, static_cast<float>(i));
+  }
+  std::vector<DenseIn> grads;
+  std::vector<DenseOut> outs;
+  std::vector<std::vector<float>> results(50, std::vector<float>(16));
+  for (int i = 0; i < 50; ++i) {
+    grads.push_back({names[static_cast<size_t>(i)], bufs[static_cast<size_t>(i)]});
+    outs.push_back({names[static_cast<size_t>(i)], results[static_cast<size_t>(i)]});
+  }
+  const int64_t before = w->stats().requests;
+  ASSERT_TRUE(w->PushPullDense(grads, outs, 0).wait().ok());
+  EXPECT_EQ(w->stats().requests - before, 2) << "50 small tensors should travel as one message per server";
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(results[static_cast<size_t>(i)][5], -static_cast<float>(i));
+}
+
+TEST(Cluster, LargeTensorsAreSplitIntoMessagesUnderTheLimit) {
+  auto c = LocalCluster::Start(2);
+  ClientOptions o;
+  o.max_message_bytes = 64 << 10;
+  auto w = c.Connect(0, 1, o);
+  TableSpec spec;
+  spec.name = "big";
+  spec.shape = {300000};
+  spec.chunk_elems = 4096;  // 16 KiB chunks -> several messages per server
+  spec.optimizer.learning_rate = 1.0f;
+  ASSERT_TRUE(w->Declare(spec).ok());
+  std::vector<float> g(300000), p(300000);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 1000);
+  const int64_t before = w->stats().requests;
+  ASSERT_TRUE(w->PushDense("big", g, 0).wait().ok());
+  EXPECT_GT(w->stats().requests - before, 2);
+  ASSERT_TRUE(w->PullDense("big", p, 0).wait().ok());
+  for (size_t i = 0; i < p.size(); ++i) ASSERT_EQ(p[i], -g[i]) << i;
+}
+
+}  // namespace
+}  // namespace ferry::test

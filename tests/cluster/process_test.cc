@@ -1,0 +1,148 @@
+// Real ferry-ps processes on tcp loopback, driven by in-process workers.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <zmq_addon.hpp>
+
+#include "messages/internal/transport.h"
+#include "messages/internal/wire.h"
+#include "support/scenarios.h"
+
+namespace ferry::test {
+namespace {
+
+// One ferry-ps child process; stopped with SIGTERM when the object goes away.
+class PsProcess {
+ public:
+  PsProcess(int rank, int num_servers) {
+    int out[2];
+    if (pipe(out) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      close(out[0]);
+      close(out[1]);
+      const std::string r = std::to_string(rank), n = std::to_string(num_servers);
+      execl(FERRY_PS_PATH, "ferry-ps", "--bind", "tcp://127.0.0.1:0", "--rank", r.c_str(), "--num-servers", n.c_str(),
+            "--compute-threads", "1", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(out[1]);
+    fd_ = out[0];
+    // The first line names the endpoint: "ferry-ps rank R of N listening on tcp://127.0.0.1:PORT".
+    std::string line;
+    pollfd p{fd_, POLLIN, 0};
+    while (line.find('\n') == std::string::npos && poll(&p, 1, 10000) > 0) {
+      char buf[256];
+      ssize_t got = read(fd_, buf, sizeof buf);
+      if (got <= 0) break;
+      line.append(buf, static_cast<size_t>(got));
+    }
+    const auto at = line.find("tcp://");
+    if (at != std::string::npos) endpoint_ = line.substr(at, line.find('\n', at) - at);
+  }
+
+  ~PsProcess() {
+    if (pid_ > 0 && !reaped_) Terminate();
+    if (fd_ >= 0) close(fd_);
+  }
+
+  // Sends SIGTERM and returns the exit status (waits at most 10 s, then SIGKILL).
+  int Terminate() {
+    kill(pid_, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 1000; ++i) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        reaped_ = true;
+        return status;
+      }
+      usleep(10000);
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return status;
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool reaped_ = false;
+  std::string endpoint_;
+};
+
+struct Processes {
+  explicit Processes(int n) {
+    for (int s = 0; s < n; ++s) ps.push_back(std::make_unique<PsProcess>(s, n));
+    for (auto& p : ps) address.endpoints.push_back(p->endpoint());
+  }
+  bool ok() const {
+    for (auto& e : address.endpoints) {
+      if (e.empty()) return false;
+    }
+    return true;
+  }
+  std::vector<std::unique_ptr<PsProcess>> ps;
+  ClusterAddress address;
+};
+
+TEST(Processes, SyncOverTcpMatchesSequentialReferenceBitwise) {
+  Processes p(2);
+  ASSERT_TRUE(p.ok()) << "ferry-ps did not start (" << FERRY_PS_PATH << ")";
+  ExpectSyncMatchesSequential(p.address, 2, OptimizerType::kAdam, 5, "tcp_");
+}
+
+TEST(Processes, AsyncOverTcpLosesNoUpdate) {
+  Processes p(2);
+  ASSERT_TRUE(p.ok());
+  ExpectAsyncLosesNothing(p.address, 2, 20, "tcp_");
+}
+
+TEST(Processes, GarbageOverTcpGetsAnErrorAndTheServerServesOthers) {
+  Processes p(1);
+  ASSERT_TRUE(p.ok());
+  auto ctx = Context::Create(1);
+  auto raw = transport::MakeSocket(transport::Zmq(*ctx), zmq::socket_type::dealer);
+  ASSERT_TRUE(raw.ok());
+  raw->set(zmq::sockopt::rcvtimeo, 10000);
+  raw->connect(p.address.endpoints[0]);
+  for (int i = 0; i < 20; ++i) {
+    std::string junk = "not a ferry message #" + std::to_string(i);
+    transport::Frames f;
+    f.emplace_back(junk.data(), junk.size());
+    f.emplace_back(i);
+    ASSERT_TRUE(transport::Send(*raw, f).ok());
+    transport::Frames reply;
+    ASSERT_TRUE(zmq::recv_multipart(*raw, std::back_inserter(reply)).has_value()) << "no reply to garbage " << i;
+    const wire::Header* h = nullptr;
+    ASSERT_TRUE(wire::VerifyHeader(reply[0], &h).ok());
+    EXPECT_EQ(h->kind(), wire::Kind::Error);
+  }
+  ExpectAsyncLosesNothing(p.address, 2, 5, "after_garbage_");
+  auto c = ConnectWorker(p.address, 0, 2);
+  ASSERT_NE(c, nullptr);
+  auto counters = c->ServerCounters(0);
+  ASSERT_TRUE(counters.ok()) << counters.status();
+  EXPECT_EQ((*counters)["bad_messages"], 20);
+}
+
+TEST(Processes, SigtermStopsTheServerCleanly) {
+  Processes p(1);
+  ASSERT_TRUE(p.ok());
+  const int status = p.ps[0]->Terminate();
+  ASSERT_TRUE(WIFEXITED(status)) << "ferry-ps did not exit on SIGTERM (status " << status << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace ferry::test

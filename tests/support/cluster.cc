@@ -1,0 +1,41 @@
+#include "support/cluster.h"
+
+#include <atomic>
+
+#include <gtest/gtest.h>
+
+namespace ferry::test {
+
+LocalCluster LocalCluster::Start(int num_servers, bool tcp, ServerOptions base) {
+  static std::atomic<int> next_cluster{0};
+  const int id = next_cluster++;
+  LocalCluster c;
+  c.context = Context::Create(1);
+  for (int s = 0; s < num_servers; ++s) {
+    ServerOptions o = base;
+    o.bind = tcp ? "tcp://127.0.0.1:0" : "inproc://ferry-test-" + std::to_string(id) + "-ps" + std::to_string(s);
+    o.rank = s;
+    o.num_servers = num_servers;
+    o.context = c.context;
+    if (o.compute_threads == 0) o.compute_threads = 1;
+    auto server = Server::Start(o);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return c;
+    c.endpoints.push_back((*server)->endpoint());
+    c.servers.push_back(std::move(server).value());
+  }
+  return c;
+}
+
+std::unique_ptr<Client> LocalCluster::Connect(int rank, int num_workers, ClientOptions base) const {
+  base.servers = endpoints;
+  base.rank = rank;
+  base.num_workers = num_workers;
+  base.context = context;
+  auto client = Client::Connect(base);
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (!client.ok()) return nullptr;
+  return std::move(client).value();
+}
+
+}  // namespace ferry::test

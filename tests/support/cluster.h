@@ -1,0 +1,26 @@
+// tests/support/cluster.h — a whole Ferry cluster in one process: servers on inproc:// (or tcp
+// loopback) sharing one Context, and one client per worker.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/client.h"
+#include "ferry/server.h"
+
+namespace ferry::test {
+
+struct LocalCluster {
+  // Starts `num_servers` servers; endpoints are unique per cluster. `tcp` binds 127.0.0.1:0.
+  static LocalCluster Start(int num_servers, bool tcp = false, ServerOptions base = {});
+
+  // A connected client for worker `rank` of `num_workers` (fails the test on error).
+  std::unique_ptr<Client> Connect(int rank, int num_workers, ClientOptions base = {}) const;
+
+  std::shared_ptr<Context> context;
+  std::vector<std::unique_ptr<Server>> servers;
+  std::vector<std::string> endpoints;
+};
+
+}  // namespace ferry::test

@@ -1,0 +1,107 @@
+// The server-side optimizers against values computed by hand.
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ps/internal/optimizer.h"
+
+namespace ferry::ps {
+namespace {
+
+OptimizerSpec Spec(OptimizerType type, float lr) {
+  OptimizerSpec o;
+  o.type = type;
+  o.learning_rate = lr;
+  return o;
+}
+
+TEST(Optimizer, SgdSubtractsScaledGradient) {
+  auto o = Spec(OptimizerType::kSgd, 0.5f);
+  std::vector<float> p = {1.0f, -2.0f, 3.0f}, g = {2.0f, 4.0f, -1.0f};
+  ApplyUpdate(o, p.data(), g.data(), nullptr, 3, 3, 1);
+  EXPECT_EQ(p, (std::vector<float>{0.0f, -4.0f, 3.5f}));
+  EXPECT_EQ(StateSlots(OptimizerType::kSgd), 0);
+}
+
+TEST(Optimizer, MomentumAccumulatesVelocity) {
+  auto o = Spec(OptimizerType::kMomentum, 0.1f);
+  o.momentum = 0.5f;
+  std::vector<float> p = {1.0f}, g = {2.0f}, v(1);
+  InitState(o, v.data(), 1);
+  ApplyUpdate(o, p.data(), g.data(), v.data(), 1, 1, 1);  // v = 2, p = 1 - 0.2
+  EXPECT_FLOAT_EQ(v[0], 2.0f);
+  EXPECT_FLOAT_EQ(p[0], 0.8f);
+  ApplyUpdate(o, p.data(), g.data(), v.data(), 1, 1, 2);  // v = 1 + 2 = 3, p = 0.8 - 0.3
+  EXPECT_FLOAT_EQ(v[0], 3.0f);
+  EXPECT_FLOAT_EQ(p[0], 0.5f);
+}
+
+TEST(Optimizer, NesterovMomentumLooksAhead) {
+  auto o = Spec(OptimizerType::kMomentum, 0.1f);
+  o.momentum = 0.5f;
+  o.nesterov = true;
+  std::vector<float> p = {1.0f}, g = {2.0f}, v = {0.0f};
+  ApplyUpdate(o, p.data(), g.data(), v.data(), 1, 1, 1);  // v = 2; p -= 0.1 * (2 + 0.5*2) = 0.3
+  EXPECT_FLOAT_EQ(p[0], 0.7f);
+}
+
+TEST(Optimizer, AdagradStartsFromInitialAccumulator) {
+  auto o = Spec(OptimizerType::kAdagrad, 1.0f);
+  o.initial_accumulator = 5.0f;
+  o.epsilon = 0.0f;
+  std::vector<float> p = {10.0f, 10.0f}, g = {2.0f, -4.0f}, a(2);
+  InitState(o, a.data(), 2);
+  EXPECT_EQ(a, (std::vector<float>{5.0f, 5.0f}));
+  ApplyUpdate(o, p.data(), g.data(), a.data(), 2, 2, 1);
+  // a = 5 + 4 = 9 -> p = 10 - 2/3;  a = 5 + 16 = 21 -> p = 10 + 4/sqrt(21)
+  EXPECT_FLOAT_EQ(a[0], 9.0f);
+  EXPECT_FLOAT_EQ(p[0], 10.0f - 2.0f / 3.0f);
+  EXPECT_FLOAT_EQ(a[1], 21.0f);
+  EXPECT_FLOAT_EQ(p[1], 10.0f + 4.0f / std::sqrt(21.0f));
+}
+
+TEST(Optimizer, AdamBiasCorrectedFirstStepsMatchHandComputation) {
+  auto o = Spec(OptimizerType::kAdam, 0.1f);
+  o.beta1 = 0.9f;
+  o.beta2 = 0.999f;
+  o.epsilon = 1e-8f;
+  // Two parameters; state slot 0 (m) at [0, 2), slot 1 (v) at [2, 4).
+  std::vector<float> p = {1.0f, -1.0f}, g = {0.5f, -2.0f}, s(4, 0.0f);
+  ApplyUpdate(o, p.data(), g.data(), s.data(), 2, 2, 1);
+  // Step 1: m = 0.1 g, v = 0.001 g^2, lr_t = 0.1 * sqrt(0.001) / 0.1; update = lr_t * m / sqrt(v)
+  //         = 0.1 * sign(g) (up to epsilon).
+  EXPECT_FLOAT_EQ(s[0], 0.05f);
+  EXPECT_FLOAT_EQ(s[1], -0.2f);
+  // (1 - 0.999f) is 0.00099998713 in float, not 0.001: v = that times g^2.
+  EXPECT_FLOAT_EQ(s[2], (1.0f - 0.999f) * 0.25f);
+  EXPECT_FLOAT_EQ(s[3], (1.0f - 0.999f) * 4.0f);
+  EXPECT_NEAR(s[2], 0.00025f, 1e-8);
+  EXPECT_NEAR(p[0], 0.9f, 1e-6);
+  EXPECT_NEAR(p[1], -0.9f, 1e-6);
+  // Step 2 with the same gradient: m = 0.9*0.05 + 0.1*0.5 = 0.095; v = 0.999*0.00025 + 0.001*0.25
+  //   = 0.00049975; lr_t = 0.1 * sqrt(1 - 0.999^2) / (1 - 0.9^2) = 0.1 * 0.0447101778 / 0.19.
+  ApplyUpdate(o, p.data(), g.data(), s.data(), 2, 2, 2);
+  const double lr_t = 0.1 * std::sqrt(1.0 - 0.999 * 0.999) / (1.0 - 0.81);
+  const double expect0 = 0.9 - lr_t * 0.095 / (std::sqrt(0.00049975) + 1e-8);
+  EXPECT_NEAR(p[0], expect0, 1e-6);
+  EXPECT_NEAR(p[0], 0.8f, 1e-5);  // a constant gradient moves Adam by about lr per step
+}
+
+TEST(Optimizer, SubRangesWithStrideEqualOneWholeUpdate) {
+  // A chunk updated in two pieces (as the server's threads do) equals one update of the whole.
+  auto o = Spec(OptimizerType::kAdam, 0.01f);
+  const size_t n = 10;
+  std::vector<float> p1(n), p2(n), g(n), s1(2 * n, 0.0f), s2(2 * n, 0.0f);
+  for (size_t i = 0; i < n; ++i) p1[i] = p2[i] = 0.1f * static_cast<float>(i), g[i] = 1.0f - 0.2f * static_cast<float>(i);
+  for (int64_t step = 1; step <= 3; ++step) {
+    ApplyUpdate(o, p1.data(), g.data(), s1.data(), n, n, step);
+    ApplyUpdate(o, p2.data(), g.data(), s2.data(), 4, n, step);
+    ApplyUpdate(o, p2.data() + 4, g.data() + 4, s2.data() + 4, n - 4, n, step);
+  }
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(s1, s2);
+}
+
+}  // namespace
+}  // namespace ferry::ps

@@ -1,0 +1,133 @@
+// ferry/client.h — the client library a trainer (or any program) uses to talk to Ferry's
+// parameter servers.
+//
+// Connect() handshakes with every server. Operations are asynchronous: they return a Handle at
+// once and run on the client's I/O thread; all servers involved are in flight together.
+// Every failure — a server unreachable, a timeout, an error reply — comes back as a Status that
+// says what and where, and no operation waits forever (each has the request timeout).
+//
+// Buffers: the spans passed to an operation must stay valid (and, for pushes, unchanged) until
+// its Handle is done; pulled values are written into the output spans before it is done.
+//
+// Thread-safety: a Client may be used from several threads at once. A Handle may be waited on
+// from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/context.h"
+#include "ferry/status.h"
+#include "ferry/table_spec.h"
+
+namespace ferry {
+
+struct ClientOptions {
+  std::vector<std::string> servers;  // one endpoint per server, in server-rank order
+  int rank = 0;                      // this worker's rank in [0, num_workers)
+  int num_workers = 1;               // workers in the job
+  // Longest the handshake with every server may take in Connect().
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
+  // Longest any one request may wait for its reply (sync pulls wait for the slowest worker, so
+  // keep it above the servers' max wait).
+  std::chrono::milliseconds request_timeout{std::chrono::minutes(6)};
+  // Requests larger than this are split into several messages per server.
+  int64_t max_message_bytes = int64_t{64} << 20;
+  // Required for inproc:// servers (share the servers' Context); optional otherwise.
+  std::shared_ptr<Context> context;
+};
+
+// The completion of an asynchronous operation (like c10d's Work).
+class Handle {
+ public:
+  struct State;
+  Handle() = default;  // an empty handle: done, OK
+  explicit Handle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  // Waits at most `timeout`. DEADLINE_EXCEEDED if the operation is still running then (it goes
+  // on; wait again later); otherwise the operation's own status.
+  Status wait(std::chrono::milliseconds timeout) const;
+  // Waits until the operation ends; bounded by the client's request timeout.
+  Status wait() const;
+  bool done() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// A dense tensor to pull into: `data` has the table's element count.
+struct DenseOut {
+  std::string_view table;
+  std::span<float> data;
+};
+// A dense gradient to push: `data` has the table's element count.
+struct DenseIn {
+  std::string_view table;
+  std::span<const float> data;
+};
+
+struct ClientStats {
+  int64_t requests = 0;       // messages sent
+  int64_t bytes_sent = 0;     // all frames
+  int64_t bytes_received = 0; // all frames
+};
+
+class Client {
+ public:
+  static StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
+  virtual ~Client() = default;  // fails what is still in flight with CANCELLED
+
+  virtual int rank() const = 0;
+  virtual int num_workers() const = 0;
+  virtual int num_servers() const = 0;
+
+  // Declares a table on every server (idempotent; a conflicting declaration is an error naming
+  // both specs). A table must be declared by this client before it is used.
+  virtual Status Declare(const TableSpec& spec) = 0;
+
+  // Dense tables. Several tensors in one call travel as one message per server, so a step's
+  // many small tensors cost about one round trip per server. `step` is the sync step / ssp
+  // clock of the read (ignored by async tables).
+  virtual Handle PullDense(std::span<const DenseOut> tensors, int64_t step) = 0;
+  virtual Handle PushDense(std::span<const DenseIn> grads, int64_t step) = 0;
+  // Push gradients for `step`, then pull the same tables for `step + 1`, in one round trip;
+  // `grads` and `out` name the same tables in the same order. For ssp tables this also
+  // advances this worker's clock to step + 1 on the servers involved.
+  virtual Handle PushPullDense(std::span<const DenseIn> grads, std::span<const DenseOut> out, int64_t step) = 0;
+
+  // Sparse (embedding) tables: rows of `dim` floats by int64 id. Ids may repeat; they are
+  // deduplicated before sending (a repeated id's gradients are summed), grouped per server, and
+  // all servers are in flight together. `out` / `grads` hold ids.size() * dim floats.
+  virtual Handle PullSparse(std::string_view table, std::span<const int64_t> ids, std::span<float> out,
+                            int64_t step) = 0;
+  virtual Handle PushSparse(std::string_view table, std::span<const int64_t> ids, std::span<const float> grads,
+                            int64_t step) = 0;
+
+  // Advances this worker's clock to `clock` on every server (ssp: a pull at clock c waits until
+  // every worker has reached c - s).
+  virtual Status AdvanceClock(int64_t clock) = 0;
+  // Waits until every worker has entered the barrier (bounded by the request timeout).
+  virtual Status Barrier() = 0;
+
+  // One server's counters (messages, bad_messages, staleness_<k>, ...).
+  virtual StatusOr<std::map<std::string, int64_t>> ServerCounters(int server) = 0;
+  virtual ClientStats stats() const = 0;
+
+  // Single-tensor conveniences.
+  Handle PullDense(std::string_view table, std::span<float> out, int64_t step) {
+    const DenseOut t{table, out};
+    return PullDense(std::span<const DenseOut>(&t, 1), step);
+  }
+  Handle PushDense(std::string_view table, std::span<const float> grad, int64_t step) {
+    const DenseIn t{table, grad};
+    return PushDense(std::span<const DenseIn>(&t, 1), step);
+  }
+};
+
+}  // namespace ferry

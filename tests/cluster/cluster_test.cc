@@ -303,5 +303,25 @@ TEST(Cluster, LargeTensorsAreSplitIntoMessagesUnderTheLimit) {
   for (size_t i = 0; i < p.size(); ++i) ASSERT_EQ(p[i], -g[i]) << i;
 }
 
+TEST(Cluster, InFlightLimitAppliesBackpressureWithoutLosingWork) {
+  auto c = LocalCluster::Start(2);
+  ClientOptions o;
+  o.max_in_flight = 2;
+  auto w = c.Connect(0, 1, o);
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {4096};
+  spec.chunk_elems = 512;  // 8 messages per push, more than the limit
+  spec.optimizer.learning_rate = 1.0f;
+  ASSERT_TRUE(w->Declare(spec).ok());
+  std::vector<float> g(4096, 1.0f), p(4096);
+  std::vector<Handle> handles;
+  for (int i = 0; i < 20; ++i) handles.push_back(w->PushDense("w", g, 0));
+  for (auto& h : handles) ASSERT_TRUE(h.wait(10s).ok());
+  ASSERT_TRUE(w->PullDense("w", p, 0).wait().ok());
+  EXPECT_EQ(p[0], -20.0f);
+  EXPECT_EQ(p[4095], -20.0f);
+}
+
 }  // namespace
 }  // namespace ferry::test

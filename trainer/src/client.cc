@@ -104,6 +104,7 @@ class ClientImpl final : public Client {
 
   ~ClientImpl() override {
     stopping_.store(true);
+    room_cv_.notify_all();
     waker_.Notify();
     if (thread_.joinable()) thread_.join();
   }
@@ -470,6 +471,16 @@ class ClientImpl final : public Client {
 
   void Submit(const std::shared_ptr<Handle::State>& op, int server, Kind kind, zmq::message_t header, Frames payload,
               OnReply on_reply, std::chrono::milliseconds timeout) {
+    {
+      // Backpressure: wait for room rather than queue without bound.
+      std::unique_lock lock(room_mu_);
+      if (!room_cv_.wait_for(lock, timeout, [&] { return outstanding_ < options_.max_in_flight || stopping_.load(); })) {
+        op->Fail(ResourceExhaustedError(std::to_string(options_.max_in_flight) + " requests already in flight to " +
+                                        ServerName(server) + "; no room within the request timeout"));
+        return;
+      }
+      ++outstanding_;
+    }
     Request r;
     r.server = server;
     r.kind = kind;
@@ -488,6 +499,16 @@ class ClientImpl final : public Client {
       queue_.push_back(std::move(r));
     }
     waker_.Notify();
+  }
+
+  // Completes one request (I/O thread) and frees its slot.
+  void Done(Request& r, const Status& s) {
+    r.op->Finish(s);
+    {
+      std::lock_guard lock(room_mu_);
+      --outstanding_;
+    }
+    room_cv_.notify_one();
   }
 
   std::string ServerName(int s) const {
@@ -560,7 +581,7 @@ class ClientImpl final : public Client {
       for (auto& f : r.frames) bytes += static_cast<int64_t>(f.size());
       Status s = transport::Send(sockets_[static_cast<size_t>(r.server)], r.frames, /*dontwait=*/true);
       if (!s.ok()) {
-        r.op->Finish(s.WithContext("sending " + std::string(wire::KindName(r.kind)) + " to " + ServerName(r.server)));
+        Done(r, s.WithContext("sending " + std::string(wire::KindName(r.kind)) + " to " + ServerName(r.server)));
         continue;
       }
       requests_.fetch_add(1, std::memory_order_relaxed);
@@ -581,15 +602,15 @@ class ClientImpl final : public Client {
     Request r = std::move(it->second);
     in_flight_.erase(it);
     const std::string where = std::string(wire::KindName(r.kind)) + " on " + ServerName(server);
-    if (truncated) return r.op->Finish(DataLossError(where + ": reply has too many frames"));
-    if (h->kind() == Kind::Error) return r.op->Finish(wire::ErrorStatus(*h).WithContext(where));
+    if (truncated) return Done(r, DataLossError(where + ": reply has too many frames"));
+    if (h->kind() == Kind::Error) return Done(r, wire::ErrorStatus(*h).WithContext(where));
     if (h->kind() != Kind::Reply || h->request_kind() != r.kind) {
-      return r.op->Finish(DataLossError(where + ": unexpected reply kind " + std::string(wire::KindName(h->kind()))));
+      return Done(r, DataLossError(where + ": unexpected reply kind " + std::string(wire::KindName(h->kind()))));
     }
     Frames payload;
     for (size_t i = 1; i < frames.size(); ++i) payload.push_back(std::move(frames[i]));
     Status s = r.on_reply ? r.on_reply(*h, payload) : ExpectFrames(payload, 0);
-    r.op->Finish(s.ok() ? s : s.WithContext(where));
+    Done(r, s.ok() ? s : s.WithContext(where));
   }
 
   void ExpireRequests() {
@@ -609,7 +630,7 @@ class ClientImpl final : public Client {
           continue;
         }
         const bool expired = it->second.deadline <= now;
-        it->second.op->Finish(
+        Done(it->second,
             (expired ? DeadlineExceededError(std::string(wire::KindName(it->second.kind)) + " got no reply from " +
                                              ServerName(s) + " in time (is it running and reachable?)")
                      : UnavailableError(std::string(wire::KindName(it->second.kind)) + " abandoned: " +
@@ -622,14 +643,14 @@ class ClientImpl final : public Client {
   }
 
   void FailAll(const Status& s) {
-    for (auto& [id, r] : in_flight_) r.op->Finish(s);
+    for (auto& [id, r] : in_flight_) Done(r, s);
     in_flight_.clear();
     std::deque<Request> rest;
     {
       std::lock_guard lock(queue_mu_);
       rest.swap(queue_);
     }
-    for (auto& r : rest) r.op->Finish(s);
+    for (auto& r : rest) Done(r, s);
     sockets_.clear();  // closes (linger 0) and releases lent frames
   }
 
@@ -643,6 +664,10 @@ class ClientImpl final : public Client {
 
   mutable std::mutex tables_mu_;
   std::unordered_map<std::string, TableSpec> tables_;  // guarded by tables_mu_
+
+  std::mutex room_mu_;
+  std::condition_variable room_cv_;
+  int outstanding_ = 0;  // guarded by room_mu_: requests submitted and not yet done
 
   std::mutex queue_mu_;
   std::deque<Request> queue_;  // guarded by queue_mu_: built by callers, sent by the I/O thread
@@ -663,6 +688,7 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
                                 std::to_string(options.num_workers) + ")");
   }
   if (options.max_message_bytes < 4096) return InvalidArgumentError("max_message_bytes must be at least 4096");
+  if (options.max_in_flight < 1) return InvalidArgumentError("max_in_flight must be at least 1");
   for (const auto& e : options.servers) {
     if (e.starts_with("inproc://") && !options.context) {
       return InvalidArgumentError("server " + e + " is inproc://: pass the servers' Context in ClientOptions.context");

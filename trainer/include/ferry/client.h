@@ -39,6 +39,10 @@ struct ClientOptions {
   std::chrono::milliseconds request_timeout{std::chrono::minutes(6)};
   // Requests larger than this are split into several messages per server.
   int64_t max_message_bytes = int64_t{64} << 20;
+  // Messages queued or awaiting a reply at once; an operation that would exceed it waits for
+  // room (up to the request timeout, then fails with RESOURCE_EXHAUSTED). Bounds the memory a
+  // fast producer can pin.
+  int max_in_flight = 4096;
   // Required for inproc:// servers (share the servers' Context); optional otherwise.
   std::shared_ptr<Context> context;
 };

@@ -31,8 +31,10 @@ static_assert(std::endian::native == std::endian::little, "payload frames are li
 std::string_view KindName(Kind kind);
 
 // Verifies one header frame: size, FlatBuffers verifier, file identifier, major version and a
-// known kind. On success `*out` points into `frame` (valid while the frame lives).
-Status VerifyHeader(const zmq::message_t& frame, const Header** out);
+// known kind. On success `*out` points into `frame` (valid while the frame lives). A frame whose
+// bytes are not 8-byte aligned (ZeroMQ keeps small messages inline) is first moved into an
+// aligned copy, since FlatBuffers reads scalars in place.
+Status VerifyHeader(zmq::message_t& frame, const Header** out);
 
 // Checks that the payload frames match the header's counts for its kind: frame count, and each
 // frame's size equal to count x element size (overflow-safe). Table-specific checks (known

@@ -1,5 +1,7 @@
 #include "messages/internal/wire.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 namespace ferry::wire {
@@ -38,11 +40,18 @@ std::string_view KindName(Kind kind) {
   return (name && *name) ? name : "UnknownKind";
 }
 
-Status VerifyHeader(const zmq::message_t& frame, const Header** out) {
+Status VerifyHeader(zmq::message_t& frame, const Header** out) {
   if (frame.size() == 0) return InvalidArgumentError("empty header frame");
   if (frame.size() > kMaxHeaderBytes) {
     return InvalidArgumentError("header frame of " + std::to_string(frame.size()) + " bytes exceeds " +
                                 std::to_string(kMaxHeaderBytes));
+  }
+  if (reinterpret_cast<uintptr_t>(frame.data()) % 8 != 0) {
+    const size_t padded = (frame.size() + 7) / 8 * 8;
+    void* aligned = std::aligned_alloc(8, padded);
+    if (aligned == nullptr) return ResourceExhaustedError("out of memory copying a header frame");
+    std::memcpy(aligned, frame.data(), frame.size());
+    frame = zmq::message_t(aligned, frame.size(), [](void* p, void*) { std::free(p); }, nullptr);
   }
   const auto* data = static_cast<const uint8_t*>(frame.data());
   if (frame.size() < 8 || !flatbuffers::BufferHasIdentifier(data, HeaderIdentifier())) {

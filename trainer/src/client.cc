@@ -79,6 +79,7 @@ using OnReply = std::function<Status(const Header&, Frames&)>;
 
 // One message to one server, waiting to be sent or answered.
 struct Request {
+  uint64_t id = 0;
   int server = 0;
   Kind kind = Kind::Invalid;
   Frames frames;  // [header][payload...]; empty once sent
@@ -471,6 +472,11 @@ class ClientImpl final : public Client {
 
   void Submit(const std::shared_ptr<Handle::State>& op, int server, Kind kind, zmq::message_t header, Frames payload,
               OnReply on_reply, std::chrono::milliseconds timeout) {
+    const Header* h = nullptr;
+    if (Status s = wire::VerifyHeader(header, &h); !s.ok()) {  // our own header: also aligns it
+      op->Fail(InternalError("built an invalid header: " + s.ToString()));
+      return;
+    }
     {
       // Backpressure: wait for room rather than queue without bound.
       std::unique_lock lock(room_mu_);
@@ -482,6 +488,7 @@ class ClientImpl final : public Client {
       ++outstanding_;
     }
     Request r;
+    r.id = h->request_id();
     r.server = server;
     r.kind = kind;
     r.frames.reserve(1 + payload.size());
@@ -576,7 +583,7 @@ class ClientImpl final : public Client {
       batch.swap(queue_);
     }
     for (auto& r : batch) {
-      const uint64_t id = wire::GetHeader(r.frames[0].data())->request_id();
+      const uint64_t id = r.id;
       int64_t bytes = 0;
       for (auto& f : r.frames) bytes += static_cast<int64_t>(f.size());
       Status s = transport::Send(sockets_[static_cast<size_t>(r.server)], r.frames, /*dontwait=*/true);

@@ -15,7 +15,8 @@ BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ pkg-config
           libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
-          libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev)
+          libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev
+          dataset-fashion-mnist)
 
 say() { printf '\033[1m[ferry]\033[0m %s\n' "$*"; }
 

@@ -1,0 +1,320 @@
+// Criteo TSV parsing on hand-written lines: values, empty fields, hashing, bad lines, streaming
+// batches, gzip, sharding.
+#include "ferry/data/criteo.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "test_files.h"
+
+namespace ferry::data {
+namespace {
+
+using ::ferry::data::testing::TempFile;
+using ::ferry::data::testing::WriteGzip;
+using ::ferry::data::testing::WritePlain;
+using ::testing::HasSubstr;
+
+// A line from label, 13 integer strings and 26 categorical strings.
+std::string Line(const std::string& label, const std::vector<std::string>& ints, const std::vector<std::string>& cats) {
+  std::string s = label;
+  for (const std::string& v : ints) s += "\t" + v;
+  for (const std::string& v : cats) s += "\t" + v;
+  return s;
+}
+
+std::vector<std::string> Ints(int base) {
+  std::vector<std::string> v;
+  for (int j = 0; j < 13; ++j) v.push_back(std::to_string(base + j));
+  return v;
+}
+
+std::vector<std::string> Cats(int base) {
+  std::vector<std::string> v;
+  char buf[16];
+  for (int f = 0; f < 26; ++f) {
+    std::snprintf(buf, sizeof buf, "%08x", 0x68fd1e64u + static_cast<unsigned>(base * 100 + f));
+    v.push_back(buf);
+  }
+  return v;
+}
+
+// A line whose label is `i % 2` and whose first integer feature is i, so examples are traceable.
+std::string Numbered(int i) {
+  std::vector<std::string> ints = Ints(0);
+  ints[0] = std::to_string(i);
+  return Line(std::to_string(i % 2), ints, Cats(i));
+}
+
+TEST(CriteoTest, ParsesAFullLine) {
+  std::vector<std::string> ints = {"1", "-1", "0", "5", "", "1382", "4", "15", "2", "181", "1", "2", ""};
+  std::vector<std::string> cats = Cats(0);
+  cats[3] = "";
+  cats[25] = "";
+  CtrBatch batch;
+  batch.Reset(kCriteoDense, kCriteoFields);
+  ASSERT_TRUE(ParseCriteoLine(Line("1", ints, cats), 0, &batch).ok());
+  ASSERT_EQ(batch.size(), 1);
+  EXPECT_EQ(batch.labels[0], 1.0f);
+  ASSERT_EQ(batch.dense.size(), 13u);
+  EXPECT_FLOAT_EQ(batch.dense[0], std::log(2.0f));     // log(1 + 1)
+  EXPECT_EQ(batch.dense[1], 0.0f);                     // -1 clamps to 0
+  EXPECT_EQ(batch.dense[2], 0.0f);                     // log(1 + 0)
+  EXPECT_FLOAT_EQ(batch.dense[3], std::log(6.0f));
+  EXPECT_EQ(batch.dense[4], 0.0f);                     // empty
+  EXPECT_FLOAT_EQ(batch.dense[5], std::log(1383.0f));
+  EXPECT_EQ(batch.dense[12], 0.0f);                    // empty, last integer column
+  ASSERT_EQ(batch.ids.size(), 26u);
+  for (int f = 0; f < 26; ++f) {
+    EXPECT_EQ(batch.ids[f], CriteoFieldId(f, cats[f])) << f;
+    EXPECT_GE(batch.ids[f], 0);
+  }
+  // Empty categorical fields map to the field's own "missing" id.
+  EXPECT_EQ(batch.ids[3], CriteoFieldId(3, ""));
+  EXPECT_EQ(batch.ids[25], CriteoFieldId(25, ""));
+  EXPECT_NE(batch.ids[3], batch.ids[25]);
+}
+
+TEST(CriteoTest, AllEmptyFeaturesAndCrlf) {
+  CtrBatch batch;
+  batch.Reset(kCriteoDense, kCriteoFields);
+  const std::string line = "0" + std::string(39, '\t') + "\r";
+  ASSERT_TRUE(ParseCriteoLine(line, 0, &batch).ok());
+  EXPECT_EQ(batch.labels[0], 0.0f);
+  EXPECT_EQ(batch.dense, std::vector<float>(13, 0.0f));
+  for (int f = 0; f < 26; ++f) EXPECT_EQ(batch.ids[f], CriteoFieldId(f, ""));
+}
+
+TEST(CriteoTest, FieldIdsAreStableAndPerField) {
+  // Pinned values: the id of a value must never change between builds (embeddings are keyed by
+  // it). If this fails, the hash changed: that breaks every saved model.
+  // (Computed independently from the formula documented in criteo.h.)
+  EXPECT_EQ(CriteoFieldId(0, ""), 1948871140692137074);
+  EXPECT_EQ(CriteoFieldId(0, "68fd1e64"), 7110095864571872725);
+  EXPECT_EQ(CriteoFieldId(25, ""), 6085853619906713804);
+  EXPECT_EQ(CriteoFieldId(3, "05db9164"), 8746939432265901581);
+  EXPECT_EQ(CriteoFieldId(7, "68fd1e64", 1000000), 7613139);
+  EXPECT_EQ(CriteoFieldId(0, "68fd1e64"), CriteoFieldId(0, "68fd1e64"));
+  EXPECT_NE(CriteoFieldId(0, "68fd1e64"), CriteoFieldId(1, "68fd1e64"));
+  EXPECT_NE(CriteoFieldId(0, "68fd1e64"), CriteoFieldId(0, "68FD1E64"));  // case-sensitive
+  // Hashing trick: field f owns [f * B, (f + 1) * B).
+  constexpr int64_t kBuckets = 1000;
+  std::set<int64_t> seen;
+  for (int f = 0; f < 26; ++f) {
+    for (int v = 0; v < 50; ++v) {
+      const int64_t id = CriteoFieldId(f, std::to_string(v), kBuckets);
+      EXPECT_GE(id, f * kBuckets);
+      EXPECT_LT(id, (f + 1) * kBuckets);
+      seen.insert(id);
+    }
+  }
+  EXPECT_GT(seen.size(), 26u * 45);  // few collisions among 50 values in 1000 buckets
+}
+
+TEST(CriteoTest, BadLinesAreRejectedWithReasons) {
+  CtrBatch batch;
+  batch.Reset(kCriteoDense, kCriteoFields);
+  auto reason = [&batch](const std::string& line) {
+    Status s = ParseCriteoLine(line, 0, &batch);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << line;
+    return s.message();
+  };
+  const std::string good = Line("1", Ints(1), Cats(1));
+  EXPECT_THAT(reason(good + "\textra"), HasSubstr("41 tab-separated fields, expected 40"));
+  EXPECT_THAT(reason(good.substr(0, good.rfind('\t'))), HasSubstr("39 tab-separated fields"));
+  EXPECT_THAT(reason(""), HasSubstr("1 tab-separated fields"));
+  EXPECT_THAT(reason(Line("2", Ints(1), Cats(1))), HasSubstr("label \"2\" is not 0 or 1"));
+  EXPECT_THAT(reason(Line("", Ints(1), Cats(1))), HasSubstr("label \"\""));
+  std::vector<std::string> ints = Ints(1);
+  ints[6] = "abc";
+  EXPECT_THAT(reason(Line("0", ints, Cats(1))), HasSubstr("I7 \"abc\" is not a decimal int64"));
+  ints[6] = "1.5";
+  EXPECT_THAT(reason(Line("0", ints, Cats(1))), HasSubstr("I7 \"1.5\""));
+  ints[6] = "99999999999999999999";  // overflows int64
+  EXPECT_THAT(reason(Line("0", ints, Cats(1))), HasSubstr("I7"));
+  ints[6] = " 3";
+  EXPECT_THAT(reason(Line("0", ints, Cats(1))), HasSubstr("I7"));
+  CtrBatch misshapen;
+  misshapen.Reset(13, 25);
+  EXPECT_EQ(ParseCriteoLine(good, 0, &misshapen).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(batch.size(), 0);  // nothing was appended
+  EXPECT_TRUE(batch.dense.empty());
+  EXPECT_TRUE(batch.ids.empty());
+}
+
+TEST(CriteoTest, StreamsBatchesAndCountsBadLines) {
+  std::string text;
+  std::vector<int> good;
+  for (int i = 0; i < 7; ++i) {
+    if (i == 2) {
+      text += "1\tnot\tenough\tfields\n";  // line 3
+    } else if (i == 5) {
+      std::vector<std::string> ints = Ints(0);
+      ints[0] = "x";
+      text += Line("0", ints, Cats(0)) + "\n";  // line 6
+    } else {
+      text += Numbered(i) + "\n";
+      good.push_back(i);
+    }
+  }
+  text += Numbered(7);  // no final newline
+  good.push_back(7);
+  TempFile file(".tsv");
+  WritePlain(file.path(), text);
+
+  CriteoOptions options;
+  options.max_bad_line_records = 1;
+  StatusOr<std::unique_ptr<CriteoReader>> reader = CriteoReader::Open(file.path(), options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  CtrBatch batch;
+  std::vector<int> seen;
+  std::vector<int64_t> sizes;
+  for (;;) {
+    StatusOr<int64_t> n = (*reader)->ReadBatch(4, &batch);
+    ASSERT_TRUE(n.ok()) << n.status();
+    sizes.push_back(*n);
+    if (*n == 0) break;
+    ASSERT_EQ(batch.size(), *n);
+    ASSERT_EQ(batch.num_dense, 13);
+    ASSERT_EQ(batch.num_fields, 26);
+    for (int64_t r = 0; r < batch.size(); ++r) {
+      const int i = static_cast<int>(std::lround(std::expm1(batch.dense_row(r)[0])));
+      seen.push_back(i);
+      EXPECT_EQ(batch.labels[r], static_cast<float>(i % 2));
+      EXPECT_EQ(batch.id_row(r)[0], CriteoFieldId(0, Cats(i)[0]));
+    }
+  }
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 2, 0}));
+  EXPECT_EQ(seen, good);
+  const CriteoStats& stats = (*reader)->stats();
+  EXPECT_EQ(stats.lines, 8);
+  EXPECT_EQ(stats.examples, 6);
+  EXPECT_EQ(stats.bad_lines, 2);
+  ASSERT_EQ(stats.first_bad_lines.size(), 1u);  // only the first is kept
+  EXPECT_EQ(stats.first_bad_lines[0].line_number, 3);
+  EXPECT_THAT(stats.first_bad_lines[0].reason, HasSubstr("4 tab-separated fields"));
+
+  // A second epoch sees the same examples again.
+  ASSERT_TRUE((*reader)->Rewind().ok());
+  EXPECT_EQ((*reader)->stats().lines, 0);
+  StatusOr<int64_t> n = (*reader)->ReadBatch(100, &batch);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 6);
+  EXPECT_EQ((*reader)->stats().bad_lines, 2);
+}
+
+TEST(CriteoTest, LinesLongerThanTheBufferAndGzip) {
+  // Categorical values of 600 bytes make each line ~16 KB, far over a 1 KiB buffer.
+  std::string text;
+  std::vector<std::string> cats(26, std::string(600, 'a'));
+  for (int i = 0; i < 20; ++i) {
+    cats[0] = std::to_string(i) + std::string(600, 'b');
+    std::vector<std::string> ints = Ints(0);
+    ints[0] = std::to_string(i);
+    text += Line("1", ints, cats) + "\n";
+  }
+  TempFile file(".tsv.gz");
+  WriteGzip(file.path(), text);
+  CriteoOptions options;
+  options.read_buffer_bytes = 1024;
+  StatusOr<std::unique_ptr<CriteoReader>> reader = CriteoReader::Open(file.path(), options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  CtrBatch batch;
+  StatusOr<int64_t> n = (*reader)->ReadBatch(1000, &batch);
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_EQ(*n, 20);
+  EXPECT_EQ((*reader)->stats().bad_lines, 0);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(batch.id_row(i)[0], CriteoFieldId(0, std::to_string(i) + std::string(600, 'b')));
+    EXPECT_EQ(batch.id_row(i)[1], CriteoFieldId(1, std::string(600, 'a')));
+  }
+}
+
+TEST(CriteoTest, ShardsSplitLinesExactlyOnce) {
+  constexpr int kLines = 23;
+  std::string text;
+  for (int i = 0; i < kLines; ++i) text += (i == 10 ? std::string("garbage") : Numbered(i)) + "\n";
+  TempFile file(".tsv");
+  WritePlain(file.path(), text);
+
+  for (int m = 1; m <= 4; ++m) {
+    std::multiset<int> seen;
+    int64_t bad = 0, lines = 0;
+    for (int r = 0; r < m; ++r) {
+      CriteoOptions options;
+      options.shard = {r, m};
+      StatusOr<std::unique_ptr<CriteoReader>> reader = CriteoReader::Open(file.path(), options);
+      ASSERT_TRUE(reader.ok()) << reader.status();
+      CtrBatch batch;
+      for (;;) {
+        StatusOr<int64_t> n = (*reader)->ReadBatch(3, &batch);
+        ASSERT_TRUE(n.ok());
+        if (*n == 0) break;
+        for (int64_t k = 0; k < *n; ++k) {
+          const int i = static_cast<int>(std::lround(std::expm1(batch.dense_row(k)[0])));
+          EXPECT_EQ(i % m, r) << "line " << i << " read by shard " << r << " of " << m;
+          seen.insert(i);
+        }
+      }
+      bad += (*reader)->stats().bad_lines;
+      lines += (*reader)->stats().lines;
+      for (const CriteoBadLine& b : (*reader)->stats().first_bad_lines) EXPECT_EQ(b.line_number, 11);
+    }
+    EXPECT_EQ(bad, 1) << m;
+    EXPECT_EQ(lines, kLines) << m;
+    ASSERT_EQ(seen.size(), static_cast<size_t>(kLines - 1)) << m;
+    for (int i = 0; i < kLines; ++i) EXPECT_EQ(seen.count(i), i == 10 ? 0u : 1u) << i;
+  }
+}
+
+TEST(CriteoTest, OpenErrors) {
+  StatusOr<std::unique_ptr<CriteoReader>> reader = CriteoReader::Open("/nonexistent/day_0.gz");
+  EXPECT_EQ(reader.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(reader.status().message(), HasSubstr("/nonexistent/day_0.gz"));
+
+  TempFile file(".tsv");
+  WritePlain(file.path(), Numbered(0) + "\n");
+  CriteoOptions options;
+  options.shard = {2, 2};
+  EXPECT_EQ(CriteoReader::Open(file.path(), options).status().code(), StatusCode::kInvalidArgument);
+  options = CriteoOptions();
+  options.hash_buckets = -1;
+  EXPECT_EQ(CriteoReader::Open(file.path(), options).status().code(), StatusCode::kInvalidArgument);
+
+  reader = CriteoReader::Open(file.path());
+  ASSERT_TRUE(reader.ok());
+  CtrBatch batch;
+  EXPECT_EQ((*reader)->ReadBatch(0, &batch).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(CriteoTest, TruncatedGzipIsAnErrorNotABadLine) {
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += Numbered(i) + "\n";
+  const std::string gz = testing::Gzip(text);
+  TempFile file(".tsv.gz");
+  WritePlain(file.path(), gz.substr(0, gz.size() / 2));
+  StatusOr<std::unique_ptr<CriteoReader>> reader = CriteoReader::Open(file.path());
+  ASSERT_TRUE(reader.ok());
+  CtrBatch batch;
+  Status failure;
+  for (;;) {
+    StatusOr<int64_t> n = (*reader)->ReadBatch(256, &batch);
+    if (!n.ok()) {
+      failure = n.status();
+      break;
+    }
+    ASSERT_GT(*n, 0) << "reached the end without noticing the truncation";
+  }
+  EXPECT_EQ(failure.code(), StatusCode::kDataLoss) << failure;
+  EXPECT_THAT(failure.message(), HasSubstr(file.path()));
+  // The reader stays failed.
+  EXPECT_EQ((*reader)->ReadBatch(256, &batch).status().code(), StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace ferry::data

@@ -1,0 +1,118 @@
+// ferry/data/criteo.h — a streaming reader of Criteo display-ads data (the Kaggle / Terabyte
+// "train.txt" / "day_N" format), plain or gzipped.
+//
+// Line format: 40 tab-separated columns, `label \t I1..I13 \t C1..C26`, '\n' (or "\r\n") ended:
+//   label   "0" or "1"
+//   I1..I13 decimal integers (may be negative), or empty
+//   C1..C26 categorical values (8 hex digits in the public data; any bytes are accepted and
+//           hashed as they are, case-sensitive), or empty
+// Output (CtrBatch with num_dense = 13, num_fields = 26):
+//   dense[j] = log(1 + max(I_j, 0))    (float; an empty field gives 0, the same as I_j <= 0)
+//   ids[f]   = CriteoFieldId(f, C_f, hash_buckets)  (an empty field hashes the empty string, which
+//              is field f's dedicated "missing" id: missing values are kept, not skipped, so every
+//              example has exactly one id per field as the model expects)
+// A bad line (not 40 columns, a label other than 0/1, an integer field that is not a whole
+// decimal int64) is skipped, counted, and the first few are recorded with their 1-based line
+// number and the reason; it is never fatal. I/O errors (missing file, corrupt gzip) are.
+//
+// Sharding: line k of the file (0-based, counting every line, bad or good) belongs to shard
+// k % num_shards; a reader parses only its own lines (the others are scanned for '\n' and
+// dropped). Over all shards every line is read exactly once per pass, and each bad line is
+// counted by exactly one shard, so the per-shard stats sum to the file's. The order is file order;
+// a file cannot be shuffled without holding it, so shuffle Criteo offline if needed.
+//
+// Memory: one read buffer (CriteoOptions::read_buffer_bytes, grown only for a longer line) plus
+// the caller's batch; the file is never held whole.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/data/ctr_batch.h"
+#include "ferry/data/shard.h"
+#include "ferry/status.h"
+
+namespace ferry::data {
+
+inline constexpr int kCriteoDense = 13;
+inline constexpr int kCriteoFields = 26;
+inline constexpr int kCriteoColumns = 1 + kCriteoDense + kCriteoFields;  // 40
+
+// The id of categorical value `value` in field `field` (0-based, C1 is field 0). Stable: it depends
+// on nothing but its arguments and never changes between builds, platforms or runs:
+//   h  = Mix64(Fnv1a64(value) ^ Mix64(field + 1))
+//        Fnv1a64: FNV-1a, 64-bit (offset basis 0xcbf29ce484222325, prime 0x100000001b3)
+//        Mix64:   SplitMix64's output function: x += 0x9e3779b97f4a7c15;
+//                 x = (x ^ x >> 30) * 0xbf58476d1ce4e5b9; x = (x ^ x >> 27) * 0x94d049bb133111eb;
+//                 x ^= x >> 31
+//   hash_buckets == 0: id = h >> 1, in [0, 2^63); distinct fields give distinct ids (up to
+//                      64-bit collisions), so one embedding table can hold every field
+//   hash_buckets  > 0: id = field * hash_buckets + h % hash_buckets; field f owns the range
+//                      [f * hash_buckets, (f + 1) * hash_buckets) (the hashing trick)
+// The empty value is a field's "missing" id. Requires 0 <= field and, with buckets,
+// (field + 1) * hash_buckets <= INT64_MAX (CriteoOptions validation guarantees both).
+int64_t CriteoFieldId(int field, std::string_view value, int64_t hash_buckets = 0);
+
+// The dense transform: log(1 + max(x, 0)), in float.
+float CriteoDenseValue(int64_t x);
+
+// Parses one line (without its '\n'; a trailing '\r' is ignored) and appends it to `batch`, whose
+// shape must be (kCriteoDense, kCriteoFields). On a bad line (or a misshapen batch) returns
+// INVALID_ARGUMENT with the reason and leaves `batch` unchanged.
+Status ParseCriteoLine(std::string_view line, int64_t hash_buckets, CtrBatch* batch);
+
+struct CriteoOptions {
+  ShardSpec shard;                // which lines this reader takes (see the header comment)
+  int64_t hash_buckets = 0;       // 0: 63-bit ids; > 0: per-field bucket ranges (CriteoFieldId)
+  int max_bad_line_records = 10;  // how many bad lines to keep with their line number
+  int64_t read_buffer_bytes = int64_t{1} << 20;  // initial read buffer, >= 1 KiB
+
+  Status Validate() const;
+};
+
+struct CriteoBadLine {
+  int64_t line_number = 0;  // 1-based line of the file
+  std::string reason;
+};
+
+// Counts for the current pass over this reader's shard.
+struct CriteoStats {
+  int64_t lines = 0;      // this shard's lines seen (examples + bad_lines)
+  int64_t examples = 0;   // lines turned into examples
+  int64_t bad_lines = 0;  // lines skipped as malformed
+  std::vector<CriteoBadLine> first_bad_lines;  // the first max_bad_line_records bad lines
+};
+
+// Thread-safety: not thread-safe; use one reader per thread. The reader owns its file handle.
+class CriteoReader {
+ public:
+  // Opens `path` (plain or gzipped). NOT_FOUND if it does not exist; INVALID_ARGUMENT for bad
+  // options.
+  static StatusOr<std::unique_ptr<CriteoReader>> Open(const std::string& path,
+                                                      const CriteoOptions& options = {});
+  ~CriteoReader();
+  CriteoReader(const CriteoReader&) = delete;
+  CriteoReader& operator=(const CriteoReader&) = delete;
+
+  // Replaces `batch`'s contents with up to `max_examples` (>= 1) further examples of this shard
+  // and returns how many; fewer only at the end of the file, 0 once it is exhausted. DATA_LOSS on
+  // a read error (e.g. a truncated gzip file), after which the reader stays failed.
+  StatusOr<int64_t> ReadBatch(int64_t max_examples, CtrBatch* batch);
+
+  // Goes back to the first line for another pass (epoch) and resets stats(). A failed reader
+  // stays failed (returns its error); open the file again instead.
+  Status Rewind();
+
+  const CriteoStats& stats() const;
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  explicit CriteoReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry::data

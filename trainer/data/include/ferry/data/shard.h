@@ -1,0 +1,59 @@
+// ferry/data/shard.h — which examples each worker reads, and in what order, per epoch.
+//
+// The rule, for a dataset of N examples split over M workers:
+//   1. The epoch order is a permutation of [0, N): the identity when shuffling is off, otherwise a
+//      Fisher–Yates shuffle driven by a SplitMix64 stream seeded from (seed, epoch). Every worker
+//      computes the same permutation, with no communication.
+//   2. Position p of that order goes to worker p % M (round-robin, "strided" sharding).
+// So every example is read by exactly one worker exactly once per epoch, shard sizes differ by at
+// most one (ShardSize), and the orders are bitwise reproducible on every platform (integer-only
+// arithmetic; no std::uniform_int_distribution, whose output is implementation-defined).
+//
+// Streaming sources that cannot be permuted (CriteoReader) use step 2 alone on line numbers.
+//
+// Sync training note: when N % M != 0 the first N % M workers hold one example more. A trainer
+// that must run the same number of steps on every worker should plan
+// ceil(ShardSize(N, {0, M}) / batch) steps and let a short shard run a smaller (possibly empty)
+// last batch, or drop the remainder and accept that a few examples are skipped that epoch.
+//
+// Thread-safety: all functions are pure.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ferry/status.h"
+
+namespace ferry::data {
+
+// This worker's part of the data: rank in [0, num_shards).
+struct ShardSpec {
+  int rank = 0;
+  int num_shards = 1;
+
+  // INVALID_ARGUMENT unless num_shards >= 1 and 0 <= rank < num_shards.
+  Status Validate() const;
+};
+
+// How the epoch order is drawn.
+struct ShuffleOptions {
+  bool shuffle = true;  // false: ascending index order
+  uint64_t seed = 0;    // with `epoch`, selects the permutation
+};
+
+// Number of examples shard `shard` gets out of `num_examples` (>= 0): those positions p with
+// p % num_shards == rank, i.e. ceil((num_examples - rank) / num_shards). Requires a valid shard.
+int64_t ShardSize(int64_t num_examples, ShardSpec shard);
+
+// The example indices shard `shard` visits in epoch `epoch`, in visiting order (see the rule at
+// the top). Size ShardSize(num_examples, shard). INVALID_ARGUMENT for an invalid shard or
+// num_examples < 0. Cost: O(num_examples) time and memory when shuffling (each worker builds
+// the whole permutation), O(shard size) otherwise.
+StatusOr<std::vector<int64_t>> EpochIndices(int64_t num_examples, ShardSpec shard, int64_t epoch,
+                                            const ShuffleOptions& options);
+
+// The full epoch order (all shards interleaved): a permutation of [0, num_examples).
+std::vector<int64_t> EpochPermutation(int64_t num_examples, int64_t epoch,
+                                      const ShuffleOptions& options);
+
+}  // namespace ferry::data

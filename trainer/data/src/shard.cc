@@ -1,0 +1,53 @@
+#include "ferry/data/shard.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "random.h"
+
+namespace ferry::data {
+
+Status ShardSpec::Validate() const {
+  if (num_shards < 1 || rank < 0 || rank >= num_shards) {
+    return InvalidArgumentError("shard rank " + std::to_string(rank) + " of " + std::to_string(num_shards) +
+                                ": need num_shards >= 1 and 0 <= rank < num_shards");
+  }
+  return Status::Ok();
+}
+
+int64_t ShardSize(int64_t num_examples, ShardSpec shard) {
+  if (num_examples <= shard.rank) return 0;
+  return (num_examples - shard.rank + shard.num_shards - 1) / shard.num_shards;
+}
+
+std::vector<int64_t> EpochPermutation(int64_t num_examples, int64_t epoch, const ShuffleOptions& options) {
+  std::vector<int64_t> order(static_cast<size_t>(std::max<int64_t>(num_examples, 0)));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (!options.shuffle) return order;
+  internal::SplitMix64 rng(internal::HashPair(options.seed, static_cast<uint64_t>(epoch)));
+  // Fisher–Yates, back to front.
+  for (size_t i = order.size(); i > 1; --i) {
+    const size_t j = static_cast<size_t>(rng.Below(i));
+    std::swap(order[i - 1], order[j]);
+  }
+  return order;
+}
+
+StatusOr<std::vector<int64_t>> EpochIndices(int64_t num_examples, ShardSpec shard, int64_t epoch,
+                                            const ShuffleOptions& options) {
+  FERRY_RETURN_IF_ERROR(shard.Validate());
+  if (num_examples < 0) return InvalidArgumentError("EpochIndices: num_examples " + std::to_string(num_examples) + " < 0");
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(ShardSize(num_examples, shard)));
+  if (!options.shuffle) {
+    for (int64_t i = shard.rank; i < num_examples; i += shard.num_shards) mine.push_back(i);
+    return mine;
+  }
+  const std::vector<int64_t> order = EpochPermutation(num_examples, epoch, options);
+  for (int64_t p = shard.rank; p < num_examples; p += shard.num_shards) mine.push_back(order[static_cast<size_t>(p)]);
+  return mine;
+}
+
+}  // namespace ferry::data

@@ -1,0 +1,91 @@
+// A short ferry-trainer run on real Fashion-MNIST: 2 workers, 2 in-process servers, the CPU
+// backend. Skipped with a message when the dataset is not installed.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "ferry/data/fashion_mnist.h"
+#include "support/cluster.h"
+#include "trainer/trainer/device.h"
+#include "trainer/trainer/options.h"
+#include "trainer/trainer/trainer.h"
+
+namespace ferry::trainer {
+namespace {
+
+class FashionMnistTraining : public testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(data::FashionMnistImagesPath(data::kFashionMnistDir, data::FashionMnistSplit::kTrain))) {
+      return;
+    }
+    auto tr = data::LoadFashionMnist(data::FashionMnistSplit::kTrain);
+    auto te = data::LoadFashionMnist(data::FashionMnistSplit::kTest);
+    ASSERT_TRUE(tr.ok()) << tr.status();
+    ASSERT_TRUE(te.ok()) << te.status();
+    train_ = new data::ImageDataset(std::move(*tr));
+    test_ = new data::ImageDataset(std::move(*te));
+  }
+  static void TearDownTestSuite() {
+    delete train_;
+    delete test_;
+    train_ = test_ = nullptr;
+  }
+  static data::ImageDataset* train_;
+  static data::ImageDataset* test_;
+};
+data::ImageDataset* FashionMnistTraining::train_ = nullptr;
+data::ImageDataset* FashionMnistTraining::test_ = nullptr;
+
+TEST_P(FashionMnistTraining, TwoWorkersLearn) {
+  if (train_ == nullptr) GTEST_SKIP() << "Fashion-MNIST not found in " << data::kFashionMnistDir
+                                      << " (apt-get install dataset-fashion-mnist)";
+  constexpr int64_t kSteps = 300;
+  ServerOptions so;
+  so.compute_threads = 1;
+  auto cluster = test::LocalCluster::Start(2, false, so);
+  StatusOr<TrainReport> reports[2] = {InternalError("not run"), InternalError("not run")};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      TrainerOptions o;
+      o.servers = cluster.endpoints;
+      o.rank = rank;
+      o.num_workers = 2;
+      o.device = DeviceKind::kCpu;
+      o.hidden = {64};
+      o.optimizer.type = OptimizerType::kAdam;
+      o.optimizer.learning_rate = 0.002f;
+      ASSERT_TRUE(ParseConsistency(GetParam(), &o.consistency, &o.staleness).ok());
+      o.batch = 32;
+      o.steps = kSteps;
+      o.log_every = 100;
+      o.test_limit = 5000;
+      auto client = cluster.Connect(rank, 2);
+      auto dev = CreateCpuDevice();
+      reports[rank] = RunTraining(o, dev.get(), client.get(), Datasets{train_, test_}, {}, stdout);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(reports[0].ok()) << reports[0].status();
+  ASSERT_TRUE(reports[1].ok()) << reports[1].status();
+  const TrainReport& r = *reports[0];
+  std::printf("%s: %lld steps x 2 workers x batch 32 in %.2f s: loss %.3f -> %.3f, test accuracy %.4f\n",
+              GetParam().c_str(), static_cast<long long>(r.steps), r.wall_s, r.first_loss, r.last_loss,
+              r.eval_accuracy);
+  EXPECT_LT(r.last_loss, 0.5 * r.first_loss);
+  EXPECT_GT(r.eval_accuracy, 0.7);  // chance is 0.1
+}
+
+INSTANTIATE_TEST_SUITE_P(Consistency, FashionMnistTraining, testing::Values("sync", "async", "ssp:2"),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           std::string s = info.param;
+                           for (char& c : s) if (c == ':') c = '_';
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace ferry::trainer

@@ -1,0 +1,108 @@
+// ferry-trainer's flag parsing and device selection.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "trainer/trainer/device.h"
+#include "trainer/trainer/options.h"
+
+namespace ferry::trainer {
+namespace {
+
+StatusOr<TrainerOptions> Parse(std::vector<std::string> args) {
+  std::vector<const char*> argv = {"ferry-trainer"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return ParseTrainerFlags(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(TrainerOptions, ParsesAFullCommandLine) {
+  auto o = Parse({"--servers", "tcp://a:1,tcp://b:2", "--rank=1", "--num-workers", "3", "--device", "cpu",
+                  "--gpu", "2", "--hidden", "32,16,8", "--optimizer", "adam", "--lr", "0.001", "--consistency",
+                  "ssp:4", "--batch", "32", "--steps", "100", "--eval-every", "10", "--metrics-out", "/tmp/x",
+                  "--no-shuffle"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->servers, (std::vector<std::string>{"tcp://a:1", "tcp://b:2"}));
+  EXPECT_EQ(o->rank, 1);
+  EXPECT_EQ(o->num_workers, 3);
+  EXPECT_EQ(o->device, DeviceKind::kCpu);
+  EXPECT_EQ(o->gpu, 2);
+  EXPECT_EQ(o->hidden, (std::vector<int64_t>{32, 16, 8}));
+  EXPECT_EQ(o->optimizer.type, OptimizerType::kAdam);
+  EXPECT_FLOAT_EQ(o->optimizer.learning_rate, 0.001f);
+  EXPECT_EQ(o->consistency, Consistency::kSsp);
+  EXPECT_EQ(o->staleness, 4);
+  EXPECT_EQ(o->batch, 32);
+  EXPECT_EQ(o->steps, 100);
+  EXPECT_EQ(o->eval_every, 10);
+  EXPECT_EQ(o->metrics_out, "/tmp/x");
+  EXPECT_FALSE(o->shuffle);
+  EXPECT_FALSE(o->local);
+}
+
+TEST(TrainerOptions, LocalNeedsNoServers) {
+  auto o = Parse({"--local", "--batch", "8"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->local);
+  EXPECT_EQ(o->device, DeviceKind::kAuto);
+}
+
+TEST(TrainerOptions, BadValuesNameTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--batch", "0", "--local"}, "--batch"},
+      {{"--batch", "x", "--local"}, "--batch"},
+      {{"--lr", "nan", "--local"}, "--lr"},
+      {{"--lr", "-1", "--local"}, "--lr"},
+      {{"--optimizer", "rmsprop", "--local"}, "--optimizer"},
+      {{"--consistency", "ssp:", "--local"}, "--consistency"},
+      {{"--device", "tpu", "--local"}, "--device"},
+      {{"--hidden", "32,,8", "--local"}, "--hidden"},
+      {{"--servers", "a:1", "--rank", "0"}, "--servers"},
+      {{"--servers", "tcp://a:1", "--rank", "2", "--num-workers", "2"}, "--rank"},
+      {{"--rank", "0"}, "--servers"},
+      {{"--local", "--servers", "tcp://a:1"}, "--local"},
+      {{"--local", "--rank", "1"}, "--local"},
+      {{"--local", "--bogus", "1"}, "--bogus"},
+      {{"--local", "--batch"}, "--batch"},
+      {{"--model", "cnn", "--local"}, "--model"},
+  };
+  for (const auto& [args, flag] : cases) {
+    auto o = Parse(args);
+    ASSERT_FALSE(o.ok()) << "accepted " << testing::PrintToString(args);
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(o.status().message().find(flag), std::string::npos) << o.status();
+  }
+}
+
+TEST(TrainerDevice, CpuAndAuto) {
+  std::string choice;
+  auto cpu = CreateDevice(DeviceKind::kCpu, 0, &choice);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ((*cpu)->name(), "cpu");
+  auto automatic = CreateDevice(DeviceKind::kAuto, 0, &choice);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  std::printf("--device auto chose: %s\n", choice.c_str());
+  EXPECT_NE(choice.find((*automatic)->is_cuda() ? "cuda" : "cpu"), std::string::npos);
+  if (!(*automatic)->is_cuda()) {
+    auto cuda = CreateDevice(DeviceKind::kCuda, 0, &choice);
+    EXPECT_FALSE(cuda.ok()) << "--device cuda succeeded where auto found no GPU";
+  }
+}
+
+TEST(TrainerDevice, CpuBuffersAndOps) {
+  auto dev = CreateCpuDevice();
+  auto a = dev->Alloc(4 * sizeof(float));
+  auto h = dev->AllocHost(4 * sizeof(float));
+  ASSERT_TRUE(a.ok() && h.ok());
+  const float in[4] = {-1, 2, -3, 4};
+  ASSERT_TRUE(dev->CopyToDevice(a->data(), in, sizeof(in)).ok());
+  ASSERT_TRUE(dev->ReluForward(a->as<float>(), 4, a->as<float>()).ok());
+  ASSERT_TRUE(dev->CopyToHost(h->data(), a->data(), sizeof(in)).ok());
+  ASSERT_TRUE(dev->Synchronize().ok());
+  EXPECT_EQ(h->as<float>()[0], 0.0f);
+  EXPECT_EQ(h->as<float>()[1], 2.0f);
+  EXPECT_EQ(dev->Alloc(-1).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ferry::trainer

@@ -1,0 +1,159 @@
+// The first correctness test of the whole system (DESIGN.md): sync training with M = 2 workers of
+// batch B gives, step by step, the parameters of --local training with batch 2B on the same data
+// order, within 1e-5 relative error. CPU backend, an in-process cluster of 2 servers, a small MLP.
+//
+// Data order (trainer.h): both runs visit the same seeded permutation of the examples each epoch;
+// the local run's batch t is positions [2Bt, 2B(t+1)) of it, and worker r's batch t is the
+// positions p of that range with p % 2 == r — together exactly the local batch. The servers
+// average the two workers' mean-loss gradients, which is the gradient of the local mean loss;
+// the two differ only by float rounding (sum order).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ferry/data/fashion_mnist.h"
+#include "support/cluster.h"
+#include "trainer/trainer/device.h"
+#include "trainer/trainer/options.h"
+#include "trainer/trainer/trainer.h"
+
+namespace ferry::trainer {
+namespace {
+
+constexpr uint64_t kDataSeed = 12345;
+
+// A small deterministic image dataset: 4x4 "images", 4 classes, labels tied to the pixels so
+// there is something to learn. Values from SplitMix64 (seed printed by the test).
+data::ImageDataset MakeData(int64_t count) {
+  data::ImageDataset d;
+  d.count = count;
+  d.rows = 4;
+  d.cols = 4;
+  d.num_classes = 4;
+  uint64_t x = kDataSeed;
+  auto next = [&x] {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t label = static_cast<int32_t>(next() % 4);
+    d.labels.push_back(label);
+    for (int p = 0; p < 16; ++p) {
+      float v = static_cast<float>(next() >> 40) / static_cast<float>(1 << 24);
+      if (p % 4 == label) v += 0.5f;
+      d.images.push_back(v);
+    }
+  }
+  return d;
+}
+
+TrainerOptions BaseOptions(OptimizerType opt, float lr, int64_t steps) {
+  TrainerOptions o;
+  o.device = DeviceKind::kCpu;
+  o.hidden = {8, 6};
+  o.optimizer.type = opt;
+  o.optimizer.learning_rate = lr;
+  o.consistency = Consistency::kSync;
+  o.steps = steps;
+  o.seed = 7;
+  o.log_every = 0;
+  return o;
+}
+
+using Trace = std::vector<std::vector<float>>;  // parameters used at each step, then the final ones
+
+struct Case {
+  OptimizerType opt;
+  float lr;
+};
+
+class SyncEquivalence : public testing::TestWithParam<Case> {};
+
+TEST_P(SyncEquivalence, TwoWorkersMatchLocalWithDoubleBatch) {
+  constexpr int64_t kBatch = 4, kExamples = 48, kSteps = 10;  // 6 local steps per epoch: crosses an epoch
+  std::printf("data seed %llu, init seed 7, batch %lld per worker, %lld steps\n",
+              static_cast<unsigned long long>(kDataSeed), static_cast<long long>(kBatch),
+              static_cast<long long>(kSteps));
+  const data::ImageDataset train = MakeData(kExamples);
+  const Datasets ds{&train, nullptr};
+
+  // The reference: one process, batch 2B, local optimizer.
+  Trace local;
+  {
+    TrainerOptions o = BaseOptions(GetParam().opt, GetParam().lr, kSteps);
+    o.local = true;
+    o.batch = 2 * kBatch;
+    auto dev = CreateCpuDevice();
+    TrainHooks hooks;
+    hooks.on_params = [&](int64_t, std::span<const float> p) { local.emplace_back(p.begin(), p.end()); };
+    auto r = RunTraining(o, dev.get(), nullptr, ds, hooks, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+
+  // Two workers in sync mode against two in-process servers.
+  ServerOptions so;
+  so.compute_threads = 1;
+  auto cluster = test::LocalCluster::Start(2, false, so);
+  Trace worker[2];
+  Status status[2];
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      TrainerOptions o = BaseOptions(GetParam().opt, GetParam().lr, kSteps);
+      o.servers = cluster.endpoints;
+      o.rank = rank;
+      o.num_workers = 2;
+      o.batch = kBatch;
+      auto client = cluster.Connect(rank, 2);
+      auto dev = CreateCpuDevice();
+      TrainHooks hooks;
+      hooks.on_params = [&](int64_t, std::span<const float> p) { worker[rank].emplace_back(p.begin(), p.end()); };
+      auto r = RunTraining(o, dev.get(), client.get(), ds, hooks, nullptr);
+      status[rank] = r.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(status[0].ok()) << status[0];
+  ASSERT_TRUE(status[1].ok()) << status[1];
+
+  ASSERT_EQ(local.size(), static_cast<size_t>(kSteps + 1));
+  ASSERT_EQ(worker[0].size(), local.size());
+  ASSERT_EQ(worker[1].size(), local.size());
+  // Step 0: the servers' init equals the local init exactly (same code, same seed).
+  EXPECT_EQ(worker[0][0], local[0]);
+  double worst = 0;
+  for (size_t t = 0; t < local.size(); ++t) {
+    // Both workers pull the same version at each step.
+    EXPECT_EQ(worker[0][t], worker[1][t]) << "step " << t;
+    double max_rel = 0, max_change = 0;
+    for (size_t i = 0; i < local[t].size(); ++i) {
+      const double a = worker[0][t][i], b = local[t][i];
+      // Relative error, with a floor of 1e-2 on the scale so zero-initialised biases do not divide by ~0.
+      max_rel = std::max(max_rel, std::abs(a - b) / std::max(std::abs(b), 1e-2));
+      max_change = std::max(max_change, std::abs(b - local[0][i]));
+    }
+    worst = std::max(worst, max_rel);
+    EXPECT_LE(max_rel, 1e-5) << "step " << t;
+    if (t > 0) {
+      EXPECT_GT(max_change, 1e-4) << "the parameters did not move by step " << t;
+    }
+  }
+  std::printf("max relative error over %zu steps: %.3g\n", local.size(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, SyncEquivalence,
+                         testing::Values(Case{OptimizerType::kSgd, 0.5f}, Case{OptimizerType::kMomentum, 0.1f},
+                                         Case{OptimizerType::kAdagrad, 0.1f}, Case{OptimizerType::kAdam, 0.01f}),
+                         [](const testing::TestParamInfo<Case>& info) {
+                           return std::string(OptimizerName(info.param.opt));
+                         });
+
+}  // namespace
+}  // namespace ferry::trainer

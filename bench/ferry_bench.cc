@@ -1,0 +1,1101 @@
+// bench/ferry_bench.cc — Ferry's micro-benchmarks (Google Benchmark; results and how to run them
+// are in bench/RESULTS.md).
+//
+// Groups, registered (and so run) in this order, because later groups print ratios to earlier
+// ones measured in the same process:
+//   raw/<net>/<size>                 ZeroMQ DEALER -> ROUTER echo round trip, one payload frame:
+//                                    the transport's ceiling.
+//   raw_chunked/<net>/<size>         the same with the payload cut into the frames a Ferry table
+//                                    of that size puts on the wire (chunks of at most 4 MiB).
+//   raw_frames/tcp/100x1KiB          the same with 100 frames of 1 KiB (the baseline of small/),
+//   raw/tcp/100KiB                   and with those 100 KiB in one frame.
+//   ps/<op>/<net>/<size>/<topology>  dense push, pull and push+pull through ferry::Client and
+//                                    ferry::Server, with `vs_raw` = bytes/s over raw/<net>/<size>
+//                                    and `vs_raw_chunked` over raw_chunked/<net>/<size>.
+//   small/<mode>/<servers>           100 tensors of 1 KiB in one call vs one call each.
+//   sparse/<op>/dim<d>               sparse pull / push of Zipf-distributed ids, rows/s.
+//   mem/<kernel>                     single-thread memory bandwidth (STREAM triad, in-place axpy),
+//                                    and the cost of touching freshly allocated pages.
+//   opt/<optimizer>                  ps::ApplyUpdate on 16M elements, with `vs_stream` (triad)
+//                                    and `vs_axpy`.
+//
+// Byte accounting, the same for raw and PS so their ratio compares like with like: only payload
+// bytes count (headers do not), once per direction they travel. A raw round trip moves 2 x size;
+// a PS push or a pull moves 1 x size, a push+pull 2 x size. Rates are bytes per wall-clock second
+// (UseRealTime). With two workers, `bytes_per_second` is the cluster's aggregate (both workers'
+// bytes over the average of their times) and `vs_raw` compares it with one raw DEALER/ROUTER pair.
+//
+// Everything runs in this one process; servers and clients have their own ZeroMQ contexts (as
+// separate processes would) and talk over tcp://127.0.0.1 or ipc:// loopback. `faults_per_call`
+// counts the process's minor page faults per call: first touches of freshly allocated message
+// buffers, which are expensive on virtual machines.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <condition_variable>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "ferry/client.h"
+#include "ferry/server.h"
+#include "ferry/status.h"
+#include "ferry/table_spec.h"
+#include "messages/internal/transport.h"
+#include "ps/internal/optimizer.h"
+
+namespace ferry::bench {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using transport::Frames;
+
+// Bounds on every wait, so that a broken build fails a benchmark instead of hanging the run.
+constexpr auto kRequestTimeout = std::chrono::seconds(60);  // ClientOptions::request_timeout
+constexpr auto kWaitTimeout = std::chrono::seconds(90);     // Handle::wait, rendezvous, raw recv
+
+// ---- configuration -----------------------------------------------------------------------------
+
+enum class Net { kTcp, kIpc };
+
+std::string NetName(Net net) { return net == Net::kTcp ? "tcp" : "ipc"; }
+
+// A payload size and how many timed calls a run of it makes (a few tenths of a second each on a
+// 2-core machine, so the whole default run stays within a few minutes).
+struct Size {
+  int64_t bytes;
+  const char* name;
+  int iterations;
+};
+constexpr Size kSizes[] = {
+    {int64_t{4} << 10, "4KiB", 2000},
+    {int64_t{1} << 20, "1MiB", 200},
+    {int64_t{16} << 20, "16MiB", 20},
+    {int64_t{64} << 20, "64MiB", 6},
+};
+
+// Elements per chunk of a Ferry dense table of `elems` floats in these benchmarks: at least two
+// chunks, at most 1M floats (4 MiB) each, so that with two servers every size spreads over both.
+int64_t ChunkElems(int64_t elems) { return std::clamp<int64_t>(elems / 2, 1, int64_t{1} << 20); }
+
+// Untimed calls before a timed loop: connections up, buffers faulted in, caches warm.
+int WarmupCalls(const Size& size) { return std::max(2, size.iterations / 10); }
+
+benchmark::TimeUnit UnitFor(int64_t bytes) {
+  return bytes < (int64_t{1} << 20) ? benchmark::kMicrosecond : benchmark::kMillisecond;
+}
+
+// A fresh address to bind: tcp port 0 (the OS picks), or a per-process ipc path whose socket
+// file is removed when this is destroyed (ZeroMQ leaves it behind when the socket closes).
+class BindAddress {
+ public:
+  explicit BindAddress(Net net) {
+    static std::atomic<int> next{0};
+    if (net == Net::kTcp) {
+      address_ = "tcp://127.0.0.1:0";
+    } else {
+      path_ = "/tmp/ferry-bench-" + std::to_string(getpid()) + "-" + std::to_string(next++);
+      address_ = "ipc://" + path_;
+    }
+  }
+  ~BindAddress() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  BindAddress(BindAddress&& other) noexcept
+      : address_(std::move(other.address_)), path_(std::exchange(other.path_, std::string())) {}
+  BindAddress& operator=(BindAddress&&) = delete;
+
+  const std::string& address() const { return address_; }
+
+ private:
+  std::string address_;
+  std::string path_;  // empty for tcp
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Minor page faults of the whole process so far (servers and clients run in this process).
+int64_t ProcessMinorFaults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+// Wall-clock time of a timed loop, from the start of its first iteration to the end of its last
+// (so a thread's wait at Google Benchmark's start and stop barriers is not counted), and the
+// process's page faults from the first iteration to Finish().
+class LoopTimer {
+ public:
+  void IterationStart() {
+    if (started_) return;
+    started_ = true;
+    faults_at_start_ = ProcessMinorFaults();
+    start_ = SteadyClock::now();
+  }
+  void IterationEnd() { end_ = SteadyClock::now(); }
+  void Finish() { faults_ = started_ ? ProcessMinorFaults() - faults_at_start_ : 0; }
+
+  double seconds() const { return started_ ? std::chrono::duration<double>(end_ - start_).count() : 0.0; }
+  double faults() const { return static_cast<double>(faults_); }
+
+ private:
+  bool started_ = false;
+  SteadyClock::time_point start_, end_;
+  int64_t faults_at_start_ = 0, faults_ = 0;
+};
+
+// Reports a failure once (Google Benchmark allows one SkipWithError per thread and run).
+void Fail(benchmark::State& state, const Status& s) {
+  if (!state.error_occurred()) state.SkipWithError(s.ToString().c_str());
+}
+
+// ---- raw ZeroMQ round trip ---------------------------------------------------------------------
+
+// The far end of the raw round trip: a ROUTER socket on its own thread that sends every message
+// straight back to its sender, frames untouched (ZeroMQ moves them, nothing is copied here).
+class EchoServer {
+ public:
+  static StatusOr<std::unique_ptr<EchoServer>> Start(Net net) {
+    std::unique_ptr<EchoServer> server(new EchoServer(net));
+    if (!server->waker_.ok()) return InternalError("echo server: cannot create an eventfd");
+    FERRY_ASSIGN_OR_RETURN(server->socket_, transport::MakeSocket(server->context_, zmq::socket_type::router));
+    try {
+      server->socket_.bind(server->bind_.address());
+    } catch (const zmq::error_t& e) {
+      return UnavailableError(std::string("echo server: bind: ") + e.what());
+    }
+    server->endpoint_ = transport::LastEndpoint(server->socket_);
+    server->thread_ = std::thread([s = server.get()] { s->Loop(); });
+    return server;
+  }
+
+  ~EchoServer() {
+    stopping_.store(true);
+    waker_.Notify();
+    if (thread_.joinable()) thread_.join();
+  }
+  EchoServer(const EchoServer&) = delete;
+  EchoServer& operator=(const EchoServer&) = delete;
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  explicit EchoServer(Net net) : bind_(net) {}
+
+  // [routing id][header] and up to 4096 payload frames, like a Ferry server accepts.
+  static constexpr size_t kEchoMaxFrames = 4098;
+
+  void Loop() {
+    Frames frames;
+    while (!stopping_.load()) {
+      zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, waker_.fd(), ZMQ_POLLIN, 0}};
+      try {
+        zmq::poll(items, 2, std::chrono::milliseconds(-1));
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        std::fprintf(stderr, "echo server: poll: %s\n", e.what());
+        return;
+      }
+      if (items[1].revents & ZMQ_POLLIN) waker_.Drain();
+      for (;;) {
+        bool got = false, truncated = false;
+        if (!transport::RecvNonBlocking(socket_, &frames, &got, kEchoMaxFrames, &truncated).ok() || !got) break;
+        if (truncated) continue;  // not ours; the client then fails on its timeout
+        transport::Send(socket_, frames).IgnoreError();  // every frame back as it came
+      }
+    }
+  }
+
+  BindAddress bind_;           // first member: the ipc file goes after the socket closed
+  zmq::context_t context_{1};  // outlives the socket
+  zmq::socket_t socket_;       // the loop thread's once it runs
+  std::string endpoint_;
+  transport::Waker waker_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// One raw round-trip configuration: `bytes` of payload cut into frames of `frame_bytes`.
+struct RawCase {
+  std::string name;
+  Net net;
+  int64_t bytes;
+  int64_t frame_bytes;
+  int iterations;
+  int warmup;
+};
+
+// One payload frame: the transport's own ceiling.
+RawCase OneFrame(Net net, const Size& size) {
+  return {"raw/" + NetName(net) + "/" + size.name, net, size.bytes, size.bytes, size.iterations, WarmupCalls(size)};
+}
+// Frames of the chunk size a Ferry table of that many bytes has here: what the PS puts on the wire.
+RawCase Chunked(Net net, const Size& size) {
+  constexpr int64_t kFloat = sizeof(float);
+  const int64_t frame = ChunkElems(size.bytes / kFloat) * kFloat;
+  return {"raw_chunked/" + NetName(net) + "/" + size.name, net, size.bytes, frame, size.iterations, WarmupCalls(size)};
+}
+// 100 frames of 1 KiB: what one push+pull of the 100 small tensors of small/ puts on the wire.
+RawCase SmallFrames() { return {"raw_frames/tcp/100x1KiB", Net::kTcp, 100 << 10, 1 << 10, 1000, 100}; }
+// The same 100 KiB in one frame: what small/ would cost if small tensors were packed together.
+RawCase SmallPacked() { return {"raw/tcp/100KiB", Net::kTcp, 100 << 10, 100 << 10, 1000, 100}; }
+
+// The near end: a DEALER socket that sends [8-byte header][payload frame(s)] and waits for the
+// echo. The payload is one preallocated buffer lent to ZeroMQ without copying (transport::Borrow,
+// as the Ferry client lends gradients), and like a Ferry Handle a round trip ends only once ZeroMQ
+// has handed the buffer back.
+class RawRoundTrip {
+ public:
+  static StatusOr<std::unique_ptr<RawRoundTrip>> Start(Net net, int64_t bytes, int64_t frame_bytes) {
+    std::unique_ptr<RawRoundTrip> rt(new RawRoundTrip(bytes, frame_bytes));
+    FERRY_ASSIGN_OR_RETURN(rt->server_, EchoServer::Start(net));
+    FERRY_ASSIGN_OR_RETURN(rt->socket_, transport::MakeSocket(rt->context_, zmq::socket_type::dealer, 100000));
+    try {
+      rt->socket_.set(zmq::sockopt::rcvtimeo, static_cast<int>(std::chrono::milliseconds(kWaitTimeout).count()));
+      rt->socket_.connect(rt->server_->endpoint());
+    } catch (const zmq::error_t& e) {
+      return UnavailableError(std::string("raw client: connect: ") + e.what());
+    }
+    return rt;
+  }
+
+  Status Once() {
+    ++sequence_;
+    Frames out;
+    out.emplace_back(&sequence_, sizeof sequence_);  // a small header frame (copied, like Ferry's)
+    for (size_t at = 0; at < payload_.size(); at += frame_bytes_) {
+      out.push_back(transport::Borrow(payload_.data() + at, std::min(frame_bytes_, payload_.size() - at), lender_));
+    }
+    FERRY_RETURN_IF_ERROR(transport::Send(socket_, out));
+    try {
+      zmq::message_t header;
+      if (!socket_.recv(header)) return DeadlineExceededError("raw round trip: no echo in time");
+      if (header.size() != sizeof sequence_ || std::memcmp(header.data(), &sequence_, sizeof sequence_) != 0) {
+        return DataLossError("raw round trip: the echo's header differs from what was sent");
+      }
+      size_t received = 0;
+      for (bool more = header.more(); more;) {
+        zmq::message_t frame;
+        if (!socket_.recv(frame)) return DataLossError("raw round trip: echo cut short");
+        received += frame.size();
+        more = frame.more();
+      }
+      if (received != payload_.size()) return DataLossError("raw round trip: the echo's payload differs in size");
+    } catch (const zmq::error_t& e) {
+      return UnavailableError(std::string("raw round trip: recv: ") + e.what());
+    }
+    if (!lender_->WaitReturned(SteadyClock::now() + kWaitTimeout)) {
+      return InternalError("raw round trip: ZeroMQ kept the payload buffer");
+    }
+    return Status::Ok();
+  }
+
+  RawRoundTrip(const RawRoundTrip&) = delete;
+  RawRoundTrip& operator=(const RawRoundTrip&) = delete;
+
+ private:
+  RawRoundTrip(int64_t bytes, int64_t frame_bytes)
+      : payload_(static_cast<size_t>(bytes), std::byte{0x5a}), frame_bytes_(static_cast<size_t>(frame_bytes)) {}
+
+  std::unique_ptr<EchoServer> server_;
+  std::vector<std::byte> payload_;  // lent to ZeroMQ; declared before context_ so it outlives it
+  size_t frame_bytes_;
+  std::shared_ptr<transport::Lender> lender_ = std::make_shared<transport::Lender>();
+  zmq::context_t context_{1};  // the client's own, as a separate process would have
+  zmq::socket_t socket_;
+  uint64_t sequence_ = 0;
+};
+
+// Payload bytes per second of `c.iterations` raw round trips (after a warm-up).
+StatusOr<double> MeasureRawRate(const RawCase& c) {
+  FERRY_ASSIGN_OR_RETURN(auto rt, RawRoundTrip::Start(c.net, c.bytes, c.frame_bytes));
+  for (int i = 0; i < c.warmup; ++i) FERRY_RETURN_IF_ERROR(rt->Once());
+  const auto start = SteadyClock::now();
+  for (int i = 0; i < c.iterations; ++i) FERRY_RETURN_IF_ERROR(rt->Once());
+  const double seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  return 2.0 * static_cast<double>(c.bytes) * c.iterations / seconds;
+}
+
+// ---- memory bandwidth --------------------------------------------------------------------------
+
+// STREAM triad, a = b + s*c: 12 bytes per element as STREAM counts them (the write-allocate read
+// of `a` that a cache without streaming stores also does is not counted).
+[[gnu::noinline]] void Triad(float* __restrict a, const float* __restrict b, const float* __restrict c, float s,
+                             size_t n) {
+  for (size_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+
+// In-place axpy, y += s*x: SGD's access pattern (read two arrays, write one back in place), 12
+// bytes per element with no write-allocate traffic.
+[[gnu::noinline]] void Axpy(float* __restrict y, const float* __restrict x, float s, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += s * x[i];
+}
+
+constexpr size_t kMemElems = size_t{16} << 20;  // 16M floats = 64 MiB per array, far beyond caches
+constexpr int kMemIterations = 20;
+
+// Bytes/s of `iterations` triads over kMemElems-element arrays.
+double MeasureTriadRate(int iterations) {
+  std::vector<float> a(kMemElems, 0.0f), b(kMemElems, 1.0f), c(kMemElems, 2.0f);
+  Triad(a.data(), b.data(), c.data(), 0.5f, kMemElems);  // warm-up
+  const auto start = SteadyClock::now();
+  for (int i = 0; i < iterations; ++i) {
+    Triad(a.data(), b.data(), c.data(), 0.5f, kMemElems);
+    benchmark::ClobberMemory();
+  }
+  const double seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  return 12.0 * static_cast<double>(kMemElems) * iterations / seconds;
+}
+
+// Bytes/s of `iterations` in-place axpys over kMemElems-element arrays.
+double MeasureAxpyRate(int iterations) {
+  std::vector<float> y(kMemElems, 0.0f), x(kMemElems, 1.0f);
+  Axpy(y.data(), x.data(), 1e-3f, kMemElems);  // warm-up
+  const auto start = SteadyClock::now();
+  for (int i = 0; i < iterations; ++i) {
+    Axpy(y.data(), x.data(), 1e-3f, kMemElems);
+    benchmark::ClobberMemory();
+  }
+  const double seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  return 12.0 * static_cast<double>(kMemElems) * iterations / seconds;
+}
+
+// ---- baselines ---------------------------------------------------------------------------------
+
+// Figures that later benchmarks are compared with, taken earlier in the same run; when a filter
+// skipped them they are measured on demand (outside any timed loop). Benchmarks run one at a
+// time, but the lock keeps this safe from any thread.
+class Baselines {
+ public:
+  void AddRaw(const RawCase& c, double bytes_per_second) {
+    std::lock_guard lock(mu_);
+    raw_[c.name].push_back(bytes_per_second);
+  }
+  // The median rate of raw case `c` recorded so far (measured now if none); 0 if it cannot be
+  // measured.
+  double RawRate(const RawCase& c) {
+    std::lock_guard lock(mu_);
+    auto& v = raw_[c.name];
+    if (v.empty()) {
+      auto rate = MeasureRawRate(c);
+      if (!rate.ok()) {
+        std::fprintf(stderr, "%s baseline: %s\n", c.name.c_str(), rate.status().ToString().c_str());
+        return 0.0;
+      }
+      v.push_back(*rate);
+    }
+    return Median(v);
+  }
+
+  void AddStream(double bytes_per_second) {
+    std::lock_guard lock(mu_);
+    stream_.push_back(bytes_per_second);
+  }
+  // The median STREAM triad rate recorded so far (measured now if none).
+  double StreamRate() {
+    std::lock_guard lock(mu_);
+    if (stream_.empty()) stream_.push_back(MeasureTriadRate(kMemIterations));
+    return Median(stream_);
+  }
+
+  void AddAxpy(double bytes_per_second) {
+    std::lock_guard lock(mu_);
+    axpy_.push_back(bytes_per_second);
+  }
+  // The median in-place axpy rate recorded so far (measured now if none).
+  double AxpyRate() {
+    std::lock_guard lock(mu_);
+    if (axpy_.empty()) axpy_.push_back(MeasureAxpyRate(kMemIterations));
+    return Median(axpy_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::vector<double>> raw_;  // guarded by mu_; by RawCase::name
+  std::vector<double> stream_;                      // guarded by mu_
+  std::vector<double> axpy_;                        // guarded by mu_
+};
+
+// Counters: `bytes_per_second` (2 x size per round trip), `faults_per_call` (page faults of the
+// process per round trip: fresh receive buffers; see RESULTS.md for what they cost here).
+void BM_Raw(benchmark::State& state, Baselines& baselines, const RawCase& c) {
+  auto rt = RawRoundTrip::Start(c.net, c.bytes, c.frame_bytes);
+  Status st = rt.status();
+  for (int i = 0; st.ok() && i < c.warmup; ++i) st = (*rt)->Once();
+  if (!st.ok()) Fail(state, st);
+  LoopTimer timer;
+  int64_t calls = 0;
+  for (auto _ : state) {
+    timer.IterationStart();
+    if (Status s = (*rt)->Once(); !s.ok()) {
+      Fail(state, s);
+      break;
+    }
+    timer.IterationEnd();
+    ++calls;
+  }
+  timer.Finish();
+  if (state.error_occurred() || calls == 0) return;
+  const double bytes = 2.0 * static_cast<double>(c.bytes) * static_cast<double>(calls);  // there and back
+  state.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  state.counters["faults_per_call"] = timer.faults() / static_cast<double>(calls);
+  baselines.AddRaw(c, bytes / timer.seconds());
+}
+
+// ---- a PS cluster in this process --------------------------------------------------------------
+
+// Servers of one benchmark run, each a ferry::Server with its own Context (as separate ferry-ps
+// processes would have) and one compute thread; they stop when this is destroyed.
+struct PsCluster {
+  std::vector<BindAddress> addresses;  // before servers: ipc files are removed after they stop
+  std::vector<std::unique_ptr<Server>> servers;
+  std::vector<std::string> endpoints;
+};
+
+StatusOr<std::shared_ptr<const PsCluster>> StartCluster(Net net, int num_servers) {
+  auto cluster = std::make_shared<PsCluster>();
+  for (int s = 0; s < num_servers; ++s) {
+    const BindAddress& bind = cluster->addresses.emplace_back(net);
+    ServerOptions o;
+    o.bind = bind.address();
+    o.rank = s;
+    o.num_servers = num_servers;
+    o.compute_threads = 1;
+    o.max_wait = kRequestTimeout;
+    FERRY_ASSIGN_OR_RETURN(auto server, Server::Start(std::move(o)));
+    cluster->endpoints.push_back(server->endpoint());
+    cluster->servers.push_back(std::move(server));
+  }
+  return std::shared_ptr<const PsCluster>(std::move(cluster));
+}
+
+StatusOr<std::unique_ptr<Client>> ConnectWorker(const PsCluster& cluster, int rank, int num_workers) {
+  ClientOptions o;
+  o.servers = cluster.endpoints;
+  o.rank = rank;
+  o.num_workers = num_workers;
+  o.request_timeout = kRequestTimeout;
+  return Client::Connect(std::move(o));
+}
+
+// What the threads of one multi-worker benchmark share. Google Benchmark starts a registered
+// benchmark's threads together and runs its repetitions one after another: thread 0 starts the
+// servers before the timed loop while the other threads wait for them, and after the loop every
+// thread hands in its payload bytes and seconds, which thread 0 combines.
+class SharedRun {
+ public:
+  struct ThreadResult {
+    double bytes = 0;    // payload bytes this thread moved in its timed loop
+    double seconds = 0;  // its LoopTimer
+    double calls = 0;
+    double faults = 0;   // the process's page faults during its loop (thread 0's figure is used)
+  };
+
+  explicit SharedRun(int threads) : results_(static_cast<size_t>(threads)), after_loop_(threads) {}
+
+  // Thread 0 starts the cluster and publishes it (or why it failed); the others wait for it.
+  StatusOr<std::shared_ptr<const PsCluster>> Enter(const benchmark::State& state, Net net, int num_servers) {
+    std::unique_lock lock(mu_);
+    if (state.thread_index() == 0) {
+      auto cluster = StartCluster(net, num_servers);
+      status_ = cluster.status();
+      if (cluster.ok()) cluster_ = *cluster;
+      published_ = true;
+      cv_.notify_all();
+      return cluster;
+    }
+    if (!cv_.wait_for(lock, kWaitTimeout, [&] { return published_; })) {
+      return DeadlineExceededError("thread 0 did not start the cluster in time");
+    }
+    if (!status_.ok()) return status_;
+    return cluster_;
+  }
+
+  // Every thread calls this once after its timed loop; thread 0 gets every thread's result (the
+  // others an empty list) and clears the run for the next repetition.
+  std::vector<ThreadResult> Leave(const benchmark::State& state, const ThreadResult& mine) {
+    results_[static_cast<size_t>(state.thread_index())] = mine;
+    after_loop_.arrive_and_wait();
+    if (state.thread_index() != 0) return {};
+    std::lock_guard lock(mu_);
+    published_ = false;
+    cluster_.reset();  // each thread still holds its own reference
+    status_ = Status::Ok();
+    return results_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool published_ = false;                    // guarded by mu_
+  Status status_;                             // guarded by mu_
+  std::shared_ptr<const PsCluster> cluster_;  // guarded by mu_
+  std::vector<ThreadResult> results_;         // slot i: thread i, written before after_loop_
+  std::barrier<> after_loop_;
+};
+
+// Thread 0 sets `bytes_per_second` (all threads' payload bytes over the average of their loop
+// times, as Google Benchmark averages their real times), `vs_raw` and `vs_raw_chunked` (that rate
+// over the raw baselines) and `faults_per_call` (process page faults per call, all workers).
+void ReportAggregate(benchmark::State& state, const std::vector<SharedRun::ThreadResult>& results, double raw,
+                     double raw_chunked) {
+  double bytes = 0, seconds = 0, calls = 0;
+  for (const auto& r : results) bytes += r.bytes, seconds += r.seconds, calls += r.calls;
+  seconds /= static_cast<double>(results.size());
+  if (bytes <= 0 || seconds <= 0) return;
+  state.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  if (raw > 0) state.counters["vs_raw"] = bytes / seconds / raw;
+  if (raw_chunked > 0) state.counters["vs_raw_chunked"] = bytes / seconds / raw_chunked;
+  state.counters["faults_per_call"] = results[0].faults / calls;
+}
+
+// ---- dense push / pull -------------------------------------------------------------------------
+
+enum class DenseOp { kPush, kPull, kPushPull };
+
+std::string OpName(DenseOp op) {
+  switch (op) {
+    case DenseOp::kPush: return "push";
+    case DenseOp::kPull: return "pull";
+    case DenseOp::kPushPull: return "pushpull";
+  }
+  return "?";
+}
+
+// Payload bytes one call moves: a push or a pull carries the tensor once, a push+pull twice.
+double PayloadBytes(DenseOp op, int64_t bytes) {
+  return static_cast<double>(op == DenseOp::kPushPull ? 2 * bytes : bytes);
+}
+
+constexpr std::string_view kDenseTable = "bench_dense";
+
+// An async SGD table of `elems` floats in chunks of ChunkElems(elems).
+TableSpec DenseSpec(int64_t elems) {
+  TableSpec spec;
+  spec.name = std::string(kDenseTable);
+  spec.type = TableType::kDense;
+  spec.shape = {elems};
+  spec.chunk_elems = ChunkElems(elems);
+  spec.optimizer.type = OptimizerType::kSgd;
+  spec.optimizer.learning_rate = 0.01f;
+  spec.consistency = Consistency::kAsync;  // workers never wait for each other
+  return spec;
+}
+
+// One worker of the dense benchmarks: its own Client, a gradient to push, a buffer to pull into.
+class DenseWorker {
+ public:
+  Status Start(const PsCluster& cluster, int rank, int num_workers, int64_t bytes) {
+    const int64_t elems = bytes / static_cast<int64_t>(sizeof(float));
+    grad_.assign(static_cast<size_t>(elems), 1e-3f);
+    out_.assign(static_cast<size_t>(elems), 0.0f);
+    FERRY_ASSIGN_OR_RETURN(client_, ConnectWorker(cluster, rank, num_workers));
+    return client_->Declare(DenseSpec(elems));  // every worker declares; identical specs are accepted
+  }
+
+  Status Call(DenseOp op, int64_t step) {
+    const DenseIn in{kDenseTable, grad_};
+    const DenseOut out{kDenseTable, out_};
+    Handle h;
+    switch (op) {
+      case DenseOp::kPush: h = client_->PushDense(std::span(&in, 1), step); break;
+      case DenseOp::kPull: h = client_->PullDense(std::span(&out, 1), step); break;
+      case DenseOp::kPushPull: h = client_->PushPullDense(std::span(&in, 1), std::span(&out, 1), step); break;
+    }
+    return h.wait(kWaitTimeout);
+  }
+
+ private:
+  std::vector<float> grad_, out_;   // declared before client_: outlive what it lent to ZeroMQ
+  std::unique_ptr<Client> client_;
+};
+
+// One worker per benchmark thread; as many servers as workers (1s1w or 2s2w).
+void BM_PsDense(benchmark::State& state, Baselines& baselines, SharedRun& run, DenseOp op, Net net, Size size) {
+  const bool lead = state.thread_index() == 0;
+  // Before the servers start, so that they cannot disturb them (no-ops when raw/ ran already).
+  const double raw = lead ? baselines.RawRate(OneFrame(net, size)) : 0.0;
+  const double raw_chunked = lead ? baselines.RawRate(Chunked(net, size)) : 0.0;
+  auto cluster = run.Enter(state, net, /*num_servers=*/state.threads());
+  DenseWorker worker;
+  Status st = cluster.ok() ? worker.Start(**cluster, state.thread_index(), state.threads(), size.bytes)
+                           : cluster.status();
+  int64_t step = 0;
+  for (int i = 0; st.ok() && i < WarmupCalls(size); ++i) st = worker.Call(op, step++);
+  if (!st.ok()) Fail(state, st);
+
+  LoopTimer timer;
+  int64_t calls = 0;
+  for (auto _ : state) {
+    timer.IterationStart();
+    if (Status s = worker.Call(op, step++); !s.ok()) {
+      Fail(state, s);
+      break;
+    }
+    timer.IterationEnd();
+    ++calls;
+  }
+  timer.Finish();
+  const auto results = run.Leave(state, {PayloadBytes(op, size.bytes) * static_cast<double>(calls), timer.seconds(),
+                                         static_cast<double>(calls), timer.faults()});
+  if (lead && !state.error_occurred()) ReportAggregate(state, results, raw, raw_chunked);
+}
+
+// ---- many small tensors ------------------------------------------------------------------------
+
+constexpr int kSmallTensors = 100;
+constexpr int64_t kSmallElems = 256;  // 1 KiB each
+
+enum class SmallMode {
+  kOneCall,   // one PushPullDense carrying all 100 tensors
+  kEachCall,  // 100 PushPullDense calls, each waited for before the next
+  kEachAsync, // 100 PushPullDense calls issued together, then all waited for
+};
+
+std::string SmallModeName(SmallMode m) {
+  switch (m) {
+    case SmallMode::kOneCall: return "one_call";
+    case SmallMode::kEachCall: return "call_each";
+    case SmallMode::kEachAsync: return "call_each_in_flight";
+  }
+  return "?";
+}
+
+// One training step's worth of small dense tensors (100 async SGD tables of 1 KiB) pushed and
+// pulled over tcp by one worker. The benchmark's time is the time per step. Counters:
+// `round_trips_per_step`, the messages the client sent per step (ClientStats::requests);
+// `bytes_per_second` (2 x 100 KiB per step) and `vs_raw` over raw_frames/tcp/100x1KiB.
+void BM_SmallTensors(benchmark::State& state, Baselines& baselines, SmallMode mode, int num_servers) {
+  const double raw = baselines.RawRate(SmallFrames());
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> grads(kSmallTensors, std::vector<float>(kSmallElems, 1e-3f));
+  std::vector<std::vector<float>> outs(kSmallTensors, std::vector<float>(kSmallElems, 0.0f));
+  std::vector<DenseIn> ins;
+  std::vector<DenseOut> outputs;
+  for (int t = 0; t < kSmallTensors; ++t) names.push_back("small_" + std::to_string(t));
+  for (int t = 0; t < kSmallTensors; ++t) {
+    ins.push_back({names[static_cast<size_t>(t)], grads[static_cast<size_t>(t)]});
+    outputs.push_back({names[static_cast<size_t>(t)], outs[static_cast<size_t>(t)]});
+  }
+  std::vector<Handle> handles(kSmallTensors);
+
+  auto cluster = StartCluster(Net::kTcp, num_servers);
+  std::unique_ptr<Client> client;  // after the buffers: destroyed before them
+  Status st = cluster.status();
+  if (st.ok()) {
+    auto c = ConnectWorker(**cluster, 0, 1);
+    st = c.status();
+    if (c.ok()) client = std::move(c).value();
+  }
+  for (int t = 0; st.ok() && t < kSmallTensors; ++t) {
+    TableSpec spec;
+    spec.name = names[static_cast<size_t>(t)];
+    spec.shape = {kSmallElems};
+    spec.consistency = Consistency::kAsync;
+    st = client->Declare(spec);
+  }
+  int64_t step = 0;
+  auto one_step = [&]() -> Status {
+    switch (mode) {
+      case SmallMode::kOneCall: return client->PushPullDense(ins, outputs, step).wait(kWaitTimeout);
+      case SmallMode::kEachCall:
+        for (int t = 0; t < kSmallTensors; ++t) {
+          FERRY_RETURN_IF_ERROR(client->PushPullDense(std::span(&ins[t], 1), std::span(&outputs[t], 1), step)
+                                    .wait(kWaitTimeout));
+        }
+        return Status::Ok();
+      case SmallMode::kEachAsync:
+        for (int t = 0; t < kSmallTensors; ++t) {
+          handles[t] = client->PushPullDense(std::span(&ins[t], 1), std::span(&outputs[t], 1), step);
+        }
+        for (auto& h : handles) FERRY_RETURN_IF_ERROR(h.wait(kWaitTimeout));
+        return Status::Ok();
+    }
+    return Status::Ok();
+  };
+  for (int i = 0; st.ok() && i < 20; ++i, ++step) st = one_step();
+  if (!st.ok()) Fail(state, st);
+
+  const int64_t requests_before = client ? client->stats().requests : 0;
+  LoopTimer timer;
+  for (auto _ : state) {
+    timer.IterationStart();
+    if (Status s = one_step(); !s.ok()) {
+      Fail(state, s);
+      break;
+    }
+    timer.IterationEnd();
+    ++step;
+  }
+  timer.Finish();
+  if (state.error_occurred()) return;
+  state.counters["faults_per_call"] = benchmark::Counter(timer.faults(), benchmark::Counter::kAvgIterations);
+  state.counters["round_trips_per_step"] = benchmark::Counter(
+      static_cast<double>(client->stats().requests - requests_before), benchmark::Counter::kAvgIterations);
+  const double bytes = 2.0 * kSmallTensors * kSmallElems * sizeof(float) * static_cast<double>(state.iterations());
+  state.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  if (raw > 0) state.counters["vs_raw"] = bytes / timer.seconds() / raw;
+}
+
+// ---- sparse pull / push ------------------------------------------------------------------------
+
+// Zipf(s) over ranks 1..n by rejection-inversion (Hörmann & Derflinger 1996, as in Apache Commons
+// RNG's RejectionInversionZipfSampler): O(1) per sample, no table of n probabilities.
+class ZipfSampler {
+ public:
+  ZipfSampler(int64_t n, double s) : n_(n), s_(s) {
+    h_integral_x1_ = HIntegral(1.5) - 1.0;
+    h_integral_n_ = HIntegral(static_cast<double>(n) + 0.5);
+    squeeze_ = 2.0 - HIntegralInverse(HIntegral(2.5) - H(2.0));
+  }
+
+  template <typename Rng>
+  int64_t operator()(Rng& rng) const {
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    for (;;) {
+      const double u = h_integral_n_ + unit(rng) * (h_integral_x1_ - h_integral_n_);
+      const double x = HIntegralInverse(u);
+      const int64_t k = std::clamp<int64_t>(static_cast<int64_t>(x + 0.5), 1, n_);
+      const double kd = static_cast<double>(k);
+      if (kd - x <= squeeze_ || u >= HIntegral(kd + 0.5) - H(kd)) return k;
+    }
+  }
+
+ private:
+  double H(double x) const { return std::exp(-s_ * std::log(x)); }
+  double HIntegral(double x) const {
+    const double log_x = std::log(x);
+    return Helper2((1.0 - s_) * log_x) * log_x;
+  }
+  double HIntegralInverse(double x) const {
+    const double t = std::max(-1.0, x * (1.0 - s_));
+    return std::exp(Helper1(t) * x);
+  }
+  // log1p(x)/x and expm1(x)/x, by Taylor series near 0.
+  static double Helper1(double x) {
+    return std::abs(x) > 1e-8 ? std::log1p(x) / x : 1.0 - x * (0.5 - x * (1.0 / 3.0 - 0.25 * x));
+  }
+  static double Helper2(double x) {
+    return std::abs(x) > 1e-8 ? std::expm1(x) / x : 1.0 + x * 0.5 * (1.0 + x * (1.0 / 3.0) * (1.0 + 0.25 * x));
+  }
+
+  int64_t n_;
+  double s_;
+  double h_integral_x1_, h_integral_n_, squeeze_;
+};
+
+// Batches of Zipf-distributed ids, drawn once (seeded) and shared by the sparse benchmarks.
+struct ZipfBatches {
+  static constexpr int kBatches = 8;
+  static constexpr int64_t kBatchIds = 100'000;
+  static constexpr int64_t kIdSpace = 10'000'000;
+  static constexpr double kExponent = 1.05;
+  static constexpr uint64_t kSeed = 20240601;
+
+  std::vector<std::vector<int64_t>> ids;  // kBatches x kBatchIds, id = Zipf rank - 1
+  std::vector<int64_t> unique;            // distinct ids per batch (what the client sends)
+
+  static ZipfBatches Make() {
+    ZipfBatches z;
+    std::mt19937_64 rng(kSeed);
+    const ZipfSampler zipf(kIdSpace, kExponent);
+    for (int b = 0; b < kBatches; ++b) {
+      std::vector<int64_t> batch(kBatchIds);
+      for (auto& id : batch) id = zipf(rng) - 1;
+      std::vector<int64_t> sorted = batch;
+      std::sort(sorted.begin(), sorted.end());
+      z.unique.push_back(std::unique(sorted.begin(), sorted.end()) - sorted.begin());
+      z.ids.push_back(std::move(batch));
+    }
+    return z;
+  }
+};
+
+// Draws the batches on first use, so that filtered-out runs do not pay for them.
+class LazyZipf {
+ public:
+  const ZipfBatches& Get() {
+    std::call_once(once_, [this] { batches_ = ZipfBatches::Make(); });
+    return batches_;
+  }
+
+ private:
+  std::once_flag once_;
+  ZipfBatches batches_;
+};
+
+// One worker and one server over tcp, an async SGD table of `dim` floats per row, warmed so that
+// every row the batches name exists. Each call pulls (or pushes) one batch of 100k ids; the client
+// deduplicates them first, so `rows_per_second` counts requested ids and `unique_rows_per_second`
+// the distinct rows that actually travel and are looked up (or updated) on the server.
+void BM_Sparse(benchmark::State& state, LazyZipf& zipf, bool push, int64_t dim) {
+  const ZipfBatches& z = zipf.Get();
+  constexpr std::string_view kTable = "bench_sparse";
+  std::vector<float> rows(static_cast<size_t>(ZipfBatches::kBatchIds * dim), 0.0f);
+  std::vector<float> grads(rows.size(), 1e-3f);
+  auto cluster = StartCluster(Net::kTcp, 1);
+  std::unique_ptr<Client> client;  // after the buffers: destroyed before them
+  Status st = cluster.status();
+  if (st.ok()) {
+    auto c = ConnectWorker(**cluster, 0, 1);
+    st = c.status();
+    if (c.ok()) client = std::move(c).value();
+  }
+  if (st.ok()) {
+    TableSpec spec;
+    spec.name = std::string(kTable);
+    spec.type = TableType::kSparse;
+    spec.dim = dim;
+    spec.consistency = Consistency::kAsync;
+    spec.init = InitType::kUniform;
+    spec.init_scale = 0.01f;
+    st = client->Declare(spec);
+  }
+  auto call = [&](size_t b, int64_t step) {
+    const auto& ids = z.ids[b];
+    return push ? client->PushSparse(kTable, ids, grads, step).wait(kWaitTimeout)
+                : client->PullSparse(kTable, ids, rows, step).wait(kWaitTimeout);
+  };
+  // Warm-up: create every row of every batch, then one untimed round of the measured call.
+  for (size_t b = 0; st.ok() && b < z.ids.size(); ++b) {
+    st = client->PullSparse(kTable, z.ids[b], rows, 0).wait(kWaitTimeout);
+  }
+  for (size_t b = 0; st.ok() && b < z.ids.size(); ++b) st = call(b, 0);
+  if (!st.ok()) Fail(state, st);
+
+  double requested = 0, unique = 0;
+  size_t b = 0;
+  int64_t step = 1;
+  LoopTimer timer;
+  for (auto _ : state) {
+    timer.IterationStart();
+    if (Status s = call(b, step++); !s.ok()) {
+      Fail(state, s);
+      break;
+    }
+    timer.IterationEnd();
+    requested += static_cast<double>(z.ids[b].size());
+    unique += static_cast<double>(z.unique[b]);
+    b = (b + 1) % z.ids.size();
+  }
+  timer.Finish();
+  if (state.error_occurred()) return;
+  state.counters["faults_per_call"] = benchmark::Counter(timer.faults(), benchmark::Counter::kAvgIterations);
+  state.counters["rows_per_second"] = benchmark::Counter(requested, benchmark::Counter::kIsRate);
+  state.counters["unique_rows_per_second"] = benchmark::Counter(unique, benchmark::Counter::kIsRate);
+  state.counters["unique_per_batch"] = benchmark::Counter(unique, benchmark::Counter::kAvgIterations);
+  state.SetLabel("zipf s=1.05 over 10M ids, seed " + std::to_string(ZipfBatches::kSeed));
+}
+
+// ---- memory bandwidth and optimizers -----------------------------------------------------------
+
+void BM_Triad(benchmark::State& state, Baselines& baselines) {
+  std::vector<float> a(kMemElems, 0.0f), b(kMemElems, 1.0f), c(kMemElems, 2.0f);
+  Triad(a.data(), b.data(), c.data(), 0.5f, kMemElems);  // warm-up
+  LoopTimer timer;
+  for (auto _ : state) {
+    timer.IterationStart();
+    Triad(a.data(), b.data(), c.data(), 0.5f, kMemElems);
+    benchmark::ClobberMemory();
+    timer.IterationEnd();
+  }
+  const double bytes = 12.0 * static_cast<double>(kMemElems) * static_cast<double>(state.iterations());
+  state.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  baselines.AddStream(bytes / timer.seconds());
+}
+
+void BM_Axpy(benchmark::State& state, Baselines& baselines) {
+  std::vector<float> y(kMemElems, 0.0f), x(kMemElems, 1.0f);
+  Axpy(y.data(), x.data(), 1e-3f, kMemElems);  // warm-up
+  LoopTimer timer;
+  for (auto _ : state) {
+    timer.IterationStart();
+    Axpy(y.data(), x.data(), 1e-3f, kMemElems);
+    benchmark::ClobberMemory();
+    timer.IterationEnd();
+  }
+  const double bytes = 12.0 * static_cast<double>(kMemElems) * static_cast<double>(state.iterations());
+  state.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  baselines.AddAxpy(bytes / timer.seconds());
+}
+
+// First touch of fresh memory: a 64 MiB allocation (above glibc's largest mmap threshold, so fresh
+// pages from the kernel every time) written once per page, then freed. Every freshly allocated
+// message buffer pays this per page. Counters: `us_per_page`, `faults_per_call`.
+void BM_FirstTouch(benchmark::State& state) {
+  constexpr size_t kBytes = size_t{64} << 20;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  LoopTimer timer;
+  for (auto _ : state) {
+    timer.IterationStart();
+    auto buffer = std::make_unique_for_overwrite<std::byte[]>(kBytes);
+    for (size_t i = 0; i < kBytes; i += page) buffer[i] = std::byte{1};
+    benchmark::DoNotOptimize(buffer.get());
+    benchmark::ClobberMemory();
+    timer.IterationEnd();
+  }
+  timer.Finish();
+  const double iterations = static_cast<double>(state.iterations());
+  state.counters["us_per_page"] = timer.seconds() * 1e6 / (iterations * static_cast<double>(kBytes / page));
+  state.counters["faults_per_call"] = timer.faults() / iterations;
+}
+
+// Bytes of memory traffic per element of one update: each array read once and each written array
+// written once (p and g read, p written = 12; every state slot adds a read and a write = 8).
+double UpdateBytesPerElem(OptimizerType type) { return 12.0 + 8.0 * ps::StateSlots(type); }
+
+// ps::ApplyUpdate over one 16M-element chunk on one thread, as the server applies a dense push.
+// Counters: `bytes_per_second` of memory traffic (UpdateBytesPerElem), `vs_stream` (over the
+// triad), `vs_axpy` (over the in-place axpy, the same access pattern as sgd).
+void BM_Optimizer(benchmark::State& state, Baselines& baselines, OptimizerType type) {
+  // Before the arrays below take memory (no-ops when mem/ ran already).
+  const double stream = baselines.StreamRate();
+  const double axpy = baselines.AxpyRate();
+  OptimizerSpec opt;
+  opt.type = type;
+  std::vector<float> params(kMemElems, 0.5f), grad(kMemElems, 1e-3f);
+  std::vector<float> state_slots(kMemElems * static_cast<size_t>(ps::StateSlots(type)));
+  ps::InitState(opt, state_slots.data(), kMemElems);
+  int64_t update = 1;
+  ps::ApplyUpdate(opt, params.data(), grad.data(), state_slots.data(), kMemElems, kMemElems, update++);  // warm-up
+  LoopTimer timer;
+  for (auto _ : state) {
+    timer.IterationStart();
+    ps::ApplyUpdate(opt, params.data(), grad.data(), state_slots.data(), kMemElems, kMemElems, update++);
+    benchmark::ClobberMemory();
+    timer.IterationEnd();
+  }
+  const double bytes =
+      UpdateBytesPerElem(type) * static_cast<double>(kMemElems) * static_cast<double>(state.iterations());
+  state.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  state.counters["vs_stream"] = bytes / timer.seconds() / stream;
+  state.counters["vs_axpy"] = bytes / timer.seconds() / axpy;
+}
+
+// ---- registration ------------------------------------------------------------------------------
+
+// Everything the registered benchmarks refer to; lives until the run is over.
+struct Fixtures {
+  Baselines baselines;
+  LazyZipf zipf;
+  std::vector<std::unique_ptr<SharedRun>> runs;
+};
+
+void RegisterAll(Fixtures& f) {
+  const Net nets[] = {Net::kTcp, Net::kIpc};
+  // 1. raw ZeroMQ round trips (the baselines of 2.)
+  std::vector<RawCase> raw_cases;
+  for (Net net : nets) {
+    for (const Size& size : kSizes) raw_cases.push_back(OneFrame(net, size));
+  }
+  for (Net net : nets) {
+    for (const Size& size : kSizes) raw_cases.push_back(Chunked(net, size));
+  }
+  raw_cases.push_back(SmallFrames());
+  raw_cases.push_back(SmallPacked());
+  for (const RawCase& c : raw_cases) {
+    benchmark::RegisterBenchmark(c.name.c_str(), [&f, c](benchmark::State& st) { BM_Raw(st, f.baselines, c); })
+        ->Iterations(c.iterations)
+        ->UseRealTime()
+        ->Unit(UnitFor(c.bytes));
+  }
+  // 2. dense push / pull / push+pull: 1 server + 1 worker, 2 servers + 2 workers
+  for (DenseOp op : {DenseOp::kPush, DenseOp::kPull, DenseOp::kPushPull}) {
+    for (Net net : nets) {
+      for (const Size& size : kSizes) {
+        for (int workers : {1, 2}) {
+          SharedRun* run = f.runs.emplace_back(std::make_unique<SharedRun>(workers)).get();
+          const std::string name = "ps/" + OpName(op) + "/" + NetName(net) + "/" + size.name + "/" +
+                                   std::to_string(workers) + "s" + std::to_string(workers) + "w";
+          benchmark::RegisterBenchmark(name.c_str(),
+                                       [&f, run, op, net, size](benchmark::State& st) {
+                                         BM_PsDense(st, f.baselines, *run, op, net, size);
+                                       })
+              ->Threads(workers)
+              ->Iterations(size.iterations)
+              ->UseRealTime()
+              ->Unit(UnitFor(size.bytes));
+        }
+      }
+    }
+  }
+  // 3. many small tensors
+  for (int servers : {1, 2}) {
+    for (SmallMode mode : {SmallMode::kOneCall, SmallMode::kEachCall, SmallMode::kEachAsync}) {
+      const std::string name = "small/" + SmallModeName(mode) + "/" + std::to_string(servers) + "s1w";
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [&f, mode, servers](benchmark::State& st) {
+                                     BM_SmallTensors(st, f.baselines, mode, servers);
+                                   })
+          ->Iterations(mode == SmallMode::kOneCall ? 1000 : 50)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  // 4. sparse pull / push
+  for (bool push : {false, true}) {
+    for (int64_t dim : {16, 64}) {
+      const std::string name = std::string("sparse/") + (push ? "push" : "pull") + "/dim" + std::to_string(dim);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [&f, push, dim](benchmark::State& st) { BM_Sparse(st, f.zipf, push, dim); })
+          ->Iterations(40)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  // 5. memory bandwidth, then the optimizers against it
+  benchmark::RegisterBenchmark("mem/triad", [&f](benchmark::State& st) { BM_Triad(st, f.baselines); })
+      ->Iterations(kMemIterations)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("mem/axpy", [&f](benchmark::State& st) { BM_Axpy(st, f.baselines); })
+      ->Iterations(kMemIterations)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("mem/first_touch_64MiB", BM_FirstTouch)
+      ->Iterations(3)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  for (OptimizerType type :
+       {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdagrad, OptimizerType::kAdam}) {
+    benchmark::RegisterBenchmark(("opt/" + std::string(OptimizerName(type))).c_str(),
+                                 [&f, type](benchmark::State& st) { BM_Optimizer(st, f.baselines, type); })
+        ->Iterations(kMemIterations)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+}  // namespace
+}  // namespace ferry::bench
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  ferry::bench::Fixtures fixtures;
+  ferry::bench::RegisterAll(fixtures);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -64,6 +64,13 @@ Status Send(zmq::socket_t& socket, Frames& frames, bool dontwait = false);
 // and dropped, and `*truncated` is set, so a hostile peer cannot grow memory without bound.
 Status RecvNonBlocking(zmq::socket_t& socket, Frames* frames, bool* got, size_t max_frames, bool* truncated);
 
+// Process-wide malloc tuning for programs that move large messages (ferry-ps, ferry-trainer,
+// ferry-bench): keep freed buffers up to 32 MiB in the heap instead of returning them to the
+// kernel, so the next message reuses warm pages rather than faulting in fresh ones (on small VMs
+// a first touch costs ~10 us a page: bench/RESULTS.md). Called from main() only; a library
+// never changes process-wide allocator settings behind its host's back.
+void TuneAllocatorForLargeMessages();
+
 // A routing-id-free description of a zmq endpoint for error messages.
 std::string LastEndpoint(zmq::socket_t& socket);
 

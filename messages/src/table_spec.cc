@@ -34,6 +34,7 @@ Status TableSpec::Validate() const {
       if (n > (static_cast<__int128>(1) << 40)) return bad("shape has more than 2^40 elements");
     }
     if (chunk_elems <= 0) return bad("chunk_elems must be > 0");
+    if (num_chunks() > (int64_t{1} << 24)) return bad("more than 2^24 chunks: raise chunk_elems");
     if (dim != 0) return bad("dim is for sparse tables; dense tables use shape");
   } else if (type == TableType::kSparse) {
     if (dim <= 0 || dim > (1 << 20)) return bad("sparse dim must be in [1, 2^20], got " + std::to_string(dim));

@@ -1,5 +1,7 @@
 #include "messages/internal/transport.h"
 
+#include <malloc.h>
+
 namespace ferry::transport {
 namespace {
 
@@ -86,6 +88,11 @@ Status RecvNonBlocking(zmq::socket_t& socket, Frames* frames, bool* got, size_t 
     return FromZmq(e, "recv");
   }
   return Status::Ok();
+}
+
+void TuneAllocatorForLargeMessages() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest allowed value on 64-bit
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
 std::string LastEndpoint(zmq::socket_t& socket) {

@@ -90,6 +90,10 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
     case Kind::PullDense: {
       const auto* slices = h.slices();
       if (!slices || slices->size() == 0) return InvalidArgumentError("PullDense has no slices");
+      if (slices->size() >= kMaxFrames) {
+        return InvalidArgumentError("PullDense names " + std::to_string(slices->size()) + " slices; at most " +
+                                    std::to_string(kMaxFrames - 1));
+      }
       return FrameCount(h, payload.size(), 0);
     }
     case Kind::PullSparse:

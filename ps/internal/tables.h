@@ -57,7 +57,7 @@ class SparseShard {
 
   // The row's index, creating and initialising it if new.
   uint32_t FindOrCreate(int64_t id);
-  float* row(uint32_t index) { return &blocks_[index >> kBlockShift][(index & kBlockMask) * row_floats_]; }
+  float* row(uint32_t index) { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
   float* state(uint32_t index) { return row(index) + dim_; }
   int64_t& steps(uint32_t index) { return steps_[index]; }
   int64_t dim() const { return dim_; }
@@ -68,12 +68,11 @@ class SparseShard {
   SyncSlots sync;
 
  private:
-  static constexpr int kBlockShift = 12;
-  static constexpr uint32_t kBlockMask = (1u << kBlockShift) - 1;
-  const TableSpec& spec_;
+  const TableSpec& spec_;  // the owning Table's spec (Tables live behind unique_ptr and never move)
   uint64_t table_id_;
   int64_t dim_;
   int64_t row_floats_;  // params + optimizer state of one row
+  uint32_t block_rows_;  // rows per block: about 16 MiB a block, at least one row
   absl::flat_hash_map<int64_t, uint32_t> index_;
   std::vector<std::unique_ptr<float[]>> blocks_;
   std::vector<int64_t> steps_;

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "ferry/server.h"
+#include "messages/internal/transport.h"
 
 namespace {
 
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
+  ferry::transport::TuneAllocatorForLargeMessages();
   auto server = ferry::Server::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "ferry-ps: %s\n", server.status().ToString().c_str());

@@ -12,6 +12,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include <absl/container/flat_hash_set.h>
+
 #include "messages/internal/placement.h"
 #include "messages/internal/transport.h"
 #include "messages/internal/wire.h"
@@ -45,11 +47,14 @@ constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "pulls_held", "held_expired", "bytes_in", "bytes_out"};
 constexpr size_t kStalenessBuckets = 65;
 
-// A received request: routing id, header frame (owning the bytes `h` points into), payloads.
+// A received request: routing id, verified header frame, payloads. The header is read through
+// h() on every use: ZeroMQ keeps small frames inline, so moving a Request moves the bytes and a
+// stored pointer would dangle.
 struct Request {
   zmq::message_t routing;
   zmq::message_t header_frame;
-  const Header* h = nullptr;
+  bool verified = false;  // header_frame passed wire::VerifyHeader
+  const Header* h() const { return verified && header_frame.size() > 0 ? wire::GetHeader(header_frame.data()) : nullptr; }
   Frames payload;
   Clock::time_point deadline;
   int64_t pull_step = 0;  // the step/clock the (held) pull is for
@@ -123,13 +128,19 @@ class ServerImpl final : public Server {
         return;
       }
       if (items[1].revents & ZMQ_POLLIN) waker_.Drain();
-      // Drain what is waiting, a bounded batch at a time so deadlines are still honoured.
-      for (int i = 0; i < 256 && !stopping_.load(); ++i) {
-        bool got = false, truncated = false;
-        if (!transport::RecvNonBlocking(socket_, &frames, &got, wire::kMaxFrames + 1, &truncated).ok() || !got) break;
-        HandleMessage(frames, truncated);
+      try {
+        // Drain what is waiting, a bounded batch at a time so deadlines are still honoured.
+        for (int i = 0; i < 256 && !stopping_.load(); ++i) {
+          bool got = false, truncated = false;
+          if (!transport::RecvNonBlocking(socket_, &frames, &got, wire::kMaxFrames + 1, &truncated).ok() || !got) break;
+          HandleMessage(frames, truncated);
+        }
+        ExpireHeld();
+      } catch (const std::exception& e) {
+        // Out of memory while serving held requests (HandleMessage answers its own): the request
+        // in hand is lost, the server goes on; its client times out with a clear error.
+        std::fprintf(stderr, "ferry-ps %d: %s while serving; continuing\n", options_.rank, e.what());
       }
-      ExpireHeld();
     }
   }
 
@@ -146,6 +157,12 @@ class ServerImpl final : public Server {
       SendError(req, s);
     };
     if (frames.size() < 2) return bad(InvalidArgumentError("message has no header frame"));
+    // The header first, so that even a refusal for size can name the request it answers.
+    req.header_frame = std::move(frames[1]);
+    const Header* header = nullptr;
+    Status s = wire::VerifyHeader(req.header_frame, &header);
+    if (!s.ok()) return bad(s);
+    req.verified = true;
     if (truncated) {
       return bad(InvalidArgumentError("message has more than " + std::to_string(wire::kMaxFrames) + " frames"));
     }
@@ -153,18 +170,21 @@ class ServerImpl final : public Server {
       return bad(ResourceExhaustedError("message of " + std::to_string(bytes) + " bytes exceeds this server's limit of " +
                                         std::to_string(options_.max_message_bytes) + " bytes"));
     }
-    req.header_frame = std::move(frames[1]);
-    Status s = wire::VerifyHeader(req.header_frame, &req.h);
-    if (!s.ok()) return bad(s);
     for (size_t i = 2; i < frames.size(); ++i) req.payload.push_back(std::move(frames[i]));
-    s = wire::CheckPayloadShape(*req.h, req.payload);
-    if (!s.ok()) return bad(s.WithContext(std::string(wire::KindName(req.h->kind()))));
-    s = Dispatch(req);
-    if (!s.ok()) SendError(req, s.WithContext(std::string(wire::KindName(req.h->kind()))));
+    s = wire::CheckPayloadShape(*header, req.payload);
+    if (!s.ok()) return bad(s.WithContext(std::string(wire::KindName(req.h()->kind()))));
+    try {
+      s = Dispatch(req);
+    } catch (const std::bad_alloc&) {
+      s = ResourceExhaustedError("server " + std::to_string(options_.rank) + " ran out of memory serving this request");
+    } catch (const zmq::error_t& e) {
+      s = ResourceExhaustedError(std::string("server ") + std::to_string(options_.rank) + ": " + e.what());
+    }
+    if (!s.ok() && req.h()) SendError(req, s.WithContext(std::string(wire::KindName(req.h()->kind()))));
   }
 
   Status Dispatch(Request& req) {
-    const Header& h = *req.h;
+    const Header& h = *req.h();
     switch (h.kind()) {
       case Kind::Hello: return OnHello(req);
       case Kind::Stats: return OnStats(req);
@@ -174,6 +194,9 @@ class ServerImpl final : public Server {
     if (h.rank() < 0 || h.rank() >= num_workers_) {
       return InvalidArgumentError("rank " + std::to_string(h.rank()) + " is outside [0, " +
                                   std::to_string(num_workers_) + ")");
+    }
+    if (h.step() < 0 || h.step() > kMaxStep) {
+      return InvalidArgumentError("step " + std::to_string(h.step()) + " is outside [0, 2^62]");
     }
     switch (h.kind()) {
       case Kind::CreateTable: return OnCreateTable(req);
@@ -208,17 +231,17 @@ class ServerImpl final : public Server {
 
   void SendError(Request& req, const Status& s) {
     Count(kErrorsSent);
-    const uint64_t id = req.h ? req.h->request_id() : 0;
-    const Kind kind = req.h ? req.h->kind() : Kind::Invalid;
+    const uint64_t id = req.h() ? req.h()->request_id() : 0;
+    const Kind kind = req.h() ? req.h()->kind() : Kind::Invalid;
     Send(req, wire::MakeError(id, kind, s));
   }
 
-  void SendOk(Request& req, int64_t version = 0) { Send(req, wire::MakeReply(req.h->request_id(), req.h->kind(), version)); }
+  void SendOk(Request& req, int64_t version = 0) { Send(req, wire::MakeReply(req.h()->request_id(), req.h()->kind(), version)); }
 
   // ---- handshake, tables, stats --------------------------------------------------------------
 
   Status OnHello(Request& req) {
-    const Header& h = *req.h;
+    const Header& h = *req.h();
     if (h.num_servers() != options_.num_servers || h.server_rank() != options_.rank) {
       return FailedPreconditionError(
           "cluster mismatch: the client expects server rank " + std::to_string(h.server_rank()) + " of " +
@@ -260,7 +283,7 @@ class ServerImpl final : public Server {
     b.add_minor(wire::kMinor);
     b.add_kind(Kind::Reply);
     b.add_request_kind(Kind::Stats);
-    b.add_request_id(req.h->request_id());
+    b.add_request_id(req.h()->request_id());
     b.add_counters(vec);
     wire::FinishHeaderBuffer(fbb, b.Finish());
     Send(req, wire::ToFrame(fbb));
@@ -269,9 +292,12 @@ class ServerImpl final : public Server {
 
   Status OnCreateTable(Request& req) {
     TableSpec spec;
-    FERRY_RETURN_IF_ERROR(wire::SpecFromWire(req.h->spec(), &spec));
+    FERRY_RETURN_IF_ERROR(wire::SpecFromWire(req.h()->spec(), &spec));
     const uint64_t id = TableId(spec.name);
-    if (req.h->table_id() != id) return InvalidArgumentError("table_id does not match the hash of the name");
+    if (req.h()->table_id() != id) {
+      return InvalidArgumentError("table_id " + std::to_string(req.h()->table_id()) + " is not the hash of the name '" +
+                                  spec.name + "' (" + std::to_string(id) + ")");
+    }
     if (auto it = tables_.find(id); it != tables_.end()) {
       const TableSpec& have = it->second->spec;
       if (have.name != spec.name) {
@@ -342,8 +368,15 @@ class ServerImpl final : public Server {
   // Resolves and checks every slice before anything is changed.
   Status ResolveSlices(const Header& h, std::vector<SliceRef>* out) {
     out->clear();
+    absl::flat_hash_set<std::pair<uint64_t, int64_t>> seen;
+    int64_t reply_bytes = 0;
     for (flatbuffers::uoffset_t i = 0; i < h.slices()->size(); ++i) {
       const auto* sl = h.slices()->Get(i);
+      if (!seen.emplace(sl->table_id(), sl->chunk()).second) {
+        return InvalidArgumentError("slice " + std::to_string(i) + " repeats chunk " + std::to_string(sl->chunk()) +
+                                    " of table id " + std::to_string(sl->table_id()) +
+                                    " (name each table once per request)");
+      }
       FERRY_ASSIGN_OR_RETURN(ps::Table * t, FindTable(sl->table_id(), TableType::kDense));
       ps::DenseChunk* c = t->dense->chunk(sl->chunk());
       if (c == nullptr) {
@@ -360,13 +393,18 @@ class ServerImpl final : public Server {
                                     std::to_string(c->size) + " elements, the slice says " +
                                     std::to_string(sl->count()));
       }
+      reply_bytes += c->size * static_cast<int64_t>(sizeof(float));
+      if (reply_bytes > options_.max_message_bytes) {
+        return ResourceExhaustedError("the chunks requested add up to more than this server's message limit of " +
+                                      std::to_string(options_.max_message_bytes) + " bytes");
+      }
       out->push_back({t, c});
     }
     return Status::Ok();
   }
 
   Status OnPushDense(Request& req, bool then_pull) {
-    const Header& h = *req.h;
+    const Header& h = *req.h();
     const int rank = h.rank();
     std::vector<SliceRef> refs;
     FERRY_RETURN_IF_ERROR(ResolveSlices(h, &refs));
@@ -452,8 +490,8 @@ class ServerImpl final : public Server {
 
   Status OnPullDense(Request& req) {
     std::vector<SliceRef> refs;
-    FERRY_RETURN_IF_ERROR(ResolveSlices(*req.h, &refs));
-    req.pull_step = req.h->step();
+    FERRY_RETURN_IF_ERROR(ResolveSlices(*req.h(), &refs));
+    req.pull_step = req.h()->step();
     HoldOrServe(std::move(req));
     return Status::Ok();
   }
@@ -470,7 +508,7 @@ class ServerImpl final : public Server {
   // Serves a pull whose condition holds; false when it must keep waiting. Tables cannot be
   // dropped, so the slices resolved on arrival still resolve.
   bool TryServe(Request& req) {
-    const Header& h = *req.h;
+    const Header& h = *req.h();
     const size_t rank = static_cast<size_t>(h.rank());
     if (h.kind() == Kind::PullSparse) {
       auto t = FindTable(h.table_id(), TableType::kSparse);
@@ -490,7 +528,15 @@ class ServerImpl final : public Server {
     payload.reserve(refs.size());
     int64_t version = INT64_MAX;
     for (auto& r : refs) {
-      payload.emplace_back(r.chunk->params.data(), static_cast<size_t>(r.chunk->size) * sizeof(float));
+      // The values are copied (a later push may change them while ZeroMQ still sends); big
+      // chunks are copied by the compute pool alongside the I/O thread.
+      zmq::message_t frame(static_cast<size_t>(r.chunk->size) * sizeof(float));
+      float* dst = static_cast<float*>(frame.data());
+      const float* src = r.chunk->params.data();
+      pool_.ParallelFor(r.chunk->size, kGrain, [&](int64_t b, int64_t e) {
+        std::memcpy(dst + b, src + b, static_cast<size_t>(e - b) * sizeof(float));
+      });
+      payload.push_back(std::move(frame));
       r.chunk->last_pulled[rank] = r.chunk->version;
       version = std::min(version, r.chunk->version);
     }
@@ -535,11 +581,16 @@ class ServerImpl final : public Server {
   }
 
   Status OnPullSparse(Request& req) {
-    const Header& h = *req.h;
+    const Header& h = *req.h();
     FERRY_ASSIGN_OR_RETURN(ps::Table * t, FindTable(h.table_id(), TableType::kSparse));
     if (h.dim() != t->spec.dim) {
       return InvalidArgumentError("table '" + t->spec.name + "' has dim " + std::to_string(t->spec.dim) +
                                   ", the request says " + std::to_string(h.dim()));
+    }
+    if (h.num_ids() > options_.max_message_bytes / (t->spec.dim * static_cast<int64_t>(sizeof(float)))) {
+      return ResourceExhaustedError("table '" + t->spec.name + "': " + std::to_string(h.num_ids()) + " rows of dim " +
+                                    std::to_string(t->spec.dim) + " exceed this server's message limit of " +
+                                    std::to_string(options_.max_message_bytes) + " bytes");
     }
     std::vector<int64_t> scratch;
     FERRY_RETURN_IF_ERROR(CheckIds(*t, View<int64_t>(req.payload[0], scratch)));
@@ -563,7 +614,7 @@ class ServerImpl final : public Server {
     });
     Frames payload;
     payload.push_back(std::move(out));
-    Send(req, wire::MakeReply(req.h->request_id(), req.h->kind(), shard.version), std::move(payload));
+    Send(req, wire::MakeReply(req.h()->request_id(), req.h()->kind(), shard.version), std::move(payload));
   }
 
   void ApplySparseRows(const OptimizerSpec& opt, ps::SparseShard& shard, std::span<const int64_t> ids, const float* grads) {
@@ -579,7 +630,7 @@ class ServerImpl final : public Server {
   }
 
   Status OnPushSparse(Request& req) {
-    const Header& h = *req.h;
+    const Header& h = *req.h();
     const int rank = h.rank();
     FERRY_ASSIGN_OR_RETURN(ps::Table * t, FindTable(h.table_id(), TableType::kSparse));
     ps::SparseShard& shard = *t->sparse;
@@ -656,19 +707,19 @@ class ServerImpl final : public Server {
   // ---- clocks and barriers -----------------------------------------------------------------
 
   Status OnClock(Request& req) {
-    auto& c = clocks_[static_cast<size_t>(req.h->rank())];
-    c = std::max(c, req.h->step());
+    auto& c = clocks_[static_cast<size_t>(req.h()->rank())];
+    c = std::max(c, req.h()->step());
     SendOk(req, c);
     ServeHeld();
     return Status::Ok();
   }
 
   Status OnBarrier(Request& req) {
-    const int64_t id = req.h->barrier_id();
+    const int64_t id = req.h()->barrier_id();
     auto& arrived = barriers_[id];
     for (auto& r : arrived) {
-      if (r.h->rank() == req.h->rank()) {
-        return FailedPreconditionError("rank " + std::to_string(req.h->rank()) + " entered barrier " +
+      if (r.h()->rank() == req.h()->rank()) {
+        return FailedPreconditionError("rank " + std::to_string(req.h()->rank()) + " entered barrier " +
                                        std::to_string(id) + " twice");
       }
     }
@@ -698,9 +749,11 @@ class ServerImpl final : public Server {
     for (auto it = held_.begin(); it != held_.end();) {
       if (it->deadline <= now) {
         Count(kHeldExpired);
-        SendError(*it, DeadlineExceededError("pull for step " + std::to_string(it->pull_step) + " waited " + waited +
-                                             " on server " + std::to_string(options_.rank) +
-                                             " without its condition being met (a worker stopped?)"));
+        SendError(*it, DeadlineExceededError(
+                           std::string(wire::KindName(it->h()->kind())) + " from rank " + std::to_string(it->h()->rank()) +
+                           " for step " + std::to_string(it->pull_step) + " waited " + waited + " on server " +
+                           std::to_string(options_.rank) + " (slowest worker clock " + std::to_string(MinClock()) +
+                           ") without the step being reached: a worker stopped or fell behind?"));
         it = held_.erase(it);
       } else {
         ++it;
@@ -724,6 +777,7 @@ class ServerImpl final : public Server {
   }
 
   static constexpr int64_t kGrain = 1 << 16;
+  static constexpr int64_t kMaxStep = int64_t{1} << 62;  // steps/clocks from the network: no overflow in +1 or -s
 
   const ServerOptions options_;
   std::shared_ptr<Context> context_;  // keeps the zmq context alive for socket_
@@ -760,6 +814,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     options.compute_threads = std::max(0, static_cast<int>(std::thread::hardware_concurrency()) - 1);
   }
   auto context = options.context ? options.context : Context::Create(1);
+  if (!transport::Waker().ok()) return InternalError("cannot create an eventfd (file descriptors exhausted?)");
   FERRY_ASSIGN_OR_RETURN(zmq::socket_t socket, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router));
   std::string endpoint;
   try {

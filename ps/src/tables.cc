@@ -1,5 +1,7 @@
 #include "ps/internal/tables.h"
 
+#include <algorithm>
+
 #include "messages/internal/placement.h"
 #include "ps/internal/init.h"
 #include "ps/internal/optimizer.h"
@@ -44,7 +46,8 @@ SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_worke
     : spec_(spec),
       table_id_(table_id),
       dim_(spec.dim),
-      row_floats_(spec.dim * (1 + StateSlots(spec.optimizer.type))) {
+      row_floats_(spec.dim * (1 + StateSlots(spec.optimizer.type))),
+      block_rows_(static_cast<uint32_t>(std::max<int64_t>(1, (int64_t{16} << 20) / (row_floats_ * 4)))) {
   last_pulled.assign(static_cast<size_t>(num_workers), 0);
   sync.Reset(num_workers, /*sparse=*/true);
 }
@@ -53,8 +56,8 @@ uint32_t SparseShard::FindOrCreate(int64_t id) {
   auto [it, inserted] = index_.try_emplace(id, static_cast<uint32_t>(index_.size()));
   if (!inserted) return it->second;
   const uint32_t index = it->second;
-  if ((index >> kBlockShift) >= blocks_.size()) {
-    blocks_.push_back(std::make_unique_for_overwrite<float[]>(static_cast<size_t>(row_floats_) << kBlockShift));
+  if (index / block_rows_ >= blocks_.size()) {
+    blocks_.push_back(std::make_unique_for_overwrite<float[]>(static_cast<size_t>(row_floats_) * block_rows_));
   }
   steps_.push_back(0);
   InitSparseRow(spec_, table_id_, id, row(index));

@@ -135,6 +135,38 @@ TEST(Cluster, GarbageGetsErrorRepliesAndTheServerKeepsServing) {
        [&] { transport::Frames f; f.push_back(push_header(300000, wire::kMajor)); f.emplace_back(1200000); return f; },
        StatusCode::kResourceExhausted, true},
       {"empty message", [] { transport::Frames f; f.emplace_back(0); return f; }, StatusCode::kInvalidArgument, true},
+      {"the same chunk twice in one push",
+       [&] {
+         flatbuffers::FlatBufferBuilder fbb;
+         std::vector<wire::DenseSlice> slices = {wire::DenseSlice(TableId("w"), 0, 4), wire::DenseSlice(TableId("w"), 0, 4)};
+         auto vec = fbb.CreateVectorOfStructs(slices);
+         wire::HeaderBuilder b(fbb);
+         b.add_major(wire::kMajor);
+         b.add_kind(wire::Kind::PushDense);
+         b.add_rank(0);
+         b.add_slices(vec);
+         wire::FinishHeaderBuffer(fbb, b.Finish());
+         transport::Frames f;
+         f.push_back(wire::ToFrame(fbb));
+         f.emplace_back(16);
+         f.emplace_back(16);
+         return f;
+       },
+       StatusCode::kInvalidArgument, false},
+      {"a negative step",
+       [&] {
+         flatbuffers::FlatBufferBuilder fbb;
+         wire::HeaderBuilder b(fbb);
+         b.add_major(wire::kMajor);
+         b.add_kind(wire::Kind::Clock);
+         b.add_rank(0);
+         b.add_step(-5);
+         wire::FinishHeaderBuffer(fbb, b.Finish());
+         transport::Frames f;
+         f.push_back(wire::ToFrame(fbb));
+         return f;
+       },
+       StatusCode::kInvalidArgument, false},
       {"well-formed request without a worker rank",
        [&] { transport::Frames f; f.push_back(push_header(4, wire::kMajor)); f.emplace_back(16); return f; },
        StatusCode::kInvalidArgument, false},
@@ -321,6 +353,62 @@ TEST(Cluster, InFlightLimitAppliesBackpressureWithoutLosingWork) {
   ASSERT_TRUE(w->PullDense("w", p, 0).wait().ok());
   EXPECT_EQ(p[0], -20.0f);
   EXPECT_EQ(p[4095], -20.0f);
+}
+
+TEST(Cluster, AMinimalHeldHeaderIsAnsweredIntact) {
+  // A held request is moved around while it waits; its header must be read from where it is
+  // now (ZeroMQ keeps frames of up to 33 bytes inline, so their bytes move with the message).
+  auto c = LocalCluster::Start(1);
+  auto w0 = c.Connect(0, 2);
+  auto raw = transport::MakeSocket(transport::Zmq(*c.context), zmq::socket_type::dealer);
+  ASSERT_TRUE(raw.ok());
+  raw->set(zmq::sockopt::rcvtimeo, 5000);
+  raw->connect(c.endpoints[0]);
+  flatbuffers::FlatBufferBuilder fbb;
+  wire::HeaderBuilder b(fbb);
+  b.add_major(wire::kMajor);
+  b.add_kind(wire::Kind::Barrier);
+  b.add_rank(1);
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  transport::Frames f;
+  f.push_back(wire::ToFrame(fbb));
+  ASSERT_TRUE(transport::Send(*raw, f).ok());
+  // Other traffic while the barrier is held.
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {8};
+  ASSERT_TRUE(w0->Declare(spec).ok());
+  std::vector<float> p(8);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(w0->PullDense("w", p, 0).wait(5s).ok());
+  ASSERT_TRUE(w0->Barrier().ok());
+  transport::Frames reply;
+  ASSERT_TRUE(zmq::recv_multipart(*raw, std::back_inserter(reply)).has_value());
+  const wire::Header* h = nullptr;
+  ASSERT_TRUE(wire::VerifyHeader(reply[0], &h).ok());
+  EXPECT_EQ(h->kind(), wire::Kind::Reply);
+  EXPECT_EQ(h->request_kind(), wire::Kind::Barrier) << "the held header was read after it moved";
+  EXPECT_EQ(h->request_id(), 0u);
+}
+
+TEST(Cluster, ATableNamedTwiceInOneCallIsRefusedAndTheStepIsIntact) {
+  auto c = LocalCluster::Start(1);
+  auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {2};
+  spec.optimizer.learning_rate = 1.0f;
+  spec.consistency = Consistency::kSync;
+  ASSERT_TRUE(w0->Declare(spec).ok());
+  ASSERT_TRUE(w1->Declare(spec).ok());
+  std::vector<float> g = {2, 2}, p(2);
+  std::vector<DenseIn> twice = {{"w", g}, {"w", g}};
+  EXPECT_EQ(w0->PushDense(twice, 0).wait(5s).code(), StatusCode::kInvalidArgument);
+  // The step still needs both workers.
+  ASSERT_TRUE(w0->PushDense("w", g, 0).wait(5s).ok());
+  EXPECT_FALSE(w0->PullDense("w", p, 1).wait(200ms).ok()) << "step 1 must wait for worker 1";
+  ASSERT_TRUE(w1->PushDense("w", g, 0).wait(5s).ok());
+  ASSERT_TRUE(w1->PullDense("w", p, 1).wait(5s).ok());
+  EXPECT_EQ(p, (std::vector<float>{-2, -2}));
 }
 
 }  // namespace

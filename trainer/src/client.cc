@@ -35,7 +35,6 @@ struct Handle::State {
   int pending = 0;                             // guarded by mu: requests without an answer
   Status status;                               // guarded by mu: the first failure
   std::shared_ptr<transport::Lender> lender;   // frames lent to ZeroMQ (tcp/ipc pushes)
-  std::chrono::milliseconds lend_grace{10000}; // how long to wait for ZeroMQ to return them
 
   void Finish(const Status& s) {
     std::lock_guard lock(mu);
@@ -57,8 +56,10 @@ Status Handle::wait(std::chrono::milliseconds timeout) const {
       return DeadlineExceededError("operation still in flight after " + std::to_string(timeout.count()) + " ms");
     }
   }
-  if (state_->lender && !state_->lender->WaitReturned(std::max(deadline, SteadyClock::now() + state_->lend_grace))) {
-    return InternalError("ZeroMQ has not released the pushed buffers; do not reuse them yet");
+  if (state_->lender && !state_->lender->WaitReturned(deadline)) {
+    return DeadlineExceededError("operation answered, but ZeroMQ still holds " +
+                                 std::to_string(state_->lender->outstanding()) +
+                                 " of its pushed buffers; wait again before reusing them");
   }
   std::lock_guard lock(state_->mu);
   return state_->status;
@@ -255,6 +256,14 @@ class ClientImpl final : public Client {
           return Failed(op, InvalidArgumentError("PushPullDense: output " + std::to_string(t) + " ('" +
                                                  std::string(outs[t].table) + "') does not match gradient '" +
                                                  std::string(grads[t].table) + "'"));
+        }
+      }
+    }
+    for (size_t i = 0; i < names.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (names[i] == names[j]) {
+          return Failed(op, InvalidArgumentError("table '" + std::string(names[i]) +
+                                                 "' appears twice in one call; name each table once"));
         }
       }
     }
@@ -503,6 +512,10 @@ class ClientImpl final : public Client {
     }
     {
       std::lock_guard lock(queue_mu_);
+      if (dead_) {
+        Done(r, dead_status_);
+        return;
+      }
       queue_.push_back(std::move(r));
     }
     waker_.Notify();
@@ -554,7 +567,7 @@ class ClientImpl final : public Client {
         zmq::poll(items.data(), items.size(), timeout);
       } catch (const zmq::error_t& e) {
         if (e.num() == EINTR) continue;
-        FailAll(InternalError(std::string("client poll failed: ") + e.what()));
+        FailAll(InternalError(std::string("client I/O thread stopped: poll failed: ") + e.what()));
         return;
       }
       if (items[0].revents & ZMQ_POLLIN) {
@@ -649,12 +662,16 @@ class ClientImpl final : public Client {
     }
   }
 
+  // The I/O thread is ending: fails everything in flight or queued, and (dead_) everything
+  // submitted from now on.
   void FailAll(const Status& s) {
     for (auto& [id, r] : in_flight_) Done(r, s);
     in_flight_.clear();
     std::deque<Request> rest;
     {
       std::lock_guard lock(queue_mu_);
+      dead_ = true;
+      dead_status_ = s;
       rest.swap(queue_);
     }
     for (auto& r : rest) Done(r, s);
@@ -678,6 +695,8 @@ class ClientImpl final : public Client {
 
   std::mutex queue_mu_;
   std::deque<Request> queue_;  // guarded by queue_mu_: built by callers, sent by the I/O thread
+  bool dead_ = false;          // guarded by queue_mu_: the I/O thread has ended
+  Status dead_status_;         // guarded by queue_mu_: why
 
   // Owned by the I/O thread (sockets_ also by Start before the thread runs).
   std::vector<zmq::socket_t> sockets_;

@@ -1091,6 +1091,8 @@ void RegisterAll(Fixtures& f) {
 }  // namespace ferry::bench
 
 int main(int argc, char** argv) {
+  // As ferry-ps and ferry-trainer do: the servers and clients measured here live in this process.
+  ferry::transport::TuneAllocatorForLargeMessages();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   ferry::bench::Fixtures fixtures;

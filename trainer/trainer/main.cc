@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "messages/internal/transport.h"
 #include "ferry/client.h"
 #include "ferry/data/fashion_mnist.h"
 #include "trainer/trainer/device.h"
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const trainer::TrainerOptions& options = *parsed;
+  transport::TuneAllocatorForLargeMessages();
   if (options.help) {
     std::printf("%s", trainer::TrainerUsage().c_str());
     return 0;

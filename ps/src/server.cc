@@ -546,7 +546,7 @@ class ServerImpl final : public Server {
 
   void HoldOrServe(Request req) {
     if (TryServe(req)) return;
-    if (held_.size() >= options_.max_held) {
+    if (HeldCount() >= options_.max_held) {
       return SendError(req, ResourceExhaustedError("server holds " + std::to_string(held_.size()) +
                                                    " waiting requests already; refusing more"));
     }
@@ -554,6 +554,8 @@ class ServerImpl final : public Server {
     req.deadline = Clock::now() + options_.max_wait;
     held_.push_back(std::move(req));
   }
+
+  size_t HeldCount() const { return held_.size() + held_barriers_; }
 
   void ServeHeld() {
     for (auto it = held_.begin(); it != held_.end();) {
@@ -723,10 +725,17 @@ class ServerImpl final : public Server {
                                        std::to_string(id) + " twice");
       }
     }
+    if (HeldCount() >= options_.max_held) {
+      if (arrived.empty()) barriers_.erase(id);
+      return ResourceExhaustedError("server holds " + std::to_string(HeldCount()) +
+                                    " waiting requests already; refusing more");
+    }
     req.deadline = Clock::now() + options_.max_wait;
     arrived.push_back(std::move(req));
+    ++held_barriers_;
     if (static_cast<int>(arrived.size()) == num_workers_) {
       for (auto& r : arrived) SendOk(r);
+      held_barriers_ -= arrived.size();
       barriers_.erase(id);
     }
     return Status::Ok();
@@ -769,6 +778,7 @@ class ServerImpl final : public Server {
                                              std::to_string(rs.size()) + " of " + std::to_string(num_workers_) +
                                              " workers arrived"));
         }
+        held_barriers_ -= rs.size();
         it = barriers_.erase(it);
       } else {
         ++it;
@@ -793,6 +803,7 @@ class ServerImpl final : public Server {
   std::vector<int64_t> clocks_;  // per worker rank (ssp)
   std::list<Request> held_;      // waiting pulls, at most options_.max_held
   std::map<int64_t, std::vector<Request>> barriers_;
+  size_t held_barriers_ = 0;     // requests in barriers_, counted with held_ against max_held
   std::vector<float> avg_;       // scratch for sync averaging
   std::vector<uint32_t> rows_;   // scratch for sparse row indices
 

@@ -260,6 +260,23 @@ TEST(Cluster, SyncPullForAStepThatNeverCompletesTimesOutOnTheServer) {
   EXPECT_NE(s.message().find("step 1"), std::string::npos) << s;
 }
 
+TEST(Cluster, HeldPullsAndBarriersShareOneBound) {
+  ServerOptions opts;
+  opts.max_held = 1;
+  auto c = LocalCluster::Start(1, false, opts);
+  auto w0 = c.Connect(0, 2);
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {4};
+  spec.consistency = Consistency::kSync;
+  ASSERT_TRUE(w0->Declare(spec).ok());
+  std::vector<float> p(4);
+  Handle held = w0->PullDense("w", p, 1);  // step 1 never comes: held
+  EXPECT_EQ(held.wait(100ms).code(), StatusCode::kDeadlineExceeded);
+  Status s = w0->Barrier();
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+}
+
 TEST(Cluster, UnreachableServerIsAClearErrorNotAHang) {
   ClientOptions o;
   o.servers = {"tcp://127.0.0.1:9"};  // discard port: nothing listens there

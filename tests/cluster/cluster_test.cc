@@ -263,6 +263,7 @@ TEST(Cluster, SyncPullForAStepThatNeverCompletesTimesOutOnTheServer) {
 TEST(Cluster, HeldPullsAndBarriersShareOneBound) {
   ServerOptions opts;
   opts.max_held = 1;
+  std::vector<float> p(4);  // outlives the client: the held pull may still write into it
   auto c = LocalCluster::Start(1, false, opts);
   auto w0 = c.Connect(0, 2);
   TableSpec spec;
@@ -270,7 +271,6 @@ TEST(Cluster, HeldPullsAndBarriersShareOneBound) {
   spec.shape = {4};
   spec.consistency = Consistency::kSync;
   ASSERT_TRUE(w0->Declare(spec).ok());
-  std::vector<float> p(4);
   Handle held = w0->PullDense("w", p, 1);  // step 1 never comes: held
   EXPECT_EQ(held.wait(100ms).code(), StatusCode::kDeadlineExceeded);
   Status s = w0->Barrier();
@@ -422,10 +422,14 @@ TEST(Cluster, ATableNamedTwiceInOneCallIsRefusedAndTheStepIsIntact) {
   EXPECT_EQ(w0->PushDense(twice, 0).wait(5s).code(), StatusCode::kInvalidArgument);
   // The step still needs both workers.
   ASSERT_TRUE(w0->PushDense("w", g, 0).wait(5s).ok());
-  EXPECT_FALSE(w0->PullDense("w", p, 1).wait(200ms).ok()) << "step 1 must wait for worker 1";
+  std::vector<float> early(2);
+  Handle pull = w0->PullDense("w", early, 1);
+  EXPECT_EQ(pull.wait(200ms).code(), StatusCode::kDeadlineExceeded) << "step 1 must wait for worker 1";
   ASSERT_TRUE(w1->PushDense("w", g, 0).wait(5s).ok());
+  ASSERT_TRUE(pull.wait(5s).ok()) << "the held pull is answered once step 1 is complete";
   ASSERT_TRUE(w1->PullDense("w", p, 1).wait(5s).ok());
   EXPECT_EQ(p, (std::vector<float>{-2, -2}));
+  EXPECT_EQ(early, p);
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include <unistd.h>
+
 #include "ferry/server.h"
 #include "messages/internal/transport.h"
 
@@ -99,5 +101,8 @@ int main(int argc, char** argv) {
   sigwait(&stop, &sig);
   std::printf("ferry-ps rank %d: %s, stopping\n", options.rank, sig == SIGINT ? "SIGINT" : "SIGTERM");
   (*server)->Stop();
+  // libzmq leaves an ipc:// socket file behind; the path is ours, remove it.
+  const std::string endpoint = (*server)->endpoint();
+  if (endpoint.starts_with("ipc://")) ::unlink(endpoint.c_str() + 6);
   return 0;
 }

@@ -62,11 +62,11 @@ run_demo() {
     DEMO_PIDS+=($!)
   done
   endpoints="tcp://127.0.0.1:${ports[0]},tcp://127.0.0.1:${ports[1]}"
-  say "2 servers started (logs in $logs); training an MLP on Fashion-MNIST with 2 workers (sync, ${DEMO_EPOCHS:-5} epochs)"
+  say "2 servers started (logs in $logs); training an MLP on Fashion-MNIST with 2 workers (sync, ${DEMO_EPOCHS:-10} epochs)"
   for r in 0 1; do
     "$bin/trainer/trainer/ferry-trainer" --servers "$endpoints" --rank "$r" --num-workers 2 \
       --model mlp --hidden 256,128 --optimizer adam --lr 0.001 --batch 64 --consistency sync \
-      --epochs "${DEMO_EPOCHS:-5}" --log-every 500 $([ "$r" -eq 0 ] || echo --quiet) &
+      --epochs "${DEMO_EPOCHS:-10}" --log-every 500 $([ "$r" -eq 0 ] || echo --quiet) &
     DEMO_PIDS+=($!)
   done
   for p in "${DEMO_PIDS[@]:2}"; do wait "$p" || status=1; done

@@ -310,6 +310,28 @@ class ClientImpl final : public Client {
     return Finish(fbb, h);
   }
 
+  // Groups the unique ids per server in order of first appearance and calls
+  // on_position(p, server, row) for every position p, where `row` is the id's index in that
+  // server's list. One pass, no per-position table.
+  template <typename OnPosition>
+  std::vector<std::vector<int64_t>> RouteIds(std::span<const int64_t> ids, OnPosition&& on_position) const {
+    const int S = num_servers();
+    std::vector<std::vector<int64_t>> server_ids(static_cast<size_t>(S));
+    absl::flat_hash_map<int64_t, std::pair<int, int64_t>> where;
+    where.reserve(ids.size());
+    for (size_t p = 0; p < ids.size(); ++p) {
+      auto [it, inserted] = where.try_emplace(ids[p]);
+      if (inserted) {
+        const int s = placement::IdServer(ids[p], S);
+        auto& list = server_ids[static_cast<size_t>(s)];
+        it->second = {s, static_cast<int64_t>(list.size())};
+        list.push_back(ids[p]);
+      }
+      on_position(p, it->second.first, it->second.second);
+    }
+    return server_ids;
+  }
+
   Handle PullSparse(std::string_view table, std::span<const int64_t> ids, std::span<float> out,
                     int64_t step) override {
     auto op = NewOp();
@@ -321,21 +343,12 @@ class ClientImpl final : public Client {
                                              std::to_string(out.size()) + " floats, ids x dim is " +
                                              std::to_string(ids.size() * static_cast<size_t>(dim))));
     }
-    // Deduplicate; group unique ids per server; remember which positions each server's rows fill.
+    // Deduplicate and group per server; remember which positions each server's rows fill.
     const int S = num_servers();
-    absl::flat_hash_map<int64_t, std::pair<int, int64_t>> where;  // id -> (server, row in reply)
-    where.reserve(ids.size());
-    std::vector<std::vector<int64_t>> server_ids(static_cast<size_t>(S));
     auto positions = std::make_shared<std::vector<std::vector<std::pair<int64_t, int64_t>>>>(static_cast<size_t>(S));
-    for (size_t p = 0; p < ids.size(); ++p) {
-      auto [it, inserted] = where.try_emplace(ids[p]);
-      if (inserted) {
-        const int s = placement::IdServer(ids[p], S);
-        it->second = {s, static_cast<int64_t>(server_ids[static_cast<size_t>(s)].size())};
-        server_ids[static_cast<size_t>(s)].push_back(ids[p]);
-      }
-      (*positions)[static_cast<size_t>(it->second.first)].emplace_back(static_cast<int64_t>(p), it->second.second);
-    }
+    auto server_ids = RouteIds(ids, [&](size_t p, int s, int64_t row) {
+      (*positions)[static_cast<size_t>(s)].emplace_back(static_cast<int64_t>(p), row);
+    });
     const uint64_t id = TableId(spec->name);
     for (int s = 0; s < S; ++s) {
       auto& sid = server_ids[static_cast<size_t>(s)];
@@ -369,26 +382,20 @@ class ClientImpl final : public Client {
                                              std::to_string(grads.size()) + " floats, ids x dim is " +
                                              std::to_string(ids.size() * static_cast<size_t>(dim))));
     }
-    // Deduplicate, summing a repeated id's gradients in the order they appear.
+    // Deduplicate, summing a repeated id's gradients in the order they appear (the first
+    // occurrence is copied, later ones added).
     const int S = num_servers();
-    absl::flat_hash_map<int64_t, std::pair<int, int64_t>> where;
-    where.reserve(ids.size());
-    std::vector<std::vector<int64_t>> server_ids(static_cast<size_t>(S));
     std::vector<std::vector<float>> server_grads(static_cast<size_t>(S));
-    for (size_t p = 0; p < ids.size(); ++p) {
-      auto [it, inserted] = where.try_emplace(ids[p]);
+    auto server_ids = RouteIds(ids, [&](size_t p, int s, int64_t row) {
       const float* g = grads.data() + static_cast<int64_t>(p) * dim;
-      if (inserted) {
-        const int s = placement::IdServer(ids[p], S);
-        it->second = {s, static_cast<int64_t>(server_ids[static_cast<size_t>(s)].size())};
-        server_ids[static_cast<size_t>(s)].push_back(ids[p]);
-        auto& sg = server_grads[static_cast<size_t>(s)];
+      auto& sg = server_grads[static_cast<size_t>(s)];
+      if (static_cast<int64_t>(sg.size()) == row * dim) {  // first time this row is seen
         sg.insert(sg.end(), g, g + dim);
       } else {
-        float* acc = server_grads[static_cast<size_t>(it->second.first)].data() + it->second.second * dim;
+        float* acc = sg.data() + row * dim;
         for (int64_t j = 0; j < dim; ++j) acc[j] += g[j];
       }
-    }
+    });
     const uint64_t id = TableId(spec->name);
     // A sync step needs every server's share, even an empty one, to complete its quorum.
     const bool every_server = spec->consistency == Consistency::kSync;

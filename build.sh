@@ -16,7 +16,7 @@ JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ pkg-config
           libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
           libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev
-          dataset-fashion-mnist)
+          dataset-fashion-mnist python3)
 
 say() { printf '\033[1m[ferry]\033[0m %s\n' "$*"; }
 
@@ -50,28 +50,12 @@ run_tests() {
 }
 
 run_demo() {
-  # A local cluster: 2 ferry-ps and 2 ferry-trainer processes, an MLP on Fashion-MNIST in sync
-  # mode. (The launcher in launch/ will replace this hand-wiring.)
-  local bin="$BUILD_DIR" ports=(7470 7471) endpoints status=0 logs="$BUILD_DIR/demo-logs"
-  DEMO_PIDS=()
-  trap 'kill "${DEMO_PIDS[@]}" 2>/dev/null || true' EXIT
-  mkdir -p "$logs"
-  for i in 0 1; do
-    "$bin/ps/ferry-ps" --bind "tcp://127.0.0.1:${ports[$i]}" --rank "$i" --num-servers 2 --compute-threads 1 \
-      > "$logs/ps$i.log" 2>&1 &
-    DEMO_PIDS+=($!)
-  done
-  endpoints="tcp://127.0.0.1:${ports[0]},tcp://127.0.0.1:${ports[1]}"
-  say "2 servers started (logs in $logs); training an MLP on Fashion-MNIST with 2 workers (sync, ${DEMO_EPOCHS:-10} epochs)"
-  for r in 0 1; do
-    "$bin/trainer/trainer/ferry-trainer" --servers "$endpoints" --rank "$r" --num-workers 2 \
-      --model mlp --hidden 256,128 --optimizer adam --lr 0.001 --batch 64 --consistency sync \
-      --epochs "${DEMO_EPOCHS:-10}" --log-every 500 $([ "$r" -eq 0 ] || echo --quiet) &
-    DEMO_PIDS+=($!)
-  done
-  for p in "${DEMO_PIDS[@]:2}"; do wait "$p" || status=1; done
-  [ "$status" -eq 0 ] && say "demo finished" || say "a trainer failed (see above)"
-  return "$status"
+  # A local cluster started and supervised by launch/ferry-launch: 2 ferry-ps and 2
+  # ferry-trainer processes, an MLP on Fashion-MNIST in sync mode.
+  say "launching 2 servers + 2 workers: MLP on Fashion-MNIST (sync, ${DEMO_EPOCHS:-10} epochs)"
+  python3 launch/ferry-launch --num-ps 2 --num-workers 2 --bin-dir "$BUILD_DIR" --base-port 0 -- \
+    --model mlp --hidden 256,128 --optimizer adam --lr 0.001 --batch 64 --consistency sync \
+    --epochs "${DEMO_EPOCHS:-10}" --log-every 500
 }
 
 case "${1:-}" in

@@ -207,6 +207,23 @@ class LaunchTest(unittest.TestCase):
         self.assertEqual(len(pids), 4, r.output)
         self.assert_all_gone(pids)
 
+    def test_sigkill_to_launcher_leaves_nothing(self):
+        # No chance to clean up: the children must still go (PR_SET_PDEATHSIG).
+        bin_dir = self.stub_bin_dir()
+        r = Run(["--num-ps", "2", "--num-workers", "2", "--base-port", "0",
+                 "--bin-dir", bin_dir, "--log-dir", os.path.join(self.dir, "logs")])
+        r.wait_for(r"\[worker 1\] stub trainer rank 1")
+        r.proc.send_signal(signal.SIGKILL)
+        rc = r.finish(30)
+        self.assertEqual(rc, -signal.SIGKILL, r.output)
+        pids = r.pids()
+        self.assertEqual(len(pids), 4, r.output)
+        # They are not our children, so they cannot be waited for: give the kernel a moment.
+        deadline = time.monotonic() + 5
+        while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assert_all_gone(pids)
+
     def test_server_never_up_times_out(self):
         # A "ferry-ps" that never listens: the rendezvous deadline must stop everything.
         d = os.path.join(self.dir, "bin")

@@ -57,6 +57,7 @@
 #include "ferry/server.h"
 #include "ferry/status.h"
 #include "ferry/table_spec.h"
+#include "ferry/data/zipf.h"
 #include "messages/internal/transport.h"
 #include "ps/internal/optimizer.h"
 
@@ -760,50 +761,6 @@ void BM_SmallTensors(benchmark::State& state, Baselines& baselines, SmallMode mo
 
 // ---- sparse pull / push ------------------------------------------------------------------------
 
-// Zipf(s) over ranks 1..n by rejection-inversion (Hörmann & Derflinger 1996, as in Apache Commons
-// RNG's RejectionInversionZipfSampler): O(1) per sample, no table of n probabilities.
-class ZipfSampler {
- public:
-  ZipfSampler(int64_t n, double s) : n_(n), s_(s) {
-    h_integral_x1_ = HIntegral(1.5) - 1.0;
-    h_integral_n_ = HIntegral(static_cast<double>(n) + 0.5);
-    squeeze_ = 2.0 - HIntegralInverse(HIntegral(2.5) - H(2.0));
-  }
-
-  template <typename Rng>
-  int64_t operator()(Rng& rng) const {
-    std::uniform_real_distribution<double> unit(0.0, 1.0);
-    for (;;) {
-      const double u = h_integral_n_ + unit(rng) * (h_integral_x1_ - h_integral_n_);
-      const double x = HIntegralInverse(u);
-      const int64_t k = std::clamp<int64_t>(static_cast<int64_t>(x + 0.5), 1, n_);
-      const double kd = static_cast<double>(k);
-      if (kd - x <= squeeze_ || u >= HIntegral(kd + 0.5) - H(kd)) return k;
-    }
-  }
-
- private:
-  double H(double x) const { return std::exp(-s_ * std::log(x)); }
-  double HIntegral(double x) const {
-    const double log_x = std::log(x);
-    return Helper2((1.0 - s_) * log_x) * log_x;
-  }
-  double HIntegralInverse(double x) const {
-    const double t = std::max(-1.0, x * (1.0 - s_));
-    return std::exp(Helper1(t) * x);
-  }
-  // log1p(x)/x and expm1(x)/x, by Taylor series near 0.
-  static double Helper1(double x) {
-    return std::abs(x) > 1e-8 ? std::log1p(x) / x : 1.0 - x * (0.5 - x * (1.0 / 3.0 - 0.25 * x));
-  }
-  static double Helper2(double x) {
-    return std::abs(x) > 1e-8 ? std::expm1(x) / x : 1.0 + x * 0.5 * (1.0 + x * (1.0 / 3.0) * (1.0 + 0.25 * x));
-  }
-
-  int64_t n_;
-  double s_;
-  double h_integral_x1_, h_integral_n_, squeeze_;
-};
 
 // Batches of Zipf-distributed ids, drawn once (seeded) and shared by the sparse benchmarks.
 struct ZipfBatches {
@@ -819,10 +776,11 @@ struct ZipfBatches {
   static ZipfBatches Make() {
     ZipfBatches z;
     std::mt19937_64 rng(kSeed);
-    const ZipfSampler zipf(kIdSpace, kExponent);
+    const data::ZipfSampler zipf(kIdSpace, kExponent);
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
     for (int b = 0; b < kBatches; ++b) {
       std::vector<int64_t> batch(kBatchIds);
-      for (auto& id : batch) id = zipf(rng) - 1;
+      for (auto& id : batch) id = zipf.Sample([&] { return unit(rng); }) - 1;
       std::vector<int64_t> sorted = batch;
       std::sort(sorted.begin(), sorted.end());
       z.unique.push_back(std::unique(sorted.begin(), sorted.end()) - sorted.begin());

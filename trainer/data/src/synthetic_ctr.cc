@@ -1,3 +1,4 @@
+#include "ferry/data/zipf.h"
 #include "ferry/data/synthetic_ctr.h"
 
 #include <algorithm>
@@ -12,57 +13,6 @@
 namespace ferry::data {
 namespace {
 
-// Zipf(n, s) over ranks [1, n] by rejection-inversion (W. Hörmann, G. Derflinger, "Rejection-
-// inversion to generate variates from monotone discrete distributions", 1996), as in Apache
-// Commons RNG's RejectionInversionZipfSampler: O(1) memory, ~1 uniform per draw.
-class ZipfSampler {
- public:
-  ZipfSampler(int64_t n, double s) : n_(n), s_(s) {
-    h_integral_x1_ = HIntegral(1.5) - 1.0;
-    h_integral_n_ = HIntegral(static_cast<double>(n) + 0.5);
-    threshold_ = 2.0 - HIntegralInverse(HIntegral(2.5) - H(2.0));
-  }
-
-  int64_t Sample(internal::SplitMix64& rng) const {
-    if (n_ == 1) return 1;
-    for (;;) {
-      // u is uniform in (h_integral_x1_, h_integral_n_].
-      const double u = h_integral_n_ + rng.Uniform() * (h_integral_x1_ - h_integral_n_);
-      const double x = HIntegralInverse(u);
-      int64_t k = static_cast<int64_t>(x + 0.5);
-      k = std::clamp<int64_t>(k, 1, n_);
-      if (static_cast<double>(k) - x <= threshold_ || u >= HIntegral(static_cast<double>(k) + 0.5) - H(static_cast<double>(k))) {
-        return k;
-      }
-    }
-  }
-
- private:
-  // h(x) = x^-s and its integral H(x) = (x^(1-s) - 1) / (1 - s) (log x at s = 1), computed stably.
-  double H(double x) const { return std::exp(-s_ * std::log(x)); }
-  double HIntegral(double x) const {
-    const double log_x = std::log(x);
-    return Helper2((1.0 - s_) * log_x) * log_x;
-  }
-  double HIntegralInverse(double x) const {
-    double t = x * (1.0 - s_);
-    if (t < -1.0) t = -1.0;
-    return std::exp(Helper1(t) * x);
-  }
-  // log1p(x) / x and expm1(x) / x, with their series near 0.
-  static double Helper1(double x) {
-    return std::abs(x) > 1e-8 ? std::log1p(x) / x : 1.0 - x * (0.5 - x * (1.0 / 3.0 - 0.25 * x));
-  }
-  static double Helper2(double x) {
-    return std::abs(x) > 1e-8 ? std::expm1(x) / x : 1.0 + x * 0.5 * (1.0 + x * (1.0 / 3.0) * (1.0 + 0.25 * x));
-  }
-
-  int64_t n_;
-  double s_;
-  double h_integral_x1_;
-  double h_integral_n_;
-  double threshold_;
-};
 
 // Vocabularies above this would lose ranks to double rounding in the sampler.
 constexpr int64_t kMaxVocab = int64_t{1} << 52;
@@ -161,7 +111,7 @@ void SyntheticCtr::Generate(std::span<const int64_t> indices, CtrBatch* batch, s
   for (int64_t index : indices) {
     internal::SplitMix64 rng(internal::HashPair(d.example_key, static_cast<uint64_t>(index)));
     for (int f = 0; f < fields; ++f) {
-      batch->ids.push_back(d.offsets[static_cast<size_t>(f)] + d.samplers[static_cast<size_t>(f)].Sample(rng) - 1);
+      batch->ids.push_back(d.offsets[static_cast<size_t>(f)] + d.samplers[static_cast<size_t>(f)].Sample([&] { return rng.Uniform(); }) - 1);
     }
     for (int j = 0; j < d.options.num_dense; ++j) {
       batch->dense.push_back(static_cast<float>(internal::NormalFromKey(rng.Next())));

@@ -20,7 +20,7 @@
 namespace ferry::wire {
 
 inline constexpr uint16_t kMajor = 1;
-inline constexpr uint16_t kMinor = 0;
+inline constexpr uint16_t kMinor = 1;  // 1.1: AllReduce
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

@@ -68,7 +68,7 @@ Status VerifyHeader(zmq::message_t& frame, const Header** out) {
                                    std::to_string(kMinor) + ")");
   }
   const auto k = static_cast<int>(h->kind());
-  const bool known = (k >= static_cast<int>(Kind::Hello) && k <= static_cast<int>(Kind::Stats)) ||
+  const bool known = (k >= static_cast<int>(Kind::Hello) && k <= static_cast<int>(Kind::AllReduce)) ||
                      h->kind() == Kind::Reply || h->kind() == Kind::Error;
   if (!known) return InvalidArgumentError("unknown message kind " + std::to_string(k));
   *out = h;
@@ -108,6 +108,9 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
       }
       return FrameSize("gradient", payload[1], values, 4);
     }
+    case Kind::AllReduce:
+      FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), 1));
+      return FrameSize("value", payload[0], h.num_ids(), 8);
     case Kind::Reply:
     case Kind::Error:
       return Status::Ok();  // the receiver checks replies against its own request

@@ -206,7 +206,8 @@ class ServerImpl final : public Server {
       case Kind::PullSparse: return OnPullSparse(req);
       case Kind::PushSparse: return OnPushSparse(req);
       case Kind::Clock: return OnClock(req);
-      case Kind::Barrier: return OnBarrier(req);
+      case Kind::Barrier:
+      case Kind::AllReduce: return OnBarrier(req);
       default:
         return InvalidArgumentError("a server does not accept " + std::string(wire::KindName(h.kind())) + " messages");
     }
@@ -725,6 +726,16 @@ class ServerImpl final : public Server {
                                        std::to_string(id) + " twice");
       }
     }
+    if (!arrived.empty() && (arrived[0].h()->kind() != req.h()->kind() || arrived[0].h()->num_ids() != req.h()->num_ids())) {
+      // The workers disagree on the collective: they would never complete it.
+      const Request& first = arrived[0];
+      auto describe = [](const Request& r) {
+        return std::string(wire::KindName(r.h()->kind())) + " of " + std::to_string(r.h()->num_ids()) + " values from rank " +
+               std::to_string(r.h()->rank());
+      };
+      return FailedPreconditionError("collective " + std::to_string(id) + ": " + describe(req) + " does not match " +
+                                     describe(first));
+    }
     if (HeldCount() >= options_.max_held) {
       if (arrived.empty()) barriers_.erase(id);
       return ResourceExhaustedError("server holds " + std::to_string(HeldCount()) +
@@ -734,7 +745,24 @@ class ServerImpl final : public Server {
     arrived.push_back(std::move(req));
     ++held_barriers_;
     if (static_cast<int>(arrived.size()) == num_workers_) {
-      for (auto& r : arrived) SendOk(r);
+      if (arrived[0].h()->kind() == Kind::AllReduce) {
+        // Sum in rank order, so every run adds the same numbers in the same order.
+        std::sort(arrived.begin(), arrived.end(), [](const Request& a, const Request& b) { return a.h()->rank() < b.h()->rank(); });
+        const size_t n = static_cast<size_t>(arrived[0].h()->num_ids());
+        std::vector<double> sum(n, 0.0);
+        for (auto& r : arrived) {
+          std::vector<double> scratch;
+          auto v = View<double>(r.payload[0], scratch);
+          for (size_t i = 0; i < n; ++i) sum[i] += v[i];
+        }
+        for (auto& r : arrived) {
+          Frames payload;
+          payload.emplace_back(sum.data(), n * sizeof(double));
+          Send(r, wire::MakeReply(r.h()->request_id(), r.h()->kind(), 0), std::move(payload));
+        }
+      } else {
+        for (auto& r : arrived) SendOk(r);
+      }
       held_barriers_ -= arrived.size();
       barriers_.erase(id);
     }

@@ -242,6 +242,50 @@ TEST(Cluster, BackupWorkersUseTheFirstKGradientsAndDropLateOnes) {
   EXPECT_EQ(c.servers[0]->stats().counters["late_gradients_dropped"], 1);
 }
 
+TEST(Cluster, AllReduceSumsInRankOrderAndRefusesMismatchedCounts) {
+  ServerOptions so;
+  so.max_wait = std::chrono::milliseconds(500);  // the mismatched collective's held requests expire
+  auto c = LocalCluster::Start(2, false, so);
+  constexpr int kWorkers = 3;
+  std::vector<std::unique_ptr<Client>> w;
+  for (int r = 0; r < kWorkers; ++r) w.push_back(c.Connect(r, kWorkers));
+  // Values whose float sum depends on the order: 1e16 + 1 - 1e16 is 0 left to right.
+  const std::vector<std::vector<double>> in = {{1e16, 1.0, 3.0}, {1.0, 2.0, 4.0}, {-1e16, 3.0, 5.0}};
+  std::vector<StatusOr<std::vector<double>>> got(kWorkers, InternalError("not run"));
+  {
+    std::vector<std::thread> threads;
+    for (int r = kWorkers - 1; r >= 0; --r) {  // arrive in reverse rank order
+      threads.emplace_back([&, r] { got[static_cast<size_t>(r)] = w[static_cast<size_t>(r)]->AllReduceSum(in[static_cast<size_t>(r)]); });
+      std::this_thread::sleep_for(20ms);
+    }
+    for (auto& t : threads) t.join();
+  }
+  const std::vector<double> want = {(1e16 + 1.0) + -1e16, 6.0, 12.0};  // rank order: 0, 1, 2
+  for (int r = 0; r < kWorkers; ++r) {
+    ASSERT_TRUE(got[static_cast<size_t>(r)].ok()) << got[static_cast<size_t>(r)].status();
+    EXPECT_EQ(*got[static_cast<size_t>(r)], want) << "rank " << r;
+  }
+  // The next collective: a worker with another count fails everyone's collective clearly
+  // instead of hanging (rank 2's differs from the first arrival's).
+  std::vector<Status> st(kWorkers);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorkers; ++r) {
+      threads.emplace_back([&, r] {
+        std::vector<double> v(r == 2 ? 5 : 4, 1.0);
+        st[static_cast<size_t>(r)] = w[static_cast<size_t>(r)]->AllReduceSum(v).status();
+      });
+      std::this_thread::sleep_for(20ms);
+    }
+    for (auto& t : threads) t.join();
+    // Rank 2's request is refused at once; ranks 0 and 1 are held until the server's deadline.
+    EXPECT_EQ(st[2].code(), StatusCode::kFailedPrecondition) << st[2];
+    EXPECT_NE(st[2].message().find("does not match"), std::string::npos) << st[2];
+    EXPECT_EQ(st[0].code(), StatusCode::kDeadlineExceeded) << st[0];
+    EXPECT_EQ(st[1].code(), StatusCode::kDeadlineExceeded) << st[1];
+  }
+}
+
 TEST(Cluster, SyncPullForAStepThatNeverCompletesTimesOutOnTheServer) {
   ServerOptions opts;
   opts.max_wait = 200ms;

@@ -75,9 +75,9 @@ TEST_P(FashionMnistTraining, TwoWorkersLearn) {
   const TrainReport& r = *reports[0];
   std::printf("%s: %lld steps x 2 workers x batch 32 in %.2f s: loss %.3f -> %.3f, test accuracy %.4f\n",
               GetParam().c_str(), static_cast<long long>(r.steps), r.wall_s, r.first_loss, r.last_loss,
-              r.eval_accuracy);
+              r.eval.accuracy);
   EXPECT_LT(r.last_loss, 0.5 * r.first_loss);
-  EXPECT_GT(r.eval_accuracy, 0.7);  // chance is 0.1
+  EXPECT_GT(r.eval.accuracy, 0.7);  // chance is 0.1
 }
 
 INSTANTIATE_TEST_SUITE_P(Consistency, FashionMnistTraining, testing::Values("sync", "async", "ssp:2"),

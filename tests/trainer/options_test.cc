@@ -40,6 +40,32 @@ TEST(TrainerOptions, ParsesAFullCommandLine) {
   EXPECT_FALSE(o->local);
 }
 
+TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
+  auto o = Parse({"--servers", "tcp://a:1", "--num-workers", "4", "--rank", "3", "--model", "ctr", "--emb-dim", "8",
+                  "--ctr-fields", "5", "--ctr-vocab", "77", "--ctr-dense", "0", "--ctr-train", "1000", "--ctr-test", "10",
+                  "--ctr-zipf", "1.3", "--data-seed", "9", "--accumulate", "3", "--backup-workers", "1",
+                  "--straggler", "3:x2.5"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->model, "ctr");
+  EXPECT_EQ(o->emb_dim, 8);
+  EXPECT_EQ(o->ctr_fields, 5);
+  EXPECT_EQ(o->ctr_vocab, 77);
+  EXPECT_EQ(o->ctr_dense, 0);
+  EXPECT_EQ(o->ctr_train, 1000);
+  EXPECT_EQ(o->ctr_test, 10);
+  EXPECT_DOUBLE_EQ(o->ctr_zipf, 1.3);
+  EXPECT_EQ(o->data_seed, 9u);
+  EXPECT_EQ(o->accumulate, 3);
+  EXPECT_EQ(o->backup_workers, 1);
+  EXPECT_EQ(o->replicas_to_aggregate(), 3);
+  EXPECT_EQ(o->straggler_rank, 3);
+  EXPECT_DOUBLE_EQ(o->straggler_factor, 2.5);
+  auto d = Parse({"--local", "--straggler", "0:40ms"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_DOUBLE_EQ(d->straggler_delay_ms, 40);
+  EXPECT_EQ(d->replicas_to_aggregate(), 0);
+}
+
 TEST(TrainerOptions, LocalNeedsNoServers) {
   auto o = Parse({"--local", "--batch", "8"});
   ASSERT_TRUE(o.ok()) << o.status();
@@ -65,6 +91,18 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
       {{"--local", "--bogus", "1"}, "--bogus"},
       {{"--local", "--batch"}, "--batch"},
       {{"--model", "cnn", "--local"}, "--model"},
+      {{"--local", "--accumulate", "0"}, "--accumulate"},
+      {{"--local", "--straggler", "1"}, "--straggler"},
+      {{"--local", "--straggler", "0:fast"}, "--straggler"},
+      {{"--local", "--straggler", "0:x0.5"}, "--straggler"},
+      {{"--servers", "tcp://a:1", "--num-workers", "2", "--straggler", "2:10ms"}, "--straggler"},
+      {{"--servers", "tcp://a:1", "--num-workers", "2", "--backup-workers", "2"}, "--backup-workers"},
+      {{"--servers", "tcp://a:1", "--num-workers", "2", "--backup-workers", "1", "--consistency", "async"}, "--backup-workers"},
+      {{"--local", "--criteo-train", "x.tsv", "--criteo-test", "y.tsv"}, "--model ctr"},
+      {{"--local", "--model", "ctr", "--criteo-train", "x.tsv"}, "--criteo-test"},
+      {{"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y"}, "--steps"},
+      {{"--local", "--model", "ctr", "--ctr-zipf", "0"}, "--ctr-zipf"},
+      {{"--local", "--model", "ctr", "--emb-dim", "0"}, "--emb-dim"},
   };
   for (const auto& [args, flag] : cases) {
     auto o = Parse(args);

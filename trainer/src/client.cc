@@ -435,6 +435,26 @@ class ClientImpl final : public Client {
     return Handle(op).wait();
   }
 
+  StatusOr<std::vector<double>> AllReduceSum(std::span<const double> values) override {
+    auto op = NewOp();
+    auto result = std::make_shared<std::vector<double>>(values.size());
+    flatbuffers::FlatBufferBuilder fbb(96);
+    auto h = BeginHeader(fbb, Kind::AllReduce);
+    h.add_barrier_id(barrier_generation_.fetch_add(1));
+    h.add_num_ids(static_cast<int64_t>(values.size()));
+    Frames payload;
+    payload.emplace_back(values.data(), values.size() * sizeof(double));  // a copy: the caller's span may go
+    OnReply on_reply = [result](const Header&, Frames& reply) -> Status {
+      FERRY_RETURN_IF_ERROR(ExpectFrames(reply, 1));
+      FERRY_RETURN_IF_ERROR(ExpectBytes(reply[0], result->size() * sizeof(double)));
+      std::memcpy(result->data(), reply[0].data(), result->size() * sizeof(double));
+      return Status::Ok();
+    };
+    Submit(op, 0, Kind::AllReduce, Finish(fbb, h), std::move(payload), std::move(on_reply), options_.request_timeout);
+    FERRY_RETURN_IF_ERROR(Handle(op).wait());
+    return std::move(*result);
+  }
+
   StatusOr<std::map<std::string, int64_t>> ServerCounters(int server) override {
     if (server < 0 || server >= num_servers()) return InvalidArgumentError("no server " + std::to_string(server));
     auto op = NewOp();

@@ -112,12 +112,42 @@ class CudaDevice final : public Device {
                                      float scale, float* dlogits) override {
     return k::SoftmaxCrossEntropyBackward(probs, labels, rows, classes, scale, dlogits, stream_);
   }
+  Status SigmoidCrossEntropyForward(const float* logits, const float* targets, int64_t n, float* loss,
+                                    float* mean_loss, float* probs) override {
+    return k::SigmoidCrossEntropyForward(logits, targets, n, loss, mean_loss, probs, stream_);
+  }
+  Status SigmoidCrossEntropyBackward(const float* logits, const float* targets, int64_t n, float scale,
+                                     float* dlogits) override {
+    return k::SigmoidCrossEntropyBackward(logits, targets, n, scale, dlogits, stream_);
+  }
+  Status EmbeddingBagForward(const float* table, int64_t num_rows, int64_t dim, const int32_t* offsets,
+                             const int32_t* indices, int64_t batch, int64_t nnz, kernels::Pooling pooling,
+                             float* out) override {
+    return k::EmbeddingBagForward(table, num_rows, dim, offsets, indices, batch, nnz, pooling, out, stream_);
+  }
+  Status EmbeddingBagBackward(const float* dout, int64_t dim, const int32_t* offsets, const int32_t* inverse,
+                              int64_t batch, int64_t nnz, int64_t num_unique, kernels::Pooling pooling,
+                              float* grads) override {
+    size_t need = 0;
+    FERRY_RETURN_IF_ERROR(k::EmbeddingBagBackward(nullptr, &need, dout, dim, offsets, inverse, batch, nnz, num_unique,
+                                                  pooling, grads, stream_));
+    if (static_cast<int64_t>(need) > scratch_.bytes()) {
+      // The old buffer may still be read by enqueued work: wait before freeing it.
+      FERRY_RETURN_IF_ERROR(Synchronize());
+      scratch_ = DeviceBuffer();
+      FERRY_ASSIGN_OR_RETURN(scratch_, Alloc(static_cast<int64_t>(need) * 2));
+    }
+    size_t have = static_cast<size_t>(scratch_.bytes());
+    return k::EmbeddingBagBackward(scratch_.data(), &have, dout, dim, offsets, inverse, batch, nnz, num_unique,
+                                   pooling, grads, stream_);
+  }
 
  private:
   CudaDevice(int gpu, std::string gpu_name) : gpu_(gpu), gpu_name_(std::move(gpu_name)) {}
 
   const int gpu_;
   const std::string gpu_name_;
+  DeviceBuffer scratch_;  // EmbeddingBagBackward's; grows when a call needs more
   cudaStream_t stream_ = nullptr;    // owned; destroyed in the destructor
   cublasHandle_t cublas_ = nullptr;  // owned; bound to stream_
 };

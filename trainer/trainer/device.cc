@@ -63,6 +63,24 @@ class CpuDevice final : public Device {
                                      float scale, float* dlogits) override {
     return k::SoftmaxCrossEntropyBackward(probs, labels, rows, classes, scale, dlogits);
   }
+  Status SigmoidCrossEntropyForward(const float* logits, const float* targets, int64_t n, float* loss,
+                                    float* mean_loss, float* probs) override {
+    return k::SigmoidCrossEntropyForward(logits, targets, n, loss, mean_loss, probs);
+  }
+  Status SigmoidCrossEntropyBackward(const float* logits, const float* targets, int64_t n, float scale,
+                                     float* dlogits) override {
+    return k::SigmoidCrossEntropyBackward(logits, targets, n, scale, dlogits);
+  }
+  Status EmbeddingBagForward(const float* table, int64_t num_rows, int64_t dim, const int32_t* offsets,
+                             const int32_t* indices, int64_t batch, int64_t nnz, kernels::Pooling pooling,
+                             float* out) override {
+    return k::EmbeddingBagForward(table, num_rows, dim, offsets, indices, batch, nnz, pooling, out);
+  }
+  Status EmbeddingBagBackward(const float* dout, int64_t dim, const int32_t* offsets, const int32_t* inverse,
+                              int64_t batch, int64_t nnz, int64_t num_unique, kernels::Pooling pooling,
+                              float* grads) override {
+    return k::EmbeddingBagBackward(dout, dim, offsets, inverse, batch, nnz, num_unique, pooling, grads);
+  }
 };
 
 }  // namespace

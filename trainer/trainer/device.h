@@ -98,6 +98,18 @@ class Device {
   virtual Status SoftmaxCrossEntropyBackward(const float* probs, const int32_t* labels,
                                              int64_t rows, int64_t classes, float scale,
                                              float* dlogits) = 0;
+  virtual Status SigmoidCrossEntropyForward(const float* logits, const float* targets, int64_t n, float* loss,
+                                            float* mean_loss, float* probs) = 0;
+  virtual Status SigmoidCrossEntropyBackward(const float* logits, const float* targets, int64_t n, float scale,
+                                             float* dlogits) = 0;
+  virtual Status EmbeddingBagForward(const float* table, int64_t num_rows, int64_t dim, const int32_t* offsets,
+                                     const int32_t* indices, int64_t batch, int64_t nnz, kernels::Pooling pooling,
+                                     float* out) = 0;
+  // The CUDA backend keeps the scratch memory this op needs and grows it when a call needs more
+  // (the one allocation an op may make; it happens on the first steps only).
+  virtual Status EmbeddingBagBackward(const float* dout, int64_t dim, const int32_t* offsets, const int32_t* inverse,
+                                      int64_t batch, int64_t nnz, int64_t num_unique, kernels::Pooling pooling,
+                                      float* grads) = 0;
 };
 
 // The CPU backend.

@@ -6,6 +6,7 @@
 //   ferry-trainer --local --batch 128 --steps 500
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "messages/internal/transport.h"
 #include "ferry/client.h"
@@ -42,10 +43,29 @@ int main(int argc, char** argv) {
   if (!device.ok()) return Fail("device", device.status());
   std::printf("%s\n", choice.c_str());
 
-  auto train = data::LoadFashionMnist(data::FashionMnistSplit::kTrain, options.data_dir);
-  if (!train.ok()) return Fail("training data", train.status());
-  auto test = data::LoadFashionMnist(data::FashionMnistSplit::kTest, options.data_dir);
-  if (!test.ok()) return Fail("test data", test.status());
+  trainer::Datasets ds;
+  std::optional<data::ImageDataset> train, test;
+  std::optional<trainer::CtrData> ctr;
+  if (options.model == "ctr") {
+    auto d = trainer::LoadCtrData(options);
+    if (!d.ok()) return Fail("ctr data", d.status());
+    ctr = std::move(*d);
+    std::printf("data: %s\n", ctr->source.c_str());
+    if (ctr->planted_auc >= 0) {
+      std::printf("data: the planted model scores test AUC %.4f, log-loss %.4f (the best achievable)\n",
+                  ctr->planted_auc, ctr->planted_log_loss);
+    }
+    ds.ctr = &*ctr;
+  } else {
+    auto tr = data::LoadFashionMnist(data::FashionMnistSplit::kTrain, options.data_dir);
+    if (!tr.ok()) return Fail("training data", tr.status());
+    auto te = data::LoadFashionMnist(data::FashionMnistSplit::kTest, options.data_dir);
+    if (!te.ok()) return Fail("test data", te.status());
+    train = std::move(*tr);
+    test = std::move(*te);
+    ds.train = &*train;
+    ds.test = &*test;
+  }
 
   std::unique_ptr<Client> client;
   if (!options.local) {
@@ -58,13 +78,17 @@ int main(int argc, char** argv) {
     client = std::move(*c);
   }
 
-  trainer::Datasets ds{&*train, &*test};
   auto report = trainer::RunTraining(options, device->get(), client.get(), ds, {}, stdout);
   if (!report.ok()) return Fail("training", report.status());
   std::printf("done: %lld steps in %.2f s (%.0f examples/s on this worker)", static_cast<long long>(report->steps),
               report->wall_s, report->examples_per_sec);
-  if (report->eval_accuracy >= 0) {
-    std::printf("; test loss %.4f, accuracy %.4f", report->eval_loss, report->eval_accuracy);
+  if (report->eval.count > 0) {
+    if (report->eval.auc >= 0) {
+      std::printf("; test AUC %.4f, log-loss %.4f, accuracy %.4f", report->eval.auc, report->eval.loss,
+                  report->eval.accuracy);
+    } else {
+      std::printf("; test loss %.4f, accuracy %.4f", report->eval.loss, report->eval.accuracy);
+    }
   }
   std::printf("\n");
   return 0;

@@ -48,23 +48,83 @@ Status ParseFloat(std::string_view flag, std::string_view text, float* out) {
   return Status::Ok();
 }
 
+Status ParseDouble(std::string_view flag, std::string_view text, double* out) {
+  const std::string s(text);
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v)) {
+    return InvalidArgumentError(std::string(flag) + ": '" + s + "' is not a finite number");
+  }
+  *out = v;
+  return Status::Ok();
+}
+
+// "R:50ms" or "R:x2".
+Status ParseStraggler(std::string_view value, TrainerOptions* o) {
+  const size_t colon = value.find(':');
+  if (colon == std::string_view::npos) {
+    return InvalidArgumentError("--straggler: '" + std::string(value) + "' is not RANK:DELAY (e.g. 1:50ms or 1:x2)");
+  }
+  int64_t rank = 0;
+  FERRY_RETURN_IF_ERROR(ParseInt("--straggler rank", value.substr(0, colon), 0, 1 << 20, &rank));
+  std::string_view d = value.substr(colon + 1);
+  o->straggler_rank = static_cast<int>(rank);
+  if (!d.empty() && d[0] == 'x') {
+    FERRY_RETURN_IF_ERROR(ParseDouble("--straggler factor", d.substr(1), &o->straggler_factor));
+    if (o->straggler_factor < 1) return InvalidArgumentError("--straggler: the factor x" + std::string(d.substr(1)) + " must be >= 1");
+  } else if (d.size() > 2 && d.substr(d.size() - 2) == "ms") {
+    FERRY_RETURN_IF_ERROR(ParseDouble("--straggler delay", d.substr(0, d.size() - 2), &o->straggler_delay_ms));
+    if (o->straggler_delay_ms < 0) return InvalidArgumentError("--straggler: a negative delay");
+  } else {
+    return InvalidArgumentError("--straggler: delay '" + std::string(d) + "' is neither like 50ms nor like x2");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string TrainerUsage() {
   return R"(usage: ferry-trainer [flags]
 cluster:   --servers tcp://h:p,tcp://h:p  --rank R  --num-workers M     (or --local: no servers)
 device:    --device cuda|cpu|auto (auto)  --gpu N (0)
-model:     --model mlp  --hidden 256,128  --seed S (1)
+model:     --model mlp|ctr (mlp)  --hidden 256,128  --seed S (1)  --emb-dim E (16, ctr)
 optimizer: --optimizer sgd|momentum|adagrad|adam (sgd)  --lr X (0.1)
-           --consistency sync|async|ssp:S (sync)
-data:      --data-dir DIR (/usr/share/datasets/fashion-mnist)  --batch B (64)
-           --epochs E (1) | --steps N  --no-shuffle  --train-limit N  --test-limit N
-report:    --log-every N (100)  --eval-every N (0: end only)  --metrics-out FILE  --quiet
+           --consistency sync|async|ssp:S (sync)  --backup-workers K (0, sync)
+           --accumulate k (1: push every micro-batch of --batch)
+data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-limit N  --test-limit N
+  mlp:     --data-dir DIR (/usr/share/datasets/fashion-mnist)
+  ctr:     synthetic: --ctr-train N (1000000)  --ctr-test N (20000)  --ctr-fields F (8)
+           --ctr-vocab V (1000)  --ctr-dense D (4)  --ctr-zipf S (1.1)  --data-seed S (1)
+           or Criteo TSV: --criteo-train FILE  --criteo-test FILE
+report:    --log-every N (100)  --eval-every N (0: end only)  --metrics-out FILE ({rank} -> rank)
+           --quiet
+experiment: --straggler R:50ms | R:x2   (slow worker R down by a delay or a factor per step)
 )";
 }
 
 Status TrainerOptions::Validate() const {
-  if (model != "mlp") return InvalidArgumentError("--model: '" + model + "' is unknown (known: mlp)");
+  if (model != "mlp" && model != "ctr") return InvalidArgumentError("--model: '" + model + "' is unknown (known: mlp, ctr)");
+  if (model != "ctr" && (!criteo_train.empty() || !criteo_test.empty())) {
+    return InvalidArgumentError("--criteo-train/--criteo-test need --model ctr");
+  }
+  if (criteo_test.empty() != criteo_train.empty()) {
+    return InvalidArgumentError("--criteo-train and --criteo-test go together");
+  }
+  if (!criteo_train.empty() && !local && num_workers > 1 && steps == 0) {
+    return InvalidArgumentError("--criteo-train with several workers needs --steps: each worker reads its own lines "
+                                "of the file, and bad lines make the shards' sizes differ");
+  }
+  if (backup_workers > 0) {
+    if (consistency != Consistency::kSync) return InvalidArgumentError("--backup-workers needs --consistency sync");
+    if (backup_workers >= num_workers) {
+      return InvalidArgumentError("--backup-workers " + std::to_string(backup_workers) + " must be below --num-workers " +
+                                  std::to_string(num_workers));
+    }
+  }
+  if (straggler_rank >= num_workers) {
+    return InvalidArgumentError("--straggler: rank " + std::to_string(straggler_rank) + " is outside [0, --num-workers " +
+                                std::to_string(num_workers) + ")");
+  }
   if (local) {
     if (!servers.empty()) return InvalidArgumentError("--local takes no --servers");
     if (num_workers != 1 || rank != 0) return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
@@ -136,6 +196,39 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv) {
       o.gpu = static_cast<int>(n);
     } else if (flag == "--model") {
       o.model = std::string(value);
+    } else if (flag == "--emb-dim") {
+      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 4096, &o.emb_dim));
+    } else if (flag == "--ctr-fields") {
+      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 1024, &n));
+      o.ctr_fields = static_cast<int>(n);
+    } else if (flag == "--ctr-vocab") {
+      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, int64_t{1} << 40, &o.ctr_vocab));
+    } else if (flag == "--ctr-dense") {
+      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, 4096, &n));
+      o.ctr_dense = static_cast<int>(n);
+    } else if (flag == "--ctr-train") {
+      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, int64_t{1} << 34, &o.ctr_train));
+    } else if (flag == "--ctr-test") {
+      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, int64_t{1} << 34, &o.ctr_test));
+    } else if (flag == "--ctr-zipf") {
+      FERRY_RETURN_IF_ERROR(ParseDouble(f, value, &o.ctr_zipf));
+      if (!(o.ctr_zipf > 0)) return InvalidArgumentError("--ctr-zipf must be > 0");
+    } else if (flag == "--data-seed") {
+      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX, &n));
+      o.data_seed = static_cast<uint64_t>(n);
+    } else if (flag == "--criteo-train") {
+      if (value.empty()) return InvalidArgumentError("--criteo-train: empty path");
+      o.criteo_train = std::string(value);
+    } else if (flag == "--criteo-test") {
+      if (value.empty()) return InvalidArgumentError("--criteo-test: empty path");
+      o.criteo_test = std::string(value);
+    } else if (flag == "--backup-workers") {
+      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, 1 << 20, &n));
+      o.backup_workers = static_cast<int>(n);
+    } else if (flag == "--accumulate") {
+      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 1 << 16, &o.accumulate));
+    } else if (flag == "--straggler") {
+      FERRY_RETURN_IF_ERROR(ParseStraggler(value, &o));
     } else if (flag == "--hidden") {
       o.hidden.clear();
       for (std::string_view s : SplitComma(value)) {

@@ -30,9 +30,21 @@ struct TrainerOptions {
   int gpu = 0;                            // --gpu N (CUDA device ordinal)
 
   // ---- Model ----
-  std::string model = "mlp";                // --model mlp (the only model so far)
-  std::vector<int64_t> hidden = {256, 128};  // --hidden 256,128 (empty list "": softmax regression)
-  uint64_t seed = 1;                        // --seed: parameter init and data shuffle
+  std::string model = "mlp";                 // --model mlp|ctr
+  std::vector<int64_t> hidden = {256, 128};  // --hidden 256,128 (empty list "": no hidden layer)
+  uint64_t seed = 1;                         // --seed: parameter init and data shuffle
+  int64_t emb_dim = 16;                      // --emb-dim E (ctr): floats per embedding row
+
+  // ---- ctr data: synthetic (default) or Criteo TSV files ----
+  int ctr_fields = 8;                // --ctr-fields F: categorical fields (synthetic)
+  int64_t ctr_vocab = 1000;          // --ctr-vocab V: ids per field (synthetic)
+  int ctr_dense = 4;                 // --ctr-dense D: dense features (synthetic)
+  int64_t ctr_train = 1000000;       // --ctr-train N: synthetic training examples
+  int64_t ctr_test = 20000;          // --ctr-test N: synthetic test examples
+  double ctr_zipf = 1.1;             // --ctr-zipf S: Zipf exponent of the ids (synthetic)
+  uint64_t data_seed = 1;            // --data-seed S: the synthetic data and its planted model
+  std::string criteo_train;          // --criteo-train FILE: train on Criteo TSV (plain or .gz)
+  std::string criteo_test;           // --criteo-test FILE: evaluate on it
 
   // ---- Optimization ----
   OptimizerSpec optimizer = [] {
@@ -43,6 +55,13 @@ struct TrainerOptions {
   }();
   Consistency consistency = Consistency::kSync;  // --consistency sync|async|ssp:S
   int32_t staleness = 0;                         // S of ssp:S
+  int backup_workers = 0;    // --backup-workers K (sync): each step aggregates M - K gradients
+  int64_t accumulate = 1;    // --accumulate k: k micro-batches of --batch per push
+
+  // The servers' replicas_to_aggregate for sync tables (0 = every worker).
+  int32_t replicas_to_aggregate() const {
+    return backup_workers > 0 ? static_cast<int32_t>(num_workers - backup_workers) : 0;
+  }
 
   // ---- Data and schedule ----
   std::string data_dir = "/usr/share/datasets/fashion-mnist";  // --data-dir
@@ -56,9 +75,16 @@ struct TrainerOptions {
   // ---- Reporting ----
   int64_t log_every = 100;    // --log-every N: a progress line every N steps (0 = none)
   int64_t eval_every = 0;     // --eval-every N: evaluate every N steps (0 = only at the end)
-  std::string metrics_out;    // --metrics-out FILE: JSON lines, one per progress line / eval
+  std::string metrics_out;    // --metrics-out FILE: JSON lines (trainer.h); "{rank}" -> the rank
   bool quiet = false;         // --quiet: no progress lines on stdout
   bool help = false;          // --help: print TrainerUsage() and exit
+
+  // ---- Experiments ----
+  // --straggler R:DELAY slows worker R each step: DELAY "50ms" sleeps 50 ms, "x2" sleeps
+  // (2 - 1) x the step's compute time (the worker computes at half speed).
+  int straggler_rank = -1;
+  double straggler_delay_ms = 0;
+  double straggler_factor = 1;
 
   // Checks the combination of values (what the flags cannot check one at a time).
   Status Validate() const;

@@ -2,20 +2,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cinttypes>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
-#include "ferry/data/metrics.h"
 #include "ferry/data/shard.h"
-#include "ps/internal/init.h"
-#include "ps/internal/optimizer.h"
-#include "trainer/trainer/mlp.h"
+#include "trainer/trainer/param_store.h"
 
 namespace ferry::trainer {
 namespace {
-
-constexpr int64_t kEvalBatch = 512;
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -24,24 +22,56 @@ struct FileCloser {
   void operator()(std::FILE* f) const { if (f != nullptr) std::fclose(f); }
 };
 
-struct EvalResult {
-  double loss = 0, accuracy = 0;
-  int64_t count = 0;
+// Adds the time from construction to destruction to *acc.
+class Timed {
+ public:
+  explicit Timed(double* acc) : acc_(acc), start_(Clock::now()) {}
+  ~Timed() { *acc_ += Seconds(start_, Clock::now()); }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  double* acc_;
+  Clock::time_point start_;
 };
 
-// Evaluates the model's current host parameters on the first `limit` (0 = all) test examples.
-StatusOr<EvalResult> Evaluate(Mlp& model, const data::ImageDataset& test, int64_t limit) {
-  FERRY_RETURN_IF_ERROR(model.UploadParams());
-  const int64_t n = limit > 0 ? std::min(limit, test.count) : test.count;
-  data::ClassificationMetrics metrics(test.num_classes);
-  std::vector<float> logits;
-  const int64_t px = test.pixels_per_image();
-  for (int64_t first = 0; first < n; first += kEvalBatch) {
-    const int64_t rows = std::min(kEvalBatch, n - first);
-    FERRY_RETURN_IF_ERROR(model.Predict(test.images.data() + first * px, rows, &logits));
-    FERRY_RETURN_IF_ERROR(metrics.Add(logits, std::span<const int32_t>(test.labels.data() + first, static_cast<size_t>(rows))));
+std::string ConsistencyName(const TrainerOptions& o) {
+  if (o.consistency == Consistency::kSsp) return "ssp:" + std::to_string(o.staleness);
+  return o.consistency == Consistency::kSync ? "sync" : "async";
+}
+
+// "{rank}" in the path becomes the rank.
+std::string MetricsPath(std::string path, int rank) {
+  for (size_t at; (at = path.find("{rank}")) != std::string::npos;) path.replace(at, 6, std::to_string(rank));
+  return path;
+}
+
+// A JSON number: finite values as %.6g-style text, anything else as null.
+std::string Num(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+std::string TimesJson(const StepTimes& t) {
+  return "{\"pull_s\": " + Num(t.pull_s) + ", \"compute_s\": " + Num(t.compute_s) + ", \"push_s\": " + Num(t.push_s) +
+         ", \"wait_s\": " + Num(t.wait_s) + ", \"eval_s\": " + Num(t.eval_s) + "}";
+}
+
+std::string EvalJson(const EvalSummary& e, bool binary) {
+  std::string s = "\"count\": " + std::to_string(e.count) + ", \"loss\": " + Num(e.loss) + ", \"accuracy\": " + Num(e.accuracy);
+  if (binary) s += ", \"auc\": " + (e.auc >= 0 ? Num(e.auc) : std::string("null")) + ", \"log_loss\": " + Num(e.loss);
+  return s;
+}
+
+StatusOr<std::unique_ptr<Model>> CreateModel(const TrainerOptions& o, Device* device, const Datasets& data) {
+  if (o.model == "ctr") {
+    if (data.ctr == nullptr) return InvalidArgumentError("RunTraining: --model ctr needs ctr data");
+    return CreateCtrModel(device, o, data.ctr);
   }
-  return EvalResult{metrics.mean_cross_entropy(), metrics.accuracy(), metrics.count()};
+  if (data.train == nullptr || data.train->count == 0) return InvalidArgumentError("RunTraining: no training data");
+  return CreateClassifier(device, o, data.train, data.test);
 }
 
 }  // namespace
@@ -50,7 +80,6 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
                                   const Datasets& data, const TrainHooks& hooks, std::FILE* out) {
   FERRY_RETURN_IF_ERROR(options.Validate());
   if (device == nullptr) return InvalidArgumentError("RunTraining: null device");
-  if (data.train == nullptr || data.train->count == 0) return InvalidArgumentError("RunTraining: no training data");
   if (options.local != (client == nullptr)) {
     return InvalidArgumentError("RunTraining: a client is required without --local and refused with it");
   }
@@ -59,130 +88,157 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   if (client != nullptr && (client->rank() != rank || client->num_workers() != num_workers)) {
     return InvalidArgumentError("RunTraining: the client's rank/num_workers differ from the options'");
   }
-  const data::ImageDataset& train = *data.train;
-  const int64_t n = options.train_limit > 0 ? std::min(options.train_limit, train.count) : train.count;
-  const int64_t batch = options.batch;
-  const int64_t steps_per_epoch = data::ShardSize(n, {num_workers - 1, num_workers}) / batch;
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(options, device, data));
+  std::unique_ptr<ParamStore> store =
+      options.local ? CreateLocalStore() : CreateServerStore(client, options.consistency == Consistency::kSsp);
+  FERRY_RETURN_IF_ERROR(store->Declare(model->TableSpecs()));
+
+  // The data plan: which examples, how many steps.
+  const bool own_shard = data.ctr != nullptr && options.model == "ctr" && data.ctr->train_is_shard;
+  const data::ShardSpec shard = own_shard ? data::ShardSpec{} : data::ShardSpec{rank, num_workers};
+  const int64_t n = options.train_limit > 0 ? std::min(options.train_limit, model->train_size()) : model->train_size();
+  const int64_t step_examples = options.batch * options.accumulate;
+  const int64_t shard_size = own_shard ? n : data::ShardSize(n, {num_workers - 1, num_workers});
+  const int64_t steps_per_epoch = shard_size / step_examples;
   if (steps_per_epoch == 0) {
-    return InvalidArgumentError("--batch " + std::to_string(batch) + " is larger than a worker's shard (" +
-                                std::to_string(data::ShardSize(n, {num_workers - 1, num_workers})) + " examples)");
+    return InvalidArgumentError("--batch " + std::to_string(options.batch) + " x --accumulate " +
+                                std::to_string(options.accumulate) + " is larger than a worker's shard (" +
+                                std::to_string(shard_size) + " examples)");
   }
   const int64_t total_steps = options.steps > 0 ? options.steps : options.epochs * steps_per_epoch;
-
-  MlpConfig config;
-  config.input = train.pixels_per_image();
-  config.hidden = options.hidden;
-  config.classes = train.num_classes;
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Mlp> model, Mlp::Create(device, config, std::max(batch, kEvalBatch)));
-  const std::vector<TableSpec> specs =
-      model->TableSpecs(options.optimizer, options.consistency, options.staleness, options.seed);
-
-  // Parameters: declared on the servers, or initialised here with the servers' init code.
-  std::vector<std::vector<float>> opt_state;  // --local: per tensor, StateSlots * size floats
-  std::vector<DenseOut> pulls;
-  std::vector<DenseIn> pushes;
-  for (int i = 0; i < model->num_tensors(); ++i) {
-    const TableSpec& spec = specs[static_cast<size_t>(i)];
-    if (options.local) {
-      FERRY_RETURN_IF_ERROR(spec.Validate());
-      std::span<float> p = model->host_param(i);
-      ps::InitDense(spec, TableId(spec.name), 0, p.data(), static_cast<int64_t>(p.size()));
-      std::vector<float> state(static_cast<size_t>(ps::StateSlots(spec.optimizer.type)) * p.size());
-      ps::InitState(spec.optimizer, state.data(), p.size());  // n: parameters (all slots filled)
-      opt_state.push_back(std::move(state));
-    } else {
-      FERRY_RETURN_IF_ERROR(client->Declare(spec).WithContext("declaring " + spec.name));
-    }
-    pulls.push_back(DenseOut{spec.name, model->host_param(i)});
-    pushes.push_back(DenseIn{spec.name, model->host_grad(i)});
-  }
-  // The DenseOut/DenseIn names point into `specs`, which lives to the end of this function.
+  const int64_t test_n = options.test_limit > 0 ? std::min(options.test_limit, model->test_size()) : model->test_size();
+  // Sync workers are in step: they split the test set and merge; otherwise worker 0 does it all.
+  const bool merged_eval = client != nullptr && options.consistency == Consistency::kSync && num_workers > 1;
 
   std::unique_ptr<std::FILE, FileCloser> metrics_file;
   if (!options.metrics_out.empty()) {
-    metrics_file.reset(std::fopen(options.metrics_out.c_str(), "w"));
-    if (!metrics_file) return NotFoundError("--metrics-out: cannot open '" + options.metrics_out + "' for writing");
+    const std::string path = MetricsPath(options.metrics_out, rank);
+    metrics_file.reset(std::fopen(path.c_str(), "w"));
+    if (!metrics_file) return NotFoundError("--metrics-out: cannot open '" + path + "' for writing");
   }
-  auto write_json = [&](int64_t step, const char* split, double loss, double acc, double eps, double wall) {
+  const Clock::time_point start = Clock::now();
+  auto wall = [&] { return Seconds(start, Clock::now()); };
+  auto json = [&](const std::string& event, const std::string& fields) {
     if (!metrics_file) return;
-    std::fprintf(metrics_file.get(),
-                 "{\"step\": %" PRId64 ", \"split\": \"%s\", \"loss\": %.6f, \"accuracy\": %.6f, "
-                 "\"examples_per_sec\": %.1f, \"wall_s\": %.3f}\n",
-                 step, split, loss, acc, eps, wall);
+    std::fprintf(metrics_file.get(), "{\"event\": \"%s\", \"rank\": %d, \"wall_s\": %s, %s}\n", event.c_str(), rank,
+                 Num(wall()).c_str(), fields.c_str());
     std::fflush(metrics_file.get());
   };
+  auto bytes_json = [&] {
+    const ClientStats st = client != nullptr ? client->stats() : ClientStats{};
+    return "\"bytes_sent\": " + std::to_string(st.bytes_sent) + ", \"bytes_received\": " + std::to_string(st.bytes_received);
+  };
+  {
+    std::string f = "\"num_workers\": " + std::to_string(num_workers) + ", \"model\": \"" + options.model +
+                    "\", \"consistency\": \"" + ConsistencyName(options) + "\", \"backup_workers\": " +
+                    std::to_string(options.backup_workers) + ", \"device\": \"" + device->name() +
+                    "\", \"batch\": " + std::to_string(options.batch) + ", \"accumulate\": " +
+                    std::to_string(options.accumulate) + ", \"train_examples\": " + std::to_string(n) +
+                    ", \"steps\": " + std::to_string(total_steps);
+    if (data.ctr != nullptr && data.ctr->planted_auc >= 0) {
+      f += ", \"planted_auc\": " + Num(data.ctr->planted_auc) + ", \"planted_log_loss\": " + Num(data.ctr->planted_log_loss);
+    }
+    json("start", f);
+  }
 
   TrainReport report;
   report.steps = total_steps;
-  const Clock::time_point start = Clock::now();
+  StepTimes& times = report.times;
+
+  // Evaluation with the parameters of `step`.
   auto evaluate_now = [&](int64_t step) -> Status {
-    if (rank != 0 || data.test == nullptr || data.test->count == 0) return Status::Ok();
-    FERRY_ASSIGN_OR_RETURN(EvalResult r, Evaluate(*model, *data.test, options.test_limit));
-    const double wall = Seconds(start, Clock::now());
-    const double eps = wall > 0 ? static_cast<double>(report.examples) / wall : 0.0;
+    if (test_n == 0 || (!merged_eval && rank != 0)) return Status::Ok();
+    std::vector<double> state;
+    {
+      Timed timed(&times.eval_s);
+      const int64_t first = merged_eval ? test_n * rank / num_workers : 0;
+      const int64_t last = merged_eval ? test_n * (rank + 1) / num_workers : test_n;
+      FERRY_RETURN_IF_ERROR(model->Evaluate(*store, step, first, last - first, &state).WithContext("evaluating at step " + std::to_string(step)));
+      if (merged_eval) {
+        // Every worker's state has the same length; a shard with no example adds zeros.
+        FERRY_ASSIGN_OR_RETURN(state, client->AllReduceSum(state));
+      }
+    }
+    if (rank != 0) return Status::Ok();
+    FERRY_ASSIGN_OR_RETURN(EvalSummary e, model->Summarize(state));
+    report.eval = e;
     if (out != nullptr) {
-      std::fprintf(out, "[worker %d] eval  step %" PRId64 ": test loss %.4f  accuracy %.4f  (%" PRId64 " examples)\n",
-                   rank, step, r.loss, r.accuracy, r.count);
+      if (model->is_binary()) {
+        std::fprintf(out, "[worker %d] eval  step %" PRId64 ": test AUC %.4f  log-loss %.4f  accuracy %.4f  (%" PRId64 " examples)\n",
+                     rank, step, e.auc, e.loss, e.accuracy, e.count);
+      } else {
+        std::fprintf(out, "[worker %d] eval  step %" PRId64 ": test loss %.4f  accuracy %.4f  (%" PRId64 " examples)\n",
+                     rank, step, e.loss, e.accuracy, e.count);
+      }
       std::fflush(out);
     }
-    write_json(step, "test", r.loss, r.accuracy, eps, wall);
-    report.eval_loss = r.loss;
-    report.eval_accuracy = r.accuracy;
+    json("eval", "\"step\": " + std::to_string(step) + ", \"examples\": " + std::to_string(report.examples) + ", " +
+                     EvalJson(e, model->is_binary()) + ", \"merged\": " + (merged_eval ? "true" : "false") +
+                     ", \"time\": " + TimesJson(times));
     return Status::Ok();
-  };
-  auto pull = [&](int64_t step) -> Status {
-    if (options.local) return Status::Ok();
-    return client->PullDense(pulls, step).wait().WithContext("pull at step " + std::to_string(step));
   };
 
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
-  std::vector<float> xs;
-  std::vector<int32_t> ys;
   double window_loss = 0;
-  int64_t window_correct = 0, window_examples = 0, window_steps = 0;
+  int64_t window_correct = 0, window_examples = 0;
   Clock::time_point window_start = start;
+  const bool straggler = rank == options.straggler_rank && !options.local;
 
   for (int64_t t = 0; t < total_steps; ++t) {
+    if (options.eval_every > 0 && t > 0 && t % options.eval_every == 0) FERRY_RETURN_IF_ERROR(evaluate_now(t));
     const int64_t epoch = t / steps_per_epoch;
     if (epoch != order_epoch) {
-      FERRY_ASSIGN_OR_RETURN(order, data::EpochIndices(n, {rank, num_workers}, epoch,
-                                                       {options.shuffle, options.seed}));
+      FERRY_ASSIGN_OR_RETURN(order, data::EpochIndices(n, shard, epoch, {options.shuffle, options.seed}));
       order_epoch = epoch;
     }
-    const int64_t first = (t % steps_per_epoch) * batch;
-    FERRY_RETURN_IF_ERROR(train.Gather(std::span<const int64_t>(order).subspan(static_cast<size_t>(first), static_cast<size_t>(batch)), &xs, &ys));
-
-    FERRY_RETURN_IF_ERROR(pull(t));
-    if (hooks.on_params) hooks.on_params(t, model->host_params());
-    if (options.eval_every > 0 && t > 0 && t % options.eval_every == 0) FERRY_RETURN_IF_ERROR(evaluate_now(t));
-    FERRY_RETURN_IF_ERROR(model->UploadParams());
-    float loss = 0;
+    const int64_t first = (t % steps_per_epoch) * step_examples;
+    {
+      Timed timed(&times.compute_s);
+      FERRY_RETURN_IF_ERROR(model->LoadTrainBatch(
+          std::span<const int64_t>(order).subspan(static_cast<size_t>(first), static_cast<size_t>(step_examples))));
+    }
+    {
+      Timed timed(&times.pull_s);
+      FERRY_RETURN_IF_ERROR(model->Pull(*store, t));
+    }
+    if (hooks.on_params) hooks.on_params(t, model->dense_params());
+    double loss_sum = 0;
     int64_t correct = 0;
-    FERRY_RETURN_IF_ERROR(model->TrainStep(xs.data(), ys.data(), batch, &loss, &correct));
-    if (options.local) {
-      for (int i = 0; i < model->num_tensors(); ++i) {
-        std::span<float> p = model->host_param(i);
-        ps::ApplyUpdate(options.optimizer, p.data(), model->host_grad(i).data(), opt_state[static_cast<size_t>(i)].data(),
-                        p.size(), p.size(), t + 1);
+    {
+      const Clock::time_point c0 = Clock::now();
+      const float scale = 1.0f / static_cast<float>(options.accumulate);
+      for (int64_t m = 0; m < options.accumulate; ++m) {
+        FERRY_RETURN_IF_ERROR(model->ComputeGradients(m * options.batch, options.batch, scale, m > 0, &loss_sum, &correct));
       }
-    } else {
-      FERRY_RETURN_IF_ERROR(client->PushDense(pushes, t).wait().WithContext("push at step " + std::to_string(t)));
-      if (options.consistency == Consistency::kSsp) FERRY_RETURN_IF_ERROR(client->AdvanceClock(t + 1));
+      if (straggler) {
+        const double busy = Seconds(c0, Clock::now());
+        const double delay = options.straggler_delay_ms / 1e3 + (options.straggler_factor - 1) * busy;
+        if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+      }
+      times.compute_s += Seconds(c0, Clock::now());
+    }
+    {
+      Timed timed(&times.push_s);
+      FERRY_RETURN_IF_ERROR(model->Push(*store, t));
+    }
+    {
+      Timed timed(&times.wait_s);
+      FERRY_RETURN_IF_ERROR(store->EndStep(t));
     }
 
-    if (t == 0) report.first_loss = loss;
-    report.examples += batch;
-    window_loss += loss;
+    const double step_loss = loss_sum / static_cast<double>(step_examples);
+    if (t == 0) report.first_loss = step_loss;
+    report.examples += step_examples;
+    window_loss += loss_sum;
     window_correct += correct;
-    window_examples += batch;
-    ++window_steps;
+    window_examples += step_examples;
     const bool last = t + 1 == total_steps;
     if ((options.log_every > 0 && (t + 1) % options.log_every == 0) || last) {
       const Clock::time_point now = Clock::now();
       const double dt = Seconds(window_start, now);
       const double eps = dt > 0 ? static_cast<double>(window_examples) / dt : 0.0;
-      const double mean_loss = window_loss / static_cast<double>(window_steps);
+      const double mean_loss = window_loss / static_cast<double>(window_examples);
       const double acc = static_cast<double>(window_correct) / static_cast<double>(window_examples);
       report.last_loss = mean_loss;
       if (out != nullptr && !options.quiet) {
@@ -190,19 +246,53 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
                      rank, t + 1, total_steps, epoch, mean_loss, acc, eps, Seconds(start, now));
         std::fflush(out);
       }
-      write_json(t + 1, "train", mean_loss, acc, eps, Seconds(start, now));
+      json("train", "\"step\": " + std::to_string(t + 1) + ", \"epoch\": " + std::to_string(epoch) +
+                        ", \"examples\": " + std::to_string(report.examples) + ", \"loss\": " + Num(mean_loss) +
+                        ", \"accuracy\": " + Num(acc) + ", \"examples_per_sec\": " + Num(eps) + ", \"time\": " +
+                        TimesJson(times) + ", " + bytes_json());
       window_loss = 0;
-      window_correct = window_examples = window_steps = 0;
+      window_correct = window_examples = 0;
       window_start = now;
     }
   }
 
-  FERRY_RETURN_IF_ERROR(pull(total_steps));
-  if (hooks.on_params) hooks.on_params(total_steps, model->host_params());
-  report.final_params.assign(model->host_params().begin(), model->host_params().end());
-  report.wall_s = Seconds(start, Clock::now());
+  // The final parameters: pulled at step T (sync: once every worker's last push is applied).
+  {
+    Timed timed(&times.pull_s);
+    FERRY_RETURN_IF_ERROR(model->Pull(*store, total_steps));
+  }
+  if (hooks.on_params) hooks.on_params(total_steps, model->dense_params());
+  const std::span<const float> final_params = model->dense_params();
+  report.final_params.assign(final_params.begin(), final_params.end());
+  report.wall_s = wall();
   report.examples_per_sec = report.wall_s > 0 ? static_cast<double>(report.examples) / report.wall_s : 0.0;
   FERRY_RETURN_IF_ERROR(evaluate_now(total_steps));
+
+  // Worker 0 reports the servers' staleness histogram once every worker is done.
+  std::map<int64_t, int64_t> staleness;
+  if (client != nullptr) {
+    Timed timed(&times.wait_s);
+    FERRY_RETURN_IF_ERROR(client->Barrier().WithContext("the final barrier"));
+    if (rank == 0) {
+      constexpr std::string_view kPrefix = "staleness_";
+      for (int s = 0; s < client->num_servers(); ++s) {
+        FERRY_ASSIGN_OR_RETURN(auto counters, client->ServerCounters(s));
+        for (const auto& [name, value] : counters) {
+          if (name.rfind(kPrefix, 0) == 0 && value > 0) staleness[std::stoll(name.substr(kPrefix.size()))] += value;
+        }
+      }
+    }
+  }
+  std::string end = "\"steps\": " + std::to_string(total_steps) + ", \"examples\": " + std::to_string(report.examples) +
+                    ", \"examples_per_sec\": " + Num(report.examples_per_sec) + ", \"time\": " + TimesJson(times) +
+                    ", " + bytes_json();
+  if (rank == 0) {
+    std::string hist;
+    for (const auto& [k, v] : staleness) hist += (hist.empty() ? "" : ", ") + ("\"" + std::to_string(k) + "\": " + std::to_string(v));
+    end += ", \"staleness\": {" + hist + "}";
+    if (report.eval.count > 0) end += ", \"final\": {" + EvalJson(report.eval, model->is_binary()) + "}";
+  }
+  json("end", end);
   return report;
 }
 

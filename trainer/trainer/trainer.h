@@ -1,21 +1,40 @@
 // trainer/trainer/trainer.h — one worker's training loop (and the --local reference), usable
 // in-process by tests and by the ferry-trainer binary.
 //
-// Per step t (0-based), with the tables of the model declared on the servers:
-//   PullDense(every table, step t)  -> one call, batched tensors, into the model's host staging
-//   forward + backward on this worker's batch t (gradients of the MEAN loss over the batch)
-//   PushDense(every gradient, step t) -> one call
-//   ssp: AdvanceClock(t + 1)
-// After the last step T the worker pulls at step T: those are the final parameters.
-// --local runs the same steps without servers: the parameters are initialised with the servers'
-// own init code (ps::InitDense) and updated with their optimizer code (ps::ApplyUpdate).
+// Per step t (0-based) of a worker, with the model's tables declared in its ParamStore (the
+// servers, or this process for --local; see model.h for what each call does):
+//   [evaluate, every --eval-every steps]
+//   load batch t; pull (dense tables + the batch's sparse rows) at step t; forward + backward over
+//   --accumulate micro-batches; push the step's gradients for step t; ssp: advance the clock.
+// After the last step T the worker pulls at step T (the final parameters) and evaluates.
 //
-// Data order: worker r of M visits data::EpochIndices(N, {r, M}, epoch, {shuffle, seed}), batch t
-// of an epoch being shard positions [t B, (t + 1) B). Every worker runs
-// floor(ShardSize(N, {M-1, M}) / B) steps per epoch (the remainder is dropped), so all workers
+// Data order: worker r of M visits data::EpochIndices(N, {r, M}, epoch, {shuffle, seed}); batch t
+// of an epoch is shard positions [t kB, (t + 1) kB) (k = --accumulate). Every worker runs
+// floor(ShardSize(N, {M-1, M}) / kB) steps per epoch (the remainder is dropped), so all workers
 // run the same number of steps. With shuffling the permutation does not depend on M, so sync
 // training on M workers of batch B sees, at step t, exactly the examples that --local with batch
-// M*B sees at its step t (worker r gets those at positions r, r + M, ... of the local batch).
+// M*B sees at its step t. (Criteo data is read per worker — each its own lines — and visited in a
+// per-worker shuffled order.)
+//
+// Evaluation: in sync mode the test set is split among the workers (contiguous ranges) and the
+// sum-mergeable metric states are added up over the servers (Client::AllReduceSum), so the
+// reported metrics weigh every example once. In async and ssp modes the workers are not in step,
+// so a collective would hold the fast ones back: worker 0 evaluates the whole test set alone.
+// Either way worker 0 reports.
+//
+// Metrics file (--metrics-out), JSON lines; every line has "event", "rank" and "wall_s" (seconds
+// since this worker started training), "time" the cumulative split {"pull_s", "compute_s",
+// "push_s", "wait_s", "eval_s"} (pull includes waiting for the step's parameters; wait is clock,
+// collective and final waits; a straggler's delay counts as compute):
+//   start  num_workers, model, consistency, backup_workers, device, batch, accumulate,
+//          train_examples, steps (and, for synthetic ctr data, planted_auc, planted_log_loss)
+//   train  step, epoch, examples (cumulative, this worker), loss (mean over the window),
+//          accuracy, examples_per_sec (window), bytes_sent, bytes_received
+//   eval   step, examples, count (test examples), loss, accuracy, auc (ctr), log_loss (ctr),
+//          merged (true when the workers' shards were merged) — worker 0 only
+//   end    steps, examples, examples_per_sec, bytes_sent, bytes_received; worker 0 adds
+//          "staleness" {"k": updates applied k versions stale, summed over servers} and "final"
+//          (the last eval's fields)
 //
 // Thread-safety: RunTraining may run on several threads at once (one Device and Client each).
 #pragma once
@@ -30,19 +49,26 @@
 #include "ferry/data/fashion_mnist.h"
 #include "ferry/status.h"
 #include "trainer/trainer/device.h"
+#include "trainer/trainer/models.h"
 #include "trainer/trainer/options.h"
 
 namespace ferry::trainer {
 
+// The data of options.model: images for mlp, ctr for ctr.
 struct Datasets {
-  const data::ImageDataset* train = nullptr;  // required
-  const data::ImageDataset* test = nullptr;   // optional: no evaluation without it
+  const data::ImageDataset* train = nullptr;
+  const data::ImageDataset* test = nullptr;  // optional: no evaluation without it
+  const CtrData* ctr = nullptr;
 };
 
 struct TrainHooks {
-  // Called with the parameters used by step t (all tensors back to back, in the model's table
-  // order), before its forward; and once more with t = total steps and the final parameters.
+  // Called with the dense parameters used by step t (all tensors back to back, in the model's
+  // table order), after its pull; and once more with t = total steps and the final parameters.
   std::function<void(int64_t step, std::span<const float> params)> on_params;
+};
+
+struct StepTimes {
+  double pull_s = 0, compute_s = 0, push_s = 0, wait_s = 0, eval_s = 0;
 };
 
 struct TrainReport {
@@ -52,8 +78,9 @@ struct TrainReport {
   double examples_per_sec = 0;    // this worker's
   double first_loss = 0;          // step 0's training batch loss
   double last_loss = 0;           // mean training batch loss over the last logging window
-  double eval_loss = -1;          // test-set mean cross-entropy at the end (-1: not evaluated)
-  double eval_accuracy = -1;      // test-set accuracy at the end (-1: not evaluated)
+  StepTimes times;
+  // The final evaluation (count 0: none on this worker).
+  EvalSummary eval;
   std::vector<float> final_params;
 };
 

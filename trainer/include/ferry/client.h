@@ -118,6 +118,11 @@ class Client {
   virtual Status AdvanceClock(int64_t clock) = 0;
   // Waits until every worker has entered the barrier (bounded by the request timeout).
   virtual Status Barrier() = 0;
+  // A barrier that also adds up: every worker passes the same number of values and gets back
+  // their element-wise sum over all workers, added in rank order on server 0 (so every worker,
+  // and every run, gets the same bits). Barriers and AllReduceSums share one sequence: every
+  // worker must call them in the same order. FAILED_PRECONDITION if the workers' counts differ.
+  virtual StatusOr<std::vector<double>> AllReduceSum(std::span<const double> values) = 0;
 
   // One server's counters (messages, bad_messages, staleness_<k>, ...).
   virtual StatusOr<std::map<std::string, int64_t>> ServerCounters(int server) = 0;

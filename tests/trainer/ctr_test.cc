@@ -1,0 +1,233 @@
+// The ctr model (sparse embeddings on the servers + dense tower), gradient accumulation, and
+// evaluation merged across workers.
+//
+// Sync training with M = 2 workers of batch B must give, step by step, the parameters of --local
+// training with batch 2B (trainer.h): the servers average the workers' per-row embedding gradients
+// and dense gradients, which is the gradient of the local mean loss. Only the dense tower is
+// compared step by step, but it sees the embeddings at every step (their pooled values are its
+// input), so a wrong sparse update shows up in it from the next step on; the final evaluation,
+// which reads every test id's embedding row, is compared too.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/cluster.h"
+#include "trainer/trainer/device.h"
+#include "trainer/trainer/models.h"
+#include "trainer/trainer/options.h"
+#include "trainer/trainer/trainer.h"
+
+namespace ferry::trainer {
+namespace {
+
+using Trace = std::vector<std::vector<float>>;
+
+TrainerOptions CtrOptions(OptimizerType opt, float lr, int64_t steps) {
+  TrainerOptions o;
+  o.model = "ctr";
+  o.device = DeviceKind::kCpu;
+  o.hidden = {8};
+  o.emb_dim = 4;
+  o.ctr_fields = 3;
+  o.ctr_vocab = 40;
+  o.ctr_dense = 2;
+  o.ctr_train = 96;
+  o.ctr_test = 64;
+  o.data_seed = 5;
+  o.optimizer.type = opt;
+  o.optimizer.learning_rate = lr;
+  o.consistency = Consistency::kSync;
+  o.steps = steps;
+  o.seed = 11;
+  o.log_every = 0;
+  return o;
+}
+
+struct TrainRun {
+  Trace trace;
+  TrainReport report;
+};
+
+TrainRun RunLocal(TrainerOptions o, const Datasets& ds) {
+  o.local = true;
+  TrainRun run;
+  auto dev = CreateCpuDevice();
+  TrainHooks hooks;
+  hooks.on_params = [&](int64_t, std::span<const float> p) { run.trace.emplace_back(p.begin(), p.end()); };
+  auto r = RunTraining(o, dev.get(), nullptr, ds, hooks, nullptr);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (r.ok()) run.report = *r;
+  return run;
+}
+
+// Relative error with a floor of 1e-2 on the scale (zero-initialised biases).
+double MaxRel(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(double{a[i]} - double{b[i]}) / std::max(std::abs(double{b[i]}), 1e-2));
+  }
+  return worst;
+}
+
+void ExpectTracesMatch(const Trace& got, const Trace& want, double tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(got[0], want[0]) << "the initial parameters differ";
+  double worst = 0;
+  for (size_t t = 0; t < want.size(); ++t) {
+    const double rel = MaxRel(got[t], want[t]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, tolerance) << "step " << t;
+  }
+  EXPECT_GT(MaxRel(want.back(), want.front()), 1e-3) << "the parameters did not move";
+  std::printf("max relative error over %zu steps: %.3g\n", want.size(), worst);
+}
+
+class CtrSync : public testing::TestWithParam<OptimizerType> {};
+
+TEST_P(CtrSync, TwoWorkersMatchLocalWithDoubleBatchAndMergedEvalMatchesLocalEval) {
+  constexpr int64_t kBatch = 4, kSteps = 14;  // 96 examples: 12 local steps of 8 per epoch, so it crosses one
+  const float lr = GetParam() == OptimizerType::kAdam ? 0.01f : 0.1f;
+  TrainerOptions base = CtrOptions(GetParam(), lr, kSteps);
+  auto data = LoadCtrData(base);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const Datasets ds{nullptr, nullptr, &*data};
+  std::printf("%s\n", data->source.c_str());
+
+  TrainerOptions local = base;
+  local.batch = 2 * kBatch;
+  const TrainRun ref = RunLocal(local, ds);
+
+  ServerOptions so;
+  so.compute_threads = 1;
+  auto cluster = test::LocalCluster::Start(2, false, so);
+  TrainRun worker[2];
+  Status status[2];
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      TrainerOptions o = base;
+      o.servers = cluster.endpoints;
+      o.rank = rank;
+      o.num_workers = 2;
+      o.batch = kBatch;
+      auto client = cluster.Connect(rank, 2);
+      auto dev = CreateCpuDevice();
+      TrainHooks hooks;
+      hooks.on_params = [&](int64_t, std::span<const float> p) { worker[rank].trace.emplace_back(p.begin(), p.end()); };
+      auto r = RunTraining(o, dev.get(), client.get(), ds, hooks, nullptr);
+      status[rank] = r.status();
+      if (r.ok()) worker[rank].report = *r;
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(status[0].ok()) << status[0];
+  ASSERT_TRUE(status[1].ok()) << status[1];
+  ExpectTracesMatch(worker[0].trace, ref.trace, 1e-5);
+  EXPECT_EQ(worker[0].trace, worker[1].trace);
+
+  // Worker 0 reports the evaluation merged over both workers' halves of the test set: the same
+  // examples, counts and (up to float rounding of nearly equal parameters) metrics as one process.
+  const EvalSummary& a = worker[0].report.eval;
+  const EvalSummary& b = ref.report.eval;
+  EXPECT_EQ(a.count, 64);
+  EXPECT_EQ(b.count, 64);
+  EXPECT_NEAR(a.loss, b.loss, 1e-4);
+  EXPECT_NEAR(a.accuracy, b.accuracy, 1e-9);
+  EXPECT_NEAR(a.auc, b.auc, 1e-9);
+  EXPECT_GT(a.auc, 0.0);
+  EXPECT_EQ(worker[1].report.eval.count, 0) << "only worker 0 reports";
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, CtrSync, testing::Values(OptimizerType::kAdagrad, OptimizerType::kAdam),
+                         [](const testing::TestParamInfo<OptimizerType>& info) {
+                           return std::string(OptimizerName(info.param));
+                         });
+
+// --accumulate k with batch B pushes the mean gradient over kB examples: the same step as batch kB.
+TEST(Accumulate, KMicroBatchesMatchOneBatchOfKTimesTheSize) {
+  TrainerOptions base = CtrOptions(OptimizerType::kAdam, 0.01f, 10);
+  auto data = LoadCtrData(base);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const Datasets ds{nullptr, nullptr, &*data};
+  TrainerOptions big = base;
+  big.batch = 12;
+  TrainerOptions micro = base;
+  micro.batch = 4;
+  micro.accumulate = 3;
+  const TrainRun a = RunLocal(big, ds);
+  const TrainRun b = RunLocal(micro, ds);
+  ExpectTracesMatch(b.trace, a.trace, 1e-5);
+  EXPECT_EQ(a.report.examples, b.report.examples);
+}
+
+// The ctr model learns the planted model on a cluster, and the metrics file has every event.
+TEST(CtrTraining, AsyncClusterLearnsAndWritesMetrics) {
+  TrainerOptions base = CtrOptions(OptimizerType::kAdam, 0.01f, 0);
+  base.ctr_vocab = 100;
+  base.ctr_train = 40000;
+  base.ctr_test = 4000;
+  base.hidden = {16};
+  base.batch = 128;
+  base.epochs = 1;
+  base.consistency = Consistency::kAsync;
+  base.eval_every = 50;
+  auto data = LoadCtrData(base);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const Datasets ds{nullptr, nullptr, &*data};
+  auto cluster = test::LocalCluster::Start(2);
+  const std::string metrics = testing::TempDir() + "/ctr_metrics_{rank}.jsonl";
+  StatusOr<TrainReport> reports[2] = {InternalError("not run"), InternalError("not run")};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      TrainerOptions o = base;
+      o.servers = cluster.endpoints;
+      o.rank = rank;
+      o.num_workers = 2;
+      o.metrics_out = metrics;
+      auto client = cluster.Connect(rank, 2);
+      auto dev = CreateCpuDevice();
+      reports[rank] = RunTraining(o, dev.get(), client.get(), ds, {}, nullptr);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(reports[0].ok()) << reports[0].status();
+  ASSERT_TRUE(reports[1].ok()) << reports[1].status();
+  const EvalSummary& e = reports[0]->eval;
+  std::printf("planted AUC %.4f; trained AUC %.4f after %lld steps x 2 workers\n", data->planted_auc, e.auc,
+              static_cast<long long>(reports[0]->steps));
+  EXPECT_EQ(e.count, 4000);
+  EXPECT_GT(e.auc, 0.70);  // 0.5 is chance
+  EXPECT_GT(e.auc, data->planted_auc - 0.1);
+
+  // Worker 0's file: start, train, eval, end lines; the end line has the staleness histogram.
+  std::ifstream in(testing::TempDir() + "/ctr_metrics_0.jsonl");
+  ASSERT_TRUE(in.good());
+  std::string line;
+  int starts = 0, trains = 0, evals = 0, ends = 0;
+  while (std::getline(in, line)) {
+    ASSERT_EQ(line.rfind("{\"event\": \"", 0), 0u) << line;
+    ASSERT_EQ(line.back(), '}') << line;
+    if (line.find("\"event\": \"start\"") != std::string::npos) ++starts;
+    if (line.find("\"event\": \"train\"") != std::string::npos) ++trains;
+    if (line.find("\"event\": \"eval\"") != std::string::npos) ++evals;
+    if (line.find("\"event\": \"end\"") != std::string::npos) {
+      ++ends;
+      EXPECT_NE(line.find("\"staleness\": {\"0\": "), std::string::npos) << line;
+      EXPECT_NE(line.find("\"final\": {\"count\": 4000"), std::string::npos) << line;
+    }
+  }
+  EXPECT_EQ(starts, 1);
+  EXPECT_GE(trains, 1);
+  EXPECT_GE(evals, 3);
+  EXPECT_EQ(ends, 1);
+}
+
+}  // namespace
+}  // namespace ferry::trainer

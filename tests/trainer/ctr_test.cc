@@ -229,5 +229,51 @@ TEST(CtrTraining, AsyncClusterLearnsAndWritesMetrics) {
   EXPECT_EQ(ends, 1);
 }
 
+// Criteo TSV files train the same model: a file whose label is set by one categorical field is
+// learned, and its malformed line is skipped, counted and reported, not fatal.
+TEST(CtrTraining, LearnsFromCriteoFilesAndReportsBadLines) {
+  auto write = [](const std::string& path, int lines, uint64_t seed, bool bad) {
+    std::ofstream f(path);
+    uint64_t x = seed;
+    auto next = [&x] {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      return x >> 33;
+    };
+    for (int i = 0; i < lines; ++i) {
+      const int c1 = static_cast<int>(next() % 20);
+      const bool click = (c1 < 10) != (next() % 10 == 0);  // 90% determined by C1
+      f << (click ? 1 : 0);
+      for (int j = 0; j < 13; ++j) f << '\t' << (j == 0 ? "" : std::to_string(next() % 100));
+      for (int j = 0; j < 26; ++j) f << '\t' << (j == 0 ? "a" + std::to_string(c1) : std::to_string(next() % 50));
+      f << '\n';
+      if (bad && i == 100) f << "1\tnot\tenough\tcolumns\n";
+    }
+  };
+  const std::string train = testing::TempDir() + "/criteo_train.tsv", test = testing::TempDir() + "/criteo_test.tsv";
+  write(train, 4000, 1, true);
+  write(test, 1000, 2, false);
+  TrainerOptions o = CtrOptions(OptimizerType::kAdam, 0.01f, 0);
+  o.criteo_train = train;
+  o.criteo_test = test;
+  o.batch = 64;
+  o.epochs = 2;
+  auto data = LoadCtrData(o);
+  ASSERT_TRUE(data.ok()) << data.status();
+  std::printf("%s", data->source.c_str());
+  EXPECT_EQ(data->train.size(), 4000);
+  EXPECT_EQ(data->test.size(), 1000);
+  EXPECT_NE(data->source.find("1 bad lines skipped"), std::string::npos) << data->source;
+  EXPECT_NE(data->source.find("line 102"), std::string::npos) << data->source;
+  const TrainRun run = RunLocal(o, Datasets{nullptr, nullptr, &*data});
+  std::printf("Criteo-format test AUC %.4f (labels 90%% set by C1: best about 0.9)\n", run.report.eval.auc);
+  EXPECT_EQ(run.report.eval.count, 1000);
+  EXPECT_GT(run.report.eval.auc, 0.8);
+
+  o.criteo_train = testing::TempDir() + "/no_such_file.tsv";
+  auto missing = LoadCtrData(o);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("no_such_file.tsv"), std::string::npos) << missing.status();
+}
+
 }  // namespace
 }  // namespace ferry::trainer

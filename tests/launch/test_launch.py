@@ -1,13 +1,23 @@
-"""Tests of launch/ferry-launch.
+"""Tests of launch/ferry-launch: the local, ssh and Slurm backends.
 
 Needs FERRY_BUILD_DIR (the CMake build dir holding ps/ferry-ps and trainer/trainer/ferry-trainer);
 ctest sets it. Run by hand:  FERRY_BUILD_DIR=build python3 -m unittest -v test_launch
-(from tests/launch/). Ports are chosen free by the test (or --base-port 0), never fixed.
+(from tests/launch/). Ports on this machine are chosen free by the test (or --base-port 0).
+
+Stand-ins written by the tests: a stub trainer (records its pid, fails or ignores SIGTERM on
+demand), an "ssh" that runs the command on this machine or inside a network namespace, and an
+"srun" that runs a step's tasks here. NetnsTest needs root (ip netns) and skips without it.
 """
 
+import contextlib
+import importlib.machinery
+import importlib.util
+import io
+import ipaddress
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +27,7 @@ import textwrap
 import threading
 import time
 import unittest
+import unittest.mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.normpath(os.path.join(HERE, "..", "..", "launch", "ferry-launch"))
@@ -29,17 +40,23 @@ SHORT_TRAINING = ["--model", "mlp", "--hidden", "16", "--steps", "20", "--batch"
                   "--train-limit", "2000", "--test-limit", "500", "--quiet"]
 
 # A stand-in for ferry-trainer: records its pid, then the rank named by FERRY_STUB_FAIL_RANK
-# exits 3; the others sleep (ignoring SIGTERM when FERRY_STUB_IGNORE_TERM=1, to force SIGKILL).
+# (or the trainer flag --stub-fail-rank R) exits 3; the others sleep, ignoring SIGTERM when
+# FERRY_STUB_IGNORE_TERM=1 (or --stub-ignore-term), to force SIGKILL.
 STUB_TRAINER = textwrap.dedent(f"""\
     #!{sys.executable}
     import os, signal, sys, time
-    rank = sys.argv[sys.argv.index("--rank") + 1]
-    print(f"stub trainer rank {{rank}} pid {{os.getpid()}} args {{sys.argv[1:]}}", flush=True)
-    if rank == os.environ.get("FERRY_STUB_FAIL_RANK"):
+    argv = sys.argv[1:]
+    rank = argv[argv.index("--rank") + 1]
+    fail = os.environ.get("FERRY_STUB_FAIL_RANK")
+    if "--stub-fail-rank" in argv:
+        fail = argv[argv.index("--stub-fail-rank") + 1]
+    ignore = os.environ.get("FERRY_STUB_IGNORE_TERM") == "1" or "--stub-ignore-term" in argv
+    print(f"stub trainer rank {{rank}} pid {{os.getpid()}} args {{argv}}", flush=True)
+    if rank == fail:
         time.sleep(0.5)
         print("stub: failing on purpose", flush=True)
         sys.exit(3)
-    if os.environ.get("FERRY_STUB_IGNORE_TERM") == "1":
+    if ignore:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(120)
     """)
@@ -56,6 +73,35 @@ def free_ports(n):
     finally:
         for s in socks:
             s.close()
+
+
+def launcher_env(extra=None):
+    """The test's environment without any Slurm job it may run in, plus extra."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SRUN_"))}
+    env.update(extra or {})
+    return env
+
+
+def write_script(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+def make_stub_bin_dir(parent):
+    """A flat bin dir: the real ferry-ps and the stub trainer."""
+    d = os.path.join(parent, "bin")
+    os.makedirs(d)
+    os.symlink(PS_BIN, os.path.join(d, "ferry-ps"))
+    write_script(os.path.join(d, "ferry-trainer"), STUB_TRAINER)
+    return d
+
+
+def wait_until_gone(pids, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def pid_alive(pid):
@@ -75,8 +121,7 @@ class Run:
         self.lines = []
         self.cond = threading.Condition()
         self.proc = subprocess.Popen([sys.executable, LAUNCHER] + args, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True,
-                                     env=dict(os.environ, **(env or {})))
+                                     stderr=subprocess.STDOUT, text=True, env=launcher_env(env))
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -114,6 +159,33 @@ def parse_pids(output):
             re.finditer(r"started (\w+ \d+) pid (\d+)", output)}
 
 
+def load_launcher_module():
+    """launch/ferry-launch as a module (it has no .py suffix), for its pure functions."""
+    loader = importlib.machinery.SourceFileLoader("ferry_launch", LAUNCHER)
+    spec = importlib.util.spec_from_loader("ferry_launch", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+_LAUNCHER_MODULE = []
+
+
+def run_in_process(args, env=None):
+    """The launcher's main(args) in this process, for checks that start nothing (usage errors,
+    --dry-run): cheaper than a Python start-up each. Returns (exit status, stdout + stderr)."""
+    if not _LAUNCHER_MODULE:
+        _LAUNCHER_MODULE.append(load_launcher_module())
+    out = io.StringIO()
+    with unittest.mock.patch.dict(os.environ, launcher_env(env), clear=True), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            rc = _LAUNCHER_MODULE[0].main(list(args))
+        except SystemExit as e:  # argparse
+            rc = e.code
+    return rc, out.getvalue()
+
+
 def run_launcher(args, timeout=60, env=None):
     r = Run(args, env)
     rc = r.finish(timeout)
@@ -131,14 +203,7 @@ class LaunchTest(unittest.TestCase):
         self.tmp.cleanup()
 
     def stub_bin_dir(self):
-        d = os.path.join(self.dir, "bin")
-        os.makedirs(d)
-        os.symlink(PS_BIN, os.path.join(d, "ferry-ps"))
-        path = os.path.join(d, "ferry-trainer")
-        with open(path, "w") as f:
-            f.write(STUB_TRAINER)
-        os.chmod(path, 0o755)
-        return d
+        return make_stub_bin_dir(self.dir)
 
     def assert_all_gone(self, pids):
         self.assertTrue(pids)
@@ -164,13 +229,14 @@ class LaunchTest(unittest.TestCase):
         ports = free_ports(2)
         spec = os.path.join(self.dir, "spec.json")
         with open(spec, "w") as f:
-            json.dump({"cluster": {"ps": [f"127.0.0.1:{p}" for p in ports],
+            json.dump({"cluster": {"ps": [f"127.0.0.1:{ports[0]}", f"localhost:{ports[1]}"],
                                    "worker": ["localhost"]}}, f)
         rc, out = run_launcher(["--spec", spec, "--bin-dir", BUILD_DIR,
                                 "--log-dir", os.path.join(self.dir, "logs"), "--"]
                                + SHORT_TRAINING)
         self.assertEqual(rc, 0, out)
-        self.assertIn(f"--servers tcp://127.0.0.1:{ports[0]},tcp://127.0.0.1:{ports[1]}", out)
+        self.assertIn(f"--servers tcp://127.0.0.1:{ports[0]},tcp://localhost:{ports[1]}", out)
+        self.assertIn(f"--bind tcp://127.0.0.1:{ports[1]}", out)
 
     def test_failing_worker_stops_everything(self):
         bin_dir = self.stub_bin_dir()
@@ -199,6 +265,7 @@ class LaunchTest(unittest.TestCase):
         r = Run(["--num-ps", "2", "--num-workers", "2", "--base-port", "0",
                  "--bin-dir", bin_dir, "--log-dir", os.path.join(self.dir, "logs")])
         r.wait_for(r"\[worker 1\] stub trainer rank 1")
+        r.wait_for(r"started worker 1 pid")
         r.proc.send_signal(signal.SIGTERM)
         rc = r.finish(30)
         self.assertEqual(rc, 128 + signal.SIGTERM, r.output)
@@ -213,6 +280,7 @@ class LaunchTest(unittest.TestCase):
         r = Run(["--num-ps", "2", "--num-workers", "2", "--base-port", "0",
                  "--bin-dir", bin_dir, "--log-dir", os.path.join(self.dir, "logs")])
         r.wait_for(r"\[worker 1\] stub trainer rank 1")
+        r.wait_for(r"started worker 1 pid")  # the pid is known before the signal
         r.proc.send_signal(signal.SIGKILL)
         rc = r.finish(30)
         self.assertEqual(rc, -signal.SIGKILL, r.output)
@@ -246,7 +314,8 @@ class LaunchTest(unittest.TestCase):
 
     def test_dry_run_prints_commands(self):
         rc, out = run_launcher(["--num-ps", "2", "--num-workers", "2", "--base-port", "7470",
-                                "--bin-dir", BUILD_DIR, "--dry-run", "--", "--steps", "5"])
+                                "--bin-dir", BUILD_DIR, "--gpus-per-host", "0", "--dry-run",
+                                "--", "--steps", "5"])
         self.assertEqual(rc, 0, out)
         lines = out.splitlines()
         self.assertEqual(len(lines), 4, out)
@@ -270,7 +339,7 @@ class UsageErrorTest(unittest.TestCase):
         path = os.path.join(self.tmp.name, "spec.json")
         with open(path, "w") as f:
             f.write(spec if isinstance(spec, str) else json.dumps(spec))
-        rc, out = run_launcher(["--spec", path, "--bin-dir", BUILD_DIR, "--dry-run"])
+        rc, out = run_in_process(["--spec", path, "--bin-dir", BUILD_DIR, "--dry-run"])
         self.assertEqual(rc, 2, out)
         self.assertNotIn("started", out)
         return out
@@ -288,8 +357,8 @@ class UsageErrorTest(unittest.TestCase):
             ({"ps": ["127.0.0.1:http"], "worker": ["127.0.0.1"]}, "bad port 'http'"),
             ({"ps": ["127.0.0.1"], "worker": ["127.0.0.1"]}, "ps[0] '127.0.0.1': missing port"),
             ({"ps": [], "worker": ["127.0.0.1"]}, "field 'ps' must be a non-empty list"),
-            ({"ps": ["127.0.0.1:7000"], "worker": ["node7"]},
-             "worker[0] host 'node7': ssh backend not implemented yet"),
+            ({"ps": ["127.0.0.1:7000"], "worker": ["-oProxyCommand=x"]},
+             "worker[0] '-oProxyCommand=x': bad host '-oProxyCommand=x'"),
             ("{not json", "is not valid JSON"),
         ]
         for spec, want in cases:
@@ -299,7 +368,7 @@ class UsageErrorTest(unittest.TestCase):
                 self.assertIn(want, out)
 
     def test_launcher_owned_trainer_flag_rejected(self):
-        rc, out = run_launcher(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--",
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--",
                                 "--rank", "3"])
         self.assertEqual(rc, 2, out)
         self.assertIn("trainer flag --rank is set by the launcher", out)
@@ -320,6 +389,555 @@ class UsageErrorTest(unittest.TestCase):
                                     str(port), "--bin-dir", BUILD_DIR])
         self.assertEqual(rc, 2, out)
         self.assertIn(f"port for ps 0 at 127.0.0.1:{port} is not free", out)
+
+
+def command_lines(out):
+    """The "[role rank] ..." lines of a --dry-run, by role and rank."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\[(\w+(?: \d+)?)\] (.*)$", out, re.M)}
+
+
+class GpuAssignmentTest(unittest.TestCase):
+    """--gpus-per-host: trainer k on a host gets CUDA_VISIBLE_DEVICES = k mod N."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-test-")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_round_robin_per_host(self):
+        spec = os.path.join(self.tmp.name, "spec.json")
+        with open(spec, "w") as f:
+            json.dump({"ps": ["127.0.0.1:7000", "node7:7001"],
+                       "worker": ["localhost", "node7", "127.0.0.1", "node7", "localhost"]}, f)
+        rc, out = run_in_process(["--spec", spec, "--bin-dir", BUILD_DIR, "--gpus-per-host",
+                                  "2", "--dry-run", "--", "--steps", "5"])
+        self.assertEqual(rc, 0, out)
+        cmds = command_lines(out)
+        want = {"worker 0": "0", "worker 2": "1", "worker 4": "0",  # this host: 0, 1, 0
+                "worker 1": "0", "worker 3": "1"}                   # node7: 0, 1
+        for who, card in want.items():
+            self.assertRegex(cmds[who], rf"^(\(on node7 over ssh\) )?CUDA_VISIBLE_DEVICES={card} "
+                                        rf"\S*ferry-trainer ", who)
+        for who in ("ps 0", "ps 1"):
+            self.assertNotIn("CUDA_VISIBLE_DEVICES", cmds[who])
+        self.assertIn("(on node7 over ssh)", cmds["ps 1"])
+        self.assertIn("--bind tcp://0.0.0.0:7001", cmds["ps 1"])  # a name: all interfaces
+
+    def test_auto_counts_nvidia_smi_and_zero_sets_nothing(self):
+        fake = os.path.join(self.tmp.name, "path")
+        os.makedirs(fake)
+        write_script(os.path.join(fake, "nvidia-smi"), "#!/bin/sh\n" + "".join(
+            f"echo 'GPU {i}: Fake GPU (UUID: GPU-{i})'\n" for i in range(3)))
+        args = ["--num-ps", "1", "--num-workers", "4", "--bin-dir", BUILD_DIR, "--dry-run"]
+        r = Run(args, env={"PATH": fake + os.pathsep + os.environ.get("PATH", "")})
+        rc, out = r.finish(30), r.output
+        self.assertEqual(rc, 0, out)
+        self.assertIn("3 GPUs per host (nvidia-smi -L)", out)
+        cards = [re.search(r"CUDA_VISIBLE_DEVICES=(\d)", command_lines(out)[f"worker {k}"])
+                 for k in range(4)]
+        self.assertEqual([c.group(1) for c in cards], ["0", "1", "2", "0"], out)
+        rc, out = run_in_process(args + ["--gpus-per-host", "0"])
+        self.assertEqual(rc, 0, out)
+        self.assertNotIn("CUDA_VISIBLE_DEVICES", out)
+
+    def test_gpu_flag_conflicts(self):
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "2", "--gpus-per-host", "2",
+                                  "--dry-run", "--", "--gpu", "1"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("trainer flag --gpu conflicts with --gpus-per-host", out)
+
+
+# An "ssh" that runs the command on this machine, in a new session (as a remote process would
+# be: only the launcher's stdin pipe connects them), for hosts named node*; others are down.
+LOCAL_SSH = textwrap.dedent("""\
+    #!/bin/sh
+    host=$1; shift
+    case "$host" in
+      node*) exec setsid -w sh -c "$*" ;;
+      *) echo "ssh: Could not resolve hostname $host: Name or service not known" >&2; exit 255 ;;
+    esac
+    """)
+
+
+@unittest.skipUnless(os.access(PS_BIN, os.X_OK), f"ferry-ps not built under {BUILD_DIR}")
+@unittest.skipUnless(shutil.which("setsid"), "setsid (util-linux) not installed")
+class SshBackendTest(unittest.TestCase):
+    """The ssh backend with an ssh command that stays on this machine (no root needed)."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-test-")
+        self.dir = self.tmp.name
+        self.ssh = write_script(os.path.join(self.dir, "fake-ssh"), LOCAL_SSH)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def spec(self, data):
+        path = os.path.join(self.dir, "spec.json")
+        with open(path, "w") as f:
+            json.dump(data, f)
+        return path
+
+    def test_unreachable_host_is_named(self):
+        spec = self.spec({"ps": ["127.0.0.1:7000"], "worker": ["node-a", "gone.example"]})
+        rc, out = run_launcher(["--spec", spec, "--bin-dir", BUILD_DIR, "--ssh", self.ssh])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("preflight: host 'gone.example' (worker[1]) unreachable", out)
+        self.assertIn("exit status 255: ssh: Could not resolve hostname gone.example", out)
+        self.assertNotIn("node-a", out)
+        self.assertNotIn("started", out)
+
+    def test_missing_remote_binary_is_named(self):
+        spec = self.spec({"ps": ["127.0.0.1:7000"], "worker": ["node-a"]})
+        rc, out = run_launcher(["--spec", spec, "--bin-dir", BUILD_DIR, "--ssh", self.ssh,
+                                "--remote-bin-dir", "/nonexistent/ferry"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("preflight: on host 'node-a' (worker[0]): binary not found or not "
+                      "executable: /nonexistent/ferry/trainer/trainer/ferry-trainer", out)
+
+    def test_remote_processes_die_with_the_launcher(self):
+        # SIGKILL leaves the launcher no chance: the remote wrappers see their stdin close.
+        bin_dir = make_stub_bin_dir(self.dir)
+        spec = self.spec({"ps": [f"127.0.0.1:{free_ports(1)[0]}"], "worker": ["node-a", "node-b"]})
+        r = Run(["--spec", spec, "--bin-dir", bin_dir, "--ssh", self.ssh, "--grace", "1",
+                 "--log-dir", os.path.join(self.dir, "logs"), "--", "--stub-ignore-term"])
+        r.wait_for(r"\[worker 1\] stub trainer rank 1 pid \d+")
+        r.wait_for(r"\[worker 0\] stub trainer rank 0 pid \d+")
+        self.assertRegex(r.output, r"started worker 0 on node-a \(ssh pid \d+\): \S+ferry-trainer")
+        r.proc.send_signal(signal.SIGKILL)
+        self.assertEqual(r.finish(30), -signal.SIGKILL)
+        pids = {f"worker {m.group(1)}": int(m.group(2)) for m in
+                re.finditer(r"stub trainer rank (\d) pid (\d+)", r.output)}
+        pids.update(parse_pids(r.output))  # ps 0, local
+        self.assertEqual(sorted(pids), ["ps 0", "worker 0", "worker 1"], r.output)
+        wait_until_gone(pids.values(), timeout=8)  # SIGTERM ignored: SIGKILL after 1 s
+        alive = [f"{who} pid {pid}" for who, pid in pids.items() if pid_alive(pid)]
+        self.assertEqual(alive, [], "processes survived the launcher")
+
+
+def _ip(*args, check=True):
+    r = subprocess.run(["ip"] + list(args), capture_output=True, text=True, timeout=30)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed: {r.stderr.strip()}")
+    return r.stdout
+
+
+class Namespaces:
+    """N network namespaces on one bridge, each with an address from 198.18.0.0/15; the bridge
+    holds .1 in this (root) namespace, so the launcher reaches every namespace and they reach
+    each other. Names carry the test's pid; remove() deletes everything, and is safe to call
+    after a partial setup."""
+
+    def __init__(self, n=3):
+        pid = os.getpid()
+        self.names = [f"ferry-test-{pid}-{i}" for i in range(n)]
+        self.bridge = f"fbr{pid}"
+        self.veths = [f"fv{pid}-{i}" for i in range(n)]
+        self.peers = [f"fp{pid}-{i}" for i in range(n)]
+        self.created = []
+        used = _ip("-4", "-o", "addr") + _ip("-4", "route")
+        for k in range(512):  # a /24 of 198.18.0.0/15 this machine does not use yet
+            x = (pid + k) % 512
+            net = ipaddress.ip_network(f"198.{18 + x // 256}.{x % 256}.0/24")
+            if f"{net.network_address}"[:-1] not in used:
+                break
+        self.prefix = str(net.network_address)[:-1]  # "198.18.X."
+        self.gateway = self.prefix + "1"
+        self.addresses = [f"{self.prefix}{11 + i}" for i in range(n)]
+
+    def create(self):
+        """Raises unittest.SkipTest when namespaces cannot be made here."""
+        try:
+            _ip("netns", "add", self.names[0])
+        except (RuntimeError, OSError) as e:
+            raise unittest.SkipTest(f"cannot create network namespaces: {e}") from None
+        self.created.append(("netns", self.names[0]))
+        try:
+            for ns in self.names[1:]:
+                _ip("netns", "add", ns)
+                self.created.append(("netns", ns))
+            _ip("link", "add", self.bridge, "type", "bridge")
+            self.created.append(("link", self.bridge))
+            _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+            for ns, veth, peer, addr in zip(self.names, self.veths, self.peers, self.addresses):
+                _ip("link", "add", veth, "type", "veth", "peer", "name", peer)
+                self.created.append(("link", veth))
+                _ip("link", "set", peer, "netns", ns)
+                _ip("link", "set", veth, "master", self.bridge)
+                _ip("link", "set", veth, "up")
+                _ip("-n", ns, "link", "set", peer, "name", "eth0")
+                _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+                _ip("-n", ns, "link", "set", "eth0", "up")
+                _ip("-n", ns, "link", "set", "lo", "up")
+        except (RuntimeError, OSError) as e:
+            self.remove()
+            raise unittest.SkipTest(f"network namespace setup failed: {e}") from None
+        self._probe()
+
+    def _probe(self):
+        """TCP from here and from namespace 0 to namespace 1, else skip (a firewall on the
+        bridge, e.g. br_netfilter with a FORWARD drop policy, would make every test fail)."""
+        server = ("import socket\ns = socket.socket(); s.bind((%r, 9)); s.listen()\n"
+                  "print('up', flush=True)\nfor _ in range(2): s.accept()[0].close()\n"
+                  % self.addresses[1])
+        client = ("import socket, sys\nsocket.create_connection((%r, 9), timeout=3).close()\n"
+                  % self.addresses[1])
+        srv = subprocess.Popen(["ip", "netns", "exec", self.names[1], sys.executable, "-c",
+                                server], stdout=subprocess.PIPE, text=True)
+        try:
+            ok = srv.stdout.readline().strip() == "up"
+            ok = ok and subprocess.run([sys.executable, "-c", client], timeout=10).returncode == 0
+            ok = ok and subprocess.run(["ip", "netns", "exec", self.names[0], sys.executable,
+                                        "-c", client], timeout=10).returncode == 0
+        except subprocess.TimeoutExpired:
+            ok = False
+        finally:
+            srv.kill()
+            srv.wait()
+        if not ok:
+            self.remove()
+            raise unittest.SkipTest("network namespaces made, but TCP between them is blocked "
+                                    "(a firewall on the bridge?)")
+
+    def pids(self):
+        """{namespace: [pid, ...]} of the processes still inside each namespace."""
+        out = {}
+        for kind, name in self.created:
+            if kind == "netns":
+                out[name] = [int(p) for p in _ip("netns", "pids", name, check=False).split()]
+        return out
+
+    def kill_all(self):
+        for pids in self.pids().values():
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def remove(self):
+        self.kill_all()
+        for kind, name in reversed(self.created):
+            if kind == "netns":
+                _ip("netns", "del", name, check=False)
+            else:  # deleting a namespace also deletes its veth peer, hence the check=False
+                _ip("link", "del", name, check=False)
+        self.created = []
+
+    def ssh_script(self):
+        """"ssh HOST CMD": CMD runs in HOST's namespace, in a new session (as it would on
+        another machine, only the launcher's stdin pipe connects them); other hosts are down."""
+        cases = "".join(f"  {a}) ns={n} ;;\n" for a, n in zip(self.addresses, self.names))
+        return ("#!/bin/sh\nhost=$1; shift\ncase \"$host\" in\n" + cases +
+                "  *) echo \"ssh: connect to host $host port 22: No route to host\" >&2; "
+                "exit 255 ;;\nesac\n"
+                "exec ip netns exec \"$ns\" setsid -w sh -c \"$*\"\n")
+
+
+@unittest.skipUnless(os.access(PS_BIN, os.X_OK) and os.access(TRAINER_BIN, os.X_OK),
+                     f"ferry-ps / ferry-trainer not built under {BUILD_DIR}")
+class NetnsTest(unittest.TestCase):
+    """The ssh backend across real (virtual) interfaces: three network namespaces."""
+
+    @classmethod
+    def setUpClass(cls):
+        if os.geteuid() != 0:
+            raise unittest.SkipTest("needs root to create network namespaces (ip netns add)")
+        if not shutil.which("ip") or not shutil.which("setsid"):
+            raise unittest.SkipTest("needs ip (iproute2) and setsid (util-linux)")
+        cls.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-netns-")
+        cls.ns = Namespaces(3)
+        try:
+            cls.ns.create()
+        except BaseException:
+            cls.tmp.cleanup()
+            raise
+        cls.ssh = write_script(os.path.join(cls.tmp.name, "netns-ssh"), cls.ns.ssh_script())
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ns.remove()
+        cls.tmp.cleanup()
+        left = [n for n in cls.ns.names if n in _ip("netns", "list", check=False)]
+        left += [l for l in [cls.ns.bridge] + cls.ns.veths
+                 if subprocess.run(["ip", "link", "show", l], capture_output=True).returncode == 0]
+        assert not left, f"left behind: {left}"
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="run-", dir=self.tmp.name)
+
+    def tearDown(self):
+        self.ns.kill_all()  # whatever a failed test left, so the next one starts clean
+
+    def spec(self):
+        a = self.ns.addresses
+        path = os.path.join(self.dir, "spec.json")
+        with open(path, "w") as f:
+            json.dump({"ps": [f"{a[0]}:7470", f"{a[1]}:7471"], "worker": [a[1], a[2]]}, f)
+        return path
+
+    def assert_namespaces_empty(self):
+        self.assertEqual({ns: pids for ns, pids in self.ns.pids().items() if pids}, {},
+                         "processes left in the namespaces")
+
+    def test_cluster_across_namespaces_trains(self):
+        a = self.ns.addresses
+        rc, out = run_launcher(["--spec", self.spec(), "--ssh", self.ssh, "--bin-dir", BUILD_DIR,
+                                "--gpus-per-host", "0", "--log-dir",
+                                os.path.join(self.dir, "logs"), "--"] + SHORT_TRAINING)
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"[ps 0] ferry-ps rank 0 of 2 listening on tcp://{a[0]}:7470", out)
+        self.assertIn(f"started worker 1 on {a[2]} (ssh pid", out)
+        self.assertIn(f"--servers tcp://{a[0]}:7470,tcp://{a[1]}:7471", out)
+        self.assertRegex(out, r"\[worker 0\] done: 20 steps")
+        self.assertRegex(out, r"\[worker 1\] done: 20 steps")
+        self.assert_namespaces_empty()
+
+    def test_failing_remote_worker_stops_everything(self):
+        bin_dir = make_stub_bin_dir(self.dir)
+        r = Run(["--spec", self.spec(), "--ssh", self.ssh, "--bin-dir", bin_dir, "--grace", "1",
+                 "--log-dir", os.path.join(self.dir, "logs"), "--",
+                 "--stub-fail-rank", "1", "--stub-ignore-term"])
+        rc = r.finish(60)
+        out = r.output
+        self.assertEqual(rc, 1, out)
+        self.assertRegex(out, rf"FAILED: worker 1 on {re.escape(self.ns.addresses[2])} "
+                              r"\(ssh pid \d+\) failed: exit status 3")
+        self.assertIn("stub: failing on purpose", out.split("FAILED:")[1])
+        # worker 0 ignored SIGTERM: the wrapper on its host sent SIGKILL after the grace.
+        self.assertRegex(out, r"\[worker 0\] ferry-launch: \S+ferry-trainer on \S+ ignored "
+                              "SIGTERM; sent SIGKILL")
+        stubs = {int(p) for p in re.findall(r"stub trainer rank \d pid (\d+)", out)}
+        self.assertEqual(len(stubs), 2, out)
+        self.assertFalse([p for p in stubs if pid_alive(p)], "stub trainers survived")
+        self.assert_namespaces_empty()
+
+
+# A stand-in for srun inside an allocation: runs the step's tasks on this machine, placed as
+# SLURM_HOSTFILE says (--distribution=arbitrary), with SLURM_PROCID, SLURM_LOCALID,
+# SLURM_NODEID and SLURMD_NODENAME set, output labelled "N: " (--label) and its stdin copied to
+# every task (--input=all). Like srun, SIGTERM kills the tasks. Writes its options and command
+# to $FAKE_SRUN_ARGS.
+FAKE_SRUN = textwrap.dedent(f"""\
+    #!{sys.executable}
+    import json, os, signal, subprocess, sys, threading
+    args = sys.argv[1:]
+    opts = {{}}
+    while args and args[0].startswith("--"):
+        k, _, v = args.pop(0)[2:].partition("=")
+        opts[k] = v
+    with open(os.environ["FAKE_SRUN_ARGS"], "w") as f:
+        json.dump({{"opts": opts, "cmd": args}}, f)
+    with open(os.environ["SLURM_HOSTFILE"]) as f:
+        hosts = f.read().replace(",", " ").split()
+    if (opts.get("distribution") != "arbitrary" or "label" not in opts
+            or opts.get("input") != "all" or int(opts["ntasks"]) != len(hosts)):
+        sys.exit(f"fake srun: unexpected options {{opts}} for hosts {{hosts}}")
+    nodes = list(dict.fromkeys(hosts))
+    procs = []
+    for rank, host in enumerate(hosts):
+        env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_LOCALID=str(hosts[:rank].count(host)),
+                   SLURM_NODEID=str(nodes.index(host)), SLURMD_NODENAME=host, SLURM_STEP_ID="0")
+        procs.append(subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, env=env))
+    lock = threading.Lock()
+    def pump(rank, p):
+        for line in p.stdout:
+            with lock:
+                sys.stdout.buffer.write(f"{{rank}}: ".encode() + line)
+                sys.stdout.flush()
+    def feed():
+        while True:
+            data = os.read(0, 65536)
+            if not data:
+                break
+            for p in procs:
+                try:
+                    p.stdin.write(data)
+                    p.stdin.flush()
+                except OSError:
+                    pass
+        for p in procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+    def kill(*_):
+        for p in procs:
+            p.kill()
+    signal.signal(signal.SIGTERM, kill)
+    readers = [threading.Thread(target=pump, args=(r, p)) for r, p in enumerate(procs)]
+    for t in readers:
+        t.start()
+    threading.Thread(target=feed, daemon=True).start()
+    codes = [p.wait() for p in procs]
+    for t in readers:
+        t.join()
+    for rank, c in enumerate(codes):
+        if c:
+            print(f"srun: error: {{hosts[rank]}}: task {{rank}}: Exited with exit code {{c}}",
+                  flush=True)
+    sys.exit(max(c if c >= 0 else 128 - c for c in codes))
+    """)
+
+
+class SlurmTest(unittest.TestCase):
+    """The Slurm backend: node list parsing, the srun command, and runs through a fake srun.
+    The nodes are 127.0.0.1 and 127.0.0.2, both loopback addresses of this machine."""
+
+    NODELIST = "127.0.0.[1-2]"
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-test-")
+        self.dir = self.tmp.name
+        self.srun = write_script(os.path.join(self.dir, "fake-srun"), FAKE_SRUN)
+        self.srun_args = os.path.join(self.dir, "srun-args.json")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def env(self, **extra):
+        return dict({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": self.NODELIST,
+                     "FAKE_SRUN_ARGS": self.srun_args}, **extra)
+
+    def test_hostlist_parser(self):
+        expand = load_launcher_module().expand_hostlist
+        self.assertEqual(expand("node[01-03,07],gpu-a1"),
+                         ["node01", "node02", "node03", "node07", "gpu-a1"])
+        self.assertEqual(expand("n[8-10]"), ["n8", "n9", "n10"])
+        self.assertEqual(expand("n[08-10]"), ["n08", "n09", "n10"])
+        self.assertEqual(expand("r[1-2]n[1-2],solo"), ["r1n1", "r1n2", "r2n1", "r2n2", "solo"])
+        self.assertEqual(expand("a,b,a"), ["a", "b"])
+        self.assertEqual(expand("127.0.0.[1-2]"), ["127.0.0.1", "127.0.0.2"])
+        self.assertEqual(expand("x[5]"), ["x5"])
+        for bad, why in [("node[1-3", "'[' without ']'"), ("node1-3]", "']' without '['"),
+                         ("n[3-1]", "runs backwards"), ("n[a-b]", "bad range 'a-b'"),
+                         ("a,,b", "empty host name"), ("n[[1]]", "nested '['")]:
+            with self.subTest(bad=bad):
+                with self.assertRaises(Exception) as cm:
+                    expand(bad)
+                self.assertIn(why, str(cm.exception))
+                self.assertIn(f"SLURM_JOB_NODELIST '{bad}'", str(cm.exception))
+
+    def test_dry_run_prints_the_srun_step(self):
+        # No --slurm: SLURM_JOB_ID without --spec picks the backend, and says so.
+        r = Run(["--num-ps", "2", "--num-workers", "3", "--base-port", "7470",
+                 "--gpus-per-host", "2", "--srun", "srun --overcommit", "--bin-dir", BUILD_DIR,
+                 "--dry-run", "--", "--steps", "5"], env=self.env())
+        rc, out = r.finish(30), r.output
+        self.assertEqual(rc, 0, out)
+        self.assertIn("Slurm backend (SLURM_JOB_ID=4242 is set and no --spec was given", out)
+        cmds = command_lines(out)
+        self.assertRegex(cmds["srun"], r"^SLURM_HOSTFILE=\S+/slurm-hostfile srun --overcommit "
+                                       r"--ntasks=5 --nodes=2 --distribution=arbitrary --label "
+                                       r"--input=all \S+/launch/ferry-launch --slurm-task ")
+        self.assertIn(""""ps":["127.0.0.1:7470","127.0.0.2:7471"]""", cmds["srun"])
+        self.assertTrue(cmds["srun"].endswith(" -- --steps 5"), cmds["srun"])
+        self.assertEqual(cmds["hostfile"], "127.0.0.1,127.0.0.2,127.0.0.1,127.0.0.2,127.0.0.1")
+        self.assertIn("(slurm task 1 on 127.0.0.2)", cmds["ps 1"])
+        self.assertIn("--bind tcp://127.0.0.2:7471", cmds["ps 1"])
+        # One card per trainer on each node: node .1 has workers 0 and 2, node .2 worker 1.
+        for who, card in (("worker 0", "0"), ("worker 1", "0"), ("worker 2", "1")):
+            self.assertIn(f"CUDA_VISIBLE_DEVICES={card} ", cmds[who])
+        # --no-slurm: back to local processes.
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--no-slurm",
+                                  "--gpus-per-host", "0", "--dry-run"], env=self.env())
+        self.assertEqual(rc, 0, out)
+        self.assertNotIn("srun", out)
+
+    @unittest.skipUnless(os.access(PS_BIN, os.X_OK) and os.access(TRAINER_BIN, os.X_OK),
+                         f"ferry-ps / ferry-trainer not built under {BUILD_DIR}")
+    def test_step_trains_and_exits_zero(self):
+        logs = os.path.join(self.dir, "logs")
+        rc, out = run_launcher(["--slurm", "--srun", self.srun, "--num-ps", "2",
+                                "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
+                                "--bin-dir", BUILD_DIR, "--log-dir", logs, "--"] + SHORT_TRAINING,
+                               env=self.env())
+        self.assertEqual(rc, 0, out)
+        self.assertIn("Slurm backend (--slurm)", out)
+        self.assertRegex(out, r"\[ps 1\] ferry-launch: slurm task 1 is ps 1 on 127\.0\.0\.2 "
+                              r"\(SLURM_NODEID 1, SLURM_LOCALID 0\)")
+        self.assertRegex(out, r"\[ps 1\] ferry-ps rank 1 of 2 listening on tcp://127\.0\.0\.2:")
+        self.assertIn("[worker 0] ferry-launch: rendezvous: all 2 servers up", out)
+        self.assertRegex(out, r"\[worker 0\] done: 20 steps")
+        self.assertRegex(out, r"\[worker 1\] done: 20 steps")
+        self.assertIn("done: 2 workers finished, 2 servers stopped", out)
+        with open(self.srun_args) as f:
+            self.assertEqual(json.load(f)["opts"]["ntasks"], "4")
+        self.assertEqual(sorted(os.listdir(logs)), ["ps-0.log", "ps-1.log", "slurm-hostfile",
+                                                    "srun.log", "worker-0.log", "worker-1.log"])
+        self.assert_gone(out)
+
+    @unittest.skipUnless(os.access(PS_BIN, os.X_OK), f"ferry-ps not built under {BUILD_DIR}")
+    def test_failing_task_stops_the_step(self):
+        bin_dir = make_stub_bin_dir(self.dir)
+        rc, out = run_launcher(["--slurm", "--srun", self.srun, "--num-ps", "2",
+                                "--num-workers", "2", "--base-port", "0", "--grace", "1",
+                                "--gpus-per-host", "0", "--bin-dir", bin_dir,
+                                "--log-dir", os.path.join(self.dir, "logs"), "--",
+                                "--stub-fail-rank", "1", "--stub-ignore-term"], env=self.env())
+        self.assertEqual(rc, 1, out)
+        self.assertRegex(out, r"FAILED: worker 1 \(slurm task 3 on 127\.0\.0\.2\) failed: "
+                              r"exit status 3")
+        self.assertIn("stub: failing on purpose", out.split("FAILED:")[1])
+        self.assertRegex(out, r"\[worker 0\] ferry-launch: worker 0 pid \d+ ignored SIGTERM")
+        self.assert_gone(out)
+
+    def test_srun_output_is_split_per_task(self):
+        fl = load_launcher_module()
+        cluster = fl.cluster_from_nodes(["a", "b"], 1, 2, 7000)  # tasks: ps 0, worker 0, 1
+        opts = unittest.mock.Mock(log_dir=self.dir, grace=1.0)
+        sl = fl.SlurmLauncher(cluster, opts, fl.Console(), ["srun"], "hostfile")
+        sl.streams = [fl.Stream(t.name, os.path.join(self.dir, f"{i}.log"), sl.console)
+                      for i, t in enumerate(sl.tasks)]
+        sl.srun_stream = fl.Stream("srun", os.path.join(self.dir, "srun.log"), sl.console)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            for line in ["0: ferry-ps rank 0 of 1 listening", " 1: training...",
+                         "1: ferry-launch: worker 0 ended: exit status 3 [task-exit 3]",
+                         "srun: error: b: tasks 2: Killed", "srun: Job step aborted"]:
+                sl._on_line(line)
+        self.assertEqual(out.getvalue().splitlines(), [
+            "[ps 0] ferry-ps rank 0 of 1 listening", "[worker 0] training...",
+            "[worker 0] ferry-launch: worker 0 ended: exit status 3 [task-exit 3]",
+            "[srun] srun: error: b: tasks 2: Killed", "[srun] srun: Job step aborted"])
+        self.assertEqual(sl.rc, [None, 3, -signal.SIGKILL])
+        self.assertEqual([sl.events.get_nowait() for _ in range(2)], [("task", 1), ("task", 2)])
+        with open(os.path.join(self.dir, "1.log")) as f:
+            self.assertEqual(f.read().splitlines()[0], "training...")
+
+    @unittest.skipUnless(os.access(PS_BIN, os.X_OK), f"ferry-ps not built under {BUILD_DIR}")
+    def test_sigkill_to_launcher_ends_the_step(self):
+        # srun gets SIGTERM when the launcher dies (Slurm then kills the step; the fake srun
+        # kills its tasks), and each task's process dies with its task.
+        bin_dir = make_stub_bin_dir(self.dir)
+        r = Run(["--slurm", "--srun", self.srun, "--num-ps", "2", "--num-workers", "2",
+                 "--base-port", "0", "--gpus-per-host", "0", "--bin-dir", bin_dir,
+                 "--log-dir", os.path.join(self.dir, "logs"), "--", "--stub-ignore-term"],
+                env=self.env())
+        for pattern in (r"\[worker 1\] stub trainer rank 1 pid", r"started worker 1 pid",
+                        r"\[worker 0\] stub trainer rank 0 pid", r"started worker 0 pid"):
+            r.wait_for(pattern)
+        r.proc.send_signal(signal.SIGKILL)
+        self.assertEqual(r.finish(30), -signal.SIGKILL)
+        pids = parse_pids(r.output)
+        pids.update({f"stub {m.group(1)}": int(m.group(2)) for m in
+                     re.finditer(r"stub trainer rank (\d) pid (\d+)", r.output)})
+        self.assertEqual(len(pids), 6, r.output)  # ps 0, ps 1, worker 0, worker 1 (= stubs)
+        wait_until_gone(pids.values())
+        alive = [f"{who} pid {pid}" for who, pid in pids.items() if pid_alive(pid)]
+        self.assertEqual(alive, [], "processes survived the launcher")
+
+    def assert_gone(self, out):
+        pids = parse_pids(out)  # "[ps 0] ferry-launch: started ps 0 pid N" from each task
+        pids.update({f"stub {m.group(1)}": int(m.group(2)) for m in
+                     re.finditer(r"stub trainer rank (\d) pid (\d+)", out)})
+        self.assertEqual(sorted(k for k in pids if k.startswith(("ps", "worker"))),
+                         ["ps 0", "ps 1", "worker 0", "worker 1"], out)
+        alive = [f"{who} pid {pid}" for who, pid in pids.items() if pid_alive(pid)]
+        self.assertEqual(alive, [], "processes survived the launcher")
 
 
 if __name__ == "__main__":

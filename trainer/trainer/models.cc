@@ -28,27 +28,38 @@ void Accumulate(std::span<float> dst, std::span<const float> src, float scale, b
   }
 }
 
-// The dense tensors of a tower as pull / push lists (names point into `specs`).
-struct DenseLists {
-  std::vector<DenseOut> pulls;
+// A model's dense tower with its tables: the declarations, the step's gradient (summed over
+// micro-batches) and the pull / push lists over the tower's staging and that gradient.
+struct Tower {
+  std::unique_ptr<Mlp> mlp;
+  std::vector<TableSpec> specs;
+  std::vector<float> grads;
+  std::vector<DenseOut> pulls;  // names point into specs
   std::vector<DenseIn> pushes;
-};
-DenseLists MakeDenseLists(const std::vector<TableSpec>& specs, Mlp& tower, std::span<const float> grads) {
-  DenseLists l;
-  for (int i = 0; i < tower.num_tensors(); ++i) {
-    const TableSpec& s = specs[static_cast<size_t>(i)];
-    l.pulls.push_back(DenseOut{s.name, tower.host_param(i)});
-    l.pushes.push_back(DenseIn{s.name, grads.subspan(static_cast<size_t>(tower.tensor_offset(i)),
-                                                     static_cast<size_t>(tower.tensor_size(i)))});
-  }
-  return l;
-}
 
-// Pulls the tower's dense tensors for `step` and uploads them.
-Status PullTower(ParamStore& store, Mlp& tower, const DenseLists& lists, int64_t step) {
-  FERRY_RETURN_IF_ERROR(store.Pull(lists.pulls, {}, step));
-  return tower.UploadParams();
-}
+  // Rows per call: a micro-batch or an evaluation batch.
+  Status Build(Device* device, const TrainerOptions& o, const MlpConfig& config) {
+    FERRY_ASSIGN_OR_RETURN(mlp, Mlp::Create(device, config, std::max(o.batch, kEvalBatch)));
+    specs = mlp->TableSpecs(o.optimizer, o.consistency, o.staleness, o.replicas_to_aggregate(), o.seed);
+    grads.assign(static_cast<size_t>(mlp->num_params()), 0.0f);
+    for (int i = 0; i < mlp->num_tensors(); ++i) {
+      const TableSpec& s = specs[static_cast<size_t>(i)];
+      pulls.push_back(DenseOut{s.name, mlp->host_param(i)});
+      pushes.push_back(DenseIn{s.name, std::span<const float>(grads).subspan(static_cast<size_t>(mlp->tensor_offset(i)),
+                                                                             static_cast<size_t>(mlp->tensor_size(i)))});
+    }
+    return Status::Ok();
+  }
+
+  // Pulls the dense tensors for `step` and uploads them.
+  Status Pull(ParamStore& store, int64_t step) {
+    FERRY_RETURN_IF_ERROR(store.Pull(pulls, {}, step));
+    return mlp->UploadParams();
+  }
+};
+
+// Examples per step: k micro-batches, or one evaluation batch.
+int64_t MaxBatch(const TrainerOptions& o) { return std::max(o.batch * o.accumulate, kEvalBatch); }
 
 // ---------------------------------------------------------------------------------------------
 // mlp: images -> tower -> softmax cross-entropy.
@@ -65,13 +76,9 @@ class Classifier final : public Model {
     c.hidden = options_.hidden;
     c.outputs = train_->num_classes;
     c.prefix = "mlp/";
+    FERRY_RETURN_IF_ERROR(tower_.Build(device_, options_, c));
     const int64_t max_rows = std::max(options_.batch, kEvalBatch);
-    max_batch_ = std::max(options_.batch * options_.accumulate, kEvalBatch);
-    FERRY_ASSIGN_OR_RETURN(tower_, Mlp::Create(device_, c, max_rows));
-    specs_ = tower_->TableSpecs(options_.optimizer, options_.consistency, options_.staleness,
-                                options_.replicas_to_aggregate(), options_.seed);
-    grads_.assign(static_cast<size_t>(tower_->num_params()), 0.0f);
-    lists_ = MakeDenseLists(specs_, *tower_, grads_);
+    max_batch_ = MaxBatch(options_);
     const int64_t input = c.input, classes = c.outputs;
     FERRY_ASSIGN_OR_RETURN(x_host_, device_->AllocHost(max_batch_ * input * kF));
     FERRY_ASSIGN_OR_RETURN(x_dev_, device_->Alloc(max_batch_ * input * kF));
@@ -86,24 +93,24 @@ class Classifier final : public Model {
     return Status::Ok();
   }
 
-  std::vector<TableSpec> TableSpecs() const override { return specs_; }
+  std::vector<TableSpec> TableSpecs() const override { return tower_.specs; }
   int64_t train_size() const override { return train_->count; }
   int64_t test_size() const override { return test_ == nullptr ? 0 : test_->count; }
   bool is_binary() const override { return false; }
-  std::span<const float> dense_params() const override { return std::as_const(*tower_).host_params(); }
+  std::span<const float> dense_params() const override { return std::as_const(*tower_.mlp).host_params(); }
 
   Status LoadTrainBatch(std::span<const int64_t> indices) override { return Load(*train_, indices); }
 
-  Status Pull(ParamStore& store, int64_t step) override { return PullTower(store, *tower_, lists_, step); }
+  Status Pull(ParamStore& store, int64_t step) override { return tower_.Pull(store, step); }
 
   Status ComputeGradients(int64_t first, int64_t rows, float scale, bool accumulate, double* loss_sum,
                           int64_t* correct) override {
     if (first < 0 || rows < 1 || first + rows > loaded_) return InvalidArgumentError("ComputeGradients: rows outside the batch");
-    const int64_t classes = tower_->config().outputs;
-    const float* x = x_dev_.as<float>() + first * tower_->config().input;
+    const int64_t classes = tower_.mlp->config().outputs;
+    const float* x = x_dev_.as<float>() + first * tower_.mlp->config().input;
     const int32_t* labels = labels_dev_.as<int32_t>() + first;
-    FERRY_RETURN_IF_ERROR(tower_->Forward(x, nullptr, rows));
-    FERRY_RETURN_IF_ERROR(device_->SoftmaxCrossEntropyForward(tower_->logits(), labels, rows, classes,
+    FERRY_RETURN_IF_ERROR(tower_.mlp->Forward(x, nullptr, rows));
+    FERRY_RETURN_IF_ERROR(device_->SoftmaxCrossEntropyForward(tower_.mlp->logits(), labels, rows, classes,
                                                               probs_dev_.as<float>(), row_loss_dev_.as<float>(),
                                                               mean_loss_dev_.as<float>()));
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), probs_dev_.data(), rows * classes * kF));
@@ -111,10 +118,10 @@ class Classifier final : public Model {
     // Gradient of the mean loss over these rows: scale 1 / rows.
     FERRY_RETURN_IF_ERROR(device_->SoftmaxCrossEntropyBackward(probs_dev_.as<float>(), labels, rows, classes,
                                                                1.0f / static_cast<float>(rows), dlogits_dev_.as<float>()));
-    FERRY_RETURN_IF_ERROR(tower_->Backward(x, nullptr, dlogits_dev_.as<float>(), rows, nullptr));
-    FERRY_RETURN_IF_ERROR(tower_->DownloadGrads());
+    FERRY_RETURN_IF_ERROR(tower_.mlp->Backward(x, nullptr, dlogits_dev_.as<float>(), rows, nullptr));
+    FERRY_RETURN_IF_ERROR(tower_.mlp->DownloadGrads());
     FERRY_RETURN_IF_ERROR(device_->Synchronize());
-    Accumulate(grads_, tower_->host_grads(), scale, accumulate);
+    Accumulate(tower_.grads, tower_.mlp->host_grads(), scale, accumulate);
     *loss_sum += static_cast<double>(*mean_loss_host_.as<float>()) * static_cast<double>(rows);
     const std::vector<int32_t> pred = data::ArgMaxRows(
         std::span<const float>(probs_host_.as<float>(), static_cast<size_t>(rows * classes)), static_cast<int>(classes));
@@ -123,14 +130,14 @@ class Classifier final : public Model {
     return Status::Ok();
   }
 
-  Status Push(ParamStore& store, int64_t step) override { return store.Push(lists_.pushes, {}, step); }
+  Status Push(ParamStore& store, int64_t step) override { return store.Push(tower_.pushes, {}, step); }
 
   Status Evaluate(ParamStore& store, int64_t step, int64_t first, int64_t count, std::vector<double>* state) override {
     if (test_ == nullptr || first < 0 || count < 0 || first + count > test_->count) {
       return InvalidArgumentError("Evaluate: examples outside the test set");
     }
-    FERRY_RETURN_IF_ERROR(PullTower(store, *tower_, lists_, step));
-    const int classes = static_cast<int>(tower_->config().outputs);
+    FERRY_RETURN_IF_ERROR(tower_.Pull(store, step));
+    const int classes = static_cast<int>(tower_.mlp->config().outputs);
     data::ClassificationMetrics metrics(classes);
     std::vector<int64_t> idx;
     std::vector<float> logits;
@@ -139,8 +146,8 @@ class Classifier final : public Model {
       idx.resize(static_cast<size_t>(rows));
       std::iota(idx.begin(), idx.end(), at);
       FERRY_RETURN_IF_ERROR(Load(*test_, idx));
-      FERRY_RETURN_IF_ERROR(tower_->Forward(x_dev_.as<float>(), nullptr, rows));
-      FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), tower_->logits(), rows * classes * kF));
+      FERRY_RETURN_IF_ERROR(tower_.mlp->Forward(x_dev_.as<float>(), nullptr, rows));
+      FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), tower_.mlp->logits(), rows * classes * kF));
       FERRY_RETURN_IF_ERROR(device_->Synchronize());
       logits.assign(probs_host_.as<float>(), probs_host_.as<float>() + rows * classes);
       FERRY_RETURN_IF_ERROR(metrics.Add(logits, std::span<const int32_t>(labels_host_.as<int32_t>(), static_cast<size_t>(rows))));
@@ -153,7 +160,7 @@ class Classifier final : public Model {
   }
 
   StatusOr<EvalSummary> Summarize(std::span<const double> state) const override {
-    std::vector<double> s{static_cast<double>(tower_->config().outputs)};
+    std::vector<double> s{static_cast<double>(tower_.mlp->config().outputs)};
     s.insert(s.end(), state.begin(), state.end());
     FERRY_ASSIGN_OR_RETURN(data::ClassificationMetrics m, data::ClassificationMetrics::FromState(s));
     EvalSummary e;
@@ -169,7 +176,7 @@ class Classifier final : public Model {
     const int64_t rows = static_cast<int64_t>(indices.size());
     if (rows < 1 || rows > max_batch_) return InvalidArgumentError("batch of " + std::to_string(rows) + " examples");
     FERRY_RETURN_IF_ERROR(set.Gather(indices, &xs_, &ys_));
-    const int64_t input = tower_->config().input;
+    const int64_t input = tower_.mlp->config().input;
     std::memcpy(x_host_.data(), xs_.data(), static_cast<size_t>(rows * input * kF));
     std::memcpy(labels_host_.data(), ys_.data(), static_cast<size_t>(rows) * sizeof(int32_t));
     FERRY_RETURN_IF_ERROR(device_->CopyToDevice(x_dev_.data(), x_host_.data(), rows * input * kF));
@@ -183,10 +190,7 @@ class Classifier final : public Model {
   const data::ImageDataset* const train_;
   const data::ImageDataset* const test_;
   int64_t max_batch_ = 0, loaded_ = 0;
-  std::unique_ptr<Mlp> tower_;
-  std::vector<TableSpec> specs_;
-  std::vector<float> grads_;  // the step's gradient (summed over micro-batches)
-  DenseLists lists_;
+  Tower tower_;
   std::vector<float> xs_;
   std::vector<int32_t> ys_;
   DeviceBuffer x_host_, x_dev_, labels_host_, labels_dev_, probs_dev_, probs_host_, row_loss_dev_, mean_loss_dev_,
@@ -217,13 +221,9 @@ class CtrModel final : public Model {
     c.hidden = options_.hidden;
     c.outputs = 1;
     c.prefix = "ctr/";
+    FERRY_RETURN_IF_ERROR(tower_.Build(device_, options_, c));
     const int64_t max_rows = std::max(options_.batch, kEvalBatch);
-    max_batch_ = std::max(options_.batch * options_.accumulate, kEvalBatch);
-    FERRY_ASSIGN_OR_RETURN(tower_, Mlp::Create(device_, c, max_rows));
-    specs_ = tower_->TableSpecs(options_.optimizer, options_.consistency, options_.staleness,
-                                options_.replicas_to_aggregate(), options_.seed);
-    grads_.assign(static_cast<size_t>(tower_->num_params()), 0.0f);
-    lists_ = MakeDenseLists(specs_, *tower_, grads_);
+    max_batch_ = MaxBatch(options_);
     for (int f = 0; f < fields_; ++f) {
       TableSpec s;
       s.name = "ctr/emb" + std::to_string(f);
@@ -271,20 +271,20 @@ class CtrModel final : public Model {
   }
 
   std::vector<TableSpec> TableSpecs() const override {
-    std::vector<TableSpec> all = specs_;
+    std::vector<TableSpec> all = tower_.specs;
     all.insert(all.end(), emb_specs_.begin(), emb_specs_.end());
     return all;
   }
   int64_t train_size() const override { return data_->train.size(); }
   int64_t test_size() const override { return data_->test.size(); }
   bool is_binary() const override { return true; }
-  std::span<const float> dense_params() const override { return std::as_const(*tower_).host_params(); }
+  std::span<const float> dense_params() const override { return std::as_const(*tower_.mlp).host_params(); }
 
   Status LoadTrainBatch(std::span<const int64_t> indices) override { return Load(data_->train, indices); }
 
   Status Pull(ParamStore& store, int64_t step) override {
-    FERRY_RETURN_IF_ERROR(store.Pull(lists_.pulls, sparse_pulls_, step));
-    FERRY_RETURN_IF_ERROR(tower_->UploadParams());
+    FERRY_RETURN_IF_ERROR(store.Pull(tower_.pulls, sparse_pulls_, step));
+    FERRY_RETURN_IF_ERROR(tower_.mlp->UploadParams());
     return device_->CopyToDevice(emb_dev_.data(), emb_host_.data(), num_unique() * dim_ * kF);
   }
 
@@ -293,22 +293,22 @@ class CtrModel final : public Model {
     if (first < 0 || rows < 1 || first + rows > loaded_) return InvalidArgumentError("ComputeGradients: rows outside the batch");
     const float* labels = labels_dev_.as<float>() + first;
     FERRY_RETURN_IF_ERROR(Forward(first, rows));
-    FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyForward(tower_->logits(), labels, rows, row_loss_dev_.as<float>(),
+    FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyForward(tower_.mlp->logits(), labels, rows, row_loss_dev_.as<float>(),
                                                               mean_loss_dev_.as<float>(), probs_dev_.as<float>()));
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), probs_dev_.data(), rows * kF));
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(mean_loss_host_.data(), mean_loss_dev_.data(), kF));
-    FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyBackward(tower_->logits(), labels, rows,
+    FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyBackward(tower_.mlp->logits(), labels, rows,
                                                                1.0f / static_cast<float>(rows), dlogits_dev_.as<float>()));
-    FERRY_RETURN_IF_ERROR(tower_->Backward(pooled_dev_.as<float>(), side(first), dlogits_dev_.as<float>(), rows,
+    FERRY_RETURN_IF_ERROR(tower_.mlp->Backward(pooled_dev_.as<float>(), side(first), dlogits_dev_.as<float>(), rows,
                                            dpooled_dev_.as<float>()));
     const int64_t bags = rows * fields_;
     FERRY_RETURN_IF_ERROR(device_->EmbeddingBagBackward(dpooled_dev_.as<float>(), dim_, offsets_dev_.as<int32_t>(),
                                                         index_dev_.as<int32_t>() + first * fields_, bags, bags,
                                                         num_unique(), kernels::Pooling::kSum, emb_grad_dev_.as<float>()));
-    FERRY_RETURN_IF_ERROR(tower_->DownloadGrads());
+    FERRY_RETURN_IF_ERROR(tower_.mlp->DownloadGrads());
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(emb_grad_host_.data(), emb_grad_dev_.data(), num_unique() * dim_ * kF));
     FERRY_RETURN_IF_ERROR(device_->Synchronize());
-    Accumulate(grads_, tower_->host_grads(), scale, accumulate);
+    Accumulate(tower_.grads, tower_.mlp->host_grads(), scale, accumulate);
     emb_grads_.resize(static_cast<size_t>(num_unique() * dim_));
     Accumulate(emb_grads_, std::span<const float>(emb_grad_host_.as<float>(), emb_grads_.size()), scale, accumulate);
     *loss_sum += static_cast<double>(*mean_loss_host_.as<float>()) * static_cast<double>(rows);
@@ -326,13 +326,13 @@ class CtrModel final : public Model {
       sparse_pushes_.push_back(SparseIn{emb_specs_[static_cast<size_t>(f)].name, ids,
                                         std::span<const float>(emb_grads_).subspan(at, ids.size() * static_cast<size_t>(dim_))});
     }
-    return store.Push(lists_.pushes, sparse_pushes_, step);
+    return store.Push(tower_.pushes, sparse_pushes_, step);
   }
 
   Status Evaluate(ParamStore& store, int64_t step, int64_t first, int64_t count, std::vector<double>* state) override {
     const data::CtrBatch& test = data_->test;
     if (first < 0 || count < 0 || first + count > test.size()) return InvalidArgumentError("Evaluate: examples outside the test set");
-    FERRY_RETURN_IF_ERROR(PullTower(store, *tower_, lists_, step));
+    FERRY_RETURN_IF_ERROR(tower_.Pull(store, step));
     data::BinaryMetrics metrics;
     std::vector<int64_t> idx;
     for (int64_t at = first; at < first + count; at += kEvalBatch) {
@@ -343,7 +343,7 @@ class CtrModel final : public Model {
       FERRY_RETURN_IF_ERROR(store.Pull({}, sparse_pulls_, step));
       FERRY_RETURN_IF_ERROR(device_->CopyToDevice(emb_dev_.data(), emb_host_.data(), num_unique() * dim_ * kF));
       FERRY_RETURN_IF_ERROR(Forward(0, rows));
-      FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyForward(tower_->logits(), labels_dev_.as<float>(), rows,
+      FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyForward(tower_.mlp->logits(), labels_dev_.as<float>(), rows,
                                                                 row_loss_dev_.as<float>(), mean_loss_dev_.as<float>(),
                                                                 probs_dev_.as<float>()));
       FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), probs_dev_.data(), rows * kF));
@@ -382,7 +382,7 @@ class CtrModel final : public Model {
     FERRY_RETURN_IF_ERROR(device_->EmbeddingBagForward(emb_dev_.as<float>(), num_unique(), dim_,
                                                        offsets_dev_.as<int32_t>(), index_dev_.as<int32_t>() + first * fields_,
                                                        bags, bags, kernels::Pooling::kSum, pooled_dev_.as<float>()));
-    return tower_->Forward(pooled_dev_.as<float>(), side(first), rows);
+    return tower_.mlp->Forward(pooled_dev_.as<float>(), side(first), rows);
   }
 
   // Host side of a batch: copies the examples, deduplicates each field's ids, builds the bag
@@ -433,10 +433,9 @@ class CtrModel final : public Model {
   const TrainerOptions options_;
   const CtrData* const data_;
   int64_t fields_ = 0, dense_ = 0, dim_ = 0, max_batch_ = 0, loaded_ = 0;
-  std::unique_ptr<Mlp> tower_;
-  std::vector<TableSpec> specs_, emb_specs_;
-  std::vector<float> grads_, emb_grads_;
-  DenseLists lists_;
+  Tower tower_;
+  std::vector<TableSpec> emb_specs_;
+  std::vector<float> emb_grads_;  // the step's embedding gradient, rows in combined-table order
   std::vector<std::vector<int64_t>> unique_;  // per field: the batch's distinct ids, ascending
   std::vector<int64_t> base_;                 // field f's rows start at base_[f] in the combined table
   std::vector<int64_t> column_;

@@ -16,7 +16,7 @@ JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ pkg-config
           libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
           libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev
-          dataset-fashion-mnist python3)
+          dataset-fashion-mnist python3 gnuplot-nox)
 
 say() { printf '\033[1m[ferry]\033[0m %s\n' "$*"; }
 

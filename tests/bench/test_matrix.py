@@ -1,0 +1,295 @@
+"""Tests of bench/ferry-matrix, the training-matrix harness.
+
+Needs FERRY_BUILD_DIR (the CMake build dir holding ps/ferry-ps and trainer/trainer/ferry-trainer;
+ctest sets it) and gnuplot (Debian's gnuplot-nox, which ./build.sh installs). Run by hand:
+    FERRY_BUILD_DIR=build python3 -m unittest -v test_matrix      (from tests/bench/)
+
+- TinyMatrixTest runs the `tiny` preset (a few steps per run) end to end on real local clusters
+  and checks that every output file is produced and parseable (~30 s on 2 cores).
+- FailureTest uses the real ferry-ps and fake_trainer.py (no training) to check that failed,
+  overrun and garbled runs are recorded as such while every output is still written.
+- The rest are unit tests of the harness's parsing and arithmetic.
+"""
+
+import csv
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+HARNESS = os.path.join(REPO, "bench", "ferry-matrix")
+FAKE_TRAINER = os.path.join(HERE, "fake_trainer.py")
+BUILD_DIR = os.path.abspath(os.environ.get("FERRY_BUILD_DIR", os.path.join(REPO, "build")))
+PS_BIN = os.path.join(BUILD_DIR, "ps", "ferry-ps")
+TRAINER_BIN = os.path.join(BUILD_DIR, "trainer", "trainer", "ferry-trainer")
+sys.path.insert(0, os.path.join(REPO, "bench"))
+
+from matrix import metrics, presets, report  # noqa: E402
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def require_gnuplot(test):
+    if not shutil.which("gnuplot"):
+        test.fail("gnuplot is not installed (not on PATH): the harness draws its plots with it. "
+                  "Install Debian's gnuplot-nox: apt-get install gnuplot-nox (./build.sh "
+                  "installs it).")
+
+
+def run_harness(args, timeout, env=None):
+    r = subprocess.run([sys.executable, HARNESS] + args, capture_output=True, text=True,
+                       timeout=timeout, env=dict(os.environ, **(env or {})))
+    return r.returncode, r.stdout + r.stderr
+
+
+def png_size(path):
+    """(width, height) of a PNG file; AssertionError if it is not one."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if len(head) < 24 or head[:8] != PNG_SIGNATURE or head[12:16] != b"IHDR":
+        raise AssertionError(f"{path} is not a PNG file")
+    return struct.unpack(">II", head[16:24])
+
+
+class OutputChecks:
+    """Checks every output of a finished matrix in self.out; returns the parsed runs.json."""
+
+    def check_outputs(self, expected_runs, output):
+        out = self.out
+        for name in ("runs.json", "runs.csv", "summary.md"):
+            self.assertTrue(os.path.isfile(os.path.join(out, name)), f"{name} missing\n{output}")
+        doc = report.load_json(os.path.join(out, "runs.json"))
+        self.assertEqual(sorted(r["run_id"] for r in doc["runs"]), sorted(expected_runs))
+        for key in ("machine", "config", "started_utc", "finished_utc", "command"):
+            self.assertIn(key, doc)
+
+        with open(os.path.join(out, "runs.csv"), newline="") as f:
+            rows = list(csv.DictReader(f))
+        self.assertEqual(list(rows[0].keys()), report.CSV_COLUMNS)
+        self.assertEqual(sorted(r["run_id"] for r in rows), sorted(expected_runs))
+        for row in rows:
+            if row["status"] == "ok":
+                for col in ("final_quality", "examples_per_sec_total", "bytes_pushed",
+                            "pull_ms_per_step", "compute_ms_per_step", "push_ms_per_step",
+                            "wait_ms_per_step"):
+                    float(row[col])  # parseable
+
+        with open(os.path.join(out, "summary.md")) as f:
+            md = f.read()
+        self.assertIn("| workers | mode |", md)
+        for run in doc["runs"]:
+            self.assertIn(f"| {run['settings']['mode']} |", md)
+
+        pngs = []
+        for model in doc["config"]["models"]:
+            for kind in ("quality-vs-time", "quality-vs-steps", "throughput"):
+                png = os.path.join(out, "plots", f"{model}-{kind}.png")
+                w, h = png_size(png)
+                self.assertGreater(w, 300)
+                self.assertGreater(h, 200)
+                self.assertTrue(os.path.isfile(os.path.join(out, "plots", "src",
+                                                            f"{model}-{kind}.gp")))
+                self.assertIn(f"(plots/{model}-{kind}.png)", md)
+                pngs.append(png)
+        self.assertEqual(len(pngs), 3 * len(doc["config"]["models"]))
+        return doc
+
+
+@unittest.skipUnless(os.access(PS_BIN, os.X_OK) and os.access(TRAINER_BIN, os.X_OK),
+                     f"ferry-ps / ferry-trainer not built under {BUILD_DIR}")
+class TinyMatrixTest(OutputChecks, unittest.TestCase):
+    def setUp(self):
+        require_gnuplot(self)
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-matrix-test-")
+        self.out = os.path.join(self.tmp.name, "tiny")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_tiny_matrix_end_to_end(self):
+        rc, output = run_harness(["--preset", "tiny", "--bin-dir", BUILD_DIR, "--out", self.out,
+                                  "--straggler", "x2"], timeout=150)
+        self.assertEqual(rc, 0, output)
+        p = presets.PRESETS["tiny"]
+        runs, _ = presets.build_runs(list(p.models.values()), p.workers,
+                                     presets.expand_modes(p.modes, p.ssp), p.num_ps, 1, "x2")
+        doc = self.check_outputs([r.run_id for r in runs], output)
+        for run in doc["runs"]:
+            self.assertEqual(run["status"], "ok", run.get("summary"))
+            res, s = run["result"], run["settings"]
+            self.assertEqual(res["checks"], [])
+            self.assertEqual(res["steps"], p.models[s["model"]].steps)
+            self.assertEqual(len(res["steps_per_worker"]), s["workers"])
+            self.assertGreater(res["throughput"]["total"], 0)
+            self.assertGreater(res["bytes"]["sent"], 0)
+            self.assertGreater(res["bytes"]["received"], 0)
+            self.assertGreaterEqual(len(res["curve"]), 2)  # evaluated during the run and at the end
+            self.assertEqual(s["straggler"], f"{s['workers'] - 1}:x2" if s["workers"] > 1 else None)
+            if s["consistency"] == "sync":
+                self.assertIsNone(res["staleness"])
+            else:
+                self.assertGreater(res["staleness"]["updates"], 0)
+
+
+@unittest.skipUnless(os.access(PS_BIN, os.X_OK), f"ferry-ps not built under {BUILD_DIR}")
+class FailureTest(OutputChecks, unittest.TestCase):
+    def setUp(self):
+        require_gnuplot(self)
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-matrix-test-")
+        self.out = os.path.join(self.tmp.name, "out")
+        self.bin = os.path.join(self.tmp.name, "bin")
+        os.makedirs(self.bin)
+        os.symlink(PS_BIN, os.path.join(self.bin, "ferry-ps"))
+        os.symlink(FAKE_TRAINER, os.path.join(self.bin, "ferry-trainer"))
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_failed_overrun_and_garbled_runs_are_recorded(self):
+        rc, output = run_harness(
+            ["--preset", "tiny", "--models", "mlp", "--workers", "2",
+             "--modes", "sync,async,ssp:1,ssp:3", "--bin-dir", self.bin, "--out", self.out,
+             "--run-timeout", "5"],
+            timeout=90, env={"FERRY_FAKE_FAIL": "async", "FERRY_FAKE_HANG": "ssp:1",
+                             "FERRY_FAKE_BADJSON": "ssp:3"})
+        self.assertEqual(rc, 1, output)  # some runs failed; every output is still written
+        ids = ["mlp-w2-sync", "mlp-w2-async", "mlp-w2-ssp1", "mlp-w2-ssp3"]
+        doc = self.check_outputs(ids, output)
+        by_id = {r["run_id"]: r for r in doc["runs"]}
+        self.assertEqual(by_id["mlp-w2-sync"]["status"], "ok")
+
+        failed = by_id["mlp-w2-async"]
+        self.assertEqual(failed["status"], "failed")
+        self.assertIsNone(failed["result"])
+        text = "\n".join(failed["summary"])
+        self.assertRegex(text, r"FAILED: worker 1 \(pid \d+\) failed: exit status 3")
+        self.assertIn("failing on purpose", text)
+
+        hung = by_id["mlp-w2-ssp1"]
+        self.assertEqual(hung["status"], "timeout")
+        self.assertIn("no result after 5 s", hung["summary"][0])
+
+        garbled = by_id["mlp-w2-ssp3"]
+        self.assertEqual(garbled["status"], "failed")
+        self.assertIn("metrics-0.jsonl:2: not JSON", garbled["summary"][0])
+
+        with open(os.path.join(self.out, "summary.md")) as f:
+            md = f.read()
+        self.assertIn("### `mlp-w2-async`: failed", md)
+        self.assertIn("### `mlp-w2-ssp1`: timeout", md)
+        with open(os.path.join(self.out, "runs.csv"), newline="") as f:
+            rows = {r["run_id"]: r for r in csv.DictReader(f)}
+        self.assertIn("exit status 3", rows["mlp-w2-async"]["error"])
+
+        # --report-only redoes the CSV, the summary and the plots from runs.json alone.
+        for name in ("runs.csv", "summary.md"):
+            os.remove(os.path.join(self.out, name))
+        shutil.rmtree(os.path.join(self.out, "plots"))
+        rc, output = run_harness(["--report-only", self.out], timeout=60)
+        self.assertEqual(rc, 0, output)
+        self.check_outputs(ids, output)
+
+    def test_old_trainer_is_refused_before_running(self):
+        old = os.path.join(self.tmp.name, "old")
+        os.makedirs(old)
+        os.symlink(PS_BIN, os.path.join(old, "ferry-ps"))
+        with open(os.path.join(old, "ferry-trainer"), "w") as f:
+            f.write("#!/bin/sh\necho 'usage: ferry-trainer --metrics-out FILE'\n")
+        os.chmod(os.path.join(old, "ferry-trainer"), 0o755)
+        rc, output = run_harness(["--preset", "tiny", "--bin-dir", old, "--out", self.out],
+                                 timeout=30)
+        self.assertEqual(rc, 2, output)
+        self.assertIn("lacks --backup-workers, --straggler", output)
+        self.assertFalse(os.path.exists(os.path.join(self.out, "runs.json")))
+
+    def test_missing_gnuplot_is_named(self):
+        path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                               if not os.path.exists(os.path.join(d, "gnuplot")))
+        rc, output = run_harness(["--preset", "tiny", "--bin-dir", self.bin, "--out", self.out],
+                                 timeout=30, env={"PATH": path})
+        self.assertEqual(rc, 2, output)
+        self.assertIn("gnuplot not found", output)
+        self.assertIn("gnuplot-nox", output)
+
+
+class UnitTest(unittest.TestCase):
+    def test_modes(self):
+        self.assertEqual(presets.parse_mode("sync+backup1"), presets.Mode("sync+backup1", "sync", 1))
+        self.assertEqual(presets.parse_mode("ssp:2").consistency, "ssp:2")
+        self.assertEqual(presets.parse_mode("ssp:2").slug, "ssp2")
+        for bad in ("ssp", "sync+backup0", "bsp", "ssp:-1"):
+            with self.assertRaises(ValueError):
+                presets.parse_mode(bad)
+        modes = presets.expand_modes(presets.ALL_MODES, 2)  # ssp:{ssp} = ssp:2 is dropped
+        self.assertEqual([m.name for m in modes], ["sync", "sync+backup1", "async", "ssp:2"])
+
+    def test_straggler_and_skips(self):
+        self.assertEqual(presets.parse_straggler("50ms"), "50ms")
+        self.assertEqual(presets.parse_straggler("x1.5"), "x1.5")
+        for bad in ("50", "2x", "x0.5", "fast"):
+            with self.assertRaises(ValueError):
+                presets.parse_straggler(bad)
+        m = presets.PRESETS["tiny"].models["mlp"]
+        runs, skipped = presets.build_runs([m], [1, 4], presets.expand_modes(
+            ["sync", "sync+backup1"], 2), 2, 7, "x2")
+        self.assertEqual([r.run_id for r in runs], ["mlp-w1-sync", "mlp-w4-sync",
+                                                    "mlp-w4-sync-backup1"])
+        self.assertEqual(skipped, [("mlp", 1, "sync+backup1", "needs more than 1 worker(s)")])
+        self.assertIsNone(runs[0].straggler)
+        args = runs[2].trainer_args("m-{rank}.jsonl")
+        for a, b in (("--straggler", "3:x2"), ("--backup-workers", "1"), ("--seed", "7"),
+                     ("--metrics-out", "m-{rank}.jsonl"), ("--consistency", "sync")):
+            self.assertEqual(args[args.index(a) + 1], b)
+
+    def test_summarize(self):
+        m = presets.PRESETS["tiny"].models["ctr"]
+        m.target = 0.7
+        spec = presets.RunSpec(m, 2, presets.parse_mode("async"), 2, 1)
+        t = lambda ev: {"pull_s": 1.0, "compute_s": 2.0, "push_s": 0.5, "wait_s": 0.1,
+                        "eval_s": ev}
+        with tempfile.TemporaryDirectory() as d:
+            lines = {0: [{"event": "start", "rank": 0, "num_workers": 2, "model": "ctr",
+                          "consistency": "async", "backup_workers": 0, "wall_s": 0,
+                          "planted_auc": 0.82},
+                         {"event": "eval", "rank": 0, "step": 5, "wall_s": 3.0, "auc": 0.65,
+                          "log_loss": 0.5, "time": t(0.5)},
+                         {"event": "eval", "rank": 0, "step": 10, "wall_s": 6.0, "auc": 0.72,
+                          "log_loss": 0.45, "time": t(1.0)},
+                         {"event": "end", "rank": 0, "steps": 10, "wall_s": 6.5, "examples": 1000,
+                          "examples_per_sec": 153.8, "time": t(1.5), "bytes_sent": 100,
+                          "bytes_received": 200, "staleness": {"0": 6, "2": 2},
+                          "final": {"step": 10, "auc": 0.73, "log_loss": 0.44, "count": 50}}],
+                     1: [{"event": "start", "rank": 1, "wall_s": 0},
+                         {"event": "end", "rank": 1, "steps": 20, "wall_s": 4.0, "examples": 2000,
+                          "examples_per_sec": 500.0, "time": t(0.0), "bytes_sent": 10,
+                          "bytes_received": 20}]}
+            for r, evs in lines.items():
+                with open(os.path.join(d, f"metrics-{r}.jsonl"), "w") as f:
+                    f.write("".join(json.dumps(e) + "\n" for e in evs))
+            res = metrics.summarize(spec, d)
+        self.assertEqual(res["target"], {"metric": "auc", "value": 0.7, "reached": True,
+                                         "train_s": 5.0, "wall_s": 6.0, "step": 10})
+        self.assertEqual(res["final"]["quality"], 0.73)  # end.final beats the last eval event
+        self.assertEqual([p["step"] for p in res["curve"]], [5, 10])
+        self.assertEqual(res["curve"][0]["loss"], 0.5)
+        self.assertEqual(res["throughput"]["per_worker"], [200.0, 500.0])  # examples / (wall - eval)
+        self.assertEqual(res["throughput"]["total"], 700.0)
+        self.assertEqual(res["bytes"], {"sent": 110, "received": 220})
+        self.assertEqual(res["staleness"], {"hist": {0: 6, 2: 2}, "updates": 8, "mean": 0.5,
+                                            "max": 2, "capped": 0})
+        capped = metrics.staleness_stats({"0": 3, "64": 1})
+        self.assertEqual((capped["max"], capped["capped"], capped["mean"]), (64, 1, 16.0))
+        self.assertEqual(report.hist_text(capped), "0:3 64+:1")
+        self.assertAlmostEqual(res["step_ms"]["pull"], (100.0 + 50.0) / 2)  # 1 s / 10, 1 s / 20
+        self.assertEqual(res["planted"], {"planted_auc": 0.82})
+
+
+if __name__ == "__main__":
+    unittest.main()

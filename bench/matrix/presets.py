@@ -171,11 +171,12 @@ class RunSpec:
         return f"{self.model.name}-w{self.workers}-{self.mode.slug}"
 
     def steps_estimate(self):
-        """Steps per worker: exact for a steps budget, the shard's size for an epochs one."""
+        """Steps per worker: exact for a steps budget; for an epochs one, ceil(smallest shard /
+        batch) per epoch, as ferry-trainer counts them (trainer.h)."""
         if self.model.steps:
             return self.model.steps
         per_worker = self.model.train_examples // self.workers
-        return max(1, self.model.epochs * (per_worker // self.model.batch))
+        return max(1, self.model.epochs * -(-per_worker // self.model.batch))
 
     def eval_every(self):
         return max(1, self.steps_estimate() // max(1, self.model.evals))

@@ -66,6 +66,13 @@ TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
   EXPECT_EQ(d->replicas_to_aggregate(), 0);
 }
 
+TEST(TrainerOptions, EvalEveryEpoch) {
+  auto o = Parse({"--local", "--eval-every", "epoch"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->eval_each_epoch);
+  EXPECT_EQ(o->eval_every, 0);
+}
+
 TEST(TrainerOptions, LocalNeedsNoServers) {
   auto o = Parse({"--local", "--batch", "8"});
   ASSERT_TRUE(o.ok()) << o.status();
@@ -103,6 +110,8 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
       {{"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y"}, "--steps"},
       {{"--local", "--model", "ctr", "--ctr-zipf", "0"}, "--ctr-zipf"},
       {{"--local", "--model", "ctr", "--emb-dim", "0"}, "--emb-dim"},
+      {{"--local", "--eval-every", "epochs"}, "--eval-every"},
+      {{"--local", "--eval-every", "-1"}, "--eval-every"},
   };
   for (const auto& [args, flag] : cases) {
     auto o = Parse(args);

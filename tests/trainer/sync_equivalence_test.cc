@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
+#include <string>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -77,7 +79,9 @@ struct Case {
 class SyncEquivalence : public testing::TestWithParam<Case> {};
 
 TEST_P(SyncEquivalence, TwoWorkersMatchLocalWithDoubleBatch) {
-  constexpr int64_t kBatch = 4, kExamples = 48, kSteps = 10;  // 6 local steps per epoch: crosses an epoch
+  // 44 examples: 6 local steps an epoch of 8, 8, 8, 8, 8 and 4 examples (each worker: 4 x 5, then 2),
+  // so the run crosses an epoch boundary and its short last step.
+  constexpr int64_t kBatch = 4, kExamples = 44, kSteps = 10;
   std::printf("data seed %llu, init seed 7, batch %lld per worker, %lld steps\n",
               static_cast<unsigned long long>(kDataSeed), static_cast<long long>(kBatch),
               static_cast<long long>(kSteps));
@@ -154,6 +158,60 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, SyncEquivalence,
                          [](const testing::TestParamInfo<Case>& info) {
                            return std::string(OptimizerName(info.param.opt));
                          });
+
+// Every example is used once per epoch across the workers, whatever N, B and M: the epoch's
+// last step takes the rest of each shard (trainer.h). 41 examples over 2 workers of batch 4:
+// shards of 21 and 20, 5 steps an epoch, worker 0's last step holds 5 examples (kB + 1).
+// --eval-every epoch evaluates after each epoch: worker 0's metrics file has one eval line per
+// epoch, at its last step.
+TEST(Epochs, EveryExampleOncePerEpochAndEvalEachEpoch) {
+  for (const int64_t examples : {44, 45, 41}) {
+    SCOPED_TRACE("examples " + std::to_string(examples));
+    const data::ImageDataset train = MakeData(examples);
+    const Datasets ds{&train, &train};
+    const std::string metrics = testing::TempDir() + "/epochs_{rank}.jsonl";
+    ServerOptions so;
+    so.compute_threads = 1;
+    auto cluster = test::LocalCluster::Start(2, false, so);
+    StatusOr<TrainReport> report[2] = {InternalError("not run"), InternalError("not run")};
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 2; ++rank) {
+      threads.emplace_back([&, rank] {
+        TrainerOptions o = BaseOptions(OptimizerType::kSgd, 0.1f, 0);
+        o.epochs = 3;
+        o.eval_each_epoch = true;
+        o.metrics_out = metrics;
+        o.servers = cluster.endpoints;
+        o.rank = rank;
+        o.num_workers = 2;
+        o.batch = 4;
+        auto client = cluster.Connect(rank, 2);
+        auto dev = CreateCpuDevice();
+        report[rank] = RunTraining(o, dev.get(), client.get(), ds, {}, nullptr);
+      });
+    }
+    for (auto& t : threads) t.join();
+    ASSERT_TRUE(report[0].ok()) << report[0].status();
+    ASSERT_TRUE(report[1].ok()) << report[1].status();
+    const int64_t smallest_shard = examples / 2;
+    EXPECT_EQ(report[0]->steps, 3 * ((smallest_shard + 3) / 4));
+    EXPECT_EQ(report[1]->steps, report[0]->steps);
+    EXPECT_EQ(report[0]->examples, 3 * ((examples + 1) / 2));  // worker 0 holds the odd one out
+    EXPECT_EQ(report[1]->examples, 3 * (examples / 2));
+
+    std::ifstream in(testing::TempDir() + "/epochs_0.jsonl");
+    ASSERT_TRUE(in.good());
+    std::vector<int64_t> eval_steps;
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"event\": \"eval\"") == std::string::npos) continue;
+      const size_t at = line.find("\"step\": ");
+      ASSERT_NE(at, std::string::npos) << line;
+      eval_steps.push_back(std::stoll(line.substr(at + 8)));
+    }
+    const int64_t per_epoch = report[0]->steps / 3;
+    EXPECT_EQ(eval_steps, (std::vector<int64_t>{per_epoch, 2 * per_epoch, 3 * per_epoch}));
+  }
+}
 
 }  // namespace
 }  // namespace ferry::trainer

@@ -96,7 +96,17 @@ StatusOr<std::unique_ptr<Device>> CreateDevice(DeviceKind kind, int gpu, std::st
     return CreateCpuDevice();
   }
 #if defined(FERRY_HAVE_CUDA)
-  FERRY_ASSIGN_OR_RETURN(const int count, kernels::cuda::DeviceCount());
+  StatusOr<int> counted = kernels::cuda::DeviceCount();
+  if (!counted.ok()) {
+    // A driver that cannot start (missing, too old, a container without the device nodes) is
+    // "no GPU" to auto, and an error naming the cause to --device cuda.
+    if (kind == DeviceKind::kAuto) {
+      say("device: cpu (--device auto: CUDA is unusable here: " + counted.status().message() + ")");
+      return CreateCpuDevice();
+    }
+    return counted.status().WithContext("--device cuda");
+  }
+  const int count = *counted;
   if (kind == DeviceKind::kAuto && count == 0) {
     say("device: cpu (--device auto: no CUDA device found)");
     return CreateCpuDevice();

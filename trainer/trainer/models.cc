@@ -58,8 +58,9 @@ struct Tower {
   }
 };
 
-// Examples per step: k micro-batches, or one evaluation batch.
-int64_t MaxBatch(const TrainerOptions& o) { return std::max(o.batch * o.accumulate, kEvalBatch); }
+// Examples at once: one evaluation batch, or a step's kB (and one more for an epoch's last step on a larger
+// shard, trainer.h).
+int64_t MaxBatch(const TrainerOptions& o) { return std::max(o.batch * o.accumulate + 1, kEvalBatch); }
 
 // ---------------------------------------------------------------------------------------------
 // mlp: images -> tower -> softmax cross-entropy.

@@ -96,7 +96,7 @@ data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-lim
   ctr:     synthetic: --ctr-train N (1000000)  --ctr-test N (20000)  --ctr-fields F (8)
            --ctr-vocab V (1000)  --ctr-dense D (4)  --ctr-zipf S (1.1)  --data-seed S (1)
            or Criteo TSV: --criteo-train FILE  --criteo-test FILE
-report:    --log-every N (100)  --eval-every N (0: end only)  --metrics-out FILE ({rank} -> rank)
+report:    --log-every N (100)  --eval-every N|epoch (0: end only)  --metrics-out FILE ({rank} -> rank)
            --quiet
 experiment: --straggler R:50ms | R:x2   (slow worker R down by a delay or a factor per step)
 )";
@@ -261,7 +261,10 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv) {
     } else if (flag == "--log-every") {
       FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX, &o.log_every));
     } else if (flag == "--eval-every") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX, &o.eval_every));
+      o.eval_each_epoch = value == "epoch";
+      if (!o.eval_each_epoch && !ParseInt(f, value, 0, INT64_MAX, &o.eval_every).ok()) {
+        return InvalidArgumentError("--eval-every: '" + std::string(value) + "' is neither a step count >= 0 nor 'epoch'");
+      }
     } else if (flag == "--metrics-out") {
       if (value.empty()) return InvalidArgumentError("--metrics-out: empty path");
       o.metrics_out = std::string(value);

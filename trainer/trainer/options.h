@@ -75,6 +75,7 @@ struct TrainerOptions {
   // ---- Reporting ----
   int64_t log_every = 100;    // --log-every N: a progress line every N steps (0 = none)
   int64_t eval_every = 0;     // --eval-every N: evaluate every N steps (0 = only at the end)
+  bool eval_each_epoch = false;  // --eval-every epoch: evaluate after every epoch (and at the end)
   std::string metrics_out;    // --metrics-out FILE: JSON lines (trainer.h); "{rank}" -> the rank
   bool quiet = false;         // --quiet: no progress lines on stdout
   bool help = false;          // --help: print TrainerUsage() and exit

@@ -98,13 +98,15 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   const data::ShardSpec shard = own_shard ? data::ShardSpec{} : data::ShardSpec{rank, num_workers};
   const int64_t n = options.train_limit > 0 ? std::min(options.train_limit, model->train_size()) : model->train_size();
   const int64_t step_examples = options.batch * options.accumulate;
-  const int64_t shard_size = own_shard ? n : data::ShardSize(n, {num_workers - 1, num_workers});
-  const int64_t steps_per_epoch = shard_size / step_examples;
-  if (steps_per_epoch == 0) {
-    return InvalidArgumentError("--batch " + std::to_string(options.batch) + " x --accumulate " +
-                                std::to_string(options.accumulate) + " is larger than a worker's shard (" +
-                                std::to_string(shard_size) + " examples)");
+  // Every worker runs ceil(smallest shard / kB) steps an epoch, so all run the same number; the
+  // epoch's last step takes what is left of the worker's own shard (shards differ by at most one
+  // example, so that is 1 .. kB + 1 examples): every example is used once per epoch.
+  const int64_t smallest_shard = own_shard ? n : data::ShardSize(n, {num_workers - 1, num_workers});
+  if (smallest_shard == 0) {
+    return InvalidArgumentError(std::to_string(n) + " training examples leave worker " + std::to_string(num_workers - 1) +
+                                " of " + std::to_string(num_workers) + " with none");
   }
+  const int64_t steps_per_epoch = (smallest_shard + step_examples - 1) / step_examples;
   const int64_t total_steps = options.steps > 0 ? options.steps : options.epochs * steps_per_epoch;
   const int64_t test_n = options.test_limit > 0 ? std::min(options.test_limit, model->test_size()) : model->test_size();
   // Sync workers are in step: they split the test set and merge; otherwise worker 0 does it all.
@@ -186,17 +188,23 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   const bool straggler = rank == options.straggler_rank && !options.local;
 
   for (int64_t t = 0; t < total_steps; ++t) {
-    if (options.eval_every > 0 && t > 0 && t % options.eval_every == 0) FERRY_RETURN_IF_ERROR(evaluate_now(t));
     const int64_t epoch = t / steps_per_epoch;
+    const int64_t step_in_epoch = t % steps_per_epoch;
+    if (t > 0 && ((options.eval_every > 0 && t % options.eval_every == 0) ||
+                  (options.eval_each_epoch && step_in_epoch == 0))) {
+      FERRY_RETURN_IF_ERROR(evaluate_now(t));
+    }
     if (epoch != order_epoch) {
       FERRY_ASSIGN_OR_RETURN(order, data::EpochIndices(n, shard, epoch, {options.shuffle, options.seed}));
       order_epoch = epoch;
     }
-    const int64_t first = (t % steps_per_epoch) * step_examples;
+    const int64_t first = step_in_epoch * step_examples;
+    const int64_t examples =
+        step_in_epoch + 1 == steps_per_epoch ? static_cast<int64_t>(order.size()) - first : step_examples;
     {
       Timed timed(&times.compute_s);
       FERRY_RETURN_IF_ERROR(model->LoadTrainBatch(
-          std::span<const int64_t>(order).subspan(static_cast<size_t>(first), static_cast<size_t>(step_examples))));
+          std::span<const int64_t>(order).subspan(static_cast<size_t>(first), static_cast<size_t>(examples))));
     }
     {
       Timed timed(&times.pull_s);
@@ -207,9 +215,13 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
     int64_t correct = 0;
     {
       const Clock::time_point c0 = Clock::now();
-      const float scale = 1.0f / static_cast<float>(options.accumulate);
-      for (int64_t m = 0; m < options.accumulate; ++m) {
-        FERRY_RETURN_IF_ERROR(model->ComputeGradients(m * options.batch, options.batch, scale, m > 0, &loss_sum, &correct));
+      // Micro-batches of --batch (the epoch's last step may end with a smaller one, or hold one
+      // more): each weighted by its share of the step's examples, so the step's gradient is that
+      // of the mean loss over all of them (1/k each for a full step).
+      for (int64_t m = 0; m * options.batch < examples; ++m) {
+        const int64_t rows = std::min(options.batch, examples - m * options.batch);
+        const float scale = static_cast<float>(rows) / static_cast<float>(examples);
+        FERRY_RETURN_IF_ERROR(model->ComputeGradients(m * options.batch, rows, scale, m > 0, &loss_sum, &correct));
       }
       if (straggler) {
         const double busy = Seconds(c0, Clock::now());
@@ -227,12 +239,12 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
       FERRY_RETURN_IF_ERROR(store->EndStep(t));
     }
 
-    const double step_loss = loss_sum / static_cast<double>(step_examples);
+    const double step_loss = loss_sum / static_cast<double>(examples);
     if (t == 0) report.first_loss = step_loss;
-    report.examples += step_examples;
+    report.examples += examples;
     window_loss += loss_sum;
     window_correct += correct;
-    window_examples += step_examples;
+    window_examples += examples;
     const bool last = t + 1 == total_steps;
     if ((options.log_every > 0 && (t + 1) % options.log_every == 0) || last) {
       const Clock::time_point now = Clock::now();

@@ -3,18 +3,21 @@
 //
 // Per step t (0-based) of a worker, with the model's tables declared in its ParamStore (the
 // servers, or this process for --local; see model.h for what each call does):
-//   [evaluate, every --eval-every steps]
+//   [evaluate, every --eval-every steps, or at the start of every epoch after the first]
 //   load batch t; pull (dense tables + the batch's sparse rows) at step t; forward + backward over
 //   --accumulate micro-batches; push the step's gradients for step t; ssp: advance the clock.
 // After the last step T the worker pulls at step T (the final parameters) and evaluates.
 //
 // Data order: worker r of M visits data::EpochIndices(N, {r, M}, epoch, {shuffle, seed}); batch t
 // of an epoch is shard positions [t kB, (t + 1) kB) (k = --accumulate). Every worker runs
-// floor(ShardSize(N, {M-1, M}) / kB) steps per epoch (the remainder is dropped), so all workers
-// run the same number of steps. With shuffling the permutation does not depend on M, so sync
-// training on M workers of batch B sees, at step t, exactly the examples that --local with batch
-// M*B sees at its step t. (Criteo data is read per worker — each its own lines — and visited in a
-// per-worker shuffled order.)
+// ceil(ShardSize(N, {M-1, M}) / kB) steps per epoch, so all workers run the same number of steps,
+// and the epoch's last step takes the rest of the worker's shard (1 .. kB + 1 examples: shards
+// differ by at most one), so every example is used once per epoch. With shuffling the permutation
+// does not depend on M, so sync training on M workers of batch B sees, at step t, exactly the
+// examples that --local with batch M*B sees at its step t (for N divisible by M; otherwise the
+// last step's workers hold one example more or less, and the servers' plain average of their
+// mean gradients weighs those examples very slightly differently). (Criteo data is read per
+// worker — each its own lines — and visited in a per-worker shuffled order.)
 //
 // Evaluation: in sync mode the test set is split among the workers (contiguous ranges) and the
 // sum-mergeable metric states are added up over the servers (Client::AllReduceSum), so the

@@ -14,19 +14,15 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "support/cluster.h"
-#include "trainer/trainer/device.h"
 #include "trainer/trainer/models.h"
-#include "trainer/trainer/options.h"
-#include "trainer/trainer/trainer.h"
+#include "worker_runs.h"
 
 namespace ferry::trainer {
 namespace {
 
-using Trace = std::vector<std::vector<float>>;
 
 TrainerOptions CtrOptions(OptimizerType opt, float lr, int64_t steps) {
   TrainerOptions o;
@@ -49,23 +45,6 @@ TrainerOptions CtrOptions(OptimizerType opt, float lr, int64_t steps) {
   return o;
 }
 
-struct TrainRun {
-  Trace trace;
-  TrainReport report;
-};
-
-TrainRun RunLocal(TrainerOptions o, const Datasets& ds) {
-  o.local = true;
-  TrainRun run;
-  auto dev = CreateCpuDevice();
-  TrainHooks hooks;
-  hooks.on_params = [&](int64_t, std::span<const float> p) { run.trace.emplace_back(p.begin(), p.end()); };
-  auto r = RunTraining(o, dev.get(), nullptr, ds, hooks, nullptr);
-  EXPECT_TRUE(r.ok()) << r.status();
-  if (r.ok()) run.report = *r;
-  return run;
-}
-
 // Relative error with a floor of 1e-2 on the scale (zero-initialised biases).
 double MaxRel(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
@@ -75,7 +54,7 @@ double MaxRel(const std::vector<float>& a, const std::vector<float>& b) {
   return worst;
 }
 
-void ExpectTracesMatch(const Trace& got, const Trace& want, double tolerance) {
+void ExpectTracesMatch(const test::Trace& got, const test::Trace& want, double tolerance) {
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(got[0], want[0]) << "the initial parameters differ";
   double worst = 0;
@@ -101,47 +80,31 @@ TEST_P(CtrSync, TwoWorkersMatchLocalWithDoubleBatchAndMergedEvalMatchesLocalEval
 
   TrainerOptions local = base;
   local.batch = 2 * kBatch;
-  const TrainRun ref = RunLocal(local, ds);
+  const test::WorkerRun ref = test::RunLocal(local, ds);
+  ASSERT_TRUE(ref.report.ok()) << ref.report.status();
 
   ServerOptions so;
   so.compute_threads = 1;
-  auto cluster = test::LocalCluster::Start(2, false, so);
-  TrainRun worker[2];
-  Status status[2];
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      TrainerOptions o = base;
-      o.servers = cluster.endpoints;
-      o.rank = rank;
-      o.num_workers = 2;
-      o.batch = kBatch;
-      auto client = cluster.Connect(rank, 2);
-      auto dev = CreateCpuDevice();
-      TrainHooks hooks;
-      hooks.on_params = [&](int64_t, std::span<const float> p) { worker[rank].trace.emplace_back(p.begin(), p.end()); };
-      auto r = RunTraining(o, dev.get(), client.get(), ds, hooks, nullptr);
-      status[rank] = r.status();
-      if (r.ok()) worker[rank].report = *r;
-    });
-  }
-  for (auto& t : threads) t.join();
-  ASSERT_TRUE(status[0].ok()) << status[0];
-  ASSERT_TRUE(status[1].ok()) << status[1];
+  auto cluster = ferry::test::LocalCluster::Start(2, false, so);
+  TrainerOptions o = base;
+  o.batch = kBatch;
+  const auto worker = test::RunWorkers(cluster, 2, o, ds, /*record=*/true);
+  ASSERT_TRUE(worker[0].report.ok()) << worker[0].report.status();
+  ASSERT_TRUE(worker[1].report.ok()) << worker[1].report.status();
   ExpectTracesMatch(worker[0].trace, ref.trace, 1e-5);
   EXPECT_EQ(worker[0].trace, worker[1].trace);
 
   // Worker 0 reports the evaluation merged over both workers' halves of the test set: the same
   // examples, counts and (up to float rounding of nearly equal parameters) metrics as one process.
-  const EvalSummary& a = worker[0].report.eval;
-  const EvalSummary& b = ref.report.eval;
+  const EvalSummary& a = worker[0].report->eval;
+  const EvalSummary& b = ref.report->eval;
   EXPECT_EQ(a.count, 64);
   EXPECT_EQ(b.count, 64);
   EXPECT_NEAR(a.loss, b.loss, 1e-4);
   EXPECT_NEAR(a.accuracy, b.accuracy, 1e-9);
   EXPECT_NEAR(a.auc, b.auc, 1e-9);
   EXPECT_GT(a.auc, 0.0);
-  EXPECT_EQ(worker[1].report.eval.count, 0) << "only worker 0 reports";
+  EXPECT_EQ(worker[1].report->eval.count, 0) << "only worker 0 reports";
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, CtrSync, testing::Values(OptimizerType::kAdagrad, OptimizerType::kAdam),
@@ -160,10 +123,12 @@ TEST(Accumulate, KMicroBatchesMatchOneBatchOfKTimesTheSize) {
   TrainerOptions micro = base;
   micro.batch = 4;
   micro.accumulate = 3;
-  const TrainRun a = RunLocal(big, ds);
-  const TrainRun b = RunLocal(micro, ds);
+  const test::WorkerRun a = test::RunLocal(big, ds);
+  const test::WorkerRun b = test::RunLocal(micro, ds);
+  ASSERT_TRUE(a.report.ok()) << a.report.status();
+  ASSERT_TRUE(b.report.ok()) << b.report.status();
   ExpectTracesMatch(b.trace, a.trace, 1e-5);
-  EXPECT_EQ(a.report.examples, b.report.examples);
+  EXPECT_EQ(a.report->examples, b.report->examples);
 }
 
 // The ctr model learns the planted model on a cluster, and the metrics file has every event.
@@ -180,28 +145,15 @@ TEST(CtrTraining, AsyncClusterLearnsAndWritesMetrics) {
   auto data = LoadCtrData(base);
   ASSERT_TRUE(data.ok()) << data.status();
   const Datasets ds{nullptr, nullptr, &*data};
-  auto cluster = test::LocalCluster::Start(2);
+  auto cluster = ferry::test::LocalCluster::Start(2);
   const std::string metrics = testing::TempDir() + "/ctr_metrics_{rank}.jsonl";
-  StatusOr<TrainReport> reports[2] = {InternalError("not run"), InternalError("not run")};
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      TrainerOptions o = base;
-      o.servers = cluster.endpoints;
-      o.rank = rank;
-      o.num_workers = 2;
-      o.metrics_out = metrics;
-      auto client = cluster.Connect(rank, 2);
-      auto dev = CreateCpuDevice();
-      reports[rank] = RunTraining(o, dev.get(), client.get(), ds, {}, nullptr);
-    });
-  }
-  for (auto& t : threads) t.join();
-  ASSERT_TRUE(reports[0].ok()) << reports[0].status();
-  ASSERT_TRUE(reports[1].ok()) << reports[1].status();
-  const EvalSummary& e = reports[0]->eval;
+  base.metrics_out = metrics;
+  const auto runs = test::RunWorkers(cluster, 2, base, ds);
+  ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
+  ASSERT_TRUE(runs[1].report.ok()) << runs[1].report.status();
+  const EvalSummary& e = runs[0].report->eval;
   std::printf("planted AUC %.4f; trained AUC %.4f after %lld steps x 2 workers\n", data->planted_auc, e.auc,
-              static_cast<long long>(reports[0]->steps));
+              static_cast<long long>(runs[0].report->steps));
   EXPECT_EQ(e.count, 4000);
   EXPECT_GT(e.auc, 0.70);  // 0.5 is chance
   EXPECT_GT(e.auc, data->planted_auc - 0.1);
@@ -264,10 +216,11 @@ TEST(CtrTraining, LearnsFromCriteoFilesAndReportsBadLines) {
   EXPECT_EQ(data->test.size(), 1000);
   EXPECT_NE(data->source.find("1 bad lines skipped"), std::string::npos) << data->source;
   EXPECT_NE(data->source.find("line 102"), std::string::npos) << data->source;
-  const TrainRun run = RunLocal(o, Datasets{nullptr, nullptr, &*data});
-  std::printf("Criteo-format test AUC %.4f (labels 90%% set by C1: best about 0.9)\n", run.report.eval.auc);
-  EXPECT_EQ(run.report.eval.count, 1000);
-  EXPECT_GT(run.report.eval.auc, 0.8);
+  const test::WorkerRun run = test::RunLocal(o, Datasets{nullptr, nullptr, &*data});
+  ASSERT_TRUE(run.report.ok()) << run.report.status();
+  std::printf("Criteo-format test AUC %.4f (labels 90%% set by C1: best about 0.9)\n", run.report->eval.auc);
+  EXPECT_EQ(run.report->eval.count, 1000);
+  EXPECT_GT(run.report->eval.auc, 0.8);
 
   o.criteo_train = testing::TempDir() + "/no_such_file.tsv";
   auto missing = LoadCtrData(o);

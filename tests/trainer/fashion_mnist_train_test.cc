@@ -4,14 +4,11 @@
 
 #include <filesystem>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "ferry/data/fashion_mnist.h"
 #include "support/cluster.h"
-#include "trainer/trainer/device.h"
-#include "trainer/trainer/options.h"
-#include "trainer/trainer/trainer.h"
+#include "worker_runs.h"
 
 namespace ferry::trainer {
 namespace {
@@ -46,33 +43,21 @@ TEST_P(FashionMnistTraining, TwoWorkersLearn) {
   constexpr int64_t kSteps = 300;
   ServerOptions so;
   so.compute_threads = 1;
-  auto cluster = test::LocalCluster::Start(2, false, so);
-  StatusOr<TrainReport> reports[2] = {InternalError("not run"), InternalError("not run")};
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      TrainerOptions o;
-      o.servers = cluster.endpoints;
-      o.rank = rank;
-      o.num_workers = 2;
-      o.device = DeviceKind::kCpu;
-      o.hidden = {64};
-      o.optimizer.type = OptimizerType::kAdam;
-      o.optimizer.learning_rate = 0.002f;
-      ASSERT_TRUE(ParseConsistency(GetParam(), &o.consistency, &o.staleness).ok());
-      o.batch = 32;
-      o.steps = kSteps;
-      o.log_every = 100;
-      o.test_limit = 5000;
-      auto client = cluster.Connect(rank, 2);
-      auto dev = CreateCpuDevice();
-      reports[rank] = RunTraining(o, dev.get(), client.get(), Datasets{train_, test_}, {}, stdout);
-    });
-  }
-  for (auto& t : threads) t.join();
-  ASSERT_TRUE(reports[0].ok()) << reports[0].status();
-  ASSERT_TRUE(reports[1].ok()) << reports[1].status();
-  const TrainReport& r = *reports[0];
+  auto cluster = ferry::test::LocalCluster::Start(2, false, so);
+  TrainerOptions o;
+  o.device = DeviceKind::kCpu;
+  o.hidden = {64};
+  o.optimizer.type = OptimizerType::kAdam;
+  o.optimizer.learning_rate = 0.002f;
+  ASSERT_TRUE(ParseConsistency(GetParam(), &o.consistency, &o.staleness).ok());
+  o.batch = 32;
+  o.steps = kSteps;
+  o.log_every = 100;
+  o.test_limit = 5000;
+  auto runs = test::RunWorkers(cluster, 2, o, Datasets{train_, test_}, false, stdout);
+  ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
+  ASSERT_TRUE(runs[1].report.ok()) << runs[1].report.status();
+  const TrainReport& r = *runs[0].report;
   std::printf("%s: %lld steps x 2 workers x batch 32 in %.2f s: loss %.3f -> %.3f, test accuracy %.4f\n",
               GetParam().c_str(), static_cast<long long>(r.steps), r.wall_s, r.first_loss, r.last_loss,
               r.eval.accuracy);

@@ -14,15 +14,11 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "ferry/data/fashion_mnist.h"
 #include "support/cluster.h"
-#include "trainer/trainer/device.h"
-#include "trainer/trainer/options.h"
-#include "trainer/trainer/trainer.h"
+#include "worker_runs.h"
 
 namespace ferry::trainer {
 namespace {
@@ -69,8 +65,6 @@ TrainerOptions BaseOptions(OptimizerType opt, float lr, int64_t steps) {
   return o;
 }
 
-using Trace = std::vector<std::vector<float>>;  // parameters used at each step, then the final ones
-
 struct Case {
   OptimizerType opt;
   float lr;
@@ -89,43 +83,21 @@ TEST_P(SyncEquivalence, TwoWorkersMatchLocalWithDoubleBatch) {
   const Datasets ds{&train, nullptr};
 
   // The reference: one process, batch 2B, local optimizer.
-  Trace local;
-  {
-    TrainerOptions o = BaseOptions(GetParam().opt, GetParam().lr, kSteps);
-    o.local = true;
-    o.batch = 2 * kBatch;
-    auto dev = CreateCpuDevice();
-    TrainHooks hooks;
-    hooks.on_params = [&](int64_t, std::span<const float> p) { local.emplace_back(p.begin(), p.end()); };
-    auto r = RunTraining(o, dev.get(), nullptr, ds, hooks, nullptr);
-    ASSERT_TRUE(r.ok()) << r.status();
-  }
+  TrainerOptions o = BaseOptions(GetParam().opt, GetParam().lr, kSteps);
+  o.batch = 2 * kBatch;
+  const test::WorkerRun reference = test::RunLocal(o, ds);
+  ASSERT_TRUE(reference.report.ok()) << reference.report.status();
+  const test::Trace& local = reference.trace;
 
   // Two workers in sync mode against two in-process servers.
   ServerOptions so;
   so.compute_threads = 1;
-  auto cluster = test::LocalCluster::Start(2, false, so);
-  Trace worker[2];
-  Status status[2];
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      TrainerOptions o = BaseOptions(GetParam().opt, GetParam().lr, kSteps);
-      o.servers = cluster.endpoints;
-      o.rank = rank;
-      o.num_workers = 2;
-      o.batch = kBatch;
-      auto client = cluster.Connect(rank, 2);
-      auto dev = CreateCpuDevice();
-      TrainHooks hooks;
-      hooks.on_params = [&](int64_t, std::span<const float> p) { worker[rank].emplace_back(p.begin(), p.end()); };
-      auto r = RunTraining(o, dev.get(), client.get(), ds, hooks, nullptr);
-      status[rank] = r.status();
-    });
-  }
-  for (auto& t : threads) t.join();
-  ASSERT_TRUE(status[0].ok()) << status[0];
-  ASSERT_TRUE(status[1].ok()) << status[1];
+  auto cluster = ferry::test::LocalCluster::Start(2, false, so);
+  o.batch = kBatch;
+  const auto runs = test::RunWorkers(cluster, 2, o, ds, /*record=*/true);
+  ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
+  ASSERT_TRUE(runs[1].report.ok()) << runs[1].report.status();
+  const test::Trace worker[2] = {runs[0].trace, runs[1].trace};
 
   ASSERT_EQ(local.size(), static_cast<size_t>(kSteps + 1));
   ASSERT_EQ(worker[0].size(), local.size());
@@ -172,27 +144,16 @@ TEST(Epochs, EveryExampleOncePerEpochAndEvalEachEpoch) {
     const std::string metrics = testing::TempDir() + "/epochs_{rank}.jsonl";
     ServerOptions so;
     so.compute_threads = 1;
-    auto cluster = test::LocalCluster::Start(2, false, so);
-    StatusOr<TrainReport> report[2] = {InternalError("not run"), InternalError("not run")};
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < 2; ++rank) {
-      threads.emplace_back([&, rank] {
-        TrainerOptions o = BaseOptions(OptimizerType::kSgd, 0.1f, 0);
-        o.epochs = 3;
-        o.eval_each_epoch = true;
-        o.metrics_out = metrics;
-        o.servers = cluster.endpoints;
-        o.rank = rank;
-        o.num_workers = 2;
-        o.batch = 4;
-        auto client = cluster.Connect(rank, 2);
-        auto dev = CreateCpuDevice();
-        report[rank] = RunTraining(o, dev.get(), client.get(), ds, {}, nullptr);
-      });
-    }
-    for (auto& t : threads) t.join();
-    ASSERT_TRUE(report[0].ok()) << report[0].status();
-    ASSERT_TRUE(report[1].ok()) << report[1].status();
+    auto cluster = ferry::test::LocalCluster::Start(2, false, so);
+    TrainerOptions o = BaseOptions(OptimizerType::kSgd, 0.1f, 0);
+    o.epochs = 3;
+    o.eval_each_epoch = true;
+    o.metrics_out = metrics;
+    o.batch = 4;
+    const auto runs = test::RunWorkers(cluster, 2, o, ds);
+    ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
+    ASSERT_TRUE(runs[1].report.ok()) << runs[1].report.status();
+    const TrainReport* report[2] = {&*runs[0].report, &*runs[1].report};
     const int64_t smallest_shard = examples / 2;
     EXPECT_EQ(report[0]->steps, 3 * ((smallest_shard + 3) / 4));
     EXPECT_EQ(report[1]->steps, report[0]->steps);

@@ -6,6 +6,8 @@
 #   ./build.sh test    install, build, run every test (ctest)
 #   ./build.sh build   install and build only
 #   ./build.sh bench   install, build, run the micro-benchmarks
+#   ./build.sh matrix [ARGS]  install, build, run bench/ferry-matrix (sync vs async vs ssp on
+#                      local clusters; ARGS go to it, e.g. --preset small --straggler x2)
 #
 # Environment: BUILD_DIR (default build), JOBS (default: cores), FERRY_CMAKE_ARGS (extra args).
 set -euo pipefail
@@ -63,5 +65,6 @@ case "${1:-}" in
   test) install_deps; build; run_tests ;;
   build) install_deps; build ;;
   bench) install_deps; build; "$BUILD_DIR/bench/ferry-bench" ;;
-  *) echo "usage: $0 demo|test|build|bench" >&2; exit 2 ;;
+  matrix) shift; install_deps; build; python3 bench/ferry-matrix --bin-dir "$BUILD_DIR" "$@" ;;
+  *) echo "usage: $0 demo|test|build|bench|matrix [ferry-matrix flags]" >&2; exit 2 ;;
 esac

@@ -76,8 +76,10 @@ def free_ports(n):
 
 
 def launcher_env(extra=None):
-    """The test's environment without any Slurm job it may run in, plus extra."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SRUN_"))}
+    """The test's environment without any Slurm job or GPU selection it may run in, plus
+    extra."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SRUN_")) and k != "CUDA_VISIBLE_DEVICES"}
     env.update(extra or {})
     return env
 
@@ -164,7 +166,11 @@ def load_launcher_module():
     loader = importlib.machinery.SourceFileLoader("ferry_launch", LAUNCHER)
     spec = importlib.util.spec_from_loader("ferry_launch", loader)
     module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
+    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no launch/__pycache__
+    try:
+        loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = dont_write
     return module
 
 
@@ -213,9 +219,10 @@ class LaunchTest(unittest.TestCase):
     def test_local_cluster_trains_and_exits_zero(self):
         logs = os.path.join(self.dir, "logs")
         rc, out = run_launcher(["--num-ps", "2", "--num-workers", "2", "--base-port", "0",
-                                "--bin-dir", BUILD_DIR, "--log-dir", logs, "--"]
-                               + SHORT_TRAINING)
+                                "--ps-arg", "--max-wait-s 30", "--bin-dir", BUILD_DIR,
+                                "--log-dir", logs, "--"] + SHORT_TRAINING)
         self.assertEqual(rc, 0, out)
+        self.assertRegex(out, r"started ps 1 pid \d+: .* --compute-threads 1 --max-wait-s 30\n")
         self.assertIn("[ps 1] ferry-ps rank 1 of 2 listening", out)
         self.assertRegex(out, r"\[worker 0\] done: 20 steps")
         self.assertIn("[worker 1]", out)
@@ -230,7 +237,8 @@ class LaunchTest(unittest.TestCase):
         spec = os.path.join(self.dir, "spec.json")
         with open(spec, "w") as f:
             json.dump({"cluster": {"ps": [f"127.0.0.1:{ports[0]}", f"localhost:{ports[1]}"],
-                                   "worker": ["localhost"]}}, f)
+                                   "worker": ["localhost"]},
+                       "task": {"type": "worker", "index": 0}}, f)
         rc, out = run_launcher(["--spec", spec, "--bin-dir", BUILD_DIR,
                                 "--log-dir", os.path.join(self.dir, "logs"), "--"]
                                + SHORT_TRAINING)
@@ -312,6 +320,78 @@ class LaunchTest(unittest.TestCase):
         self.assertNotIn("started worker", r.output)
         self.assert_all_gone(r.pids())
 
+    def test_unusable_log_dir_is_a_preflight_error(self):
+        blocker = os.path.join(self.dir, "a-file")
+        open(blocker, "w").close()
+        logs = os.path.join(blocker, "logs")
+        rc, out = run_launcher(["--num-ps", "1", "--num-workers", "1", "--base-port", "0",
+                                "--bin-dir", BUILD_DIR, "--log-dir", logs])
+        self.assertEqual(rc, 2, out)
+        self.assertIn(f"ferry-launch: error: preflight: --log-dir {logs}: cannot create or "
+                      "write there: Not a directory", out)
+        self.assertNotIn("Traceback", out)
+        self.assertNotIn("started", out)
+
+    def test_stop_all_bounds_the_wait_after_sigkill(self):
+        # A process that SIGKILL cannot end (stuck in the kernel): named, then left.
+        fl = load_launcher_module()
+
+        class StuckChild:
+            pid, returncode, done = 4242424, None, threading.Event()
+
+            def signal_group(self, *_args):
+                pass
+            kill_group = close_stdin = join_output = signal_group
+
+        launcher = fl.Launcher(fl.Cluster([], []), unittest.mock.Mock(grace=0.1, ssh="ssh"),
+                               fl.Console(), fl.StopSignals())
+        launcher.procs = [fl.TaskProc(fl.Task("ps", 0, "127.0.0.1", 7000), StuckChild(), None)]
+        out = io.StringIO()
+        t0 = time.monotonic()
+        with unittest.mock.patch.object(fl, "REAP_TIMEOUT_S", 0.3), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            launcher.stop_all("test")
+        self.assertLess(time.monotonic() - t0, 2.0)
+        self.assertIn("ps 0 pid 4242424 ignored SIGTERM for 0.1 s; sending SIGKILL",
+                      out.getvalue())
+        self.assertIn("ps 0 (pid 4242424) could not be reaped 0.3 s after SIGKILL",
+                      out.getvalue())
+
+    def test_rendezvous_deadline_holds_when_probes_hang(self):
+        # Connects (or name lookups) that hang far past their timeout delay neither the
+        # deadline nor the progress reports.
+        fl = load_launcher_module()
+        release = threading.Event()
+
+        def hanging_connect(*_args, **_kwargs):
+            release.wait(20)
+            raise OSError("released")
+
+        ps = [fl.Task("ps", r, f"ps{r}.example", 7000 + r) for r in range(3)]
+        said = []
+        t0 = time.monotonic()
+        try:
+            with unittest.mock.patch.object(fl.socket, "create_connection", hanging_connect), \
+                    unittest.mock.patch.object(fl, "WAIT_REPORT_EVERY_S", 0.3):
+                got = fl.wait_for_servers(ps, 1.0, said.append, lambda s: time.sleep(s))
+        finally:
+            release.set()
+        self.assertEqual(got, "timeout")
+        self.assertLess(time.monotonic() - t0, 1.6)
+        self.assertGreaterEqual(sum(m.startswith("waiting for ps 2 at ps2.example:7002")
+                                    for m in said), 2, said)
+        self.assertEqual(sum(m.startswith("rendezvous timed out after 1 s") for m in said), 3,
+                         said)
+
+    def test_child_exits_if_launcher_died_before_prctl(self):
+        fl = load_launcher_module()
+        with unittest.mock.patch.object(fl.os, "getpid", return_value=1):
+            preexec = fl._die_with_launcher(signal.SIGKILL)  # "launcher" pid 1: not our parent
+        r = subprocess.run(["sh", "-c", "echo ran"], preexec_fn=preexec, capture_output=True,
+                           text=True, timeout=10)
+        self.assertEqual((r.returncode, r.stdout), (1, ""), r.stderr)
+        self.assertIn("the launcher died before this process started", r.stderr)
+
     def test_dry_run_prints_commands(self):
         rc, out = run_launcher(["--num-ps", "2", "--num-workers", "2", "--base-port", "7470",
                                 "--bin-dir", BUILD_DIR, "--gpus-per-host", "0", "--dry-run",
@@ -360,6 +440,20 @@ class UsageErrorTest(unittest.TestCase):
             ({"ps": ["127.0.0.1:7000"], "worker": ["-oProxyCommand=x"]},
              "worker[0] '-oProxyCommand=x': bad host '-oProxyCommand=x'"),
             ("{not json", "is not valid JSON"),
+            ('{"ps": ["127.0.0.1:7000"], "ps": ["127.0.0.1:7001"], "worker": ["127.0.0.1"]}',
+             "duplicate field 'ps'"),
+            ('{"cluster": {"ps": ["127.0.0.1:7000"], "worker": ["a"], "worker": ["b"]}}',
+             "duplicate field 'worker'"),
+            ({"cluster": {"ps": ["127.0.0.1:7000"], "worker": ["a"]}, "task": "worker"},
+             "field 'task' must be an object"),
+            ({"cluster": {"ps": ["127.0.0.1:7000"], "worker": ["a"]},
+              "task": {"type": "chief", "index": 0}},
+             "field 'task.type' must be \"ps\" or \"worker\", got \"chief\""),
+            ({"cluster": {"ps": ["127.0.0.1:7000"], "worker": ["a"]},
+              "task": {"type": "worker", "index": 1}},
+             "field 'task.index' must be an integer 0..0 (an entry of 'cluster.worker'), got 1"),
+            ({"cluster": {"ps": ["127.0.0.1:7000"], "worker": ["a"]},
+              "task": {"type": "ps", "index": 0, "trial": 1}}, "unknown field 'task.trial'"),
         ]
         for spec, want in cases:
             with self.subTest(want=want):
@@ -372,6 +466,53 @@ class UsageErrorTest(unittest.TestCase):
                                 "--rank", "3"])
         self.assertEqual(rc, 2, out)
         self.assertIn("trainer flag --rank is set by the launcher", out)
+
+    def test_bad_seconds_name_the_flag(self):
+        base = ["--num-ps", "1", "--num-workers", "1", "--gpus-per-host", "0", "--dry-run"]
+        for flag, value in [("--rendezvous-timeout", "nan"), ("--rendezvous-timeout", "inf"),
+                            ("--rendezvous-timeout", "-1"), ("--rendezvous-timeout", "0"),
+                            ("--grace", "inf"), ("--grace", "-0.5"), ("--grace", "NaN"),
+                            ("--ssh-timeout", "nan"), ("--grace", "1e9")]:
+            with self.subTest(flag=flag, value=value):
+                rc, out = run_in_process(base + [f"{flag}={value}"])
+                self.assertEqual(rc, 2, out)
+                self.assertIn(f"argument {flag}: want a finite number of seconds", out)
+                self.assertIn(f"got '{value}'", out)
+        rc, out = run_in_process(base + ["--grace", "0", "--rendezvous-timeout", "0.5"])
+        self.assertEqual(rc, 0, out)
+
+    def test_ps_args_go_to_every_server(self):
+        rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--base-port", "7470",
+                                  "--gpus-per-host", "0", "--dry-run", "--ps-arg",
+                                  "--max-wait-s 30", "--ps-arg=--max-message-mb",
+                                  "--ps-arg=64", "--", "--steps", "5"])
+        self.assertEqual(rc, 0, out)
+        cmds = command_lines(out)
+        for who in ("ps 0", "ps 1"):
+            self.assertTrue(cmds[who].endswith("--compute-threads 1 --max-wait-s 30 "
+                                               "--max-message-mb 64"), cmds[who])
+        self.assertNotIn("--max-wait-s", cmds["worker 0"])
+        for bad, want in [("--compute-threads 4", "--ps-arg flag --compute-threads is set by "
+                                                  "the launcher; remove it (use --ps-threads)"),
+                          ("--bind=tcp://*:1", "--ps-arg flag --bind=tcp://*:1 is set by the "
+                                               "launcher"),
+                          ("'--max-wait-s 3", "argument --ps-arg: No closing quotation")]:
+            with self.subTest(bad=bad):
+                rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run",
+                                          f"--ps-arg={bad}"])
+                self.assertEqual(rc, 2, out)
+                self.assertIn(want, out)
+
+    def test_base_port_zero_ports_are_distinct(self):
+        # Each socket stays bound until all are picked: no two servers draw the same port.
+        fl = load_launcher_module()
+        ports = fl.ps_ports(0, ["127.0.0.1"] * 200, "--host")
+        self.assertEqual(len(set(ports)), 200)
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--host", "node7",
+                                  "--base-port", "0", "--dry-run"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--base-port 0 picks ports free on this machine, but --host puts a "
+                      "server on node7; give a port", out)
 
     def test_missing_binary(self):
         rc, out = run_launcher(["--num-ps", "1", "--num-workers", "1", "--base-port", "0",
@@ -441,6 +582,38 @@ class GpuAssignmentTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertNotIn("CUDA_VISIBLE_DEVICES", out)
 
+    def test_cuda_visible_devices_limits_the_cards(self):
+        # nvidia-smi lists 4 cards, but only 2 and 3 are visible to the launcher.
+        fake = os.path.join(self.tmp.name, "path")
+        os.makedirs(fake)
+        write_script(os.path.join(fake, "nvidia-smi"), "#!/bin/sh\n" + "".join(
+            f"echo 'GPU {i}: Fake GPU (UUID: GPU-{i})'\n" for i in range(4)))
+        path = fake + os.pathsep + os.environ.get("PATH", "")
+        args = ["--num-ps", "1", "--num-workers", "4", "--bin-dir", BUILD_DIR, "--dry-run"]
+
+        def cards(extra, visible):
+            rc, out = run_in_process(args + extra, env={"PATH": path,
+                                                        "CUDA_VISIBLE_DEVICES": visible})
+            self.assertEqual(rc, 0, out)
+            found = [re.search(r"CUDA_VISIBLE_DEVICES=(\S+) ", command_lines(out)[f"worker {k}"])
+                     for k in range(4)]
+            return [m.group(1) if m else None for m in found], out
+
+        got, out = cards([], "2,3")
+        self.assertEqual(got, ["2", "3", "2", "3"], out)
+        self.assertIn("CUDA_VISIBLE_DEVICES=2,3 is set: trainer k on this host gets", out)
+        got, out = cards(["--gpus-per-host", "1"], "GPU-b, GPU-a")
+        self.assertEqual(got, ["GPU-b"] * 4, out)
+        got, out = cards([], "")
+        self.assertEqual(got, [None] * 4, out)
+        self.assertIn("CUDA_VISIBLE_DEVICES is set and empty: trainers on this host get no GPU",
+                      out)
+        rc, out = run_in_process(args + ["--gpus-per-host", "3"],
+                                 env={"CUDA_VISIBLE_DEVICES": "2,3"})
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--gpus-per-host 3, but CUDA_VISIBLE_DEVICES=2,3 makes only 2 GPUs "
+                      "visible", out)
+
     def test_gpu_flag_conflicts(self):
         rc, out = run_in_process(["--num-ps", "1", "--num-workers", "2", "--gpus-per-host", "2",
                                   "--dry-run", "--", "--gpu", "1"])
@@ -449,12 +622,14 @@ class GpuAssignmentTest(unittest.TestCase):
 
 
 # An "ssh" that runs the command on this machine, in a new session (as a remote process would
-# be: only the launcher's stdin pipe connects them), for hosts named node*; others are down.
+# be: only the launcher's stdin pipe connects them), for hosts named node*; for hosts named
+# slow* it appends its pid to $FAKE_SSH_PIDS and hangs; others are down.
 LOCAL_SSH = textwrap.dedent("""\
     #!/bin/sh
     host=$1; shift
     case "$host" in
       node*) exec setsid -w sh -c "$*" ;;
+      slow*) echo $$ >> "$FAKE_SSH_PIDS"; exec sleep 60 ;;
       *) echo "ssh: Could not resolve hostname $host: Name or service not known" >&2; exit 255 ;;
     esac
     """)
@@ -496,6 +671,29 @@ class SshBackendTest(unittest.TestCase):
         self.assertIn("preflight: on host 'node-a' (worker[0]): binary not found or not "
                       "executable: /nonexistent/ferry/trainer/trainer/ferry-trainer", out)
 
+    def test_sigterm_during_preflight_stops_the_checks(self):
+        pids_file = os.path.join(self.dir, "ssh-pids")
+        spec = self.spec({"ps": [f"127.0.0.1:{free_ports(1)[0]}"],
+                          "worker": ["slow-a", "slow-b"]})
+        r = Run(["--spec", spec, "--bin-dir", BUILD_DIR, "--ssh", self.ssh, "--ssh-timeout",
+                 "50", "--log-dir", os.path.join(self.dir, "logs")],
+                env={"FAKE_SSH_PIDS": pids_file})
+        deadline = time.monotonic() + 10
+        pids = []
+        while len(pids) < 2 and time.monotonic() < deadline:  # both checks are running
+            time.sleep(0.05)
+            if os.path.exists(pids_file):
+                with open(pids_file) as f:
+                    pids = [int(p) for p in f.read().split()]
+        self.assertEqual(len(pids), 2, r.output)
+        r.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(r.finish(10), 128 + signal.SIGTERM, r.output)
+        self.assertIn("stopped by SIGTERM before the cluster started", r.output)
+        self.assertNotIn("Traceback", r.output)
+        self.assertNotIn("started ps", r.output)
+        wait_until_gone(pids)
+        self.assertEqual([p for p in pids if pid_alive(p)], [], "ssh checks survived")
+
     def test_remote_processes_die_with_the_launcher(self):
         # SIGKILL leaves the launcher no chance: the remote wrappers see their stdin close.
         bin_dir = make_stub_bin_dir(self.dir)
@@ -523,11 +721,43 @@ def _ip(*args, check=True):
     return r.stdout
 
 
+def _kill_netns_processes(name):
+    for pid in _ip("netns", "pids", name, check=False).split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
 class Namespaces:
     """N network namespaces on one bridge, each with an address from 198.18.0.0/15; the bridge
     holds .1 in this (root) namespace, so the launcher reaches every namespace and they reach
     each other. Names carry the test's pid; remove() deletes everything, and is safe to call
-    after a partial setup."""
+    after a partial setup; remove_stale() deletes what earlier runs, since dead, left behind."""
+
+    # Every name this class makes, with the pid of the test process that made it.
+    NAME_RE = re.compile(r"^(?:ferry-test-(\d+)-\d+|fbr(\d+)|fv(\d+)-\d+|fp(\d+)-\d+)$")
+
+    @classmethod
+    def stale(cls, name):
+        """True for a name this class makes whose test process is gone."""
+        m = cls.NAME_RE.match(name)
+        return bool(m) and not pid_alive(int(next(g for g in m.groups() if g)))
+
+    @classmethod
+    def remove_stale(cls):
+        """Deletes the namespaces (and processes in them), bridges and veths of earlier runs
+        whose pid is dead: a run killed before tearDownClass (ctest's timeout) leaves them."""
+        for line in _ip("netns", "list", check=False).splitlines():
+            name = (line.split() or [""])[0]  # "NAME (id: 3)"
+            if cls.stale(name):
+                _kill_netns_processes(name)
+                _ip("netns", "del", name, check=False)
+        for line in _ip("-o", "link", "show", check=False).splitlines():
+            fields = line.split(":")  # "12: fv123-0@if5: <BROADCAST,...> ..."
+            name = fields[1].strip().split("@")[0] if len(fields) > 2 else ""
+            if cls.stale(name):
+                _ip("link", "del", name, check=False)
 
     def __init__(self, n=3):
         pid = os.getpid()
@@ -596,6 +826,7 @@ class Namespaces:
         finally:
             srv.kill()
             srv.wait()
+            srv.stdout.close()
         if not ok:
             self.remove()
             raise unittest.SkipTest("network namespaces made, but TCP between them is blocked "
@@ -610,12 +841,9 @@ class Namespaces:
         return out
 
     def kill_all(self):
-        for pids in self.pids().values():
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        for kind, name in self.created:
+            if kind == "netns":
+                _kill_netns_processes(name)
 
     def remove(self):
         self.kill_all()
@@ -647,6 +875,7 @@ class NetnsTest(unittest.TestCase):
             raise unittest.SkipTest("needs root to create network namespaces (ip netns add)")
         if not shutil.which("ip") or not shutil.which("setsid"):
             raise unittest.SkipTest("needs ip (iproute2) and setsid (util-linux)")
+        Namespaces.remove_stale()  # what runs killed before tearDownClass left behind
         cls.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-netns-")
         cls.ns = Namespaces(3)
         try:
@@ -681,6 +910,27 @@ class NetnsTest(unittest.TestCase):
     def assert_namespaces_empty(self):
         self.assertEqual({ns: pids for ns, pids in self.ns.pids().items() if pids}, {},
                          "processes left in the namespaces")
+
+    def test_stale_namespaces_of_dead_runs_are_removed(self):
+        dead = subprocess.Popen(["true"])
+        dead.wait()  # a pid no test process has any more
+        live = os.getpid()
+        made = [("netns", f"ferry-test-{dead.pid}-0"), ("netns", f"ferry-test-{live}-9"),
+                ("link", f"fbr{dead.pid}"), ("link", f"fv{dead.pid}-0")]
+        try:
+            _ip("netns", "add", made[0][1])
+            _ip("netns", "add", made[1][1])
+            _ip("link", "add", made[2][1], "type", "bridge")
+            _ip("link", "add", made[3][1], "type", "veth", "peer", "name", f"fp{dead.pid}-0")
+            Namespaces.remove_stale()
+            netns = _ip("netns", "list")
+            links = _ip("-o", "link", "show")
+            self.assertNotIn(made[0][1], netns)
+            self.assertNotRegex(links, rf": (fbr|fv|fp){dead.pid}[-:@]")
+            self.assertIn(made[1][1], netns)  # its test process (this one) is alive
+        finally:
+            for kind, name in made:
+                _ip(kind, "del", name, check=False)
 
     def test_cluster_across_namespaces_trains(self):
         a = self.ns.addresses
@@ -853,10 +1103,12 @@ class SlurmTest(unittest.TestCase):
         logs = os.path.join(self.dir, "logs")
         rc, out = run_launcher(["--slurm", "--srun", self.srun, "--num-ps", "2",
                                 "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
-                                "--bin-dir", BUILD_DIR, "--log-dir", logs, "--"] + SHORT_TRAINING,
-                               env=self.env())
+                                "--ps-arg", "--max-wait-s 30", "--bin-dir", BUILD_DIR,
+                                "--log-dir", logs, "--"] + SHORT_TRAINING, env=self.env())
         self.assertEqual(rc, 0, out)
         self.assertIn("Slurm backend (--slurm)", out)
+        self.assertRegex(out, r"\[ps 1\] ferry-launch: started ps 1 pid \d+: .* --max-wait-s 30")
+        self.assertRegex(out, r"rendezvous: all 4 tasks of the step running")
         self.assertRegex(out, r"\[ps 1\] ferry-launch: slurm task 1 is ps 1 on 127\.0\.0\.2 "
                               r"\(SLURM_NODEID 1, SLURM_LOCALID 0\)")
         self.assertRegex(out, r"\[ps 1\] ferry-ps rank 1 of 2 listening on tcp://127\.0\.0\.2:")
@@ -885,11 +1137,49 @@ class SlurmTest(unittest.TestCase):
         self.assertRegex(out, r"\[worker 0\] ferry-launch: worker 0 pid \d+ ignored SIGTERM")
         self.assert_gone(out)
 
+    def test_base_port_zero_needs_nodes_of_this_machine(self):
+        rc, out = run_in_process(["--num-ps", "2", "--num-workers", "2", "--base-port", "0",
+                                  "--dry-run"], env=self.env(SLURM_JOB_NODELIST="gpu[1-2]"))
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--base-port 0 picks ports free on this machine, but SLURM_JOB_NODELIST "
+                      "puts a server on gpu1; give a port (e.g. --base-port 7470)", out)
+
+    def test_ps_args_reach_the_step(self):
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--gpus-per-host", "0",
+                                  "--ps-arg", "--max-wait-s 30", "--dry-run"], env=self.env())
+        self.assertEqual(rc, 0, out)
+        cmds = command_lines(out)
+        self.assertIn(" '--ps-arg=--max-wait-s 30' -- ", cmds["srun"] + " ")
+        self.assertTrue(cmds["ps 0"].endswith("--compute-threads 1 --max-wait-s 30"), cmds)
+
+    @unittest.skipUnless(os.access(PS_BIN, os.X_OK), f"ferry-ps not built under {BUILD_DIR}")
+    def test_step_that_never_starts_times_out(self):
+        # srun waiting for resources starts no task: the launcher's deadline still holds.
+        srun = write_script(os.path.join(self.dir, "pending-srun"), textwrap.dedent("""\
+            #!/bin/sh
+            echo "srun: job 4242 queued and waiting for resources"
+            exec cat >/dev/null
+            """))
+        t0 = time.monotonic()
+        rc, out = run_launcher(["--slurm", "--srun", srun, "--num-ps", "1", "--num-workers",
+                                "1", "--base-port", "0", "--gpus-per-host", "0",
+                                "--rendezvous-timeout", "3.5", "--bin-dir", BUILD_DIR,
+                                "--log-dir", os.path.join(self.dir, "logs")], env=self.env())
+        self.assertEqual(rc, 1, out)
+        self.assertLess(time.monotonic() - t0, 15)
+        self.assertIn("[srun] srun: job 4242 queued and waiting for resources", out)
+        self.assertIn("waiting for the srun step, 3 s: not started by srun yet (waiting for "
+                      "resources?): ps 0 (slurm task 0 on 127.0.0.1), worker 0 (slurm task 1 on "
+                      "127.0.0.1)", out)
+        self.assertIn("rendezvous timed out after 3.5 s: not started by srun yet", out)
+        self.assertIn("stopping the srun step (rendezvous timed out)", out)
+
     def test_srun_output_is_split_per_task(self):
         fl = load_launcher_module()
         cluster = fl.cluster_from_nodes(["a", "b"], 1, 2, 7000)  # tasks: ps 0, worker 0, 1
         opts = unittest.mock.Mock(log_dir=self.dir, grace=1.0)
-        sl = fl.SlurmLauncher(cluster, opts, fl.Console(), ["srun"], "hostfile")
+        sl = fl.SlurmLauncher(cluster, opts, fl.Console(), fl.StopSignals(), ["srun"],
+                              "hostfile")
         sl.streams = [fl.Stream(t.name, os.path.join(self.dir, f"{i}.log"), sl.console)
                       for i, t in enumerate(sl.tasks)]
         sl.srun_stream = fl.Stream("srun", os.path.join(self.dir, "srun.log"), sl.console)
@@ -905,6 +1195,8 @@ class SlurmTest(unittest.TestCase):
             "[srun] srun: error: b: tasks 2: Killed", "[srun] srun: Job step aborted"])
         self.assertEqual(sl.rc, [None, 3, -signal.SIGKILL])
         self.assertEqual([sl.events.get_nowait() for _ in range(2)], [("task", 1), ("task", 2)])
+        for stream in sl.streams + [sl.srun_stream]:
+            stream.close()
         with open(os.path.join(self.dir, "1.log")) as f:
             self.assertEqual(f.read().splitlines()[0], "training...")
 

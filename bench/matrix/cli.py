@@ -2,8 +2,8 @@
 
 Exit status: 0 every run succeeded and every output was written; 1 some run failed or timed out
 (it is recorded as such, and every output was still written); 2 bad usage or preflight (nothing
-ran); 3 an output could not be produced (gnuplot failed); 130 interrupted (what finished so far
-is written).
+ran); 3 an output could not be produced (gnuplot failed); 130 interrupted by SIGINT, SIGTERM or
+SIGHUP (the running cluster is stopped; what finished so far is written).
 """
 
 import argparse
@@ -12,6 +12,7 @@ import datetime
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -245,7 +246,15 @@ def report_only(path, plot_time):
     return EXIT_OK
 
 
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv):
+    # SIGTERM and SIGHUP (a cancelled job, a closed terminal) stop the matrix like Ctrl-C: the
+    # running cluster is stopped and what finished is written.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     args = parse_args(argv)
     if args.report_only:
         return report_only(os.path.abspath(args.report_only), args.plot_time)

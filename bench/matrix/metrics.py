@@ -9,9 +9,10 @@ and "wall_s" (seconds since that worker started training). Evaluations ("eval" e
 - training time = wall_s - time.eval_s (the worker's cumulative evaluation time at that event);
   time to target = the first evaluation whose quality >= target, given both as training time and
   as raw wall_s; steps to target = that evaluation's step (rank 0's steps).
-- throughput per worker = examples / (wall_s - eval_s) of its end event (evaluation excluded;
-  the trainer's own examples_per_sec, evaluation included, is kept as *_raw); total = the sum
-  over workers.
+- throughput per worker = examples / train_s of its end event (seconds to its final pull, less
+  evaluation; not the closing wait for the other workers, final_wait_s; an older trainer without
+  train_s: wall_s - eval_s); the trainer's own examples_per_sec, evaluation included, is kept as
+  *_raw; total = the sum over workers.
 - bytes: bytes_sent (pushed) and bytes_received (pulled) summed over the workers' end events.
 - time split: each worker's cumulative time.{pull,compute,push,wait,eval}_s / its steps, in ms,
   then the mean over workers (the per-worker values are kept too).
@@ -35,7 +36,8 @@ class MetricsError(Exception):
 def read_jsonl(path):
     """The events of one metrics file, in order. MetricsError names the file and line."""
     try:
-        with open(path, encoding="utf-8") as f:
+        # A byte that is not UTF-8 turns into U+FFFD and fails as "not JSON" with its line.
+        with open(path, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError as e:
         raise MetricsError(f"cannot read {path}: {e.strerror}") from None
@@ -124,18 +126,26 @@ def summarize(spec, run_dir):
             checks.append(f"start event says {key}={s0[key]!r}, the harness asked for {want!r}")
 
     # Quality curve and time to target: rank 0's evaluations.
+    # An evaluation whose quality is null (the trainer writes null for an undefined AUC: a test
+    # range of one class) is left out of the curve and named in the checks.
     curve = []
     for i, ev in enumerate(e for e in per_rank[0] if e.get("event") == "eval"):
+        if ev.get(q, 0) is None:
+            checks.append(f"eval #{i + 1} (step {ev.get('step')}) has no {q}; left out")
+            continue
         curve.append(_eval_point(ev, q, model.loss_name, f"metrics-0.jsonl eval #{i + 1}"))
     final_obj = ends[0].get("final")
     final = None
-    if isinstance(final_obj, dict) and q in final_obj:
+    if isinstance(final_obj, dict) and final_obj.get(q) is not None:
         fp = dict(final_obj)
         fp.setdefault("step", ends[0].get("steps"))
         fp.setdefault("wall_s", ends[0].get("wall_s"))
         fp.setdefault("time", ends[0].get("time"))
         final = _eval_point(fp, q, model.loss_name, "metrics-0.jsonl end.final")
-        if not any(p["step"] == final["step"] for p in curve):
+        same = next((p for p in curve if p["step"] == final["step"]), None)
+        if same:
+            final["merged"] = same["merged"]  # end.final repeats that eval line, less "merged"
+        else:
             curve.append(final)
     elif curve:
         final = curve[-1]
@@ -148,6 +158,7 @@ def summarize(spec, run_dir):
     # Throughput, bytes, time split: every worker's end event.
     steps, rate, rate_raw, split = [], [], [], {k: [] for k in SPLIT}
     sent = received = examples = 0
+    train_times = []
     for r, end in enumerate(ends):
         where = f"metrics-{r}.jsonl end"
         n = int(_num(end, "steps", where))
@@ -155,7 +166,8 @@ def summarize(spec, run_dir):
         wall = _num(end, "wall_s", where)
         t = end.get("time") or {}
         eval_s = _num(t, "eval_s", where + " time", 0.0)
-        train_s = wall - eval_s
+        train_s = _num(end, "train_s", where, wall - eval_s)
+        train_times.append((wall, train_s, eval_s))
         steps.append(n)
         examples += ex
         rate.append(ex / train_s if train_s > 0 else 0.0)
@@ -165,9 +177,7 @@ def summarize(spec, run_dir):
         for k in SPLIT:
             split[k].append(1e3 * _num(t, f"{k}_s", where + " time", 0.0) / max(1, n))
 
-    e0 = ends[0]
-    wall0 = _num(e0, "wall_s", "metrics-0.jsonl end")
-    eval0 = _num(e0.get("time") or {}, "eval_s", "metrics-0.jsonl end time", 0.0)
+    wall0, train0, eval0 = train_times[0]
     return {
         "device": s0.get("device"),
         # The synthetic CTR data's planted model: the best AUC / log-loss to expect.
@@ -176,7 +186,7 @@ def summarize(spec, run_dir):
         "steps_per_worker": steps,
         "examples_total": examples,
         "wall_s": wall0,
-        "train_s": wall0 - eval0,
+        "train_s": train0,
         "eval_s": eval0,
         "cluster_wall_s": max(_num(e, "wall_s", "end") for e in ends),
         "final": {"step": final["step"], "quality": final["quality"], "loss": final["loss"],
@@ -191,7 +201,7 @@ def summarize(spec, run_dir):
         "bytes": {"sent": sent, "received": received},
         "step_ms": {k: sum(v) / len(v) for k, v in split.items()},
         "step_ms_per_worker": split,
-        "staleness": staleness_stats(e0.get("staleness")),
+        "staleness": staleness_stats(ends[0].get("staleness")),
         "curve": curve,
         "checks": checks,
     }

@@ -10,7 +10,6 @@ import dataclasses
 import re
 
 FASHION_MNIST_TRAIN = 60000  # examples in Fashion-MNIST's training set
-FASHION_MNIST_TEST = 10000
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,9 +6,11 @@ that fails or overruns its deadline is reported, never raised: the matrix goes o
 
 Stopping a run: SIGTERM to the launcher (it stops the whole cluster, SIGKILL after its --grace),
 then SIGKILL to the launcher if it is still there after STOP_WAIT_S; its children die with it
-(the launcher starts them with PR_SET_PDEATHSIG).
+(the launcher starts them with PR_SET_PDEATHSIG). The launcher itself gets SIGTERM when
+ferry-matrix dies, however it dies (PR_SET_PDEATHSIG too), so no cluster outlives the harness.
 """
 
+import ctypes
 import os
 import shlex
 import shutil
@@ -20,6 +22,21 @@ import time
 LAUNCH_GRACE_S = 5.0     # ferry-launch --grace: SIGTERM to SIGKILL for the cluster's processes
 STOP_WAIT_S = 20.0       # how long a SIGTERMed launcher gets to stop its cluster
 SUMMARY_MAX_LINES = 30
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_harness(harness_pid):
+    """preexec_fn for the launcher: it gets SIGTERM (and stops its cluster) when ferry-matrix
+    dies, even by SIGKILL; if ferry-matrix is already gone, at once."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def setup():
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != harness_pid:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return setup
 
 
 def metrics_path(run_dir, rank):
@@ -98,7 +115,8 @@ def _attempt(argv, run_dir, timeout_s):
     status, rc = "ok", None
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_harness(os.getpid()))
         try:
             rc = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:

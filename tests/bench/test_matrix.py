@@ -14,11 +14,14 @@ ctest sets it) and gnuplot (Debian's gnuplot-nox, which ./build.sh installs). Ru
 import csv
 import json
 import os
+import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -34,6 +37,15 @@ sys.path.insert(0, os.path.join(REPO, "bench"))
 from matrix import metrics, presets, report  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _alive(pid):
+    """True while pid names a process that is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def require_gnuplot(test):
@@ -196,6 +208,42 @@ class FailureTest(OutputChecks, unittest.TestCase):
         self.assertEqual(rc, 0, output)
         self.check_outputs(ids, output)
 
+    def test_killed_harness_leaves_no_process(self):
+        """SIGTERM to ferry-matrix stops the running cluster and exits 130; after a SIGKILL, which
+        it cannot handle, the launcher still stops the cluster (it dies with the harness)."""
+        for sig, want_rc in ((signal.SIGTERM, 130), (signal.SIGKILL, -signal.SIGKILL)):
+            with self.subTest(signal=sig.name):
+                out = os.path.join(self.tmp.name, sig.name)
+                proc = subprocess.Popen(
+                    [sys.executable, HARNESS, "--preset", "tiny", "--models", "mlp", "--workers", "2",
+                     "--modes", "async", "--bin-dir", self.bin, "--out", out, "--run-timeout", "120"],
+                    env=dict(os.environ, FERRY_FAKE_HANG="async"), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True)
+                log = os.path.join(out, "runs", "mlp-w2-async", "launcher.log")
+                pids = self._wait_for_started(proc, log, 4)  # 2 ps + 2 hanging workers
+                proc.send_signal(sig)
+                output, _ = proc.communicate(timeout=60)
+                self.assertEqual(proc.returncode, want_rc, output)
+                deadline = time.monotonic() + 20
+                while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                self.assertEqual([p for p in pids if _alive(p)], [], output)
+
+    def _wait_for_started(self, proc, log, count):
+        """The pids of the first `count` processes the launcher says it started."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            text = open(log).read() if os.path.exists(log) else ""
+            pids = [int(p) for p in re.findall(r"^ferry-launch: started \w+ \d+ pid (\d+):", text,
+                                               re.M)]
+            if len(pids) >= count:
+                return pids
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        proc.kill()
+        self.fail(f"the launcher did not start {count} processes: {proc.communicate()[0]}")
+
     def test_old_trainer_is_refused_before_running(self):
         old = os.path.join(self.tmp.name, "old")
         os.makedirs(old)
@@ -260,16 +308,18 @@ class UnitTest(unittest.TestCase):
                           "planted_auc": 0.82},
                          {"event": "eval", "rank": 0, "step": 5, "wall_s": 3.0, "auc": 0.65,
                           "log_loss": 0.5, "time": t(0.5)},
+                         {"event": "eval", "rank": 0, "step": 7, "wall_s": 4.0, "auc": None,
+                          "log_loss": 0.5, "time": t(0.7)},
                          {"event": "eval", "rank": 0, "step": 10, "wall_s": 6.0, "auc": 0.72,
-                          "log_loss": 0.45, "time": t(1.0)},
+                          "log_loss": 0.45, "time": t(1.0), "merged": True},
                          {"event": "end", "rank": 0, "steps": 10, "wall_s": 6.5, "examples": 1000,
                           "examples_per_sec": 153.8, "time": t(1.5), "bytes_sent": 100,
                           "bytes_received": 200, "staleness": {"0": 6, "2": 2},
                           "final": {"step": 10, "auc": 0.73, "log_loss": 0.44, "count": 50}}],
                      1: [{"event": "start", "rank": 1, "wall_s": 0},
                          {"event": "end", "rank": 1, "steps": 20, "wall_s": 4.0, "examples": 2000,
-                          "examples_per_sec": 500.0, "time": t(0.0), "bytes_sent": 10,
-                          "bytes_received": 20}]}
+                          "examples_per_sec": 500.0, "train_s": 2.5, "final_wait_s": 1.5,
+                          "time": t(0.0), "bytes_sent": 10, "bytes_received": 20}]}
             for r, evs in lines.items():
                 with open(os.path.join(d, f"metrics-{r}.jsonl"), "w") as f:
                     f.write("".join(json.dumps(e) + "\n" for e in evs))
@@ -279,8 +329,12 @@ class UnitTest(unittest.TestCase):
         self.assertEqual(res["final"]["quality"], 0.73)  # end.final beats the last eval event
         self.assertEqual([p["step"] for p in res["curve"]], [5, 10])
         self.assertEqual(res["curve"][0]["loss"], 0.5)
-        self.assertEqual(res["throughput"]["per_worker"], [200.0, 500.0])  # examples / (wall - eval)
-        self.assertEqual(res["throughput"]["total"], 700.0)
+        # examples / (wall - eval) without train_s; examples / train_s with it (the closing wait
+        # for the other workers is not training time)
+        self.assertEqual(res["throughput"]["per_worker"], [200.0, 800.0])
+        self.assertEqual(res["throughput"]["total"], 1000.0)
+        self.assertEqual(res["checks"], ["eval #2 (step 7) has no auc; left out"])
+        self.assertTrue(res["final"]["merged"])  # from the eval line end.final repeats
         self.assertEqual(res["bytes"], {"sent": 110, "received": 220})
         self.assertEqual(res["staleness"], {"hist": {0: 6, 2: 2}, "updates": 8, "mean": 0.5,
                                             "max": 2, "capped": 0})

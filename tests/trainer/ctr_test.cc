@@ -172,6 +172,8 @@ TEST(CtrTraining, AsyncClusterLearnsAndWritesMetrics) {
     if (line.find("\"event\": \"end\"") != std::string::npos) {
       ++ends;
       EXPECT_NE(line.find("\"staleness\": {\"0\": "), std::string::npos) << line;
+      EXPECT_NE(line.find("\"train_s\": "), std::string::npos) << line;
+      EXPECT_NE(line.find("\"final_wait_s\": "), std::string::npos) << line;
       EXPECT_NE(line.find("\"final\": {\"count\": 4000"), std::string::npos) << line;
     }
   }

@@ -67,10 +67,14 @@ TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
 }
 
 TEST(TrainerOptions, EvalEveryEpoch) {
-  auto o = Parse({"--local", "--eval-every", "epoch"});
+  auto o = Parse({"--local", "--eval-every", "5", "--eval-every", "epoch"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->eval_each_epoch);
-  EXPECT_EQ(o->eval_every, 0);
+  EXPECT_EQ(o->eval_every, 0);  // the last one wins
+  o = Parse({"--local", "--eval-every", "epoch", "--eval-every", "5"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->eval_each_epoch);
+  EXPECT_EQ(o->eval_every, 5);
 }
 
 TEST(TrainerOptions, LocalNeedsNoServers) {
@@ -112,6 +116,8 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
       {{"--local", "--model", "ctr", "--emb-dim", "0"}, "--emb-dim"},
       {{"--local", "--eval-every", "epochs"}, "--eval-every"},
       {{"--local", "--eval-every", "-1"}, "--eval-every"},
+      {{"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y",
+        "--steps", "10", "--eval-every", "epoch"}, "--eval-every epoch"},
   };
   for (const auto& [args, flag] : cases) {
     auto o = Parse(args);

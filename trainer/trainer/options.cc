@@ -114,6 +114,10 @@ Status TrainerOptions::Validate() const {
     return InvalidArgumentError("--criteo-train with several workers needs --steps: each worker reads its own lines "
                                 "of the file, and bad lines make the shards' sizes differ");
   }
+  if (!criteo_train.empty() && !local && num_workers > 1 && eval_each_epoch) {
+    return InvalidArgumentError("--eval-every epoch with --criteo-train and several workers: each worker's epoch is "
+                                "its own lines, so the workers' epochs end at different steps; give --eval-every N");
+  }
   if (backup_workers > 0) {
     if (consistency != Consistency::kSync) return InvalidArgumentError("--backup-workers needs --consistency sync");
     if (backup_workers >= num_workers) {
@@ -262,6 +266,7 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv) {
       FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX, &o.log_every));
     } else if (flag == "--eval-every") {
       o.eval_each_epoch = value == "epoch";
+      o.eval_every = 0;  // the last --eval-every wins
       if (!o.eval_each_epoch && !ParseInt(f, value, 0, INT64_MAX, &o.eval_every).ok()) {
         return InvalidArgumentError("--eval-every: '" + std::string(value) + "' is neither a step count >= 0 nor 'epoch'");
       }

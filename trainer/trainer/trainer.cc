@@ -278,12 +278,17 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   report.final_params.assign(final_params.begin(), final_params.end());
   report.wall_s = wall();
   report.examples_per_sec = report.wall_s > 0 ? static_cast<double>(report.examples) / report.wall_s : 0.0;
+  // Training time: to the final parameters, evaluation excluded (the final one comes after).
+  const double train_s = report.wall_s - times.eval_s;
   FERRY_RETURN_IF_ERROR(evaluate_now(total_steps));
 
-  // Worker 0 reports the servers' staleness histogram once every worker is done.
+  // Worker 0 reports the servers' staleness histogram once every worker is done. The wait for the
+  // others is not a step's: it is reported on its own, so a worker that finished early does not
+  // look slower.
   std::map<int64_t, int64_t> staleness;
+  double final_wait_s = 0;
   if (client != nullptr) {
-    Timed timed(&times.wait_s);
+    Timed timed(&final_wait_s);
     FERRY_RETURN_IF_ERROR(client->Barrier().WithContext("the final barrier"));
     if (rank == 0) {
       constexpr std::string_view kPrefix = "staleness_";
@@ -296,8 +301,8 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
     }
   }
   std::string end = "\"steps\": " + std::to_string(total_steps) + ", \"examples\": " + std::to_string(report.examples) +
-                    ", \"examples_per_sec\": " + Num(report.examples_per_sec) + ", \"time\": " + TimesJson(times) +
-                    ", " + bytes_json();
+                    ", \"examples_per_sec\": " + Num(report.examples_per_sec) + ", \"train_s\": " + Num(train_s) +
+                    ", \"final_wait_s\": " + Num(final_wait_s) + ", \"time\": " + TimesJson(times) + ", " + bytes_json();
   if (rank == 0) {
     std::string hist;
     for (const auto& [k, v] : staleness) hist += (hist.empty() ? "" : ", ") + ("\"" + std::to_string(k) + "\": " + std::to_string(v));

@@ -35,7 +35,9 @@
 //          accuracy, examples_per_sec (window), bytes_sent, bytes_received
 //   eval   step, examples, count (test examples), loss, accuracy, auc (ctr), log_loss (ctr),
 //          merged (true when the workers' shards were merged) — worker 0 only
-//   end    steps, examples, examples_per_sec, bytes_sent, bytes_received; worker 0 adds
+//   end    steps, examples, examples_per_sec (to the final pull, evaluation included), train_s
+//          (seconds to the final pull less evaluation), final_wait_s (the closing barrier: waiting
+//          for the other workers, not in "time"), bytes_sent, bytes_received; worker 0 adds
 //          "staleness" {"k": updates applied k versions stale, summed over servers} and "final"
 //          (the last eval's fields)
 //

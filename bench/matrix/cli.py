@@ -105,6 +105,7 @@ def configure(args):
         if ssp < 0:
             raise UsageError("--ssp must be >= 0")
         modes = presets.expand_modes(args.modes.split(",") if args.modes else preset.modes, ssp)
+        presets.check_extra_args(args.trainer_arg)
     except ValueError as e:
         raise UsageError(str(e)) from None
     workers = _csv_ints(args.workers, "--workers") if args.workers else list(preset.workers)

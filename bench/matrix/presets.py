@@ -132,11 +132,11 @@ PRESETS = {
         expected="about 20 s on 2 cores"),
     "small": Preset(
         name="small",
-        description="every mode x 1, 2, 4 workers x both models; mlp 2 epochs (5,000 test "
-                    "examples), ctr 1 epoch of 400k examples",
+        description="every mode x 1, 2, 4 workers x both models; mlp 4 epochs (5,000 test "
+                    "examples), ctr 1 epoch of 1M examples",
         workers=[1, 2, 4], modes=list(ALL_MODES), ssp=8,
-        models={"mlp": _mlp(epochs=2, evals=12, test_limit=5000, target=0.85),
-                "ctr": _ctr(400000, 10000, epochs=1, evals=12, target=0.80)},
+        models={"mlp": _mlp(epochs=4, evals=12, test_limit=5000, target=0.86),
+                "ctr": _ctr(1000000, 10000, epochs=1, evals=12, target=0.81)},
         run_timeout_s=180.0,
         expected="about 6 minutes on 2 cores, 8 with --straggler x2"),
     "full": Preset(
@@ -218,6 +218,23 @@ def expand_modes(names, ssp):
             seen.add(mode.name)
             out.append(mode)
     return out
+
+
+# ferry-trainer flags a run's settings decide (RunSpec.trainer_args); --trainer-arg may not
+# repeat them. --accumulate and --train-limit are refused too: they change the steps a run takes,
+# which the evaluation schedule is derived from.
+HARNESS_OWNED_FLAGS = ("--model", "--batch", "--seed", "--epochs", "--steps", "--consistency",
+                       "--backup-workers", "--eval-every", "--log-every", "--test-limit",
+                       "--straggler", "--metrics-out", "--quiet", "--servers", "--rank",
+                       "--num-workers", "--local", "--accumulate", "--train-limit")
+
+
+def check_extra_args(extra_args):
+    """ValueError naming the first --trainer-arg flag the harness sets itself."""
+    for arg in extra_args:
+        if arg.split("=", 1)[0] in HARNESS_OWNED_FLAGS:
+            raise ValueError(f"--trainer-arg {arg}: the harness sets {arg.split('=', 1)[0]} "
+                             "itself (change it with the harness's own flags, or the preset)")
 
 
 def build_runs(models, workers, modes, num_ps, seed, straggler=None, extra_args=()):

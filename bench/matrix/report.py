@@ -172,11 +172,12 @@ def summary_markdown(doc, plot_files):
     lines.append("")
 
     lines += [
-        "Definitions: *training time* = a worker's wall time minus its evaluation time "
-        "(`wall_s - time.eval_s`); time to target is the first evaluation (rank 0) whose "
-        "quality reaches the target, as training time and as raw wall time since training "
-        "started. Steps are rank 0's. Examples/s exclude evaluation time; *total* is the sum "
-        "over workers. Bytes are the workers' `bytes_sent` (pushed) and `bytes_received` "
+        "Definitions: *training time* = a worker's wall time minus its evaluation time: at "
+        "an evaluation `wall_s - time.eval_s`, for the whole run the end event's `train_s` (to "
+        "the final parameters; the closing wait for the other workers is left out). Time to "
+        "target is the first evaluation (rank 0) whose quality reaches the target, as training "
+        "time and as raw wall time since training started. Steps are rank 0's. Examples/s are "
+        "examples / training time; *total* is the sum over workers. Bytes are the workers' `bytes_sent` (pushed) and `bytes_received` "
         "(pulled), summed. Per-step times are each worker's cumulative time / its steps, "
         "averaged over workers. Staleness: updates applied with each staleness, summed over "
         "servers (async and ssp); the servers' last bucket holds every staleness >= "

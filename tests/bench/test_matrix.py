@@ -296,6 +296,16 @@ class UnitTest(unittest.TestCase):
                      ("--metrics-out", "m-{rank}.jsonl"), ("--consistency", "sync")):
             self.assertEqual(args[args.index(a) + 1], b)
 
+    def test_harness_owned_trainer_flags_are_refused(self):
+        presets.check_extra_args(["--device", "cpu", "--ctr-zipf=1.2"])
+        for arg in ("--batch", "--accumulate=4", "--metrics-out"):
+            with self.assertRaisesRegex(ValueError, "the harness sets " + arg.split("=")[0]):
+                presets.check_extra_args(["--device", "cpu", arg])
+        rc, output = run_harness(["--preset", "tiny", "--dry-run", "--trainer-arg=--batch",
+                                  "--trainer-arg=8"], timeout=30)
+        self.assertEqual(rc, 2, output)
+        self.assertIn("--trainer-arg --batch: the harness sets --batch itself", output)
+
     def test_summarize(self):
         m = presets.PRESETS["tiny"].models["ctr"]
         m.target = 0.7

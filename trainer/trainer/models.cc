@@ -28,6 +28,16 @@ void Accumulate(std::span<float> dst, std::span<const float> src, float scale, b
   }
 }
 
+// Adds a metrics object's state, less its first element (the number of classes or bins: a shape,
+// not a sum), into the model's sum-mergeable EvalState (model.h); an empty state is initialised.
+Status AddEvalState(std::span<const double> metrics_state, std::vector<double>* state) {
+  const size_t n = metrics_state.size() - 1;
+  if (state->empty()) state->assign(n, 0.0);
+  if (state->size() != n) return InvalidArgumentError("Evaluate: state of another model");
+  for (size_t i = 0; i < n; ++i) (*state)[i] += metrics_state[i + 1];
+  return Status::Ok();
+}
+
 // A model's dense tower with its tables: the declarations, the step's gradient (summed over
 // micro-batches) and the pull / push lists over the tower's staging and that gradient.
 struct Tower {
@@ -153,11 +163,7 @@ class Classifier final : public Model {
       logits.assign(probs_host_.as<float>(), probs_host_.as<float>() + rows * classes);
       FERRY_RETURN_IF_ERROR(metrics.Add(logits, std::span<const int32_t>(labels_host_.as<int32_t>(), static_cast<size_t>(rows))));
     }
-    const std::vector<double> s = metrics.State();  // [num_classes, count, correct, loss_sum]
-    if (state->empty()) state->assign(s.size() - 1, 0.0);
-    if (state->size() != s.size() - 1) return InvalidArgumentError("Evaluate: state of another model");
-    for (size_t i = 1; i < s.size(); ++i) (*state)[i - 1] += s[i];
-    return Status::Ok();
+    return AddEvalState(metrics.State(), state);  // [num_classes, count, correct, loss_sum]
   }
 
   StatusOr<EvalSummary> Summarize(std::span<const double> state) const override {
@@ -352,12 +358,7 @@ class CtrModel final : public Model {
       FERRY_RETURN_IF_ERROR(metrics.Add(std::span<const float>(probs_host_.as<float>(), static_cast<size_t>(rows)),
                                         std::span<const float>(labels_host_.as<float>(), static_cast<size_t>(rows))));
     }
-    // [num_bins, count, positives, correct, loss_sum, pos..., neg...]: drop num_bins (not a sum).
-    const std::vector<double> s = metrics.State();
-    if (state->empty()) state->assign(s.size() - 1, 0.0);
-    if (state->size() != s.size() - 1) return InvalidArgumentError("Evaluate: state of another model");
-    for (size_t i = 1; i < s.size(); ++i) (*state)[i - 1] += s[i];
-    return Status::Ok();
+    return AddEvalState(metrics.State(), state);  // [num_bins, count, positives, correct, loss_sum, pos..., neg...]
   }
 
   StatusOr<EvalSummary> Summarize(std::span<const double> state) const override {

@@ -66,7 +66,7 @@ TEST(Cluster, SspNeverLetsAFastWorkerRunMoreThanSClocksAhead) {
       std::this_thread::sleep_for(20ms);  // a slow machine
       ASSERT_TRUE(w->PushDense("ssp", g, clock).wait().ok());
       slow_clock.store(clock + 1);
-      ASSERT_TRUE(w->AdvanceClock(clock + 1).ok());
+      ASSERT_TRUE(w->AdvanceClock(clock + 1).wait().ok());
     }
   });
   auto w = c.Connect(0, 2);
@@ -80,7 +80,7 @@ TEST(Cluster, SspNeverLetsAFastWorkerRunMoreThanSClocksAhead) {
                                 << slow_clock.load();
     max_lead = std::max(max_lead.load(), lead);
     ASSERT_TRUE(w->PushDense("ssp", g, clock).wait().ok());
-    ASSERT_TRUE(w->AdvanceClock(clock + 1).ok());
+    ASSERT_TRUE(w->AdvanceClock(clock + 1).wait().ok());
   }
   slow.join();
   // The fast worker did run ahead, as far as the bound allows: the check above was exercised.

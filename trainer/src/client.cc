@@ -415,7 +415,7 @@ class ClientImpl final : public Client {
 
   // ---- clocks, barriers, stats -------------------------------------------------------------
 
-  Status AdvanceClock(int64_t clock) override {
+  Handle AdvanceClock(int64_t clock) override {
     auto op = NewOp();
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(96);
@@ -423,7 +423,7 @@ class ClientImpl final : public Client {
       h.add_step(clock);
       Submit(op, s, Kind::Clock, Finish(fbb, h), {}, nullptr, options_.request_timeout);
     }
-    return Handle(op).wait();
+    return Handle(op);
   }
 
   Status Barrier() override {

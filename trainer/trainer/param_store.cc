@@ -2,6 +2,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ps/internal/init.h"
@@ -24,7 +25,11 @@ class ServerStore final : public ParamStore {
     handles_.clear();
     if (!dense.empty()) handles_.push_back(client_->PullDense(dense, step));
     for (const SparseOut& s : sparse) handles_.push_back(client_->PullSparse(s.table, s.ids, s.rows, step));
-    return WaitAll("pull", step);
+    // The last step's clock (ssp) travelled ahead of these pulls on each server's connection; its
+    // replies are collected here rather than waited for alone after the step.
+    const Status clock = std::exchange(clock_, Handle()).wait();
+    FERRY_RETURN_IF_ERROR(WaitAll("pull", step));
+    return clock.WithContext("advancing the clock before step " + std::to_string(step));
   }
 
   Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step) override {
@@ -34,9 +39,10 @@ class ServerStore final : public ParamStore {
     return WaitAll("push", step);
   }
 
+  // ssp: sends the clock and returns; the next Pull collects its replies.
   Status EndStep(int64_t step) override {
-    if (!ssp_) return Status::Ok();
-    return client_->AdvanceClock(step + 1).WithContext("advancing the clock after step " + std::to_string(step));
+    if (ssp_) clock_ = client_->AdvanceClock(step + 1);
+    return Status::Ok();
   }
 
   Client* client() override { return client_; }
@@ -58,6 +64,7 @@ class ServerStore final : public ParamStore {
   Client* const client_;
   const bool ssp_;
   std::vector<Handle> handles_;
+  Handle clock_;  // the last EndStep's clock, not yet waited for (ssp)
 };
 
 class LocalStore final : public ParamStore {

@@ -114,8 +114,9 @@ class Client {
                             int64_t step) = 0;
 
   // Advances this worker's clock to `clock` on every server (ssp: a pull at clock c waits until
-  // every worker has reached c - s).
-  virtual Status AdvanceClock(int64_t clock) = 0;
+  // every worker has reached c - s). Asynchronous: a later request of this client to a server
+  // reaches it after the clock, so a worker need not wait for the clock before its next pull.
+  virtual Handle AdvanceClock(int64_t clock) = 0;
   // Waits until every worker has entered the barrier (bounded by the request timeout).
   virtual Status Barrier() = 0;
   // A barrier that also adds up: every worker passes the same number of values and gets back

@@ -27,8 +27,9 @@
 //
 // Metrics file (--metrics-out), JSON lines; every line has "event", "rank" and "wall_s" (seconds
 // since this worker started training), "time" the cumulative split {"pull_s", "compute_s",
-// "push_s", "wait_s", "eval_s"} (pull includes waiting for the step's parameters; wait is clock,
-// collective and final waits; a straggler's delay counts as compute):
+// "push_s", "wait_s", "eval_s"} (pull includes waiting for the step's parameters and, ssp, for the
+// replies to the last step's clock; wait is the end of each step (EndStep: ssp sends the clock);
+// the merged evaluation's collective counts as eval; a straggler's delay counts as compute):
 //   start  num_workers, model, consistency, backup_workers, device, batch, accumulate,
 //          train_examples, steps (and, for synthetic ctr data, planted_auc, planted_log_loss)
 //   train  step, epoch, examples (cumulative, this worker), loss (mean over the window),

@@ -198,7 +198,8 @@ TEST(CtrTraining, LearnsFromCriteoFilesAndReportsBadLines) {
       const bool click = (c1 < 10) != (next() % 10 == 0);  // 90% determined by C1
       f << (click ? 1 : 0);
       for (int j = 0; j < 13; ++j) f << '\t' << (j == 0 ? "" : std::to_string(next() % 100));
-      for (int j = 0; j < 26; ++j) f << '\t' << (j == 0 ? "a" + std::to_string(c1) : std::to_string(next() % 50));
+      f << "\ta" << c1;  // C1
+      for (int j = 1; j < 26; ++j) f << '\t' << next() % 50;
       f << '\n';
       if (bad && i == 100) f << "1\tnot\tenough\tcolumns\n";
     }

@@ -7,6 +7,18 @@ namespace ferry::trainer {
 
 using kernels::Transpose;
 
+namespace {
+
+// "w0", "b1", ...: appended rather than "w" + std::to_string(l), on which GCC 12 warns falsely
+// (-Wrestrict, GCC bug 105329).
+std::string TensorName(char kind, int layer) {
+  std::string name(1, kind);
+  name += std::to_string(layer);
+  return name;
+}
+
+}  // namespace
+
 Mlp::Mlp(Device* device, MlpConfig config, int64_t max_rows)
     : device_(device), config_(std::move(config)), max_rows_(max_rows) {
   widths_.push_back(config_.input);
@@ -21,9 +33,9 @@ Mlp::Mlp(Device* device, MlpConfig config, int64_t max_rows)
   };
   for (int l = 0; l < num_layers(); ++l) {
     const int64_t out = widths_[static_cast<size_t>(l) + 1];
-    w_.push_back(add("w" + std::to_string(l), widths_[static_cast<size_t>(l)] * out));
+    w_.push_back(add(TensorName('w', l), widths_[static_cast<size_t>(l)] * out));
     if (l == 0 && config_.side_input > 0) ws_ = add("w0s", config_.side_input * out);
-    b_.push_back(add("b" + std::to_string(l), out));
+    b_.push_back(add(TensorName('b', l), out));
   }
 }
 

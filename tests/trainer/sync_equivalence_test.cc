@@ -174,5 +174,29 @@ TEST(Epochs, EveryExampleOncePerEpochAndEvalEachEpoch) {
   }
 }
 
+// Async and ssp workers are not in step: the fast one waits for the others at the end, so every
+// worker's final parameters (and worker 0's final evaluation) hold every update, the straggler's
+// last ones included.
+TEST(FinalModel, AsyncAndSspFinalParametersHoldEveryWorkersUpdates) {
+  const data::ImageDataset train = MakeData(64);
+  const Datasets ds{&train, &train};
+  for (const Consistency mode : {Consistency::kAsync, Consistency::kSsp}) {
+    SCOPED_TRACE(mode == Consistency::kAsync ? "async" : "ssp:2");
+    auto cluster = ferry::test::LocalCluster::Start(2);
+    TrainerOptions o = BaseOptions(OptimizerType::kSgd, 0.1f, 12);
+    o.consistency = mode;
+    o.staleness = 2;
+    o.batch = 4;
+    o.straggler_rank = 1;
+    o.straggler_delay_ms = 15;  // worker 1 ends about 12 x 15 ms after worker 0
+    const auto runs = test::RunWorkers(cluster, 2, o, ds);
+    ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
+    ASSERT_TRUE(runs[1].report.ok()) << runs[1].report.status();
+    EXPECT_LT(runs[0].report->wall_s, runs[1].report->wall_s) << "worker 0 should finish its steps first";
+    EXPECT_EQ(runs[0].report->final_params, runs[1].report->final_params);
+    EXPECT_EQ(runs[0].report->eval.count, 64);
+  }
+}
+
 }  // namespace
 }  // namespace ferry::trainer

@@ -268,7 +268,23 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
     }
   }
 
-  // The final parameters: pulled at step T (sync: once every worker's last push is applied).
+  // This worker's training ends here: train_s is its time so far less evaluation.
+  report.wall_s = wall();
+  report.examples_per_sec = report.wall_s > 0 ? static_cast<double>(report.examples) / report.wall_s : 0.0;
+  const double train_s = report.wall_s - times.eval_s;
+
+  // The final model holds every worker's updates. Sync: the pull at step T waits for the last
+  // step's pushes. Async and ssp: the workers are not in step, so they first meet at a barrier
+  // (a fast worker's wait for the others is final_wait_s, not a step's time), then pull.
+  double final_wait_s = 0;
+  const bool in_step = options.consistency == Consistency::kSync;
+  auto wait_for_all = [&](const char* why) -> Status {
+    Timed timed(&final_wait_s);
+    return client->Barrier().WithContext(why);
+  };
+  if (client != nullptr && !in_step) {
+    FERRY_RETURN_IF_ERROR(wait_for_all("waiting for the other workers to finish"));
+  }
   {
     Timed timed(&times.pull_s);
     FERRY_RETURN_IF_ERROR(model->Pull(*store, total_steps));
@@ -276,20 +292,12 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   if (hooks.on_params) hooks.on_params(total_steps, model->dense_params());
   const std::span<const float> final_params = model->dense_params();
   report.final_params.assign(final_params.begin(), final_params.end());
-  report.wall_s = wall();
-  report.examples_per_sec = report.wall_s > 0 ? static_cast<double>(report.examples) / report.wall_s : 0.0;
-  // Training time: to the final parameters, evaluation excluded (the final one comes after).
-  const double train_s = report.wall_s - times.eval_s;
   FERRY_RETURN_IF_ERROR(evaluate_now(total_steps));
 
-  // Worker 0 reports the servers' staleness histogram once every worker is done. The wait for the
-  // others is not a step's: it is reported on its own, so a worker that finished early does not
-  // look slower.
+  // Worker 0 reports the servers' staleness histogram once every worker is done.
   std::map<int64_t, int64_t> staleness;
-  double final_wait_s = 0;
   if (client != nullptr) {
-    Timed timed(&final_wait_s);
-    FERRY_RETURN_IF_ERROR(client->Barrier().WithContext("the final barrier"));
+    if (in_step) FERRY_RETURN_IF_ERROR(wait_for_all("the final barrier"));
     if (rank == 0) {
       constexpr std::string_view kPrefix = "staleness_";
       for (int s = 0; s < client->num_servers(); ++s) {

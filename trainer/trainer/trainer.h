@@ -6,7 +6,9 @@
 //   [evaluate, every --eval-every steps, or at the start of every epoch after the first]
 //   load batch t; pull (dense tables + the batch's sparse rows) at step t; forward + backward over
 //   --accumulate micro-batches; push the step's gradients for step t; ssp: advance the clock.
-// After the last step T the worker pulls at step T (the final parameters) and evaluates.
+// After the last step T the worker pulls at step T (the final parameters) and evaluates; in async
+// and ssp modes the workers first meet at a barrier, so the final parameters (and the final
+// evaluation) hold every worker's updates in every mode.
 //
 // Data order: worker r of M visits data::EpochIndices(N, {r, M}, epoch, {shuffle, seed}); batch t
 // of an epoch is shard positions [t kB, (t + 1) kB) (k = --accumulate). Every worker runs
@@ -36,9 +38,10 @@
 //          accuracy, examples_per_sec (window), bytes_sent, bytes_received
 //   eval   step, examples, count (test examples), loss, accuracy, auc (ctr), log_loss (ctr),
 //          merged (true when the workers' shards were merged) — worker 0 only
-//   end    steps, examples, examples_per_sec (to the final pull, evaluation included), train_s
-//          (seconds to the final pull less evaluation), final_wait_s (the closing barrier: waiting
-//          for the other workers, not in "time"), bytes_sent, bytes_received; worker 0 adds
+//   end    steps, examples, examples_per_sec (over this worker's steps, evaluation included),
+//          train_s (seconds to the end of its last step, less evaluation), final_wait_s (the
+//          closing barrier: waiting for the other workers, not in "time"), bytes_sent,
+//          bytes_received; worker 0 adds
 //          "staleness" {"k": updates applied k versions stale, summed over servers} and "final"
 //          (the last eval's fields)
 //

@@ -288,7 +288,7 @@ def main(argv):
         "command": "bench/ferry-matrix " + shlex.join(argv) if argv else "bench/ferry-matrix",
         "started_utc": _utc(), "finished_utc": None, "duration_s": 0.0,
         "load_average": {"start": machine.load_average(), "end": None},
-        "machine": machine.describe(REPO, trainer_bin),
+        "machine": machine.describe(REPO, trainer_bin, out),
         "config": {"workers": workers, "modes": [m.name for m in modes],
                    "ssp": args.ssp if args.ssp is not None else preset.ssp,
                    "straggler": args.straggler, "seed": args.seed,

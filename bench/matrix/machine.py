@@ -39,7 +39,10 @@ def _relative(path, root):
     return os.path.relpath(path, root) if path.startswith(os.path.abspath(root) + os.sep) else path
 
 
-def describe(repo_root, trainer_bin):
+def describe(repo_root, trainer_bin, results_dir=None):
+    """The machine and code of a matrix. Results are not code: changes under bench/results/ and
+    results_dir (the matrix's own output folder, tracked and now being regenerated) are not
+    counted as uncommitted changes."""
     cpu = next((l.split(":", 1)[1].strip() for l in _read("/proc/cpuinfo").splitlines()
                 if l.startswith("model name")), platform.processor() or "unknown")
     mem_kb = next((int(l.split()[1]) for l in _read("/proc/meminfo").splitlines()
@@ -51,7 +54,13 @@ def describe(repo_root, trainer_bin):
     if shutil.which("nvidia-smi"):
         gpu = _run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
     commit = _run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo_root)
-    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo_root)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo_root)
+    results = tuple(_relative(d, repo_root).rstrip("/") + "/"
+                    for d in [os.path.join(repo_root, "bench", "results")] + [results_dir or ""]
+                    if d)
+    # "XY path" lines (the first one's leading blank is stripped by _run)
+    dirty = None if status is None else "\n".join(
+        l for l in status.splitlines() if not l.split(maxsplit=1)[1].startswith(results))
     gnuplot = _run(["gnuplot", "--version"]) if shutil.which("gnuplot") else None
     trainer_mtime = None
     try:

@@ -138,7 +138,7 @@ PRESETS = {
         models={"mlp": _mlp(epochs=4, evals=12, test_limit=5000, target=0.86),
                 "ctr": _ctr(1000000, 10000, epochs=1, evals=12, target=0.81)},
         run_timeout_s=180.0,
-        expected="3.5 minutes on 2 cores (measured), 4 with --straggler x2, 8.5 with "
+        expected="3.5 minutes on 2 cores (measured), 4 with --straggler x2, 8 with "
                  "--straggler 10ms"),
     "full": Preset(
         name="full",
@@ -148,7 +148,7 @@ PRESETS = {
         models={"mlp": _mlp(epochs=10, evals=20, test_limit=None, target=0.88),
                 "ctr": _ctr(1000000, 20000, epochs=2, evals=20, target=0.81)},
         run_timeout_s=900.0,
-        expected="8 minutes on 2 cores (measured; bench/RESULTS.md)"),
+        expected="7 minutes on 2 cores (measured; bench/RESULTS.md)"),
 }
 
 

@@ -34,7 +34,7 @@ PS_BIN = os.path.join(BUILD_DIR, "ps", "ferry-ps")
 TRAINER_BIN = os.path.join(BUILD_DIR, "trainer", "trainer", "ferry-trainer")
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
-from matrix import metrics, presets, report  # noqa: E402
+from matrix import machine, metrics, presets, report  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -305,6 +305,32 @@ class UnitTest(unittest.TestCase):
                                   "--trainer-arg=8"], timeout=30)
         self.assertEqual(rc, 2, output)
         self.assertIn("--trainer-arg --batch: the harness sets --batch itself", output)
+
+    def test_results_are_not_uncommitted_code(self):
+        """The matrix regenerates its tracked results: they do not mark the code as modified."""
+        with tempfile.TemporaryDirectory() as d:
+            def git(*args):
+                subprocess.run(["git", "-C", d, "-c", "user.name=t", "-c", "user.email=t@t"] +
+                               list(args), check=True, capture_output=True)
+
+            def write(path, text):
+                os.makedirs(os.path.dirname(os.path.join(d, path)), exist_ok=True)
+                with open(os.path.join(d, path), "w") as f:
+                    f.write(text)
+
+            files = ("code.py", "bench/results/small/runs.json")
+            for f in files:
+                write(f, "1\n")
+            git("init", "-q")
+            git("add", ".")
+            git("commit", "-qm", "first")
+            write(files[1], "2\n")
+            out = os.path.join(d, "bench", "results", "small")
+            m = machine.describe(d, os.path.join(d, "code.py"), out)
+            self.assertEqual((m["git_dirty"], m["git_modified"]), (False, []))
+            write(files[0], "2\n")
+            m = machine.describe(d, os.path.join(d, "code.py"), out)
+            self.assertEqual((m["git_dirty"], m["git_modified"]), (True, ["code.py"]))
 
     def test_summarize(self):
         m = presets.PRESETS["tiny"].models["ctr"]

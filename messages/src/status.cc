@@ -1,5 +1,8 @@
 #include "ferry/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace ferry {
 
 std::string_view StatusCodeName(StatusCode code) {
@@ -39,5 +42,16 @@ Status Status::WithContext(std::string_view context) const {
   m += message_;
   return Status(code_, std::move(m));
 }
+
+namespace detail {
+
+void DieOnValueOfError(const Status& status) {
+  std::fprintf(stderr, "ferry: StatusOr::value() called on an error: %s\n",
+               status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace detail
 
 }  // namespace ferry

@@ -80,6 +80,11 @@ inline Status UnavailableError(std::string m) { return {StatusCode::kUnavailable
 inline Status DataLossError(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status CancelledError(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
+namespace detail {
+// Prints "StatusOr::value() called on an error: <status>" to stderr and aborts.
+[[noreturn]] void DieOnValueOfError(const Status& status);
+}  // namespace detail
+
 // A value or the Status that explains why there is none.
 template <typename T>
 class [[nodiscard]] StatusOr {
@@ -93,15 +98,21 @@ class [[nodiscard]] StatusOr {
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
 
-  T& value() & { assert(ok()); return *value_; }
-  const T& value() const& { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  // Requires ok(). On an error it prints the status to stderr and aborts, in every build type:
+  // reading a value that is not there is a caller bug, never undefined behaviour.
+  T& value() & { CheckHasValue(); return *value_; }
+  const T& value() const& { CheckHasValue(); return *value_; }
+  T&& value() && { CheckHasValue(); return std::move(*value_); }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
  private:
+  void CheckHasValue() const {
+    if (!value_.has_value()) detail::DieOnValueOfError(status_);
+  }
+
   Status status_;
   std::optional<T> value_;
 };

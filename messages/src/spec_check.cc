@@ -1,0 +1,177 @@
+// Compile-time proof that the two definitions of a table spec agree: ferry::TableSpec (the C++
+// API, ferry/table_spec.h) and wire::TableSpec (messages/ferry.fbs). The schema is the protocol;
+// the struct is what users write. If a field or an enumerator is added, removed or retyped on one
+// side only, this file stops compiling and names the mismatch. That every field is also copied
+// both ways by SpecToWire / SpecFromWire (wire.cc) is shown by tests/unit/spec_roundtrip_test.cc,
+// which sets every field to a non-default value.
+//
+// Nothing here runs; the file holds only static_asserts.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "ferry/table_spec.h"
+#include "messages/ferry_generated.h"
+
+namespace ferry::wire {
+namespace {
+
+// ---- Enums: same underlying type, same value for every enumerator, nothing extra either side. ----
+//
+// The schema side: its MAX is the last C++ enumerator. The C++ side: each switch below lists every
+// C++ enumerator with no default, and -Wswitch is an error in this file, so a C++ enumerator the
+// schema lacks stops the build here.
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"
+
+template <typename A, typename B>
+constexpr bool SameUnderlying = std::is_same_v<std::underlying_type_t<A>, std::underlying_type_t<B>>;
+
+template <typename A, typename B>
+constexpr bool Same(A a, B b) {
+  return static_cast<std::underlying_type_t<A>>(a) == static_cast<std::underlying_type_t<B>>(b);
+}
+
+// true when `c` equals its schema twin.
+constexpr bool Agrees(ferry::TableType c) {
+  switch (c) {
+    case ferry::TableType::kDense: return Same(c, TableType::Dense);
+    case ferry::TableType::kSparse: return Same(c, TableType::Sparse) && Same(c, TableType::MAX);
+  }
+  return false;
+}
+constexpr bool Agrees(ferry::OptimizerType c) {
+  switch (c) {
+    case ferry::OptimizerType::kSgd: return Same(c, OptimizerType::SGD);
+    case ferry::OptimizerType::kMomentum: return Same(c, OptimizerType::Momentum);
+    case ferry::OptimizerType::kAdagrad: return Same(c, OptimizerType::Adagrad);
+    case ferry::OptimizerType::kAdam: return Same(c, OptimizerType::Adam) && Same(c, OptimizerType::MAX);
+  }
+  return false;
+}
+constexpr bool Agrees(ferry::Consistency c) {
+  switch (c) {
+    case ferry::Consistency::kSync: return Same(c, ConsistencyType::Sync);
+    case ferry::Consistency::kAsync: return Same(c, ConsistencyType::Async);
+    case ferry::Consistency::kSsp: return Same(c, ConsistencyType::SSP) && Same(c, ConsistencyType::MAX);
+  }
+  return false;
+}
+constexpr bool Agrees(ferry::InitType c) {
+  switch (c) {
+    case ferry::InitType::kZeros: return Same(c, InitType::Zeros);
+    case ferry::InitType::kUniform: return Same(c, InitType::Uniform);
+    case ferry::InitType::kNormal: return Same(c, InitType::Normal);
+    case ferry::InitType::kConstant: return Same(c, InitType::Constant) && Same(c, InitType::MAX);
+  }
+  return false;
+}
+
+#pragma GCC diagnostic pop
+
+static_assert(SameUnderlying<ferry::TableType, TableType>);
+static_assert(Agrees(ferry::TableType::kDense));
+static_assert(Agrees(ferry::TableType::kSparse), "TableType: the schema's last value differs");
+
+static_assert(SameUnderlying<ferry::OptimizerType, OptimizerType>);
+static_assert(Agrees(ferry::OptimizerType::kSgd));
+static_assert(Agrees(ferry::OptimizerType::kMomentum));
+static_assert(Agrees(ferry::OptimizerType::kAdagrad));
+static_assert(Agrees(ferry::OptimizerType::kAdam), "OptimizerType: the schema's last value differs");
+
+static_assert(SameUnderlying<ferry::Consistency, ConsistencyType>);
+static_assert(Agrees(ferry::Consistency::kSync));
+static_assert(Agrees(ferry::Consistency::kAsync));
+static_assert(Agrees(ferry::Consistency::kSsp), "Consistency: the schema's last value differs");
+
+static_assert(SameUnderlying<ferry::InitType, InitType>);
+static_assert(Agrees(ferry::InitType::kZeros));
+static_assert(Agrees(ferry::InitType::kUniform));
+static_assert(Agrees(ferry::InitType::kNormal));
+static_assert(Agrees(ferry::InitType::kConstant), "InitType: the schema's last value differs");
+
+// ---- Fields: count and type, in schema order. ----
+//
+// flatc gives CreateX(fbb, field0, field1, ...) one parameter per (non-deprecated) field in id
+// order, so its parameter list is the schema table. The C++ struct's field count comes from
+// aggregate initialisation: the largest N for which T{any, any, ...} (N values) compiles.
+
+template <typename F>
+struct Params;
+template <typename R, typename... A>
+struct Params<R (*)(A...)> {
+  using type = std::tuple<A...>;
+};
+// Schema field `i` of the table built by `create` (0-based; the builder argument is skipped).
+template <auto create, std::size_t i>
+using SchemaField = std::tuple_element_t<i + 1, typename Params<decltype(create)>::type>;
+template <auto create>
+constexpr std::size_t kSchemaFields = std::tuple_size_v<typename Params<decltype(create)>::type> - 1;
+
+struct AnyField {
+  template <typename T>
+  operator T() const;  // never defined: only used in unevaluated contexts
+};
+template <typename T, std::size_t... I>
+constexpr bool BraceInitializableWith(std::index_sequence<I...>) {
+  return requires { T{(static_cast<void>(I), AnyField{})...}; };
+}
+template <typename T, std::size_t n = 0>
+constexpr std::size_t AggregateFieldCount() {
+  if constexpr (BraceInitializableWith<T>(std::make_index_sequence<n + 1>{})) {
+    return AggregateFieldCount<T, n + 1>();
+  } else {
+    return n;
+  }
+}
+
+template <typename T>
+using Offset = flatbuffers::Offset<T>;
+
+// OptimizerSpec: schema ids 0..7.
+constexpr auto kCreateOptimizer = &CreateOptimizerSpec;
+static_assert(std::is_aggregate_v<ferry::OptimizerSpec>);
+static_assert(kSchemaFields<kCreateOptimizer> == 8, "OptimizerSpec in ferry.fbs changed: update this file");
+static_assert(AggregateFieldCount<ferry::OptimizerSpec>() == kSchemaFields<kCreateOptimizer>,
+              "ferry::OptimizerSpec and the schema's OptimizerSpec have different field counts");
+using O = ferry::OptimizerSpec;
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 0>, OptimizerType>);  // type
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 1>, decltype(O::learning_rate)>);
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 2>, decltype(O::momentum)>);
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 3>, decltype(O::beta1)>);
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 4>, decltype(O::beta2)>);
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 5>, decltype(O::epsilon)>);
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 6>, decltype(O::initial_accumulator)>);
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 7>, decltype(O::nesterov)>);
+static_assert(OptimizerSpec::VT_NESTEROV == 4 + 2 * 7, "schema OptimizerSpec ids are not 0..7");
+
+// TableSpec: schema ids 0..11.
+constexpr auto kCreateTable = &CreateTableSpec;
+static_assert(std::is_aggregate_v<ferry::TableSpec>);
+static_assert(kSchemaFields<kCreateTable> == 12, "TableSpec in ferry.fbs changed: update this file");
+static_assert(AggregateFieldCount<ferry::TableSpec>() == kSchemaFields<kCreateTable>,
+              "ferry::TableSpec and the schema's TableSpec have different field counts");
+using T = ferry::TableSpec;
+static_assert(std::is_same_v<decltype(T::name), std::string> &&
+              std::is_same_v<SchemaField<kCreateTable, 0>, Offset<flatbuffers::String>>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 1>, TableType>);
+static_assert(std::is_same_v<decltype(T::shape), std::vector<int64_t>> &&
+              std::is_same_v<SchemaField<kCreateTable, 2>, Offset<flatbuffers::Vector<int64_t>>>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 3>, decltype(T::dim)>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 4>, decltype(T::chunk_elems)>);
+static_assert(std::is_same_v<decltype(T::optimizer), ferry::OptimizerSpec> &&
+              std::is_same_v<SchemaField<kCreateTable, 5>, Offset<OptimizerSpec>>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 6>, ConsistencyType>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 7>, decltype(T::staleness)>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 8>, decltype(T::replicas_to_aggregate)>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 9>, InitType>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 10>, decltype(T::init_scale)>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 11>, decltype(T::seed)>);
+static_assert(TableSpec::VT_SEED == 4 + 2 * 11, "schema TableSpec ids are not 0..11");
+
+}  // namespace
+}  // namespace ferry::wire

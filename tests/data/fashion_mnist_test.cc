@@ -173,6 +173,24 @@ TEST(IdxTest, LyingHeaderDoesNotAllocateItsClaim) {
   EXPECT_THAT(array.status().message(), HasSubstr("the file has 10"));
 }
 
+TEST(IdxTest, DimensionsWhoseProductOverflows64BitsAreRejected) {
+  TempFile file("-images.gz");
+  // (2^32-1) x 4 stays under the limit; x (2^32-1) is about 2^66, which wraps a 64-bit product to
+  // a negative count: it must be refused by the size check, not reach the allocator.
+  WriteGzip(file.path(), IdxBytes(kImagesMagic, {0xffffffffu, 4, 0xffffffffu}, Pixels(10)));
+  StatusOr<IdxUbyteArray> array = ReadIdxUbyte(file.path(), 3);
+  EXPECT_EQ(array.status().code(), StatusCode::kDataLoss) << array.status();
+  EXPECT_THAT(array.status().message(), HasSubstr(file.path()));
+  EXPECT_THAT(array.status().message(), HasSubstr("4294967295x4x4294967295... exceed the limit"));
+
+  // The same through the dataset reader, as ferry-trainer uses it.
+  TempFile labels("-labels.gz");
+  WriteGzip(labels.path(), IdxBytes(kLabelsMagic, {1}, std::string(1, '\0')));
+  StatusOr<ImageDataset> data = ReadIdxImageDataset(file.path(), labels.path(), 10);
+  EXPECT_EQ(data.status().code(), StatusCode::kDataLoss) << data.status();
+  EXPECT_THAT(data.status().message(), HasSubstr(file.path()));
+}
+
 TEST(IdxTest, CorruptGzipStream) {
   const std::string idx = IdxBytes(kImagesMagic, {1000, 28, 28}, Pixels(1000 * 28 * 28));
   const std::string gz = Gzip(idx);

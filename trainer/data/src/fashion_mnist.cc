@@ -78,12 +78,13 @@ StatusOr<IdxUbyteArray> ReadIdxUbyte(const std::string& path, int expected_rank)
   for (int d = 0; d < expected_rank; ++d) {
     const int64_t size = BigEndian32(dim_bytes.data() + 4 * d);
     array.dims.push_back(size);
-    // Checked before multiplying: elements <= 2^34 and size < 2^32 cannot overflow int64.
-    elements *= size;
-    if (elements > kMaxIdxElements) {
+    // Checked before multiplying, so the product never overflows: elements * size > limit
+    // exactly when elements > limit / size (integer division, size > 0).
+    if (size != 0 && elements > kMaxIdxElements / size) {
       return DataLossError(path + ": IDX dimensions " + DimsString(array.dims) + "... exceed the limit of " +
                            std::to_string(kMaxIdxElements) + " elements");
     }
+    elements *= size;
   }
 
   // Grow with the data actually present, so a lying header cannot make us allocate its claim.

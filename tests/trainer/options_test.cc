@@ -127,6 +127,35 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
   }
 }
 
+TEST(TrainerOptions, UnknownFlagIsCalledUnknownWhereverItStands) {
+  // Last on the line (it used to say "--bogus needs a value"), followed by a value, with =value.
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--local", "--bogus"}, {"--bogus", "--local"}, {"--local", "--bogus", "1"}, {"--local", "--bogus=1"}}) {
+    auto o = Parse(args);
+    ASSERT_FALSE(o.ok()) << "accepted " << testing::PrintToString(args);
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(o.status().message().find("unknown flag --bogus"), std::string::npos) << o.status();
+    EXPECT_EQ(o.status().message().find("needs a value"), std::string::npos) << o.status();
+  }
+}
+
+TEST(TrainerOptions, EveryFlagInTheUsageIsKnown) {
+  const std::string usage = TrainerUsage();
+  int flags = 0;
+  for (size_t at = usage.find("--"); at != std::string::npos; at = usage.find("--", at + 2)) {
+    const size_t end = usage.find_first_not_of("abcdefghijklmnopqrstuvwxyz-", at + 2);
+    const std::string flag = usage.substr(at, end - at);
+    ++flags;
+    // Alone and last: a value flag needs its value, a boolean one parses; neither is unknown.
+    auto o = Parse({flag});
+    if (!o.ok()) {
+      EXPECT_EQ(o.status().message().find("unknown flag"), std::string::npos) << flag << ": " << o.status();
+      EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << flag << ": " << o.status();
+    }
+  }
+  EXPECT_GE(flags, 35);
+}
+
 TEST(TrainerDevice, CpuAndAuto) {
   std::string choice;
   auto cpu = CreateDevice(DeviceKind::kCpu, 0, &choice);

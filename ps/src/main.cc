@@ -11,6 +11,7 @@
 
 #include "ferry/server.h"
 #include "messages/internal/transport.h"
+#include "ps/internal/bind_endpoint.h"
 
 namespace {
 
@@ -18,7 +19,8 @@ void Usage(std::FILE* out) {
   std::fputs(
       "usage: ferry-ps --bind ENDPOINT [--rank R] [--num-servers N] [--compute-threads T]\n"
       "                [--max-message-mb M] [--max-wait-s S]\n"
-      "  --bind             tcp://HOST:PORT, ipc://PATH (default tcp://127.0.0.1:7000)\n"
+      "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
+      "                     (default tcp://127.0.0.1:7000)\n"
       "  --rank             this server's index in the server list (default 0)\n"
       "  --num-servers      servers in the cluster (default 1)\n"
       "  --compute-threads  helper threads for large updates (default: cores - 1)\n"
@@ -58,6 +60,10 @@ int main(int argc, char** argv) {
     const char* value = argv[++i];
     long long v = 0;
     if (flag == "--bind") {
+      if (ferry::Status s = ferry::ps::CheckBindEndpoint(value); !s.ok()) {
+        std::fprintf(stderr, "ferry-ps: %s\n", s.message().c_str());
+        return 2;
+      }
       options.bind = value;
     } else if (flag == "--rank") {
       if (!ParseInt(flag, value, 0, 65535, &v)) return 2;

@@ -1,0 +1,75 @@
+// ferry-ps --bind: ports outside [0, 65535], non-numeric or negative ports are refused with an
+// error (ZeroMQ alone would keep the low 16 bits and bind somewhere else), both by the checking
+// function and by the ferry-ps binary itself.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include <gtest/gtest.h>
+
+#include "ps/internal/bind_endpoint.h"
+
+namespace ferry::ps {
+namespace {
+
+TEST(BindEndpoint, AcceptsTcpPortsInRangeAndIpc) {
+  for (const char* e : {"tcp://127.0.0.1:0", "tcp://127.0.0.1:7000", "tcp://0.0.0.0:65535", "tcp://*:1",
+                        "tcp://127.0.0.1:*", "tcp://[::1]:7000", "tcp://eth0:7000", "ipc:///tmp/ferry-ps-0"}) {
+    EXPECT_TRUE(CheckBindEndpoint(e).ok()) << e << ": " << CheckBindEndpoint(e);
+  }
+}
+
+TEST(BindEndpoint, RefusesBadPortsWithTheReason) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"tcp://127.0.0.1:65536", "port 65536 is above 65535"},
+      {"tcp://127.0.0.1:70000", "port 70000 is above 65535"},
+      {"tcp://127.0.0.1:99999999999999999999999", "is above 65535"},
+      {"tcp://127.0.0.1:-1", "port '-1' is not a number"},
+      {"tcp://127.0.0.1:http", "port 'http' is not a number"},
+      {"tcp://127.0.0.1:70 00", "is not a number"},
+      {"tcp://127.0.0.1:", "missing port number"},
+      {"tcp://127.0.0.1", "missing :PORT"},
+      {"tcp://:7000", "missing HOST"},
+      {"ipc://", "empty ipc path"},
+      {"udp://127.0.0.1:7000", "want tcp://HOST:PORT or ipc://PATH"},
+      {"127.0.0.1:7000", "want tcp://HOST:PORT or ipc://PATH"},
+  };
+  for (const auto& [endpoint, why] : cases) {
+    Status s = CheckBindEndpoint(endpoint);
+    ASSERT_FALSE(s.ok()) << "accepted " << endpoint;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(endpoint), std::string::npos) << s;
+    EXPECT_NE(s.message().find(why), std::string::npos) << s;
+  }
+}
+
+// Runs `ferry-ps --bind endpoint` for at most 10 s; returns its exit status and stderr+stdout.
+std::pair<int, std::string> RunPs(const std::string& endpoint) {
+  const std::string cmd = std::string("timeout 10 ") + FERRY_PS_PATH + " --bind '" + endpoint + "' 2>&1";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 512> buf;
+  while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(BindEndpoint, FerryPsRefusesAPortAbove65535) {
+  // Before the check, this bound port 70000 - 65536 = 4464 and ran until `timeout` killed it (124).
+  auto [code, out] = RunPs("tcp://127.0.0.1:70000");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("port 70000 is above 65535"), std::string::npos) << out;
+  EXPECT_EQ(out.find("listening"), std::string::npos) << out;
+
+  std::tie(code, out) = RunPs("tcp://127.0.0.1:-1");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("is not a number"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace ferry::ps

@@ -266,7 +266,76 @@ class LaunchTest(unittest.TestCase):
                                 "--bin-dir", BUILD_DIR, "--log-dir",
                                 os.path.join(self.dir, "logs"), "--", "--no-such-flag", "1"])
         self.assertNotEqual(rc, 0, out)
-        self.assertRegex(out, r"FAILED: worker \d \(pid \d+\) failed: exit status [1-9]")
+        self.assertRegex(out, r"FAILED: worker \d \(pid \d+\) failed: exit status 2")
+        # The summary gives the trainer's own error, not the usage text printed after it (which
+        # alone filled the last lines shown before).
+        summary = out.split("FAILED:")[1]
+        self.assertIn("that say why (usage text left out):", summary)
+        self.assertIn("    ferry-trainer: unknown flag --no-such-flag", summary)
+        self.assertNotIn("usage: ferry-trainer", summary)
+        self.assertNotIn("--criteo-train FILE", summary)
+
+    def test_failure_summary_shows_the_error_lines_and_the_signal(self):
+        # A worker that logs progress, an error, then a usage text longer than the summary's
+        # line budget, and exits 2; a second variant dies of SIGABRT after its error.
+        bin_dir = os.path.join(self.dir, "bin")
+        os.makedirs(bin_dir)
+        os.symlink(PS_BIN, os.path.join(bin_dir, "ferry-ps"))
+        write_script(os.path.join(bin_dir, "ferry-trainer"), textwrap.dedent(f"""\
+            #!{sys.executable}
+            import os, signal, sys
+            argv = sys.argv[1:]
+            for i in range(30):
+                print(f"step {{i}} loss 0.5", flush=True)
+            print("ferry-trainer: training: UNAVAILABLE: server 1 (tcp://h:1) stopped answering",
+                  file=sys.stderr, flush=True)
+            if "--stub-abort" in argv:
+                os.kill(os.getpid(), signal.SIGABRT)
+            print("usage: ferry-trainer [flags]", file=sys.stderr)
+            for i in range(40):
+                print(f"  --flag-{{i}} N   what flag {{i}} does", file=sys.stderr)
+            sys.exit(2)
+            """))
+        for extra, status in (([], "exit status 2"), (["--stub-abort"], "killed by SIGABRT")):
+            rc, out = run_launcher(["--num-ps", "1", "--num-workers", "1", "--base-port", "0",
+                                    "--bin-dir", bin_dir, "--log-dir",
+                                    os.path.join(self.dir, "logs" + "".join(extra)), "--"] + extra,
+                                   timeout=30)
+            self.assertEqual(rc, 1, out)
+            self.assertRegex(out, rf"FAILED: worker 0 \(pid \d+\) failed: {status}\n")
+            summary = out.split("FAILED:")[1]
+            self.assertIn("    ferry-trainer: training: UNAVAILABLE: server 1 (tcp://h:1) stopped "
+                          "answering", summary)
+            self.assertNotIn("--flag-", summary)
+            self.assertNotIn("step 29 loss", summary)  # an error line was found: only it is shown
+
+    def test_cause_lines(self):
+        fl = load_launcher_module()
+        usage = ["usage: ferry-ps --bind ENDPOINT [--rank R]", "                [--max-wait-s S]",
+                 "  --bind             tcp://HOST:PORT"]
+        # Error, then usage: the error alone.
+        self.assertEqual(fl.cause_lines(["ferry-ps: unknown flag --x"] + usage),
+                         (["ferry-ps: unknown flag --x"], True))
+        # Only usage: nothing left, and it says the usage was left out.
+        self.assertEqual(fl.cause_lines(usage), ([], True))
+        # An error line right after the usage ends it, even with "--" in it.
+        self.assertEqual(fl.cause_lines(usage + ["ferry-ps: --bind 'tcp://h:70000': port 70000 "
+                                                 "is above 65535"])[0],
+                         ["ferry-ps: --bind 'tcp://h:70000': port 70000 is above 65535"])
+        # No error line: the last lines, and normal output that merely mentions errors is not
+        # taken for one.
+        plain = [f"step {i} relative error of w 0.{i}" for i in range(20)]
+        self.assertEqual(fl.cause_lines(plain), (plain[-fl.TAIL_LINES:], False))
+        # Crash text from C++ and Python, and Ferry's status codes.
+        for line in ("terminate called after throwing an instance of 'std::length_error'",
+                     "  what():  vector::reserve", "Traceback (most recent call last):",
+                     "ValueError: bad", "error: cannot open x", "DATA_LOSS: x.gz: truncated",
+                     "ferry: StatusOr::value() called on an error: INTERNAL: x"):
+            self.assertEqual(fl.cause_lines(plain + [line] + ["after"])[0], [line], line)
+        self.assertEqual(fl.cause_lines(["ferry-ps rank 0 of 1 listening on tcp://h:1",
+                                         "ferry-ps rank 0: SIGTERM, stopping"])[0],
+                         ["ferry-ps rank 0 of 1 listening on tcp://h:1",
+                          "ferry-ps rank 0: SIGTERM, stopping"])
 
     def test_sigterm_to_launcher_leaves_nothing(self):
         bin_dir = self.stub_bin_dir()

@@ -332,6 +332,12 @@ class LaunchTest(unittest.TestCase):
                      "ValueError: bad", "error: cannot open x", "DATA_LOSS: x.gz: truncated",
                      "ferry: StatusOr::value() called on an error: INTERNAL: x"):
             self.assertEqual(fl.cause_lines(plain + [line] + ["after"])[0], [line], line)
+        # The launcher's own notes in a task's log (Slurm) are not the task's errors.
+        notes = ["ferry-launch: started worker 1 pid 7: ferry-trainer --rank 1",
+                 "stub: failing on purpose", "ferry-launch: worker 1 ended: exit status 3"]
+        self.assertEqual(fl.cause_lines(notes), (notes, False))
+        self.assertEqual(fl.cause_lines(notes + ["ferry-trainer: data: NOT_FOUND: x"])[0],
+                         ["ferry-trainer: data: NOT_FOUND: x"])
         self.assertEqual(fl.cause_lines(["ferry-ps rank 0 of 1 listening on tcp://h:1",
                                          "ferry-ps rank 0: SIGTERM, stopping"])[0],
                          ["ferry-ps rank 0 of 1 listening on tcp://h:1",

@@ -20,7 +20,7 @@
 namespace ferry::wire {
 
 inline constexpr uint16_t kMajor = 1;
-inline constexpr uint16_t kMinor = 1;  // 1.1: AllReduce
+inline constexpr uint16_t kMinor = 2;  // 1.1: AllReduce; 1.2: Finish, used/dropped/held_us in replies
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.
@@ -48,6 +48,14 @@ zmq::message_t ToFrame(const flatbuffers::FlatBufferBuilder& fbb);
 zmq::message_t MakeError(uint64_t request_id, Kind request_kind, const Status& status);
 // A finished Reply header with no extra fields.
 zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, int64_t version = 0);
+// What a push or pull reply reports besides the version (protocol 1.2).
+struct ReplyInfo {
+  int64_t version = 0;  // min version over the parts served / pushed
+  int64_t used = 0;     // push: parts whose gradient counted (applied, or aggregated for the open step)
+  int64_t dropped = 0;  // push: parts whose gradient was late (the step had closed) and was dropped
+  int64_t held_us = 0;  // pull: how long the server held it waiting for its step
+};
+zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, const ReplyInfo& info);
 
 // Status carried by an Error header (code + message; unknown codes become kUnknown).
 Status ErrorStatus(const Header& h);

@@ -68,7 +68,7 @@ Status VerifyHeader(zmq::message_t& frame, const Header** out) {
                                    std::to_string(kMinor) + ")");
   }
   const auto k = static_cast<int>(h->kind());
-  const bool known = (k >= static_cast<int>(Kind::Hello) && k <= static_cast<int>(Kind::AllReduce)) ||
+  const bool known = (k >= static_cast<int>(Kind::Hello) && k <= static_cast<int>(Kind::Finish)) ||
                      h->kind() == Kind::Reply || h->kind() == Kind::Error;
   if (!known) return InvalidArgumentError("unknown message kind " + std::to_string(k));
   *out = h;
@@ -139,6 +139,10 @@ zmq::message_t MakeError(uint64_t request_id, Kind request_kind, const Status& s
 }
 
 zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, int64_t version) {
+  return MakeReply(request_id, request_kind, ReplyInfo{.version = version});
+}
+
+zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, const ReplyInfo& info) {
   flatbuffers::FlatBufferBuilder fbb(128);
   HeaderBuilder b(fbb);
   b.add_major(kMajor);
@@ -146,7 +150,10 @@ zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, int64_t version
   b.add_kind(Kind::Reply);
   b.add_request_id(request_id);
   b.add_request_kind(request_kind);
-  b.add_version(version);
+  b.add_version(info.version);
+  b.add_used(info.used);
+  b.add_dropped(info.dropped);
+  b.add_held_us(info.held_us);
   FinishHeaderBuffer(fbb, b.Finish());
   return ToFrame(fbb);
 }

@@ -41,6 +41,7 @@ class DenseShard {
   DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers);
   // nullptr when `chunk` is out of range or not held here.
   DenseChunk* chunk(int64_t index);
+  const DenseChunk* chunk(int64_t index) const { return const_cast<DenseShard*>(this)->chunk(index); }
   int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
   int64_t held_chunks() const { return held_; }
 
@@ -49,17 +50,21 @@ class DenseShard {
   int64_t held_ = 0;
 };
 
+// A row's index in its shard: 64-bit, so a shard never wraps around at 2^32 rows.
+using RowIndex = uint64_t;
+
 // id -> row of `dim` floats, rows created (and initialised) on first touch. Rows live in blocks
 // that never move, so growing the table never copies it.
 class SparseShard {
  public:
   SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers);
 
-  // The row's index, creating and initialising it if new.
-  uint32_t FindOrCreate(int64_t id);
-  float* row(uint32_t index) { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
-  float* state(uint32_t index) { return row(index) + dim_; }
-  int64_t& steps(uint32_t index) { return steps_[index]; }
+  // The row's index, creating and initialising it if new. Strong guarantee: if creating the row
+  // throws (std::bad_alloc), the shard is as it was (no id without a row, no half-made row).
+  RowIndex FindOrCreate(int64_t id);
+  float* row(RowIndex index) { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
+  float* state(RowIndex index) { return row(index) + dim_; }
+  int64_t& steps(RowIndex index) { return steps_[index]; }
   int64_t dim() const { return dim_; }
   size_t size() const { return index_.size(); }
 
@@ -72,8 +77,8 @@ class SparseShard {
   uint64_t table_id_;
   int64_t dim_;
   int64_t row_floats_;  // params + optimizer state of one row
-  uint32_t block_rows_;  // rows per block: about 16 MiB a block, at least one row
-  absl::flat_hash_map<int64_t, uint32_t> index_;
+  uint64_t block_rows_;  // rows per block: about 16 MiB a block, at least one row
+  absl::flat_hash_map<int64_t, RowIndex> index_;
   std::vector<std::unique_ptr<float[]>> blocks_;
   std::vector<int64_t> steps_;
 };

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <list>
+#include <mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -56,8 +57,10 @@ struct Request {
   bool verified = false;  // header_frame passed wire::VerifyHeader
   const Header* h() const { return verified && header_frame.size() > 0 ? wire::GetHeader(header_frame.data()) : nullptr; }
   Frames payload;
+  Clock::time_point arrived;   // when the server read it (a held pull reports how long it waited)
   Clock::time_point deadline;
   int64_t pull_step = 0;  // the step/clock the (held) pull is for
+  wire::ReplyInfo info;   // PushPullDense: what its push did, reported with the pull's reply
 };
 
 // A read-only view of a frame as T[], copying only when the frame is not aligned for T.
@@ -93,16 +96,20 @@ class ServerImpl final : public Server {
     ServerStats s;
     for (int i = 0; i < kNumCounters; ++i) s.counters[kCounterNames[i]] = counters_[i].load();
     for (auto& b : staleness_) s.staleness_histogram.push_back(b.load());
+    std::lock_guard lock(by_rank_mu_);
+    for (size_t r = 0; r < used_by_rank_.size(); ++r) {
+      s.counters["gradients_used_rank_" + std::to_string(r)] = used_by_rank_[r];
+      s.counters["gradients_dropped_rank_" + std::to_string(r)] = dropped_by_rank_[r];
+    }
     return s;
   }
 
   void Stop() override {
-    if (stopping_.exchange(true)) {
-      if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
-      return;
-    }
+    stopping_.store(true);
     waker_.Notify();
-    if (thread_.joinable()) thread_.join();
+    // Several threads may call Stop() at once: one joins, the others wait for that join.
+    std::lock_guard lock(stop_mu_);
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
   }
 
  private:
@@ -151,6 +158,7 @@ class ServerImpl final : public Server {
     Count(kBytesIn, bytes);
     if (frames.empty()) return;
     Request req;
+    req.arrived = Clock::now();
     req.routing = std::move(frames[0]);
     auto bad = [&](const Status& s) {
       Count(kBadMessages);
@@ -206,6 +214,7 @@ class ServerImpl final : public Server {
       case Kind::PullSparse: return OnPullSparse(req);
       case Kind::PushSparse: return OnPushSparse(req);
       case Kind::Clock: return OnClock(req);
+      case Kind::Finish: return OnFinish(req);
       case Kind::Barrier:
       case Kind::AllReduce: return OnBarrier(req);
       default:
@@ -264,7 +273,13 @@ class ServerImpl final : public Server {
     if (num_workers_ == 0) {
       num_workers_ = h.num_workers();
       clocks_.assign(static_cast<size_t>(num_workers_), 0);
+      finished_.assign(static_cast<size_t>(num_workers_), false);
+      std::lock_guard lock(by_rank_mu_);
+      used_by_rank_.assign(static_cast<size_t>(num_workers_), 0);
+      dropped_by_rank_.assign(static_cast<size_t>(num_workers_), 0);
     }
+    // A worker that connects (again) takes part in the sync quorum (again).
+    finished_[static_cast<size_t>(h.rank())] = false;
     SendOk(req);
     return Status::Ok();
   }
@@ -344,14 +359,43 @@ class ServerImpl final : public Server {
     return it->second.get();
   }
 
-  int Quorum(const TableSpec& spec) const {
-    return spec.replicas_to_aggregate > 0 ? spec.replicas_to_aggregate : num_workers_;
+  // A sync step closes once it holds the gradients of min(replicas_to_aggregate, workers that
+  // take part) workers, where a worker takes part unless it has finished (a finished worker's
+  // gradient already held for the step still counts). See PROTOCOL.md, "Sync steps".
+  bool StepComplete(const TableSpec& spec, const ps::SyncSlots& sync) const {
+    if (sync.received == 0) return false;
+    int taking_part = 0;
+    for (size_t r = 0; r < finished_.size(); ++r) taking_part += (!finished_[r] || sync.by_rank[r]) ? 1 : 0;
+    const int wanted = spec.replicas_to_aggregate > 0 ? spec.replicas_to_aggregate : num_workers_;
+    return sync.received >= std::min(wanted, taking_part);
   }
 
+  // The ranks still expected for a sync step: they take part and have not pushed it.
+  std::string MissingRanks(const ps::SyncSlots& sync) const {
+    std::string out;
+    for (size_t r = 0; r < finished_.size(); ++r) {
+      if (!finished_[r] && !sync.by_rank[r]) out += (out.empty() ? "" : ", ") + std::to_string(r);
+    }
+    return out.empty() ? "none" : out;
+  }
+
+  // The slowest clock among the workers still training (ssp); finished workers hold no one back.
   int64_t MinClock() const {
     int64_t m = INT64_MAX;
-    for (int64_t c : clocks_) m = std::min(m, c);
-    return clocks_.empty() ? 0 : m;
+    for (size_t r = 0; r < clocks_.size(); ++r) {
+      if (!finished_[r]) m = std::min(m, clocks_[r]);
+    }
+    return m == INT64_MAX ? kMaxStep : m;
+  }
+
+  void CountPush(int rank, int64_t used, int64_t dropped) {
+    std::lock_guard lock(by_rank_mu_);
+    // One push message is one gradient of this worker: used if any of its parts counted.
+    if (used > 0) {
+      ++used_by_rank_[static_cast<size_t>(rank)];
+    } else if (dropped > 0) {
+      ++dropped_by_rank_[static_cast<size_t>(rank)];
+    }
   }
 
   void RecordStaleness(int64_t staleness) {
@@ -422,19 +466,24 @@ class ServerImpl final : public Server {
       }
     }
     bool applied = false;
+    wire::ReplyInfo info;
     for (size_t i = 0; i < refs.size(); ++i) {
       auto& [t, c] = refs[i];
       if (t->spec.consistency == Consistency::kSync) {
         if (h.step() < c->version) {
           Count(kLateGradientsDropped);
+          ++info.dropped;
           continue;
         }
+        ++info.used;
         c->sync.by_rank[static_cast<size_t>(rank)] = std::move(req.payload[i]);
-        if (++c->sync.received >= Quorum(t->spec)) {
+        ++c->sync.received;
+        if (StepComplete(t->spec, c->sync)) {
           ApplySyncDense(*t, *c);
           applied = true;
         }
       } else {
+        ++info.used;
         RecordStaleness(c->version - c->last_pulled[static_cast<size_t>(rank)]);
         std::vector<float> scratch;
         auto g = View<float>(req.payload[i], scratch);
@@ -444,14 +493,18 @@ class ServerImpl final : public Server {
         applied = true;
       }
     }
+    CountPush(rank, info.used, info.dropped);
     if (!then_pull) {
-      SendOk(req);
+      info.version = INT64_MAX;
+      for (const auto& r : refs) info.version = std::min(info.version, r.chunk->version);
+      Send(req, wire::MakeReply(h.request_id(), h.kind(), info));
     } else {
       // PushPullDense at step t: push for t, clock to t + 1, pull for t + 1.
       if (rank < static_cast<int>(clocks_.size())) {
         clocks_[static_cast<size_t>(rank)] = std::max(clocks_[static_cast<size_t>(rank)], h.step() + 1);
       }
       req.pull_step = h.step() + 1;
+      req.info = info;
       req.payload.clear();
       HoldOrServe(std::move(req));
     }
@@ -525,6 +578,7 @@ class ServerImpl final : public Server {
     for (auto& r : refs) {
       if (!Ready(r.table->spec, r.chunk->version, req.pull_step)) return false;
     }
+    req.info.held_us = HeldMicros(req);  // the wait, not the copies below
     Frames payload;
     payload.reserve(refs.size());
     int64_t version = INT64_MAX;
@@ -541,7 +595,8 @@ class ServerImpl final : public Server {
       r.chunk->last_pulled[rank] = r.chunk->version;
       version = std::min(version, r.chunk->version);
     }
-    Send(req, wire::MakeReply(h.request_id(), h.kind(), version), std::move(payload));
+    req.info.version = version;
+    Send(req, wire::MakeReply(h.request_id(), h.kind(), req.info), std::move(payload));
     return true;
   }
 
@@ -603,6 +658,7 @@ class ServerImpl final : public Server {
   }
 
   void ServeSparse(Request& req, ps::SparseShard& shard) {
+    req.info.held_us = HeldMicros(req);  // the wait, not the copy below
     std::vector<int64_t> scratch;
     auto ids = View<int64_t>(req.payload[0], scratch);
     const int64_t dim = shard.dim();
@@ -617,7 +673,12 @@ class ServerImpl final : public Server {
     });
     Frames payload;
     payload.push_back(std::move(out));
-    Send(req, wire::MakeReply(req.h()->request_id(), req.h()->kind(), shard.version), std::move(payload));
+    req.info.version = shard.version;
+    Send(req, wire::MakeReply(req.h()->request_id(), req.h()->kind(), req.info), std::move(payload));
+  }
+
+  static int64_t HeldMicros(const Request& req) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - req.arrived).count();
   }
 
   void ApplySparseRows(const OptimizerSpec& opt, ps::SparseShard& shard, std::span<const int64_t> ids, const float* grads) {
@@ -626,7 +687,7 @@ class ServerImpl final : public Server {
     for (size_t i = 0; i < ids.size(); ++i) rows_[i] = shard.FindOrCreate(ids[i]);
     // Rows are distinct within one push (the client deduplicates); a repeated id is applied in order.
     for (size_t i = 0; i < ids.size(); ++i) {
-      const uint32_t r = rows_[i];
+      const ps::RowIndex r = rows_[i];
       ps::ApplyUpdate(opt, shard.row(r), grads + static_cast<int64_t>(i) * dim, shard.state(r),
                       static_cast<size_t>(dim), static_cast<size_t>(dim), ++shard.steps(r));
     }
@@ -651,7 +712,8 @@ class ServerImpl final : public Server {
       }
       if (h.step() < shard.version) {
         Count(kLateGradientsDropped);
-        SendOk(req, shard.version);
+        CountPush(rank, 0, 1);
+        Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = shard.version, .dropped = 1}));
         return Status::Ok();
       }
       auto& slot = shard.sync.by_rank[static_cast<size_t>(rank)];
@@ -661,7 +723,8 @@ class ServerImpl final : public Server {
       }
       shard.sync.ids_by_rank[static_cast<size_t>(rank)] = std::move(req.payload[0]);
       slot = std::move(req.payload[1]);
-      if (++shard.sync.received >= Quorum(t->spec)) ApplySyncSparse(*t, shard);
+      ++shard.sync.received;
+      if (StepComplete(t->spec, shard.sync)) ApplySyncSparse(*t, shard);
     } else {
       RecordStaleness(shard.version - shard.last_pulled[static_cast<size_t>(rank)]);
       std::vector<float> g_scratch;
@@ -669,7 +732,8 @@ class ServerImpl final : public Server {
       ++shard.version;
       Count(kUpdatesApplied);
     }
-    SendOk(req, shard.version);
+    CountPush(rank, 1, 0);
+    Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = shard.version, .used = 1}));
     ServeHeld();
     return Status::Ok();
   }
@@ -713,6 +777,27 @@ class ServerImpl final : public Server {
     auto& c = clocks_[static_cast<size_t>(req.h()->rank())];
     c = std::max(c, req.h()->step());
     SendOk(req, c);
+    ServeHeld();
+    return Status::Ok();
+  }
+
+  // The worker has ended its training: it is no longer waited for. Sync steps that were missing
+  // only its gradient close now; ssp pulls no longer wait for its clock. A later Hello from the
+  // same rank makes it take part again.
+  Status OnFinish(Request& req) {
+    finished_[static_cast<size_t>(req.h()->rank())] = true;
+    for (auto& [id, t] : tables_) {
+      if (t->spec.consistency != Consistency::kSync) continue;
+      if (t->dense) {
+        for (int64_t i = 0; i < t->dense->num_chunks(); ++i) {
+          ps::DenseChunk* c = t->dense->chunk(i);
+          if (c != nullptr && StepComplete(t->spec, c->sync)) ApplySyncDense(*t, *c);
+        }
+      } else if (StepComplete(t->spec, t->sparse->sync)) {
+        ApplySyncSparse(*t, *t->sparse);
+      }
+    }
+    SendOk(req);
     ServeHeld();
     return Status::Ok();
   }
@@ -771,6 +856,42 @@ class ServerImpl final : public Server {
 
   // ---- deadlines ---------------------------------------------------------------------------
 
+  // What a held pull still waits for, naming the workers it waits on.
+  std::string WaitingFor(const Request& req) const {
+    const Header& h = *req.h();
+    auto describe = [&](const ps::Table& t, int64_t version, const ps::SyncSlots& sync, const std::string& part) {
+      if (t.spec.consistency == Consistency::kSsp) {
+        std::string behind;
+        for (size_t r = 0; r < clocks_.size(); ++r) {
+          if (!finished_[r] && clocks_[r] < req.pull_step - t.spec.staleness) {
+            behind += (behind.empty() ? "" : ", ") + std::to_string(r) + " (clock " + std::to_string(clocks_[r]) + ")";
+          }
+        }
+        return "table '" + t.spec.name + "' (ssp:" + std::to_string(t.spec.staleness) + ") waits for worker(s) " + behind;
+      }
+      return "table '" + t.spec.name + "'" + part + " is at step " + std::to_string(version) +
+             " and waits for the gradients of worker(s) " + MissingRanks(sync);
+    };
+    if (h.kind() == Kind::PullSparse) {
+      auto it = tables_.find(h.table_id());
+      if (it != tables_.end() && it->second->sparse) {
+        const ps::Table& t = *it->second;
+        return describe(t, t.sparse->version, t.sparse->sync, "");
+      }
+    } else if (h.slices()) {
+      for (const auto* sl : *h.slices()) {
+        auto it = tables_.find(sl->table_id());
+        if (it == tables_.end() || !it->second->dense) continue;
+        const ps::Table& t = *it->second;
+        const ps::DenseChunk* c = t.dense->chunk(sl->chunk());
+        if (c != nullptr && !Ready(t.spec, c->version, req.pull_step)) {
+          return describe(t, c->version, c->sync, " chunk " + std::to_string(sl->chunk()));
+        }
+      }
+    }
+    return "its step was not reached";
+  }
+
   std::optional<Clock::time_point> NextDeadline() const {
     std::optional<Clock::time_point> next;
     for (const auto& r : held_) next = next ? std::min(*next, r.deadline) : r.deadline;
@@ -787,10 +908,9 @@ class ServerImpl final : public Server {
       if (it->deadline <= now) {
         Count(kHeldExpired);
         SendError(*it, DeadlineExceededError(
-                           std::string(wire::KindName(it->h()->kind())) + " from rank " + std::to_string(it->h()->rank()) +
-                           " for step " + std::to_string(it->pull_step) + " waited " + waited + " on server " +
-                           std::to_string(options_.rank) + " (slowest worker clock " + std::to_string(MinClock()) +
-                           ") without the step being reached: a worker stopped or fell behind?"));
+                           std::string(wire::KindName(it->h()->kind())) + " for step " + std::to_string(it->pull_step) +
+                           " waited " + waited + " on server " + std::to_string(options_.rank) + ": " +
+                           WaitingFor(*it) + " (stopped, or fell behind?)"));
         it = held_.erase(it);
       } else {
         ++it;
@@ -800,11 +920,18 @@ class ServerImpl final : public Server {
       auto& rs = it->second;
       const bool expired = std::any_of(rs.begin(), rs.end(), [&](const Request& r) { return r.deadline <= now; });
       if (expired) {
+        std::vector<bool> arrived(static_cast<size_t>(num_workers_), false);
+        for (const auto& r : rs) arrived[static_cast<size_t>(r.h()->rank())] = true;
+        std::string missing;
+        for (size_t w = 0; w < arrived.size(); ++w) {
+          if (!arrived[w]) missing += (missing.empty() ? "" : ", ") + std::to_string(w);
+        }
         for (auto& r : rs) {
           Count(kHeldExpired);
-          SendError(r, DeadlineExceededError("barrier " + std::to_string(it->first) + " waited " + waited + " with " +
-                                             std::to_string(rs.size()) + " of " + std::to_string(num_workers_) +
-                                             " workers arrived"));
+          SendError(r, DeadlineExceededError(std::string(wire::KindName(r.h()->kind())) + " " + std::to_string(it->first) +
+                                             " waited " + waited + " on server " + std::to_string(options_.rank) +
+                                             " for worker(s) " + missing + " (" + std::to_string(rs.size()) + " of " +
+                                             std::to_string(num_workers_) + " arrived)"));
         }
         held_barriers_ -= rs.size();
         it = barriers_.erase(it);
@@ -827,16 +954,21 @@ class ServerImpl final : public Server {
 
   // Everything below is owned by the I/O thread.
   int num_workers_ = 0;  // from the first Hello
+  std::vector<bool> finished_;   // per worker rank: sent Finish (and no Hello since)
   std::unordered_map<uint64_t, std::unique_ptr<ps::Table>> tables_;
   std::vector<int64_t> clocks_;  // per worker rank (ssp)
   std::list<Request> held_;      // waiting pulls, at most options_.max_held
   std::map<int64_t, std::vector<Request>> barriers_;
   size_t held_barriers_ = 0;     // requests in barriers_, counted with held_ against max_held
   std::vector<float> avg_;       // scratch for sync averaging
-  std::vector<uint32_t> rows_;   // scratch for sparse row indices
+  std::vector<ps::RowIndex> rows_;  // scratch for sparse row indices
 
   std::array<std::atomic<int64_t>, kNumCounters> counters_;
   std::array<std::atomic<int64_t>, kStalenessBuckets> staleness_;
+  mutable std::mutex by_rank_mu_;
+  std::vector<int64_t> used_by_rank_;     // guarded by by_rank_mu_: push messages that counted
+  std::vector<int64_t> dropped_by_rank_;  // guarded by by_rank_mu_: push messages dropped as late
+  std::mutex stop_mu_;                    // serialises the join in Stop()
 
   std::thread thread_;  // last: starts after everything above is built
 };

@@ -47,19 +47,26 @@ SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_worke
       table_id_(table_id),
       dim_(spec.dim),
       row_floats_(spec.dim * (1 + StateSlots(spec.optimizer.type))),
-      block_rows_(static_cast<uint32_t>(std::max<int64_t>(1, (int64_t{16} << 20) / (row_floats_ * 4)))) {
+      block_rows_(static_cast<uint64_t>(std::max<int64_t>(1, (int64_t{16} << 20) / (row_floats_ * 4)))) {
   last_pulled.assign(static_cast<size_t>(num_workers), 0);
   sync.Reset(num_workers, /*sparse=*/true);
 }
 
-uint32_t SparseShard::FindOrCreate(int64_t id) {
-  auto [it, inserted] = index_.try_emplace(id, static_cast<uint32_t>(index_.size()));
-  if (!inserted) return it->second;
-  const uint32_t index = it->second;
+RowIndex SparseShard::FindOrCreate(int64_t id) {
+  if (auto it = index_.find(id); it != index_.end()) return it->second;
+  const RowIndex index = steps_.size();
+  // Every step that can throw comes before the id is indexed, and each leaves the shard valid:
+  // a block allocated for a row that then failed is simply used by the next row.
   if (index / block_rows_ >= blocks_.size()) {
-    blocks_.push_back(std::make_unique_for_overwrite<float[]>(static_cast<size_t>(row_floats_) * block_rows_));
+    blocks_.push_back(std::make_unique_for_overwrite<float[]>(static_cast<size_t>(row_floats_ * block_rows_)));
   }
   steps_.push_back(0);
+  try {
+    index_.emplace(id, index);
+  } catch (...) {
+    steps_.pop_back();
+    throw;
+  }
   InitSparseRow(spec_, table_id_, id, row(index));
   InitState(spec_.optimizer, state(index), static_cast<size_t>(dim_));
   return index;

@@ -33,6 +33,16 @@ TEST(Cluster, SyncAdagradOneServerMatchesReference) {
   ExpectSyncMatchesSequential(Address(c), 2, OptimizerType::kAdagrad, 4, "ada_");
 }
 
+// Each worker touches one id a step and there are four servers: in most steps most servers get
+// no id from a given worker. Every server must still close every step exactly once with every
+// worker's (empty) gradient: no "push for step N but the table is at step N-1", hundreds of steps.
+TEST(Cluster, SyncSparseWithFewerIdsThanServersNeverAbortsAndMatchesReference) {
+  auto two = LocalCluster::Start(4);
+  ExpectSyncMatchesSequential(Address(two), 2, OptimizerType::kAdam, 300, "few_ids_", /*ids_per_step=*/1);
+  auto three = LocalCluster::Start(4);
+  ExpectSyncMatchesSequential(Address(three), 3, OptimizerType::kSgd, 200, "few_ids3_", /*ids_per_step=*/2);
+}
+
 TEST(Cluster, AsyncLosesNoUpdate) {
   auto c = LocalCluster::Start(2);
   ExpectAsyncLosesNothing(Address(c), 3, 30, "");

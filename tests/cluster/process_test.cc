@@ -102,6 +102,13 @@ TEST(Processes, SyncOverTcpMatchesSequentialReferenceBitwise) {
   ExpectSyncMatchesSequential(p.address, 2, OptimizerType::kAdam, 5, "tcp_");
 }
 
+// The sparse sync step over real ferry-ps processes: three servers, one id per worker a step.
+TEST(Processes, SyncSparseWithFewerIdsThanServersOverTcpMatchesReference) {
+  Processes p(3);
+  ASSERT_TRUE(p.ok()) << "ferry-ps did not start (" << FERRY_PS_PATH << ")";
+  ExpectSyncMatchesSequential(p.address, 2, OptimizerType::kAdam, 200, "tcp_few_ids_", /*ids_per_step=*/1);
+}
+
 TEST(Processes, AsyncOverTcpLosesNoUpdate) {
   Processes p(2);
   ASSERT_TRUE(p.ok());

@@ -33,12 +33,12 @@ std::unique_ptr<Client> ConnectWorker(const ClusterAddress& cluster, int rank, i
 namespace {
 
 constexpr int64_t kSparseIdRange = 40;
-constexpr int kIdsPerWorker = 6;
 
-// The ids worker `rank` touches at `step`: distinct, in a fixed order, overlapping other ranks'.
-std::vector<int64_t> StepIds(int rank, int step) {
+// The `count` ids worker `rank` touches at `step`: distinct, in a fixed order, overlapping other
+// ranks'.
+std::vector<int64_t> StepIds(int rank, int step, int count) {
   std::vector<int64_t> ids;
-  for (uint64_t j = 0; ids.size() < kIdsPerWorker; ++j) {
+  for (uint64_t j = 0; ids.size() < static_cast<size_t>(count); ++j) {
     const int64_t id = static_cast<int64_t>(placement::Mix64((static_cast<uint64_t>(rank) << 32) ^ (static_cast<uint64_t>(step) << 8) ^ j) %
                                             kSparseIdRange);
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
@@ -84,7 +84,7 @@ TableSpec SyncSparse(const std::string& name, OptimizerType opt) {
 }  // namespace
 
 void ExpectSyncMatchesSequential(const ClusterAddress& cluster, int num_workers, OptimizerType optimizer, int steps,
-                                 const std::string& table_prefix) {
+                                 const std::string& table_prefix, int ids_per_step) {
   const TableSpec dense = SyncDense(table_prefix + "dense", optimizer);
   const TableSpec sparse = SyncSparse(table_prefix + "sparse", optimizer);
   const int64_t n = dense.num_elements();
@@ -103,17 +103,23 @@ void ExpectSyncMatchesSequential(const ClusterAddress& cluster, int num_workers,
       ASSERT_TRUE(c.Declare(sparse).ok());
       std::vector<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
       for (int t = 0; t < steps; ++t) {
-        const auto ids = StepIds(r, t);
+        const auto ids = StepIds(r, t, ids_per_step);
         std::vector<float> rows(ids.size() * static_cast<size_t>(dim)), rg(rows.size());
-        ASSERT_TRUE(c.PullDense(dense.name, p, t).wait().ok());
-        Status s = c.PullSparse(sparse.name, ids, rows, t).wait();
+        // As a trainer does: a step's pulls in flight together, then its pushes.
+        Handle pull_dense = c.PullDense(dense.name, p, t);
+        Handle pull_sparse = c.PullSparse(sparse.name, ids, rows, t);
+        Status s = pull_dense.wait();
+        ASSERT_TRUE(s.ok()) << s;
+        s = pull_sparse.wait();
         ASSERT_TRUE(s.ok()) << s;
         Gradient(p, r, t, 1, g.data());
         Gradient(rows, r, t, 2, rg.data());
-        s = c.PushDense(dense.name, g, t).wait();
+        Handle push_dense = c.PushDense(dense.name, g, t);
+        Handle push_sparse = c.PushSparse(sparse.name, ids, rg, t);
+        s = push_dense.wait();
+        const Status s2 = push_sparse.wait();
         ASSERT_TRUE(s.ok()) << s;
-        s = c.PushSparse(sparse.name, ids, rg, t).wait();
-        ASSERT_TRUE(s.ok()) << s;
+        ASSERT_TRUE(s2.ok()) << s2;
       }
     });
   }
@@ -148,7 +154,7 @@ void ExpectSyncMatchesSequential(const ClusterAddress& cluster, int num_workers,
     for (int r = 0; r < num_workers; ++r) {
       Gradient(p, r, t, 1, g.data());
       for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] += g[static_cast<size_t>(i)];
-      const auto ids = StepIds(r, t);
+      const auto ids = StepIds(r, t, ids_per_step);
       std::vector<float> vals, rg(ids.size() * static_cast<size_t>(dim));
       for (int64_t id : ids) vals.insert(vals.end(), row(id).v.begin(), row(id).v.end());
       Gradient(vals, r, t, 2, rg.data());

@@ -22,8 +22,10 @@ std::unique_ptr<Client> ConnectWorker(const ClusterAddress& cluster, int rank, i
 
 // Sync mode: the servers' parameters after `steps` steps equal, bit for bit, a sequential
 // reference that applies the rank-ordered average of every worker's gradient (dense + sparse).
+// Each worker touches `ids_per_step` sparse ids a step: fewer than the servers means most servers
+// get no id from a given worker in a given step (their step must close all the same).
 void ExpectSyncMatchesSequential(const ClusterAddress& cluster, int num_workers, OptimizerType optimizer, int steps,
-                                 const std::string& table_prefix);
+                                 const std::string& table_prefix, int ids_per_step = 6);
 
 // Async mode: every push lands — with SGD at lr 1 from zeros, the parameters are minus the sum
 // of all gradients pushed (dense and sparse, push and push-pull).

@@ -34,12 +34,31 @@ struct Handle::State {
   std::condition_variable cv;
   int pending = 0;                             // guarded by mu: requests without an answer
   Status status;                               // guarded by mu: the first failure
+  Served served;                               // guarded by mu: what the replies reported
   std::shared_ptr<transport::Lender> lender;   // frames lent to ZeroMQ (tcp/ipc pushes)
 
   void Finish(const Status& s) {
     std::lock_guard lock(mu);
     if (!s.ok() && status.ok()) status = s;
     if (--pending == 0) cv.notify_all();
+  }
+  // Adds one reply's report (I/O thread).
+  void Record(const wire::Header& h) {
+    std::lock_guard lock(mu);
+    switch (h.request_kind()) {
+      case wire::Kind::PullDense:
+      case wire::Kind::PullSparse:
+      case wire::Kind::PushDense:
+      case wire::Kind::PushPullDense:
+      case wire::Kind::PushSparse:
+        served.version = served.version < 0 ? h.version() : std::min(served.version, h.version());
+        break;
+      default:
+        break;
+    }
+    served.used += h.used();
+    served.dropped += h.dropped();
+    served.held = std::max(served.held, std::chrono::microseconds(h.held_us()));
   }
   void Fail(const Status& s) {  // before any request was sent
     std::lock_guard lock(mu);
@@ -66,6 +85,12 @@ Status Handle::wait(std::chrono::milliseconds timeout) const {
 }
 
 Status Handle::wait() const { return wait(std::chrono::hours(24 * 365)); }
+
+Served Handle::served() const {
+  if (!state_) return {};
+  std::lock_guard lock(state_->mu);
+  return state_->served;
+}
 
 bool Handle::done() const {
   if (!state_) return true;
@@ -124,7 +149,7 @@ class ClientImpl final : public Client {
       h.add_num_workers(options_.num_workers);
       h.add_num_servers(num_servers());
       h.add_server_rank(s);
-      Submit(op, s, Kind::Hello, Finish(fbb, h), {}, nullptr, options_.connect_timeout);
+      Submit(op, s, Kind::Hello, FinishHeader(fbb, h), {}, nullptr, options_.connect_timeout);
     }
     Status st = Handle(op).wait(options_.connect_timeout + std::chrono::seconds(1));
     if (!st.ok()) return st.WithContext("handshake");
@@ -154,7 +179,7 @@ class ClientImpl final : public Client {
       auto h = BeginHeader(fbb, Kind::CreateTable);
       h.add_table_id(TableId(spec.name));
       h.add_spec(wspec);
-      Submit(op, s, Kind::CreateTable, Finish(fbb, h), {}, nullptr, options_.request_timeout);
+      Submit(op, s, Kind::CreateTable, FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
     }
     FERRY_RETURN_IF_ERROR(Handle(op).wait());
     std::lock_guard lock(tables_mu_);
@@ -224,7 +249,7 @@ class ClientImpl final : public Client {
     auto h = BeginHeader(fbb, kind);
     h.add_step(step);
     h.add_slices(vec);
-    return Finish(fbb, h);
+    return FinishHeader(fbb, h);
   }
 
   // Copies each reply frame into its tensor's output span.
@@ -307,7 +332,7 @@ class ClientImpl final : public Client {
     h.add_num_ids(num_ids);
     h.add_dim(dim);
     h.add_step(step);
-    return Finish(fbb, h);
+    return FinishHeader(fbb, h);
   }
 
   // Groups the unique ids per server in order of first appearance and calls
@@ -350,9 +375,12 @@ class ClientImpl final : public Client {
       (*positions)[static_cast<size_t>(s)].emplace_back(static_cast<int64_t>(p), row);
     });
     const uint64_t id = TableId(spec->name);
+    // A sync pull for step t must wait until every server has closed step t - 1 (it may hold none
+    // of these ids, but this worker's next push reaches it): so it goes to every server.
+    const bool every_server = spec->consistency == Consistency::kSync;
     for (int s = 0; s < S; ++s) {
       auto& sid = server_ids[static_cast<size_t>(s)];
-      if (sid.empty()) continue;
+      if (sid.empty() && !every_server) continue;
       const int64_t n = static_cast<int64_t>(sid.size());
       Frames payload;
       payload.emplace_back(sid.data(), sid.size() * sizeof(int64_t));
@@ -421,9 +449,19 @@ class ClientImpl final : public Client {
       flatbuffers::FlatBufferBuilder fbb(96);
       auto h = BeginHeader(fbb, Kind::Clock);
       h.add_step(clock);
-      Submit(op, s, Kind::Clock, Finish(fbb, h), {}, nullptr, options_.request_timeout);
+      Submit(op, s, Kind::Clock, FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
     }
     return Handle(op);
+  }
+
+  Status Finish() override {
+    auto op = NewOp();
+    for (int s = 0; s < num_servers(); ++s) {
+      flatbuffers::FlatBufferBuilder fbb(96);
+      auto h = BeginHeader(fbb, Kind::Finish);
+      Submit(op, s, Kind::Finish, FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
+    }
+    return Handle(op).wait();
   }
 
   Status Barrier() override {
@@ -431,7 +469,7 @@ class ClientImpl final : public Client {
     flatbuffers::FlatBufferBuilder fbb(96);
     auto h = BeginHeader(fbb, Kind::Barrier);
     h.add_barrier_id(barrier_generation_.fetch_add(1));
-    Submit(op, 0, Kind::Barrier, Finish(fbb, h), {}, nullptr, options_.request_timeout);
+    Submit(op, 0, Kind::Barrier, FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
     return Handle(op).wait();
   }
 
@@ -450,7 +488,7 @@ class ClientImpl final : public Client {
       std::memcpy(result->data(), reply[0].data(), result->size() * sizeof(double));
       return Status::Ok();
     };
-    Submit(op, 0, Kind::AllReduce, Finish(fbb, h), std::move(payload), std::move(on_reply), options_.request_timeout);
+    Submit(op, 0, Kind::AllReduce, FinishHeader(fbb, h), std::move(payload), std::move(on_reply), options_.request_timeout);
     FERRY_RETURN_IF_ERROR(Handle(op).wait());
     return std::move(*result);
   }
@@ -469,7 +507,7 @@ class ClientImpl final : public Client {
       }
       return Status::Ok();
     };
-    Submit(op, server, Kind::Stats, Finish(fbb, h), {}, std::move(on_reply), options_.request_timeout);
+    Submit(op, server, Kind::Stats, FinishHeader(fbb, h), {}, std::move(on_reply), options_.request_timeout);
     FERRY_RETURN_IF_ERROR(Handle(op).wait());
     return *result;
   }
@@ -486,7 +524,7 @@ class ClientImpl final : public Client {
     h.add_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
     return h;
   }
-  static zmq::message_t Finish(flatbuffers::FlatBufferBuilder& fbb, wire::HeaderBuilder& h) {
+  static zmq::message_t FinishHeader(flatbuffers::FlatBufferBuilder& fbb, wire::HeaderBuilder& h) {
     wire::FinishHeaderBuffer(fbb, h.Finish());
     return wire::ToFrame(fbb);
   }
@@ -656,6 +694,7 @@ class ClientImpl final : public Client {
     }
     Frames payload;
     for (size_t i = 1; i < frames.size(); ++i) payload.push_back(std::move(frames[i]));
+    r.op->Record(*h);
     Status s = r.on_reply ? r.on_reply(*h, payload) : ExpectFrames(payload, 0);
     Done(r, s.ok() ? s : s.WithContext(where));
   }

@@ -14,7 +14,7 @@ namespace {
 
 class ServerStore final : public ParamStore {
  public:
-  ServerStore(Client* client, bool ssp) : client_(client), ssp_(ssp) {}
+  ServerStore(Client* client, Consistency consistency) : client_(client), consistency_(consistency) {}
 
   Status Declare(std::span<const TableSpec> specs) override {
     for (const TableSpec& s : specs) FERRY_RETURN_IF_ERROR(client_->Declare(s).WithContext("declaring " + s.name));
@@ -22,38 +22,69 @@ class ServerStore final : public ParamStore {
   }
 
   Status Pull(std::span<const DenseOut> dense, std::span<const SparseOut> sparse, int64_t step) override {
+    const bool sync = consistency_ == Consistency::kSync;
+    const int64_t want = sync ? next_step_ : step;
     handles_.clear();
-    if (!dense.empty()) handles_.push_back(client_->PullDense(dense, step));
-    for (const SparseOut& s : sparse) handles_.push_back(client_->PullSparse(s.table, s.ids, s.rows, step));
+    if (!dense.empty()) handles_.push_back(client_->PullDense(dense, want));
+    for (const SparseOut& s : sparse) handles_.push_back(client_->PullSparse(s.table, s.ids, s.rows, want));
     // The last step's clock (ssp) travelled ahead of these pulls on each server's connection; its
     // replies are collected here rather than waited for alone after the step.
     const Status clock = std::exchange(clock_, Handle()).wait();
-    FERRY_RETURN_IF_ERROR(WaitAll("pull", step));
-    return clock.WithContext("advancing the clock before step " + std::to_string(step));
+    int64_t served = -1;
+    std::chrono::microseconds held{0};
+    FERRY_RETURN_IF_ERROR(WaitAll("pull", want, [&](const Served& s) {
+      if (s.version >= 0) served = served < 0 ? s.version : std::min(served, s.version);
+      held = std::max(held, s.held);
+    }));
+    FERRY_RETURN_IF_ERROR(clock.WithContext("advancing the clock before step " + std::to_string(step)));
+    progress_.pull_wait_s += std::chrono::duration<double>(held).count();
+    // Sync: the servers answered once every table had reached `want`; a table served at a later
+    // step means the job moved on without this worker (it was late, or joined late): its next
+    // push counts for the step it was served.
+    progress_.step = sync && served >= want ? served : want;
+    if (progress_.first_served < 0) progress_.first_served = progress_.step;
+    return Status::Ok();
   }
 
   Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step) override {
+    const bool sync = consistency_ == Consistency::kSync;
+    const int64_t tag = sync ? progress_.step : step;
     handles_.clear();
-    if (!dense.empty()) handles_.push_back(client_->PushDense(dense, step));
-    for (const SparseIn& s : sparse) handles_.push_back(client_->PushSparse(s.table, s.ids, s.grads, step));
-    return WaitAll("push", step);
+    if (!dense.empty()) handles_.push_back(client_->PushDense(dense, tag));
+    for (const SparseIn& s : sparse) handles_.push_back(client_->PushSparse(s.table, s.ids, s.grads, tag));
+    int64_t used = 0, dropped = 0;
+    FERRY_RETURN_IF_ERROR(WaitAll("push", tag, [&](const Served& s) {
+      used += s.used;
+      dropped += s.dropped;
+    }));
+    if (used > 0 || dropped == 0) {
+      ++progress_.pushes_used;
+    } else {
+      ++progress_.pushes_dropped;
+    }
+    if (sync) next_step_ = tag + 1;
+    return Status::Ok();
   }
 
   // ssp: sends the clock and returns; the next Pull collects its replies.
   Status EndStep(int64_t step) override {
-    if (ssp_) clock_ = client_->AdvanceClock(step + 1);
+    if (consistency_ == Consistency::kSsp) clock_ = client_->AdvanceClock(step + 1);
     return Status::Ok();
   }
 
+  StoreProgress progress() const override { return progress_; }
   Client* client() override { return client_; }
 
  private:
   // Waits for every handle (even after a failure: the buffers they use must not be released
-  // while ZeroMQ still holds them) and returns the first error.
-  Status WaitAll(const char* what, int64_t step) {
+  // while ZeroMQ still holds them), passes each one's report to `on_served`, and returns the
+  // first error.
+  template <typename OnServed>
+  Status WaitAll(const char* what, int64_t step, OnServed&& on_served) {
     Status first;
     for (const Handle& h : handles_) {
       Status s = h.wait();
+      if (s.ok()) on_served(h.served());
       if (!s.ok() && first.ok()) first = std::move(s);
     }
     handles_.clear();
@@ -62,9 +93,11 @@ class ServerStore final : public ParamStore {
   }
 
   Client* const client_;
-  const bool ssp_;
+  const Consistency consistency_;
   std::vector<Handle> handles_;
-  Handle clock_;  // the last EndStep's clock, not yet waited for (ssp)
+  Handle clock_;           // the last EndStep's clock, not yet waited for (ssp)
+  int64_t next_step_ = 0;  // sync: the step the next pull asks for (last push's step + 1)
+  StoreProgress progress_;
 };
 
 class LocalStore final : public ParamStore {
@@ -91,7 +124,9 @@ class LocalStore final : public ParamStore {
     return Status::Ok();
   }
 
-  Status Pull(std::span<const DenseOut> dense, std::span<const SparseOut> sparse, int64_t) override {
+  Status Pull(std::span<const DenseOut> dense, std::span<const SparseOut> sparse, int64_t step) override {
+    progress_.step = step;
+    if (progress_.first_served < 0) progress_.first_served = step;
     for (const DenseOut& d : dense) {
       FERRY_ASSIGN_OR_RETURN(LocalTable * t, Find(d.table, TableType::kDense, d.data.size()));
       std::copy(t->params.begin(), t->params.end(), d.data.begin());
@@ -120,15 +155,17 @@ class LocalStore final : public ParamStore {
       const size_t dim = static_cast<size_t>(t->spec.dim);
       if (s.grads.size() != s.ids.size() * dim) return InvalidArgumentError("push to '" + std::string(s.table) + "': grads size");
       for (size_t i = 0; i < s.ids.size(); ++i) {
-        const uint32_t r = shard.FindOrCreate(s.ids[i]);
+        const ps::RowIndex r = shard.FindOrCreate(s.ids[i]);
         ps::ApplyUpdate(t->spec.optimizer, shard.row(r), s.grads.data() + i * dim, shard.state(r), dim, dim,
                         ++shard.steps(r));
       }
     }
+    ++progress_.pushes_used;
     return Status::Ok();
   }
 
   Status EndStep(int64_t) override { return Status::Ok(); }
+  StoreProgress progress() const override { return progress_; }
 
  private:
   struct LocalTable {
@@ -151,12 +188,13 @@ class LocalStore final : public ParamStore {
   }
 
   std::map<std::string, std::unique_ptr<LocalTable>, std::less<>> tables_;
+  StoreProgress progress_;
 };
 
 }  // namespace
 
-std::unique_ptr<ParamStore> CreateServerStore(Client* client, bool ssp) {
-  return std::make_unique<ServerStore>(client, ssp);
+std::unique_ptr<ParamStore> CreateServerStore(Client* client, Consistency consistency) {
+  return std::make_unique<ServerStore>(client, consistency);
 }
 std::unique_ptr<ParamStore> CreateLocalStore() { return std::make_unique<LocalStore>(); }
 

@@ -36,26 +36,45 @@ struct SparseIn {
   std::span<const float> grads;
 };
 
+// Where this worker stands, as the servers reported it.
+struct StoreProgress {
+  // Sync: the global step — the step the last pull was served at, which the next push counts for
+  // (a worker that fell behind, or joined a job in progress, moves to it). Otherwise the last
+  // pull's step.
+  int64_t step = 0;
+  int64_t first_served = -1;  // sync: the step served at the first pull (> 0: joined a job already there)
+  int64_t pushes_used = 0;     // pushes (one a step) of which some part counted
+  int64_t pushes_dropped = 0;  // pushes dropped whole: their sync step had closed before they came
+  // Of the pulls' time so far, the part the servers held them waiting for their step (sync: for
+  // the other workers' gradients; ssp: for their clocks): waiting, not transfer.
+  double pull_wait_s = 0;
+};
+
 class ParamStore {
  public:
   virtual ~ParamStore() = default;
 
   // Declares (or, locally, creates) the tables. Names must be unique.
   virtual Status Declare(std::span<const TableSpec> specs) = 0;
-  // Reads the tables for `step` (the sync step / ssp clock); every request of one call is in
-  // flight together and all are waited for.
+  // Reads the tables for `step` (the loop's step / ssp clock); every request of one call is in
+  // flight together and all are waited for. Sync tables on servers are read at the global step
+  // this worker knows (progress().step + 1 after a push): `step` only orders the loop.
   virtual Status Pull(std::span<const DenseOut> dense, std::span<const SparseOut> sparse, int64_t step) = 0;
-  // Sends the gradients of `step` (each one optimizer update locally).
+  // Sends the gradients of `step` (each one optimizer update locally). Sync: they count for the
+  // step the last pull was served at (progress().step), whatever the loop's `step`.
   virtual Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step) = 0;
   // The end of `step`: ssp tables advance this worker's clock to step + 1.
   virtual Status EndStep(int64_t step) = 0;
+
+  virtual StoreProgress progress() const = 0;
 
   // Null for LocalStore.
   virtual Client* client() { return nullptr; }
 };
 
-// `client` must outlive the store. `ssp` makes EndStep advance the clock.
-std::unique_ptr<ParamStore> CreateServerStore(Client* client, bool ssp);
+// `client` must outlive the store; `consistency` is that of every table it declares (sync: the
+// global step is tracked; ssp: EndStep advances the clock).
+std::unique_ptr<ParamStore> CreateServerStore(Client* client, Consistency consistency);
 std::unique_ptr<ParamStore> CreateLocalStore();
 
 }  // namespace ferry::trainer

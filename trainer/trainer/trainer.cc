@@ -22,17 +22,30 @@ struct FileCloser {
   void operator()(std::FILE* f) const { if (f != nullptr) std::fclose(f); }
 };
 
-// Adds the time from construction to destruction to *acc.
-class Timed {
+// Splits a worker's wall time into parts: every interval between two marks goes to exactly one
+// part, so the parts add up to the wall time by construction (the test checks it does).
+class Lap {
  public:
-  explicit Timed(double* acc) : acc_(acc), start_(Clock::now()) {}
-  ~Timed() { *acc_ += Seconds(start_, Clock::now()); }
-  Timed(const Timed&) = delete;
-  Timed& operator=(const Timed&) = delete;
+  explicit Lap(Clock::time_point start) : last_(start) {}
+  // Adds the time since the last mark to *part and marks now; returns that time.
+  double To(double* part) {
+    const Clock::time_point now = Clock::now();
+    const double dt = Seconds(last_, now);
+    *part += dt;
+    last_ = now;
+    return dt;
+  }
+  // Like To(part), but `waited` seconds of it (at most all) go to *wait instead.
+  void Split(double* part, double* wait, double waited) {
+    double other = 0;
+    const double dt = To(&other);
+    const double w = std::clamp(waited, 0.0, dt);
+    *wait += w;
+    *part += dt - w;
+  }
 
  private:
-  double* acc_;
-  Clock::time_point start_;
+  Clock::time_point last_;
 };
 
 std::string ConsistencyName(const TrainerOptions& o) {
@@ -90,7 +103,7 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(options, device, data));
   std::unique_ptr<ParamStore> store =
-      options.local ? CreateLocalStore() : CreateServerStore(client, options.consistency == Consistency::kSsp);
+      options.local ? CreateLocalStore() : CreateServerStore(client, options.consistency);
   FERRY_RETURN_IF_ERROR(store->Declare(model->TableSpecs()));
 
   // The data plan: which examples, how many steps.
@@ -146,20 +159,30 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   TrainReport report;
   report.steps = total_steps;
   StepTimes& times = report.times;
+  Lap lap(start);
+  auto pull_wait = [&] { return store->progress().pull_wait_s; };
 
-  // Evaluation with the parameters of `step`.
+  // The workers meet before the first step: every one of them has connected (so none is still
+  // counted as finished by an earlier job on the same servers) before any gradient is pushed.
+  if (client != nullptr) {
+    FERRY_RETURN_IF_ERROR(client->Barrier().WithContext("waiting for every worker to connect"));
+    lap.To(&times.wait_s);
+  }
+
+  // Evaluation with the parameters of `step`. The wait in its pulls and its collective go to
+  // wait_s, the rest to eval_s.
   auto evaluate_now = [&](int64_t step) -> Status {
     if (test_n == 0 || (!merged_eval && rank != 0)) return Status::Ok();
     std::vector<double> state;
-    {
-      Timed timed(&times.eval_s);
-      const int64_t first = merged_eval ? test_n * rank / num_workers : 0;
-      const int64_t last = merged_eval ? test_n * (rank + 1) / num_workers : test_n;
-      FERRY_RETURN_IF_ERROR(model->Evaluate(*store, step, first, last - first, &state).WithContext("evaluating at step " + std::to_string(step)));
-      if (merged_eval) {
-        // Every worker's state has the same length; a shard with no example adds zeros.
-        FERRY_ASSIGN_OR_RETURN(state, client->AllReduceSum(state));
-      }
+    const int64_t first = merged_eval ? test_n * rank / num_workers : 0;
+    const int64_t last = merged_eval ? test_n * (rank + 1) / num_workers : test_n;
+    const double waited_before = pull_wait();
+    FERRY_RETURN_IF_ERROR(model->Evaluate(*store, step, first, last - first, &state).WithContext("evaluating at step " + std::to_string(step)));
+    lap.Split(&times.eval_s, &times.wait_s, pull_wait() - waited_before);
+    if (merged_eval) {
+      // Every worker's state has the same length; a shard with no example adds zeros.
+      FERRY_ASSIGN_OR_RETURN(state, client->AllReduceSum(state));
+      lap.To(&times.wait_s);
     }
     if (rank != 0) return Status::Ok();
     FERRY_ASSIGN_OR_RETURN(EvalSummary e, model->Summarize(state));
@@ -174,6 +197,7 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
       }
       std::fflush(out);
     }
+    lap.To(&times.eval_s);
     json("eval", "\"step\": " + std::to_string(step) + ", \"examples\": " + std::to_string(report.examples) + ", " +
                      EvalJson(e, model->is_binary()) + ", \"merged\": " + (merged_eval ? "true" : "false") +
                      ", \"time\": " + TimesJson(times));
@@ -186,6 +210,7 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   int64_t window_correct = 0, window_examples = 0;
   Clock::time_point window_start = start;
   const bool straggler = rank == options.straggler_rank && !options.local;
+  const bool sync_servers = client != nullptr && options.consistency == Consistency::kSync;
 
   for (int64_t t = 0; t < total_steps; ++t) {
     const int64_t epoch = t / steps_per_epoch;
@@ -201,14 +226,17 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
     const int64_t first = step_in_epoch * step_examples;
     const int64_t examples =
         step_in_epoch + 1 == steps_per_epoch ? static_cast<int64_t>(order.size()) - first : step_examples;
-    {
-      Timed timed(&times.compute_s);
-      FERRY_RETURN_IF_ERROR(model->LoadTrainBatch(
-          std::span<const int64_t>(order).subspan(static_cast<size_t>(first), static_cast<size_t>(examples))));
-    }
-    {
-      Timed timed(&times.pull_s);
-      FERRY_RETURN_IF_ERROR(model->Pull(*store, t));
+    FERRY_RETURN_IF_ERROR(model->LoadTrainBatch(
+        std::span<const int64_t>(order).subspan(static_cast<size_t>(first), static_cast<size_t>(examples))));
+    lap.To(&times.compute_s);
+    const double waited_before = pull_wait();
+    FERRY_RETURN_IF_ERROR(model->Pull(*store, t));
+    lap.Split(&times.pull_s, &times.wait_s, pull_wait() - waited_before);
+    if (t == 0 && sync_servers && store->progress().first_served > 0 && out != nullptr) {
+      std::fprintf(out, "[worker %d] the servers are already at global step %" PRId64
+                        " (an earlier job on them, or this worker restarted): joining at that step\n",
+                   rank, store->progress().first_served);
+      std::fflush(out);
     }
     if (hooks.on_params) hooks.on_params(t, model->dense_params());
     double loss_sum = 0;
@@ -228,16 +256,11 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
         const double delay = options.straggler_delay_ms / 1e3 + (options.straggler_factor - 1) * busy;
         if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
       }
-      times.compute_s += Seconds(c0, Clock::now());
     }
-    {
-      Timed timed(&times.push_s);
-      FERRY_RETURN_IF_ERROR(model->Push(*store, t));
-    }
-    {
-      Timed timed(&times.wait_s);
-      FERRY_RETURN_IF_ERROR(store->EndStep(t));
-    }
+    lap.To(&times.compute_s);
+    FERRY_RETURN_IF_ERROR(model->Push(*store, t));
+    FERRY_RETURN_IF_ERROR(store->EndStep(t));  // ssp: sends the clock without waiting
+    lap.To(&times.push_s);
 
     const double step_loss = loss_sum / static_cast<double>(examples);
     if (t == 0) report.first_loss = step_loss;
@@ -253,12 +276,15 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
       const double mean_loss = window_loss / static_cast<double>(window_examples);
       const double acc = static_cast<double>(window_correct) / static_cast<double>(window_examples);
       report.last_loss = mean_loss;
+      // Epochs are counted from 1, as users count them.
       if (out != nullptr && !options.quiet) {
-        std::fprintf(out, "[worker %d] step %" PRId64 "/%" PRId64 " epoch %" PRId64 ": loss %.4f  accuracy %.4f  %.0f examples/s  %.1f s\n",
-                     rank, t + 1, total_steps, epoch, mean_loss, acc, eps, Seconds(start, now));
+        std::fprintf(out, "[worker %d] step %" PRId64 "/%" PRId64 " epoch %" PRId64 "/%" PRId64 ": loss %.4f  accuracy %.4f  %.0f examples/s  %.1f s\n",
+                     rank, t + 1, total_steps, epoch + 1, (total_steps + steps_per_epoch - 1) / steps_per_epoch,
+                     mean_loss, acc, eps, Seconds(start, now));
         std::fflush(out);
       }
-      json("train", "\"step\": " + std::to_string(t + 1) + ", \"epoch\": " + std::to_string(epoch) +
+      lap.To(&times.compute_s);  // the worker's own bookkeeping counts as its compute
+      json("train", "\"step\": " + std::to_string(t + 1) + ", \"epoch\": " + std::to_string(epoch + 1) +
                         ", \"examples\": " + std::to_string(report.examples) + ", \"loss\": " + Num(mean_loss) +
                         ", \"accuracy\": " + Num(acc) + ", \"examples_per_sec\": " + Num(eps) + ", \"time\": " +
                         TimesJson(times) + ", " + bytes_json());
@@ -269,48 +295,57 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   }
 
   // This worker's training ends here: train_s is its time so far less evaluation.
+  lap.To(&times.compute_s);
   report.wall_s = wall();
   report.examples_per_sec = report.wall_s > 0 ? static_cast<double>(report.examples) / report.wall_s : 0.0;
   const double train_s = report.wall_s - times.eval_s;
+  const StoreProgress progress = store->progress();
+  if (sync_servers && total_steps > 0 && progress.pushes_used == 0) {
+    // Never "succeed" having trained nothing.
+    return FailedPreconditionError(
+        "worker " + std::to_string(rank) + ": none of its " + std::to_string(progress.pushes_dropped) +
+        " gradients was used: each came after the servers had closed its step (global step now " +
+        std::to_string(progress.step) + "); with --backup-workers a worker that is never among the first " +
+        "replicas_to_aggregate trains nothing");
+  }
 
-  // The final model holds every worker's updates. Sync: the pull at step T waits for the last
-  // step's pushes. Async and ssp: the workers are not in step, so they first meet at a barrier
-  // (a fast worker's wait for the others is final_wait_s, not a step's time), then pull.
+  // The final model holds every worker's updates. The worker tells the servers it has finished
+  // (sync steps stop waiting for it), then the workers meet at a barrier (a fast worker's wait
+  // for the others is final_wait_s, a part of wait_s), then pull and evaluate.
   double final_wait_s = 0;
-  const bool in_step = options.consistency == Consistency::kSync;
-  auto wait_for_all = [&](const char* why) -> Status {
-    Timed timed(&final_wait_s);
-    return client->Barrier().WithContext(why);
-  };
-  if (client != nullptr && !in_step) {
-    FERRY_RETURN_IF_ERROR(wait_for_all("waiting for the other workers to finish"));
+  if (client != nullptr) {
+    FERRY_RETURN_IF_ERROR(client->Finish().WithContext("telling the servers this worker has finished"));
+    FERRY_RETURN_IF_ERROR(client->Barrier().WithContext("waiting for the other workers to finish"));
+    final_wait_s = lap.To(&times.wait_s);
   }
   {
-    Timed timed(&times.pull_s);
+    const double waited_before = pull_wait();
     FERRY_RETURN_IF_ERROR(model->Pull(*store, total_steps));
+    lap.Split(&times.pull_s, &times.wait_s, pull_wait() - waited_before);
   }
   if (hooks.on_params) hooks.on_params(total_steps, model->dense_params());
   const std::span<const float> final_params = model->dense_params();
   report.final_params.assign(final_params.begin(), final_params.end());
   FERRY_RETURN_IF_ERROR(evaluate_now(total_steps));
 
-  // Worker 0 reports the servers' staleness histogram once every worker is done.
+  // Worker 0 reports the servers' staleness histogram (every worker is done: they met above).
   std::map<int64_t, int64_t> staleness;
-  if (client != nullptr) {
-    if (in_step) FERRY_RETURN_IF_ERROR(wait_for_all("the final barrier"));
-    if (rank == 0) {
-      constexpr std::string_view kPrefix = "staleness_";
-      for (int s = 0; s < client->num_servers(); ++s) {
-        FERRY_ASSIGN_OR_RETURN(auto counters, client->ServerCounters(s));
-        for (const auto& [name, value] : counters) {
-          if (name.rfind(kPrefix, 0) == 0 && value > 0) staleness[std::stoll(name.substr(kPrefix.size()))] += value;
-        }
+  if (client != nullptr && rank == 0) {
+    constexpr std::string_view kPrefix = "staleness_";
+    for (int s = 0; s < client->num_servers(); ++s) {
+      FERRY_ASSIGN_OR_RETURN(auto counters, client->ServerCounters(s));
+      for (const auto& [name, value] : counters) {
+        if (name.rfind(kPrefix, 0) == 0 && value > 0) staleness[std::stoll(name.substr(kPrefix.size()))] += value;
       }
     }
   }
+  lap.To(&times.pull_s);  // reading the servers' counters
   std::string end = "\"steps\": " + std::to_string(total_steps) + ", \"examples\": " + std::to_string(report.examples) +
                     ", \"examples_per_sec\": " + Num(report.examples_per_sec) + ", \"train_s\": " + Num(train_s) +
-                    ", \"final_wait_s\": " + Num(final_wait_s) + ", \"time\": " + TimesJson(times) + ", " + bytes_json();
+                    ", \"final_wait_s\": " + Num(final_wait_s) + ", \"global_step\": " + std::to_string(progress.step) +
+                    ", \"pushes_used\": " + std::to_string(progress.pushes_used) +
+                    ", \"pushes_dropped\": " + std::to_string(progress.pushes_dropped) + ", \"time\": " +
+                    TimesJson(times) + ", " + bytes_json();
   if (rank == 0) {
     std::string hist;
     for (const auto& [k, v] : staleness) hist += (hist.empty() ? "" : ", ") + ("\"" + std::to_string(k) + "\": " + std::to_string(v));
@@ -318,6 +353,7 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
     if (report.eval.count > 0) end += ", \"final\": {" + EvalJson(report.eval, model->is_binary()) + "}";
   }
   json("end", end);
+  report.progress = progress;
   return report;
 }
 

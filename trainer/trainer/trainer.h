@@ -6,9 +6,15 @@
 //   [evaluate, every --eval-every steps, or at the start of every epoch after the first]
 //   load batch t; pull (dense tables + the batch's sparse rows) at step t; forward + backward over
 //   --accumulate micro-batches; push the step's gradients for step t; ssp: advance the clock.
-// After the last step T the worker pulls at step T (the final parameters) and evaluates; in async
-// and ssp modes the workers first meet at a barrier, so the final parameters (and the final
-// evaluation) hold every worker's updates in every mode.
+// Before step 0 the workers meet at a barrier (every worker has connected). After the last step
+// the worker tells the servers it has finished (Client::Finish: sync steps stop waiting for it, so
+// workers with fewer steps never hold the others up), the workers meet at a barrier, then each
+// pulls the final parameters and evaluates: they hold every worker's updates in every mode.
+//
+// Sync steps: the worker pulls at the global step it knows and its push counts for the step it
+// was served (ParamStore::progress). A worker that fell behind (backup workers) or joined a job
+// in progress moves to the current global step, as TensorFlow's SyncReplicasOptimizer moves a
+// late worker; a run none of whose gradients was used fails instead of reporting success.
 //
 // Data order: worker r of M visits data::EpochIndices(N, {r, M}, epoch, {shuffle, seed}); batch t
 // of an epoch is shard positions [t kB, (t + 1) kB) (k = --accumulate). Every worker runs
@@ -29,9 +35,17 @@
 //
 // Metrics file (--metrics-out), JSON lines; every line has "event", "rank" and "wall_s" (seconds
 // since this worker started training), "time" the cumulative split {"pull_s", "compute_s",
-// "push_s", "wait_s", "eval_s"} (pull includes waiting for the step's parameters and, ssp, for the
-// replies to the last step's clock; wait is the end of each step (EndStep: ssp sends the clock);
-// the merged evaluation's collective counts as eval; a straggler's delay counts as compute):
+// "push_s", "wait_s", "eval_s"}. Every moment since the start goes to exactly one part, so the
+// parts add up to wall_s (at "train" and "end" lines; a test checks it):
+//   wait_s    waiting for other workers: the time the servers held this worker's pulls until
+//             their step was reached (sync: the others' gradients; ssp: their clocks; measured
+//             by the servers, protocol 1.2 held_us), the barriers at the start and the end, and
+//             the merged evaluation's all-reduce
+//   pull_s    the rest of the pulls (transfer), including the final one, and reading counters
+//   push_s    pushing the step's gradients (and, ssp, sending the clock)
+//   compute_s loading the batch, forward + backward (a straggler's delay included), logging
+//   eval_s    evaluation less its waiting
+// Epochs are counted from 1.
 //   start  num_workers, model, consistency, backup_workers, device, batch, accumulate,
 //          train_examples, steps (and, for synthetic ctr data, planted_auc, planted_log_loss)
 //   train  step, epoch, examples (cumulative, this worker), loss (mean over the window),
@@ -40,8 +54,10 @@
 //          merged (true when the workers' shards were merged) — worker 0 only
 //   end    steps, examples, examples_per_sec (over this worker's steps, evaluation included),
 //          train_s (seconds to the end of its last step, less evaluation), final_wait_s (the
-//          closing barrier: waiting for the other workers, not in "time"), bytes_sent,
-//          bytes_received; worker 0 adds
+//          closing barrier: waiting for the other workers; part of wait_s), global_step (sync:
+//          the step this worker's last push counted for), pushes_used / pushes_dropped (steps
+//          whose gradient counted / was dropped whole as late), bytes_sent, bytes_received;
+//          worker 0 adds
 //          "staleness" {"k": updates applied k versions stale, summed over servers} and "final"
 //          (the last eval's fields)
 //
@@ -90,6 +106,7 @@ struct TrainReport {
   StepTimes times;
   // The final evaluation (count 0: none on this worker).
   EvalSummary eval;
+  StoreProgress progress;  // at the end of the last step
   std::vector<float> final_params;
 };
 

@@ -47,6 +47,19 @@ struct ClientOptions {
   std::shared_ptr<Context> context;
 };
 
+// What the servers reported about an operation (protocol 1.2); complete once it is done.
+struct Served {
+  // Pulls and pushes: the lowest table version any reply carried (-1: no reply carried one). For a
+  // sync pull this is the step whose parameters were served: the global step, which a worker that
+  // fell behind uses to tag its next push (see PROTOCOL.md, "Sync steps").
+  int64_t version = -1;
+  int64_t used = 0;     // pushes: parts (dense chunks, sparse shards) whose gradient counted
+  int64_t dropped = 0;  // pushes: parts whose gradient came after its sync step had closed (late)
+  // Pulls: the longest any server held a request of this operation waiting for its step
+  // (sync: for the other workers' gradients; ssp: for their clocks).
+  std::chrono::microseconds held{0};
+};
+
 // The completion of an asynchronous operation (like c10d's Work).
 class Handle {
  public:
@@ -60,6 +73,8 @@ class Handle {
   // Waits until the operation ends; bounded by the client's request timeout.
   Status wait() const;
   bool done() const;
+  // What the servers reported (meaningful once the operation is done).
+  Served served() const;
 
  private:
   std::shared_ptr<State> state_;
@@ -107,7 +122,10 @@ class Client {
 
   // Sparse (embedding) tables: rows of `dim` floats by int64 id. Ids may repeat; they are
   // deduplicated before sending (a repeated id's gradients are summed), grouped per server, and
-  // all servers are in flight together. `out` / `grads` hold ids.size() * dim floats.
+  // all servers are in flight together. `out` / `grads` hold ids.size() * dim floats. For sync
+  // tables both reach every server, with no ids where the worker has none there: each server
+  // closes every step with every worker's (maybe empty) gradient, and a pull for step t waits
+  // until every server has closed step t - 1.
   virtual Handle PullSparse(std::string_view table, std::span<const int64_t> ids, std::span<float> out,
                             int64_t step) = 0;
   virtual Handle PushSparse(std::string_view table, std::span<const int64_t> ids, std::span<const float> grads,
@@ -117,6 +135,11 @@ class Client {
   // every worker has reached c - s). Asynchronous: a later request of this client to a server
   // reaches it after the clock, so a worker need not wait for the clock before its next pull.
   virtual Handle AdvanceClock(int64_t clock) = 0;
+  // Tells every server that this worker has ended its training: sync steps no longer wait for
+  // its gradient (the quorum shrinks to the workers still training) and ssp pulls no longer wait
+  // for its clock. Barriers and AllReduceSum still count it. A new Client of the same rank
+  // (its Hello) makes the worker take part again.
+  virtual Status Finish() = 0;
   // Waits until every worker has entered the barrier (bounded by the request timeout).
   virtual Status Barrier() = 0;
   // A barrier that also adds up: every worker passes the same number of values and gets back

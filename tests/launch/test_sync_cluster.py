@@ -1,0 +1,167 @@
+"""Sync mode end to end: real ferry-ps and ferry-trainer processes on tcp loopback.
+
+Needs FERRY_BUILD_DIR (the CMake build dir); ctest sets it. Run by hand:
+  FERRY_BUILD_DIR=build python3 -m unittest -v test_sync_cluster   (from tests/launch/)
+
+Every process is started by the test, on 127.0.0.1, with a deadline, and killed at the end.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAUNCHER = os.path.normpath(os.path.join(HERE, "..", "..", "launch", "ferry-launch"))
+BUILD_DIR = os.path.abspath(os.environ.get("FERRY_BUILD_DIR",
+                                           os.path.join(HERE, "..", "..", "build")))
+PS_BIN = os.path.join(BUILD_DIR, "ps", "ferry-ps")
+TRAINER_BIN = os.path.join(BUILD_DIR, "trainer", "trainer", "ferry-trainer")
+
+# A small CTR job whose workers touch very few ids a step (2 fields, batch 2): with 4 servers,
+# most servers get no id from a given worker in a given step.
+FEW_IDS_CTR = ["--model", "ctr", "--batch", "2", "--ctr-fields", "2", "--ctr-train", "20000",
+               "--ctr-test", "1000", "--consistency", "sync", "--log-every", "100000"]
+
+
+class Servers:
+    """ferry-ps processes on 127.0.0.1 with free ports; stopped (SIGKILL after SIGTERM) on exit."""
+
+    def __init__(self, n, max_wait_s=60):
+        self.procs, self.endpoints = [], []
+        for r in range(n):
+            p = subprocess.Popen([PS_BIN, "--bind", "tcp://127.0.0.1:0", "--rank", str(r),
+                                  "--num-servers", str(n), "--compute-threads", "1",
+                                  "--max-wait-s", str(max_wait_s)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self.procs.append(p)
+            line = p.stdout.readline()
+            m = re.search(r"(tcp://\S+)", line)
+            if not m:
+                self.stop()
+                raise RuntimeError(f"ferry-ps {r} did not report its endpoint: {line!r}")
+            self.endpoints.append(m.group(1))
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def start_worker(servers, rank, num_workers, args, metrics):
+    return subprocess.Popen([TRAINER_BIN, "--servers", ",".join(servers.endpoints), "--rank", str(rank),
+                             "--num-workers", str(num_workers), "--device", "cpu",
+                             "--metrics-out", metrics] + args,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run_workers(servers, num_workers, args_of_rank, tmp, tag, timeout=120):
+    """Runs one trainer per rank; returns [(returncode, output, end_event)]."""
+    procs = []
+    for r in range(num_workers):
+        metrics = os.path.join(tmp, f"{tag}-{r}.jsonl")
+        procs.append((start_worker(servers, r, num_workers, args_of_rank(r), metrics), metrics))
+    results = []
+    for p, metrics in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q, _ in procs:
+                q.kill()
+            raise
+        end = None
+        if os.path.exists(metrics):
+            with open(metrics) as f:
+                for line in f:
+                    ev = json.loads(line)
+                    if ev["event"] == "end":
+                        end = ev
+        results.append((p.returncode, out, end))
+        p.stdout.close()
+    return results
+
+
+@unittest.skipUnless(os.path.exists(PS_BIN) and os.path.exists(TRAINER_BIN), "ferry-ps / ferry-trainer not built")
+class SyncClusterTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ferry-sync-test-")
+
+    def test_ctr_with_fewer_ids_than_servers_never_aborts_and_repeats_bitwise(self):
+        # Before the sparse sync step was defined (pulls to every server), this job aborted with
+        # "push for step N but the table is at step N-1" within a few hundred steps.
+        finals = []
+        for run in range(2):
+            with Servers(4) as s:
+                res = run_workers(s, 2, lambda r: FEW_IDS_CTR + ["--steps", "1500"], self.tmp, f"run{run}")
+            for rc, out, end in res:
+                self.assertEqual(rc, 0, out)
+                self.assertNotIn("but the table is at step", out)
+                self.assertEqual(end["pushes_used"], 1500, out)
+            finals.append(res[0][2]["final"])
+        # Sync without backup workers is bitwise reproducible run to run (same machine, same
+        # BLAS threads): the final metrics, printed with 9 significant digits, are equal.
+        self.assertEqual(finals[0], finals[1])
+
+    def test_a_worker_with_fewer_steps_does_not_hold_the_others(self):
+        # Worker 1 runs 40 steps, worker 0 runs 120. The servers hold a pull at most 20 s: if
+        # worker 0's steps 40.. waited for worker 1, its pulls would fail after 20 s.
+        with Servers(2, max_wait_s=20) as s:
+            res = run_workers(s, 2, lambda r: FEW_IDS_CTR + ["--steps", "120" if r == 0 else "40"],
+                              self.tmp, "uneven", timeout=100)
+        for rc, out, end in res:
+            self.assertEqual(rc, 0, out)
+        self.assertEqual(res[0][2]["pushes_used"], 120)
+        self.assertEqual(res[1][2]["pushes_used"], 40)
+        self.assertEqual(res[0][2]["global_step"], 119)  # its last push counted for step 119
+
+    def test_a_second_job_on_the_same_servers_joins_at_their_step(self):
+        # Running the same job again against servers that are still up must train (or be
+        # refused), never exit 0 with every gradient dropped as late.
+        with Servers(2) as s:
+            args = FEW_IDS_CTR + ["--steps", "50"]
+            first = run_workers(s, 2, lambda r: args, self.tmp, "first")
+            for rc, out, _ in first:
+                self.assertEqual(rc, 0, out)
+            second = run_workers(s, 2, lambda r: args, self.tmp, "second")
+        for rc, out, end in second:
+            self.assertEqual(rc, 0, out)
+            self.assertIn("already at global step 50", out)
+            self.assertEqual(end["pushes_used"], 50)
+            self.assertEqual(end["pushes_dropped"], 0)
+            self.assertEqual(end["global_step"], 99)
+
+    def test_times_add_up_to_the_wall_time_and_sync_wait_is_measured(self):
+        # Worker 1 sleeps 30 ms a step: worker 0 waits for it in every sync step, and that shows
+        # as wait_s (measured by the servers), not as pull or compute time.
+        with Servers(2) as s:
+            res = run_workers(s, 2, lambda r: FEW_IDS_CTR + ["--steps", "40", "--straggler", "1:30ms"],
+                              self.tmp, "times")
+        for rc, out, end in res:
+            self.assertEqual(rc, 0, out)
+            t = end["time"]
+            parts = t["pull_s"] + t["compute_s"] + t["push_s"] + t["wait_s"] + t["eval_s"]
+            self.assertAlmostEqual(parts, end["wall_s"], delta=0.02 * end["wall_s"], msg=str(end))
+        fast, slow = res[0][2]["time"], res[1][2]["time"]
+        # 40 steps of a 30 ms delay: the fast worker waited for most of it.
+        self.assertGreater(fast["wait_s"], 0.5 * 40 * 0.030, msg=str(fast))
+        self.assertGreater(slow["compute_s"], 40 * 0.030, msg=str(slow))
+
+
+if __name__ == "__main__":
+    unittest.main()

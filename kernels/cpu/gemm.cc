@@ -26,4 +26,7 @@ Status Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t 
   return Status::Ok();
 }
 
+void SetGemmThreads(int threads) { openblas_set_num_threads(threads); }
+int GemmThreads() { return openblas_get_num_threads(); }
+
 }  // namespace ferry::kernels::cpu

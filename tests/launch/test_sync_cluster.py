@@ -90,8 +90,10 @@ def run_workers(servers, num_workers, args_of_rank, tmp, tag, timeout=120):
             with open(metrics) as f:
                 for line in f:
                     ev = json.loads(line)
+                    if ev["event"] == "start":
+                        blas_threads = ev["blas_threads"]
                     if ev["event"] == "end":
-                        end = ev
+                        end = dict(ev, blas_threads=blas_threads)
         results.append((p.returncode, out, end))
         p.stdout.close()
     return results
@@ -113,6 +115,7 @@ class SyncClusterTest(unittest.TestCase):
                 self.assertEqual(rc, 0, out)
                 self.assertNotIn("but the table is at step", out)
                 self.assertEqual(end["pushes_used"], 1500, out)
+                self.assertEqual(end["blas_threads"], 1)  # fixed and recorded
             finals.append(res[0][2]["final"])
         # Sync without backup workers is bitwise reproducible run to run (same machine, same
         # BLAS threads): the final metrics, printed with 9 significant digits, are equal.

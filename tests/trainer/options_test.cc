@@ -77,6 +77,18 @@ TEST(TrainerOptions, EvalEveryEpoch) {
   EXPECT_EQ(o->eval_every, 5);
 }
 
+TEST(TrainerOptions, BlasThreadsDefaultToOneAndAreBounded) {
+  auto o = Parse({"--local"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->blas_threads, 1);  // fixed, not the core count: reproducible across machines
+  o = Parse({"--local", "--blas-threads", "3"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->blas_threads, 3);
+  o = Parse({"--local", "--blas-threads", "0"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("--blas-threads"), std::string::npos) << o.status();
+}
+
 TEST(TrainerOptions, LocalNeedsNoServers) {
   auto o = Parse({"--local", "--batch", "8"});
   ASSERT_TRUE(o.ok()) << o.status();

@@ -29,7 +29,7 @@ std::vector<std::string_view> SplitComma(std::string_view s) {
 constexpr std::string_view kValueFlags[] = {
     "--servers", "--rank", "--num-workers", "--device", "--gpu", "--model", "--emb-dim", "--ctr-fields",
     "--ctr-vocab", "--ctr-dense", "--ctr-train", "--ctr-test", "--ctr-zipf", "--data-seed", "--criteo-train",
-    "--criteo-test", "--backup-workers", "--accumulate", "--straggler", "--hidden", "--seed", "--optimizer",
+    "--criteo-test", "--backup-workers", "--accumulate", "--blas-threads", "--straggler", "--hidden", "--seed", "--optimizer",
     "--lr", "--consistency", "--data-dir", "--batch", "--epochs", "--steps", "--train-limit", "--test-limit",
     "--log-every", "--eval-every", "--metrics-out"};
 
@@ -102,6 +102,7 @@ model:     --model mlp|ctr (mlp)  --hidden 256,128  --seed S (1)  --emb-dim E (1
 optimizer: --optimizer sgd|momentum|adagrad|adam (sgd)  --lr X (0.1)
            --consistency sync|async|ssp:S (sync)  --backup-workers K (0, sync)
            --accumulate k (1: push every micro-batch of --batch)
+           --blas-threads N (1: CPU GEMM threads; results are reproducible for a fixed N)
 data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-limit N  --test-limit N
   mlp:     --data-dir DIR (/usr/share/datasets/fashion-mnist)
   ctr:     synthetic: --ctr-train N (1000000)  --ctr-test N (20000)  --ctr-fields F (8)
@@ -245,6 +246,9 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv) {
       o.backup_workers = static_cast<int>(n);
     } else if (flag == "--accumulate") {
       FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 1 << 16, &o.accumulate));
+    } else if (flag == "--blas-threads") {
+      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 1024, &n));
+      o.blas_threads = static_cast<int>(n);
     } else if (flag == "--straggler") {
       FERRY_RETURN_IF_ERROR(ParseStraggler(value, &o));
     } else if (flag == "--hidden") {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "ferry/data/shard.h"
+#include "ferry/kernels.h"
 #include "trainer/trainer/param_store.h"
 
 namespace ferry::trainer {
@@ -101,6 +102,9 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   if (client != nullptr && (client->rank() != rank || client->num_workers() != num_workers)) {
     return InvalidArgumentError("RunTraining: the client's rank/num_workers differ from the options'");
   }
+  // One GEMM thread count for every run (OpenBLAS's process-wide pool), so a result does not
+  // depend on the machine's core count.
+  kernels::cpu::SetGemmThreads(options.blas_threads);
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(options, device, data));
   std::unique_ptr<ParamStore> store =
       options.local ? CreateLocalStore() : CreateServerStore(client, options.consistency);
@@ -148,7 +152,8 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
                     "\", \"consistency\": \"" + ConsistencyName(options) + "\", \"backup_workers\": " +
                     std::to_string(options.backup_workers) + ", \"device\": \"" + device->name() +
                     "\", \"batch\": " + std::to_string(options.batch) + ", \"accumulate\": " +
-                    std::to_string(options.accumulate) + ", \"train_examples\": " + std::to_string(n) +
+                    std::to_string(options.accumulate) + ", \"blas_threads\": " +
+                    std::to_string(kernels::cpu::GemmThreads()) + ", \"train_examples\": " + std::to_string(n) +
                     ", \"steps\": " + std::to_string(total_steps);
     if (data.ctr != nullptr && data.ctr->planted_auc >= 0) {
       f += ", \"planted_auc\": " + Num(data.ctr->planted_auc) + ", \"planted_log_loss\": " + Num(data.ctr->planted_log_loss);

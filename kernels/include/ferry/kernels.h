@@ -37,6 +37,11 @@ enum class Pooling : int { kSum = 0, kMean = 1 };
 
 namespace cpu {
 
+// The threads the CPU Gemm uses (OpenBLAS's pool, shared by the whole process). Gemm results are
+// bitwise reproducible only for one thread count: trainers fix it (--blas-threads) and record it.
+void SetGemmThreads(int threads);
+int GemmThreads();
+
 // ---- GEMM --------------------------------------------------------------------------------------
 // C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C   (row-major, like cblas RowMajor).
 // A is stored as [m x k] (kNo) or [k x m] (kYes) with row stride lda >= its stored row length;

@@ -306,12 +306,17 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   const double train_s = report.wall_s - times.eval_s;
   const StoreProgress progress = store->progress();
   if (sync_servers && total_steps > 0 && progress.pushes_used == 0) {
-    // Never "succeed" having trained nothing.
-    return FailedPreconditionError(
-        "worker " + std::to_string(rank) + ": none of its " + std::to_string(progress.pushes_dropped) +
-        " gradients was used: each came after the servers had closed its step (global step now " +
-        std::to_string(progress.step) + "); with --backup-workers a worker that is never among the first " +
-        "replicas_to_aggregate trains nothing");
+    const std::string what = "worker " + std::to_string(rank) + ": none of its " +
+                             std::to_string(progress.pushes_dropped) +
+                             " gradients was used: each came after the servers had closed its step (global step now " +
+                             std::to_string(progress.step) + ")";
+    // Never "succeed" having trained nothing. With backup workers that is a backup's role (the
+    // first M - K gradients make each step), so it is reported, not an error.
+    if (options.backup_workers == 0) return FailedPreconditionError(what);
+    if (out != nullptr) {
+      std::fprintf(out, "[worker %d] warning: %s; it was a backup worker in every step\n", rank, what.c_str());
+      std::fflush(out);
+    }
   }
 
   // The final model holds every worker's updates. The worker tells the servers it has finished

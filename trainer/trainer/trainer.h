@@ -14,7 +14,8 @@
 // Sync steps: the worker pulls at the global step it knows and its push counts for the step it
 // was served (ParamStore::progress). A worker that fell behind (backup workers) or joined a job
 // in progress moves to the current global step, as TensorFlow's SyncReplicasOptimizer moves a
-// late worker; a run none of whose gradients was used fails instead of reporting success.
+// late worker. A run none of whose gradients was used fails instead of reporting success (with
+// --backup-workers it is reported as a warning: being dropped is a backup worker's role).
 //
 // Data order: worker r of M visits data::EpochIndices(N, {r, M}, epoch, {shuffle, seed}); batch t
 // of an epoch is shard positions [t kB, (t + 1) kB) (k = --accumulate). Every worker runs

@@ -15,7 +15,10 @@ and "wall_s" (seconds since that worker started training). Evaluations ("eval" e
   *_raw; total = the sum over workers.
 - bytes: bytes_sent (pushed) and bytes_received (pulled) summed over the workers' end events.
 - time split: each worker's cumulative time.{pull,compute,push,wait,eval}_s / its steps, in ms,
-  then the mean over workers (the per-worker values are kept too).
+  then the mean over workers (the per-worker values are kept too). The trainer's parts add up to
+  its wall time; its wait_s (measured by the servers: pulls held for the other workers, barriers,
+  all-reduces) includes the closing wait for the other workers, final_wait_s, which is left out
+  here as it is from the throughput.
 - staleness: rank 0's end "staleness" histogram (updates applied with each staleness, summed
   over servers); empty in sync mode.
 """
@@ -174,8 +177,10 @@ def summarize(spec, run_dir):
         rate_raw.append(_num(end, "examples_per_sec", where, ex / wall if wall > 0 else 0.0))
         sent += _num(end, "bytes_sent", where, 0)
         received += _num(end, "bytes_received", where, 0)
+        closing = _num(end, "final_wait_s", where, 0.0)
         for k in SPLIT:
-            split[k].append(1e3 * _num(t, f"{k}_s", where + " time", 0.0) / max(1, n))
+            v = _num(t, f"{k}_s", where + " time", 0.0) - (closing if k == "wait" else 0.0)
+            split[k].append(1e3 * max(0.0, v) / max(1, n))
 
     wall0, train0, eval0 = train_times[0]
     return {

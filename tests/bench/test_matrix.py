@@ -355,7 +355,8 @@ class UnitTest(unittest.TestCase):
                      1: [{"event": "start", "rank": 1, "wall_s": 0},
                          {"event": "end", "rank": 1, "steps": 20, "wall_s": 4.0, "examples": 2000,
                           "examples_per_sec": 500.0, "train_s": 2.5, "final_wait_s": 1.5,
-                          "time": t(0.0), "bytes_sent": 10, "bytes_received": 20}]}
+                          "time": dict(t(0.0), wait_s=1.6), "bytes_sent": 10,
+                          "bytes_received": 20}]}
             for r, evs in lines.items():
                 with open(os.path.join(d, f"metrics-{r}.jsonl"), "w") as f:
                     f.write("".join(json.dumps(e) + "\n" for e in evs))
@@ -378,6 +379,9 @@ class UnitTest(unittest.TestCase):
         self.assertEqual((capped["max"], capped["capped"], capped["mean"]), (64, 1, 16.0))
         self.assertEqual(report.hist_text(capped), "0:3 64+:1")
         self.assertAlmostEqual(res["step_ms"]["pull"], (100.0 + 50.0) / 2)  # 1 s / 10, 1 s / 20
+        # wait_s includes the closing wait (final_wait_s), which per-step figures leave out:
+        # rank 0 0.1 s / 10 steps, rank 1 (1.6 - 1.5) s / 20 steps
+        self.assertAlmostEqual(res["step_ms"]["wait"], (10.0 + 5.0) / 2)
         self.assertEqual(res["planted"], {"planted_auc": 0.82})
 
 

@@ -79,6 +79,7 @@ class SparseShard {
   int64_t row_floats_;  // params + optimizer state of one row
   uint64_t block_rows_;  // rows per block: about 16 MiB a block, at least one row
   absl::flat_hash_map<int64_t, RowIndex> index_;
+  size_t index_reserved_ = 0;  // index_ holds this many ids without growing (FindOrCreate)
   std::vector<std::unique_ptr<float[]>> blocks_;
   std::vector<int64_t> steps_;
 };

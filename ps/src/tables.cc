@@ -1,6 +1,7 @@
 #include "ps/internal/tables.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "messages/internal/placement.h"
 #include "ps/internal/init.h"
@@ -60,13 +61,27 @@ RowIndex SparseShard::FindOrCreate(int64_t id) {
   if (index / block_rows_ >= blocks_.size()) {
     blocks_.push_back(std::make_unique_for_overwrite<float[]>(static_cast<size_t>(row_floats_ * block_rows_)));
   }
-  steps_.push_back(0);
-  try {
-    index_.emplace(id, index);
-  } catch (...) {
-    steps_.pop_back();
-    throw;
+  if (index_.size() + 1 > index_reserved_) {
+    // absl's flat_hash_map (Debian's 20220623) is not exception-safe when it grows: it records
+    // the new capacity before allocating, so after a bad_alloc the map is corrupt (even its
+    // destructor frees memory it never allocated). So grow a copy, and swap it in only once it
+    // holds everything: a failure leaves index_ untouched. A copy whose reserve threw cannot be
+    // destroyed safely: its few bytes are leaked on purpose. Doubling keeps the copies amortised
+    // O(1) per row, with the peak memory of an in-place rehash.
+    const size_t reserve = std::max<size_t>(64, 2 * index_reserved_);
+    auto grown = std::make_unique<absl::flat_hash_map<int64_t, RowIndex>>();
+    try {
+      grown->reserve(reserve);
+    } catch (...) {
+      (void)grown.release();
+      throw;
+    }
+    grown->insert(index_.begin(), index_.end());  // within the reserved size: no allocation
+    index_.swap(*grown);
+    index_reserved_ = reserve;
   }
+  steps_.push_back(0);
+  index_.emplace(id, index);  // within the reserved size: no allocation, cannot throw
   InitSparseRow(spec_, table_id_, id, row(index));
   InitState(spec_.optimizer, state(index), static_cast<size_t>(dim_));
   return index;

@@ -96,10 +96,11 @@ class ServerImpl final : public Server {
     ServerStats s;
     for (int i = 0; i < kNumCounters; ++i) s.counters[kCounterNames[i]] = counters_[i].load();
     for (auto& b : staleness_) s.staleness_histogram.push_back(b.load());
+    // Per worker, only where non-zero: a job of many workers keeps its Stats reply small.
     std::lock_guard lock(by_rank_mu_);
     for (size_t r = 0; r < used_by_rank_.size(); ++r) {
-      s.counters["gradients_used_rank_" + std::to_string(r)] = used_by_rank_[r];
-      s.counters["gradients_dropped_rank_" + std::to_string(r)] = dropped_by_rank_[r];
+      if (used_by_rank_[r] != 0) s.counters["gradients_used_rank_" + std::to_string(r)] = used_by_rank_[r];
+      if (dropped_by_rank_[r] != 0) s.counters["gradients_dropped_rank_" + std::to_string(r)] = dropped_by_rank_[r];
     }
     return s;
   }

@@ -24,7 +24,8 @@ TRAINER_BIN = os.path.join(BUILD_DIR, "trainer", "trainer", "ferry-trainer")
 # A small CTR job whose workers touch very few ids a step (2 fields, batch 2): with 4 servers,
 # most servers get no id from a given worker in a given step.
 FEW_IDS_CTR = ["--model", "ctr", "--batch", "2", "--ctr-fields", "2", "--ctr-train", "20000",
-               "--ctr-test", "1000", "--consistency", "sync", "--log-every", "100000"]
+               "--ctr-test", "1000", "--consistency", "sync", "--log-every", "100000",
+               "--blas-threads", "1"]
 
 
 class Servers:
@@ -115,7 +116,7 @@ class SyncClusterTest(unittest.TestCase):
                 self.assertEqual(rc, 0, out)
                 self.assertNotIn("but the table is at step", out)
                 self.assertEqual(end["pushes_used"], 1500, out)
-                self.assertEqual(end["blas_threads"], 1)  # fixed and recorded
+                self.assertEqual(end["blas_threads"], 1)  # as asked (FEW_IDS_CTR), and recorded
             finals.append(res[0][2]["final"])
         # Sync without backup workers is bitwise reproducible run to run (same machine, same
         # BLAS threads): the final metrics, printed with 9 significant digits, are equal.
@@ -129,6 +130,7 @@ class SyncClusterTest(unittest.TestCase):
                               self.tmp, "uneven", timeout=100)
         for rc, out, end in res:
             self.assertEqual(rc, 0, out)
+            self.assertIn(" epoch 1/1:", out)  # epochs are counted from 1
         self.assertEqual(res[0][2]["pushes_used"], 120)
         self.assertEqual(res[1][2]["pushes_used"], 40)
         self.assertEqual(res[0][2]["global_step"], 119)  # its last push counted for step 119

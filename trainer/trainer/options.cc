@@ -102,7 +102,7 @@ model:     --model mlp|ctr (mlp)  --hidden 256,128  --seed S (1)  --emb-dim E (1
 optimizer: --optimizer sgd|momentum|adagrad|adam (sgd)  --lr X (0.1)
            --consistency sync|async|ssp:S (sync)  --backup-workers K (0, sync)
            --accumulate k (1: push every micro-batch of --batch)
-           --blas-threads N (1: CPU GEMM threads; results are reproducible for a fixed N)
+           --blas-threads N (0: OpenBLAS's own; CPU GEMM threads, recorded: results repeat for one N)
 data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-limit N  --test-limit N
   mlp:     --data-dir DIR (/usr/share/datasets/fashion-mnist)
   ctr:     synthetic: --ctr-train N (1000000)  --ctr-test N (20000)  --ctr-fields F (8)
@@ -247,7 +247,7 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv) {
     } else if (flag == "--accumulate") {
       FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 1 << 16, &o.accumulate));
     } else if (flag == "--blas-threads") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 1024, &n));
+      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, 1024, &n));
       o.blas_threads = static_cast<int>(n);
     } else if (flag == "--straggler") {
       FERRY_RETURN_IF_ERROR(ParseStraggler(value, &o));

@@ -57,9 +57,10 @@ struct TrainerOptions {
   int32_t staleness = 0;                         // S of ssp:S
   int backup_workers = 0;    // --backup-workers K (sync): each step aggregates M - K gradients
   int64_t accumulate = 1;    // --accumulate k: k micro-batches of --batch per push
-  // --blas-threads N: threads of the CPU GEMM (OpenBLAS). Fixed, so results do not depend on the
-  // machine's core count: sync runs are bitwise reproducible for the same N (PROTOCOL.md).
-  int blas_threads = 1;
+  // --blas-threads N: threads of the CPU GEMM (OpenBLAS); 0 keeps OpenBLAS's own count (its
+  // OPENBLAS_NUM_THREADS, else the cores). The count used is recorded in the metrics; sync runs
+  // are bitwise reproducible for the same count, so set it to compare machines (PROTOCOL.md).
+  int blas_threads = 0;
 
   // The servers' replicas_to_aggregate for sync tables (0 = every worker).
   int32_t replicas_to_aggregate() const {

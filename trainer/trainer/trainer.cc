@@ -102,9 +102,9 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   if (client != nullptr && (client->rank() != rank || client->num_workers() != num_workers)) {
     return InvalidArgumentError("RunTraining: the client's rank/num_workers differ from the options'");
   }
-  // One GEMM thread count for every run (OpenBLAS's process-wide pool), so a result does not
-  // depend on the machine's core count.
-  kernels::cpu::SetGemmThreads(options.blas_threads);
+  // The GEMM thread count (OpenBLAS's process-wide pool) when one is asked for; it is recorded
+  // either way, since results repeat bitwise only for one count.
+  if (options.blas_threads > 0) kernels::cpu::SetGemmThreads(options.blas_threads);
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(options, device, data));
   std::unique_ptr<ParamStore> store =
       options.local ? CreateLocalStore() : CreateServerStore(client, options.consistency);

@@ -126,8 +126,11 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   const int64_t steps_per_epoch = (smallest_shard + step_examples - 1) / step_examples;
   const int64_t total_steps = options.steps > 0 ? options.steps : options.epochs * steps_per_epoch;
   const int64_t test_n = options.test_limit > 0 ? std::min(options.test_limit, model->test_size()) : model->test_size();
-  // Sync workers are in step: they split the test set and merge; otherwise worker 0 does it all.
-  const bool merged_eval = client != nullptr && options.consistency == Consistency::kSync && num_workers > 1;
+  // Sync workers without backup workers are in step: they split the test set and merge.
+  // Otherwise (async, ssp, or backup workers, whose point is that the job does not wait for the
+  // slowest) a collective would hold the fast workers back: worker 0 does it all.
+  const bool merged_eval = client != nullptr && options.consistency == Consistency::kSync && num_workers > 1 &&
+                           options.backup_workers == 0;
 
   std::unique_ptr<std::FILE, FileCloser> metrics_file;
   if (!options.metrics_out.empty()) {

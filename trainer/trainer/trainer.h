@@ -30,9 +30,10 @@
 //
 // Evaluation: in sync mode the test set is split among the workers (contiguous ranges) and the
 // sum-mergeable metric states are added up over the servers (Client::AllReduceSum), so the
-// reported metrics weigh every example once. In async and ssp modes the workers are not in step,
-// so a collective would hold the fast ones back: worker 0 evaluates the whole test set alone.
-// Either way worker 0 reports.
+// reported metrics weigh every example once. In async and ssp modes, and in sync mode with backup
+// workers, the workers are not in step, so a collective would hold the fast ones back to the
+// slowest (with backup workers it would undo what they are for): worker 0 evaluates the whole
+// test set alone. Either way worker 0 reports.
 //
 // Metrics file (--metrics-out), JSON lines; every line has "event", "rank" and "wall_s" (seconds
 // since this worker started training), "time" the cumulative split {"pull_s", "compute_s",

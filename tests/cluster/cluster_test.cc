@@ -1,5 +1,6 @@
 // Whole clusters in one process: servers and workers as threads over inproc://.
 #include <atomic>
+#include <latch>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -312,6 +313,102 @@ TEST(Cluster, SyncPullForAStepThatNeverCompletesTimesOutOnTheServer) {
   Status s = w0->PullDense("w", p, 1).wait(10s);
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
   EXPECT_NE(s.message().find("step 1"), std::string::npos) << s;
+  // It names the worker that is missing (1), not the one that waited (0).
+  EXPECT_NE(s.message().find("waits for the gradients of worker(s) 1 ("), std::string::npos) << s;
+}
+
+// A barrier that a worker never enters: the error names the missing worker, not those that came.
+TEST(Cluster, ExpiredBarrierNamesTheMissingWorker) {
+  ServerOptions opts;
+  opts.max_wait = 200ms;
+  auto c = LocalCluster::Start(1, false, opts);
+  auto w0 = c.Connect(0, 3), w2 = c.Connect(2, 3);
+  Status s0, s2;
+  std::thread t0([&] { s0 = w0->Barrier(); });
+  std::thread t2([&] { s2 = w2->Barrier(); });
+  t0.join();
+  t2.join();
+  for (const Status& s : {s0, s2}) {
+    EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+    EXPECT_NE(s.message().find("for worker(s) 1 ("), std::string::npos) << s;  // 1 alone: not 0, not 2
+    EXPECT_NE(s.message().find("2 of 3 arrived"), std::string::npos) << s;
+  }
+}
+
+// An ssp pull held because one worker's clock is behind names that worker and its clock.
+TEST(Cluster, ExpiredSspPullNamesTheWorkerWhoseClockIsBehind) {
+  ServerOptions opts;
+  opts.max_wait = 200ms;
+  auto c = LocalCluster::Start(1, false, opts);
+  auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+  TableSpec spec;
+  spec.name = "s";
+  spec.shape = {4};
+  spec.consistency = Consistency::kSsp;
+  spec.staleness = 1;
+  ASSERT_TRUE(w0->Declare(spec).ok());
+  ASSERT_TRUE(w1->Declare(spec).ok());
+  ASSERT_TRUE(w1->AdvanceClock(1).wait(5s).ok());
+  ASSERT_TRUE(w0->AdvanceClock(3).wait(5s).ok());
+  // A pull at clock 3 with staleness 1 needs every clock at 2 or more: worker 1 is at 1.
+  std::vector<float> p(4);
+  Status s = w0->PullDense("s", p, 3).wait(10s);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("waits for worker(s) 1 (clock 1)"), std::string::npos) << s;
+  EXPECT_EQ(s.message().find("0 (clock"), std::string::npos) << s;
+}
+
+// Finish shrinks the sync quorum: a step missing only the finished worker's gradient closes, with
+// the gradients it has. A new Client of that rank (its Hello) makes it take part again.
+TEST(Cluster, FinishClosesTheStepAndAReconnectedWorkerIsWaitedForAgain) {
+  auto c = LocalCluster::Start(1);
+  auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {3};
+  spec.optimizer.learning_rate = 1.0f;
+  spec.consistency = Consistency::kSync;
+  ASSERT_TRUE(w0->Declare(spec).ok());
+  ASSERT_TRUE(w1->Declare(spec).ok());
+  std::vector<float> g0 = {1, 2, 3}, p(3);
+  ASSERT_TRUE(w0->PushDense("w", g0, 0).wait(5s).ok());
+  Status s = w1->Finish();
+  ASSERT_TRUE(s.ok()) << s;
+  // Step 0 closed with worker 0's gradient alone: init (0) - lr * g0 / 1.
+  s = w0->PullDense("w", p, 1).wait(5s);
+  ASSERT_TRUE(s.ok()) << "step 0 should close when its only missing worker finishes: " << s;
+  EXPECT_EQ(p, (std::vector<float>{-1, -2, -3}));
+
+  // Worker 1 comes back: step 1 waits for it again.
+  w1.reset();
+  w1 = c.Connect(1, 2);
+  ASSERT_TRUE(w1->Declare(spec).ok());
+  std::vector<float> g0b = {1, 1, 1}, g1 = {3, 3, 3}, q(3);
+  ASSERT_TRUE(w0->PushDense("w", g0b, 1).wait(5s).ok());
+  Handle pull = w0->PullDense("w", q, 2);
+  EXPECT_EQ(pull.wait(300ms).code(), StatusCode::kDeadlineExceeded) << "step 1 must wait for the reconnected worker 1";
+  ASSERT_TRUE(w1->PushDense("w", g1, 1).wait(5s).ok());
+  s = pull.wait(5s);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(q, (std::vector<float>{-3, -4, -5}));  // -1 - (1 + 3) / 2, ...
+}
+
+// Stop() from two threads at once, then from the destructor: one joins the I/O thread, the
+// others wait for that. (Two concurrent joins of one std::thread end in std::terminate.)
+TEST(Cluster, StopFromTwoThreadsAtOnceAndThenTheDestructorIsSafe) {
+  for (int round = 0; round < 20; ++round) {
+    auto c = LocalCluster::Start(1);
+    ASSERT_EQ(c.servers.size(), 1u);
+    std::latch go(2);
+    auto stop = [&] {
+      go.arrive_and_wait();
+      c.servers[0]->Stop();
+    };
+    std::thread a(stop), b(stop);
+    a.join();
+    b.join();
+    c.servers[0].reset();  // ~Server calls Stop() once more
+  }
 }
 
 TEST(Cluster, HeldPullsAndBarriersShareOneBound) {

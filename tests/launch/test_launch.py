@@ -29,12 +29,7 @@ import time
 import unittest
 import unittest.mock
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-LAUNCHER = os.path.normpath(os.path.join(HERE, "..", "..", "launch", "ferry-launch"))
-BUILD_DIR = os.path.abspath(os.environ.get("FERRY_BUILD_DIR",
-                                           os.path.join(HERE, "..", "..", "build")))
-PS_BIN = os.path.join(BUILD_DIR, "ps", "ferry-ps")
-TRAINER_BIN = os.path.join(BUILD_DIR, "trainer", "trainer", "ferry-trainer")
+from build_paths import BUILD_DIR, HERE, LAUNCHER, PS_BIN, TRAINER_BIN
 
 SHORT_TRAINING = ["--model", "mlp", "--hidden", "16", "--steps", "20", "--batch", "32",
                   "--train-limit", "2000", "--test-limit", "500", "--quiet"]

@@ -10,16 +10,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-LAUNCHER = os.path.normpath(os.path.join(HERE, "..", "..", "launch", "ferry-launch"))
-BUILD_DIR = os.path.abspath(os.environ.get("FERRY_BUILD_DIR",
-                                           os.path.join(HERE, "..", "..", "build")))
-PS_BIN = os.path.join(BUILD_DIR, "ps", "ferry-ps")
-TRAINER_BIN = os.path.join(BUILD_DIR, "trainer", "trainer", "ferry-trainer")
+from build_paths import PS_BIN, TRAINER_BIN
 
 # A small CTR job whose workers touch very few ids a step (2 fields, batch 2): with 4 servers,
 # most servers get no id from a given worker in a given step.

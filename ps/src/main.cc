@@ -1,6 +1,7 @@
 // ferry-ps: one parameter-server shard. Runs until SIGINT or SIGTERM.
 //
 //   ferry-ps --bind tcp://0.0.0.0:7000 --rank 0 --num-servers 2
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -52,8 +53,15 @@ int main(int argc, char** argv) {
       Usage(stdout);
       return 0;
     }
+    constexpr std::string_view kValueFlags[] = {"--bind", "--rank", "--num-servers", "--compute-threads",
+                                                "--max-message-mb", "--max-wait-s"};
+    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
+      std::fprintf(stderr, "ferry-ps: unknown flag %s\n", argv[i]);
+      Usage(stderr);
+      return 2;
+    }
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "ferry-ps: %s needs a value (or unknown flag)\n", argv[i]);
+      std::fprintf(stderr, "ferry-ps: %s needs a value\n", argv[i]);
       Usage(stderr);
       return 2;
     }

@@ -47,9 +47,9 @@ TEST(BindEndpoint, RefusesBadPortsWithTheReason) {
   }
 }
 
-// Runs `ferry-ps --bind endpoint` for at most 10 s; returns its exit status and stderr+stdout.
-std::pair<int, std::string> RunPs(const std::string& endpoint) {
-  const std::string cmd = std::string("timeout 10 ") + FERRY_PS_PATH + " --bind '" + endpoint + "' 2>&1";
+// Runs `ferry-ps ARGS` for at most 10 s; returns its exit status and stderr+stdout.
+std::pair<int, std::string> RunPsArgs(const std::string& args) {
+  const std::string cmd = std::string("timeout 10 ") + FERRY_PS_PATH + " " + args + " 2>&1";
   std::FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return {-1, "popen failed"};
   std::string out;
@@ -57,6 +57,22 @@ std::pair<int, std::string> RunPs(const std::string& endpoint) {
   while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
   const int status = ::pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Runs `ferry-ps --bind endpoint`.
+std::pair<int, std::string> RunPs(const std::string& endpoint) { return RunPsArgs("--bind '" + endpoint + "'"); }
+
+TEST(FerryPsFlags, AnUnknownFlagIsCalledUnknownWhereverItStands) {
+  // It used to say "--nope needs a value (or unknown flag)" when last on the line.
+  for (const char* args : {"--nope", "--nope 1", "--rank 0 --nope"}) {
+    auto [code, out] = RunPsArgs(args);
+    EXPECT_EQ(code, 2) << args << ": " << out;
+    EXPECT_NE(out.find("unknown flag --nope"), std::string::npos) << args << ": " << out;
+    EXPECT_EQ(out.find("needs a value"), std::string::npos) << args << ": " << out;
+  }
+  auto [code, out] = RunPsArgs("--rank");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--rank needs a value"), std::string::npos) << out;
 }
 
 TEST(BindEndpoint, FerryPsRefusesAPortAbove65535) {

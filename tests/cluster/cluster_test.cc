@@ -1,5 +1,9 @@
 // Whole clusters in one process: servers and workers as threads over inproc://.
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <latch>
 #include <thread>
 
@@ -393,22 +397,35 @@ TEST(Cluster, FinishClosesTheStepAndAReconnectedWorkerIsWaitedForAgain) {
   EXPECT_EQ(q, (std::vector<float>{-3, -4, -5}));  // -1 - (1 + 3) / 2, ...
 }
 
-// Stop() from two threads at once, then from the destructor: one joins the I/O thread, the
-// others wait for that. (Two concurrent joins of one std::thread end in std::terminate.)
-TEST(Cluster, StopFromTwoThreadsAtOnceAndThenTheDestructorIsSafe) {
+// 20 rounds of: start a server, Stop() it from two threads at once, then destroy it (~Server
+// calls Stop() once more). Exits 0 after the last round.
+[[noreturn]] void StopFromTwoThreadsRoundsThenExit() {
+  ::alarm(30);  // a hung join ends the process (SIGALRM) instead of hanging the test
   for (int round = 0; round < 20; ++round) {
     auto c = LocalCluster::Start(1);
-    ASSERT_EQ(c.servers.size(), 1u);
+    if (c.servers.size() != 1) std::exit(3);
     std::latch go(2);
     auto stop = [&] {
       go.arrive_and_wait();
       c.servers[0]->Stop();
     };
-    std::thread a(stop), b(stop);
+    std::thread a(stop);
+    std::thread b(stop);
     a.join();
     b.join();
-    c.servers[0].reset();  // ~Server calls Stop() once more
+    c.servers[0].reset();
   }
+  std::fprintf(stderr, "20 rounds stopped cleanly\n");
+  std::exit(0);
+}
+
+// Stop() from two threads at once, then from the destructor: one joins the I/O thread, the
+// others wait for that. Before, both threads joined the same std::thread: the second join blocked
+// forever (or ended in std::terminate). So the rounds run in a child process with an alarm: a
+// hang fails this test within 30 s instead of hanging the test program.
+TEST(Cluster, StopFromTwoThreadsAtOnceAndThenTheDestructorIsSafe) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child starts afresh (no inherited threads)
+  EXPECT_EXIT(StopFromTwoThreadsRoundsThenExit(), testing::ExitedWithCode(0), "20 rounds stopped cleanly");
 }
 
 TEST(Cluster, HeldPullsAndBarriersShareOneBound) {

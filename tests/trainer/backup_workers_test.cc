@@ -44,9 +44,12 @@ std::vector<TableSpec> Tables() {
 // The order in which the workers push each global step.
 class Turns {
  public:
-  // order(g): ranks in push order for step g. away(rank, g): the rank is not waited for at g.
-  Turns(std::function<std::vector<int>(int64_t)> order, std::function<bool(int, int64_t)> away)
-      : order_(std::move(order)), away_(std::move(away)) {
+  // order(g): ranks in push order for step g. away(rank, g): the rank's push is not waited for at
+  // g. unreached(rank, g): nor its pull (by default: never; every rank is waited for until its
+  // pull has been served step g, so no step closes before a rank that should see it pulled it).
+  Turns(std::function<std::vector<int>(int64_t)> order, std::function<bool(int, int64_t)> away,
+        std::function<bool(int, int64_t)> unreached = [](int, int64_t) { return false; })
+      : order_(std::move(order)), away_(std::move(away)), unreached_(std::move(unreached)) {
     for (int r = 0; r < kWorkers; ++r) reached_[r] = -1;  // no pull yet
   }
 
@@ -57,7 +60,7 @@ class Turns {
     const bool ok = cv_.wait_for(lock, 20s, [&] {
       auto excused = [&](int r) { return away_(r, g) || ended_.count(r) > 0; };
       for (const auto& [r, step] : reached_) {
-        if (r != rank && step < g && !excused(r)) return false;
+        if (r != rank && step < g && !unreached_(r, g) && !ended_.count(r)) return false;
       }
       for (int r : order_(g)) {
         if (r == rank) return true;
@@ -98,6 +101,7 @@ class Turns {
  private:
   std::function<std::vector<int>(int64_t)> order_;
   std::function<bool(int, int64_t)> away_;
+  std::function<bool(int, int64_t)> unreached_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<int64_t, std::set<int>> pushed_;
@@ -159,7 +163,8 @@ TEST(BackupWorkers, AWorkerLateOnceContributesAgainFromTheNextStep) {
   // gradient is the late one), except that worker 2 is held back at its loop step 5 until
   // workers 0 and 1 have pushed steps 5, 6 and 7 without it.
   Turns turns([](int64_t) { return std::vector<int>{2, 0, 1}; },
-              [](int rank, int64_t g) { return rank == 2 && g >= 5 && g < 8; });
+              [](int rank, int64_t g) { return rank == 2 && g >= 5 && g < 8; },
+              [](int rank, int64_t g) { return rank == 2 && g >= 6 && g < 8; });
   auto out = RunWorkers(c, turns, {kSteps, kSteps, kSteps}, [&](int rank, int64_t t) {
     if (rank == 2 && t == 5) turns.WaitPushed({0, 1}, 7);
   });
@@ -207,8 +212,10 @@ TEST(BackupWorkers, ASlowWorkerContributesWheneverItIsAmongTheFirstQuorum) {
 TEST(BackupWorkers, TheJobAdvancesWithoutItsSlowestWorker) {
   constexpr int64_t kSteps = 20;
   auto c = ferry::test::LocalCluster::Start(1);
-  Turns turns([](int64_t) { return std::vector<int>{0, 1, 2}; }, [](int rank, int64_t) { return rank == 2; });
-  // Worker 2 does not push at all until workers 0 and 1 have run all their steps.
+  // Worker 2 pulls step 0 with the others (they wait for that), then does not push at all until
+  // workers 0 and 1 have run all their steps: it is away from step 1 on.
+  auto from_step_1 = [](int rank, int64_t g) { return rank == 2 && g >= 1; };
+  Turns turns([](int64_t) { return std::vector<int>{0, 1, 2}; }, from_step_1, from_step_1);
   auto out = RunWorkers(c, turns, {kSteps, kSteps, kSteps}, [&](int rank, int64_t t) {
     if (rank == 2 && t == 0) turns.WaitPushed({0, 1}, kSteps - 1);
   });

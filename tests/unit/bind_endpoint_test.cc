@@ -1,9 +1,7 @@
 // ferry-ps --bind: ports outside [0, 65535], non-numeric or negative ports are refused with an
 // error (ZeroMQ alone would keep the low 16 bits and bind somewhere else), both by the checking
 // function and by the ferry-ps binary itself.
-#include <sys/wait.h>
 
-#include <array>
 #include <cstdio>
 #include <string>
 #include <tuple>
@@ -12,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "ps/internal/bind_endpoint.h"
+#include "support/run_command.h"
 
 namespace ferry::ps {
 namespace {
@@ -49,14 +48,7 @@ TEST(BindEndpoint, RefusesBadPortsWithTheReason) {
 
 // Runs `ferry-ps ARGS` for at most 10 s; returns its exit status and stderr+stdout.
 std::pair<int, std::string> RunPsArgs(const std::string& args) {
-  const std::string cmd = std::string("timeout 10 ") + FERRY_PS_PATH + " " + args + " 2>&1";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 512> buf;
-  while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return ferry::test::RunCommand(std::string(FERRY_PS_PATH) + " " + args, 10);
 }
 
 // Runs `ferry-ps --bind endpoint`.

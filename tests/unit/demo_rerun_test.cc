@@ -1,9 +1,7 @@
 // ferry-demo against servers that still hold the tables of an earlier run: it refuses with a
 // message that names the tables and the two ways out (restart the servers, or --prefix), instead
 // of training nothing and exiting 1 without a word; with --prefix it trains fresh tables.
-#include <sys/wait.h>
 
-#include <array>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -12,20 +10,14 @@
 #include <gtest/gtest.h>
 
 #include "ferry/server.h"
+#include "support/run_command.h"
 
 namespace ferry {
 namespace {
 
 // Runs ferry-demo with `args` (at most 120 s); returns its exit status and stdout+stderr.
 std::pair<int, std::string> RunDemo(const std::string& args) {
-  const std::string cmd = std::string("timeout 120 ") + FERRY_DEMO_PATH + " " + args + " 2>&1";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 512> buf;
-  while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return test::RunCommand(std::string(FERRY_DEMO_PATH) + " " + args, 120);
 }
 
 TEST(DemoRerun, SecondRunAgainstTheSameServersSaysWhyAndWhatToDo) {

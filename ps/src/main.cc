@@ -89,9 +89,9 @@ int main(int argc, char** argv) {
       if (!ParseInt(flag, value, 1, 86400, &v)) return 2;
       options.max_wait = std::chrono::seconds(v);
     } else {
-      std::fprintf(stderr, "ferry-ps: unknown flag %s\n", argv[i - 1]);
-      Usage(stderr);
-      return 2;
+      // Listed in kValueFlags but not handled above: a bug in this function, not the caller's.
+      std::fprintf(stderr, "ferry-ps: internal error: flag %s is listed but not handled\n", argv[i - 1]);
+      return 70;
     }
   }
 

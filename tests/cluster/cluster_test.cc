@@ -23,6 +23,17 @@ using namespace std::chrono_literals;
 
 ClusterAddress Address(const LocalCluster& c) { return {c.endpoints, c.context}; }
 
+// A sync dense table of `n` floats, SGD with learning rate 1 from zeros: after a step the values
+// are minus the average gradient, easy to check by hand.
+TableSpec SyncSgd(const std::string& name, int64_t n) {
+  TableSpec spec;
+  spec.name = name;
+  spec.shape = {n};
+  spec.optimizer.learning_rate = 1.0f;
+  spec.consistency = Consistency::kSync;
+  return spec;
+}
+
 TEST(Cluster, SyncAdamMatchesSequentialReferenceBitwise) {
   auto c = LocalCluster::Start(2);
   ExpectSyncMatchesSequential(Address(c), 2, OptimizerType::kAdam, 6, "adam_");
@@ -236,11 +247,7 @@ TEST(Cluster, DeclarationIsIdempotentAndConflictsNameBothSpecs) {
 
 TEST(Cluster, BackupWorkersUseTheFirstKGradientsAndDropLateOnes) {
   auto c = LocalCluster::Start(1);
-  TableSpec spec;
-  spec.name = "w";
-  spec.shape = {3};
-  spec.optimizer.learning_rate = 1.0f;
-  spec.consistency = Consistency::kSync;
+  TableSpec spec = SyncSgd("w", 3);
   spec.replicas_to_aggregate = 2;
   std::vector<std::unique_ptr<Client>> w;
   for (int r = 0; r < 3; ++r) w.push_back(c.Connect(r, 3));
@@ -367,11 +374,7 @@ TEST(Cluster, ExpiredSspPullNamesTheWorkerWhoseClockIsBehind) {
 TEST(Cluster, FinishClosesTheStepAndAReconnectedWorkerIsWaitedForAgain) {
   auto c = LocalCluster::Start(1);
   auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
-  TableSpec spec;
-  spec.name = "w";
-  spec.shape = {3};
-  spec.optimizer.learning_rate = 1.0f;
-  spec.consistency = Consistency::kSync;
+  TableSpec spec = SyncSgd("w", 3);
   ASSERT_TRUE(w0->Declare(spec).ok());
   ASSERT_TRUE(w1->Declare(spec).ok());
   std::vector<float> g0 = {1, 2, 3}, p(3);
@@ -578,11 +581,7 @@ TEST(Cluster, AMinimalHeldHeaderIsAnsweredIntact) {
 TEST(Cluster, ATableNamedTwiceInOneCallIsRefusedAndTheStepIsIntact) {
   auto c = LocalCluster::Start(1);
   auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
-  TableSpec spec;
-  spec.name = "w";
-  spec.shape = {2};
-  spec.optimizer.learning_rate = 1.0f;
-  spec.consistency = Consistency::kSync;
+  TableSpec spec = SyncSgd("w", 2);
   ASSERT_TRUE(w0->Declare(spec).ok());
   ASSERT_TRUE(w1->Declare(spec).ok());
   std::vector<float> g = {2, 2}, p(2);

@@ -443,26 +443,21 @@ class ClientImpl final : public Client {
 
   // ---- clocks, barriers, stats -------------------------------------------------------------
 
-  Handle AdvanceClock(int64_t clock) override {
+  // One header-only request of `kind` (with `step`) to every server, all in flight together.
+  Handle ToEveryServer(Kind kind, int64_t step) {
     auto op = NewOp();
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(96);
-      auto h = BeginHeader(fbb, Kind::Clock);
-      h.add_step(clock);
-      Submit(op, s, Kind::Clock, FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
+      auto h = BeginHeader(fbb, kind);
+      h.add_step(step);
+      Submit(op, s, kind, FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
     }
     return Handle(op);
   }
 
-  Status Finish() override {
-    auto op = NewOp();
-    for (int s = 0; s < num_servers(); ++s) {
-      flatbuffers::FlatBufferBuilder fbb(96);
-      auto h = BeginHeader(fbb, Kind::Finish);
-      Submit(op, s, Kind::Finish, FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
-    }
-    return Handle(op).wait();
-  }
+  Handle AdvanceClock(int64_t clock) override { return ToEveryServer(Kind::Clock, clock); }
+
+  Status Finish() override { return ToEveryServer(Kind::Finish, 0).wait(); }
 
   Status Barrier() override {
     auto op = NewOp();

@@ -280,7 +280,7 @@ class ServerImpl final : public Server {
       dropped_by_rank_.assign(static_cast<size_t>(num_workers_), 0);
     }
     // A worker that connects (again) takes part in the sync quorum (again).
-    finished_[static_cast<size_t>(h.rank())] = false;
+    SetFinished(h.rank(), false);
     SendOk(req);
     return Status::Ok();
   }
@@ -365,10 +365,19 @@ class ServerImpl final : public Server {
   // gradient already held for the step still counts). See PROTOCOL.md, "Sync steps".
   bool StepComplete(const TableSpec& spec, const ps::SyncSlots& sync) const {
     if (sync.received == 0) return false;
-    int taking_part = 0;
-    for (size_t r = 0; r < finished_.size(); ++r) taking_part += (!finished_[r] || sync.by_rank[r]) ? 1 : 0;
+    int taking_part = num_workers_;  // the common case, no worker finished: no scan per push
+    if (num_finished_ > 0) {
+      taking_part = 0;
+      for (size_t r = 0; r < finished_.size(); ++r) taking_part += (!finished_[r] || sync.by_rank[r]) ? 1 : 0;
+    }
     const int wanted = spec.replicas_to_aggregate > 0 ? spec.replicas_to_aggregate : num_workers_;
     return sync.received >= std::min(wanted, taking_part);
+  }
+
+  void SetFinished(int rank, bool finished) {
+    auto&& f = finished_[static_cast<size_t>(rank)];
+    if (f != finished) num_finished_ += finished ? 1 : -1;
+    f = finished;
   }
 
   // The ranks still expected for a sync step: they take part and have not pushed it.
@@ -786,7 +795,7 @@ class ServerImpl final : public Server {
   // only its gradient close now; ssp pulls no longer wait for its clock. A later Hello from the
   // same rank makes it take part again.
   Status OnFinish(Request& req) {
-    finished_[static_cast<size_t>(req.h()->rank())] = true;
+    SetFinished(req.h()->rank(), true);
     for (auto& [id, t] : tables_) {
       if (t->spec.consistency != Consistency::kSync) continue;
       if (t->dense) {
@@ -956,6 +965,7 @@ class ServerImpl final : public Server {
   // Everything below is owned by the I/O thread.
   int num_workers_ = 0;  // from the first Hello
   std::vector<bool> finished_;   // per worker rank: sent Finish (and no Hello since)
+  int num_finished_ = 0;         // the true entries of finished_
   std::unordered_map<uint64_t, std::unique_ptr<ps::Table>> tables_;
   std::vector<int64_t> clocks_;  // per worker rank (ssp)
   std::list<Request> held_;      // waiting pulls, at most options_.max_held

@@ -137,11 +137,14 @@ def summarize(spec, run_dir):
             checks.append(f"eval #{i + 1} (step {ev.get('step')}) has no {q}; left out")
             continue
         curve.append(_eval_point(ev, q, model.loss_name, f"metrics-0.jsonl eval #{i + 1}"))
+    # The job's steps: the start event's budget (sync: global steps, which a backup worker that
+    # fell behind stops short of, so its end event's "steps", the steps it ran, may be fewer).
+    job_steps = s0.get("steps", ends[0].get("steps"))
     final_obj = ends[0].get("final")
     final = None
     if isinstance(final_obj, dict) and final_obj.get(q) is not None:
         fp = dict(final_obj)
-        fp.setdefault("step", ends[0].get("steps"))
+        fp.setdefault("step", job_steps)
         fp.setdefault("wall_s", ends[0].get("wall_s"))
         fp.setdefault("time", ends[0].get("time"))
         final = _eval_point(fp, q, model.loss_name, "metrics-0.jsonl end.final")
@@ -187,8 +190,8 @@ def summarize(spec, run_dir):
         "device": s0.get("device"),
         # The synthetic CTR data's planted model: the best AUC / log-loss to expect.
         "planted": {k: s0[k] for k in ("planted_auc", "planted_log_loss") if k in s0} or None,
-        "steps": steps[0],
-        "steps_per_worker": steps,
+        "steps": job_steps,
+        "steps_per_worker": steps,  # the steps each worker ran
         "examples_total": examples,
         "wall_s": wall0,
         "train_s": train0,

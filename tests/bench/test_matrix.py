@@ -375,6 +375,17 @@ class UnitTest(unittest.TestCase):
         self.assertEqual(res["bytes"], {"sent": 110, "received": 220})
         self.assertEqual(res["staleness"], {"hist": {0: 6, 2: 2}, "updates": 8, "mean": 0.5,
                                             "max": 2, "capped": 0})
+        # Sync with backup workers: the budget is the job's (global steps); a worker that fell
+        # behind ran fewer. The job's steps come from the start event, each worker's from its end.
+        with tempfile.TemporaryDirectory() as d:
+            lines[0][0]["steps"] = 12
+            del lines[0][-1]["final"]["step"]  # as the trainer writes it
+            for r, evs in lines.items():
+                with open(os.path.join(d, f"metrics-{r}.jsonl"), "w") as f:
+                    f.write("".join(json.dumps(e) + "\n" for e in evs))
+            job = metrics.summarize(spec, d)
+        self.assertEqual((job["steps"], job["steps_per_worker"]), (12, [10, 20]))
+        self.assertEqual(job["final"]["step"], 12)  # the final evaluation is at the job's end
         capped = metrics.staleness_stats({"0": 3, "64": 1})
         self.assertEqual((capped["max"], capped["capped"], capped["mean"]), (64, 1, 16.0))
         self.assertEqual(report.hist_text(capped), "0:3 64+:1")

@@ -165,7 +165,6 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   }
 
   TrainReport report;
-  report.steps = total_steps;
   StepTimes& times = report.times;
   Lap lap(start);
   auto pull_wait = [&] { return store->progress().pull_wait_s; };
@@ -246,6 +245,23 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
                    rank, store->progress().first_served);
       std::fflush(out);
     }
+    // Sync: the budget is the job's, in global steps. A worker that fell behind (a backup worker
+    // late in some steps) stops once the others have taken the job to its last step, rather than
+    // running the rest of its own steps alone after them. Without backup workers every worker is
+    // at global step t here, so this ends none early.
+    if (sync_servers) {
+      const StoreProgress p = store->progress();
+      if (p.step - p.first_served >= total_steps) {
+        if (out != nullptr) {
+          std::fprintf(out, "[worker %d] the job reached its %" PRId64 " steps (global step %" PRId64
+                            ") after %" PRId64 " of this worker's: stopping\n",
+                       rank, total_steps, p.step, t);
+          std::fflush(out);
+        }
+        break;
+      }
+    }
+    report.steps = t + 1;
     if (hooks.on_params) hooks.on_params(t, model->dense_params());
     double loss_sum = 0;
     int64_t correct = 0;
@@ -353,7 +369,7 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
     }
   }
   lap.To(&times.pull_s);  // reading the servers' counters
-  std::string end = "\"steps\": " + std::to_string(total_steps) + ", \"examples\": " + std::to_string(report.examples) +
+  std::string end = "\"steps\": " + std::to_string(report.steps) + ", \"examples\": " + std::to_string(report.examples) +
                     ", \"examples_per_sec\": " + Num(report.examples_per_sec) + ", \"train_s\": " + Num(train_s) +
                     ", \"final_wait_s\": " + Num(final_wait_s) + ", \"global_step\": " + std::to_string(progress.step) +
                     ", \"pushes_used\": " + std::to_string(progress.pushes_used) +

@@ -99,6 +99,8 @@ struct StepTimes {
 };
 
 struct TrainReport {
+  // The steps this worker ran: the job's steps, or fewer for a sync backup worker that fell
+  // behind (the job ends when the global step reaches its budget).
   int64_t steps = 0;
   int64_t examples = 0;           // training examples this worker processed
   double wall_s = 0;
@@ -112,7 +114,8 @@ struct TrainReport {
   std::vector<float> final_params;
 };
 
-// Runs options.steps (or options.epochs) steps. `client` is null for options.local; otherwise a
+// Runs options.steps (or options.epochs) steps; in sync mode these are global steps (the job's,
+// as with TensorFlow's SyncReplicasOptimizer): a worker stops once the job has reached them. `client` is null for options.local; otherwise a
 // connected client of this worker (its rank / num_workers must match options). `out` gets the
 // progress lines (null: none). Declares the model's tables itself.
 StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device, Client* client,

@@ -156,6 +156,9 @@ class SyncClusterTest(unittest.TestCase):
                               self.tmp, "backup")
         for rc, out, end in res:
             self.assertEqual(rc, 0, out)
+            # Every first pull is served at the job's first step (the workers meet after it):
+            # a fast worker has not moved the job on before the straggler's first pull.
+            self.assertNotIn("already at global step", out)
             # Every step a worker ran pushed once: used, or dropped as late.
             self.assertEqual(end["pushes_used"] + end["pushes_dropped"], end["steps"], str(end))
         fast, slow = res[0][2], res[1][2]

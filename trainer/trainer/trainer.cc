@@ -169,13 +169,6 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   Lap lap(start);
   auto pull_wait = [&] { return store->progress().pull_wait_s; };
 
-  // The workers meet before the first step: every one of them has connected (so none is still
-  // counted as finished by an earlier job on the same servers) before any gradient is pushed.
-  if (client != nullptr) {
-    FERRY_RETURN_IF_ERROR(client->Barrier().WithContext("waiting for every worker to connect"));
-    lap.To(&times.wait_s);
-  }
-
   // Evaluation with the parameters of `step`. The wait in its pulls and its collective go to
   // wait_s, the rest to eval_s.
   auto evaluate_now = [&](int64_t step) -> Status {
@@ -239,6 +232,15 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
     const double waited_before = pull_wait();
     FERRY_RETURN_IF_ERROR(model->Pull(*store, t));
     lap.Split(&times.pull_s, &times.wait_s, pull_wait() - waited_before);
+    // The workers meet after their first pull, before any gradient is pushed: every one of them
+    // has connected (so none is still counted as finished by an earlier job on the same servers),
+    // and every first pull was served at the same global step, the job's first (a fast worker
+    // cannot have moved the job on before a slow one's first pull: with backup workers it
+    // otherwise could, and the slow one would count its budget from a later step).
+    if (t == 0 && client != nullptr) {
+      FERRY_RETURN_IF_ERROR(client->Barrier().WithContext("waiting for every worker to connect"));
+      lap.To(&times.wait_s);
+    }
     if (t == 0 && sync_servers && store->progress().first_served > 0 && out != nullptr) {
       std::fprintf(out, "[worker %d] the servers are already at global step %" PRId64
                         " (an earlier job on them, or this worker restarted): joining at that step\n",

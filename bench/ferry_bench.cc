@@ -58,8 +58,8 @@
 #include "ferry/status.h"
 #include "ferry/table_spec.h"
 #include "ferry/data/zipf.h"
-#include "messages/internal/transport.h"
-#include "ps/internal/optimizer.h"
+#include "ferry/messages/transport.h"
+#include "internal/optimizer.h"
 
 namespace ferry::bench {
 namespace {

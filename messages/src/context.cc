@@ -1,6 +1,6 @@
 #include "ferry/context.h"
 
-#include "messages/internal/transport.h"
+#include "ferry/messages/transport.h"
 
 namespace ferry {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "ferry/table_spec.h"
-#include "messages/ferry_generated.h"
+#include "ferry/messages/ferry_generated.h"
 
 namespace ferry::wire {
 namespace {

@@ -1,4 +1,4 @@
-#include "messages/internal/transport.h"
+#include "ferry/messages/transport.h"
 
 #include <malloc.h>
 
@@ -19,14 +19,17 @@ Status FromZmq(const zmq::error_t& e, const char* what) {
 
 void Lender::Release() {
   if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    std::lock_guard lock(mu_);
-    cv_.notify_all();
+    MutexLock lock(&mu_);
+    cv_.SignalAll();
   }
 }
 
 bool Lender::WaitReturned(std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock lock(mu_);
-  return cv_.wait_until(lock, deadline, [&] { return outstanding() == 0; });
+  MutexLock lock(&mu_);
+  while (outstanding() != 0) {
+    if (!cv_.WaitUntil(&mu_, deadline) && outstanding() != 0) return false;
+  }
+  return true;
 }
 
 zmq::message_t Borrow(const void* data, size_t size, const std::shared_ptr<Lender>& lender) {

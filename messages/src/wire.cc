@@ -1,4 +1,4 @@
-#include "messages/internal/wire.h"
+#include "ferry/messages/wire.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -1,6 +1,6 @@
 """Tests of bench/ferry-matrix, the training-matrix harness.
 
-Needs FERRY_BUILD_DIR (the CMake build dir holding ps/ferry-ps and trainer/trainer/ferry-trainer;
+Needs FERRY_BUILD_DIR (the CMake build dir holding bin/ferry-ps and bin/ferry-trainer;
 ctest sets it) and gnuplot (Debian's gnuplot-nox, which ./build.sh installs). Run by hand:
     FERRY_BUILD_DIR=build python3 -m unittest -v test_matrix      (from tests/bench/)
 
@@ -30,8 +30,8 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 HARNESS = os.path.join(REPO, "bench", "ferry-matrix")
 FAKE_TRAINER = os.path.join(HERE, "fake_trainer.py")
 BUILD_DIR = os.path.abspath(os.environ.get("FERRY_BUILD_DIR", os.path.join(REPO, "build")))
-PS_BIN = os.path.join(BUILD_DIR, "ps", "ferry-ps")
-TRAINER_BIN = os.path.join(BUILD_DIR, "trainer", "trainer", "ferry-trainer")
+PS_BIN = os.path.join(BUILD_DIR, "bin", "ferry-ps")
+TRAINER_BIN = os.path.join(BUILD_DIR, "bin", "ferry-trainer")
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
 from matrix import machine, metrics, presets, report  # noqa: E402

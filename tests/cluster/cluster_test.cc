@@ -11,8 +11,8 @@
 
 #include <zmq_addon.hpp>
 
-#include "messages/internal/transport.h"
-#include "messages/internal/wire.h"
+#include "ferry/messages/transport.h"
+#include "ferry/messages/wire.h"
 #include "support/cluster.h"
 #include "support/scenarios.h"
 

@@ -12,8 +12,8 @@
 #include <gtest/gtest.h>
 #include <zmq_addon.hpp>
 
-#include "messages/internal/transport.h"
-#include "messages/internal/wire.h"
+#include "ferry/messages/transport.h"
+#include "ferry/messages/wire.h"
 #include "support/scenarios.h"
 
 namespace ferry::test {

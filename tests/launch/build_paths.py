@@ -9,5 +9,5 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.normpath(os.path.join(HERE, "..", "..", "launch", "ferry-launch"))
 BUILD_DIR = os.path.abspath(os.environ.get("FERRY_BUILD_DIR",
                                            os.path.join(HERE, "..", "..", "build")))
-PS_BIN = os.path.join(BUILD_DIR, "ps", "ferry-ps")
-TRAINER_BIN = os.path.join(BUILD_DIR, "trainer", "trainer", "ferry-trainer")
+PS_BIN = os.path.join(BUILD_DIR, "bin", "ferry-ps")
+TRAINER_BIN = os.path.join(BUILD_DIR, "bin", "ferry-trainer")

@@ -1,6 +1,6 @@
 """Tests of launch/ferry-launch: the local, ssh and Slurm backends.
 
-Needs FERRY_BUILD_DIR (the CMake build dir holding ps/ferry-ps and trainer/trainer/ferry-trainer);
+Needs FERRY_BUILD_DIR (the CMake build dir holding bin/ferry-ps and bin/ferry-trainer);
 ctest sets it. Run by hand:  FERRY_BUILD_DIR=build python3 -m unittest -v test_launch
 (from tests/launch/). Ports on this machine are chosen free by the test (or --base-port 0).
 
@@ -739,7 +739,7 @@ class SshBackendTest(unittest.TestCase):
                                 "--remote-bin-dir", "/nonexistent/ferry"])
         self.assertEqual(rc, 2, out)
         self.assertIn("preflight: on host 'node-a' (worker[0]): binary not found or not "
-                      "executable: /nonexistent/ferry/trainer/trainer/ferry-trainer", out)
+                      "executable: /nonexistent/ferry/bin/ferry-trainer", out)
 
     def test_sigterm_during_preflight_stops_the_checks(self):
         pids_file = os.path.join(self.dir, "ssh-pids")

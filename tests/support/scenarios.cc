@@ -6,9 +6,9 @@
 
 #include <gtest/gtest.h>
 
-#include "messages/internal/placement.h"
-#include "ps/internal/init.h"
-#include "ps/internal/optimizer.h"
+#include "ferry/messages/placement.h"
+#include "internal/init.h"
+#include "internal/optimizer.h"
 
 namespace ferry::test {
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "support/cluster.h"
-#include "trainer/trainer/param_store.h"
+#include "ferry/trainer/param_store.h"
 
 namespace ferry::trainer {
 namespace {

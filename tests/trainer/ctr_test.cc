@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "support/cluster.h"
-#include "trainer/trainer/models.h"
+#include "ferry/trainer/models.h"
 #include "worker_runs.h"
 
 namespace ferry::trainer {

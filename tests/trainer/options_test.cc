@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "trainer/trainer/device.h"
-#include "trainer/trainer/options.h"
+#include "ferry/trainer/device.h"
+#include "ferry/trainer/options.h"
 
 namespace ferry::trainer {
 namespace {

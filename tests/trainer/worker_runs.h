@@ -10,9 +10,9 @@
 #include <gtest/gtest.h>
 
 #include "support/cluster.h"
-#include "trainer/trainer/device.h"
-#include "trainer/trainer/options.h"
-#include "trainer/trainer/trainer.h"
+#include "ferry/trainer/device.h"
+#include "ferry/trainer/options.h"
+#include "ferry/trainer/trainer.h"
 
 namespace ferry::trainer::test {
 

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "ps/internal/bind_endpoint.h"
+#include "internal/bind_endpoint.h"
 #include "support/run_command.h"
 
 namespace ferry::ps {

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "ps/internal/optimizer.h"
+#include "internal/optimizer.h"
 
 namespace ferry::ps {
 namespace {

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "ferry/table_spec.h"
-#include "messages/internal/placement.h"
-#include "ps/internal/init.h"
+#include "ferry/messages/placement.h"
+#include "internal/init.h"
 
 namespace ferry {
 namespace {

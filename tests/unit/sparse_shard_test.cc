@@ -17,9 +17,9 @@
 #include <gtest/gtest.h>
 
 #include "ferry/table_spec.h"
-#include "ps/internal/init.h"
-#include "ps/internal/optimizer.h"
-#include "ps/internal/tables.h"
+#include "internal/init.h"
+#include "internal/optimizer.h"
+#include "internal/tables.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define FERRY_TEST_SANITIZER 1

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "ferry/table_spec.h"
-#include "messages/internal/wire.h"
+#include "ferry/messages/wire.h"
 
 namespace ferry {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "messages/internal/wire.h"
+#include "ferry/messages/wire.h"
 
 namespace ferry::wire {
 namespace {

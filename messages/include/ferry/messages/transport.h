@@ -1,0 +1,97 @@
+// ferry/messages/transport.h — the ZeroMQ adapter. Every cppzmq call that can throw is made
+// here and its exception becomes a Status; nothing above this layer sees zmq::error_t.
+// Thread-safety: a zmq socket belongs to one thread; these helpers add no sharing.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "ferry/context.h"
+#include "ferry/mutex.h"
+#include "ferry/status.h"
+
+namespace ferry {
+
+struct Context::Impl {
+  explicit Impl(int io_threads) : zmq(io_threads) {}
+  zmq::context_t zmq;
+};
+
+namespace transport {
+
+using Frames = std::vector<zmq::message_t>;
+
+inline zmq::context_t& Zmq(Context& c) { return c.impl().zmq; }
+
+// Counts frames lent to ZeroMQ without copying (see Borrow). `outstanding` reaches zero once
+// ZeroMQ has released every one of them: only then may the owner reuse or free the memory.
+class Lender {
+ public:
+  void Lend() { outstanding_.fetch_add(1, std::memory_order_acq_rel); }
+  void Release();
+  // Waits until every lent frame is released or `deadline` passes; true when all are back.
+  bool WaitReturned(std::chrono::steady_clock::time_point deadline);
+  int64_t outstanding() const { return outstanding_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<int64_t> outstanding_{0};
+  Mutex mu_;
+  CondVar cv_;  // signalled (under mu_) when outstanding_ reaches zero
+};
+
+// A frame that points at `data` instead of copying it. The caller keeps `data` alive and
+// unchanged until `lender->outstanding()` is back to zero (ZeroMQ may hold a frame after send()
+// returns, and longer still if the peer is unreachable).
+zmq::message_t Borrow(const void* data, size_t size, const std::shared_ptr<Lender>& lender);
+
+// A new socket with linger 0 and the given high-water marks; errors as Status.
+StatusOr<zmq::socket_t> MakeSocket(zmq::context_t& ctx, zmq::socket_type type, int hwm = 1000);
+
+// Sends every frame of `frames` as one multipart message (consumes them). With `dontwait`, a
+// full queue returns ResourceExhausted at once instead of blocking (a multipart message is
+// accepted or refused whole).
+Status Send(zmq::socket_t& socket, Frames& frames, bool dontwait = false);
+
+// Receives one whole multipart message without blocking. Returns false in `*got` when nothing
+// is waiting. At most `max_frames` frames are kept; further frames of the same message are read
+// and dropped, and `*truncated` is set, so a hostile peer cannot grow memory without bound.
+Status RecvNonBlocking(zmq::socket_t& socket, Frames* frames, bool* got, size_t max_frames, bool* truncated);
+
+// Process-wide malloc tuning for programs that move large messages (ferry-ps, ferry-trainer,
+// ferry-bench): keep freed buffers up to 32 MiB in the heap instead of returning them to the
+// kernel, so the next message reuses warm pages rather than faulting in fresh ones (on small VMs
+// a first touch costs ~10 us a page: bench/RESULTS.md). Called from main() only; a library
+// never changes process-wide allocator settings behind its host's back.
+void TuneAllocatorForLargeMessages();
+
+// A routing-id-free description of a zmq endpoint for error messages.
+std::string LastEndpoint(zmq::socket_t& socket);
+
+}  // namespace transport
+}  // namespace ferry
+
+namespace ferry::transport {
+
+// An eventfd that wakes a zmq_poll loop from another thread (pollable as a plain fd).
+class Waker {
+ public:
+  Waker();
+  ~Waker();
+  Waker(const Waker&) = delete;
+  Waker& operator=(const Waker&) = delete;
+  bool ok() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  void Notify();  // any thread
+  void Drain();   // the polling thread, when fd() is readable
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace ferry::transport

@@ -1,0 +1,67 @@
+// ferry/messages/wire.h — building and verifying Ferry messages (see PROTOCOL.md).
+//
+// A message is [header][payload frames...]. The header is one FlatBuffers `Header` (generated
+// from ferry.fbs at build time); payloads are raw little-endian arrays in their own frames.
+// Everything received goes through VerifyHeader and CheckPayloadShape before it is used.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include <flatbuffers/flatbuffers.h>
+#include <zmq.hpp>
+
+#include "ferry/status.h"
+#include "ferry/table_spec.h"
+#include "ferry/messages/ferry_generated.h"
+
+namespace ferry::wire {
+
+inline constexpr uint16_t kMajor = 1;
+inline constexpr uint16_t kMinor = 2;  // 1.1: AllReduce; 1.2: Finish, used/dropped/held_us in replies
+// The most frames one message may carry (header + payloads); more is refused.
+inline constexpr size_t kMaxFrames = 1 + 4096;
+// A header larger than this is refused before the verifier runs.
+inline constexpr size_t kMaxHeaderBytes = 1 << 20;
+
+static_assert(std::endian::native == std::endian::little, "payload frames are little-endian arrays");
+
+std::string_view KindName(Kind kind);
+
+// Verifies one header frame: size, FlatBuffers verifier, file identifier, major version and a
+// known kind. On success `*out` points into `frame` (valid while the frame lives). A frame whose
+// bytes are not 8-byte aligned (ZeroMQ keeps small messages inline) is first moved into an
+// aligned copy, since FlatBuffers reads scalars in place.
+Status VerifyHeader(zmq::message_t& frame, const Header** out);
+
+// Checks that the payload frames match the header's counts for its kind: frame count, and each
+// frame's size equal to count x element size (overflow-safe). Table-specific checks (known
+// table, chunk lengths, row width) are the receiver's.
+Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payload);
+
+// Copies a finished builder into a frame (headers are small; payloads are never copied here).
+zmq::message_t ToFrame(const flatbuffers::FlatBufferBuilder& fbb);
+
+// A finished Error header answering `request_kind`/`request_id` with `status`.
+zmq::message_t MakeError(uint64_t request_id, Kind request_kind, const Status& status);
+// A finished Reply header with no extra fields.
+zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, int64_t version = 0);
+// What a push or pull reply reports besides the version (protocol 1.2).
+struct ReplyInfo {
+  int64_t version = 0;  // min version over the parts served / pushed
+  int64_t used = 0;     // push: parts whose gradient counted (applied, or aggregated for the open step)
+  int64_t dropped = 0;  // push: parts whose gradient was late (the step had closed) and was dropped
+  int64_t held_us = 0;  // pull: how long the server held it waiting for its step
+};
+zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, const ReplyInfo& info);
+
+// Status carried by an Error header (code + message; unknown codes become kUnknown).
+Status ErrorStatus(const Header& h);
+
+// TableSpec <-> wire. FromWire validates what it reads.
+flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& fbb, const ferry::TableSpec& spec);
+Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out);
+
+}  // namespace ferry::wire

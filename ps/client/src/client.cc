@@ -1,0 +1,797 @@
+// The client: user threads build requests and queue them; one I/O thread owns a DEALER socket
+// per server, sends, matches replies by request id, and completes handles. A request that gets
+// no reply by its deadline fails, and the socket to that server is rebuilt so nothing stays
+// queued for a dead peer (which also returns every buffer lent to ZeroMQ).
+#include "ferry/client.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <unordered_map>
+
+#include <absl/container/flat_hash_map.h>
+
+#include "ferry/mutex.h"
+#include "ferry/messages/placement.h"
+#include "ferry/messages/transport.h"
+#include "ferry/messages/wire.h"
+
+namespace ferry {
+
+using SteadyClock = std::chrono::steady_clock;
+using transport::Frames;
+using wire::Header;
+using wire::Kind;
+
+// ---- Handle ----------------------------------------------------------------------------------
+
+struct Handle::State {
+  Mutex mu;
+  CondVar cv;                                  // signalled when pending reaches zero
+  int pending ABSL_GUARDED_BY(mu) = 0;               // requests without an answer
+  Status status ABSL_GUARDED_BY(mu);                 // the first failure
+  Served served ABSL_GUARDED_BY(mu);                 // what the replies reported
+  std::shared_ptr<transport::Lender> lender;         // frames lent to ZeroMQ (tcp/ipc pushes); set before sharing
+
+  void Finish(const Status& s) {
+    MutexLock lock(&mu);
+    if (!s.ok() && status.ok()) status = s;
+    if (--pending == 0) cv.SignalAll();
+  }
+  // Adds one reply's report (I/O thread).
+  void Record(const wire::Header& h) {
+    MutexLock lock(&mu);
+    switch (h.request_kind()) {
+      case wire::Kind::PullDense:
+      case wire::Kind::PullSparse:
+      case wire::Kind::PushDense:
+      case wire::Kind::PushPullDense:
+      case wire::Kind::PushSparse:
+        served.version = served.version < 0 ? h.version() : std::min(served.version, h.version());
+        break;
+      default:
+        break;
+    }
+    served.used += h.used();
+    served.dropped += h.dropped();
+    served.held = std::max(served.held, std::chrono::microseconds(h.held_us()));
+  }
+  void Fail(const Status& s) {  // before any request was sent
+    MutexLock lock(&mu);
+    if (status.ok()) status = s;
+  }
+};
+
+Status Handle::wait(std::chrono::milliseconds timeout) const {
+  if (!state_) return Status::Ok();
+  const auto deadline = SteadyClock::now() + timeout;
+  {
+    MutexLock lock(&state_->mu);
+    while (state_->pending != 0) {
+      if (!state_->cv.WaitUntil(&state_->mu, deadline) && state_->pending != 0) {
+        return DeadlineExceededError("operation still in flight after " + std::to_string(timeout.count()) + " ms");
+      }
+    }
+  }
+  if (state_->lender && !state_->lender->WaitReturned(deadline)) {
+    return DeadlineExceededError("operation answered, but ZeroMQ still holds " +
+                                 std::to_string(state_->lender->outstanding()) +
+                                 " of its pushed buffers; wait again before reusing them");
+  }
+  MutexLock lock(&state_->mu);
+  return state_->status;
+}
+
+Status Handle::wait() const { return wait(std::chrono::hours(24 * 365)); }
+
+Served Handle::served() const {
+  if (!state_) return {};
+  MutexLock lock(&state_->mu);
+  return state_->served;
+}
+
+bool Handle::done() const {
+  if (!state_) return true;
+  MutexLock lock(&state_->mu);
+  return state_->pending == 0 && (!state_->lender || state_->lender->outstanding() == 0);
+}
+
+namespace {
+
+// Called on the I/O thread with a verified Reply header and its payload frames.
+using OnReply = std::function<Status(const Header&, Frames&)>;
+
+// One message to one server, waiting to be sent or answered.
+struct Request {
+  uint64_t id = 0;
+  int server = 0;
+  Kind kind = Kind::Invalid;
+  Frames frames;  // [header][payload...]; empty once sent
+  OnReply on_reply;
+  std::shared_ptr<Handle::State> op;
+  SteadyClock::time_point deadline;
+};
+
+Status ExpectFrames(const Frames& payload, size_t n) {
+  if (payload.size() == n) return Status::Ok();
+  return DataLossError("reply has " + std::to_string(payload.size()) + " payload frames, expected " + std::to_string(n));
+}
+
+Status ExpectBytes(const zmq::message_t& frame, size_t bytes) {
+  if (frame.size() == bytes) return Status::Ok();
+  return DataLossError("reply frame has " + std::to_string(frame.size()) + " bytes, expected " + std::to_string(bytes));
+}
+
+class ClientImpl final : public Client {
+ public:
+  ClientImpl(ClientOptions options, std::shared_ptr<Context> context)
+      : options_(std::move(options)), context_(std::move(context)) {}
+
+  ~ClientImpl() override {
+    stopping_.store(true);
+    {
+      MutexLock lock(&room_mu_);
+      room_cv_.SignalAll();
+    }
+    waker_.Notify();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Status Start() {
+    if (!waker_.ok()) return InternalError("cannot create an eventfd for the client's I/O thread");
+    sockets_.resize(options_.servers.size());
+    for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
+    thread_ = std::thread([this] { Loop(); });
+    // Handshake with every server at once.
+    auto op = NewOp();
+    for (int s = 0; s < num_servers(); ++s) {
+      flatbuffers::FlatBufferBuilder fbb(128);
+      auto h = BeginHeader(fbb, Kind::Hello);
+      h.add_num_workers(options_.num_workers);
+      h.add_num_servers(num_servers());
+      h.add_server_rank(s);
+      Submit(op, s, Kind::Hello, FinishHeader(fbb, h), {}, nullptr, options_.connect_timeout);
+    }
+    Status st = Handle(op).wait(options_.connect_timeout + std::chrono::seconds(1));
+    if (!st.ok()) return st.WithContext("handshake");
+    return Status::Ok();
+  }
+
+  int rank() const override { return options_.rank; }
+  int num_workers() const override { return options_.num_workers; }
+  int num_servers() const override { return static_cast<int>(options_.servers.size()); }
+
+  ClientStats stats() const override {
+    ClientStats s;
+    s.requests = requests_.load();
+    s.bytes_sent = bytes_sent_.load();
+    s.bytes_received = bytes_received_.load();
+    return s;
+  }
+
+  // ---- tables ------------------------------------------------------------------------------
+
+  Status Declare(const TableSpec& spec) override {
+    FERRY_RETURN_IF_ERROR(spec.Validate());
+    auto op = NewOp();
+    for (int s = 0; s < num_servers(); ++s) {
+      flatbuffers::FlatBufferBuilder fbb(512);
+      auto wspec = wire::SpecToWire(fbb, spec);
+      auto h = BeginHeader(fbb, Kind::CreateTable);
+      h.add_table_id(TableId(spec.name));
+      h.add_spec(wspec);
+      Submit(op, s, Kind::CreateTable, FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
+    }
+    FERRY_RETURN_IF_ERROR(Handle(op).wait());
+    MutexLock lock(&tables_mu_);
+    tables_[spec.name] = spec;
+    return Status::Ok();
+  }
+
+  StatusOr<TableSpec> Lookup(std::string_view name, TableType type) const {
+    MutexLock lock(&tables_mu_);
+    auto it = tables_.find(std::string(name));
+    if (it == tables_.end()) return NotFoundError("table '" + std::string(name) + "' was not declared by this client");
+    if (it->second.type != type) {
+      return InvalidArgumentError("table '" + std::string(name) + "' is " +
+                                  (it->second.type == TableType::kDense ? "dense" : "sparse"));
+    }
+    return it->second;
+  }
+
+  // ---- dense -------------------------------------------------------------------------------
+
+  // One chunk of one tensor, routed to its server.
+  struct ChunkRef {
+    uint64_t table_id;
+    int64_t chunk;
+    int64_t offset;
+    int64_t count;
+    size_t tensor;  // index into the call's tensor list
+  };
+
+  // Splits tensors into chunks grouped per server, each group cut into messages of at most
+  // max_message_bytes.
+  StatusOr<std::vector<std::vector<std::vector<ChunkRef>>>> Route(std::span<const std::string_view> names,
+                                                                  std::span<const size_t> sizes) const {
+    std::vector<std::vector<std::vector<ChunkRef>>> per_server(static_cast<size_t>(num_servers()));
+    std::vector<int64_t> bytes(static_cast<size_t>(num_servers()), 0);
+    for (size_t t = 0; t < names.size(); ++t) {
+      FERRY_ASSIGN_OR_RETURN(TableSpec spec, Lookup(names[t], TableType::kDense));
+      if (static_cast<int64_t>(sizes[t]) != spec.num_elements()) {
+        return InvalidArgumentError("table '" + spec.name + "' has " + std::to_string(spec.num_elements()) +
+                                    " elements, the buffer has " + std::to_string(sizes[t]));
+      }
+      const uint64_t id = TableId(spec.name);
+      for (int64_t c = 0; c < spec.num_chunks(); ++c) {
+        const int s = placement::ChunkServer(id, c, num_servers());
+        const int64_t offset = c * spec.chunk_elems;
+        const int64_t count = std::min(spec.chunk_elems, spec.num_elements() - offset);
+        auto& msgs = per_server[static_cast<size_t>(s)];
+        const int64_t b = count * static_cast<int64_t>(sizeof(float));
+        if (msgs.empty() || bytes[static_cast<size_t>(s)] + b > options_.max_message_bytes ||
+            msgs.back().size() + 1 >= wire::kMaxFrames) {
+          msgs.emplace_back();
+          bytes[static_cast<size_t>(s)] = 0;
+        }
+        msgs.back().push_back({id, c, offset, count, t});
+        bytes[static_cast<size_t>(s)] += b;
+      }
+    }
+    return per_server;
+  }
+
+  zmq::message_t DenseHeader(Kind kind, const std::vector<ChunkRef>& chunks, int64_t step) {
+    flatbuffers::FlatBufferBuilder fbb(128 + 24 * chunks.size());
+    std::vector<wire::DenseSlice> slices;
+    slices.reserve(chunks.size());
+    for (const auto& c : chunks) slices.emplace_back(c.table_id, c.chunk, c.count);
+    auto vec = fbb.CreateVectorOfStructs(slices);
+    auto h = BeginHeader(fbb, kind);
+    h.add_step(step);
+    h.add_slices(vec);
+    return FinishHeader(fbb, h);
+  }
+
+  // Copies each reply frame into its tensor's output span.
+  static OnReply ScatterDense(std::vector<ChunkRef> chunks, std::vector<std::span<float>> outs) {
+    return [chunks = std::move(chunks), outs = std::move(outs)](const Header&, Frames& payload) -> Status {
+      FERRY_RETURN_IF_ERROR(ExpectFrames(payload, chunks.size()));
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        const auto& c = chunks[i];
+        FERRY_RETURN_IF_ERROR(ExpectBytes(payload[i], static_cast<size_t>(c.count) * sizeof(float)));
+        std::memcpy(outs[c.tensor].data() + c.offset, payload[i].data(), payload[i].size());
+      }
+      return Status::Ok();
+    };
+  }
+
+  Handle DenseOp(Kind kind, std::span<const DenseIn> grads, std::span<const DenseOut> outs, int64_t step) {
+    auto op = NewOp();
+    std::vector<std::string_view> names;
+    std::vector<size_t> sizes;
+    if (kind == Kind::PullDense) {
+      for (const auto& o : outs) names.push_back(o.table), sizes.push_back(o.data.size());
+    } else {
+      for (const auto& g : grads) names.push_back(g.table), sizes.push_back(g.data.size());
+    }
+    if (kind == Kind::PushPullDense) {
+      if (outs.size() != grads.size()) return Failed(op, InvalidArgumentError("PushPullDense: grads and outputs differ in count"));
+      for (size_t t = 0; t < outs.size(); ++t) {
+        if (outs[t].table != grads[t].table || outs[t].data.size() != grads[t].data.size()) {
+          return Failed(op, InvalidArgumentError("PushPullDense: output " + std::to_string(t) + " ('" +
+                                                 std::string(outs[t].table) + "') does not match gradient '" +
+                                                 std::string(grads[t].table) + "'"));
+        }
+      }
+    }
+    for (size_t i = 0; i < names.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (names[i] == names[j]) {
+          return Failed(op, InvalidArgumentError("table '" + std::string(names[i]) +
+                                                 "' appears twice in one call; name each table once"));
+        }
+      }
+    }
+    auto routed = Route(names, sizes);
+    if (!routed.ok()) return Failed(op, routed.status());
+    std::vector<std::span<float>> out_spans;
+    for (const auto& o : outs) out_spans.push_back(o.data);
+    for (int s = 0; s < num_servers(); ++s) {
+      for (auto& chunks : (*routed)[static_cast<size_t>(s)]) {
+        Frames payload;
+        if (kind != Kind::PullDense) {
+          for (const auto& c : chunks) {
+            payload.push_back(Lend(op, s, grads[c.tensor].data.data() + c.offset,
+                                   static_cast<size_t>(c.count) * sizeof(float)));
+          }
+        }
+        OnReply on_reply = kind == Kind::PushDense ? OnReply() : ScatterDense(chunks, out_spans);
+        Submit(op, s, kind, DenseHeader(kind, chunks, step), std::move(payload), std::move(on_reply),
+               options_.request_timeout);
+      }
+    }
+    return Handle(op);
+  }
+
+  Handle PullDense(std::span<const DenseOut> tensors, int64_t step) override {
+    return DenseOp(Kind::PullDense, {}, tensors, step);
+  }
+  Handle PushDense(std::span<const DenseIn> grads, int64_t step) override {
+    return DenseOp(Kind::PushDense, grads, {}, step);
+  }
+  Handle PushPullDense(std::span<const DenseIn> grads, std::span<const DenseOut> out, int64_t step) override {
+    return DenseOp(Kind::PushPullDense, grads, out, step);
+  }
+
+  // ---- sparse ------------------------------------------------------------------------------
+
+  zmq::message_t SparseHeader(Kind kind, uint64_t table_id, int64_t num_ids, int64_t dim, int64_t step) {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    auto h = BeginHeader(fbb, kind);
+    h.add_table_id(table_id);
+    h.add_num_ids(num_ids);
+    h.add_dim(dim);
+    h.add_step(step);
+    return FinishHeader(fbb, h);
+  }
+
+  // Groups the unique ids per server in order of first appearance and calls
+  // on_position(p, server, row) for every position p, where `row` is the id's index in that
+  // server's list. One pass, no per-position table.
+  template <typename OnPosition>
+  std::vector<std::vector<int64_t>> RouteIds(std::span<const int64_t> ids, OnPosition&& on_position) const {
+    const int S = num_servers();
+    std::vector<std::vector<int64_t>> server_ids(static_cast<size_t>(S));
+    absl::flat_hash_map<int64_t, std::pair<int, int64_t>> where;
+    where.reserve(ids.size());
+    for (size_t p = 0; p < ids.size(); ++p) {
+      auto [it, inserted] = where.try_emplace(ids[p]);
+      if (inserted) {
+        const int s = placement::IdServer(ids[p], S);
+        auto& list = server_ids[static_cast<size_t>(s)];
+        it->second = {s, static_cast<int64_t>(list.size())};
+        list.push_back(ids[p]);
+      }
+      on_position(p, it->second.first, it->second.second);
+    }
+    return server_ids;
+  }
+
+  Handle PullSparse(std::string_view table, std::span<const int64_t> ids, std::span<float> out,
+                    int64_t step) override {
+    auto op = NewOp();
+    auto spec = Lookup(table, TableType::kSparse);
+    if (!spec.ok()) return Failed(op, spec.status());
+    const int64_t dim = spec->dim;
+    if (out.size() != ids.size() * static_cast<size_t>(dim)) {
+      return Failed(op, InvalidArgumentError("PullSparse '" + spec->name + "': output has " +
+                                             std::to_string(out.size()) + " floats, ids x dim is " +
+                                             std::to_string(ids.size() * static_cast<size_t>(dim))));
+    }
+    // Deduplicate and group per server; remember which positions each server's rows fill.
+    const int S = num_servers();
+    auto positions = std::make_shared<std::vector<std::vector<std::pair<int64_t, int64_t>>>>(static_cast<size_t>(S));
+    auto server_ids = RouteIds(ids, [&](size_t p, int s, int64_t row) {
+      (*positions)[static_cast<size_t>(s)].emplace_back(static_cast<int64_t>(p), row);
+    });
+    const uint64_t id = TableId(spec->name);
+    // A sync pull for step t must wait until every server has closed step t - 1 (it may hold none
+    // of these ids, but this worker's next push reaches it): so it goes to every server.
+    const bool every_server = spec->consistency == Consistency::kSync;
+    for (int s = 0; s < S; ++s) {
+      auto& sid = server_ids[static_cast<size_t>(s)];
+      if (sid.empty() && !every_server) continue;
+      const int64_t n = static_cast<int64_t>(sid.size());
+      Frames payload;
+      payload.emplace_back(sid.data(), sid.size() * sizeof(int64_t));
+      OnReply on_reply = [positions, s, dim, n, out](const Header&, Frames& reply) -> Status {
+        FERRY_RETURN_IF_ERROR(ExpectFrames(reply, 1));
+        FERRY_RETURN_IF_ERROR(ExpectBytes(reply[0], static_cast<size_t>(n * dim) * sizeof(float)));
+        const float* rows = static_cast<const float*>(reply[0].data());
+        for (auto [p, r] : (*positions)[static_cast<size_t>(s)]) {
+          std::memcpy(out.data() + p * dim, rows + r * dim, static_cast<size_t>(dim) * sizeof(float));
+        }
+        return Status::Ok();
+      };
+      Submit(op, s, Kind::PullSparse, SparseHeader(Kind::PullSparse, id, n, dim, step), std::move(payload),
+             std::move(on_reply), options_.request_timeout);
+    }
+    return Handle(op);
+  }
+
+  Handle PushSparse(std::string_view table, std::span<const int64_t> ids, std::span<const float> grads,
+                    int64_t step) override {
+    auto op = NewOp();
+    auto spec = Lookup(table, TableType::kSparse);
+    if (!spec.ok()) return Failed(op, spec.status());
+    const int64_t dim = spec->dim;
+    if (grads.size() != ids.size() * static_cast<size_t>(dim)) {
+      return Failed(op, InvalidArgumentError("PushSparse '" + spec->name + "': gradient has " +
+                                             std::to_string(grads.size()) + " floats, ids x dim is " +
+                                             std::to_string(ids.size() * static_cast<size_t>(dim))));
+    }
+    // Deduplicate, summing a repeated id's gradients in the order they appear (the first
+    // occurrence is copied, later ones added).
+    const int S = num_servers();
+    std::vector<std::vector<float>> server_grads(static_cast<size_t>(S));
+    auto server_ids = RouteIds(ids, [&](size_t p, int s, int64_t row) {
+      const float* g = grads.data() + static_cast<int64_t>(p) * dim;
+      auto& sg = server_grads[static_cast<size_t>(s)];
+      if (static_cast<int64_t>(sg.size()) == row * dim) {  // first time this row is seen
+        sg.insert(sg.end(), g, g + dim);
+      } else {
+        float* acc = sg.data() + row * dim;
+        for (int64_t j = 0; j < dim; ++j) acc[j] += g[j];
+      }
+    });
+    const uint64_t id = TableId(spec->name);
+    // A sync step needs every server's share, even an empty one, to complete its quorum.
+    const bool every_server = spec->consistency == Consistency::kSync;
+    for (int s = 0; s < S; ++s) {
+      auto& sid = server_ids[static_cast<size_t>(s)];
+      if (sid.empty() && !every_server) continue;
+      auto& sg = server_grads[static_cast<size_t>(s)];
+      Frames payload;
+      payload.emplace_back(sid.data(), sid.size() * sizeof(int64_t));
+      payload.emplace_back(sg.data(), sg.size() * sizeof(float));
+      Submit(op, s, Kind::PushSparse,
+             SparseHeader(Kind::PushSparse, id, static_cast<int64_t>(sid.size()), dim, step), std::move(payload),
+             nullptr, options_.request_timeout);
+    }
+    return Handle(op);
+  }
+
+  // ---- clocks, barriers, stats -------------------------------------------------------------
+
+  // One header-only request of `kind` (with `step`) to every server, all in flight together.
+  Handle ToEveryServer(Kind kind, int64_t step) {
+    auto op = NewOp();
+    for (int s = 0; s < num_servers(); ++s) {
+      flatbuffers::FlatBufferBuilder fbb(96);
+      auto h = BeginHeader(fbb, kind);
+      h.add_step(step);
+      Submit(op, s, kind, FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
+    }
+    return Handle(op);
+  }
+
+  Handle AdvanceClock(int64_t clock) override { return ToEveryServer(Kind::Clock, clock); }
+
+  Status Finish() override { return ToEveryServer(Kind::Finish, 0).wait(); }
+
+  Status Barrier() override {
+    auto op = NewOp();
+    flatbuffers::FlatBufferBuilder fbb(96);
+    auto h = BeginHeader(fbb, Kind::Barrier);
+    h.add_barrier_id(barrier_generation_.fetch_add(1));
+    Submit(op, 0, Kind::Barrier, FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
+    return Handle(op).wait();
+  }
+
+  StatusOr<std::vector<double>> AllReduceSum(std::span<const double> values) override {
+    auto op = NewOp();
+    auto result = std::make_shared<std::vector<double>>(values.size());
+    flatbuffers::FlatBufferBuilder fbb(96);
+    auto h = BeginHeader(fbb, Kind::AllReduce);
+    h.add_barrier_id(barrier_generation_.fetch_add(1));
+    h.add_num_ids(static_cast<int64_t>(values.size()));
+    Frames payload;
+    payload.emplace_back(values.data(), values.size() * sizeof(double));  // a copy: the caller's span may go
+    OnReply on_reply = [result](const Header&, Frames& reply) -> Status {
+      FERRY_RETURN_IF_ERROR(ExpectFrames(reply, 1));
+      FERRY_RETURN_IF_ERROR(ExpectBytes(reply[0], result->size() * sizeof(double)));
+      std::memcpy(result->data(), reply[0].data(), result->size() * sizeof(double));
+      return Status::Ok();
+    };
+    Submit(op, 0, Kind::AllReduce, FinishHeader(fbb, h), std::move(payload), std::move(on_reply), options_.request_timeout);
+    FERRY_RETURN_IF_ERROR(Handle(op).wait());
+    return std::move(*result);
+  }
+
+  StatusOr<std::map<std::string, int64_t>> ServerCounters(int server) override {
+    if (server < 0 || server >= num_servers()) return InvalidArgumentError("no server " + std::to_string(server));
+    auto op = NewOp();
+    auto result = std::make_shared<std::map<std::string, int64_t>>();
+    flatbuffers::FlatBufferBuilder fbb(96);
+    auto h = BeginHeader(fbb, Kind::Stats);
+    OnReply on_reply = [result](const Header& reply, Frames&) -> Status {
+      if (reply.counters()) {
+        for (const auto* c : *reply.counters()) {
+          if (c->name()) (*result)[c->name()->str()] = c->value();
+        }
+      }
+      return Status::Ok();
+    };
+    Submit(op, server, Kind::Stats, FinishHeader(fbb, h), {}, std::move(on_reply), options_.request_timeout);
+    FERRY_RETURN_IF_ERROR(Handle(op).wait());
+    return *result;
+  }
+
+ private:
+  // ---- building and submitting -------------------------------------------------------------
+
+  wire::HeaderBuilder BeginHeader(flatbuffers::FlatBufferBuilder& fbb, Kind kind) {
+    wire::HeaderBuilder h(fbb);
+    h.add_major(wire::kMajor);
+    h.add_minor(wire::kMinor);
+    h.add_kind(kind);
+    h.add_rank(options_.rank);
+    h.add_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
+    return h;
+  }
+  static zmq::message_t FinishHeader(flatbuffers::FlatBufferBuilder& fbb, wire::HeaderBuilder& h) {
+    wire::FinishHeaderBuffer(fbb, h.Finish());
+    return wire::ToFrame(fbb);
+  }
+
+  std::shared_ptr<Handle::State> NewOp() { return std::make_shared<Handle::State>(); }
+
+  static Handle Failed(const std::shared_ptr<Handle::State>& op, const Status& s) {
+    op->Fail(s);
+    return Handle(op);
+  }
+
+  // A payload frame over the caller's memory: lent without copying over tcp/ipc; copied for
+  // inproc, where the receiving server could otherwise keep pointing at it.
+  zmq::message_t Lend(const std::shared_ptr<Handle::State>& op, int server, const void* data, size_t size) {
+    if (options_.servers[static_cast<size_t>(server)].starts_with("inproc://")) return zmq::message_t(data, size);
+    if (!op->lender) op->lender = std::make_shared<transport::Lender>();
+    return transport::Borrow(data, size, op->lender);
+  }
+
+  void Submit(const std::shared_ptr<Handle::State>& op, int server, Kind kind, zmq::message_t header, Frames payload,
+              OnReply on_reply, std::chrono::milliseconds timeout) {
+    const Header* h = nullptr;
+    if (Status s = wire::VerifyHeader(header, &h); !s.ok()) {  // our own header: also aligns it
+      op->Fail(InternalError("built an invalid header: " + s.ToString()));
+      return;
+    }
+    {
+      // Backpressure: wait for room rather than queue without bound.
+      MutexLock lock(&room_mu_);
+      const auto deadline = SteadyClock::now() + timeout;
+      while (outstanding_ >= options_.max_in_flight && !stopping_.load()) {
+        if (!room_cv_.WaitUntil(&room_mu_, deadline) && outstanding_ >= options_.max_in_flight && !stopping_.load()) {
+          op->Fail(ResourceExhaustedError(std::to_string(options_.max_in_flight) + " requests already in flight to " +
+                                          ServerName(server) + "; no room within the request timeout"));
+          return;
+        }
+      }
+      ++outstanding_;
+    }
+    Request r;
+    r.id = h->request_id();
+    r.server = server;
+    r.kind = kind;
+    r.frames.reserve(1 + payload.size());
+    r.frames.push_back(std::move(header));
+    for (auto& p : payload) r.frames.push_back(std::move(p));
+    r.on_reply = std::move(on_reply);
+    r.op = op;
+    r.deadline = SteadyClock::now() + timeout;
+    {
+      MutexLock lock(&op->mu);
+      ++op->pending;
+    }
+    {
+      MutexLock lock(&queue_mu_);
+      if (dead_) {
+        Done(r, dead_status_);
+        return;
+      }
+      queue_.push_back(std::move(r));
+    }
+    waker_.Notify();
+  }
+
+  // Completes one request (I/O thread) and frees its slot.
+  void Done(Request& r, const Status& s) {
+    r.op->Finish(s);
+    MutexLock lock(&room_mu_);
+    --outstanding_;
+    room_cv_.Signal();
+  }
+
+  std::string ServerName(int s) const {
+    return "server " + std::to_string(s) + " (" + options_.servers[static_cast<size_t>(s)] + ")";
+  }
+
+  Status OpenSocket(int s) {
+    FERRY_ASSIGN_OR_RETURN(zmq::socket_t sock,
+                           transport::MakeSocket(transport::Zmq(*context_), zmq::socket_type::dealer, 100000));
+    try {
+      sock.connect(options_.servers[static_cast<size_t>(s)]);
+    } catch (const zmq::error_t& e) {
+      return InvalidArgumentError("cannot connect to " + ServerName(s) + ": " + e.what());
+    }
+    sockets_[static_cast<size_t>(s)] = std::move(sock);
+    return Status::Ok();
+  }
+
+  // ---- the I/O thread ----------------------------------------------------------------------
+
+  void Loop() {
+    std::vector<zmq::pollitem_t> items;
+    Frames frames;
+    while (!stopping_.load()) {
+      items.clear();
+      items.push_back({nullptr, waker_.fd(), ZMQ_POLLIN, 0});
+      for (auto& s : sockets_) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
+      std::chrono::milliseconds timeout(-1);
+      if (!in_flight_.empty()) {
+        auto next = SteadyClock::time_point::max();
+        for (auto& [id, r] : in_flight_) next = std::min(next, r.deadline);
+        timeout = std::max(std::chrono::milliseconds(0),
+                           std::chrono::ceil<std::chrono::milliseconds>(next - SteadyClock::now()));
+      }
+      try {
+        zmq::poll(items.data(), items.size(), timeout);
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        FailAll(InternalError(std::string("client I/O thread stopped: poll failed: ") + e.what()));
+        return;
+      }
+      if (items[0].revents & ZMQ_POLLIN) {
+        waker_.Drain();
+        SendQueued();
+      }
+      for (size_t s = 0; s < sockets_.size(); ++s) {
+        if (!(items[s + 1].revents & ZMQ_POLLIN)) continue;
+        for (int i = 0; i < 256; ++i) {
+          bool got = false, truncated = false;
+          if (!transport::RecvNonBlocking(sockets_[s], &frames, &got, wire::kMaxFrames + 1, &truncated).ok() || !got) {
+            break;
+          }
+          HandleReply(static_cast<int>(s), frames, truncated);
+        }
+      }
+      ExpireRequests();
+    }
+    FailAll(CancelledError("client closed"));
+  }
+
+  void SendQueued() {
+    std::deque<Request> batch;
+    {
+      MutexLock lock(&queue_mu_);
+      batch.swap(queue_);
+    }
+    for (auto& r : batch) {
+      const uint64_t id = r.id;
+      int64_t bytes = 0;
+      for (auto& f : r.frames) bytes += static_cast<int64_t>(f.size());
+      Status s = transport::Send(sockets_[static_cast<size_t>(r.server)], r.frames, /*dontwait=*/true);
+      if (!s.ok()) {
+        Done(r, s.WithContext("sending " + std::string(wire::KindName(r.kind)) + " to " + ServerName(r.server)));
+        continue;
+      }
+      requests_.fetch_add(1, std::memory_order_relaxed);
+      bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+      in_flight_.emplace(id, std::move(r));
+    }
+  }
+
+  void HandleReply(int server, Frames& frames, bool truncated) {
+    int64_t bytes = 0;
+    for (auto& f : frames) bytes += static_cast<int64_t>(f.size());
+    bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+    if (frames.empty()) return;
+    const Header* h = nullptr;
+    if (!wire::VerifyHeader(frames[0], &h).ok()) return;  // not a reply we can match; dropped
+    auto it = in_flight_.find(h->request_id());
+    if (it == in_flight_.end() || it->second.server != server) return;  // late reply to a timed-out request
+    Request r = std::move(it->second);
+    in_flight_.erase(it);
+    const std::string where = std::string(wire::KindName(r.kind)) + " on " + ServerName(server);
+    if (truncated) return Done(r, DataLossError(where + ": reply has too many frames"));
+    if (h->kind() == Kind::Error) return Done(r, wire::ErrorStatus(*h).WithContext(where));
+    if (h->kind() != Kind::Reply || h->request_kind() != r.kind) {
+      return Done(r, DataLossError(where + ": unexpected reply kind " + std::string(wire::KindName(h->kind()))));
+    }
+    Frames payload;
+    for (size_t i = 1; i < frames.size(); ++i) payload.push_back(std::move(frames[i]));
+    r.op->Record(*h);
+    Status s = r.on_reply ? r.on_reply(*h, payload) : ExpectFrames(payload, 0);
+    Done(r, s.ok() ? s : s.WithContext(where));
+  }
+
+  void ExpireRequests() {
+    const auto now = SteadyClock::now();
+    std::vector<int> dead;
+    for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it) {
+      if (it->second.deadline <= now) dead.push_back(it->second.server);
+    }
+    std::sort(dead.begin(), dead.end());
+    dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
+    for (int s : dead) {
+      // Fail everything in flight to that server: its replies can no longer be trusted to come,
+      // and rebuilding the socket discards (and releases) whatever is still queued for it.
+      for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+        if (it->second.server != s) {
+          ++it;
+          continue;
+        }
+        const bool expired = it->second.deadline <= now;
+        Done(it->second,
+            (expired ? DeadlineExceededError(std::string(wire::KindName(it->second.kind)) + " got no reply from " +
+                                             ServerName(s) + " in time (is it running and reachable?)")
+                     : UnavailableError(std::string(wire::KindName(it->second.kind)) + " abandoned: " +
+                                        ServerName(s) + " stopped answering")));
+        it = in_flight_.erase(it);
+      }
+      Status st = OpenSocket(s);
+      if (!st.ok()) std::fprintf(stderr, "ferry client: %s\n", st.ToString().c_str());
+    }
+  }
+
+  // The I/O thread is ending: fails everything in flight or queued, and (dead_) everything
+  // submitted from now on.
+  void FailAll(const Status& s) {
+    for (auto& [id, r] : in_flight_) Done(r, s);
+    in_flight_.clear();
+    std::deque<Request> rest;
+    {
+      MutexLock lock(&queue_mu_);
+      dead_ = true;
+      dead_status_ = s;
+      rest.swap(queue_);
+    }
+    for (auto& r : rest) Done(r, s);
+    sockets_.clear();  // closes (linger 0) and releases lent frames
+  }
+
+  const ClientOptions options_;
+  std::shared_ptr<Context> context_;
+  transport::Waker waker_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> barrier_generation_{0};
+  std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<int64_t> requests_{0}, bytes_sent_{0}, bytes_received_{0};
+
+  mutable Mutex tables_mu_;
+  std::unordered_map<std::string, TableSpec> tables_ ABSL_GUARDED_BY(tables_mu_);
+
+  Mutex room_mu_;
+  CondVar room_cv_;                          // signalled when a slot frees up, or on stopping
+  int outstanding_ ABSL_GUARDED_BY(room_mu_) = 0;  // requests submitted and not yet done
+
+  // Lock order: queue_mu_ before room_mu_ and a Handle::State's mu (Submit completes a request
+  // refused by a dead I/O thread while holding queue_mu_).
+  Mutex queue_mu_ ABSL_ACQUIRED_BEFORE(room_mu_);
+  std::deque<Request> queue_ ABSL_GUARDED_BY(queue_mu_);  // built by callers, sent by the I/O thread
+  bool dead_ ABSL_GUARDED_BY(queue_mu_) = false;          // the I/O thread has ended
+  Status dead_status_ ABSL_GUARDED_BY(queue_mu_);         // why
+
+  // Owned by the I/O thread (sockets_ also by Start before the thread runs).
+  std::vector<zmq::socket_t> sockets_;
+  std::unordered_map<uint64_t, Request> in_flight_;
+
+  std::thread thread_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+  if (options.servers.empty()) return InvalidArgumentError("ClientOptions.servers is empty: name at least one server");
+  if (options.num_workers < 1 || options.rank < 0 || options.rank >= options.num_workers) {
+    return InvalidArgumentError("worker rank " + std::to_string(options.rank) + " is outside [0, " +
+                                std::to_string(options.num_workers) + ")");
+  }
+  if (options.max_message_bytes < 4096) return InvalidArgumentError("max_message_bytes must be at least 4096");
+  if (options.max_in_flight < 1) return InvalidArgumentError("max_in_flight must be at least 1");
+  for (const auto& e : options.servers) {
+    if (e.starts_with("inproc://") && !options.context) {
+      return InvalidArgumentError("server " + e + " is inproc://: pass the servers' Context in ClientOptions.context");
+    }
+  }
+  auto context = options.context ? options.context : Context::Create(1);
+  auto client = std::make_unique<ClientImpl>(std::move(options), std::move(context));
+  FERRY_RETURN_IF_ERROR(client->Start());
+  return std::unique_ptr<Client>(std::move(client));
+}
+
+}  // namespace ferry

@@ -1,0 +1,94 @@
+// ps/server/internal/tables.h — one server's shard of a table: storage, optimizer state, versions and
+// the gradients held for a sync step. Pure data structures: no sockets, no locks (the server's
+// I/O thread owns them; compute helpers only touch disjoint ranges during ParallelFor).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <absl/container/flat_hash_map.h>
+#include <zmq.hpp>
+
+#include "ferry/table_spec.h"
+#include "internal/thread_pool.h"
+
+namespace ferry::ps {
+
+// Gradients received for the current sync step, one slot per worker rank.
+struct SyncSlots {
+  std::vector<std::optional<zmq::message_t>> by_rank;   // dense: the gradient frame
+  std::vector<std::optional<zmq::message_t>> ids_by_rank;  // sparse: the id frame (grads in by_rank)
+  int received = 0;
+
+  void Reset(int num_workers, bool sparse);
+};
+
+struct DenseChunk {
+  int64_t offset = 0;  // first element of the chunk in the flattened tensor
+  int64_t size = 0;    // elements
+  std::vector<float> params;
+  std::vector<float> state;  // StateSlots() arrays of `size` floats
+  int64_t version = 0;       // updates applied
+  std::vector<int64_t> last_pulled;  // per rank: version at that worker's last pull (staleness)
+  SyncSlots sync;
+};
+
+class DenseShard {
+ public:
+  // Allocates and initialises the chunks that `placement` assigns to server `rank`.
+  DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers);
+  // nullptr when `chunk` is out of range or not held here.
+  DenseChunk* chunk(int64_t index);
+  const DenseChunk* chunk(int64_t index) const { return const_cast<DenseShard*>(this)->chunk(index); }
+  int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
+  int64_t held_chunks() const { return held_; }
+
+ private:
+  std::vector<std::unique_ptr<DenseChunk>> chunks_;  // indexed by chunk; null where not held
+  int64_t held_ = 0;
+};
+
+// A row's index in its shard: 64-bit, so a shard never wraps around at 2^32 rows.
+using RowIndex = uint64_t;
+
+// id -> row of `dim` floats, rows created (and initialised) on first touch. Rows live in blocks
+// that never move, so growing the table never copies it.
+class SparseShard {
+ public:
+  SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers);
+
+  // The row's index, creating and initialising it if new. Strong guarantee: if creating the row
+  // throws (std::bad_alloc), the shard is as it was (no id without a row, no half-made row).
+  RowIndex FindOrCreate(int64_t id);
+  float* row(RowIndex index) { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
+  float* state(RowIndex index) { return row(index) + dim_; }
+  int64_t& steps(RowIndex index) { return steps_[index]; }
+  int64_t dim() const { return dim_; }
+  size_t size() const { return index_.size(); }
+
+  int64_t version = 0;  // pushes applied to this shard
+  std::vector<int64_t> last_pulled;
+  SyncSlots sync;
+
+ private:
+  const TableSpec& spec_;  // the owning Table's spec (Tables live behind unique_ptr and never move)
+  uint64_t table_id_;
+  int64_t dim_;
+  int64_t row_floats_;  // params + optimizer state of one row
+  uint64_t block_rows_;  // rows per block: about 16 MiB a block, at least one row
+  absl::flat_hash_map<int64_t, RowIndex> index_;
+  size_t index_reserved_ = 0;  // index_ holds this many ids without growing (FindOrCreate)
+  std::vector<std::unique_ptr<float[]>> blocks_;
+  std::vector<int64_t> steps_;
+};
+
+struct Table {
+  TableSpec spec;
+  uint64_t id = 0;
+  std::unique_ptr<DenseShard> dense;    // set for dense tables
+  std::unique_ptr<SparseShard> sparse;  // set for sparse tables
+};
+
+}  // namespace ferry::ps

@@ -1,0 +1,117 @@
+#include "ferry/local_tables.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "internal/init.h"
+#include "internal/optimizer.h"
+#include "internal/tables.h"
+
+namespace ferry::ps {
+namespace {
+
+class LocalTablesImpl final : public LocalTables {
+ public:
+  Status Declare(const TableSpec& s) override {
+    FERRY_RETURN_IF_ERROR(s.Validate().WithContext("table '" + s.name + "'"));
+    if (tables_.count(s.name) != 0) return AlreadyExistsError("table '" + s.name + "' declared twice");
+    auto t = std::make_unique<Entry>();
+    t->spec = s;
+    t->id = TableId(s.name);
+    if (s.type == TableType::kDense) {
+      const int64_t n = s.num_elements();
+      t->params.resize(static_cast<size_t>(n));
+      InitDense(t->spec, t->id, 0, t->params.data(), n);
+      t->state.resize(static_cast<size_t>(StateSlots(s.optimizer.type) * n));
+      InitState(s.optimizer, t->state.data(), static_cast<size_t>(n));
+    } else {
+      // The shard keeps a reference to the spec, which does not move (an Entry is behind unique_ptr).
+      t->sparse = std::make_unique<SparseShard>(t->spec, t->id, /*num_workers=*/1);
+    }
+    tables_.emplace(s.name, std::move(t));
+    return Status::Ok();
+  }
+
+  Status ReadDense(std::string_view table, std::span<float> out) override {
+    FERRY_ASSIGN_OR_RETURN(Entry * t, FindDense(table, out.size()));
+    std::copy(t->params.begin(), t->params.end(), out.begin());
+    return Status::Ok();
+  }
+
+  Status ApplyDense(std::string_view table, std::span<const float> grad, int64_t step) override {
+    FERRY_ASSIGN_OR_RETURN(Entry * t, FindDense(table, grad.size()));
+    ApplyUpdate(t->spec.optimizer, t->params.data(), grad.data(), t->state.data(), t->params.size(),
+                t->params.size(), step);
+    return Status::Ok();
+  }
+
+  Status ReadRows(std::string_view table, std::span<const int64_t> ids, std::span<float> rows) override {
+    FERRY_ASSIGN_OR_RETURN(SparseShard * shard, FindSparse(table, ids.size(), rows.size(), "read"));
+    const size_t dim = static_cast<size_t>(shard->dim());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const float* row = shard->row(shard->FindOrCreate(ids[i]));
+      std::copy(row, row + dim, rows.begin() + static_cast<std::ptrdiff_t>(i * dim));
+    }
+    return Status::Ok();
+  }
+
+  Status ApplyRows(std::string_view table, std::span<const int64_t> ids, std::span<const float> grads) override {
+    FERRY_ASSIGN_OR_RETURN(SparseShard * shard, FindSparse(table, ids.size(), grads.size(), "update"));
+    const size_t dim = static_cast<size_t>(shard->dim());
+    const OptimizerSpec& opt = tables_.find(table)->second->spec.optimizer;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const RowIndex r = shard->FindOrCreate(ids[i]);
+      ApplyUpdate(opt, shard->row(r), grads.data() + i * dim, shard->state(r), dim, dim, ++shard->steps(r));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  struct Entry {
+    TableSpec spec;
+    uint64_t id = 0;
+    std::vector<float> params, state;     // dense
+    std::unique_ptr<SparseShard> sparse;  // sparse
+  };
+
+  StatusOr<Entry*> Find(std::string_view name, TableType type) {
+    auto it = tables_.find(name);
+    if (it == tables_.end()) return NotFoundError("table '" + std::string(name) + "' was not declared");
+    if (it->second->spec.type != type) {
+      return InvalidArgumentError("table '" + std::string(name) + "' is " +
+                                  (type == TableType::kDense ? "sparse, not dense" : "dense, not sparse"));
+    }
+    return it->second.get();
+  }
+
+  StatusOr<Entry*> FindDense(std::string_view name, size_t elements) {
+    FERRY_ASSIGN_OR_RETURN(Entry * t, Find(name, TableType::kDense));
+    if (elements != t->params.size()) {
+      return InvalidArgumentError("table '" + std::string(name) + "' has " + std::to_string(t->params.size()) +
+                                  " elements, the buffer " + std::to_string(elements));
+    }
+    return t;
+  }
+
+  StatusOr<SparseShard*> FindSparse(std::string_view name, size_t ids, size_t floats, const char* what) {
+    FERRY_ASSIGN_OR_RETURN(Entry * t, Find(name, TableType::kSparse));
+    const size_t dim = static_cast<size_t>(t->spec.dim);
+    if (floats != ids * dim) {
+      return InvalidArgumentError(std::string(what) + " of '" + std::string(name) + "': " + std::to_string(ids) +
+                                  " ids of dim " + std::to_string(dim) + " need " + std::to_string(ids * dim) +
+                                  " floats, the buffer has " + std::to_string(floats));
+    }
+    return t->sparse.get();
+  }
+
+  std::map<std::string, std::unique_ptr<Entry>, std::less<>> tables_;
+};
+
+}  // namespace
+
+std::unique_ptr<LocalTables> LocalTables::Create() { return std::make_unique<LocalTablesImpl>(); }
+
+}  // namespace ferry::ps

@@ -1,0 +1,122 @@
+// ferry-ps: one parameter-server shard. Runs until SIGINT or SIGTERM.
+//
+//   ferry-ps --bind tcp://0.0.0.0:7000 --rank 0 --num-servers 2
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include <unistd.h>
+
+#include "ferry/server.h"
+#include "ferry/messages/transport.h"
+#include "internal/bind_endpoint.h"
+
+namespace {
+
+void Usage(std::FILE* out) {
+  std::fputs(
+      "usage: ferry-ps --bind ENDPOINT [--rank R] [--num-servers N] [--compute-threads T]\n"
+      "                [--max-message-mb M] [--max-wait-s S]\n"
+      "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
+      "                     (default tcp://127.0.0.1:7000)\n"
+      "  --rank             this server's index in the server list (default 0)\n"
+      "  --num-servers      servers in the cluster (default 1)\n"
+      "  --compute-threads  helper threads for large updates (default: cores - 1)\n"
+      "  --max-message-mb   largest accepted message (default 1024)\n"
+      "  --max-wait-s       longest a pull or barrier is held waiting (default 300)\n",
+      out);
+}
+
+bool ParseInt(std::string_view flag, const char* text, long long lo, long long hi, long long* out) {
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) {
+    std::fprintf(stderr, "ferry-ps: %.*s expects an integer in [%lld, %lld], got '%s'\n",
+                 static_cast<int>(flag.size()), flag.data(), lo, hi, text);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ferry::ServerOptions options;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      Usage(stdout);
+      return 0;
+    }
+    constexpr std::string_view kValueFlags[] = {"--bind", "--rank", "--num-servers", "--compute-threads",
+                                                "--max-message-mb", "--max-wait-s"};
+    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
+      std::fprintf(stderr, "ferry-ps: unknown flag %s\n", argv[i]);
+      Usage(stderr);
+      return 2;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "ferry-ps: %s needs a value\n", argv[i]);
+      Usage(stderr);
+      return 2;
+    }
+    const char* value = argv[++i];
+    long long v = 0;
+    if (flag == "--bind") {
+      if (ferry::Status s = ferry::ps::CheckBindEndpoint(value); !s.ok()) {
+        std::fprintf(stderr, "ferry-ps: %s\n", s.message().c_str());
+        return 2;
+      }
+      options.bind = value;
+    } else if (flag == "--rank") {
+      if (!ParseInt(flag, value, 0, 65535, &v)) return 2;
+      options.rank = static_cast<int>(v);
+    } else if (flag == "--num-servers") {
+      if (!ParseInt(flag, value, 1, 65536, &v)) return 2;
+      options.num_servers = static_cast<int>(v);
+    } else if (flag == "--compute-threads") {
+      if (!ParseInt(flag, value, 0, 1024, &v)) return 2;
+      options.compute_threads = static_cast<int>(v);
+    } else if (flag == "--max-message-mb") {
+      if (!ParseInt(flag, value, 1, 1 << 20, &v)) return 2;
+      options.max_message_bytes = v << 20;
+    } else if (flag == "--max-wait-s") {
+      if (!ParseInt(flag, value, 1, 86400, &v)) return 2;
+      options.max_wait = std::chrono::seconds(v);
+    } else {
+      // Listed in kValueFlags but not handled above: a bug in this function, not the caller's.
+      std::fprintf(stderr, "ferry-ps: internal error: flag %s is listed but not handled\n", argv[i - 1]);
+      return 70;
+    }
+  }
+
+  // Block the stop signals before any thread starts, then wait for one of them here.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  ferry::transport::TuneAllocatorForLargeMessages();
+  auto server = ferry::Server::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "ferry-ps: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("ferry-ps rank %d of %d listening on %s\n", options.rank, options.num_servers,
+              (*server)->endpoint().c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::printf("ferry-ps rank %d: %s, stopping\n", options.rank, sig == SIGINT ? "SIGINT" : "SIGTERM");
+  (*server)->Stop();
+  // libzmq leaves an ipc:// socket file behind; the path is ours, remove it.
+  const std::string endpoint = (*server)->endpoint();
+  if (endpoint.starts_with("ipc://")) ::unlink(endpoint.c_str() + 6);
+  return 0;
+}

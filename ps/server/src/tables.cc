@@ -1,0 +1,90 @@
+#include "internal/tables.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "ferry/messages/placement.h"
+#include "internal/init.h"
+#include "internal/optimizer.h"
+
+namespace ferry::ps {
+
+void SyncSlots::Reset(int num_workers, bool sparse) {
+  by_rank.clear();
+  by_rank.resize(static_cast<size_t>(num_workers));
+  ids_by_rank.clear();
+  if (sparse) ids_by_rank.resize(static_cast<size_t>(num_workers));
+  received = 0;
+}
+
+DenseShard::DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers) {
+  const int64_t n = spec.num_elements();
+  const int64_t count = spec.num_chunks();
+  const int slots = StateSlots(spec.optimizer.type);
+  chunks_.resize(static_cast<size_t>(count));
+  for (int64_t c = 0; c < count; ++c) {
+    if (placement::ChunkServer(table_id, c, num_servers) != rank) continue;
+    auto ch = std::make_unique<DenseChunk>();
+    ch->offset = c * spec.chunk_elems;
+    ch->size = std::min(spec.chunk_elems, n - ch->offset);
+    ch->params.resize(static_cast<size_t>(ch->size));
+    InitDense(spec, table_id, ch->offset, ch->params.data(), ch->size);
+    ch->state.resize(static_cast<size_t>(ch->size) * static_cast<size_t>(slots));
+    InitState(spec.optimizer, ch->state.data(), static_cast<size_t>(ch->size));
+    ch->last_pulled.assign(static_cast<size_t>(num_workers), 0);
+    ch->sync.Reset(num_workers, /*sparse=*/false);
+    chunks_[static_cast<size_t>(c)] = std::move(ch);
+    ++held_;
+  }
+}
+
+DenseChunk* DenseShard::chunk(int64_t index) {
+  if (index < 0 || index >= static_cast<int64_t>(chunks_.size())) return nullptr;
+  return chunks_[static_cast<size_t>(index)].get();
+}
+
+SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers)
+    : spec_(spec),
+      table_id_(table_id),
+      dim_(spec.dim),
+      row_floats_(spec.dim * (1 + StateSlots(spec.optimizer.type))),
+      block_rows_(static_cast<uint64_t>(std::max<int64_t>(1, (int64_t{16} << 20) / (row_floats_ * 4)))) {
+  last_pulled.assign(static_cast<size_t>(num_workers), 0);
+  sync.Reset(num_workers, /*sparse=*/true);
+}
+
+RowIndex SparseShard::FindOrCreate(int64_t id) {
+  if (auto it = index_.find(id); it != index_.end()) return it->second;
+  const RowIndex index = steps_.size();
+  // Every step that can throw comes before the id is indexed, and each leaves the shard valid:
+  // a block allocated for a row that then failed is simply used by the next row.
+  if (index / block_rows_ >= blocks_.size()) {
+    blocks_.push_back(std::make_unique_for_overwrite<float[]>(static_cast<size_t>(row_floats_ * block_rows_)));
+  }
+  if (index_.size() + 1 > index_reserved_) {
+    // absl's flat_hash_map (Debian's 20220623) is not exception-safe when it grows: it records
+    // the new capacity before allocating, so after a bad_alloc the map is corrupt (even its
+    // destructor frees memory it never allocated). So grow a copy, and swap it in only once it
+    // holds everything: a failure leaves index_ untouched. A copy whose reserve threw cannot be
+    // destroyed safely: its few bytes are leaked on purpose. Doubling keeps the copies amortised
+    // O(1) per row, with the peak memory of an in-place rehash.
+    const size_t reserve = std::max<size_t>(64, 2 * index_reserved_);
+    auto grown = std::make_unique<absl::flat_hash_map<int64_t, RowIndex>>();
+    try {
+      grown->reserve(reserve);
+    } catch (...) {
+      (void)grown.release();
+      throw;
+    }
+    grown->insert(index_.begin(), index_.end());  // within the reserved size: no allocation
+    index_.swap(*grown);
+    index_reserved_ = reserve;
+  }
+  steps_.push_back(0);
+  index_.emplace(id, index);  // within the reserved size: no allocation, cannot throw
+  InitSparseRow(spec_, table_id_, id, row(index));
+  InitState(spec_.optimizer, state(index), static_cast<size_t>(dim_));
+  return index;
+}
+
+}  // namespace ferry::ps

@@ -1,0 +1,105 @@
+// ferry/trainer/options.h — every setting of ferry-trainer, parsed in one place.
+//
+// ParseTrainerFlags turns argv into a TrainerOptions and checks every value; a bad flag or value
+// is INVALID_ARGUMENT with a message that names the flag. Nothing else in the trainer reads argv
+// or the environment.
+//
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ferry/status.h"
+#include "ferry/table_spec.h"
+
+namespace ferry::trainer {
+
+enum class DeviceKind { kAuto, kCpu, kCuda };
+
+struct TrainerOptions {
+  // ---- Cluster ----
+  std::vector<std::string> servers;  // --servers tcp://a,tcp://b (required unless --local)
+  int rank = 0;                      // --rank R, in [0, num_workers)
+  int num_workers = 1;               // --num-workers M
+  bool local = false;                // --local: one process, local optimizer, no servers
+
+  // ---- Device ----
+  DeviceKind device = DeviceKind::kAuto;  // --device cuda|cpu|auto
+  int gpu = 0;                            // --gpu N (CUDA device ordinal)
+
+  // ---- Model ----
+  std::string model = "mlp";                 // --model mlp|ctr
+  std::vector<int64_t> hidden = {256, 128};  // --hidden 256,128 (empty list "": no hidden layer)
+  uint64_t seed = 1;                         // --seed: parameter init and data shuffle
+  int64_t emb_dim = 16;                      // --emb-dim E (ctr): floats per embedding row
+
+  // ---- ctr data: synthetic (default) or Criteo TSV files ----
+  int ctr_fields = 8;                // --ctr-fields F: categorical fields (synthetic)
+  int64_t ctr_vocab = 1000;          // --ctr-vocab V: ids per field (synthetic)
+  int ctr_dense = 4;                 // --ctr-dense D: dense features (synthetic)
+  int64_t ctr_train = 1000000;       // --ctr-train N: synthetic training examples
+  int64_t ctr_test = 20000;          // --ctr-test N: synthetic test examples
+  double ctr_zipf = 1.1;             // --ctr-zipf S: Zipf exponent of the ids (synthetic)
+  uint64_t data_seed = 1;            // --data-seed S: the synthetic data and its planted model
+  std::string criteo_train;          // --criteo-train FILE: train on Criteo TSV (plain or .gz)
+  std::string criteo_test;           // --criteo-test FILE: evaluate on it
+
+  // ---- Optimization ----
+  OptimizerSpec optimizer = [] {
+    OptimizerSpec o;
+    o.type = OptimizerType::kSgd;  // --optimizer sgd|momentum|adagrad|adam
+    o.learning_rate = 0.1f;        // --lr
+    return o;
+  }();
+  Consistency consistency = Consistency::kSync;  // --consistency sync|async|ssp:S
+  int32_t staleness = 0;                         // S of ssp:S
+  int backup_workers = 0;    // --backup-workers K (sync): each step aggregates M - K gradients
+  int64_t accumulate = 1;    // --accumulate k: k micro-batches of --batch per push
+  // --blas-threads N: threads of the CPU GEMM (OpenBLAS); 0 keeps OpenBLAS's own count (its
+  // OPENBLAS_NUM_THREADS, else the cores). The count used is recorded in the metrics; sync runs
+  // are bitwise reproducible for the same count, so set it to compare machines (PROTOCOL.md).
+  int blas_threads = 0;
+
+  // The servers' replicas_to_aggregate for sync tables (0 = every worker).
+  int32_t replicas_to_aggregate() const {
+    return backup_workers > 0 ? static_cast<int32_t>(num_workers - backup_workers) : 0;
+  }
+
+  // ---- Data and schedule ----
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";  // --data-dir
+  int64_t batch = 64;         // --batch B: examples per worker per step
+  int64_t epochs = 1;         // --epochs E (ignored when --steps is given)
+  int64_t steps = 0;          // --steps N: total steps per worker; 0 = use --epochs
+  bool shuffle = true;        // --no-shuffle turns the per-epoch shuffle off
+  int64_t train_limit = 0;    // --train-limit N: use only the first N training examples (0 = all)
+  int64_t test_limit = 0;     // --test-limit N: evaluate on the first N test examples (0 = all)
+
+  // ---- Reporting ----
+  int64_t log_every = 100;    // --log-every N: a progress line every N steps (0 = none)
+  int64_t eval_every = 0;     // --eval-every N: evaluate every N steps (0 = only at the end)
+  bool eval_each_epoch = false;  // --eval-every epoch: evaluate after every epoch (and at the end)
+  std::string metrics_out;    // --metrics-out FILE: JSON lines (trainer.h); "{rank}" -> the rank
+  bool quiet = false;         // --quiet: no progress lines on stdout
+  bool help = false;          // --help: print TrainerUsage() and exit
+
+  // ---- Experiments ----
+  // --straggler R:DELAY slows worker R each step: DELAY "50ms" sleeps 50 ms, "x2" sleeps
+  // (2 - 1) x the step's compute time (the worker computes at half speed).
+  int straggler_rank = -1;
+  double straggler_delay_ms = 0;
+  double straggler_factor = 1;
+
+  // Checks the combination of values (what the flags cannot check one at a time).
+  Status Validate() const;
+};
+
+// Parses argv[1..argc) ("--flag value" or "--flag=value") and validates the result (unless
+// --help was given, which sets `help` and skips validation).
+StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv);
+
+// The usage text.
+std::string TrainerUsage();
+
+}  // namespace ferry::trainer

@@ -1,0 +1,80 @@
+// ferry/trainer/param_store.h — where a model's parameters live during training: on Ferry's
+// parameter servers (ServerStore, over a Client) or in this process (LocalStore, the --local
+// reference). Models talk to a ParamStore only, so the local reference runs exactly the model
+// code a worker runs.
+//
+// LocalStore is a faithful twin of one worker training against the servers in sync mode with
+// M = 1: tables are initialised by the servers' own code (ps::InitDense / ps::InitSparseRow, so
+// values depend only on (seed, table, index or id)), updated by the servers' optimizer code
+// (ps::ApplyUpdate) once per push, sparse rows are created on first touch and keep their own
+// optimizer state and step count (ps::SparseShard, the servers' own class).
+//
+// Thread-safety: a ParamStore is used by one worker thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "ferry/client.h"
+#include "ferry/status.h"
+#include "ferry/table_spec.h"
+
+namespace ferry::trainer {
+
+// Sparse rows to pull: `rows` holds ids.size() * dim floats.
+struct SparseOut {
+  std::string_view table;
+  std::span<const int64_t> ids;
+  std::span<float> rows;
+};
+// Sparse gradients to push: one row of dim floats per id. Ids are distinct.
+struct SparseIn {
+  std::string_view table;
+  std::span<const int64_t> ids;
+  std::span<const float> grads;
+};
+
+// Where this worker stands, as the servers reported it.
+struct StoreProgress {
+  // Sync: the global step — the step the last pull was served at, which the next push counts for
+  // (a worker that fell behind, or joined a job in progress, moves to it). Otherwise the last
+  // pull's step.
+  int64_t step = 0;
+  int64_t first_served = -1;  // sync: the step served at the first pull (> 0: joined a job already there)
+  int64_t pushes_used = 0;     // pushes (one a step) of which some part counted
+  int64_t pushes_dropped = 0;  // pushes dropped whole: their sync step had closed before they came
+  // Of the pulls' time so far, the part the servers held them waiting for their step (sync: for
+  // the other workers' gradients; ssp: for their clocks): waiting, not transfer.
+  double pull_wait_s = 0;
+};
+
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+
+  // Declares (or, locally, creates) the tables. Names must be unique.
+  virtual Status Declare(std::span<const TableSpec> specs) = 0;
+  // Reads the tables for `step` (the loop's step / ssp clock); every request of one call is in
+  // flight together and all are waited for. Sync tables on servers are read at the global step
+  // this worker knows (progress().step + 1 after a push): `step` only orders the loop.
+  virtual Status Pull(std::span<const DenseOut> dense, std::span<const SparseOut> sparse, int64_t step) = 0;
+  // Sends the gradients of `step` (each one optimizer update locally). Sync: they count for the
+  // step the last pull was served at (progress().step), whatever the loop's `step`.
+  virtual Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step) = 0;
+  // The end of `step`: ssp tables advance this worker's clock to step + 1.
+  virtual Status EndStep(int64_t step) = 0;
+
+  virtual StoreProgress progress() const = 0;
+
+  // Null for LocalStore.
+  virtual Client* client() { return nullptr; }
+};
+
+// `client` must outlive the store; `consistency` is that of every table it declares (sync: the
+// global step is tracked; ssp: EndStep advances the clock).
+std::unique_ptr<ParamStore> CreateServerStore(Client* client, Consistency consistency);
+std::unique_ptr<ParamStore> CreateLocalStore();
+
+}  // namespace ferry::trainer

@@ -1,0 +1,332 @@
+// ctr: per-field embeddings (sum-pooled) + dense features -> tower -> sigmoid cross-entropy.
+#include "ferry/trainer/models.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "ferry/data/criteo.h"
+#include "ferry/data/metrics.h"
+#include "ferry/data/synthetic_ctr.h"
+#include "ferry/kernels.h"
+#include "models/tower.h"
+
+namespace ferry::trainer {
+namespace {
+
+using models::Accumulate;
+using models::AddEvalState;
+using models::kF;
+using models::MaxBatch;
+using models::Tower;
+
+class CtrModel final : public Model {
+ public:
+  CtrModel(Device* device, const TrainerOptions& options, const CtrData* data)
+      : device_(device), options_(options), data_(data) {}
+
+  Status Init() {
+    const data::CtrBatch& t = data_->train;
+    fields_ = t.num_fields;
+    dense_ = t.num_dense;
+    dim_ = options_.emb_dim;
+    if (fields_ < 1) return InvalidArgumentError("ctr: the data has no categorical field");
+    if (t.empty()) return InvalidArgumentError("ctr: no training examples");
+    if (!data_->test.empty() && (data_->test.num_fields != fields_ || data_->test.num_dense != dense_)) {
+      return InvalidArgumentError("ctr: the test set's shape differs from the training set's");
+    }
+    MlpConfig c;
+    c.input = fields_ * dim_;
+    c.side_input = dense_;
+    c.hidden = options_.hidden;
+    c.outputs = 1;
+    c.prefix = "ctr/";
+    FERRY_RETURN_IF_ERROR(tower_.Build(device_, options_, c));
+    const int64_t max_rows = std::max(options_.batch, kEvalBatch);
+    max_batch_ = MaxBatch(options_);
+    for (int f = 0; f < fields_; ++f) {
+      TableSpec s;
+      s.name = "ctr/emb" + std::to_string(f);
+      s.type = TableType::kSparse;
+      s.dim = dim_;
+      s.optimizer = options_.optimizer;
+      s.consistency = options_.consistency;
+      s.staleness = options_.consistency == Consistency::kSsp ? options_.staleness : 0;
+      s.replicas_to_aggregate = options_.consistency == Consistency::kSync ? options_.replicas_to_aggregate() : 0;
+      s.init = InitType::kUniform;
+      s.init_scale = 0.05f;
+      s.seed = options_.seed;
+      emb_specs_.push_back(std::move(s));
+    }
+    unique_.resize(static_cast<size_t>(fields_));
+    base_.resize(static_cast<size_t>(fields_) + 1);
+
+    const int64_t bags = max_batch_ * fields_;  // one bag (one id) per example and field
+    FERRY_ASSIGN_OR_RETURN(emb_host_, device_->AllocHost(bags * dim_ * kF));
+    FERRY_ASSIGN_OR_RETURN(emb_dev_, device_->Alloc(bags * dim_ * kF));
+    FERRY_ASSIGN_OR_RETURN(emb_grad_dev_, device_->Alloc(bags * dim_ * kF));
+    FERRY_ASSIGN_OR_RETURN(emb_grad_host_, device_->AllocHost(bags * dim_ * kF));
+    FERRY_ASSIGN_OR_RETURN(index_host_, device_->AllocHost(bags * int64_t{sizeof(int32_t)}));
+    FERRY_ASSIGN_OR_RETURN(index_dev_, device_->Alloc(bags * int64_t{sizeof(int32_t)}));
+    FERRY_ASSIGN_OR_RETURN(offsets_dev_, device_->Alloc((bags + 1) * int64_t{sizeof(int32_t)}));
+    FERRY_ASSIGN_OR_RETURN(dense_host_, device_->AllocHost(max_batch_ * std::max<int64_t>(dense_, 1) * kF));
+    FERRY_ASSIGN_OR_RETURN(dense_dev_, device_->Alloc(max_batch_ * std::max<int64_t>(dense_, 1) * kF));
+    FERRY_ASSIGN_OR_RETURN(labels_host_, device_->AllocHost(max_batch_ * kF));
+    FERRY_ASSIGN_OR_RETURN(labels_dev_, device_->Alloc(max_batch_ * kF));
+    FERRY_ASSIGN_OR_RETURN(pooled_dev_, device_->Alloc(max_rows * fields_ * dim_ * kF));
+    FERRY_ASSIGN_OR_RETURN(dpooled_dev_, device_->Alloc(max_rows * fields_ * dim_ * kF));
+    FERRY_ASSIGN_OR_RETURN(probs_dev_, device_->Alloc(max_rows * kF));
+    FERRY_ASSIGN_OR_RETURN(probs_host_, device_->AllocHost(max_rows * kF));
+    FERRY_ASSIGN_OR_RETURN(row_loss_dev_, device_->Alloc(max_rows * kF));
+    FERRY_ASSIGN_OR_RETURN(mean_loss_dev_, device_->Alloc(kF));
+    FERRY_ASSIGN_OR_RETURN(mean_loss_host_, device_->AllocHost(kF));
+    FERRY_ASSIGN_OR_RETURN(dlogits_dev_, device_->Alloc(max_rows * kF));
+    // Single-hot bags: bag b is [b, b + 1). Uploaded once; a micro-batch uses a prefix.
+    std::vector<int32_t> offsets(static_cast<size_t>(bags) + 1);
+    std::iota(offsets.begin(), offsets.end(), 0);
+    FERRY_ASSIGN_OR_RETURN(DeviceBuffer staging, device_->AllocHost((bags + 1) * int64_t{sizeof(int32_t)}));
+    std::memcpy(staging.data(), offsets.data(), offsets.size() * sizeof(int32_t));
+    FERRY_RETURN_IF_ERROR(device_->CopyToDevice(offsets_dev_.data(), staging.data(), staging.bytes()));
+    return device_->Synchronize();
+  }
+
+  std::vector<TableSpec> TableSpecs() const override {
+    std::vector<TableSpec> all = tower_.specs;
+    all.insert(all.end(), emb_specs_.begin(), emb_specs_.end());
+    return all;
+  }
+  int64_t train_size() const override { return data_->train.size(); }
+  int64_t test_size() const override { return data_->test.size(); }
+  bool is_binary() const override { return true; }
+  std::span<const float> dense_params() const override { return std::as_const(*tower_.mlp).host_params(); }
+
+  Status LoadTrainBatch(std::span<const int64_t> indices) override { return Load(data_->train, indices); }
+
+  Status Pull(ParamStore& store, int64_t step) override {
+    FERRY_RETURN_IF_ERROR(store.Pull(tower_.pulls, sparse_pulls_, step));
+    FERRY_RETURN_IF_ERROR(tower_.mlp->UploadParams());
+    return device_->CopyToDevice(emb_dev_.data(), emb_host_.data(), num_unique() * dim_ * kF);
+  }
+
+  Status ComputeGradients(int64_t first, int64_t rows, float scale, bool accumulate, double* loss_sum,
+                          int64_t* correct) override {
+    if (first < 0 || rows < 1 || first + rows > loaded_) return InvalidArgumentError("ComputeGradients: rows outside the batch");
+    const float* labels = labels_dev_.as<float>() + first;
+    FERRY_RETURN_IF_ERROR(Forward(first, rows));
+    FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyForward(tower_.mlp->logits(), labels, rows, row_loss_dev_.as<float>(),
+                                                              mean_loss_dev_.as<float>(), probs_dev_.as<float>()));
+    FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), probs_dev_.data(), rows * kF));
+    FERRY_RETURN_IF_ERROR(device_->CopyToHost(mean_loss_host_.data(), mean_loss_dev_.data(), kF));
+    FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyBackward(tower_.mlp->logits(), labels, rows,
+                                                               1.0f / static_cast<float>(rows), dlogits_dev_.as<float>()));
+    FERRY_RETURN_IF_ERROR(tower_.mlp->Backward(pooled_dev_.as<float>(), side(first), dlogits_dev_.as<float>(), rows,
+                                           dpooled_dev_.as<float>()));
+    const int64_t bags = rows * fields_;
+    FERRY_RETURN_IF_ERROR(device_->EmbeddingBagBackward(dpooled_dev_.as<float>(), dim_, offsets_dev_.as<int32_t>(),
+                                                        index_dev_.as<int32_t>() + first * fields_, bags, bags,
+                                                        num_unique(), kernels::Pooling::kSum, emb_grad_dev_.as<float>()));
+    FERRY_RETURN_IF_ERROR(tower_.mlp->DownloadGrads());
+    FERRY_RETURN_IF_ERROR(device_->CopyToHost(emb_grad_host_.data(), emb_grad_dev_.data(), num_unique() * dim_ * kF));
+    FERRY_RETURN_IF_ERROR(device_->Synchronize());
+    Accumulate(tower_.grads, tower_.mlp->host_grads(), scale, accumulate);
+    emb_grads_.resize(static_cast<size_t>(num_unique() * dim_));
+    Accumulate(emb_grads_, std::span<const float>(emb_grad_host_.as<float>(), emb_grads_.size()), scale, accumulate);
+    *loss_sum += static_cast<double>(*mean_loss_host_.as<float>()) * static_cast<double>(rows);
+    const float* p = probs_host_.as<float>();
+    const float* y = labels_host_.as<float>() + first;
+    for (int64_t r = 0; r < rows; ++r) *correct += (p[r] >= 0.5f) == (y[r] == 1.0f) ? 1 : 0;
+    return Status::Ok();
+  }
+
+  Status Push(ParamStore& store, int64_t step) override {
+    sparse_pushes_.clear();
+    for (int f = 0; f < fields_; ++f) {
+      const size_t at = static_cast<size_t>(base_[static_cast<size_t>(f)] * dim_);
+      const std::vector<int64_t>& ids = unique_[static_cast<size_t>(f)];
+      sparse_pushes_.push_back(SparseIn{emb_specs_[static_cast<size_t>(f)].name, ids,
+                                        std::span<const float>(emb_grads_).subspan(at, ids.size() * static_cast<size_t>(dim_))});
+    }
+    return store.Push(tower_.pushes, sparse_pushes_, step);
+  }
+
+  Status Evaluate(ParamStore& store, int64_t step, int64_t first, int64_t count, std::vector<double>* state) override {
+    const data::CtrBatch& test = data_->test;
+    if (first < 0 || count < 0 || first + count > test.size()) return InvalidArgumentError("Evaluate: examples outside the test set");
+    FERRY_RETURN_IF_ERROR(tower_.Pull(store, step));
+    data::BinaryMetrics metrics;
+    std::vector<int64_t> idx;
+    for (int64_t at = first; at < first + count; at += kEvalBatch) {
+      const int64_t rows = std::min(kEvalBatch, first + count - at);
+      idx.resize(static_cast<size_t>(rows));
+      std::iota(idx.begin(), idx.end(), at);
+      FERRY_RETURN_IF_ERROR(Load(test, idx));
+      FERRY_RETURN_IF_ERROR(store.Pull({}, sparse_pulls_, step));
+      FERRY_RETURN_IF_ERROR(device_->CopyToDevice(emb_dev_.data(), emb_host_.data(), num_unique() * dim_ * kF));
+      FERRY_RETURN_IF_ERROR(Forward(0, rows));
+      FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyForward(tower_.mlp->logits(), labels_dev_.as<float>(), rows,
+                                                                row_loss_dev_.as<float>(), mean_loss_dev_.as<float>(),
+                                                                probs_dev_.as<float>()));
+      FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), probs_dev_.data(), rows * kF));
+      FERRY_RETURN_IF_ERROR(device_->Synchronize());
+      FERRY_RETURN_IF_ERROR(metrics.Add(std::span<const float>(probs_host_.as<float>(), static_cast<size_t>(rows)),
+                                        std::span<const float>(labels_host_.as<float>(), static_cast<size_t>(rows))));
+    }
+    return AddEvalState(metrics.State(), state);  // [num_bins, count, positives, correct, loss_sum, pos..., neg...]
+  }
+
+  StatusOr<EvalSummary> Summarize(std::span<const double> state) const override {
+    std::vector<double> s{static_cast<double>(data::BinaryMetrics::kDefaultBins)};
+    s.insert(s.end(), state.begin(), state.end());
+    FERRY_ASSIGN_OR_RETURN(data::BinaryMetrics m, data::BinaryMetrics::FromState(s));
+    EvalSummary e;
+    e.count = m.count();
+    e.loss = m.mean_log_loss();
+    e.accuracy = m.accuracy();
+    auto auc = m.auc();
+    e.auc = auc.ok() ? *auc : -1.0;
+    return e;
+  }
+
+ private:
+  int64_t num_unique() const { return base_.back(); }
+  const float* side(int64_t first) const { return dense_ > 0 ? dense_dev_.as<float>() + first * dense_ : nullptr; }
+
+  // Pools rows [first, first + rows) of the loaded batch and runs the tower.
+  Status Forward(int64_t first, int64_t rows) {
+    const int64_t bags = rows * fields_;
+    FERRY_RETURN_IF_ERROR(device_->EmbeddingBagForward(emb_dev_.as<float>(), num_unique(), dim_,
+                                                       offsets_dev_.as<int32_t>(), index_dev_.as<int32_t>() + first * fields_,
+                                                       bags, bags, kernels::Pooling::kSum, pooled_dev_.as<float>()));
+    return tower_.mlp->Forward(pooled_dev_.as<float>(), side(first), rows);
+  }
+
+  // Host side of a batch: copies the examples, deduplicates each field's ids, builds the bag
+  // indices into the combined table of unique rows, and uploads features, labels and indices.
+  Status Load(const data::CtrBatch& set, std::span<const int64_t> indices) {
+    const int64_t rows = static_cast<int64_t>(indices.size());
+    if (rows < 1 || rows > max_batch_) return InvalidArgumentError("batch of " + std::to_string(rows) + " examples");
+    float* labels = labels_host_.as<float>();
+    float* dense = dense_host_.as<float>();
+    column_.resize(static_cast<size_t>(rows));
+    inverse_.resize(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = indices[static_cast<size_t>(r)];
+      if (i < 0 || i >= set.size()) return InvalidArgumentError("example " + std::to_string(i) + " is out of range");
+      labels[r] = set.labels[static_cast<size_t>(i)];
+      std::copy_n(set.dense.begin() + i * dense_, dense_, dense + r * dense_);
+    }
+    int32_t* index = index_host_.as<int32_t>();
+    base_[0] = 0;
+    for (int f = 0; f < fields_; ++f) {
+      for (int64_t r = 0; r < rows; ++r) {
+        column_[static_cast<size_t>(r)] = set.ids[static_cast<size_t>(indices[static_cast<size_t>(r)] * fields_ + f)];
+      }
+      std::vector<int64_t>& u = unique_[static_cast<size_t>(f)];
+      u.resize(static_cast<size_t>(rows));
+      int32_t n = 0;
+      FERRY_RETURN_IF_ERROR(kernels::cpu::Dedup(column_.data(), rows, u.data(), inverse_.data(), &n));
+      u.resize(static_cast<size_t>(n));
+      const int64_t base = base_[static_cast<size_t>(f)];
+      for (int64_t r = 0; r < rows; ++r) index[r * fields_ + f] = static_cast<int32_t>(base + inverse_[static_cast<size_t>(r)]);
+      base_[static_cast<size_t>(f) + 1] = base + n;
+    }
+    sparse_pulls_.clear();
+    for (int f = 0; f < fields_; ++f) {
+      const std::vector<int64_t>& u = unique_[static_cast<size_t>(f)];
+      sparse_pulls_.push_back(SparseOut{emb_specs_[static_cast<size_t>(f)].name, u,
+                                        std::span<float>(emb_host_.as<float>() + base_[static_cast<size_t>(f)] * dim_,
+                                                         u.size() * static_cast<size_t>(dim_))});
+    }
+    FERRY_RETURN_IF_ERROR(device_->CopyToDevice(labels_dev_.data(), labels_host_.data(), rows * kF));
+    if (dense_ > 0) FERRY_RETURN_IF_ERROR(device_->CopyToDevice(dense_dev_.data(), dense_host_.data(), rows * dense_ * kF));
+    FERRY_RETURN_IF_ERROR(device_->CopyToDevice(index_dev_.data(), index_host_.data(), rows * fields_ * int64_t{sizeof(int32_t)}));
+    loaded_ = rows;
+    return Status::Ok();
+  }
+
+  Device* const device_;
+  const TrainerOptions options_;
+  const CtrData* const data_;
+  int64_t fields_ = 0, dense_ = 0, dim_ = 0, max_batch_ = 0, loaded_ = 0;
+  Tower tower_;
+  std::vector<TableSpec> emb_specs_;
+  std::vector<float> emb_grads_;  // the step's embedding gradient, rows in combined-table order
+  std::vector<std::vector<int64_t>> unique_;  // per field: the batch's distinct ids, ascending
+  std::vector<int64_t> base_;                 // field f's rows start at base_[f] in the combined table
+  std::vector<int64_t> column_;
+  std::vector<int32_t> inverse_;
+  std::vector<SparseOut> sparse_pulls_;
+  std::vector<SparseIn> sparse_pushes_;
+  DeviceBuffer emb_host_, emb_dev_, emb_grad_dev_, emb_grad_host_, index_host_, index_dev_, offsets_dev_, dense_host_,
+      dense_dev_, labels_host_, labels_dev_, pooled_dev_, dpooled_dev_, probs_dev_, probs_host_, row_loss_dev_,
+      mean_loss_dev_, mean_loss_host_, dlogits_dev_;
+};
+
+}  // namespace
+
+StatusOr<CtrData> LoadCtrData(const TrainerOptions& options) {
+  CtrData d;
+  if (!options.criteo_train.empty()) {
+    auto read_all = [&](const std::string& path, data::ShardSpec shard, int64_t limit,
+                        data::CtrBatch* out) -> Status {
+      data::CriteoOptions co;
+      co.shard = shard;
+      FERRY_ASSIGN_OR_RETURN(auto reader, data::CriteoReader::Open(path, co));
+      out->Reset(data::kCriteoDense, data::kCriteoFields);
+      data::CtrBatch chunk;
+      while (limit <= 0 || out->size() < limit) {
+        const int64_t want = limit > 0 ? std::min<int64_t>(65536, limit - out->size()) : 65536;
+        FERRY_ASSIGN_OR_RETURN(int64_t got, reader->ReadBatch(want, &chunk));
+        if (got == 0) break;
+        out->labels.insert(out->labels.end(), chunk.labels.begin(), chunk.labels.end());
+        out->dense.insert(out->dense.end(), chunk.dense.begin(), chunk.dense.end());
+        out->ids.insert(out->ids.end(), chunk.ids.begin(), chunk.ids.end());
+      }
+      const data::CriteoStats& st = reader->stats();
+      d.source += path + ": " + std::to_string(out->size()) + " examples, " + std::to_string(st.bad_lines) +
+                  " bad lines skipped";
+      for (const auto& bad : st.first_bad_lines) {
+        d.source += "\n  line " + std::to_string(bad.line_number) + ": " + bad.reason;
+      }
+      d.source += "\n";
+      if (out->empty()) return InvalidArgumentError(path + ": no usable example");
+      return Status::Ok();
+    };
+    const data::ShardSpec mine = options.local ? data::ShardSpec{} : data::ShardSpec{options.rank, options.num_workers};
+    FERRY_RETURN_IF_ERROR(read_all(options.criteo_train, mine, options.train_limit, &d.train));
+    FERRY_RETURN_IF_ERROR(read_all(options.criteo_test, {}, options.test_limit, &d.test));
+    d.train_is_shard = true;
+    return d;
+  }
+  data::SyntheticCtrOptions so;
+  so.seed = options.data_seed;
+  so.vocab_sizes.assign(static_cast<size_t>(options.ctr_fields), options.ctr_vocab);
+  so.num_dense = options.ctr_dense;
+  so.zipf_exponent = options.ctr_zipf;
+  FERRY_ASSIGN_OR_RETURN(data::SyntheticCtr gen, data::SyntheticCtr::Create(so));
+  gen.GenerateRange(0, options.ctr_train, &d.train, nullptr);
+  std::vector<float> true_probs;
+  gen.GenerateRange(options.ctr_train, options.ctr_test, &d.test, &true_probs);
+  if (!d.test.empty()) {
+    auto auc = data::ExactAuc(true_probs, d.test.labels);
+    auto ll = data::LogLoss(true_probs, d.test.labels);
+    if (auc.ok()) d.planted_auc = *auc;
+    if (ll.ok()) d.planted_log_loss = *ll;
+  }
+  d.source = "synthetic ctr data (seed " + std::to_string(options.data_seed) + "): " +
+             std::to_string(options.ctr_fields) + " fields x " + std::to_string(options.ctr_vocab) + " ids (Zipf " +
+             std::to_string(options.ctr_zipf).substr(0, 4) + "), " + std::to_string(options.ctr_dense) + " dense; " +
+             std::to_string(d.train.size()) + " train / " + std::to_string(d.test.size()) + " test examples";
+  return d;
+}
+
+StatusOr<std::unique_ptr<Model>> CreateCtrModel(Device* device, const TrainerOptions& options, const CtrData* data) {
+  if (device == nullptr || data == nullptr) return InvalidArgumentError("CreateCtrModel: null device or data");
+  auto m = std::make_unique<CtrModel>(device, options, data);
+  FERRY_RETURN_IF_ERROR(m->Init());
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace ferry::trainer

@@ -1,0 +1,95 @@
+// ferry-trainer: one worker of a Ferry training job (or, with --local, the whole job in one
+// process without servers — the reference). See `ferry-trainer --help` and trainer.h.
+//
+//   ferry-trainer --servers tcp://127.0.0.1:7470,tcp://127.0.0.1:7471 --rank 0 --num-workers 2
+//                 --hidden 256,128 --optimizer adam --lr 0.001 --batch 64 --epochs 1
+//   ferry-trainer --local --batch 128 --steps 500
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include "ferry/messages/transport.h"
+#include "ferry/client.h"
+#include "ferry/data/fashion_mnist.h"
+#include "ferry/trainer/device.h"
+#include "ferry/trainer/options.h"
+#include "ferry/trainer/trainer.h"
+
+namespace {
+
+int Fail(const char* what, const ferry::Status& s) {
+  std::fprintf(stderr, "ferry-trainer: %s: %s\n", what, s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ferry;
+  auto parsed = trainer::ParseTrainerFlags(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "ferry-trainer: %s\n%s", parsed.status().message().c_str(), trainer::TrainerUsage().c_str());
+    return 2;
+  }
+  const trainer::TrainerOptions& options = *parsed;
+  transport::TuneAllocatorForLargeMessages();
+  if (options.help) {
+    std::printf("%s", trainer::TrainerUsage().c_str());
+    return 0;
+  }
+
+  std::string choice;
+  auto device = trainer::CreateDevice(options.device, options.gpu, &choice);
+  if (!device.ok()) return Fail("device", device.status());
+  std::printf("%s\n", choice.c_str());
+
+  trainer::Datasets ds;
+  std::optional<data::ImageDataset> train, test;
+  std::optional<trainer::CtrData> ctr;
+  if (options.model == "ctr") {
+    auto d = trainer::LoadCtrData(options);
+    if (!d.ok()) return Fail("ctr data", d.status());
+    ctr = std::move(*d);
+    std::printf("data: %s\n", ctr->source.c_str());
+    if (ctr->planted_auc >= 0) {
+      std::printf("data: the planted model scores test AUC %.4f, log-loss %.4f (the best achievable)\n",
+                  ctr->planted_auc, ctr->planted_log_loss);
+    }
+    ds.ctr = &*ctr;
+  } else {
+    auto tr = data::LoadFashionMnist(data::FashionMnistSplit::kTrain, options.data_dir);
+    if (!tr.ok()) return Fail("training data", tr.status());
+    auto te = data::LoadFashionMnist(data::FashionMnistSplit::kTest, options.data_dir);
+    if (!te.ok()) return Fail("test data", te.status());
+    train = std::move(*tr);
+    test = std::move(*te);
+    ds.train = &*train;
+    ds.test = &*test;
+  }
+
+  std::unique_ptr<Client> client;
+  if (!options.local) {
+    ClientOptions co;
+    co.servers = options.servers;
+    co.rank = options.rank;
+    co.num_workers = options.num_workers;
+    auto c = Client::Connect(co);
+    if (!c.ok()) return Fail("connect", c.status());
+    client = std::move(*c);
+  }
+
+  auto report = trainer::RunTraining(options, device->get(), client.get(), ds, {}, stdout);
+  if (!report.ok()) return Fail("training", report.status());
+  std::printf("done: %lld steps in %.2f s (%.0f examples/s on this worker)", static_cast<long long>(report->steps),
+              report->wall_s, report->examples_per_sec);
+  if (report->eval.count > 0) {
+    if (report->eval.auc >= 0) {
+      std::printf("; test AUC %.4f, log-loss %.4f, accuracy %.4f", report->eval.auc, report->eval.loss,
+                  report->eval.accuracy);
+    } else {
+      std::printf("; test loss %.4f, accuracy %.4f", report->eval.loss, report->eval.accuracy);
+    }
+  }
+  std::printf("\n");
+  return 0;
+}

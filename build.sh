@@ -3,7 +3,8 @@
 # configures and builds with CMake + Ninja, then runs the main job or the tests.
 #
 #   ./build.sh demo    install, build, run a local cluster (2 ferry-ps + 2 workers) that trains
-#   ./build.sh test    install, build, run every test (ctest)
+#   ./build.sh test    install, build, run every test (ctest), then the clang thread-safety build
+#   ./build.sh thread-safety   the clang -Wthread-safety -Werror build alone
 #   ./build.sh build   install and build only
 #   ./build.sh bench   install, build, run the micro-benchmarks
 #   ./build.sh matrix [ARGS]  install, build, run bench/ferry-matrix (sync vs async vs ssp on
@@ -18,7 +19,7 @@ JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ pkg-config
           libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
           libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev
-          dataset-fashion-mnist python3 gnuplot-nox)
+          dataset-fashion-mnist python3 gnuplot-nox clang)
 
 say() { printf '\033[1m[ferry]\033[0m %s\n' "$*"; }
 
@@ -51,6 +52,29 @@ run_tests() {
   ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 300
 }
 
+# Clang's thread-safety analysis over the libraries and programs: every lock-guarded member is
+# annotated (ABSL_GUARDED_BY), and a violation fails the build. The probe first shows the check
+# is live: a snippet that reads a guarded member without its lock must be refused.
+TSA_FLAGS="-Wthread-safety -Werror"
+thread_safety_check() {
+  local dir=${BUILD_DIR}-thread-safety
+  say "clang -Wthread-safety build ($dir)"
+  local probe
+  probe=$(mktemp -d)
+  printf '%s\n' '#include <absl/base/thread_annotations.h>' '#include <absl/synchronization/mutex.h>' \
+    'struct S { absl::Mutex mu; int x ABSL_GUARDED_BY(mu) = 0; int Get() { return x; } };' \
+    'int main() { S s; return s.Get(); }' > "$probe/probe.cc"
+  if clang++ -std=c++20 $TSA_FLAGS -fsyntax-only "$probe/probe.cc" 2>/dev/null; then
+    rm -rf "$probe"
+    say "error: clang accepted an unguarded read: the thread-safety analysis is not running"
+    return 1
+  fi
+  rm -rf "$probe"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_CXX_FLAGS="$TSA_FLAGS" -DFERRY_ENABLE_CUDA=OFF -DFERRY_BUILD_TESTS=OFF -DFERRY_BUILD_BENCH=OFF
+  cmake --build "$dir" -j "$JOBS"
+}
+
 run_demo() {
   # A local cluster started and supervised by launch/ferry-launch: 2 ferry-ps and 2
   # ferry-trainer processes, an MLP on Fashion-MNIST in sync mode.
@@ -62,9 +86,10 @@ run_demo() {
 
 case "${1:-}" in
   demo) install_deps; build; run_demo ;;
-  test) install_deps; build; run_tests ;;
+  test) install_deps; build; run_tests; thread_safety_check ;;
+  thread-safety) install_deps; thread_safety_check ;;
   build) install_deps; build ;;
   bench) install_deps; build; "$BUILD_DIR/bench/ferry-bench" ;;
   matrix) shift; install_deps; build; python3 bench/ferry-matrix --bin-dir "$BUILD_DIR" "$@" ;;
-  *) echo "usage: $0 demo|test|build|bench|matrix [ferry-matrix flags]" >&2; exit 2 ;;
+  *) echo "usage: $0 demo|test|build|thread-safety|bench|matrix [ferry-matrix flags]" >&2; exit 2 ;;
 esac

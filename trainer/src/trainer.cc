@@ -212,12 +212,22 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   const bool straggler = rank == options.straggler_rank && !options.local;
   const bool sync_servers = client != nullptr && options.consistency == Consistency::kSync;
 
+  // Evaluations fall on the job's steps: every eval_every (or steps_per_epoch) of them. The job's
+  // step is this worker's t, except in sync mode with backup workers, where a worker that fell
+  // behind moves to the global step: job_t is then the step after the one it last pushed for.
+  const int64_t eval_period = options.eval_every > 0 ? options.eval_every : options.eval_each_epoch ? steps_per_epoch : 0;
+  int64_t job_t = 0, last_eval = 0;
+
   for (int64_t t = 0; t < total_steps; ++t) {
     const int64_t epoch = t / steps_per_epoch;
     const int64_t step_in_epoch = t % steps_per_epoch;
-    if (t > 0 && ((options.eval_every > 0 && t % options.eval_every == 0) ||
-                  (options.eval_each_epoch && step_in_epoch == 0))) {
-      FERRY_RETURN_IF_ERROR(evaluate_now(t));
+    if (t > 0) {
+      const StoreProgress p = store->progress();
+      job_t = sync_servers ? p.step - p.first_served + 1 : t;
+    }
+    if (eval_period > 0 && job_t < total_steps && job_t / eval_period > last_eval / eval_period) {
+      FERRY_RETURN_IF_ERROR(evaluate_now(job_t));
+      last_eval = job_t;
     }
     if (epoch != order_epoch) {
       FERRY_ASSIGN_OR_RETURN(order, data::EpochIndices(n, shard, epoch, {options.shuffle, options.seed}));

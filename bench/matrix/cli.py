@@ -139,7 +139,7 @@ def configure(args):
 
 def find_binaries(bin_dir):
     found = []
-    for name, sub in (("ferry-ps", "ps"), ("ferry-trainer", os.path.join("trainer", "trainer"))):
+    for name, sub in (("ferry-ps", "bin"), ("ferry-trainer", "bin")):
         cands = [os.path.join(bin_dir, sub, name), os.path.join(bin_dir, name)]
         path = next((c for c in cands if os.path.isfile(c) and os.access(c, os.X_OK)), None)
         if not path:
@@ -331,6 +331,7 @@ def main(argv):
          f"{len(failed)} did not succeed{': ' + ', '.join(failed) if failed else ''}")
     _say(f"ferry-matrix: wrote {out}/runs.json, runs.csv, summary.md" +
          (", plots/" if not err else ""))
+    _say(f"ferry-matrix: each run's metrics and logs: {os.path.join(out, 'runs')}/ (not tracked by git)")
     if interrupted:
         return EXIT_INTERRUPTED
     if err:

@@ -135,7 +135,8 @@ def summary_markdown(doc, plot_files):
               f"{len(runs)} runs, {len(ok)} succeeded, {len(runs) - len(ok)} did not; "
               f"{doc['started_utc']} to {doc['finished_utc']} ({_duration(doc['duration_s'])}). "
               "Every number below is read from the workers' metrics files "
-              "(`runs/<run>/metrics-<rank>.jsonl`); nothing is typed in.", ""]
+              "(`runs/<run>/metrics-<rank>.jsonl`, beside this file where the matrix ran; git does "
+              "not track them, runs.json keeps what was read from them); nothing is typed in.", ""]
 
     lines += ["## Machine", ""]
     load = doc.get("load_average") or {}

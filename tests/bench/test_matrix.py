@@ -306,6 +306,21 @@ class UnitTest(unittest.TestCase):
         self.assertEqual(rc, 2, output)
         self.assertIn("--trainer-arg --batch: the harness sets --batch itself", output)
 
+    def test_per_run_files_are_not_tracked(self):
+        """Each run's metrics and logs are output, not source: git ignores them; the summaries
+        and runs.json beside them are tracked."""
+        repo = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+        if not os.path.exists(os.path.join(repo, ".git")):
+            self.skipTest("not a git checkout")
+
+        def ignored(path):
+            return subprocess.run(["git", "-C", repo, "check-ignore", "-q", "--no-index", path]).returncode == 0
+
+        self.assertTrue(ignored("bench/results/small/runs/mlp-w2-sync/metrics-0.jsonl"))
+        self.assertTrue(ignored("bench/results/new-preset/runs/x/launcher.log"))
+        for kept in ("summary.md", "runs.json", "runs.csv", "plots/mlp-throughput.png"):
+            self.assertFalse(ignored(f"bench/results/small/{kept}"), kept)
+
     def test_results_are_not_uncommitted_code(self):
         """The matrix regenerates its tracked results: they do not mark the code as modified."""
         with tempfile.TemporaryDirectory() as d:

@@ -12,13 +12,8 @@
 #include "models/tower.h"
 
 namespace ferry::trainer {
+namespace models {
 namespace {
-
-using models::Accumulate;
-using models::AddEvalState;
-using models::kF;
-using models::MaxBatch;
-using models::Tower;
 
 class Classifier final : public Model {
  public:
@@ -149,11 +144,12 @@ class Classifier final : public Model {
       mean_loss_host_, dlogits_dev_;
 };
 }  // namespace
+}  // namespace models
 
 StatusOr<std::unique_ptr<Model>> CreateClassifier(Device* device, const TrainerOptions& options,
                                                   const data::ImageDataset* train, const data::ImageDataset* test) {
   if (device == nullptr || train == nullptr) return InvalidArgumentError("CreateClassifier: null device or data");
-  auto m = std::make_unique<Classifier>(device, options, train, test);
+  auto m = std::make_unique<models::Classifier>(device, options, train, test);
   FERRY_RETURN_IF_ERROR(m->Init());
   return std::unique_ptr<Model>(std::move(m));
 }

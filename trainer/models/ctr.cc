@@ -14,13 +14,8 @@
 #include "models/tower.h"
 
 namespace ferry::trainer {
+namespace models {
 namespace {
-
-using models::Accumulate;
-using models::AddEvalState;
-using models::kF;
-using models::MaxBatch;
-using models::Tower;
 
 class CtrModel final : public Model {
  public:
@@ -265,6 +260,7 @@ class CtrModel final : public Model {
 };
 
 }  // namespace
+}  // namespace models
 
 StatusOr<CtrData> LoadCtrData(const TrainerOptions& options) {
   CtrData d;
@@ -324,7 +320,7 @@ StatusOr<CtrData> LoadCtrData(const TrainerOptions& options) {
 
 StatusOr<std::unique_ptr<Model>> CreateCtrModel(Device* device, const TrainerOptions& options, const CtrData* data) {
   if (device == nullptr || data == nullptr) return InvalidArgumentError("CreateCtrModel: null device or data");
-  auto m = std::make_unique<CtrModel>(device, options, data);
+  auto m = std::make_unique<models::CtrModel>(device, options, data);
   FERRY_RETURN_IF_ERROR(m->Init());
   return std::unique_ptr<Model>(std::move(m));
 }

@@ -88,6 +88,409 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const TrainerOptions& o, Device* de
   return CreateClassifier(device, o, data.train, data.test);
 }
 
+// Which examples a worker trains on, and for how many steps.
+struct DataPlan {
+  data::ShardSpec shard;       // this worker's part of the training set
+  int64_t train_n = 0;         // training examples in use (--train-limit applied)
+  int64_t step_examples = 0;   // batch x accumulate
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;     // the job's (sync: global steps)
+  int64_t test_n = 0;          // test examples in use (--test-limit applied)
+  // Sync workers without backup workers are in step: they split the test set and merge.
+  // Otherwise (async, ssp, or backup workers, whose point is that the job does not wait for the
+  // slowest) a collective would hold the fast workers back: worker 0 does it all.
+  bool merged_eval = false;
+};
+
+// One worker's training, as RunTraining runs it: Prepare (model, tables, data plan, metrics
+// file), then Step per step, then Finish (the closing barrier, the final pull and evaluation,
+// the end event). Every interval of its wall time goes to one part of `report_.times` (Lap).
+// Thread-safety: used once, by one thread.
+class WorkerRun {
+ public:
+  WorkerRun(const TrainerOptions& options, Device* device, Client* client, const Datasets& data,
+            const TrainHooks& hooks, std::FILE* out)
+      : options_(options),
+        device_(device),
+        client_(client),
+        data_(data),
+        hooks_(hooks),
+        out_(out),
+        num_workers_(options.local ? 1 : options.num_workers),
+        rank_(options.local ? 0 : options.rank),
+        sync_servers_(client != nullptr && options.consistency == Consistency::kSync) {}
+
+  StatusOr<TrainReport> Run() {
+    FERRY_RETURN_IF_ERROR(Prepare());
+    // Evaluations fall on the job's steps: every eval_every (or steps_per_epoch) of them. The
+    // job's step is this worker's t, except in sync mode with backup workers, where a worker
+    // that fell behind moves to the global step: job_t is then the step after the one it last
+    // pushed for.
+    const int64_t eval_period =
+        options_.eval_every > 0 ? options_.eval_every : options_.eval_each_epoch ? plan_.steps_per_epoch : 0;
+    int64_t last_eval = 0;
+    for (int64_t t = 0; t < plan_.total_steps; ++t) {
+      const int64_t job_t = t == 0 ? 0 : sync_servers_ ? JobStep() + 1 : t;
+      if (eval_period > 0 && job_t < plan_.total_steps && job_t / eval_period > last_eval / eval_period) {
+        FERRY_RETURN_IF_ERROR(Evaluate(job_t));
+        last_eval = job_t;
+      }
+      FERRY_ASSIGN_OR_RETURN(const bool stepped, Step(t));
+      if (!stepped) break;
+    }
+    FERRY_RETURN_IF_ERROR(Finish());
+    return std::move(report_);
+  }
+
+ private:
+  Status Prepare() {
+    if (client_ != nullptr && (client_->rank() != rank_ || client_->num_workers() != num_workers_)) {
+      return InvalidArgumentError("RunTraining: the client's rank/num_workers differ from the options'");
+    }
+    // The GEMM thread count (OpenBLAS's process-wide pool) when one is asked for; it is recorded
+    // either way, since results repeat bitwise only for one count.
+    if (options_.blas_threads > 0) kernels::cpu::SetGemmThreads(options_.blas_threads);
+    FERRY_ASSIGN_OR_RETURN(model_, CreateModel(options_, device_, data_));
+    store_ = options_.local ? CreateLocalStore() : CreateServerStore(client_, options_.consistency);
+    FERRY_RETURN_IF_ERROR(store_->Declare(model_->TableSpecs()));
+    FERRY_RETURN_IF_ERROR(PlanData());
+    if (!options_.metrics_out.empty()) {
+      const std::string path = MetricsPath(options_.metrics_out, rank_);
+      metrics_file_.reset(std::fopen(path.c_str(), "w"));
+      if (!metrics_file_) return NotFoundError("--metrics-out: cannot open '" + path + "' for writing");
+    }
+    start_ = Clock::now();
+    lap_ = Lap(start_);
+    window_start_ = start_;
+    std::string f = "\"num_workers\": " + std::to_string(num_workers_) + ", \"model\": \"" + options_.model +
+                    "\", \"consistency\": \"" + ConsistencyName(options_) + "\", \"backup_workers\": " +
+                    std::to_string(options_.backup_workers) + ", \"device\": \"" + device_->name() +
+                    "\", \"batch\": " + std::to_string(options_.batch) + ", \"accumulate\": " +
+                    std::to_string(options_.accumulate) + ", \"blas_threads\": " +
+                    std::to_string(kernels::cpu::GemmThreads()) + ", \"train_examples\": " +
+                    std::to_string(plan_.train_n) + ", \"steps\": " + std::to_string(plan_.total_steps);
+    if (data_.ctr != nullptr && data_.ctr->planted_auc >= 0) {
+      f += ", \"planted_auc\": " + Num(data_.ctr->planted_auc) + ", \"planted_log_loss\": " + Num(data_.ctr->planted_log_loss);
+    }
+    Event("start", f);
+    return Status::Ok();
+  }
+
+  Status PlanData() {
+    const bool own_shard = data_.ctr != nullptr && options_.model == "ctr" && data_.ctr->train_is_shard;
+    plan_.shard = own_shard ? data::ShardSpec{} : data::ShardSpec{rank_, num_workers_};
+    plan_.train_n = options_.train_limit > 0 ? std::min(options_.train_limit, model_->train_size()) : model_->train_size();
+    plan_.step_examples = options_.batch * options_.accumulate;
+    // Every worker runs ceil(smallest shard / kB) steps an epoch, so all run the same number; the
+    // epoch's last step takes what is left of the worker's own shard (shards differ by at most
+    // one example, so that is 1 .. kB + 1 examples): every example is used once per epoch.
+    const int64_t smallest_shard = own_shard ? plan_.train_n : data::ShardSize(plan_.train_n, {num_workers_ - 1, num_workers_});
+    if (smallest_shard == 0) {
+      return InvalidArgumentError(std::to_string(plan_.train_n) + " training examples leave worker " +
+                                  std::to_string(num_workers_ - 1) + " of " + std::to_string(num_workers_) + " with none");
+    }
+    plan_.steps_per_epoch = (smallest_shard + plan_.step_examples - 1) / plan_.step_examples;
+    plan_.total_steps = options_.steps > 0 ? options_.steps : options_.epochs * plan_.steps_per_epoch;
+    plan_.test_n = options_.test_limit > 0 ? std::min(options_.test_limit, model_->test_size()) : model_->test_size();
+    plan_.merged_eval = client_ != nullptr && options_.consistency == Consistency::kSync && num_workers_ > 1 &&
+                        options_.backup_workers == 0;
+    return Status::Ok();
+  }
+
+  // Sync: how many global steps the job has taken, by this worker's last pull.
+  int64_t JobStep() const {
+    const StoreProgress p = store_->progress();
+    return p.step - p.first_served;
+  }
+
+  // Evaluation with the parameters of `step`. The wait in its pulls and its collective go to
+  // wait_s, the rest to eval_s.
+  Status Evaluate(int64_t step) {
+    StepTimes& times = report_.times;
+    if (plan_.test_n == 0 || (!plan_.merged_eval && rank_ != 0)) return Status::Ok();
+    std::vector<double> state;
+    const int64_t first = plan_.merged_eval ? plan_.test_n * rank_ / num_workers_ : 0;
+    const int64_t last = plan_.merged_eval ? plan_.test_n * (rank_ + 1) / num_workers_ : plan_.test_n;
+    const double waited_before = PullWait();
+    FERRY_RETURN_IF_ERROR(model_->Evaluate(*store_, step, first, last - first, &state)
+                              .WithContext("evaluating at step " + std::to_string(step)));
+    lap_.Split(&times.eval_s, &times.wait_s, PullWait() - waited_before);
+    if (plan_.merged_eval) {
+      // Every worker's state has the same length; a shard with no example adds zeros.
+      FERRY_ASSIGN_OR_RETURN(state, client_->AllReduceSum(state));
+      lap_.To(&times.wait_s);
+    }
+    if (rank_ != 0) return Status::Ok();
+    FERRY_ASSIGN_OR_RETURN(EvalSummary e, model_->Summarize(state));
+    report_.eval = e;
+    if (out_ != nullptr) {
+      if (model_->is_binary()) {
+        std::fprintf(out_, "[worker %d] eval  step %" PRId64 ": test AUC %.4f  log-loss %.4f  accuracy %.4f  (%" PRId64 " examples)\n",
+                     rank_, step, e.auc, e.loss, e.accuracy, e.count);
+      } else {
+        std::fprintf(out_, "[worker %d] eval  step %" PRId64 ": test loss %.4f  accuracy %.4f  (%" PRId64 " examples)\n",
+                     rank_, step, e.loss, e.accuracy, e.count);
+      }
+      std::fflush(out_);
+    }
+    lap_.To(&times.eval_s);
+    Event("eval", "\"step\": " + std::to_string(step) + ", \"examples\": " + std::to_string(report_.examples) + ", " +
+                      EvalJson(e, model_->is_binary()) + ", \"merged\": " + (plan_.merged_eval ? "true" : "false") +
+                      ", \"time\": " + TimesJson(times));
+    return Status::Ok();
+  }
+
+  // Step t of this worker: its batch, pull, compute, push. False, having pulled only, when the
+  // job has already taken all its steps (sync: a worker that fell behind stops there).
+  StatusOr<bool> Step(int64_t t) {
+    StepTimes& times = report_.times;
+    const int64_t epoch = t / plan_.steps_per_epoch;
+    FERRY_ASSIGN_OR_RETURN(const int64_t examples, LoadBatch(t));
+    lap_.To(&times.compute_s);
+    FERRY_RETURN_IF_ERROR(Pull(t));
+    if (sync_servers_ && JobStep() >= plan_.total_steps) {
+      // Sync: the budget is the job's, in global steps. A worker that fell behind (a backup
+      // worker late in some steps) stops once the others have taken the job to its last step,
+      // rather than running the rest of its own steps alone after them. Without backup workers
+      // every worker is at global step t here, so this ends none early.
+      Say("the job reached its " + std::to_string(plan_.total_steps) + " steps (global step " +
+          std::to_string(store_->progress().step) + ") after " + std::to_string(t) + " of this worker's: stopping");
+      return false;
+    }
+    report_.steps = t + 1;
+    if (hooks_.on_params) hooks_.on_params(t, model_->dense_params());
+    double loss_sum = 0;
+    int64_t correct = 0;
+    FERRY_RETURN_IF_ERROR(Compute(examples, &loss_sum, &correct));
+    lap_.To(&times.compute_s);
+    FERRY_RETURN_IF_ERROR(model_->Push(*store_, t));
+    FERRY_RETURN_IF_ERROR(store_->EndStep(t));  // ssp: sends the clock without waiting
+    lap_.To(&times.push_s);
+
+    if (t == 0) report_.first_loss = loss_sum / static_cast<double>(examples);
+    report_.examples += examples;
+    window_loss_ += loss_sum;
+    window_correct_ += correct;
+    window_examples_ += examples;
+    if ((options_.log_every > 0 && (t + 1) % options_.log_every == 0) || t + 1 == plan_.total_steps) {
+      LogWindow(t, epoch);
+    }
+    return true;
+  }
+
+  // Loads step t's training examples (the epoch's order, shuffled per epoch); returns how many.
+  StatusOr<int64_t> LoadBatch(int64_t t) {
+    const int64_t epoch = t / plan_.steps_per_epoch;
+    const int64_t step_in_epoch = t % plan_.steps_per_epoch;
+    if (epoch != order_epoch_) {
+      FERRY_ASSIGN_OR_RETURN(order_, data::EpochIndices(plan_.train_n, plan_.shard, epoch, {options_.shuffle, options_.seed}));
+      order_epoch_ = epoch;
+    }
+    const int64_t first = step_in_epoch * plan_.step_examples;
+    const int64_t examples = step_in_epoch + 1 == plan_.steps_per_epoch ? static_cast<int64_t>(order_.size()) - first
+                                                                          : plan_.step_examples;
+    FERRY_RETURN_IF_ERROR(model_->LoadTrainBatch(
+        std::span<const int64_t>(order_).subspan(static_cast<size_t>(first), static_cast<size_t>(examples))));
+    return examples;
+  }
+
+  // Pulls step t's parameters. After the first pull the workers meet, before any gradient is
+  // pushed: every one of them has connected (so none is still counted as finished by an earlier
+  // job on the same servers), and every first pull was served at the same global step, the
+  // job's first (a fast worker cannot have moved the job on before a slow one's first pull: with
+  // backup workers it otherwise could, and the slow one would count its budget from a later step).
+  Status Pull(int64_t t) {
+    StepTimes& times = report_.times;
+    const double waited_before = PullWait();
+    FERRY_RETURN_IF_ERROR(model_->Pull(*store_, t));
+    lap_.Split(&times.pull_s, &times.wait_s, PullWait() - waited_before);
+    if (t != 0) return Status::Ok();
+    if (client_ != nullptr) {
+      FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for every worker to connect"));
+      lap_.To(&times.wait_s);
+    }
+    if (sync_servers_ && store_->progress().first_served > 0) {
+      Say("the servers are already at global step " + std::to_string(store_->progress().first_served) +
+          " (an earlier job on them, or this worker restarted): joining at that step");
+    }
+    return Status::Ok();
+  }
+
+  // Forward and backward over the loaded batch in micro-batches of --batch (the epoch's last step
+  // may end with a smaller one, or hold one more): each weighted by its share of the step's
+  // examples, so the step's gradient is that of the mean loss over all of them (1/k each for a
+  // full step). A --straggler worker then sleeps as asked.
+  Status Compute(int64_t examples, double* loss_sum, int64_t* correct) {
+    const Clock::time_point c0 = Clock::now();
+    for (int64_t m = 0; m * options_.batch < examples; ++m) {
+      const int64_t rows = std::min(options_.batch, examples - m * options_.batch);
+      const float scale = static_cast<float>(rows) / static_cast<float>(examples);
+      FERRY_RETURN_IF_ERROR(model_->ComputeGradients(m * options_.batch, rows, scale, m > 0, loss_sum, correct));
+    }
+    if (rank_ == options_.straggler_rank && !options_.local) {
+      const double busy = Seconds(c0, Clock::now());
+      const double delay = options_.straggler_delay_ms / 1e3 + (options_.straggler_factor - 1) * busy;
+      if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    }
+    return Status::Ok();
+  }
+
+  // The progress line and train event for the steps since the last one.
+  void LogWindow(int64_t t, int64_t epoch) {
+    const Clock::time_point now = Clock::now();
+    const double dt = Seconds(window_start_, now);
+    const double eps = dt > 0 ? static_cast<double>(window_examples_) / dt : 0.0;
+    const double mean_loss = window_loss_ / static_cast<double>(window_examples_);
+    const double acc = static_cast<double>(window_correct_) / static_cast<double>(window_examples_);
+    report_.last_loss = mean_loss;
+    // Epochs are counted from 1, as users count them.
+    if (out_ != nullptr && !options_.quiet) {
+      const int64_t epochs = (plan_.total_steps + plan_.steps_per_epoch - 1) / plan_.steps_per_epoch;
+      std::fprintf(out_, "[worker %d] step %" PRId64 "/%" PRId64 " epoch %" PRId64 "/%" PRId64 ": loss %.4f  accuracy %.4f  %.0f examples/s  %.1f s\n",
+                   rank_, t + 1, plan_.total_steps, epoch + 1, epochs, mean_loss, acc, eps, Seconds(start_, now));
+      std::fflush(out_);
+    }
+    lap_.To(&report_.times.compute_s);  // the worker's own bookkeeping counts as its compute
+    Event("train", "\"step\": " + std::to_string(t + 1) + ", \"epoch\": " + std::to_string(epoch + 1) +
+                       ", \"examples\": " + std::to_string(report_.examples) + ", \"loss\": " + Num(mean_loss) +
+                       ", \"accuracy\": " + Num(acc) + ", \"examples_per_sec\": " + Num(eps) + ", \"time\": " +
+                       TimesJson(report_.times) + ", " + BytesJson());
+    window_loss_ = 0;
+    window_correct_ = window_examples_ = 0;
+    window_start_ = now;
+  }
+
+  // After the last step: the final model holds every worker's updates. The worker tells the
+  // servers it has finished (sync steps stop waiting for it), then the workers meet at a barrier
+  // (a fast worker's wait for the others is final_wait_s, a part of wait_s), then pull and
+  // evaluate; worker 0 also reads the servers' staleness histogram.
+  Status Finish() {
+    StepTimes& times = report_.times;
+    // This worker's training ends here: train_s is its time so far less evaluation.
+    lap_.To(&times.compute_s);
+    report_.wall_s = Wall();
+    report_.examples_per_sec = report_.wall_s > 0 ? static_cast<double>(report_.examples) / report_.wall_s : 0.0;
+    const double train_s = report_.wall_s - times.eval_s;
+    report_.progress = store_->progress();
+    FERRY_RETURN_IF_ERROR(CheckGradientsUsed());
+
+    double final_wait_s = 0;
+    if (client_ != nullptr) {
+      FERRY_RETURN_IF_ERROR(client_->Finish().WithContext("telling the servers this worker has finished"));
+      FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for the other workers to finish"));
+      final_wait_s = lap_.To(&times.wait_s);
+    }
+    const double waited_before = PullWait();
+    FERRY_RETURN_IF_ERROR(model_->Pull(*store_, plan_.total_steps));
+    lap_.Split(&times.pull_s, &times.wait_s, PullWait() - waited_before);
+    if (hooks_.on_params) hooks_.on_params(plan_.total_steps, model_->dense_params());
+    const std::span<const float> final_params = model_->dense_params();
+    report_.final_params.assign(final_params.begin(), final_params.end());
+    FERRY_RETURN_IF_ERROR(Evaluate(plan_.total_steps));
+
+    FERRY_ASSIGN_OR_RETURN(const std::string staleness, StalenessJson());
+    lap_.To(&times.pull_s);  // reading the servers' counters
+    const StoreProgress& progress = report_.progress;
+    std::string end = "\"steps\": " + std::to_string(report_.steps) + ", \"examples\": " + std::to_string(report_.examples) +
+                      ", \"examples_per_sec\": " + Num(report_.examples_per_sec) + ", \"train_s\": " + Num(train_s) +
+                      ", \"final_wait_s\": " + Num(final_wait_s) + ", \"global_step\": " + std::to_string(progress.step) +
+                      ", \"pushes_used\": " + std::to_string(progress.pushes_used) +
+                      ", \"pushes_dropped\": " + std::to_string(progress.pushes_dropped) + ", \"time\": " +
+                      TimesJson(times) + ", " + BytesJson();
+    if (rank_ == 0) {
+      end += ", \"staleness\": {" + staleness + "}";
+      if (report_.eval.count > 0) end += ", \"final\": {" + EvalJson(report_.eval, model_->is_binary()) + "}";
+    }
+    Event("end", end);
+    return Status::Ok();
+  }
+
+  // Never "succeed" having trained nothing: a sync run none of whose gradients was used fails.
+  // With backup workers that is a backup's role (the first M - K gradients make each step), so
+  // it is reported, not an error.
+  Status CheckGradientsUsed() {
+    const StoreProgress& p = report_.progress;
+    if (!sync_servers_ || plan_.total_steps == 0 || p.pushes_used != 0) return Status::Ok();
+    const std::string what = "worker " + std::to_string(rank_) + ": none of its " + std::to_string(p.pushes_dropped) +
+                             " gradients was used: each came after the servers had closed its step (global step now " +
+                             std::to_string(p.step) + ")";
+    if (options_.backup_workers == 0) return FailedPreconditionError(what);
+    Say("warning: " + what + "; it was a backup worker in every step");
+    return Status::Ok();
+  }
+
+  // Worker 0: the servers' staleness histogram as JSON members ("staleness": updates), summed
+  // over the servers (every worker is done: they met in Finish). Others: empty.
+  StatusOr<std::string> StalenessJson() {
+    std::map<int64_t, int64_t> staleness;
+    if (client_ != nullptr && rank_ == 0) {
+      constexpr std::string_view kPrefix = "staleness_";
+      for (int s = 0; s < client_->num_servers(); ++s) {
+        FERRY_ASSIGN_OR_RETURN(auto counters, client_->ServerCounters(s));
+        for (const auto& [name, value] : counters) {
+          if (name.rfind(kPrefix, 0) == 0 && value > 0) staleness[std::stoll(name.substr(kPrefix.size()))] += value;
+        }
+      }
+    }
+    std::string hist;
+    for (const auto& [k, v] : staleness) {
+      if (!hist.empty()) hist += ", ";
+      hist += '"';
+      hist += std::to_string(k);
+      hist += "\": ";
+      hist += std::to_string(v);
+    }
+    return hist;
+  }
+
+  double Wall() const { return Seconds(start_, Clock::now()); }
+  double PullWait() const { return store_->progress().pull_wait_s; }
+
+  // One line of the metrics file (nothing without --metrics-out).
+  void Event(const std::string& event, const std::string& fields) {
+    if (!metrics_file_) return;
+    std::fprintf(metrics_file_.get(), "{\"event\": \"%s\", \"rank\": %d, \"wall_s\": %s, %s}\n", event.c_str(), rank_,
+                 Num(Wall()).c_str(), fields.c_str());
+    std::fflush(metrics_file_.get());
+  }
+
+  std::string BytesJson() const {
+    const ClientStats st = client_ != nullptr ? client_->stats() : ClientStats{};
+    return "\"bytes_sent\": " + std::to_string(st.bytes_sent) + ", \"bytes_received\": " + std::to_string(st.bytes_received);
+  }
+
+  // A line for the user (`out`), naming this worker.
+  void Say(const std::string& text) {
+    if (out_ == nullptr) return;
+    std::fprintf(out_, "[worker %d] %s\n", rank_, text.c_str());
+    std::fflush(out_);
+  }
+
+  const TrainerOptions& options_;
+  Device* const device_;
+  Client* const client_;
+  const Datasets& data_;
+  const TrainHooks& hooks_;
+  std::FILE* const out_;
+  const int num_workers_, rank_;
+  const bool sync_servers_;
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<ParamStore> store_;
+  DataPlan plan_;
+  std::unique_ptr<std::FILE, FileCloser> metrics_file_;
+  Clock::time_point start_;
+  Lap lap_{Clock::now()};
+  TrainReport report_;
+
+  std::vector<int64_t> order_;  // this epoch's example order
+  int64_t order_epoch_ = -1;
+  // The logging window: the steps since the last progress line.
+  double window_loss_ = 0;
+  int64_t window_correct_ = 0, window_examples_ = 0;
+  Clock::time_point window_start_;
+};
+
 }  // namespace
 
 StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device, Client* client,
@@ -97,305 +500,8 @@ StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device,
   if (options.local != (client == nullptr)) {
     return InvalidArgumentError("RunTraining: a client is required without --local and refused with it");
   }
-  const int num_workers = options.local ? 1 : options.num_workers;
-  const int rank = options.local ? 0 : options.rank;
-  if (client != nullptr && (client->rank() != rank || client->num_workers() != num_workers)) {
-    return InvalidArgumentError("RunTraining: the client's rank/num_workers differ from the options'");
-  }
-  // The GEMM thread count (OpenBLAS's process-wide pool) when one is asked for; it is recorded
-  // either way, since results repeat bitwise only for one count.
-  if (options.blas_threads > 0) kernels::cpu::SetGemmThreads(options.blas_threads);
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(options, device, data));
-  std::unique_ptr<ParamStore> store =
-      options.local ? CreateLocalStore() : CreateServerStore(client, options.consistency);
-  FERRY_RETURN_IF_ERROR(store->Declare(model->TableSpecs()));
-
-  // The data plan: which examples, how many steps.
-  const bool own_shard = data.ctr != nullptr && options.model == "ctr" && data.ctr->train_is_shard;
-  const data::ShardSpec shard = own_shard ? data::ShardSpec{} : data::ShardSpec{rank, num_workers};
-  const int64_t n = options.train_limit > 0 ? std::min(options.train_limit, model->train_size()) : model->train_size();
-  const int64_t step_examples = options.batch * options.accumulate;
-  // Every worker runs ceil(smallest shard / kB) steps an epoch, so all run the same number; the
-  // epoch's last step takes what is left of the worker's own shard (shards differ by at most one
-  // example, so that is 1 .. kB + 1 examples): every example is used once per epoch.
-  const int64_t smallest_shard = own_shard ? n : data::ShardSize(n, {num_workers - 1, num_workers});
-  if (smallest_shard == 0) {
-    return InvalidArgumentError(std::to_string(n) + " training examples leave worker " + std::to_string(num_workers - 1) +
-                                " of " + std::to_string(num_workers) + " with none");
-  }
-  const int64_t steps_per_epoch = (smallest_shard + step_examples - 1) / step_examples;
-  const int64_t total_steps = options.steps > 0 ? options.steps : options.epochs * steps_per_epoch;
-  const int64_t test_n = options.test_limit > 0 ? std::min(options.test_limit, model->test_size()) : model->test_size();
-  // Sync workers without backup workers are in step: they split the test set and merge.
-  // Otherwise (async, ssp, or backup workers, whose point is that the job does not wait for the
-  // slowest) a collective would hold the fast workers back: worker 0 does it all.
-  const bool merged_eval = client != nullptr && options.consistency == Consistency::kSync && num_workers > 1 &&
-                           options.backup_workers == 0;
-
-  std::unique_ptr<std::FILE, FileCloser> metrics_file;
-  if (!options.metrics_out.empty()) {
-    const std::string path = MetricsPath(options.metrics_out, rank);
-    metrics_file.reset(std::fopen(path.c_str(), "w"));
-    if (!metrics_file) return NotFoundError("--metrics-out: cannot open '" + path + "' for writing");
-  }
-  const Clock::time_point start = Clock::now();
-  auto wall = [&] { return Seconds(start, Clock::now()); };
-  auto json = [&](const std::string& event, const std::string& fields) {
-    if (!metrics_file) return;
-    std::fprintf(metrics_file.get(), "{\"event\": \"%s\", \"rank\": %d, \"wall_s\": %s, %s}\n", event.c_str(), rank,
-                 Num(wall()).c_str(), fields.c_str());
-    std::fflush(metrics_file.get());
-  };
-  auto bytes_json = [&] {
-    const ClientStats st = client != nullptr ? client->stats() : ClientStats{};
-    return "\"bytes_sent\": " + std::to_string(st.bytes_sent) + ", \"bytes_received\": " + std::to_string(st.bytes_received);
-  };
-  {
-    std::string f = "\"num_workers\": " + std::to_string(num_workers) + ", \"model\": \"" + options.model +
-                    "\", \"consistency\": \"" + ConsistencyName(options) + "\", \"backup_workers\": " +
-                    std::to_string(options.backup_workers) + ", \"device\": \"" + device->name() +
-                    "\", \"batch\": " + std::to_string(options.batch) + ", \"accumulate\": " +
-                    std::to_string(options.accumulate) + ", \"blas_threads\": " +
-                    std::to_string(kernels::cpu::GemmThreads()) + ", \"train_examples\": " + std::to_string(n) +
-                    ", \"steps\": " + std::to_string(total_steps);
-    if (data.ctr != nullptr && data.ctr->planted_auc >= 0) {
-      f += ", \"planted_auc\": " + Num(data.ctr->planted_auc) + ", \"planted_log_loss\": " + Num(data.ctr->planted_log_loss);
-    }
-    json("start", f);
-  }
-
-  TrainReport report;
-  StepTimes& times = report.times;
-  Lap lap(start);
-  auto pull_wait = [&] { return store->progress().pull_wait_s; };
-
-  // Evaluation with the parameters of `step`. The wait in its pulls and its collective go to
-  // wait_s, the rest to eval_s.
-  auto evaluate_now = [&](int64_t step) -> Status {
-    if (test_n == 0 || (!merged_eval && rank != 0)) return Status::Ok();
-    std::vector<double> state;
-    const int64_t first = merged_eval ? test_n * rank / num_workers : 0;
-    const int64_t last = merged_eval ? test_n * (rank + 1) / num_workers : test_n;
-    const double waited_before = pull_wait();
-    FERRY_RETURN_IF_ERROR(model->Evaluate(*store, step, first, last - first, &state).WithContext("evaluating at step " + std::to_string(step)));
-    lap.Split(&times.eval_s, &times.wait_s, pull_wait() - waited_before);
-    if (merged_eval) {
-      // Every worker's state has the same length; a shard with no example adds zeros.
-      FERRY_ASSIGN_OR_RETURN(state, client->AllReduceSum(state));
-      lap.To(&times.wait_s);
-    }
-    if (rank != 0) return Status::Ok();
-    FERRY_ASSIGN_OR_RETURN(EvalSummary e, model->Summarize(state));
-    report.eval = e;
-    if (out != nullptr) {
-      if (model->is_binary()) {
-        std::fprintf(out, "[worker %d] eval  step %" PRId64 ": test AUC %.4f  log-loss %.4f  accuracy %.4f  (%" PRId64 " examples)\n",
-                     rank, step, e.auc, e.loss, e.accuracy, e.count);
-      } else {
-        std::fprintf(out, "[worker %d] eval  step %" PRId64 ": test loss %.4f  accuracy %.4f  (%" PRId64 " examples)\n",
-                     rank, step, e.loss, e.accuracy, e.count);
-      }
-      std::fflush(out);
-    }
-    lap.To(&times.eval_s);
-    json("eval", "\"step\": " + std::to_string(step) + ", \"examples\": " + std::to_string(report.examples) + ", " +
-                     EvalJson(e, model->is_binary()) + ", \"merged\": " + (merged_eval ? "true" : "false") +
-                     ", \"time\": " + TimesJson(times));
-    return Status::Ok();
-  };
-
-  std::vector<int64_t> order;
-  int64_t order_epoch = -1;
-  double window_loss = 0;
-  int64_t window_correct = 0, window_examples = 0;
-  Clock::time_point window_start = start;
-  const bool straggler = rank == options.straggler_rank && !options.local;
-  const bool sync_servers = client != nullptr && options.consistency == Consistency::kSync;
-
-  // Evaluations fall on the job's steps: every eval_every (or steps_per_epoch) of them. The job's
-  // step is this worker's t, except in sync mode with backup workers, where a worker that fell
-  // behind moves to the global step: job_t is then the step after the one it last pushed for.
-  const int64_t eval_period = options.eval_every > 0 ? options.eval_every : options.eval_each_epoch ? steps_per_epoch : 0;
-  int64_t job_t = 0, last_eval = 0;
-
-  for (int64_t t = 0; t < total_steps; ++t) {
-    const int64_t epoch = t / steps_per_epoch;
-    const int64_t step_in_epoch = t % steps_per_epoch;
-    if (t > 0) {
-      const StoreProgress p = store->progress();
-      job_t = sync_servers ? p.step - p.first_served + 1 : t;
-    }
-    if (eval_period > 0 && job_t < total_steps && job_t / eval_period > last_eval / eval_period) {
-      FERRY_RETURN_IF_ERROR(evaluate_now(job_t));
-      last_eval = job_t;
-    }
-    if (epoch != order_epoch) {
-      FERRY_ASSIGN_OR_RETURN(order, data::EpochIndices(n, shard, epoch, {options.shuffle, options.seed}));
-      order_epoch = epoch;
-    }
-    const int64_t first = step_in_epoch * step_examples;
-    const int64_t examples =
-        step_in_epoch + 1 == steps_per_epoch ? static_cast<int64_t>(order.size()) - first : step_examples;
-    FERRY_RETURN_IF_ERROR(model->LoadTrainBatch(
-        std::span<const int64_t>(order).subspan(static_cast<size_t>(first), static_cast<size_t>(examples))));
-    lap.To(&times.compute_s);
-    const double waited_before = pull_wait();
-    FERRY_RETURN_IF_ERROR(model->Pull(*store, t));
-    lap.Split(&times.pull_s, &times.wait_s, pull_wait() - waited_before);
-    // The workers meet after their first pull, before any gradient is pushed: every one of them
-    // has connected (so none is still counted as finished by an earlier job on the same servers),
-    // and every first pull was served at the same global step, the job's first (a fast worker
-    // cannot have moved the job on before a slow one's first pull: with backup workers it
-    // otherwise could, and the slow one would count its budget from a later step).
-    if (t == 0 && client != nullptr) {
-      FERRY_RETURN_IF_ERROR(client->Barrier().WithContext("waiting for every worker to connect"));
-      lap.To(&times.wait_s);
-    }
-    if (t == 0 && sync_servers && store->progress().first_served > 0 && out != nullptr) {
-      std::fprintf(out, "[worker %d] the servers are already at global step %" PRId64
-                        " (an earlier job on them, or this worker restarted): joining at that step\n",
-                   rank, store->progress().first_served);
-      std::fflush(out);
-    }
-    // Sync: the budget is the job's, in global steps. A worker that fell behind (a backup worker
-    // late in some steps) stops once the others have taken the job to its last step, rather than
-    // running the rest of its own steps alone after them. Without backup workers every worker is
-    // at global step t here, so this ends none early.
-    if (sync_servers) {
-      const StoreProgress p = store->progress();
-      if (p.step - p.first_served >= total_steps) {
-        if (out != nullptr) {
-          std::fprintf(out, "[worker %d] the job reached its %" PRId64 " steps (global step %" PRId64
-                            ") after %" PRId64 " of this worker's: stopping\n",
-                       rank, total_steps, p.step, t);
-          std::fflush(out);
-        }
-        break;
-      }
-    }
-    report.steps = t + 1;
-    if (hooks.on_params) hooks.on_params(t, model->dense_params());
-    double loss_sum = 0;
-    int64_t correct = 0;
-    {
-      const Clock::time_point c0 = Clock::now();
-      // Micro-batches of --batch (the epoch's last step may end with a smaller one, or hold one
-      // more): each weighted by its share of the step's examples, so the step's gradient is that
-      // of the mean loss over all of them (1/k each for a full step).
-      for (int64_t m = 0; m * options.batch < examples; ++m) {
-        const int64_t rows = std::min(options.batch, examples - m * options.batch);
-        const float scale = static_cast<float>(rows) / static_cast<float>(examples);
-        FERRY_RETURN_IF_ERROR(model->ComputeGradients(m * options.batch, rows, scale, m > 0, &loss_sum, &correct));
-      }
-      if (straggler) {
-        const double busy = Seconds(c0, Clock::now());
-        const double delay = options.straggler_delay_ms / 1e3 + (options.straggler_factor - 1) * busy;
-        if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
-      }
-    }
-    lap.To(&times.compute_s);
-    FERRY_RETURN_IF_ERROR(model->Push(*store, t));
-    FERRY_RETURN_IF_ERROR(store->EndStep(t));  // ssp: sends the clock without waiting
-    lap.To(&times.push_s);
-
-    const double step_loss = loss_sum / static_cast<double>(examples);
-    if (t == 0) report.first_loss = step_loss;
-    report.examples += examples;
-    window_loss += loss_sum;
-    window_correct += correct;
-    window_examples += examples;
-    const bool last = t + 1 == total_steps;
-    if ((options.log_every > 0 && (t + 1) % options.log_every == 0) || last) {
-      const Clock::time_point now = Clock::now();
-      const double dt = Seconds(window_start, now);
-      const double eps = dt > 0 ? static_cast<double>(window_examples) / dt : 0.0;
-      const double mean_loss = window_loss / static_cast<double>(window_examples);
-      const double acc = static_cast<double>(window_correct) / static_cast<double>(window_examples);
-      report.last_loss = mean_loss;
-      // Epochs are counted from 1, as users count them.
-      if (out != nullptr && !options.quiet) {
-        std::fprintf(out, "[worker %d] step %" PRId64 "/%" PRId64 " epoch %" PRId64 "/%" PRId64 ": loss %.4f  accuracy %.4f  %.0f examples/s  %.1f s\n",
-                     rank, t + 1, total_steps, epoch + 1, (total_steps + steps_per_epoch - 1) / steps_per_epoch,
-                     mean_loss, acc, eps, Seconds(start, now));
-        std::fflush(out);
-      }
-      lap.To(&times.compute_s);  // the worker's own bookkeeping counts as its compute
-      json("train", "\"step\": " + std::to_string(t + 1) + ", \"epoch\": " + std::to_string(epoch + 1) +
-                        ", \"examples\": " + std::to_string(report.examples) + ", \"loss\": " + Num(mean_loss) +
-                        ", \"accuracy\": " + Num(acc) + ", \"examples_per_sec\": " + Num(eps) + ", \"time\": " +
-                        TimesJson(times) + ", " + bytes_json());
-      window_loss = 0;
-      window_correct = window_examples = 0;
-      window_start = now;
-    }
-  }
-
-  // This worker's training ends here: train_s is its time so far less evaluation.
-  lap.To(&times.compute_s);
-  report.wall_s = wall();
-  report.examples_per_sec = report.wall_s > 0 ? static_cast<double>(report.examples) / report.wall_s : 0.0;
-  const double train_s = report.wall_s - times.eval_s;
-  const StoreProgress progress = store->progress();
-  if (sync_servers && total_steps > 0 && progress.pushes_used == 0) {
-    const std::string what = "worker " + std::to_string(rank) + ": none of its " +
-                             std::to_string(progress.pushes_dropped) +
-                             " gradients was used: each came after the servers had closed its step (global step now " +
-                             std::to_string(progress.step) + ")";
-    // Never "succeed" having trained nothing. With backup workers that is a backup's role (the
-    // first M - K gradients make each step), so it is reported, not an error.
-    if (options.backup_workers == 0) return FailedPreconditionError(what);
-    if (out != nullptr) {
-      std::fprintf(out, "[worker %d] warning: %s; it was a backup worker in every step\n", rank, what.c_str());
-      std::fflush(out);
-    }
-  }
-
-  // The final model holds every worker's updates. The worker tells the servers it has finished
-  // (sync steps stop waiting for it), then the workers meet at a barrier (a fast worker's wait
-  // for the others is final_wait_s, a part of wait_s), then pull and evaluate.
-  double final_wait_s = 0;
-  if (client != nullptr) {
-    FERRY_RETURN_IF_ERROR(client->Finish().WithContext("telling the servers this worker has finished"));
-    FERRY_RETURN_IF_ERROR(client->Barrier().WithContext("waiting for the other workers to finish"));
-    final_wait_s = lap.To(&times.wait_s);
-  }
-  {
-    const double waited_before = pull_wait();
-    FERRY_RETURN_IF_ERROR(model->Pull(*store, total_steps));
-    lap.Split(&times.pull_s, &times.wait_s, pull_wait() - waited_before);
-  }
-  if (hooks.on_params) hooks.on_params(total_steps, model->dense_params());
-  const std::span<const float> final_params = model->dense_params();
-  report.final_params.assign(final_params.begin(), final_params.end());
-  FERRY_RETURN_IF_ERROR(evaluate_now(total_steps));
-
-  // Worker 0 reports the servers' staleness histogram (every worker is done: they met above).
-  std::map<int64_t, int64_t> staleness;
-  if (client != nullptr && rank == 0) {
-    constexpr std::string_view kPrefix = "staleness_";
-    for (int s = 0; s < client->num_servers(); ++s) {
-      FERRY_ASSIGN_OR_RETURN(auto counters, client->ServerCounters(s));
-      for (const auto& [name, value] : counters) {
-        if (name.rfind(kPrefix, 0) == 0 && value > 0) staleness[std::stoll(name.substr(kPrefix.size()))] += value;
-      }
-    }
-  }
-  lap.To(&times.pull_s);  // reading the servers' counters
-  std::string end = "\"steps\": " + std::to_string(report.steps) + ", \"examples\": " + std::to_string(report.examples) +
-                    ", \"examples_per_sec\": " + Num(report.examples_per_sec) + ", \"train_s\": " + Num(train_s) +
-                    ", \"final_wait_s\": " + Num(final_wait_s) + ", \"global_step\": " + std::to_string(progress.step) +
-                    ", \"pushes_used\": " + std::to_string(progress.pushes_used) +
-                    ", \"pushes_dropped\": " + std::to_string(progress.pushes_dropped) + ", \"time\": " +
-                    TimesJson(times) + ", " + bytes_json();
-  if (rank == 0) {
-    std::string hist;
-    for (const auto& [k, v] : staleness) hist += (hist.empty() ? "" : ", ") + ("\"" + std::to_string(k) + "\": " + std::to_string(v));
-    end += ", \"staleness\": {" + hist + "}";
-    if (report.eval.count > 0) end += ", \"final\": {" + EvalJson(report.eval, model->is_binary()) + "}";
-  }
-  json("end", end);
-  report.progress = progress;
-  return report;
+  WorkerRun run(options, device, client, data, hooks, out);
+  return run.Run();
 }
 
 }  // namespace ferry::trainer

@@ -1,8 +1,9 @@
-"""Tests of launch/ferry-launch: the local, ssh and Slurm backends.
+"""Tests of launch/ferry-launch and its package launch/ferry_launch: the local, ssh and Slurm
+backends.
 
 Needs FERRY_BUILD_DIR (the CMake build dir holding bin/ferry-ps and bin/ferry-trainer);
 ctest sets it. Run by hand:  FERRY_BUILD_DIR=build python3 -m unittest -v test_launch
-(from tests/launch/). Ports on this machine are chosen free by the test (or --base-port 0).
+(from launch/tests/). Ports on this machine are chosen free by the test (or --base-port 0).
 
 Stand-ins written by the tests: a stub trainer (records its pid, fails or ignores SIGTERM on
 demand), an "ssh" that runs the command on this machine or inside a network namespace, and an
@@ -10,8 +11,6 @@ demand), an "ssh" that runs the command on this machine or inside a network name
 """
 
 import contextlib
-import importlib.machinery
-import importlib.util
 import io
 import ipaddress
 import json
@@ -157,16 +156,16 @@ def parse_pids(output):
 
 
 def load_launcher_module():
-    """launch/ferry-launch as a module (it has no .py suffix), for its pure functions."""
-    loader = importlib.machinery.SourceFileLoader("ferry_launch", LAUNCHER)
-    spec = importlib.util.spec_from_loader("ferry_launch", loader)
-    module = importlib.util.module_from_spec(spec)
-    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no launch/__pycache__
+    """The launcher's package, ferry_launch (beside launch/ferry-launch), for its functions."""
+    launch_dir = os.path.dirname(LAUNCHER)
+    if launch_dir not in sys.path:
+        sys.path.insert(0, launch_dir)
+    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ in launch/
     try:
-        loader.exec_module(module)
+        import ferry_launch
     finally:
         sys.dont_write_bytecode = dont_write
-    return module
+    return ferry_launch
 
 
 _LAUNCHER_MODULE = []
@@ -418,7 +417,7 @@ class LaunchTest(unittest.TestCase):
         launcher.procs = [fl.TaskProc(fl.Task("ps", 0, "127.0.0.1", 7000), StuckChild(), None)]
         out = io.StringIO()
         t0 = time.monotonic()
-        with unittest.mock.patch.object(fl, "REAP_TIMEOUT_S", 0.3), \
+        with unittest.mock.patch.object(fl.common, "REAP_TIMEOUT_S", 0.3), \
                 contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             launcher.stop_all("test")
         self.assertLess(time.monotonic() - t0, 2.0)
@@ -442,7 +441,7 @@ class LaunchTest(unittest.TestCase):
         t0 = time.monotonic()
         try:
             with unittest.mock.patch.object(fl.socket, "create_connection", hanging_connect), \
-                    unittest.mock.patch.object(fl, "WAIT_REPORT_EVERY_S", 0.3):
+                    unittest.mock.patch.object(fl.common, "WAIT_REPORT_EVERY_S", 0.3):
                 got = fl.wait_for_servers(ps, 1.0, said.append, lambda s: time.sleep(s))
         finally:
             release.set()

@@ -1,4 +1,4 @@
-"""Where this build's binaries and the launcher are, for the Python suites of tests/launch.
+"""Where this build's binaries are, for the Python suites of tests/launch.
 
 FERRY_BUILD_DIR names the CMake build dir (ctest sets it); default: build/ at the top.
 """
@@ -6,8 +6,6 @@ FERRY_BUILD_DIR names the CMake build dir (ctest sets it); default: build/ at th
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LAUNCHER = os.path.normpath(os.path.join(HERE, "..", "..", "launch", "ferry-launch"))
-BUILD_DIR = os.path.abspath(os.environ.get("FERRY_BUILD_DIR",
-                                           os.path.join(HERE, "..", "..", "build")))
+BUILD_DIR = os.path.abspath(os.environ.get("FERRY_BUILD_DIR", os.path.join(HERE, "..", "..", "build")))
 PS_BIN = os.path.join(BUILD_DIR, "bin", "ferry-ps")
 TRAINER_BIN = os.path.join(BUILD_DIR, "bin", "ferry-trainer")

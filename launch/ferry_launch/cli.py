@@ -1,0 +1,192 @@
+"""Options, parsed in one place, and main()."""
+
+import argparse
+import math
+import os
+import shlex
+import sys
+
+from .backend_local import Launcher
+from .backend_slurm import run_slurm
+from .commands import Binaries, build_commands, cards_here, visible_devices
+from .common import (
+    DEFAULT_BASE_PORT, DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN, DEFAULT_SSH, EXIT_OK,
+    EXIT_USAGE, LAUNCHER_PATH, LaunchError, MAX_SECONDS, StopRequested)
+from .hosts import is_local
+from .preflight import preflight
+from .slurm_task import slurm_task_main
+from .spec import cluster_from_flags, decode_spec, parse_spec
+from .supervise import Console, StopSignals
+
+
+def _gpus_arg(text):
+    if text == "auto":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"want 'auto' or a count >= 0, got '{text}'")
+    return int(text)
+
+
+def _seconds_arg(allow_zero):
+    """An argparse type: a finite number of seconds, > 0 (>= 0 with allow_zero), at most
+    MAX_SECONDS. argparse names the flag in its error."""
+    low = ">= 0" if allow_zero else "> 0"
+
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if (not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero)
+                or value > MAX_SECONDS):
+            raise argparse.ArgumentTypeError(f"want a finite number of seconds {low} and <= "
+                                             f"{MAX_SECONDS:g}, got '{text}'")
+        return value
+    return parse
+
+
+def parse_args(argv):
+    if "--" in argv:
+        i = argv.index("--")
+        own, trainer_args = argv[:i], argv[i + 1:]
+    else:
+        own, trainer_args = argv, []
+    ap = argparse.ArgumentParser(
+        prog="ferry-launch",
+        description="Start and supervise a Ferry cluster (ferry-ps + ferry-trainer): on this "
+                    "machine, on other hosts over ssh, or as one srun step in a Slurm allocation.",
+        epilog="Everything after '--' is passed to every ferry-trainer; the launcher itself "
+               "sets --servers, --rank and --num-workers. See launch/README.md.")
+    ap.add_argument("--num-ps", type=int, help="number of ferry-ps servers")
+    ap.add_argument("--num-workers", type=int, help="number of ferry-trainer workers")
+    ap.add_argument("--spec", help="JSON cluster spec file (instead of --num-ps/--num-workers)")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="host for --num-ps/--num-workers (default %(default)s)")
+    ap.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
+                    help="ps R listens on BASE+R; 0 picks ports free on this machine "
+                         "(default %(default)s)")
+    default_bin = os.path.join(os.path.dirname(os.path.dirname(LAUNCHER_PATH)), "build")
+    ap.add_argument("--bin-dir", default=default_bin,
+                    help="build dir (bin/ferry-ps, bin/ferry-trainer) or a flat dir "
+                         "holding both (default %(default)s)")
+    ap.add_argument("--remote-bin-dir", metavar="DIR",
+                    help="the same directory on ssh hosts (default: the --bin-dir path)")
+    ap.add_argument("--log-dir", help="per-process logs (default: a new temp dir)")
+    ap.add_argument("--ps-threads", type=int, default=1, help="ferry-ps --compute-threads")
+    ap.add_argument("--ps-arg", action="append", default=[], metavar="ARGS",
+                    help="more ferry-ps flags, split like a shell line and added to every "
+                         "server's command; repeatable: --ps-arg '--max-wait-s 30' "
+                         "--ps-arg=--max-message-mb --ps-arg=256")
+    ap.add_argument("--gpus-per-host", type=_gpus_arg, default=None, metavar="N|auto",
+                    help="trainer k on a host gets CUDA_VISIBLE_DEVICES=k mod N; 0 sets nothing; "
+                         "auto (default) = nvidia-smi -L count here, 0 on ssh hosts, that "
+                         "node's count under Slurm. Where CUDA_VISIBLE_DEVICES is set (here; "
+                         "on a Slurm node), trainers take its entries (the first N) in turn")
+    ap.add_argument("--rendezvous-timeout", type=_seconds_arg(False),
+                    default=DEFAULT_RENDEZVOUS_TIMEOUT_S, metavar="S",
+                    help="seconds to wait for all servers (Slurm: for every task of the step "
+                         "to run) (default %(default)s)")
+    ap.add_argument("--grace", type=_seconds_arg(True), default=5.0, metavar="S",
+                    help="seconds between SIGTERM and SIGKILL on shutdown (default %(default)s)")
+    ap.add_argument("--ssh", default=DEFAULT_SSH, metavar="CMD",
+                    help="command for other hosts; HOST and the remote command are appended "
+                         "(default '%(default)s')")
+    ap.add_argument("--ssh-timeout", type=_seconds_arg(False), default=15.0, metavar="S",
+                    help="preflight: seconds for each ssh check (default %(default)s)")
+    ap.add_argument("--slurm", action="store_true",
+                    help="one srun step over SLURM_JOB_NODELIST (default when SLURM_JOB_ID is "
+                         "set and no --spec is given)")
+    ap.add_argument("--no-slurm", action="store_true",
+                    help="inside an allocation, start local processes anyway")
+    ap.add_argument("--srun", default=DEFAULT_SRUN, metavar="CMD",
+                    help="srun command; the launcher appends its options (default '%(default)s')")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    # Internal: what each task of the srun step runs.
+    ap.add_argument("--slurm-task", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--spec-json", help=argparse.SUPPRESS)
+    opts = ap.parse_args(own)
+    opts.trainer_args = trainer_args
+    try:
+        opts.ps_args = [word for text in opts.ps_arg for word in shlex.split(text)]
+    except ValueError as e:
+        ap.error(f"argument --ps-arg: {e}")
+    return ap, opts
+
+
+def load_cluster(ap, opts):
+    if opts.spec:
+        if opts.num_ps is not None or opts.num_workers is not None:
+            raise LaunchError("--spec and --num-ps/--num-workers are exclusive")
+        try:
+            with open(opts.spec, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise LaunchError(f"spec: cannot read {opts.spec}: {e.strerror}") from None
+        return parse_spec(decode_spec(text, opts.spec))
+    if opts.num_ps is None or opts.num_workers is None:
+        ap.error("give --num-ps and --num-workers, or --spec FILE")
+    return cluster_from_flags(opts)
+
+
+def slurm_reason(opts):
+    """Why the Slurm backend is used (a line for the user), or None."""
+    if opts.slurm:
+        return "--slurm"
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and not opts.spec and not opts.no_slurm:
+        return f"SLURM_JOB_ID={job} is set and no --spec was given; --no-slurm runs locally"
+    return None
+
+
+def launch(ap, opts, console, signals):
+    """Plans, prints (--dry-run) or preflights, then runs the cluster; LaunchError before
+    anything has started."""
+    if opts.slurm and opts.no_slurm:
+        raise LaunchError("--slurm and --no-slurm are exclusive")
+    why = slurm_reason(opts)
+    if why:
+        return run_slurm(opts, console, signals, why)
+    cluster = load_cluster(ap, opts)
+    for t in cluster.tasks:
+        t.via_ssh = not is_local(t.host)
+    binaries = Binaries(opts.bin_dir, opts.remote_bin_dir)
+    # This machine: its CUDA_VISIBLE_DEVICES or nvidia-smi; ssh hosts: --gpus-per-host only.
+    here, gpu_note = cards_here(opts.gpus_per_host,
+                                visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    there = [str(i) for i in range(opts.gpus_per_host or 0)]
+    build_commands(cluster, binaries, opts, lambda t: there if t.via_ssh else here)
+    ssh = shlex.split(opts.ssh)
+    remote = [t for t in cluster.tasks if t.via_ssh]
+    if remote and not ssh:
+        raise LaunchError("--ssh: empty command")
+    if gpu_note and any(not t.via_ssh for t in cluster.workers):
+        console.say(gpu_note)
+    if opts.dry_run:
+        for t in cluster.tasks:
+            where = f" (on {t.host} over ssh)" if t.via_ssh else ""
+            print(f"[{t.name}]{where} {t.command_text()}")
+        if remote:
+            console.say(f"commands for other hosts run as: {shlex.join(ssh)} HOST 'sh -c "
+                        "WRAPPER ferry-launch-remote GRACE_TENTHS DIR COMMAND' (WRAPPER stops "
+                        "COMMAND when ssh's stdin closes; see launch/README.md)")
+        return EXIT_OK
+    preflight(cluster, binaries, ssh, opts)
+    return Launcher(cluster, opts, console, signals).run()
+
+
+def main(argv):
+    ap, opts = parse_args(argv)
+    if opts.slurm_task:
+        return slurm_task_main(opts)
+    console = Console()
+    signals = StopSignals()
+    with signals.installed():  # before preflight: a signal there ends it cleanly too
+        try:
+            return launch(ap, opts, console, signals)
+        except LaunchError as e:
+            print(f"ferry-launch: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except StopRequested as s:  # before anything was started (run() handles it after)
+            console.say(f"stopped by {s} before the cluster started; nothing is left running",
+                        err=True)
+            return 128 + s.signum

@@ -1,0 +1,79 @@
+"""Constants, the exit statuses, the ssh wrapper and the launcher's exceptions."""
+
+import os
+import re
+import signal
+
+DEFAULT_BASE_PORT = 7470
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 60.0
+DEFAULT_SSH = "ssh -o BatchMode=yes"
+DEFAULT_SRUN = "srun"
+WAIT_REPORT_EVERY_S = 3.0
+TAIL_LINES = 15          # lines of a failed process shown in the summary, at most
+HISTORY_LINES = 400      # lines of each process kept in memory to find them in
+# After --grace, how much longer a stopped ssh or srun may take to exit before it is killed.
+STOP_MARGIN_S = 5.0
+# After SIGKILL, how long to wait for a process to be reaped before naming it and going on.
+REAP_TIMEOUT_S = 5.0
+# Rendezvous: one TCP connect to a server may take this long; a refused one is retried after
+# PROBE_INTERVAL_S. Every server has its own prober, so a slow one delays no other.
+PROBE_TIMEOUT_S = 0.5
+PROBE_INTERVAL_S = 0.1
+# The largest value any seconds flag (--rendezvous-timeout, --grace, --ssh-timeout) accepts.
+MAX_SECONDS = 86400.0
+# The ferry-launch script beside this package (Slurm tasks run it with --slurm-task).
+LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ferry-launch")
+
+# Flags the launcher owns: a user may not pass them to the trainer after "--", nor to ferry-ps
+# with --ps-arg (flag -> what to use instead).
+LAUNCHER_OWNED_TRAINER_FLAGS = {"--servers": None, "--rank": None, "--num-workers": None,
+                                "--local": None}
+LAUNCHER_OWNED_PS_FLAGS = {"--bind": None, "--rank": None, "--num-servers": None,
+                           "--compute-threads": "--ps-threads"}
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+# The remote side of the ssh backend, run as `sh -c REMOTE_WRAPPER ferry-launch-remote TICKS DIR
+# COMMAND...`: cd DIR (the launcher's working directory) when it exists there; start COMMAND with
+# stdin from /dev/null, in a session of its own when the host has setsid (then signals go to its
+# whole process group); a watcher reads the real stdin (the launcher's pipe, through ssh) until
+# EOF, then sends SIGTERM and, if COMMAND is still there after TICKS tenths of a second, SIGKILL.
+# The wrapper exits with COMMAND's status (128+N for signal N) and leaves no process of COMMAND's
+# group behind. It kills before it reports: once the launcher is gone, writing to stderr raises
+# SIGPIPE. POSIX sh (tested with dash and bash); one line and no '!' so that a csh login shell
+# passes it through unchanged.
+REMOTE_WRAPPER = (
+    't=$1; d=$2; shift 2; cd "$d" 2>/dev/null || cd; exec 3<&0 </dev/null; trap "e=1" USR1; '
+    's=; command -v setsid >/dev/null 2>&1 && s=setsid; $s "$@" 3<&- & c=$!; '
+    '(while read -r _; do :; done <&3; '
+    'kill -s TERM -- -$c 2>/dev/null || kill -s TERM $c 2>/dev/null; kill -s USR1 $$ 2>/dev/null; '
+    'n=0; while [ $n -lt $t ] && kill -0 $c 2>/dev/null; do sleep 0.1; n=$((n+1)); done; '
+    'if kill -0 -- -$c 2>/dev/null || kill -0 $c 2>/dev/null; then '
+    'kill -s KILL -- -$c 2>/dev/null || kill -s KILL $c 2>/dev/null; '
+    'echo "ferry-launch: $1 on $(hostname) ignored SIGTERM; sent SIGKILL" >&2; fi) >/dev/null & '
+    'w=$!; exec 3<&-; '
+    'while :; do wait $c; r=$?; if [ $r -gt 128 ] && kill -0 $c 2>/dev/null; then continue; fi; '
+    'break; done; kill -s KILL -- -$c 2>/dev/null; '
+    'if [ -n "$e" ]; then wait $w; else kill $w 2>/dev/null; wait $w 2>/dev/null; fi; exit $r')
+
+# A Slurm task says "ferry-launch: started NAME pid N: COMMAND" when its process runs (a worker
+# after its servers are up) and ends by printing "... [task-exit STATUS]" (STATUS as
+# Popen.returncode: negative for a signal); srun --label prefixes every task line with "TASKID: ".
+TASK_STARTED_RE = re.compile(r"^ferry-launch: started \w+ \d+ pid \d+: ")
+TASK_EXIT_RE = re.compile(r"\[task-exit (-?\d+)\]$")
+SRUN_LABEL_RE = re.compile(r"^\s*(\d+): ?(.*)$")
+SRUN_TASK_ERROR_RE = re.compile(r"^srun: error: \S+: tasks? ([0-9,\-]+): (.*)$")
+
+
+class LaunchError(Exception):
+    """A configuration / spec / preflight problem: printed as one line, exit 2."""
+
+
+class StartFailed(Exception):
+    """A process could not be started at all (exec failed): stop the others, exit 1."""
+
+
+class StopRequested(Exception):
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum

@@ -1,0 +1,165 @@
+"""Preflight: binaries, free ports, ssh hosts and the log directory, checked before anything
+starts."""
+
+import collections
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+
+from . import common
+from .common import LaunchError
+from .hosts import bind_address
+from .supervise import _die_with_launcher, _kill_group
+
+
+def check_binaries_here(paths):
+    for b in paths:
+        if not os.path.isfile(b):
+            raise LaunchError(f"preflight: binary not found: {b} (build first, or pass --bin-dir)")
+        if not os.access(b, os.X_OK):
+            raise LaunchError(f"preflight: binary not executable: {b}")
+
+
+def check_port_here(t):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # SO_REUSEADDR like ZeroMQ: a port in TIME_WAIT is usable, a listening one is not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((bind_address(t.host), t.port))
+        except OSError as e:
+            raise LaunchError(f"preflight: port for {t.name} at {t.address} is not free "
+                              f"({e.strerror})") from None
+
+
+def check_port_there(t):
+    """A port on another host is in use when something there accepts a connection already."""
+    try:
+        with socket.create_connection((t.host, t.port), timeout=1.0):
+            pass
+    except OSError:
+        return  # refused, unreachable or filtered: nothing we could join by mistake
+    raise LaunchError(f"preflight: port for {t.name} at {t.address} is in use (something "
+                      "already accepts connections there)")
+
+
+class ShortCommands:
+    """Short commands run by preflight's checker threads (ssh HOST true, ...), each in its own
+    session and killed with the launcher. kill_all() (main thread, on the way out of preflight,
+    e.g. on SIGTERM) kills those still running and refuses new ones. Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running = set()  # guarded by _lock
+        self._closed = False   # guarded by _lock
+
+    def run(self, argv, timeout):
+        """(exit status, or None on timeout or after kill_all; stdout; stderr)."""
+        with self._lock:  # kill_all() waits for a fork under way, so no pid is missed
+            if self._closed:
+                return None, "", "stopped"
+            try:
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                     preexec_fn=_die_with_launcher(signal.SIGKILL))
+            except OSError as e:
+                return 127, "", f"cannot run {argv[0]}: {e.strerror}"
+            self._running.add(p)
+        try:
+            out, err = p.communicate(timeout=timeout)
+            return p.returncode, out, err
+        except subprocess.TimeoutExpired:
+            _kill_group(p.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a grandchild may hold a pipe
+                p.communicate(timeout=common.REAP_TIMEOUT_S)
+            return None, "", f"no answer within {timeout:g} s"
+        finally:
+            with self._lock:
+                self._running.discard(p)
+
+    def kill_all(self):
+        with self._lock:
+            self._closed = True
+            for p in self._running:
+                _kill_group(p.pid)
+
+
+def _check_ssh_host(ssh, host, tasks, binaries, timeout, commands):
+    """Reachable, binaries there, ps ports not in use. Returns an error text or None."""
+    fields = ", ".join(t.where for t in tasks)
+    rc, _, err = commands.run(ssh + [host, "true"], timeout)
+    if rc != 0:
+        detail = " | ".join(l.strip() for l in err.strip().splitlines()[-3:]) or "no output"
+        status = "timed out" if rc is None else f"exit status {rc}"
+        return (f"preflight: host '{host}' ({fields}) unreachable: `{shlex.join(ssh + [host])} "
+                f"true` {status}: {detail}")
+    needed = sorted({binaries.path("ferry-ps" if t.role == "ps" else "ferry-trainer", True)
+                     for t in tasks})
+    rc, out, err = commands.run(ssh + [host, shlex.join(
+        ["sh", "-c", 'for b; do [ -x "$b" ] || echo "$b"; done', "ferry-launch-check"] + needed)],
+        timeout)
+    missing = out.split()
+    if rc != 0 or missing:
+        what = ", ".join(missing) if missing else f"check failed: {err.strip() or rc}"
+        return (f"preflight: on host '{host}' ({fields}): binary not found or not executable: "
+                f"{what} (--remote-bin-dir sets the directory on other hosts)")
+    for t in tasks:
+        if t.role == "ps":
+            try:
+                check_port_there(t)
+            except LaunchError as e:
+                return str(e)
+    return None
+
+
+def make_log_dir(opts):
+    """Creates opts.log_dir (or a new temp dir) and checks that files can be written there."""
+    try:
+        if opts.log_dir:
+            os.makedirs(opts.log_dir, exist_ok=True)
+        else:
+            opts.log_dir = tempfile.mkdtemp(prefix="ferry-launch-")
+        with tempfile.TemporaryFile(dir=opts.log_dir):
+            pass
+    except OSError as e:
+        what = f"--log-dir {opts.log_dir}" if opts.log_dir else "a temp dir for the logs"
+        raise LaunchError(f"preflight: {what}: cannot create or write there: "
+                          f"{e.strerror or e}") from None
+
+
+def preflight(cluster, binaries, ssh, opts):
+    """Everything that can be checked before anything starts, then the log dir; raises
+    LaunchError. The ssh checks run in parallel; whatever way preflight ends (StopRequested
+    included), none is left running."""
+    local = [t for t in cluster.tasks if not t.via_ssh]
+    check_binaries_here(sorted({binaries.path("ferry-ps" if t.role == "ps" else "ferry-trainer",
+                                              False) for t in local}))
+    for t in local:
+        if t.role == "ps":
+            check_port_here(t)
+    by_host = collections.OrderedDict()
+    for t in cluster.tasks:
+        if t.via_ssh:
+            by_host.setdefault(t.host, []).append(t)
+    errors, commands = {}, ShortCommands()
+
+    def check(host):
+        errors[host] = _check_ssh_host(ssh, host, by_host[host], binaries, opts.ssh_timeout,
+                                       commands)
+
+    threads = [threading.Thread(target=check, args=(h,), daemon=True) for h in by_host]
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        commands.kill_all()
+    bad = [errors[h] for h in by_host if errors.get(h)]
+    if bad:
+        raise LaunchError("\n".join(bad))
+    make_log_dir(opts)  # last: a failed preflight leaves no empty temp dir behind

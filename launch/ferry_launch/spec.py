@@ -1,0 +1,209 @@
+"""The cluster description (Task, Cluster) from flags, a JSON spec or a Slurm allocation."""
+
+import contextlib
+import json
+import shlex
+import socket
+
+from .common import DEFAULT_BASE_PORT, LaunchError
+from .hosts import _HOST_RE, canonical_host, is_local
+
+
+class Task:
+    """One process to run: role 'ps' or 'worker', its rank, where, and its command line."""
+
+    def __init__(self, role, rank, host, port=None, where=None):
+        self.role, self.rank, self.host, self.port = role, rank, host, port
+        self.where = where or f"{role}[{rank}]"  # what an error names: a spec field or a flag
+        self.via_ssh = False  # set by the backend: started over ssh
+        self.argv = None      # set by build_commands
+        self.env = {}         # set by build_commands: variables added to the environment
+
+    @property
+    def name(self):
+        return f"{self.role} {self.rank}"
+
+    @property
+    def address(self):
+        return f"{self.host}:{self.port}"
+
+    def command_text(self):
+        """The command as a shell line: VAR=value ... argv."""
+        env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        return " ".join(env + [shlex.join(self.argv)])
+
+
+class Cluster:
+    def __init__(self, ps, workers):
+        self.ps = ps            # list of Task, role 'ps', with ports
+        self.workers = workers  # list of Task, role 'worker'
+
+    @property
+    def tasks(self):
+        """Servers then workers: also the Slurm task order (SLURM_PROCID)."""
+        return self.ps + self.workers
+
+
+def _parse_port(text, where):
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise LaunchError(f"spec: {where}: bad port '{text}' (want an integer 1..65535)")
+    return int(text)
+
+
+def _split_address(entry, where, need_port):
+    if not isinstance(entry, str) or not entry:
+        raise LaunchError(f"spec: {where}: want a string \"host:port\"" if need_port
+                          else f"spec: {where}: want a string \"host\" or \"host:port\"")
+    host, sep, port = entry.rpartition(":")
+    if not sep:
+        if need_port:
+            raise LaunchError(f"spec: {where} '{entry}': missing port (want \"host:port\")")
+        host, port = entry, None
+    elif not host:
+        raise LaunchError(f"spec: {where} '{entry}': missing host")
+    else:
+        port = _parse_port(port, f"{where} '{entry}'")
+    if not _HOST_RE.match(host):
+        raise LaunchError(f"spec: {where} '{entry}': bad host '{host}'")
+    return host, port
+
+
+def _reject_duplicate_keys(pairs):
+    """json object_pairs_hook: a key given twice is an error (json would keep the last one)."""
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise LaunchError(f"spec: duplicate field '{key}' (each field may appear once)")
+        obj[key] = value
+    return obj
+
+
+def decode_spec(text, what):
+    """JSON text of a spec -> Python data; what names the text in errors (a file, a flag)."""
+    try:
+        return json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+    except json.JSONDecodeError as e:
+        raise LaunchError(f"spec: {what} is not valid JSON: {e}") from None
+
+
+def _check_tf_task(task, cluster):
+    """TF_CONFIG's "task" names one process of the cluster: {"type": ROLE, "index": I}. The
+    launcher starts every process, so it is only checked, then ignored."""
+    if not isinstance(task, dict):
+        raise LaunchError("spec: field 'task' must be an object {\"type\": ROLE, \"index\": I}")
+    unknown = sorted(set(task) - {"type", "index"})
+    if unknown:
+        raise LaunchError(f"spec: unknown field 'task.{unknown[0]}' (known: 'type', 'index')")
+    role, index = task.get("type"), task.get("index")
+    if role not in ("ps", "worker"):
+        raise LaunchError(f"spec: field 'task.type' must be \"ps\" or \"worker\", got "
+                          f"{json.dumps(role)}")
+    size = len(cluster[role]) if isinstance(cluster.get(role), list) else 0
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < size:
+        raise LaunchError(f"spec: field 'task.index' must be an integer 0..{size - 1} (an entry "
+                          f"of 'cluster.{role}'), got {json.dumps(index)}")
+
+
+def parse_spec(data):
+    """Validates a cluster spec (already JSON-decoded) and returns a Cluster.
+
+    Accepted: {"ps": ["host:port", ...], "worker": ["host" | "host:port", ...]} or the
+    TF_CONFIG shape {"cluster": {...same...}, "task": {"type": ROLE, "index": I}} ("task" is
+    optional, checked, and otherwise ignored).
+    """
+    if not isinstance(data, dict):
+        raise LaunchError("spec: top level must be a JSON object")
+    if "cluster" in data:
+        unknown = sorted(set(data) - {"cluster", "task"})
+        if unknown:
+            raise LaunchError(f"spec: unknown field '{unknown[0]}' (TF_CONFIG style allows "
+                              "'cluster' and 'task')")
+        task, data, prefix = data.get("task"), data["cluster"], "cluster."
+        if not isinstance(data, dict):
+            raise LaunchError("spec: field 'cluster' must be an object")
+    else:
+        task, prefix = None, ""
+    unknown = sorted(set(data) - {"ps", "worker"})
+    if unknown:
+        raise LaunchError(f"spec: unknown field '{prefix}{unknown[0]}' (known: 'ps', 'worker')")
+    for role in ("ps", "worker"):
+        if role not in data:
+            raise LaunchError(f"spec: missing field '{prefix}{role}'")
+        if not isinstance(data[role], list) or not data[role]:
+            raise LaunchError(f"spec: field '{prefix}{role}' must be a non-empty list")
+    if task is not None:
+        _check_tf_task(task, data)
+
+    seen = {}
+
+    def claim(host, port, entry, where):
+        key = (canonical_host(host), port)
+        if key in seen:
+            raise LaunchError(f"spec: {where} '{entry}': duplicate address (same as {seen[key]})")
+        seen[key] = where
+
+    ps = []
+    for i, entry in enumerate(data["ps"]):
+        where = f"{prefix}ps[{i}]"
+        host, port = _split_address(entry, where, need_port=True)
+        claim(host, port, entry, where)
+        ps.append(Task("ps", i, host, port, where))
+    workers = []
+    for i, entry in enumerate(data["worker"]):
+        where = f"{prefix}worker[{i}]"
+        host, port = _split_address(entry, where, need_port=False)
+        if port is not None:  # a worker's port is not used; it only must not collide
+            claim(host, port, entry, where)
+        workers.append(Task("worker", i, host, None, where))
+    return Cluster(ps, workers)
+
+
+def ps_ports(base_port, hosts, source):
+    """The ports of ps 0..len(hosts)-1 (ps r runs on hosts[r]): base_port + r. With base_port 0,
+    ports free on this machine now (so every host must be this machine; source names where the
+    hosts came from), all distinct: each socket stays bound until every port is picked."""
+    if base_port == 0:
+        remote = [h for h in hosts if not is_local(h)]
+        if remote:
+            raise LaunchError(f"--base-port 0 picks ports free on this machine, but {source} "
+                              f"puts a server on {remote[0]}; give a port (e.g. --base-port "
+                              f"{DEFAULT_BASE_PORT})")
+        with contextlib.ExitStack() as held:
+            ports = []
+            for _ in hosts:
+                s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                s.bind(("0.0.0.0", 0))  # free on every address, so on each host's too
+                ports.append(s.getsockname()[1])
+            return ports
+    last = base_port + len(hosts) - 1
+    if base_port < 1 or last > 65535:
+        raise LaunchError(f"--base-port {base_port}: ps ports {base_port}..{last} are not all "
+                          "in 1..65535")
+    return [base_port + r for r in range(len(hosts))]
+
+
+def cluster_from_flags(opts):
+    if opts.num_ps < 1 or opts.num_workers < 1:
+        raise LaunchError("--num-ps and --num-workers must be at least 1")
+    if not _HOST_RE.match(opts.host):
+        raise LaunchError(f"--host '{opts.host}': not a host name or address")
+    ports = ps_ports(opts.base_port, [opts.host] * opts.num_ps, "--host")
+    ps = [Task("ps", r, opts.host, port, "--host") for r, port in enumerate(ports)]
+    workers = [Task("worker", r, opts.host, None, "--host") for r in range(opts.num_workers)]
+    return Cluster(ps, workers)
+
+
+def cluster_from_nodes(nodes, num_ps, num_workers, base_port):
+    """The placement rule of the Slurm backend: ps r on nodes[r mod K] and worker w on
+    nodes[w mod K] (K nodes, both round-robin from the first node); ps r listens on
+    base_port + r (unique in the job, so servers sharing a node never collide)."""
+    if num_ps < 1 or num_workers < 1:
+        raise LaunchError("--num-ps and --num-workers must be at least 1")
+    k = len(nodes)
+    hosts = [nodes[r % k] for r in range(num_ps)]
+    ports = ps_ports(base_port, hosts, "SLURM_JOB_NODELIST")
+    ps = [Task("ps", r, host, port, "SLURM_JOB_NODELIST")
+          for r, (host, port) in enumerate(zip(hosts, ports))]
+    workers = [Task("worker", w, nodes[w % k], None, "SLURM_JOB_NODELIST")
+               for w in range(num_workers)]
+    return Cluster(ps, workers)

@@ -18,7 +18,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ pkg-config
           libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
-          libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev
+          libabsl-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev
           dataset-fashion-mnist python3 gnuplot-nox clang)
 
 say() { printf '\033[1m[ferry]\033[0m %s\n' "$*"; }

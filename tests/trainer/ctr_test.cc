@@ -8,6 +8,7 @@
 // input), so a wrong sparse update shows up in it from the next step on; the final evaluation,
 // which reads every test id's embedding row, is compared too.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -164,17 +165,20 @@ TEST(CtrTraining, AsyncClusterLearnsAndWritesMetrics) {
   std::string line;
   int starts = 0, trains = 0, evals = 0, ends = 0;
   while (std::getline(in, line)) {
-    ASSERT_EQ(line.rfind("{\"event\": \"", 0), 0u) << line;
-    ASSERT_EQ(line.back(), '}') << line;
-    if (line.find("\"event\": \"start\"") != std::string::npos) ++starts;
-    if (line.find("\"event\": \"train\"") != std::string::npos) ++trains;
-    if (line.find("\"event\": \"eval\"") != std::string::npos) ++evals;
-    if (line.find("\"event\": \"end\"") != std::string::npos) {
+    const nlohmann::ordered_json ev = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(ev.is_object()) << "not a JSON object: " << line;
+    ASSERT_EQ(ev.begin().key(), "event") << line;  // the event first, for a reader of the file
+    EXPECT_EQ(ev.at("rank"), 0) << line;
+    const std::string event = ev.at("event");
+    if (event == "start") ++starts;
+    if (event == "train") ++trains;
+    if (event == "eval") ++evals;
+    if (event == "end") {
       ++ends;
-      EXPECT_NE(line.find("\"staleness\": {\"0\": "), std::string::npos) << line;
-      EXPECT_NE(line.find("\"train_s\": "), std::string::npos) << line;
-      EXPECT_NE(line.find("\"final_wait_s\": "), std::string::npos) << line;
-      EXPECT_NE(line.find("\"final\": {\"count\": 4000"), std::string::npos) << line;
+      EXPECT_GT(ev.at("staleness").value("0", 0), 0) << line;
+      EXPECT_TRUE(ev.at("train_s").is_number()) << line;
+      EXPECT_TRUE(ev.at("final_wait_s").is_number()) << line;
+      EXPECT_EQ(ev.at("final").at("count"), 4000) << line;
     }
   }
   EXPECT_EQ(starts, 1);

@@ -8,6 +8,7 @@
 // average the two workers' mean-loss gradients, which is the gradient of the local mean loss;
 // the two differ only by float rounding (sum order).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -164,10 +165,9 @@ TEST(Epochs, EveryExampleOncePerEpochAndEvalEachEpoch) {
     ASSERT_TRUE(in.good());
     std::vector<int64_t> eval_steps;
     for (std::string line; std::getline(in, line);) {
-      if (line.find("\"event\": \"eval\"") == std::string::npos) continue;
-      const size_t at = line.find("\"step\": ");
-      ASSERT_NE(at, std::string::npos) << line;
-      eval_steps.push_back(std::stoll(line.substr(at + 8)));
+      const nlohmann::json ev = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      ASSERT_TRUE(ev.is_object()) << "not a JSON object: " << line;
+      if (ev.at("event") == "eval") eval_steps.push_back(ev.at("step"));
     }
     const int64_t per_epoch = report[0]->steps / 3;
     EXPECT_EQ(eval_steps, (std::vector<int64_t>{per_epoch, 2 * per_epoch, 3 * per_epoch}));

@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cinttypes>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "ferry/data/shard.h"
 #include "ferry/kernels.h"
@@ -60,23 +61,21 @@ std::string MetricsPath(std::string path, int rank) {
   return path;
 }
 
-// A JSON number: finite values as %.6g-style text, anything else as null.
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[40];
-  std::snprintf(buf, sizeof(buf), "%.9g", v);
-  return buf;
+// The metrics file's lines are JSON objects whose members keep the order they are added in.
+// A non-finite number is written as null.
+using Json = nlohmann::ordered_json;
+
+Json TimesJson(const StepTimes& t) {
+  return {{"pull_s", t.pull_s}, {"compute_s", t.compute_s}, {"push_s", t.push_s}, {"wait_s", t.wait_s}, {"eval_s", t.eval_s}};
 }
 
-std::string TimesJson(const StepTimes& t) {
-  return "{\"pull_s\": " + Num(t.pull_s) + ", \"compute_s\": " + Num(t.compute_s) + ", \"push_s\": " + Num(t.push_s) +
-         ", \"wait_s\": " + Num(t.wait_s) + ", \"eval_s\": " + Num(t.eval_s) + "}";
-}
-
-std::string EvalJson(const EvalSummary& e, bool binary) {
-  std::string s = "\"count\": " + std::to_string(e.count) + ", \"loss\": " + Num(e.loss) + ", \"accuracy\": " + Num(e.accuracy);
-  if (binary) s += ", \"auc\": " + (e.auc >= 0 ? Num(e.auc) : std::string("null")) + ", \"log_loss\": " + Num(e.loss);
-  return s;
+Json EvalJson(const EvalSummary& e, bool binary) {
+  Json j = {{"count", e.count}, {"loss", e.loss}, {"accuracy", e.accuracy}};
+  if (binary) {
+    j["auc"] = e.auc >= 0 ? Json(e.auc) : Json(nullptr);  // -1: undefined (one class only)
+    j["log_loss"] = e.loss;
+  }
+  return j;
 }
 
 StatusOr<std::unique_ptr<Model>> CreateModel(const TrainerOptions& o, Device* device, const Datasets& data) {
@@ -162,17 +161,21 @@ class WorkerRun {
     start_ = Clock::now();
     lap_ = Lap(start_);
     window_start_ = start_;
-    std::string f = "\"num_workers\": " + std::to_string(num_workers_) + ", \"model\": \"" + options_.model +
-                    "\", \"consistency\": \"" + ConsistencyName(options_) + "\", \"backup_workers\": " +
-                    std::to_string(options_.backup_workers) + ", \"device\": \"" + device_->name() +
-                    "\", \"batch\": " + std::to_string(options_.batch) + ", \"accumulate\": " +
-                    std::to_string(options_.accumulate) + ", \"blas_threads\": " +
-                    std::to_string(kernels::cpu::GemmThreads()) + ", \"train_examples\": " +
-                    std::to_string(plan_.train_n) + ", \"steps\": " + std::to_string(plan_.total_steps);
+    Json f = {{"num_workers", num_workers_},
+              {"model", options_.model},
+              {"consistency", ConsistencyName(options_)},
+              {"backup_workers", options_.backup_workers},
+              {"device", device_->name()},
+              {"batch", options_.batch},
+              {"accumulate", options_.accumulate},
+              {"blas_threads", kernels::cpu::GemmThreads()},
+              {"train_examples", plan_.train_n},
+              {"steps", plan_.total_steps}};
     if (data_.ctr != nullptr && data_.ctr->planted_auc >= 0) {
-      f += ", \"planted_auc\": " + Num(data_.ctr->planted_auc) + ", \"planted_log_loss\": " + Num(data_.ctr->planted_log_loss);
+      f["planted_auc"] = data_.ctr->planted_auc;
+      f["planted_log_loss"] = data_.ctr->planted_log_loss;
     }
-    Event("start", f);
+    Event("start", std::move(f));
     return Status::Ok();
   }
 
@@ -234,9 +237,11 @@ class WorkerRun {
       std::fflush(out_);
     }
     lap_.To(&times.eval_s);
-    Event("eval", "\"step\": " + std::to_string(step) + ", \"examples\": " + std::to_string(report_.examples) + ", " +
-                      EvalJson(e, model_->is_binary()) + ", \"merged\": " + (plan_.merged_eval ? "true" : "false") +
-                      ", \"time\": " + TimesJson(times));
+    Json f = {{"step", step}, {"examples", report_.examples}};
+    f.update(EvalJson(e, model_->is_binary()));
+    f["merged"] = plan_.merged_eval;
+    f["time"] = TimesJson(times);
+    Event("eval", std::move(f));
     return Status::Ok();
   }
 
@@ -351,10 +356,11 @@ class WorkerRun {
       std::fflush(out_);
     }
     lap_.To(&report_.times.compute_s);  // the worker's own bookkeeping counts as its compute
-    Event("train", "\"step\": " + std::to_string(t + 1) + ", \"epoch\": " + std::to_string(epoch + 1) +
-                       ", \"examples\": " + std::to_string(report_.examples) + ", \"loss\": " + Num(mean_loss) +
-                       ", \"accuracy\": " + Num(acc) + ", \"examples_per_sec\": " + Num(eps) + ", \"time\": " +
-                       TimesJson(report_.times) + ", " + BytesJson());
+    Json f = {{"step", t + 1},         {"epoch", epoch + 1},         {"examples", report_.examples},
+              {"loss", mean_loss},     {"accuracy", acc},            {"examples_per_sec", eps},
+              {"time", TimesJson(report_.times)}};
+    AddBytes(f);
+    Event("train", std::move(f));
     window_loss_ = 0;
     window_correct_ = window_examples_ = 0;
     window_start_ = now;
@@ -388,20 +394,24 @@ class WorkerRun {
     report_.final_params.assign(final_params.begin(), final_params.end());
     FERRY_RETURN_IF_ERROR(Evaluate(plan_.total_steps));
 
-    FERRY_ASSIGN_OR_RETURN(const std::string staleness, StalenessJson());
+    FERRY_ASSIGN_OR_RETURN(Json staleness, StalenessJson());
     lap_.To(&times.pull_s);  // reading the servers' counters
     const StoreProgress& progress = report_.progress;
-    std::string end = "\"steps\": " + std::to_string(report_.steps) + ", \"examples\": " + std::to_string(report_.examples) +
-                      ", \"examples_per_sec\": " + Num(report_.examples_per_sec) + ", \"train_s\": " + Num(train_s) +
-                      ", \"final_wait_s\": " + Num(final_wait_s) + ", \"global_step\": " + std::to_string(progress.step) +
-                      ", \"pushes_used\": " + std::to_string(progress.pushes_used) +
-                      ", \"pushes_dropped\": " + std::to_string(progress.pushes_dropped) + ", \"time\": " +
-                      TimesJson(times) + ", " + BytesJson();
+    Json f = {{"steps", report_.steps},
+              {"examples", report_.examples},
+              {"examples_per_sec", report_.examples_per_sec},
+              {"train_s", train_s},
+              {"final_wait_s", final_wait_s},
+              {"global_step", progress.step},
+              {"pushes_used", progress.pushes_used},
+              {"pushes_dropped", progress.pushes_dropped},
+              {"time", TimesJson(times)}};
+    AddBytes(f);
     if (rank_ == 0) {
-      end += ", \"staleness\": {" + staleness + "}";
-      if (report_.eval.count > 0) end += ", \"final\": {" + EvalJson(report_.eval, model_->is_binary()) + "}";
+      f["staleness"] = std::move(staleness);
+      if (report_.eval.count > 0) f["final"] = EvalJson(report_.eval, model_->is_binary());
     }
-    Event("end", end);
+    Event("end", std::move(f));
     return Status::Ok();
   }
 
@@ -419,9 +429,9 @@ class WorkerRun {
     return Status::Ok();
   }
 
-  // Worker 0: the servers' staleness histogram as JSON members ("staleness": updates), summed
-  // over the servers (every worker is done: they met in Finish). Others: empty.
-  StatusOr<std::string> StalenessJson() {
+  // Worker 0: the servers' staleness histogram {"staleness": updates}, summed over the servers
+  // (every worker is done: they met in Finish). Others: empty.
+  StatusOr<Json> StalenessJson() {
     std::map<int64_t, int64_t> staleness;
     if (client_ != nullptr && rank_ == 0) {
       constexpr std::string_view kPrefix = "staleness_";
@@ -432,31 +442,29 @@ class WorkerRun {
         }
       }
     }
-    std::string hist;
-    for (const auto& [k, v] : staleness) {
-      if (!hist.empty()) hist += ", ";
-      hist += '"';
-      hist += std::to_string(k);
-      hist += "\": ";
-      hist += std::to_string(v);
-    }
+    Json hist = Json::object();
+    for (const auto& [k, v] : staleness) hist[std::to_string(k)] = v;
     return hist;
   }
 
   double Wall() const { return Seconds(start_, Clock::now()); }
   double PullWait() const { return store_->progress().pull_wait_s; }
 
-  // One line of the metrics file (nothing without --metrics-out).
-  void Event(const std::string& event, const std::string& fields) {
+  // One line of the metrics file (nothing without --metrics-out): the event, the rank, the wall
+  // time, then `fields`.
+  void Event(const char* event, Json fields) {
     if (!metrics_file_) return;
-    std::fprintf(metrics_file_.get(), "{\"event\": \"%s\", \"rank\": %d, \"wall_s\": %s, %s}\n", event.c_str(), rank_,
-                 Num(Wall()).c_str(), fields.c_str());
+    Json line = {{"event", event}, {"rank", rank_}, {"wall_s", Wall()}};
+    line.update(fields);
+    std::fprintf(metrics_file_.get(), "%s\n", line.dump().c_str());
     std::fflush(metrics_file_.get());
   }
 
-  std::string BytesJson() const {
+  // The bytes this worker's client has sent and received so far.
+  void AddBytes(Json& f) const {
     const ClientStats st = client_ != nullptr ? client_->stats() : ClientStats{};
-    return "\"bytes_sent\": " + std::to_string(st.bytes_sent) + ", \"bytes_received\": " + std::to_string(st.bytes_received);
+    f["bytes_sent"] = st.bytes_sent;
+    f["bytes_received"] = st.bytes_received;
   }
 
   // A line for the user (`out`), naming this worker.

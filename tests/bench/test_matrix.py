@@ -142,7 +142,10 @@ class TinyMatrixTest(OutputChecks, unittest.TestCase):
             self.assertGreater(res["throughput"]["total"], 0)
             self.assertGreater(res["bytes"]["sent"], 0)
             self.assertGreater(res["bytes"]["received"], 0)
-            self.assertGreaterEqual(len(res["curve"]), 2)  # evaluated during the run and at the end
+            # Evaluated during the run and at the end. With a backup worker rank 0 may fall behind
+            # and learn at one pull that the job passed the mid-run mark and ended (6 steps
+            # here): then the final evaluation is its only one.
+            self.assertGreaterEqual(len(res["curve"]), 1 if s["backup_workers"] > 0 else 2, (s, res["curve"]))
             self.assertEqual(s["straggler"], f"{s['workers'] - 1}:x2" if s["workers"] > 1 else None)
             if s["consistency"] == "sync":
                 self.assertIsNone(res["staleness"])

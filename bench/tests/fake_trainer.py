@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-HELP = """usage: ferry-trainer [flags]   (fake, for tests/bench)
+HELP = """usage: ferry-trainer [flags]   (fake, for bench/tests)
   --model mlp|ctr --consistency sync|async|ssp:S --backup-workers K --straggler RANK:DELAY
   --steps N | --epochs E --batch B --eval-every N --log-every N --metrics-out FILE --quiet
 """

@@ -1,4 +1,4 @@
-"""Where this build's binaries are, for the Python suites of tests/launch.
+"""Where this build's binaries are, for the Python suites of tests/e2e.
 
 FERRY_BUILD_DIR names the CMake build dir (ctest sets it); default: build/ at the top.
 """

@@ -1,4 +1,4 @@
-// tests/trainer/worker_runs.h — trainers of an in-process cluster, one thread each, and the
+// tests/cluster/trainer/worker_runs.h — trainers of an in-process cluster, one thread each, and the
 // --local reference, for the training tests.
 #pragma once
 

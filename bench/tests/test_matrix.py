@@ -2,7 +2,7 @@
 
 Needs FERRY_BUILD_DIR (the CMake build dir holding bin/ferry-ps and bin/ferry-trainer;
 ctest sets it) and gnuplot (Debian's gnuplot-nox, which ./build.sh installs). Run by hand:
-    FERRY_BUILD_DIR=build python3 -m unittest -v test_matrix      (from tests/bench/)
+    FERRY_BUILD_DIR=build python3 -m unittest -v test_matrix      (from bench/tests/)
 
 - TinyMatrixTest runs the `tiny` preset (a few steps per run) end to end on real local clusters
   and checks that every output file is produced and parseable (~30 s on 2 cores).

@@ -1,7 +1,7 @@
 """Sync mode end to end: real ferry-ps and ferry-trainer processes on tcp loopback.
 
 Needs FERRY_BUILD_DIR (the CMake build dir); ctest sets it. Run by hand:
-  FERRY_BUILD_DIR=build python3 -m unittest -v test_sync_cluster   (from tests/launch/)
+  FERRY_BUILD_DIR=build python3 -m unittest -v test_sync_cluster   (from tests/e2e/)
 
 Every process is started by the test, on 127.0.0.1, with a deadline, and killed at the end.
 """

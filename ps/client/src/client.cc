@@ -9,12 +9,14 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
 #include <absl/container/flat_hash_map.h>
 
 #include "ferry/mutex.h"
+#include "ferry/messages/event_loop.h"
 #include "ferry/messages/placement.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
@@ -615,43 +617,18 @@ class ClientImpl final : public Client {
   // ---- the I/O thread ----------------------------------------------------------------------
 
   void Loop() {
-    std::vector<zmq::pollitem_t> items;
-    Frames frames;
-    while (!stopping_.load()) {
-      items.clear();
-      items.push_back({nullptr, waker_.fd(), ZMQ_POLLIN, 0});
-      for (auto& s : sockets_) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
-      std::chrono::milliseconds timeout(-1);
-      if (!in_flight_.empty()) {
-        auto next = SteadyClock::time_point::max();
-        for (auto& [id, r] : in_flight_) next = std::min(next, r.deadline);
-        timeout = std::max(std::chrono::milliseconds(0),
-                           std::chrono::ceil<std::chrono::milliseconds>(next - SteadyClock::now()));
-      }
-      try {
-        zmq::poll(items.data(), items.size(), timeout);
-      } catch (const zmq::error_t& e) {
-        if (e.num() == EINTR) continue;
-        FailAll(InternalError(std::string("client I/O thread stopped: poll failed: ") + e.what()));
-        return;
-      }
-      if (items[0].revents & ZMQ_POLLIN) {
-        waker_.Drain();
-        SendQueued();
-      }
-      for (size_t s = 0; s < sockets_.size(); ++s) {
-        if (!(items[s + 1].revents & ZMQ_POLLIN)) continue;
-        for (int i = 0; i < 256; ++i) {
-          bool got = false, truncated = false;
-          if (!transport::RecvNonBlocking(sockets_[s], &frames, &got, wire::kMaxFrames + 1, &truncated).ok() || !got) {
-            break;
-          }
-          HandleReply(static_cast<int>(s), frames, truncated);
-        }
-      }
-      ExpireRequests();
-    }
-    FailAll(CancelledError("client closed"));
+    transport::EventLoop::Handlers h;
+    h.on_wake = [this] { SendQueued(); };
+    h.on_message = [this](size_t s, Frames& frames, bool truncated) { HandleReply(static_cast<int>(s), frames, truncated); };
+    h.next_deadline = [this]() -> std::optional<SteadyClock::time_point> {
+      if (in_flight_.empty()) return std::nullopt;
+      auto next = SteadyClock::time_point::max();
+      for (auto& [id, r] : in_flight_) next = std::min(next, r.deadline);
+      return next;
+    };
+    h.on_tick = [this] { ExpireRequests(); };
+    const Status s = transport::EventLoop::Run(sockets_, waker_, stopping_, wire::kMaxFrames + 1, h);
+    FailAll(s.ok() ? CancelledError("client closed") : InternalError("client I/O thread stopped: " + s.message()));
   }
 
   void SendQueued() {

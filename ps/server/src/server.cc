@@ -15,6 +15,7 @@
 #include <absl/container/flat_hash_set.h>
 
 #include "ferry/mutex.h"
+#include "ferry/messages/event_loop.h"
 #include "ferry/messages/placement.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
@@ -119,37 +120,26 @@ class ServerImpl final : public Server {
   // ---- the loop ----------------------------------------------------------------------------
 
   void Loop() {
-    Frames frames;
-    while (!stopping_.load()) {
-      std::chrono::milliseconds timeout(-1);
-      if (auto next = NextDeadline()) {
-        timeout = std::max(std::chrono::milliseconds(0),
-                           std::chrono::ceil<std::chrono::milliseconds>(*next - Clock::now()));
-      }
-      std::array<zmq::pollitem_t, 2> items = {{{socket_.handle(), 0, ZMQ_POLLIN, 0},
-                                               {nullptr, waker_.fd(), ZMQ_POLLIN, 0}}};
+    transport::EventLoop::Handlers h;
+    // Out of memory while serving (HandleMessage answers its own errors): the request in hand is
+    // lost, the server goes on; its client times out with a clear error.
+    h.on_message = [this](size_t, Frames& frames, bool truncated) {
       try {
-        zmq::poll(items.data(), items.size(), timeout);
-      } catch (const zmq::error_t& e) {
-        if (e.num() == EINTR) continue;
-        std::fprintf(stderr, "ferry-ps %d: poll failed: %s; stopping\n", options_.rank, e.what());
-        return;
-      }
-      if (items[1].revents & ZMQ_POLLIN) waker_.Drain();
-      try {
-        // Drain what is waiting, a bounded batch at a time so deadlines are still honoured.
-        for (int i = 0; i < 256 && !stopping_.load(); ++i) {
-          bool got = false, truncated = false;
-          if (!transport::RecvNonBlocking(socket_, &frames, &got, wire::kMaxFrames + 1, &truncated).ok() || !got) break;
-          HandleMessage(frames, truncated);
-        }
-        ExpireHeld();
+        HandleMessage(frames, truncated);
       } catch (const std::exception& e) {
-        // Out of memory while serving held requests (HandleMessage answers its own): the request
-        // in hand is lost, the server goes on; its client times out with a clear error.
         std::fprintf(stderr, "ferry-ps %d: %s while serving; continuing\n", options_.rank, e.what());
       }
-    }
+    };
+    h.next_deadline = [this] { return NextDeadline(); };
+    h.on_tick = [this] {
+      try {
+        ExpireHeld();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "ferry-ps %d: %s while expiring held requests; continuing\n", options_.rank, e.what());
+      }
+    };
+    const Status s = transport::EventLoop::Run({&socket_, 1}, waker_, stopping_, wire::kMaxFrames + 1, h);
+    if (!s.ok()) std::fprintf(stderr, "ferry-ps %d: %s; stopping\n", options_.rank, s.message().c_str());
   }
 
   void HandleMessage(Frames& frames, bool truncated) {

@@ -2,6 +2,8 @@
 #include "ferry/messages/event_loop.h"
 
 #include <atomic>
+#include <initializer_list>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -32,17 +34,31 @@ void SendText(zmq::socket_t& s, const std::string& text) {
   ASSERT_TRUE(Send(s, frames).ok());
 }
 
-TEST(EventLoop, DeliversEachSocketsMessagesWithItsIndexThenStops) {
-  auto ctx = Context::Create();
-  Pipe a = MakePipe(Zmq(*ctx), "loop-a"), b = MakePipe(Zmq(*ctx), "loop-b");
-  SendText(a.out, "to a");
-  SendText(b.out, "to b 1");
-  SendText(b.out, "to b 2");
+// What every test needs: a context, the loop's sockets (the `in` ends of `pipes`), a waker and
+// the stop flag. Senders write to pipes[i].out.
+struct Loop {
+  explicit Loop(std::initializer_list<const char*> names) : ctx(Context::Create()) {
+    for (const char* name : names) {
+      pipes.push_back(MakePipe(Zmq(*ctx), name));
+      sockets.push_back(std::move(pipes.back().in));
+    }
+  }
+  Status Run(size_t max_frames, const EventLoop::Handlers& h) {
+    return EventLoop::Run(sockets, waker, stopping, max_frames, h);
+  }
+  std::shared_ptr<Context> ctx;
+  std::vector<Pipe> pipes;
   std::vector<zmq::socket_t> sockets;
-  sockets.push_back(std::move(a.in));
-  sockets.push_back(std::move(b.in));
   Waker waker;
   std::atomic<bool> stopping{false};
+};
+
+TEST(EventLoop, DeliversEachSocketsMessagesWithItsIndexThenStops) {
+  Loop loop({"loop-a", "loop-b"});
+  SendText(loop.pipes[0].out, "to a");
+  SendText(loop.pipes[1].out, "to b 1");
+  SendText(loop.pipes[1].out, "to b 2");
+  std::atomic<bool>& stopping = loop.stopping;
   std::vector<std::pair<size_t, std::string>> got;
   EventLoop::Handlers h;
   h.on_message = [&](size_t s, Frames& frames, bool truncated) {
@@ -50,17 +66,13 @@ TEST(EventLoop, DeliversEachSocketsMessagesWithItsIndexThenStops) {
     got.emplace_back(s, frames.at(0).to_string());
     if (got.size() == 3) stopping = true;
   };
-  ASSERT_TRUE(EventLoop::Run(sockets, waker, stopping, 8, h).ok());
+  ASSERT_TRUE(loop.Run(8, h).ok());
   EXPECT_EQ(got, (std::vector<std::pair<size_t, std::string>>{{0, "to a"}, {1, "to b 1"}, {1, "to b 2"}}));
 }
 
 TEST(EventLoop, TheWakerRunsOnWakeOnTheLoopsThread) {
-  auto ctx = Context::Create();
-  Pipe a = MakePipe(Zmq(*ctx), "loop-wake");
-  std::vector<zmq::socket_t> sockets;
-  sockets.push_back(std::move(a.in));
-  Waker waker;
-  std::atomic<bool> stopping{false};
+  Loop loop({"loop-wake"});
+  std::atomic<bool>& stopping = loop.stopping;
   std::thread::id woken_on;
   EventLoop::Handlers h;
   h.on_message = [](size_t, Frames&, bool) { ADD_FAILURE() << "no message was sent"; };
@@ -77,19 +89,15 @@ TEST(EventLoop, TheWakerRunsOnWakeOnTheLoopsThread) {
       stopping = true;
     }
   };
-  std::thread other([&] { waker.Notify(); });
-  ASSERT_TRUE(EventLoop::Run(sockets, waker, stopping, 8, h).ok());
+  std::thread other([&] { loop.waker.Notify(); });
+  ASSERT_TRUE(loop.Run(8, h).ok());
   other.join();
   EXPECT_EQ(woken_on, std::this_thread::get_id());
 }
 
 TEST(EventLoop, ADeadlineWakesItWithoutAnyMessage) {
-  auto ctx = Context::Create();
-  Pipe a = MakePipe(Zmq(*ctx), "loop-deadline");
-  std::vector<zmq::socket_t> sockets;
-  sockets.push_back(std::move(a.in));
-  Waker waker;
-  std::atomic<bool> stopping{false};
+  Loop loop({"loop-deadline"});
+  std::atomic<bool>& stopping = loop.stopping;
   const auto deadline = EventLoop::Clock::now() + std::chrono::milliseconds(20);
   int ticks = 0;
   EventLoop::Handlers h;
@@ -99,20 +107,17 @@ TEST(EventLoop, ADeadlineWakesItWithoutAnyMessage) {
     ++ticks;
     if (EventLoop::Clock::now() >= deadline) stopping = true;
   };
-  ASSERT_TRUE(EventLoop::Run(sockets, waker, stopping, 8, h).ok());
+  ASSERT_TRUE(loop.Run(8, h).ok());
   EXPECT_GE(ticks, 1);
   EXPECT_GE(EventLoop::Clock::now(), deadline);
 }
 
 TEST(EventLoop, AFloodOfMessagesStillLetsTheDeadlinesBeLookedAt) {
-  auto ctx = Context::Create();
-  Pipe a = MakePipe(Zmq(*ctx), "loop-flood");
+  Loop loop({"loop-flood"});
+  zmq::socket_t& out = loop.pipes[0].out;
   constexpr int kMessages = 2 * EventLoop::kBatch + 10;
-  for (int i = 0; i < kMessages; ++i) SendText(a.out, std::to_string(i));
-  std::vector<zmq::socket_t> sockets;
-  sockets.push_back(std::move(a.in));
-  Waker waker;
-  std::atomic<bool> stopping{false};
+  for (int i = 0; i < kMessages; ++i) SendText(out, std::to_string(i));
+  std::atomic<bool>& stopping = loop.stopping;
   int received = 0, ticks_before_last = 0;
   EventLoop::Handlers h;
   h.on_message = [&](size_t, Frames&, bool) {
@@ -121,21 +126,18 @@ TEST(EventLoop, AFloodOfMessagesStillLetsTheDeadlinesBeLookedAt) {
   h.on_tick = [&] {
     if (received < kMessages) ++ticks_before_last;
   };
-  ASSERT_TRUE(EventLoop::Run(sockets, waker, stopping, 8, h).ok());
+  ASSERT_TRUE(loop.Run(8, h).ok());
   EXPECT_EQ(received, kMessages);
   EXPECT_GE(ticks_before_last, 2);  // after the first and the second batch of kBatch
 }
 
 TEST(EventLoop, FramesPastTheLimitAreDroppedAndSaidSo) {
-  auto ctx = Context::Create();
-  Pipe a = MakePipe(Zmq(*ctx), "loop-frames");
+  Loop loop({"loop-frames"});
+  zmq::socket_t& out = loop.pipes[0].out;
   Frames many;
   for (int i = 0; i < 5; ++i) many.emplace_back("x", 1);
-  ASSERT_TRUE(Send(a.out, many).ok());
-  std::vector<zmq::socket_t> sockets;
-  sockets.push_back(std::move(a.in));
-  Waker waker;
-  std::atomic<bool> stopping{false};
+  ASSERT_TRUE(Send(out, many).ok());
+  std::atomic<bool>& stopping = loop.stopping;
   size_t kept = 0;
   bool was_truncated = false;
   EventLoop::Handlers h;
@@ -144,7 +146,7 @@ TEST(EventLoop, FramesPastTheLimitAreDroppedAndSaidSo) {
     was_truncated = truncated;
     stopping = true;
   };
-  ASSERT_TRUE(EventLoop::Run(sockets, waker, stopping, 3, h).ok());
+  ASSERT_TRUE(loop.Run(3, h).ok());
   EXPECT_EQ(kept, 3u);
   EXPECT_TRUE(was_truncated);
 }

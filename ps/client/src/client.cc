@@ -593,9 +593,11 @@ class ClientImpl final : public Client {
   // Completes one request (I/O thread) and frees its slot.
   void Done(Request& r, const Status& s) {
     r.op->Finish(s);
-    MutexLock lock(&room_mu_);
-    --outstanding_;
-    room_cv_.Signal();
+    {
+      MutexLock lock(&room_mu_);
+      --outstanding_;
+    }
+    room_cv_.Signal();  // after the unlock: the woken submitter need not wait for the lock
   }
 
   std::string ServerName(int s) const {

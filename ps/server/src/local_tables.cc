@@ -20,16 +20,16 @@ class LocalTablesImpl final : public LocalTables {
     if (tables_.count(s.name) != 0) return AlreadyExistsError("table '" + s.name + "' declared twice");
     auto t = std::make_unique<Entry>();
     t->spec = s;
-    t->id = TableId(s.name);
+    const uint64_t id = TableId(s.name);
     if (s.type == TableType::kDense) {
       const int64_t n = s.num_elements();
       t->params.resize(static_cast<size_t>(n));
-      InitDense(t->spec, t->id, 0, t->params.data(), n);
+      InitDense(t->spec, id, 0, t->params.data(), n);
       t->state.resize(static_cast<size_t>(StateSlots(s.optimizer.type) * n));
       InitState(s.optimizer, t->state.data(), static_cast<size_t>(n));
     } else {
       // The shard keeps a reference to the spec, which does not move (an Entry is behind unique_ptr).
-      t->sparse = std::make_unique<SparseShard>(t->spec, t->id, /*num_workers=*/1);
+      t->sparse = std::make_unique<SparseShard>(t->spec, id, /*num_workers=*/1);
     }
     tables_.emplace(s.name, std::move(t));
     return Status::Ok();
@@ -49,7 +49,8 @@ class LocalTablesImpl final : public LocalTables {
   }
 
   Status ReadRows(std::string_view table, std::span<const int64_t> ids, std::span<float> rows) override {
-    FERRY_ASSIGN_OR_RETURN(SparseShard * shard, FindSparse(table, ids.size(), rows.size(), "read"));
+    FERRY_ASSIGN_OR_RETURN(Entry * t, FindSparse(table, ids.size(), rows.size(), "read"));
+    SparseShard* shard = t->sparse.get();
     const size_t dim = static_cast<size_t>(shard->dim());
     for (size_t i = 0; i < ids.size(); ++i) {
       const float* row = shard->row(shard->FindOrCreate(ids[i]));
@@ -59,12 +60,12 @@ class LocalTablesImpl final : public LocalTables {
   }
 
   Status ApplyRows(std::string_view table, std::span<const int64_t> ids, std::span<const float> grads) override {
-    FERRY_ASSIGN_OR_RETURN(SparseShard * shard, FindSparse(table, ids.size(), grads.size(), "update"));
+    FERRY_ASSIGN_OR_RETURN(Entry * t, FindSparse(table, ids.size(), grads.size(), "update"));
+    SparseShard* shard = t->sparse.get();
     const size_t dim = static_cast<size_t>(shard->dim());
-    const OptimizerSpec& opt = tables_.find(table)->second->spec.optimizer;
     for (size_t i = 0; i < ids.size(); ++i) {
       const RowIndex r = shard->FindOrCreate(ids[i]);
-      ApplyUpdate(opt, shard->row(r), grads.data() + i * dim, shard->state(r), dim, dim, ++shard->steps(r));
+      ApplyUpdate(t->spec.optimizer, shard->row(r), grads.data() + i * dim, shard->state(r), dim, dim, ++shard->steps(r));
     }
     return Status::Ok();
   }
@@ -72,7 +73,6 @@ class LocalTablesImpl final : public LocalTables {
  private:
   struct Entry {
     TableSpec spec;
-    uint64_t id = 0;
     std::vector<float> params, state;     // dense
     std::unique_ptr<SparseShard> sparse;  // sparse
   };
@@ -96,7 +96,7 @@ class LocalTablesImpl final : public LocalTables {
     return t;
   }
 
-  StatusOr<SparseShard*> FindSparse(std::string_view name, size_t ids, size_t floats, const char* what) {
+  StatusOr<Entry*> FindSparse(std::string_view name, size_t ids, size_t floats, const char* what) {
     FERRY_ASSIGN_OR_RETURN(Entry * t, Find(name, TableType::kSparse));
     const size_t dim = static_cast<size_t>(t->spec.dim);
     if (floats != ids * dim) {
@@ -104,7 +104,7 @@ class LocalTablesImpl final : public LocalTables {
                                   " ids of dim " + std::to_string(dim) + " need " + std::to_string(ids * dim) +
                                   " floats, the buffer has " + std::to_string(floats));
     }
-    return t->sparse.get();
+    return t;
   }
 
   std::map<std::string, std::unique_ptr<Entry>, std::less<>> tables_;

@@ -8,6 +8,7 @@
 // owns the sockets). Only the Waker is touched from other threads (Notify), and the stop flag.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -33,6 +34,7 @@ class EventLoop {
     // The waker fired (another thread queued work): after the waker is drained.
     std::function<void()> on_wake;
     // One whole message from sockets[socket]; `truncated`: frames past max_frames were dropped.
+    // Required; the other handlers may be left empty.
     std::function<void(size_t socket, Frames& frames, bool truncated)> on_message;
     // The earliest time something must happen without a message (a request's deadline), if any.
     std::function<std::optional<Clock::time_point>()> next_deadline;

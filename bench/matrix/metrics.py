@@ -106,6 +106,33 @@ def _eval_point(ev, quality, loss_name, where):
             "examples": ev.get("examples"), "merged": ev.get("merged")}
 
 
+# Fields of each worker's end event copied into the run's record as they are.
+WORKER_FIELDS = ("steps", "wall_s", "train_s", "final_wait_s", "global_step", "pushes_used",
+                 "pushes_dropped")
+
+
+def time_split_check(per_rank):
+    """How far the time split (pull + compute + push + wait + eval) is from wall_s, over every
+    train and end event of every worker: {"events", "max_abs_s", "max_rel"}; max_rel over the
+    events past 2 s of wall time (earlier, a few ms of scheduling noise is a large fraction)."""
+    n, max_abs, max_rel = 0, 0.0, 0.0
+    for events in per_rank:
+        for ev in events:
+            t = ev.get("time")
+            if ev.get("event") not in ("train", "end") or not isinstance(t, dict):
+                continue
+            wall = ev.get("wall_s")
+            parts = [t.get(f"{k}_s") for k in SPLIT]
+            if not isinstance(wall, (int, float)) or not all(isinstance(v, (int, float)) for v in parts):
+                continue
+            err = abs(sum(parts) - wall)
+            n += 1
+            max_abs = max(max_abs, err)
+            if wall > 2.0:
+                max_rel = max(max_rel, err / wall)
+    return {"events": n, "max_abs_s": max_abs, "max_rel": max_rel}
+
+
 def summarize(spec, run_dir):
     """Reads a finished run's metrics files and returns its record (see the module docstring).
     Raises MetricsError when a file is missing or incomplete."""
@@ -186,12 +213,17 @@ def summarize(spec, run_dir):
             split[k].append(1e3 * max(0.0, v) / max(1, n))
 
     wall0, train0, eval0 = train_times[0]
+    # What each worker's end event says of its run (sync: the global step it ended at, its
+    # gradients used and dropped), kept here because the metrics files are not tracked.
+    workers = [{k: end.get(k) for k in WORKER_FIELDS if k in end} for end in ends]
     return {
         "device": s0.get("device"),
         # The synthetic CTR data's planted model: the best AUC / log-loss to expect.
         "planted": {k: s0[k] for k in ("planted_auc", "planted_log_loss") if k in s0} or None,
         "steps": job_steps,
         "steps_per_worker": steps,  # the steps each worker ran
+        "workers": workers,
+        "time_split": time_split_check(per_rank),
         "examples_total": examples,
         "wall_s": wall0,
         "train_s": train0,

@@ -390,6 +390,14 @@ class UnitTest(unittest.TestCase):
         self.assertEqual(res["throughput"]["total"], 1000.0)
         self.assertEqual(res["checks"], ["eval #2 (step 7) has no auc; left out"])
         self.assertTrue(res["final"]["merged"])  # from the eval line end.final repeats
+        # Each worker's end event, as it was (the metrics files are not kept), and how far the
+        # time split is from wall_s: rank 0 5.1 s of 6.5, rank 1 5.1 s of 4.0.
+        self.assertEqual(res["workers"], [{"steps": 10, "wall_s": 6.5},
+                                          {"steps": 20, "wall_s": 4.0, "train_s": 2.5,
+                                           "final_wait_s": 1.5}])
+        self.assertEqual(res["time_split"]["events"], 2)
+        self.assertAlmostEqual(res["time_split"]["max_abs_s"], 1.4)
+        self.assertAlmostEqual(res["time_split"]["max_rel"], 1.1 / 4.0)
         self.assertEqual(res["bytes"], {"sent": 110, "received": 220})
         self.assertEqual(res["staleness"], {"hist": {0: 6, 2: 2}, "updates": 8, "mean": 0.5,
                                             "max": 2, "capped": 0})

@@ -16,6 +16,7 @@
 #include <absl/container/flat_hash_map.h>
 
 #include "ferry/mutex.h"
+#include "ferry/messages/deadlines.h"
 #include "ferry/messages/event_loop.h"
 #include "ferry/messages/placement.h"
 #include "ferry/messages/transport.h"
@@ -622,12 +623,7 @@ class ClientImpl final : public Client {
     transport::EventLoop::Handlers h;
     h.on_wake = [this] { SendQueued(); };
     h.on_message = [this](size_t s, Frames& frames, bool truncated) { HandleReply(static_cast<int>(s), frames, truncated); };
-    h.next_deadline = [this]() -> std::optional<SteadyClock::time_point> {
-      if (in_flight_.empty()) return std::nullopt;
-      auto next = SteadyClock::time_point::max();
-      for (auto& [id, r] : in_flight_) next = std::min(next, r.deadline);
-      return next;
-    };
+    h.next_deadline = [this] { return deadlines_.Next(); };
     h.on_tick = [this] { ExpireRequests(); };
     const Status s = transport::EventLoop::Run(sockets_, waker_, stopping_, wire::kMaxFrames + 1, h);
     FailAll(s.ok() ? CancelledError("client closed") : InternalError("client I/O thread stopped: " + s.message()));
@@ -650,6 +646,7 @@ class ClientImpl final : public Client {
       }
       requests_.fetch_add(1, std::memory_order_relaxed);
       bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+      deadlines_.Add(r.deadline, id);
       in_flight_.emplace(id, std::move(r));
     }
   }
@@ -665,6 +662,7 @@ class ClientImpl final : public Client {
     if (it == in_flight_.end() || it->second.server != server) return;  // late reply to a timed-out request
     Request r = std::move(it->second);
     in_flight_.erase(it);
+    deadlines_.Remove(r.deadline, r.id);
     const std::string where = std::string(wire::KindName(r.kind)) + " on " + ServerName(server);
     if (truncated) return Done(r, DataLossError(where + ": reply has too many frames"));
     if (h->kind() == Kind::Error) return Done(r, wire::ErrorStatus(*h).WithContext(where));
@@ -681,9 +679,7 @@ class ClientImpl final : public Client {
   void ExpireRequests() {
     const auto now = SteadyClock::now();
     std::vector<int> dead;
-    for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it) {
-      if (it->second.deadline <= now) dead.push_back(it->second.server);
-    }
+    for (uint64_t id : deadlines_.TakeDue(now)) dead.push_back(in_flight_.at(id).server);
     std::sort(dead.begin(), dead.end());
     dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
     for (int s : dead) {
@@ -700,6 +696,7 @@ class ClientImpl final : public Client {
                                              ServerName(s) + " in time (is it running and reachable?)")
                      : UnavailableError(std::string(wire::KindName(it->second.kind)) + " abandoned: " +
                                         ServerName(s) + " stopped answering")));
+        deadlines_.Remove(it->second.deadline, it->first);  // one not yet due
         it = in_flight_.erase(it);
       }
       Status st = OpenSocket(s);
@@ -712,6 +709,7 @@ class ClientImpl final : public Client {
   void FailAll(const Status& s) {
     for (auto& [id, r] : in_flight_) Done(r, s);
     in_flight_.clear();
+    deadlines_ = {};
     std::deque<Request> rest;
     {
       MutexLock lock(&queue_mu_);
@@ -748,6 +746,7 @@ class ClientImpl final : public Client {
   // Owned by the I/O thread (sockets_ also by Start before the thread runs).
   std::vector<zmq::socket_t> sockets_;
   std::unordered_map<uint64_t, Request> in_flight_;
+  transport::Deadlines<uint64_t> deadlines_;  // (deadline, id) of every request in in_flight_
 
   std::thread thread_;
 };

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
@@ -62,6 +63,11 @@ class SparseShard {
   // The row's index, creating and initialising it if new. Strong guarantee: if creating the row
   // throws (std::bad_alloc), the shard is as it was (no id without a row, no half-made row).
   RowIndex FindOrCreate(int64_t id);
+  // Applies one gradient row per id (grads: ids.size() x dim) with the table's optimizer, each
+  // row counting its own updates. Every row is found or created before any is updated, so
+  // running out of memory leaves no update half-applied. A repeated id is applied in order.
+  // `rows` is scratch.
+  void ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows);
   float* row(RowIndex index) { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
   float* state(RowIndex index) { return row(index) + dim_; }
   int64_t& steps(RowIndex index) { return steps_[index]; }

@@ -61,12 +61,7 @@ class LocalTablesImpl final : public LocalTables {
 
   Status ApplyRows(std::string_view table, std::span<const int64_t> ids, std::span<const float> grads) override {
     FERRY_ASSIGN_OR_RETURN(Entry * t, FindSparse(table, ids.size(), grads.size(), "update"));
-    SparseShard* shard = t->sparse.get();
-    const size_t dim = static_cast<size_t>(shard->dim());
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const RowIndex r = shard->FindOrCreate(ids[i]);
-      ApplyUpdate(t->spec.optimizer, shard->row(r), grads.data() + i * dim, shard->state(r), dim, dim, ++shard->steps(r));
-    }
+    t->sparse->ApplyRows(ids, grads.data(), &rows_);
     return Status::Ok();
   }
 
@@ -108,6 +103,7 @@ class LocalTablesImpl final : public LocalTables {
   }
 
   std::map<std::string, std::unique_ptr<Entry>, std::less<>> tables_;
+  std::vector<RowIndex> rows_;  // scratch for ApplyRows
 };
 
 }  // namespace

@@ -87,4 +87,14 @@ RowIndex SparseShard::FindOrCreate(int64_t id) {
   return index;
 }
 
+void SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows) {
+  rows->resize(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) (*rows)[i] = FindOrCreate(ids[i]);
+  const size_t dim = static_cast<size_t>(dim_);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const RowIndex r = (*rows)[i];
+    ApplyUpdate(spec_.optimizer, row(r), grads + i * dim, state(r), dim, dim, ++steps_[r]);
+  }
+}
+
 }  // namespace ferry::ps

@@ -1,0 +1,53 @@
+// ps/server/internal/collectives.h — barriers and all-reduce. Each worker's request waits here
+// until every worker of the job has entered the same collective (by id), or until the first
+// arrival's deadline passes; an all-reduce's values are summed in rank order, so every run adds
+// the same numbers in the same order.
+//
+// Thread-safety: none; the server's I/O thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/messages/deadlines.h"
+#include "ferry/status.h"
+#include "internal/request.h"
+
+namespace ferry::ps {
+
+class Collectives {
+ public:
+  // Requests waiting, all collectives together.
+  size_t size() const { return waiting_; }
+
+  // Whether `req` (a Barrier or AllReduce) may join its collective: refused when its rank has
+  // entered already, or when it disagrees with the first arrival (kind, number of values), for
+  // the workers would never complete it.
+  Status CheckEntry(const Request& req) const;
+
+  // Adds `req` (checked) to its collective, to wait until `deadline`. When it completes one of
+  // `num_workers`, returns every request of it in rank order (and forgets them); else nothing.
+  std::vector<Request> Enter(Request req, Clock::time_point deadline, int num_workers);
+
+  // The element-wise sum, in the order given, of the values each request of an all-reduce carries.
+  static std::vector<double> Sum(const std::vector<Request>& group);
+
+  struct Expired {
+    int64_t id;
+    std::vector<Request> arrived;
+    std::string missing;  // the ranks that never came: "1, 3"
+  };
+  std::optional<Clock::time_point> NextDeadline() const { return deadlines_.Next(); }
+  // Removes and returns the collectives whose first arrival's deadline has passed.
+  std::vector<Expired> TakeExpired(Clock::time_point now, int num_workers);
+
+ private:
+  std::map<int64_t, std::vector<Request>> by_id_;
+  size_t waiting_ = 0;
+  transport::Deadlines<int64_t> deadlines_;  // one per collective: its first arrival's deadline
+};
+
+}  // namespace ferry::ps

@@ -1,0 +1,54 @@
+// ps/server/internal/request.h — one request as the server holds it (from arrival to its reply,
+// however long it waits), and read-only views of its payload frames.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "ferry/messages/transport.h"
+#include "ferry/messages/wire.h"
+
+namespace ferry::ps {
+
+using Clock = std::chrono::steady_clock;
+
+// A received request: routing id, verified header frame, payloads. The header is read through
+// h() on every use: ZeroMQ keeps small frames inline, so moving a Request moves the bytes and a
+// stored pointer would dangle.
+struct Request {
+  zmq::message_t routing;
+  zmq::message_t header_frame;
+  bool verified = false;  // header_frame passed wire::VerifyHeader
+  const wire::Header* h() const {
+    return verified && header_frame.size() > 0 ? wire::GetHeader(header_frame.data()) : nullptr;
+  }
+  transport::Frames payload;
+  Clock::time_point arrived;  // when the server read it (a held pull reports how long it waited)
+  Clock::time_point deadline;
+  int64_t pull_step = 0;  // the step/clock the (held) pull is for
+  wire::ReplyInfo info;   // PushPullDense: what its push did, reported with the pull's reply
+
+  // Microseconds since arrival.
+  int64_t waited_us() const {
+    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - arrived).count();
+  }
+};
+
+// A read-only view of a frame as T[], copying only when the frame is not aligned for T.
+template <typename T>
+std::span<const T> View(const zmq::message_t& frame, std::vector<T>& scratch) {
+  const size_t n = frame.size() / sizeof(T);
+  if (reinterpret_cast<uintptr_t>(frame.data()) % alignof(T) == 0) {
+    return {static_cast<const T*>(frame.data()), n};
+  }
+  scratch.resize(n);
+  std::memcpy(scratch.data(), frame.data(), n * sizeof(T));
+  return {scratch.data(), n};
+}
+
+}  // namespace ferry::ps

@@ -1,0 +1,35 @@
+// ps/server/internal/sync.h — sync aggregation. A sync step's gradients are held per worker rank
+// in the chunk's (or sparse shard's) SyncSlots until the step has its quorum
+// (Workers::StepComplete); then they are summed in rank order, averaged over the gradients held
+// and applied once, and the chunk moves to the next step. See PROTOCOL.md, "Sync steps".
+//
+// Thread-safety: none; the server's I/O thread calls these.
+#pragma once
+
+#include <cstdint>
+
+#include <zmq.hpp>
+
+#include "ferry/status.h"
+#include "ferry/table_spec.h"
+#include "internal/tables.h"
+#include "internal/updates.h"
+
+namespace ferry::ps {
+
+// Whether a sync push from `rank` for `step` may go to slots at `version`: refused for a step
+// not reached yet, or pushed twice by the rank. A late push (step < version) passes: the caller
+// drops it and counts it.
+Status CheckSyncPush(const TableSpec& spec, const SyncSlots& sync, int64_t version, int rank, int64_t step);
+
+// Holds `rank`'s gradient (and, for a sparse table, its ids) for the current step.
+void HoldGradient(SyncSlots& sync, int rank, zmq::message_t grad);
+void HoldGradient(SyncSlots& sync, int rank, zmq::message_t ids, zmq::message_t grad);
+
+// Closes the current step: applies the average of the held gradients, moves the version on and
+// empties the slots for `num_workers`. Sparse rows are summed per id, ids first seen in rank
+// order, and each row updated once.
+void CloseSyncStep(Updater& updater, const TableSpec& spec, DenseChunk& c, int num_workers);
+void CloseSyncStep(Updater& updater, SparseShard& shard, int num_workers);
+
+}  // namespace ferry::ps

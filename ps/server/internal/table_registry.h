@@ -1,0 +1,59 @@
+// ps/server/internal/table_registry.h — the tables one server holds, by id, and the checks that
+// tie a request to them: declaring a table (idempotently), finding one of the right type,
+// resolving a request's dense slices to the chunks held here, and checking that sparse ids
+// belong to this server. Tables are never dropped, so a Table* stays valid.
+//
+// Thread-safety: none; the server's I/O thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "ferry/messages/wire.h"
+#include "ferry/status.h"
+#include "ferry/table_spec.h"
+#include "internal/tables.h"
+
+namespace ferry::ps {
+
+class TableRegistry {
+ public:
+  TableRegistry(int rank, int num_servers) : rank_(rank), num_servers_(num_servers) {}
+
+  // Declares `spec` under `claimed_id` (which must be the hash of its name) for a job of
+  // `num_workers`. Declaring the same spec again is a no-op; a different spec under the same
+  // name or id is AlreadyExists. ResourceExhausted when the shard cannot be allocated.
+  Status Create(TableSpec spec, uint64_t claimed_id, int num_workers);
+
+  // NotFound for an undeclared id; InvalidArgument for a table of the other type.
+  StatusOr<Table*> Find(uint64_t id, TableType type);
+  const Table* Find(uint64_t id) const;  // nullptr when undeclared
+
+  struct SliceRef {
+    Table* table;
+    DenseChunk* chunk;
+  };
+  // Resolves and checks every slice of a dense request (each chunk named once, held here, of
+  // the size the slice says, the chunks together within `max_reply_bytes`) before anything is
+  // changed.
+  Status ResolveSlices(const wire::Header& h, int64_t max_reply_bytes, std::vector<SliceRef>* out);
+
+  // FailedPrecondition when an id belongs to another server (client and server disagree on the cluster).
+  Status CheckIds(const Table& t, std::span<const int64_t> ids) const;
+
+  // Calls fn(Table&) for every table.
+  template <typename Fn>
+  void ForEach(Fn&& fn) {
+    for (auto& [id, t] : tables_) fn(*t);
+  }
+
+ private:
+  const int rank_;
+  const int num_servers_;
+  std::unordered_map<uint64_t, std::unique_ptr<Table>> tables_;
+};
+
+}  // namespace ferry::ps

@@ -1,0 +1,47 @@
+// ps/server/internal/updates.h — the work on a shard's numbers: applying gradients with the
+// table's optimizer, and copying values out for a pull. Big chunks and batches of rows are
+// shared with the compute pool; the I/O thread takes a share and waits for the rest.
+//
+// Thread-safety: one thread at a time (the server's I/O thread), like the pool it drives.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ferry/table_spec.h"
+#include "internal/tables.h"
+#include "internal/thread_pool.h"
+
+namespace ferry::ps {
+
+class Updater {
+ public:
+  explicit Updater(ThreadPool& pool) : pool_(pool) {}
+
+  // Ranges of about this many floats go to one thread.
+  static constexpr int64_t kGrain = 1 << 16;
+
+  // One gradient of the whole chunk, as the chunk's update number `step` (1-based).
+  void ApplyDense(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step);
+  // One gradient row per id (see SparseShard::ApplyRows).
+  void ApplyRows(SparseShard& shard, std::span<const int64_t> ids, const float* grads) {
+    shard.ApplyRows(ids, grads, &rows_);
+  }
+  // The sum of `grads[k][i]` over k, divided by grads.size(), applied as update `step`: a sync
+  // step's gradients added in the order given (rank order), so every run adds the same numbers
+  // in the same order whatever the thread count.
+  void ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::span<const float* const> grads, int64_t step);
+
+  // Copies for a pull: the values are copied because a later push may change them while ZeroMQ
+  // still sends. ReadRows creates rows on first touch (serially) and then copies in parallel.
+  void ReadDense(const DenseChunk& c, float* dst);
+  void ReadRows(SparseShard& shard, std::span<const int64_t> ids, float* dst);
+
+ private:
+  ThreadPool& pool_;
+  std::vector<float> avg_;     // scratch for ApplyDenseAverage
+  std::vector<RowIndex> rows_;  // scratch for row indices
+};
+
+}  // namespace ferry::ps

@@ -1,0 +1,59 @@
+// ps/server/internal/workers.h — the job's workers as one server sees them: how many there are
+// (from the first Hello), which have finished, their clocks (ssp), and what follows from these:
+// whether a sync step has its quorum, whether a pull may be served, and who is being waited for.
+// See PROTOCOL.md, "Sync steps".
+//
+// Thread-safety: none; the server's I/O thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ferry/status.h"
+#include "ferry/table_spec.h"
+#include "internal/tables.h"
+
+namespace ferry::ps {
+
+// Steps and clocks from the network are within [0, kMaxStep]: no overflow in +1 or -staleness.
+inline constexpr int64_t kMaxStep = int64_t{1} << 62;
+
+class Workers {
+ public:
+  // 0 until the first Hello fixes it.
+  int count() const { return count_; }
+
+  // A Hello from `rank` of a job of `num_workers`: fixes the count on the first one, refuses one
+  // that disagrees with it, and makes `rank` take part (again).
+  Status Join(int rank, int num_workers);
+  // The worker has ended its training: it is no longer waited for.
+  void Finish(int rank) { SetFinished(rank, true); }
+
+  // Raises the clock of `rank` to `clock` (clocks never go back); returns the clock.
+  int64_t AdvanceClock(int rank, int64_t clock);
+
+  // A sync step closes once it holds the gradients of min(replicas_to_aggregate, workers that
+  // take part) workers, where a worker takes part unless it has finished (a finished worker's
+  // gradient already held for the step still counts).
+  bool StepComplete(const TableSpec& spec, const SyncSlots& sync) const;
+  // Whether a pull for `step` of a table (or chunk) at `version` may be served now.
+  bool Ready(const TableSpec& spec, int64_t version, int64_t step) const;
+
+  // The ranks still expected for a sync step ("none" if none): they take part and have not pushed it.
+  std::string MissingRanks(const SyncSlots& sync) const;
+  // The workers an ssp pull for `step` waits for, with their clocks: "1 (clock 3), 2 (clock 4)".
+  std::string Behind(int64_t step, int staleness) const;
+
+ private:
+  void SetFinished(int rank, bool finished);
+  // The slowest clock among the workers still training; finished workers hold no one back.
+  int64_t MinClock() const;
+
+  int count_ = 0;
+  std::vector<bool> finished_;   // per rank: sent Finish (and no Hello since)
+  int num_finished_ = 0;         // the true entries of finished_
+  std::vector<int64_t> clocks_;  // per rank (ssp)
+};
+
+}  // namespace ferry::ps

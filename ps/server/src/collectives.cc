@@ -1,0 +1,74 @@
+#include "internal/collectives.h"
+
+#include <algorithm>
+
+namespace ferry::ps {
+
+Status Collectives::CheckEntry(const Request& req) const {
+  const int64_t id = req.h()->barrier_id();
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return Status::Ok();
+  const std::vector<Request>& arrived = it->second;
+  for (const auto& r : arrived) {
+    if (r.h()->rank() == req.h()->rank()) {
+      return FailedPreconditionError("rank " + std::to_string(req.h()->rank()) + " entered barrier " +
+                                     std::to_string(id) + " twice");
+    }
+  }
+  const Request& first = arrived[0];
+  if (first.h()->kind() != req.h()->kind() || first.h()->num_ids() != req.h()->num_ids()) {
+    auto describe = [](const Request& r) {
+      return std::string(wire::KindName(r.h()->kind())) + " of " + std::to_string(r.h()->num_ids()) +
+             " values from rank " + std::to_string(r.h()->rank());
+    };
+    return FailedPreconditionError("collective " + std::to_string(id) + ": " + describe(req) + " does not match " +
+                                   describe(first));
+  }
+  return Status::Ok();
+}
+
+std::vector<Request> Collectives::Enter(Request req, Clock::time_point deadline, int num_workers) {
+  const int64_t id = req.h()->barrier_id();
+  std::vector<Request>& arrived = by_id_[id];
+  if (arrived.empty()) deadlines_.Add(deadline, id);
+  req.deadline = deadline;
+  arrived.push_back(std::move(req));
+  ++waiting_;
+  if (static_cast<int>(arrived.size()) < num_workers) return {};
+  std::vector<Request> group = std::move(arrived);
+  deadlines_.Remove(group[0].deadline, id);
+  by_id_.erase(id);
+  waiting_ -= group.size();
+  std::sort(group.begin(), group.end(), [](const Request& a, const Request& b) { return a.h()->rank() < b.h()->rank(); });
+  return group;
+}
+
+std::vector<double> Collectives::Sum(const std::vector<Request>& group) {
+  const size_t n = static_cast<size_t>(group[0].h()->num_ids());
+  std::vector<double> sum(n, 0.0);
+  for (const auto& r : group) {
+    std::vector<double> scratch;
+    auto v = View<double>(r.payload[0], scratch);
+    for (size_t i = 0; i < n; ++i) sum[i] += v[i];
+  }
+  return sum;
+}
+
+std::vector<Collectives::Expired> Collectives::TakeExpired(Clock::time_point now, int num_workers) {
+  std::vector<Expired> expired;
+  for (int64_t id : deadlines_.TakeDue(now)) {
+    auto it = by_id_.find(id);
+    Expired e{id, std::move(it->second), ""};
+    by_id_.erase(it);
+    waiting_ -= e.arrived.size();
+    std::vector<bool> came(static_cast<size_t>(num_workers), false);
+    for (const auto& r : e.arrived) came[static_cast<size_t>(r.h()->rank())] = true;
+    for (size_t w = 0; w < came.size(); ++w) {
+      if (!came[w]) e.missing += (e.missing.empty() ? "" : ", ") + std::to_string(w);
+    }
+    expired.push_back(std::move(e));
+  }
+  return expired;
+}
+
+}  // namespace ferry::ps

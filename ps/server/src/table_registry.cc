@@ -1,0 +1,114 @@
+#include "internal/table_registry.h"
+
+#include <string>
+
+#include <absl/container/flat_hash_set.h>
+
+#include "ferry/messages/placement.h"
+
+namespace ferry::ps {
+
+Status TableRegistry::Create(TableSpec spec, uint64_t claimed_id, int num_workers) {
+  const uint64_t id = TableId(spec.name);
+  if (claimed_id != id) {
+    return InvalidArgumentError("table_id " + std::to_string(claimed_id) + " is not the hash of the name '" +
+                                spec.name + "' (" + std::to_string(id) + ")");
+  }
+  if (auto it = tables_.find(id); it != tables_.end()) {
+    const TableSpec& have = it->second->spec;
+    if (have.name != spec.name) {
+      return AlreadyExistsError("table names '" + have.name + "' and '" + spec.name +
+                                "' hash to the same id; rename one");
+    }
+    if (!(have == spec)) {
+      return AlreadyExistsError("table '" + spec.name + "' is already declared as " + have.ToString() +
+                                "; the new declaration " + spec.ToString() + " conflicts with it");
+    }
+    return Status::Ok();  // idempotent
+  }
+  if (spec.consistency == Consistency::kSync && spec.replicas_to_aggregate > num_workers) {
+    return InvalidArgumentError("table '" + spec.name + "': replicas_to_aggregate " +
+                                std::to_string(spec.replicas_to_aggregate) + " exceeds the job's " +
+                                std::to_string(num_workers) + " workers");
+  }
+  auto table = std::make_unique<Table>();
+  table->spec = std::move(spec);
+  table->id = id;
+  try {
+    if (table->spec.type == TableType::kDense) {
+      table->dense = std::make_unique<DenseShard>(table->spec, id, rank_, num_servers_, num_workers);
+    } else {
+      table->sparse = std::make_unique<SparseShard>(table->spec, id, num_workers);
+    }
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError("out of memory creating table '" + table->spec.name + "'");
+  }
+  tables_.emplace(id, std::move(table));
+  return Status::Ok();
+}
+
+StatusOr<Table*> TableRegistry::Find(uint64_t id, TableType type) {
+  auto it = tables_.find(id);
+  if (it == tables_.end()) return NotFoundError("unknown table id " + std::to_string(id) + " (declare it first)");
+  if (it->second->spec.type != type) {
+    return InvalidArgumentError("table '" + it->second->spec.name + "' is " +
+                                (type == TableType::kDense ? "sparse, not dense" : "dense, not sparse"));
+  }
+  return it->second.get();
+}
+
+const Table* TableRegistry::Find(uint64_t id) const {
+  auto it = tables_.find(id);
+  return it == tables_.end() ? nullptr : it->second.get();
+}
+
+Status TableRegistry::ResolveSlices(const wire::Header& h, int64_t max_reply_bytes, std::vector<SliceRef>* out) {
+  out->clear();
+  absl::flat_hash_set<std::pair<uint64_t, int64_t>> seen;
+  int64_t reply_bytes = 0;
+  for (flatbuffers::uoffset_t i = 0; i < h.slices()->size(); ++i) {
+    const auto* sl = h.slices()->Get(i);
+    if (!seen.emplace(sl->table_id(), sl->chunk()).second) {
+      return InvalidArgumentError("slice " + std::to_string(i) + " repeats chunk " + std::to_string(sl->chunk()) +
+                                  " of table id " + std::to_string(sl->table_id()) +
+                                  " (name each table once per request)");
+    }
+    FERRY_ASSIGN_OR_RETURN(Table * t, Find(sl->table_id(), TableType::kDense));
+    DenseChunk* c = t->dense->chunk(sl->chunk());
+    if (c == nullptr) {
+      if (sl->chunk() < 0 || sl->chunk() >= t->dense->num_chunks()) {
+        return OutOfRangeError("table '" + t->spec.name + "' has no chunk " + std::to_string(sl->chunk()));
+      }
+      return FailedPreconditionError(
+          "table '" + t->spec.name + "' chunk " + std::to_string(sl->chunk()) + " belongs to server " +
+          std::to_string(placement::ChunkServer(t->id, sl->chunk(), num_servers_)) + ", not " +
+          std::to_string(rank_) + ": client and server disagree on the cluster");
+    }
+    if (sl->count() != c->size) {
+      return InvalidArgumentError("table '" + t->spec.name + "' chunk " + std::to_string(sl->chunk()) + " has " +
+                                  std::to_string(c->size) + " elements, the slice says " + std::to_string(sl->count()));
+    }
+    reply_bytes += c->size * static_cast<int64_t>(sizeof(float));
+    if (reply_bytes > max_reply_bytes) {
+      return ResourceExhaustedError("the chunks requested add up to more than this server's message limit of " +
+                                    std::to_string(max_reply_bytes) + " bytes");
+    }
+    out->push_back({t, c});
+  }
+  return Status::Ok();
+}
+
+Status TableRegistry::CheckIds(const Table& t, std::span<const int64_t> ids) const {
+  if (num_servers_ == 1) return Status::Ok();
+  for (int64_t id : ids) {
+    const int owner = placement::IdServer(id, num_servers_);
+    if (owner != rank_) {
+      return FailedPreconditionError("table '" + t.spec.name + "': id " + std::to_string(id) + " belongs to server " +
+                                     std::to_string(owner) + ", not " + std::to_string(rank_) +
+                                     ": client and server disagree on the cluster");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ferry::ps

@@ -1,0 +1,88 @@
+#include "internal/workers.h"
+
+#include <algorithm>
+
+namespace ferry::ps {
+
+Status Workers::Join(int rank, int num_workers) {
+  if (num_workers <= 0 || num_workers > 65536) {
+    return InvalidArgumentError("num_workers " + std::to_string(num_workers) + " is outside [1, 65536]");
+  }
+  if (rank < 0 || rank >= num_workers) {
+    return InvalidArgumentError("worker rank " + std::to_string(rank) + " is outside [0, " +
+                                std::to_string(num_workers) + ")");
+  }
+  if (count_ != 0 && count_ != num_workers) {
+    return FailedPreconditionError("worker " + std::to_string(rank) + " says the job has " +
+                                   std::to_string(num_workers) + " workers, but earlier workers said " +
+                                   std::to_string(count_));
+  }
+  if (count_ == 0) {
+    count_ = num_workers;
+    clocks_.assign(static_cast<size_t>(count_), 0);
+    finished_.assign(static_cast<size_t>(count_), false);
+  }
+  // A worker that connects (again) takes part in the sync quorum (again).
+  SetFinished(rank, false);
+  return Status::Ok();
+}
+
+void Workers::SetFinished(int rank, bool finished) {
+  auto&& f = finished_[static_cast<size_t>(rank)];
+  if (f != finished) num_finished_ += finished ? 1 : -1;
+  f = finished;
+}
+
+int64_t Workers::AdvanceClock(int rank, int64_t clock) {
+  auto& c = clocks_[static_cast<size_t>(rank)];
+  c = std::max(c, clock);
+  return c;
+}
+
+bool Workers::StepComplete(const TableSpec& spec, const SyncSlots& sync) const {
+  if (sync.received == 0) return false;
+  int taking_part = count_;  // the common case, no worker finished: no scan per push
+  if (num_finished_ > 0) {
+    taking_part = 0;
+    for (size_t r = 0; r < finished_.size(); ++r) taking_part += (!finished_[r] || sync.by_rank[r]) ? 1 : 0;
+  }
+  const int wanted = spec.replicas_to_aggregate > 0 ? spec.replicas_to_aggregate : count_;
+  return sync.received >= std::min(wanted, taking_part);
+}
+
+int64_t Workers::MinClock() const {
+  int64_t m = INT64_MAX;
+  for (size_t r = 0; r < clocks_.size(); ++r) {
+    if (!finished_[r]) m = std::min(m, clocks_[r]);
+  }
+  return m == INT64_MAX ? kMaxStep : m;
+}
+
+bool Workers::Ready(const TableSpec& spec, int64_t version, int64_t step) const {
+  switch (spec.consistency) {
+    case Consistency::kSync: return version >= step;
+    case Consistency::kSsp: return MinClock() >= step - spec.staleness;
+    case Consistency::kAsync: return true;
+  }
+  return true;
+}
+
+std::string Workers::MissingRanks(const SyncSlots& sync) const {
+  std::string out;
+  for (size_t r = 0; r < finished_.size(); ++r) {
+    if (!finished_[r] && !sync.by_rank[r]) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::string Workers::Behind(int64_t step, int staleness) const {
+  std::string out;
+  for (size_t r = 0; r < clocks_.size(); ++r) {
+    if (!finished_[r] && clocks_[r] < step - staleness) {
+      out += (out.empty() ? "" : ", ") + std::to_string(r) + " (clock " + std::to_string(clocks_[r]) + ")";
+    }
+  }
+  return out;
+}
+
+}  // namespace ferry::ps

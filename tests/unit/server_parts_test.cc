@@ -1,0 +1,189 @@
+// The parts the server is built from, one at a time: expiry order (transport::Deadlines, shared
+// with the client), the job's workers (quorum, readiness), held pulls and collectives.
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ferry/messages/deadlines.h"
+#include "internal/collectives.h"
+#include "internal/held.h"
+#include "internal/request.h"
+#include "internal/tables.h"
+#include "internal/workers.h"
+
+namespace ferry::ps {
+namespace {
+
+using std::chrono::milliseconds;
+
+// A request as the server holds it: a verified header of `kind` from `rank`, with `values` as
+// its one payload frame (all-reduce) when given.
+Request MakeRequest(wire::Kind kind, int rank, int64_t barrier_id = 0, std::vector<double> values = {},
+                    int64_t step = 0) {
+  flatbuffers::FlatBufferBuilder fbb;
+  wire::HeaderBuilder b(fbb);
+  b.add_major(wire::kMajor);
+  b.add_minor(wire::kMinor);
+  b.add_kind(kind);
+  b.add_rank(rank);
+  b.add_step(step);
+  b.add_barrier_id(barrier_id);
+  b.add_num_ids(static_cast<int64_t>(values.size()));
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Request r;
+  r.header_frame = wire::ToFrame(fbb);
+  const wire::Header* h = nullptr;
+  EXPECT_TRUE(wire::VerifyHeader(r.header_frame, &h).ok());
+  r.verified = true;
+  if (!values.empty()) r.payload.emplace_back(values.data(), values.size() * sizeof(double));
+  return r;
+}
+
+TEST(Deadlines, NextIsTheEarliestAndDueIsAPrefix) {
+  transport::Deadlines<int> d;
+  const auto t0 = transport::Deadlines<int>::Clock::now();
+  EXPECT_FALSE(d.Next().has_value());
+  d.Add(t0 + milliseconds(30), 3);
+  d.Add(t0 + milliseconds(10), 1);
+  d.Add(t0 + milliseconds(20), 2);
+  d.Add(t0 + milliseconds(10), 4);  // same deadline, another key: both kept
+  EXPECT_EQ(d.Next(), t0 + milliseconds(10));
+  d.Remove(t0 + milliseconds(20), 2);
+  d.Remove(t0 + milliseconds(99), 3);  // never added with that deadline: ignored
+  EXPECT_EQ(d.size(), 3u);
+  EXPECT_TRUE(d.TakeDue(t0).empty());
+  EXPECT_EQ(d.TakeDue(t0 + milliseconds(25)), (std::vector<int>{1, 4}));
+  EXPECT_EQ(d.Next(), t0 + milliseconds(30));
+  EXPECT_EQ(d.TakeDue(t0 + milliseconds(30)), (std::vector<int>{3}));
+  EXPECT_TRUE(d.empty());
+  EXPECT_EQ(transport::Earliest(std::nullopt, t0), t0);
+  EXPECT_EQ(transport::Earliest(t0 + milliseconds(1), t0), t0);
+}
+
+SyncSlots Slots(int workers, std::initializer_list<int> pushed) {
+  SyncSlots s;
+  s.Reset(workers, /*sparse=*/false);
+  for (int r : pushed) {
+    s.by_rank[static_cast<size_t>(r)] = zmq::message_t(4);
+    ++s.received;
+  }
+  return s;
+}
+
+TEST(Workers, TheFirstHelloFixesTheCountAndLaterOnesMustAgree) {
+  Workers w;
+  EXPECT_EQ(w.count(), 0);
+  EXPECT_EQ(w.Join(0, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.Join(3, 3).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(w.Join(1, 3).ok());
+  EXPECT_EQ(w.count(), 3);
+  const Status s = w.Join(0, 2);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("earlier workers said 3"), std::string::npos) << s;
+}
+
+TEST(Workers, ASyncStepWaitsForEveryWorkerTakingPart) {
+  Workers w;
+  ASSERT_TRUE(w.Join(0, 3).ok());
+  TableSpec all;  // replicas_to_aggregate 0: every worker
+  EXPECT_FALSE(w.StepComplete(all, Slots(3, {})));
+  EXPECT_FALSE(w.StepComplete(all, Slots(3, {0, 2})));
+  EXPECT_EQ(w.MissingRanks(Slots(3, {0, 2})), "1");
+  EXPECT_TRUE(w.StepComplete(all, Slots(3, {0, 1, 2})));
+  TableSpec two = all;
+  two.replicas_to_aggregate = 2;  // one backup worker
+  EXPECT_TRUE(w.StepComplete(two, Slots(3, {0, 2})));
+  // A finished worker is not waited for, but its gradient held for the step still counts.
+  w.Finish(1);
+  EXPECT_TRUE(w.StepComplete(all, Slots(3, {0, 2})));
+  EXPECT_EQ(w.MissingRanks(Slots(3, {0})), "2");
+  EXPECT_FALSE(w.StepComplete(all, Slots(3, {0})));
+  // A Hello from the finished rank makes it take part again.
+  ASSERT_TRUE(w.Join(1, 3).ok());
+  EXPECT_FALSE(w.StepComplete(all, Slots(3, {0, 2})));
+}
+
+TEST(Workers, SspPullsWaitForTheSlowestClockStillTraining) {
+  Workers w;
+  ASSERT_TRUE(w.Join(0, 2).ok());
+  TableSpec ssp;
+  ssp.consistency = Consistency::kSsp;
+  ssp.staleness = 1;
+  EXPECT_EQ(w.AdvanceClock(0, 5), 5);
+  EXPECT_EQ(w.AdvanceClock(0, 3), 5);  // clocks never go back
+  EXPECT_EQ(w.AdvanceClock(1, 2), 2);
+  EXPECT_TRUE(w.Ready(ssp, 0, 3));   // the slowest clock 2 >= 3 - 1
+  EXPECT_FALSE(w.Ready(ssp, 0, 4));  // 2 < 4 - 1
+  EXPECT_EQ(w.Behind(4, 1), "1 (clock 2)");
+  w.Finish(1);
+  EXPECT_TRUE(w.Ready(ssp, 0, 6));  // only rank 0 (clock 5) still trains
+  TableSpec sync;
+  sync.consistency = Consistency::kSync;
+  EXPECT_TRUE(w.Ready(sync, 4, 4));
+  EXPECT_FALSE(w.Ready(sync, 3, 4));
+}
+
+TEST(HeldPulls, ServeReadyKeepsArrivalOrderAndExpiryTakesOnlyWhatIsDue) {
+  HeldPulls held;
+  const auto t0 = Clock::now();
+  for (int r = 0; r < 4; ++r) held.Hold(MakeRequest(wire::Kind::PullDense, r), t0 + milliseconds(10 * (r + 1)));
+  EXPECT_EQ(held.NextDeadline(), t0 + milliseconds(10));
+  std::vector<int> offered;
+  held.ServeReady([&](Request& req) {
+    offered.push_back(req.h()->rank());
+    return req.h()->rank() % 2 == 0;  // serve ranks 0 and 2
+  });
+  EXPECT_EQ(offered, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(held.size(), 2u);
+  EXPECT_EQ(held.NextDeadline(), t0 + milliseconds(20));  // rank 0's deadline went with it
+  std::vector<Request> expired = held.TakeExpired(t0 + milliseconds(25));
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0].h()->rank(), 1);
+  EXPECT_EQ(held.size(), 1u);
+  EXPECT_EQ(held.TakeExpired(t0 + milliseconds(40)).size(), 1u);
+  EXPECT_FALSE(held.NextDeadline().has_value());
+}
+
+TEST(Collectives, AnAllReduceCompletesInRankOrderWithTheSum) {
+  Collectives c;
+  const auto deadline = Clock::now() + milliseconds(1000);
+  ASSERT_TRUE(c.CheckEntry(MakeRequest(wire::Kind::AllReduce, 2, 7, {1.0, 2.0})).ok());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 2, 7, {1.0, 2.0}), deadline, 3).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 0, 7, {10.0, 20.0}), deadline, 3).empty());
+  EXPECT_EQ(c.size(), 2u);
+  // The same rank again, or another kind or length, is refused: it would never complete.
+  EXPECT_NE(c.CheckEntry(MakeRequest(wire::Kind::AllReduce, 0, 7, {1.0, 2.0})).message().find("twice"),
+            std::string::npos);
+  const Status mismatch = c.CheckEntry(MakeRequest(wire::Kind::AllReduce, 1, 7, {1.0}));
+  EXPECT_EQ(mismatch.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(mismatch.message().find("does not match"), std::string::npos) << mismatch;
+  EXPECT_TRUE(c.CheckEntry(MakeRequest(wire::Kind::Barrier, 1, 8)).ok());  // another collective
+  std::vector<Request> group = c.Enter(MakeRequest(wire::Kind::AllReduce, 1, 7, {100.0, 200.0}), deadline, 3);
+  ASSERT_EQ(group.size(), 3u);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(group[static_cast<size_t>(r)].h()->rank(), r);
+  EXPECT_EQ(Collectives::Sum(group), (std::vector<double>{111.0, 222.0}));
+  EXPECT_EQ(c.size(), 0u);
+  EXPECT_FALSE(c.NextDeadline().has_value());
+}
+
+TEST(Collectives, ExpiryNamesTheRanksThatNeverCame) {
+  Collectives c;
+  const auto t0 = Clock::now();
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 1, 3), t0 + milliseconds(10), 4).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 2, 3), t0 + milliseconds(50), 4).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 0, 4), t0 + milliseconds(30), 4).empty());
+  EXPECT_EQ(c.NextDeadline(), t0 + milliseconds(10));  // the first arrival's
+  EXPECT_TRUE(c.TakeExpired(t0, 4).empty());
+  std::vector<Collectives::Expired> expired = c.TakeExpired(t0 + milliseconds(20), 4);
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0].id, 3);
+  EXPECT_EQ(expired[0].arrived.size(), 2u);
+  EXPECT_EQ(expired[0].missing, "0, 3");
+  EXPECT_EQ(c.size(), 1u);
+  EXPECT_EQ(c.NextDeadline(), t0 + milliseconds(30));
+}
+
+}  // namespace
+}  // namespace ferry::ps

@@ -10,10 +10,41 @@
 namespace ferry::trainer {
 namespace {
 
-StatusOr<TrainerOptions> Parse(std::vector<std::string> args) {
+// `tf_config`: the TF_CONFIG value the parse sees (none by default, whatever the environment).
+StatusOr<TrainerOptions> Parse(std::vector<std::string> args, const char* tf_config = nullptr) {
   std::vector<const char*> argv = {"ferry-trainer"};
   for (const auto& a : args) argv.push_back(a.c_str());
-  return ParseTrainerFlags(static_cast<int>(argv.size()), argv.data());
+  return ParseTrainerFlags(static_cast<int>(argv.size()), argv.data(), tf_config);
+}
+
+constexpr const char* kTfConfig =
+    R"({"cluster": {"ps": ["10.0.0.1:2222", "ps-1:2222"], "chief": ["c:1"], "worker": ["w0:1", "w1:1"]},
+        "task": {"type": "worker", "index": 1}})";
+
+TEST(TrainerOptions, TakesTheClusterFromTfConfigWithoutClusterFlags) {
+  auto o = Parse({"--steps", "10"}, kTfConfig);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->servers, (std::vector<std::string>{"tcp://10.0.0.1:2222", "tcp://ps-1:2222"}));
+  EXPECT_EQ(o->num_workers, 3);  // the chief and two workers
+  EXPECT_EQ(o->rank, 2);         // worker 1 comes after the chief and worker 0
+  EXPECT_EQ(o->cluster_source, "TF_CONFIG (worker 1)");
+}
+
+TEST(TrainerOptions, ClusterFlagsWinOverTfConfig) {
+  auto o = Parse({"--servers", "tcp://a:1", "--steps", "10"}, kTfConfig);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->servers, (std::vector<std::string>{"tcp://a:1"}));
+  EXPECT_EQ(o->num_workers, 1);
+  EXPECT_TRUE(o->cluster_source.empty());
+  EXPECT_TRUE(Parse({"--local", "--steps", "10"}, kTfConfig).ok());
+}
+
+TEST(TrainerOptions, RefusesTfConfigForAnotherTaskOrMalformed) {
+  auto ps = Parse({"--steps", "10"}, R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "ps", "index": 0}})");
+  EXPECT_EQ(ps.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ps.status().message().find("run ferry-ps there"), std::string::npos) << ps.status();
+  auto bad = Parse({"--steps", "10"}, "{not json");
+  EXPECT_NE(bad.status().message().find("TF_CONFIG is not JSON"), std::string::npos) << bad.status();
 }
 
 TEST(TrainerOptions, ParsesAFullCommandLine) {

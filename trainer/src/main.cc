@@ -42,6 +42,10 @@ int main(int argc, char** argv) {
   auto device = trainer::CreateDevice(options.device, options.gpu, &choice);
   if (!device.ok()) return Fail("device", device.status());
   std::printf("%s\n", choice.c_str());
+  if (!options.cluster_source.empty()) {
+    std::printf("cluster: from %s: worker %d of %d, %zu server(s)\n", options.cluster_source.c_str(), options.rank,
+                options.num_workers, options.servers.size());
+  }
 
   trainer::Datasets ds;
   std::optional<data::ImageDataset> train, test;

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "ferry/cluster.h"
+
 namespace ferry::trainer {
 namespace {
 
@@ -97,6 +99,7 @@ Status ParseStraggler(std::string_view value, TrainerOptions* o) {
 std::string TrainerUsage() {
   return R"(usage: ferry-trainer [flags]
 cluster:   --servers tcp://h:p,tcp://h:p  --rank R  --num-workers M     (or --local: no servers)
+           without these flags, from TF_CONFIG if set (ps = servers; chief, then workers = ranks)
 device:    --device cuda|cpu|auto (auto)  --gpu N (0)
 model:     --model mlp|ctr (mlp)  --hidden 256,128  --seed S (1)  --emb-dim E (16, ctr)
 optimizer: --optimizer sgd|momentum|adagrad|adam (sgd)  --lr X (0.1)
@@ -156,7 +159,7 @@ Status TrainerOptions::Validate() const {
   return Status::Ok();
 }
 
-StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv) {
+StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, const char* tf_config) {
   TrainerOptions o;
   bool saw_rank = false, saw_workers = false;
   for (int i = 1; i < argc; ++i) {
@@ -299,6 +302,18 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv) {
   if (o.help) return o;
   if (o.local && (saw_rank || saw_workers)) {
     return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
+  }
+  // The cluster from TF_CONFIG when no cluster flag says otherwise (flags win).
+  if (!o.local && o.servers.empty() && !saw_rank && !saw_workers && tf_config != nullptr && *tf_config != '\0') {
+    FERRY_ASSIGN_OR_RETURN(ClusterConfig c, ParseTfConfig(tf_config));
+    if (c.task_type == "ps") {
+      return InvalidArgumentError("TF_CONFIG: this task is ps " + std::to_string(c.task_index) +
+                                  ": run ferry-ps there, not ferry-trainer");
+    }
+    o.servers = c.servers;
+    o.rank = c.rank;
+    o.num_workers = c.num_workers;
+    o.cluster_source = "TF_CONFIG (" + c.task_type + " " + std::to_string(c.task_index) + ")";
   }
   FERRY_RETURN_IF_ERROR(o.Validate());
   return o;

@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include "ferry/cluster.h"
 #include "ferry/server.h"
 #include "ferry/messages/transport.h"
 #include "internal/bind_endpoint.h"
@@ -26,7 +27,10 @@ void Usage(std::FILE* out) {
       "  --num-servers      servers in the cluster (default 1)\n"
       "  --compute-threads  helper threads for large updates (default: cores - 1)\n"
       "  --max-message-mb   largest accepted message (default 1024)\n"
-      "  --max-wait-s       longest a pull or barrier is held waiting (default 300)\n",
+      "  --max-wait-s       longest a pull or barrier is held waiting (default 300)\n"
+      "Without --bind, --rank and --num-servers, the cluster comes from TF_CONFIG when it is set:\n"
+      "this task must be a \"ps\" one; it listens at its entry's IPv4 address and port, or on\n"
+      "0.0.0.0 at that port when the entry is a host name.\n",
       out);
 }
 
@@ -47,6 +51,7 @@ bool ParseInt(std::string_view flag, const char* text, long long lo, long long h
 
 int main(int argc, char** argv) {
   ferry::ServerOptions options;
+  bool cluster_flags = false;  // --bind, --rank or --num-servers given: TF_CONFIG is not used
   for (int i = 1; i < argc; ++i) {
     std::string_view flag = argv[i];
     if (flag == "--help" || flag == "-h") {
@@ -67,6 +72,7 @@ int main(int argc, char** argv) {
     }
     const char* value = argv[++i];
     long long v = 0;
+    if (flag == "--bind" || flag == "--rank" || flag == "--num-servers") cluster_flags = true;
     if (flag == "--bind") {
       if (ferry::Status s = ferry::ps::CheckBindEndpoint(value); !s.ok()) {
         std::fprintf(stderr, "ferry-ps: %s\n", s.message().c_str());
@@ -92,6 +98,27 @@ int main(int argc, char** argv) {
       // Listed in kValueFlags but not handled above: a bug in this function, not the caller's.
       std::fprintf(stderr, "ferry-ps: internal error: flag %s is listed but not handled\n", argv[i - 1]);
       return 70;
+    }
+  }
+
+  // The cluster from TF_CONFIG when no cluster flag says otherwise (flags win).
+  if (!cluster_flags) {
+    auto cluster = ferry::ClusterFromEnvironment();
+    if (!cluster.ok()) {
+      std::fprintf(stderr, "ferry-ps: %s\n", cluster.status().message().c_str());
+      return 2;
+    }
+    if (*cluster) {
+      const ferry::ClusterConfig& c = **cluster;
+      if (c.task_type != "ps") {
+        std::fprintf(stderr, "ferry-ps: TF_CONFIG: this task is %s %d: run ferry-trainer there, not ferry-ps\n",
+                     c.task_type.c_str(), c.task_index);
+        return 2;
+      }
+      options.bind = c.bind;
+      options.rank = c.rank;
+      options.num_servers = static_cast<int>(c.servers.size());
+      std::printf("ferry-ps: cluster from TF_CONFIG (ps %d of %zu)\n", c.task_index, c.servers.size());
     }
   }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@ struct TrainerOptions {
   int rank = 0;                      // --rank R, in [0, num_workers)
   int num_workers = 1;               // --num-workers M
   bool local = false;                // --local: one process, local optimizer, no servers
+  std::string cluster_source;        // where servers/rank/num_workers came from when not flags
 
   // ---- Device ----
   DeviceKind device = DeviceKind::kAuto;  // --device cuda|cpu|auto
@@ -97,7 +99,10 @@ struct TrainerOptions {
 
 // Parses argv[1..argc) ("--flag value" or "--flag=value") and validates the result (unless
 // --help was given, which sets `help` and skips validation).
-StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv);
+// Without --servers, --rank, --num-workers and --local, the cluster comes from `tf_config` (the
+// TF_CONFIG environment variable by default; see ferry/cluster.h) when it is set.
+StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv,
+                                           const char* tf_config = std::getenv("TF_CONFIG"));
 
 // The usage text.
 std::string TrainerUsage();

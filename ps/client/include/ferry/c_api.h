@@ -1,0 +1,133 @@
+/* ferry/c_api.h — Ferry's client for C, and for other languages through C (ctypes, cgo, JNI).
+ *
+ * Everything is an opaque handle or a plain C type. Every call that can fail returns a
+ * ferry_code (FERRY_OK = 0; the others are the codes of ferry::StatusCode, which a server's
+ * error reply carries unchanged), and ferry_last_error() gives the message of the last failed
+ * call on the calling thread: what failed and where, as the C++ client says it (a server's own
+ * error text included).
+ *
+ * Operations on tables are asynchronous, like the C++ client's: they return a ferry_handle at
+ * once; ferry_wait() gives the operation's result. The caller's buffers must stay valid (and,
+ * for pushes, unchanged) until the handle is done; ferry_handle_free() of a handle not yet done
+ * waits for it first (bounded by the request timeout), so freeing never leaves the client
+ * writing into memory the caller has released.
+ *
+ * Thread-safety: a ferry_client may be used from several threads at once; a ferry_handle and a
+ * ferry_table_spec from one thread at a time. ferry_last_error() is per thread.
+ */
+#ifndef FERRY_C_API_H_
+#define FERRY_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ferry_code {
+  FERRY_OK = 0,
+  FERRY_CANCELLED = 1,
+  FERRY_UNKNOWN = 2,
+  FERRY_INVALID_ARGUMENT = 3,
+  FERRY_DEADLINE_EXCEEDED = 4,
+  FERRY_NOT_FOUND = 5,
+  FERRY_ALREADY_EXISTS = 6,
+  FERRY_PERMISSION_DENIED = 7,
+  FERRY_RESOURCE_EXHAUSTED = 8,
+  FERRY_FAILED_PRECONDITION = 9,
+  FERRY_ABORTED = 10,
+  FERRY_OUT_OF_RANGE = 11,
+  FERRY_UNIMPLEMENTED = 12,
+  FERRY_INTERNAL = 13,
+  FERRY_UNAVAILABLE = 14,
+  FERRY_DATA_LOSS = 15
+} ferry_code;
+
+typedef struct ferry_client ferry_client;
+typedef struct ferry_handle ferry_handle;
+typedef struct ferry_table_spec ferry_table_spec;
+
+/* The message of the last call on this thread that did not return FERRY_OK ("" if none since
+ * the last successful call). Valid until the next ferry_ call on this thread. */
+const char* ferry_last_error(void);
+/* "OK", "INVALID_ARGUMENT", ... */
+const char* ferry_code_name(ferry_code code);
+
+/* ---- table specs ---------------------------------------------------------------------------
+ * A spec starts as a dense table of shape [0] with sgd (learning rate 0.01), async, zeros;
+ * set what differs. Setters check their own argument; ferry_declare checks the whole spec. */
+ferry_code ferry_spec_new(const char* name, ferry_table_spec** out);
+void ferry_spec_free(ferry_table_spec* spec);
+ferry_code ferry_spec_set_dense(ferry_table_spec* spec, const int64_t* shape, size_t ndim);
+ferry_code ferry_spec_set_sparse(ferry_table_spec* spec, int64_t dim);
+/* type: "sgd", "momentum", "adagrad" or "adam". */
+ferry_code ferry_spec_set_optimizer(ferry_table_spec* spec, const char* type, float learning_rate);
+/* consistency: "sync", "async" or "ssp:S". */
+ferry_code ferry_spec_set_consistency(ferry_table_spec* spec, const char* consistency);
+/* init: "zeros", "uniform" ([-scale, scale)), "normal" (stddev scale) or "constant" (scale). */
+ferry_code ferry_spec_set_init(ferry_table_spec* spec, const char* init, float scale, uint64_t seed);
+/* One of: "momentum", "nesterov" (0 or 1), "beta1", "beta2", "epsilon", "initial_accumulator",
+ * "chunk_elems", "replicas_to_aggregate". */
+ferry_code ferry_spec_set(ferry_table_spec* spec, const char* key, double value);
+
+/* ---- the client ---------------------------------------------------------------------------- */
+
+/* Connects to every server (endpoints like "tcp://host:7470", in server-rank order) as worker
+ * `rank` of `num_workers`, handshaking with each. request_timeout_ms: the longest any request
+ * waits for its reply (0: the C++ default, 6 minutes). */
+ferry_code ferry_connect(const char* const* servers, size_t num_servers, int rank, int num_workers,
+                         int64_t request_timeout_ms, ferry_client** out);
+/* The same, with servers, rank and worker count from the TF_CONFIG environment variable
+ * (see ferry/cluster.h); FERRY_NOT_FOUND when TF_CONFIG is not set. */
+ferry_code ferry_connect_tf_config(int64_t request_timeout_ms, ferry_client** out);
+/* Closes the client; what is still in flight fails with FERRY_CANCELLED. NULL is ignored. */
+void ferry_close(ferry_client* client);
+
+int ferry_rank(const ferry_client* client);
+int ferry_num_workers(const ferry_client* client);
+int ferry_num_servers(const ferry_client* client);
+
+/* Declares a table on every server (idempotent; a conflicting declaration fails with
+ * FERRY_ALREADY_EXISTS and a message naming both specs). */
+ferry_code ferry_declare(ferry_client* client, const ferry_table_spec* spec);
+
+/* Dense tables: `n` is the table's element count. */
+ferry_code ferry_pull_dense(ferry_client* client, const char* table, float* out, size_t n, int64_t step,
+                            ferry_handle** handle);
+ferry_code ferry_push_dense(ferry_client* client, const char* table, const float* grad, size_t n, int64_t step,
+                            ferry_handle** handle);
+/* Pushes `grad` for `step` and pulls the table for `step + 1` into `out`, in one round trip. */
+ferry_code ferry_push_pull_dense(ferry_client* client, const char* table, const float* grad, float* out, size_t n,
+                                 int64_t step, ferry_handle** handle);
+/* Sparse tables: `rows` / `grads` hold num_ids x dim floats (row i for ids[i]); rows_len is
+ * their length in floats. */
+ferry_code ferry_pull_sparse(ferry_client* client, const char* table, const int64_t* ids, size_t num_ids,
+                             float* rows, size_t rows_len, int64_t step, ferry_handle** handle);
+ferry_code ferry_push_sparse(ferry_client* client, const char* table, const int64_t* ids, size_t num_ids,
+                             const float* grads, size_t grads_len, int64_t step, ferry_handle** handle);
+
+/* Waits at most timeout_ms (< 0: until the operation ends, bounded by the request timeout);
+ * returns the operation's result, or FERRY_DEADLINE_EXCEEDED if it is still running (wait
+ * again later). */
+ferry_code ferry_wait(ferry_handle* handle, int64_t timeout_ms);
+/* 1 when the operation has ended (and the client no longer touches its buffers), else 0. */
+int ferry_done(const ferry_handle* handle);
+/* Once done: the lowest table version the servers reported (for a sync pull, the step served);
+ * -1 if none. */
+int64_t ferry_served_version(const ferry_handle* handle);
+/* Frees the handle, first waiting for the operation if it is still running. NULL is ignored. */
+void ferry_handle_free(ferry_handle* handle);
+
+/* Collectives and the worker's lifecycle (synchronous). */
+ferry_code ferry_barrier(ferry_client* client);
+/* out[i] = the sum of values[i] over every worker, added in rank order (same bits everywhere). */
+ferry_code ferry_all_reduce_sum(ferry_client* client, const double* values, double* out, size_t n);
+ferry_code ferry_advance_clock(ferry_client* client, int64_t clock);
+ferry_code ferry_finish(ferry_client* client);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* FERRY_C_API_H_ */

@@ -263,6 +263,12 @@ class FailureTest(OutputChecks, unittest.TestCase):
     def test_missing_gnuplot_is_named(self):
         path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
                                if not os.path.exists(os.path.join(d, "gnuplot")))
+        # Dropping gnuplot's folder (/usr/bin) drops python3 with it, which the fake trainer's
+        # "#!/usr/bin/env python3" needs: put this interpreter back, alone.
+        py_dir = os.path.join(self.tmp.name, "python")
+        os.makedirs(py_dir)
+        os.symlink(sys.executable, os.path.join(py_dir, "python3"))
+        path = py_dir + os.pathsep + path
         rc, output = run_harness(["--preset", "tiny", "--bin-dir", self.bin, "--out", self.out],
                                  timeout=30, env={"PATH": path})
         self.assertEqual(rc, 2, output)

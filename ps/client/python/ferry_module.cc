@@ -1,0 +1,420 @@
+// The `ferry` Python module: the C++ client for recommender pipelines, with numpy arrays.
+//
+//   import ferry, numpy as np
+//   c = ferry.Client(["tcp://127.0.0.1:7470"], rank=0, num_workers=1)   # or ferry.Client.from_tf_config()
+//   c.declare_dense("w", (784, 10), optimizer="adam", lr=1e-3, consistency="sync")
+//   w = np.empty((784, 10), np.float32)
+//   c.pull_dense("w", w, step=0).wait()          # writes into w
+//   c.push_dense("w", grad, step=0).wait()
+//   rows = c.pull_sparse("emb", ids, step=0).wait()   # a new (len(ids), dim) array
+//
+// Arrays that are already C-contiguous float32 (int64 for ids) are used in place: the client
+// reads pushed gradients from, and writes pulled values into, the array's own memory. Other
+// inputs are converted once (a copy); an output array must be C-contiguous, float32 and
+// writable, or the call raises TypeError. A Handle keeps every array it uses alive until the
+// operation is done, and waits for it if it is dropped before. The GIL is released while the
+// client sends, receives and waits. Every failure raises ferry.Error, whose message is the
+// client's or the server's text and whose `code` is the status code's name ("ALREADY_EXISTS").
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <map>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/client.h"
+#include "ferry/cluster.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// ferry.Error, set at import; a leaked strong reference (a py::object here would be released
+// after the interpreter has shut down).
+PyObject* error_type = nullptr;
+
+[[noreturn]] void Raise(const ferry::Status& s) {
+  py::gil_scoped_acquire gil;
+  py::object type = py::reinterpret_borrow<py::object>(error_type);
+  py::object e = type(s.message());
+  e.attr("code") = std::string(ferry::StatusCodeName(s.code()));
+  PyErr_SetObject(error_type, e.ptr());
+  throw py::error_already_set();
+}
+
+void Check(const ferry::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+using FloatIn = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using IdsIn = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+// An output array the client may write into directly.
+py::array_t<float> Writable(const py::object& out, const char* what) {
+  if (!py::isinstance<py::array>(out)) throw py::type_error(std::string(what) + " must be a numpy array");
+  auto a = py::reinterpret_borrow<py::array>(out);
+  if (!py::isinstance<py::array_t<float>>(a)) {
+    throw py::type_error(std::string(what) + " must be float32, not " + std::string(py::str(a.dtype())));
+  }
+  if (!(a.flags() & py::array::c_style)) throw py::type_error(std::string(what) + " must be C-contiguous");
+  if (!a.writeable()) throw py::type_error(std::string(what) + " is read-only");
+  return py::reinterpret_borrow<py::array_t<float>>(a);
+}
+
+std::chrono::milliseconds Millis(double seconds, const char* what) {
+  if (!std::isfinite(seconds) || seconds < 0) throw py::value_error(std::string(what) + " must be a finite number >= 0");
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
+}
+
+// An operation in flight, and the arrays it reads or writes.
+class PyHandle {
+ public:
+  PyHandle(ferry::Handle h, std::vector<py::object> keep, py::object result)
+      : handle_(std::move(h)), keep_(std::move(keep)), result_(std::move(result)) {}
+  PyHandle(const PyHandle&) = delete;
+  PyHandle& operator=(const PyHandle&) = delete;
+
+  ~PyHandle() {
+    // The client may still write into the arrays: wait (without the GIL) before letting them go.
+    if (!handle_.done()) {
+      py::gil_scoped_release release;
+      handle_.wait().IgnoreError();
+    }
+  }
+
+  // Waits (timeout in seconds; None: until done, bounded by the client's request timeout) and
+  // returns the pulled array (pulls) or None; raises ferry.Error on failure or timeout.
+  py::object Wait(std::optional<double> timeout) {
+    ferry::Status s;
+    {
+      py::gil_scoped_release release;
+      s = timeout ? handle_.wait(Millis(*timeout, "timeout")) : handle_.wait();
+    }
+    Check(s);
+    return result_;
+  }
+  bool Done() const { return handle_.done(); }
+  // Once done: the lowest table version the servers reported (a sync pull: the step served).
+  int64_t Version() const { return handle_.served().version; }
+
+ private:
+  ferry::Handle handle_;
+  std::vector<py::object> keep_;
+  py::object result_;
+};
+
+ferry::TableSpec Spec(const std::string& name, const std::string& optimizer, float lr, const std::string& consistency,
+                      const std::string& init, float init_scale, uint64_t seed, int replicas_to_aggregate) {
+  ferry::TableSpec s;
+  s.name = name;
+  Check(ferry::ParseOptimizerType(optimizer, &s.optimizer.type));
+  s.optimizer.learning_rate = lr;
+  Check(ferry::ParseConsistency(consistency, &s.consistency, &s.staleness));
+  if (init == "zeros") {
+    s.init = ferry::InitType::kZeros;
+  } else if (init == "uniform") {
+    s.init = ferry::InitType::kUniform;
+  } else if (init == "normal") {
+    s.init = ferry::InitType::kNormal;
+  } else if (init == "constant") {
+    s.init = ferry::InitType::kConstant;
+  } else {
+    Raise(ferry::InvalidArgumentError("init '" + init + "' is not one of: zeros, uniform, normal, constant"));
+  }
+  s.init_scale = init_scale;
+  s.seed = seed;
+  s.replicas_to_aggregate = replicas_to_aggregate;
+  return s;
+}
+
+class PyClient {
+ public:
+  PyClient(std::vector<std::string> servers, int rank, int num_workers, double request_timeout, double connect_timeout) {
+    ferry::ClientOptions o;
+    o.servers = std::move(servers);
+    o.rank = rank;
+    o.num_workers = num_workers;
+    o.request_timeout = Millis(request_timeout, "request_timeout");
+    o.connect_timeout = Millis(connect_timeout, "connect_timeout");
+    ferry::StatusOr<std::unique_ptr<ferry::Client>> c = ferry::InternalError("not connected");
+    {
+      py::gil_scoped_release release;
+      c = ferry::Client::Connect(std::move(o));
+    }
+    if (!c.ok()) Raise(c.status());
+    client_ = std::move(*c);
+  }
+
+  static std::unique_ptr<PyClient> FromTfConfig(double request_timeout, double connect_timeout) {
+    auto cluster = ferry::ClusterFromEnvironment();
+    Check(cluster.status());
+    if (!*cluster) Raise(ferry::NotFoundError("TF_CONFIG is not set"));
+    const ferry::ClusterConfig& c = **cluster;
+    if (c.task_type == "ps") {
+      Raise(ferry::FailedPreconditionError("TF_CONFIG: this task is ps " + std::to_string(c.task_index) +
+                                           ", not a worker"));
+    }
+    return std::make_unique<PyClient>(c.servers, c.rank, c.num_workers, request_timeout, connect_timeout);
+  }
+
+  int rank() { return client().rank(); }
+  int num_workers() { return client().num_workers(); }
+  int num_servers() { return client().num_servers(); }
+
+  void DeclareDense(const std::string& name, std::vector<int64_t> shape, const std::string& optimizer, float lr,
+                    const std::string& consistency, const std::string& init, float init_scale, uint64_t seed,
+                    int replicas_to_aggregate) {
+    ferry::TableSpec s = Spec(name, optimizer, lr, consistency, init, init_scale, seed, replicas_to_aggregate);
+    s.type = ferry::TableType::kDense;
+    s.shape = std::move(shape);
+    Declare(s);
+  }
+
+  void DeclareSparse(const std::string& name, int64_t dim, const std::string& optimizer, float lr,
+                     const std::string& consistency, const std::string& init, float init_scale, uint64_t seed,
+                     int replicas_to_aggregate) {
+    ferry::TableSpec s = Spec(name, optimizer, lr, consistency, init, init_scale, seed, replicas_to_aggregate);
+    s.type = ferry::TableType::kSparse;
+    s.dim = dim;
+    Declare(s);
+  }
+
+  std::unique_ptr<PyHandle> PullDense(const std::string& table, const py::object& out, int64_t step) {
+    py::array_t<float> a = Writable(out, "out");
+    std::span<float> data(a.mutable_data(), static_cast<size_t>(a.size()));
+    ferry::Handle h;
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      h = c.PullDense(table, data, step);
+    }
+    return std::make_unique<PyHandle>(std::move(h), std::vector<py::object>{a}, a);
+  }
+
+  std::unique_ptr<PyHandle> PushDense(const std::string& table, const FloatIn& grad, int64_t step) {
+    std::span<const float> data(grad.data(), static_cast<size_t>(grad.size()));
+    ferry::Handle h;
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      h = c.PushDense(table, data, step);
+    }
+    return std::make_unique<PyHandle>(std::move(h), std::vector<py::object>{grad}, py::none());
+  }
+
+  std::unique_ptr<PyHandle> PushPullDense(const std::string& table, const FloatIn& grad, const py::object& out,
+                                          int64_t step) {
+    py::array_t<float> a = Writable(out, "out");
+    const ferry::DenseIn in{table, std::span<const float>(grad.data(), static_cast<size_t>(grad.size()))};
+    const ferry::DenseOut o{table, std::span<float>(a.mutable_data(), static_cast<size_t>(a.size()))};
+    ferry::Handle h;
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      h = c.PushPullDense(std::span<const ferry::DenseIn>(&in, 1), std::span<const ferry::DenseOut>(&o, 1), step);
+    }
+    return std::make_unique<PyHandle>(std::move(h), std::vector<py::object>{grad, a}, a);
+  }
+
+  // Pulls rows for `ids` into `out` (shape (len(ids), dim), float32), or into a new array.
+  std::unique_ptr<PyHandle> PullSparse(const std::string& table, const IdsIn& ids, int64_t step, const py::object& out) {
+    py::array_t<float> a;
+    if (out.is_none()) {
+      a = py::array_t<float>({static_cast<py::ssize_t>(ids.size()), static_cast<py::ssize_t>(Dim(table))});
+    } else {
+      a = Writable(out, "out");
+    }
+    std::span<const int64_t> id_span(ids.data(), static_cast<size_t>(ids.size()));
+    std::span<float> rows(a.mutable_data(), static_cast<size_t>(a.size()));
+    ferry::Handle h;
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      h = c.PullSparse(table, id_span, rows, step);
+    }
+    return std::make_unique<PyHandle>(std::move(h), std::vector<py::object>{ids, a}, a);
+  }
+
+  std::unique_ptr<PyHandle> PushSparse(const std::string& table, const IdsIn& ids, const FloatIn& grads, int64_t step) {
+    std::span<const int64_t> id_span(ids.data(), static_cast<size_t>(ids.size()));
+    std::span<const float> g(grads.data(), static_cast<size_t>(grads.size()));
+    ferry::Handle h;
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      h = c.PushSparse(table, id_span, g, step);
+    }
+    return std::make_unique<PyHandle>(std::move(h), std::vector<py::object>{ids, grads}, py::none());
+  }
+
+  void Barrier() {
+    ferry::Status s;
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      s = c.Barrier();
+    }
+    Check(s);
+  }
+
+  py::array_t<double> AllReduceSum(const py::array_t<double, py::array::c_style | py::array::forcecast>& values) {
+    std::span<const double> v(values.data(), static_cast<size_t>(values.size()));
+    ferry::StatusOr<std::vector<double>> sum = ferry::InternalError("not run");
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      sum = c.AllReduceSum(v);
+    }
+    if (!sum.ok()) Raise(sum.status());
+    py::array_t<double> out(static_cast<py::ssize_t>(sum->size()));
+    std::copy(sum->begin(), sum->end(), out.mutable_data());
+    return out.reshape(std::vector<py::ssize_t>(values.shape(), values.shape() + values.ndim()));
+  }
+
+  void AdvanceClock(int64_t clock) {
+    ferry::Status s;
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      s = c.AdvanceClock(clock).wait();
+    }
+    Check(s);
+  }
+
+  void Finish() {
+    ferry::Status s;
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      s = c.Finish();
+    }
+    Check(s);
+  }
+
+  std::map<std::string, int64_t> ServerCounters(int server) {
+    ferry::Client& c = client();
+    ferry::StatusOr<std::map<std::string, int64_t>> counters = ferry::InternalError("not run");
+    {
+      py::gil_scoped_release release;
+      counters = c.ServerCounters(server);
+    }
+    if (!counters.ok()) Raise(counters.status());
+    return *counters;
+  }
+
+  void Close() {
+    py::gil_scoped_release release;
+    client_.reset();
+  }
+
+ private:
+  ferry::Client& client() {
+    if (!client_) Raise(ferry::FailedPreconditionError("the client is closed"));
+    return *client_;
+  }
+
+  void Declare(const ferry::TableSpec& s) {
+    ferry::Client& c = client();
+    ferry::Status st;
+    {
+      py::gil_scoped_release release;
+      st = c.Declare(s);
+    }
+    Check(st);
+    dims_[s.name] = s.dim;
+  }
+
+  int64_t Dim(const std::string& table) const {
+    auto it = dims_.find(table);
+    if (it == dims_.end() || it->second == 0) {
+      Raise(ferry::NotFoundError("sparse table '" + table + "' was not declared by this client"));
+    }
+    return it->second;
+  }
+
+  std::unique_ptr<ferry::Client> client_;
+  std::map<std::string, int64_t> dims_;  // declared tables: dim (0 for dense)
+};
+
+}  // namespace
+
+PYBIND11_MODULE(ferry, m) {
+  m.doc() = "Ferry's parameter-server client: dense and sparse tables with numpy arrays";
+  static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
+  error.attr("code") = "UNKNOWN";
+  error_type = error.ptr();
+  Py_INCREF(error_type);
+
+  py::class_<PyHandle>(m, "Handle", "An operation in flight; wait() returns the pulled array (or None).")
+      .def("wait", &PyHandle::Wait, py::arg("timeout") = py::none(),
+           "Waits (seconds; None: until done, bounded by the request timeout); raises ferry.Error on failure.")
+      .def("done", &PyHandle::Done)
+      .def_property_readonly("version", &PyHandle::Version, "The lowest table version served (sync pull: the step).");
+
+  const char* opt_doc = "optimizer: sgd, momentum, adagrad or adam; consistency: sync, async or ssp:S; "
+                        "init: zeros, uniform, normal or constant (with init_scale)";
+  py::class_<PyClient>(m, "Client")
+      .def(py::init<std::vector<std::string>, int, int, double, double>(), py::arg("servers"), py::arg("rank") = 0,
+           py::arg("num_workers") = 1, py::arg("request_timeout") = 360.0, py::arg("connect_timeout") = 30.0,
+           "Connects to every server (endpoints like tcp://host:7470, in server-rank order).")
+      .def_static("from_tf_config", &PyClient::FromTfConfig, py::arg("request_timeout") = 360.0,
+                  py::arg("connect_timeout") = 30.0, "Connects as the worker TF_CONFIG describes (see the README).")
+      .def_property_readonly("rank", &PyClient::rank)
+      .def_property_readonly("num_workers", &PyClient::num_workers)
+      .def_property_readonly("num_servers", &PyClient::num_servers)
+      .def("declare_dense", &PyClient::DeclareDense, py::arg("name"), py::arg("shape"), py::kw_only(),
+           py::arg("optimizer") = "sgd", py::arg("lr") = 0.01f, py::arg("consistency") = "async",
+           py::arg("init") = "zeros", py::arg("init_scale") = 0.0f, py::arg("seed") = 0,
+           py::arg("replicas_to_aggregate") = 0, opt_doc)
+      .def("declare_sparse", &PyClient::DeclareSparse, py::arg("name"), py::arg("dim"), py::kw_only(),
+           py::arg("optimizer") = "sgd", py::arg("lr") = 0.01f, py::arg("consistency") = "async",
+           py::arg("init") = "zeros", py::arg("init_scale") = 0.0f, py::arg("seed") = 0,
+           py::arg("replicas_to_aggregate") = 0, opt_doc)
+      .def("pull_dense", &PyClient::PullDense, py::arg("table"), py::arg("out"), py::arg("step") = 0)
+      .def("push_dense", &PyClient::PushDense, py::arg("table"), py::arg("grad"), py::arg("step") = 0)
+      .def("push_pull_dense", &PyClient::PushPullDense, py::arg("table"), py::arg("grad"), py::arg("out"),
+           py::arg("step") = 0)
+      .def("pull_sparse", &PyClient::PullSparse, py::arg("table"), py::arg("ids"), py::arg("step") = 0,
+           py::arg("out") = py::none())
+      .def("push_sparse", &PyClient::PushSparse, py::arg("table"), py::arg("ids"), py::arg("grads"),
+           py::arg("step") = 0)
+      .def("barrier", &PyClient::Barrier)
+      .def("all_reduce_sum", &PyClient::AllReduceSum, py::arg("values"))
+      .def("advance_clock", &PyClient::AdvanceClock, py::arg("clock"))
+      .def("finish", &PyClient::Finish)
+      .def("server_counters", &PyClient::ServerCounters, py::arg("server"))
+      .def("close", &PyClient::Close)
+      .def("__enter__", [](PyClient& c) -> PyClient& { return c; }, py::return_value_policy::reference)
+      .def("__exit__", [](PyClient& c, py::args) { c.Close(); });
+
+  m.def(
+      "cluster_from_tf_config",
+      [](const std::optional<std::string>& text) -> py::object {
+        ferry::StatusOr<std::optional<ferry::ClusterConfig>> c = std::optional<ferry::ClusterConfig>();
+        if (text) {
+          auto parsed = ferry::ParseTfConfig(*text);
+          if (!parsed.ok()) Raise(parsed.status());
+          c = std::optional<ferry::ClusterConfig>(*parsed);
+        } else {
+          c = ferry::ClusterFromEnvironment();
+        }
+        if (!c.ok()) Raise(c.status());
+        if (!*c) return py::none();
+        const ferry::ClusterConfig& k = **c;
+        py::dict d;
+        d["servers"] = k.servers;
+        d["num_workers"] = k.num_workers;
+        d["task_type"] = k.task_type;
+        d["task_index"] = k.task_index;
+        d["rank"] = k.rank;
+        d["bind"] = k.bind;
+        return d;
+      },
+      py::arg("tf_config") = py::none(),
+      "The cluster a TF_CONFIG value (default: the environment's) describes, as a dict; None if unset.");
+}

@@ -1,0 +1,137 @@
+"""The `ferry` Python module against real ferry-ps processes on 127.0.0.1: two workers (threads,
+one Client each) train a small model with numpy in sync mode; arrays are used in place; errors
+raise ferry.Error with the server's text; TF_CONFIG is read.
+
+Needs FERRY_BUILD_DIR (ctest sets it) and Debian's python3 with python3-numpy (the module is
+built for it: build/python). Run by hand, from tests/e2e/:
+  FERRY_BUILD_DIR=../../build /usr/bin/python3 -m unittest -v test_python_module
+"""
+
+import json
+import os
+import sys
+import threading
+import unittest
+
+from build_paths import BUILD_DIR
+from test_sync_cluster import Servers
+
+# ctest registers this test only where the module is built: failing to import it is a failure.
+sys.path.insert(0, os.path.join(BUILD_DIR, "python"))
+import numpy as np  # noqa: E402
+import ferry  # noqa: E402
+
+
+class PythonModuleTest(unittest.TestCase):
+    def test_two_workers_train_a_model_with_dense_and_sparse_tables(self):
+        # y = x . w_true + bias_true[id]: a dense weight vector and a per-id bias (a sparse table
+        # of dim 1), fitted by two sync workers with plain SGD on the squared error.
+        rng = np.random.default_rng(7)
+        w_true = rng.normal(size=8).astype(np.float32)
+        bias_true = rng.normal(size=50).astype(np.float32)
+        steps, batch = 150, 32
+        losses = {0: [], 1: []}
+        finals = {}
+        errors = []
+
+        def worker(rank, endpoints):
+            try:
+                data = np.random.default_rng(100 + rank)
+                with ferry.Client(endpoints, rank=rank, num_workers=2, request_timeout=60) as c:
+                    c.declare_dense("w", (8,), optimizer="sgd", lr=0.1, consistency="sync")
+                    c.declare_sparse("bias", 1, optimizer="sgd", lr=0.5, consistency="sync")
+                    w = np.empty(8, np.float32)
+                    for step in range(steps):
+                        x = data.normal(size=(batch, 8)).astype(np.float32)
+                        ids = data.integers(0, 50, size=batch)
+                        y = x @ w_true + bias_true[ids]
+                        self.assertIs(c.pull_dense("w", w, step=step).wait(), w)  # written in place
+                        b = c.pull_sparse("bias", ids, step=step).wait()
+                        self.assertEqual(b.shape, (batch, 1))
+                        err = x @ w + b[:, 0] - y
+                        losses[rank].append(float(np.mean(err ** 2)))
+                        gw = (x.T @ err / batch).astype(np.float32)
+                        uniq, inv = np.unique(ids, return_inverse=True)
+                        gb = np.zeros((len(uniq), 1), np.float32)
+                        np.add.at(gb[:, 0], inv, err / batch)
+                        h1 = c.push_dense("w", gw, step=step)
+                        h2 = c.push_sparse("bias", uniq, gb, step=step)
+                        h1.wait()
+                        h2.wait()
+                        self.assertTrue(h1.done())
+                    c.pull_dense("w", w, step=steps).wait()
+                    finals[rank] = w.copy()
+                    c.finish()
+            except Exception as e:  # noqa: BLE001 — reported by the main thread
+                errors.append(f"worker {rank}: {type(e).__name__}: {e}")
+
+        with Servers(2) as s:
+            threads = [threading.Thread(target=worker, args=(r, s.endpoints)) for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+            self.assertFalse(any(t.is_alive() for t in threads), "a worker did not finish within 120 s")
+        self.assertEqual(errors, [])
+        for r in range(2):
+            first, last = np.mean(losses[r][:10]), np.mean(losses[r][-10:])
+            self.assertLess(last, 0.05 * first, f"worker {r}: loss {first:.3f} -> {last:.3f}")
+        # Sync: both workers read the same parameters, bit for bit; and they fit the true weights.
+        self.assertTrue(np.array_equal(finals[0], finals[1]))
+        self.assertLess(float(np.max(np.abs(finals[0] - w_true))), 0.1, (finals[0], w_true))
+
+    def test_errors_carry_the_servers_text_and_code(self):
+        with Servers(1) as s:
+            with ferry.Client(s.endpoints) as c:
+                c.declare_sparse("emb", 8)
+                with ferry.Client(s.endpoints) as other:
+                    with self.assertRaises(ferry.Error) as e:
+                        other.declare_sparse("emb", 4)  # the server refuses the conflicting spec
+                self.assertEqual(e.exception.code, "ALREADY_EXISTS")
+                self.assertIn("table 'emb' is already declared as", str(e.exception))
+                with self.assertRaises(ferry.Error) as e:
+                    c.pull_dense("nope", np.empty(3, np.float32)).wait()
+                self.assertEqual(e.exception.code, "NOT_FOUND")
+                with self.assertRaises(ferry.Error) as e:
+                    c.declare_dense("w", (4,), optimizer="lbfgs")
+                self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+                self.assertIn("lbfgs", str(e.exception))
+                c.declare_dense("w", (4,))
+                with self.assertRaises(TypeError):
+                    c.pull_dense("w", np.empty(4, np.float64))  # cannot be written in place
+                with self.assertRaises(TypeError):
+                    c.pull_dense("w", np.empty(8, np.float32)[::2])  # not contiguous
+                # Inputs of another type are converted (one copy), not refused.
+                c.push_dense("w", np.ones(4, np.float64)).wait()
+                saved = os.environ.pop("TF_CONFIG", None)
+                try:
+                    self.assertIsNone(ferry.cluster_from_tf_config())  # unset: no cluster
+                finally:
+                    if saved is not None:
+                        os.environ["TF_CONFIG"] = saved
+                self.assertEqual(c.all_reduce_sum(np.array([1.5, 2.0])).tolist(), [1.5, 2.0])
+        with self.assertRaises(ferry.Error) as e:
+            ferry.Client(["tcp://127.0.0.1:1"], connect_timeout=0.3)  # nothing listens there
+        self.assertIn(e.exception.code, ("DEADLINE_EXCEEDED", "UNAVAILABLE"))
+
+    def test_the_cluster_comes_from_tf_config(self):
+        with Servers(2) as s:
+            cluster = {"ps": [e.removeprefix("tcp://") for e in s.endpoints], "worker": ["w-0:1"]}
+            config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
+            parsed = ferry.cluster_from_tf_config(config)
+            self.assertEqual(parsed["servers"], s.endpoints)
+            self.assertEqual((parsed["rank"], parsed["num_workers"]), (0, 1))
+            os.environ["TF_CONFIG"] = config
+            try:
+                with ferry.Client.from_tf_config() as c:
+                    self.assertEqual((c.rank, c.num_workers, c.num_servers), (0, 1, 2))
+            finally:
+                del os.environ["TF_CONFIG"]
+        with self.assertRaises(ferry.Error) as e:
+            ferry.cluster_from_tf_config('{"cluster": {"ps": ["a"]}}')
+        self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("cluster.ps[0]: 'a' has no port", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,98 @@
+"""An installed Ferry, used from outside the tree: `cmake --install` into a temporary prefix,
+then a separate project built against it with find_package(Ferry) (a C++ program on ferry::client
+and the C ABI test program on ferry::c), the same C++ program built with pkg-config, and the
+installed Python module, each run against the installed ferry-ps on 127.0.0.1.
+
+Needs FERRY_BUILD_DIR (the CMake build dir; ctest sets it).
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
+BUILD_DIR = os.path.abspath(os.environ.get("FERRY_BUILD_DIR", os.path.join(SOURCE, "build")))
+
+
+def run(argv, timeout, **kw):
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} exited {r.returncode}:\n{r.stdout}{r.stderr}")
+    return r.stdout
+
+
+class InstalledFerryTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="ferry-install-test-")
+        cls.prefix = os.path.join(cls.tmp, "prefix")
+        run(["cmake", "--install", BUILD_DIR, "--prefix", cls.prefix], timeout=60)
+        cls.servers = []
+        cls.endpoints = []
+        for r in range(2):
+            p = subprocess.Popen([os.path.join(cls.prefix, "bin", "ferry-ps"), "--bind", "tcp://127.0.0.1:0",
+                                  "--rank", str(r), "--num-servers", "2", "--compute-threads", "1"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cls.servers.append(p)
+            line = p.stdout.readline()
+            m = re.search(r"(tcp://\S+)", line)
+            if not m:
+                cls.tearDownClass()
+                raise RuntimeError(f"installed ferry-ps {r} did not report its endpoint: {line!r}")
+            cls.endpoints.append(m.group(1))
+
+    @classmethod
+    def tearDownClass(cls):
+        for p in cls.servers:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_installed_layout(self):
+        for path in ["include/ferry/client.h", "include/ferry/c_api.h", "include/ferry/messages/ferry_generated.h",
+                     "lib/cmake/Ferry/FerryConfig.cmake", "lib/cmake/Ferry/FerryConfigVersion.cmake",
+                     "lib/cmake/Ferry/FerryTargets.cmake", "lib/pkgconfig/ferry.pc", "lib/pkgconfig/ferry_c.pc",
+                     "lib/libferry_client.a", "lib/libferry_c.so", "bin/ferry-ps"]:
+            self.assertTrue(os.path.exists(os.path.join(self.prefix, path)), path)
+
+    def test_a_separate_project_uses_find_package(self):
+        build = os.path.join(self.tmp, "consumer-build")
+        run(["cmake", "-S", os.path.join(HERE, "consumer"), "-B", build, "-G", "Ninja",
+             f"-DCMAKE_PREFIX_PATH={self.prefix}",
+             f"-DFERRY_C_PROGRAM={os.path.join(SOURCE, 'tests', 'c', 'c_api_test.c')}"], timeout=120)
+        run(["cmake", "--build", build], timeout=300)
+        out = run([os.path.join(build, "consumer")] + self.endpoints, timeout=60)
+        self.assertIn("consumer: OK (2 servers)", out)
+        out = run([os.path.join(build, "c_consumer")] + self.endpoints, timeout=60)
+        self.assertIn("c_api_test: OK", out)
+        # The C program runs on the installed libferry_c.so, not the build tree's.
+        ldd = run(["ldd", os.path.join(build, "c_consumer")], timeout=30)
+        self.assertIn(os.path.join(self.prefix, "lib", "libferry_c.so"), ldd)
+
+    def test_pkg_config_builds_the_same_program(self):
+        env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(self.prefix, "lib", "pkgconfig"))
+        flags = run(["pkg-config", "--cflags", "--libs", "ferry"], timeout=30, env=env).split()
+        exe = os.path.join(self.tmp, "pc-consumer")
+        run(["c++", os.path.join(HERE, "consumer", "main.cc"), "-o", exe] + flags, timeout=300)
+        self.assertIn("consumer: OK (2 servers)", run([exe] + self.endpoints, timeout=60))
+
+    def test_the_installed_python_module_imports_and_connects(self):
+        site = os.path.join(self.prefix, "lib", "python3", "dist-packages")
+        if not os.path.isdir(site):
+            self.skipTest("the Python module is not built in this configuration (no pybind11)")
+        code = ("import ferry, numpy as np; c = ferry.Client(%r); c.declare_dense('py_w', (3,));"
+                "print('python:', ferry.__file__, c.pull_dense('py_w', np.ones(3, np.float32)).wait().tolist())"
+                % self.endpoints)
+        out = run([sys.executable, "-c", code], timeout=60, env=dict(os.environ, PYTHONPATH=site))
+        self.assertIn(f"python: {site}", out)
+        self.assertIn("[0.0, 0.0, 0.0]", out)
+
+
+if __name__ == "__main__":
+    unittest.main()

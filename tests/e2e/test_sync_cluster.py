@@ -25,10 +25,10 @@ FEW_IDS_CTR = ["--model", "ctr", "--batch", "2", "--ctr-fields", "2", "--ctr-tra
 class Servers:
     """ferry-ps processes on 127.0.0.1 with free ports; stopped (SIGKILL after SIGTERM) on exit."""
 
-    def __init__(self, n, max_wait_s=60):
+    def __init__(self, n, max_wait_s=60, ps_bin=PS_BIN):
         self.procs, self.endpoints = [], []
         for r in range(n):
-            p = subprocess.Popen([PS_BIN, "--bind", "tcp://127.0.0.1:0", "--rank", str(r),
+            p = subprocess.Popen([ps_bin, "--bind", "tcp://127.0.0.1:0", "--rank", str(r),
                                   "--num-servers", str(n), "--compute-threads", "1",
                                   "--max-wait-s", str(max_wait_s)],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

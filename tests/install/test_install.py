@@ -7,7 +7,6 @@ Needs FERRY_BUILD_DIR (the CMake build dir; ctest sets it).
 """
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
 BUILD_DIR = os.path.abspath(os.environ.get("FERRY_BUILD_DIR", os.path.join(SOURCE, "build")))
+sys.path.insert(0, os.path.join(SOURCE, "tests", "e2e"))
+from test_sync_cluster import Servers  # noqa: E402  (ferry-ps processes on 127.0.0.1, stopped at the end)
 
 
 def run(argv, timeout, **kw):
@@ -32,26 +33,16 @@ class InstalledFerryTest(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="ferry-install-test-")
         cls.prefix = os.path.join(cls.tmp, "prefix")
         run(["cmake", "--install", BUILD_DIR, "--prefix", cls.prefix], timeout=60)
-        cls.servers = []
-        cls.endpoints = []
-        for r in range(2):
-            p = subprocess.Popen([os.path.join(cls.prefix, "bin", "ferry-ps"), "--bind", "tcp://127.0.0.1:0",
-                                  "--rank", str(r), "--num-servers", "2", "--compute-threads", "1"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            cls.servers.append(p)
-            line = p.stdout.readline()
-            m = re.search(r"(tcp://\S+)", line)
-            if not m:
-                cls.tearDownClass()
-                raise RuntimeError(f"installed ferry-ps {r} did not report its endpoint: {line!r}")
-            cls.endpoints.append(m.group(1))
+        try:
+            cls.servers = Servers(2, ps_bin=os.path.join(cls.prefix, "bin", "ferry-ps"))  # the installed one
+        except Exception:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+            raise
+        cls.endpoints = cls.servers.endpoints
 
     @classmethod
     def tearDownClass(cls):
-        for p in cls.servers:
-            p.kill()
-            p.wait()
-            p.stdout.close()
+        cls.servers.stop()
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def test_installed_layout(self):

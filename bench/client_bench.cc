@@ -1,0 +1,127 @@
+// bench/client_bench.cc — ferry-client-bench: the C++ client's pull and push against servers
+// that are already running (separate ferry-ps processes, as users run them), for comparing
+// other front ends of the same client with it: bench/python_vs_cpp.py runs this binary and the
+// Python module against the same ferry-ps, alternating, and records their ratios in RESULTS.md.
+//
+//   ferry-client-bench --servers=tcp://127.0.0.1:7470[,...] [--table-prefix=cpp_] [benchmark flags]
+//
+// Each benchmark is one operation, submitted and waited for: dense pull / push of 4 KiB, 1 MiB
+// and 16 MiB (tables of that many floats, default chunking), and sparse pull / push of 100,000
+// distinct ids of dim 16 (ids i * 7919 + 13, the same in every front end).
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "ferry/client.h"
+
+namespace {
+
+std::unique_ptr<ferry::Client> client;
+std::string prefix = "cpp_";
+
+constexpr int64_t kSparseIds = 100000;
+constexpr int64_t kDim = 16;
+
+std::vector<int64_t> SparseIds() {
+  std::vector<int64_t> ids(kSparseIds);
+  for (int64_t i = 0; i < kSparseIds; ++i) ids[static_cast<size_t>(i)] = i * 7919 + 13;
+  return ids;
+}
+
+std::string DenseTable(int64_t floats) { return prefix + "dense_" + std::to_string(floats); }
+
+void Check(benchmark::State& state, const ferry::Status& s) {
+  if (!s.ok()) state.SkipWithError(s.ToString().c_str());
+}
+
+void BM_PullDense(benchmark::State& state) {
+  std::vector<float> out(static_cast<size_t>(state.range(0)));
+  const std::string table = DenseTable(state.range(0));
+  for (auto _ : state) Check(state, client->PullDense(table, out, 0).wait());
+  state.SetBytesProcessed(state.iterations() * state.range(0) * 4);
+}
+
+void BM_PushDense(benchmark::State& state) {
+  std::vector<float> grad(static_cast<size_t>(state.range(0)), 0.0f);
+  const std::string table = DenseTable(state.range(0));
+  for (auto _ : state) Check(state, client->PushDense(table, grad, 0).wait());
+  state.SetBytesProcessed(state.iterations() * state.range(0) * 4);
+}
+
+void BM_PullSparse(benchmark::State& state) {
+  const std::vector<int64_t> ids = SparseIds();
+  std::vector<float> rows(ids.size() * kDim);
+  for (auto _ : state) Check(state, client->PullSparse(prefix + "sparse", ids, rows, 0).wait());
+  state.SetItemsProcessed(state.iterations() * kSparseIds);
+}
+
+void BM_PushSparse(benchmark::State& state) {
+  const std::vector<int64_t> ids = SparseIds();
+  std::vector<float> grads(ids.size() * kDim, 0.0f);
+  for (auto _ : state) Check(state, client->PushSparse(prefix + "sparse", ids, grads, 0).wait());
+  state.SetItemsProcessed(state.iterations() * kSparseIds);
+}
+
+// 4 KiB, 1 MiB, 16 MiB of floats.
+BENCHMARK(BM_PullDense)->Arg(1024)->Arg(262144)->Arg(4194304)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PushDense)->Arg(1024)->Arg(262144)->Arg(4194304)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PullSparse)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PushSparse)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> servers;
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a.starts_with("--servers=")) {
+      std::string list(a.substr(10));
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = list.find(',', at);
+        servers.push_back(list.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+      }
+    } else if (a.starts_with("--table-prefix=")) {
+      prefix = std::string(a.substr(15));
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  int rest_argc = static_cast<int>(rest.size());
+  benchmark::Initialize(&rest_argc, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(rest_argc, rest.data())) return 2;
+  if (servers.empty()) {
+    std::fprintf(stderr, "ferry-client-bench: --servers=tcp://host:port[,...] is required\n");
+    return 2;
+  }
+  ferry::ClientOptions o;
+  o.servers = servers;
+  auto c = ferry::Client::Connect(o);
+  if (!c.ok()) {
+    std::fprintf(stderr, "ferry-client-bench: %s\n", c.status().ToString().c_str());
+    return 1;
+  }
+  client = std::move(*c);
+  for (int64_t floats : {1024, 262144, 4194304}) {
+    ferry::TableSpec t;
+    t.name = DenseTable(floats);
+    t.shape = {floats};
+    if (auto s = client->Declare(t); !s.ok()) return std::fprintf(stderr, "declare: %s\n", s.ToString().c_str()), 1;
+  }
+  ferry::TableSpec sparse;
+  sparse.name = prefix + "sparse";
+  sparse.type = ferry::TableType::kSparse;
+  sparse.dim = kDim;
+  if (auto s = client->Declare(sparse); !s.ok()) return std::fprintf(stderr, "declare: %s\n", s.ToString().c_str()), 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  client.reset();
+  return 0;
+}

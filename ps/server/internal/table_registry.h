@@ -49,6 +49,10 @@ class TableRegistry {
   void ForEach(Fn&& fn) {
     for (auto& [id, t] : tables_) fn(*t);
   }
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (const auto& [id, t] : tables_) fn(static_cast<const Table&>(*t));
+  }
 
  private:
   const int rank_;

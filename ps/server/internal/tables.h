@@ -69,6 +69,15 @@ class SparseShard {
   // `rows` is scratch.
   void ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows);
   float* row(RowIndex index) { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
+  const float* row(RowIndex index) const { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
+  int64_t steps(RowIndex index) const { return steps_[index]; }
+  // Floats a row holds: its dim values, then its optimizer state.
+  int64_t row_floats() const { return row_floats_; }
+  // Calls fn(id, index) for every row, in no particular order.
+  template <typename Fn>
+  void ForEachRow(Fn&& fn) const {
+    for (const auto& [id, index] : index_) fn(id, index);
+  }
   float* state(RowIndex index) { return row(index) + dim_; }
   int64_t& steps(RowIndex index) { return steps_[index]; }
   int64_t dim() const { return dim_; }

@@ -1,0 +1,75 @@
+// ps/server/internal/checkpoint.h — checkpoints of a server's tables on disk (format:
+// messages/CHECKPOINT.md). Each server writes its shard of every table to one file (written to
+// a temporary name, fsynced, renamed); a manifest written last names the complete set, and
+// CURRENT names the newest manifest, so a checkpoint exists only once all of it is on disk.
+// Reading verifies every block's checksum and every size, and falls back to the newest older
+// checkpoint that verifies; restoring re-places dense chunks and sparse ids for any number of
+// servers.
+//
+// Thread-safety: none; call from the thread that owns the tables.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ferry/status.h"
+#include "ferry/table_spec.h"
+#include "internal/table_registry.h"
+
+namespace ferry::ps {
+
+inline constexpr uint32_t kCheckpointFormat = 1;
+
+// One server's shard file as the manifest lists it.
+struct ShardFile {
+  std::string name;  // file name inside the checkpoint folder
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;  // of the whole file
+};
+
+// Writes server `rank` of `num_servers`'s shard of every table in `tables`, as of `step`, into
+// `dir` (created if missing). Returns what the manifest must list for it.
+StatusOr<ShardFile> WriteShard(const std::string& dir, int rank, int num_servers, int64_t step,
+                               const TableRegistry& tables);
+
+// Writes MANIFEST-<step> naming `shards` (one per server, in rank order), then points CURRENT at
+// it, each atomically; then removes the checkpoints of `dir` beyond the newest `keep`.
+// `meaning`: what the cut is ("sync: every server at global step 120"; "async: ...").
+Status WriteManifest(const std::string& dir, int64_t step, const std::vector<ShardFile>& shards,
+                     const std::string& meaning, int keep);
+
+// A checkpoint read back: every table whole, whatever the servers that wrote it.
+struct CheckpointData {
+  int64_t step = 0;
+  int num_servers = 0;
+  std::string manifest;  // the manifest it came from
+  std::string meaning;
+  struct Chunk {
+    int64_t version = 0;
+    std::vector<float> params, state;
+  };
+  struct Row {
+    int64_t steps = 0;
+    std::vector<float> values;  // params then optimizer state: dim * (1 + state slots)
+  };
+  struct Table {
+    TableSpec spec;
+    std::map<int64_t, Chunk> chunks;  // dense: by chunk index
+    std::map<int64_t, Row> rows;      // sparse: by id
+    int64_t sparse_version = 0;       // sparse: the highest version of the shards that wrote it
+  };
+  std::map<uint64_t, Table> tables;  // by table id
+};
+
+// Reads the checkpoint CURRENT names, verifying every file; if it does not verify, the newest
+// older manifest that does. The error (when none verifies) names each file tried and what is
+// wrong with it; `skipped` (optional) gets the same for the checkpoints passed over.
+StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir, std::vector<std::string>* skipped = nullptr);
+
+// Declares every table of `ckpt` in `tables` (server `rank` of `num_servers`, a job of
+// `num_workers`) and fills in the chunks and rows that placement gives this server.
+Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int num_workers, TableRegistry* tables);
+
+}  // namespace ferry::ps

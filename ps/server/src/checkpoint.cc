@@ -1,0 +1,521 @@
+#include "internal/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ferry/messages/placement.h"
+#include "ferry/messages/wire.h"
+
+namespace ferry::ps {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kMagic[8] = {'F', 'E', 'R', 'R', 'Y', 'C', 'K', 'P'};
+constexpr int64_t kRowsPerBlock = 65536;
+// A block's payload is at most this large (a chunk of 2^28 floats with adam's two slots is
+// 3 GiB): a corrupt length cannot make the reader allocate more.
+constexpr uint64_t kMaxBlockBytes = uint64_t{4} << 30;
+
+enum BlockKind : uint32_t { kEnd = 0, kTable = 1, kDenseChunk = 2, kSparseRows = 3 };
+
+uint32_t Crc(uint32_t crc, const void* data, size_t n) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (n > 0) {
+    const uInt piece = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    crc = static_cast<uint32_t>(crc32(crc, p, piece));
+    p += piece;
+    n -= piece;
+  }
+  return crc;
+}
+
+Status Errno(const std::string& what, const std::string& path) {
+  return InternalError(what + " " + path + ": " + std::strerror(errno));
+}
+
+// A file written to a temporary name and renamed into place once complete and fsynced.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {}
+  ~AtomicFile() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(tmp_.c_str());
+    }
+  }
+  Status Open() {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    return fd_ < 0 ? Errno("cannot create", tmp_) : Status::Ok();
+  }
+  Status Write(const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    crc_ = Crc(crc_, data, n);
+    bytes_ += n;
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return Errno("cannot write", tmp_);
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    return Status::Ok();
+  }
+  // fsync, close, rename, fsync the folder: after this the file is durable under its name.
+  Status Commit() {
+    if (::fsync(fd_) != 0) return Errno("cannot fsync", tmp_);
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      return Errno("cannot close", tmp_);
+    }
+    fd_ = -1;
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) return Errno("cannot rename into place", path_);
+    const std::string dir = fs::path(path_).parent_path().string();
+    const int d = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d < 0) return Errno("cannot open folder", dir);
+    const int rc = ::fsync(d);
+    ::close(d);
+    return rc == 0 ? Status::Ok() : Errno("cannot fsync folder", dir);
+  }
+  uint64_t bytes() const { return bytes_; }
+  uint32_t crc() const { return crc_; }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  uint64_t bytes_ = 0;
+  uint32_t crc_ = 0;
+};
+
+// Appends little-endian values and arrays to a block payload.
+class Payload {
+ public:
+  template <typename T>
+  void Put(T v) {
+    const size_t at = bytes_.size();
+    bytes_.resize(at + sizeof(T));
+    std::memcpy(bytes_.data() + at, &v, sizeof(T));
+  }
+  template <typename T>
+  void PutArray(const T* p, size_t n) {
+    const size_t at = bytes_.size();
+    bytes_.resize(at + n * sizeof(T));
+    if (n > 0) std::memcpy(bytes_.data() + at, p, n * sizeof(T));
+  }
+  const std::vector<char>& bytes() const { return bytes_; }
+
+ private:
+  std::vector<char> bytes_;
+};
+
+// A block's checksum covers its kind and length too, so a flipped header byte is caught.
+uint32_t BlockCrc(uint32_t kind, uint64_t len, const void* payload) {
+  uint32_t crc = Crc(0, &kind, sizeof kind);
+  crc = Crc(crc, &len, sizeof len);
+  return Crc(crc, payload, static_cast<size_t>(len));
+}
+
+Status WriteBlock(AtomicFile& f, uint32_t kind, const std::vector<char>& payload) {
+  const uint64_t len = payload.size();
+  const uint32_t crc = BlockCrc(kind, len, payload.data());
+  FERRY_RETURN_IF_ERROR(f.Write(&kind, sizeof kind));
+  FERRY_RETURN_IF_ERROR(f.Write(&crc, sizeof crc));
+  FERRY_RETURN_IF_ERROR(f.Write(&len, sizeof len));
+  return f.Write(payload.data(), payload.size());
+}
+
+// Every file of one checkpoint starts with the same prefix (so old ones are removed by it).
+std::string StepPrefix(int64_t step) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "step-%020lld-", static_cast<long long>(step));
+  return buf;
+}
+
+std::string ShardName(int64_t step, int rank, int num_servers) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "shard-%05d-of-%05d.ckpt", rank, num_servers);
+  return StepPrefix(step) + buf;
+}
+
+std::string ManifestName(int64_t step) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "MANIFEST-%020lld", static_cast<long long>(step));
+  return buf;
+}
+
+// Reads a block payload's fields in order; every read is bounds-checked.
+class Reader {
+ public:
+  Reader(std::span<const char> data, std::string where) : data_(data), where_(std::move(where)) {}
+  template <typename T>
+  Status Get(T* v) {
+    if (data_.size() - at_ < sizeof(T)) return Short();
+    std::memcpy(v, data_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return Status::Ok();
+  }
+  template <typename T>
+  Status GetArray(std::vector<T>* out, uint64_t n) {
+    if (n > (data_.size() - at_) / sizeof(T)) return Short();
+    out->resize(static_cast<size_t>(n));
+    if (n > 0) std::memcpy(out->data(), data_.data() + at_, static_cast<size_t>(n) * sizeof(T));
+    at_ += static_cast<size_t>(n) * sizeof(T);
+    return Status::Ok();
+  }
+  Status Done() const {
+    return at_ == data_.size() ? Status::Ok()
+                               : DataLossError(where_ + ": " + std::to_string(data_.size() - at_) + " unexpected bytes");
+  }
+
+ private:
+  Status Short() const { return DataLossError(where_ + ": the block ends early"); }
+  std::span<const char> data_;
+  size_t at_ = 0;
+  std::string where_;
+};
+
+Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* out) {
+  const std::string name = path.string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(name + ": cannot open (" + std::strerror(errno) + ")");
+  std::vector<char> all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (all.size() != listed.bytes) {
+    return DataLossError(name + ": " + std::to_string(all.size()) + " bytes, the manifest says " +
+                         std::to_string(listed.bytes) + " (truncated or overwritten)");
+  }
+  if (Crc(0, all.data(), all.size()) != listed.crc32) return DataLossError(name + ": checksum differs from the manifest's");
+  if (all.size() < 16 || std::memcmp(all.data(), kMagic, 8) != 0) return DataLossError(name + ": not a Ferry checkpoint shard");
+  uint32_t format = 0, reserved = 0;
+  std::memcpy(&format, all.data() + 8, 4);
+  std::memcpy(&reserved, all.data() + 12, 4);
+  if (reserved != 0) return DataLossError(name + ": header bytes 12-15 are not zero");
+  if (format != kCheckpointFormat) {
+    return FailedPreconditionError(name + ": format " + std::to_string(format) + ", this build reads " +
+                                   std::to_string(kCheckpointFormat));
+  }
+  size_t at = 16;
+  int blocks = 0;
+  while (true) {
+    const std::string where = name + " block " + std::to_string(blocks) + " (byte " + std::to_string(at) + ")";
+    if (all.size() - at < 16) return DataLossError(where + ": the file ends inside a block header");
+    uint32_t kind = 0, crc = 0;
+    uint64_t len = 0;
+    std::memcpy(&kind, all.data() + at, 4);
+    std::memcpy(&crc, all.data() + at + 4, 4);
+    std::memcpy(&len, all.data() + at + 8, 8);
+    at += 16;
+    if (len > kMaxBlockBytes || len > all.size() - at) return DataLossError(where + ": length " + std::to_string(len) + " runs past the file");
+    std::span<const char> payload(all.data() + at, static_cast<size_t>(len));
+    if (BlockCrc(kind, len, payload.data()) != crc) return DataLossError(where + ": checksum mismatch");
+    at += static_cast<size_t>(len);
+    ++blocks;
+    Reader r(payload, where);
+    if (kind == kEnd) {
+      int64_t count = 0;
+      FERRY_RETURN_IF_ERROR(r.Get(&count));
+      if (count != blocks - 1) return DataLossError(where + ": the end block counts " + std::to_string(count) + " blocks");
+      if (at != all.size()) return DataLossError(where + ": bytes after the end block");
+      return r.Done();
+    }
+    uint64_t table_id = 0;
+    FERRY_RETURN_IF_ERROR(r.Get(&table_id));
+    auto& t = out->tables[table_id];
+    if (kind == kTable) {
+      uint64_t n = 0;
+      std::vector<char> spec_bytes;
+      FERRY_RETURN_IF_ERROR(r.Get(&n));
+      FERRY_RETURN_IF_ERROR(r.GetArray(&spec_bytes, n));
+      FERRY_RETURN_IF_ERROR(r.Done());
+      flatbuffers::Verifier v(reinterpret_cast<const uint8_t*>(spec_bytes.data()), spec_bytes.size());
+      if (!v.VerifyBuffer<wire::TableSpec>(nullptr)) return DataLossError(where + ": the table spec does not verify");
+      TableSpec spec;
+      FERRY_RETURN_IF_ERROR(
+          wire::SpecFromWire(flatbuffers::GetRoot<wire::TableSpec>(spec_bytes.data()), &spec).WithContext(where));
+      if (TableId(spec.name) != table_id) return DataLossError(where + ": table id is not the hash of '" + spec.name + "'");
+      if (!t.spec.name.empty() && !(t.spec == spec)) {
+        return DataLossError(where + ": table '" + spec.name + "' differs from another shard's declaration");
+      }
+      t.spec = std::move(spec);
+    } else if (kind == kDenseChunk) {
+      int64_t chunk = 0, size = 0;
+      CheckpointData::Chunk c;
+      uint64_t state_floats = 0;
+      FERRY_RETURN_IF_ERROR(r.Get(&chunk));
+      FERRY_RETURN_IF_ERROR(r.Get(&size));
+      FERRY_RETURN_IF_ERROR(r.Get(&c.version));
+      FERRY_RETURN_IF_ERROR(r.Get(&state_floats));
+      if (size < 0) return DataLossError(where + ": negative chunk size");
+      FERRY_RETURN_IF_ERROR(r.GetArray(&c.params, static_cast<uint64_t>(size)));
+      FERRY_RETURN_IF_ERROR(r.GetArray(&c.state, state_floats));
+      FERRY_RETURN_IF_ERROR(r.Done());
+      if (!t.chunks.emplace(chunk, std::move(c)).second) return DataLossError(where + ": chunk " + std::to_string(chunk) + " twice");
+    } else if (kind == kSparseRows) {
+      int64_t version = 0, row_floats = 0;
+      uint64_t n = 0;
+      std::vector<int64_t> ids, steps;
+      std::vector<float> values;
+      FERRY_RETURN_IF_ERROR(r.Get(&version));
+      FERRY_RETURN_IF_ERROR(r.Get(&row_floats));
+      FERRY_RETURN_IF_ERROR(r.Get(&n));
+      if (row_floats <= 0) return DataLossError(where + ": rows of " + std::to_string(row_floats) + " floats");
+      FERRY_RETURN_IF_ERROR(r.GetArray(&ids, n));
+      FERRY_RETURN_IF_ERROR(r.GetArray(&steps, n));
+      if (n > len / static_cast<uint64_t>(row_floats)) return DataLossError(where + ": the block ends early");
+      FERRY_RETURN_IF_ERROR(r.GetArray(&values, n * static_cast<uint64_t>(row_floats)));
+      FERRY_RETURN_IF_ERROR(r.Done());
+      t.sparse_version = std::max(t.sparse_version, version);
+      for (uint64_t i = 0; i < n; ++i) {
+        CheckpointData::Row row;
+        row.steps = steps[i];
+        row.values.assign(values.begin() + static_cast<std::ptrdiff_t>(i * row_floats),
+                          values.begin() + static_cast<std::ptrdiff_t>((i + 1) * row_floats));
+        if (!t.rows.emplace(ids[i], std::move(row)).second) return DataLossError(where + ": id " + std::to_string(ids[i]) + " twice");
+      }
+    } else {
+      return DataLossError(where + ": unknown block kind " + std::to_string(kind));
+    }
+  }
+}
+
+// Reads and verifies one manifest and every shard it names.
+StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& manifest) {
+  const std::string name = (dir / manifest).string();
+  std::ifstream in(dir / manifest);
+  if (!in) return NotFoundError(name + ": cannot open");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    return DataLossError(name + ": not JSON (" + e.what() + ")");
+  }
+  CheckpointData out;
+  std::vector<ShardFile> shards;
+  try {
+    if (j.at("format").get<uint32_t>() != kCheckpointFormat) {
+      return FailedPreconditionError(name + ": format " + j.at("format").dump() + ", this build reads " +
+                                     std::to_string(kCheckpointFormat));
+    }
+    out.step = j.at("step").get<int64_t>();
+    out.meaning = j.at("meaning").get<std::string>();
+    for (const auto& s : j.at("shards")) {
+      shards.push_back({s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>()});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return DataLossError(name + ": " + e.what());
+  }
+  if (shards.empty()) return DataLossError(name + ": lists no shard");
+  out.num_servers = static_cast<int>(shards.size());
+  out.manifest = manifest;
+  for (const auto& s : shards) {
+    if (s.name.find('/') != std::string::npos) return DataLossError(name + ": shard name '" + s.name + "' is a path");
+    FERRY_RETURN_IF_ERROR(ReadShard(dir / s.name, s, &out));
+  }
+  for (const auto& [id, t] : out.tables) {
+    if (t.spec.name.empty()) return DataLossError(name + ": table id " + std::to_string(id) + " has data but no spec");
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<ShardFile> WriteShard(const std::string& dir, int rank, int num_servers, int64_t step,
+                               const TableRegistry& tables) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return InternalError("cannot create " + dir + ": " + ec.message());
+  ShardFile out{ShardName(step, rank, num_servers), 0, 0};
+  AtomicFile f((fs::path(dir) / out.name).string());
+  FERRY_RETURN_IF_ERROR(f.Open());
+  uint32_t header[2] = {kCheckpointFormat, 0};
+  FERRY_RETURN_IF_ERROR(f.Write(kMagic, sizeof kMagic));
+  FERRY_RETURN_IF_ERROR(f.Write(header, sizeof header));
+  int64_t blocks = 0;
+  Status status;
+  tables.ForEach([&](const Table& t) {
+    if (!status.ok()) return;
+    flatbuffers::FlatBufferBuilder fbb(256);
+    fbb.Finish(wire::SpecToWire(fbb, t.spec));
+    Payload spec;
+    spec.Put<uint64_t>(t.id);
+    spec.Put<uint64_t>(fbb.GetSize());
+    spec.PutArray(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
+    status = WriteBlock(f, kTable, spec.bytes());
+    ++blocks;
+    if (t.dense) {
+      for (int64_t i = 0; i < t.dense->num_chunks() && status.ok(); ++i) {
+        const DenseChunk* c = t.dense->chunk(i);
+        if (c == nullptr) continue;
+        Payload p;
+        p.Put<uint64_t>(t.id);
+        p.Put<int64_t>(i);
+        p.Put<int64_t>(c->size);
+        p.Put<int64_t>(c->version);
+        p.Put<uint64_t>(c->state.size());
+        p.PutArray(c->params.data(), c->params.size());
+        p.PutArray(c->state.data(), c->state.size());
+        status = WriteBlock(f, kDenseChunk, p.bytes());
+        ++blocks;
+      }
+    } else {
+      const SparseShard& s = *t.sparse;
+      std::vector<std::pair<int64_t, RowIndex>> rows;
+      rows.reserve(s.size());
+      s.ForEachRow([&](int64_t id, RowIndex r) { rows.emplace_back(id, r); });
+      std::sort(rows.begin(), rows.end());  // the same rows give the same file
+      const size_t rf = static_cast<size_t>(s.row_floats());
+      for (size_t b = 0; b < rows.size() || b == 0; b += kRowsPerBlock) {
+        const size_t e = std::min(rows.size(), b + kRowsPerBlock);
+        Payload p;
+        p.Put<uint64_t>(t.id);
+        p.Put<int64_t>(s.version);
+        p.Put<int64_t>(s.row_floats());
+        p.Put<uint64_t>(e - b);
+        for (size_t i = b; i < e; ++i) p.Put<int64_t>(rows[i].first);
+        for (size_t i = b; i < e; ++i) p.Put<int64_t>(s.steps(rows[i].second));
+        for (size_t i = b; i < e; ++i) p.PutArray(s.row(rows[i].second), rf);
+        status = WriteBlock(f, kSparseRows, p.bytes());
+        ++blocks;
+        if (!status.ok() || rows.empty()) break;
+      }
+    }
+  });
+  FERRY_RETURN_IF_ERROR(status);
+  Payload end;
+  end.Put<int64_t>(blocks);
+  FERRY_RETURN_IF_ERROR(WriteBlock(f, kEnd, end.bytes()));
+  out.bytes = f.bytes();
+  out.crc32 = f.crc();
+  FERRY_RETURN_IF_ERROR(f.Commit());
+  return out;
+}
+
+Status WriteManifest(const std::string& dir, int64_t step, const std::vector<ShardFile>& shards,
+                     const std::string& meaning, int keep) {
+  nlohmann::ordered_json j;
+  j["format"] = kCheckpointFormat;
+  j["step"] = step;
+  j["meaning"] = meaning;
+  j["shards"] = nlohmann::ordered_json::array();
+  for (const auto& s : shards) j["shards"].push_back({{"file", s.name}, {"bytes", s.bytes}, {"crc32", s.crc32}});
+  const std::string text = j.dump(1) + "\n";
+  const std::string manifest = ManifestName(step);
+  AtomicFile m((fs::path(dir) / manifest).string());
+  FERRY_RETURN_IF_ERROR(m.Open());
+  FERRY_RETURN_IF_ERROR(m.Write(text.data(), text.size()));
+  FERRY_RETURN_IF_ERROR(m.Commit());
+  AtomicFile current((fs::path(dir) / "CURRENT").string());
+  FERRY_RETURN_IF_ERROR(current.Open());
+  const std::string line = manifest + "\n";
+  FERRY_RETURN_IF_ERROR(current.Write(line.data(), line.size()));
+  FERRY_RETURN_IF_ERROR(current.Commit());
+  // Keep the newest `keep` manifests and the shard files they name; remove the rest.
+  std::vector<std::string> manifests;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with("MANIFEST-") && !n.ends_with(".tmp")) manifests.push_back(n);
+  }
+  std::sort(manifests.rbegin(), manifests.rend());  // zero-padded steps: newest first
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < manifests.size(); ++i) {
+    const std::string prefix = "step-" + manifests[i].substr(9) + "-";  // the same zero-padded step
+    std::error_code ec;
+    fs::remove(fs::path(dir) / manifests[i], ec);
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().filename().string().starts_with(prefix)) fs::remove(e.path(), ec);
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir, std::vector<std::string>* skipped) {
+  std::vector<std::string> tried;
+  std::string current;
+  {
+    std::ifstream in(fs::path(dir) / "CURRENT");
+    if (in) std::getline(in, current);
+  }
+  std::vector<std::string> candidates;
+  if (!current.empty()) {
+    candidates.push_back(current);
+  } else {
+    tried.push_back((fs::path(dir) / "CURRENT").string() + ": missing or empty");
+  }
+  std::vector<std::string> manifests;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with("MANIFEST-") && !n.ends_with(".tmp") && n != current) manifests.push_back(n);
+  }
+  if (ec) return NotFoundError("checkpoint folder " + dir + ": " + ec.message());
+  std::sort(manifests.rbegin(), manifests.rend());
+  candidates.insert(candidates.end(), manifests.begin(), manifests.end());
+  for (const auto& m : candidates) {
+    if (m.find('/') != std::string::npos || !m.starts_with("MANIFEST-")) {
+      tried.push_back((fs::path(dir) / "CURRENT").string() + ": names '" + m + "', not a manifest");
+      continue;
+    }
+    auto data = ReadManifest(dir, m);
+    if (data.ok()) {
+      if (skipped) *skipped = tried;
+      return data;
+    }
+    tried.push_back(data.status().message());
+  }
+  std::string why;
+  for (const auto& t : tried) why += "\n  " + t;
+  return NotFoundError("no usable checkpoint in " + dir + (why.empty() ? ": no manifest" : ":" + why));
+}
+
+Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int num_workers, TableRegistry* tables) {
+  for (const auto& [id, t] : ckpt.tables) {
+    FERRY_RETURN_IF_ERROR(tables->Create(t.spec, id, num_workers));
+    if (t.spec.type == TableType::kDense) {
+      FERRY_ASSIGN_OR_RETURN(Table * table, tables->Find(id, TableType::kDense));
+      for (int64_t i = 0; i < table->dense->num_chunks(); ++i) {
+        DenseChunk* c = table->dense->chunk(i);
+        if (c == nullptr) continue;  // another server's under the new placement
+        auto it = t.chunks.find(i);
+        if (it == t.chunks.end()) {
+          return DataLossError("checkpoint " + ckpt.manifest + ": table '" + t.spec.name + "' lacks chunk " + std::to_string(i));
+        }
+        if (it->second.params.size() != c->params.size() || it->second.state.size() != c->state.size()) {
+          return DataLossError("checkpoint " + ckpt.manifest + ": table '" + t.spec.name + "' chunk " +
+                               std::to_string(i) + " has the wrong size");
+        }
+        c->params = it->second.params;
+        c->state = it->second.state;
+        c->version = it->second.version;
+        std::fill(c->last_pulled.begin(), c->last_pulled.end(), c->version);
+      }
+    } else {
+      FERRY_ASSIGN_OR_RETURN(Table * table, tables->Find(id, TableType::kSparse));
+      SparseShard& s = *table->sparse;
+      for (const auto& [row_id, row] : t.rows) {
+        if (placement::IdServer(row_id, num_servers) != rank) continue;
+        if (static_cast<int64_t>(row.values.size()) != s.row_floats()) {
+          return DataLossError("checkpoint " + ckpt.manifest + ": table '" + t.spec.name + "' id " +
+                               std::to_string(row_id) + " has the wrong width");
+        }
+        const RowIndex r = s.FindOrCreate(row_id);
+        std::copy(row.values.begin(), row.values.end(), s.row(r));
+        s.steps(r) = row.steps;
+      }
+      s.version = t.sparse_version;
+      std::fill(s.last_pulled.begin(), s.last_pulled.end(), s.version);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ferry::ps

@@ -1,0 +1,251 @@
+// Checkpoints on disk (ps/server/internal/checkpoint.h, format in messages/CHECKPOINT.md):
+// written by two servers, restored into 1, 3 and 2 with every parameter, optimizer slot, row
+// step count and version bitwise equal; every single-byte corruption, a truncation, a missing
+// manifest or CURRENT refused with the file named, and the previous good checkpoint used.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "ferry/messages/placement.h"
+#include "internal/checkpoint.h"
+#include "internal/table_registry.h"
+
+namespace ferry::ps {
+namespace {
+
+namespace fs = std::filesystem;
+
+TableSpec Dense() {
+  TableSpec s;
+  s.name = "w";
+  s.shape = {10, 7};
+  s.chunk_elems = 16;  // 5 chunks, spread over the servers
+  s.optimizer.type = OptimizerType::kAdam;
+  s.consistency = Consistency::kSync;
+  return s;
+}
+
+TableSpec Sparse() {
+  TableSpec s;
+  s.name = "emb";
+  s.type = TableType::kSparse;
+  s.dim = 3;
+  s.optimizer.type = OptimizerType::kAdagrad;
+  return s;
+}
+
+// What a table holds, gathered over every server: for comparing before and after.
+struct Gathered {
+  std::map<int64_t, std::vector<float>> chunk_params, chunk_state;
+  std::map<int64_t, int64_t> chunk_version;
+  std::map<int64_t, std::vector<float>> rows;
+  std::map<int64_t, int64_t> row_steps;
+  bool operator==(const Gathered&) const = default;
+};
+
+Gathered Gather(std::vector<TableRegistry>& servers) {
+  Gathered g;
+  for (auto& reg : servers) {
+    auto w = reg.Find(TableId("w"), TableType::kDense);
+    EXPECT_TRUE(w.ok());
+    for (int64_t i = 0; i < (*w)->dense->num_chunks(); ++i) {
+      if (const DenseChunk* c = (*w)->dense->chunk(i)) {
+        EXPECT_EQ(g.chunk_params.count(i), 0u) << "chunk " << i << " on two servers";
+        g.chunk_params[i] = c->params;
+        g.chunk_state[i] = c->state;
+        g.chunk_version[i] = c->version;
+      }
+    }
+    auto emb = reg.Find(TableId("emb"), TableType::kSparse);
+    EXPECT_TRUE(emb.ok());
+    const SparseShard& s = *(*emb)->sparse;
+    s.ForEachRow([&](int64_t id, RowIndex r) {
+      EXPECT_EQ(g.rows.count(id), 0u) << "id " << id << " on two servers";
+      g.rows[id] = std::vector<float>(s.row(r), s.row(r) + s.row_floats());
+      g.row_steps[id] = s.steps(r);
+    });
+  }
+  return g;
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ferry-ckpt-test-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    // Two servers of a job of 2 workers, with values no initialiser would produce.
+    for (int r = 0; r < 2; ++r) {
+      servers_.emplace_back(r, 2);
+      TableRegistry& reg = servers_.back();
+      ASSERT_TRUE(reg.Create(Dense(), TableId("w"), 2).ok());
+      ASSERT_TRUE(reg.Create(Sparse(), TableId("emb"), 2).ok());
+      Table* w = *reg.Find(TableId("w"), TableType::kDense);
+      for (int64_t i = 0; i < w->dense->num_chunks(); ++i) {
+        if (DenseChunk* c = w->dense->chunk(i)) {
+          for (size_t k = 0; k < c->params.size(); ++k) c->params[k] = 0.1f * static_cast<float>(c->offset + k) - 3.0f;
+          for (size_t k = 0; k < c->state.size(); ++k) c->state[k] = 1.0f / static_cast<float>(k + 3 + i);
+          c->version = 7;
+        }
+      }
+      SparseShard& s = *(*reg.Find(TableId("emb"), TableType::kSparse))->sparse;
+      for (int64_t id = -50; id < 400; id += 3) {
+        if (placement::IdServer(id, 2) != r) continue;
+        const RowIndex x = s.FindOrCreate(id);
+        for (int64_t k = 0; k < s.row_floats(); ++k) s.row(x)[k] = static_cast<float>(id) * 0.25f + static_cast<float>(k);
+        s.steps(x) = id % 11 + 1;
+      }
+      s.version = 7;
+    }
+    before_ = Gather(servers_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Both servers write their shards for `step`, then the manifest.
+  void Save(int64_t step, int keep = 3) {
+    std::vector<ShardFile> shards;
+    for (int r = 0; r < 2; ++r) {
+      auto f = WriteShard(dir_.string(), r, 2, step, servers_[static_cast<size_t>(r)]);
+      ASSERT_TRUE(f.ok()) << f.status();
+      shards.push_back(*f);
+    }
+    ASSERT_TRUE(WriteManifest(dir_.string(), step, shards, "sync: every server at step " + std::to_string(step), keep).ok());
+  }
+
+  fs::path Shard(int64_t step, int rank) const {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "step-%020lld-shard-%05d-of-00002.ckpt", static_cast<long long>(step), rank);
+    return dir_ / buf;
+  }
+
+  fs::path dir_;
+  std::vector<TableRegistry> servers_;
+  Gathered before_;
+};
+
+TEST_F(CheckpointTest, RestoresBitwiseIntoOneThreeAndTwoServers) {
+  Save(7);
+  auto ckpt = ReadCheckpoint(dir_.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->step, 7);
+  EXPECT_EQ(ckpt->num_servers, 2);
+  EXPECT_EQ(ckpt->meaning, "sync: every server at step 7");
+  for (int n : {1, 3, 2}) {
+    std::vector<TableRegistry> restored;
+    for (int r = 0; r < n; ++r) {
+      restored.emplace_back(r, n);
+      ASSERT_TRUE(RestoreShard(*ckpt, r, n, 2, &restored.back()).ok());
+    }
+    const Gathered after = Gather(restored);
+    EXPECT_EQ(after.chunk_params.size(), 5u);
+    EXPECT_EQ(after.rows.size(), before_.rows.size());
+    EXPECT_TRUE(after == before_) << "restored into " << n << " servers";
+    // Specs come back as declared, versions with them.
+    auto w = restored[0].Find(TableId("w"), TableType::kDense);
+    ASSERT_TRUE(w.ok());
+    EXPECT_TRUE((*w)->spec == Dense());
+    EXPECT_EQ((*restored[0].Find(TableId("emb"), TableType::kSparse))->sparse->version, 7);
+  }
+}
+
+TEST_F(CheckpointTest, TheSameTablesGiveTheSameBytes) {
+  Save(7);
+  Save(8);
+  std::ifstream a(Shard(7, 1), std::ios::binary), b(Shard(8, 1), std::ios::binary);
+  const std::string x((std::istreambuf_iterator<char>(a)), {}), y((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_EQ(x, y);
+  EXPECT_GT(x.size(), 100u);
+}
+
+// Every byte of a shard flipped in turn, with the manifest updated to match the corrupt file
+// (so only the blocks' own checks can catch it): never read as good; the older checkpoint is
+// used, and the file is named.
+TEST_F(CheckpointTest, EveryFlippedByteIsCaughtAndTheOlderCheckpointUsed) {
+  Save(5);
+  Save(7);
+  const fs::path shard = Shard(7, 0);
+  std::string bytes;
+  {
+    std::ifstream in(shard, std::ios::binary);
+    bytes.assign((std::istreambuf_iterator<char>(in)), {});
+  }
+  const fs::path manifest = dir_ / "MANIFEST-00000000000000000007";
+  nlohmann::json m;
+  {
+    std::ifstream in(manifest);
+    in >> m;
+  }
+  ASSERT_LT(bytes.size(), 20000u);  // keeps the loop short
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string bad = bytes;
+    bad[i] = static_cast<char>(bad[i] ^ 0x41);
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << bad;
+    nlohmann::json mm = m;
+    mm["shards"][0]["crc32"] = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(bad.data()), bad.size()));
+    std::ofstream(manifest, std::ios::trunc) << mm.dump();
+    std::vector<std::string> skipped;
+    auto ckpt = ReadCheckpoint(dir_.string(), &skipped);
+    ASSERT_TRUE(ckpt.ok()) << "byte " << i << ": " << ckpt.status();
+    ASSERT_EQ(ckpt->step, 5) << "byte " << i << " flipped, yet step 7 was read as good";
+    ASSERT_EQ(skipped.size(), 1u);
+    EXPECT_NE(skipped[0].find(shard.string()), std::string::npos) << "byte " << i << ": " << skipped[0];
+  }
+}
+
+TEST_F(CheckpointTest, TruncatedFilesAndMissingManifestsFallBackSayingWhy) {
+  Save(5);
+  Save(7);
+  // Truncated: the manifest's size catches it.
+  fs::resize_file(Shard(7, 1), fs::file_size(Shard(7, 1)) - 10);
+  std::vector<std::string> skipped;
+  auto ckpt = ReadCheckpoint(dir_.string(), &skipped);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->step, 5);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find("truncated"), std::string::npos) << skipped[0];
+  // The newest manifest gone (a crash before it was written): the older checkpoint, no fuss.
+  fs::remove(dir_ / "MANIFEST-00000000000000000007");
+  ckpt = ReadCheckpoint(dir_.string(), &skipped);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->step, 5);
+  // CURRENT gone too: the newest manifest that verifies is found by name.
+  fs::remove(dir_ / "CURRENT");
+  ckpt = ReadCheckpoint(dir_.string(), &skipped);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->step, 5);
+  // A shard of step 5 missing as well: nothing usable, and the error names what was tried.
+  fs::remove(Shard(5, 0));
+  ckpt = ReadCheckpoint(dir_.string());
+  ASSERT_FALSE(ckpt.ok());
+  EXPECT_EQ(ckpt.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(ckpt.status().message().find("CURRENT: missing"), std::string::npos) << ckpt.status();
+  EXPECT_NE(ckpt.status().message().find(Shard(5, 0).string() + ": cannot open"), std::string::npos) << ckpt.status();
+}
+
+TEST_F(CheckpointTest, KeepsTheNewestK) {
+  Save(1, 2);
+  Save(2, 2);
+  Save(3, 2);
+  EXPECT_FALSE(fs::exists(dir_ / "MANIFEST-00000000000000000001"));
+  EXPECT_FALSE(fs::exists(Shard(1, 0)));
+  EXPECT_FALSE(fs::exists(Shard(1, 1)));
+  EXPECT_TRUE(fs::exists(Shard(2, 0)));
+  EXPECT_TRUE(fs::exists(dir_ / "MANIFEST-00000000000000000003"));
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    EXPECT_FALSE(e.path().string().ends_with(".tmp")) << e.path();
+  }
+  auto ckpt = ReadCheckpoint(dir_.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->step, 3);
+}
+
+}  // namespace
+}  // namespace ferry::ps

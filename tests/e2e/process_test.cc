@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <zmq_addon.hpp>
 
+#include "ferry/client.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "support/scenarios.h"
@@ -73,6 +75,7 @@ class PsProcess {
   }
 
   const std::string& endpoint() const { return endpoint_; }
+  void Signal(int sig) const { kill(pid_, sig); }
 
  private:
   pid_t pid_ = -1;
@@ -149,6 +152,51 @@ TEST(Processes, SigtermStopsTheServerCleanly) {
   const int status = p.ps[0]->Terminate();
   ASSERT_TRUE(WIFEXITED(status)) << "ferry-ps did not exit on SIGTERM (status " << status << ")";
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Rank 0 of a 2-worker sync job pushes step 0 and pulls step 1 of a table spread over both
+// servers: both hold the pull (rank 1 never pushes), so only a failure can end it. Then
+// `hurt(server 1)`. The pull must fail UNAVAILABLE naming server 1, within `bound`, far inside
+// the 60 s request timeout (so it is not the timeout that ends it).
+Status HeldPullAfter(Processes& p, std::chrono::milliseconds heartbeat, const std::function<void(PsProcess&)>& hurt) {
+  ClientOptions o;
+  o.servers = p.address.endpoints;
+  o.num_workers = 2;
+  o.request_timeout = std::chrono::seconds(60);
+  o.heartbeat_timeout = heartbeat;
+  auto c = Client::Connect(o);
+  if (!c.ok()) return c.status();
+  TableSpec t;
+  t.name = "held";
+  t.shape = {64};
+  t.chunk_elems = 8;  // 8 chunks: both servers hold some
+  t.consistency = Consistency::kSync;
+  FERRY_RETURN_IF_ERROR((*c)->Declare(t));
+  std::vector<float> grad(64, 1.0f), out(64);
+  FERRY_RETURN_IF_ERROR((*c)->PushDense("held", grad, 0).wait());
+  Handle pull = (*c)->PullDense("held", out, 1);
+  usleep(200000);
+  if (pull.done()) return InternalError("the pull was not held");
+  hurt(*p.ps[1]);
+  return pull.wait(std::chrono::seconds(30));
+}
+
+TEST(Processes, AKilledServerFailsTheRequestsInFlightToItAtOnce) {
+  Processes p(2);
+  ASSERT_TRUE(p.ok());
+  const Status s = HeldPullAfter(p, std::chrono::seconds(5), [](PsProcess& ps) { ps.Signal(SIGKILL); });
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("server 1 (" + p.address.endpoints[1] + ") closed the connection"), std::string::npos) << s;
+}
+
+TEST(Processes, AHungServerIsNoticedByHeartbeats) {
+  Processes p(2);
+  ASSERT_TRUE(p.ok());
+  const Status s = HeldPullAfter(p, std::chrono::seconds(1), [](PsProcess& ps) { ps.Signal(SIGSTOP); });
+  p.ps[1]->Signal(SIGCONT);  // so that it can be stopped cleanly
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("server 1 (" + p.address.endpoints[1] + ")"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("heartbeats unanswered for 1000 ms"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 
 #include "ferry/mutex.h"
 #include "ferry/messages/deadlines.h"
@@ -145,7 +146,7 @@ class ClientImpl final : public Client {
 
   Status Start() {
     if (!waker_.ok()) return InternalError("cannot create an eventfd for the client's I/O thread");
-    sockets_.resize(options_.servers.size());
+    sockets_.resize(2 * options_.servers.size());  // [0, n) the servers', [n, 2n) their monitors
     for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
     thread_ = std::thread([this] { Loop(); });
     // Handshake with every server at once.
@@ -605,14 +606,33 @@ class ClientImpl final : public Client {
     return "server " + std::to_string(s) + " (" + options_.servers[static_cast<size_t>(s)] + ")";
   }
 
+  // (Re)opens the socket to server `s` and its monitor (a PAIR that receives the socket's
+  // ZMQ_EVENT_DISCONNECTED: the connection closed, or heartbeats went unanswered).
   Status OpenSocket(int s) {
     FERRY_ASSIGN_OR_RETURN(zmq::socket_t sock,
                            transport::MakeSocket(transport::Zmq(*context_), zmq::socket_type::dealer, 100000));
+    FERRY_ASSIGN_OR_RETURN(zmq::socket_t monitor, transport::MakeSocket(transport::Zmq(*context_), zmq::socket_type::pair));
+    // Unique in the process: clients share contexts, and a closed monitor's name may linger.
+    static std::atomic<uint64_t> next_monitor{0};
+    const std::string monitor_at = "inproc://ferry-client-monitor-" + std::to_string(next_monitor.fetch_add(1));
+    try {
+      if (const auto t = options_.heartbeat_timeout.count(); t > 0) {
+        sock.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(std::max<int64_t>(t / 4, 1)));
+        sock.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(t));
+        sock.set(zmq::sockopt::heartbeat_ttl, static_cast<int>(std::min<int64_t>(t, 6553500)));
+      }
+      if (zmq_socket_monitor(sock.handle(), monitor_at.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) throw zmq::error_t();
+      monitor.connect(monitor_at);
+    } catch (const zmq::error_t& e) {
+      return InternalError("cannot watch the connection to " + ServerName(s) + ": " + e.what());
+    }
     try {
       sock.connect(options_.servers[static_cast<size_t>(s)]);
     } catch (const zmq::error_t& e) {
       return InvalidArgumentError("cannot connect to " + ServerName(s) + ": " + e.what());
     }
+    // The old monitor first: the old socket's last events go nowhere.
+    sockets_[static_cast<size_t>(num_servers() + s)] = std::move(monitor);
     sockets_[static_cast<size_t>(s)] = std::move(sock);
     return Status::Ok();
   }
@@ -622,7 +642,10 @@ class ClientImpl final : public Client {
   void Loop() {
     transport::EventLoop::Handlers h;
     h.on_wake = [this] { SendQueued(); };
-    h.on_message = [this](size_t s, Frames& frames, bool truncated) { HandleReply(static_cast<int>(s), frames, truncated); };
+    h.on_message = [this](size_t s, Frames& frames, bool truncated) {
+      if (s >= static_cast<size_t>(num_servers())) return OnMonitorEvent(static_cast<int>(s) - num_servers(), frames);
+      HandleReply(static_cast<int>(s), frames, truncated);
+    };
     h.next_deadline = [this] { return deadlines_.Next(); };
     h.on_tick = [this] { ExpireRequests(); };
     const Status s = transport::EventLoop::Run(sockets_, waker_, stopping_, wire::kMaxFrames + 1, h);
@@ -683,25 +706,60 @@ class ClientImpl final : public Client {
     std::sort(dead.begin(), dead.end());
     dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
     for (int s : dead) {
-      // Fail everything in flight to that server: its replies can no longer be trusted to come,
-      // and rebuilding the socket discards (and releases) whatever is still queued for it.
-      for (auto it = in_flight_.begin(); it != in_flight_.end();) {
-        if (it->second.server != s) {
-          ++it;
-          continue;
-        }
-        const bool expired = it->second.deadline <= now;
-        Done(it->second,
-            (expired ? DeadlineExceededError(std::string(wire::KindName(it->second.kind)) + " got no reply from " +
-                                             ServerName(s) + " in time (is it running and reachable?)")
-                     : UnavailableError(std::string(wire::KindName(it->second.kind)) + " abandoned: " +
-                                        ServerName(s) + " stopped answering")));
-        deadlines_.Remove(it->second.deadline, it->first);  // one not yet due
-        it = in_flight_.erase(it);
-      }
-      Status st = OpenSocket(s);
-      if (!st.ok()) std::fprintf(stderr, "ferry client: %s\n", st.ToString().c_str());
+      FailServer(s, [&](const Request& r) {
+        return r.deadline <= now ? DeadlineExceededError(std::string(wire::KindName(r.kind)) + " got no reply from " +
+                                                         ServerName(s) + " in time (is it running and reachable?)")
+                                 : UnavailableError(std::string(wire::KindName(r.kind)) + " abandoned: " +
+                                                    ServerName(s) + " stopped answering");
+      });
     }
+  }
+
+  // The monitor of server `s`'s socket reported an event: [u16 event, u32 value][endpoint].
+  void OnMonitorEvent(int s, Frames& frames) {
+    if (frames.empty() || frames[0].size() < sizeof(uint16_t)) return;
+    uint16_t event = 0;
+    std::memcpy(&event, frames[0].data(), sizeof event);
+    if (event != ZMQ_EVENT_DISCONNECTED) return;
+    const std::string why = options_.heartbeat_timeout.count() > 0
+                                ? " closed the connection or left heartbeats unanswered for " +
+                                      std::to_string(options_.heartbeat_timeout.count()) + " ms"
+                                : " closed the connection";
+    FailServer(s, [&](const Request& r) {
+      return UnavailableError(std::string(wire::KindName(r.kind)) + " abandoned: " + ServerName(s) + why +
+                              " (killed, hung, or unreachable?)");
+    });
+  }
+
+  // Fails everything in flight to server `s` (each with why(request)): its replies can no longer
+  // be trusted to come, and rebuilding the socket discards (and releases) whatever is still
+  // queued for it. The other servers' parts of the same operations are abandoned too, so the
+  // operation ends now with that failure rather than when they answer (a late reply is dropped).
+  template <typename Why>
+  void FailServer(int s, Why&& why) {
+    absl::flat_hash_set<const Handle::State*> failed;
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (it->second.server != s) {
+        ++it;
+        continue;
+      }
+      failed.insert(it->second.op.get());
+      Done(it->second, why(it->second));
+      deadlines_.Remove(it->second.deadline, it->first);  // one not yet due
+      it = in_flight_.erase(it);
+    }
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (!failed.contains(it->second.op.get())) {
+        ++it;
+        continue;
+      }
+      Done(it->second, CancelledError(std::string(wire::KindName(it->second.kind)) + " on " +
+                                      ServerName(it->second.server) + " abandoned: another part failed"));
+      deadlines_.Remove(it->second.deadline, it->first);
+      it = in_flight_.erase(it);
+    }
+    Status st = OpenSocket(s);
+    if (!st.ok()) std::fprintf(stderr, "ferry client: %s\n", st.ToString().c_str());
   }
 
   // The I/O thread is ending: fails everything in flight or queued, and (dead_) everything
@@ -744,7 +802,7 @@ class ClientImpl final : public Client {
   Status dead_status_ ABSL_GUARDED_BY(queue_mu_);         // why
 
   // Owned by the I/O thread (sockets_ also by Start before the thread runs).
-  std::vector<zmq::socket_t> sockets_;
+  std::vector<zmq::socket_t> sockets_;  // one per server, then one monitor per server
   std::unordered_map<uint64_t, Request> in_flight_;
   transport::Deadlines<uint64_t> deadlines_;  // (deadline, id) of every request in in_flight_
 

@@ -37,6 +37,11 @@ struct ClientOptions {
   // Longest any one request may wait for its reply (sync pulls wait for the slowest worker, so
   // keep it above the servers' max wait).
   std::chrono::milliseconds request_timeout{std::chrono::minutes(6)};
+  // A server whose connection closes (killed) or that stops answering ZeroMQ's heartbeats for
+  // this long (hung, or its host unreachable) fails every request in flight to it at once with
+  // UNAVAILABLE, naming it, instead of each waiting out the request timeout. Pings go every
+  // quarter of it. 0: no heartbeats (a closed connection is still noticed).
+  std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(5)};
   // Requests larger than this are split into several messages per server.
   int64_t max_message_bytes = int64_t{64} << 20;
   // Messages queued or awaiting a reply at once; an operation that would exceed it waits for

@@ -146,7 +146,8 @@ class ClientImpl final : public Client {
 
   Status Start() {
     if (!waker_.ok()) return InternalError("cannot create an eventfd for the client's I/O thread");
-    sockets_.resize(2 * options_.servers.size());  // [0, n) the servers', [n, 2n) their monitors
+    sockets_.resize(options_.servers.size());
+    monitors_.resize(options_.servers.size());
     for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
     thread_ = std::thread([this] { Loop(); });
     // Handshake with every server at once.
@@ -632,7 +633,7 @@ class ClientImpl final : public Client {
       return InvalidArgumentError("cannot connect to " + ServerName(s) + ": " + e.what());
     }
     // The old monitor first: the old socket's last events go nowhere.
-    sockets_[static_cast<size_t>(num_servers() + s)] = std::move(monitor);
+    monitors_[static_cast<size_t>(s)] = std::move(monitor);
     sockets_[static_cast<size_t>(s)] = std::move(sock);
     return Status::Ok();
   }
@@ -642,12 +643,17 @@ class ClientImpl final : public Client {
   void Loop() {
     transport::EventLoop::Handlers h;
     h.on_wake = [this] { SendQueued(); };
-    h.on_message = [this](size_t s, Frames& frames, bool truncated) {
-      if (s >= static_cast<size_t>(num_servers())) return OnMonitorEvent(static_cast<int>(s) - num_servers(), frames);
-      HandleReply(static_cast<int>(s), frames, truncated);
+    h.on_message = [this](size_t s, Frames& frames, bool truncated) { HandleReply(static_cast<int>(s), frames, truncated); };
+    // While requests are in flight, wake at least every kMonitorEvery to look at the monitors.
+    h.next_deadline = [this] {
+      auto next = deadlines_.Next();
+      if (!in_flight_.empty()) next = transport::Earliest(next, last_monitor_check_ + kMonitorEvery);
+      return next;
     };
-    h.next_deadline = [this] { return deadlines_.Next(); };
-    h.on_tick = [this] { ExpireRequests(); };
+    h.on_tick = [this] {
+      ExpireRequests();
+      CheckMonitors();
+    };
     const Status s = transport::EventLoop::Run(sockets_, waker_, stopping_, wire::kMaxFrames + 1, h);
     FailAll(s.ok() ? CancelledError("client closed") : InternalError("client I/O thread stopped: " + s.message()));
   }
@@ -715,12 +721,31 @@ class ClientImpl final : public Client {
     }
   }
 
+  // Reads what the monitors reported, at most every kMonitorEvery (they are not in the poll set:
+  // polling them on every wake-up cost about 9% of a 4 KiB round trip with 2 servers).
+  void CheckMonitors() {
+    const auto now = SteadyClock::now();
+    if (now - last_monitor_check_ < kMonitorEvery) return;
+    last_monitor_check_ = now;
+    Frames frames;
+    for (int s = 0; s < num_servers(); ++s) {
+      for (int i = 0; i < 16; ++i) {
+        bool got = false, truncated = false;
+        if (!transport::RecvNonBlocking(monitors_[static_cast<size_t>(s)], &frames, &got, 4, &truncated).ok() || !got) {
+          break;
+        }
+        if (OnMonitorEvent(s, frames)) break;  // the socket and its monitor were rebuilt
+      }
+    }
+  }
+
   // The monitor of server `s`'s socket reported an event: [u16 event, u32 value][endpoint].
-  void OnMonitorEvent(int s, Frames& frames) {
-    if (frames.empty() || frames[0].size() < sizeof(uint16_t)) return;
+  // True when it failed the server (and rebuilt its socket and monitor).
+  bool OnMonitorEvent(int s, Frames& frames) {
+    if (frames.empty() || frames[0].size() < sizeof(uint16_t)) return false;
     uint16_t event = 0;
     std::memcpy(&event, frames[0].data(), sizeof event);
-    if (event != ZMQ_EVENT_DISCONNECTED) return;
+    if (event != ZMQ_EVENT_DISCONNECTED) return false;
     const std::string why = options_.heartbeat_timeout.count() > 0
                                 ? " closed the connection or left heartbeats unanswered for " +
                                       std::to_string(options_.heartbeat_timeout.count()) + " ms"
@@ -729,6 +754,7 @@ class ClientImpl final : public Client {
       return UnavailableError(std::string(wire::KindName(r.kind)) + " abandoned: " + ServerName(s) + why +
                               " (killed, hung, or unreachable?)");
     });
+    return true;
   }
 
   // Fails everything in flight to server `s` (each with why(request)): its replies can no longer
@@ -776,6 +802,7 @@ class ClientImpl final : public Client {
       rest.swap(queue_);
     }
     for (auto& r : rest) Done(r, s);
+    monitors_.clear();
     sockets_.clear();  // closes (linger 0) and releases lent frames
   }
 
@@ -802,7 +829,10 @@ class ClientImpl final : public Client {
   Status dead_status_ ABSL_GUARDED_BY(queue_mu_);         // why
 
   // Owned by the I/O thread (sockets_ also by Start before the thread runs).
-  std::vector<zmq::socket_t> sockets_;  // one per server, then one monitor per server
+  std::vector<zmq::socket_t> sockets_;   // one per server
+  std::vector<zmq::socket_t> monitors_;  // one per server: its socket's disconnections
+  static constexpr std::chrono::milliseconds kMonitorEvery{100};
+  SteadyClock::time_point last_monitor_check_{};
   std::unordered_map<uint64_t, Request> in_flight_;
   transport::Deadlines<uint64_t> deadlines_;  // (deadline, id) of every request in in_flight_
 

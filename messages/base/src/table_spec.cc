@@ -145,6 +145,13 @@ Status ParseOptimizerType(std::string_view text, OptimizerType* type) {
   return InvalidArgumentError("optimizer '" + std::string(text) + "' is not one of: sgd, momentum, adagrad, adam");
 }
 
+Status ParseInitType(std::string_view text, InitType* type) {
+  for (auto t : {InitType::kZeros, InitType::kUniform, InitType::kNormal, InitType::kConstant}) {
+    if (text == InitName(t)) { *type = t; return Status::Ok(); }
+  }
+  return InvalidArgumentError("init '" + std::string(text) + "' is not one of: zeros, uniform, normal, constant");
+}
+
 uint64_t TableId(std::string_view name) {
   uint64_t h = 14695981039346656037ull;  // FNV-1a 64
   for (unsigned char c : name) {

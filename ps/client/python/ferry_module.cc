@@ -115,17 +115,7 @@ ferry::TableSpec Spec(const std::string& name, const std::string& optimizer, flo
   Check(ferry::ParseOptimizerType(optimizer, &s.optimizer.type));
   s.optimizer.learning_rate = lr;
   Check(ferry::ParseConsistency(consistency, &s.consistency, &s.staleness));
-  if (init == "zeros") {
-    s.init = ferry::InitType::kZeros;
-  } else if (init == "uniform") {
-    s.init = ferry::InitType::kUniform;
-  } else if (init == "normal") {
-    s.init = ferry::InitType::kNormal;
-  } else if (init == "constant") {
-    s.init = ferry::InitType::kConstant;
-  } else {
-    Raise(ferry::InvalidArgumentError("init '" + init + "' is not one of: zeros, uniform, normal, constant"));
-  }
+  Check(ferry::ParseInitType(init, &s.init));
   s.init_scale = init_scale;
   s.seed = seed;
   s.replicas_to_aggregate = replicas_to_aggregate;

@@ -163,19 +163,8 @@ ferry_code ferry_spec_set_init(ferry_table_spec* spec, const char* init, float s
   return Guard("ferry_spec_set_init", [&] {
     ferry_code code;
     if (Null(spec, "ferry_spec_set_init", "spec", &code) || Null(init, "ferry_spec_set_init", "init", &code)) return code;
-    const std::string_view name = init;
     ferry::InitType t;
-    if (name == "zeros") {
-      t = ferry::InitType::kZeros;
-    } else if (name == "uniform") {
-      t = ferry::InitType::kUniform;
-    } else if (name == "normal") {
-      t = ferry::InitType::kNormal;
-    } else if (name == "constant") {
-      t = ferry::InitType::kConstant;
-    } else {
-      return Invalid("ferry_spec_set_init: init '" + std::string(name) + "' is not one of: zeros, uniform, normal, constant");
-    }
+    if (ferry::Status s = ferry::ParseInitType(init, &t); !s.ok()) return Fail(s);
     spec->spec.init = t;
     spec->spec.init_scale = scale;
     spec->spec.seed = seed;

@@ -63,6 +63,8 @@ struct TableSpec {
 Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t* staleness);
 // Parses "sgd", "momentum", "adagrad" or "adam".
 Status ParseOptimizerType(std::string_view text, OptimizerType* type);
+// Parses "zeros", "uniform", "normal" or "constant".
+Status ParseInitType(std::string_view text, InitType* type);
 std::string_view ConsistencyName(Consistency c);
 std::string_view OptimizerName(OptimizerType t);
 

@@ -10,6 +10,7 @@
 #include "internal/collectives.h"
 #include "internal/held.h"
 #include "internal/request.h"
+#include "internal/sync.h"
 #include "internal/tables.h"
 #include "internal/workers.h"
 
@@ -81,7 +82,7 @@ TEST(Workers, TheFirstHelloFixesTheCountAndLaterOnesMustAgree) {
   EXPECT_EQ(w.count(), 3);
   const Status s = w.Join(0, 2);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("earlier workers said 3"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("says the job has 2 workers, but it has 3"), std::string::npos) << s;
 }
 
 TEST(Workers, ASyncStepWaitsForEveryWorkerTakingPart) {
@@ -183,6 +184,66 @@ TEST(Collectives, ExpiryNamesTheRanksThatNeverCame) {
   EXPECT_EQ(expired[0].missing, "0, 3");
   EXPECT_EQ(c.size(), 1u);
   EXPECT_EQ(c.NextDeadline(), t0 + milliseconds(30));
+}
+
+TEST(Collectives, ARestartedRankReentersWhereTheJobIs) {
+  Collectives c;
+  const auto t0 = Clock::now();
+  EXPECT_EQ(c.next_id(), 0);
+  // Collective 0 of 3 workers completes; in collective 1, ranks 1 (first to arrive) and 0 wait
+  // for rank 2 when rank 1's process dies.
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, r, 0), t0 + milliseconds(100), 3).empty());
+  EXPECT_EQ(c.Enter(MakeRequest(wire::Kind::Barrier, 2, 0), t0 + milliseconds(100), 3).size(), 3u);
+  EXPECT_EQ(c.next_id(), 1);
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 1, 1, {5.0}), t0 + milliseconds(10), 3).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 0, 1, {1.0}), t0 + milliseconds(40), 3).empty());
+  // Its new process connects: the dead one's entry goes, and the collective's deadline becomes
+  // that of the first arrival still there.
+  c.Forget(1);
+  EXPECT_EQ(c.size(), 1u);
+  EXPECT_EQ(c.NextDeadline(), t0 + milliseconds(40));
+  EXPECT_EQ(c.next_id(), 1);  // the new process continues the sequence here
+  ASSERT_TRUE(c.CheckEntry(MakeRequest(wire::Kind::AllReduce, 1, 1, {2.0})).ok());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 1, 1, {2.0}), t0 + milliseconds(90), 3).empty());
+  std::vector<Request> group = c.Enter(MakeRequest(wire::Kind::AllReduce, 2, 1, {4.0}), t0 + milliseconds(90), 3);
+  ASSERT_EQ(group.size(), 3u);
+  EXPECT_EQ(Collectives::Sum(group), (std::vector<double>{7.0}));  // the dead process's 5 is not in it
+  EXPECT_EQ(c.next_id(), 2);
+  EXPECT_FALSE(c.NextDeadline().has_value());
+  // Forgetting a rank that waits alone removes the collective and its deadline.
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 0, 2), t0 + milliseconds(10), 3).empty());
+  c.Forget(0);
+  EXPECT_EQ(c.size(), 0u);
+  EXPECT_FALSE(c.NextDeadline().has_value());
+  EXPECT_TRUE(c.TakeExpired(t0 + milliseconds(1000), 3).empty());
+}
+
+TEST(Sync, ARestartedRanksHeldGradientIsDroppedSoItsNewProcessCanPushTheStep) {
+  SyncSlots sync;
+  sync.Reset(2, /*sparse=*/true);
+  const float g[2] = {1.0f, 2.0f};
+  const int64_t ids[1] = {7};
+  HoldGradient(sync, 1, zmq::message_t(ids, sizeof ids), zmq::message_t(g, sizeof g));
+  EXPECT_EQ(sync.received, 1);
+  EXPECT_FALSE(DropGradient(sync, 0));  // nothing held for rank 0
+  EXPECT_TRUE(DropGradient(sync, 1));
+  EXPECT_EQ(sync.received, 0);
+  EXPECT_FALSE(sync.by_rank[1].has_value());
+  EXPECT_FALSE(sync.ids_by_rank[1].has_value());
+  EXPECT_FALSE(DropGradient(sync, 1));
+  EXPECT_FALSE(DropGradient(sync, 5));  // out of range: nothing
+}
+
+TEST(Workers, TheConfiguredCountIsFixedBeforeAnyHello) {
+  Workers w;
+  ASSERT_TRUE(w.SetCount(3).ok());
+  EXPECT_EQ(w.count(), 3);
+  const Status s = w.Join(0, 2);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("says the job has 2 workers, but it has 3"), std::string::npos) << s;
+  EXPECT_TRUE(w.Join(2, 3).ok());
+  EXPECT_EQ(w.SetCount(3).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Workers().SetCount(0).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -120,6 +120,26 @@ TEST(TrainerOptions, BlasThreadsAreOpenBlasOwnByDefaultAndBounded) {
   EXPECT_NE(o.status().message().find("--blas-threads"), std::string::npos) << o.status();
 }
 
+TEST(TrainerOptions, CheckpointAndResumeFlags) {
+  auto o = Parse({"--servers", "tcp://a:1", "--checkpoint-every", "50", "--resume"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->checkpoint_every, 50);
+  EXPECT_TRUE(o->resume);
+  auto plain = Parse({"--servers", "tcp://a:1"});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->checkpoint_every, 0);
+  EXPECT_FALSE(plain->resume);
+  EXPECT_NE(Parse({"--servers", "tcp://a:1", "--checkpoint-every", "-1"}).status().message().find("--checkpoint-every"),
+            std::string::npos);
+  EXPECT_NE(Parse({"--servers", "tcp://a:1", "--resume=yes"}).status().message().find("takes no value"), std::string::npos);
+  // Checkpoints are the servers': a --local run has none.
+  for (const char* flag : {"--resume", "--checkpoint-every=5"}) {
+    const Status s = Parse({"--local", flag}).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << flag;
+    EXPECT_NE(s.message().find("need servers"), std::string::npos) << s;
+  }
+}
+
 TEST(TrainerOptions, LocalNeedsNoServers) {
   auto o = Parse({"--local", "--batch", "8"});
   ASSERT_TRUE(o.ok()) << o.status();

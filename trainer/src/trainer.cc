@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -101,6 +102,14 @@ struct DataPlan {
   bool merged_eval = false;
 };
 
+// A checkpoint worker 0 has asked for and not yet committed.
+struct PendingCheckpoint {
+  int64_t step = 0;
+  Clock::time_point asked;
+  std::vector<CheckpointShard> shards;  // filled in by SaveCheckpoint
+  Handle handle;
+};
+
 // One worker's training, as RunTraining runs it: Prepare (model, tables, data plan, metrics
 // file), then Step per step, then Finish (the closing barrier, the final pull and evaluation,
 // the end event). Every interval of its wall time goes to one part of `report_.times` (Lap).
@@ -121,15 +130,17 @@ class WorkerRun {
 
   StatusOr<TrainReport> Run() {
     FERRY_RETURN_IF_ERROR(Prepare());
+    FERRY_ASSIGN_OR_RETURN(t0_, StartStep());
+    report_.first_step = t0_;
     // Evaluations fall on the job's steps: every eval_every (or steps_per_epoch) of them. The
     // job's step is this worker's t, except in sync mode with backup workers, where a worker
     // that fell behind moves to the global step: job_t is then the step after the one it last
-    // pushed for.
+    // pushed for. A resumed worker evaluates where the uninterrupted job would have.
     const int64_t eval_period =
         options_.eval_every > 0 ? options_.eval_every : options_.eval_each_epoch ? plan_.steps_per_epoch : 0;
-    int64_t last_eval = 0;
-    for (int64_t t = 0; t < plan_.total_steps; ++t) {
-      const int64_t job_t = t == 0 ? 0 : sync_servers_ ? JobStep() + 1 : t;
+    int64_t last_eval = t0_ > 0 ? t0_ - 1 : 0;
+    for (int64_t t = t0_; t < plan_.total_steps; ++t) {
+      const int64_t job_t = t == t0_ ? t0_ : sync_servers_ ? JobStep() + 1 : t;
       if (eval_period > 0 && job_t < plan_.total_steps && job_t / eval_period > last_eval / eval_period) {
         FERRY_RETURN_IF_ERROR(Evaluate(job_t));
         last_eval = job_t;
@@ -200,10 +211,106 @@ class WorkerRun {
     return Status::Ok();
   }
 
-  // Sync: how many global steps the job has taken, by this worker's last pull.
+  // Sync: how many global steps the job has taken, by this worker's last pull (a resumed job
+  // counts from its start, not from where this process began).
   int64_t JobStep() const {
     const StoreProgress p = store_->progress();
-    return p.step - p.first_served;
+    return options_.resume ? p.step : p.step - p.first_served;
+  }
+
+  // The step this worker begins at: 0, or with --resume the step of the job the servers hold
+  // (sync: the global step, which a pull reports at once; async/ssp: the step of the checkpoint
+  // the servers restored, to which an ssp worker first moves its clock). Epoch, position and
+  // shuffle of this worker's data follow from the step alone (LoadBatch).
+  StatusOr<int64_t> StartStep() {
+    if (!options_.resume) return int64_t{0};
+    int64_t step = 0;
+    if (sync_servers_) {
+      StepTimes& times = report_.times;
+      const double waited_before = PullWait();
+      FERRY_RETURN_IF_ERROR(model_->Pull(*store_, 0).WithContext("reading the servers' global step"));
+      lap_.Split(&times.pull_s, &times.wait_s, PullWait() - waited_before);
+      step = store_->progress().step;
+    } else {
+      step = client_->restored_step();
+      if (options_.consistency == Consistency::kSsp && step > 0) FERRY_RETURN_IF_ERROR(store_->EndStep(step - 1));
+    }
+    ckpt_last_ = step;  // that step's checkpoint is the one resumed from, or comes at the next multiple
+    Say("resuming the job at step " + std::to_string(step) + " of " + std::to_string(plan_.total_steps) + " (epoch " +
+        std::to_string(step / plan_.steps_per_epoch + 1) + ", step " + std::to_string(step % plan_.steps_per_epoch) +
+        " of it)");
+    return step;
+  }
+
+  // ---- checkpoints (worker 0, --checkpoint-every) ----
+
+  // After the pull for step t, before its push (a sync checkpoint is a cut at the global step):
+  // commits the checkpoint in flight if the servers have written it, and asks for a new one
+  // when the job is at a multiple of --checkpoint-every. The servers write while training goes
+  // on; one checkpoint is in flight at a time, so when the next is due before the last is
+  // written (a disk slower than the checkpoints asked for), the worker waits for it and says so.
+  Status MaybeCheckpoint(int64_t t) {
+    if (options_.checkpoint_every <= 0 || rank_ != 0 || client_ == nullptr) return Status::Ok();
+    CommitCheckpoint(/*wait=*/false);
+    const int64_t step = sync_servers_ ? store_->progress().step : t;
+    if (ckpt_last_ < 0) ckpt_last_ = step;  // the job's first step: nothing to save yet
+    if (step % options_.checkpoint_every != 0 || step == ckpt_last_) return Status::Ok();
+    if (ckpt_) {
+      const Clock::time_point w0 = Clock::now();
+      const int64_t previous = ckpt_->step;
+      CommitCheckpoint(/*wait=*/true);
+      const double waited = Seconds(w0, Clock::now());
+      if (waited > 0.1) {
+        char line[200];
+        std::snprintf(line, sizeof line,
+                      "waited %.1f s for the checkpoint of step %lld before asking for step %lld's (checkpoints are "
+                      "due faster than the servers write them)",
+                      waited, static_cast<long long>(previous), static_cast<long long>(step));
+        Say(line);
+      }
+    }
+    AskCheckpoint(step);
+    return Status::Ok();
+  }
+
+  void AskCheckpoint(int64_t step) {
+    ckpt_.emplace();
+    ckpt_->step = step;
+    ckpt_->asked = Clock::now();
+    ckpt_->shards.resize(static_cast<size_t>(client_->num_servers()));
+    ckpt_->handle = client_->SaveCheckpoint(step, ckpt_->shards);
+    ckpt_last_ = step;
+  }
+
+  // Commits the checkpoint in flight once every server has written its shard (with `wait`, waits
+  // for that). A checkpoint that fails is reported and training goes on: the previous one stands.
+  void CommitCheckpoint(bool wait) {
+    if (!ckpt_ || (!wait && !ckpt_->handle.done())) return;
+    Status s = ckpt_->handle.wait();
+    if (s.ok()) s = client_->CommitCheckpoint(ckpt_->step, ckpt_->shards);
+    Json f = {{"step", ckpt_->step}, {"ok", s.ok()}};
+    if (s.ok()) {
+      uint64_t bytes = 0;
+      std::chrono::microseconds paused{0};
+      for (const auto& shard : ckpt_->shards) bytes += shard.bytes, paused = std::max(paused, shard.paused);
+      const double took = Seconds(ckpt_->asked, Clock::now());
+      f["bytes"] = bytes;
+      f["servers_paused_ms"] = static_cast<double>(paused.count()) / 1e3;
+      f["saved_within_s"] = took;
+      ++report_.checkpoints;
+      char line[160];
+      std::snprintf(line, sizeof line, "checkpoint of step %lld saved: %.1f MB from %zu server(s), serving paused at most %.1f ms",
+                    static_cast<long long>(ckpt_->step), static_cast<double>(bytes) / 1e6, ckpt_->shards.size(),
+                    static_cast<double>(paused.count()) / 1e3);
+      Say(line);
+    } else {
+      f["error"] = s.ToString();
+      ++report_.checkpoints_failed;
+      Say("warning: the checkpoint of step " + std::to_string(ckpt_->step) + " was not saved (" + s.ToString() +
+          "); training goes on, the previous checkpoint stands");
+    }
+    Event("checkpoint", std::move(f));
+    ckpt_.reset();
   }
 
   // Evaluation with the parameters of `step`. The wait in its pulls and its collective go to
@@ -262,7 +369,9 @@ class WorkerRun {
           std::to_string(store_->progress().step) + ") after " + std::to_string(t) + " of this worker's: stopping");
       return false;
     }
-    report_.steps = t + 1;
+    report_.steps = t + 1 - t0_;
+    FERRY_RETURN_IF_ERROR(MaybeCheckpoint(t));
+    lap_.To(&times.push_s);  // asking for or committing a checkpoint: talking to the servers
     if (hooks_.on_params) hooks_.on_params(t, model_->dense_params());
     double loss_sum = 0;
     int64_t correct = 0;
@@ -272,7 +381,7 @@ class WorkerRun {
     FERRY_RETURN_IF_ERROR(store_->EndStep(t));  // ssp: sends the clock without waiting
     lap_.To(&times.push_s);
 
-    if (t == 0) report_.first_loss = loss_sum / static_cast<double>(examples);
+    if (t == t0_) report_.first_loss = loss_sum / static_cast<double>(examples);
     report_.examples += examples;
     window_loss_ += loss_sum;
     window_correct_ += correct;
@@ -309,7 +418,8 @@ class WorkerRun {
     const double waited_before = PullWait();
     FERRY_RETURN_IF_ERROR(model_->Pull(*store_, t));
     lap_.Split(&times.pull_s, &times.wait_s, PullWait() - waited_before);
-    if (t != 0) return Status::Ok();
+    // A resumed worker waits for no one: the others may be training already (a restarted worker).
+    if (t != 0 || options_.resume) return Status::Ok();
     if (client_ != nullptr) {
       FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for every worker to connect"));
       lap_.To(&times.wait_s);
@@ -390,6 +500,8 @@ class WorkerRun {
     FERRY_RETURN_IF_ERROR(model_->Pull(*store_, plan_.total_steps));
     lap_.Split(&times.pull_s, &times.wait_s, PullWait() - waited_before);
     if (hooks_.on_params) hooks_.on_params(plan_.total_steps, model_->dense_params());
+    FinalCheckpoint();
+    lap_.To(&times.push_s);
     const std::span<const float> final_params = model_->dense_params();
     report_.final_params.assign(final_params.begin(), final_params.end());
     FERRY_RETURN_IF_ERROR(Evaluate(plan_.total_steps));
@@ -403,6 +515,7 @@ class WorkerRun {
               {"train_s", train_s},
               {"final_wait_s", final_wait_s},
               {"global_step", progress.step},
+              {"first_step", t0_},
               {"pushes_used", progress.pushes_used},
               {"pushes_dropped", progress.pushes_dropped},
               {"time", TimesJson(times)}};
@@ -413,6 +526,17 @@ class WorkerRun {
     }
     Event("end", std::move(f));
     return Status::Ok();
+  }
+
+  // Worker 0, with --checkpoint-every: after every worker has finished (the closing barrier) and
+  // the final pull, the job's final state is saved too, unless that step's is already.
+  void FinalCheckpoint() {
+    if (options_.checkpoint_every <= 0 || rank_ != 0 || client_ == nullptr) return;
+    CommitCheckpoint(/*wait=*/true);
+    const int64_t step = sync_servers_ ? store_->progress().step : plan_.total_steps;
+    if (step == ckpt_last_) return;
+    AskCheckpoint(step);
+    CommitCheckpoint(/*wait=*/true);
   }
 
   // Never "succeed" having trained nothing: a sync run none of whose gradients was used fails.
@@ -490,6 +614,11 @@ class WorkerRun {
   Clock::time_point start_;
   Lap lap_{Clock::now()};
   TrainReport report_;
+
+  int64_t t0_ = 0;  // the step this worker began at (> 0: --resume)
+
+  std::optional<PendingCheckpoint> ckpt_;  // worker 0's checkpoint in flight (--checkpoint-every)
+  int64_t ckpt_last_ = -1;  // the last step checkpointed (or resumed from); -1: none yet
 
   std::vector<int64_t> order_;  // this epoch's example order
   int64_t order_epoch_ = -1;

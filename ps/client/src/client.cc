@@ -150,7 +150,9 @@ class ClientImpl final : public Client {
     monitors_.resize(options_.servers.size());
     for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
     thread_ = std::thread([this] { Loop(); });
-    // Handshake with every server at once.
+    // Handshake with every server at once. Server 0 says where the job is: the step of the
+    // checkpoint it started from, and the id of the job's next collective (a restarted worker
+    // continues the sequence the others are in).
     auto op = NewOp();
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(128);
@@ -158,7 +160,15 @@ class ClientImpl final : public Client {
       h.add_num_workers(options_.num_workers);
       h.add_num_servers(num_servers());
       h.add_server_rank(s);
-      Submit(op, s, Kind::Hello, FinishHeader(fbb, h), {}, nullptr, options_.connect_timeout);
+      OnReply on_reply;
+      if (s == 0) {
+        on_reply = [this](const Header& reply, Frames&) -> Status {
+          restored_step_.store(reply.version());
+          barrier_generation_.store(reply.next_collective());
+          return Status::Ok();
+        };
+      }
+      Submit(op, s, Kind::Hello, FinishHeader(fbb, h), {}, std::move(on_reply), options_.connect_timeout);
     }
     Status st = Handle(op).wait(options_.connect_timeout + std::chrono::seconds(1));
     if (!st.ok()) return st.WithContext("handshake");
@@ -497,6 +507,45 @@ class ClientImpl final : public Client {
     return std::move(*result);
   }
 
+  int64_t restored_step() const override { return restored_step_.load(); }
+
+  Handle SaveCheckpoint(int64_t step, std::span<CheckpointShard> shards) override {
+    auto op = NewOp();
+    if (shards.size() != static_cast<size_t>(num_servers())) {
+      return Failed(op, InvalidArgumentError("SaveCheckpoint: " + std::to_string(shards.size()) +
+                                             " shard slots for " + std::to_string(num_servers()) + " servers"));
+    }
+    for (int s = 0; s < num_servers(); ++s) {
+      flatbuffers::FlatBufferBuilder fbb(96);
+      auto h = BeginHeader(fbb, Kind::Checkpoint);
+      h.add_step(step);
+      CheckpointShard* out = &shards[static_cast<size_t>(s)];
+      OnReply on_reply = [out](const Header& reply, Frames&) -> Status {
+        if (!reply.shards() || reply.shards()->size() != 1 || !reply.shards()->Get(0)->file()) {
+          return DataLossError("Checkpoint reply does not name one shard file");
+        }
+        const auto* f = reply.shards()->Get(0);
+        *out = {f->file()->str(), f->bytes(), f->crc32(), std::chrono::microseconds(reply.snapshot_us())};
+        return Status::Ok();
+      };
+      Submit(op, s, Kind::Checkpoint, FinishHeader(fbb, h), {}, std::move(on_reply), options_.request_timeout);
+    }
+    return Handle(op);
+  }
+
+  Status CommitCheckpoint(int64_t step, std::span<const CheckpointShard> shards) override {
+    auto op = NewOp();
+    flatbuffers::FlatBufferBuilder fbb(128 + 96 * shards.size());
+    std::vector<flatbuffers::Offset<wire::ShardFile>> files;
+    for (const auto& f : shards) files.push_back(wire::CreateShardFile(fbb, fbb.CreateString(f.file), f.bytes, f.crc32));
+    auto vec = fbb.CreateVector(files);
+    auto h = BeginHeader(fbb, Kind::CommitCheckpoint);
+    h.add_step(step);
+    h.add_shards(vec);
+    Submit(op, 0, Kind::CommitCheckpoint, FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
+    return Handle(op).wait();
+  }
+
   StatusOr<std::map<std::string, int64_t>> ServerCounters(int server) override {
     if (server < 0 || server >= num_servers()) return InvalidArgumentError("no server " + std::to_string(server));
     auto op = NewOp();
@@ -810,7 +859,8 @@ class ClientImpl final : public Client {
   std::shared_ptr<Context> context_;
   transport::Waker waker_;
   std::atomic<bool> stopping_{false};
-  std::atomic<int64_t> barrier_generation_{0};
+  std::atomic<int64_t> barrier_generation_{0};  // the next collective's id (server 0 says the first)
+  std::atomic<int64_t> restored_step_{0};       // server 0's restored checkpoint step
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<int64_t> requests_{0}, bytes_sent_{0}, bytes_received_{0};
 

@@ -29,10 +29,28 @@ struct ShardFile {
   uint32_t crc32 = 0;  // of the whole file
 };
 
-// Writes server `rank` of `num_servers`'s shard of every table in `tables`, as of `step`, into
-// `dir` (created if missing). Returns what the manifest must list for it.
+// A server's shard of every table serialized in memory: the bytes of its shard file. Taking it
+// is the only part of a checkpoint that must stop the server (a copy at memory speed); writing
+// it touches no table, so it happens on another thread while the server goes on serving.
+struct ShardImage {
+  std::vector<char> bytes;    // the whole file; each block's crc still zero
+  std::vector<size_t> blocks;  // where each block starts in `bytes`
+};
+
+// Copies every table of `tables` into an image (throws std::bad_alloc when memory is short).
+ShardImage SnapshotShard(const TableRegistry& tables);
+
+// Fills in the image's checksums and writes it as server `rank` of `num_servers`'s shard of
+// `step` into `dir` (created if missing). Returns what the manifest must list for it.
+StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_servers, int64_t step, ShardImage image);
+
+// SnapshotShard, then WriteShardImage.
 StatusOr<ShardFile> WriteShard(const std::string& dir, int rank, int num_servers, int64_t step,
                                const TableRegistry& tables);
+
+// InvalidArgument unless `shards` are the files a checkpoint of `step` by shards.size() servers
+// must have, in server order (a manifest names only files its own servers wrote).
+Status CheckShardList(int64_t step, const std::vector<ShardFile>& shards);
 
 // Writes MANIFEST-<step> naming `shards` (one per server, in rank order), then points CURRENT at
 // it, each atomically; then removes the checkpoints of `dir` beyond the newest `keep`.

@@ -32,6 +32,13 @@ class Collectives {
   // `num_workers`, returns every request of it in rank order (and forgets them); else nothing.
   std::vector<Request> Enter(Request req, Clock::time_point deadline, int num_workers);
 
+  // The id the job's next collective takes: one past the highest that completed (0 before any).
+  // A worker that connects again (restarted) continues the sequence from here.
+  int64_t next_id() const { return next_id_; }
+  // Forgets `rank`'s entries in collectives still waiting (its process died; a new one of the
+  // same rank enters them again).
+  void Forget(int rank);
+
   // The element-wise sum, in the order given, of the values each request of an all-reduce carries.
   static std::vector<double> Sum(const std::vector<Request>& group);
 
@@ -47,6 +54,7 @@ class Collectives {
  private:
   std::map<int64_t, std::vector<Request>> by_id_;
   size_t waiting_ = 0;
+  int64_t next_id_ = 0;
   transport::Deadlines<int64_t> deadlines_;  // one per collective: its first arrival's deadline
 };
 

@@ -26,6 +26,10 @@ Status CheckSyncPush(const TableSpec& spec, const SyncSlots& sync, int64_t versi
 void HoldGradient(SyncSlots& sync, int rank, zmq::message_t grad);
 void HoldGradient(SyncSlots& sync, int rank, zmq::message_t ids, zmq::message_t grad);
 
+// Forgets `rank`'s gradient held for the current step, if any (a worker that connects again: its
+// earlier process died after pushing; the new one pushes the step again). True if one was held.
+bool DropGradient(SyncSlots& sync, int rank);
+
 // Closes the current step: applies the average of the held gradients, moves the version on and
 // empties the slots for `num_workers`. Sparse rows are summed per id, ids first seen in rank
 // order, and each row updated once.

@@ -24,6 +24,8 @@ class Workers {
   // 0 until the first Hello fixes it.
   int count() const { return count_; }
 
+  // Fixes the count before any Hello (the server's configuration says it).
+  Status SetCount(int num_workers);
   // A Hello from `rank` of a job of `num_workers`: fixes the count on the first one, refuses one
   // that disagrees with it, and makes `rank` take part (again).
   Status Join(int rank, int num_workers);

@@ -99,41 +99,11 @@ class AtomicFile {
   uint32_t crc_ = 0;
 };
 
-// Appends little-endian values and arrays to a block payload.
-class Payload {
- public:
-  template <typename T>
-  void Put(T v) {
-    const size_t at = bytes_.size();
-    bytes_.resize(at + sizeof(T));
-    std::memcpy(bytes_.data() + at, &v, sizeof(T));
-  }
-  template <typename T>
-  void PutArray(const T* p, size_t n) {
-    const size_t at = bytes_.size();
-    bytes_.resize(at + n * sizeof(T));
-    if (n > 0) std::memcpy(bytes_.data() + at, p, n * sizeof(T));
-  }
-  const std::vector<char>& bytes() const { return bytes_; }
-
- private:
-  std::vector<char> bytes_;
-};
-
 // A block's checksum covers its kind and length too, so a flipped header byte is caught.
 uint32_t BlockCrc(uint32_t kind, uint64_t len, const void* payload) {
   uint32_t crc = Crc(0, &kind, sizeof kind);
   crc = Crc(crc, &len, sizeof len);
   return Crc(crc, payload, static_cast<size_t>(len));
-}
-
-Status WriteBlock(AtomicFile& f, uint32_t kind, const std::vector<char>& payload) {
-  const uint64_t len = payload.size();
-  const uint32_t crc = BlockCrc(kind, len, payload.data());
-  FERRY_RETURN_IF_ERROR(f.Write(&kind, sizeof kind));
-  FERRY_RETURN_IF_ERROR(f.Write(&crc, sizeof crc));
-  FERRY_RETURN_IF_ERROR(f.Write(&len, sizeof len));
-  return f.Write(payload.data(), payload.size());
 }
 
 // Every file of one checkpoint starts with the same prefix (so old ones are removed by it).
@@ -330,75 +300,134 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
 
 }  // namespace
 
-StatusOr<ShardFile> WriteShard(const std::string& dir, int rank, int num_servers, int64_t step,
-                               const TableRegistry& tables) {
+ShardImage SnapshotShard(const TableRegistry& tables) {
+  ShardImage image;
+  // Sizes first, so the image is allocated once (a large shard is copied at memory speed).
+  size_t total = 16 + 16 + sizeof(int64_t);
+  tables.ForEach([&](const Table& t) {
+    total += 16 + 2 * sizeof(uint64_t) + 512 + t.spec.name.size();
+    if (t.dense) {
+      for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+        if (const DenseChunk* c = t.dense->chunk(i)) total += 16 + 40 + (c->params.size() + c->state.size()) * sizeof(float);
+      }
+    } else {
+      const size_t n = t.sparse->size();
+      total += (n / kRowsPerBlock + 1) * (16 + 32) + n * (2 * sizeof(int64_t) + static_cast<size_t>(t.sparse->row_floats()) * sizeof(float));
+    }
+  });
+  std::vector<char>& out = image.bytes;
+  out.reserve(total);
+  auto put = [&](const void* p, size_t n) {
+    const size_t at = out.size();
+    out.resize(at + n);
+    if (n > 0) std::memcpy(out.data() + at, p, n);
+  };
+  auto put64 = [&](auto v) { put(&v, sizeof v); };
+  // A block's header (kind, crc, length) is filled in once its payload is in place; the crc is
+  // left to WriteShardImage, off the server's I/O thread.
+  auto begin_block = [&](uint32_t kind) {
+    image.blocks.push_back(out.size());
+    const uint32_t header[4] = {kind, 0, 0, 0};
+    put(header, sizeof header);
+  };
+  auto end_block = [&] {
+    const uint64_t len = out.size() - image.blocks.back() - 16;
+    std::memcpy(out.data() + image.blocks.back() + 8, &len, sizeof len);
+  };
+  const uint32_t header[2] = {kCheckpointFormat, 0};
+  put(kMagic, sizeof kMagic);
+  put(header, sizeof header);
+  tables.ForEach([&](const Table& t) {
+    flatbuffers::FlatBufferBuilder fbb(256);
+    fbb.Finish(wire::SpecToWire(fbb, t.spec));
+    begin_block(kTable);
+    put64(uint64_t{t.id});
+    put64(uint64_t{fbb.GetSize()});
+    put(fbb.GetBufferPointer(), fbb.GetSize());
+    end_block();
+    if (t.dense) {
+      for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+        const DenseChunk* c = t.dense->chunk(i);
+        if (c == nullptr) continue;
+        begin_block(kDenseChunk);
+        put64(uint64_t{t.id});
+        put64(int64_t{i});
+        put64(int64_t{c->size});
+        put64(int64_t{c->version});
+        put64(uint64_t{c->state.size()});
+        put(c->params.data(), c->params.size() * sizeof(float));
+        put(c->state.data(), c->state.size() * sizeof(float));
+        end_block();
+      }
+      return;
+    }
+    const SparseShard& s = *t.sparse;
+    std::vector<std::pair<int64_t, RowIndex>> rows;
+    rows.reserve(s.size());
+    s.ForEachRow([&](int64_t id, RowIndex r) { rows.emplace_back(id, r); });
+    std::sort(rows.begin(), rows.end());  // the same rows give the same file
+    const size_t row_bytes = static_cast<size_t>(s.row_floats()) * sizeof(float);
+    for (size_t b = 0; b < rows.size() || b == 0; b += kRowsPerBlock) {
+      const size_t e = std::min(rows.size(), b + kRowsPerBlock);
+      begin_block(kSparseRows);
+      put64(uint64_t{t.id});
+      put64(int64_t{s.version});
+      put64(int64_t{s.row_floats()});
+      put64(uint64_t{e - b});
+      for (size_t i = b; i < e; ++i) put64(int64_t{rows[i].first});
+      for (size_t i = b; i < e; ++i) put64(int64_t{s.steps(rows[i].second)});
+      for (size_t i = b; i < e; ++i) put(s.row(rows[i].second), row_bytes);
+      end_block();
+      if (rows.empty()) break;
+    }
+  });
+  const int64_t blocks = static_cast<int64_t>(image.blocks.size());
+  begin_block(kEnd);
+  put64(blocks);
+  end_block();
+  return image;
+}
+
+StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_servers, int64_t step, ShardImage image) {
+  std::vector<char>& bytes = image.bytes;
+  for (const size_t at : image.blocks) {
+    uint32_t kind = 0;
+    uint64_t len = 0;
+    std::memcpy(&kind, bytes.data() + at, sizeof kind);
+    std::memcpy(&len, bytes.data() + at + 8, sizeof len);
+    const uint32_t crc = BlockCrc(kind, len, bytes.data() + at + 16);
+    std::memcpy(bytes.data() + at + 4, &crc, sizeof crc);
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return InternalError("cannot create " + dir + ": " + ec.message());
   ShardFile out{ShardName(step, rank, num_servers), 0, 0};
   AtomicFile f((fs::path(dir) / out.name).string());
   FERRY_RETURN_IF_ERROR(f.Open());
-  uint32_t header[2] = {kCheckpointFormat, 0};
-  FERRY_RETURN_IF_ERROR(f.Write(kMagic, sizeof kMagic));
-  FERRY_RETURN_IF_ERROR(f.Write(header, sizeof header));
-  int64_t blocks = 0;
-  Status status;
-  tables.ForEach([&](const Table& t) {
-    if (!status.ok()) return;
-    flatbuffers::FlatBufferBuilder fbb(256);
-    fbb.Finish(wire::SpecToWire(fbb, t.spec));
-    Payload spec;
-    spec.Put<uint64_t>(t.id);
-    spec.Put<uint64_t>(fbb.GetSize());
-    spec.PutArray(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
-    status = WriteBlock(f, kTable, spec.bytes());
-    ++blocks;
-    if (t.dense) {
-      for (int64_t i = 0; i < t.dense->num_chunks() && status.ok(); ++i) {
-        const DenseChunk* c = t.dense->chunk(i);
-        if (c == nullptr) continue;
-        Payload p;
-        p.Put<uint64_t>(t.id);
-        p.Put<int64_t>(i);
-        p.Put<int64_t>(c->size);
-        p.Put<int64_t>(c->version);
-        p.Put<uint64_t>(c->state.size());
-        p.PutArray(c->params.data(), c->params.size());
-        p.PutArray(c->state.data(), c->state.size());
-        status = WriteBlock(f, kDenseChunk, p.bytes());
-        ++blocks;
-      }
-    } else {
-      const SparseShard& s = *t.sparse;
-      std::vector<std::pair<int64_t, RowIndex>> rows;
-      rows.reserve(s.size());
-      s.ForEachRow([&](int64_t id, RowIndex r) { rows.emplace_back(id, r); });
-      std::sort(rows.begin(), rows.end());  // the same rows give the same file
-      const size_t rf = static_cast<size_t>(s.row_floats());
-      for (size_t b = 0; b < rows.size() || b == 0; b += kRowsPerBlock) {
-        const size_t e = std::min(rows.size(), b + kRowsPerBlock);
-        Payload p;
-        p.Put<uint64_t>(t.id);
-        p.Put<int64_t>(s.version);
-        p.Put<int64_t>(s.row_floats());
-        p.Put<uint64_t>(e - b);
-        for (size_t i = b; i < e; ++i) p.Put<int64_t>(rows[i].first);
-        for (size_t i = b; i < e; ++i) p.Put<int64_t>(s.steps(rows[i].second));
-        for (size_t i = b; i < e; ++i) p.PutArray(s.row(rows[i].second), rf);
-        status = WriteBlock(f, kSparseRows, p.bytes());
-        ++blocks;
-        if (!status.ok() || rows.empty()) break;
-      }
-    }
-  });
-  FERRY_RETURN_IF_ERROR(status);
-  Payload end;
-  end.Put<int64_t>(blocks);
-  FERRY_RETURN_IF_ERROR(WriteBlock(f, kEnd, end.bytes()));
+  FERRY_RETURN_IF_ERROR(f.Write(bytes.data(), bytes.size()));
   out.bytes = f.bytes();
   out.crc32 = f.crc();
   FERRY_RETURN_IF_ERROR(f.Commit());
   return out;
+}
+
+StatusOr<ShardFile> WriteShard(const std::string& dir, int rank, int num_servers, int64_t step,
+                               const TableRegistry& tables) {
+  return WriteShardImage(dir, rank, num_servers, step, SnapshotShard(tables));
+}
+
+Status CheckShardList(int64_t step, const std::vector<ShardFile>& shards) {
+  if (shards.empty()) return InvalidArgumentError("a checkpoint needs at least one shard");
+  const int n = static_cast<int>(shards.size());
+  for (int r = 0; r < n; ++r) {
+    const std::string want = ShardName(step, r, n);
+    if (shards[static_cast<size_t>(r)].name != want) {
+      return InvalidArgumentError("shard " + std::to_string(r) + " of " + std::to_string(n) + " of step " +
+                                  std::to_string(step) + " must be '" + want + "', not '" +
+                                  shards[static_cast<size_t>(r)].name + "'");
+    }
+  }
+  return Status::Ok();
 }
 
 Status WriteManifest(const std::string& dir, int64_t step, const std::vector<ShardFile>& shards,

@@ -36,11 +36,34 @@ std::vector<Request> Collectives::Enter(Request req, Clock::time_point deadline,
   ++waiting_;
   if (static_cast<int>(arrived.size()) < num_workers) return {};
   std::vector<Request> group = std::move(arrived);
+  next_id_ = std::max(next_id_, id + 1);
   deadlines_.Remove(group[0].deadline, id);
   by_id_.erase(id);
   waiting_ -= group.size();
   std::sort(group.begin(), group.end(), [](const Request& a, const Request& b) { return a.h()->rank() < b.h()->rank(); });
   return group;
+}
+
+void Collectives::Forget(int rank) {
+  for (auto it = by_id_.begin(); it != by_id_.end();) {
+    std::vector<Request>& arrived = it->second;
+    const size_t before = arrived.size();
+    const Clock::time_point first_deadline = arrived[0].deadline;
+    std::erase_if(arrived, [rank](const Request& r) { return r.h()->rank() == rank; });
+    waiting_ -= before - arrived.size();
+    if (arrived.size() == before) {
+      ++it;
+      continue;
+    }
+    // The collective's deadline is its first arrival's: re-key it when that one went.
+    deadlines_.Remove(first_deadline, it->first);
+    if (arrived.empty()) {
+      it = by_id_.erase(it);
+    } else {
+      deadlines_.Add(arrived[0].deadline, it->first);
+      ++it;
+    }
+  }
 }
 
 std::vector<double> Collectives::Sum(const std::vector<Request>& group) {

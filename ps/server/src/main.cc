@@ -19,15 +19,22 @@ namespace {
 
 void Usage(std::FILE* out) {
   std::fputs(
-      "usage: ferry-ps --bind ENDPOINT [--rank R] [--num-servers N] [--compute-threads T]\n"
-      "                [--max-message-mb M] [--max-wait-s S]\n"
+      "usage: ferry-ps --bind ENDPOINT [--rank R] [--num-servers N] [--num-workers W]\n"
+      "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S]\n"
+      "                [--checkpoint-dir DIR [--keep-checkpoints K] [--restore]]\n"
       "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
       "                     (default tcp://127.0.0.1:7000)\n"
       "  --rank             this server's index in the server list (default 0)\n"
       "  --num-servers      servers in the cluster (default 1)\n"
+      "  --num-workers      workers in the job (default: the first worker to connect says)\n"
       "  --compute-threads  helper threads for large updates (default: cores - 1)\n"
       "  --max-message-mb   largest accepted message (default 1024)\n"
       "  --max-wait-s       longest a pull or barrier is held waiting (default 300)\n"
+      "  --checkpoint-dir   folder for checkpoints (the trainer's --checkpoint-every asks for them);\n"
+      "                     every server of the job must see the same folder\n"
+      "  --keep-checkpoints the newest K checkpoints are kept (default 3)\n"
+      "  --restore          start from the newest checkpoint in --checkpoint-dir that verifies (for\n"
+      "                     any number of servers; needs --num-workers); fails if there is none\n"
       "Without --bind, --rank and --num-servers, the cluster comes from TF_CONFIG when it is set:\n"
       "this task must be a \"ps\" one; it listens at its entry's IPv4 address and port, or on\n"
       "0.0.0.0 at that port when the entry is a host name.\n",
@@ -58,8 +65,13 @@ int main(int argc, char** argv) {
       Usage(stdout);
       return 0;
     }
+    if (flag == "--restore") {
+      options.restore = true;
+      continue;
+    }
     constexpr std::string_view kValueFlags[] = {"--bind", "--rank", "--num-servers", "--compute-threads",
-                                                "--max-message-mb", "--max-wait-s"};
+                                                "--max-message-mb", "--max-wait-s", "--num-workers",
+                                                "--checkpoint-dir", "--keep-checkpoints"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
       std::fprintf(stderr, "ferry-ps: unknown flag %s\n", argv[i]);
       Usage(stderr);
@@ -94,6 +106,18 @@ int main(int argc, char** argv) {
     } else if (flag == "--max-wait-s") {
       if (!ParseInt(flag, value, 1, 86400, &v)) return 2;
       options.max_wait = std::chrono::seconds(v);
+    } else if (flag == "--num-workers") {
+      if (!ParseInt(flag, value, 1, 65536, &v)) return 2;
+      options.num_workers = static_cast<int>(v);
+    } else if (flag == "--checkpoint-dir") {
+      if (*value == '\0') {
+        std::fprintf(stderr, "ferry-ps: --checkpoint-dir needs a folder\n");
+        return 2;
+      }
+      options.checkpoint_dir = value;
+    } else if (flag == "--keep-checkpoints") {
+      if (!ParseInt(flag, value, 1, 1000000, &v)) return 2;
+      options.keep_checkpoints = static_cast<int>(v);
     } else {
       // Listed in kValueFlags but not handled above: a bug in this function, not the caller's.
       std::fprintf(stderr, "ferry-ps: internal error: flag %s is listed but not handled\n", argv[i - 1]);
@@ -118,6 +142,7 @@ int main(int argc, char** argv) {
       options.bind = c.bind;
       options.rank = c.rank;
       options.num_servers = static_cast<int>(c.servers.size());
+      if (options.num_workers == 0) options.num_workers = c.num_workers;
       std::printf("ferry-ps: cluster from TF_CONFIG (ps %d of %zu)\n", c.task_index, c.servers.size());
     }
   }
@@ -137,6 +162,10 @@ int main(int argc, char** argv) {
   }
   std::printf("ferry-ps rank %d of %d listening on %s\n", options.rank, options.num_servers,
               (*server)->endpoint().c_str());
+  if ((*server)->restored_step() >= 0) {
+    std::printf("ferry-ps rank %d: restored the checkpoint of step %lld from %s\n", options.rank,
+                static_cast<long long>((*server)->restored_step()), options.checkpoint_dir.c_str());
+  }
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop, &sig);

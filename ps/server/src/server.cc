@@ -13,6 +13,10 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <optional>
 #include <thread>
 
 #include "ferry/mutex.h"
@@ -20,6 +24,7 @@
 #include "ferry/messages/event_loop.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
+#include "internal/checkpoint.h"
 #include "internal/collectives.h"
 #include "internal/held.h"
 #include "internal/request.h"
@@ -50,23 +55,28 @@ enum Counter : int {
   kHeldExpired,
   kBytesIn,
   kBytesOut,
+  kCheckpointsSaved,
   kNumCounters
 };
 constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "messages", "bad_messages", "errors_sent", "late_gradients_dropped", "updates_applied",
-    "pulls_held", "held_expired", "bytes_in", "bytes_out"};
+    "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved"};
 constexpr size_t kStalenessBuckets = 65;
 
 class ServerImpl final : public Server {
  public:
-  ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket, std::string endpoint)
+  // `tables`: empty, or restored from the checkpoint of `restored_step`.
+  ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket, std::string endpoint,
+             ps::TableRegistry tables, int64_t restored_step)
       : options_(std::move(options)),
         context_(std::move(context)),
         socket_(std::move(socket)),
         endpoint_(std::move(endpoint)),
+        restored_step_(restored_step),
         pool_(options_.compute_threads),
         updater_(pool_),
-        tables_(options_.rank, options_.num_servers) {
+        tables_(std::move(tables)) {
+    if (options_.num_workers > 0) workers_.SetCount(options_.num_workers).IgnoreError();  // checked in Start
     for (auto& c : counters_) c.store(0);
     for (auto& b : staleness_) b.store(0);
     thread_ = std::thread([this] { Loop(); });
@@ -75,6 +85,7 @@ class ServerImpl final : public Server {
   ~ServerImpl() override { Stop(); }
 
   std::string endpoint() const override { return endpoint_; }
+  int64_t restored_step() const override { return restored_step_; }
 
   ServerStats stats() const override {
     ServerStats s;
@@ -95,6 +106,8 @@ class ServerImpl final : public Server {
     // Several threads may call Stop() at once: one joins, the others wait for that join.
     MutexLock lock(&stop_mu_);
     if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+    // The loop has ended: a file job still running is finished (its reply is not sent).
+    if (!thread_.joinable() && job_thread_.joinable()) job_thread_.join();
   }
 
  private:
@@ -113,6 +126,7 @@ class ServerImpl final : public Server {
         std::fprintf(stderr, "ferry-ps %d: %s while serving; continuing\n", options_.rank, e.what());
       }
     };
+    h.on_wake = [this] { FinishFileJob(); };
     h.next_deadline = [this] { return transport::Earliest(held_.NextDeadline(), collectives_.NextDeadline()); };
     h.on_tick = [this] {
       try {
@@ -193,6 +207,8 @@ class ServerImpl final : public Server {
       case Kind::Finish: return OnFinish(req);
       case Kind::Barrier:
       case Kind::AllReduce: return OnCollective(req);
+      case Kind::Checkpoint: return OnCheckpoint(req);
+      case Kind::CommitCheckpoint: return OnCommitCheckpoint(req);
       default:
         return InvalidArgumentError("a server does not accept " + std::string(wire::KindName(h.kind())) + " messages");
     }
@@ -242,8 +258,37 @@ class ServerImpl final : public Server {
         dropped_by_rank_.assign(static_cast<size_t>(workers_.count()), 0);
       }
     }
-    SendOk(req);
+    // A rank that connects again is a new process of that worker (the old one died): what the old
+    // one left waiting goes, so the new one can push its step and enter its collectives again.
+    ForEachSyncUnit([&](ps::Table&, int64_t, int64_t, ps::SyncSlots& sync) { ps::DropGradient(sync, h.rank()); });
+    collectives_.Forget(h.rank());
+    // The reply tells the client where the job is: the step of the checkpoint this server started
+    // from, and (server 0) the id the next collective takes.
+    flatbuffers::FlatBufferBuilder fbb(128);
+    wire::HeaderBuilder b(fbb);
+    b.add_major(wire::kMajor);
+    b.add_minor(wire::kMinor);
+    b.add_kind(Kind::Reply);
+    b.add_request_kind(Kind::Hello);
+    b.add_request_id(h.request_id());
+    b.add_version(std::max<int64_t>(restored_step_, 0));
+    b.add_next_collective(collectives_.next_id());
+    wire::FinishHeaderBuffer(fbb, b.Finish());
+    Send(req, wire::ToFrame(fbb));
     return Status::Ok();
+  }
+
+  // Calls fn(table, chunk index (-1: the sparse shard), version, slots) for every unit of a sync
+  // table held here: each dense chunk, each sparse shard.
+  template <typename Fn>
+  void ForEachSyncUnit(Fn&& fn) {
+    tables_.ForEach([&](ps::Table& t) {
+      if (t.spec.consistency != Consistency::kSync) return;
+      if (t.sparse) return fn(t, int64_t{-1}, t.sparse->version, t.sparse->sync);
+      for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+        if (ps::DenseChunk* c = t.dense->chunk(i)) fn(t, i, c->version, c->sync);
+      }
+    });
   }
 
   Status OnStats(Request& req) {
@@ -494,16 +539,10 @@ class ServerImpl final : public Server {
   // same rank makes it take part again.
   Status OnFinish(Request& req) {
     workers_.Finish(req.h()->rank());
-    tables_.ForEach([this](ps::Table& t) {
-      if (t.spec.consistency != Consistency::kSync) return;
-      if (t.dense) {
-        for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
-          ps::DenseChunk* c = t.dense->chunk(i);
-          if (c != nullptr && workers_.StepComplete(t.spec, c->sync)) CloseSyncStep(t, *c);
-        }
-      } else if (workers_.StepComplete(t.spec, t.sparse->sync)) {
-        CloseSyncStep(*t.sparse);
-      }
+    ForEachSyncUnit([this](ps::Table& t, int64_t chunk, int64_t, ps::SyncSlots& sync) {
+      if (!workers_.StepComplete(t.spec, sync)) return;
+      if (chunk < 0) return CloseSyncStep(*t.sparse);
+      CloseSyncStep(t, *t.dense->chunk(chunk));
     });
     SendOk(req);
     ServeHeld();
@@ -529,6 +568,147 @@ class ServerImpl final : public Server {
       for (auto& r : group) SendOk(r);
     }
     return Status::Ok();
+  }
+
+  // ---- checkpoints -------------------------------------------------------------------------
+
+  std::string Who() const { return "server " + std::to_string(options_.rank); }
+
+  // Refuses a checkpoint request this server cannot take now.
+  Status CheckpointPossible() const {
+    if (options_.checkpoint_dir.empty()) {
+      return FailedPreconditionError(Who() + " was started without a checkpoint folder (ferry-ps --checkpoint-dir)");
+    }
+    if (job_req_) return UnavailableError(Who() + " is still writing " + job_what_ + "; ask again once it is done");
+    return Status::Ok();
+  }
+
+  // Checkpoint at `step`: the server copies its shard of every table (the pause), then writes the
+  // copy on another thread while it goes on serving; the reply names the file once it is durable.
+  Status OnCheckpoint(Request& req) {
+    const int64_t step = req.h()->step();
+    FERRY_RETURN_IF_ERROR(CheckpointPossible());
+    // A sync checkpoint is a cut at one global step: every sync unit here must be at `step`.
+    std::string off;
+    ForEachSyncUnit([&](ps::Table& t, int64_t chunk, int64_t version, ps::SyncSlots&) {
+      if (!off.empty() || version == step) return;
+      off = "table '" + t.spec.name + "'" + (chunk >= 0 ? " chunk " + std::to_string(chunk) : "") + " is at step " +
+            std::to_string(version);
+    });
+    if (!off.empty()) {
+      return FailedPreconditionError(Who() + ": " + off + ", not " + std::to_string(step) +
+                                     ": a sync checkpoint is a cut at one global step, taken after the workers' "
+                                     "pull for that step and before their push of it");
+    }
+    const auto t0 = Clock::now();
+    ps::ShardImage image = ps::SnapshotShard(tables_);
+    const int64_t snapshot_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+    const uint64_t id = req.h()->request_id();
+    RunFileJob(std::move(req), "the checkpoint of step " + std::to_string(step),
+               [this, step, id, snapshot_us, image = std::move(image)]() mutable -> StatusOr<zmq::message_t> {
+                 const auto w0 = Clock::now();
+                 FERRY_ASSIGN_OR_RETURN(ps::ShardFile f, ps::WriteShardImage(options_.checkpoint_dir, options_.rank,
+                                                                             options_.num_servers, step, std::move(image)));
+                 const double write_s = std::chrono::duration<double>(Clock::now() - w0).count();
+                 Count(kCheckpointsSaved);
+                 std::printf("ferry-ps %d: checkpoint of step %lld: %s, %.1f MB in %.3f s (serving paused %.1f ms)\n",
+                             options_.rank, static_cast<long long>(step), f.name.c_str(), static_cast<double>(f.bytes) / 1e6,
+                             write_s, static_cast<double>(snapshot_us) / 1e3);
+                 std::fflush(stdout);
+                 flatbuffers::FlatBufferBuilder fbb(256);
+                 std::vector<flatbuffers::Offset<wire::ShardFile>> files = {
+                     wire::CreateShardFile(fbb, fbb.CreateString(f.name), f.bytes, f.crc32)};
+                 auto vec = fbb.CreateVector(files);
+                 wire::HeaderBuilder b(fbb);
+                 b.add_major(wire::kMajor);
+                 b.add_minor(wire::kMinor);
+                 b.add_kind(Kind::Reply);
+                 b.add_request_kind(Kind::Checkpoint);
+                 b.add_request_id(id);
+                 b.add_version(step);
+                 b.add_shards(vec);
+                 b.add_snapshot_us(snapshot_us);
+                 wire::FinishHeaderBuffer(fbb, b.Finish());
+                 return wire::ToFrame(fbb);
+               });
+    return Status::Ok();
+  }
+
+  // What a checkpoint of the tables held here means (the manifest says it).
+  std::string CheckpointMeaning(int64_t step) const {
+    int sync = 0, other = 0;
+    tables_.ForEach([&](const ps::Table& t) { ++(t.spec.consistency == Consistency::kSync ? sync : other); });
+    const std::string at = std::to_string(step);
+    if (other == 0) return "sync: every server at global step " + at;
+    if (sync == 0) return "async/ssp: each server's tables as they were when it saved (trainer step " + at + ")";
+    return "sync tables at global step " + at + " on every server; async/ssp tables as each server had them when it saved";
+  }
+
+  // Every server has written its shard of `step`: write the manifest naming them, then CURRENT.
+  Status OnCommitCheckpoint(Request& req) {
+    const Header& h = *req.h();
+    FERRY_RETURN_IF_ERROR(CheckpointPossible());
+    std::vector<ps::ShardFile> shards;
+    if (h.shards()) {
+      for (const auto* f : *h.shards()) shards.push_back({f->file() ? f->file()->str() : "", f->bytes(), f->crc32()});
+    }
+    FERRY_RETURN_IF_ERROR(ps::CheckShardList(h.step(), shards));
+    const int64_t step = h.step();
+    const uint64_t id = h.request_id();
+    RunFileJob(std::move(req), "the manifest of step " + std::to_string(step),
+               [this, step, id, shards = std::move(shards), meaning = CheckpointMeaning(step)]() -> StatusOr<zmq::message_t> {
+                 // Each shard must be on disk as its server reported it.
+                 for (const auto& f : shards) {
+                   const std::string path = options_.checkpoint_dir + "/" + f.name;
+                   std::error_code ec;
+                   const uintmax_t size = std::filesystem::file_size(path, ec);
+                   if (ec || size != f.bytes) {
+                     return FailedPreconditionError(Who() + ": " + path + (ec ? " is missing (" + ec.message() + ")" :
+                                                    " has " + std::to_string(size) + " bytes, its server wrote " +
+                                                    std::to_string(f.bytes)) +
+                                                    ": do all servers share the checkpoint folder?");
+                   }
+                 }
+                 FERRY_RETURN_IF_ERROR(ps::WriteManifest(options_.checkpoint_dir, step, shards, meaning, options_.keep_checkpoints));
+                 return wire::MakeReply(id, Kind::CommitCheckpoint, step);
+               });
+    return Status::Ok();
+  }
+
+  // Runs `work` (file I/O) on its own thread; its reply, or its error, answers `req` from the
+  // I/O thread once it is done (FinishFileJob). One job at a time.
+  void RunFileJob(Request req, std::string what, std::function<StatusOr<zmq::message_t>()> work) {
+    job_req_ = std::move(req);
+    job_what_ = std::move(what);
+    job_thread_ = std::thread([this, work = std::move(work)] {
+      StatusOr<zmq::message_t> reply = InternalError("the file job threw");
+      try {
+        reply = work();
+      } catch (const std::exception& e) {
+        reply = ResourceExhaustedError(Who() + ": " + e.what());
+      }
+      {
+        MutexLock lock(&job_mu_);
+        job_done_ = std::move(reply);
+      }
+      waker_.Notify();
+    });
+  }
+
+  // On the I/O thread, after a wake-up: answers the file job's request if it is done.
+  void FinishFileJob() {
+    std::optional<StatusOr<zmq::message_t>> done;
+    {
+      MutexLock lock(&job_mu_);
+      done.swap(job_done_);
+    }
+    if (!done) return;
+    job_thread_.join();
+    Request req = std::move(*job_req_);
+    job_req_.reset();
+    if (done->ok()) return Send(req, std::move(**done));
+    std::fprintf(stderr, "ferry-ps %d: %s failed: %s\n", options_.rank, job_what_.c_str(), done->status().message().c_str());
+    SendError(req, done->status().WithContext(std::string(wire::KindName(req.h()->kind()))));
   }
 
   // ---- deadlines ---------------------------------------------------------------------------
@@ -585,6 +765,7 @@ class ServerImpl final : public Server {
   std::shared_ptr<Context> context_;  // keeps the zmq context alive for socket_
   zmq::socket_t socket_;              // owned by the I/O thread after construction
   const std::string endpoint_;
+  const int64_t restored_step_;  // -1: started empty
   transport::Waker waker_;
   std::atomic<bool> stopping_{false};
   ps::ThreadPool pool_;
@@ -603,6 +784,15 @@ class ServerImpl final : public Server {
   std::vector<int64_t> dropped_by_rank_ ABSL_GUARDED_BY(by_rank_mu_);  // push messages dropped as late
   Mutex stop_mu_;  // serialises the join in Stop()
 
+  // The file job (a checkpoint's shard or manifest) in progress: its request and what it is (I/O
+  // thread), its thread (started and joined by the I/O thread, or by Stop once the loop ended),
+  // and its outcome once done.
+  std::optional<Request> job_req_;
+  std::string job_what_;
+  std::thread job_thread_;
+  Mutex job_mu_;
+  std::optional<StatusOr<zmq::message_t>> job_done_ ABSL_GUARDED_BY(job_mu_);
+
   // Last: starts after everything above is built. Joined only under stop_mu_.
   std::thread thread_ ABSL_GUARDED_BY(stop_mu_);
 };
@@ -618,6 +808,24 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.compute_threads <= 0) {
     options.compute_threads = std::max(0, static_cast<int>(std::thread::hardware_concurrency()) - 1);
   }
+  if (options.num_workers < 0 || options.num_workers > 65536) {
+    return InvalidArgumentError("num_workers " + std::to_string(options.num_workers) + " is outside [0, 65536]");
+  }
+  if (options.keep_checkpoints < 1) return InvalidArgumentError("keep_checkpoints must be at least 1");
+  ps::TableRegistry tables(options.rank, options.num_servers);
+  int64_t restored_step = -1;
+  if (options.restore) {
+    const std::string who = "ferry-ps rank " + std::to_string(options.rank);
+    if (options.checkpoint_dir.empty()) return InvalidArgumentError(who + ": restore needs a checkpoint folder");
+    if (options.num_workers == 0) return InvalidArgumentError(who + ": restore needs the job's worker count (--num-workers)");
+    std::vector<std::string> skipped;
+    auto ckpt = ps::ReadCheckpoint(options.checkpoint_dir, &skipped);
+    if (!ckpt.ok()) return ckpt.status().WithContext(who);
+    for (const auto& s : skipped) std::fprintf(stderr, "%s: passed over a checkpoint: %s\n", who.c_str(), s.c_str());
+    FERRY_RETURN_IF_ERROR(ps::RestoreShard(*ckpt, options.rank, options.num_servers, options.num_workers, &tables)
+                              .WithContext(who + ": restoring " + ckpt->manifest));
+    restored_step = ckpt->step;
+  }
   auto context = options.context ? options.context : Context::Create(1);
   if (!transport::Waker().ok()) return InternalError("cannot create an eventfd (file descriptors exhausted?)");
   FERRY_ASSIGN_OR_RETURN(zmq::socket_t socket, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router));
@@ -632,7 +840,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     return UnavailableError("ferry-ps rank " + std::to_string(options.rank) + ": cannot bind " + options.bind + ": " +
                             e.what());
   }
-  return std::unique_ptr<Server>(new ServerImpl(std::move(options), std::move(context), std::move(socket), endpoint));
+  return std::unique_ptr<Server>(new ServerImpl(std::move(options), std::move(context), std::move(socket), endpoint,
+                                                std::move(tables), restored_step));
 }
 
 }  // namespace ferry

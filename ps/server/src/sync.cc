@@ -31,6 +31,15 @@ void HoldGradient(SyncSlots& sync, int rank, zmq::message_t ids, zmq::message_t 
   HoldGradient(sync, rank, std::move(grad));
 }
 
+bool DropGradient(SyncSlots& sync, int rank) {
+  const size_t r = static_cast<size_t>(rank);
+  if (r >= sync.by_rank.size() || !sync.by_rank[r]) return false;
+  sync.by_rank[r].reset();
+  if (r < sync.ids_by_rank.size()) sync.ids_by_rank[r].reset();
+  --sync.received;
+  return true;
+}
+
 void CloseSyncStep(Updater& updater, const TableSpec& spec, DenseChunk& c, int num_workers) {
   std::vector<const float*> grads;
   std::vector<std::vector<float>> scratch(c.sync.by_rank.size());

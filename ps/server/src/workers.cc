@@ -4,6 +4,17 @@
 
 namespace ferry::ps {
 
+Status Workers::SetCount(int num_workers) {
+  if (num_workers <= 0 || num_workers > 65536) {
+    return InvalidArgumentError("num_workers " + std::to_string(num_workers) + " is outside [1, 65536]");
+  }
+  if (count_ != 0) return FailedPreconditionError("the worker count is set already");
+  count_ = num_workers;
+  clocks_.assign(static_cast<size_t>(count_), 0);
+  finished_.assign(static_cast<size_t>(count_), false);
+  return Status::Ok();
+}
+
 Status Workers::Join(int rank, int num_workers) {
   if (num_workers <= 0 || num_workers > 65536) {
     return InvalidArgumentError("num_workers " + std::to_string(num_workers) + " is outside [1, 65536]");
@@ -14,14 +25,10 @@ Status Workers::Join(int rank, int num_workers) {
   }
   if (count_ != 0 && count_ != num_workers) {
     return FailedPreconditionError("worker " + std::to_string(rank) + " says the job has " +
-                                   std::to_string(num_workers) + " workers, but earlier workers said " +
-                                   std::to_string(count_));
+                                   std::to_string(num_workers) + " workers, but it has " + std::to_string(count_) +
+                                   " (the server's --num-workers, or the first worker to connect, said so)");
   }
-  if (count_ == 0) {
-    count_ = num_workers;
-    clocks_.assign(static_cast<size_t>(count_), 0);
-    finished_.assign(static_cast<size_t>(count_), false);
-  }
+  if (count_ == 0) FERRY_RETURN_IF_ERROR(SetCount(num_workers));
   // A worker that connects (again) takes part in the sync quorum (again).
   SetFinished(rank, false);
   return Status::Ok();

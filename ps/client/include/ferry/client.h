@@ -96,6 +96,16 @@ struct DenseIn {
   std::span<const float> data;
 };
 
+// One server's shard of a checkpoint, as the server reported it (the manifest lists these).
+struct CheckpointShard {
+  std::string file;     // its name in the servers' checkpoint folder
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;   // zlib CRC-32 of the whole file
+  // How long the server stopped serving to copy its tables; the write itself happens while it
+  // serves.
+  std::chrono::microseconds paused{0};
+};
+
 struct ClientStats {
   int64_t requests = 0;       // messages sent
   int64_t bytes_sent = 0;     // all frames
@@ -152,6 +162,27 @@ class Client {
   // and every run, gets the same bits). Barriers and AllReduceSums share one sequence: every
   // worker must call them in the same order. FAILED_PRECONDITION if the workers' counts differ.
   virtual StatusOr<std::vector<double>> AllReduceSum(std::span<const double> values) = 0;
+
+  // Checkpoints (format: messages/CHECKPOINT.md). SaveCheckpoint asks every server to save its
+  // shard of every table, as of `step`, in its checkpoint folder (ferry-ps --checkpoint-dir):
+  // each server copies its tables (a short pause in serving), writes the copy while it goes on
+  // serving, and answers once the file is durable; `shards` (one per server) is then filled in.
+  // For sync tables `step` must be the global step every server is at: ask after this worker's
+  // pull for `step` and before its push for it (with backup workers the step may close without
+  // it: the servers then refuse with FAILED_PRECONDITION, and a later step will do). A server
+  // writes one checkpoint at a time (UNAVAILABLE while busy). CommitCheckpoint then has server 0
+  // write the manifest naming the shards: the checkpoint exists once it returns OK.
+  virtual Handle SaveCheckpoint(int64_t step, std::span<CheckpointShard> shards) = 0;
+  virtual Status CommitCheckpoint(int64_t step, std::span<const CheckpointShard> shards) = 0;
+  // SaveCheckpoint, then CommitCheckpoint; waits for both.
+  Status Checkpoint(int64_t step) {
+    std::vector<CheckpointShard> shards(static_cast<size_t>(num_servers()));
+    FERRY_RETURN_IF_ERROR(SaveCheckpoint(step, shards).wait());
+    return CommitCheckpoint(step, shards);
+  }
+  // The step of the checkpoint the servers started from (ferry-ps --restore), as server 0 said
+  // in the handshake; 0 when they started empty.
+  virtual int64_t restored_step() const = 0;
 
   // One server's counters (messages, bad_messages, staleness_<k>, ...).
   virtual StatusOr<std::map<std::string, int64_t>> ServerCounters(int server) = 0;

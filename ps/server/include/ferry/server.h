@@ -34,6 +34,19 @@ struct ServerOptions {
   std::chrono::milliseconds max_wait{std::chrono::minutes(5)};
   // Requests held at once (waiting pulls, barriers); beyond that new ones are refused.
   size_t max_held = 1 << 16;
+  // Workers in the job; 0: the first Hello says. A Hello that disagrees is refused. Required
+  // with `restore` (the restored tables are made for the job's workers).
+  int num_workers = 0;
+  // Where Checkpoint requests write this server's shard (and CommitCheckpoint the manifest);
+  // empty: checkpoints are refused. Every server of a job must see the same folder (one host, or
+  // a shared file system), for a restore reads every shard. Format: messages/CHECKPOINT.md.
+  std::string checkpoint_dir;
+  // Checkpoints kept in checkpoint_dir: the newest this many; older ones are removed.
+  int keep_checkpoints = 3;
+  // Start from the newest checkpoint in checkpoint_dir that verifies, re-placed for this server's
+  // rank and the server count (which may differ from the one that wrote it). Start fails, naming
+  // what is wrong with each, if none does.
+  bool restore = false;
   // Required for inproc://; optional otherwise (a private one is made).
   std::shared_ptr<Context> context;
 };
@@ -55,6 +68,8 @@ class Server {
   // The bound endpoint (with the actual port when bound to port 0).
   virtual std::string endpoint() const = 0;
   virtual ServerStats stats() const = 0;
+  // The step of the checkpoint this server started from (ServerOptions::restore), or -1.
+  virtual int64_t restored_step() const = 0;
   // Stops serving and joins the threads; requests in flight get no reply. Idempotent.
   virtual void Stop() = 0;
 };

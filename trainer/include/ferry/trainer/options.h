@@ -78,6 +78,16 @@ struct TrainerOptions {
   int64_t train_limit = 0;    // --train-limit N: use only the first N training examples (0 = all)
   int64_t test_limit = 0;     // --test-limit N: evaluate on the first N test examples (0 = all)
 
+  // ---- Checkpoints and resuming (the servers hold the checkpoint folder: ferry-ps --checkpoint-dir) ----
+  // --checkpoint-every N: worker 0 asks the servers for a checkpoint every N steps of the job
+  // (sync: global steps) and at its end; 0: never.
+  int64_t checkpoint_every = 0;
+  // --resume: continue the job the servers hold (restored from a checkpoint, or running, for a
+  // restarted worker) instead of starting one: begin at the servers' step (sync: the global step;
+  // async/ssp: the step of the checkpoint they restored), at that step's place in this worker's
+  // data (epoch, position and shuffle follow from the step), without waiting for the others.
+  bool resume = false;
+
   // ---- Reporting ----
   int64_t log_every = 100;    // --log-every N: a progress line every N steps (0 = none)
   int64_t eval_every = 0;     // --eval-every N: evaluate every N steps (0 = only at the end)

@@ -44,7 +44,8 @@
 //             by the servers, protocol 1.2 held_us), the barriers at the start and the end, and
 //             the merged evaluation's all-reduce
 //   pull_s    the rest of the pulls (transfer), including the final one, and reading counters
-//   push_s    pushing the step's gradients (and, ssp, sending the clock)
+//   push_s    pushing the step's gradients (and, ssp, sending the clock); worker 0's asking for
+//             and committing checkpoints
 //   compute_s loading the batch, forward + backward (a straggler's delay included), logging
 //   eval_s    evaluation less its waiting
 // Epochs are counted from 1.
@@ -61,7 +62,11 @@
 //          whose gradient counted / was dropped whole as late), bytes_sent, bytes_received;
 //          worker 0 adds
 //          "staleness" {"k": updates applied k versions stale, summed over servers} and "final"
-//          (the last eval's fields)
+//          (the last eval's fields); first_step (> 0: the step a --resume worker began at)
+//   checkpoint  (worker 0, --checkpoint-every) step, ok; bytes (all shards), servers_paused_ms
+//          (the longest any server stopped serving to copy its tables), saved_within_s (from
+//          asking to committing: the servers write while training goes on, and the commit is
+//          seen at a step boundary); or error
 //
 // Thread-safety: RunTraining may run on several threads at once (one Device and Client each).
 #pragma once
@@ -100,8 +105,12 @@ struct StepTimes {
 
 struct TrainReport {
   // The steps this worker ran: the job's steps, or fewer for a sync backup worker that fell
-  // behind (the job ends when the global step reaches its budget).
+  // behind (the job ends when the global step reaches its budget) or a resumed worker (from
+  // first_step on).
   int64_t steps = 0;
+  int64_t first_step = 0;         // the step it began at (> 0: --resume)
+  int64_t checkpoints = 0;        // worker 0 with --checkpoint-every: checkpoints saved
+  int64_t checkpoints_failed = 0; // ... and refused or failed (training went on)
   int64_t examples = 0;           // training examples this worker processed
   double wall_s = 0;
   double examples_per_sec = 0;    // this worker's

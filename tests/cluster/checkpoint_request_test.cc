@@ -1,0 +1,195 @@
+// Checkpoint requests over the wire (protocol 1.3, PROTOCOL.md "Checkpoints"), on in-process
+// clusters: what the servers write, what they refuse and why, starting from a checkpoint, and a
+// worker whose process restarts (its rank connects again) taking up the step it died in.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support/cluster.h"
+
+namespace ferry::test {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+TableSpec SyncSgd(const std::string& name, int64_t n) {
+  TableSpec spec;
+  spec.name = name;
+  spec.shape = {n};
+  spec.chunk_elems = 4;  // several chunks, on every server
+  spec.optimizer.learning_rate = 1.0f;
+  spec.consistency = Consistency::kSync;
+  return spec;
+}
+
+class CheckpointRequests : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ferry-ckpt-req-" + std::to_string(::getpid()) + "-" +
+                                       testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  ServerOptions WithFolder(const fs::path& d, int num_workers = 0) const {
+    ServerOptions o;
+    o.checkpoint_dir = d.string();
+    o.num_workers = num_workers;
+    return o;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CheckpointRequests, ASyncCheckpointIsACutAtTheStepEveryServerIsAt) {
+  auto c = LocalCluster::Start(2, false, WithFolder(dir_));
+  auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+  ASSERT_TRUE(w0->Declare(SyncSgd("w", 12)).ok());
+  ASSERT_TRUE(w1->Declare(SyncSgd("w", 12)).ok());
+  std::vector<float> g(12, 1.0f), out(12);
+  // Step 0 closes on both servers (two pushes), so every chunk is at step 1.
+  ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
+  ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
+  // Asking for step 0 now is refused, naming the table, its chunk and the step it is at.
+  Status s = w0->Checkpoint(0);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("table 'w' chunk"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("is at step 1, not 0"), std::string::npos) << s;
+  EXPECT_FALSE(fs::exists(dir_ / "CURRENT"));
+  // Worker 1 has pushed step 1 already (held, not applied): the cut at 1 leaves it out.
+  ASSERT_TRUE(w1->PushDense("w", g, 1).wait().ok());
+  std::vector<CheckpointShard> shards(2);
+  ASSERT_TRUE(w0->SaveCheckpoint(1, shards).wait().ok());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(shards[static_cast<size_t>(r)].file,
+              "step-00000000000000000001-shard-0000" + std::to_string(r) + "-of-00002.ckpt");
+    EXPECT_EQ(fs::file_size(dir_ / shards[static_cast<size_t>(r)].file), shards[static_cast<size_t>(r)].bytes);
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "CURRENT")) << "no manifest before the commit";
+  ASSERT_TRUE(w0->CommitCheckpoint(1, shards).ok());
+  std::ifstream current(dir_ / "CURRENT");
+  std::string line;
+  std::getline(current, line);
+  EXPECT_EQ(line, "MANIFEST-00000000000000000001");
+  EXPECT_EQ(c.servers[0]->stats().counters.at("checkpoints_saved"), 1);
+
+  // Servers restored from it (one, now) are at step 1 with -g applied once, and the step-1
+  // gradient held when it was taken is not in it: worker 1 pushes step 1 again.
+  c = {};
+  ServerOptions ro = WithFolder(dir_, 2);
+  ro.restore = true;
+  auto restored = LocalCluster::Start(1, false, ro);
+  ASSERT_EQ(restored.servers.size(), 1u);
+  EXPECT_EQ(restored.servers[0]->restored_step(), 1);
+  auto v0 = restored.Connect(0, 2), v1 = restored.Connect(1, 2);
+  EXPECT_EQ(v0->restored_step(), 1);
+  ASSERT_TRUE(v0->Declare(SyncSgd("w", 12)).ok());
+  ASSERT_TRUE(v1->Declare(SyncSgd("w", 12)).ok());
+  Handle pull = v0->PullDense("w", out, 1);
+  ASSERT_TRUE(pull.wait(5s).ok());
+  EXPECT_EQ(pull.served().version, 1);
+  EXPECT_EQ(out, std::vector<float>(12, -1.0f));
+  ASSERT_TRUE(v0->PushDense("w", g, 1).wait().ok());
+  ASSERT_TRUE(v1->PushDense("w", g, 1).wait().ok());
+  ASSERT_TRUE(v0->PullDense("w", out, 2).wait(5s).ok());
+  EXPECT_EQ(out, std::vector<float>(12, -2.0f));
+}
+
+TEST_F(CheckpointRequests, RefusalsSayWhy) {
+  // A server without a folder.
+  {
+    auto c = LocalCluster::Start(1);
+    auto w = c.Connect(0, 1);
+    const Status s = w->Checkpoint(0);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("--checkpoint-dir"), std::string::npos) << s;
+  }
+  // Servers that do not share their folder: the commit finds the other server's shard missing.
+  {
+    auto c = LocalCluster::Start(1, false, WithFolder(dir_ / "a"));
+    auto other = LocalCluster::Start(1, false, WithFolder(dir_ / "b"));
+    auto w = c.Connect(0, 1);
+    std::vector<CheckpointShard> shards(1);
+    ASSERT_TRUE(w->SaveCheckpoint(3, shards).wait().ok());
+    // A manifest may name only the files a checkpoint of that step and server count has.
+    std::vector<CheckpointShard> wrong = shards;
+    wrong[0].file = "../../etc/passwd";
+    Status s = w->CommitCheckpoint(3, wrong);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("must be 'step-00000000000000000003-shard-00000-of-00001.ckpt'"), std::string::npos) << s;
+    EXPECT_EQ(w->CommitCheckpoint(4, shards).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(w->CommitCheckpoint(3, {}).code(), StatusCode::kInvalidArgument);
+    auto w2 = other.Connect(0, 1);
+    s = w2->CommitCheckpoint(3, shards);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("is missing"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("share the checkpoint folder"), std::string::npos) << s;
+    std::vector<CheckpointShard> short_by_one = shards;
+    short_by_one[0].bytes -= 1;
+    s = w->CommitCheckpoint(3, short_by_one);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("its server wrote"), std::string::npos) << s;
+    EXPECT_FALSE(fs::exists(dir_ / "a" / "CURRENT"));
+    ASSERT_TRUE(w->CommitCheckpoint(3, shards).ok());
+    EXPECT_TRUE(fs::exists(dir_ / "a" / "CURRENT"));
+  }
+  // Starting from a folder with no checkpoint, or without the worker count.
+  {
+    ServerOptions o = WithFolder(dir_ / "empty", 2);
+    o.restore = true;
+    fs::create_directories(dir_ / "empty");
+    auto s = Server::Start(o);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), StatusCode::kNotFound) << s.status();
+    EXPECT_NE(s.status().message().find("no usable checkpoint in " + (dir_ / "empty").string()), std::string::npos)
+        << s.status();
+    o.num_workers = 0;
+    s = Server::Start(o);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.status().message().find("--num-workers"), std::string::npos) << s.status();
+  }
+  // A worker count that disagrees with the server's.
+  {
+    auto c = LocalCluster::Start(1, false, WithFolder(dir_, 2));
+    ClientOptions o;
+    o.servers = c.endpoints;
+    o.num_workers = 3;
+    o.context = c.context;
+    auto client = Client::Connect(o);
+    ASSERT_FALSE(client.ok());
+    EXPECT_NE(client.status().message().find("but it has 2"), std::string::npos) << client.status();
+  }
+}
+
+TEST_F(CheckpointRequests, ARestartedWorkerPushesTheStepItsDeadProcessHadPushed) {
+  auto c = LocalCluster::Start(2);
+  auto w0 = c.Connect(0, 2);
+  std::vector<float> g(12, 1.0f), out(12);
+  ASSERT_TRUE(w0->Declare(SyncSgd("w", 12)).ok());
+  {
+    // Worker 1 pushes step 0, then its process dies before the step closes.
+    auto w1 = c.Connect(1, 2);
+    ASSERT_TRUE(w1->Declare(SyncSgd("w", 12)).ok());
+    ASSERT_TRUE(w1->PushDense("w", std::vector<float>(12, 100.0f), 0).wait().ok());
+  }
+  // Its new process connects, pulls (the global step is still 0), and pushes step 0 again:
+  // accepted, and only its new gradient counts.
+  auto w1 = c.Connect(1, 2);
+  ASSERT_TRUE(w1->Declare(SyncSgd("w", 12)).ok());
+  Handle p = w1->PullDense("w", out, 0);
+  ASSERT_TRUE(p.wait(5s).ok());
+  EXPECT_EQ(p.served().version, 0);
+  ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
+  ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
+  ASSERT_TRUE(w0->PullDense("w", out, 1).wait(5s).ok());
+  EXPECT_EQ(out, std::vector<float>(12, -1.0f));
+}
+
+}  // namespace
+}  // namespace ferry::test

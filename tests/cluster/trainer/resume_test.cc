@@ -1,0 +1,243 @@
+// Checkpoint and resume of a training job (issue 14): in sync mode, a run stopped and resumed
+// from a checkpoint gives bitwise the same final state as an uninterrupted run, whatever the
+// number of servers it is restored into. Worker 0 asks for the checkpoints (--checkpoint-every);
+// the servers write them (ServerOptions::checkpoint_dir); new servers start from the newest one
+// that verifies (ServerOptions::restore) and the workers continue from its step (--resume): the
+// data position, epoch and shuffle follow from the step alone.
+//
+// "Final state" is every table on the servers, read back from each run's final checkpoint:
+// every parameter, every optimizer slot, every sparse row with its update count, every version.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ferry/trainer/models.h"
+#include "internal/checkpoint.h"
+#include "support/cluster.h"
+#include "worker_runs.h"
+
+namespace ferry::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A small deterministic image dataset (4x4 "images", 4 classes, labels tied to the pixels).
+data::ImageDataset MakeImages(int64_t count, uint64_t seed) {
+  data::ImageDataset d;
+  d.count = count;
+  d.rows = 4;
+  d.cols = 4;
+  d.num_classes = 4;
+  uint64_t x = seed;
+  auto next = [&x] {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t label = static_cast<int32_t>(next() % 4);
+    d.labels.push_back(label);
+    for (int p = 0; p < 16; ++p) {
+      float v = static_cast<float>(next() >> 40) / static_cast<float>(1 << 24);
+      if (p % 4 == label) v += 0.5f;
+      d.images.push_back(v);
+    }
+  }
+  return d;
+}
+
+class ResumeTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("ferry-resume-" + std::to_string(::getpid()) + "-" +
+                                        testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // Servers that write checkpoints into `dir` (and start from its newest one with `restore`).
+  static ferry::test::LocalCluster Servers(int n, const fs::path& dir, int num_workers, bool restore) {
+    ServerOptions so;
+    so.compute_threads = 1;
+    so.checkpoint_dir = dir.string();
+    so.num_workers = num_workers;
+    so.restore = restore;
+    so.keep_checkpoints = 10;
+    return ferry::test::LocalCluster::Start(n, false, so);
+  }
+
+  static void ExpectAllOk(const std::vector<test::WorkerRun>& runs) {
+    for (size_t r = 0; r < runs.size(); ++r) ASSERT_TRUE(runs[r].report.ok()) << "worker " << r << ": " << runs[r].report.status();
+  }
+
+  // The newest checkpoint of `dir`, read back whole.
+  static ps::CheckpointData Final(const fs::path& dir) {
+    auto c = ps::ReadCheckpoint(dir.string());
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : ps::CheckpointData{};
+  }
+
+  // Every table of `a` and `b` bitwise equal (values, optimizer state, row counts, versions).
+  static void ExpectSameTables(const ps::CheckpointData& a, const ps::CheckpointData& b) {
+    ASSERT_EQ(a.step, b.step);
+    ASSERT_EQ(a.tables.size(), b.tables.size());
+    size_t rows = 0, chunks = 0;
+    for (const auto& [id, ta] : a.tables) {
+      ASSERT_EQ(b.tables.count(id), 1u) << ta.spec.name;
+      const auto& tb = b.tables.at(id);
+      EXPECT_TRUE(ta.spec == tb.spec) << ta.spec.name;
+      EXPECT_EQ(ta.sparse_version, tb.sparse_version) << ta.spec.name;
+      ASSERT_EQ(ta.chunks.size(), tb.chunks.size()) << ta.spec.name;
+      for (const auto& [i, ca] : ta.chunks) {
+        const auto& cb = tb.chunks.at(i);
+        EXPECT_EQ(ca.version, cb.version) << ta.spec.name << " chunk " << i;
+        EXPECT_EQ(ca.params, cb.params) << ta.spec.name << " chunk " << i;
+        EXPECT_EQ(ca.state, cb.state) << ta.spec.name << " chunk " << i << " optimizer state";
+        ++chunks;
+      }
+      ASSERT_EQ(ta.rows.size(), tb.rows.size()) << ta.spec.name;
+      for (const auto& [id_row, ra] : ta.rows) {
+        ASSERT_EQ(tb.rows.count(id_row), 1u) << ta.spec.name << " id " << id_row;
+        EXPECT_EQ(ra.steps, tb.rows.at(id_row).steps) << ta.spec.name << " id " << id_row;
+        EXPECT_EQ(ra.values, tb.rows.at(id_row).values) << ta.spec.name << " id " << id_row;
+        ++rows;
+      }
+    }
+    std::printf("compared %zu tables: %zu dense chunks, %zu sparse rows\n", a.tables.size(), chunks, rows);
+    EXPECT_GT(chunks, 0u);
+  }
+
+  // Runs the job uninterrupted for `steps` on `servers_before` servers, and again stopped after
+  // `stop_at` steps, then restored into `servers_after` servers from the checkpoint of
+  // `resume_from` (newer ones are deleted: the job "died" after writing it) and resumed to
+  // `steps`; returns the two final checkpoints.
+  std::pair<ps::CheckpointData, ps::CheckpointData> StopAndResume(TrainerOptions o, const Datasets& data, int workers,
+                                                                  int servers_before, int servers_after, int64_t steps,
+                                                                  int64_t stop_at, int64_t resume_from) {
+    const fs::path whole = root_ / "whole", cut = root_ / "cut";
+    o.steps = steps;
+    {
+      auto cluster = Servers(servers_before, whole, workers, false);
+      auto runs = test::RunWorkers(cluster, workers, o, data);
+      ExpectAllOk(runs);
+      EXPECT_GE(runs[0].report->checkpoints, 2);
+    }
+    o.steps = stop_at;
+    {
+      auto cluster = Servers(servers_before, cut, workers, false);
+      ExpectAllOk(test::RunWorkers(cluster, workers, o, data));
+    }
+    // The job died after its checkpoint of `resume_from`: what came after never happened.
+    for (const auto& e : fs::directory_iterator(cut)) {
+      const std::string n = e.path().filename().string();
+      if (n.starts_with("MANIFEST-") && std::stoll(n.substr(9)) > resume_from) fs::remove(e.path());
+    }
+    o.steps = steps;
+    o.resume = true;
+    {
+      auto cluster = Servers(servers_after, cut, workers, true);
+      for (const auto& s : cluster.servers) EXPECT_EQ(s->restored_step(), resume_from);
+      auto runs = test::RunWorkers(cluster, workers, o, data);
+      ExpectAllOk(runs);
+      for (const auto& r : runs) {
+        EXPECT_EQ(r.report->first_step, resume_from);
+        EXPECT_EQ(r.report->steps, steps - resume_from);
+      }
+    }
+    return {Final(whole), Final(cut)};
+  }
+
+  fs::path root_;
+};
+
+TEST_F(ResumeTest, SyncMlpStoppedAndResumedIntoThreeServersIsBitwiseTheUninterruptedRun) {
+  // 44 examples, batch 4 per worker: 6 steps an epoch (the last one short), so the resumed part
+  // starts mid-epoch and crosses epoch boundaries, with their reshuffles.
+  const data::ImageDataset train = MakeImages(44, 12345), test_set = MakeImages(16, 777);
+  const Datasets data{&train, &test_set};
+  TrainerOptions o;
+  o.device = DeviceKind::kCpu;
+  o.hidden = {8, 6};
+  o.optimizer.type = OptimizerType::kAdam;
+  o.optimizer.learning_rate = 0.01f;
+  o.batch = 4;
+  o.seed = 7;
+  o.log_every = 0;
+  o.eval_every = 5;  // evaluations (a collective over both workers) before and after the cut
+  o.checkpoint_every = 4;
+  o.blas_threads = 1;
+  auto [whole, resumed] = StopAndResume(o, data, /*workers=*/2, /*servers_before=*/2, /*servers_after=*/3,
+                                        /*steps=*/22, /*stop_at=*/11, /*resume_from=*/8);
+  EXPECT_EQ(whole.step, 22);
+  ExpectSameTables(whole, resumed);
+}
+
+TEST_F(ResumeTest, SyncCtrWithSparseTablesResumedIntoOneServerIsBitwiseTheUninterruptedRun) {
+  TrainerOptions o;
+  o.model = "ctr";
+  o.device = DeviceKind::kCpu;
+  o.hidden = {8};
+  o.emb_dim = 4;
+  o.ctr_fields = 3;
+  o.ctr_vocab = 40;
+  o.ctr_dense = 2;
+  o.ctr_train = 96;
+  o.ctr_test = 32;
+  o.data_seed = 5;
+  o.optimizer.type = OptimizerType::kAdagrad;
+  o.optimizer.learning_rate = 0.05f;
+  o.batch = 8;
+  o.seed = 11;
+  o.log_every = 0;
+  o.checkpoint_every = 5;
+  o.blas_threads = 1;
+  auto ctr = LoadCtrData(o);
+  ASSERT_TRUE(ctr.ok()) << ctr.status();
+  Datasets data;
+  data.ctr = &*ctr;
+  auto [whole, resumed] = StopAndResume(o, data, /*workers=*/2, /*servers_before=*/2, /*servers_after=*/1,
+                                        /*steps=*/16, /*stop_at=*/12, /*resume_from=*/10);
+  size_t sparse_rows = 0;
+  for (const auto& [id, t] : whole.tables) sparse_rows += t.rows.size();
+  EXPECT_GT(sparse_rows, 0u) << "the ctr model has sparse tables";
+  ExpectSameTables(whole, resumed);
+}
+
+TEST_F(ResumeTest, AsyncWorkersResumeAtTheRestoredCheckpointsStep) {
+  const data::ImageDataset train = MakeImages(64, 99);
+  const Datasets data{&train, nullptr};
+  TrainerOptions o;
+  o.device = DeviceKind::kCpu;
+  o.hidden = {6};
+  o.consistency = Consistency::kAsync;
+  o.batch = 4;
+  o.log_every = 0;
+  o.checkpoint_every = 5;
+  o.steps = 12;
+  const fs::path dir = root_ / "async";
+  {
+    auto cluster = Servers(2, dir, 2, false);
+    auto runs = test::RunWorkers(cluster, 2, o, data);
+    ExpectAllOk(runs);
+    EXPECT_EQ(runs[0].report->checkpoints, 3);  // steps 5, 10 and the end (12)
+  }
+  EXPECT_EQ(Final(dir).step, 12);
+  EXPECT_NE(Final(dir).meaning.find("async"), std::string::npos) << Final(dir).meaning;
+  o.steps = 20;
+  o.resume = true;
+  auto cluster = Servers(2, dir, 2, true);
+  auto runs = test::RunWorkers(cluster, 2, o, data);
+  ExpectAllOk(runs);
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.report->first_step, 12);
+    EXPECT_EQ(r.report->steps, 8);
+  }
+  EXPECT_EQ(Final(dir).step, 20);
+}
+
+}  // namespace
+}  // namespace ferry::trainer

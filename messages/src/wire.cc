@@ -68,7 +68,7 @@ Status VerifyHeader(zmq::message_t& frame, const Header** out) {
                                    std::to_string(kMinor) + ")");
   }
   const auto k = static_cast<int>(h->kind());
-  const bool known = (k >= static_cast<int>(Kind::Hello) && k <= static_cast<int>(Kind::CommitCheckpoint)) ||
+  const bool known = (k >= static_cast<int>(Kind::Hello) && k <= static_cast<int>(Kind::Heartbeat)) ||
                      h->kind() == Kind::Reply || h->kind() == Kind::Error;
   if (!known) return InvalidArgumentError("unknown message kind " + std::to_string(k));
   *out = h;

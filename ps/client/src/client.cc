@@ -160,6 +160,7 @@ class ClientImpl final : public Client {
       h.add_num_workers(options_.num_workers);
       h.add_num_servers(num_servers());
       h.add_server_rank(s);
+      h.add_heartbeat_ms(HeartbeatEvery().count());
       OnReply on_reply;
       if (s == 0) {
         on_reply = [this](const Header& reply, Frames&) -> Status {
@@ -172,6 +173,8 @@ class ClientImpl final : public Client {
     }
     Status st = Handle(op).wait(options_.connect_timeout + std::chrono::seconds(1));
     if (!st.ok()) return st.WithContext("handshake");
+    heartbeats_on_.store(HeartbeatEvery().count() > 0);
+    waker_.Notify();  // the I/O thread starts its heartbeat timer
     return Status::Ok();
   }
 
@@ -689,6 +692,39 @@ class ClientImpl final : public Client {
 
   // ---- the I/O thread ----------------------------------------------------------------------
 
+  // How often this client sends something to each server, at least (protocol 1.3 heartbeats:
+  // the servers notice a worker that fell silent); 0: never. A quarter of the heartbeat timeout,
+  // as for ZeroMQ's own pings to the servers.
+  std::chrono::milliseconds HeartbeatEvery() const {
+    return options_.heartbeat_timeout.count() > 0 ? std::max(options_.heartbeat_timeout / 4, std::chrono::milliseconds(1))
+                                                  : std::chrono::milliseconds(0);
+  }
+
+  // Sends a Heartbeat (never answered) to every server this client sent nothing to for a
+  // heartbeat interval; a busy client sends none.
+  void SendHeartbeats() {
+    if (!heartbeats_on_.load(std::memory_order_relaxed)) return;
+    const auto now = SteadyClock::now();
+    if (now < next_heartbeat_) return;
+    const auto every = HeartbeatEvery();
+    next_heartbeat_ = now + every;
+    if (last_sent_.size() != sockets_.size()) last_sent_.assign(sockets_.size(), SteadyClock::time_point{});
+    for (size_t s = 0; s < sockets_.size(); ++s) {
+      if (now - last_sent_[s] < every) continue;
+      flatbuffers::FlatBufferBuilder fbb(64);
+      wire::HeaderBuilder h(fbb);
+      h.add_major(wire::kMajor);
+      h.add_minor(wire::kMinor);
+      h.add_kind(Kind::Heartbeat);
+      h.add_rank(options_.rank);
+      wire::FinishHeaderBuffer(fbb, h.Finish());
+      Frames frames;
+      frames.push_back(wire::ToFrame(fbb));
+      // A full queue already carries traffic to that server: nothing is lost by dropping this.
+      if (transport::Send(sockets_[s], frames, /*dontwait=*/true).ok()) last_sent_[s] = now;
+    }
+  }
+
   void Loop() {
     transport::EventLoop::Handlers h;
     h.on_wake = [this] { SendQueued(); };
@@ -697,11 +733,13 @@ class ClientImpl final : public Client {
     h.next_deadline = [this] {
       auto next = deadlines_.Next();
       if (!in_flight_.empty()) next = transport::Earliest(next, last_monitor_check_ + kMonitorEvery);
+      if (heartbeats_on_.load(std::memory_order_relaxed)) next = transport::Earliest(next, next_heartbeat_);
       return next;
     };
     h.on_tick = [this] {
       ExpireRequests();
       CheckMonitors();
+      SendHeartbeats();
     };
     const Status s = transport::EventLoop::Run(sockets_, waker_, stopping_, wire::kMaxFrames + 1, h);
     FailAll(s.ok() ? CancelledError("client closed") : InternalError("client I/O thread stopped: " + s.message()));
@@ -724,6 +762,7 @@ class ClientImpl final : public Client {
       }
       requests_.fetch_add(1, std::memory_order_relaxed);
       bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+      if (static_cast<size_t>(r.server) < last_sent_.size()) last_sent_[static_cast<size_t>(r.server)] = SteadyClock::now();
       deadlines_.Add(r.deadline, id);
       in_flight_.emplace(id, std::move(r));
     }
@@ -883,6 +922,10 @@ class ClientImpl final : public Client {
   std::vector<zmq::socket_t> monitors_;  // one per server: its socket's disconnections
   static constexpr std::chrono::milliseconds kMonitorEvery{100};
   SteadyClock::time_point last_monitor_check_{};
+  // Heartbeats (I/O thread): when each server was last sent anything, and when to look again.
+  std::atomic<bool> heartbeats_on_{false};  // set once the handshake succeeded
+  std::vector<SteadyClock::time_point> last_sent_;
+  SteadyClock::time_point next_heartbeat_{};
   std::unordered_map<uint64_t, Request> in_flight_;
   transport::Deadlines<uint64_t> deadlines_;  // (deadline, id) of every request in in_flight_
 

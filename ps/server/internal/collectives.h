@@ -46,12 +46,18 @@ class Collectives {
     int64_t id;
     std::vector<Request> arrived;
     std::string missing;  // the ranks that never came: "1, 3"
+    std::vector<int> missing_ranks;
   };
   std::optional<Clock::time_point> NextDeadline() const { return deadlines_.Next(); }
   // Removes and returns the collectives whose first arrival's deadline has passed.
   std::vector<Expired> TakeExpired(Clock::time_point now, int num_workers);
+  // Removes and returns the collectives that wait for any of `ranks` (which will not come).
+  std::vector<Expired> TakeWaitingFor(const std::vector<int>& ranks, int num_workers);
 
  private:
+  // Removes the collective `id` (its deadline already removed or taken), naming who never came.
+  Expired Take(int64_t id, int num_workers);
+
   std::map<int64_t, std::vector<Request>> by_id_;
   size_t waiting_ = 0;
   int64_t next_id_ = 0;

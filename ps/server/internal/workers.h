@@ -6,6 +6,7 @@
 // Thread-safety: none; the server's I/O thread owns it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,8 +45,24 @@ class Workers {
 
   // The ranks still expected for a sync step ("none" if none): they take part and have not pushed it.
   std::string MissingRanks(const SyncSlots& sync) const;
+  std::vector<int> Missing(const SyncSlots& sync) const;
   // The workers an ssp pull for `step` waits for, with their clocks: "1 (clock 3), 2 (clock 4)".
   std::string Behind(int64_t step, int staleness) const;
+  std::vector<int> BehindRanks(int64_t step, int staleness) const;
+
+  // Liveness. A worker promises in its Hello to send something at least every `heartbeat_ms`
+  // (0: no promise, never called silent); every message from it is Heard.
+  using Clock = std::chrono::steady_clock;
+  void Promise(int rank, int64_t heartbeat_ms, Clock::time_point now);
+  void Heard(int rank, Clock::time_point now) { heard_[static_cast<size_t>(rank)] = now; }
+  // The workers still training that promised heartbeats and have sent nothing for longer than
+  // max(timeout, 4 x their promise): dead, stopped, or cut off.
+  std::vector<int> Silent(Clock::time_point now, std::chrono::milliseconds timeout) const;
+  // How long `rank` has been silent, and whether every worker still training is (the job is gone).
+  Clock::duration SilentFor(int rank, Clock::time_point now) const { return now - heard_[static_cast<size_t>(rank)]; }
+  bool AllSilent(const std::vector<int>& silent) const {
+    return !silent.empty() && static_cast<int>(silent.size()) == count_ - num_finished_;
+  }
 
  private:
   void SetFinished(int rank, bool finished);
@@ -56,6 +73,8 @@ class Workers {
   std::vector<bool> finished_;   // per rank: sent Finish (and no Hello since)
   int num_finished_ = 0;         // the true entries of finished_
   std::vector<int64_t> clocks_;  // per rank (ssp)
+  std::vector<int64_t> promised_ms_;     // per rank: its heartbeat promise (0: none)
+  std::vector<Clock::time_point> heard_;  // per rank: when it last sent anything
 };
 
 }  // namespace ferry::ps

@@ -20,7 +20,7 @@ namespace {
 void Usage(std::FILE* out) {
   std::fputs(
       "usage: ferry-ps --bind ENDPOINT [--rank R] [--num-servers N] [--num-workers W]\n"
-      "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S]\n"
+      "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S] [--worker-timeout-s S]\n"
       "                [--checkpoint-dir DIR [--keep-checkpoints K] [--restore]]\n"
       "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
       "                     (default tcp://127.0.0.1:7000)\n"
@@ -30,6 +30,8 @@ void Usage(std::FILE* out) {
       "  --compute-threads  helper threads for large updates (default: cores - 1)\n"
       "  --max-message-mb   largest accepted message (default 1024)\n"
       "  --max-wait-s       longest a pull or barrier is held waiting (default 300)\n"
+      "  --worker-timeout-s a worker that sent nothing (not even its heartbeats) for this long is\n"
+      "                     silent: what waits for it fails at once, naming it (default 5; 0: never)\n"
       "  --checkpoint-dir   folder for checkpoints (the trainer's --checkpoint-every asks for them);\n"
       "                     every server of the job must see the same folder\n"
       "  --keep-checkpoints the newest K checkpoints are kept (default 3)\n"
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
     }
     constexpr std::string_view kValueFlags[] = {"--bind", "--rank", "--num-servers", "--compute-threads",
                                                 "--max-message-mb", "--max-wait-s", "--num-workers",
-                                                "--checkpoint-dir", "--keep-checkpoints"};
+                                                "--checkpoint-dir", "--keep-checkpoints", "--worker-timeout-s"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
       std::fprintf(stderr, "ferry-ps: unknown flag %s\n", argv[i]);
       Usage(stderr);
@@ -106,6 +108,9 @@ int main(int argc, char** argv) {
     } else if (flag == "--max-wait-s") {
       if (!ParseInt(flag, value, 1, 86400, &v)) return 2;
       options.max_wait = std::chrono::seconds(v);
+    } else if (flag == "--worker-timeout-s") {
+      if (!ParseInt(flag, value, 0, 86400, &v)) return 2;
+      options.worker_timeout = std::chrono::seconds(v);
     } else if (flag == "--num-workers") {
       if (!ParseInt(flag, value, 1, 65536, &v)) return 2;
       options.num_workers = static_cast<int>(v);

@@ -56,11 +56,12 @@ enum Counter : int {
   kBytesIn,
   kBytesOut,
   kCheckpointsSaved,
+  kFailedForSilentWorker,
   kNumCounters
 };
 constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "messages", "bad_messages", "errors_sent", "late_gradients_dropped", "updates_applied",
-    "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved"};
+    "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker"};
 constexpr size_t kStalenessBuckets = 65;
 
 class ServerImpl final : public Server {
@@ -127,10 +128,14 @@ class ServerImpl final : public Server {
       }
     };
     h.on_wake = [this] { FinishFileJob(); };
-    h.next_deadline = [this] { return transport::Earliest(held_.NextDeadline(), collectives_.NextDeadline()); };
+    h.next_deadline = [this] {
+      return transport::Earliest(transport::Earliest(held_.NextDeadline(), collectives_.NextDeadline()),
+                                 NextLivenessCheck());
+    };
     h.on_tick = [this] {
       try {
         ExpireHeld();
+        CheckLiveness();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "ferry-ps %d: %s while expiring held requests; continuing\n", options_.rank, e.what());
       }
@@ -196,7 +201,9 @@ class ServerImpl final : public Server {
     if (h.step() < 0 || h.step() > ps::kMaxStep) {
       return InvalidArgumentError("step " + std::to_string(h.step()) + " is outside [0, 2^62]");
     }
+    workers_.Heard(h.rank(), req.arrived);
     switch (h.kind()) {
+      case Kind::Heartbeat: return Status::Ok();  // never answered: it only says the worker is alive
       case Kind::CreateTable: return OnCreateTable(req);
       case Kind::PushDense: return OnPushDense(req, /*then_pull=*/false);
       case Kind::PushPullDense: return OnPushDense(req, /*then_pull=*/true);
@@ -251,6 +258,7 @@ class ServerImpl final : public Server {
           std::to_string(options_.rank) + " of " + std::to_string(options_.num_servers));
     }
     FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers()));
+    workers_.Promise(h.rank(), h.heartbeat_ms(), req.arrived);
     {
       MutexLock lock(&by_rank_mu_);
       if (used_by_rank_.empty()) {
@@ -713,16 +721,22 @@ class ServerImpl final : public Server {
 
   // ---- deadlines ---------------------------------------------------------------------------
 
-  // What a held pull still waits for, naming the workers it waits on.
-  std::string WaitingFor(const Request& req) const {
+  // What a held pull still waits for: a sentence naming the workers, and their ranks.
+  struct Waiting {
+    std::string what;
+    std::vector<int> ranks;
+  };
+  Waiting WaitingOn(const Request& req) const {
     const Header& h = *req.h();
     auto describe = [&](const ps::Table& t, int64_t version, const ps::SyncSlots& sync, const std::string& part) {
       if (t.spec.consistency == Consistency::kSsp) {
-        return "table '" + t.spec.name + "' (ssp:" + std::to_string(t.spec.staleness) + ") waits for worker(s) " +
-               workers_.Behind(req.pull_step, t.spec.staleness);
+        return Waiting{"table '" + t.spec.name + "' (ssp:" + std::to_string(t.spec.staleness) + ") waits for worker(s) " +
+                           workers_.Behind(req.pull_step, t.spec.staleness),
+                       workers_.BehindRanks(req.pull_step, t.spec.staleness)};
       }
-      return "table '" + t.spec.name + "'" + part + " is at step " + std::to_string(version) +
-             " and waits for the gradients of worker(s) " + workers_.MissingRanks(sync);
+      return Waiting{"table '" + t.spec.name + "'" + part + " is at step " + std::to_string(version) +
+                         " and waits for the gradients of worker(s) " + workers_.MissingRanks(sync),
+                     workers_.Missing(sync)};
     };
     if (h.kind() == Kind::PullSparse) {
       const ps::Table* t = tables_.Find(h.table_id());
@@ -737,7 +751,70 @@ class ServerImpl final : public Server {
         }
       }
     }
-    return "its step was not reached";
+    return {"its step was not reached", {}};
+  }
+
+  // ---- liveness ----------------------------------------------------------------------------
+
+  std::chrono::milliseconds LivenessPeriod() const {
+    return std::clamp<std::chrono::milliseconds>(options_.worker_timeout / 4, std::chrono::milliseconds(20),
+                                                 std::chrono::seconds(1));
+  }
+  std::optional<Clock::time_point> NextLivenessCheck() const {
+    if (options_.worker_timeout.count() <= 0 || workers_.count() == 0) return std::nullopt;
+    return last_liveness_check_ + LivenessPeriod();
+  }
+
+  // A silent worker (Workers::Silent) will not send what others wait for: their held pulls and
+  // collectives fail now, naming it. When every worker still training is silent, the job looks
+  // gone: said once (the tables stay; a restarted job can go on with them).
+  void CheckLiveness() {
+    const auto now = Clock::now();
+    const auto next = NextLivenessCheck();
+    if (!next || now < *next) return;
+    last_liveness_check_ = now;
+    const std::vector<int> silent = workers_.Silent(now, options_.worker_timeout);
+    if (silent.empty()) {
+      said_job_gone_ = false;
+      return;
+    }
+    auto silence = [&](int rank) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "worker %d has sent nothing for %.1f s (dead, stopped, or cut off?)", rank,
+                    std::chrono::duration<double>(workers_.SilentFor(rank, now)).count());
+      return std::string(buf);
+    };
+    auto first_silent = [&](const std::vector<int>& ranks) {
+      for (int r : ranks) {
+        if (std::find(silent.begin(), silent.end(), r) != silent.end()) return r;
+      }
+      return -1;
+    };
+    held_.ServeReady([&](Request& r) {
+      const Waiting w = WaitingOn(r);
+      const int dead = first_silent(w.ranks);
+      if (dead < 0) return false;
+      Count(kFailedForSilentWorker);
+      SendError(r, UnavailableError(std::string(wire::KindName(r.h()->kind())) + " for step " +
+                                    std::to_string(r.pull_step) + " on server " + std::to_string(options_.rank) + ": " +
+                                    w.what + "; " + silence(dead)));
+      return true;
+    });
+    for (auto& c : collectives_.TakeWaitingFor(silent, workers_.count())) {
+      for (auto& r : c.arrived) {
+        Count(kFailedForSilentWorker);
+        SendError(r, UnavailableError(std::string(wire::KindName(r.h()->kind())) + " " + std::to_string(c.id) +
+                                      " on server " + std::to_string(options_.rank) + " waits for worker(s) " +
+                                      c.missing + "; " + silence(first_silent(c.missing_ranks))));
+      }
+    }
+    if (workers_.AllSilent(silent) && !said_job_gone_) {
+      said_job_gone_ = true;
+      std::fprintf(stderr,
+                   "ferry-ps %d: every worker still training is silent (%s): the job looks gone; this server keeps "
+                   "its tables and goes on serving\n",
+                   options_.rank, silence(silent[0]).c_str());
+    }
   }
 
   void ExpireHeld() {
@@ -747,7 +824,7 @@ class ServerImpl final : public Server {
       Count(kHeldExpired);
       SendError(r, DeadlineExceededError(std::string(wire::KindName(r.h()->kind())) + " for step " +
                                          std::to_string(r.pull_step) + " waited " + waited + " on server " +
-                                         std::to_string(options_.rank) + ": " + WaitingFor(r) +
+                                         std::to_string(options_.rank) + ": " + WaitingOn(r).what +
                                          " (stopped, or fell behind?)"));
     }
     for (auto& c : collectives_.TakeExpired(now, workers_.count())) {
@@ -776,6 +853,8 @@ class ServerImpl final : public Server {
   ps::Workers workers_;
   ps::HeldPulls held_;          // waiting pulls; with collectives_, at most options_.max_held
   ps::Collectives collectives_;
+  Clock::time_point last_liveness_check_{};
+  bool said_job_gone_ = false;  // since the workers last fell silent
 
   std::array<std::atomic<int64_t>, kNumCounters> counters_;
   std::array<std::atomic<int64_t>, kStalenessBuckets> staleness_;

@@ -12,6 +12,8 @@ Status Workers::SetCount(int num_workers) {
   count_ = num_workers;
   clocks_.assign(static_cast<size_t>(count_), 0);
   finished_.assign(static_cast<size_t>(count_), false);
+  promised_ms_.assign(static_cast<size_t>(count_), 0);
+  heard_.assign(static_cast<size_t>(count_), Clock::time_point{});
   return Status::Ok();
 }
 
@@ -74,20 +76,47 @@ bool Workers::Ready(const TableSpec& spec, int64_t version, int64_t step) const 
   return true;
 }
 
+std::vector<int> Workers::Missing(const SyncSlots& sync) const {
+  std::vector<int> out;
+  for (size_t r = 0; r < finished_.size(); ++r) {
+    if (!finished_[r] && !sync.by_rank[r]) out.push_back(static_cast<int>(r));
+  }
+  return out;
+}
+
 std::string Workers::MissingRanks(const SyncSlots& sync) const {
   std::string out;
-  for (size_t r = 0; r < finished_.size(); ++r) {
-    if (!finished_[r] && !sync.by_rank[r]) out += (out.empty() ? "" : ", ") + std::to_string(r);
-  }
+  for (int r : Missing(sync)) out += (out.empty() ? "" : ", ") + std::to_string(r);
   return out.empty() ? "none" : out;
+}
+
+std::vector<int> Workers::BehindRanks(int64_t step, int staleness) const {
+  std::vector<int> out;
+  for (size_t r = 0; r < clocks_.size(); ++r) {
+    if (!finished_[r] && clocks_[r] < step - staleness) out.push_back(static_cast<int>(r));
+  }
+  return out;
+}
+
+void Workers::Promise(int rank, int64_t heartbeat_ms, Clock::time_point now) {
+  promised_ms_[static_cast<size_t>(rank)] = std::max<int64_t>(heartbeat_ms, 0);
+  heard_[static_cast<size_t>(rank)] = now;
+}
+
+std::vector<int> Workers::Silent(Clock::time_point now, std::chrono::milliseconds timeout) const {
+  std::vector<int> out;
+  for (size_t r = 0; r < promised_ms_.size(); ++r) {
+    if (finished_[r] || promised_ms_[r] == 0) continue;
+    const auto limit = std::max<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(4 * promised_ms_[r]));
+    if (now - heard_[r] > limit) out.push_back(static_cast<int>(r));
+  }
+  return out;
 }
 
 std::string Workers::Behind(int64_t step, int staleness) const {
   std::string out;
-  for (size_t r = 0; r < clocks_.size(); ++r) {
-    if (!finished_[r] && clocks_[r] < step - staleness) {
-      out += (out.empty() ? "" : ", ") + std::to_string(r) + " (clock " + std::to_string(clocks_[r]) + ")";
-    }
+  for (int r : BehindRanks(step, staleness)) {
+    out += (out.empty() ? "" : ", ") + std::to_string(r) + " (clock " + std::to_string(clocks_[static_cast<size_t>(r)]) + ")";
   }
   return out;
 }

@@ -32,6 +32,12 @@ struct ServerOptions {
   int64_t max_message_bytes = int64_t{1} << 30;
   // Longest a pull (sync / ssp) or barrier is held waiting before it gets a DEADLINE_EXCEEDED reply.
   std::chrono::milliseconds max_wait{std::chrono::minutes(5)};
+  // A worker that promised heartbeats (every client does: protocol 1.3) and has sent nothing
+  // for longer than this (or 4 x its promised interval, if longer) is silent: dead, stopped or
+  // cut off. Pulls and collectives that wait for it then fail at once with UNAVAILABLE naming
+  // it, instead of waiting out max_wait; when every worker still training is silent, the server
+  // says once that its job looks gone. 0: never.
+  std::chrono::milliseconds worker_timeout{std::chrono::seconds(5)};
   // Requests held at once (waiting pulls, barriers); beyond that new ones are refused.
   size_t max_held = 1 << 16;
   // Workers in the job; 0: the first Hello says. A Hello that disagrees is refused. Required

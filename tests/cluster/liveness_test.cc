@@ -1,0 +1,110 @@
+// Servers notice a worker that fell silent (protocol 1.3 heartbeats, ServerOptions::worker_timeout):
+// what waits for it fails at once with UNAVAILABLE naming it, rather than after max_wait; a
+// worker that is slow but alive is waited for; a client that promised no heartbeats is never
+// called silent. In-process clusters; a worker "dies" when its client is destroyed without
+// Finish (its I/O thread, which sends the heartbeats, is gone), as a killed process's would.
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support/cluster.h"
+
+namespace ferry::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+TableSpec SyncTable() {
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {8};
+  spec.consistency = Consistency::kSync;
+  return spec;
+}
+
+class Liveness : public testing::Test {
+ protected:
+  // Servers that call a worker silent after 300 ms, and hold a pull for at most 20 s.
+  static LocalCluster Servers(int n = 2) {
+    ServerOptions so;
+    so.worker_timeout = 300ms;
+    so.max_wait = 20s;
+    return LocalCluster::Start(n, false, so);
+  }
+  // A worker whose client pings every 50 ms and waits up to 30 s for a reply: a failure that
+  // comes as UNAVAILABLE came from the servers' liveness check, not from a timeout.
+  static std::unique_ptr<Client> Worker(const LocalCluster& c, int rank, std::chrono::milliseconds heartbeat = 200ms) {
+    ClientOptions o;
+    o.heartbeat_timeout = heartbeat;
+    o.request_timeout = 30s;
+    auto w = c.Connect(rank, 2, o);
+    EXPECT_TRUE(w && w->Declare(SyncTable()).ok());
+    return w;
+  }
+};
+
+TEST_F(Liveness, APullWaitingForADeadWorkerFailsNamingIt) {
+  auto c = Servers();
+  auto w0 = Worker(c, 0);
+  std::vector<float> g(8, 1.0f), out(8);
+  {
+    auto w1 = Worker(c, 1);  // connects, then dies before pushing step 0
+  }
+  ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
+  const auto t0 = Clock::now();
+  const Status s = w0->PullDense("w", out, 1).wait();
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("the pull failed after %.2f s: %s\n", took, s.ToString().c_str());
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("waits for the gradients of worker(s) 1"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("worker 1 has sent nothing for"), std::string::npos) << s;
+  int64_t failed = 0;
+  for (const auto& server : c.servers) failed += server->stats().counters.at("failed_for_silent_worker");
+  EXPECT_GE(failed, 1);
+}
+
+TEST_F(Liveness, ACollectiveWaitingForADeadWorkerFailsNamingIt) {
+  auto c = Servers(1);
+  auto w0 = Worker(c, 0);
+  { auto w1 = Worker(c, 1); }
+  const Status s = w0->Barrier();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("waits for worker(s) 1"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("worker 1 has sent nothing for"), std::string::npos) << s;
+}
+
+TEST_F(Liveness, ASlowWorkerThatIsAliveIsWaitedFor) {
+  auto c = Servers();
+  auto w0 = Worker(c, 0), w1 = Worker(c, 1);
+  std::vector<float> g(8, 1.0f), out(8);
+  ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
+  Handle pull = w0->PullDense("w", out, 1);
+  // Worker 1 computes for five times the servers' timeout: its client's heartbeats keep it alive.
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_FALSE(pull.done()) << pull.wait(0ms);
+  ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
+  EXPECT_TRUE(pull.wait().ok());
+  EXPECT_EQ(pull.served().version, 1);
+  EXPECT_EQ(c.servers[0]->stats().counters.at("failed_for_silent_worker"), 0);
+}
+
+TEST_F(Liveness, AWorkerThatPromisedNoHeartbeatsIsNeverCalledSilent) {
+  ServerOptions so;
+  so.worker_timeout = 300ms;
+  so.max_wait = 1500ms;
+  auto c = LocalCluster::Start(1, false, so);
+  auto w0 = Worker(c, 0);
+  { auto w1 = Worker(c, 1, /*heartbeat=*/0ms); }
+  std::vector<float> g(8, 1.0f), out(8);
+  ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
+  const Status s = w0->PullDense("w", out, 1).wait();
+  // It waits out the server's max wait instead.
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("waited 1500 ms"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace ferry::test

@@ -1,0 +1,174 @@
+"""A worker that dies or hangs, with real ferry-ps and ferry-trainer processes on tcp loopback.
+
+The servers notice a worker that fell silent (ferry-ps --worker-timeout-s; the trainers' clients
+send heartbeats): the other workers fail within seconds, naming it, instead of after the servers'
+five-minute --max-wait-s; and a server whose workers are all gone says so. A worker killed with
+SIGKILL and started again with --resume takes up the job where it was.
+
+Needs FERRY_BUILD_DIR (the CMake build dir); ctest sets it. Every process is started by the test,
+on 127.0.0.1, with a deadline, and killed at the end.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+from build_paths import PS_BIN, TRAINER_BIN
+
+DEADLINE_S = 60  # any one wait in these tests
+
+MLP = ["--model", "mlp", "--hidden", "32", "--optimizer", "adam", "--lr", "0.001", "--batch", "32",
+       "--train-limit", "2000", "--test-limit", "500", "--consistency", "sync", "--log-every", "10",
+       "--blas-threads", "1", "--device", "cpu"]
+
+
+class Job:
+    """ferry-ps and ferry-trainer processes of one job; everything left is killed on exit."""
+
+    def __init__(self, tmp, num_servers, ps_args=()):
+        self.tmp, self.procs, self.endpoints, self.ps, self.files = tmp, [], [], [], []
+        for r in range(num_servers):
+            log = open(os.path.join(tmp, f"ps{r}.log"), "w+")
+            self.files.append(log)
+            p = subprocess.Popen([PS_BIN, "--bind", "tcp://127.0.0.1:0", "--rank", str(r), "--num-servers",
+                                  str(num_servers), "--compute-threads", "1"] + list(ps_args),
+                                 stdout=log, stderr=subprocess.STDOUT)
+            self.procs.append(p)
+            self.ps.append((p, log))
+            self.endpoints.append(self._endpoint(log, p))
+
+    @staticmethod
+    def _endpoint(log, p):
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            log.seek(0)
+            m = re.search(r"listening on (tcp://\S+)", log.read())
+            if m:
+                return m.group(1)
+            if p.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise RuntimeError("ferry-ps did not report its endpoint")
+
+    def worker(self, rank, num_workers, args):
+        metrics = os.path.join(self.tmp, f"w{rank}-{len(self.procs)}.jsonl")
+        out = open(os.path.join(self.tmp, f"w{rank}-{len(self.procs)}.log"), "w+")
+        self.files.append(out)
+        p = subprocess.Popen([TRAINER_BIN, "--servers", ",".join(self.endpoints), "--rank", str(rank),
+                              "--num-workers", str(num_workers), "--metrics-out", metrics] + args,
+                             stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p, out, metrics
+
+    def server_output(self, r):
+        p, log = self.ps[r]
+        log.seek(0)
+        return log.read()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()  # SIGKILL also ends a stopped process
+        for p in self.procs:
+            p.wait(timeout=DEADLINE_S)
+        for f in self.files:
+            f.close()
+
+
+def read(f):
+    f.seek(0)
+    return f.read()
+
+
+def wait_for(what, cond):
+    end = time.monotonic() + DEADLINE_S
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {DEADLINE_S} s waiting for {what}")
+
+
+def train_steps(metrics):
+    """The highest step of the worker's train events so far."""
+    if not os.path.exists(metrics):
+        return 0
+    step = 0
+    with open(metrics) as f:
+        for line in f:
+            if line.endswith("\n"):
+                ev = json.loads(line)
+                if ev["event"] == "train":
+                    step = max(step, ev["step"])
+    return step
+
+
+@unittest.skipUnless(os.path.exists(PS_BIN) and os.path.exists(TRAINER_BIN), "ferry-ps / ferry-trainer not built")
+class WorkerDeathTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ferry-worker-death-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_a_stopped_worker_is_named_within_seconds_and_the_servers_say_the_job_is_gone(self):
+        with Job(self.tmp, 2, ["--worker-timeout-s", "1", "--max-wait-s", "300"]) as job:
+            w0, out0, m0 = job.worker(0, 2, MLP + ["--steps", "1000000"])
+            w1, out1, m1 = job.worker(1, 2, MLP + ["--steps", "1000000"])
+            wait_for("worker 1 to train 20 steps", lambda: train_steps(m1) >= 20)
+            os.kill(w1.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            rc = w0.wait(timeout=DEADLINE_S)
+            took = time.monotonic() - stopped
+            text = read(out0)
+            print(f"worker 0 ended {took:.1f} s after worker 1 was stopped (exit {rc})")
+            self.assertNotEqual(rc, 0, text)
+            self.assertIn("UNAVAILABLE", text)
+            self.assertIn("worker 1 has sent nothing for", text)
+            self.assertNotIn("DEADLINE_EXCEEDED", text)  # named by the servers, not timed out
+            # Worker 0 is gone too: both are silent, and each server says its job looks gone.
+            for r in range(2):
+                wait_for(f"server {r} to say the job is gone",
+                         lambda: "the job looks gone" in job.server_output(r))
+
+    def test_a_killed_worker_restarted_with_resume_takes_up_the_job(self):
+        # Sync, no backup workers: the survivor waits for the killed worker's gradient; the
+        # restarted process rejoins at the global step, and the job ends with both at its last step.
+        steps = 300
+        with Job(self.tmp, 2, ["--worker-timeout-s", "30"]) as job:
+            w0, out0, m0 = job.worker(0, 2, MLP + ["--steps", str(steps)])
+            w1, out1, m1 = job.worker(1, 2, MLP + ["--steps", str(steps)])
+            wait_for("worker 1 to train 40 steps", lambda: train_steps(m1) >= 40)
+            os.kill(w1.pid, signal.SIGKILL)
+            w1.wait(timeout=DEADLINE_S)
+            self.assertLess(train_steps(m0), steps, "the job must not be over yet: the survivor waits for the dead")
+            w1b, out1b, m1b = job.worker(1, 2, MLP + ["--steps", str(steps), "--resume"])
+            for p, out in ((w0, out0), (w1b, out1b)):
+                self.assertEqual(p.wait(timeout=DEADLINE_S), 0, read(out))
+            text = read(out1b)
+            m = re.search(r"resuming the job at step (\d+) of 300", text)
+            self.assertIsNotNone(m, text)
+            self.assertGreaterEqual(int(m.group(1)), 40)
+            ends = []
+            for metrics in (m0, m1b):
+                with open(metrics) as f:
+                    ends.append([json.loads(line) for line in f if '"end"' in line][-1])
+            # Both pushed the job's last step (global steps count from 0).
+            self.assertEqual(ends[0]["global_step"], steps - 1)
+            self.assertEqual(ends[1]["global_step"], steps - 1)
+            self.assertEqual(ends[1]["first_step"], int(m.group(1)))
+            self.assertEqual(ends[1]["steps"], steps - int(m.group(1)))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -138,6 +138,11 @@ int main(int argc, char** argv) {
   CHECK(ferry_advance_clock(client, 5) == FERRY_OK);
   CHECK(ferry_finish(client) == FERRY_OK);
 
+  /* Checkpoints: these servers were started without a checkpoint folder, and say so. */
+  CHECK(ferry_restored_step(client) == 0);
+  EXPECT_ERROR(ferry_checkpoint(client, 0), FERRY_FAILED_PRECONDITION, "--checkpoint-dir");
+  EXPECT_ERROR(ferry_checkpoint(NULL, 0), FERRY_INVALID_ARGUMENT, "client is NULL");
+
   ferry_spec_free(w);
   ferry_spec_free(emb);
   ferry_spec_free(wide);

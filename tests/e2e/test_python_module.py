@@ -10,6 +10,7 @@ built for it: build/python). Run by hand, from tests/e2e/:
 import json
 import os
 import sys
+import tempfile
 import threading
 import unittest
 
@@ -113,6 +114,31 @@ class PythonModuleTest(unittest.TestCase):
         with self.assertRaises(ferry.Error) as e:
             ferry.Client(["tcp://127.0.0.1:1"], connect_timeout=0.3)  # nothing listens there
         self.assertIn(e.exception.code, ("DEADLINE_EXCEEDED", "UNAVAILABLE"))
+
+    def test_a_checkpoint_and_servers_restored_from_it(self):
+        with tempfile.TemporaryDirectory(prefix="ferry-py-ckpt-") as d:
+            folder = ["--checkpoint-dir", d, "--num-workers", "1"]
+            with Servers(2, extra_args=folder) as s:
+                c = ferry.Client(s.endpoints, rank=0, num_workers=1)
+                self.assertEqual(c.restored_step, 0)
+                c.declare_dense("w", (6,), optimizer="sgd", lr=1.0, consistency="sync")
+                c.push_dense("w", np.arange(6, dtype=np.float32), step=0).wait()
+                with self.assertRaises(ferry.Error) as e:
+                    c.checkpoint(0)  # the table is at step 1 already
+                self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
+                self.assertIn("is at step 1, not 0", str(e.exception))
+                c.checkpoint(1)
+                c.close()
+            with open(os.path.join(d, "CURRENT")) as f:
+                self.assertEqual(f.read().strip(), "MANIFEST-00000000000000000001")
+            with Servers(3, extra_args=folder + ["--restore"]) as s:
+                c = ferry.Client(s.endpoints, rank=0, num_workers=1)
+                self.assertEqual(c.restored_step, 1)
+                c.declare_dense("w", (6,), optimizer="sgd", lr=1.0, consistency="sync")
+                w = np.empty(6, np.float32)
+                c.pull_dense("w", w, step=1).wait()
+                np.testing.assert_array_equal(w, -np.arange(6, dtype=np.float32))
+                c.close()
 
     def test_the_cluster_comes_from_tf_config(self):
         with Servers(2) as s:

@@ -25,12 +25,12 @@ FEW_IDS_CTR = ["--model", "ctr", "--batch", "2", "--ctr-fields", "2", "--ctr-tra
 class Servers:
     """ferry-ps processes on 127.0.0.1 with free ports; stopped (SIGKILL after SIGTERM) on exit."""
 
-    def __init__(self, n, max_wait_s=60, ps_bin=PS_BIN):
+    def __init__(self, n, max_wait_s=60, ps_bin=PS_BIN, extra_args=()):
         self.procs, self.endpoints = [], []
         for r in range(n):
             p = subprocess.Popen([ps_bin, "--bind", "tcp://127.0.0.1:0", "--rank", str(r),
                                   "--num-servers", str(n), "--compute-threads", "1",
-                                  "--max-wait-s", str(max_wait_s)],
+                                  "--max-wait-s", str(max_wait_s)] + list(extra_args),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             self.procs.append(p)
             line = p.stdout.readline()

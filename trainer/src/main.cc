@@ -4,6 +4,8 @@
 //   ferry-trainer --servers tcp://127.0.0.1:7470,tcp://127.0.0.1:7471 --rank 0 --num-workers 2
 //                 --hidden 256,128 --optimizer adam --lr 0.001 --batch 64 --epochs 1
 //   ferry-trainer --local --batch 128 --steps 500
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -22,6 +24,12 @@ int Fail(const char* what, const ferry::Status& s) {
   return 1;
 }
 
+}  // namespace
+
+namespace {
+// SIGUSR1 asks worker 0 for a checkpoint at its next step.
+std::atomic<bool> checkpoint_signal{false};
+extern "C" void OnCheckpointSignal(int) { checkpoint_signal.store(true); }
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,7 +90,13 @@ int main(int argc, char** argv) {
     client = std::move(*c);
   }
 
-  auto report = trainer::RunTraining(options, device->get(), client.get(), ds, {}, stdout);
+  trainer::TrainHooks hooks;
+  if (!options.local && options.rank == 0) {
+    static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");
+    std::signal(SIGUSR1, OnCheckpointSignal);
+    hooks.checkpoint_requested = [] { return checkpoint_signal.exchange(false); };
+  }
+  auto report = trainer::RunTraining(options, device->get(), client.get(), ds, hooks, stdout);
   if (!report.ok()) return Fail("training", report.status());
   std::printf("done: %lld steps in %.2f s (%.0f examples/s on this worker)", static_cast<long long>(report->steps),
               report->wall_s, report->examples_per_sec);

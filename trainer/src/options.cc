@@ -33,7 +33,8 @@ constexpr std::string_view kValueFlags[] = {
     "--ctr-vocab", "--ctr-dense", "--ctr-train", "--ctr-test", "--ctr-zipf", "--data-seed", "--criteo-train",
     "--criteo-test", "--backup-workers", "--accumulate", "--blas-threads", "--straggler", "--hidden", "--seed", "--optimizer",
     "--lr", "--consistency", "--data-dir", "--batch", "--epochs", "--steps", "--train-limit", "--test-limit",
-    "--log-every", "--eval-every", "--metrics-out", "--checkpoint-every"};
+    "--log-every", "--eval-every", "--metrics-out", "--checkpoint-every",
+    "--checkpoint-every-s"};
 
 Status ParseInt(std::string_view flag, std::string_view text, int64_t min, int64_t max, int64_t* out) {
   int64_t v = 0;
@@ -114,6 +115,7 @@ data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-lim
 report:    --log-every N (100)  --eval-every N|epoch (0: end only)  --metrics-out FILE ({rank} -> rank)
            --quiet
 recovery:  --checkpoint-every N (0: never; worker 0 asks the servers, which need a checkpoint folder)
+           --checkpoint-every-s S (0: never; and at the job's end; SIGUSR1 to worker 0: one now)
            --resume (continue the job the servers hold, at their step: servers started from a
            checkpoint, or a restarted worker)
 experiment: --straggler R:50ms | R:x2   (slow worker R down by a delay or a factor per step)
@@ -149,8 +151,8 @@ Status TrainerOptions::Validate() const {
   }
   if (local) {
     if (!servers.empty()) return InvalidArgumentError("--local takes no --servers");
-    if (checkpoint_every > 0 || resume) {
-      return InvalidArgumentError("--checkpoint-every and --resume need servers (checkpoints are the servers'), not --local");
+    if (checkpoint_every > 0 || checkpoint_every_s > 0 || resume) {
+      return InvalidArgumentError("--checkpoint-every(-s) and --resume need servers (checkpoints are the servers'), not --local");
     }
     if (num_workers != 1 || rank != 0) return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
   } else {
@@ -298,6 +300,9 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
       if (!o.eval_each_epoch && !ParseInt(f, value, 0, INT64_MAX, &o.eval_every).ok()) {
         return InvalidArgumentError("--eval-every: '" + std::string(value) + "' is neither a step count >= 0 nor 'epoch'");
       }
+    } else if (flag == "--checkpoint-every-s") {
+      FERRY_RETURN_IF_ERROR(ParseDouble(f, value, &o.checkpoint_every_s));
+      if (!(o.checkpoint_every_s >= 0)) return InvalidArgumentError("--checkpoint-every-s must be >= 0");
     } else if (flag == "--checkpoint-every") {
       FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX / 2, &o.checkpoint_every));
     } else if (flag == "--metrics-out") {

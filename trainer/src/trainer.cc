@@ -244,17 +244,29 @@ class WorkerRun {
 
   // ---- checkpoints (worker 0, --checkpoint-every) ----
 
+  bool Checkpointing() const {
+    return (options_.checkpoint_every > 0 || options_.checkpoint_every_s > 0) && rank_ == 0 && client_ != nullptr;
+  }
+
   // After the pull for step t, before its push (a sync checkpoint is a cut at the global step):
   // commits the checkpoint in flight if the servers have written it, and asks for a new one
-  // when the job is at a multiple of --checkpoint-every. The servers write while training goes
-  // on; one checkpoint is in flight at a time, so when the next is due before the last is
-  // written (a disk slower than the checkpoints asked for), the worker waits for it and says so.
+  // when the job is at a multiple of --checkpoint-every, --checkpoint-every-s have passed since
+  // the last, or one was requested (hooks: SIGUSR1). The servers write while training goes on;
+  // one checkpoint is in flight at a time, so when the next is due before the last is written
+  // (a disk slower than the checkpoints asked for), the worker waits for it and says so.
   Status MaybeCheckpoint(int64_t t) {
-    if (options_.checkpoint_every <= 0 || rank_ != 0 || client_ == nullptr) return Status::Ok();
-    CommitCheckpoint(/*wait=*/false);
+    if (rank_ != 0 || client_ == nullptr) return Status::Ok();
     const int64_t step = sync_servers_ ? store_->progress().step : t;
-    if (ckpt_last_ < 0) ckpt_last_ = step;  // the job's first step: nothing to save yet
-    if (step % options_.checkpoint_every != 0 || step == ckpt_last_) return Status::Ok();
+    if (ckpt_last_ < 0) {  // the job's first step: nothing to save yet
+      ckpt_last_ = step;
+      ckpt_last_time_ = Clock::now();
+    }
+    const bool requested = hooks_.checkpoint_requested && hooks_.checkpoint_requested();
+    if (!Checkpointing() && !requested && !ckpt_) return Status::Ok();
+    CommitCheckpoint(/*wait=*/false);
+    const bool due = (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) ||
+                     (options_.checkpoint_every_s > 0 && Seconds(ckpt_last_time_, Clock::now()) >= options_.checkpoint_every_s);
+    if (step == ckpt_last_ || !(due || requested)) return Status::Ok();
     if (ckpt_) {
       const Clock::time_point w0 = Clock::now();
       const int64_t previous = ckpt_->step;
@@ -280,6 +292,7 @@ class WorkerRun {
     ckpt_->shards.resize(static_cast<size_t>(client_->num_servers()));
     ckpt_->handle = client_->SaveCheckpoint(step, ckpt_->shards);
     ckpt_last_ = step;
+    ckpt_last_time_ = ckpt_->asked;
   }
 
   // Commits the checkpoint in flight once every server has written its shard (with `wait`, waits
@@ -531,7 +544,10 @@ class WorkerRun {
   // Worker 0, with --checkpoint-every: after every worker has finished (the closing barrier) and
   // the final pull, the job's final state is saved too, unless that step's is already.
   void FinalCheckpoint() {
-    if (options_.checkpoint_every <= 0 || rank_ != 0 || client_ == nullptr) return;
+    if (!Checkpointing()) {
+      CommitCheckpoint(/*wait=*/true);  // one asked for on request
+      return;
+    }
     CommitCheckpoint(/*wait=*/true);
     const int64_t step = sync_servers_ ? store_->progress().step : plan_.total_steps;
     if (step == ckpt_last_) return;
@@ -619,6 +635,7 @@ class WorkerRun {
 
   std::optional<PendingCheckpoint> ckpt_;  // worker 0's checkpoint in flight (--checkpoint-every)
   int64_t ckpt_last_ = -1;  // the last step checkpointed (or resumed from); -1: none yet
+  Clock::time_point ckpt_last_time_;  // when it was asked for (or training began)
 
   std::vector<int64_t> order_;  // this epoch's example order
   int64_t order_epoch_ = -1;

@@ -155,6 +155,7 @@ class PyClient {
   int rank() { return client().rank(); }
   int num_workers() { return client().num_workers(); }
   int num_servers() { return client().num_servers(); }
+  int64_t restored_step() { return client().restored_step(); }
 
   void DeclareDense(const std::string& name, std::vector<int64_t> shape, const std::string& optimizer, float lr,
                     const std::string& consistency, const std::string& init, float init_scale, uint64_t seed,
@@ -242,14 +243,24 @@ class PyClient {
     return std::make_unique<PyHandle>(std::move(h), std::vector<py::object>{ids, grads}, py::none());
   }
 
-  void Barrier() {
+  // Runs a blocking call of the client with the GIL released; raises its failure.
+  template <typename Call>
+  void Blocking(Call&& call) {
     ferry::Status s;
     ferry::Client& c = client();
     {
       py::gil_scoped_release release;
-      s = c.Barrier();
+      s = call(c);
     }
     Check(s);
+  }
+
+  void Barrier() {
+    Blocking([](ferry::Client& c) { return c.Barrier(); });
+  }
+
+  void Checkpoint(int64_t step) {
+    Blocking([step](ferry::Client& c) { return c.Checkpoint(step); });
   }
 
   py::array_t<double> AllReduceSum(const py::array_t<double, py::array::c_style | py::array::forcecast>& values) {
@@ -277,13 +288,7 @@ class PyClient {
   }
 
   void Finish() {
-    ferry::Status s;
-    ferry::Client& c = client();
-    {
-      py::gil_scoped_release release;
-      s = c.Finish();
-    }
-    Check(s);
+    Blocking([](ferry::Client& c) { return c.Finish(); });
   }
 
   std::map<std::string, int64_t> ServerCounters(int server) {
@@ -377,6 +382,12 @@ PYBIND11_MODULE(ferry, m) {
       .def("all_reduce_sum", &PyClient::AllReduceSum, py::arg("values"))
       .def("advance_clock", &PyClient::AdvanceClock, py::arg("clock"))
       .def("finish", &PyClient::Finish)
+      .def("checkpoint", &PyClient::Checkpoint, py::arg("step"),
+           "Has every server save its shard of every table as of `step` in its checkpoint folder\n"
+           "(ferry-ps --checkpoint-dir), then server 0 write the manifest; returns once it exists.\n"
+           "For sync tables `step` must be the global step every server is at.")
+      .def_property_readonly("restored_step", &PyClient::restored_step,
+                             "The step of the checkpoint the servers started from (0 if none).")
       .def("server_counters", &PyClient::ServerCounters, py::arg("server"))
       .def("close", &PyClient::Close)
       .def("__enter__", [](PyClient& c) -> PyClient& { return c; }, py::return_value_policy::reference)

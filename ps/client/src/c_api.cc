@@ -263,6 +263,18 @@ ferry_code ferry_declare(ferry_client* client, const ferry_table_spec* spec) {
   });
 }
 
+ferry_code ferry_checkpoint(ferry_client* client, int64_t step) {
+  return Guard("ferry_checkpoint", [&] {
+    ferry_code code;
+    if (Null(client, "ferry_checkpoint", "client", &code)) return code;
+    return Done(client->client->Checkpoint(step));
+  });
+}
+
+int64_t ferry_restored_step(const ferry_client* client) {
+  return client != nullptr && client->client ? client->client->restored_step() : 0;
+}
+
 }  // extern "C"
 
 namespace {

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -237,6 +238,55 @@ TEST_F(ResumeTest, AsyncWorkersResumeAtTheRestoredCheckpointsStep) {
     EXPECT_EQ(r.report->steps, 8);
   }
   EXPECT_EQ(Final(dir).step, 20);
+}
+
+TEST_F(ResumeTest, ACheckpointOnRequestAndEveryFewSeconds) {
+  const data::ImageDataset train = MakeImages(64, 3);
+  const Datasets data{&train, nullptr};
+  TrainerOptions o;
+  o.device = DeviceKind::kCpu;
+  o.hidden = {6};
+  o.batch = 4;
+  o.log_every = 0;
+  o.steps = 12;
+  // Worker 0 is asked for a checkpoint once, at its 4th step (ferry-trainer: SIGUSR1); no
+  // periodic checkpoints, so none at the end either.
+  const fs::path asked = root_ / "asked";
+  {
+    auto cluster = Servers(2, asked, 2, false);
+    std::vector<StatusOr<TrainReport>> reports(2, InternalError("not run"));
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 2; ++rank) {
+      threads.emplace_back([&, rank] {
+        TrainerOptions w = o;
+        w.servers = cluster.endpoints;
+        w.rank = rank;
+        w.num_workers = 2;
+        int calls = 0;
+        TrainHooks hooks;
+        hooks.checkpoint_requested = [&calls] { return ++calls == 4; };
+        auto client = cluster.Connect(rank, 2);
+        auto device = CreateCpuDevice();
+        reports[static_cast<size_t>(rank)] = RunTraining(w, device.get(), client.get(), data, hooks, nullptr);
+      });
+    }
+    for (auto& t : threads) t.join();
+    ASSERT_TRUE(reports[0].ok()) << reports[0].status();
+    ASSERT_TRUE(reports[1].ok()) << reports[1].status();
+    EXPECT_EQ(reports[0]->checkpoints, 1);
+  }
+  EXPECT_EQ(Final(asked).step, 3);  // asked after the pull of step 3 (the 4th)
+  // Every 1 ns: a checkpoint at every step after the first, each waited for before the next.
+  o.checkpoint_every_s = 1e-9;
+  const fs::path timed = root_ / "timed";
+  {
+    auto cluster = Servers(1, timed, 2, false);
+    auto runs = test::RunWorkers(cluster, 2, o, data);
+    ExpectAllOk(runs);
+    EXPECT_EQ(runs[0].report->checkpoints, 12);  // steps 1 .. 11, and the end (12)
+    EXPECT_EQ(runs[1].report->checkpoints, 0);   // worker 0 asks
+  }
+  EXPECT_EQ(Final(timed).step, 12);
 }
 
 }  // namespace

@@ -126,6 +126,14 @@ ferry_code ferry_all_reduce_sum(ferry_client* client, const double* values, doub
 ferry_code ferry_advance_clock(ferry_client* client, int64_t clock);
 ferry_code ferry_finish(ferry_client* client);
 
+/* Checkpoints (messages/CHECKPOINT.md): every server saves its shard of every table as of `step`
+ * in its checkpoint folder (ferry-ps --checkpoint-dir), then server 0 writes the manifest; returns
+ * once the checkpoint exists. For sync tables `step` must be the global step every server is at
+ * (FERRY_FAILED_PRECONDITION otherwise). */
+ferry_code ferry_checkpoint(ferry_client* client, int64_t step);
+/* The step of the checkpoint the servers started from (ferry-ps --restore); 0 if none. */
+int64_t ferry_restored_step(const ferry_client* client);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

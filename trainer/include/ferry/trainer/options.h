@@ -82,6 +82,8 @@ struct TrainerOptions {
   // --checkpoint-every N: worker 0 asks the servers for a checkpoint every N steps of the job
   // (sync: global steps) and at its end; 0: never.
   int64_t checkpoint_every = 0;
+  // --checkpoint-every-s S: ... and when S seconds have passed since the last one (0: never).
+  double checkpoint_every_s = 0;
   // --resume: continue the job the servers hold (restored from a checkpoint, or running, for a
   // restarted worker) instead of starting one: begin at the servers' step (sync: the global step;
   // async/ssp: the step of the checkpoint they restored), at that step's place in this worker's

@@ -97,6 +97,9 @@ struct TrainHooks {
   // Called with the dense parameters used by step t (all tensors back to back, in the model's
   // table order), after its pull; and once more with t = total steps and the final parameters.
   std::function<void(int64_t step, std::span<const float> params)> on_params;
+  // Worker 0 calls it once a step (after its pull); true asks the servers for a checkpoint at
+  // that step (ferry-trainer: SIGUSR1 sets it). Empty: never.
+  std::function<bool()> checkpoint_requested;
 };
 
 struct StepTimes {

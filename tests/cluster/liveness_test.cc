@@ -91,6 +91,31 @@ TEST_F(Liveness, ASlowWorkerThatIsAliveIsWaitedFor) {
   EXPECT_EQ(c.servers[0]->stats().counters.at("failed_for_silent_worker"), 0);
 }
 
+TEST_F(Liveness, WithBackupWorkersAStepThatCanCloseWithoutTheDeadIsWaitedFor) {
+  // 3 workers, each step aggregates 2: worker 2 dies; worker 0's pull waits for worker 1, which
+  // is alive and slow: the pull must not fail for worker 2's silence.
+  auto c = Servers(1);
+  TableSpec spec = SyncTable();
+  spec.replicas_to_aggregate = 2;
+  ClientOptions o;
+  o.heartbeat_timeout = 200ms;
+  o.request_timeout = 30s;
+  std::unique_ptr<Client> w[3];
+  for (int r = 0; r < 3; ++r) {
+    w[r] = c.Connect(r, 3, o);
+    ASSERT_TRUE(w[r]->Declare(spec).ok());
+  }
+  w[2].reset();
+  std::vector<float> g(8, 1.0f), out(8);
+  ASSERT_TRUE(w[0]->PushDense("w", g, 0).wait().ok());
+  Handle pull = w[0]->PullDense("w", out, 1);
+  std::this_thread::sleep_for(1000ms);
+  EXPECT_FALSE(pull.done()) << pull.wait(0ms);
+  ASSERT_TRUE(w[1]->PushDense("w", g, 0).wait().ok());
+  EXPECT_TRUE(pull.wait().ok());
+  EXPECT_EQ(c.servers[0]->stats().counters.at("failed_for_silent_worker"), 0);
+}
+
 TEST_F(Liveness, AWorkerThatPromisedNoHeartbeatsIsNeverCalledSilent) {
   ServerOptions so;
   so.worker_timeout = 300ms;

@@ -40,6 +40,9 @@ class Workers {
   // take part) workers, where a worker takes part unless it has finished (a finished worker's
   // gradient already held for the step still counts).
   bool StepComplete(const TableSpec& spec, const SyncSlots& sync) const;
+  // Whether the step can still get its quorum without the gradients of `silent` workers (with
+  // backup workers it may: the others are enough).
+  bool CanCompleteWithout(const TableSpec& spec, const SyncSlots& sync, const std::vector<int>& silent) const;
   // Whether a pull for `step` of a table (or chunk) at `version` may be served now.
   bool Ready(const TableSpec& spec, int64_t version, int64_t step) const;
 

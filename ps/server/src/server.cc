@@ -726,7 +726,9 @@ class ServerImpl final : public Server {
     std::string what;
     std::vector<int> ranks;
   };
-  Waiting WaitingOn(const Request& req) const {
+  // With `silent`, `ranks` are only those whose silence blocks the pull: a sync step that can
+  // still get its quorum from the others (backup workers) is not blocked.
+  Waiting WaitingOn(const Request& req, const std::vector<int>* silent = nullptr) const {
     const Header& h = *req.h();
     auto describe = [&](const ps::Table& t, int64_t version, const ps::SyncSlots& sync, const std::string& part) {
       if (t.spec.consistency == Consistency::kSsp) {
@@ -734,9 +736,10 @@ class ServerImpl final : public Server {
                            workers_.Behind(req.pull_step, t.spec.staleness),
                        workers_.BehindRanks(req.pull_step, t.spec.staleness)};
       }
+      const bool blocked = silent == nullptr || !workers_.CanCompleteWithout(t.spec, sync, *silent);
       return Waiting{"table '" + t.spec.name + "'" + part + " is at step " + std::to_string(version) +
                          " and waits for the gradients of worker(s) " + workers_.MissingRanks(sync),
-                     workers_.Missing(sync)};
+                     blocked ? workers_.Missing(sync) : std::vector<int>{}};
     };
     if (h.kind() == Kind::PullSparse) {
       const ps::Table* t = tables_.Find(h.table_id());
@@ -791,7 +794,7 @@ class ServerImpl final : public Server {
       return -1;
     };
     held_.ServeReady([&](Request& r) {
-      const Waiting w = WaitingOn(r);
+      const Waiting w = WaitingOn(r, &silent);
       const int dead = first_silent(w.ranks);
       if (dead < 0) return false;
       Count(kFailedForSilentWorker);

@@ -48,15 +48,27 @@ int64_t Workers::AdvanceClock(int rank, int64_t clock) {
   return c;
 }
 
+// The gradients a sync step needs: min(replicas_to_aggregate, workers taking part).
+static int Needed(const TableSpec& spec, const SyncSlots& sync, int count, int num_finished,
+                  const std::vector<bool>& finished) {
+  int taking_part = count;  // the common case, no worker finished: no scan per push
+  if (num_finished > 0) {
+    taking_part = 0;
+    for (size_t r = 0; r < finished.size(); ++r) taking_part += (!finished[r] || sync.by_rank[r]) ? 1 : 0;
+  }
+  const int wanted = spec.replicas_to_aggregate > 0 ? spec.replicas_to_aggregate : count;
+  return std::min(wanted, taking_part);
+}
+
 bool Workers::StepComplete(const TableSpec& spec, const SyncSlots& sync) const {
   if (sync.received == 0) return false;
-  int taking_part = count_;  // the common case, no worker finished: no scan per push
-  if (num_finished_ > 0) {
-    taking_part = 0;
-    for (size_t r = 0; r < finished_.size(); ++r) taking_part += (!finished_[r] || sync.by_rank[r]) ? 1 : 0;
-  }
-  const int wanted = spec.replicas_to_aggregate > 0 ? spec.replicas_to_aggregate : count_;
-  return sync.received >= std::min(wanted, taking_part);
+  return sync.received >= Needed(spec, sync, count_, num_finished_, finished_);
+}
+
+bool Workers::CanCompleteWithout(const TableSpec& spec, const SyncSlots& sync, const std::vector<int>& silent) const {
+  int possible = sync.received;
+  for (int r : Missing(sync)) possible += std::find(silent.begin(), silent.end(), r) == silent.end() ? 1 : 0;
+  return possible >= Needed(spec, sync, count_, num_finished_, finished_);
 }
 
 int64_t Workers::MinClock() const {

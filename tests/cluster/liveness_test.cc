@@ -66,14 +66,40 @@ TEST_F(Liveness, APullWaitingForADeadWorkerFailsNamingIt) {
   EXPECT_GE(failed, 1);
 }
 
-TEST_F(Liveness, ACollectiveWaitingForADeadWorkerFailsNamingIt) {
+TEST_F(Liveness, AnAllReduceWaitingForADeadWorkerFailsNamingIt) {
   auto c = Servers(1);
   auto w0 = Worker(c, 0);
   { auto w1 = Worker(c, 1); }
-  const Status s = w0->Barrier();
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
-  EXPECT_NE(s.message().find("waits for worker(s) 1"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("worker 1 has sent nothing for"), std::string::npos) << s;
+  const double v[2] = {1.0, 2.0};
+  const auto sum = w0->AllReduceSum(v);
+  ASSERT_FALSE(sum.ok());
+  EXPECT_EQ(sum.status().code(), StatusCode::kUnavailable) << sum.status();
+  EXPECT_NE(sum.status().message().find("waits for worker(s) 1"), std::string::npos) << sum.status();
+  EXPECT_NE(sum.status().message().find("worker 1 has sent nothing for"), std::string::npos) << sum.status();
+}
+
+TEST_F(Liveness, ABarrierCompletesWithoutWorkersThatAreSilent) {
+  // 3 workers: worker 2 dies; the barrier waits for worker 1 (alive, late), then completes
+  // without worker 2 once it is silent. The next collective takes the next id.
+  auto c = Servers(1);
+  ClientOptions o;
+  o.heartbeat_timeout = 200ms;
+  o.request_timeout = 30s;
+  auto w0 = c.Connect(0, 3, o), w1 = c.Connect(1, 3, o);
+  { auto w2 = c.Connect(2, 3, o); }
+  Status s0;
+  std::thread t([&] { s0 = w0->Barrier(); });
+  std::this_thread::sleep_for(600ms);  // worker 2 is silent by now; worker 1 is not in yet
+  EXPECT_TRUE(w1->Barrier().ok());
+  t.join();
+  EXPECT_TRUE(s0.ok()) << s0;
+  auto w2 = c.Connect(2, 3, o);  // a new process of worker 2 continues at the next collective
+  std::vector<Status> s(3);
+  std::thread a([&] { s[0] = w0->Barrier(); }), b([&] { s[1] = w1->Barrier(); });
+  s[2] = w2->Barrier();
+  a.join();
+  b.join();
+  for (const auto& x : s) EXPECT_TRUE(x.ok()) << x;
 }
 
 TEST_F(Liveness, ASlowWorkerThatIsAliveIsWaitedFor) {

@@ -169,6 +169,25 @@ class WorkerDeathTest(unittest.TestCase):
             self.assertEqual(ends[1]["first_step"], int(m.group(1)))
             self.assertEqual(ends[1]["steps"], steps - int(m.group(1)))
 
+    def test_with_backup_workers_the_job_goes_on_without_a_killed_worker(self):
+        # 3 workers, each step aggregates 2: worker 2 is killed and not restarted; the others
+        # train on and finish, their closing barrier completing without it once it is silent.
+        steps = 200
+        args = MLP + ["--steps", str(steps), "--backup-workers", "1"]
+        with Job(self.tmp, 1, ["--worker-timeout-s", "1"]) as job:
+            ws = [job.worker(r, 3, args) for r in range(3)]
+            wait_for("worker 2 to train 20 steps", lambda: train_steps(ws[2][2]) >= 20)
+            os.kill(ws[2][0].pid, signal.SIGKILL)
+            for p, out, _ in ws[:2]:
+                self.assertEqual(p.wait(timeout=DEADLINE_S), 0, read(out))
+            for _, _, metrics in ws[:2]:
+                with open(metrics) as f:
+                    end = [json.loads(line) for line in f if '"end"' in line][-1]
+                # The job reached its last step (a worker whose push came late stops at the
+                # global step the others took the job to).
+                self.assertGreaterEqual(end["global_step"], steps - 1)
+            self.assertIn("completes without worker(s) 2", job.server_output(0))
+
 
 if __name__ == "__main__":
     unittest.main()

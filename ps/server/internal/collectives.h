@@ -32,7 +32,8 @@ class Collectives {
   // `num_workers`, returns every request of it in rank order (and forgets them); else nothing.
   std::vector<Request> Enter(Request req, Clock::time_point deadline, int num_workers);
 
-  // The id the job's next collective takes: one past the highest that completed (0 before any).
+  // The id the job's next collective takes: one past the highest that ended (completed, expired
+  // or failed; 0 before any).
   // A worker that connects again (restarted) continues the sequence from here.
   int64_t next_id() const { return next_id_; }
   // Forgets `rank`'s entries in collectives still waiting (its process died; a new one of the
@@ -51,12 +52,25 @@ class Collectives {
   std::optional<Clock::time_point> NextDeadline() const { return deadlines_.Next(); }
   // Removes and returns the collectives whose first arrival's deadline has passed.
   std::vector<Expired> TakeExpired(Clock::time_point now, int num_workers);
-  // Removes and returns the collectives that wait for any of `ranks` (which will not come).
-  std::vector<Expired> TakeWaitingFor(const std::vector<int>& ranks, int num_workers);
+  // Removes and returns the collectives for which `pred(kind, missing ranks)` is true.
+  template <typename Pred>
+  std::vector<Expired> TakeIf(int num_workers, Pred&& pred) {
+    std::vector<int64_t> ids;
+    for (const auto& [id, arrived] : by_id_) {
+      if (pred(arrived[0].h()->kind(), Missing(arrived, num_workers))) ids.push_back(id);
+    }
+    std::vector<Expired> out;
+    for (int64_t id : ids) {
+      deadlines_.Remove(by_id_.at(id)[0].deadline, id);
+      out.push_back(Take(id, num_workers));
+    }
+    return out;
+  }
 
  private:
   // Removes the collective `id` (its deadline already removed or taken), naming who never came.
   Expired Take(int64_t id, int num_workers);
+  static std::vector<int> Missing(const std::vector<Request>& arrived, int num_workers);
 
   std::map<int64_t, std::vector<Request>> by_id_;
   size_t waiting_ = 0;

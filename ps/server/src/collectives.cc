@@ -77,18 +77,24 @@ std::vector<double> Collectives::Sum(const std::vector<Request>& group) {
   return sum;
 }
 
+std::vector<int> Collectives::Missing(const std::vector<Request>& arrived, int num_workers) {
+  std::vector<bool> came(static_cast<size_t>(num_workers), false);
+  for (const auto& r : arrived) came[static_cast<size_t>(r.h()->rank())] = true;
+  std::vector<int> missing;
+  for (size_t w = 0; w < came.size(); ++w) {
+    if (!came[w]) missing.push_back(static_cast<int>(w));
+  }
+  return missing;
+}
+
 Collectives::Expired Collectives::Take(int64_t id, int num_workers) {
   auto it = by_id_.find(id);
-  Expired e{id, std::move(it->second), "", {}};
+  std::vector<int> missing = Missing(it->second, num_workers);
+  Expired e{id, std::move(it->second), "", std::move(missing)};
   by_id_.erase(it);
   waiting_ -= e.arrived.size();
-  std::vector<bool> came(static_cast<size_t>(num_workers), false);
-  for (const auto& r : e.arrived) came[static_cast<size_t>(r.h()->rank())] = true;
-  for (size_t w = 0; w < came.size(); ++w) {
-    if (came[w]) continue;
-    e.missing += (e.missing.empty() ? "" : ", ") + std::to_string(w);
-    e.missing_ranks.push_back(static_cast<int>(w));
-  }
+  for (int w : e.missing_ranks) e.missing += (e.missing.empty() ? "" : ", ") + std::to_string(w);
+  next_id_ = std::max(next_id_, id + 1);  // it is over: a worker that connects later does not enter it
   return e;
 }
 
@@ -96,25 +102,6 @@ std::vector<Collectives::Expired> Collectives::TakeExpired(Clock::time_point now
   std::vector<Expired> expired;
   for (int64_t id : deadlines_.TakeDue(now)) expired.push_back(Take(id, num_workers));
   return expired;
-}
-
-std::vector<Collectives::Expired> Collectives::TakeWaitingFor(const std::vector<int>& ranks, int num_workers) {
-  std::vector<int64_t> ids;
-  for (const auto& [id, arrived] : by_id_) {
-    for (int r : ranks) {
-      const bool came = std::any_of(arrived.begin(), arrived.end(), [r](const Request& q) { return q.h()->rank() == r; });
-      if (!came) {
-        ids.push_back(id);
-        break;
-      }
-    }
-  }
-  std::vector<Expired> out;
-  for (int64_t id : ids) {
-    deadlines_.Remove(by_id_.at(id)[0].deadline, id);
-    out.push_back(Take(id, num_workers));
-  }
-  return out;
 }
 
 }  // namespace ferry::ps

@@ -803,8 +803,26 @@ class ServerImpl final : public Server {
                                     w.what + "; " + silence(dead)));
       return true;
     });
-    for (auto& c : collectives_.TakeWaitingFor(silent, workers_.count())) {
+    // A barrier carries no values: once everyone missing from it is silent, the others go on
+    // without them (a dead backup worker does not hold the job's end). An all-reduce would sum
+    // without their values: it fails as soon as one of them is silent.
+    auto all_silent = [&](const std::vector<int>& ranks) {
+      return std::all_of(ranks.begin(), ranks.end(), [&](int r) { return first_silent({r}) >= 0; });
+    };
+    auto taken = collectives_.TakeIf(workers_.count(), [&](Kind kind, const std::vector<int>& missing) {
+      return kind == Kind::Barrier ? all_silent(missing) : first_silent(missing) >= 0;
+    });
+    for (auto& c : taken) {
+      const bool barrier = c.arrived[0].h()->kind() == Kind::Barrier;
+      if (barrier) {
+        std::fprintf(stderr, "ferry-ps %d: barrier %lld completes without worker(s) %s: %s\n", options_.rank,
+                     static_cast<long long>(c.id), c.missing.c_str(), silence(c.missing_ranks[0]).c_str());
+      }
       for (auto& r : c.arrived) {
+        if (barrier) {
+          SendOk(r);
+          continue;
+        }
         Count(kFailedForSilentWorker);
         SendError(r, UnavailableError(std::string(wire::KindName(r.h()->kind())) + " " + std::to_string(c.id) +
                                       " on server " + std::to_string(options_.rank) + " waits for worker(s) " +

@@ -167,6 +167,44 @@ TEST_F(CheckpointRequests, RefusalsSayWhy) {
   }
 }
 
+TEST_F(CheckpointRequests, ServersStartFromTheNewestCheckpointThatVerifies) {
+  {
+    auto c = LocalCluster::Start(2, false, WithFolder(dir_));
+    auto w = c.Connect(0, 1);
+    ASSERT_TRUE(w->Declare(SyncSgd("w", 12)).ok());
+    std::vector<float> g(12, 1.0f);
+    for (int64_t step = 0; step < 3; ++step) {
+      ASSERT_TRUE(w->Checkpoint(step).ok());
+      ASSERT_TRUE(w->PushDense("w", g, step).wait().ok());
+    }
+  }
+  // The newest (step 2): one byte of server 1's shard flipped.
+  const fs::path shard = dir_ / "step-00000000000000000002-shard-00001-of-00002.ckpt";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(40);
+    char b = 0;
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x5a);
+    f.seekp(40);
+    f.write(&b, 1);
+  }
+  ServerOptions ro = WithFolder(dir_, 1);
+  ro.restore = true;
+  testing::internal::CaptureStderr();
+  auto restored = LocalCluster::Start(1, false, ro);
+  const std::string said = testing::internal::GetCapturedStderr();
+  ASSERT_EQ(restored.servers.size(), 1u);
+  EXPECT_EQ(restored.servers[0]->restored_step(), 1);
+  EXPECT_NE(said.find("passed over a checkpoint"), std::string::npos) << said;
+  EXPECT_NE(said.find(shard.filename().string()), std::string::npos) << said;
+  auto w = restored.Connect(0, 1);
+  ASSERT_TRUE(w->Declare(SyncSgd("w", 12)).ok());
+  std::vector<float> out(12);
+  ASSERT_TRUE(w->PullDense("w", out, 1).wait(5s).ok());
+  EXPECT_EQ(out, std::vector<float>(12, -1.0f));  // one step applied, as at step 1
+}
+
 TEST_F(CheckpointRequests, ARestartedWorkerPushesTheStepItsDeadProcessHadPushed) {
   auto c = LocalCluster::Start(2);
   auto w0 = c.Connect(0, 2);

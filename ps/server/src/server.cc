@@ -245,6 +245,18 @@ class ServerImpl final : public Server {
     Send(req, wire::MakeError(id, kind, s));
   }
 
+  // A Reply header answering `request_kind` / `request_id`, for replies with fields of their own
+  // (add them, everything built in `fbb` before this call, then finish).
+  static wire::HeaderBuilder BeginReply(flatbuffers::FlatBufferBuilder& fbb, Kind request_kind, uint64_t request_id) {
+    wire::HeaderBuilder b(fbb);
+    b.add_major(wire::kMajor);
+    b.add_minor(wire::kMinor);
+    b.add_kind(Kind::Reply);
+    b.add_request_kind(request_kind);
+    b.add_request_id(request_id);
+    return b;
+  }
+
   void SendOk(Request& req, int64_t version = 0) { Send(req, wire::MakeReply(req.h()->request_id(), req.h()->kind(), version)); }
 
   // ---- handshake, tables, stats --------------------------------------------------------------
@@ -273,12 +285,7 @@ class ServerImpl final : public Server {
     // The reply tells the client where the job is: the step of the checkpoint this server started
     // from, and (server 0) the id the next collective takes.
     flatbuffers::FlatBufferBuilder fbb(128);
-    wire::HeaderBuilder b(fbb);
-    b.add_major(wire::kMajor);
-    b.add_minor(wire::kMinor);
-    b.add_kind(Kind::Reply);
-    b.add_request_kind(Kind::Hello);
-    b.add_request_id(h.request_id());
+    wire::HeaderBuilder b = BeginReply(fbb, Kind::Hello, h.request_id());
     b.add_version(std::max<int64_t>(restored_step_, 0));
     b.add_next_collective(collectives_.next_id());
     wire::FinishHeaderBuffer(fbb, b.Finish());
@@ -309,12 +316,7 @@ class ServerImpl final : public Server {
                                        s.staleness_histogram[i]));
     }
     auto vec = fbb.CreateVector(cs);
-    wire::HeaderBuilder b(fbb);
-    b.add_major(wire::kMajor);
-    b.add_minor(wire::kMinor);
-    b.add_kind(Kind::Reply);
-    b.add_request_kind(Kind::Stats);
-    b.add_request_id(req.h()->request_id());
+    wire::HeaderBuilder b = BeginReply(fbb, Kind::Stats, req.h()->request_id());
     b.add_counters(vec);
     wire::FinishHeaderBuffer(fbb, b.Finish());
     Send(req, wire::ToFrame(fbb));
@@ -627,12 +629,7 @@ class ServerImpl final : public Server {
                  std::vector<flatbuffers::Offset<wire::ShardFile>> files = {
                      wire::CreateShardFile(fbb, fbb.CreateString(f.name), f.bytes, f.crc32)};
                  auto vec = fbb.CreateVector(files);
-                 wire::HeaderBuilder b(fbb);
-                 b.add_major(wire::kMajor);
-                 b.add_minor(wire::kMinor);
-                 b.add_kind(Kind::Reply);
-                 b.add_request_kind(Kind::Checkpoint);
-                 b.add_request_id(id);
+                 wire::HeaderBuilder b = BeginReply(fbb, Kind::Checkpoint, id);
                  b.add_version(step);
                  b.add_shards(vec);
                  b.add_snapshot_us(snapshot_us);

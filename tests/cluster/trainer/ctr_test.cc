@@ -25,27 +25,6 @@ namespace ferry::trainer {
 namespace {
 
 
-TrainerOptions CtrOptions(OptimizerType opt, float lr, int64_t steps) {
-  TrainerOptions o;
-  o.model = "ctr";
-  o.device = DeviceKind::kCpu;
-  o.hidden = {8};
-  o.emb_dim = 4;
-  o.ctr_fields = 3;
-  o.ctr_vocab = 40;
-  o.ctr_dense = 2;
-  o.ctr_train = 96;
-  o.ctr_test = 64;
-  o.data_seed = 5;
-  o.optimizer.type = opt;
-  o.optimizer.learning_rate = lr;
-  o.consistency = Consistency::kSync;
-  o.steps = steps;
-  o.seed = 11;
-  o.log_every = 0;
-  return o;
-}
-
 // Relative error with a floor of 1e-2 on the scale (zero-initialised biases).
 double MaxRel(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
@@ -73,7 +52,7 @@ class CtrSync : public testing::TestWithParam<OptimizerType> {};
 TEST_P(CtrSync, TwoWorkersMatchLocalWithDoubleBatchAndMergedEvalMatchesLocalEval) {
   constexpr int64_t kBatch = 4, kSteps = 14;  // 96 examples: 12 local steps of 8 per epoch, so it crosses one
   const float lr = GetParam() == OptimizerType::kAdam ? 0.01f : 0.1f;
-  TrainerOptions base = CtrOptions(GetParam(), lr, kSteps);
+  TrainerOptions base = test::CtrOptions(GetParam(), lr, kSteps);
   auto data = LoadCtrData(base);
   ASSERT_TRUE(data.ok()) << data.status();
   const Datasets ds{nullptr, nullptr, &*data};
@@ -115,7 +94,7 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, CtrSync, testing::Values(OptimizerType::kAd
 
 // --accumulate k with batch B pushes the mean gradient over kB examples: the same step as batch kB.
 TEST(Accumulate, KMicroBatchesMatchOneBatchOfKTimesTheSize) {
-  TrainerOptions base = CtrOptions(OptimizerType::kAdam, 0.01f, 10);
+  TrainerOptions base = test::CtrOptions(OptimizerType::kAdam, 0.01f, 10);
   auto data = LoadCtrData(base);
   ASSERT_TRUE(data.ok()) << data.status();
   const Datasets ds{nullptr, nullptr, &*data};
@@ -134,7 +113,7 @@ TEST(Accumulate, KMicroBatchesMatchOneBatchOfKTimesTheSize) {
 
 // The ctr model learns the planted model on a cluster, and the metrics file has every event.
 TEST(CtrTraining, AsyncClusterLearnsAndWritesMetrics) {
-  TrainerOptions base = CtrOptions(OptimizerType::kAdam, 0.01f, 0);
+  TrainerOptions base = test::CtrOptions(OptimizerType::kAdam, 0.01f, 0);
   base.ctr_vocab = 100;
   base.ctr_train = 40000;
   base.ctr_test = 4000;
@@ -211,7 +190,7 @@ TEST(CtrTraining, LearnsFromCriteoFilesAndReportsBadLines) {
   const std::string train = testing::TempDir() + "/criteo_train.tsv", test = testing::TempDir() + "/criteo_test.tsv";
   write(train, 4000, 1, true);
   write(test, 1000, 2, false);
-  TrainerOptions o = CtrOptions(OptimizerType::kAdam, 0.01f, 0);
+  TrainerOptions o = test::CtrOptions(OptimizerType::kAdam, 0.01f, 0);
   o.criteo_train = train;
   o.criteo_test = test;
   o.batch = 64;

@@ -25,32 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A small deterministic image dataset (4x4 "images", 4 classes, labels tied to the pixels).
-data::ImageDataset MakeImages(int64_t count, uint64_t seed) {
-  data::ImageDataset d;
-  d.count = count;
-  d.rows = 4;
-  d.cols = 4;
-  d.num_classes = 4;
-  uint64_t x = seed;
-  auto next = [&x] {
-    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  for (int64_t i = 0; i < count; ++i) {
-    const int32_t label = static_cast<int32_t>(next() % 4);
-    d.labels.push_back(label);
-    for (int p = 0; p < 16; ++p) {
-      float v = static_cast<float>(next() >> 40) / static_cast<float>(1 << 24);
-      if (p % 4 == label) v += 0.5f;
-      d.images.push_back(v);
-    }
-  }
-  return d;
-}
-
 class ResumeTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -158,7 +132,7 @@ class ResumeTest : public testing::Test {
 TEST_F(ResumeTest, SyncMlpStoppedAndResumedIntoThreeServersIsBitwiseTheUninterruptedRun) {
   // 44 examples, batch 4 per worker: 6 steps an epoch (the last one short), so the resumed part
   // starts mid-epoch and crosses epoch boundaries, with their reshuffles.
-  const data::ImageDataset train = MakeImages(44, 12345), test_set = MakeImages(16, 777);
+  const data::ImageDataset train = test::MakeImages(44, 12345), test_set = test::MakeImages(16, 777);
   const Datasets data{&train, &test_set};
   TrainerOptions o;
   o.device = DeviceKind::kCpu;
@@ -178,22 +152,9 @@ TEST_F(ResumeTest, SyncMlpStoppedAndResumedIntoThreeServersIsBitwiseTheUninterru
 }
 
 TEST_F(ResumeTest, SyncCtrWithSparseTablesResumedIntoOneServerIsBitwiseTheUninterruptedRun) {
-  TrainerOptions o;
-  o.model = "ctr";
-  o.device = DeviceKind::kCpu;
-  o.hidden = {8};
-  o.emb_dim = 4;
-  o.ctr_fields = 3;
-  o.ctr_vocab = 40;
-  o.ctr_dense = 2;
-  o.ctr_train = 96;
+  TrainerOptions o = test::CtrOptions(OptimizerType::kAdagrad, 0.05f, 0);
   o.ctr_test = 32;
-  o.data_seed = 5;
-  o.optimizer.type = OptimizerType::kAdagrad;
-  o.optimizer.learning_rate = 0.05f;
   o.batch = 8;
-  o.seed = 11;
-  o.log_every = 0;
   o.checkpoint_every = 5;
   o.blas_threads = 1;
   auto ctr = LoadCtrData(o);
@@ -209,7 +170,7 @@ TEST_F(ResumeTest, SyncCtrWithSparseTablesResumedIntoOneServerIsBitwiseTheUninte
 }
 
 TEST_F(ResumeTest, AsyncWorkersResumeAtTheRestoredCheckpointsStep) {
-  const data::ImageDataset train = MakeImages(64, 99);
+  const data::ImageDataset train = test::MakeImages(64, 99);
   const Datasets data{&train, nullptr};
   TrainerOptions o;
   o.device = DeviceKind::kCpu;
@@ -241,7 +202,7 @@ TEST_F(ResumeTest, AsyncWorkersResumeAtTheRestoredCheckpointsStep) {
 }
 
 TEST_F(ResumeTest, ACheckpointOnRequestAndEveryFewSeconds) {
-  const data::ImageDataset train = MakeImages(64, 3);
+  const data::ImageDataset train = test::MakeImages(64, 3);
   const Datasets data{&train, nullptr};
   TrainerOptions o;
   o.device = DeviceKind::kCpu;

@@ -26,33 +26,6 @@ namespace {
 
 constexpr uint64_t kDataSeed = 12345;
 
-// A small deterministic image dataset: 4x4 "images", 4 classes, labels tied to the pixels so
-// there is something to learn. Values from SplitMix64 (seed printed by the test).
-data::ImageDataset MakeData(int64_t count) {
-  data::ImageDataset d;
-  d.count = count;
-  d.rows = 4;
-  d.cols = 4;
-  d.num_classes = 4;
-  uint64_t x = kDataSeed;
-  auto next = [&x] {
-    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  for (int64_t i = 0; i < count; ++i) {
-    const int32_t label = static_cast<int32_t>(next() % 4);
-    d.labels.push_back(label);
-    for (int p = 0; p < 16; ++p) {
-      float v = static_cast<float>(next() >> 40) / static_cast<float>(1 << 24);
-      if (p % 4 == label) v += 0.5f;
-      d.images.push_back(v);
-    }
-  }
-  return d;
-}
-
 TrainerOptions BaseOptions(OptimizerType opt, float lr, int64_t steps) {
   TrainerOptions o;
   o.device = DeviceKind::kCpu;
@@ -80,7 +53,7 @@ TEST_P(SyncEquivalence, TwoWorkersMatchLocalWithDoubleBatch) {
   std::printf("data seed %llu, init seed 7, batch %lld per worker, %lld steps\n",
               static_cast<unsigned long long>(kDataSeed), static_cast<long long>(kBatch),
               static_cast<long long>(kSteps));
-  const data::ImageDataset train = MakeData(kExamples);
+  const data::ImageDataset train = test::MakeImages(kExamples, kDataSeed);
   const Datasets ds{&train, nullptr};
 
   // The reference: one process, batch 2B, local optimizer.
@@ -140,7 +113,7 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, SyncEquivalence,
 TEST(Epochs, EveryExampleOncePerEpochAndEvalEachEpoch) {
   for (const int64_t examples : {44, 45, 41}) {
     SCOPED_TRACE("examples " + std::to_string(examples));
-    const data::ImageDataset train = MakeData(examples);
+    const data::ImageDataset train = test::MakeImages(examples, kDataSeed);
     const Datasets ds{&train, &train};
     const std::string metrics = testing::TempDir() + "/epochs_{rank}.jsonl";
     ServerOptions so;
@@ -178,7 +151,7 @@ TEST(Epochs, EveryExampleOncePerEpochAndEvalEachEpoch) {
 // worker's final parameters (and worker 0's final evaluation) hold every update, the straggler's
 // last ones included.
 TEST(FinalModel, AsyncAndSspFinalParametersHoldEveryWorkersUpdates) {
-  const data::ImageDataset train = MakeData(64);
+  const data::ImageDataset train = test::MakeImages(64, kDataSeed);
   const Datasets ds{&train, &train};
   for (const Consistency mode : {Consistency::kAsync, Consistency::kSsp}) {
     SCOPED_TRACE(mode == Consistency::kAsync ? "async" : "ssp:2");

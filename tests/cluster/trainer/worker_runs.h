@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "support/cluster.h"
+#include "ferry/data/fashion_mnist.h"
 #include "ferry/trainer/device.h"
 #include "ferry/trainer/options.h"
 #include "ferry/trainer/trainer.h"
@@ -51,6 +52,55 @@ inline std::vector<WorkerRun> RunWorkers(const ferry::test::LocalCluster& cluste
   }
   for (auto& t : threads) t.join();
   return runs;
+}
+
+// A small deterministic image dataset: 4x4 "images", 4 classes, labels tied to the pixels so
+// there is something to learn. Values from SplitMix64 of `seed` (tests print it).
+inline data::ImageDataset MakeImages(int64_t count, uint64_t seed) {
+  data::ImageDataset d;
+  d.count = count;
+  d.rows = 4;
+  d.cols = 4;
+  d.num_classes = 4;
+  uint64_t x = seed;
+  auto next = [&x] {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t label = static_cast<int32_t>(next() % 4);
+    d.labels.push_back(label);
+    for (int p = 0; p < 16; ++p) {
+      float v = static_cast<float>(next() >> 40) / static_cast<float>(1 << 24);
+      if (p % 4 == label) v += 0.5f;
+      d.images.push_back(v);
+    }
+  }
+  return d;
+}
+
+// A small synthetic ctr job (3 fields of 40 ids, dim 4, 96 training examples), sync, CPU.
+inline TrainerOptions CtrOptions(OptimizerType opt, float lr, int64_t steps) {
+  TrainerOptions o;
+  o.model = "ctr";
+  o.device = DeviceKind::kCpu;
+  o.hidden = {8};
+  o.emb_dim = 4;
+  o.ctr_fields = 3;
+  o.ctr_vocab = 40;
+  o.ctr_dense = 2;
+  o.ctr_train = 96;
+  o.ctr_test = 64;
+  o.data_seed = 5;
+  o.optimizer.type = opt;
+  o.optimizer.learning_rate = lr;
+  o.consistency = Consistency::kSync;
+  o.steps = steps;
+  o.seed = 11;
+  o.log_every = 0;
+  return o;
 }
 
 // The --local reference run of `options`, recording its trace.

@@ -431,8 +431,11 @@ class WorkerRun {
     const double waited_before = PullWait();
     FERRY_RETURN_IF_ERROR(model_->Pull(*store_, t));
     lap_.Split(&times.pull_s, &times.wait_s, PullWait() - waited_before);
-    // A resumed worker waits for no one: the others may be training already (a restarted worker).
-    if (t != 0 || options_.resume) return Status::Ok();
+    // A resumed worker waits for no one: the others may be training already (a restarted
+    // worker). Unless the job has not begun: no collective has ended and it is at step 0 (a
+    // worker that died before the others passed the start barrier), where it joins them there.
+    if (t != t0_) return Status::Ok();
+    if (options_.resume && (t0_ != 0 || client_ == nullptr || client_->first_collective() != 0)) return Status::Ok();
     if (client_ != nullptr) {
       FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for every worker to connect"));
       lap_.To(&times.wait_s);
@@ -560,7 +563,8 @@ class WorkerRun {
   // it is reported, not an error.
   Status CheckGradientsUsed() {
     const StoreProgress& p = report_.progress;
-    if (!sync_servers_ || plan_.total_steps == 0 || p.pushes_used != 0) return Status::Ok();
+    // A resumed job already at its last step (its final checkpoint) had nothing left to train.
+    if (!sync_servers_ || plan_.total_steps <= t0_ || p.pushes_used != 0) return Status::Ok();
     const std::string what = "worker " + std::to_string(rank_) + ": none of its " + std::to_string(p.pushes_dropped) +
                              " gradients was used: each came after the servers had closed its step (global step now " +
                              std::to_string(p.step) + ")";

@@ -165,6 +165,7 @@ class ClientImpl final : public Client {
       if (s == 0) {
         on_reply = [this](const Header& reply, Frames&) -> Status {
           restored_step_.store(reply.version());
+          first_collective_.store(reply.next_collective());
           barrier_generation_.store(reply.next_collective());
           return Status::Ok();
         };
@@ -511,6 +512,7 @@ class ClientImpl final : public Client {
   }
 
   int64_t restored_step() const override { return restored_step_.load(); }
+  int64_t first_collective() const override { return first_collective_.load(); }
 
   Handle SaveCheckpoint(int64_t step, std::span<CheckpointShard> shards) override {
     auto op = NewOp();
@@ -774,13 +776,16 @@ class ClientImpl final : public Client {
     bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
     if (frames.empty()) return;
     const Header* h = nullptr;
-    if (!wire::VerifyHeader(frames[0], &h).ok()) return;  // not a reply we can match; dropped
+    const Status verified = wire::VerifyHeader(frames[0], &h);
+    if (h == nullptr) return;  // not a reply we can match; dropped
     auto it = in_flight_.find(h->request_id());
     if (it == in_flight_.end() || it->second.server != server) return;  // late reply to a timed-out request
     Request r = std::move(it->second);
     in_flight_.erase(it);
     deadlines_.Remove(r.deadline, r.id);
     const std::string where = std::string(wire::KindName(r.kind)) + " on " + ServerName(server);
+    // A reply in another major version (wire.h): its id matched; say which versions differ.
+    if (!verified.ok()) return Done(r, verified.WithContext(where + ": the server's reply"));
     if (truncated) return Done(r, DataLossError(where + ": reply has too many frames"));
     if (h->kind() == Kind::Error) return Done(r, wire::ErrorStatus(*h).WithContext(where));
     if (h->kind() != Kind::Reply || h->request_kind() != r.kind) {
@@ -900,6 +905,7 @@ class ClientImpl final : public Client {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> barrier_generation_{0};  // the next collective's id (server 0 says the first)
   std::atomic<int64_t> restored_step_{0};       // server 0's restored checkpoint step
+  std::atomic<int64_t> first_collective_{0};    // server 0's next collective id at the handshake
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<int64_t> requests_{0}, bytes_sent_{0}, bytes_received_{0};
 

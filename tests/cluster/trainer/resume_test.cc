@@ -201,6 +201,74 @@ TEST_F(ResumeTest, AsyncWorkersResumeAtTheRestoredCheckpointsStep) {
   EXPECT_EQ(Final(dir).step, 20);
 }
 
+TEST_F(ResumeTest, AWorkerRestartedBeforeTheJobBeganJoinsTheOthersAtTheStartBarrier) {
+  // Worker 1's first process died before the start barrier: its restart (--resume) finds the
+  // job at step 0 with no collective ended, and meets worker 0 there; the job is the same.
+  const data::ImageDataset train = test::MakeImages(44, 5);
+  const Datasets data{&train, nullptr};
+  TrainerOptions o;
+  o.device = DeviceKind::kCpu;
+  o.hidden = {6};
+  o.batch = 4;
+  o.log_every = 0;
+  o.steps = 10;
+  o.blas_threads = 1;
+  o.checkpoint_every = 5;
+  const fs::path plain = root_ / "plain", restarted = root_ / "restarted";
+  {
+    auto cluster = Servers(2, plain, 2, false);
+    ExpectAllOk(test::RunWorkers(cluster, 2, o, data));
+  }
+  auto cluster = Servers(2, restarted, 2, false);
+  std::vector<StatusOr<TrainReport>> reports(2, InternalError("not run"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      TrainerOptions w = o;
+      w.servers = cluster.endpoints;
+      w.rank = rank;
+      w.num_workers = 2;
+      w.resume = rank == 1;
+      auto client = cluster.Connect(rank, 2);
+      auto device = CreateCpuDevice();
+      reports[static_cast<size_t>(rank)] = RunTraining(w, device.get(), client.get(), data, {}, nullptr);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(reports[0].ok()) << reports[0].status();
+  ASSERT_TRUE(reports[1].ok()) << reports[1].status();
+  EXPECT_EQ(reports[1]->first_step, 0);
+  EXPECT_EQ(reports[1]->steps, 10);
+  ExpectSameTables(Final(plain), Final(restarted));
+}
+
+TEST_F(ResumeTest, ResumingAJobThatHadFinishedEndsAtOnce) {
+  const data::ImageDataset train = test::MakeImages(32, 8);
+  const Datasets data{&train, nullptr};
+  TrainerOptions o;
+  o.device = DeviceKind::kCpu;
+  o.hidden = {6};
+  o.batch = 4;
+  o.log_every = 0;
+  o.steps = 6;
+  o.checkpoint_every = 3;
+  const fs::path dir = root_ / "done";
+  {
+    auto cluster = Servers(1, dir, 2, false);
+    ExpectAllOk(test::RunWorkers(cluster, 2, o, data));
+  }
+  EXPECT_EQ(Final(dir).step, 6);
+  o.resume = true;
+  auto cluster = Servers(2, dir, 2, true);
+  auto runs = test::RunWorkers(cluster, 2, o, data);
+  ExpectAllOk(runs);
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.report->first_step, 6);
+    EXPECT_EQ(r.report->steps, 0);
+  }
+  EXPECT_EQ(Final(dir).step, 6);  // nothing new to save
+}
+
 TEST_F(ResumeTest, ACheckpointOnRequestAndEveryFewSeconds) {
   const data::ImageDataset train = test::MakeImages(64, 3);
   const Datasets data{&train, nullptr};

@@ -183,6 +183,10 @@ class Client {
   // The step of the checkpoint the servers started from (ferry-ps --restore), as server 0 said
   // in the handshake; 0 when they started empty.
   virtual int64_t restored_step() const = 0;
+  // The id this client's first Barrier or AllReduceSum takes, as server 0 said in the
+  // handshake: 0 in a new job; more for a client that joins a job in progress (a restarted
+  // worker continues the sequence the others are in).
+  virtual int64_t first_collective() const = 0;
 
   // One server's counters (messages, bad_messages, staleness_<k>, ...).
   virtual StatusOr<std::map<std::string, int64_t>> ServerCounters(int server) = 0;

@@ -48,6 +48,9 @@ def launcher_argv(spec, launcher, bin_dir, run_dir, rendezvous_timeout_s):
              "--num-workers", str(spec.workers), "--bin-dir", bin_dir, "--base-port", "0",
              "--log-dir", os.path.join(run_dir, "logs"),
              "--rendezvous-timeout", f"{rendezvous_timeout_s:g}", "--grace", f"{LAUNCH_GRACE_S:g}",
+             # A run measures one job as it ran: a process that dies fails the run, rather than
+             # being restarted into a run whose times would mix two processes.
+             "--max-restarts", "0",
              "--"] + spec.trainer_args(os.path.join(run_dir, "metrics-{rank}.jsonl")))
 
 

@@ -4,9 +4,10 @@ The package behind launch/ferry-launch. Modules, in the order a launch uses them
   cli            options (parsed in one place) and main()
   spec, hosts    the cluster description: Tasks from flags, a JSON spec or a Slurm allocation
   commands       build_commands(): what every process is told
-  preflight      checks before anything starts
+  preflight      checks before anything starts; checkpoints: what a checkpoint folder holds
   supervise      children, their output, signals, reaping, the rendezvous with the servers
-  backend_local  the local and ssh backends
+  recovery       the job's progress read from the output; restart records and their report
+  backend_local  the local and ssh backends, with the restarts
   backend_slurm  the Slurm backend, the launcher's side; slurm_task: one task of its step
   common         constants, exit statuses, the ssh wrapper, exceptions
 
@@ -29,9 +30,12 @@ Backends:
          when the step's stdin (srun --input=all, held open by the launcher) reaches EOF.
 
 Flow (local, ssh): options -> commands -> preflight (binaries, free ports, hosts reachable over
-ssh and binaries there, the log dir) -> start servers -> rendezvous (every ps port accepts TCP
-from here, with a deadline) -> start workers -> supervise until all workers exit 0 (then stop
-the servers, exit 0) or anything fails (stop everything, exit 1 with a summary). Slurm: the
+ssh and binaries there, the checkpoint folder, the log dir) -> start servers -> rendezvous
+(every ps port accepts TCP from here, with a deadline) -> start workers -> supervise until all
+workers exit 0 (then stop the servers, exit 0). A process that dies meanwhile is restarted while
+--max-restarts allows: a worker alone with --resume; after a server's death (with a checkpoint)
+every process, servers with --restore, workers with --resume. Otherwise (or past the budget)
+everything stops, exit 1 with a summary. Slurm (no restarts): the
 same, except that the step starts servers and workers together and each worker task waits for
 the servers itself; the launcher's deadline is for every task to be running. SIGINT/SIGTERM are
 handled from before preflight on. Every wait has a deadline except the supervision of running
@@ -41,8 +45,10 @@ Exit status: 0 success; 1 a process failed or the rendezvous timed out; 2 bad us
 preflight; 128+N when the launcher itself got signal N (SIGINT, SIGTERM).
 
 Threading: the main thread owns all decisions. Per child process, one reader thread copies its
-output (prefixed "[role rank] ") to stdout and a log file, and one waiter thread reaps it and
-posts an event on a queue the main thread blocks on. Preflight checks each ssh host from a
+output (prefixed "[role rank] ") to stdout and a log file and hands it to recovery.JobWatch
+(steps, checkpoints, "resuming" lines, which it posts as events), and one waiter thread reaps it
+and posts an event on a queue the main thread blocks on. Every process is started from the main
+thread (PR_SET_PDEATHSIG follows the thread that forked). Preflight checks each ssh host from a
 thread of its own; the rendezvous probes each server from a thread of its own.
 """
 
@@ -51,7 +57,7 @@ thread of its own; the rendezvous probes each server from a thread of its own.
 import os
 import socket
 
-from . import common
+from . import checkpoints, common
 from .backend_local import Launcher, TaskProc
 from .backend_slurm import SlurmLauncher
 from .cli import main

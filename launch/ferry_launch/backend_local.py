@@ -1,5 +1,6 @@
-"""The local and ssh backends: start, supervise and stop every process from here."""
+"""The local and ssh backends: start, supervise, restart and stop every process from here."""
 
+import collections
 import os
 import queue
 import shlex
@@ -7,17 +8,24 @@ import signal
 import time
 
 from .commands import remote_argv
-from .common import EXIT_FAILED, EXIT_OK, STOP_MARGIN_S, StartFailed
+from .common import EXIT_FAILED, EXIT_OK, SETTLE_S, STOP_MARGIN_S, StartFailed
+from .recovery import JobWatch, Recovery, summary
 from .supervise import (
     Child, Stream, Supervisor, cause_report, describe_status, reap_all, wait_for_servers)
 
+# The trainer's exit status for bad flags: a restart would fail the same way.
+USAGE_EXIT = 2
+
 
 class TaskProc:
-    """One task started here or over ssh."""
+    """One task started here or over ssh: one run of it (a restart makes a new TaskProc)."""
 
-    def __init__(self, task, child, stream):
+    def __init__(self, task, child, stream, generation=0):
         self.task, self.child, self.stream = task, child, stream
         self.stopping = False  # set when the launcher asked it to stop
+        self.generation = generation  # which start of the whole job (a server death: +1)
+        self.last_step = None  # the highest step its output reported (JobWatch, under its lock)
+        self.cleaned = False   # its process group was killed after it was reaped
 
     @property
     def done(self):
@@ -26,6 +34,11 @@ class TaskProc:
     @property
     def pid(self):
         return self.child.pid
+
+    @property
+    def killed_by_signal(self):
+        rc = self.child.returncode
+        return rc is not None and (rc < 0 or (self.task.via_ssh and 128 < rc < 128 + 65))
 
     def request_stop(self):
         if self.task.via_ssh:
@@ -43,43 +56,75 @@ class TaskProc:
 
 
 class Launcher(Supervisor):
-    """Supervises a cluster started by the local and ssh backends."""
+    """Supervises a cluster started by the local and ssh backends, and restarts what dies
+    (--max-restarts): a worker alone, with --resume; after a server's death every process, the
+    servers with --restore (the newest checkpoint) and the workers with --resume.
+
+    Every process is started from the main thread (a child's PR_SET_PDEATHSIG fires when the
+    thread that forked it exits; the main thread lives as long as the launcher)."""
 
     def __init__(self, cluster, opts, console, signals):
         super().__init__(opts, console, signals)
         self.cluster = cluster
         self.ssh = shlex.split(opts.ssh)
-        self.procs = []
+        self.procs = []      # every TaskProc started, restarts included
+        self.current = {}    # task name -> the TaskProc that runs it now
+        self.backlog = collections.deque()  # events taken off the queue early: handled first
+        self.watch = JobWatch(self.events)
+        self.generation = 0  # +1 at every restart of the whole job
+        self.recoveries = []  # Recovery, in order
+        self.pending = []     # the recoveries still waiting for "resuming" lines
+        self.unfinished = set()  # names of the workers that have not exited 0
 
-    def start(self, task):
+    # ---- starting and stopping ----
+
+    def start(self, task, restart=None):
+        """Starts task; restart ("restart N") runs its resume_argv and continues its log."""
+        argv = task.resume_argv if restart else task.argv
         with self.signals.held():  # never lose track of a pid between fork and bookkeeping
             stream = Stream(task.name, os.path.join(self.opts.log_dir,
-                                                    f"{task.role}-{task.rank}.log"), self.console)
+                                                    f"{task.role}-{task.rank}.log"),
+                            self.console, append=bool(restart))
+            if restart:
+                stream.note(f"{restart}: {task.name} starts again: {task.command_text(argv)}")
             if task.via_ssh:
-                argv, env = remote_argv(self.ssh, task, self.opts.grace), None
+                run, env = remote_argv(self.ssh, task, self.opts.grace, argv), None
             else:
-                argv = task.argv
+                run = argv
                 env = dict(os.environ, **task.env) if task.env else None
-            p = TaskProc(task, None, stream)
+            p = TaskProc(task, None, stream, self.generation)
+
+            def on_line(text):  # the child's reader thread
+                stream.line(text)
+                self.watch.see(p, text)
+
             try:
-                p.child = Child(argv, self.events, stream.line, p, env=env,
-                                keep_stdin=task.via_ssh)
+                p.child = Child(run, self.events, on_line, p, env=env, keep_stdin=task.via_ssh)
             except OSError as e:
-                raise StartFailed(f"cannot start {task.name}: {argv[0]}: {e.strerror}") from None
+                raise StartFailed(f"cannot start {task.name}: {run[0]}: {e.strerror}") from None
             self.procs.append(p)
+            self.current[task.name] = p
             # Said before a pending signal is honoured: every started pid is in the output.
+            verb = "restarted" if restart else "started"
             if task.via_ssh:
-                self.say(f"started {task.name} on {task.host} (ssh pid {p.pid}): "
-                         f"{task.command_text()}")
+                self.say(f"{verb} {task.name} on {task.host} (ssh pid {p.pid}): "
+                         f"{task.command_text(argv)}")
             else:
-                self.say(f"started {task.name} pid {p.pid}: {task.command_text()}")
+                self.say(f"{verb} {task.name} pid {p.pid}: {task.command_text(argv)}")
         return p
 
     def stop_all(self, reason):
-        """Asks every live process to stop (SIGTERM to a local process group, EOF to a remote
-        wrapper), forces it after the grace period (+STOP_MARGIN_S over ssh); reaps them all."""
+        """Stops every process for good (see stop())."""
         self.signals.stopping = True
-        live = [p for p in self.procs if not p.done]
+        self.stop(self.procs, reason)
+
+    def stop(self, procs, reason):
+        """Asks every live process of procs to stop (SIGTERM to a local process group, EOF to a
+        remote wrapper), forces it after the grace period (+STOP_MARGIN_S over ssh); reaps them
+        all."""
+        live = [p for p in procs if not p.done]
+        for p in procs:
+            p.stopping = True  # its exit is no death to recover from
         if live:
             self.say(f"stopping {', '.join(p.task.name for p in live)} ({reason})")
         t0 = time.monotonic()
@@ -88,7 +133,6 @@ class Launcher(Supervisor):
             return self.opts.grace + (STOP_MARGIN_S if p.task.via_ssh else 0.0)
 
         for p in live:
-            p.stopping = True
             p.request_stop()
         for p in live:
             p.child.done.wait(max(0.0, t0 + limit(p) - time.monotonic()))
@@ -103,32 +147,214 @@ class Launcher(Supervisor):
                 self.say(f"{p.task.name} pid {p.pid} ignored SIGTERM for {self.opts.grace:g} s; "
                          "sending SIGKILL", err=True)
             p.child.signal_group(signal.SIGKILL)
-        reap_all([(p.child, p.describe()) for p in self.procs], self.say)
-        for p in self.procs:
-            p.child.kill_group()  # any grandchild left in the group goes too
-            p.child.close_stdin()
-            p.child.join_output()
+        reap_all([(p.child, p.describe()) for p in procs if not p.cleaned], self.say)
+        for p in procs:
+            if not p.cleaned:
+                p.child.kill_group()  # any grandchild left in the group goes too
+                p.child.close_stdin()
+                p.child.join_output()
+                p.cleaned = p.done
 
     def failure_summary(self, p, what):
         p.child.join_output()
         lines = [f"{p.describe()} {what}: {p.describe_exit()}"] + cause_report(p.stream)
         self.say("FAILED: " + "\n".join(lines), err=True)
 
+    # ---- events ----
+
+    def next_event(self, timeout=None):
+        """The next event: ("exit", TaskProc) or ("resumed", TaskProc, step, time seen).
+        Raises queue.Empty after timeout seconds."""
+        if self.backlog:
+            return self.backlog.popleft()
+        return self.events.get(timeout=timeout)
+
+    def is_current(self, p):
+        """p runs its task now and the launcher did not ask it to stop: its exit matters."""
+        return self.current.get(p.task.name) is p and not p.stopping
+
     def rendezvous(self):
-        """None (all servers up), "timeout", or the TaskProc that died meanwhile."""
-        def pause(seconds):
-            try:  # sleeps, but wakes at once if a process dies
-                return self.events.get(timeout=seconds)[1]
-            except queue.Empty:
-                return None
+        """None (all servers up), "timeout", or the TaskProc of a server that died meanwhile."""
+        def pause(seconds):  # sleeps, but wakes at once if a server dies
+            deadline = time.monotonic() + seconds
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                try:
+                    ev = self.events.get(timeout=left)
+                except queue.Empty:
+                    return None
+                if ev[0] != "exit":
+                    self.backlog.append(ev)
+                elif self.is_current(ev[1]):
+                    return ev[1]
+                # else: a process of before a restart, or one the launcher stopped
 
         def say(msg):
             self.say(msg, err=msg.startswith("rendezvous timed out"))
 
         return wait_for_servers(self.cluster.ps, self.opts.rendezvous_timeout, say, pause)
 
+    def dead_server(self, wait):
+        """A running server found dead, waiting up to `wait` seconds for one (events that come
+        meanwhile are kept for later); None when there is none."""
+        deadline = time.monotonic() + wait
+        while True:
+            for p in self.current.values():
+                if p.task.role == "ps" and p.done and not p.stopping:
+                    return p
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                self.backlog.append(self.events.get(timeout=left))
+            except queue.Empty:
+                return None
+
+    def on_resumed(self, p, step, when):
+        if self.current.get(p.task.name) is not p:
+            return
+        for r in list(self.pending):
+            if r.resumed(p.task.name, step, when):
+                self.pending.remove(r)
+                self.say(r.report(self.opts.max_restarts))
+
+    def supersede(self, which, why):
+        """Recoveries still pending that a new death makes moot: reported as not complete."""
+        for r in [r for r in self.pending if which(r)]:
+            self.pending.remove(r)
+            self.say(r.unfinished(why), err=True)
+
+    # ---- deaths ----
+
+    def on_death(self, p):
+        """A current process died (a worker: non-zero status or a signal; a server: any end).
+        Restarts what is needed; returns None to go on, else the launcher's exit status."""
+        what = "failed" if p.task.role == "worker" else "exited unexpectedly"
+        if not self.opts.max_restarts:  # no restarts: stop everything
+            self.stop_all(f"{p.task.name} {what}")
+            self.failure_summary(p, what)
+            return EXIT_FAILED
+        if p.task.role == "worker":
+            if p.child.returncode == USAGE_EXIT:
+                return self.give_up(p, what, f"{p.task.name} is not restarted: exit status "
+                                             f"{USAGE_EXIT} is the trainer's usage error (bad "
+                                             "flags); a restart would fail the same way")
+            # A worker whose server died exits with an error of its own, at about the time the
+            # server's death is noticed: look for that first (not after a signal: a signal
+            # killed the worker, whatever its servers do).
+            server = self.dead_server(0.0 if p.killed_by_signal else SETTLE_S)
+            if server is None:
+                return self.restart_worker(p)
+            self.say(f"{p.describe()} {what} ({p.describe_exit()}) as {server.task.name} died")
+            p = server
+        return self.restart_all(p)
+
+    def give_up(self, p, what, why):
+        self.stop_all(f"{p.task.name} {what}")
+        self.failure_summary(p, what)
+        self.say(why, err=True)
+        return EXIT_FAILED
+
+    def restarts_left(self):
+        return len(self.recoveries) < self.opts.max_restarts
+
+    def restart_worker(self, p):
+        if not self.restarts_left():
+            return self.give_up(p, "failed", f"{p.task.name} is not restarted: "
+                                f"--max-restarts {self.opts.max_restarts} allows no more "
+                                "restarts")
+        noticed = p.child.ended_at or time.monotonic()
+        how = p.describe_exit()
+        before = self.watch.last_step([p])
+        p.child.join_output()
+        self.supersede(lambda r: p.task.name in r.waiting, f"{p.task.name} died again")
+        n = len(self.recoveries) + 1
+        self.say(f"{p.describe()} died ({how}); restarting it with --resume: it rejoins the job "
+                 f"at the servers' step (restart {n} of at most {self.opts.max_restarts})")
+        r = Recovery(n, "worker", p.describe(), how, f"{p.task.name} with --resume", noticed,
+                     before, [p.task.name])
+        self.recoveries.append(r)  # first: a signal during the start still reports it
+        self.pending.append(r)
+        new = self.start(p.task, restart=f"restart {n}")
+        r.restarted += f" (pid {new.pid})"
+        return None
+
+    def restart_all(self, p):
+        """Server p died: every process restarts, from the newest checkpoint."""
+        what = "exited unexpectedly"
+        checkpoint = self.watch.checkpoint_step()
+        if checkpoint is None:
+            if not self.opts.checkpoint_dir:
+                why = "there is no checkpoint folder (--checkpoint-dir DIR)"
+            else:
+                why = "this job has saved no checkpoint yet" + (
+                    "" if self.opts.checkpoint_every else
+                    " (--checkpoint-every N asks for one every N steps)")
+            return self.give_up(p, what, f"cannot recover from the death of {p.task.name}: a "
+                                f"server's state comes back only from a checkpoint, and {why}")
+        if not self.restarts_left():
+            return self.give_up(p, what, f"{p.task.name} is not restarted: "
+                                f"--max-restarts {self.opts.max_restarts} allows no more "
+                                "restarts")
+        noticed = p.child.ended_at or time.monotonic()
+        how = p.describe_exit()
+        before = self.watch.last_step([q for q in self.procs if q.task.role == "worker"
+                                       and q.generation == self.generation])
+        n = len(self.recoveries) + 1
+        self.supersede(lambda r: True, f"{p.task.name} died")
+        self.say(f"{p.describe()} died ({how}); restarting every process from the newest "
+                 f"checkpoint (step {checkpoint} or later): servers with --restore, workers "
+                 f"with --resume (restart {n} of at most {self.opts.max_restarts})")
+        restarted = (f"{', '.join(t.name for t in self.cluster.ps)} with --restore and "
+                     f"{', '.join(t.name for t in self.cluster.workers)} with --resume")
+        r = Recovery(n, "server", p.describe(), how, restarted, noticed, before,
+                     [t.name for t in self.cluster.workers])
+        self.recoveries.append(r)  # first: a signal during the restart still reports it
+        self.pending.append(r)
+        self.stop(list(self.current.values()), f"{p.task.name} died; all restart from the "
+                                                "checkpoint")
+        self.generation += 1
+        label = f"restart {n}"
+        for t in self.cluster.ps:
+            self.start(t, restart=label)
+        failed = self.rendezvous()
+        if failed is not None:
+            self.stop_all("the restart from the checkpoint failed")
+            if failed == "timeout":
+                self.say("FAILED: the servers restarted from the checkpoint did not all come up "
+                         f"within {self.opts.rendezvous_timeout:g} s", err=True)
+            else:
+                self.failure_summary(failed, "exited while restarting from the checkpoint")
+            return EXIT_FAILED
+        for t in self.cluster.workers:
+            self.start(t, restart=label)
+        self.unfinished = {t.name for t in self.cluster.workers}
+        return None
+
+    # ---- the run ----
+
+    def run(self):
+        rc = super().run()
+        for r in self.pending:
+            self.say(r.unfinished("the job stopped first"), err=True)
+        self.pending = []
+        if self.recoveries:
+            self.say(summary(self.recoveries, self.opts.max_restarts), err=rc != EXIT_OK)
+        return rc
+
     def _run(self):
         self.say(f"logs in {self.opts.log_dir}")
+        if self.opts.resume_from:
+            manifest, step, skipped = self.opts.resume_from
+            for why in skipped:
+                self.say(f"--resume: passed over: {why}")
+            self.say(f"--resume: the job goes on from {self.opts.resume}: its newest "
+                     f"checkpoint is {manifest} (step {step}; the servers verify it, and take "
+                     "the next newest if it is damaged)")
+            with self.watch.lock:
+                self.watch.checkpoint = step
         for t in self.cluster.ps:
             self.start(t)
         failed = self.rendezvous()
@@ -141,19 +367,35 @@ class Launcher(Supervisor):
             return EXIT_FAILED
         for t in self.cluster.workers:
             self.start(t)
-        running = {p for p in self.procs if p.task.role == "worker"}
-        while running:
-            _, p = self.events.get()
+        self.unfinished = {t.name for t in self.cluster.workers}
+        while self.unfinished:
+            ev = self.next_event()
+            if ev[0] == "resumed":
+                self.on_resumed(*ev[1:])
+                continue
+            p = ev[1]
+            if not self.is_current(p):
+                continue  # a process of before a restart, or one the launcher stopped
             if p.task.role == "worker" and p.child.returncode == 0:
-                running.discard(p)
+                self.unfinished.discard(p.task.name)
                 self.say(f"{p.task.name} finished (exit status 0)")
                 continue
-            what = "failed" if p.task.role == "worker" else "exited unexpectedly"
-            self.stop_all(f"{p.task.name} {what}")
-            self.failure_summary(p, what)
-            return EXIT_FAILED
+            rc = self.on_death(p)
+            if rc is not None:
+                return rc
+        # A restarted worker's "resuming" line may come after its exit: read what is left.
+        for p in self.current.values():
+            if p.task.role == "worker":  # all ended: their output ends too
+                p.child.join_output()
+        while True:
+            try:
+                ev = self.next_event(timeout=0)
+            except queue.Empty:
+                break
+            if ev[0] == "resumed":
+                self.on_resumed(*ev[1:])
         self.stop_all("all workers finished")
-        for p in self.procs:
+        for p in self.current.values():
             rc = p.child.returncode
             clean = (0, -signal.SIGTERM) + ((128 + signal.SIGTERM,) if p.task.via_ssh else ())
             if p.task.role == "ps" and rc not in clean:

@@ -15,7 +15,8 @@ from .common import (
     EXIT_FAILED, EXIT_OK, LAUNCHER_PATH, LaunchError, SRUN_LABEL_RE, SRUN_TASK_ERROR_RE,
     STOP_MARGIN_S, StartFailed, TASK_EXIT_RE, TASK_STARTED_RE)
 from .hosts import expand_hostlist, is_local
-from .preflight import check_binaries_here, check_port_here, check_port_there, make_log_dir
+from .preflight import (
+    check_binaries_here, check_checkpoint_folder, check_port_here, check_port_there, make_log_dir)
 from .spec import cluster_from_nodes
 from .supervise import Child, Stream, Supervisor, cause_report, describe_status, reap_all
 
@@ -213,6 +214,10 @@ def slurm_task_argv(cluster, binaries, opts):
              "--gpus-per-host", gpus, "--rendezvous-timeout", f"{opts.rendezvous_timeout:g}",
              "--grace", f"{opts.grace:g}"]
             + ([f"--ps-arg={shlex.join(opts.ps_args)}"] if opts.ps_args else [])
+            + (["--resume", opts.resume] if opts.resume else
+               ["--checkpoint-dir", opts.checkpoint_dir] if opts.checkpoint_dir else [])
+            + (["--checkpoint-every", str(opts.checkpoint_every)] if opts.checkpoint_every
+               else [])
             + ["--"] + list(opts.trainer_args))
 
 
@@ -249,6 +254,10 @@ def run_slurm(opts, console, signals, why):
     console.say(f"Slurm backend ({why}): {len(cluster.ps)} ps + {len(cluster.workers)} workers "
                 f"on {len(used)} of {len(nodes)} nodes of SLURM_JOB_NODELIST={nodelist}; "
                 "ps r on node r mod K, worker w on node w mod K")
+    if opts.checkpoint_dir:
+        console.say("Slurm backend: nothing is restarted (--max-restarts does not apply): a "
+                    "process that dies ends the step; --resume DIR then continues the job from "
+                    "its newest checkpoint")
     if explicit is None:
         console.say("trainers: --gpus-per-host auto: each task takes its node's GPUs from "
                     "CUDA_VISIBLE_DEVICES when set there, else counts them (nvidia-smi -L), and "
@@ -265,6 +274,7 @@ def run_slurm(opts, console, signals, why):
     check_binaries_here([LAUNCHER_PATH] + sorted(set(binaries.local.values())))
     for t in cluster.ps:
         (check_port_here if is_local(t.host) else check_port_there)(t)
+    check_checkpoint_folder(opts)
     make_log_dir(opts)
     hostfile = os.path.join(opts.log_dir, "slurm-hostfile")
     try:
@@ -272,6 +282,10 @@ def run_slurm(opts, console, signals, why):
             f.write("\n".join(hosts) + "\n")
     except OSError as e:
         raise LaunchError(f"preflight: cannot write {hostfile}: {e.strerror}") from None
+    if opts.resume_from:
+        manifest, step, _ = opts.resume_from
+        console.say(f"--resume: the job goes on from {opts.resume}: its newest checkpoint is "
+                    f"{manifest} (step {step})")
     for t in cluster.tasks:
         console.say(f"plan: {t.name} on {t.host}" + (f":{t.port}" if t.port else ""))
     return SlurmLauncher(cluster, opts, console, signals, srun_argv, hostfile).run()

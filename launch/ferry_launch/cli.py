@@ -10,8 +10,8 @@ from .backend_local import Launcher
 from .backend_slurm import run_slurm
 from .commands import Binaries, build_commands, cards_here, visible_devices
 from .common import (
-    DEFAULT_BASE_PORT, DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN, DEFAULT_SSH, EXIT_OK,
-    EXIT_USAGE, LAUNCHER_PATH, LaunchError, MAX_SECONDS, StopRequested)
+    DEFAULT_BASE_PORT, DEFAULT_MAX_RESTARTS, DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN,
+    DEFAULT_SSH, EXIT_OK, EXIT_USAGE, LAUNCHER_PATH, LaunchError, MAX_SECONDS, StopRequested)
 from .hosts import is_local
 from .preflight import preflight
 from .slurm_task import slurm_task_main
@@ -25,6 +25,19 @@ def _gpus_arg(text):
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"want 'auto' or a count >= 0, got '{text}'")
     return int(text)
+
+
+def _count_arg(low):
+    """An argparse type: an integer >= low."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"want an integer >= {low}, got '{text}'")
+        return value
+    return parse
 
 
 def _seconds_arg(allow_zero):
@@ -100,6 +113,22 @@ def parse_args(argv):
                     help="inside an allocation, start local processes anyway")
     ap.add_argument("--srun", default=DEFAULT_SRUN, metavar="CMD",
                     help="srun command; the launcher appends its options (default '%(default)s')")
+    ap.add_argument("--checkpoint-dir", metavar="DIR",
+                    help="folder for the job's checkpoints: every ferry-ps gets --checkpoint-dir "
+                         "DIR --num-workers M; new or without checkpoints (--resume DIR continues "
+                         "a job); with servers on other hosts, a folder they all share at this "
+                         "path (and this machine too)")
+    ap.add_argument("--checkpoint-every", type=_count_arg(1), metavar="N",
+                    help="passed to every trainer: worker 0 asks for a checkpoint every N steps "
+                         "and at the end (needs --checkpoint-dir or --resume)")
+    ap.add_argument("--resume", metavar="DIR",
+                    help="restart a job from its newest checkpoint in DIR: as --checkpoint-dir "
+                         "DIR, plus --restore to every ferry-ps and --resume to every trainer")
+    ap.add_argument("--max-restarts", type=_count_arg(0), default=DEFAULT_MAX_RESTARTS,
+                    metavar="K",
+                    help="restarts allowed while the job runs: a worker that dies is restarted "
+                         "alone; when a server dies, all restart from the last checkpoint; 0 "
+                         "stops everything at the first death (default %(default)s)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     # Internal: what each task of the srun step runs.
     ap.add_argument("--slurm-task", action="store_true", help=argparse.SUPPRESS)
@@ -110,6 +139,20 @@ def parse_args(argv):
         opts.ps_args = [word for text in opts.ps_arg for word in shlex.split(text)]
     except ValueError as e:
         ap.error(f"argument --ps-arg: {e}")
+    for flag in ("checkpoint_dir", "resume"):
+        if getattr(opts, flag) == "":
+            ap.error(f"argument --{flag.replace('_', '-')}: empty folder name")
+    if opts.resume and opts.checkpoint_dir:
+        ap.error("--resume DIR and --checkpoint-dir are exclusive (the resumed job goes on "
+                 "writing its checkpoints in DIR)")
+    if opts.resume:  # from here on, the job's checkpoint folder
+        opts.resume = opts.checkpoint_dir = os.path.abspath(opts.resume)
+    elif opts.checkpoint_dir:
+        opts.checkpoint_dir = os.path.abspath(opts.checkpoint_dir)
+    if opts.checkpoint_every is not None and not opts.checkpoint_dir:
+        ap.error("argument --checkpoint-every: needs a checkpoint folder: give --checkpoint-dir "
+                 "DIR (or --resume DIR)")
+    opts.resume_from = None  # (manifest, step) that --resume starts from: set by preflight
     return ap, opts
 
 
@@ -136,6 +179,17 @@ def slurm_reason(opts):
     if job and not opts.spec and not opts.no_slurm:
         return f"SLURM_JOB_ID={job} is set and no --spec was given; --no-slurm runs locally"
     return None
+
+
+def restarts_plan(opts):
+    """One line: what the launcher does when a process dies (--dry-run says it)."""
+    if not opts.max_restarts:
+        return "--max-restarts 0: the first process that dies stops everything"
+    servers = ("all processes restart, servers with --restore (from the newest checkpoint), "
+               "workers with --resume" if opts.checkpoint_dir else
+               "everything stops (servers restart only from a checkpoint: --checkpoint-dir)")
+    return (f"up to {opts.max_restarts} restarts (--max-restarts): a dead worker restarts alone "
+            f"with --resume; a dead server: {servers}")
 
 
 def launch(ap, opts, console, signals):
@@ -165,6 +219,8 @@ def launch(ap, opts, console, signals):
         for t in cluster.tasks:
             where = f" (on {t.host} over ssh)" if t.via_ssh else ""
             print(f"[{t.name}]{where} {t.command_text()}")
+        if opts.checkpoint_dir:
+            console.say(restarts_plan(opts))
         if remote:
             console.say(f"commands for other hosts run as: {shlex.join(ssh)} HOST 'sh -c "
                         "WRAPPER ferry-launch-remote GRACE_TENTHS DIR COMMAND' (WRAPPER stops "

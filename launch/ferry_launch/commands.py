@@ -51,8 +51,12 @@ def _check_passed_flags(args, owned, what):
 
 
 def build_commands(cluster, binaries, opts, cards_for):
-    """Sets argv and env of every task, from opts.ps_threads, opts.ps_args (extra ferry-ps
-    flags) and opts.trainer_args (extra ferry-trainer flags).
+    """Sets argv, resume_argv and env of every task, from opts.ps_threads, opts.ps_args (extra
+    ferry-ps flags), opts.trainer_args (extra ferry-trainer flags) and the checkpoint options
+    (opts.checkpoint_dir, opts.checkpoint_every, opts.resume; None = not given).
+
+    resume_argv is the command that continues the job: a server with --restore (None without a
+    checkpoint folder), a worker with --resume. Under --resume DIR, argv is resume_argv.
 
     cards_for(task) -> the GPUs (CUDA_VISIBLE_DEVICES entries) trainers on the task's host take
     in turn; empty: CUDA_VISIBLE_DEVICES is left alone. The k-th trainer on a host (in rank
@@ -62,17 +66,31 @@ def build_commands(cluster, binaries, opts, cards_for):
     _check_passed_flags(opts.ps_args, LAUNCHER_OWNED_PS_FLAGS, "--ps-arg flag")
     _check_passed_flags(opts.trainer_args, LAUNCHER_OWNED_TRAINER_FLAGS, "trainer flag")
     servers = ",".join(f"tcp://{t.address}" for t in cluster.ps)
+    folder, every, resume = opts.checkpoint_dir, opts.checkpoint_every, bool(opts.resume)
+    # With a checkpoint folder every server writes its shards there; the job's worker count is
+    # given because a restoring server needs it.
+    ckpt = (["--num-workers", str(len(cluster.workers)), "--checkpoint-dir", folder]
+            if folder else [])
     for t in cluster.ps:
-        t.argv = [binaries.path("ferry-ps", t.via_ssh),
-                  "--bind", f"tcp://{bind_address(t.host)}:{t.port}", "--rank", str(t.rank),
-                  "--num-servers", str(len(cluster.ps)),
-                  "--compute-threads", str(opts.ps_threads)] + list(opts.ps_args)
+        base = [binaries.path("ferry-ps", t.via_ssh),
+                "--bind", f"tcp://{bind_address(t.host)}:{t.port}", "--rank", str(t.rank),
+                "--num-servers", str(len(cluster.ps)),
+                "--compute-threads", str(opts.ps_threads)] + ckpt
+        # Restarted after a server died (or the whole job under --resume): from the newest
+        # checkpoint. Without a folder a server cannot be restarted.
+        t.resume_argv = base + ["--restore"] + list(opts.ps_args) if folder else None
+        t.argv = t.resume_argv if resume else base + list(opts.ps_args)
         t.env = {}
     on_host = collections.Counter()
     for t in cluster.workers:
         t.argv = [binaries.path("ferry-trainer", t.via_ssh), "--servers", servers,
                   "--rank", str(t.rank), "--num-workers", str(len(cluster.workers))]
-        t.argv += list(opts.trainer_args)
+        if every:
+            t.argv += ["--checkpoint-every", str(every)]
+        # Restarted (alone, or after its servers restored a checkpoint): it continues the job
+        # the servers hold.
+        t.resume_argv = t.argv + ["--resume"] + list(opts.trainer_args)
+        t.argv = (t.resume_argv if resume else t.argv + list(opts.trainer_args))
         t.env = {}
         cards = cards_for(t)
         key = canonical_host(t.host)
@@ -140,11 +158,12 @@ def count_gpus():
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def remote_argv(ssh, task, grace):
-    """The ssh command line that runs task on its host under REMOTE_WRAPPER."""
+def remote_argv(ssh, task, grace, argv=None):
+    """The ssh command line that runs task (its argv, or the argv given) on its host under
+    REMOTE_WRAPPER."""
     ticks = max(1, math.ceil(grace * 10))
     env = [f"{k}={v}" for k, v in sorted(task.env.items())]
-    inner = (["env"] + env if env else []) + task.argv
+    inner = (["env"] + env if env else []) + (argv or task.argv)
     try:
         cwd = os.getcwd()
     except OSError:  # deleted under us: the remote side then stays in its home directory

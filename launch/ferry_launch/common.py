@@ -19,6 +19,11 @@ REAP_TIMEOUT_S = 5.0
 # PROBE_INTERVAL_S. Every server has its own prober, so a slow one delays no other.
 PROBE_TIMEOUT_S = 0.5
 PROBE_INTERVAL_S = 0.1
+# Restarts: how many a job may use by default (--max-restarts), and how long the launcher waits,
+# after a worker exited with an error status, for news that a server died (which would explain
+# it: a worker whose server is gone exits with an error): then all roll back together.
+DEFAULT_MAX_RESTARTS = 3
+SETTLE_S = 0.5
 # The largest value any seconds flag (--rendezvous-timeout, --grace, --ssh-timeout) accepts.
 MAX_SECONDS = 86400.0
 # The ferry-launch script beside this package (Slurm tasks run it with --slurm-task).
@@ -27,9 +32,11 @@ LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 # Flags the launcher owns: a user may not pass them to the trainer after "--", nor to ferry-ps
 # with --ps-arg (flag -> what to use instead).
 LAUNCHER_OWNED_TRAINER_FLAGS = {"--servers": None, "--rank": None, "--num-workers": None,
-                                "--local": None}
+                                "--local": None, "--checkpoint-every": "--checkpoint-every",
+                                "--resume": "--resume DIR"}
 LAUNCHER_OWNED_PS_FLAGS = {"--bind": None, "--rank": None, "--num-servers": None,
-                           "--compute-threads": "--ps-threads"}
+                           "--num-workers": None, "--compute-threads": "--ps-threads",
+                           "--checkpoint-dir": "--checkpoint-dir", "--restore": "--resume DIR"}
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

@@ -1,5 +1,5 @@
-"""Preflight: binaries, free ports, ssh hosts and the log directory, checked before anything
-starts."""
+"""Preflight: binaries, free ports, ssh hosts, the checkpoint folder and the log directory,
+checked before anything starts."""
 
 import collections
 import contextlib
@@ -12,6 +12,7 @@ import tempfile
 import threading
 
 from . import common
+from .checkpoints import find_checkpoint, prepare_new_folder
 from .common import LaunchError
 from .hosts import bind_address
 from .supervise import _die_with_launcher, _kill_group
@@ -131,6 +132,16 @@ def make_log_dir(opts):
                           f"{e.strerror or e}") from None
 
 
+def check_checkpoint_folder(opts):
+    """--resume DIR: DIR holds a checkpoint (sets opts.resume_from = (manifest, step, notes on
+    manifests passed over)); --checkpoint-dir DIR: created if missing, writable, and without a
+    checkpoint of another job. Checked on this machine: the folder must be visible here too."""
+    if opts.resume:
+        opts.resume_from = find_checkpoint(opts.resume)
+    elif opts.checkpoint_dir:
+        prepare_new_folder(opts.checkpoint_dir)
+
+
 def preflight(cluster, binaries, ssh, opts):
     """Everything that can be checked before anything starts, then the log dir; raises
     LaunchError. The ssh checks run in parallel; whatever way preflight ends (StopRequested
@@ -162,4 +173,5 @@ def preflight(cluster, binaries, ssh, opts):
     bad = [errors[h] for h in by_host if errors.get(h)]
     if bad:
         raise LaunchError("\n".join(bad))
+    check_checkpoint_folder(opts)
     make_log_dir(opts)  # last: a failed preflight leaves no empty temp dir behind

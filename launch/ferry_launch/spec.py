@@ -17,6 +17,7 @@ class Task:
         self.where = where or f"{role}[{rank}]"  # what an error names: a spec field or a flag
         self.via_ssh = False  # set by the backend: started over ssh
         self.argv = None      # set by build_commands
+        self.resume_argv = None  # set by build_commands: argv to continue the job (restarts)
         self.env = {}         # set by build_commands: variables added to the environment
 
     @property
@@ -27,10 +28,10 @@ class Task:
     def address(self):
         return f"{self.host}:{self.port}"
 
-    def command_text(self):
-        """The command as a shell line: VAR=value ... argv."""
+    def command_text(self, argv=None):
+        """The command (argv, default self.argv) as a shell line: VAR=value ... argv."""
         env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
-        return " ".join(env + [shlex.join(self.argv)])
+        return " ".join(env + [shlex.join(argv or self.argv)])
 
 
 class Cluster:

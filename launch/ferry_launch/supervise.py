@@ -132,11 +132,17 @@ class Stream:
     """Where one task's output goes: the console as "[name] line", its log file, the last lines.
     Thread-safety: line() is called by one reader thread; tail is read after that thread ends."""
 
-    def __init__(self, name, log_path, console):
+    def __init__(self, name, log_path, console, append=False):
         self.name, self.log_path, self.console = name, log_path, console
         self.tail = collections.deque(maxlen=HISTORY_LINES)
-        self._log = open(log_path, "w", encoding="utf-8", errors="replace")
+        # append: a restarted process goes on in its predecessor's log.
+        self._log = open(log_path, "a" if append else "w", encoding="utf-8", errors="replace")
         self._prefix = f"[{name}] "
+
+    def note(self, text):
+        """A line of the launcher's own in the log only (e.g. where a restart begins)."""
+        self._log.write(f"ferry-launch: {text}\n")
+        self._log.flush()
 
     def line(self, text):
         self._log.write(text + "\n")
@@ -156,6 +162,7 @@ class Child:
     def __init__(self, argv, events, on_line, tag, env=None, keep_stdin=False,
                  death_signal=signal.SIGKILL):
         self.done = threading.Event()
+        self.ended_at = None
         self.popen = subprocess.Popen(
             argv, stdin=subprocess.PIPE if keep_stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
@@ -172,6 +179,7 @@ class Child:
 
     def _wait(self):
         self.popen.wait()
+        self.ended_at = time.monotonic()  # when the launcher noticed the end
         self.done.set()
         self._events.put(("exit", self._tag))
 

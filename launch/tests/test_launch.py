@@ -241,8 +241,10 @@ class LaunchTest(unittest.TestCase):
         self.assertIn(f"--bind tcp://127.0.0.1:{ports[1]}", out)
 
     def test_failing_worker_stops_everything(self):
+        # --max-restarts 0: no restarts (RecoveryTest covers them).
         bin_dir = self.stub_bin_dir()
         r = Run(["--num-ps", "2", "--num-workers", "2", "--base-port", "0", "--grace", "1",
+                 "--max-restarts", "0",
                  "--bin-dir", bin_dir, "--log-dir", os.path.join(self.dir, "logs")],
                 env={"FERRY_STUB_FAIL_RANK": "1", "FERRY_STUB_IGNORE_TERM": "1"})
         rc = r.finish(30)
@@ -473,6 +475,335 @@ class LaunchTest(unittest.TestCase):
         self.assertEqual(lines[3], f"[worker 1] {TRAINER_BIN} --servers "
                                    "tcp://127.0.0.1:7470,tcp://127.0.0.1:7471 --rank 1 "
                                    "--num-workers 2 --steps 5")
+
+
+# A short sync job (2 servers, 2 workers) that checkpoints every 20 steps. Worker 1 is slowed
+# down by 10 ms a step (--straggler; it changes no number), so the 200 steps take about 2 s and a
+# process can be killed in the middle; --log-every 10 gives the launcher the steps reached.
+RECOVERY_TRAINING = ["--model", "mlp", "--hidden", "64", "--optimizer", "adam", "--lr", "0.001",
+                     "--batch", "64", "--steps", "200", "--train-limit", "6000",
+                     "--test-limit", "1000", "--blas-threads", "1", "--log-every", "10",
+                     "--straggler", "1:10ms"]
+_BASELINE = []  # the uninterrupted run's (test loss, accuracy), computed once
+
+
+def final_eval(output):
+    """(test loss, accuracy) as printed on worker 0's last "done:" line, or None."""
+    found = re.findall(r"^\[worker 0\] done: .*; test loss (\S+), accuracy (\S+)$", output, re.M)
+    return found[-1] if found else None
+
+
+def all_pids(output):
+    """[(name, pid)] of every process a launcher started or restarted, in order."""
+    return [(m.group(1), int(m.group(2)))
+            for m in re.finditer(r"started (\w+ \d+) pid (\d+)", output)]
+
+
+@unittest.skipUnless(os.access(PS_BIN, os.X_OK) and os.access(TRAINER_BIN, os.X_OK),
+                     f"ferry-ps / ferry-trainer not built under {BUILD_DIR}")
+class RecoveryTest(unittest.TestCase):
+    """Restarts (--max-restarts) and checkpoints (--checkpoint-dir, --checkpoint-every,
+    --resume) with the real binaries: a worker, a server and the launcher killed with SIGKILL in
+    the middle of a short sync job, which finishes with the very numbers of an uninterrupted run
+    (sync without backup workers is deterministic: a restarted worker recomputes the same
+    gradients, and servers restored from a checkpoint hold exactly the state they saved)."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-test-")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def args(self, name, resume=False, extra=()):
+        folder = os.path.join(self.dir, "ckpt")
+        return (["--num-ps", "2", "--num-workers", "2", "--base-port", "0", "--gpus-per-host",
+                 "0", "--bin-dir", BUILD_DIR, "--log-dir", os.path.join(self.dir, name)]
+                + (["--resume", folder] if resume else ["--checkpoint-dir", folder])
+                + ["--checkpoint-every", "20"] + list(extra) + ["--"] + RECOVERY_TRAINING)
+
+    def baseline(self):
+        """The final (test loss, accuracy) of the job run without interruption."""
+        if not _BASELINE:
+            rc, out = run_launcher(self.args("baseline"), timeout=60)
+            self.assertEqual(rc, 0, out)
+            self.assertNotIn("restart", out)
+            _BASELINE.append(final_eval(out))
+            self.assertIsNotNone(_BASELINE[0], out)
+            shutil.rmtree(os.path.join(self.dir, "ckpt"))
+        return _BASELINE[0]
+
+    def assert_all_gone(self, output):
+        pids = all_pids(output)
+        self.assertTrue(pids)
+        wait_until_gone([pid for _, pid in pids])
+        self.assertEqual([f"{who} pid {pid}" for who, pid in pids if pid_alive(pid)], [],
+                         "processes survived the launcher")
+
+    def test_worker_killed_is_restarted_alone(self):
+        want = self.baseline()
+        r = Run(self.args("logs"))
+        r.wait_for(r"^\[worker 0\] checkpoint of step 60 saved", 30)
+        victim = r.pids()["worker 0"]
+        os.kill(victim, signal.SIGKILL)
+        rc = r.finish(60)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"worker 0 (pid {victim}) died (killed by SIGKILL); restarting it with "
+                      "--resume", out)
+        m = re.search(rf"recovery 1 of at most 3: worker 0 \(pid {victim}\) died \(killed by "
+                      r"SIGKILL\); restarted worker 0 with --resume \(pid (\d+)\); it rejoined "
+                      r"the job at step (\d+); steps lost: 0 \(last step it reported before the "
+                      r"death: (\d+)\); recovery time ([\d.]+) s", out)
+        self.assertTrue(m, out)
+        step, before, seconds = int(m.group(2)), int(m.group(3)), float(m.group(4))
+        self.assertGreaterEqual(before, 60)
+        self.assertGreaterEqual(step, before)  # sync: it rejoins at the global step
+        self.assertLess(seconds, 30)
+        self.assertRegex(out, rf"\[worker 0\] resuming the job at step {step} of 200")
+        self.assertNotIn("stopping ps 0, ps 1, worker", out)  # the others went on
+        self.assertIn("recovery summary: 1 restart of at most 3 (1 after a worker died, 0 after "
+                      "a server died); steps lost: 0; recovery time", out)
+        self.assertEqual(final_eval(out), want, out)
+        with open(os.path.join(self.dir, "logs", "worker-0.log")) as f:
+            log = f.read()  # both runs of worker 0
+        self.assertIn("ferry-launch: restart 1: worker 0 starts again: ", log)
+        self.assertIn("checkpoint of step 60 saved", log.split("restart 1:")[0])
+        print(f"\n  worker SIGKILL: rejoined at step {step} (last reported {before}), "
+              f"recovery {seconds:.2f} s", file=sys.stderr)
+        self.assert_all_gone(out)
+
+    def test_server_killed_all_restart_from_the_checkpoint(self):
+        want = self.baseline()
+        r = Run(self.args("logs"))
+        r.wait_for(r"^\[worker 0\] checkpoint of step 60 saved", 30)
+        r.wait_for(r"^\[worker \d\] step 70/200 ", 30)
+        victim = r.pids()["ps 1"]
+        os.kill(victim, signal.SIGKILL)
+        rc = r.finish(60)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        m = re.search(rf"recovery 1 of at most 3: ps 1 \(pid {victim}\) died \(killed by "
+                      r"SIGKILL\); restarted ps 0, ps 1 with --restore and worker 0, worker 1 "
+                      r"with --resume; the job resumed at step (\d+), the step of the checkpoint "
+                      r"restored; steps lost: (\d+) \(last step a worker reported before the "
+                      r"death: (\d+)\); recovery time ([\d.]+) s", out)
+        self.assertTrue(m, out)
+        step, lost, before, seconds = (int(m.group(1)), int(m.group(2)), int(m.group(3)),
+                                       float(m.group(4)))
+        self.assertGreaterEqual(step, 60)
+        self.assertEqual(step % 20, 0)  # a checkpoint's step
+        self.assertGreaterEqual(before, 70)
+        self.assertEqual(lost, before - step)
+        self.assertLess(seconds, 30)
+        for rank in (0, 1):
+            self.assertIn(f"[ps {rank}] ferry-ps rank {rank}: restored the checkpoint of step "
+                          f"{step} from", out)
+            self.assertIn(f"[worker {rank}] resuming the job at step {step} of 200", out)
+        self.assertIn(f"recovery summary: 1 restart of at most 3 (0 after a worker died, 1 after "
+                      f"a server died); steps lost: {lost}; recovery time", out)
+        self.assertEqual(final_eval(out), want, out)
+        print(f"\n  server SIGKILL: resumed at step {step}, last reported {before}, steps lost "
+              f"{lost}, recovery {seconds:.2f} s", file=sys.stderr)
+        self.assert_all_gone(out)
+
+    def test_launcher_killed_then_resume(self):
+        want = self.baseline()
+        r = Run(self.args("logs"))
+        r.wait_for(r"^\[worker 0\] checkpoint of step 60 saved", 30)
+        r.wait_for(r"started worker 1 pid")
+        r.proc.send_signal(signal.SIGKILL)
+        self.assertEqual(r.finish(30), -signal.SIGKILL)
+        pids = r.pids()
+        self.assertEqual(sorted(pids), ["ps 0", "ps 1", "worker 0", "worker 1"], r.output)
+        self.assert_all_gone(r.output)  # PR_SET_PDEATHSIG: they died with the launcher
+        rc, out = run_launcher(self.args("resumed", resume=True), timeout=60)
+        self.assertEqual(rc, 0, out)
+        m = re.search(r"--resume: the job goes on from \S+: its newest checkpoint is "
+                      r"MANIFEST-0*(\d+) \(step (\d+);", out)
+        self.assertTrue(m, out)
+        step = int(m.group(2))
+        self.assertGreaterEqual(step, 60)
+        self.assertRegex(out, r"started ps 0 pid \d+: .* --checkpoint-dir \S+ --restore\n")
+        self.assertRegex(out, r"started worker 1 pid \d+: .* --checkpoint-every 20 --resume ")
+        for rank in (0, 1):
+            self.assertIn(f"[ps {rank}] ferry-ps rank {rank}: restored the checkpoint of step "
+                          f"{step} from", out)
+            self.assertIn(f"[worker {rank}] resuming the job at step {step} of 200", out)
+        self.assertNotIn("recovery", out)
+        self.assertEqual(final_eval(out), want, out)
+        self.assert_all_gone(out)
+
+    def test_restarts_are_bounded(self):
+        # A stub worker 1 that always fails: restarted twice (--max-restarts 2), then the job
+        # stops; the worker it replaced each time never said "resuming".
+        bin_dir = make_stub_bin_dir(self.dir)
+        rc, out = run_launcher(["--num-ps", "1", "--num-workers", "2", "--base-port", "0",
+                                "--grace", "1", "--max-restarts", "2", "--bin-dir", bin_dir,
+                                "--log-dir", os.path.join(self.dir, "logs"), "--",
+                                "--stub-fail-rank", "1"], timeout=30)
+        self.assertEqual(rc, 1, out)
+        self.assertEqual(len(re.findall(r"restarted worker 1 pid \d+: \S+ferry-trainer .* "
+                                        r"--num-workers 2 --resume --stub-fail-rank 1\n", out)),
+                         2, out)
+        self.assertRegex(out, r"FAILED: worker 1 \(pid \d+\) failed: exit status 3\n")
+        self.assertIn("worker 1 is not restarted: --max-restarts 2 allows no more restarts",
+                      out)
+        self.assertIn("recovery summary: 2 restarts of at most 2 (2 after a worker died, 0 after "
+                      "a server died); steps lost: 0; 2 not complete", out)
+        self.assert_all_gone(out)
+
+    def test_what_is_not_restarted(self):
+        # Bad flags (the trainer's exit status 2): a restart would fail the same way.
+        rc, out = run_launcher(["--num-ps", "1", "--num-workers", "1", "--base-port", "0",
+                                "--bin-dir", BUILD_DIR, "--log-dir",
+                                os.path.join(self.dir, "logs"), "--", "--no-such-flag", "1"])
+        self.assertEqual(rc, 1, out)
+        self.assertIn("worker 0 is not restarted: exit status 2 is the trainer's usage error",
+                      out)
+        self.assertNotRegex(out, r"restarted worker \d+ pid")
+        # A server without a checkpoint folder: nothing to restore it from.
+        bin_dir = make_stub_bin_dir(self.dir)
+        r = Run(["--num-ps", "2", "--num-workers", "1", "--base-port", "0", "--bin-dir",
+                 bin_dir, "--log-dir", os.path.join(self.dir, "logs2")])
+        r.wait_for(r"\[worker 0\] stub trainer rank 0 pid")
+        os.kill(r.pids()["ps 1"], signal.SIGKILL)
+        self.assertEqual(r.finish(30), 1, r.output)
+        self.assertRegex(r.output, r"FAILED: ps 1 \(pid \d+\) exited unexpectedly: killed by "
+                                   r"SIGKILL\n")
+        self.assertIn("cannot recover from the death of ps 1: a server's state comes back only "
+                      "from a checkpoint, and there is no checkpoint folder (--checkpoint-dir "
+                      "DIR)", r.output)
+        self.assertNotRegex(r.output, r"restarted \w+ \d+ pid")
+        self.assert_all_gone(r.output)
+
+
+class CheckpointFlagsTest(unittest.TestCase):
+    """--checkpoint-dir, --checkpoint-every, --resume, --max-restarts: usage errors, the
+    preflight of the checkpoint folder, and what --dry-run prints. Nothing is started."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-test-")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    BASE = ["--num-ps", "2", "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
+            "--bin-dir", BUILD_DIR]
+    DRY = ["--num-ps", "2", "--num-workers", "2", "--base-port", "7470", "--gpus-per-host", "0",
+           "--bin-dir", BUILD_DIR, "--dry-run"]
+
+    def checkpoint(self, folder, step, shard_bytes=4, current=True):
+        """A fake checkpoint of one shard (names and sizes right; the launcher reads no more)."""
+        os.makedirs(folder, exist_ok=True)
+        shard = f"step-{step:020d}-shard-00000-of-00001.ckpt"
+        with open(os.path.join(folder, shard), "wb") as f:
+            f.write(b"x" * shard_bytes)
+        manifest = f"MANIFEST-{step:020d}"
+        with open(os.path.join(folder, manifest), "w") as f:
+            json.dump({"format": 1, "step": step, "meaning": "sync", "shards": [
+                {"file": shard, "bytes": 4, "crc32": 0}]}, f)
+        if current:
+            with open(os.path.join(folder, "CURRENT"), "w") as f:
+                f.write(manifest + "\n")
+        return manifest
+
+    def test_usage_errors(self):
+        folder = os.path.join(self.dir, "ckpt")
+        cases = [
+            (["--checkpoint-every", "20"], "argument --checkpoint-every: needs a checkpoint "
+                                           "folder: give --checkpoint-dir DIR (or --resume DIR)"),
+            (["--checkpoint-dir", folder, "--checkpoint-every", "0"],
+             "argument --checkpoint-every: want an integer >= 1, got '0'"),
+            (["--max-restarts", "-1"], "argument --max-restarts: want an integer >= 0, got '-1'"),
+            (["--resume", folder, "--checkpoint-dir", folder],
+             "--resume DIR and --checkpoint-dir are exclusive"),
+            (["--resume", ""], "argument --resume: empty folder name"),
+            (["--checkpoint-dir", folder, "--", "--resume"],
+             "trainer flag --resume is set by the launcher; remove it (use --resume DIR)"),
+            (["--checkpoint-dir", folder, "--", "--checkpoint-every=5"],
+             "trainer flag --checkpoint-every=5 is set by the launcher; remove it (use "
+             "--checkpoint-every)"),
+            (["--checkpoint-dir", folder, "--ps-arg=--restore"],
+             "--ps-arg flag --restore is set by the launcher; remove it (use --resume DIR)"),
+            (["--ps-arg", "--checkpoint-dir /x"],
+             "--ps-arg flag --checkpoint-dir is set by the launcher; remove it (use "
+             "--checkpoint-dir)"),
+        ]
+        for extra, want in cases:
+            with self.subTest(extra=extra):
+                rc, out = run_in_process(self.BASE + ["--dry-run"] + extra)
+                self.assertEqual(rc, 2, out)
+                self.assertIn(want, out)
+        self.assertFalse(os.path.exists(folder))
+
+    def test_resume_needs_a_checkpoint(self):
+        empty = os.path.join(self.dir, "empty")
+        os.makedirs(empty)
+        junk = os.path.join(self.dir, "junk")
+        os.makedirs(junk)
+        open(os.path.join(junk, "notes.txt"), "w").close()
+        broken = os.path.join(self.dir, "broken")
+        manifest = self.checkpoint(broken, 40)
+        os.remove(os.path.join(broken, "step-00000000000000000040-shard-00000-of-00001.ckpt"))
+        for folder, want in [
+                (empty, "no checkpoint to resume from: the folder is empty"),
+                (junk, "no checkpoint to resume from: it holds 1 entry (notes.txt) but no "
+                       "CURRENT and no MANIFEST-<step> file"),
+                (broken, f"no checkpoint to resume from: {manifest}: shard file "
+                         "step-00000000000000000040-shard-00000-of-00001.ckpt is missing"),
+                (os.path.join(self.dir, "nowhere"), "no such folder")]:
+            with self.subTest(folder=folder):
+                rc, out = run_in_process(self.BASE + ["--resume", folder, "--log-dir",
+                                                      os.path.join(self.dir, "logs")])
+                self.assertEqual(rc, 2, out)
+                self.assertIn(f"ferry-launch: error: --resume {folder}: {want}", out)
+                self.assertNotRegex(out, r"started \w+ \d+ pid")
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "logs")))
+
+    def test_checkpoint_folder_preflight(self):
+        fl = load_launcher_module().checkpoints
+        # --resume: CURRENT first, then the newest other manifest that is whole.
+        folder = os.path.join(self.dir, "ckpt")
+        self.checkpoint(folder, 20)
+        self.checkpoint(folder, 40, shard_bytes=3)  # CURRENT names it; its shard is short
+        self.assertEqual(fl.find_checkpoint(folder), (
+            "MANIFEST-00000000000000000020", 20,
+            ["MANIFEST-00000000000000000040: shard file "
+             "step-00000000000000000040-shard-00000-of-00001.ckpt has 3 bytes, the manifest "
+             "says 4"]))
+        # --checkpoint-dir: a folder that holds a checkpoint belongs to another job.
+        rc, out = run_in_process(self.BASE + ["--checkpoint-dir", folder, "--log-dir",
+                                              os.path.join(self.dir, "logs")])
+        self.assertEqual(rc, 2, out)
+        self.assertIn(f"--checkpoint-dir {folder} already holds a checkpoint (CURRENT names "
+                      f"MANIFEST-00000000000000000040): --resume {folder} continues that job", out)
+
+    def test_dry_run_shows_the_checkpoint_flags(self):
+        folder = os.path.join(self.dir, "ckpt")
+        rc, out = run_in_process(self.DRY + ["--checkpoint-dir", "rel/ckpt",
+                                             "--checkpoint-every", "20", "--", "--steps", "5"])
+        self.assertEqual(rc, 0, out)
+        cmds = command_lines(out)
+        absolute = os.path.abspath("rel/ckpt")
+        self.assertTrue(cmds["ps 1"].endswith(f"--num-servers 2 --compute-threads 1 "
+                                              f"--num-workers 2 --checkpoint-dir {absolute}"),
+                        cmds["ps 1"])
+        self.assertTrue(cmds["worker 1"].endswith("--num-workers 2 --checkpoint-every 20 "
+                                                  "--steps 5"), cmds["worker 1"])
+        self.assertIn("ferry-launch: up to 3 restarts (--max-restarts): a dead worker restarts "
+                      "alone with --resume; a dead server: all processes restart, servers with "
+                      "--restore (from the newest checkpoint), workers with --resume", out)
+        rc, out = run_in_process(self.DRY + ["--resume", folder, "--max-restarts", "0",
+                                             "--ps-arg", "--max-wait-s 30"])
+        self.assertEqual(rc, 0, out)
+        cmds = command_lines(out)
+        self.assertTrue(cmds["ps 0"].endswith(f"--checkpoint-dir {folder} --restore "
+                                              "--max-wait-s 30"), cmds["ps 0"])
+        self.assertTrue(cmds["worker 0"].endswith("--num-workers 2 --resume"), cmds["worker 0"])
+        self.assertIn("--max-restarts 0: the first process that dies stops everything", out)
+        self.assertFalse(os.path.exists(folder))  # a dry run checks and creates nothing
 
 
 class UsageErrorTest(unittest.TestCase):
@@ -739,6 +1070,30 @@ class SshBackendTest(unittest.TestCase):
         self.assertEqual(rc, 2, out)
         self.assertIn("preflight: on host 'node-a' (worker[0]): binary not found or not "
                       "executable: /nonexistent/ferry/bin/ferry-trainer", out)
+
+    def test_remote_worker_is_restarted(self):
+        # A stub worker 1 on "node-b" that always fails: restarted once over ssh with --resume
+        # (--max-restarts 1), then the job stops.
+        bin_dir = make_stub_bin_dir(self.dir)
+        spec = self.spec({"ps": [f"127.0.0.1:{free_ports(1)[0]}"], "worker": ["node-a", "node-b"]})
+        rc, out = run_launcher(["--spec", spec, "--bin-dir", bin_dir, "--ssh", self.ssh,
+                                "--grace", "1", "--max-restarts", "1", "--log-dir",
+                                os.path.join(self.dir, "logs"), "--", "--stub-fail-rank", "1"],
+                               timeout=30)
+        self.assertEqual(rc, 1, out)
+        self.assertRegex(out, r"worker 1 on node-b \(ssh pid \d+\) died \(exit status 3\); "
+                              "restarting it with --resume")
+        self.assertRegex(out, r"restarted worker 1 on node-b \(ssh pid \d+\): \S+ferry-trainer "
+                              r".* --num-workers 2 --resume --stub-fail-rank 1\n")
+        runs = re.findall(r"\[worker 1\] stub trainer rank 1 pid (\d+) args (.*)", out)
+        self.assertEqual(len(runs), 2, out)
+        self.assertNotIn("'--resume'", runs[0][1])
+        self.assertIn("'--resume'", runs[1][1])
+        self.assertIn("worker 1 is not restarted: --max-restarts 1 allows no more restarts", out)
+        stubs = [int(pid) for pid, _ in runs]
+        stubs += [int(p) for p in re.findall(r"\[worker 0\] stub trainer rank 0 pid (\d+)", out)]
+        wait_until_gone(stubs)
+        self.assertEqual([p for p in stubs if pid_alive(p)], [], "stub trainers survived")
 
     def test_sigterm_during_preflight_stops_the_checks(self):
         pids_file = os.path.join(self.dir, "ssh-pids")
@@ -1017,7 +1372,7 @@ class NetnsTest(unittest.TestCase):
     def test_failing_remote_worker_stops_everything(self):
         bin_dir = make_stub_bin_dir(self.dir)
         r = Run(["--spec", self.spec(), "--ssh", self.ssh, "--bin-dir", bin_dir, "--grace", "1",
-                 "--log-dir", os.path.join(self.dir, "logs"), "--",
+                 "--max-restarts", "0", "--log-dir", os.path.join(self.dir, "logs"), "--",
                  "--stub-fail-rank", "1", "--stub-ignore-term"])
         rc = r.finish(60)
         out = r.output

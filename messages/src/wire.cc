@@ -63,9 +63,10 @@ Status VerifyHeader(zmq::message_t& frame, const Header** out) {
   }
   const Header* h = GetHeader(data);
   if (h->major() != kMajor) {
-    return FailedPreconditionError("protocol major version " + std::to_string(h->major()) +
-                                   " is not supported (this side speaks " + std::to_string(kMajor) + "." +
-                                   std::to_string(kMinor) + ")");
+    *out = h;  // readable enough to match and answer (see wire.h)
+    return FailedPreconditionError("protocol version " + std::to_string(h->major()) + "." + std::to_string(h->minor()) +
+                                   " is not supported: this side speaks " + std::to_string(kMajor) + "." +
+                                   std::to_string(kMinor) + " (major versions must match)");
   }
   const auto k = static_cast<int>(h->kind());
   const bool known = (k >= static_cast<int>(Kind::Hello) && k <= static_cast<int>(Kind::Heartbeat)) ||

@@ -164,8 +164,10 @@ class ServerImpl final : public Server {
     req.header_frame = std::move(frames[1]);
     const Header* header = nullptr;
     Status s = wire::VerifyHeader(req.header_frame, &header);
+    // A header of another major version that verifies is answered with the request's id and
+    // kind, so its sender can match the refusal instead of waiting out its timeout.
+    req.verified = header != nullptr;
     if (!s.ok()) return bad(s);
-    req.verified = true;
     if (truncated) {
       return bad(InvalidArgumentError("message has more than " + std::to_string(wire::kMaxFrames) + " frames"));
     }

@@ -36,6 +36,10 @@ std::string_view KindName(Kind kind);
 // known kind. On success `*out` points into `frame` (valid while the frame lives). A frame whose
 // bytes are not 8-byte aligned (ZeroMQ keeps small messages inline) is first moved into an
 // aligned copy, since FlatBuffers reads scalars in place.
+// A header of another major version that passes the FlatBuffers verifier is refused with
+// FAILED_PRECONDITION ("protocol version 2.0 ..., this side speaks 1.3") but `*out` is set
+// too: every major keeps `kind`, `request_id`, `error_code` and `error_message` where they are,
+// so the receiver can still match it to a request and answer or report it.
 Status VerifyHeader(zmq::message_t& frame, const Header** out);
 
 // Checks that the payload frames match the header's counts for its kind: frame count, and each

@@ -15,7 +15,8 @@
 //   small/<mode>/<servers>           100 tensors of 1 KiB in one call vs one call each.
 //   sparse/<op>/dim<d>               sparse pull / push of Zipf-distributed ids, rows/s.
 //   mem/<kernel>                     single-thread memory bandwidth (STREAM triad, in-place axpy),
-//                                    and the cost of touching freshly allocated pages.
+//                                    the cost of touching freshly allocated pages, and the
+//                                    server's NaN/Inf check of a gradient against a plain read.
 //   opt/<optimizer>                  ps::ApplyUpdate on 16M elements, with `vs_stream` (triad)
 //                                    and `vs_axpy`.
 //
@@ -59,6 +60,7 @@
 #include "ferry/table_spec.h"
 #include "ferry/data/zipf.h"
 #include "ferry/messages/transport.h"
+#include "internal/finite.h"
 #include "internal/optimizer.h"
 
 namespace ferry::bench {
@@ -883,6 +885,39 @@ void BM_Triad(benchmark::State& state, Baselines& baselines) {
   baselines.AddStream(bytes / timer.seconds());
 }
 
+// One read of every float, OR-ing their bits: the read-bandwidth limit of a check over a gradient.
+[[gnu::noinline]] uint32_t ReadOr(const float* p, size_t n) {
+  uint32_t acc = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof bits);
+    acc |= bits;
+  }
+  return acc;
+}
+
+// The server's NaN/Inf check of a pushed gradient (ps::FirstNonFinite, all finite: the common
+// case) against one plain read of the same floats, on `elems` floats (16M: from memory; 1M: a
+// default 4 MiB chunk, largely from cache). Counters: bytes_per_second (4 per float), vs_read.
+void BM_NonFiniteCheck(benchmark::State& state, size_t elems) {
+  std::vector<float> g(elems);
+  for (size_t i = 0; i < elems; ++i) g[i] = static_cast<float>(i % 1000) * 1e-3f - 0.5f;
+  double check_s = 0, read_s = 0;
+  for (auto _ : state) {
+    const auto t0 = SteadyClock::now();
+    benchmark::DoNotOptimize(ReadOr(g.data(), elems));
+    const auto t1 = SteadyClock::now();
+    benchmark::DoNotOptimize(ps::FirstNonFinite(g));
+    const auto t2 = SteadyClock::now();
+    read_s += std::chrono::duration<double>(t1 - t0).count();
+    check_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double bytes = 4.0 * static_cast<double>(elems) * static_cast<double>(state.iterations());
+  state.counters["bytes_per_second"] = benchmark::Counter(bytes / check_s);
+  state.counters["read_bytes_per_second"] = benchmark::Counter(bytes / read_s);
+  state.counters["vs_read"] = read_s / check_s;
+}
+
 void BM_Axpy(benchmark::State& state, Baselines& baselines) {
   std::vector<float> y(kMemElems, 0.0f), x(kMemElems, 1.0f);
   Axpy(y.data(), x.data(), 1e-3f, kMemElems);  // warm-up
@@ -1031,6 +1066,13 @@ void RegisterAll(Fixtures& f) {
       ->Iterations(kMemIterations)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
+  for (size_t elems : {size_t{1} << 20, kMemElems}) {
+    benchmark::RegisterBenchmark(("mem/nonfinite_check/" + std::to_string(elems >> 20) + "M").c_str(),
+                                 [elems](benchmark::State& st) { BM_NonFiniteCheck(st, elems); })
+        ->Iterations(kMemIterations)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
   benchmark::RegisterBenchmark("mem/first_touch_64MiB", BM_FirstTouch)
       ->Iterations(3)
       ->UseRealTime()

@@ -71,6 +71,14 @@ constexpr bool Agrees(ferry::InitType c) {
   return false;
 }
 
+constexpr bool Agrees(ferry::NonFinite c) {
+  switch (c) {
+    case ferry::NonFinite::kRefuse: return Same(c, NonFinite::Refuse);
+    case ferry::NonFinite::kSkipRows: return Same(c, NonFinite::SkipRows) && Same(c, NonFinite::MAX);
+  }
+  return false;
+}
+
 #pragma GCC diagnostic pop
 
 static_assert(SameUnderlying<ferry::TableType, TableType>);
@@ -93,6 +101,10 @@ static_assert(Agrees(ferry::InitType::kZeros));
 static_assert(Agrees(ferry::InitType::kUniform));
 static_assert(Agrees(ferry::InitType::kNormal));
 static_assert(Agrees(ferry::InitType::kConstant), "InitType: the schema's last value differs");
+
+static_assert(SameUnderlying<ferry::NonFinite, NonFinite>);
+static_assert(Agrees(ferry::NonFinite::kRefuse));
+static_assert(Agrees(ferry::NonFinite::kSkipRows), "NonFinite: the schema's last value differs");
 
 // ---- Fields: count and type, in schema order. ----
 //
@@ -149,10 +161,10 @@ static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 6>, decltype(O::initi
 static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 7>, decltype(O::nesterov)>);
 static_assert(OptimizerSpec::VT_NESTEROV == 4 + 2 * 7, "schema OptimizerSpec ids are not 0..7");
 
-// TableSpec: schema ids 0..11.
+// TableSpec: schema ids 0..12.
 constexpr auto kCreateTable = &CreateTableSpec;
 static_assert(std::is_aggregate_v<ferry::TableSpec>);
-static_assert(kSchemaFields<kCreateTable> == 12, "TableSpec in ferry.fbs changed: update this file");
+static_assert(kSchemaFields<kCreateTable> == 13, "TableSpec in ferry.fbs changed: update this file");
 static_assert(AggregateFieldCount<ferry::TableSpec>() == kSchemaFields<kCreateTable>,
               "ferry::TableSpec and the schema's TableSpec have different field counts");
 using T = ferry::TableSpec;
@@ -171,7 +183,8 @@ static_assert(std::is_same_v<SchemaField<kCreateTable, 8>, decltype(T::replicas_
 static_assert(std::is_same_v<SchemaField<kCreateTable, 9>, InitType>);
 static_assert(std::is_same_v<SchemaField<kCreateTable, 10>, decltype(T::init_scale)>);
 static_assert(std::is_same_v<SchemaField<kCreateTable, 11>, decltype(T::seed)>);
-static_assert(TableSpec::VT_SEED == 4 + 2 * 11, "schema TableSpec ids are not 0..11");
+static_assert(std::is_same_v<SchemaField<kCreateTable, 12>, NonFinite>);
+static_assert(TableSpec::VT_NONFINITE == 4 + 2 * 12, "schema TableSpec ids are not 0..12");
 
 }  // namespace
 }  // namespace ferry::wire

@@ -174,7 +174,7 @@ flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& 
                                  o.beta2, o.epsilon, o.initial_accumulator, o.nesterov);
   return CreateTableSpec(fbb, name, static_cast<TableType>(s.type), shape, s.dim, s.chunk_elems, opt,
                          static_cast<ConsistencyType>(s.consistency), s.staleness, s.replicas_to_aggregate,
-                         static_cast<InitType>(s.init), s.init_scale, s.seed);
+                         static_cast<InitType>(s.init), s.init_scale, s.seed, static_cast<NonFinite>(s.nonfinite));
 }
 
 Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
@@ -202,6 +202,7 @@ Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
   s.init = static_cast<ferry::InitType>(in->init());
   s.init_scale = in->init_scale();
   s.seed = in->seed();
+  s.nonfinite = static_cast<ferry::NonFinite>(in->nonfinite());
   FERRY_RETURN_IF_ERROR(s.Validate());
   *out = std::move(s);
   return Status::Ok();

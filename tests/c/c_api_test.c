@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   CHECK(ferry_spec_set_init(w, "constant", 1.0f, 7) == FERRY_OK);
   CHECK(ferry_spec_set(w, "chunk_elems", 5) == FERRY_OK);
   EXPECT_ERROR(ferry_spec_set(w, "bogus", 1), FERRY_INVALID_ARGUMENT, "unknown key 'bogus'");
+  EXPECT_ERROR(ferry_spec_set(w, "skip_nonfinite_rows", 2), FERRY_INVALID_ARGUMENT, "0 or 1");
   EXPECT_ERROR(ferry_spec_set_optimizer(w, "lbfgs", 0.1f), FERRY_INVALID_ARGUMENT, "lbfgs");
   EXPECT_ERROR(ferry_spec_set_consistency(w, "ssp:x"), FERRY_INVALID_ARGUMENT, "ssp:x");
   CHECK(ferry_declare(client, w) == FERRY_OK);

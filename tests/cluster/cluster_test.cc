@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <latch>
+#include <limits>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -270,6 +271,71 @@ TEST(Cluster, AServerOfAnotherMajorVersionIsNamedNotWaitedFor) {
             std::string::npos)
       << client.status();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << "the refusal was waited out, not read";
+}
+
+// One worker's NaN or Inf cannot poison a table: the push is refused whole and counted (or, for a
+// sparse table with nonfinite=skip_rows, its bad rows are dropped and the others applied).
+TEST(Cluster, GradientsHoldingNaNOrInfAreRefusedOrTheirRowsSkipped) {
+  auto c = LocalCluster::Start(2);
+  auto w = c.Connect(0, 1);
+  TableSpec dense = SyncSgd("d", 10);
+  dense.chunk_elems = 4;
+  dense.consistency = Consistency::kAsync;
+  ASSERT_TRUE(w->Declare(dense).ok());
+  std::vector<float> g(10, 1.0f), out(10);
+  g[6] = std::numeric_limits<float>::quiet_NaN();
+  Status s = w->PushDense("d", g, 0).wait();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("table 'd' chunk 1: the gradient of worker 0 holds NaN or Inf (element 2)"),
+            std::string::npos) << s;
+  EXPECT_NE(s.message().find("refuses the push and applies nothing of it"), std::string::npos) << s;
+  // Chunk 1 (elements 4-7) lives on the server that refused: untouched. Chunks 0 and 2 went to
+  // the other server, whose part of the push was finite (async: applied).
+  ASSERT_TRUE(w->PullDense("d", out, 0).wait().ok());
+  EXPECT_EQ(out, (std::vector<float>{-1, -1, -1, -1, 0, 0, 0, 0, -1, -1}));
+  g[6] = 1.0f;
+  ASSERT_TRUE(w->PushDense("d", g, 0).wait().ok());
+  ASSERT_TRUE(w->PullDense("d", out, 0).wait().ok());
+  EXPECT_EQ(out, (std::vector<float>{-2, -2, -2, -2, -1, -1, -1, -1, -2, -2}));
+
+  // Sync, sparse, refuse (the default): the step does not count the refused push; a good one does.
+  TableSpec refuse;
+  refuse.name = "r";
+  refuse.type = TableType::kSparse;
+  refuse.dim = 2;
+  refuse.optimizer.learning_rate = 1.0f;
+  refuse.consistency = Consistency::kSync;
+  ASSERT_TRUE(w->Declare(refuse).ok());
+  const int64_t ids[3] = {4, 9, 11};
+  std::vector<float> rows = {1, 1, 1, std::numeric_limits<float>::infinity(), 1, 1}, back(6);
+  s = w->PushSparse("r", ids, rows, 0).wait();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("table 'r': the gradient of worker 0 holds NaN or Inf (id 9)"), std::string::npos) << s;
+  rows[3] = 1.0f;
+  ASSERT_TRUE(w->PushSparse("r", ids, rows, 0).wait().ok());
+  Handle p = w->PullSparse("r", ids, back, 1);
+  ASSERT_TRUE(p.wait(5s).ok());
+  EXPECT_EQ(back, std::vector<float>(6, -1.0f));
+
+  // Async, sparse, skip_rows: row 9 is dropped, rows 4 and 11 applied.
+  TableSpec skip = refuse;
+  skip.name = "s";
+  skip.consistency = Consistency::kAsync;
+  skip.nonfinite = NonFinite::kSkipRows;
+  ASSERT_TRUE(w->Declare(skip).ok());
+  rows[2] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(w->PushSparse("s", ids, rows, 0).wait().ok());
+  ASSERT_TRUE(w->PullSparse("s", ids, back, 0).wait().ok());
+  EXPECT_EQ(back, (std::vector<float>{-1, -1, 0, 0, -1, -1}));
+
+  int64_t refused = 0, skipped = 0;
+  for (const auto& server : c.servers) {
+    const auto counters = server->stats().counters;
+    refused += counters.at("nonfinite_pushes_refused");
+    skipped += counters.at("nonfinite_rows_skipped");
+  }
+  EXPECT_EQ(refused, 2);
+  EXPECT_EQ(skipped, 1);
 }
 
 TEST(Cluster, DeclarationIsIdempotentAndConflictsNameBothSpecs) {

@@ -115,6 +115,22 @@ class PythonModuleTest(unittest.TestCase):
             ferry.Client(["tcp://127.0.0.1:1"], connect_timeout=0.3)  # nothing listens there
         self.assertIn(e.exception.code, ("DEADLINE_EXCEEDED", "UNAVAILABLE"))
 
+    def test_a_nan_gradient_is_refused_or_its_row_skipped(self):
+        with Servers(1) as s:
+            c = ferry.Client(s.endpoints, rank=0, num_workers=1)
+            c.declare_sparse("strict", 2, lr=1.0)
+            c.declare_sparse("lenient", 2, lr=1.0, skip_nonfinite_rows=True)
+            ids = np.array([1, 2], np.int64)
+            g = np.array([[1, 1], [np.nan, 1]], np.float32)
+            with self.assertRaises(ferry.Error) as e:
+                c.push_sparse("strict", ids, g).wait()
+            self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+            self.assertIn("holds NaN or Inf (id 2)", str(e.exception))
+            c.push_sparse("lenient", ids, g).wait()
+            np.testing.assert_array_equal(c.pull_sparse("lenient", ids).wait(), [[-1, -1], [0, 0]])
+            np.testing.assert_array_equal(c.pull_sparse("strict", ids).wait(), [[0, 0], [0, 0]])
+            c.close()
+
     def test_a_checkpoint_and_servers_restored_from_it(self):
         with tempfile.TemporaryDirectory(prefix="ferry-py-ckpt-") as d:
             folder = ["--checkpoint-dir", d, "--num-workers", "1"]

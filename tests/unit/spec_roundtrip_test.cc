@@ -57,6 +57,7 @@ TableSpec SparseWithEveryField() {
   s.init = InitType::kNormal;
   s.init_scale = 0.5f;
   s.seed = 7;
+  s.nonfinite = NonFinite::kSkipRows;
   return s;
 }
 
@@ -89,6 +90,7 @@ void ExpectSameFields(const TableSpec& back, const TableSpec& spec) {
   EXPECT_EQ(back.init, spec.init);
   EXPECT_EQ(back.init_scale, spec.init_scale);
   EXPECT_EQ(back.seed, spec.seed);
+  EXPECT_EQ(back.nonfinite, spec.nonfinite);
   EXPECT_TRUE(back == spec) << "a field not listed above differs";
 }
 
@@ -147,6 +149,20 @@ TEST(SpecRoundTrip, FixturesLeaveNoFieldAtADefault) {
   EXPECT_TRUE(covered([&](const TableSpec& t) { return u8(t.init); }, u8(cpp.init), u8(w->init()), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.init_scale; }, cpp.init_scale, w->init_scale(), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.seed; }, cpp.seed, w->seed(), a, b));
+  EXPECT_TRUE(covered([&](const TableSpec& t) { return u8(t.nonfinite); }, u8(cpp.nonfinite), u8(w->nonfinite()), a, b));
+}
+
+TEST(SpecRoundTrip, SkippingNonFiniteRowsIsForSparseTablesOnly) {
+  TableSpec dense = DenseWithEveryField();
+  dense.nonfinite = NonFinite::kSkipRows;
+  const Status s = dense.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("skip_rows is for sparse tables"), std::string::npos) << s;
+  NonFinite n = NonFinite::kRefuse;
+  EXPECT_TRUE(ParseNonFinite("skip_rows", &n).ok());
+  EXPECT_EQ(n, NonFinite::kSkipRows);
+  EXPECT_FALSE(ParseNonFinite("skip", &n).ok());
+  EXPECT_NE(SparseWithEveryField().ToString().find("nonfinite=skip_rows"), std::string::npos);
 }
 
 }  // namespace

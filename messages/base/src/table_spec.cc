@@ -59,6 +59,10 @@ Status TableSpec::Validate() const {
   if (static_cast<uint8_t>(init) > static_cast<uint8_t>(InitType::kConstant)) return bad("unknown init");
   if (!std::isfinite(init_scale) || (init != InitType::kConstant && init_scale < 0))
     return bad("init_scale must be finite (and >= 0 unless init is constant)");
+  if (static_cast<uint8_t>(nonfinite) > static_cast<uint8_t>(NonFinite::kSkipRows)) return bad("unknown nonfinite");
+  if (nonfinite == NonFinite::kSkipRows && type != TableType::kSparse) {
+    return bad("nonfinite=skip_rows is for sparse tables (a dense push with NaN/Inf is refused whole)");
+  }
   return Status::Ok();
 }
 
@@ -117,8 +121,17 @@ std::string TableSpec::ToString() const {
   os << ") consistency=" << ConsistencyName(consistency);
   if (consistency == Consistency::kSsp) os << ":" << staleness;
   if (consistency == Consistency::kSync) os << " replicas_to_aggregate=" << replicas_to_aggregate;
-  os << " init=" << InitName(init) << "(" << init_scale << ") seed=" << seed << "}";
+  os << " init=" << InitName(init) << "(" << init_scale << ") seed=" << seed;
+  if (nonfinite == NonFinite::kSkipRows) os << " nonfinite=skip_rows";
+  os << "}";
   return os.str();
+}
+
+Status ParseNonFinite(std::string_view text, NonFinite* out) {
+  if (text == "refuse") *out = NonFinite::kRefuse;
+  else if (text == "skip_rows") *out = NonFinite::kSkipRows;
+  else return InvalidArgumentError("nonfinite '" + std::string(text) + "' is neither refuse nor skip_rows");
+  return Status::Ok();
 }
 
 Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t* staleness) {

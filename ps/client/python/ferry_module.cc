@@ -168,10 +168,11 @@ class PyClient {
 
   void DeclareSparse(const std::string& name, int64_t dim, const std::string& optimizer, float lr,
                      const std::string& consistency, const std::string& init, float init_scale, uint64_t seed,
-                     int replicas_to_aggregate) {
+                     int replicas_to_aggregate, bool skip_nonfinite_rows) {
     ferry::TableSpec s = Spec(name, optimizer, lr, consistency, init, init_scale, seed, replicas_to_aggregate);
     s.type = ferry::TableType::kSparse;
     s.dim = dim;
+    s.nonfinite = skip_nonfinite_rows ? ferry::NonFinite::kSkipRows : ferry::NonFinite::kRefuse;
     Declare(s);
   }
 
@@ -369,7 +370,7 @@ PYBIND11_MODULE(ferry, m) {
       .def("declare_sparse", &PyClient::DeclareSparse, py::arg("name"), py::arg("dim"), py::kw_only(),
            py::arg("optimizer") = "sgd", py::arg("lr") = 0.01f, py::arg("consistency") = "async",
            py::arg("init") = "zeros", py::arg("init_scale") = 0.0f, py::arg("seed") = 0,
-           py::arg("replicas_to_aggregate") = 0, opt_doc)
+           py::arg("replicas_to_aggregate") = 0, py::arg("skip_nonfinite_rows") = false, opt_doc)
       .def("pull_dense", &PyClient::PullDense, py::arg("table"), py::arg("out"), py::arg("step") = 0)
       .def("push_dense", &PyClient::PushDense, py::arg("table"), py::arg("grad"), py::arg("step") = 0)
       .def("push_pull_dense", &PyClient::PushPullDense, py::arg("table"), py::arg("grad"), py::arg("out"),

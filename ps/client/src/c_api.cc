@@ -198,13 +198,16 @@ ferry_code ferry_spec_set(ferry_table_spec* spec, const char* key, double value)
     } else if (k == "chunk_elems") {
       if (!whole(1, int64_t{1} << 40)) return Invalid("ferry_spec_set: chunk_elems must be a whole number >= 1");
       s.chunk_elems = static_cast<int64_t>(value);
+    } else if (k == "skip_nonfinite_rows") {
+      if (!whole(0, 1)) return Invalid("ferry_spec_set: skip_nonfinite_rows must be 0 or 1");
+      s.nonfinite = value != 0 ? ferry::NonFinite::kSkipRows : ferry::NonFinite::kRefuse;
     } else if (k == "replicas_to_aggregate") {
       if (!whole(0, 65536)) return Invalid("ferry_spec_set: replicas_to_aggregate must be a whole number in [0, 65536]");
       s.replicas_to_aggregate = static_cast<int32_t>(value);
     } else {
       return Invalid("ferry_spec_set: unknown key '" + std::string(k) +
                      "' (known: momentum, nesterov, beta1, beta2, epsilon, initial_accumulator, chunk_elems, "
-                     "replicas_to_aggregate)");
+                     "replicas_to_aggregate, skip_nonfinite_rows)");
     }
     return Done(ferry::Status::Ok());
   });

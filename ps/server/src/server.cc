@@ -26,6 +26,7 @@
 #include "ferry/messages/wire.h"
 #include "internal/checkpoint.h"
 #include "internal/collectives.h"
+#include "internal/finite.h"
 #include "internal/held.h"
 #include "internal/request.h"
 #include "internal/sync.h"
@@ -57,11 +58,14 @@ enum Counter : int {
   kBytesOut,
   kCheckpointsSaved,
   kFailedForSilentWorker,
+  kNonFinitePushesRefused,
+  kNonFiniteRowsSkipped,
   kNumCounters
 };
 constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "messages", "bad_messages", "errors_sent", "late_gradients_dropped", "updates_applied",
-    "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker"};
+    "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker",
+    "nonfinite_pushes_refused", "nonfinite_rows_skipped"};
 constexpr size_t kStalenessBuckets = 65;
 
 class ServerImpl final : public Server {
@@ -355,8 +359,14 @@ class ServerImpl final : public Server {
     const int rank = h.rank();
     std::vector<ps::TableRegistry::SliceRef> refs;
     FERRY_RETURN_IF_ERROR(tables_.ResolveSlices(h, options_.max_message_bytes, &refs));
-    // Check sync preconditions for every slice before touching any of them.
-    for (const auto& r : refs) {
+    // Check every slice before touching any of them: finite values, and the sync preconditions.
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const auto& r = refs[i];
+      std::vector<float> scratch;
+      if (const int64_t bad = ps::FirstNonFinite(View<float>(req.payload[i], scratch)); bad >= 0) {
+        return RefuseNonFinite(*r.table, " chunk " + std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()),
+                               "element " + std::to_string(bad), rank);
+      }
       if (r.table->spec.consistency != Consistency::kSync) continue;
       FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(r.table->spec, r.chunk->sync, r.chunk->version, rank, h.step()));
     }
@@ -411,6 +421,18 @@ class ServerImpl final : public Server {
     std::vector<int64_t> id_scratch;
     auto ids = View<int64_t>(req.payload[0], id_scratch);
     FERRY_RETURN_IF_ERROR(tables_.CheckIds(*t, ids));
+    {
+      std::vector<float> g_scratch;
+      auto grads = View<float>(req.payload[1], g_scratch);
+      if (const int64_t bad = ps::FirstNonFinite(grads); bad >= 0) {
+        const int64_t row = bad / t->spec.dim;
+        if (t->spec.nonfinite == NonFinite::kRefuse) {
+          return RefuseNonFinite(*t, "", "id " + std::to_string(ids[static_cast<size_t>(row)]), rank);
+        }
+        DropNonFiniteRows(*t, ids, grads, rank, &req.payload);
+        ids = View<int64_t>(req.payload[0], id_scratch);
+      }
+    }
     if (t->spec.consistency == Consistency::kSync) {
       FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(t->spec, shard.sync, shard.version, rank, h.step()));
       if (h.step() < shard.version) {
@@ -432,6 +454,54 @@ class ServerImpl final : public Server {
     Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = shard.version, .used = 1}));
     ServeHeld();
     return Status::Ok();
+  }
+
+  // A push whose gradient holds NaN or Inf: refused whole, counted, logged (at most once a second).
+  Status RefuseNonFinite(const ps::Table& t, const std::string& part, const std::string& where, int rank) {
+    Count(kNonFinitePushesRefused);
+    const std::string what = "table '" + t.spec.name + "'" + part + ": the gradient of worker " + std::to_string(rank) +
+                             " holds NaN or Inf (" + where + ")";
+    LogRateLimited(what + "; refused");
+    return InvalidArgumentError(what + ": server " + std::to_string(options_.rank) +
+                                " refuses the push and applies nothing of it (parts sent to other servers are theirs "
+                                "to check)");
+  }
+
+  // nonfinite=skip_rows: replaces the id and gradient frames of a sparse push with its rows that
+  // are all finite; the others are counted, logged and dropped.
+  void DropNonFiniteRows(const ps::Table& t, std::span<const int64_t> ids, std::span<const float> grads, int rank,
+                         Frames* payload) {
+    const size_t dim = static_cast<size_t>(t.spec.dim);
+    std::vector<int64_t> kept_ids;
+    std::vector<float> kept;
+    kept_ids.reserve(ids.size());
+    kept.reserve(grads.size());
+    for (size_t r = 0; r < ids.size(); ++r) {
+      const auto row = grads.subspan(r * dim, dim);
+      if (ps::FirstNonFinite(row) >= 0) continue;
+      kept_ids.push_back(ids[r]);
+      kept.insert(kept.end(), row.begin(), row.end());
+    }
+    const int64_t skipped = static_cast<int64_t>(ids.size() - kept_ids.size());
+    Count(kNonFiniteRowsSkipped, skipped);
+    LogRateLimited("table '" + t.spec.name + "': " + std::to_string(skipped) + " row(s) of a push from worker " +
+                   std::to_string(rank) + " hold NaN or Inf; skipped (nonfinite=skip_rows)");
+    (*payload)[0] = zmq::message_t(kept_ids.data(), kept_ids.size() * sizeof(int64_t));
+    (*payload)[1] = zmq::message_t(kept.data(), kept.size() * sizeof(float));
+  }
+
+  // One line on stderr, at most once a second; the lines held back are counted in the next one.
+  void LogRateLimited(const std::string& line) {
+    const auto now = Clock::now();
+    if (now - last_log_ < std::chrono::seconds(1)) {
+      ++logs_held_back_;
+      return;
+    }
+    std::fprintf(stderr, "ferry-ps %d: %s", options_.rank, line.c_str());
+    if (logs_held_back_ > 0) std::fprintf(stderr, " (and %lld similar line(s) held back)", static_cast<long long>(logs_held_back_));
+    std::fputc('\n', stderr);
+    last_log_ = now;
+    logs_held_back_ = 0;
   }
 
   void CloseSyncStep(const ps::Table& t, ps::DenseChunk& c) {
@@ -874,6 +944,8 @@ class ServerImpl final : public Server {
   ps::HeldPulls held_;          // waiting pulls; with collectives_, at most options_.max_held
   ps::Collectives collectives_;
   Clock::time_point last_liveness_check_{};
+  Clock::time_point last_log_{};  // LogRateLimited
+  int64_t logs_held_back_ = 0;
   bool said_job_gone_ = false;  // since the workers last fell silent
 
   std::array<std::atomic<int64_t>, kNumCounters> counters_;

@@ -18,6 +18,11 @@ enum class TableType : uint8_t { kDense = 0, kSparse = 1 };
 enum class OptimizerType : uint8_t { kSgd = 0, kMomentum = 1, kAdagrad = 2, kAdam = 3 };
 enum class Consistency : uint8_t { kSync = 0, kAsync = 1, kSsp = 2 };
 enum class InitType : uint8_t { kZeros = 0, kUniform = 1, kNormal = 2, kConstant = 3 };
+// What a server does with a pushed gradient that holds NaN or Inf.
+enum class NonFinite : uint8_t {
+  kRefuse = 0,    // the whole push is refused (INVALID_ARGUMENT naming the element); nothing applied
+  kSkipRows = 1,  // sparse tables: the rows that hold one are dropped, the others applied
+};
 
 // Server-side optimizer and its hyperparameters (fields not used by `type` are ignored).
 struct OptimizerSpec {
@@ -46,6 +51,7 @@ struct TableSpec {
   InitType init = InitType::kZeros;
   float init_scale = 0.0f;           // kUniform: [-scale, scale); kNormal: stddev; kConstant: value
   uint64_t seed = 0;                 // initial values depend only on (seed, table, index or id)
+  NonFinite nonfinite = NonFinite::kRefuse;  // gradients holding NaN / Inf (kSkipRows: sparse only)
 
   // Dense: product of `shape`; sparse: 0.
   int64_t num_elements() const;
@@ -63,6 +69,8 @@ struct TableSpec {
 Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t* staleness);
 // Parses "sgd", "momentum", "adagrad" or "adam".
 Status ParseOptimizerType(std::string_view text, OptimizerType* type);
+// Parses "refuse" or "skip_rows".
+Status ParseNonFinite(std::string_view text, NonFinite* out);
 // Parses "zeros", "uniform", "normal" or "constant".
 Status ParseInitType(std::string_view text, InitType* type);
 std::string_view ConsistencyName(Consistency c);

@@ -68,7 +68,8 @@ ferry_code ferry_spec_set_consistency(ferry_table_spec* spec, const char* consis
 /* init: "zeros", "uniform" ([-scale, scale)), "normal" (stddev scale) or "constant" (scale). */
 ferry_code ferry_spec_set_init(ferry_table_spec* spec, const char* init, float scale, uint64_t seed);
 /* One of: "momentum", "nesterov" (0 or 1), "beta1", "beta2", "epsilon", "initial_accumulator",
- * "chunk_elems", "replicas_to_aggregate". */
+ * "chunk_elems", "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1, sparse tables: a pushed
+ * row holding NaN or Inf is dropped instead of the whole push being refused). */
 ferry_code ferry_spec_set(ferry_table_spec* spec, const char* key, double value);
 
 /* ---- the client ---------------------------------------------------------------------------- */

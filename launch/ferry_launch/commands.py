@@ -67,10 +67,10 @@ def build_commands(cluster, binaries, opts, cards_for):
     _check_passed_flags(opts.trainer_args, LAUNCHER_OWNED_TRAINER_FLAGS, "trainer flag")
     servers = ",".join(f"tcp://{t.address}" for t in cluster.ps)
     folder, every, resume = opts.checkpoint_dir, opts.checkpoint_every, bool(opts.resume)
-    # With a checkpoint folder every server writes its shards there; the job's worker count is
-    # given because a restoring server needs it.
-    ckpt = (["--num-workers", str(len(cluster.workers)), "--checkpoint-dir", folder]
-            if folder else [])
+    # The job's worker count is the servers' configuration (a peer that says otherwise is
+    # refused, and a restoring server needs it); with a checkpoint folder every server writes its
+    # shards there.
+    ckpt = ["--num-workers", str(len(cluster.workers))] + (["--checkpoint-dir", folder] if folder else [])
     for t in cluster.ps:
         base = [binaries.path("ferry-ps", t.via_ssh),
                 "--bind", f"tcp://{bind_address(t.host)}:{t.port}", "--rank", str(t.rank),

@@ -216,7 +216,7 @@ class LaunchTest(unittest.TestCase):
                                 "--ps-arg", "--max-wait-s 30", "--bin-dir", BUILD_DIR,
                                 "--log-dir", logs, "--"] + SHORT_TRAINING)
         self.assertEqual(rc, 0, out)
-        self.assertRegex(out, r"started ps 1 pid \d+: .* --compute-threads 1 --max-wait-s 30\n")
+        self.assertRegex(out, r"started ps 1 pid \d+: .* --compute-threads 1 --num-workers 2 --max-wait-s 30\n")
         self.assertIn("[ps 1] ferry-ps rank 1 of 2 listening", out)
         self.assertRegex(out, r"\[worker 0\] done: 20 steps")
         self.assertIn("[worker 1]", out)
@@ -471,7 +471,7 @@ class LaunchTest(unittest.TestCase):
         lines = out.splitlines()
         self.assertEqual(len(lines), 4, out)
         self.assertEqual(lines[0], f"[ps 0] {PS_BIN} --bind tcp://127.0.0.1:7470 --rank 0 "
-                                   "--num-servers 2 --compute-threads 1")
+                                   "--num-servers 2 --compute-threads 1 --num-workers 2")
         self.assertEqual(lines[3], f"[worker 1] {TRAINER_BIN} --servers "
                                    "tcp://127.0.0.1:7470,tcp://127.0.0.1:7471 --rank 1 "
                                    "--num-workers 2 --steps 5")
@@ -889,7 +889,7 @@ class UsageErrorTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         cmds = command_lines(out)
         for who in ("ps 0", "ps 1"):
-            self.assertTrue(cmds[who].endswith("--compute-threads 1 --max-wait-s 30 "
+            self.assertTrue(cmds[who].endswith("--compute-threads 1 --num-workers 1 --max-wait-s 30 "
                                                "--max-message-mb 64"), cmds[who])
         self.assertNotIn("--max-wait-s", cmds["worker 0"])
         for bad, want in [("--compute-threads 4", "--ps-arg flag --compute-threads is set by "
@@ -1574,7 +1574,7 @@ class SlurmTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         cmds = command_lines(out)
         self.assertIn(" '--ps-arg=--max-wait-s 30' -- ", cmds["srun"] + " ")
-        self.assertTrue(cmds["ps 0"].endswith("--compute-threads 1 --max-wait-s 30"), cmds)
+        self.assertTrue(cmds["ps 0"].endswith("--compute-threads 1 --num-workers 1 --max-wait-s 30"), cmds)
 
     @unittest.skipUnless(os.access(PS_BIN, os.X_OK), f"ferry-ps not built under {BUILD_DIR}")
     def test_step_that_never_starts_times_out(self):

@@ -33,9 +33,6 @@ class Updater {
   // in the same order whatever the thread count.
   void ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::span<const float* const> grads, int64_t step);
 
-  // ps::FirstNonFinite over a pushed gradient, its ranges shared with the pool like an update's.
-  int64_t FirstNonFinite(std::span<const float> grad);
-
   // Copies for a pull: the values are copied because a later push may change them while ZeroMQ
   // still sends. ReadRows creates rows on first touch (serially) and then copies in parallel.
   void ReadDense(const DenseChunk& c, float* dst);

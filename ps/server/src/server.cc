@@ -363,7 +363,7 @@ class ServerImpl final : public Server {
     for (size_t i = 0; i < refs.size(); ++i) {
       const auto& r = refs[i];
       std::vector<float> scratch;
-      if (const int64_t bad = updater_.FirstNonFinite(View<float>(req.payload[i], scratch)); bad >= 0) {
+      if (const int64_t bad = ps::FirstNonFinite(View<float>(req.payload[i], scratch)); bad >= 0) {
         return RefuseNonFinite(*r.table, " chunk " + std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()),
                                "element " + std::to_string(bad), rank);
       }
@@ -424,7 +424,7 @@ class ServerImpl final : public Server {
     {
       std::vector<float> g_scratch;
       auto grads = View<float>(req.payload[1], g_scratch);
-      if (const int64_t bad = updater_.FirstNonFinite(grads); bad >= 0) {
+      if (const int64_t bad = ps::FirstNonFinite(grads); bad >= 0) {
         const int64_t row = bad / t->spec.dim;
         if (t->spec.nonfinite == NonFinite::kRefuse) {
           return RefuseNonFinite(*t, "", "id " + std::to_string(ids[static_cast<size_t>(row)]), rank);

@@ -1,9 +1,7 @@
 #include "internal/updates.h"
 
-#include <atomic>
 #include <cstring>
 
-#include "internal/finite.h"
 #include "internal/optimizer.h"
 
 namespace ferry::ps {
@@ -28,14 +26,6 @@ void Updater::ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::sp
     ApplyUpdate(opt, c.params.data() + b, avg_.data() + b, c.state.data() + b, static_cast<size_t>(e - b),
                 static_cast<size_t>(c.size), step);
   });
-}
-
-int64_t Updater::FirstNonFinite(std::span<const float> grad) {
-  std::atomic<bool> any{false};
-  pool_.ParallelFor(static_cast<int64_t>(grad.size()), kGrain, [&](int64_t b, int64_t e) {
-    if (ps::FirstNonFinite(grad.subspan(static_cast<size_t>(b), static_cast<size_t>(e - b))) >= 0) any.store(true);
-  });
-  return any.load() ? ps::FirstNonFinite(grad) : -1;  // where: only when there is one
 }
 
 void Updater::ReadDense(const DenseChunk& c, float* dst) {

@@ -452,7 +452,7 @@ void BM_Write(benchmark::State& state, const ShardCase& c) {
   fs::create_directories(dir, ec);
   if (ec) return Fail(state, InternalError("cannot create " + dir + ": " + ec.message()));
   // The raw writes' bytes: a snapshot's (checksums zero), written from memory already faulted in.
-  std::vector<char> raw;
+  decltype(ps::ShardImage::bytes) raw;
   {
     ps::ShardImage first = ps::SnapshotShard(tables);
     raw = std::move(first.bytes);

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -32,8 +34,29 @@ struct ShardFile {
 // A server's shard of every table serialized in memory: the bytes of its shard file. Taking it
 // is the only part of a checkpoint that must stop the server (a copy at memory speed); writing
 // it touches no table, so it happens on another thread while the server goes on serving.
+// An allocator that leaves new elements uninitialised: the snapshot writes every byte of its
+// image, so zeroing them first would be one more pass over a shard-sized buffer in the pause.
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <typename U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;  // default-initialised: left as it is
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
 struct ShardImage {
-  std::vector<char> bytes;    // the whole file; each block's crc still zero
+  std::vector<char, UninitializedAllocator<char>> bytes;  // the whole file; each block's crc still zero
   std::vector<size_t> blocks;  // where each block starts in `bytes`
 };
 

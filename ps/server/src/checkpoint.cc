@@ -61,8 +61,12 @@ class AtomicFile {
     return fd_ < 0 ? Errno("cannot create", tmp_) : Status::Ok();
   }
   Status Write(const void* data, size_t n) {
-    const char* p = static_cast<const char*>(data);
     crc_ = Crc(crc_, data, n);
+    return WriteKnownCrc(data, n);
+  }
+  // Writes bytes whose CRC the caller accounts for (set_crc), sparing a pass over them.
+  Status WriteKnownCrc(const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
     bytes_ += n;
     while (n > 0) {
       const ssize_t w = ::write(fd_, p, n);
@@ -91,6 +95,7 @@ class AtomicFile {
   }
   uint64_t bytes() const { return bytes_; }
   uint32_t crc() const { return crc_; }
+  void set_crc(uint32_t crc) { crc_ = crc; }
 
  private:
   std::string path_, tmp_;
@@ -315,7 +320,7 @@ ShardImage SnapshotShard(const TableRegistry& tables) {
       total += (n / kRowsPerBlock + 1) * (16 + 32) + n * (2 * sizeof(int64_t) + static_cast<size_t>(t.sparse->row_floats()) * sizeof(float));
     }
   });
-  std::vector<char>& out = image.bytes;
+  auto& out = image.bytes;
   out.reserve(total);
   auto put = [&](const void* p, size_t n) {
     const size_t at = out.size();
@@ -389,22 +394,34 @@ ShardImage SnapshotShard(const TableRegistry& tables) {
 }
 
 StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_servers, int64_t step, ShardImage image) {
-  std::vector<char>& bytes = image.bytes;
+  auto& bytes = image.bytes;
+  // One CRC pass over each payload gives both its block's CRC (over kind, length, payload) and
+  // the whole file's (over every byte, block headers included), joined with crc32_combine.
+  size_t covered = image.blocks.empty() ? bytes.size() : image.blocks[0];
+  uint32_t file_crc = Crc(0, bytes.data(), covered);
   for (const size_t at : image.blocks) {
     uint32_t kind = 0;
     uint64_t len = 0;
     std::memcpy(&kind, bytes.data() + at, sizeof kind);
     std::memcpy(&len, bytes.data() + at + 8, sizeof len);
-    const uint32_t crc = BlockCrc(kind, len, bytes.data() + at + 16);
+    const uint32_t payload = Crc(0, bytes.data() + at + 16, static_cast<size_t>(len));
+    uint32_t head = Crc(0, &kind, sizeof kind);
+    head = Crc(head, &len, sizeof len);
+    const uint32_t crc = static_cast<uint32_t>(crc32_combine(head, payload, static_cast<z_off_t>(len)));
     std::memcpy(bytes.data() + at + 4, &crc, sizeof crc);
+    file_crc = Crc(file_crc, bytes.data() + at, 16);
+    file_crc = static_cast<uint32_t>(crc32_combine(file_crc, payload, static_cast<z_off_t>(len)));
+    covered = at + 16 + static_cast<size_t>(len);
   }
+  if (covered != bytes.size()) std::abort();  // SnapshotShard lays the blocks end to end, to the end
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return InternalError("cannot create " + dir + ": " + ec.message());
   ShardFile out{ShardName(step, rank, num_servers), 0, 0};
   AtomicFile f((fs::path(dir) / out.name).string());
   FERRY_RETURN_IF_ERROR(f.Open());
-  FERRY_RETURN_IF_ERROR(f.Write(bytes.data(), bytes.size()));
+  FERRY_RETURN_IF_ERROR(f.WriteKnownCrc(bytes.data(), bytes.size()));
+  f.set_crc(file_crc);
   out.bytes = f.bytes();
   out.crc32 = f.crc();
   FERRY_RETURN_IF_ERROR(f.Commit());

@@ -31,7 +31,7 @@ void Usage(std::FILE* out) {
       "  --max-message-mb   largest accepted message (default 1024)\n"
       "  --max-wait-s       longest a pull or barrier is held waiting (default 300)\n"
       "  --worker-timeout-s a worker that sent nothing (not even its heartbeats) for this long is\n"
-      "                     silent: what waits for it fails at once, naming it (default 5; 0: never)\n"
+      "                     silent: what waits for it fails at once, naming it (default 10; 0: never)\n"
       "  --checkpoint-dir   folder for checkpoints (the trainer's --checkpoint-every asks for them);\n"
       "                     every server of the job must see the same folder\n"
       "  --keep-checkpoints the newest K checkpoints are kept (default 3)\n"

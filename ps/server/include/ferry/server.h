@@ -37,7 +37,9 @@ struct ServerOptions {
   // cut off. Pulls and collectives that wait for it then fail at once with UNAVAILABLE naming
   // it, instead of waiting out max_wait; when every worker still training is silent, the server
   // says once that its job looks gone. 0: never.
-  std::chrono::milliseconds worker_timeout{std::chrono::seconds(5)};
+  // The default is twice the clients' own heartbeat timeout: a worker starved of CPU on a busy
+  // host for a few seconds must not be called dead (that fails the job for everyone).
+  std::chrono::milliseconds worker_timeout{std::chrono::seconds(10)};
   // Requests held at once (waiting pulls, barriers); beyond that new ones are refused.
   size_t max_held = 1 << 16;
   // Workers in the job; 0: the first Hello says. A Hello that disagrees is refused. Required

@@ -234,6 +234,20 @@ TEST(Sync, ARestartedRanksHeldGradientIsDroppedSoItsNewProcessCanPushTheStep) {
   EXPECT_FALSE(DropGradient(sync, 5));  // out of range: nothing
 }
 
+TEST(Workers, SilenceFollowsThePromiseAndAHostilePromiseCannotOverflow) {
+  Workers w;
+  ASSERT_TRUE(w.SetCount(3).ok());
+  const auto t0 = Workers::Clock::now();
+  w.Promise(0, 100, t0);                  // every 100 ms: silent after max(1 s, 400 ms)
+  w.Promise(1, INT64_MAX, t0);            // clamped to an hour
+  w.Promise(2, 0, t0);                    // no promise: never silent
+  EXPECT_TRUE(w.Silent(t0 + std::chrono::milliseconds(900), std::chrono::seconds(1)).empty());
+  EXPECT_EQ(w.Silent(t0 + std::chrono::milliseconds(1100), std::chrono::seconds(1)), std::vector<int>{0});
+  EXPECT_EQ(w.Silent(t0 + std::chrono::hours(5), std::chrono::seconds(1)), (std::vector<int>{0, 1}));
+  w.Heard(0, t0 + std::chrono::hours(5));
+  EXPECT_EQ(w.Silent(t0 + std::chrono::hours(5), std::chrono::seconds(1)), std::vector<int>{1});
+}
+
 TEST(Workers, TheConfiguredCountIsFixedBeforeAnyHello) {
   Workers w;
   ASSERT_TRUE(w.SetCount(3).ok());

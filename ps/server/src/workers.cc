@@ -111,7 +111,8 @@ std::vector<int> Workers::BehindRanks(int64_t step, int staleness) const {
 }
 
 void Workers::Promise(int rank, int64_t heartbeat_ms, Clock::time_point now) {
-  promised_ms_[static_cast<size_t>(rank)] = std::max<int64_t>(heartbeat_ms, 0);
+  // From the network: at most an hour, so 4 x the promise cannot overflow.
+  promised_ms_[static_cast<size_t>(rank)] = std::clamp<int64_t>(heartbeat_ms, 0, int64_t{3600} * 1000);
   heard_[static_cast<size_t>(rank)] = now;
 }
 

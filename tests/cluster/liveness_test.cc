@@ -4,6 +4,7 @@
 // called silent. In-process clusters; a worker "dies" when its client is destroyed without
 // Finish (its I/O thread, which sends the heartbeats, is gone), as a killed process's would.
 #include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -17,9 +18,9 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-TableSpec SyncTable() {
+TableSpec SyncTable(const std::string& name = "w") {
   TableSpec spec;
-  spec.name = "w";
+  spec.name = name;  // not a literal: GCC 12 warns falsely (-Wrestrict) on assigning one at -O3
   spec.shape = {8};
   spec.consistency = Consistency::kSync;
   return spec;

@@ -11,7 +11,7 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <thread>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,6 +24,17 @@ namespace ferry::trainer {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A small MLP job on the CPU (hidden layer of 6, batch 4), for `steps` steps.
+TrainerOptions SmallMlp(int64_t steps) {
+  TrainerOptions o;
+  o.device = DeviceKind::kCpu;
+  o.hidden = {6};
+  o.batch = 4;
+  o.log_every = 0;
+  o.steps = steps;
+  return o;
+}
 
 class ResumeTest : public testing::Test {
  protected:
@@ -172,14 +183,9 @@ TEST_F(ResumeTest, SyncCtrWithSparseTablesResumedIntoOneServerIsBitwiseTheUninte
 TEST_F(ResumeTest, AsyncWorkersResumeAtTheRestoredCheckpointsStep) {
   const data::ImageDataset train = test::MakeImages(64, 99);
   const Datasets data{&train, nullptr};
-  TrainerOptions o;
-  o.device = DeviceKind::kCpu;
-  o.hidden = {6};
+  TrainerOptions o = SmallMlp(12);
   o.consistency = Consistency::kAsync;
-  o.batch = 4;
-  o.log_every = 0;
   o.checkpoint_every = 5;
-  o.steps = 12;
   const fs::path dir = root_ / "async";
   {
     auto cluster = Servers(2, dir, 2, false);
@@ -206,12 +212,7 @@ TEST_F(ResumeTest, AWorkerRestartedBeforeTheJobBeganJoinsTheOthersAtTheStartBarr
   // job at step 0 with no collective ended, and meets worker 0 there; the job is the same.
   const data::ImageDataset train = test::MakeImages(44, 5);
   const Datasets data{&train, nullptr};
-  TrainerOptions o;
-  o.device = DeviceKind::kCpu;
-  o.hidden = {6};
-  o.batch = 4;
-  o.log_every = 0;
-  o.steps = 10;
+  TrainerOptions o = SmallMlp(10);
   o.blas_threads = 1;
   o.checkpoint_every = 5;
   const fs::path plain = root_ / "plain", restarted = root_ / "restarted";
@@ -220,37 +221,18 @@ TEST_F(ResumeTest, AWorkerRestartedBeforeTheJobBeganJoinsTheOthersAtTheStartBarr
     ExpectAllOk(test::RunWorkers(cluster, 2, o, data));
   }
   auto cluster = Servers(2, restarted, 2, false);
-  std::vector<StatusOr<TrainReport>> reports(2, InternalError("not run"));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      TrainerOptions w = o;
-      w.servers = cluster.endpoints;
-      w.rank = rank;
-      w.num_workers = 2;
-      w.resume = rank == 1;
-      auto client = cluster.Connect(rank, 2);
-      auto device = CreateCpuDevice();
-      reports[static_cast<size_t>(rank)] = RunTraining(w, device.get(), client.get(), data, {}, nullptr);
-    });
-  }
-  for (auto& t : threads) t.join();
-  ASSERT_TRUE(reports[0].ok()) << reports[0].status();
-  ASSERT_TRUE(reports[1].ok()) << reports[1].status();
-  EXPECT_EQ(reports[1]->first_step, 0);
-  EXPECT_EQ(reports[1]->steps, 10);
+  auto runs = test::RunWorkers(cluster, 2, o, data, false, nullptr,
+                               [](int rank, TrainerOptions& w, TrainHooks&) { w.resume = rank == 1; });
+  ExpectAllOk(runs);
+  EXPECT_EQ(runs[1].report->first_step, 0);
+  EXPECT_EQ(runs[1].report->steps, 10);
   ExpectSameTables(Final(plain), Final(restarted));
 }
 
 TEST_F(ResumeTest, ResumingAJobThatHadFinishedEndsAtOnce) {
   const data::ImageDataset train = test::MakeImages(32, 8);
   const Datasets data{&train, nullptr};
-  TrainerOptions o;
-  o.device = DeviceKind::kCpu;
-  o.hidden = {6};
-  o.batch = 4;
-  o.log_every = 0;
-  o.steps = 6;
+  TrainerOptions o = SmallMlp(6);
   o.checkpoint_every = 3;
   const fs::path dir = root_ / "done";
   {
@@ -272,37 +254,18 @@ TEST_F(ResumeTest, ResumingAJobThatHadFinishedEndsAtOnce) {
 TEST_F(ResumeTest, ACheckpointOnRequestAndEveryFewSeconds) {
   const data::ImageDataset train = test::MakeImages(64, 3);
   const Datasets data{&train, nullptr};
-  TrainerOptions o;
-  o.device = DeviceKind::kCpu;
-  o.hidden = {6};
-  o.batch = 4;
-  o.log_every = 0;
-  o.steps = 12;
+  TrainerOptions o = SmallMlp(12);
   // Worker 0 is asked for a checkpoint once, at its 4th step (ferry-trainer: SIGUSR1); no
   // periodic checkpoints, so none at the end either.
   const fs::path asked = root_ / "asked";
   {
     auto cluster = Servers(2, asked, 2, false);
-    std::vector<StatusOr<TrainReport>> reports(2, InternalError("not run"));
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < 2; ++rank) {
-      threads.emplace_back([&, rank] {
-        TrainerOptions w = o;
-        w.servers = cluster.endpoints;
-        w.rank = rank;
-        w.num_workers = 2;
-        int calls = 0;
-        TrainHooks hooks;
-        hooks.checkpoint_requested = [&calls] { return ++calls == 4; };
-        auto client = cluster.Connect(rank, 2);
-        auto device = CreateCpuDevice();
-        reports[static_cast<size_t>(rank)] = RunTraining(w, device.get(), client.get(), data, hooks, nullptr);
-      });
-    }
-    for (auto& t : threads) t.join();
-    ASSERT_TRUE(reports[0].ok()) << reports[0].status();
-    ASSERT_TRUE(reports[1].ok()) << reports[1].status();
-    EXPECT_EQ(reports[0]->checkpoints, 1);
+    auto runs = test::RunWorkers(cluster, 2, o, data, false, nullptr, [](int, TrainerOptions&, TrainHooks& hooks) {
+      auto calls = std::make_shared<int>(0);
+      hooks.checkpoint_requested = [calls] { return ++*calls == 4; };
+    });
+    ExpectAllOk(runs);
+    EXPECT_EQ(runs[0].report->checkpoints, 1);
   }
   EXPECT_EQ(Final(asked).step, 3);  // asked after the pull of step 3 (the 4th)
   // Every 1 ns: a checkpoint at every step after the first, each waited for before the next.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -31,11 +32,16 @@ inline TrainHooks Recorder(Trace* trace) {
   return hooks;
 }
 
-// Runs `num_workers` trainers with `options` (servers, rank and num_workers set here) on the CPU
-// device against `cluster`, one thread each, and waits for all. Progress lines go to `out`.
+// Changes one worker's options and hooks before it runs (RunWorkers).
+using PerRank = std::function<void(int rank, TrainerOptions& options, TrainHooks& hooks)>;
+
+// Runs `num_workers` trainers with `options` (servers, rank and num_workers set here; then
+// `per_rank`, if any) on the CPU device against `cluster`, one thread each, and waits for all.
+// Progress lines go to `out`.
 inline std::vector<WorkerRun> RunWorkers(const ferry::test::LocalCluster& cluster, int num_workers,
                                          const TrainerOptions& options, const Datasets& data,
-                                         bool record = false, std::FILE* out = nullptr) {
+                                         bool record = false, std::FILE* out = nullptr,
+                                         const PerRank& per_rank = {}) {
   std::vector<WorkerRun> runs(static_cast<size_t>(num_workers));
   std::vector<std::thread> threads;
   for (int rank = 0; rank < num_workers; ++rank) {
@@ -44,10 +50,12 @@ inline std::vector<WorkerRun> RunWorkers(const ferry::test::LocalCluster& cluste
       o.servers = cluster.endpoints;
       o.rank = rank;
       o.num_workers = num_workers;
+      WorkerRun& run = runs[static_cast<size_t>(rank)];
+      TrainHooks hooks = record ? Recorder(&run.trace) : TrainHooks{};
+      if (per_rank) per_rank(rank, o, hooks);
       auto client = cluster.Connect(rank, num_workers);
       auto device = CreateCpuDevice();
-      WorkerRun& run = runs[static_cast<size_t>(rank)];
-      run.report = RunTraining(o, device.get(), client.get(), data, record ? Recorder(&run.trace) : TrainHooks{}, out);
+      run.report = RunTraining(o, device.get(), client.get(), data, hooks, out);
     });
   }
   for (auto& t : threads) t.join();

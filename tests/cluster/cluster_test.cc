@@ -209,7 +209,7 @@ TEST(Cluster, GarbageGetsErrorRepliesAndTheServerKeepsServing) {
     auto frames = k.frames();
     ASSERT_TRUE(transport::Send(*raw, frames).ok());
     transport::Frames reply;
-    ASSERT_TRUE(zmq::recv_multipart(*raw, std::back_inserter(reply)).has_value()) << k.what << ": no reply";
+    ASSERT_TRUE(transport::Recv(*raw, &reply).ok()) << k.what << ": no reply";
     const wire::Header* h = nullptr;
     ASSERT_TRUE(wire::VerifyHeader(reply[0], &h).ok()) << k.what;
     ASSERT_EQ(h->kind(), wire::Kind::Error) << k.what;
@@ -240,7 +240,7 @@ TEST(Cluster, AServerOfAnotherMajorVersionIsNamedNotWaitedFor) {
   router->bind("inproc://ferry-test-future-server");
   std::thread server([&] {
     transport::Frames req;
-    if (!zmq::recv_multipart(*router, std::back_inserter(req)).has_value() || req.size() < 2) return;
+    if (!transport::Recv(*router, &req).ok() || req.size() < 2) return;
     const wire::Header* h = nullptr;
     ASSERT_TRUE(wire::VerifyHeader(req[1], &h).ok());
     flatbuffers::FlatBufferBuilder fbb;
@@ -684,7 +684,7 @@ TEST(Cluster, AMinimalHeldHeaderIsAnsweredIntact) {
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(w0->PullDense("w", p, 0).wait(5s).ok());
   ASSERT_TRUE(w0->Barrier().ok());
   transport::Frames reply;
-  ASSERT_TRUE(zmq::recv_multipart(*raw, std::back_inserter(reply)).has_value());
+  ASSERT_TRUE(transport::Recv(*raw, &reply).ok());
   const wire::Header* h = nullptr;
   ASSERT_TRUE(wire::VerifyHeader(reply[0], &h).ok());
   EXPECT_EQ(h->kind(), wire::Kind::Reply);

@@ -62,6 +62,9 @@ Status Send(zmq::socket_t& socket, Frames& frames, bool dontwait = false);
 // is waiting. At most `max_frames` frames are kept; further frames of the same message are read
 // and dropped, and `*truncated` is set, so a hostile peer cannot grow memory without bound.
 Status RecvNonBlocking(zmq::socket_t& socket, Frames* frames, bool* got, size_t max_frames, bool* truncated);
+// Waits for one whole multipart message, bounded by the socket's ZMQ_RCVTIMEO (DEADLINE_EXCEEDED
+// when none came in time); frames past `max_frames` are dropped. For tests and tools.
+Status Recv(zmq::socket_t& socket, Frames* frames, size_t max_frames = 4097);
 
 // Process-wide malloc tuning for programs that move large messages (ferry-ps, ferry-trainer,
 // ferry-bench): keep freed buffers up to 32 MiB in the heap instead of returning them to the

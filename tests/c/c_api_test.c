@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
   CHECK(client == NULL);
   EXPECT_ERROR(ferry_connect(servers, num_servers, 1, 1, 0, &client), FERRY_INVALID_ARGUMENT, "rank 1");
   CHECK(strcmp(ferry_code_name(FERRY_ALREADY_EXISTS), "ALREADY_EXISTS") == 0);
+  EXPECT_ERROR(ferry_connect_curve(servers, num_servers, 0, 1, 0, "/nonexistent-ferry-keys", &client), FERRY_NOT_FOUND,
+               "ferry_connect_curve: cannot open /nonexistent-ferry-keys/server.pub");
+  CHECK(client == NULL);
 
   CHECK(ferry_connect(servers, num_servers, 0, 1, 20000, &client) == FERRY_OK);
   if (client == NULL) return 1;

@@ -9,6 +9,7 @@ built for it: build/python). Run by hand, from tests/e2e/:
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -173,6 +174,27 @@ class PythonModuleTest(unittest.TestCase):
             ferry.cluster_from_tf_config('{"cluster": {"ps": ["a"]}}')
         self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
         self.assertIn("cluster.ps[0]: 'a' has no port", str(e.exception))
+
+    def test_curve_keys_authenticate_a_worker(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            keys = os.path.join(tmp, "keys")
+            subprocess.run([os.path.join(BUILD_DIR, "bin", "ferry-keys"), keys, "--workers", "1"], check=True,
+                           capture_output=True, timeout=30)
+            with Servers(1, extra_args=["--curve-keys", keys]) as s:
+                with ferry.Client(s.endpoints, rank=0, num_workers=1, curve_keys=keys) as c:
+                    c.declare_dense("w", (4,), optimizer="sgd", lr=1.0)
+                    c.push_dense("w", np.ones(4, np.float32)).wait()
+                    w = np.empty(4, np.float32)
+                    c.pull_dense("w", w).wait()
+                    np.testing.assert_array_equal(w, -np.ones(4, np.float32))
+                # Without the keys the handshake fails at once, naming the likely cause.
+                with self.assertRaises(ferry.Error) as e:
+                    ferry.Client(s.endpoints, rank=0, num_workers=1, connect_timeout=20)
+                self.assertIn("CURVE", str(e.exception))
+            with self.assertRaises(ferry.Error) as e:
+                ferry.Client(["tcp://127.0.0.1:1"], rank=0, curve_keys=os.path.join(tmp, "nowhere"))
+            self.assertEqual(e.exception.code, "NOT_FOUND")
+            self.assertIn("curve_keys: cannot open " + os.path.join(tmp, "nowhere", "server.pub"), str(e.exception))
 
 
 if __name__ == "__main__":

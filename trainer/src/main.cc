@@ -85,6 +85,11 @@ int main(int argc, char** argv) {
     co.servers = options.servers;
     co.rank = options.rank;
     co.num_workers = options.num_workers;
+    if (!options.curve_keys.empty()) {
+      auto keys = curve::LoadClientKeys(options.curve_keys, options.rank);
+      if (!keys.ok()) return Fail("--curve-keys", keys.status());
+      co.curve = std::move(*keys);
+    }
     auto c = Client::Connect(co);
     if (!c.ok()) return Fail("connect", c.status());
     client = std::move(*c);

@@ -34,7 +34,7 @@ constexpr std::string_view kValueFlags[] = {
     "--criteo-test", "--backup-workers", "--accumulate", "--blas-threads", "--straggler", "--hidden", "--seed", "--optimizer",
     "--lr", "--consistency", "--data-dir", "--batch", "--epochs", "--steps", "--train-limit", "--test-limit",
     "--log-every", "--eval-every", "--metrics-out", "--checkpoint-every",
-    "--checkpoint-every-s"};
+    "--checkpoint-every-s", "--curve-keys"};
 
 Status ParseInt(std::string_view flag, std::string_view text, int64_t min, int64_t max, int64_t* out) {
   int64_t v = 0;
@@ -118,6 +118,8 @@ recovery:  --checkpoint-every N (0: never; worker 0 asks the servers, which need
            --checkpoint-every-s S (0: never; and at the job's end; SIGUSR1 to worker 0: one now)
            --resume (continue the job the servers hold, at their step: servers started from a
            checkpoint, or a restarted worker)
+security:  --curve-keys DIR (the job's CURVE key folder from ferry-keys: reads server.pub and
+           worker-R.key; needed when the servers run with --curve-keys)
 experiment: --straggler R:50ms | R:x2   (slow worker R down by a delay or a factor per step)
 )";
 }
@@ -151,6 +153,7 @@ Status TrainerOptions::Validate() const {
   }
   if (local) {
     if (!servers.empty()) return InvalidArgumentError("--local takes no --servers");
+    if (!curve_keys.empty()) return InvalidArgumentError("--local talks to no server: no --curve-keys");
     if (checkpoint_every > 0 || checkpoint_every_s > 0 || resume) {
       return InvalidArgumentError("--checkpoint-every(-s) and --resume need servers (checkpoints are the servers'), not --local");
     }
@@ -305,6 +308,9 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
       if (!(o.checkpoint_every_s >= 0)) return InvalidArgumentError("--checkpoint-every-s must be >= 0");
     } else if (flag == "--checkpoint-every") {
       FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX / 2, &o.checkpoint_every));
+    } else if (flag == "--curve-keys") {
+      if (value.empty()) return InvalidArgumentError("--curve-keys: empty path");
+      o.curve_keys = std::string(value);
     } else if (flag == "--metrics-out") {
       if (value.empty()) return InvalidArgumentError("--metrics-out: empty path");
       o.metrics_out = std::string(value);

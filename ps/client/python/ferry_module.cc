@@ -124,13 +124,19 @@ ferry::TableSpec Spec(const std::string& name, const std::string& optimizer, flo
 
 class PyClient {
  public:
-  PyClient(std::vector<std::string> servers, int rank, int num_workers, double request_timeout, double connect_timeout) {
+  PyClient(std::vector<std::string> servers, int rank, int num_workers, double request_timeout, double connect_timeout,
+           std::optional<std::string> curve_keys) {
     ferry::ClientOptions o;
     o.servers = std::move(servers);
     o.rank = rank;
     o.num_workers = num_workers;
     o.request_timeout = Millis(request_timeout, "request_timeout");
     o.connect_timeout = Millis(connect_timeout, "connect_timeout");
+    if (curve_keys && !curve_keys->empty()) {
+      auto keys = ferry::curve::LoadClientKeys(*curve_keys, rank);
+      if (!keys.ok()) Raise(keys.status().WithContext("curve_keys"));
+      o.curve = std::move(*keys);
+    }
     ferry::StatusOr<std::unique_ptr<ferry::Client>> c = ferry::InternalError("not connected");
     {
       py::gil_scoped_release release;
@@ -140,7 +146,8 @@ class PyClient {
     client_ = std::move(*c);
   }
 
-  static std::unique_ptr<PyClient> FromTfConfig(double request_timeout, double connect_timeout) {
+  static std::unique_ptr<PyClient> FromTfConfig(double request_timeout, double connect_timeout,
+                                                std::optional<std::string> curve_keys) {
     auto cluster = ferry::ClusterFromEnvironment();
     Check(cluster.status());
     if (!*cluster) Raise(ferry::NotFoundError("TF_CONFIG is not set"));
@@ -149,7 +156,8 @@ class PyClient {
       Raise(ferry::FailedPreconditionError("TF_CONFIG: this task is ps " + std::to_string(c.task_index) +
                                            ", not a worker"));
     }
-    return std::make_unique<PyClient>(c.servers, c.rank, c.num_workers, request_timeout, connect_timeout);
+    return std::make_unique<PyClient>(c.servers, c.rank, c.num_workers, request_timeout, connect_timeout,
+                                      std::move(curve_keys));
   }
 
   int rank() { return client().rank(); }
@@ -355,11 +363,14 @@ PYBIND11_MODULE(ferry, m) {
   const char* opt_doc = "optimizer: sgd, momentum, adagrad or adam; consistency: sync, async or ssp:S; "
                         "init: zeros, uniform, normal or constant (with init_scale)";
   py::class_<PyClient>(m, "Client")
-      .def(py::init<std::vector<std::string>, int, int, double, double>(), py::arg("servers"), py::arg("rank") = 0,
-           py::arg("num_workers") = 1, py::arg("request_timeout") = 360.0, py::arg("connect_timeout") = 30.0,
-           "Connects to every server (endpoints like tcp://host:7470, in server-rank order).")
+      .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>>(),
+           py::arg("servers"), py::arg("rank") = 0, py::arg("num_workers") = 1, py::arg("request_timeout") = 360.0,
+           py::arg("connect_timeout") = 30.0, py::arg("curve_keys") = py::none(),
+           "Connects to every server (endpoints like tcp://host:7470, in server-rank order). curve_keys: the "
+           "job's CURVE key folder (ferry-keys writes one), needed when the servers run with --curve-keys.")
       .def_static("from_tf_config", &PyClient::FromTfConfig, py::arg("request_timeout") = 360.0,
-                  py::arg("connect_timeout") = 30.0, "Connects as the worker TF_CONFIG describes (see the README).")
+                  py::arg("connect_timeout") = 30.0, py::arg("curve_keys") = py::none(),
+                  "Connects as the worker TF_CONFIG describes (see the README).")
       .def_property_readonly("rank", &PyClient::rank)
       .def_property_readonly("num_workers", &PyClient::num_workers)
       .def_property_readonly("num_servers", &PyClient::num_servers)

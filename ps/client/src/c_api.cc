@@ -217,6 +217,11 @@ ferry_code ferry_spec_set(ferry_table_spec* spec, const char* key, double value)
 
 ferry_code ferry_connect(const char* const* servers, size_t num_servers, int rank, int num_workers,
                          int64_t request_timeout_ms, ferry_client** out) {
+  return ferry_connect_curve(servers, num_servers, rank, num_workers, request_timeout_ms, nullptr, out);
+}
+
+ferry_code ferry_connect_curve(const char* const* servers, size_t num_servers, int rank, int num_workers,
+                               int64_t request_timeout_ms, const char* curve_keys_dir, ferry_client** out) {
   return Guard("ferry_connect", [&] {
     ferry_code code;
     if (Null(out, "ferry_connect", "out", &code)) return code;
@@ -228,6 +233,11 @@ ferry_code ferry_connect(const char* const* servers, size_t num_servers, int ran
     }
     o.rank = rank;
     o.num_workers = num_workers;
+    if (curve_keys_dir != nullptr && *curve_keys_dir != '\0') {
+      auto keys = ferry::curve::LoadClientKeys(curve_keys_dir, rank);
+      if (!keys.ok()) return Fail(keys.status().WithContext("ferry_connect_curve"));
+      o.curve = std::move(*keys);
+    }
     return ConnectWith(std::move(o), request_timeout_ms, out);
   });
 }

@@ -148,6 +148,7 @@ class ClientImpl final : public Client {
     if (!waker_.ok()) return InternalError("cannot create an eventfd for the client's I/O thread");
     sockets_.resize(options_.servers.size());
     monitors_.resize(options_.servers.size());
+    handshaken_.resize(options_.servers.size());
     for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
     thread_ = std::thread([this] { Loop(); });
     // Handshake with every server at once. Server 0 says where the job is: the step of the
@@ -676,7 +677,21 @@ class ClientImpl final : public Client {
         sock.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(t));
         sock.set(zmq::sockopt::heartbeat_ttl, static_cast<int>(std::min<int64_t>(t, 6553500)));
       }
-      if (zmq_socket_monitor(sock.handle(), monitor_at.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) throw zmq::error_t();
+      if (options_.curve) {
+        const std::string server = curve::Decode(options_.curve->server_public);
+        const std::string pub = curve::Decode(options_.curve->client.public_key);
+        const std::string sec = curve::Decode(options_.curve->client.secret_key);
+        if (zmq_setsockopt(sock.handle(), ZMQ_CURVE_SERVERKEY, server.data(), server.size()) != 0 ||
+            zmq_setsockopt(sock.handle(), ZMQ_CURVE_PUBLICKEY, pub.data(), pub.size()) != 0 ||
+            zmq_setsockopt(sock.handle(), ZMQ_CURVE_SECRETKEY, sec.data(), sec.size()) != 0) {
+          throw zmq::error_t();
+        }
+      }
+      // Handshake failures too: a server that refuses this client's key (or speaks another
+      // mechanism) would otherwise look like one that never answers.
+      const int events = ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
+      if (zmq_socket_monitor(sock.handle(), monitor_at.c_str(), events) != 0) throw zmq::error_t();
       monitor.connect(monitor_at);
     } catch (const zmq::error_t& e) {
       return InternalError("cannot watch the connection to " + ServerName(s) + ": " + e.what());
@@ -689,6 +704,7 @@ class ClientImpl final : public Client {
     // The old monitor first: the old socket's last events go nowhere.
     monitors_[static_cast<size_t>(s)] = std::move(monitor);
     sockets_[static_cast<size_t>(s)] = std::move(sock);
+    handshaken_[static_cast<size_t>(s)] = false;
     return Status::Ok();
   }
 
@@ -838,7 +854,37 @@ class ClientImpl final : public Client {
     if (frames.empty() || frames[0].size() < sizeof(uint16_t)) return false;
     uint16_t event = 0;
     std::memcpy(&event, frames[0].data(), sizeof event);
+    uint32_t value = 0;
+    if (frames[0].size() >= sizeof event + sizeof value) std::memcpy(&value, frames[0].data<char>() + sizeof event, sizeof value);
+    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+      const std::string why =
+          event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+              ? " refused this client's CURVE key (ZAP status " + std::to_string(value) +
+                    "): it is not one of the job's worker keys, or not worker " + std::to_string(options_.rank) + "'s"
+              : std::string(options_.curve ? " does not take CURVE (is it started without the job's keys?)"
+                                           : " requires CURVE: give this client the job's keys") +
+                    " (ZeroMQ handshake error " + std::to_string(value) + ")";
+      FailServer(s, [&](const Request& r) {
+        return PermissionDeniedError(std::string(wire::KindName(r.kind)) + " refused: " + ServerName(s) + why);
+      });
+      return true;
+    }
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) handshaken_[static_cast<size_t>(s)] = true;
     if (event != ZMQ_EVENT_DISCONNECTED) return false;
+    if (!handshaken_[static_cast<size_t>(s)]) {
+      // Closed before the handshake completed. A CURVE server drops a client whose first message it
+      // cannot open (one that has another public key for it than its own) and one that offers no
+      // CURVE at all; a killed server or another program on the port do so too, rarely.
+      FailServer(s, [&](const Request& r) {
+        const std::string what = std::string(wire::KindName(r.kind)) + " refused: " + ServerName(s) +
+                                 " closed the connection during the handshake: ";
+        return options_.curve ? PermissionDeniedError(what + "the servers' public key this client has (server.pub) is not "
+                                                             "its key, or it does not use CURVE")
+                              : UnavailableError(what + "does it require CURVE? (give this client the job's keys: "
+                                                        "--curve-keys) Or it is not a Ferry server, or it was stopped");
+      });
+      return true;
+    }
     const std::string why = options_.heartbeat_timeout.count() > 0
                                 ? " closed the connection or left heartbeats unanswered for " +
                                       std::to_string(options_.heartbeat_timeout.count()) + " ms"
@@ -926,6 +972,7 @@ class ClientImpl final : public Client {
   // Owned by the I/O thread (sockets_ also by Start before the thread runs).
   std::vector<zmq::socket_t> sockets_;   // one per server
   std::vector<zmq::socket_t> monitors_;  // one per server: its socket's disconnections
+  std::vector<bool> handshaken_;          // per server: its current socket completed a handshake
   static constexpr std::chrono::milliseconds kMonitorEvery{100};
   SteadyClock::time_point last_monitor_check_{};
   // Heartbeats (I/O thread): when each server was last sent anything, and when to look again.
@@ -952,6 +999,15 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
     if (e.starts_with("inproc://") && !options.context) {
       return InvalidArgumentError("server " + e + " is inproc://: pass the servers' Context in ClientOptions.context");
     }
+    if (e.starts_with("inproc://") && options.curve) {
+      return InvalidArgumentError("server " + e + " is inproc://: CURVE needs tcp:// or ipc://");
+    }
+  }
+  if (options.curve) {
+    if (!curve::Available()) return UnimplementedError("CURVE: this libzmq was built without it");
+    const std::string who = "CURVE keys of worker " + std::to_string(options.rank);
+    FERRY_RETURN_IF_ERROR(curve::CheckPublicKey(options.curve->server_public, who + ": the servers' public key"));
+    FERRY_RETURN_IF_ERROR(curve::CheckKeypair(options.curve->client, who));
   }
   auto context = options.context ? options.context : Context::Create(1);
   auto client = std::make_unique<ClientImpl>(std::move(options), std::move(context));

@@ -21,7 +21,7 @@ void Usage(std::FILE* out) {
   std::fputs(
       "usage: ferry-ps --bind ENDPOINT [--rank R] [--num-servers N] [--num-workers W]\n"
       "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S] [--worker-timeout-s S]\n"
-      "                [--checkpoint-dir DIR [--keep-checkpoints K] [--restore]]\n"
+      "                [--checkpoint-dir DIR [--keep-checkpoints K] [--restore]] [--curve-keys DIR]\n"
       "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
       "                     (default tcp://127.0.0.1:7000)\n"
       "  --rank             this server's index in the server list (default 0)\n"
@@ -37,6 +37,9 @@ void Usage(std::FILE* out) {
       "  --keep-checkpoints the newest K checkpoints are kept (default 3)\n"
       "  --restore          start from the newest checkpoint in --checkpoint-dir that verifies (for\n"
       "                     any number of servers; needs --num-workers); fails if there is none\n"
+      "  --curve-keys       a job's key folder (ferry-keys writes one): accept only the job's workers,\n"
+      "                     each authenticated by its key (ZeroMQ CURVE), every message encrypted;\n"
+      "                     reads DIR/server.key and DIR/workers.pub, and sets --num-workers\n"
       "Without --bind, --rank and --num-servers, the cluster comes from TF_CONFIG when it is set:\n"
       "this task must be a \"ps\" one; it listens at its entry's IPv4 address and port, or on\n"
       "0.0.0.0 at that port when the entry is a host name.\n",
@@ -73,7 +76,8 @@ int main(int argc, char** argv) {
     }
     constexpr std::string_view kValueFlags[] = {"--bind", "--rank", "--num-servers", "--compute-threads",
                                                 "--max-message-mb", "--max-wait-s", "--num-workers",
-                                                "--checkpoint-dir", "--keep-checkpoints", "--worker-timeout-s"};
+                                                "--checkpoint-dir", "--keep-checkpoints", "--worker-timeout-s",
+                                                "--curve-keys"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
       std::fprintf(stderr, "ferry-ps: unknown flag %s\n", argv[i]);
       Usage(stderr);
@@ -123,6 +127,13 @@ int main(int argc, char** argv) {
     } else if (flag == "--keep-checkpoints") {
       if (!ParseInt(flag, value, 1, 1000000, &v)) return 2;
       options.keep_checkpoints = static_cast<int>(v);
+    } else if (flag == "--curve-keys") {
+      auto keys = ferry::curve::LoadServerKeys(value);
+      if (!keys.ok()) {
+        std::fprintf(stderr, "ferry-ps: --curve-keys: %s\n", keys.status().message().c_str());
+        return 2;
+      }
+      options.curve = std::move(*keys);
     } else {
       // Listed in kValueFlags but not handled above: a bug in this function, not the caller's.
       std::fprintf(stderr, "ferry-ps: internal error: flag %s is listed but not handled\n", argv[i - 1]);
@@ -165,8 +176,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ferry-ps: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  std::printf("ferry-ps rank %d of %d listening on %s\n", options.rank, options.num_servers,
-              (*server)->endpoint().c_str());
+  std::printf("ferry-ps rank %d of %d listening on %s%s\n", options.rank, options.num_servers,
+              (*server)->endpoint().c_str(), options.curve ? " (CURVE: the job's worker keys only)" : "");
+  if (!options.curve && options.bind.starts_with("tcp://") && !options.bind.starts_with("tcp://127.") &&
+      !options.bind.starts_with("tcp://localhost:") && !options.bind.starts_with("tcp://[::1]:")) {
+    std::fprintf(stderr,
+                 "ferry-ps rank %d: warning: listening on %s without CURVE: anyone who can reach this port can "
+                 "read and change the model, or stop the job. Pass --curve-keys (ferry-keys makes them), or keep "
+                 "the port on a network only the job's hosts reach.\n",
+                 options.rank, options.bind.c_str());
+  }
   if ((*server)->restored_step() >= 0) {
     std::printf("ferry-ps rank %d: restored the checkpoint of step %lld from %s\n", options.rank,
                 static_cast<long long>((*server)->restored_step()), options.checkpoint_dir.c_str());

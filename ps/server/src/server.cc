@@ -19,6 +19,8 @@
 #include <optional>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
+#include "ferry/curve.h"
 #include "ferry/mutex.h"
 #include "ferry/messages/deadlines.h"
 #include "ferry/messages/event_loop.h"
@@ -60,28 +62,37 @@ enum Counter : int {
   kFailedForSilentWorker,
   kNonFinitePushesRefused,
   kNonFiniteRowsSkipped,
+  kCurveRefused,
+  kPermissionDenied,
   kNumCounters
 };
 constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "messages", "bad_messages", "errors_sent", "late_gradients_dropped", "updates_applied",
     "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker",
-    "nonfinite_pushes_refused", "nonfinite_rows_skipped"};
+    "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied"};
 constexpr size_t kStalenessBuckets = 65;
 
 class ServerImpl final : public Server {
  public:
   // `tables`: empty, or restored from the checkpoint of `restored_step`.
-  ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket, std::string endpoint,
-             ps::TableRegistry tables, int64_t restored_step)
+  // `zap`: with CURVE, the socket bound at ZeroMQ's ZAP endpoint that this server's handshakes
+  // ask; empty otherwise.
+  ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket, zmq::socket_t zap,
+             std::string endpoint, ps::TableRegistry tables, int64_t restored_step)
       : options_(std::move(options)),
         context_(std::move(context)),
-        socket_(std::move(socket)),
+        sockets_{std::move(socket), std::move(zap)},
         endpoint_(std::move(endpoint)),
         restored_step_(restored_step),
         pool_(options_.compute_threads),
         updater_(pool_),
         tables_(std::move(tables)) {
     if (options_.num_workers > 0) workers_.SetCount(options_.num_workers).IgnoreError();  // checked in Start
+    if (options_.curve) {
+      for (size_t r = 0; r < options_.curve->workers.size(); ++r) {
+        worker_keys_[curve::Decode(options_.curve->workers[r])] = static_cast<int>(r);
+      }
+    }
     for (auto& c : counters_) c.store(0);
     for (auto& b : staleness_) b.store(0);
     thread_ = std::thread([this] { Loop(); });
@@ -124,8 +135,9 @@ class ServerImpl final : public Server {
     transport::EventLoop::Handlers h;
     // Out of memory while serving (HandleMessage answers its own errors): the request in hand is
     // lost, the server goes on; its client times out with a clear error.
-    h.on_message = [this](size_t, Frames& frames, bool truncated) {
+    h.on_message = [this](size_t socket, Frames& frames, bool truncated) {
       try {
+        if (socket == kZap) return OnZapRequest(frames);
         HandleMessage(frames, truncated);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "ferry-ps %d: %s while serving; continuing\n", options_.rank, e.what());
@@ -144,7 +156,7 @@ class ServerImpl final : public Server {
         std::fprintf(stderr, "ferry-ps %d: %s while expiring held requests; continuing\n", options_.rank, e.what());
       }
     };
-    const Status s = transport::EventLoop::Run({&socket_, 1}, waker_, stopping_, wire::kMaxFrames + 1, h);
+    const Status s = transport::EventLoop::Run({sockets_.data(), options_.curve ? 2u : 1u}, waker_, stopping_, wire::kMaxFrames + 1, h);
     if (!s.ok()) std::fprintf(stderr, "ferry-ps %d: %s; stopping\n", options_.rank, s.message().c_str());
   }
 
@@ -164,6 +176,9 @@ class ServerImpl final : public Server {
       SendError(req, s);
     };
     if (frames.size() < 2) return bad(InvalidArgumentError("message has no header frame"));
+    // CURVE: the rank of the connection's key, which ZeroMQ attached to the frames (read before
+    // the header is verified: that may copy it into an aligned frame without them).
+    const int key_rank = options_.curve ? KeyRank(frames[1]) : -1;
     // The header first, so that even a refusal for size can name the request it answers.
     req.header_frame = std::move(frames[1]);
     const Header* header = nullptr;
@@ -172,6 +187,13 @@ class ServerImpl final : public Server {
     // kind, so its sender can match the refusal instead of waiting out its timeout.
     req.verified = header != nullptr;
     if (!s.ok()) return bad(s);
+    if (options_.curve) {
+      if (s = CheckKeyRank(req, key_rank); !s.ok()) {
+        Count(kPermissionDenied);
+        LogRateLimited(s.message());
+        return SendError(req, s);
+      }
+    }
     if (truncated) {
       return bad(InvalidArgumentError("message has more than " + std::to_string(wire::kMaxFrames) + " frames"));
     }
@@ -190,6 +212,51 @@ class ServerImpl final : public Server {
       s = ResourceExhaustedError(std::string("server ") + std::to_string(options_.rank) + ": " + e.what());
     }
     if (!s.ok() && req.h()) SendError(req, s.WithContext(std::string(wire::KindName(req.h()->kind()))));
+  }
+
+  // ---- CURVE --------------------------------------------------------------------------------
+
+  // One ZAP request from libzmq (RFC 27): [version][request id][domain][address][routing id]
+  // [mechanism][client public key]. A key of one of the job's workers is accepted with that
+  // worker's rank as its user id (every message of the connection carries it); any other key is
+  // refused, counted and logged, and its peer never gets to send a message.
+  void OnZapRequest(Frames& frames) {
+    auto text = [&](size_t i) { return i < frames.size() ? frames[i].to_string() : std::string(); };
+    std::string code = "400", status = "not one of this job's worker keys", user;
+    int rank = -1;
+    if (frames.size() >= 7 && text(5) == "CURVE") {
+      if (auto it = worker_keys_.find(text(6)); it != worker_keys_.end()) rank = it->second;
+    }
+    if (rank >= 0) {
+      code = "200", status = "OK", user = std::to_string(rank);
+    } else {
+      Count(kCurveRefused);
+      const std::string key = frames.size() >= 7 ? curve::Encode(text(6)) : std::string();
+      LogRateLimited("refused a connection from " + text(3) + ": its CURVE key " +
+                     (key.empty() ? std::string("(none)") : key) + " is not one of this job's workers'");
+    }
+    Frames reply;
+    for (const std::string& f : {std::string("1.0"), text(1), code, status, user, std::string()}) {
+      reply.emplace_back(f.data(), f.size());
+    }
+    transport::Send(sockets_[kZap], reply).IgnoreError();
+  }
+
+  // The worker rank our ZAP handler gave the key of the connection `frame` came on; -1 if none.
+  static int KeyRank(zmq::message_t& frame) {
+    const char* user = zmq_msg_gets(frame.handle(), "User-Id");
+    return user != nullptr && *user != '\0' ? std::atoi(user) : -1;
+  }
+
+  // CURVE: the rank a message speaks for must be its connection's key's. Hello, Stats and every
+  // worker request carry the sender's rank.
+  Status CheckKeyRank(const Request& req, int key_rank) {
+    if (key_rank != req.h()->rank()) {
+      return PermissionDeniedError("this connection's CURVE key is worker " +
+                                   (key_rank >= 0 ? std::to_string(key_rank) : std::string("?")) +
+                                   "'s; it cannot speak for worker " + std::to_string(req.h()->rank()));
+    }
+    return Status::Ok();
   }
 
   Status Dispatch(Request& req) {
@@ -241,7 +308,7 @@ class ServerImpl final : public Server {
     for (auto& f : out) bytes += static_cast<int64_t>(f.size());
     Count(kBytesOut, bytes);
     // A peer that went away simply does not get its reply (ROUTER drops it).
-    transport::Send(socket_, out).IgnoreError();
+    transport::Send(sockets_[kMain], out).IgnoreError();
   }
 
   void SendError(Request& req, const Status& s) {
@@ -929,8 +996,11 @@ class ServerImpl final : public Server {
   }
 
   const ServerOptions options_;
-  std::shared_ptr<Context> context_;  // keeps the zmq context alive for socket_
-  zmq::socket_t socket_;              // owned by the I/O thread after construction
+  std::shared_ptr<Context> context_;  // keeps the zmq context alive for the sockets
+  // Owned by the I/O thread after construction: the server's ROUTER, and (CURVE) its ZAP socket.
+  static constexpr size_t kMain = 0, kZap = 1;
+  std::array<zmq::socket_t, 2> sockets_;
+  absl::flat_hash_map<std::string, int> worker_keys_;  // CURVE: raw public key -> worker rank
   const std::string endpoint_;
   const int64_t restored_step_;  // -1: started empty
   transport::Waker waker_;
@@ -968,6 +1038,28 @@ class ServerImpl final : public Server {
   std::thread thread_ ABSL_GUARDED_BY(stop_mu_);
 };
 
+// CURVE needs a private context (one ZAP handler per context), a transport with handshakes, and
+// keys that decode; the worker count follows from the keys.
+Status CheckCurveOptions(ServerOptions* options) {
+  const std::string who = "ferry-ps rank " + std::to_string(options->rank) + ": CURVE";
+  if (!curve::Available()) return UnimplementedError(who + ": this libzmq was built without CURVE");
+  if (options->context) return InvalidArgumentError(who + " needs the server's own Context (leave options.context unset)");
+  if (options->bind.starts_with("inproc://")) return InvalidArgumentError(who + " needs tcp:// or ipc://, not inproc://");
+  FERRY_RETURN_IF_ERROR(curve::CheckKeypair(options->curve->server, who + " server keypair"));
+  const auto& workers = options->curve->workers;
+  if (workers.empty()) return InvalidArgumentError(who + ": no worker keys");
+  for (size_t r = 0; r < workers.size(); ++r) {
+    FERRY_RETURN_IF_ERROR(curve::CheckPublicKey(workers[r], who + " key of worker " + std::to_string(r)));
+  }
+  const int n = static_cast<int>(workers.size());
+  if (options->num_workers == 0) options->num_workers = n;
+  if (options->num_workers != n) {
+    return InvalidArgumentError(who + ": " + std::to_string(n) + " worker keys for a job of " +
+                                std::to_string(options->num_workers) + " workers");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
@@ -983,6 +1075,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     return InvalidArgumentError("num_workers " + std::to_string(options.num_workers) + " is outside [0, 65536]");
   }
   if (options.keep_checkpoints < 1) return InvalidArgumentError("keep_checkpoints must be at least 1");
+  if (options.curve) FERRY_RETURN_IF_ERROR(CheckCurveOptions(&options));
   ps::TableRegistry tables(options.rank, options.num_servers);
   int64_t restored_step = -1;
   if (options.restore) {
@@ -1000,18 +1093,28 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   auto context = options.context ? options.context : Context::Create(1);
   if (!transport::Waker().ok()) return InternalError("cannot create an eventfd (file descriptors exhausted?)");
   FERRY_ASSIGN_OR_RETURN(zmq::socket_t socket, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router));
+  zmq::socket_t zap;
   std::string endpoint;
   try {
     // ZeroMQ drops the connection of a peer whose single frame exceeds this hard limit; frames
     // below it but over max_message_bytes get an error reply.
     socket.set(zmq::sockopt::maxmsgsize, options.max_message_bytes * 2);
+    if (options.curve) {
+      // The handler first: a handshake that finds none bound would accept every key.
+      FERRY_ASSIGN_OR_RETURN(zap, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::rep));
+      zap.bind("inproc://zeromq.zap.01");
+      const std::string secret = curve::Decode(options.curve->server.secret_key);
+      socket.set(zmq::sockopt::curve_server, 1);
+      if (zmq_setsockopt(socket.handle(), ZMQ_CURVE_SECRETKEY, secret.data(), secret.size()) != 0) throw zmq::error_t();
+      socket.set(zmq::sockopt::zap_domain, "ferry");
+    }
     socket.bind(options.bind);
     endpoint = transport::LastEndpoint(socket);
   } catch (const zmq::error_t& e) {
     return UnavailableError("ferry-ps rank " + std::to_string(options.rank) + ": cannot bind " + options.bind + ": " +
                             e.what());
   }
-  return std::unique_ptr<Server>(new ServerImpl(std::move(options), std::move(context), std::move(socket), endpoint,
+  return std::unique_ptr<Server>(new ServerImpl(std::move(options), std::move(context), std::move(socket), std::move(zap), endpoint,
                                                 std::move(tables), restored_step));
 }
 

@@ -79,6 +79,11 @@ ferry_code ferry_spec_set(ferry_table_spec* spec, const char* key, double value)
  * waits for its reply (0: the C++ default, 6 minutes). */
 ferry_code ferry_connect(const char* const* servers, size_t num_servers, int rank, int num_workers,
                          int64_t request_timeout_ms, ferry_client** out);
+/* ferry_connect with CURVE: authenticates as worker `rank` with the keys in `curve_keys_dir`, a
+ * job's key folder (ferry-keys writes one; reads server.pub and worker-RANK.key) and encrypts
+ * every message. Needed when the servers run with --curve-keys; NULL or "": no CURVE. */
+ferry_code ferry_connect_curve(const char* const* servers, size_t num_servers, int rank, int num_workers,
+                               int64_t request_timeout_ms, const char* curve_keys_dir, ferry_client** out);
 /* The same, with servers, rank and worker count from the TF_CONFIG environment variable
  * (see ferry/cluster.h); FERRY_NOT_FOUND when TF_CONFIG is not set. */
 ferry_code ferry_connect_tf_config(int64_t request_timeout_ms, ferry_client** out);

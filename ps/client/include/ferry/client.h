@@ -17,12 +17,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "ferry/context.h"
+#include "ferry/curve.h"
 #include "ferry/status.h"
 #include "ferry/table_spec.h"
 
@@ -48,6 +50,11 @@ struct ClientOptions {
   // room (up to the request timeout, then fails with RESOURCE_EXHAUSTED). Bounds the memory a
   // fast producer can pin.
   int max_in_flight = 4096;
+  // CURVE (ferry/curve.h; curve::LoadClientKeys reads a job's key folder): authenticate to the
+  // servers with this worker's key and encrypt every message. Needed when the servers use
+  // CURVE; a server that refuses the key, or a mismatch (one side without CURVE), fails the
+  // operation with PERMISSION_DENIED saying so. tcp:// and ipc:// only.
+  std::optional<CurveClientKeys> curve;
   // Required for inproc:// servers (share the servers' Context); optional otherwise.
   std::shared_ptr<Context> context;
 };

@@ -13,10 +13,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ferry/context.h"
+#include "ferry/curve.h"
 #include "ferry/status.h"
 
 namespace ferry {
@@ -55,6 +57,12 @@ struct ServerOptions {
   // rank and the server count (which may differ from the one that wrote it). Start fails, naming
   // what is wrong with each, if none does.
   bool restore = false;
+  // CURVE (ferry/curve.h): every connection must authenticate with one of `workers`' keys and is
+  // encrypted; a key speaks for its worker's rank alone. Unset: no authentication (bind to
+  // loopback, or to a network only the job's hosts reach). Needs tcp:// or ipc:// and the
+  // server's own Context (ZeroMQ asks one authentication handler per context). Sets num_workers
+  // when that is 0; otherwise the two must agree.
+  std::optional<CurveServerKeys> curve;
   // Required for inproc://; optional otherwise (a private one is made).
   std::shared_ptr<Context> context;
 };

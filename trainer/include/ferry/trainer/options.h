@@ -90,6 +90,10 @@ struct TrainerOptions {
   // data (epoch, position and shuffle follow from the step), without waiting for the others.
   bool resume = false;
 
+  // --curve-keys: a job's CURVE key folder (ferry/curve.h): authenticate to the servers as this worker and
+  // encrypt every message; empty: no CURVE.
+  std::string curve_keys;
+
   // ---- Reporting ----
   int64_t log_every = 100;    // --log-every N: a progress line every N steps (0 = none)
   int64_t eval_every = 0;     // --eval-every N: evaluate every N steps (0 = only at the end)

@@ -1,0 +1,69 @@
+// ferry-keys: writes a new CURVE key folder for a job (ferry/curve.h says what is in it).
+//
+//   ferry-keys DIR --workers N
+//
+// Then: ferry-ps --curve-keys DIR ...; ferry-trainer --curve-keys DIR ... (or ferry-launch --curve,
+// which runs this for you). Every file is owner-only; copy each host only what it runs.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "ferry/curve.h"
+
+namespace {
+
+void Usage(std::FILE* out) {
+  std::fputs(
+      "usage: ferry-keys DIR --workers N\n"
+      "  Writes a new CURVE key folder for a job of N workers into DIR (created, mode 0700; existing\n"
+      "  keys are never overwritten): server.key and server.pub (the servers' keypair and its public\n"
+      "  half), worker-R.key for each worker R, and workers.pub (the keys the servers accept).\n"
+      "  Servers need server.key and workers.pub; worker R needs server.pub and worker-R.key.\n",
+      out);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir;
+  long long workers = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      Usage(stdout);
+      return 0;
+    }
+    if (arg == "--workers") {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "ferry-keys: --workers needs a value\n");
+        return 2;
+      }
+      char* end = nullptr;
+      workers = std::strtoll(argv[++i], &end, 10);
+      if (end == argv[i] || *end != '\0' || workers < 1 || workers > 65536) {
+        std::fprintf(stderr, "ferry-keys: --workers expects an integer in [1, 65536], got '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (arg.starts_with("-")) {
+      std::fprintf(stderr, "ferry-keys: unknown flag %s\n", argv[i]);
+      Usage(stderr);
+      return 2;
+    } else if (dir.empty()) {
+      dir = argv[i];
+    } else {
+      std::fprintf(stderr, "ferry-keys: one folder, please (got '%s' and '%s')\n", dir.c_str(), argv[i]);
+      return 2;
+    }
+  }
+  if (dir.empty() || workers == 0) {
+    Usage(stderr);
+    return 2;
+  }
+  if (const ferry::Status s = ferry::curve::WriteJobKeys(dir, static_cast<int>(workers)); !s.ok()) {
+    std::fprintf(stderr, "ferry-keys: %s\n", s.message().c_str());
+    return 2;
+  }
+  std::printf("ferry-keys: wrote the keys of a job of %lld worker(s) to %s\n", workers, dir.c_str());
+  return 0;
+}

@@ -5,6 +5,8 @@ The package behind launch/ferry-launch. Modules, in the order a launch uses them
   spec, hosts    the cluster description: Tasks from flags, a JSON spec or a Slurm allocation
   commands       build_commands(): what every process is told
   preflight      checks before anything starts; checkpoints: what a checkpoint folder holds
+  curve          CURVE: the job's key folder (--curve makes it, --curve-keys names it), the
+                 files each process reads, the warning for servers exposed without it
   supervise      children, their output, signals, reaping, the rendezvous with the servers
   recovery       the job's progress read from the output; restart records and their report
   backend_local  the local and ssh backends, with the restarts
@@ -30,7 +32,8 @@ Backends:
          when the step's stdin (srun --input=all, held open by the launcher) reaches EOF.
 
 Flow (local, ssh): options -> commands -> preflight (binaries, free ports, hosts reachable over
-ssh and binaries there, the checkpoint folder, the log dir) -> start servers -> rendezvous
+ssh and binaries there, --curve-keys files, the checkpoint folder, the log dir) -> --curve: the
+job's keys in the log dir, commands again with their folder -> start servers -> rendezvous
 (every ps port accepts TCP from here, with a deadline) -> start workers -> supervise until all
 workers exit 0 (then stop the servers, exit 0). A process that dies meanwhile is restarted while
 --max-restarts allows: a worker alone with --resume; after a server's death (with a checkpoint)

@@ -11,6 +11,7 @@ import time
 
 from . import common
 from .commands import Binaries, build_commands
+from .curve import check_key_folder, exposure_warning, folder_for_commands, make_job_keys
 from .common import (
     EXIT_FAILED, EXIT_OK, LAUNCHER_PATH, LaunchError, SRUN_LABEL_RE, SRUN_TASK_ERROR_RE,
     STOP_MARGIN_S, StartFailed, TASK_EXIT_RE, TASK_STARTED_RE)
@@ -218,6 +219,7 @@ def slurm_task_argv(cluster, binaries, opts):
                ["--checkpoint-dir", opts.checkpoint_dir] if opts.checkpoint_dir else [])
             + (["--checkpoint-every", str(opts.checkpoint_every)] if opts.checkpoint_every
                else [])
+            + (["--curve-keys", folder_for_commands(opts)] if folder_for_commands(opts) else [])
             + ["--"] + list(opts.trainer_args))
 
 
@@ -244,10 +246,12 @@ def run_slurm(opts, console, signals, why):
     # means that node's CUDA_VISIBLE_DEVICES, else its nvidia-smi -L count).
     cards = [str(i) for i in range(explicit or 0)]
     build_commands(cluster, binaries, opts, lambda t: cards)
+    warning = exposure_warning(cluster, opts)
     hosts = [t.host for t in cluster.tasks]
     used = list(dict.fromkeys(hosts))
     srun_argv = srun + [f"--ntasks={len(hosts)}", f"--nodes={len(used)}",
                         "--distribution=arbitrary", "--label", "--input=all"]
+    srun_base = len(srun_argv)
     srun_argv += slurm_task_argv(cluster, binaries, opts)
     hostfile = os.path.join(opts.log_dir or "LOG_DIR", "slurm-hostfile")
 
@@ -267,15 +271,29 @@ def run_slurm(opts, console, signals, why):
         print(f"[hostfile] {','.join(hosts)}")
         for i, t in enumerate(cluster.tasks):
             print(f"[{t.name}] (slurm task {i} on {t.host}) {t.command_text()}")
+        if opts.curve:
+            console.say(f"--curve: {binaries.keys_tool} would make the job's keys in "
+                        f"{folder_for_commands(opts)}")
+        if warning:
+            console.say(warning, err=True)
         return EXIT_OK
 
     if shutil.which(srun[0]) is None:
         raise LaunchError(f"preflight: srun command not found: {srun[0]} (--srun sets it)")
-    check_binaries_here([LAUNCHER_PATH] + sorted(set(binaries.local.values())))
+    check_binaries_here([LAUNCHER_PATH] + sorted(set(binaries.local.values()))
+                        + ([binaries.keys_tool] if opts.curve else []))
     for t in cluster.ps:
         (check_port_here if is_local(t.host) else check_port_there)(t)
+    if opts.curve_keys:  # every node reads it at this path: all of it must be here too
+        check_key_folder(opts.keys_dir, cluster.tasks, len(cluster.workers))
     check_checkpoint_folder(opts)
     make_log_dir(opts)
+    if opts.curve:  # each task checks, on its node, the files its process reads
+        make_job_keys(binaries.keys_tool, opts, len(cluster.workers), console.say)
+        build_commands(cluster, binaries, opts, lambda t: cards)
+        srun_argv = srun_argv[:srun_base] + slurm_task_argv(cluster, binaries, opts)
+        console.say(f"--curve: the job's keys are in {opts.keys_dir} (owner-only; every node "
+                    "must see this folder at this path; --curve-keys uses them again)")
     hostfile = os.path.join(opts.log_dir, "slurm-hostfile")
     try:
         with open(hostfile, "w", encoding="utf-8") as f:
@@ -288,4 +306,6 @@ def run_slurm(opts, console, signals, why):
                     f"{manifest} (step {step})")
     for t in cluster.tasks:
         console.say(f"plan: {t.name} on {t.host}" + (f":{t.port}" if t.port else ""))
+    if warning:
+        console.say(warning, err=True)
     return SlurmLauncher(cluster, opts, console, signals, srun_argv, hostfile).run()

@@ -9,11 +9,12 @@ import sys
 from .backend_local import Launcher
 from .backend_slurm import run_slurm
 from .commands import Binaries, build_commands, cards_here, visible_devices
+from .curve import exposure_warning, folder_for_commands, make_job_keys
 from .common import (
     DEFAULT_BASE_PORT, DEFAULT_MAX_RESTARTS, DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN,
     DEFAULT_SSH, EXIT_OK, EXIT_USAGE, LAUNCHER_PATH, LaunchError, MAX_SECONDS, StopRequested)
 from .hosts import is_local
-from .preflight import preflight
+from .preflight import check_keys_on_ssh_hosts, preflight
 from .slurm_task import slurm_task_main
 from .spec import cluster_from_flags, decode_spec, parse_spec
 from .supervise import Console, StopSignals
@@ -129,6 +130,15 @@ def parse_args(argv):
                     help="restarts allowed while the job runs: a worker that dies is restarted "
                          "alone; when a server dies, all restart from the last checkpoint; 0 "
                          "stops everything at the first death (default %(default)s)")
+    ap.add_argument("--curve", action="store_true",
+                    help="CURVE (ZeroMQ authentication and encryption): ferry-keys makes the "
+                         "job's keys in LOG_DIR/keys, and every ferry-ps and ferry-trainer gets "
+                         "--curve-keys with that folder (with processes on other hosts: a "
+                         "--log-dir they see at the same path, else use --curve-keys)")
+    ap.add_argument("--curve-keys", metavar="DIR",
+                    help="CURVE with the keys in DIR (from ferry-keys DIR --workers N): every "
+                         "ferry-ps and ferry-trainer gets --curve-keys DIR; each host needs the "
+                         "files its processes read, at this path")
     ap.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     # Internal: what each task of the srun step runs.
     ap.add_argument("--slurm-task", action="store_true", help=argparse.SUPPRESS)
@@ -139,7 +149,7 @@ def parse_args(argv):
         opts.ps_args = [word for text in opts.ps_arg for word in shlex.split(text)]
     except ValueError as e:
         ap.error(f"argument --ps-arg: {e}")
-    for flag in ("checkpoint_dir", "resume"):
+    for flag in ("checkpoint_dir", "resume", "curve_keys"):
         if getattr(opts, flag) == "":
             ap.error(f"argument --{flag.replace('_', '-')}: empty folder name")
     if opts.resume and opts.checkpoint_dir:
@@ -153,6 +163,12 @@ def parse_args(argv):
         ap.error("argument --checkpoint-every: needs a checkpoint folder: give --checkpoint-dir "
                  "DIR (or --resume DIR)")
     opts.resume_from = None  # (manifest, step) that --resume starts from: set by preflight
+    if opts.curve and opts.curve_keys:
+        ap.error("--curve and --curve-keys DIR are exclusive (--curve makes new keys for the "
+                 "job; --curve-keys DIR uses the keys in DIR)")
+    # The key folder every process gets (None: no CURVE). --curve: LOG_DIR/keys, set once the
+    # log dir exists (curve.make_job_keys).
+    opts.keys_dir = os.path.abspath(opts.curve_keys) if opts.curve_keys else None
     return ap, opts
 
 
@@ -208,7 +224,12 @@ def launch(ap, opts, console, signals):
     here, gpu_note = cards_here(opts.gpus_per_host,
                                 visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES")))
     there = [str(i) for i in range(opts.gpus_per_host or 0)]
-    build_commands(cluster, binaries, opts, lambda t: there if t.via_ssh else here)
+
+    def cards_for(t):
+        return there if t.via_ssh else here
+
+    build_commands(cluster, binaries, opts, cards_for)
+    warning = exposure_warning(cluster, opts)
     ssh = shlex.split(opts.ssh)
     remote = [t for t in cluster.tasks if t.via_ssh]
     if remote and not ssh:
@@ -225,8 +246,21 @@ def launch(ap, opts, console, signals):
             console.say(f"commands for other hosts run as: {shlex.join(ssh)} HOST 'sh -c "
                         "WRAPPER ferry-launch-remote GRACE_TENTHS DIR COMMAND' (WRAPPER stops "
                         "COMMAND when ssh's stdin closes; see launch/README.md)")
+        if opts.curve:
+            console.say(f"--curve: {binaries.keys_tool} would make the job's keys in "
+                        f"{folder_for_commands(opts)}")
+        if warning:
+            console.say(warning, err=True)
         return EXIT_OK
     preflight(cluster, binaries, ssh, opts)
+    if opts.curve:  # the log dir exists now: the job's keys go there
+        make_job_keys(binaries.keys_tool, opts, len(cluster.workers), console.say)
+        check_keys_on_ssh_hosts(cluster, ssh, opts)
+        build_commands(cluster, binaries, opts, cards_for)  # again, with the keys' folder
+        console.say(f"--curve: the job's keys are in {opts.keys_dir} (owner-only; --curve-keys "
+                    f"{opts.keys_dir} uses them again)")
+    if warning:
+        console.say(warning, err=True)
     return Launcher(cluster, opts, console, signals).run()
 
 

@@ -9,6 +9,7 @@ import subprocess
 
 from .common import (
     LAUNCHER_OWNED_PS_FLAGS, LAUNCHER_OWNED_TRAINER_FLAGS, LaunchError, REMOTE_WRAPPER)
+from .curve import folder_for_commands
 from .hosts import bind_address, canonical_host
 
 
@@ -35,6 +36,8 @@ class Binaries:
             self.local[name] = path
             self.remote[name] = (os.path.join(remote_bin_dir, os.path.relpath(path, self.bin_dir))
                                  if remote_bin_dir else path)
+        # ferry-keys (--curve runs it, here only) sits beside ferry-ps.
+        self.keys_tool = os.path.join(os.path.dirname(self.local["ferry-ps"]), "ferry-keys")
 
     def path(self, name, via_ssh):
         return (self.remote if via_ssh else self.local)[name]
@@ -52,8 +55,10 @@ def _check_passed_flags(args, owned, what):
 
 def build_commands(cluster, binaries, opts, cards_for):
     """Sets argv, resume_argv and env of every task, from opts.ps_threads, opts.ps_args (extra
-    ferry-ps flags), opts.trainer_args (extra ferry-trainer flags) and the checkpoint options
-    (opts.checkpoint_dir, opts.checkpoint_every, opts.resume; None = not given).
+    ferry-ps flags), opts.trainer_args (extra ferry-trainer flags), the checkpoint options
+    (opts.checkpoint_dir, opts.checkpoint_every, opts.resume; None = not given) and CURVE
+    (opts.curve, opts.keys_dir: with either, every server and every worker, restarted ones
+    included, gets --curve-keys FOLDER; see curve.folder_for_commands).
 
     resume_argv is the command that continues the job: a server with --restore (None without a
     checkpoint folder), a worker with --resume. Under --resume DIR, argv is resume_argv.
@@ -71,11 +76,13 @@ def build_commands(cluster, binaries, opts, cards_for):
     # refused, and a restoring server needs it); with a checkpoint folder every server writes its
     # shards there.
     ckpt = ["--num-workers", str(len(cluster.workers))] + (["--checkpoint-dir", folder] if folder else [])
+    keys = folder_for_commands(opts)
+    curve = ["--curve-keys", keys] if keys else []
     for t in cluster.ps:
         base = [binaries.path("ferry-ps", t.via_ssh),
                 "--bind", f"tcp://{bind_address(t.host)}:{t.port}", "--rank", str(t.rank),
                 "--num-servers", str(len(cluster.ps)),
-                "--compute-threads", str(opts.ps_threads)] + ckpt
+                "--compute-threads", str(opts.ps_threads)] + ckpt + curve
         # Restarted after a server died (or the whole job under --resume): from the newest
         # checkpoint. Without a folder a server cannot be restarted.
         t.resume_argv = base + ["--restore"] + list(opts.ps_args) if folder else None
@@ -84,7 +91,7 @@ def build_commands(cluster, binaries, opts, cards_for):
     on_host = collections.Counter()
     for t in cluster.workers:
         t.argv = [binaries.path("ferry-trainer", t.via_ssh), "--servers", servers,
-                  "--rank", str(t.rank), "--num-workers", str(len(cluster.workers))]
+                  "--rank", str(t.rank), "--num-workers", str(len(cluster.workers))] + curve
         if every:
             t.argv += ["--checkpoint-every", str(every)]
         # Restarted (alone, or after its servers restored a checkpoint): it continues the job

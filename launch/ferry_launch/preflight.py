@@ -14,6 +14,7 @@ import threading
 from . import common
 from .checkpoints import find_checkpoint, prepare_new_folder
 from .common import LaunchError
+from .curve import check_key_folder, files_for
 from .hosts import bind_address
 from .supervise import _die_with_launcher, _kill_group
 
@@ -21,7 +22,10 @@ from .supervise import _die_with_launcher, _kill_group
 def check_binaries_here(paths):
     for b in paths:
         if not os.path.isfile(b):
-            raise LaunchError(f"preflight: binary not found: {b} (build first, or pass --bin-dir)")
+            why = (" (--curve runs it to make the job's keys; or make them yourself and pass "
+                   "--curve-keys DIR)" if os.path.basename(b) == "ferry-keys" else "")
+            raise LaunchError(f"preflight: binary not found: {b} (build first, or pass "
+                              f"--bin-dir){why}")
         if not os.access(b, os.X_OK):
             raise LaunchError(f"preflight: binary not executable: {b}")
 
@@ -89,8 +93,30 @@ class ShortCommands:
                 _kill_group(p.pid)
 
 
-def _check_ssh_host(ssh, host, tasks, binaries, timeout, commands):
-    """Reachable, binaries there, ps ports not in use. Returns an error text or None."""
+def _check_ssh_keys(ssh, host, tasks, folder, generated, timeout, commands):
+    """CURVE: the key files the tasks on host read are there, readable, at folder's path.
+    Returns an error text or None."""
+    fields = ", ".join(t.where for t in tasks)
+    paths = [os.path.join(folder, f) for f in files_for(tasks)]
+    rc, out, err = commands.run(ssh + [host, shlex.join(
+        ["sh", "-c", 'for f; do [ -f "$f" ] && [ -r "$f" ] || echo "$f"; done',
+         "ferry-launch-check"] + paths)], timeout)
+    missing = out.splitlines()
+    if rc == 0 and not missing:
+        return None
+    what = ", ".join(missing) if missing else f"check failed: {err.strip() or rc}"
+    how = ("--curve writes the job's keys to the log dir on this machine: with processes on "
+           "other hosts give a --log-dir they see at the same path, or copy each host the files "
+           "it needs and pass --curve-keys DIR" if generated else
+           "copy them there, to the same path: a server needs server.key and workers.pub, "
+           "worker R server.pub and worker-R.key")
+    return (f"preflight: on host '{host}' ({fields}): CURVE key files missing or unreadable: "
+            f"{what} ({how}; see launch/README.md)")
+
+
+def _check_ssh_host(ssh, host, tasks, binaries, timeout, commands, keys=None):
+    """Reachable, binaries there, ps ports not in use, and with keys (--curve-keys DIR) the
+    key files its tasks read. Returns an error text or None."""
     fields = ", ".join(t.where for t in tasks)
     rc, _, err = commands.run(ssh + [host, "true"], timeout)
     if rc != 0:
@@ -114,7 +140,42 @@ def _check_ssh_host(ssh, host, tasks, binaries, timeout, commands):
                 check_port_there(t)
             except LaunchError as e:
                 return str(e)
+    if keys:
+        return _check_ssh_keys(ssh, host, tasks, keys, False, timeout, commands)
     return None
+
+
+def _on_ssh_hosts(cluster, check):
+    """Runs check(host, tasks on it, ShortCommands) -> error text or None for every ssh host,
+    each from a thread of its own; raises LaunchError with every error. However it ends
+    (StopRequested included), no command it started is left running."""
+    by_host = collections.OrderedDict()
+    for t in cluster.tasks:
+        if t.via_ssh:
+            by_host.setdefault(t.host, []).append(t)
+    errors, commands = {}, ShortCommands()
+
+    def run(host):
+        errors[host] = check(host, by_host[host], commands)
+
+    threads = [threading.Thread(target=run, args=(h,), daemon=True) for h in by_host]
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        commands.kill_all()
+    bad = [errors[h] for h in by_host if errors.get(h)]
+    if bad:
+        raise LaunchError("\n".join(bad))
+
+
+def check_keys_on_ssh_hosts(cluster, ssh, opts):
+    """--curve, once the keys are made (in the log dir here): each ssh host sees the files its
+    processes read at that path (a log dir on a shared file system). Raises LaunchError."""
+    _on_ssh_hosts(cluster, lambda host, tasks, commands: _check_ssh_keys(
+        ssh, host, tasks, opts.keys_dir, True, opts.ssh_timeout, commands))
 
 
 def make_log_dir(opts):
@@ -145,33 +206,19 @@ def check_checkpoint_folder(opts):
 def preflight(cluster, binaries, ssh, opts):
     """Everything that can be checked before anything starts, then the log dir; raises
     LaunchError. The ssh checks run in parallel; whatever way preflight ends (StopRequested
-    included), none is left running."""
+    included), none is left running. CURVE: --curve needs ferry-keys here (the keys are made
+    after preflight, in the log dir); --curve-keys DIR must hold the key files of the processes
+    on this machine here, and those of each ssh host's processes there."""
     local = [t for t in cluster.tasks if not t.via_ssh]
     check_binaries_here(sorted({binaries.path("ferry-ps" if t.role == "ps" else "ferry-trainer",
-                                              False) for t in local}))
+                                              False) for t in local})
+                        + ([binaries.keys_tool] if opts.curve else []))
     for t in local:
         if t.role == "ps":
             check_port_here(t)
-    by_host = collections.OrderedDict()
-    for t in cluster.tasks:
-        if t.via_ssh:
-            by_host.setdefault(t.host, []).append(t)
-    errors, commands = {}, ShortCommands()
-
-    def check(host):
-        errors[host] = _check_ssh_host(ssh, host, by_host[host], binaries, opts.ssh_timeout,
-                                       commands)
-
-    threads = [threading.Thread(target=check, args=(h,), daemon=True) for h in by_host]
-    try:
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-    finally:
-        commands.kill_all()
-    bad = [errors[h] for h in by_host if errors.get(h)]
-    if bad:
-        raise LaunchError("\n".join(bad))
+    _on_ssh_hosts(cluster, lambda host, tasks, commands: _check_ssh_host(
+        ssh, host, tasks, binaries, opts.ssh_timeout, commands, opts.curve_keys and opts.keys_dir))
+    if opts.curve_keys and local:
+        check_key_folder(opts.keys_dir, local, len(cluster.workers))
     check_checkpoint_folder(opts)
     make_log_dir(opts)  # last: a failed preflight leaves no empty temp dir behind

@@ -8,6 +8,7 @@ import threading
 from . import common
 from .commands import Binaries, build_commands, cards_here, visible_devices
 from .common import LaunchError
+from .curve import check_key_folder
 from .spec import decode_spec, parse_spec
 from .supervise import _die_with_launcher, describe_status, wait_for_servers
 
@@ -42,6 +43,12 @@ def slurm_task_main(opts):
             raise LaunchError(f"{name} (slurm task {procid}) was placed on {task.host} but runs "
                               f"on {node}: srun did not follow SLURM_HOSTFILE "
                               "(--distribution=arbitrary)")
+        if opts.keys_dir:  # CURVE: the files this process reads, as this node sees them
+            try:
+                check_key_folder(opts.keys_dir, [task], len(cluster.workers))
+            except LaunchError as e:
+                raise LaunchError(f"{name} on {node or task.host}: {e} (the key folder must be "
+                                  "on a file system every node sees, at the same path)") from None
     except LaunchError as e:
         say(f"error: {e}")
         return _task_end(name, 1)

@@ -10,12 +10,14 @@ demand), an "ssh" that runs the command on this machine or inside a network name
 "srun" that runs a step's tasks here. NetnsTest needs root (ip netns) and skips without it.
 """
 
+import collections
 import contextlib
 import io
 import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -28,7 +30,7 @@ import time
 import unittest
 import unittest.mock
 
-from build_paths import BUILD_DIR, HERE, LAUNCHER, PS_BIN, TRAINER_BIN
+from build_paths import BUILD_DIR, HERE, KEYS_BIN, LAUNCHER, PS_BIN, TRAINER_BIN
 
 SHORT_TRAINING = ["--model", "mlp", "--hidden", "16", "--steps", "20", "--batch", "32",
                   "--train-limit", "2000", "--test-limit", "500", "--quiet"]
@@ -174,16 +176,24 @@ _LAUNCHER_MODULE = []
 def run_in_process(args, env=None):
     """The launcher's main(args) in this process, for checks that start nothing (usage errors,
     --dry-run): cheaper than a Python start-up each. Returns (exit status, stdout + stderr)."""
+    rc, out, _ = run_in_process_split(args, env, merged=True)
+    return rc, out
+
+
+def run_in_process_split(args, env=None, merged=False):
+    """run_in_process(), with stdout and stderr apart (or both in the first, merged):
+    (exit status, stdout, stderr)."""
     if not _LAUNCHER_MODULE:
         _LAUNCHER_MODULE.append(load_launcher_module())
     out = io.StringIO()
+    err = out if merged else io.StringIO()
     with unittest.mock.patch.dict(os.environ, launcher_env(env), clear=True), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             rc = _LAUNCHER_MODULE[0].main(list(args))
         except SystemExit as e:  # argparse
             rc = e.code
-    return rc, out.getvalue()
+    return rc, out.getvalue(), "" if merged else err.getvalue()
 
 
 def run_launcher(args, timeout=60, env=None):
@@ -1654,6 +1664,459 @@ class SlurmTest(unittest.TestCase):
                          ["ps 0", "ps 1", "worker 0", "worker 1"], out)
         alive = [f"{who} pid {pid}" for who, pid in pids.items() if pid_alive(pid)]
         self.assertEqual(alive, [], "processes survived the launcher")
+
+
+# CURVE (--curve, --curve-keys). Stand-ins that need no CURVE support from the C++ side: a ferry-ps
+# that listens on its --bind port and sleeps; a ferry-trainer that exits 0, except rank R under
+# --stub-fail-once-rank R, which exits 3 unless it runs with --resume; and a ferry-keys that
+# keeps the real one's contract (DIR created mode 0700, its parent must exist; exit 2 if DIR
+# holds a key file already; files mode 0600), appends its argv to $FERRY_STUB_KEYS_LOG (JSON
+# lines), and fails on purpose when FERRY_STUB_KEYS_FAIL=1.
+STUB_LISTENING_PS = textwrap.dedent(f"""\
+    #!{sys.executable}
+    import os, re, socket, sys, time
+    argv = sys.argv[1:]
+    host, port = re.fullmatch(r"tcp://(.+):(\\d+)", argv[argv.index("--bind") + 1]).groups()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, int(port)))
+    s.listen()
+    print(f"stub ps rank {{argv[argv.index('--rank') + 1]}} pid {{os.getpid()}} args {{argv}}",
+          flush=True)
+    time.sleep(120)
+    """)
+STUB_FINISHING_TRAINER = textwrap.dedent(f"""\
+    #!{sys.executable}
+    import os, sys, time
+    argv = sys.argv[1:]
+    rank = argv[argv.index("--rank") + 1]
+    print(f"stub trainer rank {{rank}} pid {{os.getpid()}} args {{argv}}", flush=True)
+    if ("--stub-fail-once-rank" in argv and argv[argv.index("--stub-fail-once-rank") + 1] == rank
+            and "--resume" not in argv):
+        time.sleep(0.2)
+        print("stub: failing on purpose", flush=True)
+        sys.exit(3)
+    """)
+STUB_KEYS = textwrap.dedent(f"""\
+    #!{sys.executable}
+    import json, os, sys
+    argv = sys.argv[1:]
+    if os.environ.get("FERRY_STUB_KEYS_LOG"):
+        with open(os.environ["FERRY_STUB_KEYS_LOG"], "a") as f:
+            f.write(json.dumps(argv) + "\\n")
+    if os.environ.get("FERRY_STUB_KEYS_FAIL") == "1":
+        sys.exit("ferry-keys: failing on purpose")
+    folder, n = argv[0], int(argv[argv.index("--workers") + 1])
+    names = ["server.key", "server.pub", "workers.pub"] + [f"worker-{{r}}.key" for r in range(n)]
+    if not os.path.isdir(folder):
+        os.mkdir(folder, 0o700)
+    if any(os.path.exists(os.path.join(folder, x)) for x in names):
+        sys.exit(f"ferry-keys: {{folder}} already holds keys: existing keys are never overwritten")
+    for x in names:
+        fd = os.open(os.path.join(folder, x), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, b"stub key\\n")
+        os.close(fd)
+    print(f"ferry-keys: wrote the keys of a job of {{n}} worker(s) to {{folder}}", flush=True)
+    """)
+KEY_FILES_2 = ["server.key", "server.pub", "workers.pub", "worker-0.key", "worker-1.key"]
+
+
+def make_key_folder(folder, names=KEY_FILES_2):
+    os.makedirs(folder, mode=0o700)
+    for name in names:
+        fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+    return folder
+
+
+def key_folders(argv):
+    """The values of --curve-keys in argv (a list of words)."""
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "--curve-keys"]
+
+
+def started_commands(output):
+    """{name: [command, ...]} from the launcher's "started/restarted NAME pid N: COMMAND" lines
+    (local processes; Slurm tasks' "[ps 0] ferry-launch: started ps 0 pid N: ..." too)."""
+    found = collections.defaultdict(list)
+    for m in re.finditer(r"(?:re)?started (\w+ \d+) (?:pid \d+|on \S+ \(ssh pid \d+\)): (.*)$",
+                         output, re.M):
+        found[m.group(1)].append(m.group(2))
+    return dict(found)
+
+
+class CurveTest(unittest.TestCase):
+    """--curve and --curve-keys with stand-ins for ferry-ps, ferry-trainer and ferry-keys (no
+    CURVE support needed from the binaries): the flags every command gets, usage errors, the
+    key folder's preflight, the exposure warning, and the key folder --curve makes."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-test-")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def stub_bins(self, keys=True):
+        """A flat bin dir of stand-ins: ferry-ps, ferry-trainer and (keys) ferry-keys."""
+        d = os.path.join(self.dir, "bin")
+        os.makedirs(d, exist_ok=True)
+        write_script(os.path.join(d, "ferry-ps"), STUB_LISTENING_PS)
+        write_script(os.path.join(d, "ferry-trainer"), STUB_FINISHING_TRAINER)
+        if keys:
+            write_script(os.path.join(d, "ferry-keys"), STUB_KEYS)
+        return d
+
+    def keys_log(self):
+        path = os.path.join(self.dir, "ferry-keys-calls")
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f]
+
+    def assert_stubs_gone(self, out):
+        pids = [int(p) for p in re.findall(r"stub (?:ps|trainer) rank \d+ pid (\d+)", out)]
+        pids += [pid for _, pid in all_pids(out)]
+        self.assertTrue(pids, out)
+        wait_until_gone(pids)
+        self.assertEqual([p for p in pids if pid_alive(p)], [], "stand-ins survived")
+
+    def test_every_command_gets_the_key_folder(self):
+        keys = os.path.join(self.dir, "keys")
+        logs = os.path.join(self.dir, "logs")
+        dry = ["--num-ps", "2", "--num-workers", "2", "--base-port", "7470", "--gpus-per-host",
+               "0", "--bin-dir", BUILD_DIR, "--dry-run", "--", "--steps", "5"]
+        for extra, want in [(["--curve-keys", keys], keys),
+                            (["--curve-keys", os.path.relpath(keys)], keys),  # made absolute
+                            (["--curve", "--log-dir", logs], os.path.join(logs, "keys")),
+                            (["--curve"], os.path.join("LOG_DIR", "keys")),  # a temp dir later
+                            ([], None)]:
+            with self.subTest(extra=extra):
+                rc, out = run_in_process(extra + dry)
+                self.assertEqual(rc, 0, out)
+                cmds = command_lines(out)
+                for who in ("ps 0", "ps 1", "worker 0", "worker 1"):
+                    self.assertEqual(key_folders(shlex.split(cmds[who])), [want] if want else [],
+                                     cmds[who])
+                if want:
+                    self.assertTrue(cmds["worker 1"].endswith(f"--num-workers 2 --curve-keys "
+                                                              f"{want} --steps 5"), cmds)
+                else:
+                    self.assertNotIn("--curve", out)
+                self.assertEqual("--curve:" in out, "--curve" in extra, out)
+                self.assertFalse(os.path.exists(logs))  # a dry run creates nothing
+        # Restarts: a worker's --resume command and a server's --restore command keep it.
+        fl = load_launcher_module()
+        for extra in (["--curve-keys", keys], []):
+            with self.subTest(restarts=extra):
+                _, opts = fl.cli.parse_args(["--num-ps", "2", "--num-workers", "3",
+                                             "--checkpoint-dir", os.path.join(self.dir, "ckpt")]
+                                            + extra + ["--", "--steps", "5"])
+                cluster = fl.spec.cluster_from_flags(opts)
+                fl.commands.build_commands(cluster, fl.commands.Binaries(BUILD_DIR), opts,
+                                           lambda t: [])
+                for t in cluster.tasks:
+                    for argv in (t.argv, t.resume_argv):
+                        self.assertEqual(key_folders(argv), [keys] if extra else [], argv)
+                    self.assertIn("--restore" if t.role == "ps" else "--resume", t.resume_argv)
+        # Slurm: the step's tasks get --curve-keys and pass it on to their process.
+        slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "127.0.0.[1-2]"}
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "2", "--gpus-per-host", "0",
+                                  "--curve-keys", keys, "--dry-run"], env=slurm)
+        self.assertEqual(rc, 0, out)
+        cmds = command_lines(out)
+        self.assertIn(f" --curve-keys {keys} -- ", cmds["srun"] + " ")
+        for who in ("ps 0", "worker 0", "worker 1"):
+            self.assertEqual(key_folders(shlex.split(cmds[who].split(") ", 1)[1])), [keys])
+
+    def test_usage_errors(self):
+        keys = os.path.join(self.dir, "keys")
+        base = ["--num-ps", "1", "--num-workers", "2", "--gpus-per-host", "0", "--dry-run"]
+        for extra, want in [
+                (["--curve", "--curve-keys", keys],
+                 "--curve and --curve-keys DIR are exclusive (--curve makes new keys for the job; "
+                 "--curve-keys DIR uses the keys in DIR)"),
+                (["--curve-keys", ""], "argument --curve-keys: empty folder name"),
+                (["--ps-arg", f"--curve-keys {keys}"],
+                 "--ps-arg flag --curve-keys is set by the launcher; remove it (use --curve or "
+                 "--curve-keys DIR)"),
+                (["--curve", "--", f"--curve-keys={keys}"],
+                 f"trainer flag --curve-keys={keys} is set by the launcher; remove it (use "
+                 "--curve or --curve-keys DIR)")]:
+            with self.subTest(extra=extra):
+                rc, out = run_in_process(base + extra)
+                self.assertEqual(rc, 2, out)
+                self.assertIn(want, out)
+                self.assertNotIn("[ps 0]", out)
+
+    def test_key_folder_preflight_names_what_is_wrong(self):
+        bin_dir = self.stub_bins()
+        logs = os.path.join(self.dir, "logs")
+        keys = os.path.join(self.dir, "keys")
+        args = ["--num-ps", "1", "--num-workers", "2", "--base-port", "0", "--gpus-per-host",
+                "0", "--bin-dir", bin_dir, "--log-dir", logs, "--curve-keys", keys]
+
+        def error(want):
+            rc, out = run_in_process(args)
+            self.assertEqual(rc, 2, out)
+            self.assertIn(f"ferry-launch: error: --curve-keys {keys}: {want}", out)
+            self.assertNotIn("started", out)
+            self.assertFalse(os.path.exists(logs))  # refused before the log dir is made
+
+        error("no such folder (ferry-keys DIR --workers 2 makes a job's key folder)")
+        make_key_folder(keys, [n for n in KEY_FILES_2 if n != "worker-1.key"])
+        error("missing key file worker-1.key (worker 1's keypair); a job of 2 workers needs "
+              "server.key, server.pub, workers.pub and worker-R.key for every worker R "
+              "(`ferry-keys DIR --workers 2` makes them)")
+        os.remove(os.path.join(keys, "server.pub"))
+        error("missing key files server.pub (the servers' public key, read by every worker), "
+              "worker-1.key (worker 1's keypair);")
+        for name in ("server.pub", "worker-1.key"):
+            os.close(os.open(os.path.join(keys, name), os.O_WRONLY | os.O_CREAT, 0o600))
+        os.chmod(os.path.join(keys, "worker-0.key"), 0o640)
+        error("secret key worker-0.key (mode 0640) open to group or others: chmod 600 "
+              "(ferry-ps and ferry-trainer refuse such a key)")
+        os.chmod(os.path.join(keys, "worker-0.key"), 0o600)
+        fl = load_launcher_module()  # a whole folder passes
+        _, opts = fl.cli.parse_args(args)
+        fl.curve.check_key_folder(keys, fl.spec.cluster_from_flags(opts).tasks, 2)
+
+    def test_exposure_warning(self):
+        dry = ["--num-workers", "1", "--gpus-per-host", "0", "--bin-dir", BUILD_DIR, "--dry-run"]
+        spec = os.path.join(self.dir, "spec.json")
+        with open(spec, "w") as f:
+            json.dump({"ps": ["10.0.0.1:7000", "127.0.0.1:7001"], "worker": ["127.0.0.1"]}, f)
+        warned = {
+            "host name": (["--num-ps", "2", "--host", "node5"] + dry,
+                          "ps 0 at 0.0.0.0:7470 (every interface), ps 1 at 0.0.0.0:7471 (every "
+                          "interface). Anyone who can reach those ports"),
+            "address": (["--spec", spec] + dry[2:],
+                        "ps 0 at 10.0.0.1:7000. Anyone who can reach that port"),
+        }
+        for what, (args, where) in warned.items():
+            with self.subTest(what=what):
+                rc, out, err = run_in_process_split(args)
+                self.assertEqual(rc, 0, out + err)
+                self.assertEqual(err.count("warning"), 1, err)
+                self.assertIn("ferry-launch: warning: servers listen without CURVE on addresses "
+                              f"other machines can reach: {where} can read and change the model "
+                              "and stop the job: pass --curve (the launcher makes the job's keys; "
+                              "or --curve-keys DIR), or restrict the network so that only the "
+                              "job's hosts reach them (see launch/README.md)\n", err)
+                self.assertNotIn("warning", out)
+                for curve in (["--curve"], ["--curve-keys", os.path.join(self.dir, "keys")]):
+                    rc, out, err = run_in_process_split(args + curve)
+                    self.assertEqual(rc, 0, out + err)
+                    self.assertNotIn("warning", out + err)
+        for host in ("127.0.0.1", "localhost", "127.0.0.5"):  # loopback only: no warning
+            rc, out, err = run_in_process_split(["--num-ps", "2", "--host", host] + dry)
+            self.assertEqual(rc, 0, out + err)
+            self.assertNotIn("warning", out + err)
+        # Slurm: nodes by name bind 0.0.0.0.
+        for nodes, warns in (("gpu[1-2]", True), ("127.0.0.[1-2]", False)):
+            rc, out, err = run_in_process_split(
+                ["--num-ps", "2"] + dry, env={"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": nodes})
+            self.assertEqual(rc, 0, out + err)
+            self.assertEqual(err.count("warning: servers listen without CURVE"), int(warns), err)
+        # A real start (preflight and the run stubbed out): said once, before anything starts.
+        fl = load_launcher_module()
+        calls = []
+
+        def fake_run(launcher):
+            calls.append("run")
+            print("FAKE RUN")
+            return 0
+
+        with unittest.mock.patch.object(fl.cli, "preflight", lambda *a: calls.append("preflight")), \
+                unittest.mock.patch.object(fl.cli.Launcher, "run", fake_run):
+            rc, out, err = run_in_process_split(["--num-ps", "1", "--num-workers", "1", "--host",
+                                                 "node5", "--gpus-per-host", "0"], merged=True)
+            self.assertEqual((rc, calls), (0, ["preflight", "run"]), out)
+            self.assertEqual(out.count("warning"), 1, out)
+            self.assertLess(out.index("warning: servers listen without CURVE"),
+                            out.index("FAKE RUN"))
+            rc, out, _ = run_in_process_split(["--num-ps", "1", "--num-workers", "1", "--host",
+                                               "node5", "--gpus-per-host", "0", "--curve-keys",
+                                               os.path.join(self.dir, "keys")], merged=True)
+            self.assertEqual(rc, 0, out)
+            self.assertNotIn("warning", out)
+
+    def test_curve_makes_the_keys_and_every_process_gets_them(self):
+        # No --log-dir: the keys go to the temp log dir, known only after preflight. Worker 1
+        # fails once and is restarted with --resume: with the keys too.
+        bin_dir = self.stub_bins()
+        rc, out = run_launcher(["--num-ps", "2", "--num-workers", "2", "--base-port", "0",
+                                "--gpus-per-host", "0", "--grace", "1", "--bin-dir", bin_dir,
+                                "--curve", "--", "--stub-fail-once-rank", "1"],
+                               timeout=30, env={"FERRY_STUB_KEYS_LOG": os.path.join(
+                                   self.dir, "ferry-keys-calls")})
+        logs = re.search(r"^ferry-launch: logs in (\S+)$", out, re.M)
+        if logs:
+            self.addCleanup(shutil.rmtree, logs.group(1), True)
+        self.assertEqual(rc, 0, out)
+        keys = os.path.join(logs.group(1), "keys")
+        self.assertEqual(self.keys_log(), [[keys, "--workers", "2"]])
+        self.assertEqual(sorted(os.listdir(keys)), sorted(KEY_FILES_2))
+        self.assertIn(f"ferry-launch: --curve: the job's keys are in {keys} (owner-only; "
+                      f"--curve-keys {keys} uses them again)", out)
+        cmds = started_commands(out)
+        self.assertEqual(sorted(cmds), ["ps 0", "ps 1", "worker 0", "worker 1"], out)
+        self.assertEqual(len(cmds["worker 1"]), 2, out)  # started, restarted
+        self.assertIn(" --resume ", cmds["worker 1"][1])
+        for who, lines in cmds.items():
+            for line in lines:
+                self.assertEqual(key_folders(shlex.split(line)), [keys], line)
+        self.assertNotIn("warning", out)
+        self.assert_stubs_gone(out)
+
+    def test_curve_replaces_an_earlier_runs_keys(self):
+        bin_dir = self.stub_bins()
+        logs = os.path.join(self.dir, "logs")
+        args = ["--num-ps", "1", "--num-workers", "2", "--base-port", "0", "--gpus-per-host",
+                "0", "--bin-dir", bin_dir, "--log-dir", logs, "--curve"]
+        env = {"FERRY_STUB_KEYS_LOG": os.path.join(self.dir, "ferry-keys-calls")}
+        keys = os.path.join(logs, "keys")
+        for run in range(2):
+            rc, out = run_launcher(args, timeout=30, env=env)
+            self.assertEqual(rc, 0, out)
+            self.assertEqual(f"--curve: removed the keys an earlier run left in {keys}" in out,
+                             run == 1, out)
+            for who, lines in started_commands(out).items():
+                self.assertEqual(key_folders(shlex.split(lines[0])), [keys], lines[0])
+            self.assert_stubs_gone(out)
+        self.assertEqual(self.keys_log(), [[keys, "--workers", "2"]] * 2)
+
+    def test_curve_key_tool_problems_stop_before_anything_starts(self):
+        logs = os.path.join(self.dir, "logs")
+        args = ["--num-ps", "1", "--num-workers", "2", "--base-port", "0", "--gpus-per-host",
+                "0", "--log-dir", logs, "--curve"]
+        bin_dir = self.stub_bins(keys=False)
+        rc, out = run_in_process(args + ["--bin-dir", bin_dir])
+        self.assertEqual(rc, 2, out)
+        self.assertIn(f"preflight: binary not found: {bin_dir}/ferry-keys (build first, or pass "
+                      "--bin-dir) (--curve runs it to make the job's keys; or make them yourself "
+                      "and pass --curve-keys DIR)", out)
+        bin_dir = self.stub_bins()
+        rc, out = run_in_process(args + ["--bin-dir", bin_dir], env={"FERRY_STUB_KEYS_FAIL": "1"})
+        self.assertEqual(rc, 2, out)
+        self.assertIn(f"ferry-launch: error: --curve: `{bin_dir}/ferry-keys {logs}/keys "
+                      "--workers 2` failed (exit status 1): ferry-keys: failing on purpose", out)
+        self.assertNotIn("started", out)
+
+    @unittest.skipUnless(shutil.which("setsid"), "setsid (util-linux) not installed")
+    def test_ssh_hosts_need_their_key_files(self):
+        # Workers on "node-a" and "node-b" through an ssh that runs them here: the check there
+        # finds the files or names the missing ones.
+        bin_dir = self.stub_bins()
+        ssh = write_script(os.path.join(self.dir, "fake-ssh"), LOCAL_SSH)
+        spec = os.path.join(self.dir, "spec.json")
+        with open(spec, "w") as f:
+            json.dump({"ps": [f"127.0.0.1:{free_ports(1)[0]}"], "worker": ["node-a", "node-b"]},
+                      f)
+        keys = make_key_folder(os.path.join(self.dir, "keys"),
+                               [n for n in KEY_FILES_2 if n != "worker-1.key"])
+        args = ["--spec", spec, "--bin-dir", bin_dir, "--ssh", ssh, "--gpus-per-host", "0",
+                "--log-dir", os.path.join(self.dir, "logs")]
+        rc, out = run_launcher(args + ["--curve-keys", keys], timeout=30)
+        self.assertEqual(rc, 2, out)
+        self.assertIn(f"preflight: on host 'node-b' (worker[1]): CURVE key files missing or "
+                      f"unreadable: {keys}/worker-1.key (copy them there, to the same path: a "
+                      "server needs server.key and workers.pub, worker R server.pub and "
+                      "worker-R.key; see launch/README.md)", out)
+        self.assertNotIn("node-a", out)
+        self.assertNotIn("started", out)
+        os.close(os.open(os.path.join(keys, "worker-1.key"), os.O_WRONLY | os.O_CREAT, 0o600))
+        rc, out = run_launcher(args + ["--curve-keys", keys], timeout=30)
+        self.assertEqual(rc, 0, out)
+        cmds = started_commands(out)
+        self.assertEqual(sorted(cmds), ["ps 0", "worker 0", "worker 1"], out)
+        for who, lines in cmds.items():
+            self.assertEqual(key_folders(shlex.split(lines[0])), [keys], lines[0])
+        # --curve: the keys are made in the log dir here, then looked for there (found: "node-a"
+        # is this machine).
+        rc, out = run_launcher(args + ["--curve"], timeout=30)
+        self.assertEqual(rc, 0, out)
+        made = os.path.join(self.dir, "logs", "keys")
+        for who, lines in started_commands(out).items():
+            self.assertEqual(key_folders(shlex.split(lines[0])), [made], lines[0])
+        self.assert_stubs_gone(out)
+
+    def test_slurm_step_gets_the_keys(self):
+        bin_dir = self.stub_bins()
+        logs = os.path.join(self.dir, "logs")
+        srun = write_script(os.path.join(self.dir, "fake-srun"), FAKE_SRUN)
+        env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "127.0.0.[1-2]",
+               "FAKE_SRUN_ARGS": os.path.join(self.dir, "srun-args.json")}
+        rc, out = run_launcher(["--slurm", "--srun", srun, "--num-ps", "1", "--num-workers", "2",
+                                "--base-port", "0", "--gpus-per-host", "0", "--bin-dir", bin_dir,
+                                "--log-dir", logs, "--curve"], timeout=30, env=env)
+        self.assertEqual(rc, 0, out)
+        keys = os.path.join(logs, "keys")
+        with open(env["FAKE_SRUN_ARGS"]) as f:
+            self.assertEqual(key_folders(json.load(f)["cmd"]), [keys])
+        cmds = started_commands(out)
+        self.assertEqual(sorted(cmds), ["ps 0", "worker 0", "worker 1"], out)
+        for who, lines in cmds.items():
+            self.assertEqual(key_folders(shlex.split(lines[0])), [keys], lines[0])
+        self.assert_stubs_gone(out)
+        # A task checks, on its node, the files its process reads before it starts it.
+        os.remove(os.path.join(keys, "worker-1.key"))
+        r = subprocess.run(
+            [sys.executable, LAUNCHER, "--slurm-task", "--spec-json", json.dumps(
+                {"ps": ["127.0.0.1:7470"], "worker": ["127.0.0.1", "127.0.0.2"]}), "--bin-dir",
+             bin_dir, "--gpus-per-host", "0", "--curve-keys", keys, "--"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
+            env=launcher_env({"SLURM_PROCID": "2", "SLURMD_NODENAME": "127.0.0.2"}))
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn(f"ferry-launch: error: worker 1 on 127.0.0.2: --curve-keys {keys}: missing "
+                      "key file worker-1.key (worker 1's keypair);", r.stdout)
+        self.assertIn("(the key folder must be on a file system every node sees, at the same "
+                      "path)", r.stdout)
+        self.assertTrue(r.stdout.rstrip().endswith("[task-exit 1]"), r.stdout)
+        self.assertNotIn("started", r.stdout)
+
+
+@unittest.skipUnless(os.path.exists(KEYS_BIN),
+                     f"binary missing: {KEYS_BIN} (ferry-keys is not built yet)")
+class CurveEndToEndTest(unittest.TestCase):
+    """The real binaries under --curve: a 1-server, 2-worker job trains to completion with the
+    keys the launcher made, then again with those keys given (--curve-keys)."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-test-")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_job(self, name, curve):
+        logs = os.path.join(self.dir, name)
+        rc, out = run_launcher(["--num-ps", "1", "--num-workers", "2", "--base-port", "0",
+                                "--gpus-per-host", "0", "--bin-dir", BUILD_DIR, "--log-dir",
+                                logs] + curve + ["--"] + SHORT_TRAINING, timeout=60)
+        self.assertEqual(rc, 0, out)
+        self.assertRegex(out, r"\[worker 0\] done: 20 steps")
+        self.assertRegex(out, r"\[worker 1\] done: 20 steps")
+        self.assertIn("done: 2 workers finished, 1 servers stopped", out)
+        self.assertNotIn("warning", out)
+        pids = dict(all_pids(out))
+        self.assertEqual(sorted(pids), ["ps 0", "worker 0", "worker 1"], out)
+        wait_until_gone(pids.values())
+        self.assertEqual([w for w, p in pids.items() if pid_alive(p)], [], "processes survived")
+        return logs, out
+
+    def test_curve_job_trains_to_completion(self):
+        logs, out = self.run_job("logs", ["--curve"])
+        keys = os.path.join(logs, "keys")
+        self.assertEqual(os.stat(keys).st_mode & 0o777, 0o700)
+        self.assertEqual(sorted(os.listdir(keys)), sorted(KEY_FILES_2))
+        for name in KEY_FILES_2:
+            self.assertEqual(os.stat(os.path.join(keys, name)).st_mode & 0o777, 0o600, name)
+        for who, lines in started_commands(out).items():
+            self.assertEqual(key_folders(shlex.split(lines[0])), [keys], lines[0])
+        # The same keys again, given.
+        _, out = self.run_job("again", ["--curve-keys", keys])
+        for who, lines in started_commands(out).items():
+            self.assertEqual(key_folders(shlex.split(lines[0])), [keys], lines[0])
 
 
 if __name__ == "__main__":

@@ -55,6 +55,10 @@
 #include <benchmark/benchmark.h>
 
 #include "ferry/client.h"
+#include "ferry/curve.h"
+#ifdef FERRY_BENCH_SODIUM
+#include <sodium.h>
+#endif
 #include "ferry/server.h"
 #include "ferry/status.h"
 #include "ferry/table_spec.h"
@@ -75,9 +79,57 @@ constexpr auto kWaitTimeout = std::chrono::seconds(90);     // Handle::wait, ren
 
 // ---- configuration -----------------------------------------------------------------------------
 
-enum class Net { kTcp, kIpc };
+// tcp_curve: tcp with ZeroMQ CURVE on every connection (authenticated and encrypted, as a job
+// run with --curve-keys), to measure what security costs against plain tcp.
+enum class Net { kTcp, kIpc, kTcpCurve };
 
-std::string NetName(Net net) { return net == Net::kTcp ? "tcp" : "ipc"; }
+std::string NetName(Net net) {
+  switch (net) {
+    case Net::kTcp: return "tcp";
+    case Net::kIpc: return "ipc";
+    case Net::kTcpCurve: return "tcp_curve";
+  }
+  return "?";
+}
+
+// The CURVE keys of every tcp_curve run: the servers' keypair and two workers' (made once).
+struct BenchKeys {
+  CurveServerKeys server;
+  std::vector<CurveClientKeys> workers;
+};
+const BenchKeys& Keys() {
+  static const BenchKeys keys = [] {
+    BenchKeys k;
+    auto pair = [] {
+      auto p = curve::NewKeypair();
+      if (!p.ok()) {
+        std::fprintf(stderr, "ferry-bench: %s\n", p.status().ToString().c_str());
+        std::exit(1);
+      }
+      return *p;
+    };
+    k.server.server = pair();
+    for (int r = 0; r < 2; ++r) {
+      k.workers.push_back({k.server.server.public_key, pair()});
+      k.server.workers.push_back(k.workers.back().client.public_key);
+    }
+    return k;
+  }();
+  return keys;
+}
+
+// Sets a raw socket's CURVE keys: the echo server's (server) or worker 0's (client).
+void SetCurve(zmq::socket_t& socket, bool server) {
+  const BenchKeys& k = Keys();
+  if (server) {
+    socket.set(zmq::sockopt::curve_server, 1);
+    socket.set(zmq::sockopt::curve_secretkey, k.server.server.secret_key);
+  } else {
+    socket.set(zmq::sockopt::curve_serverkey, k.server.server.public_key);
+    socket.set(zmq::sockopt::curve_publickey, k.workers[0].client.public_key);
+    socket.set(zmq::sockopt::curve_secretkey, k.workers[0].client.secret_key);
+  }
+}
 
 // A payload size and how many timed calls a run of it makes (a few tenths of a second each on a
 // 2-core machine, so the whole default run stays within a few minutes).
@@ -92,6 +144,9 @@ constexpr Size kSizes[] = {
     {int64_t{16} << 20, "16MiB", 20},
     {int64_t{64} << 20, "64MiB", 6},
 };
+
+// The sizes CURVE's cost is measured at (issue 15): 1 MiB and 16 MiB.
+constexpr Size kCurveSizes[] = {kSizes[1], kSizes[2]};
 
 // Elements per chunk of a Ferry dense table of `elems` floats in these benchmarks: at least two
 // chunks, at most 1M floats (4 MiB) each, so that with two servers every size spreads over both.
@@ -110,7 +165,7 @@ class BindAddress {
  public:
   explicit BindAddress(Net net) {
     static std::atomic<int> next{0};
-    if (net == Net::kTcp) {
+    if (net != Net::kIpc) {
       address_ = "tcp://127.0.0.1:0";
     } else {
       path_ = "/tmp/ferry-bench-" + std::to_string(getpid()) + "-" + std::to_string(next++);
@@ -184,6 +239,7 @@ class EchoServer {
     if (!server->waker_.ok()) return InternalError("echo server: cannot create an eventfd");
     FERRY_ASSIGN_OR_RETURN(server->socket_, transport::MakeSocket(server->context_, zmq::socket_type::router));
     try {
+      if (net == Net::kTcpCurve) SetCurve(server->socket_, /*server=*/true);
       server->socket_.bind(server->bind_.address());
     } catch (const zmq::error_t& e) {
       return UnavailableError(std::string("echo server: bind: ") + e.what());
@@ -276,6 +332,7 @@ class RawRoundTrip {
     FERRY_ASSIGN_OR_RETURN(rt->socket_, transport::MakeSocket(rt->context_, zmq::socket_type::dealer, 100000));
     try {
       rt->socket_.set(zmq::sockopt::rcvtimeo, static_cast<int>(std::chrono::milliseconds(kWaitTimeout).count()));
+      if (net == Net::kTcpCurve) SetCurve(rt->socket_, /*server=*/false);
       rt->socket_.connect(rt->server_->endpoint());
     } catch (const zmq::error_t& e) {
       return UnavailableError(std::string("raw client: connect: ") + e.what());
@@ -471,6 +528,7 @@ void BM_Raw(benchmark::State& state, Baselines& baselines, const RawCase& c) {
 // Servers of one benchmark run, each a ferry::Server with its own Context (as separate ferry-ps
 // processes would have) and one compute thread; they stop when this is destroyed.
 struct PsCluster {
+  Net net = Net::kTcp;
   std::vector<BindAddress> addresses;  // before servers: ipc files are removed after they stop
   std::vector<std::unique_ptr<Server>> servers;
   std::vector<std::string> endpoints;
@@ -478,6 +536,7 @@ struct PsCluster {
 
 StatusOr<std::shared_ptr<const PsCluster>> StartCluster(Net net, int num_servers) {
   auto cluster = std::make_shared<PsCluster>();
+  cluster->net = net;
   for (int s = 0; s < num_servers; ++s) {
     const BindAddress& bind = cluster->addresses.emplace_back(net);
     ServerOptions o;
@@ -486,6 +545,10 @@ StatusOr<std::shared_ptr<const PsCluster>> StartCluster(Net net, int num_servers
     o.num_servers = num_servers;
     o.compute_threads = 1;
     o.max_wait = kRequestTimeout;
+    if (net == Net::kTcpCurve) {
+      o.curve = Keys().server;
+      o.curve->workers.resize(static_cast<size_t>(num_servers));  // these runs have a worker per server
+    }
     FERRY_ASSIGN_OR_RETURN(auto server, Server::Start(std::move(o)));
     cluster->endpoints.push_back(server->endpoint());
     cluster->servers.push_back(std::move(server));
@@ -499,6 +562,7 @@ StatusOr<std::unique_ptr<Client>> ConnectWorker(const PsCluster& cluster, int ra
   o.rank = rank;
   o.num_workers = num_workers;
   o.request_timeout = kRequestTimeout;
+  if (cluster.net == Net::kTcpCurve) o.curve = Keys().workers[static_cast<size_t>(rank)];
   return Client::Connect(std::move(o));
 }
 
@@ -954,6 +1018,35 @@ void BM_FirstTouch(benchmark::State& state) {
   state.counters["faults_per_call"] = timer.faults() / iterations;
 }
 
+#ifdef FERRY_BENCH_SODIUM
+// CURVE's crypto alone, on one core: what libzmq does to every message of a CURVE connection
+// (crypto_box_afternm with the connection's precomputed key, into a fresh buffer on the sending
+// side; crypto_box_open_afternm on the receiving side). The payload rate of one seal + open is
+// the ceiling of one direction of a CURVE connection per core; a round trip does it twice.
+void BM_BoxSealOpen(benchmark::State& state, int64_t bytes) {
+  if (sodium_init() < 0) return state.SkipWithError("sodium_init failed");
+  unsigned char pk[crypto_box_PUBLICKEYBYTES], sk[crypto_box_SECRETKEYBYTES], k[crypto_box_BEFORENMBYTES];
+  unsigned char nonce[crypto_box_NONCEBYTES] = {};
+  crypto_box_keypair(pk, sk);
+  if (crypto_box_beforenm(k, pk, sk) != 0) return state.SkipWithError("crypto_box_beforenm failed");
+  std::vector<unsigned char> plain(static_cast<size_t>(bytes), 1), back(static_cast<size_t>(bytes));
+  LoopTimer timer;
+  for (auto _ : state) {
+    timer.IterationStart();
+    std::vector<unsigned char> boxed(plain.size() + crypto_box_MACBYTES);  // fresh, as libzmq's is
+    crypto_box_easy_afternm(boxed.data(), plain.data(), plain.size(), nonce, k);
+    if (crypto_box_open_easy_afternm(back.data(), boxed.data(), boxed.size(), nonce, k) != 0) {
+      return state.SkipWithError("crypto_box_open_easy_afternm failed");
+    }
+    benchmark::DoNotOptimize(back.data());
+    timer.IterationEnd();
+  }
+  timer.Finish();
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(static_cast<double>(bytes) * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+#endif
+
 // Bytes of memory traffic per element of one update: each array read once and each written array
 // written once (p and g read, p written = 12; every state slot adds a read and a write = 8).
 double UpdateBytesPerElem(OptimizerType type) { return 12.0 + 8.0 * ps::StateSlots(type); }
@@ -1007,6 +1100,8 @@ void RegisterAll(Fixtures& f) {
   }
   raw_cases.push_back(SmallFrames());
   raw_cases.push_back(SmallPacked());
+  for (const Size& size : kCurveSizes) raw_cases.push_back(OneFrame(Net::kTcpCurve, size));
+  for (const Size& size : kCurveSizes) raw_cases.push_back(Chunked(Net::kTcpCurve, size));
   for (const RawCase& c : raw_cases) {
     benchmark::RegisterBenchmark(c.name.c_str(), [&f, c](benchmark::State& st) { BM_Raw(st, f.baselines, c); })
         ->Iterations(c.iterations)
@@ -1031,6 +1126,22 @@ void RegisterAll(Fixtures& f) {
               ->Unit(UnitFor(size.bytes));
         }
       }
+    }
+  }
+  // 2b. what CURVE costs: push+pull over tcp with CURVE (compare ps/pushpull/tcp/ of the same size)
+  for (const Size& size : kCurveSizes) {
+    for (int workers : {1, 2}) {
+      SharedRun* run = f.runs.emplace_back(std::make_unique<SharedRun>(workers)).get();
+      const std::string name = "ps/pushpull/tcp_curve/" + std::string(size.name) + "/" + std::to_string(workers) + "s" +
+                               std::to_string(workers) + "w";
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [&f, run, size](benchmark::State& st) {
+                                     BM_PsDense(st, f.baselines, *run, DenseOp::kPushPull, Net::kTcpCurve, size);
+                                   })
+          ->Threads(workers)
+          ->Iterations(size.iterations)
+          ->UseRealTime()
+          ->Unit(UnitFor(size.bytes));
     }
   }
   // 3. many small tensors
@@ -1073,6 +1184,15 @@ void RegisterAll(Fixtures& f) {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
+#ifdef FERRY_BENCH_SODIUM
+  for (const Size& size : kCurveSizes) {
+    benchmark::RegisterBenchmark(("crypto/box_seal_open/" + std::string(size.name)).c_str(),
+                                 [bytes = size.bytes](benchmark::State& st) { BM_BoxSealOpen(st, bytes); })
+        ->Iterations(size.iterations)
+        ->UseRealTime()
+        ->Unit(UnitFor(size.bytes));
+  }
+#endif
   benchmark::RegisterBenchmark("mem/first_touch_64MiB", BM_FirstTouch)
       ->Iterations(3)
       ->UseRealTime()

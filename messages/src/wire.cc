@@ -62,6 +62,14 @@ Status VerifyHeader(zmq::message_t& frame, const Header** out) {
     return InvalidArgumentError("header frame fails FlatBuffers verification (truncated or corrupt)");
   }
   const Header* h = GetHeader(data);
+  // FlatBuffers' verifier checks a vector's length field (4-byte aligned) but not that 8-byte
+  // elements are 8-byte aligned; a builder aligns them (an empty vector it may not: nothing is
+  // read from it), a forged header need not, and reading one misaligned is undefined behaviour
+  // (found by tests/fuzz/fuzz_wire).
+  auto aligned = [](const auto* v) { return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->Data()) % 8 == 0; };
+  if (!aligned(h->slices()) || (h->spec() && !aligned(h->spec()->shape()))) {
+    return InvalidArgumentError("header frame has a misaligned vector (not built by FlatBuffers)");
+  }
   if (h->major() != kMajor) {
     *out = h;  // readable enough to match and answer (see wire.h)
     return FailedPreconditionError("protocol version " + std::to_string(h->major()) + "." + std::to_string(h->minor()) +

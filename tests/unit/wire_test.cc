@@ -1,4 +1,6 @@
 // The verifier refuses truncated, oversized, garbage and mismatched messages before use.
+#include <climits>
+#include <cstdint>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -123,6 +125,72 @@ TEST(Wire, TableSpecRoundTrips) {
   ferry::TableSpec back;
   ASSERT_TRUE(SpecFromWire(flatbuffers::GetRoot<TableSpec>(fbb.GetBufferPointer()), &back).ok());
   EXPECT_EQ(back, spec);
+}
+
+// Found by tests/fuzz/fuzz_wire: a header that passes FlatBuffers' verifier but whose table spec
+// holds its int64 shape at an offset that is not a multiple of 8. Reading it would be a
+// misaligned load (undefined behaviour); it is refused instead.
+TEST(Wire, RefusesAMisalignedVectorFromTheFuzzer) {
+  const unsigned char bytes[] = {
+  0x28, 0x00, 0x00, 0x00, 0x46, 0x52, 0x59, 0x31, 0x00, 0x00, 0x00, 0x00,
+  0x00, 0x00, 0x1a, 0x00, 0x2a, 0x00, 0x28, 0x00, 0x26, 0x00, 0x25, 0x00,
+  0x18, 0x00, 0x14, 0x00, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+  0x00, 0x00, 0x04, 0x00, 0x1a, 0x00, 0x00, 0x00, 0x38, 0x00, 0x00, 0x00,
+  0x65, 0x5d, 0xb2, 0xa6, 0xac, 0x3e, 0x3e, 0x58, 0x00, 0x00, 0x00, 0x00,
+  0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+  0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x03, 0x00, 0x01, 0x00, 0x12, 0x00,
+  0x26, 0x00, 0x08, 0x00, 0x06, 0x00, 0x0c, 0x00, 0x14, 0x00, 0x1c, 0x00,
+  0x10, 0x00, 0x07, 0x00, 0x12, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x01,
+  0x30, 0x00, 0x00, 0x00, 0x28, 0x00, 0x00, 0x00, 0x1c, 0x00, 0x00, 0x00,
+  0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00,
+  0x00, 0x00, 0x00, 0x00, 0x65, 0x5d, 0xb2, 0xa6, 0xac, 0x3e, 0x3e, 0x58,
+  0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00,
+  0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x03, 0x00};
+  zmq::message_t frame(bytes, sizeof bytes);
+  const Header* h = nullptr;
+  const Status s = VerifyHeader(frame, &h);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("misaligned vector"), std::string::npos) << s;
+}
+
+// What a builder makes passes, an empty shape (a sparse spec) included.
+TEST(Wire, BuiltSpecsPassTheAlignmentCheck) {
+  for (bool sparse : {false, true}) {
+    ferry::TableSpec spec;
+    spec.name = "t";
+    if (sparse) {
+      spec.type = ferry::TableType::kSparse;
+      spec.dim = 4;
+    } else {
+      spec.shape = {3, 5};
+    }
+    flatbuffers::FlatBufferBuilder fbb;
+    auto off = SpecToWire(fbb, spec);
+    HeaderBuilder b(fbb);
+    b.add_major(kMajor);
+    b.add_kind(Kind::CreateTable);
+    b.add_spec(off);
+    FinishHeaderBuffer(fbb, b.Finish());
+    zmq::message_t frame = ToFrame(fbb);
+    const Header* h = nullptr;
+    EXPECT_TRUE(VerifyHeader(frame, &h).ok()) << (sparse ? "sparse" : "dense");
+  }
+}
+
+// Found by tests/fuzz/fuzz_wire: the chunk count of a spec from the network, before Validate
+// refuses it, must not overflow.
+TEST(Wire, ChunkCountsOfHostileSpecsDoNotOverflow) {
+  ferry::TableSpec spec;
+  spec.name = "t";
+  spec.shape = {10};
+  spec.chunk_elems = INT64_MAX;
+  EXPECT_EQ(spec.num_chunks(), 1);
+  spec.shape = {int64_t{1} << 40, int64_t{1} << 40};
+  EXPECT_EQ(spec.num_elements(), INT64_MAX);
+  EXPECT_FALSE(spec.Validate().ok());
+  spec.shape = {-1, 5};
+  EXPECT_EQ(spec.num_elements(), INT64_MAX);
+  EXPECT_FALSE(spec.Validate().ok());
 }
 
 }  // namespace

@@ -10,13 +10,17 @@ namespace ferry {
 int64_t TableSpec::num_elements() const {
   if (type != TableType::kDense) return 0;
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    // A spec not yet validated (from the network) may hold any shape: no overflow, whatever it is.
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::numeric_limits<int64_t>::max();
+  }
   return n;
 }
 
 int64_t TableSpec::num_chunks() const {
   if (type != TableType::kDense || chunk_elems <= 0) return 0;
-  return (num_elements() + chunk_elems - 1) / chunk_elems;
+  const int64_t n = num_elements();
+  return n / chunk_elems + (n % chunk_elems != 0 ? 1 : 0);
 }
 
 Status TableSpec::Validate() const {

@@ -53,7 +53,8 @@ struct TableSpec {
   uint64_t seed = 0;                 // initial values depend only on (seed, table, index or id)
   NonFinite nonfinite = NonFinite::kRefuse;  // gradients holding NaN / Inf (kSkipRows: sparse only)
 
-  // Dense: product of `shape`; sparse: 0.
+  // Dense: product of `shape` (INT64_MAX if it overflows or a dimension is negative: a spec from
+  // the network before Validate); sparse: 0.
   int64_t num_elements() const;
   // Number of dense chunks (0 for sparse).
   int64_t num_chunks() const;

@@ -1,0 +1,210 @@
+#include "fuzz_input.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <flatbuffers/flatbuffers.h>
+
+#include "ferry/messages/wire.h"
+#include "ferry/table_spec.h"
+#include "fuzz_tables.h"
+
+namespace ferry::fuzz {
+
+std::vector<std::string_view> SplitFrames(const uint8_t* data, size_t size) {
+  std::vector<std::string_view> frames;
+  size_t at = 0;
+  while (at < size && frames.size() < 4100) {
+    size_t len = size - at;
+    if (size - at >= 2) {
+      len = static_cast<size_t>(data[at]) | (static_cast<size_t>(data[at + 1]) << 8);
+      at += 2;
+      len = std::min(len, size - at);
+    } else {
+      at = size;  // one stray byte: an empty frame
+      len = 0;
+    }
+    frames.emplace_back(reinterpret_cast<const char*>(data) + at, len);
+    at += len;
+  }
+  return frames;
+}
+
+std::string JoinFrames(const std::vector<std::string>& frames) {
+  std::string out;
+  for (const auto& f : frames) {
+    const size_t len = std::min<size_t>(f.size(), 0xFFFF);
+    out.push_back(static_cast<char>(len & 0xFF));
+    out.push_back(static_cast<char>(len >> 8));
+    out.append(f.data(), len);
+  }
+  return out;
+}
+
+namespace {
+
+using wire::Kind;
+
+std::string Bytes(const flatbuffers::FlatBufferBuilder& fbb) {
+  return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
+}
+
+template <typename T>
+std::string Array(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+struct HeaderFields {
+  Kind kind = Kind::Invalid;
+  uint16_t major = wire::kMajor;
+  uint64_t request_id = 1;
+  int rank = kSeedRank;
+  uint64_t table_id = 0;
+  int64_t step = 0;
+  std::vector<wire::DenseSlice> slices;
+  int64_t num_ids = 0, dim = 0, barrier_id = 0;
+  const TableSpec* spec = nullptr;
+  bool hello = false;
+  std::vector<std::pair<std::string, uint64_t>> shards;
+};
+
+std::string Header(const HeaderFields& f) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  flatbuffers::Offset<flatbuffers::Vector<const wire::DenseSlice*>> slices;
+  if (!f.slices.empty()) slices = fbb.CreateVectorOfStructs(f.slices);
+  flatbuffers::Offset<wire::TableSpec> spec;
+  if (f.spec != nullptr) spec = wire::SpecToWire(fbb, *f.spec);
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::ShardFile>>> shards;
+  if (!f.shards.empty()) {
+    std::vector<flatbuffers::Offset<wire::ShardFile>> files;
+    for (const auto& [name, bytes] : f.shards) {
+      files.push_back(wire::CreateShardFile(fbb, fbb.CreateString(name), bytes, 0x12345678u));
+    }
+    shards = fbb.CreateVector(files);
+  }
+  wire::HeaderBuilder b(fbb);
+  b.add_major(f.major);
+  b.add_minor(wire::kMinor);
+  b.add_kind(f.kind);
+  b.add_request_id(f.request_id);
+  b.add_rank(f.rank);
+  if (f.table_id != 0) b.add_table_id(f.table_id);
+  b.add_step(f.step);
+  if (!f.slices.empty()) b.add_slices(slices);
+  if (f.num_ids != 0) b.add_num_ids(f.num_ids);
+  if (f.dim != 0) b.add_dim(f.dim);
+  if (f.spec != nullptr) b.add_spec(spec);
+  if (f.barrier_id != 0) b.add_barrier_id(f.barrier_id);
+  if (f.hello) {
+    b.add_num_workers(kWorkers);
+    b.add_num_servers(1);
+    b.add_server_rank(0);
+    b.add_heartbeat_ms(0);
+  }
+  if (!f.shards.empty()) b.add_shards(shards);
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  return Bytes(fbb);
+}
+
+// Chunks 0..n-1 of a table of `elems` in chunks of `chunk`.
+std::vector<wire::DenseSlice> Slices(const TableSpec& t) {
+  std::vector<wire::DenseSlice> out;
+  const int64_t elems = t.shape[0];
+  for (int64_t c = 0; c * t.chunk_elems < elems; ++c) {
+    out.emplace_back(TableId(t.name), c, std::min(t.chunk_elems, elems - c * t.chunk_elems));
+  }
+  return out;
+}
+
+std::vector<std::string> Gradients(const std::vector<wire::DenseSlice>& slices, float value) {
+  std::vector<std::string> out;
+  for (const auto& s : slices) out.push_back(Array(std::vector<float>(static_cast<size_t>(s.count()), value)));
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
+  const std::vector<TableSpec> tables = FuzzTables();
+  const TableSpec& sync = tables[0];
+  const TableSpec& async = tables[1];
+  const TableSpec& sparse = tables[2];
+  const TableSpec& skip = tables[3];
+  std::vector<std::pair<std::string, std::vector<std::string>>> seeds;
+  auto add = [&](std::string name, const HeaderFields& h, std::vector<std::string> payload = {}) {
+    std::vector<std::string> frames = {Header(h)};
+    for (auto& p : payload) frames.push_back(std::move(p));
+    seeds.emplace_back(std::move(name), std::move(frames));
+  };
+  auto make = [](Kind kind) {
+    HeaderFields h;
+    h.kind = kind;
+    return h;
+  };
+  HeaderFields h = make(Kind::Hello);
+  h.hello = true;
+  add("hello", h);
+
+  TableSpec extra;
+  extra.name = "fuzz_extra";
+  extra.shape = {8};
+  h = make(Kind::CreateTable);
+  h.table_id = TableId(extra.name);
+  h.spec = &extra;
+  add("create_table", h);
+  h.table_id = TableId(sparse.name);
+  h.spec = &sparse;
+  add("create_sparse", h);
+
+  h = make(Kind::PullDense);
+  h.slices = Slices(async);
+  add("pull_dense", h);
+  h.kind = Kind::PushDense;
+  add("push_dense", h, Gradients(h.slices, 0.5f));
+  add("push_dense_nan", h, Gradients(h.slices, NAN));
+  h.kind = Kind::PushPullDense;
+  add("pushpull_dense", h, Gradients(h.slices, 0.25f));
+  h.major = static_cast<uint16_t>(wire::kMajor + 1);
+  add("other_major", h, Gradients(h.slices, 0.25f));
+  h = make(Kind::PushDense);
+  h.slices = Slices(sync);
+  add("push_dense_sync", h, Gradients(h.slices, 1.0f));
+  h.kind = Kind::PullDense;
+  h.step = 1;
+  add("pull_dense_sync", h);
+
+  const std::vector<int64_t> ids = {1, 7, int64_t{1} << 40, 3};
+  h = make(Kind::PullSparse);
+  h.table_id = TableId(sparse.name);
+  h.num_ids = 4;
+  h.dim = sparse.dim;
+  add("pull_sparse", h, {Array(ids)});
+  h.kind = Kind::PushSparse;
+  add("push_sparse", h, {Array(ids), Array(std::vector<float>(16, 0.1f))});
+  std::vector<float> rows(8, 0.2f);
+  rows[3] = INFINITY;
+  h.table_id = TableId(skip.name);
+  h.dim = skip.dim;
+  add("push_sparse_skip_rows", h, {Array(ids), Array(rows)});
+
+  h = make(Kind::Clock);
+  h.step = 1;
+  add("clock", h);
+  add("barrier", make(Kind::Barrier));
+  h = make(Kind::AllReduce);
+  h.num_ids = 3;
+  h.barrier_id = 1;
+  add("all_reduce", h, {Array(std::vector<double>{1, 2, 3})});
+  add("stats", make(Kind::Stats));
+  add("heartbeat", make(Kind::Heartbeat));
+  add("checkpoint", make(Kind::Checkpoint));
+  h = make(Kind::CommitCheckpoint);
+  h.shards = {{"step-000000000000/shard-00000-of-00001.ckpt", 4096}};
+  add("commit_checkpoint", h);
+  h.shards = {{"../../etc/passwd", 1}};
+  add("commit_checkpoint_bad_name", h);
+  add("finish", make(Kind::Finish));
+  return seeds;
+}
+
+}  // namespace ferry::fuzz

@@ -8,7 +8,8 @@
 #                      in-process cluster tests under ThreadSanitizer
 #   ./build.sh thread-safety   the clang -Wthread-safety -Werror build alone
 #   ./build.sh sanitize  the test suite built with clang under AddressSanitizer and
-#                      UndefinedBehaviorSanitizer (build-sanitize/); any finding fails its test
+#                      UndefinedBehaviorSanitizer (build-sanitize/); any finding fails its test;
+#                      then the libFuzzer targets of tests/fuzz, FUZZ_SECONDS (45) each
 #   ./build.sh tsan    the in-process cluster tests (servers, clients and trainers as threads)
 #                      under ThreadSanitizer (build-tsan/)
 #   ./build.sh build   install and build only
@@ -107,11 +108,34 @@ sanitize_check() {
   done
   rm -rf "$probe"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 -DFERRY_SANITIZE=address,undefined -DFERRY_ENABLE_CUDA=OFF \
-    -DFERRY_BUILD_BENCH=OFF
+    -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 -DFERRY_SANITIZE=address,undefined,fuzzer-no-link -DFERRY_FUZZ=ON \
+    -DFERRY_ENABLE_CUDA=OFF -DFERRY_BUILD_BENCH=OFF
   cmake --build "$dir" -j "$JOBS"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 600 -E "$SANITIZE_SKIP"
+  fuzz_runs "$dir"
+}
+
+# The libFuzzer targets of tests/fuzz (built by sanitize_check), each for a bounded time from the
+# seed corpus (valid messages of every kind) plus what earlier runs in this build folder found.
+# FUZZ_SECONDS (default 45) per target. A crash, sanitizer finding or hang fails the run; the
+# input that did it is kept in the build folder and its log's tail printed.
+fuzz_runs() {
+  local dir=$1 corpus=$1/fuzz-corpus t log
+  "$dir/tests/fuzz/fuzz-seeds" --write-seeds "$corpus/seeds" >/dev/null
+  for t in fuzz_wire fuzz_server; do
+    mkdir -p "$corpus/$t"
+    log=$dir/$t.log
+    say "libFuzzer: $t for ${FUZZ_SECONDS:-45} s (log: $log)"
+    if ! (cd "$dir" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+          timeout $(( ${FUZZ_SECONDS:-45} + 120 )) "tests/fuzz/$t" -max_total_time="${FUZZ_SECONDS:-45}" \
+          -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 "$corpus/$t" "$corpus/seeds" >"$log" 2>&1); then
+      grep -v '^ferry-ps' "$log" | tail -n 40
+      say "error: $t found a crash or hang (input saved in $dir, log $log)"
+      return 1
+    fi
+    grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)' "$log"
+  done
 }
 
 # The multi-threaded in-process cluster tests under ThreadSanitizer. libzmq (Debian's, not

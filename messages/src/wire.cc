@@ -132,9 +132,57 @@ zmq::message_t ToFrame(const flatbuffers::FlatBufferBuilder& fbb) {
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
 }
 
+std::string Printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  auto escape = [&](unsigned char c) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  };
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      if (c < 0x20 && c != '\t' && c != '\n') {
+        escape(c);
+      } else if (c == 0x7f) {
+        escape(c);
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    // The length of a well-formed sequence starting here (RFC 3629: no overlongs, no
+    // surrogates, nothing above U+10FFFF), or 0.
+    size_t len = 0;
+    auto cont = [&](size_t k) { return i + k < n && (p[i + k] & 0xC0) == 0x80; };
+    if (c >= 0xC2 && c <= 0xDF && cont(1)) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF && cont(1) && cont(2)) {
+      const unsigned char c1 = p[i + 1];
+      if (!(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 > 0x9F)) len = 3;
+    } else if (c >= 0xF0 && c <= 0xF4 && cont(1) && cont(2) && cont(3)) {
+      const unsigned char c1 = p[i + 1];
+      if (!(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 > 0x8F)) len = 4;
+    }
+    if (len == 0) {
+      escape(c);
+      ++i;
+    } else {
+      out.append(text.data() + i, len);
+      i += len;
+    }
+  }
+  return out;
+}
+
 zmq::message_t MakeError(uint64_t request_id, Kind request_kind, const Status& status) {
   flatbuffers::FlatBufferBuilder fbb(256 + status.message().size());
-  auto msg = fbb.CreateString(status.message());
+  auto msg = fbb.CreateString(Printable(status.message()));
   HeaderBuilder b(fbb);
   b.add_major(kMajor);
   b.add_minor(kMinor);
@@ -170,7 +218,7 @@ zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, const ReplyInfo
 Status ErrorStatus(const Header& h) {
   int code = h.error_code();
   if (code <= 0 || code > static_cast<int>(StatusCode::kDataLoss)) code = static_cast<int>(StatusCode::kUnknown);
-  std::string msg = h.error_message() ? h.error_message()->str() : "(no message)";
+  std::string msg = h.error_message() ? Printable(h.error_message()->string_view()) : "(no message)";
   return Status(static_cast<StatusCode>(code), std::move(msg));
 }
 

@@ -16,73 +16,11 @@
 #include "ferry/client.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
+#include "support/ps_process.h"
 #include "support/scenarios.h"
 
 namespace ferry::test {
 namespace {
-
-// One ferry-ps child process; stopped with SIGTERM when the object goes away.
-class PsProcess {
- public:
-  PsProcess(int rank, int num_servers) {
-    int out[2];
-    if (pipe(out) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      close(out[0]);
-      close(out[1]);
-      const std::string r = std::to_string(rank), n = std::to_string(num_servers);
-      execl(FERRY_PS_PATH, "ferry-ps", "--bind", "tcp://127.0.0.1:0", "--rank", r.c_str(), "--num-servers", n.c_str(),
-            "--compute-threads", "1", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(out[1]);
-    fd_ = out[0];
-    // The first line names the endpoint: "ferry-ps rank R of N listening on tcp://127.0.0.1:PORT".
-    std::string line;
-    pollfd p{fd_, POLLIN, 0};
-    while (line.find('\n') == std::string::npos && poll(&p, 1, 10000) > 0) {
-      char buf[256];
-      ssize_t got = read(fd_, buf, sizeof buf);
-      if (got <= 0) break;
-      line.append(buf, static_cast<size_t>(got));
-    }
-    const auto at = line.find("tcp://");
-    if (at != std::string::npos) endpoint_ = line.substr(at, line.find('\n', at) - at);
-  }
-
-  ~PsProcess() {
-    if (pid_ > 0 && !reaped_) Terminate();
-    if (fd_ >= 0) close(fd_);
-  }
-
-  // Sends SIGTERM and returns the exit status (waits at most 10 s, then SIGKILL).
-  int Terminate() {
-    kill(pid_, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 1000; ++i) {
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return status;
-      }
-      usleep(10000);
-    }
-    kill(pid_, SIGKILL);
-    waitpid(pid_, &status, 0);
-    reaped_ = true;
-    return status;
-  }
-
-  const std::string& endpoint() const { return endpoint_; }
-  void Signal(int sig) const { kill(pid_, sig); }
-
- private:
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  bool reaped_ = false;
-  std::string endpoint_;
-};
 
 struct Processes {
   explicit Processes(int n) {

@@ -193,5 +193,21 @@ TEST(Wire, ChunkCountsOfHostileSpecsDoNotOverflow) {
   EXPECT_FALSE(spec.Validate().ok());
 }
 
+TEST(Wire, PrintableKeepsUtf8AndEscapesEverythingElse) {
+  EXPECT_EQ(Printable("table 'emb'\tok\n"), "table 'emb'\tok\n");
+  EXPECT_EQ(Printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(Printable(std::string("a\0b\x1b\x7f", 5)), "a\\x00b\\x1b\\x7f");
+  EXPECT_EQ(Printable("\xff\xfe"), "\\xff\\xfe");
+  EXPECT_EQ(Printable("\xc3"), "\\xc3");                      // truncated sequence
+  EXPECT_EQ(Printable("\xc0\xaf"), "\\xc0\\xaf");              // overlong '/'
+  EXPECT_EQ(Printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");      // a UTF-16 surrogate
+  EXPECT_EQ(Printable("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");  // above U+10FFFF
+  // An Error carrying such bytes arrives printable.
+  zmq::message_t frame = MakeError(3, Kind::CreateTable, InvalidArgumentError("table '\xff\x01x': bad"));
+  const Header* h = nullptr;
+  ASSERT_TRUE(VerifyHeader(frame, &h).ok());
+  EXPECT_EQ(ErrorStatus(*h).message(), "table '\\xff\\x01x': bad");
+}
+
 }  // namespace
 }  // namespace ferry::wire

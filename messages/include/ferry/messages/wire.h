@@ -50,7 +50,14 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
 // Copies a finished builder into a frame (headers are small; payloads are never copied here).
 zmq::message_t ToFrame(const flatbuffers::FlatBufferBuilder& fbb);
 
-// A finished Error header answering `request_kind`/`request_id` with `status`.
+// `text` as valid UTF-8, whatever bytes it holds: well-formed UTF-8 is kept, every other byte
+// (and every control character but tab and newline) becomes "\xNN". Error texts and log lines
+// quote what a peer sent (a table name, a file name); this keeps them printable and decodable
+// (a Python client decodes them as str).
+std::string Printable(std::string_view text);
+
+// A finished Error header answering `request_kind`/`request_id` with `status` (its message made
+// Printable).
 zmq::message_t MakeError(uint64_t request_id, Kind request_kind, const Status& status);
 // A finished Reply header with no extra fields.
 zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, int64_t version = 0);
@@ -63,7 +70,8 @@ struct ReplyInfo {
 };
 zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, const ReplyInfo& info);
 
-// Status carried by an Error header (code + message; unknown codes become kUnknown).
+// Status carried by an Error header (code + message made Printable; unknown codes become
+// kUnknown).
 Status ErrorStatus(const Header& h);
 
 // TableSpec <-> wire. FromWire validates what it reads.

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include <zmq.hpp>
 
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
+#include "internal/peer_load.h"
 
 namespace ferry::ps {
 
@@ -32,6 +34,9 @@ struct Request {
   Clock::time_point deadline;
   int64_t pull_step = 0;  // the step/clock the (held) pull is for
   wire::ReplyInfo info;   // PushPullDense: what its push did, reported with the pull's reply
+  PeerLoad::Token held_by_peer;  // while held: counts against its connection's share
+
+  std::string_view peer() const { return {routing.data<char>(), routing.size()}; }
 
   // Microseconds since arrival.
   int64_t waited_us() const {

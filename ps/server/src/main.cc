@@ -22,6 +22,7 @@ void Usage(std::FILE* out) {
       "usage: ferry-ps --bind ENDPOINT [--rank R] [--num-servers N] [--num-workers W]\n"
       "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S] [--worker-timeout-s S]\n"
       "                [--checkpoint-dir DIR [--keep-checkpoints K] [--restore]] [--curve-keys DIR]\n"
+      "                [--max-held-per-peer N]\n"
       "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
       "                     (default tcp://127.0.0.1:7000)\n"
       "  --rank             this server's index in the server list (default 0)\n"
@@ -37,6 +38,8 @@ void Usage(std::FILE* out) {
       "  --keep-checkpoints the newest K checkpoints are kept (default 3)\n"
       "  --restore          start from the newest checkpoint in --checkpoint-dir that verifies (for\n"
       "                     any number of servers; needs --num-workers); fails if there is none\n"
+      "  --max-held-per-peer  requests one connection may have waiting (held pulls, barriers) at\n"
+      "                     once; more are refused (default 4096)\n"
       "  --curve-keys       a job's key folder (ferry-keys writes one): accept only the job's workers,\n"
       "                     each authenticated by its key (ZeroMQ CURVE), every message encrypted;\n"
       "                     reads DIR/server.key and DIR/workers.pub, and sets --num-workers\n"
@@ -77,7 +80,7 @@ int main(int argc, char** argv) {
     constexpr std::string_view kValueFlags[] = {"--bind", "--rank", "--num-servers", "--compute-threads",
                                                 "--max-message-mb", "--max-wait-s", "--num-workers",
                                                 "--checkpoint-dir", "--keep-checkpoints", "--worker-timeout-s",
-                                                "--curve-keys"};
+                                                "--curve-keys", "--max-held-per-peer"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
       std::fprintf(stderr, "ferry-ps: unknown flag %s\n", argv[i]);
       Usage(stderr);
@@ -127,6 +130,9 @@ int main(int argc, char** argv) {
     } else if (flag == "--keep-checkpoints") {
       if (!ParseInt(flag, value, 1, 1000000, &v)) return 2;
       options.keep_checkpoints = static_cast<int>(v);
+    } else if (flag == "--max-held-per-peer") {
+      if (!ParseInt(flag, value, 1, 1 << 20, &v)) return 2;
+      options.max_held_per_peer = static_cast<size_t>(v);
     } else if (flag == "--curve-keys") {
       auto keys = ferry::curve::LoadServerKeys(value);
       if (!keys.ok()) {

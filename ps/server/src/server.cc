@@ -64,12 +64,13 @@ enum Counter : int {
   kNonFiniteRowsSkipped,
   kCurveRefused,
   kPermissionDenied,
+  kHeldRefused,
   kNumCounters
 };
 constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "messages", "bad_messages", "errors_sent", "late_gradients_dropped", "updates_applied",
     "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker",
-    "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied"};
+    "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused"};
 constexpr size_t kStalenessBuckets = 65;
 
 class ServerImpl final : public Server {
@@ -661,12 +662,30 @@ class ServerImpl final : public Server {
 
   void HoldOrServe(Request req) {
     if (TryServe(req)) return;
-    if (HeldCount() >= options_.max_held) {
-      return SendError(req, ResourceExhaustedError("server holds " + std::to_string(held_.size()) +
-                                                   " waiting requests already; refusing more"));
-    }
+    if (Status s = RoomToHold(req); !s.ok()) return SendError(req, s);
     Count(kPullsHeld);
+    req.held_by_peer = peer_load_.Acquire(req.peer());
     held_.Hold(std::move(req), Clock::now() + options_.max_wait);
+  }
+
+  // Whether `req` may wait here: the server's room (max_held) and its connection's share of it
+  // (max_held_per_peer), so that one peer cannot fill the room for the others.
+  Status RoomToHold(const Request& req) {
+    if (HeldCount() >= options_.max_held) {
+      Count(kHeldRefused);
+      return ResourceExhaustedError("server " + std::to_string(options_.rank) + " holds " +
+                                    std::to_string(HeldCount()) + " waiting requests already (its limit); refusing more");
+    }
+    if (const size_t mine = peer_load_.held(req.peer()); mine >= options_.max_held_per_peer) {
+      Count(kHeldRefused);
+      LogRateLimited("a connection of worker " + std::to_string(req.h()->rank()) + " has " + std::to_string(mine) +
+                     " requests waiting, the most one connection may; refused one more");
+      return ResourceExhaustedError("this connection has " + std::to_string(mine) + " requests waiting on server " +
+                                    std::to_string(options_.rank) +
+                                    " already, the most one connection may (max_held_per_peer); wait for some to be "
+                                    "answered");
+    }
+    return Status::Ok();
   }
 
   size_t HeldCount() const { return held_.size() + collectives_.size(); }
@@ -700,10 +719,8 @@ class ServerImpl final : public Server {
 
   Status OnCollective(Request& req) {
     FERRY_RETURN_IF_ERROR(collectives_.CheckEntry(req));
-    if (HeldCount() >= options_.max_held) {
-      return ResourceExhaustedError("server holds " + std::to_string(HeldCount()) +
-                                    " waiting requests already; refusing more");
-    }
+    FERRY_RETURN_IF_ERROR(RoomToHold(req));
+    req.held_by_peer = peer_load_.Acquire(req.peer());
     std::vector<Request> group = collectives_.Enter(std::move(req), Clock::now() + options_.max_wait, workers_.count());
     if (group.empty()) return Status::Ok();
     if (group[0].h()->kind() == Kind::AllReduce) {
@@ -1011,6 +1028,7 @@ class ServerImpl final : public Server {
   ps::Updater updater_;  // uses pool_
   ps::TableRegistry tables_;
   ps::Workers workers_;
+  ps::PeerLoad peer_load_;      // before held_ and collectives_: their requests' tokens point at it
   ps::HeldPulls held_;          // waiting pulls; with collectives_, at most options_.max_held
   ps::Collectives collectives_;
   Clock::time_point last_liveness_check_{};

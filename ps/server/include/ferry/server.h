@@ -44,6 +44,10 @@ struct ServerOptions {
   std::chrono::milliseconds worker_timeout{std::chrono::seconds(10)};
   // Requests held at once (waiting pulls, barriers); beyond that new ones are refused.
   size_t max_held = 1 << 16;
+  // Of those, at most this many from one connection: one peer cannot fill the room for the
+  // others. The default is a client's own bound on what it has in flight (ClientOptions::
+  // max_in_flight), so a well-behaved worker never meets it.
+  size_t max_held_per_peer = 4096;
   // Workers in the job; 0: the first Hello says. A Hello that disagrees is refused. Required
   // with `restore` (the restored tables are made for the job's workers).
   int num_workers = 0;

@@ -2,6 +2,9 @@
 
 #include <malloc.h>
 
+#include <algorithm>
+#include <cerrno>
+
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
 #define FERRY_TSAN 1
@@ -102,14 +105,24 @@ Status Send(zmq::socket_t& socket, Frames& frames, bool dontwait) {
 namespace {
 
 // One whole message: the first frame as `first` says (waiting or not), the rest at once.
+// With `interrupted`, a first receive interrupted by a signal (EINTR) sets it and returns OK with
+// nothing received, for the caller to retry; otherwise it is a failed receive like any other.
 Status RecvMessage(zmq::socket_t& socket, zmq::recv_flags first, Frames* frames, bool* got, size_t max_frames,
-                   bool* truncated) {
+                   bool* truncated, bool* interrupted = nullptr) {
   frames->clear();
   *got = false;
   *truncated = false;
   try {
     zmq::message_t msg;
-    if (!socket.recv(msg, first)) return Status::Ok();
+    bool received = false;
+    try {
+      received = socket.recv(msg, first).has_value();
+    } catch (const zmq::error_t& e) {
+      if (interrupted == nullptr || e.num() != EINTR) return FromZmq(e, "recv");
+      *interrupted = true;
+      return Status::Ok();
+    }
+    if (!received) return Status::Ok();
     HandoffReceived();
     *got = true;
     bool more = msg.more();
@@ -138,10 +151,22 @@ Status RecvNonBlocking(zmq::socket_t& socket, Frames* frames, bool* got, size_t 
 }
 
 Status Recv(zmq::socket_t& socket, Frames* frames, size_t max_frames) {
-  bool got = false, truncated = false;
-  FERRY_RETURN_IF_ERROR(RecvMessage(socket, zmq::recv_flags::none, frames, &got, max_frames, &truncated));
-  if (!got) return DeadlineExceededError("no message within the socket's receive timeout");
-  return Status::Ok();
+  // A signal (a profiler's, a fuzzer's timer) interrupts a blocking receive with EINTR: receive
+  // again while the socket's timeout has not passed since the first try (so at most twice it).
+  int timeout_ms = -1;
+  try {
+    timeout_ms = socket.get(zmq::sockopt::rcvtimeo);
+  } catch (const zmq::error_t& e) {
+    return FromZmq(e, "recv");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  for (;;) {
+    bool got = false, truncated = false, interrupted = false;
+    FERRY_RETURN_IF_ERROR(RecvMessage(socket, zmq::recv_flags::none, frames, &got, max_frames, &truncated, &interrupted));
+    if (got) return Status::Ok();
+    if (interrupted && (timeout_ms < 0 || std::chrono::steady_clock::now() < deadline)) continue;
+    return DeadlineExceededError("no message within the socket's receive timeout");
+  }
 }
 
 void TuneAllocatorForLargeMessages() {

@@ -1,7 +1,11 @@
 // transport::EventLoop: the poll loop the server and the client share.
 #include "ferry/messages/event_loop.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <atomic>
+#include <chrono>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -149,6 +153,33 @@ TEST(EventLoop, FramesPastTheLimitAreDroppedAndSaidSo) {
   ASSERT_TRUE(loop.Run(3, h).ok());
   EXPECT_EQ(kept, 3u);
   EXPECT_TRUE(was_truncated);
+}
+
+// A blocking Recv that a signal interrupts (EINTR: a fuzzer's or profiler's timer) receives on
+// instead of failing (found by tests/fuzz/fuzz_server under libFuzzer's -timeout alarm).
+TEST(Transport, RecvGoesOnAfterASignalInterruptsIt) {
+  struct sigaction quiet {}, old {};
+  quiet.sa_handler = [](int) {};
+  sigemptyset(&quiet.sa_mask);
+  quiet.sa_flags = 0;  // no SA_RESTART: the blocking receive returns EINTR
+  ASSERT_EQ(sigaction(SIGUSR2, &quiet, &old), 0);
+  auto ctx = Context::Create();
+  Pipe p = MakePipe(Zmq(*ctx), "recv-eintr");
+  p.in.set(zmq::sockopt::rcvtimeo, 5000);
+  const pthread_t receiver = pthread_self();
+  std::thread other([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pthread_kill(receiver, SIGUSR2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    SendText(p.out, "after the signal");
+  });
+  Frames got;
+  const Status s = Recv(p.in, &got);
+  other.join();
+  sigaction(SIGUSR2, &old, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].to_string(), "after the signal");
 }
 
 }  // namespace

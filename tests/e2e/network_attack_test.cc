@@ -25,6 +25,14 @@
 #include "fuzz_tables.h"
 #include "support/ps_process.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define FERRY_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FERRY_ASAN 1
+#endif
+#endif
+
 namespace ferry::test {
 namespace {
 
@@ -291,6 +299,12 @@ TEST_F(NetworkAttack, TheServerKeepsServingARealWorkerAndItsMemoryReturns) {
   std::printf("ferry-ps memory: %lld KiB before the attack, %lld KiB after, peak %lld KiB\n",
               static_cast<long long>(rss_before), static_cast<long long>(rss_after), static_cast<long long>(peak));
   ASSERT_GT(rss_before, 0);
+#ifdef FERRY_ASAN
+  // AddressSanitizer keeps freed memory in quarantine (256 MiB by default) and adds shadow
+  // memory: this build's ferry-ps cannot show whether memory comes back.
+  std::printf("memory bound not checked: AddressSanitizer build\n");
+  return;
+#endif
   // Within 64 MiB of where it started: a few of the largest messages' worth (4-9 MiB each), which
   // the allocator keeps for reuse (TuneAllocatorForLargeMessages), not what the attack sent in all
   // (over 100 MiB).

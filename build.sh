@@ -121,7 +121,9 @@ sanitize_check() {
 # FUZZ_SECONDS (default 45) per target. A crash, sanitizer finding or hang fails the run; the
 # input that did it is kept in the build folder and its log's tail printed.
 fuzz_runs() {
-  local dir=$1 corpus=$1/fuzz-corpus t log
+  local dir corpus t log
+  dir=$(cd "$1" && pwd)  # absolute: the targets run from inside it
+  corpus=$dir/fuzz-corpus
   "$dir/tests/fuzz/fuzz-seeds" --write-seeds "$corpus/seeds" >/dev/null
   for t in fuzz_wire fuzz_server; do
     mkdir -p "$corpus/$t"

@@ -788,5 +788,49 @@ TEST(Cluster, OneConnectionCannotFillTheHeldRoomForEveryone) {
   EXPECT_EQ(transport::Recv(*raw, &reply).code(), StatusCode::kDeadlineExceeded) << "held again, not refused";
 }
 
+// The memory budget (ServerOptions::memory_budget_bytes): a table that would go over it, or a
+// pull that would create sparse rows beyond it, is refused saying how much was asked and how
+// much is left; what fits goes on working, and the server keeps serving.
+TEST(Cluster, TablesAndRowsBeyondTheMemoryBudgetAreRefused) {
+  ServerOptions so;
+  so.memory_budget_bytes = int64_t{8} << 20;
+  auto c = LocalCluster::Start(1, false, so);
+  auto w = c.Connect(0, 1);
+  TableSpec huge;
+  huge.name = "huge";
+  huge.shape = {1 << 22};  // 16 MiB of floats
+  const Status s = w->Declare(huge);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("table 'huge' (this server's shard) would take 16.0 MiB"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("8.0 MiB of 8.0 MiB left"), std::string::npos) << s;
+  TableSpec emb;
+  emb.name = "emb";
+  emb.type = TableType::kSparse;
+  emb.dim = 256;  // SGD: 1 KiB + 24 bytes a row
+  emb.consistency = Consistency::kAsync;
+  ASSERT_TRUE(w->Declare(emb).ok());
+  // 4096 rows fit (about 4.1 MiB); 8192 more do not.
+  std::vector<int64_t> ids(4096);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
+  std::vector<float> rows(ids.size() * 256);
+  ASSERT_TRUE(w->PullSparse("emb", ids, rows, 0).wait(5s).ok());
+  std::vector<int64_t> more(8192);
+  for (size_t i = 0; i < more.size(); ++i) more[i] = 100000 + static_cast<int64_t>(i);
+  std::vector<float> more_rows(more.size() * 256);
+  const Status refused = w->PullSparse("emb", more, more_rows, 0).wait(5s);
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("8192 new rows of sparse table 'emb' would take 8.2 MiB"), std::string::npos) << refused;
+  auto counters = c.servers[0]->stats().counters;
+  EXPECT_GE(counters.at("memory_budget_refused"), 2);
+  EXPECT_EQ(counters.at("memory_budget_bytes"), int64_t{8} << 20);
+  EXPECT_LE(counters.at("memory_budget_used_bytes"), int64_t{8} << 20);
+  // What exists still works: the first rows, and a small dense table.
+  ASSERT_TRUE(w->PullSparse("emb", ids, rows, 0).wait(5s).ok());
+  TableSpec small;
+  small.name = "small";
+  small.shape = {1024};
+  EXPECT_TRUE(w->Declare(small).ok());
+}
+
 }  // namespace
 }  // namespace ferry::test

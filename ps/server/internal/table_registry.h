@@ -15,18 +15,26 @@
 #include "ferry/messages/wire.h"
 #include "ferry/status.h"
 #include "ferry/table_spec.h"
+#include "internal/memory_budget.h"
 #include "internal/tables.h"
 
 namespace ferry::ps {
 
 class TableRegistry {
  public:
-  TableRegistry(int rank, int num_servers) : rank_(rank), num_servers_(num_servers) {}
+  // `memory_budget`: the bytes this server's tables may take (0: MemoryBudget::DefaultLimit()).
+  TableRegistry(int rank, int num_servers, int64_t memory_budget = 0)
+      : rank_(rank), num_servers_(num_servers), budget_(std::make_unique<MemoryBudget>(memory_budget)) {}
 
   // Declares `spec` under `claimed_id` (which must be the hash of its name) for a job of
   // `num_workers`. Declaring the same spec again is a no-op; a different spec under the same
-  // name or id is AlreadyExists. ResourceExhausted when the shard cannot be allocated.
+  // name or id is AlreadyExists. ResourceExhausted when the shard would go over the memory
+  // budget (saying how much it needs and how much is left) or cannot be allocated.
   Status Create(TableSpec spec, uint64_t claimed_id, int num_workers);
+
+  // What the tables may take and have taken (dense shards when declared, sparse rows as created).
+  const MemoryBudget& budget() const { return *budget_; }
+  MemoryBudget& budget() { return *budget_; }
 
   // NotFound for an undeclared id; InvalidArgument for a table of the other type.
   StatusOr<Table*> Find(uint64_t id, TableType type);
@@ -57,6 +65,7 @@ class TableRegistry {
  private:
   const int rank_;
   const int num_servers_;
+  std::unique_ptr<MemoryBudget> budget_;  // behind a pointer: shards keep its address across moves
   std::unordered_map<uint64_t, std::unique_ptr<Table>> tables_;
 };
 

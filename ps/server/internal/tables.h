@@ -13,6 +13,7 @@
 #include <zmq.hpp>
 
 #include "ferry/table_spec.h"
+#include "internal/memory_budget.h"
 #include "internal/thread_pool.h"
 
 namespace ferry::ps {
@@ -40,6 +41,9 @@ class DenseShard {
  public:
   // Allocates and initialises the chunks that `placement` assigns to server `rank`.
   DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers);
+  // The bytes the chunks of `spec` held by server `rank` take (parameters and optimizer state),
+  // computed before anything is allocated.
+  static int64_t HeldBytes(const TableSpec& spec, uint64_t table_id, int rank, int num_servers);
   // nullptr when `chunk` is out of range or not held here.
   DenseChunk* chunk(int64_t index);
   const DenseChunk* chunk(int64_t index) const { return const_cast<DenseShard*>(this)->chunk(index); }
@@ -58,16 +62,23 @@ using RowIndex = uint64_t;
 // that never move, so growing the table never copies it.
 class SparseShard {
  public:
-  SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers);
+  // `budget` (may be null: no limit) is charged RowBytes() for every row created.
+  SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers, MemoryBudget* budget = nullptr);
+  ~SparseShard();
 
   // The row's index, creating and initialising it if new. Strong guarantee: if creating the row
-  // throws (std::bad_alloc), the shard is as it was (no id without a row, no half-made row).
-  RowIndex FindOrCreate(int64_t id);
+  // throws (std::bad_alloc; BudgetExceeded when the budget has no room for it), the shard is as it
+  // was (no id without a row, no half-made row).
+  // `over_budget_ok`: charge the budget even past its limit (see MemoryBudget::Force).
+  RowIndex FindOrCreate(int64_t id, bool over_budget_ok = false);
+  // How many distinct ids of `ids` have no row yet (what creating them would cost the budget).
+  int64_t NewRows(std::span<const int64_t> ids) const;
   // Applies one gradient row per id (grads: ids.size() x dim) with the table's optimizer, each
   // row counting its own updates. Every row is found or created before any is updated, so
   // running out of memory leaves no update half-applied. A repeated id is applied in order.
   // `rows` is scratch.
-  void ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows);
+  void ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows,
+                 bool over_budget_ok = false);
   float* row(RowIndex index) { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
   const float* row(RowIndex index) const { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
   int64_t steps(RowIndex index) const { return steps_[index]; }
@@ -82,6 +93,8 @@ class SparseShard {
   int64_t& steps(RowIndex index) { return steps_[index]; }
   int64_t dim() const { return dim_; }
   size_t size() const { return index_.size(); }
+  // What one row costs the memory budget: its floats, its update count, its index entry.
+  int64_t RowBytes() const { return row_floats_ * static_cast<int64_t>(sizeof(float)) + 24; }
 
   int64_t version = 0;  // pushes applied to this shard
   std::vector<int64_t> last_pulled;
@@ -90,6 +103,7 @@ class SparseShard {
  private:
   const TableSpec& spec_;  // the owning Table's spec (Tables live behind unique_ptr and never move)
   uint64_t table_id_;
+  MemoryBudget* budget_;  // the registry's; outlives the shard
   int64_t dim_;
   int64_t row_floats_;  // params + optimizer state of one row
   uint64_t block_rows_;  // rows per block: about 16 MiB a block, at least one row

@@ -25,8 +25,8 @@ class Updater {
   // One gradient of the whole chunk, as the chunk's update number `step` (1-based).
   void ApplyDense(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step);
   // One gradient row per id (see SparseShard::ApplyRows).
-  void ApplyRows(SparseShard& shard, std::span<const int64_t> ids, const float* grads) {
-    shard.ApplyRows(ids, grads, &rows_);
+  void ApplyRows(SparseShard& shard, std::span<const int64_t> ids, const float* grads, bool over_budget_ok = false) {
+    shard.ApplyRows(ids, grads, &rows_, over_budget_ok);
   }
   // The sum of `grads[k][i]` over k, divided by grads.size(), applied as update `step`: a sync
   // step's gradients added in the order given (rank order), so every run adds the same numbers

@@ -22,7 +22,7 @@ void Usage(std::FILE* out) {
       "usage: ferry-ps --bind ENDPOINT [--rank R] [--num-servers N] [--num-workers W]\n"
       "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S] [--worker-timeout-s S]\n"
       "                [--checkpoint-dir DIR [--keep-checkpoints K] [--restore]] [--curve-keys DIR]\n"
-      "                [--max-held-per-peer N]\n"
+      "                [--max-held-per-peer N] [--memory-budget-mb M]\n"
       "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
       "                     (default tcp://127.0.0.1:7000)\n"
       "  --rank             this server's index in the server list (default 0)\n"
@@ -38,6 +38,8 @@ void Usage(std::FILE* out) {
       "  --keep-checkpoints the newest K checkpoints are kept (default 3)\n"
       "  --restore          start from the newest checkpoint in --checkpoint-dir that verifies (for\n"
       "                     any number of servers; needs --num-workers); fails if there is none\n"
+      "  --memory-budget-mb memory the tables may take; declaring a table or creating sparse rows\n"
+      "                     beyond it is refused (default: 80% of the machine's or cgroup's memory)\n"
       "  --max-held-per-peer  requests one connection may have waiting (held pulls, barriers) at\n"
       "                     once; more are refused (default 4096)\n"
       "  --curve-keys       a job's key folder (ferry-keys writes one): accept only the job's workers,\n"
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
     constexpr std::string_view kValueFlags[] = {"--bind", "--rank", "--num-servers", "--compute-threads",
                                                 "--max-message-mb", "--max-wait-s", "--num-workers",
                                                 "--checkpoint-dir", "--keep-checkpoints", "--worker-timeout-s",
-                                                "--curve-keys", "--max-held-per-peer"};
+                                                "--curve-keys", "--max-held-per-peer", "--memory-budget-mb"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
       std::fprintf(stderr, "ferry-ps: unknown flag %s\n", argv[i]);
       Usage(stderr);
@@ -130,6 +132,9 @@ int main(int argc, char** argv) {
     } else if (flag == "--keep-checkpoints") {
       if (!ParseInt(flag, value, 1, 1000000, &v)) return 2;
       options.keep_checkpoints = static_cast<int>(v);
+    } else if (flag == "--memory-budget-mb") {
+      if (!ParseInt(flag, value, 1, int64_t{1} << 30, &v)) return 2;
+      options.memory_budget_bytes = v << 20;
     } else if (flag == "--max-held-per-peer") {
       if (!ParseInt(flag, value, 1, 1 << 20, &v)) return 2;
       options.max_held_per_peer = static_cast<size_t>(v);

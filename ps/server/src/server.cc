@@ -108,6 +108,12 @@ class ServerImpl final : public Server {
     ServerStats s;
     for (int i = 0; i < kNumCounters; ++i) s.counters[kCounterNames[i]] = counters_[i].load();
     for (auto& b : staleness_) s.staleness_histogram.push_back(b.load());
+    // The memory budget (atomics, safe from any thread): refusals count up; the other two are
+    // levels, not counters.
+    const ps::MemoryBudget& budget = tables_.budget();
+    s.counters["memory_budget_refused"] = budget.refusals();
+    s.counters["memory_budget_bytes"] = budget.limit();
+    s.counters["memory_budget_used_bytes"] = budget.used();
     // Per worker, only where non-zero: a job of many workers keeps its Stats reply small.
     MutexLock lock(&by_rank_mu_);
     for (size_t r = 0; r < used_by_rank_.size(); ++r) {
@@ -207,6 +213,9 @@ class ServerImpl final : public Server {
     if (!s.ok()) return bad(s.WithContext(std::string(wire::KindName(req.h()->kind()))));
     try {
       s = Dispatch(req);
+    } catch (const ps::BudgetExceeded& e) {
+      LogRateLimited(std::string(e.what()) + "; refused");
+      s = ResourceExhaustedError("server " + std::to_string(options_.rank) + ": " + e.what());
     } catch (const std::bad_alloc&) {
       s = ResourceExhaustedError("server " + std::to_string(options_.rank) + " ran out of memory serving this request");
     } catch (const zmq::error_t& e) {
@@ -400,7 +409,10 @@ class ServerImpl final : public Server {
   Status OnCreateTable(Request& req) {
     TableSpec spec;
     FERRY_RETURN_IF_ERROR(wire::SpecFromWire(req.h()->spec(), &spec));
-    FERRY_RETURN_IF_ERROR(tables_.Create(std::move(spec), req.h()->table_id(), workers_.count()));
+    if (Status s = tables_.Create(std::move(spec), req.h()->table_id(), workers_.count()); !s.ok()) {
+      if (s.code() == StatusCode::kResourceExhausted) LogRateLimited(s.message() + "; refused");
+      return s;
+    }
     SendOk(req);
     return Status::Ok();
   }
@@ -501,6 +513,7 @@ class ServerImpl final : public Server {
         ids = View<int64_t>(req.payload[0], id_scratch);
       }
     }
+    FERRY_RETURN_IF_ERROR(RoomForRows(*t, ids));
     if (t->spec.consistency == Consistency::kSync) {
       FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(t->spec, shard.sync, shard.version, rank, h.step()));
       if (h.step() < shard.version) {
@@ -522,6 +535,21 @@ class ServerImpl final : public Server {
     Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = shard.version, .used = 1}));
     ServeHeld();
     return Status::Ok();
+  }
+
+  // OK when the rows of `ids` that do not exist yet fit in the memory budget; otherwise
+  // RESOURCE_EXHAUSTED saying how many, how much and how much is left (counted, logged), before
+  // any row is made.
+  Status RoomForRows(const ps::Table& t, std::span<const int64_t> ids) {
+    ps::MemoryBudget& budget = tables_.budget();
+    const int64_t row = t.sparse->RowBytes(), left = budget.limit() - budget.used();
+    if (static_cast<int64_t>(ids.size()) <= left / row) return Status::Ok();  // all of them would fit
+    const int64_t fresh = t.sparse->NewRows(ids);
+    if (fresh <= left / row) return Status::Ok();
+    budget.CountRefusal();
+    const std::string why = budget.Refusal(fresh * row, std::to_string(fresh) + " new rows of sparse table '" + t.spec.name + "'");
+    LogRateLimited(why + "; refused");
+    return ResourceExhaustedError(why);
   }
 
   // A push whose gradient holds NaN or Inf: refused whole, counted, logged (at most once a second).
@@ -612,6 +640,7 @@ class ServerImpl final : public Server {
     }
     std::vector<int64_t> scratch;
     FERRY_RETURN_IF_ERROR(tables_.CheckIds(*t, View<int64_t>(req.payload[0], scratch)));
+    FERRY_RETURN_IF_ERROR(RoomForRows(*t, View<int64_t>(req.payload[0], scratch)));
     req.pull_step = h.step();
     HoldOrServe(std::move(req));
     return Status::Ok();
@@ -631,6 +660,8 @@ class ServerImpl final : public Server {
       std::vector<int64_t> scratch;
       auto ids = View<int64_t>(req.payload[0], scratch);
       zmq::message_t out(ids.size() * static_cast<size_t>(shard.dim()) * sizeof(float));
+      // Checked on arrival; a held pull may find the budget spent since.
+      if (Status s = RoomForRows(**t, ids); !s.ok()) return SendError(req, s), true;
       updater_.ReadRows(shard, ids, static_cast<float*>(out.data()));
       Frames payload;
       payload.push_back(std::move(out));
@@ -1094,7 +1125,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   }
   if (options.keep_checkpoints < 1) return InvalidArgumentError("keep_checkpoints must be at least 1");
   if (options.curve) FERRY_RETURN_IF_ERROR(CheckCurveOptions(&options));
-  ps::TableRegistry tables(options.rank, options.num_servers);
+  if (options.memory_budget_bytes < 0) return InvalidArgumentError("memory_budget_bytes must be >= 0");
+  ps::TableRegistry tables(options.rank, options.num_servers, options.memory_budget_bytes);
   int64_t restored_step = -1;
   if (options.restore) {
     const std::string who = "ferry-ps rank " + std::to_string(options.rank);
@@ -1104,8 +1136,12 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     auto ckpt = ps::ReadCheckpoint(options.checkpoint_dir, &skipped);
     if (!ckpt.ok()) return ckpt.status().WithContext(who);
     for (const auto& s : skipped) std::fprintf(stderr, "%s: passed over a checkpoint: %s\n", who.c_str(), s.c_str());
-    FERRY_RETURN_IF_ERROR(ps::RestoreShard(*ckpt, options.rank, options.num_servers, options.num_workers, &tables)
-                              .WithContext(who + ": restoring " + ckpt->manifest));
+    try {
+      FERRY_RETURN_IF_ERROR(ps::RestoreShard(*ckpt, options.rank, options.num_servers, options.num_workers, &tables)
+                                .WithContext(who + ": restoring " + ckpt->manifest));
+    } catch (const ps::BudgetExceeded& e) {
+      return ResourceExhaustedError(who + ": restoring " + ckpt->manifest + ": " + e.what());
+    }
     restored_step = ckpt->step;
   }
   auto context = options.context ? options.context : Context::Create(1);

@@ -76,7 +76,9 @@ void CloseSyncStep(Updater& updater, SparseShard& shard, int num_workers) {
   }
   const float kf = static_cast<float>(k);
   for (float& v : sum) v /= kf;
-  updater.ApplyRows(shard, ids, sum.data());
+  // Every push of the step was checked against the memory budget when it came; the step they
+  // make is applied whole even if together they go past it (by at most the other workers' new rows).
+  updater.ApplyRows(shard, ids, sum.data(), /*over_budget_ok=*/true);
   ++shard.version;
   shard.sync.Reset(num_workers, /*sparse=*/true);
 }

@@ -34,13 +34,18 @@ Status TableRegistry::Create(TableSpec spec, uint64_t claimed_id, int num_worker
   auto table = std::make_unique<Table>();
   table->spec = std::move(spec);
   table->id = id;
+  // A dense shard is charged whole before it is allocated; a sparse one row by row.
+  const int64_t dense_bytes =
+      table->spec.type == TableType::kDense ? DenseShard::HeldBytes(table->spec, id, rank_, num_servers_) : 0;
+  FERRY_RETURN_IF_ERROR(budget_->Take(dense_bytes, "table '" + table->spec.name + "' (this server's shard)"));
   try {
     if (table->spec.type == TableType::kDense) {
       table->dense = std::make_unique<DenseShard>(table->spec, id, rank_, num_servers_, num_workers);
     } else {
-      table->sparse = std::make_unique<SparseShard>(table->spec, id, num_workers);
+      table->sparse = std::make_unique<SparseShard>(table->spec, id, num_workers, budget_.get());
     }
   } catch (const std::bad_alloc&) {
+    budget_->Give(dense_bytes);
     return ResourceExhaustedError("out of memory creating table '" + table->spec.name + "'");
   }
   tables_.emplace(id, std::move(table));

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <memory>
 
+#include <absl/container/flat_hash_set.h>
+
 #include "ferry/messages/placement.h"
 #include "internal/init.h"
 #include "internal/optimizer.h"
@@ -43,9 +45,21 @@ DenseChunk* DenseShard::chunk(int64_t index) {
   return chunks_[static_cast<size_t>(index)].get();
 }
 
-SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers)
+int64_t DenseShard::HeldBytes(const TableSpec& spec, uint64_t table_id, int rank, int num_servers) {
+  const int64_t n = spec.num_elements();
+  const int64_t floats_per_elem = 1 + StateSlots(spec.optimizer.type);
+  int64_t held = 0;
+  for (int64_t c = 0; c < spec.num_chunks(); ++c) {
+    if (placement::ChunkServer(table_id, c, num_servers) != rank) continue;
+    held += std::min(spec.chunk_elems, n - c * spec.chunk_elems);
+  }
+  return held * floats_per_elem * static_cast<int64_t>(sizeof(float));
+}
+
+SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers, MemoryBudget* budget)
     : spec_(spec),
       table_id_(table_id),
+      budget_(budget),
       dim_(spec.dim),
       row_floats_(spec.dim * (1 + StateSlots(spec.optimizer.type))),
       block_rows_(static_cast<uint64_t>(std::max<int64_t>(1, (int64_t{16} << 20) / (row_floats_ * 4)))) {
@@ -53,8 +67,33 @@ SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_worke
   sync.Reset(num_workers, /*sparse=*/true);
 }
 
-RowIndex SparseShard::FindOrCreate(int64_t id) {
+SparseShard::~SparseShard() {
+  if (budget_ != nullptr) budget_->Give(RowBytes() * static_cast<int64_t>(steps_.size()));
+}
+
+int64_t SparseShard::NewRows(std::span<const int64_t> ids) const {
+  absl::flat_hash_set<int64_t> fresh;
+  for (int64_t id : ids) {
+    if (!index_.contains(id)) fresh.insert(id);
+  }
+  return static_cast<int64_t>(fresh.size());
+}
+
+RowIndex SparseShard::FindOrCreate(int64_t id, bool over_budget_ok) {
   if (auto it = index_.find(id); it != index_.end()) return it->second;
+  // The budget first: refused, nothing has changed. Charged, every later failure gives it back.
+  if (budget_ != nullptr && over_budget_ok) {
+    budget_->Force(RowBytes());
+  } else if (budget_ != nullptr && !budget_->TryTake(RowBytes())) {
+    throw BudgetExceeded(budget_->Refusal(RowBytes(), "a new row of sparse table '" + spec_.name + "'"));
+  }
+  struct Refund {
+    MemoryBudget* budget;
+    int64_t bytes;
+    ~Refund() {
+      if (budget != nullptr) budget->Give(bytes);
+    }
+  } refund{budget_, RowBytes()};
   const RowIndex index = steps_.size();
   // Every step that can throw comes before the id is indexed, and each leaves the shard valid:
   // a block allocated for a row that then failed is simply used by the next row.
@@ -84,12 +123,14 @@ RowIndex SparseShard::FindOrCreate(int64_t id) {
   index_.emplace(id, index);  // within the reserved size: no allocation, cannot throw
   InitSparseRow(spec_, table_id_, id, row(index));
   InitState(spec_.optimizer, state(index), static_cast<size_t>(dim_));
+  refund.budget = nullptr;  // the row exists: it keeps its charge
   return index;
 }
 
-void SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows) {
+void SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows,
+                            bool over_budget_ok) {
   rows->resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) (*rows)[i] = FindOrCreate(ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) (*rows)[i] = FindOrCreate(ids[i], over_budget_ok);
   const size_t dim = static_cast<size_t>(dim_);
   for (size_t i = 0; i < ids.size(); ++i) {
     const RowIndex r = (*rows)[i];

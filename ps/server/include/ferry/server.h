@@ -48,6 +48,11 @@ struct ServerOptions {
   // others. The default is a client's own bound on what it has in flight (ClientOptions::
   // max_in_flight), so a well-behaved worker never meets it.
   size_t max_held_per_peer = 4096;
+  // The memory this server's tables may take: a dense shard is charged when it is declared, a
+  // sparse row when it is created; what would go over is refused with RESOURCE_EXHAUSTED saying
+  // how much was asked and how much is left. 0: 80% of the machine's memory (or of this
+  // process's cgroup limit, if lower).
+  int64_t memory_budget_bytes = 0;
   // Workers in the job; 0: the first Hello says. A Hello that disagrees is refused. Required
   // with `restore` (the restored tables are made for the job's workers).
   int num_workers = 0;
@@ -72,7 +77,8 @@ struct ServerOptions {
 };
 
 struct ServerStats {
-  // Monotonic counters: messages, bad_messages, errors_sent, late_gradients_dropped, ...
+  // Monotonic counters: messages, bad_messages, errors_sent, late_gradients_dropped, ...; and two
+  // levels: memory_budget_bytes and memory_budget_used_bytes.
   std::map<std::string, int64_t> counters;
   // staleness_histogram[k]: updates applied k versions after the pushing worker's last pull
   // (async and ssp tables); the last bucket counts k >= size-1.

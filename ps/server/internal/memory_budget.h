@@ -1,0 +1,63 @@
+// ps/server/internal/memory_budget.h — the memory a server's tables may take
+// (ServerOptions::memory_budget_bytes, ferry-ps --memory-budget-mb): a dense table's shard is
+// charged when it is declared, a sparse row when it is created. What would go over is refused
+// with how much was asked and how much is left, before anything is allocated, so a peer cannot
+// declare tables or touch rows until the server is OOM-killed.
+//
+// Thread-safety: Take and Give may be called from any thread (an atomic count).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <new>
+#include <string>
+
+#include "ferry/status.h"
+
+namespace ferry::ps {
+
+// Thrown where a row would go over the budget (inside code whose out-of-memory path is
+// std::bad_alloc, which it keeps exception-safe); what() says what was asked and what is left.
+class BudgetExceeded : public std::bad_alloc {
+ public:
+  explicit BudgetExceeded(std::string what) : what_(std::move(what)) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
+};
+
+class MemoryBudget {
+ public:
+  // `limit` bytes; 0: DefaultLimit().
+  explicit MemoryBudget(int64_t limit) : limit_(limit > 0 ? limit : DefaultLimit()) {}
+
+  // 80% of the memory this process may use: the machine's, or its cgroup's limit if lower.
+  static int64_t DefaultLimit();
+
+  int64_t limit() const { return limit_; }
+  int64_t used() const { return used_.load(std::memory_order_relaxed); }
+  // Charges refused so far.
+  int64_t refusals() const { return refusals_.load(std::memory_order_relaxed); }
+
+  // Charges `bytes` if they fit; otherwise false and nothing is charged.
+  bool TryTake(int64_t bytes);
+  // As TryTake, or ResourceExhausted with Refusal(bytes, what).
+  Status Take(int64_t bytes, const std::string& what);
+  void Give(int64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+  // Charges `bytes` even past the limit: for what was accepted already and must be kept (the
+  // rows of a sync step whose pushes each fit when they came).
+  void Force(int64_t bytes) { used_.fetch_add(bytes, std::memory_order_relaxed); }
+  // Counts a refusal decided by the caller (a request whose rows would not fit).
+  void CountRefusal() { refusals_.fetch_add(1, std::memory_order_relaxed); }
+
+  // "<what> would take X MiB; the server's memory budget (--memory-budget-mb) has Y MiB of Z MiB left".
+  std::string Refusal(int64_t bytes, const std::string& what) const;
+
+ private:
+  const int64_t limit_;
+  std::atomic<int64_t> used_{0};
+  std::atomic<int64_t> refusals_{0};
+};
+
+}  // namespace ferry::ps

@@ -1,0 +1,109 @@
+// The server's memory budget (internal/memory_budget.h): a dense shard is charged when it is
+// declared and a sparse row when it is created; what would go over is refused before anything is
+// allocated, with how much was asked and how much is left, and leaves everything as it was.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ferry/table_spec.h"
+#include "internal/memory_budget.h"
+#include "internal/table_registry.h"
+#include "internal/tables.h"
+
+namespace ferry::ps {
+namespace {
+
+TableSpec Dense(const std::string& name, int64_t elems, OptimizerType opt = OptimizerType::kSgd) {
+  TableSpec spec;
+  spec.name = name;
+  spec.shape = {elems};
+  spec.chunk_elems = elems;
+  spec.optimizer.type = opt;
+  return spec;
+}
+
+TableSpec Sparse(const std::string& name, int64_t dim) {
+  TableSpec spec;
+  spec.name = name;
+  spec.type = TableType::kSparse;
+  spec.dim = dim;
+  spec.optimizer.type = OptimizerType::kAdagrad;  // one state slot: 2 * dim floats a row
+  return spec;
+}
+
+TEST(MemoryBudget, TakesWhatFitsAndRefusesWhatDoesNot) {
+  MemoryBudget b(1000);
+  EXPECT_TRUE(b.TryTake(600));
+  EXPECT_FALSE(b.TryTake(401));
+  EXPECT_EQ(b.used(), 600);
+  EXPECT_EQ(b.refusals(), 1);
+  EXPECT_TRUE(b.TryTake(400));
+  b.Give(1000);
+  const Status s = b.Take(2 << 20, "table 'x'");
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(), "table 'x' would take 2.0 MiB; the server's memory budget (--memory-budget-mb) has 0.0 MiB of 0.0 MiB left");
+  EXPECT_GT(MemoryBudget::DefaultLimit(), int64_t{64} << 20);
+  EXPECT_EQ(MemoryBudget(0).limit(), MemoryBudget::DefaultLimit());
+}
+
+TEST(MemoryBudget, DenseTablesAreChargedWhenDeclared) {
+  TableRegistry tables(0, 1, /*memory_budget=*/int64_t{8} << 20);
+  // 1M floats with Adam (two state slots): 12 MiB, over the 8 MiB budget; refused, nothing made.
+  const TableSpec big = Dense("big", 1 << 20, OptimizerType::kAdam);
+  Status s = tables.Create(big, TableId(big.name), 1);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("table 'big' (this server's shard) would take 12.0 MiB"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("has 8.0 MiB of 8.0 MiB left"), std::string::npos) << s;
+  EXPECT_EQ(tables.Find(TableId(big.name)), nullptr);
+  EXPECT_EQ(tables.budget().used(), 0);
+  // 1M floats with SGD: 4 MiB fits; declaring it again charges nothing more.
+  const TableSpec w = Dense("w", 1 << 20);
+  ASSERT_TRUE(tables.Create(w, TableId(w.name), 1).ok());
+  ASSERT_TRUE(tables.Create(w, TableId(w.name), 1).ok());
+  EXPECT_EQ(tables.budget().used(), int64_t{4} << 20);
+  // On two servers each is charged only for the chunks it holds.
+  TableRegistry r0(0, 2, int64_t{8} << 20), r1(1, 2, int64_t{8} << 20);
+  TableSpec halves = Dense("halves", 1 << 20);
+  halves.chunk_elems = 1 << 18;
+  ASSERT_TRUE(r0.Create(halves, TableId(halves.name), 1).ok());
+  ASSERT_TRUE(r1.Create(halves, TableId(halves.name), 1).ok());
+  EXPECT_EQ(r0.budget().used() + r1.budget().used(), int64_t{4} << 20);
+}
+
+TEST(MemoryBudget, SparseRowsAreChargedAsCreatedAndARefusalChangesNothing) {
+  const TableSpec spec = Sparse("emb", 64);
+  SparseShard probe(spec, TableId(spec.name), 1);
+  const int64_t row = probe.RowBytes();  // 2 * 64 floats + 24
+  EXPECT_EQ(row, 2 * 64 * 4 + 24);
+  MemoryBudget tight(10 * row);
+  {
+    SparseShard shard(spec, TableId(spec.name), 1, &tight);
+    for (int64_t id = 0; id < 10; ++id) shard.FindOrCreate(id);
+    EXPECT_EQ(tight.used(), 10 * row);
+    shard.FindOrCreate(3);  // an existing row costs nothing
+    EXPECT_EQ(tight.used(), 10 * row);
+    try {
+      shard.FindOrCreate(10);
+      FAIL() << "row 11 went over the budget";
+    } catch (const BudgetExceeded& e) {
+      EXPECT_NE(std::string(e.what()).find("a new row of sparse table 'emb' would take"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(shard.size(), 10u);
+    EXPECT_EQ(tight.used(), 10 * row);
+    // A push whose new rows do not fit applies nothing, not even to the rows that exist.
+    const std::vector<int64_t> ids = {1, 11};
+    std::vector<float> grads(2 * 64, 1.0f);
+    std::vector<RowIndex> scratch;
+    const float before = shard.row(shard.FindOrCreate(1))[0];
+    EXPECT_THROW(shard.ApplyRows(ids, grads.data(), &scratch), BudgetExceeded);
+    EXPECT_EQ(shard.row(shard.FindOrCreate(1))[0], before);
+    EXPECT_EQ(shard.steps(shard.FindOrCreate(1)), 0);
+  }
+  // A shard that goes gives its rows back.
+  EXPECT_EQ(tight.used(), 0);
+}
+
+}  // namespace
+}  // namespace ferry::ps

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "support/cluster.h"
+#include "support/temp_dir.h"
 
 namespace ferry::test {
 namespace {
@@ -30,12 +31,7 @@ TableSpec SyncSgd(const std::string& name, int64_t n) {
 
 class CheckpointRequests : public testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ferry-ckpt-req-" + std::to_string(::getpid()) + "-" +
-                                       testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { fs::remove_all(dir_); }  // the folder is made by the tests that want one
 
   ServerOptions WithFolder(const fs::path& d, int num_workers = 0) const {
     ServerOptions o;
@@ -44,7 +40,8 @@ class CheckpointRequests : public testing::Test {
     return o;
   }
 
-  fs::path dir_;
+  TempDir tmp_{"ckpt-req"};
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(CheckpointRequests, ASyncCheckpointIsACutAtTheStepEveryServerIsAt) {

@@ -3,12 +3,7 @@
 // a fresh folder. An authenticated worker trains; a peer without the job's key (none, a foreign
 // one, or the servers' public key from another job) cannot pull, push, create a table or stop
 // anything, and is told why; a worker's key speaks for its own rank alone.
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +15,7 @@
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "ferry/server.h"
+#include "support/temp_dir.h"
 
 namespace ferry::test {
 namespace {
@@ -39,9 +35,6 @@ class Curve : public testing::Test {
  protected:
   void SetUp() override {
     if (!curve::Available()) GTEST_SKIP() << "this libzmq was built without CURVE";
-    char tmpl[] = "/tmp/ferry-curve-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
     keys_ = root_ + "/keys";
     ASSERT_TRUE(curve::WriteJobKeys(keys_, 2).ok());
     auto server_keys = curve::LoadServerKeys(keys_);
@@ -59,10 +52,7 @@ class Curve : public testing::Test {
       servers_.push_back(std::move(*s));
     }
   }
-  void TearDown() override {
-    servers_.clear();
-    if (!root_.empty()) std::filesystem::remove_all(root_);
-  }
+  void TearDown() override { servers_.clear(); }
 
   ClientOptions Options(int rank) const {
     ClientOptions o;
@@ -89,7 +79,9 @@ class Curve : public testing::Test {
     return servers_[static_cast<size_t>(server)]->stats().counters.at(name);
   }
 
-  std::string root_, keys_;
+  TempDir tmp_{"curve"};
+  const std::string root_ = tmp_.path().string();
+  std::string keys_;
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<Server>> servers_;
 };

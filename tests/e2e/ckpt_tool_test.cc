@@ -17,6 +17,7 @@
 
 #include "internal/checkpoint.h"
 #include "internal/table_registry.h"
+#include "support/temp_dir.h"
 
 namespace ferry::ps {
 namespace {
@@ -47,8 +48,9 @@ TEST(CkptTool, ListsTablesAndDumpsThemForNumpy) {
   if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "Debian's python3 with python3-numpy is needed to read the .npy files back";
   }
-  const fs::path dir = fs::temp_directory_path() / ("ferry-ckpt-tool-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  test::TempDir tmp("ckpt-tool");
+  const fs::path dir = tmp.path();
+  fs::remove_all(dir);  // the checkpoint writer makes it
   TableRegistry tables(0, 1);
   TableSpec w;
   w.name = "w";
@@ -123,7 +125,6 @@ TEST(CkptTool, ListsTablesAndDumpsThemForNumpy) {
   std::tie(rc, out) = Shell(tool + " list " + dir.string());
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("no usable checkpoint in " + dir.string()), std::string::npos) << out;
-  fs::remove_all(dir);
 }
 
 }  // namespace

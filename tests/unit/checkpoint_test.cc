@@ -17,6 +17,7 @@
 #include "ferry/messages/placement.h"
 #include "internal/checkpoint.h"
 #include "internal/table_registry.h"
+#include "support/temp_dir.h"
 
 namespace ferry::ps {
 namespace {
@@ -79,9 +80,7 @@ Gathered Gather(std::vector<TableRegistry>& servers) {
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ferry-ckpt-test-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    fs::remove_all(dir_);  // the tests make it when they write the first checkpoint
     // Two servers of a job of 2 workers, with values no initialiser would produce.
     for (int r = 0; r < 2; ++r) {
       servers_.emplace_back(r, 2);
@@ -107,7 +106,6 @@ class CheckpointTest : public ::testing::Test {
     }
     before_ = Gather(servers_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // Both servers write their shards for `step`, then the manifest.
   void Save(int64_t step, int keep = 3) {
@@ -126,7 +124,8 @@ class CheckpointTest : public ::testing::Test {
     return dir_ / buf;
   }
 
-  fs::path dir_;
+  test::TempDir tmp_{"ckpt-test"};
+  const fs::path dir_ = tmp_.path();
   std::vector<TableRegistry> servers_;
   Gathered before_;
 };

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "ferry/curve.h"
+#include "support/temp_dir.h"
 
 namespace ferry {
 namespace {
@@ -20,14 +21,7 @@ class CurveKeys : public testing::Test {
  protected:
   void SetUp() override {
     if (!curve::Available()) GTEST_SKIP() << "this libzmq was built without CURVE";
-    char tmpl[] = "/tmp/ferry-keys-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    dir_ = root_ + "/keys";
     ASSERT_TRUE(curve::WriteJobKeys(dir_, 3).ok());
-  }
-  void TearDown() override {
-    if (!root_.empty()) std::filesystem::remove_all(root_);
   }
   // Replaces the file's text, keeping it owner-only.
   void Rewrite(const std::string& name, const std::string& text) const {
@@ -39,7 +33,8 @@ class CurveKeys : public testing::Test {
     std::ifstream in(dir_ + "/" + name);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
-  std::string root_, dir_;
+  test::TempDir tmp_{"keys"};
+  const std::string dir_ = (tmp_.path() / "keys").string();
 };
 
 TEST_F(CurveKeys, AFolderLoadsForServersAndEachWorker) {

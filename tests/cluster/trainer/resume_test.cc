@@ -18,6 +18,7 @@
 #include "ferry/trainer/models.h"
 #include "internal/checkpoint.h"
 #include "support/cluster.h"
+#include "support/temp_dir.h"
 #include "worker_runs.h"
 
 namespace ferry::trainer {
@@ -38,12 +39,6 @@ TrainerOptions SmallMlp(int64_t steps) {
 
 class ResumeTest : public testing::Test {
  protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() / ("ferry-resume-" + std::to_string(::getpid()) + "-" +
-                                        testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
 
   // Servers that write checkpoints into `dir` (and start from its newest one with `restore`).
   static ferry::test::LocalCluster Servers(int n, const fs::path& dir, int num_workers, bool restore) {
@@ -137,7 +132,8 @@ class ResumeTest : public testing::Test {
     return {Final(whole), Final(cut)};
   }
 
-  fs::path root_;
+  ferry::test::TempDir tmp_{"resume"};
+  const fs::path root_ = tmp_.path();
 };
 
 TEST_F(ResumeTest, SyncMlpStoppedAndResumedIntoThreeServersIsBitwiseTheUninterruptedRun) {

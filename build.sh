@@ -82,6 +82,32 @@ thread_safety_check() {
   cmake --build "$dir" -j "$JOBS"
 }
 
+# Compiles the program on stdin with clang -fsanitize=$2 and runs it: it must abort (the
+# sanitizer caught what it holds); if it runs to its end the sanitizer is not working, and this
+# says so, naming probe $1, and fails.
+must_catch() {
+  local name=$1 flags=$2 probe rc=0
+  probe=$(mktemp -d)
+  cat > "$probe/$name.cc"
+  clang++ -O1 -g -fsanitize="$flags" -fno-sanitize-recover=all "$probe/$name.cc" -o "$probe/$name"
+  if TSAN_OPTIONS=halt_on_error=1 "$probe/$name" 2>/dev/null; then
+    say "error: the $name probe ran to its end: -fsanitize=$flags is not catching anything"
+    rc=1
+  fi
+  rm -rf "$probe"
+  return $rc
+}
+
+# Configures a clang build of this tree in $1 with -fsanitize=$2 (-O1, no CUDA, no benchmarks);
+# further arguments go to cmake.
+configure_clang() {
+  local dir=$1 sanitize=$2
+  shift 2
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 -DFERRY_SANITIZE="$sanitize" -DFERRY_ENABLE_CUDA=OFF \
+    -DFERRY_BUILD_BENCH=OFF "$@"
+}
+
 # The suite under AddressSanitizer + UndefinedBehaviorSanitizer (clang, -O1, every target; a
 # finding aborts its program, so the test fails). Left out: the Python module's and the install
 # test (an instrumented extension cannot load into Debian's uninstrumented python3, and the
@@ -91,25 +117,16 @@ sanitize_check() {
   local dir=${BUILD_DIR}-sanitize
   say "clang AddressSanitizer + UndefinedBehaviorSanitizer build and tests ($dir)"
   # First show the sanitizers are live: an out-of-bounds read and a signed overflow must abort.
-  local probe
-  probe=$(mktemp -d)
-  printf '%s\n' '#include <climits>' '#include <cstdlib>' \
-    'int main(int argc, char**) { int* p = static_cast<int*>(std::malloc(4 * sizeof(int)));' \
-    '  volatile int v = p[argc + 3]; (void)v; std::free(p); return 0; }' > "$probe/oob.cc"
-  printf '%s\n' '#include <climits>' 'int main(int argc, char**) { int x = INT_MAX - 1 + argc; volatile int y = x + argc; (void)y; return 0; }' \
-    > "$probe/overflow.cc"
-  for p in oob overflow; do
-    clang++ -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all "$probe/$p.cc" -o "$probe/$p"
-    if "$probe/$p" 2>/dev/null; then
-      rm -rf "$probe"
-      say "error: the $p probe ran to its end: the sanitizers are not catching anything"
-      return 1
-    fi
-  done
-  rm -rf "$probe"
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 -DFERRY_SANITIZE=address,undefined,fuzzer-no-link -DFERRY_FUZZ=ON \
-    -DFERRY_ENABLE_CUDA=OFF -DFERRY_BUILD_BENCH=OFF
+  must_catch oob address,undefined <<'EOF_PROBE' || return 1
+#include <cstdlib>
+int main(int argc, char**) { int* p = static_cast<int*>(std::malloc(4 * sizeof(int)));
+  volatile int v = p[argc + 3]; (void)v; std::free(p); return 0; }
+EOF_PROBE
+  must_catch overflow address,undefined <<'EOF_PROBE' || return 1
+#include <climits>
+int main(int argc, char**) { int x = INT_MAX - 1 + argc; volatile int y = x + argc; (void)y; return 0; }
+EOF_PROBE
+  configure_clang "$dir" address,undefined,fuzzer-no-link -DFERRY_FUZZ=ON
   cmake --build "$dir" -j "$JOBS"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 600 -E "$SANITIZE_SKIP"
@@ -148,20 +165,12 @@ TSAN_TESTS=(cluster_test checkpoint_request_test liveness_test event_loop_test s
 tsan_check() {
   local dir=${BUILD_DIR}-tsan
   say "clang ThreadSanitizer build of the in-process cluster tests ($dir)"
-  local probe
-  probe=$(mktemp -d)
-  printf '%s\n' '#include <thread>' 'int n = 0;' \
-    'int main() { std::thread t([] { for (int i = 0; i < 100000; ++i) ++n; }); for (int i = 0; i < 100000; ++i) ++n; t.join(); return 0; }' \
-    > "$probe/race.cc"
-  clang++ -O1 -g -fsanitize=thread "$probe/race.cc" -o "$probe/race"
-  if TSAN_OPTIONS=halt_on_error=1 "$probe/race" 2>/dev/null; then
-    rm -rf "$probe"
-    say "error: ThreadSanitizer let a data race through: it is not running"
-    return 1
-  fi
-  rm -rf "$probe"
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 -DFERRY_SANITIZE=thread -DFERRY_ENABLE_CUDA=OFF -DFERRY_BUILD_BENCH=OFF
+  must_catch race thread <<'EOF_PROBE' || return 1
+#include <thread>
+int n = 0;
+int main() { std::thread t([] { for (int i = 0; i < 100000; ++i) ++n; }); for (int i = 0; i < 100000; ++i) ++n; t.join(); return 0; }
+EOF_PROBE
+  configure_clang "$dir" thread
   cmake --build "$dir" -j "$JOBS" --target "${TSAN_TESTS[@]}"
   local t bin failed=0
   for t in "${TSAN_TESTS[@]}"; do

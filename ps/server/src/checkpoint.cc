@@ -61,11 +61,6 @@ class AtomicFile {
     return fd_ < 0 ? Errno("cannot create", tmp_) : Status::Ok();
   }
   Status Write(const void* data, size_t n) {
-    crc_ = Crc(crc_, data, n);
-    return WriteKnownCrc(data, n);
-  }
-  // Writes bytes whose CRC the caller accounts for (set_crc), sparing a pass over them.
-  Status WriteKnownCrc(const void* data, size_t n) {
     const char* p = static_cast<const char*>(data);
     bytes_ += n;
     while (n > 0) {
@@ -94,21 +89,22 @@ class AtomicFile {
     return rc == 0 ? Status::Ok() : Errno("cannot fsync folder", dir);
   }
   uint64_t bytes() const { return bytes_; }
-  uint32_t crc() const { return crc_; }
-  void set_crc(uint32_t crc) { crc_ = crc; }
 
  private:
   std::string path_, tmp_;
   int fd_ = -1;
   uint64_t bytes_ = 0;
-  uint32_t crc_ = 0;
 };
 
-// A block's checksum covers its kind and length too, so a flipped header byte is caught.
+// A block's checksum covers its kind and length too, so a flipped header byte is caught. From the
+// payload's own CRC (the writer has it already: one pass over the payload serves both CRCs).
+uint32_t BlockCrc(uint32_t kind, uint64_t len, uint32_t payload_crc) {
+  uint32_t head = Crc(0, &kind, sizeof kind);
+  head = Crc(head, &len, sizeof len);
+  return static_cast<uint32_t>(crc32_combine(head, payload_crc, static_cast<z_off_t>(len)));
+}
 uint32_t BlockCrc(uint32_t kind, uint64_t len, const void* payload) {
-  uint32_t crc = Crc(0, &kind, sizeof kind);
-  crc = Crc(crc, &len, sizeof len);
-  return Crc(crc, payload, static_cast<size_t>(len));
+  return BlockCrc(kind, len, Crc(0, payload, static_cast<size_t>(len)));
 }
 
 // Every file of one checkpoint starts with the same prefix (so old ones are removed by it).
@@ -405,9 +401,7 @@ StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_se
     std::memcpy(&kind, bytes.data() + at, sizeof kind);
     std::memcpy(&len, bytes.data() + at + 8, sizeof len);
     const uint32_t payload = Crc(0, bytes.data() + at + 16, static_cast<size_t>(len));
-    uint32_t head = Crc(0, &kind, sizeof kind);
-    head = Crc(head, &len, sizeof len);
-    const uint32_t crc = static_cast<uint32_t>(crc32_combine(head, payload, static_cast<z_off_t>(len)));
+    const uint32_t crc = BlockCrc(kind, len, payload);
     std::memcpy(bytes.data() + at + 4, &crc, sizeof crc);
     file_crc = Crc(file_crc, bytes.data() + at, 16);
     file_crc = static_cast<uint32_t>(crc32_combine(file_crc, payload, static_cast<z_off_t>(len)));
@@ -420,10 +414,9 @@ StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_se
   ShardFile out{ShardName(step, rank, num_servers), 0, 0};
   AtomicFile f((fs::path(dir) / out.name).string());
   FERRY_RETURN_IF_ERROR(f.Open());
-  FERRY_RETURN_IF_ERROR(f.WriteKnownCrc(bytes.data(), bytes.size()));
-  f.set_crc(file_crc);
+  FERRY_RETURN_IF_ERROR(f.Write(bytes.data(), bytes.size()));
   out.bytes = f.bytes();
-  out.crc32 = f.crc();
+  out.crc32 = file_crc;
   FERRY_RETURN_IF_ERROR(f.Commit());
   return out;
 }

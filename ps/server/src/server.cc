@@ -440,10 +440,13 @@ class ServerImpl final : public Server {
     std::vector<ps::TableRegistry::SliceRef> refs;
     FERRY_RETURN_IF_ERROR(tables_.ResolveSlices(h, options_.max_message_bytes, &refs));
     // Check every slice before touching any of them: finite values, and the sync preconditions.
+    // The views (a copy only for a frame not aligned for float) serve the updates below too.
+    std::vector<std::vector<float>> scratch(refs.size());
+    std::vector<std::span<const float>> grads(refs.size());
     for (size_t i = 0; i < refs.size(); ++i) {
       const auto& r = refs[i];
-      std::vector<float> scratch;
-      if (const int64_t bad = ps::FirstNonFinite(View<float>(req.payload[i], scratch)); bad >= 0) {
+      grads[i] = View<float>(req.payload[i], scratch[i]);
+      if (const int64_t bad = ps::FirstNonFinite(grads[i]); bad >= 0) {
         return RefuseNonFinite(*r.table, " chunk " + std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()),
                                "element " + std::to_string(bad), rank);
       }
@@ -469,8 +472,7 @@ class ServerImpl final : public Server {
       } else {
         ++info.used;
         RecordStaleness(c->version - c->last_pulled[static_cast<size_t>(rank)]);
-        std::vector<float> scratch;
-        updater_.ApplyDense(t->spec.optimizer, *c, View<float>(req.payload[i], scratch).data(), c->version + 1);
+        updater_.ApplyDense(t->spec.optimizer, *c, grads[i].data(), c->version + 1);
         ++c->version;
         Count(kUpdatesApplied);
         applied = true;
@@ -501,17 +503,16 @@ class ServerImpl final : public Server {
     std::vector<int64_t> id_scratch;
     auto ids = View<int64_t>(req.payload[0], id_scratch);
     FERRY_RETURN_IF_ERROR(tables_.CheckIds(*t, ids));
-    {
-      std::vector<float> g_scratch;
-      auto grads = View<float>(req.payload[1], g_scratch);
-      if (const int64_t bad = ps::FirstNonFinite(grads); bad >= 0) {
-        const int64_t row = bad / t->spec.dim;
-        if (t->spec.nonfinite == NonFinite::kRefuse) {
-          return RefuseNonFinite(*t, "", "id " + std::to_string(ids[static_cast<size_t>(row)]), rank);
-        }
-        DropNonFiniteRows(*t, ids, grads, rank, &req.payload);
-        ids = View<int64_t>(req.payload[0], id_scratch);
+    std::vector<float> g_scratch;
+    auto grads = View<float>(req.payload[1], g_scratch);
+    if (const int64_t bad = ps::FirstNonFinite(grads); bad >= 0) {
+      const int64_t row = bad / t->spec.dim;
+      if (t->spec.nonfinite == NonFinite::kRefuse) {
+        return RefuseNonFinite(*t, "", "id " + std::to_string(ids[static_cast<size_t>(row)]), rank);
       }
+      DropNonFiniteRows(*t, ids, grads, rank, &req.payload);
+      ids = View<int64_t>(req.payload[0], id_scratch);
+      grads = View<float>(req.payload[1], g_scratch);
     }
     FERRY_RETURN_IF_ERROR(RoomForRows(*t, ids));
     if (t->spec.consistency == Consistency::kSync) {
@@ -526,8 +527,7 @@ class ServerImpl final : public Server {
       if (workers_.StepComplete(t->spec, shard.sync)) CloseSyncStep(shard);
     } else {
       RecordStaleness(shard.version - shard.last_pulled[static_cast<size_t>(rank)]);
-      std::vector<float> g_scratch;
-      updater_.ApplyRows(shard, ids, View<float>(req.payload[1], g_scratch).data());
+      updater_.ApplyRows(shard, ids, grads.data());
       ++shard.version;
       Count(kUpdatesApplied);
     }

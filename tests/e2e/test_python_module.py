@@ -86,11 +86,15 @@ class PythonModuleTest(unittest.TestCase):
         with Servers(1) as s:
             with ferry.Client(s.endpoints) as c:
                 c.declare_sparse("emb", 8)
-                with ferry.Client(s.endpoints) as other:
-                    with self.assertRaises(ferry.Error) as e:
-                        other.declare_sparse("emb", 4)  # the server refuses the conflicting spec
+                with self.assertRaises(ferry.Error) as e:
+                    c.declare_sparse("emb", 4)  # the server refuses the conflicting spec
                 self.assertEqual(e.exception.code, "ALREADY_EXISTS")
                 self.assertIn("table 'emb' is already declared as", str(e.exception))
+                # A second client for worker 0 while this one is alive is refused.
+                with self.assertRaises(ferry.Error) as e:
+                    ferry.Client(s.endpoints, connect_timeout=1)
+                self.assertEqual(e.exception.code, "ALREADY_EXISTS")
+                self.assertIn("worker 0 is connected already", str(e.exception))
                 with self.assertRaises(ferry.Error) as e:
                     c.pull_dense("nope", np.empty(3, np.float32)).wait()
                 self.assertEqual(e.exception.code, "NOT_FOUND")

@@ -151,9 +151,31 @@ class ClientImpl final : public Client {
     handshaken_.resize(options_.servers.size());
     for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
     thread_ = std::thread([this] { Loop(); });
-    // Handshake with every server at once. Server 0 says where the job is: the step of the
-    // checkpoint it started from, and the id of the job's next collective (a restarted worker
-    // continues the sequence the others are in).
+    // A server refuses a Hello for this rank while another connection that is alive speaks for
+    // it: this worker's predecessor, whose connection may not have closed yet (a client closed
+    // just now in this process: ZeroMQ closes it in the background; a stopped process: the
+    // server gives up on it after twice its heartbeat interval). Asked again for a while.
+    const auto retry_until = SteadyClock::now() +
+                             std::min<std::chrono::milliseconds>(options_.connect_timeout,
+                                                                 std::max<std::chrono::milliseconds>(options_.heartbeat_timeout, std::chrono::seconds(1)));
+    while (true) {
+      Status st = Handshake();
+      if (st.code() == StatusCode::kAlreadyExists && SteadyClock::now() < retry_until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      if (!st.ok()) return st.WithContext("handshake");
+      break;
+    }
+    heartbeats_on_.store(HeartbeatEvery().count() > 0);
+    waker_.Notify();  // the I/O thread starts its heartbeat timer
+    return Status::Ok();
+  }
+
+  // Says Hello to every server at once. Server 0 says where the job is: the step of the
+  // checkpoint it started from, and the id of the job's next collective (a restarted worker
+  // continues the sequence the others are in).
+  Status Handshake() {
     auto op = NewOp();
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(128);
@@ -173,11 +195,7 @@ class ClientImpl final : public Client {
       }
       Submit(op, s, Kind::Hello, FinishHeader(fbb, h), {}, std::move(on_reply), options_.connect_timeout);
     }
-    Status st = Handle(op).wait(options_.connect_timeout + std::chrono::seconds(1));
-    if (!st.ok()) return st.WithContext("handshake");
-    heartbeats_on_.store(HeartbeatEvery().count() > 0);
-    waker_.Notify();  // the I/O thread starts its heartbeat timer
-    return Status::Ok();
+    return Handle(op).wait(options_.connect_timeout + std::chrono::seconds(1));
   }
 
   int rank() const override { return options_.rank; }
@@ -881,7 +899,8 @@ class ClientImpl final : public Client {
         return options_.curve ? PermissionDeniedError(what + "the servers' public key this client has (server.pub) is not "
                                                              "its key, or it does not use CURVE")
                               : UnavailableError(what + "does it require CURVE? (give this client the job's keys: "
-                                                        "--curve-keys) Or it is not a Ferry server, or it was stopped");
+                                                        "--curve-keys) Or it is at its connection limit (see its log), not a "
+                                                        "Ferry server, or stopped");
       });
       return true;
     }

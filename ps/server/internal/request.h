@@ -24,6 +24,7 @@ using Clock = std::chrono::steady_clock;
 // stored pointer would dangle.
 struct Request {
   zmq::message_t routing;
+  int fd = -1;  // its connection's descriptor (ZMQ_SRCFD; -1: inproc), see connections.h
   zmq::message_t header_frame;
   bool verified = false;  // header_frame passed wire::VerifyHeader
   const wire::Header* h() const {

@@ -58,6 +58,15 @@ class Workers {
   using Clock = std::chrono::steady_clock;
   void Promise(int rank, int64_t heartbeat_ms, Clock::time_point now);
   void Heard(int rank, Clock::time_point now) { heard_[static_cast<size_t>(rank)] = now; }
+  // What `rank` promised (0: nothing, or no Hello yet), and whether it has finished.
+  std::chrono::milliseconds promised(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < promised_ms_.size()
+               ? std::chrono::milliseconds(promised_ms_[static_cast<size_t>(rank)])
+               : std::chrono::milliseconds(0);
+  }
+  bool finished(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < finished_.size() && finished_[static_cast<size_t>(rank)];
+  }
   // The workers still training that promised heartbeats and have sent nothing for longer than
   // max(timeout, 4 x their promise): dead, stopped, or cut off.
   std::vector<int> Silent(Clock::time_point now, std::chrono::milliseconds timeout) const;

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "ferry/cluster.h"
@@ -22,7 +23,8 @@ void Usage(std::FILE* out) {
       "usage: ferry-ps --bind ENDPOINT [--rank R] [--num-servers N] [--num-workers W]\n"
       "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S] [--worker-timeout-s S]\n"
       "                [--checkpoint-dir DIR [--keep-checkpoints K] [--restore]] [--curve-keys DIR]\n"
-      "                [--max-held-per-peer N] [--memory-budget-mb M]\n"
+      "                [--max-held-per-peer N] [--memory-budget-mb M] [--max-connections N]\n"
+      "                [--idle-timeout-s S]\n"
       "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
       "                     (default tcp://127.0.0.1:7000)\n"
       "  --rank             this server's index in the server list (default 0)\n"
@@ -42,6 +44,10 @@ void Usage(std::FILE* out) {
       "                     beyond it is refused (default: 80% of the machine's or cgroup's memory)\n"
       "  --max-held-per-peer  requests one connection may have waiting (held pulls, barriers) at\n"
       "                     once; more are refused (default 4096)\n"
+      "  --max-connections  connections open at once; one beyond is refused, told why, and closed\n"
+      "                     (default 4096, or fewer if the descriptor limit is lower)\n"
+      "  --idle-timeout-s   a connection of no worker that sends nothing for this long is closed;\n"
+      "                     clients reconnect by themselves (default 120; 0: never)\n"
       "  --curve-keys       a job's key folder (ferry-keys writes one): accept only the job's workers,\n"
       "                     each authenticated by its key (ZeroMQ CURVE), every message encrypted;\n"
       "                     reads DIR/server.key and DIR/workers.pub, and sets --num-workers\n"
@@ -82,7 +88,8 @@ int main(int argc, char** argv) {
     constexpr std::string_view kValueFlags[] = {"--bind", "--rank", "--num-servers", "--compute-threads",
                                                 "--max-message-mb", "--max-wait-s", "--num-workers",
                                                 "--checkpoint-dir", "--keep-checkpoints", "--worker-timeout-s",
-                                                "--curve-keys", "--max-held-per-peer", "--memory-budget-mb"};
+                                                "--curve-keys", "--max-held-per-peer", "--memory-budget-mb",
+                                                "--max-connections", "--idle-timeout-s"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
       std::fprintf(stderr, "ferry-ps: unknown flag %s\n", argv[i]);
       Usage(stderr);
@@ -138,6 +145,12 @@ int main(int argc, char** argv) {
     } else if (flag == "--max-held-per-peer") {
       if (!ParseInt(flag, value, 1, 1 << 20, &v)) return 2;
       options.max_held_per_peer = static_cast<size_t>(v);
+    } else if (flag == "--max-connections") {
+      if (!ParseInt(flag, value, 1, 1 << 20, &v)) return 2;
+      options.max_connections = static_cast<size_t>(v);
+    } else if (flag == "--idle-timeout-s") {
+      if (!ParseInt(flag, value, 0, 86400, &v)) return 2;
+      options.idle_timeout = std::chrono::seconds(v);
     } else if (flag == "--curve-keys") {
       auto keys = ferry::curve::LoadServerKeys(value);
       if (!keys.ok()) {
@@ -182,6 +195,12 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
   ferry::transport::TuneAllocatorForLargeMessages();
+  // Connections take descriptors: as many as this process may have (the hard limit), so the
+  // connection cap, not the soft limit's usual 1024, is what bounds them.
+  if (rlimit lim{}; ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = std::min<rlim_t>(lim.rlim_max, rlim_t{1} << 20);
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
   auto server = ferry::Server::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "ferry-ps: %s\n", server.status().ToString().c_str());

@@ -19,6 +19,12 @@
 #include <optional>
 #include <thread>
 
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include "absl/container/flat_hash_map.h"
 #include "ferry/curve.h"
 #include "ferry/mutex.h"
@@ -28,6 +34,7 @@
 #include "ferry/messages/wire.h"
 #include "internal/checkpoint.h"
 #include "internal/collectives.h"
+#include "internal/connections.h"
 #include "internal/finite.h"
 #include "internal/held.h"
 #include "internal/request.h"
@@ -65,29 +72,34 @@ enum Counter : int {
   kCurveRefused,
   kPermissionDenied,
   kHeldRefused,
+  kConnectionsRefused,
+  kConnectionsIdleClosed,
+  kRankConflicts,
   kNumCounters
 };
 constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "messages", "bad_messages", "errors_sent", "late_gradients_dropped", "updates_applied",
     "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker",
-    "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused"};
+    "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused",
+    "connections_refused", "connections_idle_closed", "rank_conflicts"};
 constexpr size_t kStalenessBuckets = 65;
 
 class ServerImpl final : public Server {
  public:
   // `tables`: empty, or restored from the checkpoint of `restored_step`.
-  // `zap`: with CURVE, the socket bound at ZeroMQ's ZAP endpoint that this server's handshakes
-  // ask; empty otherwise.
-  ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket, zmq::socket_t zap,
-             std::string endpoint, ps::TableRegistry tables, int64_t restored_step)
+  // `monitor`: receives `socket`'s ACCEPTED and DISCONNECTED events. `zap`: with CURVE, the
+  // socket bound at ZeroMQ's ZAP endpoint that this server's handshakes ask; empty otherwise.
+  ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket, zmq::socket_t monitor,
+             zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables, int64_t restored_step)
       : options_(std::move(options)),
         context_(std::move(context)),
-        sockets_{std::move(socket), std::move(zap)},
+        sockets_{std::move(socket), std::move(monitor), std::move(zap)},
         endpoint_(std::move(endpoint)),
         restored_step_(restored_step),
         pool_(options_.compute_threads),
         updater_(pool_),
-        tables_(std::move(tables)) {
+        tables_(std::move(tables)),
+        connections_(options_.max_connections, options_.idle_timeout) {
     if (options_.num_workers > 0) workers_.SetCount(options_.num_workers).IgnoreError();  // checked in Start
     if (options_.curve) {
       for (size_t r = 0; r < options_.curve->workers.size(); ++r) {
@@ -114,6 +126,7 @@ class ServerImpl final : public Server {
     s.counters["memory_budget_refused"] = budget.refusals();
     s.counters["memory_budget_bytes"] = budget.limit();
     s.counters["memory_budget_used_bytes"] = budget.used();
+    s.counters["connections_open"] = connections_open_.load(std::memory_order_relaxed);
     // Per worker, only where non-zero: a job of many workers keeps its Stats reply small.
     MutexLock lock(&by_rank_mu_);
     for (size_t r = 0; r < used_by_rank_.size(); ++r) {
@@ -145,6 +158,9 @@ class ServerImpl final : public Server {
     h.on_message = [this](size_t socket, Frames& frames, bool truncated) {
       try {
         if (socket == kZap) return OnZapRequest(frames);
+        if (socket == kMonitor) return OnMonitorEvent(frames);
+        // Every connection event ZeroMQ reported before this message first (connections.h).
+        DrainMonitor();
         HandleMessage(frames, truncated);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "ferry-ps %d: %s while serving; continuing\n", options_.rank, e.what());
@@ -153,17 +169,18 @@ class ServerImpl final : public Server {
     h.on_wake = [this] { FinishFileJob(); };
     h.next_deadline = [this] {
       return transport::Earliest(transport::Earliest(held_.NextDeadline(), collectives_.NextDeadline()),
-                                 NextLivenessCheck());
+                                 transport::Earliest(NextLivenessCheck(), NextConnectionCheck()));
     };
     h.on_tick = [this] {
       try {
         ExpireHeld();
         CheckLiveness();
+        CheckConnections();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "ferry-ps %d: %s while expiring held requests; continuing\n", options_.rank, e.what());
       }
     };
-    const Status s = transport::EventLoop::Run({sockets_.data(), options_.curve ? 2u : 1u}, waker_, stopping_, wire::kMaxFrames + 1, h);
+    const Status s = transport::EventLoop::Run({sockets_.data(), options_.curve ? 3u : 2u}, waker_, stopping_, wire::kMaxFrames + 1, h);
     if (!s.ok()) std::fprintf(stderr, "ferry-ps %d: %s; stopping\n", options_.rank, s.message().c_str());
   }
 
@@ -178,6 +195,11 @@ class ServerImpl final : public Server {
     Request req;
     req.arrived = Clock::now();
     req.routing = std::move(frames[0]);
+    // From a frame of the message itself: ROUTER makes the routing id frame of a peer's first
+    // messages afresh, without the descriptor.
+    req.fd = zmq_msg_get(frames[frames.size() > 1 ? 1 : 0].handle(), ZMQ_SRCFD);
+    // A connection refused for the cap gets only that refusal, once its request can be named.
+    const Status refused = connections_.Heard(req.fd, req.peer(), req.arrived);
     auto bad = [&](const Status& s) {
       Count(kBadMessages);
       SendError(req, s);
@@ -194,6 +216,7 @@ class ServerImpl final : public Server {
     // kind, so its sender can match the refusal instead of waiting out its timeout.
     req.verified = header != nullptr;
     if (!s.ok()) return bad(s);
+    if (!refused.ok()) return SendError(req, refused);
     if (options_.curve) {
       if (s = CheckKeyRank(req, key_rank); !s.ok()) {
         Count(kPermissionDenied);
@@ -284,6 +307,7 @@ class ServerImpl final : public Server {
     if (h.step() < 0 || h.step() > ps::kMaxStep) {
       return InvalidArgumentError("step " + std::to_string(h.step()) + " is outside [0, 2^62]");
     }
+    FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank()));
     workers_.Heard(h.rank(), req.arrived);
     switch (h.kind()) {
       case Kind::Heartbeat: return Status::Ok();  // never answered: it only says the worker is alive
@@ -352,6 +376,9 @@ class ServerImpl final : public Server {
           std::to_string(h.num_servers()) + " at " + endpoint_ + ", but this is server rank " +
           std::to_string(options_.rank) + " of " + std::to_string(options_.num_servers));
     }
+    // Before Join: a Hello refused for speaking for a live worker changes nothing of it.
+    const int num_workers = workers_.count() > 0 ? workers_.count() : h.num_workers();
+    if (h.rank() >= 0 && h.rank() < num_workers) FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank()));
     FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers()));
     workers_.Promise(h.rank(), h.heartbeat_ms(), req.arrived);
     {
@@ -903,6 +930,120 @@ class ServerImpl final : public Server {
     SendError(req, done->status().WithContext(std::string(wire::KindName(req.h()->kind()))));
   }
 
+  // ---- connections (connections.h) --------------------------------------------------------
+
+  // The request's connection speaks for `rank`: refused while another live one does.
+  Status ClaimRank(const Request& req, int rank) {
+    const auto stale_after = 2 * workers_.promised(rank);
+    Status s = connections_.Claim(req.fd, rank, req.arrived, stale_after, [](int fd) { return PeerClosed(fd); });
+    if (!s.ok()) {
+      Count(kRankConflicts);
+      LogRateLimited("refused a request for worker " + std::to_string(rank) + ": " + s.message());
+    }
+    return s;
+  }
+
+  // Whether the peer of connection `fd` has closed it (or reset it), though ZeroMQ has not said
+  // so yet: a worker restarted at once may say Hello before its old connection's end is seen.
+  static bool PeerClosed(int fd) {
+    char byte;
+    const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
+
+  // The peer of a just-accepted connection, for logs: "ADDRESS:PORT", or for ipc:// the process.
+  static std::string PeerName(int fd) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "? (gone)";
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (addr.ss_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+      ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+      return std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+    }
+    if (addr.ss_family == AF_INET6) {
+      const auto* in = reinterpret_cast<const sockaddr_in6*>(&addr);
+      ::inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof host);
+      return "[" + std::string(host) + "]:" + std::to_string(ntohs(in->sin6_port));
+    }
+    if (addr.ss_family == AF_UNIX) {
+      ucred cred{};
+      socklen_t clen = sizeof cred;
+      if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
+        return "process " + std::to_string(cred.pid) + " (uid " + std::to_string(cred.uid) + ")";
+      }
+      return "a local process";
+    }
+    return "?";
+  }
+
+  // Closes connection `fd` under ZeroMQ: its engine sees the end and reports DISCONNECTED.
+  static void CloseConnection(int fd) { ::shutdown(fd, SHUT_RDWR); }
+
+  void DrainMonitor() {
+    Frames frames;
+    while (true) {
+      frames.clear();
+      bool got = false, truncated = false;
+      if (!transport::RecvNonBlocking(sockets_[kMonitor], &frames, &got, 4, &truncated).ok() || !got) return;
+      OnMonitorEvent(frames);
+    }
+  }
+
+  // One event of the ROUTER socket's monitor: [uint16 event, uint32 value][endpoint].
+  void OnMonitorEvent(Frames& frames) {
+    if (frames.empty() || frames[0].size() < 6) return;
+    uint16_t event;
+    int32_t fd;
+    std::memcpy(&event, frames[0].data(), sizeof event);
+    std::memcpy(&fd, static_cast<const char*>(frames[0].data()) + 2, sizeof fd);
+    const auto now = Clock::now();
+    if (event == ZMQ_EVENT_ACCEPTED) {
+      std::string peer = PeerName(fd);
+      const auto admit = connections_.Accepted(fd, peer, now);
+      if (admit != ps::Connections::Admit::kYes) {
+        Count(kConnectionsRefused);
+        LogRateLimited("refused a connection from " + peer + ": " + std::to_string(connections_.admitted()) +
+                       " are open, the limit (--max-connections " + std::to_string(connections_.max_connections()) +
+                       ")" + (admit == ps::Connections::Admit::kRefuseNow ? "; closed" : "; its first request is told so"));
+        if (admit == ps::Connections::Admit::kRefuseNow) CloseConnection(fd);
+      }
+    } else if (event == ZMQ_EVENT_DISCONNECTED) {
+      auto gone = connections_.Disconnected(fd, now);
+      // Lost connections are logged, but not the expected ones: a finished worker's, and those
+      // this server refused or closed itself (logged when it did).
+      if (gone && !gone->refused && !gone->closed_here && !stopping_.load() && !workers_.finished(gone->rank)) {
+        char open_for[32];
+        std::snprintf(open_for, sizeof open_for, "%.1f s", std::chrono::duration<double>(gone->open_for).count());
+        LogRateLimited((gone->rank >= 0 ? "worker " + std::to_string(gone->rank) + "'s connection" : std::string("a connection")) +
+                       " from " + gone->peer + " closed after " + open_for +
+                       (gone->rank >= 0 ? " before the worker finished (killed, or cut off?)" : ""));
+      }
+    }
+    connections_open_.store(static_cast<int64_t>(connections_.open()), std::memory_order_relaxed);
+  }
+
+  std::optional<Clock::time_point> NextConnectionCheck() const {
+    if (connections_.open() == 0) return std::nullopt;
+    return last_connection_check_ + std::chrono::milliseconds(250);
+  }
+
+  // Closes the connections whose time is up (connections.h): refused ones after their grace,
+  // idle ones.
+  void CheckConnections() {
+    const auto now = Clock::now();
+    const auto next = NextConnectionCheck();
+    if (!next || now < *next) return;
+    last_connection_check_ = now;
+    DrainMonitor();
+    for (const auto& c : connections_.Due(now, [&](std::string_view routing) { return peer_load_.held(routing); })) {
+      if (c.idle) Count(kConnectionsIdleClosed);
+      LogRateLimited("closing a connection " + c.why);
+      CloseConnection(c.fd);
+    }
+  }
+
   // ---- deadlines ---------------------------------------------------------------------------
 
   // What a held pull still waits for: a sentence naming the workers, and their ranks.
@@ -1045,9 +1186,10 @@ class ServerImpl final : public Server {
 
   const ServerOptions options_;
   std::shared_ptr<Context> context_;  // keeps the zmq context alive for the sockets
-  // Owned by the I/O thread after construction: the server's ROUTER, and (CURVE) its ZAP socket.
-  static constexpr size_t kMain = 0, kZap = 1;
-  std::array<zmq::socket_t, 2> sockets_;
+  // Owned by the I/O thread after construction: the server's ROUTER, its monitor, and (CURVE)
+  // its ZAP socket.
+  static constexpr size_t kMain = 0, kMonitor = 1, kZap = 2;
+  std::array<zmq::socket_t, 3> sockets_;
   absl::flat_hash_map<std::string, int> worker_keys_;  // CURVE: raw public key -> worker rank
   const std::string endpoint_;
   const int64_t restored_step_;  // -1: started empty
@@ -1066,6 +1208,9 @@ class ServerImpl final : public Server {
   Clock::time_point last_log_{};  // LogRateLimited
   int64_t logs_held_back_ = 0;
   bool said_job_gone_ = false;  // since the workers last fell silent
+  ps::Connections connections_;
+  Clock::time_point last_connection_check_{};
+  std::atomic<int64_t> connections_open_{0};  // connections_.open(), for stats() from any thread
 
   std::array<std::atomic<int64_t>, kNumCounters> counters_;
   std::array<std::atomic<int64_t>, kStalenessBuckets> staleness_;
@@ -1086,6 +1231,15 @@ class ServerImpl final : public Server {
   // Last: starts after everything above is built. Joined only under stop_mu_.
   std::thread thread_ ABSL_GUARDED_BY(stop_mu_);
 };
+
+// ServerOptions::max_connections when unset: 4096, or the descriptor limit less 128 (files,
+// ZeroMQ's own) if that is lower.
+size_t DefaultMaxConnections() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return 4096;
+  const rlim_t spare = lim.rlim_cur > 128 + 16 ? lim.rlim_cur - 128 : 16;
+  return static_cast<size_t>(std::min<rlim_t>(spare, 4096));
+}
 
 // CURVE needs a private context (one ZAP handler per context), a transport with handshakes, and
 // keys that decode; the worker count follows from the keys.
@@ -1126,6 +1280,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.keep_checkpoints < 1) return InvalidArgumentError("keep_checkpoints must be at least 1");
   if (options.curve) FERRY_RETURN_IF_ERROR(CheckCurveOptions(&options));
   if (options.memory_budget_bytes < 0) return InvalidArgumentError("memory_budget_bytes must be >= 0");
+  if (options.idle_timeout.count() < 0) return InvalidArgumentError("idle_timeout must be >= 0");
+  if (options.max_connections == 0) options.max_connections = DefaultMaxConnections();
   ps::TableRegistry tables(options.rank, options.num_servers, options.memory_budget_bytes);
   int64_t restored_step = -1;
   if (options.restore) {
@@ -1149,7 +1305,16 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   FERRY_ASSIGN_OR_RETURN(zmq::socket_t socket, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router));
   zmq::socket_t zap;
   std::string endpoint;
+  FERRY_ASSIGN_OR_RETURN(zmq::socket_t monitor, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::pair));
   try {
+    // Watched from before the bind, so no connection is accepted unseen. Unique in the process:
+    // servers may share a context.
+    static std::atomic<uint64_t> next_monitor{0};
+    const std::string monitor_at = "inproc://ferry-ps-monitor-" + std::to_string(next_monitor.fetch_add(1));
+    if (zmq_socket_monitor(socket.handle(), monitor_at.c_str(), ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+      throw zmq::error_t();
+    }
+    monitor.connect(monitor_at);
     // ZeroMQ drops the connection of a peer whose single frame exceeds this hard limit; frames
     // below it but over max_message_bytes get an error reply.
     socket.set(zmq::sockopt::maxmsgsize, options.max_message_bytes * 2);
@@ -1168,7 +1333,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     return UnavailableError("ferry-ps rank " + std::to_string(options.rank) + ": cannot bind " + options.bind + ": " +
                             e.what());
   }
-  return std::unique_ptr<Server>(new ServerImpl(std::move(options), std::move(context), std::move(socket), std::move(zap), endpoint,
+  return std::unique_ptr<Server>(new ServerImpl(std::move(options), std::move(context), std::move(socket), std::move(monitor), std::move(zap), endpoint,
                                                 std::move(tables), restored_step));
 }
 

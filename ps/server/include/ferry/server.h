@@ -48,6 +48,15 @@ struct ServerOptions {
   // others. The default is a client's own bound on what it has in flight (ClientOptions::
   // max_in_flight), so a well-behaved worker never meets it.
   size_t max_held_per_peer = 4096;
+  // Connections (tcp:// and ipc://) open at once. One accepted beyond it is refused: its first
+  // request is answered RESOURCE_EXHAUSTED saying so, and it is closed within 2 s. 0: 4096, or
+  // fewer if the descriptor limit (RLIMIT_NOFILE) is lower, leaving 128 descriptors for files.
+  size_t max_connections = 0;
+  // A connection that speaks for no worker (no Hello or request of a rank), sends nothing for
+  // this long and has no request waiting here is closed; a Ferry client reconnects by itself
+  // when it next sends. Workers' connections are one per rank and never closed for idleness.
+  // 0: never.
+  std::chrono::milliseconds idle_timeout{std::chrono::minutes(2)};
   // The memory this server's tables may take: a dense shard is charged when it is declared, a
   // sparse row when it is created; what would go over is refused with RESOURCE_EXHAUSTED saying
   // how much was asked and how much is left. 0: 80% of the machine's memory (or of this

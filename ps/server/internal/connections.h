@@ -1,0 +1,160 @@
+// ps/server/internal/connections.h — the server's network connections as its ROUTER socket's
+// monitor reports them (tcp:// and ipc://; inproc:// peers have none and are not tracked): how
+// many are open, which worker rank each speaks for, and which must be closed.
+//
+//  - A cap: a connection accepted beyond `max_connections` is refused. It is kept for a short
+//    grace (at most kMaxRefusing such at once) so that its first request can be answered with
+//    the reason, then closed.
+//  - Idle connections: one that speaks for no worker, has sent nothing for `idle_timeout` and has
+//    no request waiting on this server is closed (a Ferry client reconnects by itself when it
+//    next sends). A worker's connection is not: there is one per rank, they cannot pile up, and
+//    a silent worker is the liveness check's business (ServerOptions::worker_timeout).
+//  - One live connection per worker rank: a rank belongs to the connection it last spoke from. A
+//    message for that rank from another connection is refused while the owner is open and has
+//    been heard within `stale_after` (twice the worker's heartbeat promise); a closed or silent
+//    owner hands the rank over. Without CURVE this is what stops a peer from speaking for a
+//    worker that is alive; with CURVE the key already binds the rank.
+//
+// Connections are keyed by their file descriptor, as ZeroMQ gives it in the monitor's ACCEPTED
+// and DISCONNECTED events and on every received frame (ZMQ_SRCFD). The caller reads the monitor
+// dry before each message it handles: ZeroMQ reports a connection's ACCEPTED before any of its
+// messages, so a reused descriptor is never taken for the connection that had it before.
+//
+// Thread-safety: none; the server's I/O thread owns it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "ferry/status.h"
+
+namespace ferry::ps {
+
+class Connections {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Connections refused for the cap that are kept, at once, to be told why; and for how long.
+  static constexpr size_t kMaxRefusing = 64;
+  static constexpr std::chrono::milliseconds kRefuseGrace{2000};
+
+  // `max_connections` >= 1; `idle_timeout` 0: never closed for idleness.
+  Connections(size_t max_connections, std::chrono::milliseconds idle_timeout)
+      : max_(max_connections), idle_timeout_(idle_timeout) {}
+
+  enum class Admit { kYes, kRefuseLater, kRefuseNow };
+  // ACCEPTED: a new connection from `peer` (its address, for logs). kRefuseLater: over the cap,
+  // kept for kRefuseGrace to be told why; kRefuseNow: over the cap and too many are being told
+  // already: close it at once.
+  Admit Accepted(int fd, std::string peer, Clock::time_point now);
+
+  struct Closed {
+    std::string peer;
+    int rank = -1;  // the worker it spoke for, if any
+    Clock::duration open_for{};
+    bool refused = false;      // refused for the cap
+    bool closed_here = false;  // this server closed it (Due)
+  };
+  // DISCONNECTED: the connection is gone; what it was (nullopt: not one this table knew).
+  std::optional<Closed> Disconnected(int fd, Clock::time_point now);
+
+  // A message from connection `fd` (ZMQ_SRCFD; < 0: inproc, untracked) with ZeroMQ routing id
+  // `routing`. Returns a RESOURCE_EXHAUSTED status to answer it with if the connection was
+  // refused for the cap; OK otherwise.
+  Status Heard(int fd, std::string_view routing, Clock::time_point now);
+
+  // Connection `fd` speaks for worker `rank`. Refused (ALREADY_EXISTS, saying which connection
+  // has the rank) while another connection that is open owns it and was heard within
+  // `stale_after` (0: for as long as it is open), unless `owner_closed(owner_fd)` says its peer
+  // has closed it already (ZeroMQ has not reported it yet). Otherwise the rank is this one's.
+  template <typename OwnerClosed>
+  Status Claim(int fd, int rank, Clock::time_point now, std::chrono::milliseconds stale_after,
+               OwnerClosed&& owner_closed);
+
+  // The connections to close now, each with why (for the log): refused ones whose grace is over,
+  // and idle ones that speak for no worker (`held(routing)` requests waiting on this server keep a connection open). They
+  // stay in the table until ZeroMQ reports them gone. O(connections): call it a few times a
+  // second, not per message.
+  struct ToClose {
+    int fd;
+    bool idle;  // otherwise refused for the cap
+    std::string why;
+  };
+  template <typename Held>
+  std::vector<ToClose> Due(Clock::time_point now, Held&& held);
+
+  size_t open() const { return conns_.size(); }
+  size_t admitted() const { return conns_.size() - refusing_; }
+  size_t max_connections() const { return max_; }
+
+ private:
+  struct Conn {
+    std::string peer;
+    std::string routing;
+    Clock::time_point accepted, heard;
+    int rank = -1;
+    bool refused = false;
+    bool closing = false;  // handed out by Due: not handed out again
+  };
+  // The connection that owns `rank`, if any.
+  Conn* Owner(int rank, int* owner_fd);
+  std::string Describe(const Conn& c, Clock::time_point now) const;
+
+  const size_t max_;
+  const std::chrono::milliseconds idle_timeout_;
+  absl::flat_hash_map<int, Conn> conns_;  // by descriptor
+  absl::flat_hash_map<int, int> rank_owner_;  // rank -> descriptor
+  size_t refusing_ = 0;  // conns_ with refused set
+};
+
+// ---- templates ----------------------------------------------------------------------------
+
+template <typename OwnerClosed>
+Status Connections::Claim(int fd, int rank, Clock::time_point now, std::chrono::milliseconds stale_after,
+                          OwnerClosed&& owner_closed) {
+  auto self = conns_.find(fd);
+  if (fd < 0 || self == conns_.end()) return Status::Ok();  // inproc, or not reported: untracked
+  if (self->second.rank == rank) return Status::Ok();
+  int owner_fd = -1;
+  if (Conn* owner = Owner(rank, &owner_fd)) {
+    const bool silent = stale_after.count() > 0 && now - owner->heard > stale_after;
+    if (!silent && !owner_closed(owner_fd)) {
+      return AlreadyExistsError("worker " + std::to_string(rank) + " is connected already, " + Describe(*owner, now) +
+                                "; a second connection for that rank is refused while the first is alive (two "
+                                "processes started as worker " + std::to_string(rank) +
+                                "? CURVE keys make a rank unforgeable)");
+    }
+    owner->rank = -1;
+  }
+  if (self->second.rank >= 0) rank_owner_.erase(self->second.rank);
+  self->second.rank = rank;
+  rank_owner_[rank] = fd;
+  return Status::Ok();
+}
+
+template <typename Held>
+std::vector<Connections::ToClose> Connections::Due(Clock::time_point now, Held&& held) {
+  std::vector<ToClose> out;
+  for (auto& [fd, c] : conns_) {
+    if (c.closing) continue;
+    if (c.refused) {
+      if (now - c.accepted >= kRefuseGrace) {
+        c.closing = true;
+        out.push_back({fd, false, "refused (over the limit of " + std::to_string(max_) + " connections): " + Describe(c, now)});
+      }
+      continue;
+    }
+    if (idle_timeout_.count() > 0 && c.rank < 0 && now - c.heard >= idle_timeout_ && held(c.routing) == 0) {
+      c.closing = true;
+      out.push_back({fd, true, "idle for " + std::to_string(idle_timeout_.count()) + " ms: " + Describe(c, now)});
+    }
+  }
+  return out;
+}
+
+}  // namespace ferry::ps

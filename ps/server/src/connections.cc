@@ -1,0 +1,76 @@
+#include "internal/connections.h"
+
+#include <cstdio>
+
+namespace ferry::ps {
+
+Connections::Admit Connections::Accepted(int fd, std::string peer, Clock::time_point now) {
+  // A descriptor still in the table was closed without a DISCONNECTED we saw (ZeroMQ reports
+  // every engine that ends; this is a guard): the new connection replaces it.
+  Disconnected(fd, now);
+  Conn c;
+  c.peer = std::move(peer);
+  c.accepted = c.heard = now;
+  Admit verdict = Admit::kYes;
+  if (admitted() >= max_) {
+    if (refusing_ >= kMaxRefusing) {
+      verdict = Admit::kRefuseNow;
+      c.closing = true;
+    } else {
+      verdict = Admit::kRefuseLater;
+    }
+    c.refused = true;
+    ++refusing_;
+  }
+  conns_.emplace(fd, std::move(c));
+  return verdict;
+}
+
+std::optional<Connections::Closed> Connections::Disconnected(int fd, Clock::time_point now) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return std::nullopt;
+  const Conn& c = it->second;
+  Closed out{c.peer, c.rank, now - c.accepted, c.refused, c.closing};
+  if (c.rank >= 0) {
+    if (auto o = rank_owner_.find(c.rank); o != rank_owner_.end() && o->second == fd) rank_owner_.erase(o);
+  }
+  if (c.refused) --refusing_;
+  conns_.erase(it);
+  return out;
+}
+
+Status Connections::Heard(int fd, std::string_view routing, Clock::time_point now) {
+  if (fd < 0) return Status::Ok();
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return Status::Ok();
+  Conn& c = it->second;
+  c.heard = now;
+  if (c.routing != routing) c.routing.assign(routing.data(), routing.size());
+  if (!c.refused) return Status::Ok();
+  return ResourceExhaustedError("this server has " + std::to_string(admitted()) +
+                                " connections open, its limit (ferry-ps --max-connections " + std::to_string(max_) +
+                                "): this connection is refused and will be closed; are stray clients holding "
+                                "connections open?");
+}
+
+Connections::Conn* Connections::Owner(int rank, int* owner_fd) {
+  auto it = rank_owner_.find(rank);
+  if (it == rank_owner_.end()) return nullptr;
+  auto c = conns_.find(it->second);
+  if (c == conns_.end() || c->second.rank != rank) {
+    rank_owner_.erase(it);
+    return nullptr;
+  }
+  *owner_fd = it->second;
+  return &c->second;
+}
+
+std::string Connections::Describe(const Conn& c, Clock::time_point now) const {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (open %.1f s, heard %.1f s ago)",
+                std::chrono::duration<double>(now - c.accepted).count(),
+                std::chrono::duration<double>(now - c.heard).count());
+  return "from " + c.peer + buf;
+}
+
+}  // namespace ferry::ps

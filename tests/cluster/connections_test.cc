@@ -1,0 +1,227 @@
+// A server's connections over real tcp sockets on 127.0.0.1 (ps/server/internal/connections.h):
+// one live connection per worker rank, a cap on how many are open (a worker beyond it is told
+// why), and idle connections closed without harm to real clients.
+#include <chrono>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include <zmq.hpp>
+
+#include "ferry/messages/transport.h"
+#include "ferry/messages/wire.h"
+#include "support/cluster.h"
+
+namespace ferry::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+TableSpec AsyncSgd(const std::string& name, int64_t n) {
+  TableSpec spec;
+  spec.name = name;
+  spec.shape = {n};
+  spec.optimizer.learning_rate = 1.0f;
+  spec.consistency = Consistency::kAsync;
+  return spec;
+}
+
+ClientOptions Worker(const LocalCluster& c, int rank, int num_workers) {
+  ClientOptions o;
+  o.servers = c.endpoints;
+  o.context = c.context;
+  o.rank = rank;
+  o.num_workers = num_workers;
+  o.connect_timeout = 10s;
+  o.request_timeout = 10s;
+  return o;
+}
+
+// A bare DEALER to the server: what a stray or hostile peer has.
+zmq::socket_t Raw(const LocalCluster& c) {
+  auto s = transport::MakeSocket(transport::Zmq(*c.context), zmq::socket_type::dealer);
+  EXPECT_TRUE(s.ok());
+  s->set(zmq::sockopt::rcvtimeo, 5000);
+  s->connect(c.endpoints[0]);
+  return std::move(*s);
+}
+
+// Sends one request (header only, or with `payload`) and returns the reply's header status:
+// OK for a Reply, the Error's status otherwise.
+Status Ask(zmq::socket_t& s, wire::Kind kind, int rank, std::function<void(wire::HeaderBuilder&)> fill = {},
+           transport::Frames payload = {}) {
+  static uint64_t next_id = 1000;
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<wire::DenseSlice> slices = {wire::DenseSlice(TableId("w"), 0, 4)};
+  auto vec = fbb.CreateVectorOfStructs(slices);
+  wire::HeaderBuilder b(fbb);
+  b.add_major(wire::kMajor);
+  b.add_kind(kind);
+  b.add_request_id(++next_id);
+  b.add_rank(rank);
+  if (kind == wire::Kind::PushDense || kind == wire::Kind::PullDense) b.add_slices(vec);
+  if (fill) fill(b);
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  transport::Frames out;
+  out.push_back(wire::ToFrame(fbb));
+  for (auto& p : payload) out.push_back(std::move(p));
+  if (Status st = transport::Send(s, out); !st.ok()) return st;
+  transport::Frames reply;
+  if (Status st = transport::Recv(s, &reply); !st.ok()) return st;
+  const wire::Header* h = nullptr;
+  if (Status st = wire::VerifyHeader(reply[0], &h); !st.ok()) return st;
+  EXPECT_EQ(h->request_id(), next_id);
+  return h->kind() == wire::Kind::Error ? wire::ErrorStatus(*h) : Status::Ok();
+}
+
+void HelloFields(wire::HeaderBuilder& b, int num_workers, int64_t heartbeat_ms) {
+  b.add_num_workers(num_workers);
+  b.add_num_servers(1);
+  b.add_server_rank(0);
+  b.add_heartbeat_ms(heartbeat_ms);
+}
+
+// Waits (bounded) until the socket's monitor reports its connection closed by the server.
+bool ClosedWithin(zmq::socket_t& monitor, std::chrono::milliseconds limit) {
+  monitor.set(zmq::sockopt::rcvtimeo, static_cast<int>(limit.count()));
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    zmq::message_t event, addr;
+    if (!monitor.recv(event)) return false;
+    (void)monitor.recv(addr);
+    uint16_t id;
+    std::memcpy(&id, event.data(), sizeof id);
+    if (id == ZMQ_EVENT_DISCONNECTED) return true;
+  }
+  return false;
+}
+
+zmq::socket_t Watch(const LocalCluster& c, zmq::socket_t& s, const std::string& name) {
+  const std::string at = "inproc://connections-test-" + name;
+  EXPECT_EQ(zmq_socket_monitor(s.handle(), at.c_str(), ZMQ_EVENT_DISCONNECTED), 0);
+  zmq::socket_t m(transport::Zmq(*c.context), zmq::socket_type::pair);
+  m.connect(at);
+  return m;
+}
+
+std::vector<float> Pull(Client& w) {
+  std::vector<float> v(4);
+  const Status s = w.PullDense("w", v, 0).wait();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return v;
+}
+
+// Without CURVE, a peer can still name any rank; but while worker 0's connection is alive, a
+// second one speaking for worker 0 (a Hello, a push) is refused, changes nothing, and says which
+// connection has the rank. Once worker 0's process ends, its successor connects at once.
+TEST(Connections, ASecondConnectionForALiveWorkerIsRefused) {
+  auto c = LocalCluster::Start(1, /*tcp=*/true);
+  auto w0 = Client::Connect(Worker(c, 0, 2));
+  ASSERT_TRUE(w0.ok()) << w0.status().ToString();
+  ASSERT_TRUE((*w0)->Declare(AsyncSgd("w", 4)).ok());
+
+  ClientOptions twin_options = Worker(c, 0, 2);
+  twin_options.connect_timeout = 1s;  // how long it asks again, in case worker 0 is on its way out
+  auto twin = Client::Connect(twin_options);
+  ASSERT_FALSE(twin.ok());
+  EXPECT_EQ(twin.status().code(), StatusCode::kAlreadyExists) << twin.status().ToString();
+  EXPECT_NE(twin.status().message().find("worker 0 is connected already, from 127.0.0.1:"), std::string::npos)
+      << twin.status().ToString();
+
+  zmq::socket_t raw = Raw(c);
+  const std::vector<float> grad = {1, 1, 1, 1};
+  transport::Frames payload;
+  payload.emplace_back(grad.data(), grad.size() * sizeof(float));
+  const Status push = Ask(raw, wire::Kind::PushDense, 0, {}, std::move(payload));
+  EXPECT_EQ(push.code(), StatusCode::kAlreadyExists) << push.ToString();
+  EXPECT_EQ(Pull(**w0), std::vector<float>(4, 0.0f)) << "the refused push changed the table";
+  // Another rank is free to the raw peer (no CURVE: that is what keys are for).
+  EXPECT_TRUE(Ask(raw, wire::Kind::PullDense, 1).ok());
+
+  const std::vector<float> mine = {2, 2, 2, 2};
+  ASSERT_TRUE((*w0)->PushDense("w", mine, 0).wait().ok());
+  EXPECT_EQ(Pull(**w0), std::vector<float>(4, -2.0f));
+  EXPECT_GE(c.servers[0]->stats().counters["rank_conflicts"], 2);
+
+  w0->reset();  // worker 0's process ends: its connection closes
+  auto next = Client::Connect(Worker(c, 0, 2));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  ASSERT_TRUE((*next)->Declare(AsyncSgd("w", 4)).ok());
+  EXPECT_EQ(Pull(**next), std::vector<float>(4, -2.0f));
+}
+
+// An owner that stopped talking (a stopped or cut-off worker whose connection has not closed)
+// hands the rank over once it has been silent for twice its heartbeat promise.
+TEST(Connections, ASilentOwnerHandsTheRankOver) {
+  auto c = LocalCluster::Start(1, /*tcp=*/true);
+  zmq::socket_t stale = Raw(c);
+  ASSERT_TRUE(Ask(stale, wire::Kind::Hello, 0, [](wire::HeaderBuilder& b) { HelloFields(b, 1, 50); }).ok());
+  std::this_thread::sleep_for(300ms);  // > 2 x 50 ms of silence
+  auto w0 = Client::Connect(Worker(c, 0, 1));
+  ASSERT_TRUE(w0.ok()) << w0.status().ToString();
+  ASSERT_TRUE((*w0)->Declare(AsyncSgd("w", 4)).ok());
+  // Now the stale connection is the second one.
+  EXPECT_EQ(Ask(stale, wire::Kind::PullDense, 0).code(), StatusCode::kAlreadyExists);
+}
+
+// Beyond max_connections a new connection is refused: a worker connecting then is told why
+// (RESOURCE_EXHAUSTED naming the limit) and its connection is closed; once one closes, it can.
+TEST(Connections, BeyondTheCapAWorkerIsToldWhyAndTheConnectionCloses) {
+  ServerOptions so;
+  so.max_connections = 2;
+  auto c = LocalCluster::Start(1, /*tcp=*/true, so);
+  zmq::socket_t a = Raw(c), b = Raw(c);
+  ASSERT_TRUE(Ask(a, wire::Kind::Stats, 0).ok());
+  ASSERT_TRUE(Ask(b, wire::Kind::Stats, 0).ok());
+
+  auto w0 = Client::Connect(Worker(c, 0, 1));
+  ASSERT_FALSE(w0.ok());
+  EXPECT_EQ(w0.status().code(), StatusCode::kResourceExhausted) << w0.status().ToString();
+  EXPECT_NE(w0.status().message().find("--max-connections 2"), std::string::npos) << w0.status().ToString();
+
+  zmq::socket_t third = Raw(c);
+  zmq::socket_t watch = Watch(c, third, "cap");
+  EXPECT_EQ(Ask(third, wire::Kind::Stats, 0).code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(ClosedWithin(watch, 10s)) << "the refused connection was not closed";
+  EXPECT_GE(c.servers[0]->stats().counters["connections_refused"], 2);
+
+  b.close();
+  for (int i = 0; i < 500 && c.servers[0]->stats().counters["connections_open"] > 2; ++i) std::this_thread::sleep_for(10ms);
+  // `third` reconnects by itself (ZeroMQ) and may take the free place; `a` and `third` close
+  // so that the worker surely has one.
+  third.close();
+  for (int i = 0; i < 500 && c.servers[0]->stats().counters["connections_open"] > 1; ++i) std::this_thread::sleep_for(10ms);
+  auto w1 = Client::Connect(Worker(c, 0, 1));
+  ASSERT_TRUE(w1.ok()) << w1.status().ToString();
+  EXPECT_TRUE((*w1)->Declare(AsyncSgd("w", 4)).ok());
+}
+
+// A connection that speaks for no worker and says nothing is closed after idle_timeout; a
+// worker's connection is never closed for idleness (there is one per rank: they cannot pile up),
+// whether its client sends heartbeats or not.
+TEST(Connections, IdleConnectionsCloseButWorkersStay) {
+  ServerOptions so;
+  so.idle_timeout = 300ms;
+  auto c = LocalCluster::Start(1, /*tcp=*/true, so);
+  zmq::socket_t idle = Raw(c);
+  zmq::socket_t watch = Watch(c, idle, "idle");
+  EXPECT_TRUE(ClosedWithin(watch, 10s)) << "an idle connection was not closed";
+  EXPECT_GE(c.servers[0]->stats().counters["connections_idle_closed"], 1);
+  idle.close();  // or ZeroMQ reconnects it, to be closed again
+
+  ClientOptions quiet = Worker(c, 0, 1);
+  quiet.heartbeat_timeout = 0ms;  // no heartbeats: silent between requests
+  auto w0 = Client::Connect(quiet);
+  ASSERT_TRUE(w0.ok()) << w0.status().ToString();
+  ASSERT_TRUE((*w0)->Declare(AsyncSgd("w", 4)).ok());
+  const int64_t closed_before = c.servers[0]->stats().counters["connections_idle_closed"];
+  std::this_thread::sleep_for(1500ms);
+  const std::vector<float> grad = {1, 1, 1, 1};
+  EXPECT_TRUE((*w0)->PushDense("w", grad, 0).wait().ok());
+  EXPECT_EQ(Pull(**w0), std::vector<float>(4, -1.0f));
+  EXPECT_EQ(c.servers[0]->stats().counters["connections_idle_closed"], closed_before)
+      << "the worker's connection was closed for idleness";
+}
+
+}  // namespace
+}  // namespace ferry::test

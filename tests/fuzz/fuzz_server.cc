@@ -80,12 +80,17 @@ World* Setup() {
   return w;
 }
 
-// Built once, on the first input, and never destroyed (the server runs until the process ends);
-// its checkpoint folder is removed at exit.
+// Built once, on the first input, and never destroyed; at exit the server is stopped and its
+// checkpoint folder removed.
 World& TheWorld() {
   static World* w = [] {
     World* made = Setup();
-    std::atexit([] { std::filesystem::remove_all(TheWorld().checkpoints); });
+    std::atexit([] {
+      // The server first: a checkpoint it is still writing would race the removal.
+      TheWorld().server->Stop();
+      std::error_code ec;
+      std::filesystem::remove_all(TheWorld().checkpoints, ec);
+    });
     return made;
   }();
   return *w;

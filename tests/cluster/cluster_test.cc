@@ -788,6 +788,40 @@ TEST(Cluster, OneConnectionCannotFillTheHeldRoomForEveryone) {
   EXPECT_EQ(transport::Recv(*raw, &reply).code(), StatusCode::kDeadlineExceeded) << "held again, not refused";
 }
 
+// A large table is built aside (table_builder.h): while its 128 MiB shard is being made, the
+// server goes on answering the other worker, and a second declaration of it waits for it;
+// both declarations are answered once it exists.
+TEST(Cluster, ALargeTableIsBuiltWhileTheServerServesOthers) {
+  auto c = LocalCluster::Start(1);
+  auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+  TableSpec small = SyncSgd("small", 4);
+  small.consistency = Consistency::kAsync;
+  ASSERT_TRUE(w1->Declare(small).ok());
+  TableSpec big;
+  big.name = "big";
+  big.shape = {int64_t{1} << 25};  // 128 MiB of floats, normal init: a second of work or more
+  big.init = InitType::kNormal;
+  big.init_scale = 0.01f;
+  Status declared_by_w0 = InternalError("not yet");
+  std::thread declare([&] { declared_by_w0 = w0->Declare(big); });
+  auto building = [&] { return c.servers[0]->stats().counters["tables_being_created"]; };
+  for (int i = 0; i < 3000 && building() == 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(building(), 1) << "the table was not being built aside";
+  std::vector<float> out(4);
+  const std::vector<float> grad = {1, 1, 1, 1};
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(w1->PushDense("small", grad, i).wait().ok());
+    ASSERT_TRUE(w1->PullDense("small", out, i).wait().ok());
+  }
+  EXPECT_EQ(building(), 1) << "20 round trips of the other worker waited for the build";
+  EXPECT_EQ(out, std::vector<float>(4, -20.0f));
+  EXPECT_TRUE(w1->Declare(big).ok());  // waits for the build, then is answered
+  declare.join();
+  EXPECT_TRUE(declared_by_w0.ok()) << declared_by_w0;
+  EXPECT_EQ(building(), 0);
+  EXPECT_GE(c.servers[0]->stats().counters["memory_budget_used_bytes"], int64_t{1} << 27);
+}
+
 // The memory budget (ServerOptions::memory_budget_bytes): a table that would go over it, or a
 // pull that would create sparse rows beyond it, is refused saying how much was asked and how
 // much is left; what fits goes on working, and the server keeps serving.

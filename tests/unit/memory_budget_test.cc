@@ -1,6 +1,7 @@
 // The server's memory budget (internal/memory_budget.h): a dense shard is charged when it is
 // declared and a sparse row when it is created; what would go over is refused before anything is
 // allocated, with how much was asked and how much is left, and leaves everything as it was.
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -103,6 +104,55 @@ TEST(MemoryBudget, SparseRowsAreChargedAsCreatedAndARefusalChangesNothing) {
   }
   // A shard that goes gives its rows back.
   EXPECT_EQ(tight.used(), 0);
+}
+
+}  // namespace
+}  // namespace ferry::ps
+
+namespace ferry::ps {
+namespace {
+
+// Creation in steps (table_builder.h builds a large shard off the I/O thread): a declared table
+// is pending until adopted: a second declaration of the same spec waits for it, another spec is
+// refused, a request for it is told it is being created; a build given up (cancelled) gives its
+// memory back and leaves no table.
+TEST(TableRegistry, APendingTableIsComparedRefusedForUseAndCancellable) {
+  TableRegistry tables(0, 1, /*memory_budget=*/int64_t{64} << 20);
+  const TableSpec w = Dense("w", 1 << 20);  // 4 MiB
+  bool pending = true;
+  auto declared = tables.Declare(w, TableId("w"), 1, &pending);
+  ASSERT_TRUE(declared.ok()) << declared.status();
+  ASSERT_NE(*declared, nullptr);
+  EXPECT_FALSE(pending);
+  EXPECT_EQ(tables.budget().used(), int64_t{4} << 20);
+  EXPECT_EQ(tables.pending(), 1u);
+
+  auto again = tables.Declare(w, TableId("w"), 1, &pending);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, nullptr);
+  EXPECT_TRUE(pending);
+  auto other = tables.Declare(Dense("w", 8), TableId("w"), 1, &pending);
+  EXPECT_EQ(other.status().code(), StatusCode::kAlreadyExists);
+  auto find = tables.Find(TableId("w"), TableType::kDense);
+  EXPECT_EQ(find.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(find.status().message().find("still being created"), std::string::npos) << find.status();
+
+  std::atomic<bool> cancel{true};
+  const Status built = tables.Build(**declared, 1, &cancel);
+  EXPECT_EQ(built.code(), StatusCode::kCancelled) << built;
+  EXPECT_EQ(tables.budget().used(), 0);
+  tables.Forget(TableId("w"));
+  EXPECT_EQ(tables.pending(), 0u);
+  EXPECT_EQ(tables.Find(TableId("w")), nullptr);
+
+  // Declared again, built and adopted: a table like any other.
+  auto fresh = tables.Declare(w, TableId("w"), 1, &pending);
+  ASSERT_TRUE(fresh.ok() && *fresh != nullptr);
+  ASSERT_TRUE(tables.Build(**fresh, 1).ok());
+  tables.Adopt(std::move(*fresh));
+  EXPECT_TRUE(tables.Find(TableId("w"), TableType::kDense).ok());
+  EXPECT_EQ(tables.pending(), 0u);
+  EXPECT_EQ(tables.budget().used(), int64_t{4} << 20);
 }
 
 }  // namespace

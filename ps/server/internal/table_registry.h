@@ -3,9 +3,11 @@
 // resolving a request's dense slices to the chunks held here, and checking that sparse ids
 // belong to this server. Tables are never dropped, so a Table* stays valid.
 //
-// Thread-safety: none; the server's I/O thread owns it.
+// Thread-safety: none; the server's I/O thread owns it. Build alone may run on another thread
+// (table_builder.h), on a table no one else touches.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -30,7 +32,24 @@ class TableRegistry {
   // `num_workers`. Declaring the same spec again is a no-op; a different spec under the same
   // name or id is AlreadyExists. ResourceExhausted when the shard would go over the memory
   // budget (saying how much it needs and how much is left) or cannot be allocated.
+  // Create = Declare, Build, Adopt, on the calling thread.
   Status Create(TableSpec spec, uint64_t claimed_id, int num_workers);
+
+  // Creation in steps, so that a large shard can be built off the I/O thread:
+  //  Declare checks the declaration, charges the memory budget and returns the new table to
+  //  build (its shard not yet made), or nullptr when the table exists already or is being built
+  //  (`*pending` says which) under the same spec. Until Adopt or Forget the id is pending: a
+  //  declaration for it is compared with this one, and requests for it are refused.
+  //  Build makes the shard (any thread; it touches only `table` and the budget's atomic count).
+  //  On failure (out of memory, cancelled) it gives the charge back.
+  //  Adopt makes a built table this registry's; Forget drops a pending one whose Build failed.
+  StatusOr<std::unique_ptr<Table>> Declare(TableSpec spec, uint64_t claimed_id, int num_workers, bool* pending);
+  Status Build(Table& table, int num_workers, const std::atomic<bool>* cancel = nullptr);
+  void Adopt(std::unique_ptr<Table> table);
+  void Forget(uint64_t id) { pending_.erase(id); }
+  // The bytes Build will take for `table` (its dense shard; 0 for sparse).
+  int64_t BuildBytes(const Table& table) const;
+  size_t pending() const { return pending_.size(); }
 
   // What the tables may take and have taken (dense shards when declared, sparse rows as created).
   const MemoryBudget& budget() const { return *budget_; }
@@ -67,6 +86,7 @@ class TableRegistry {
   const int num_servers_;
   std::unique_ptr<MemoryBudget> budget_;  // behind a pointer: shards keep its address across moves
   std::unordered_map<uint64_t, std::unique_ptr<Table>> tables_;
+  std::unordered_map<uint64_t, TableSpec> pending_;  // declared, being built
 };
 
 }  // namespace ferry::ps

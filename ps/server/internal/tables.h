@@ -3,6 +3,7 @@
 // I/O thread owns them; compute helpers only touch disjoint ranges during ParallelFor).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -37,10 +38,17 @@ struct DenseChunk {
   SyncSlots sync;
 };
 
+// A table's creation given up because the server is stopping.
+struct Cancelled : std::exception {
+  const char* what() const noexcept override { return "cancelled: the server is stopping"; }
+};
+
 class DenseShard {
  public:
-  // Allocates and initialises the chunks that `placement` assigns to server `rank`.
-  DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers);
+  // Allocates and initialises the chunks that `placement` assigns to server `rank`. Throws
+  // Cancelled if `cancel` becomes true on the way (looked at between chunks).
+  DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers,
+             const std::atomic<bool>* cancel = nullptr);
   // The bytes the chunks of `spec` held by server `rank` take (parameters and optimizer state),
   // computed before anything is allocated.
   static int64_t HeldBytes(const TableSpec& spec, uint64_t table_id, int rank, int num_servers);

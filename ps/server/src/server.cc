@@ -39,6 +39,7 @@
 #include "internal/held.h"
 #include "internal/request.h"
 #include "internal/sync.h"
+#include "internal/table_builder.h"
 #include "internal/table_registry.h"
 #include "internal/thread_pool.h"
 #include "internal/updates.h"
@@ -127,6 +128,7 @@ class ServerImpl final : public Server {
     s.counters["memory_budget_bytes"] = budget.limit();
     s.counters["memory_budget_used_bytes"] = budget.used();
     s.counters["connections_open"] = connections_open_.load(std::memory_order_relaxed);
+    s.counters["tables_being_created"] = tables_being_created_.load(std::memory_order_relaxed);
     // Per worker, only where non-zero: a job of many workers keeps its Stats reply small.
     MutexLock lock(&by_rank_mu_);
     for (size_t r = 0; r < used_by_rank_.size(); ++r) {
@@ -144,6 +146,8 @@ class ServerImpl final : public Server {
     if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
     // The loop has ended: a file job still running is finished (its reply is not sent).
     if (!thread_.joinable() && job_thread_.joinable()) job_thread_.join();
+    // And a table being built is given up (its declarations get no reply).
+    if (!thread_.joinable()) builder_.Stop();
   }
 
  private:
@@ -166,7 +170,10 @@ class ServerImpl final : public Server {
         std::fprintf(stderr, "ferry-ps %d: %s while serving; continuing\n", options_.rank, e.what());
       }
     };
-    h.on_wake = [this] { FinishFileJob(); };
+    h.on_wake = [this] {
+      FinishFileJob();
+      FinishBuilds();
+    };
     h.next_deadline = [this] {
       return transport::Earliest(transport::Earliest(held_.NextDeadline(), collectives_.NextDeadline()),
                                  transport::Earliest(NextLivenessCheck(), NextConnectionCheck()));
@@ -433,15 +440,74 @@ class ServerImpl final : public Server {
     return Status::Ok();
   }
 
+  // A table is declared at once; its shard is made at once if small, or else aside
+  // (table_builder.h) while this thread serves the others. Either way the request is answered
+  // once the table is ready, and so is every declaration of it that arrives meanwhile.
   Status OnCreateTable(Request& req) {
     TableSpec spec;
     FERRY_RETURN_IF_ERROR(wire::SpecFromWire(req.h()->spec(), &spec));
-    if (Status s = tables_.Create(std::move(spec), req.h()->table_id(), workers_.count()); !s.ok()) {
-      if (s.code() == StatusCode::kResourceExhausted) LogRateLimited(s.message() + "; refused");
-      return s;
+    bool pending = false;
+    auto declared = tables_.Declare(std::move(spec), req.h()->table_id(), workers_.count(), &pending);
+    if (!declared.ok()) {
+      if (declared.status().code() == StatusCode::kResourceExhausted) LogRateLimited(declared.status().message() + "; refused");
+      return declared.status();
     }
-    SendOk(req);
+    std::unique_ptr<ps::Table> table = std::move(*declared);
+    if (table == nullptr && !pending) {
+      SendOk(req);
+      return Status::Ok();
+    }
+    if (table == nullptr) {  // being built: answered with it
+      FERRY_RETURN_IF_ERROR(RoomToHold(req));
+      req.held_by_peer = peer_load_.Acquire(req.peer());
+      builds_[req.h()->table_id()].waiting.push_back(std::move(req));
+      ++build_waiters_;
+      return Status::Ok();
+    }
+    const int64_t bytes = tables_.BuildBytes(*table);
+    if (bytes < ps::kBuildAsideBytes) {
+      if (Status s = tables_.Build(*table, workers_.count()); !s.ok()) {
+        tables_.Forget(table->id);
+        return s;
+      }
+      tables_.Adopt(std::move(table));
+      SendOk(req);
+      return Status::Ok();
+    }
+    Building& b = builds_[table->id];
+    b.started = Clock::now();
+    b.bytes = bytes;
+    b.table = std::move(table);
+    b.waiting.push_back(std::move(req));
+    ++build_waiters_;
+    builder_.Submit(b.table.get(), workers_.count());
+    tables_being_created_.store(static_cast<int64_t>(builds_.size()), std::memory_order_relaxed);
     return Status::Ok();
+  }
+
+  // On the I/O thread, after a wake-up: adopts the tables built aside and answers their
+  // declarations (or fails them with why the table could not be made).
+  void FinishBuilds() {
+    for (auto& [table, status] : builder_.TakeDone()) {
+      auto it = builds_.find(table->id);
+      if (it == builds_.end()) continue;  // cannot happen: every submitted table is in builds_
+      Building b = std::move(it->second);
+      builds_.erase(it);
+      build_waiters_ -= b.waiting.size();
+      tables_being_created_.store(static_cast<int64_t>(builds_.size()), std::memory_order_relaxed);  // before replies
+      const std::string name = b.table->spec.name;
+      const double seconds = std::chrono::duration<double>(Clock::now() - b.started).count();
+      if (status.ok()) {
+        tables_.Adopt(std::move(b.table));
+        std::fprintf(stderr, "ferry-ps %d: created table '%s' (%lld MiB here) in %.1f s\n", options_.rank,
+                     wire::Printable(name).c_str(), static_cast<long long>(b.bytes >> 20), seconds);
+        for (Request& r : b.waiting) SendOk(r);
+      } else {
+        tables_.Forget(table->id);
+        LogRateLimited("creating table '" + name + "' failed: " + status.message());
+        for (Request& r : b.waiting) SendError(r, status.WithContext("CreateTable"));
+      }
+    }
   }
 
   void CountPush(int rank, int64_t used, int64_t dropped) {
@@ -746,7 +812,7 @@ class ServerImpl final : public Server {
     return Status::Ok();
   }
 
-  size_t HeldCount() const { return held_.size() + collectives_.size(); }
+  size_t HeldCount() const { return held_.size() + collectives_.size() + build_waiters_; }
 
   void ServeHeld() {
     held_.ServeReady([this](Request& r) { return TryServe(r); });
@@ -1209,6 +1275,18 @@ class ServerImpl final : public Server {
   int64_t logs_held_back_ = 0;
   bool said_job_gone_ = false;  // since the workers last fell silent
   ps::Connections connections_;
+  // Tables being built aside, by id: the table, and the declarations waiting for it (the first
+  // is the one that started it). Before builder_, which is stopped (and joined) first.
+  struct Building {
+    std::unique_ptr<ps::Table> table;
+    std::vector<Request> waiting;
+    Clock::time_point started;
+    int64_t bytes = 0;
+  };
+  absl::flat_hash_map<uint64_t, Building> builds_;
+  size_t build_waiters_ = 0;  // requests in builds_' waiting lists
+  std::atomic<int64_t> tables_being_created_{0};
+  ps::TableBuilder builder_{&tables_, [this] { waker_.Notify(); }};
   Clock::time_point last_connection_check_{};
   std::atomic<int64_t> connections_open_{0};  // connections_.open(), for stats() from any thread
 

@@ -9,22 +9,38 @@
 namespace ferry::ps {
 
 Status TableRegistry::Create(TableSpec spec, uint64_t claimed_id, int num_workers) {
+  bool pending = false;
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Table> table, Declare(std::move(spec), claimed_id, num_workers, &pending));
+  if (table == nullptr) return Status::Ok();
+  if (Status s = Build(*table, num_workers); !s.ok()) {
+    Forget(table->id);
+    return s;
+  }
+  Adopt(std::move(table));
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Table>> TableRegistry::Declare(TableSpec spec, uint64_t claimed_id, int num_workers,
+                                                        bool* pending) {
+  *pending = false;
   const uint64_t id = TableId(spec.name);
   if (claimed_id != id) {
     return InvalidArgumentError("table_id " + std::to_string(claimed_id) + " is not the hash of the name '" +
                                 spec.name + "' (" + std::to_string(id) + ")");
   }
-  if (auto it = tables_.find(id); it != tables_.end()) {
-    const TableSpec& have = it->second->spec;
-    if (have.name != spec.name) {
-      return AlreadyExistsError("table names '" + have.name + "' and '" + spec.name +
+  const TableSpec* have = nullptr;
+  if (auto it = tables_.find(id); it != tables_.end()) have = &it->second->spec;
+  if (auto it = pending_.find(id); it != pending_.end()) have = &it->second, *pending = true;
+  if (have != nullptr) {
+    if (have->name != spec.name) {
+      return AlreadyExistsError("table names '" + have->name + "' and '" + spec.name +
                                 "' hash to the same id; rename one");
     }
-    if (!(have == spec)) {
-      return AlreadyExistsError("table '" + spec.name + "' is already declared as " + have.ToString() +
+    if (!(*have == spec)) {
+      return AlreadyExistsError("table '" + spec.name + "' is already declared as " + have->ToString() +
                                 "; the new declaration " + spec.ToString() + " conflicts with it");
     }
-    return Status::Ok();  // idempotent
+    return std::unique_ptr<Table>();  // idempotent
   }
   if (spec.consistency == Consistency::kSync && spec.replicas_to_aggregate > num_workers) {
     return InvalidArgumentError("table '" + spec.name + "': replicas_to_aggregate " +
@@ -35,26 +51,47 @@ Status TableRegistry::Create(TableSpec spec, uint64_t claimed_id, int num_worker
   table->spec = std::move(spec);
   table->id = id;
   // A dense shard is charged whole before it is allocated; a sparse one row by row.
-  const int64_t dense_bytes =
-      table->spec.type == TableType::kDense ? DenseShard::HeldBytes(table->spec, id, rank_, num_servers_) : 0;
-  FERRY_RETURN_IF_ERROR(budget_->Take(dense_bytes, "table '" + table->spec.name + "' (this server's shard)"));
+  FERRY_RETURN_IF_ERROR(budget_->Take(BuildBytes(*table), "table '" + table->spec.name + "' (this server's shard)"));
+  pending_.emplace(id, table->spec);
+  return table;
+}
+
+int64_t TableRegistry::BuildBytes(const Table& table) const {
+  return table.spec.type == TableType::kDense ? DenseShard::HeldBytes(table.spec, table.id, rank_, num_servers_) : 0;
+}
+
+Status TableRegistry::Build(Table& table, int num_workers, const std::atomic<bool>* cancel) {
   try {
-    if (table->spec.type == TableType::kDense) {
-      table->dense = std::make_unique<DenseShard>(table->spec, id, rank_, num_servers_, num_workers);
+    if (table.spec.type == TableType::kDense) {
+      table.dense = std::make_unique<DenseShard>(table.spec, table.id, rank_, num_servers_, num_workers, cancel);
     } else {
-      table->sparse = std::make_unique<SparseShard>(table->spec, id, num_workers, budget_.get());
+      table.sparse = std::make_unique<SparseShard>(table.spec, table.id, num_workers, budget_.get());
     }
   } catch (const std::bad_alloc&) {
-    budget_->Give(dense_bytes);
-    return ResourceExhaustedError("out of memory creating table '" + table->spec.name + "'");
+    budget_->Give(BuildBytes(table));
+    return ResourceExhaustedError("out of memory creating table '" + table.spec.name + "'");
+  } catch (const Cancelled& e) {
+    budget_->Give(BuildBytes(table));
+    return CancelledError("creating table '" + table.spec.name + "': " + e.what());
   }
-  tables_.emplace(id, std::move(table));
   return Status::Ok();
+}
+
+void TableRegistry::Adopt(std::unique_ptr<Table> table) {
+  pending_.erase(table->id);
+  const uint64_t id = table->id;
+  tables_.emplace(id, std::move(table));
 }
 
 StatusOr<Table*> TableRegistry::Find(uint64_t id, TableType type) {
   auto it = tables_.find(id);
-  if (it == tables_.end()) return NotFoundError("unknown table id " + std::to_string(id) + " (declare it first)");
+  if (it == tables_.end()) {
+    if (auto p = pending_.find(id); p != pending_.end()) {
+      return FailedPreconditionError("table '" + p->second.name +
+                                     "' is still being created on this server (wait for its CreateTable reply)");
+    }
+    return NotFoundError("unknown table id " + std::to_string(id) + " (declare it first)");
+  }
   if (it->second->spec.type != type) {
     return InvalidArgumentError("table '" + it->second->spec.name + "' is " +
                                 (type == TableType::kDense ? "sparse, not dense" : "dense, not sparse"));

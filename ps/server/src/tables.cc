@@ -19,13 +19,15 @@ void SyncSlots::Reset(int num_workers, bool sparse) {
   received = 0;
 }
 
-DenseShard::DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers) {
+DenseShard::DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers,
+                       const std::atomic<bool>* cancel) {
   const int64_t n = spec.num_elements();
   const int64_t count = spec.num_chunks();
   const int slots = StateSlots(spec.optimizer.type);
   chunks_.resize(static_cast<size_t>(count));
   for (int64_t c = 0; c < count; ++c) {
     if (placement::ChunkServer(table_id, c, num_servers) != rank) continue;
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) throw Cancelled();
     auto ch = std::make_unique<DenseChunk>();
     ch->offset = c * spec.chunk_elems;
     ch->size = std::min(spec.chunk_elems, n - ch->offset);

@@ -77,6 +77,7 @@ TEST(CkptTool, ListsTablesAndDumpsThemForNumpy) {
   for (int64_t id : {int64_t{1000000007}, int64_t{-9}, int64_t{4}}) {  // created out of order
     const RowIndex r = s.FindOrCreate(id);
     for (int64_t k = 0; k < s.row_floats(); ++k) s.row(r)[k] = static_cast<float>(id % 1000) + 0.5f * static_cast<float>(k);
+    s.steps(r) = 1;  // updated once (a row never updated is not saved)
   }
   for (int64_t id : want_ids) {
     for (int k = 0; k < 3; ++k) want_rows.push_back(static_cast<float>(id % 1000) + 0.5f * static_cast<float>(k));

@@ -100,7 +100,7 @@ class CheckpointTest : public ::testing::Test {
         if (placement::IdServer(id, 2) != r) continue;
         const RowIndex x = s.FindOrCreate(id);
         for (int64_t k = 0; k < s.row_floats(); ++k) s.row(x)[k] = static_cast<float>(id) * 0.25f + static_cast<float>(k);
-        s.steps(x) = id % 11 + 1;
+        s.steps(x) = (id + 50) % 11 + 1;  // every row updated at least once: all are saved
       }
       s.version = 7;
     }
@@ -129,6 +129,22 @@ class CheckpointTest : public ::testing::Test {
   std::vector<TableRegistry> servers_;
   Gathered before_;
 };
+
+// A row never updated holds its initial values, which a pull makes again: it is not saved, so a
+// sync checkpoint does not depend on which workers had pulled (created) a step's new rows.
+TEST_F(CheckpointTest, RowsNeverUpdatedAreNotSaved) {
+  SparseShard& s = *(*servers_[0].Find(TableId("emb"), TableType::kSparse))->sparse;
+  int64_t fresh = 1001;
+  while (placement::IdServer(fresh, 2) != 0) ++fresh;
+  const RowIndex x = s.FindOrCreate(fresh);  // a pull made it; no push yet
+  ASSERT_EQ(s.steps(x), 0);
+  Save(8);
+  auto ckpt = ReadCheckpoint(dir_.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const auto& rows = ckpt->tables.at(TableId("emb")).rows;
+  EXPECT_EQ(rows.count(fresh), 0u);
+  EXPECT_EQ(rows.size(), before_.rows.size()) << "every updated row is saved";
+}
 
 TEST_F(CheckpointTest, RestoresBitwiseIntoOneThreeAndTwoServers) {
   Save(7);

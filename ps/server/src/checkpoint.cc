@@ -365,7 +365,12 @@ ShardImage SnapshotShard(const TableRegistry& tables) {
     const SparseShard& s = *t.sparse;
     std::vector<std::pair<int64_t, RowIndex>> rows;
     rows.reserve(s.size());
-    s.ForEachRow([&](int64_t id, RowIndex r) { rows.emplace_back(id, r); });
+    // Rows never updated are left out: they hold their initial values, which a pull makes again
+    // bit for bit. So a sync checkpoint of step t holds the same rows whichever workers had
+    // pulled step t's new ids (creating them) when it was taken.
+    s.ForEachRow([&](int64_t id, RowIndex r) {
+      if (s.steps(r) > 0) rows.emplace_back(id, r);
+    });
     std::sort(rows.begin(), rows.end());  // the same rows give the same file
     const size_t row_bytes = static_cast<size_t>(s.row_floats()) * sizeof(float);
     for (size_t b = 0; b < rows.size() || b == 0; b += kRowsPerBlock) {

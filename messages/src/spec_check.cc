@@ -49,7 +49,8 @@ constexpr bool Agrees(ferry::OptimizerType c) {
     case ferry::OptimizerType::kSgd: return Same(c, OptimizerType::SGD);
     case ferry::OptimizerType::kMomentum: return Same(c, OptimizerType::Momentum);
     case ferry::OptimizerType::kAdagrad: return Same(c, OptimizerType::Adagrad);
-    case ferry::OptimizerType::kAdam: return Same(c, OptimizerType::Adam) && Same(c, OptimizerType::MAX);
+    case ferry::OptimizerType::kAdam: return Same(c, OptimizerType::Adam);
+    case ferry::OptimizerType::kFtrl: return Same(c, OptimizerType::FTRL) && Same(c, OptimizerType::MAX);
   }
   return false;
 }
@@ -89,7 +90,8 @@ static_assert(SameUnderlying<ferry::OptimizerType, OptimizerType>);
 static_assert(Agrees(ferry::OptimizerType::kSgd));
 static_assert(Agrees(ferry::OptimizerType::kMomentum));
 static_assert(Agrees(ferry::OptimizerType::kAdagrad));
-static_assert(Agrees(ferry::OptimizerType::kAdam), "OptimizerType: the schema's last value differs");
+static_assert(Agrees(ferry::OptimizerType::kAdam));
+static_assert(Agrees(ferry::OptimizerType::kFtrl), "OptimizerType: the schema's last value differs");
 
 static_assert(SameUnderlying<ferry::Consistency, ConsistencyType>);
 static_assert(Agrees(ferry::Consistency::kSync));
@@ -144,10 +146,10 @@ constexpr std::size_t AggregateFieldCount() {
 template <typename T>
 using Offset = flatbuffers::Offset<T>;
 
-// OptimizerSpec: schema ids 0..7.
+// OptimizerSpec: schema ids 0..10.
 constexpr auto kCreateOptimizer = &CreateOptimizerSpec;
 static_assert(std::is_aggregate_v<ferry::OptimizerSpec>);
-static_assert(kSchemaFields<kCreateOptimizer> == 8, "OptimizerSpec in ferry.fbs changed: update this file");
+static_assert(kSchemaFields<kCreateOptimizer> == 11, "OptimizerSpec in ferry.fbs changed: update this file");
 static_assert(AggregateFieldCount<ferry::OptimizerSpec>() == kSchemaFields<kCreateOptimizer>,
               "ferry::OptimizerSpec and the schema's OptimizerSpec have different field counts");
 using O = ferry::OptimizerSpec;
@@ -159,7 +161,10 @@ static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 4>, decltype(O::beta2
 static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 5>, decltype(O::epsilon)>);
 static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 6>, decltype(O::initial_accumulator)>);
 static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 7>, decltype(O::nesterov)>);
-static_assert(OptimizerSpec::VT_NESTEROV == 4 + 2 * 7, "schema OptimizerSpec ids are not 0..7");
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 8>, decltype(O::l1)>);
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 9>, decltype(O::l2)>);
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 10>, decltype(O::beta)>);
+static_assert(OptimizerSpec::VT_BETA == 4 + 2 * 10, "schema OptimizerSpec ids are not 0..10");
 
 // TableSpec: schema ids 0..12.
 constexpr auto kCreateTable = &CreateTableSpec;

@@ -227,7 +227,7 @@ flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& 
   auto shape = fbb.CreateVector(s.shape);
   const auto& o = s.optimizer;
   auto opt = CreateOptimizerSpec(fbb, static_cast<OptimizerType>(o.type), o.learning_rate, o.momentum, o.beta1,
-                                 o.beta2, o.epsilon, o.initial_accumulator, o.nesterov);
+                                 o.beta2, o.epsilon, o.initial_accumulator, o.nesterov, o.l1, o.l2, o.beta);
   return CreateTableSpec(fbb, name, static_cast<TableType>(s.type), shape, s.dim, s.chunk_elems, opt,
                          static_cast<ConsistencyType>(s.consistency), s.staleness, s.replicas_to_aggregate,
                          static_cast<InitType>(s.init), s.init_scale, s.seed, static_cast<NonFinite>(s.nonfinite));
@@ -251,6 +251,9 @@ Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
     s.optimizer.epsilon = o->epsilon();
     s.optimizer.initial_accumulator = o->initial_accumulator();
     s.optimizer.nesterov = o->nesterov();
+    s.optimizer.l1 = o->l1();
+    s.optimizer.l2 = o->l2();
+    s.optimizer.beta = o->beta();
   }
   s.consistency = static_cast<ferry::Consistency>(in->consistency());
   s.staleness = in->staleness();

@@ -82,6 +82,27 @@ class PythonModuleTest(unittest.TestCase):
         self.assertTrue(np.array_equal(finals[0], finals[1]))
         self.assertLess(float(np.max(np.abs(finals[0] - w_true))), 0.1, (finals[0], w_true))
 
+    def test_ftrl_rows_follow_the_closed_form(self):
+        # FTRL-Proximal on the server (alpha = lr = 1, beta = 1, l1 = 1, l2 = 0.5, n from 0), rows
+        # from zeros: a gradient of 3 gives n = 9, z = 3 and w = -(3 - 1) / ((1 + 3) / 1 + 0.5)
+        # = -4/9; one of 0.5 leaves |z| <= l1, so w stays 0 (the L1 sparsity FTRL is used for).
+        with Servers(1) as s:
+            with ferry.Client(s.endpoints) as c:
+                c.declare_sparse("ctr", 1, optimizer="ftrl", lr=1.0,
+                                 options={"l1": 1.0, "l2": 0.5, "beta": 1.0, "initial_accumulator": 0.0})
+                ids = np.array([11, 12], np.int64)
+                c.push_sparse("ctr", ids, np.array([[3.0], [0.5]], np.float32)).wait()
+                rows = c.pull_sparse("ctr", ids).wait()
+                self.assertAlmostEqual(float(rows[0, 0]), -4.0 / 9.0, places=6)
+                self.assertEqual(float(rows[1, 0]), 0.0)
+                with self.assertRaises(ferry.Error) as e:
+                    c.declare_sparse("bad", 1, optimizer="ftrl", options={"l1": -1.0})
+                self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+                self.assertIn("l1", str(e.exception))
+                with self.assertRaises(ferry.Error) as e:
+                    c.declare_sparse("bad", 1, options={"bogus": 1.0})
+                self.assertIn("unknown key 'bogus'", str(e.exception))
+
     def test_errors_carry_the_servers_text_and_code(self):
         with Servers(1) as s:
             with ferry.Client(s.endpoints) as c:

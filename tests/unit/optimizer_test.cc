@@ -105,3 +105,57 @@ TEST(Optimizer, SubRangesWithStrideEqualOneWholeUpdate) {
 
 }  // namespace
 }  // namespace ferry::ps
+
+namespace ferry::ps {
+namespace {
+
+// FTRL-Proximal (optimizer.h). alpha = 1, beta = 1, l1 = 1, l2 = 0.5, n from 0.
+TEST(Optimizer, FtrlFollowsTheClosedFormAndL1ZeroesSmallWeights) {
+  auto o = Spec(OptimizerType::kFtrl, 1.0f);
+  o.l1 = 1.0f;
+  o.l2 = 0.5f;
+  o.beta = 1.0f;
+  o.initial_accumulator = 0.0f;
+  EXPECT_EQ(StateSlots(OptimizerType::kFtrl), 2);
+  std::vector<float> p = {0.0f, 0.0f}, state(4, -1.0f);
+  InitState(o, state.data(), 2);
+  EXPECT_EQ(state, (std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f}));  // z = 0, n = initial_accumulator
+  std::vector<float> g = {3.0f, 0.5f};
+  ApplyUpdate(o, p.data(), g.data(), state.data(), 2, 2, 1);
+  // Element 0: n = 9, sigma = (3 - 0) / 1 = 3, z = 3 - 3 * 0 = 3 > l1:
+  //   p = -(3 - 1) / ((1 + 3) / 1 + 0.5) = -4/9.
+  EXPECT_FLOAT_EQ(state[0], 3.0f);
+  EXPECT_FLOAT_EQ(state[2], 9.0f);
+  EXPECT_FLOAT_EQ(p[0], -4.0f / 9.0f);
+  // Element 1: n = 0.25, z = 0.5 - 0.5 * 0 = 0.5 <= l1: p = 0 (L1 keeps it at zero).
+  EXPECT_FLOAT_EQ(state[1], 0.5f);
+  EXPECT_EQ(p[1], 0.0f);
+  g = {-4.0f, 0.0f};
+  ApplyUpdate(o, p.data(), g.data(), state.data(), 2, 2, 2);
+  // Element 0: n = 25, sigma = (5 - 3) / 1 = 2, z = 3 - 4 - 2 * (-4/9) = -1/9, |z| <= l1: p = 0.
+  EXPECT_FLOAT_EQ(state[2], 25.0f);
+  EXPECT_NEAR(state[0], -1.0f / 9.0f, 1e-6f);
+  EXPECT_EQ(p[0], 0.0f);
+  // A zero gradient changes nothing.
+  EXPECT_FLOAT_EQ(state[1], 0.5f);
+  EXPECT_EQ(p[1], 0.0f);
+}
+
+// With n from initial_accumulator, alpha = 2, beta = 0 and no regularisation, from p = 1:
+// n = 4 + 4 = 8, sigma = (sqrt 8 - 2) / 2 = sqrt 2 - 1, z = 2 - (sqrt 2 - 1) = 3 - sqrt 2,
+// p = -(3 - sqrt 2) / (sqrt 8 / 2) = 1 - 3 / sqrt 2.
+TEST(Optimizer, FtrlStartsFromTheInitialAccumulatorAndTheCurrentWeight) {
+  auto o = Spec(OptimizerType::kFtrl, 2.0f);
+  o.beta = 0.0f;
+  o.initial_accumulator = 4.0f;
+  std::vector<float> p = {1.0f}, g = {2.0f}, state(2);
+  InitState(o, state.data(), 1);
+  EXPECT_EQ(state, (std::vector<float>{0.0f, 4.0f}));
+  ApplyUpdate(o, p.data(), g.data(), state.data(), 1, 1, 1);
+  EXPECT_FLOAT_EQ(state[1], 8.0f);
+  EXPECT_NEAR(state[0], 3.0f - std::sqrt(2.0f), 1e-6f);
+  EXPECT_NEAR(p[0], 1.0f - 3.0f / std::sqrt(2.0f), 1e-6f);
+}
+
+}  // namespace
+}  // namespace ferry::ps

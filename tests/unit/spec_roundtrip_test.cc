@@ -30,6 +30,9 @@ TableSpec DenseWithEveryField() {
   s.optimizer.beta2 = 0.75f;
   s.optimizer.epsilon = 0.25f;
   s.optimizer.initial_accumulator = 0.625f;
+  s.optimizer.l1 = 1.5f;
+  s.optimizer.l2 = 0.875f;
+  s.optimizer.beta = 3.0f;
   s.consistency = Consistency::kSync;
   s.replicas_to_aggregate = 3;
   s.init = InitType::kConstant;
@@ -44,7 +47,7 @@ TableSpec SparseWithEveryField() {
   s.type = TableType::kSparse;
   s.dim = 9;
   s.chunk_elems = 13;
-  s.optimizer.type = OptimizerType::kMomentum;
+  s.optimizer.type = OptimizerType::kFtrl;
   s.optimizer.learning_rate = 0.5f;
   s.optimizer.momentum = 0.25f;
   s.optimizer.nesterov = true;
@@ -84,6 +87,9 @@ void ExpectSameFields(const TableSpec& back, const TableSpec& spec) {
   EXPECT_EQ(back.optimizer.beta2, spec.optimizer.beta2);
   EXPECT_EQ(back.optimizer.epsilon, spec.optimizer.epsilon);
   EXPECT_EQ(back.optimizer.initial_accumulator, spec.optimizer.initial_accumulator);
+  EXPECT_EQ(back.optimizer.l1, spec.optimizer.l1);
+  EXPECT_EQ(back.optimizer.l2, spec.optimizer.l2);
+  EXPECT_EQ(back.optimizer.beta, spec.optimizer.beta);
   EXPECT_EQ(back.consistency, spec.consistency);
   EXPECT_EQ(back.staleness, spec.staleness);
   EXPECT_EQ(back.replicas_to_aggregate, spec.replicas_to_aggregate);
@@ -141,6 +147,9 @@ TEST(SpecRoundTrip, FixturesLeaveNoFieldAtADefault) {
                       wo->epsilon(), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.optimizer.initial_accumulator; },
                       cpp.optimizer.initial_accumulator, wo->initial_accumulator(), a, b));
+  EXPECT_TRUE(covered([](const TableSpec& t) { return t.optimizer.l1; }, cpp.optimizer.l1, wo->l1(), a, b));
+  EXPECT_TRUE(covered([](const TableSpec& t) { return t.optimizer.l2; }, cpp.optimizer.l2, wo->l2(), a, b));
+  EXPECT_TRUE(covered([](const TableSpec& t) { return t.optimizer.beta; }, cpp.optimizer.beta, wo->beta(), a, b));
   EXPECT_TRUE(covered([&](const TableSpec& t) { return u8(t.consistency); }, u8(cpp.consistency),
                       u8(w->consistency()), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.staleness; }, cpp.staleness, w->staleness(), a, b));

@@ -103,7 +103,7 @@ cluster:   --servers tcp://h:p,tcp://h:p  --rank R  --num-workers M     (or --lo
            without these flags, from TF_CONFIG if set (ps = servers; chief, then workers = ranks)
 device:    --device cuda|cpu|auto (auto)  --gpu N (0)
 model:     --model mlp|ctr (mlp)  --hidden 256,128  --seed S (1)  --emb-dim E (16, ctr)
-optimizer: --optimizer sgd|momentum|adagrad|adam (sgd)  --lr X (0.1)
+optimizer: --optimizer sgd|momentum|adagrad|adam|ftrl (sgd)  --lr X (0.1)
            --consistency sync|async|ssp:S (sync)  --backup-workers K (0, sync)
            --accumulate k (1: push every micro-batch of --batch)
            --blas-threads N (0: OpenBLAS's own; CPU GEMM threads, recorded: results repeat for one N)

@@ -47,13 +47,21 @@ Status TableSpec::Validate() const {
     return bad("unknown table type");
   }
   const auto& o = optimizer;
-  if (static_cast<uint8_t>(o.type) > static_cast<uint8_t>(OptimizerType::kAdam)) return bad("unknown optimizer");
+  if (static_cast<uint8_t>(o.type) > static_cast<uint8_t>(OptimizerType::kFtrl)) return bad("unknown optimizer");
   if (!(o.learning_rate >= 0.0f) || !std::isfinite(o.learning_rate)) return bad("learning_rate must be finite and >= 0");
   if (!(o.epsilon >= 0.0f)) return bad("epsilon must be >= 0");
   if (o.type == OptimizerType::kAdam && !(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
     return bad("adam betas must be in [0, 1)");
   if (o.type == OptimizerType::kAdagrad && !(o.initial_accumulator > 0.0f) && !(o.epsilon > 0.0f))
     return bad("adagrad needs initial_accumulator > 0 or epsilon > 0");
+  if (o.type == OptimizerType::kFtrl) {
+    if (!(o.learning_rate > 0.0f)) return bad("ftrl needs learning_rate (alpha) > 0");
+    if (!(o.l1 >= 0.0f) || !std::isfinite(o.l1) || !(o.l2 >= 0.0f) || !std::isfinite(o.l2))
+      return bad("ftrl l1 and l2 must be finite and >= 0");
+    if (!(o.beta >= 0.0f) || !std::isfinite(o.beta)) return bad("ftrl beta must be finite and >= 0");
+    if (!(o.initial_accumulator >= 0.0f) || !std::isfinite(o.initial_accumulator))
+      return bad("ftrl initial_accumulator must be finite and >= 0");
+  }
   if (static_cast<uint8_t>(consistency) > static_cast<uint8_t>(Consistency::kSsp)) return bad("unknown consistency");
   if (staleness < 0) return bad("staleness must be >= 0");
   if (consistency != Consistency::kSsp && staleness != 0) return bad("staleness is only for ssp tables");
@@ -85,6 +93,7 @@ std::string_view OptimizerName(OptimizerType t) {
     case OptimizerType::kMomentum: return "momentum";
     case OptimizerType::kAdagrad: return "adagrad";
     case OptimizerType::kAdam: return "adam";
+    case OptimizerType::kFtrl: return "ftrl";
   }
   return "?";
 }
@@ -121,6 +130,10 @@ std::string TableSpec::ToString() const {
     case OptimizerType::kAdam:
       os << " beta1=" << optimizer.beta1 << " beta2=" << optimizer.beta2 << " eps=" << optimizer.epsilon;
       break;
+    case OptimizerType::kFtrl:
+      os << " l1=" << optimizer.l1 << " l2=" << optimizer.l2 << " beta=" << optimizer.beta
+         << " initial_accumulator=" << optimizer.initial_accumulator;
+      break;
   }
   os << ") consistency=" << ConsistencyName(consistency);
   if (consistency == Consistency::kSsp) os << ":" << staleness;
@@ -156,10 +169,11 @@ Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t
 }
 
 Status ParseOptimizerType(std::string_view text, OptimizerType* type) {
-  for (auto t : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdagrad, OptimizerType::kAdam}) {
+  for (auto t : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdagrad, OptimizerType::kAdam,
+                 OptimizerType::kFtrl}) {
     if (text == OptimizerName(t)) { *type = t; return Status::Ok(); }
   }
-  return InvalidArgumentError("optimizer '" + std::string(text) + "' is not one of: sgd, momentum, adagrad, adam");
+  return InvalidArgumentError("optimizer '" + std::string(text) + "' is not one of: sgd, momentum, adagrad, adam, ftrl");
 }
 
 Status ParseInitType(std::string_view text, InitType* type) {
@@ -176,6 +190,55 @@ uint64_t TableId(std::string_view name) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+}  // namespace ferry
+
+namespace ferry {
+
+Status SetSpecOption(TableSpec* spec, std::string_view k, double value) {
+  auto invalid = [&](const std::string& why) { return InvalidArgumentError(std::string(k) + " " + why); };
+  if (!std::isfinite(value)) return invalid("must be finite");
+  auto whole = [&](int64_t lo, int64_t hi) {
+    return value == std::floor(value) && value >= static_cast<double>(lo) && value <= static_cast<double>(hi);
+  };
+  TableSpec& s = *spec;
+  OptimizerSpec& o = s.optimizer;
+  const float f = static_cast<float>(value);
+  if (k == "momentum") {
+    o.momentum = f;
+  } else if (k == "nesterov") {
+    if (value != 0 && value != 1) return invalid("must be 0 or 1");
+    o.nesterov = value == 1;
+  } else if (k == "beta1") {
+    o.beta1 = f;
+  } else if (k == "beta2") {
+    o.beta2 = f;
+  } else if (k == "epsilon") {
+    o.epsilon = f;
+  } else if (k == "initial_accumulator") {
+    o.initial_accumulator = f;
+  } else if (k == "l1") {
+    o.l1 = f;
+  } else if (k == "l2") {
+    o.l2 = f;
+  } else if (k == "beta") {
+    o.beta = f;
+  } else if (k == "chunk_elems") {
+    if (!whole(1, int64_t{1} << 40)) return invalid("must be a whole number >= 1");
+    s.chunk_elems = static_cast<int64_t>(value);
+  } else if (k == "skip_nonfinite_rows") {
+    if (!whole(0, 1)) return invalid("must be 0 or 1");
+    s.nonfinite = value != 0 ? NonFinite::kSkipRows : NonFinite::kRefuse;
+  } else if (k == "replicas_to_aggregate") {
+    if (!whole(0, 65536)) return invalid("must be a whole number in [0, 65536]");
+    s.replicas_to_aggregate = static_cast<int32_t>(value);
+  } else {
+    return InvalidArgumentError("unknown key '" + std::string(k) +
+                                "' (known: momentum, nesterov, beta1, beta2, epsilon, initial_accumulator, l1, l2, beta, "
+                                "chunk_elems, replicas_to_aggregate, skip_nonfinite_rows)");
+  }
+  return Status::Ok();
 }
 
 }  // namespace ferry

@@ -109,7 +109,8 @@ class PyHandle {
 };
 
 ferry::TableSpec Spec(const std::string& name, const std::string& optimizer, float lr, const std::string& consistency,
-                      const std::string& init, float init_scale, uint64_t seed, int replicas_to_aggregate) {
+                      const std::string& init, float init_scale, uint64_t seed, int replicas_to_aggregate,
+                      const std::map<std::string, double>& options) {
   ferry::TableSpec s;
   s.name = name;
   Check(ferry::ParseOptimizerType(optimizer, &s.optimizer.type));
@@ -119,6 +120,7 @@ ferry::TableSpec Spec(const std::string& name, const std::string& optimizer, flo
   s.init_scale = init_scale;
   s.seed = seed;
   s.replicas_to_aggregate = replicas_to_aggregate;
+  for (const auto& [key, value] : options) Check(ferry::SetSpecOption(&s, key, value).WithContext("options"));
   return s;
 }
 
@@ -167,8 +169,8 @@ class PyClient {
 
   void DeclareDense(const std::string& name, std::vector<int64_t> shape, const std::string& optimizer, float lr,
                     const std::string& consistency, const std::string& init, float init_scale, uint64_t seed,
-                    int replicas_to_aggregate) {
-    ferry::TableSpec s = Spec(name, optimizer, lr, consistency, init, init_scale, seed, replicas_to_aggregate);
+                    int replicas_to_aggregate, const std::map<std::string, double>& options) {
+    ferry::TableSpec s = Spec(name, optimizer, lr, consistency, init, init_scale, seed, replicas_to_aggregate, options);
     s.type = ferry::TableType::kDense;
     s.shape = std::move(shape);
     Declare(s);
@@ -176,8 +178,8 @@ class PyClient {
 
   void DeclareSparse(const std::string& name, int64_t dim, const std::string& optimizer, float lr,
                      const std::string& consistency, const std::string& init, float init_scale, uint64_t seed,
-                     int replicas_to_aggregate, bool skip_nonfinite_rows) {
-    ferry::TableSpec s = Spec(name, optimizer, lr, consistency, init, init_scale, seed, replicas_to_aggregate);
+                     int replicas_to_aggregate, bool skip_nonfinite_rows, const std::map<std::string, double>& options) {
+    ferry::TableSpec s = Spec(name, optimizer, lr, consistency, init, init_scale, seed, replicas_to_aggregate, options);
     s.type = ferry::TableType::kSparse;
     s.dim = dim;
     s.nonfinite = skip_nonfinite_rows ? ferry::NonFinite::kSkipRows : ferry::NonFinite::kRefuse;
@@ -360,8 +362,10 @@ PYBIND11_MODULE(ferry, m) {
       .def("done", &PyHandle::Done)
       .def_property_readonly("version", &PyHandle::Version, "The lowest table version served (sync pull: the step).");
 
-  const char* opt_doc = "optimizer: sgd, momentum, adagrad or adam; consistency: sync, async or ssp:S; "
-                        "init: zeros, uniform, normal or constant (with init_scale)";
+  const char* opt_doc = "optimizer: sgd, momentum, adagrad, adam or ftrl (lr is its alpha); consistency: sync, async "
+                        "or ssp:S; init: zeros, uniform, normal or constant (with init_scale); options: the "
+                        "optimizer's other hyperparameters by name (momentum, nesterov, beta1, beta2, epsilon, "
+                        "initial_accumulator, l1, l2, beta) and chunk_elems";
   py::class_<PyClient>(m, "Client")
       .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>>(),
            py::arg("servers"), py::arg("rank") = 0, py::arg("num_workers") = 1, py::arg("request_timeout") = 360.0,
@@ -377,11 +381,12 @@ PYBIND11_MODULE(ferry, m) {
       .def("declare_dense", &PyClient::DeclareDense, py::arg("name"), py::arg("shape"), py::kw_only(),
            py::arg("optimizer") = "sgd", py::arg("lr") = 0.01f, py::arg("consistency") = "async",
            py::arg("init") = "zeros", py::arg("init_scale") = 0.0f, py::arg("seed") = 0,
-           py::arg("replicas_to_aggregate") = 0, opt_doc)
+           py::arg("replicas_to_aggregate") = 0, py::arg("options") = std::map<std::string, double>(), opt_doc)
       .def("declare_sparse", &PyClient::DeclareSparse, py::arg("name"), py::arg("dim"), py::kw_only(),
            py::arg("optimizer") = "sgd", py::arg("lr") = 0.01f, py::arg("consistency") = "async",
            py::arg("init") = "zeros", py::arg("init_scale") = 0.0f, py::arg("seed") = 0,
-           py::arg("replicas_to_aggregate") = 0, py::arg("skip_nonfinite_rows") = false, opt_doc)
+           py::arg("replicas_to_aggregate") = 0, py::arg("skip_nonfinite_rows") = false,
+           py::arg("options") = std::map<std::string, double>(), opt_doc)
       .def("pull_dense", &PyClient::PullDense, py::arg("table"), py::arg("out"), py::arg("step") = 0)
       .def("push_dense", &PyClient::PushDense, py::arg("table"), py::arg("grad"), py::arg("step") = 0)
       .def("push_pull_dense", &PyClient::PushPullDense, py::arg("table"), py::arg("grad"), py::arg("out"),

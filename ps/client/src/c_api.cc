@@ -176,40 +176,7 @@ ferry_code ferry_spec_set(ferry_table_spec* spec, const char* key, double value)
   return Guard("ferry_spec_set", [&] {
     ferry_code code;
     if (Null(spec, "ferry_spec_set", "spec", &code) || Null(key, "ferry_spec_set", "key", &code)) return code;
-    const std::string_view k = key;
-    if (!std::isfinite(value)) return Invalid("ferry_spec_set: " + std::string(k) + " must be finite");
-    auto whole = [&](int64_t lo, int64_t hi) {
-      return value == std::floor(value) && value >= static_cast<double>(lo) && value <= static_cast<double>(hi);
-    };
-    ferry::TableSpec& s = spec->spec;
-    if (k == "momentum") {
-      s.optimizer.momentum = static_cast<float>(value);
-    } else if (k == "nesterov") {
-      if (value != 0 && value != 1) return Invalid("ferry_spec_set: nesterov must be 0 or 1");
-      s.optimizer.nesterov = value == 1;
-    } else if (k == "beta1") {
-      s.optimizer.beta1 = static_cast<float>(value);
-    } else if (k == "beta2") {
-      s.optimizer.beta2 = static_cast<float>(value);
-    } else if (k == "epsilon") {
-      s.optimizer.epsilon = static_cast<float>(value);
-    } else if (k == "initial_accumulator") {
-      s.optimizer.initial_accumulator = static_cast<float>(value);
-    } else if (k == "chunk_elems") {
-      if (!whole(1, int64_t{1} << 40)) return Invalid("ferry_spec_set: chunk_elems must be a whole number >= 1");
-      s.chunk_elems = static_cast<int64_t>(value);
-    } else if (k == "skip_nonfinite_rows") {
-      if (!whole(0, 1)) return Invalid("ferry_spec_set: skip_nonfinite_rows must be 0 or 1");
-      s.nonfinite = value != 0 ? ferry::NonFinite::kSkipRows : ferry::NonFinite::kRefuse;
-    } else if (k == "replicas_to_aggregate") {
-      if (!whole(0, 65536)) return Invalid("ferry_spec_set: replicas_to_aggregate must be a whole number in [0, 65536]");
-      s.replicas_to_aggregate = static_cast<int32_t>(value);
-    } else {
-      return Invalid("ferry_spec_set: unknown key '" + std::string(k) +
-                     "' (known: momentum, nesterov, beta1, beta2, epsilon, initial_accumulator, chunk_elems, "
-                     "replicas_to_aggregate, skip_nonfinite_rows)");
-    }
-    return Done(ferry::Status::Ok());
+    return Done(ferry::SetSpecOption(&spec->spec, key, value).WithContext("ferry_spec_set"));
   });
 }
 

@@ -15,7 +15,7 @@
 namespace ferry {
 
 enum class TableType : uint8_t { kDense = 0, kSparse = 1 };
-enum class OptimizerType : uint8_t { kSgd = 0, kMomentum = 1, kAdagrad = 2, kAdam = 3 };
+enum class OptimizerType : uint8_t { kSgd = 0, kMomentum = 1, kAdagrad = 2, kAdam = 3, kFtrl = 4 };
 enum class Consistency : uint8_t { kSync = 0, kAsync = 1, kSsp = 2 };
 enum class InitType : uint8_t { kZeros = 0, kUniform = 1, kNormal = 2, kConstant = 3 };
 // What a server does with a pushed gradient that holds NaN or Inf.
@@ -33,7 +33,12 @@ struct OptimizerSpec {
   float beta1 = 0.9f;                // kAdam
   float beta2 = 0.999f;              // kAdam
   float epsilon = 1e-8f;             // kAdagrad, kAdam
-  float initial_accumulator = 0.1f;  // kAdagrad: accumulator starts here
+  float initial_accumulator = 0.1f;  // kAdagrad, kFtrl: accumulator (FTRL's n) starts here
+  // kFtrl (FTRL-Proximal; learning_rate is its alpha): L1 and L2 regularisation strengths, and
+  // beta, added to sqrt(n) in the per-coordinate learning rate alpha / (beta + sqrt(n)).
+  float l1 = 0.0f;
+  float l2 = 0.0f;
+  float beta = 1.0f;
 
   friend bool operator==(const OptimizerSpec&, const OptimizerSpec&) = default;
 };
@@ -68,8 +73,12 @@ struct TableSpec {
 
 // Parses "sync", "async" or "ssp:<s>" into consistency + staleness.
 Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t* staleness);
-// Parses "sgd", "momentum", "adagrad" or "adam".
+// Parses "sgd", "momentum", "adagrad", "adam" or "ftrl".
 Status ParseOptimizerType(std::string_view text, OptimizerType* type);
+// Sets one of the spec's numeric options by name: "momentum", "nesterov" (0 or 1), "beta1",
+// "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta" (ftrl), "chunk_elems",
+// "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1). For the C and Python APIs.
+Status SetSpecOption(TableSpec* spec, std::string_view key, double value);
 // Parses "refuse" or "skip_rows".
 Status ParseNonFinite(std::string_view text, NonFinite* out);
 // Parses "zeros", "uniform", "normal" or "constant".

@@ -61,14 +61,14 @@ ferry_code ferry_spec_new(const char* name, ferry_table_spec** out);
 void ferry_spec_free(ferry_table_spec* spec);
 ferry_code ferry_spec_set_dense(ferry_table_spec* spec, const int64_t* shape, size_t ndim);
 ferry_code ferry_spec_set_sparse(ferry_table_spec* spec, int64_t dim);
-/* type: "sgd", "momentum", "adagrad" or "adam". */
+/* type: "sgd", "momentum", "adagrad", "adam" or "ftrl" (FTRL-Proximal; learning_rate is its alpha). */
 ferry_code ferry_spec_set_optimizer(ferry_table_spec* spec, const char* type, float learning_rate);
 /* consistency: "sync", "async" or "ssp:S". */
 ferry_code ferry_spec_set_consistency(ferry_table_spec* spec, const char* consistency);
 /* init: "zeros", "uniform" ([-scale, scale)), "normal" (stddev scale) or "constant" (scale). */
 ferry_code ferry_spec_set_init(ferry_table_spec* spec, const char* init, float scale, uint64_t seed);
 /* One of: "momentum", "nesterov" (0 or 1), "beta1", "beta2", "epsilon", "initial_accumulator",
- * "chunk_elems", "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1, sparse tables: a pushed
+ * "l1", "l2", "beta" (ftrl), "chunk_elems", "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1, sparse tables: a pushed
  * row holding NaN or Inf is dropped instead of the whole push being refused). */
 ferry_code ferry_spec_set(ferry_table_spec* spec, const char* key, double value);
 

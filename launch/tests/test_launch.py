@@ -574,7 +574,14 @@ class RecoveryTest(unittest.TestCase):
         self.assertNotIn("stopping ps 0, ps 1, worker", out)  # the others went on
         self.assertIn("recovery summary: 1 restart of at most 3 (1 after a worker died, 0 after "
                       "a server died); steps lost: 0; recovery time", out)
-        self.assertEqual(final_eval(out), want, out)
+        # Usually bitwise the run without the death; but a kill that lands while the push of a
+        # step had reached one server and not the other changes that one step's gradient on the
+        # second (PROTOCOL.md, "Known hole"): 0.5309 and 0.5317 against 0.5314 seen under load.
+        # Within a step's difference, then: a restart that lost or repeated steps is far more.
+        got = final_eval(out)
+        self.assertIsNotNone(got, out)
+        self.assertAlmostEqual(float(got[0]), float(want[0]), delta=0.002, msg=out)
+        self.assertAlmostEqual(float(got[1]), float(want[1]), delta=0.005, msg=out)
         with open(os.path.join(self.dir, "logs", "worker-0.log")) as f:
             log = f.read()  # both runs of worker 0
         self.assertIn("ferry-launch: restart 1: worker 0 starts again: ", log)

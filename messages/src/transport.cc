@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
@@ -180,6 +181,27 @@ std::string LastEndpoint(zmq::socket_t& socket) {
   } catch (const zmq::error_t&) {
     return "?";
   }
+}
+
+StatusOr<zmq::socket_t> Watch(zmq::context_t& ctx, zmq::socket_t& socket, int events) {
+  FERRY_ASSIGN_OR_RETURN(zmq::socket_t monitor, MakeSocket(ctx, zmq::socket_type::pair));
+  static std::atomic<uint64_t> next{0};
+  const std::string at = "inproc://ferry-monitor-" + std::to_string(next.fetch_add(1));
+  try {
+    if (zmq_socket_monitor(socket.handle(), at.c_str(), events) != 0) throw zmq::error_t();
+    monitor.connect(at);
+  } catch (const zmq::error_t& e) {
+    return FromZmq(e, "watching a socket");
+  }
+  return monitor;
+}
+
+std::optional<MonitorEvent> ReadMonitorEvent(const Frames& frames) {
+  MonitorEvent e;
+  if (frames.empty() || frames[0].size() < sizeof e.event + sizeof e.value) return std::nullopt;
+  std::memcpy(&e.event, frames[0].data(), sizeof e.event);
+  std::memcpy(&e.value, frames[0].data<char>() + sizeof e.event, sizeof e.value);
+  return e;
 }
 
 }  // namespace ferry::transport

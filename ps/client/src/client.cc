@@ -685,10 +685,6 @@ class ClientImpl final : public Client {
   Status OpenSocket(int s) {
     FERRY_ASSIGN_OR_RETURN(zmq::socket_t sock,
                            transport::MakeSocket(transport::Zmq(*context_), zmq::socket_type::dealer, 100000));
-    FERRY_ASSIGN_OR_RETURN(zmq::socket_t monitor, transport::MakeSocket(transport::Zmq(*context_), zmq::socket_type::pair));
-    // Unique in the process: clients share contexts, and a closed monitor's name may linger.
-    static std::atomic<uint64_t> next_monitor{0};
-    const std::string monitor_at = "inproc://ferry-client-monitor-" + std::to_string(next_monitor.fetch_add(1));
     try {
       if (const auto t = options_.heartbeat_timeout.count(); t > 0) {
         sock.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(std::max<int64_t>(t / 4, 1)));
@@ -705,14 +701,16 @@ class ClientImpl final : public Client {
           throw zmq::error_t();
         }
       }
-      // Handshake failures too: a server that refuses this client's key (or speaks another
-      // mechanism) would otherwise look like one that never answers.
-      const int events = ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
-      if (zmq_socket_monitor(sock.handle(), monitor_at.c_str(), events) != 0) throw zmq::error_t();
-      monitor.connect(monitor_at);
     } catch (const zmq::error_t& e) {
-      return InternalError("cannot watch the connection to " + ServerName(s) + ": " + e.what());
+      return InternalError("cannot set up the connection to " + ServerName(s) + ": " + e.what());
+    }
+    // Handshake failures too: a server that refuses this client's key (or speaks another
+    // mechanism) would otherwise look like one that never answers.
+    auto monitor = transport::Watch(transport::Zmq(*context_), sock,
+                                    ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                        ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+    if (!monitor.ok()) {
+      return InternalError("cannot watch the connection to " + ServerName(s) + ": " + monitor.status().message());
     }
     try {
       sock.connect(options_.servers[static_cast<size_t>(s)]);
@@ -720,7 +718,7 @@ class ClientImpl final : public Client {
       return InvalidArgumentError("cannot connect to " + ServerName(s) + ": " + e.what());
     }
     // The old monitor first: the old socket's last events go nowhere.
-    monitors_[static_cast<size_t>(s)] = std::move(monitor);
+    monitors_[static_cast<size_t>(s)] = std::move(*monitor);
     sockets_[static_cast<size_t>(s)] = std::move(sock);
     handshaken_[static_cast<size_t>(s)] = false;
     return Status::Ok();
@@ -869,11 +867,10 @@ class ClientImpl final : public Client {
   // The monitor of server `s`'s socket reported an event: [u16 event, u32 value][endpoint].
   // True when it failed the server (and rebuilt its socket and monitor).
   bool OnMonitorEvent(int s, Frames& frames) {
-    if (frames.empty() || frames[0].size() < sizeof(uint16_t)) return false;
-    uint16_t event = 0;
-    std::memcpy(&event, frames[0].data(), sizeof event);
-    uint32_t value = 0;
-    if (frames[0].size() >= sizeof event + sizeof value) std::memcpy(&value, frames[0].data<char>() + sizeof event, sizeof value);
+    const auto e = transport::ReadMonitorEvent(frames);
+    if (!e) return false;
+    const uint16_t event = e->event;
+    const uint32_t value = e->value;
     if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
       const std::string why =
           event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH

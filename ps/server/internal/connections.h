@@ -16,9 +16,12 @@
 //    worker that is alive; with CURVE the key already binds the rank.
 //
 // Connections are keyed by their file descriptor, as ZeroMQ gives it in the monitor's ACCEPTED
-// and DISCONNECTED events and on every received frame (ZMQ_SRCFD). The caller reads the monitor
-// dry before each message it handles: ZeroMQ reports a connection's ACCEPTED before any of its
-// messages, so a reused descriptor is never taken for the connection that had it before.
+// and DISCONNECTED events and on every received frame (ZMQ_SRCFD). ZeroMQ reports a connection's
+// ACCEPTED before any of its messages, so the caller reads the monitor dry before a message from
+// a descriptor it does not Track, and before it refuses a claim (the owner may be reported gone
+// by then). A message on a reused descriptor whose end and new start are still unread is taken
+// for the old connection until they are read: that can only let a claim through, never refuse
+// one.
 //
 // Thread-safety: none; the server's I/O thread owns it.
 #pragma once
@@ -88,6 +91,7 @@ class Connections {
   template <typename Held>
   std::vector<ToClose> Due(Clock::time_point now, Held&& held);
 
+  bool Tracks(int fd) const { return conns_.contains(fd); }
   size_t open() const { return conns_.size(); }
   size_t admitted() const { return conns_.size() - refusing_; }
   size_t max_connections() const { return max_; }
@@ -111,6 +115,15 @@ class Connections {
   absl::flat_hash_map<int, int> rank_owner_;  // rank -> descriptor
   size_t refusing_ = 0;  // conns_ with refused set
 };
+
+// Socket helpers for the connections ZeroMQ owns (the descriptors it reports).
+// The peer, for logs: "ADDRESS:PORT", or for ipc:// the local process.
+std::string PeerName(int fd);
+// Whether the peer has closed (or reset) the connection though ZeroMQ has not reported it yet: a
+// worker restarted at once may say Hello before its old connection's end is seen.
+bool PeerClosed(int fd);
+// Closes the connection under ZeroMQ: its engine sees the end and reports DISCONNECTED.
+void CloseConnection(int fd);
 
 // ---- templates ----------------------------------------------------------------------------
 

@@ -41,7 +41,6 @@ class TableBuilder {
     {
       MutexLock lock(&mu_);
       queue_.emplace_back(table, num_workers);
-      ++in_progress_;
     }
     cv_.Signal();
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
@@ -52,14 +51,7 @@ class TableBuilder {
     MutexLock lock(&mu_);
     std::vector<std::pair<Table*, Status>> out;
     out.swap(done_list_);
-    in_progress_ -= out.size();
     return out;
-  }
-
-  // Tables submitted and not yet taken back.
-  size_t in_progress() const {
-    MutexLock lock(&mu_);
-    return in_progress_;
   }
 
   // Gives up the table being built (it fails CANCELLED) and those waiting; joins the thread.
@@ -96,11 +88,10 @@ class TableBuilder {
   TableRegistry* const registry_;
   const std::function<void()> done_;
   std::atomic<bool> cancel_{false};
-  mutable Mutex mu_;
+  Mutex mu_;
   CondVar cv_;
   std::deque<std::pair<Table*, int>> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<Table*, Status>> done_list_ ABSL_GUARDED_BY(mu_);
-  size_t in_progress_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -1,6 +1,12 @@
 #include "internal/connections.h"
 
+#include <cerrno>
 #include <cstdio>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 namespace ferry::ps {
 
@@ -64,6 +70,42 @@ Connections::Conn* Connections::Owner(int rank, int* owner_fd) {
   *owner_fd = it->second;
   return &c->second;
 }
+
+std::string PeerName(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "? (gone)";
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (addr.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    return std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+  }
+  if (addr.ss_family == AF_INET6) {
+    const auto* in = reinterpret_cast<const sockaddr_in6*>(&addr);
+    ::inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof host);
+    std::string out = "[";  // appended, not "[" + ...: GCC 12 warns falsely (-Wrestrict) on that
+    out.append(host).append("]:").append(std::to_string(ntohs(in->sin6_port)));
+    return out;
+  }
+  if (addr.ss_family == AF_UNIX) {
+    ucred cred{};
+    socklen_t clen = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
+      return "process " + std::to_string(cred.pid) + " (uid " + std::to_string(cred.uid) + ")";
+    }
+    return "a local process";
+  }
+  return "?";
+}
+
+bool PeerClosed(int fd) {
+  char byte;
+  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+void CloseConnection(int fd) { ::shutdown(fd, SHUT_RDWR); }
 
 std::string Connections::Describe(const Conn& c, Clock::time_point now) const {
   char buf[96];

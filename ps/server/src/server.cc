@@ -20,10 +20,6 @@
 #include <thread>
 
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "ferry/curve.h"
@@ -163,8 +159,6 @@ class ServerImpl final : public Server {
       try {
         if (socket == kZap) return OnZapRequest(frames);
         if (socket == kMonitor) return OnMonitorEvent(frames);
-        // Every connection event ZeroMQ reported before this message first (connections.h).
-        DrainMonitor();
         HandleMessage(frames, truncated);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "ferry-ps %d: %s while serving; continuing\n", options_.rank, e.what());
@@ -205,6 +199,9 @@ class ServerImpl final : public Server {
     // From a frame of the message itself: ROUTER makes the routing id frame of a peer's first
     // messages afresh, without the descriptor.
     req.fd = zmq_msg_get(frames[frames.size() > 1 ? 1 : 0].handle(), ZMQ_SRCFD);
+    // A connection not seen yet: the events ZeroMQ reported before its first message, ACCEPTED
+    // among them (connections.h). Known ones need no look: this stays off the common path.
+    if (req.fd >= 0 && !connections_.Tracks(req.fd)) DrainMonitor();
     // A connection refused for the cap gets only that refusal, once its request can be named.
     const Status refused = connections_.Heard(req.fd, req.peer(), req.arrived);
     auto bad = [&](const Status& s) {
@@ -461,7 +458,6 @@ class ServerImpl final : public Server {
       FERRY_RETURN_IF_ERROR(RoomToHold(req));
       req.held_by_peer = peer_load_.Acquire(req.peer());
       builds_[req.h()->table_id()].waiting.push_back(std::move(req));
-      ++build_waiters_;
       return Status::Ok();
     }
     const int64_t bytes = tables_.BuildBytes(*table);
@@ -479,7 +475,6 @@ class ServerImpl final : public Server {
     b.bytes = bytes;
     b.table = std::move(table);
     b.waiting.push_back(std::move(req));
-    ++build_waiters_;
     builder_.Submit(b.table.get(), workers_.count());
     tables_being_created_.store(static_cast<int64_t>(builds_.size()), std::memory_order_relaxed);
     return Status::Ok();
@@ -493,7 +488,6 @@ class ServerImpl final : public Server {
       if (it == builds_.end()) continue;  // cannot happen: every submitted table is in builds_
       Building b = std::move(it->second);
       builds_.erase(it);
-      build_waiters_ -= b.waiting.size();
       tables_being_created_.store(static_cast<int64_t>(builds_.size()), std::memory_order_relaxed);  // before replies
       const std::string name = b.table->spec.name;
       const double seconds = std::chrono::duration<double>(Clock::now() - b.started).count();
@@ -812,7 +806,12 @@ class ServerImpl final : public Server {
     return Status::Ok();
   }
 
-  size_t HeldCount() const { return held_.size() + collectives_.size() + build_waiters_; }
+  // Waiting requests: held pulls, collectives, and declarations of tables being built (few).
+  size_t HeldCount() const {
+    size_t n = held_.size() + collectives_.size();
+    for (const auto& [id, b] : builds_) n += b.waiting.size();
+    return n;
+  }
 
   void ServeHeld() {
     held_.ServeReady([this](Request& r) { return TryServe(r); });
@@ -1001,51 +1000,19 @@ class ServerImpl final : public Server {
   // The request's connection speaks for `rank`: refused while another live one does.
   Status ClaimRank(const Request& req, int rank) {
     const auto stale_after = 2 * workers_.promised(rank);
-    Status s = connections_.Claim(req.fd, rank, req.arrived, stale_after, [](int fd) { return PeerClosed(fd); });
+    auto claim = [&] { return connections_.Claim(req.fd, rank, req.arrived, stale_after, ps::PeerClosed); };
+    Status s = claim();
+    if (!s.ok()) {
+      // Before refusing: what ZeroMQ has reported since (the owner may be gone already).
+      DrainMonitor();
+      s = claim();
+    }
     if (!s.ok()) {
       Count(kRankConflicts);
       LogRateLimited("refused a request for worker " + std::to_string(rank) + ": " + s.message());
     }
     return s;
   }
-
-  // Whether the peer of connection `fd` has closed it (or reset it), though ZeroMQ has not said
-  // so yet: a worker restarted at once may say Hello before its old connection's end is seen.
-  static bool PeerClosed(int fd) {
-    char byte;
-    const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-  }
-
-  // The peer of a just-accepted connection, for logs: "ADDRESS:PORT", or for ipc:// the process.
-  static std::string PeerName(int fd) {
-    sockaddr_storage addr{};
-    socklen_t len = sizeof addr;
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "? (gone)";
-    char host[INET6_ADDRSTRLEN] = "?";
-    if (addr.ss_family == AF_INET) {
-      const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
-      ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-      return std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
-    }
-    if (addr.ss_family == AF_INET6) {
-      const auto* in = reinterpret_cast<const sockaddr_in6*>(&addr);
-      ::inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof host);
-      return "[" + std::string(host) + "]:" + std::to_string(ntohs(in->sin6_port));
-    }
-    if (addr.ss_family == AF_UNIX) {
-      ucred cred{};
-      socklen_t clen = sizeof cred;
-      if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
-        return "process " + std::to_string(cred.pid) + " (uid " + std::to_string(cred.uid) + ")";
-      }
-      return "a local process";
-    }
-    return "?";
-  }
-
-  // Closes connection `fd` under ZeroMQ: its engine sees the end and reports DISCONNECTED.
-  static void CloseConnection(int fd) { ::shutdown(fd, SHUT_RDWR); }
 
   void DrainMonitor() {
     Frames frames;
@@ -1059,23 +1026,21 @@ class ServerImpl final : public Server {
 
   // One event of the ROUTER socket's monitor: [uint16 event, uint32 value][endpoint].
   void OnMonitorEvent(Frames& frames) {
-    if (frames.empty() || frames[0].size() < 6) return;
-    uint16_t event;
-    int32_t fd;
-    std::memcpy(&event, frames[0].data(), sizeof event);
-    std::memcpy(&fd, static_cast<const char*>(frames[0].data()) + 2, sizeof fd);
+    const auto e = transport::ReadMonitorEvent(frames);
+    if (!e) return;
+    const int fd = static_cast<int>(e->value);
     const auto now = Clock::now();
-    if (event == ZMQ_EVENT_ACCEPTED) {
-      std::string peer = PeerName(fd);
+    if (e->event == ZMQ_EVENT_ACCEPTED) {
+      std::string peer = ps::PeerName(fd);
       const auto admit = connections_.Accepted(fd, peer, now);
       if (admit != ps::Connections::Admit::kYes) {
         Count(kConnectionsRefused);
         LogRateLimited("refused a connection from " + peer + ": " + std::to_string(connections_.admitted()) +
                        " are open, the limit (--max-connections " + std::to_string(connections_.max_connections()) +
                        ")" + (admit == ps::Connections::Admit::kRefuseNow ? "; closed" : "; its first request is told so"));
-        if (admit == ps::Connections::Admit::kRefuseNow) CloseConnection(fd);
+        if (admit == ps::Connections::Admit::kRefuseNow) ps::CloseConnection(fd);
       }
-    } else if (event == ZMQ_EVENT_DISCONNECTED) {
+    } else if (e->event == ZMQ_EVENT_DISCONNECTED) {
       auto gone = connections_.Disconnected(fd, now);
       // Lost connections are logged, but not the expected ones: a finished worker's, and those
       // this server refused or closed itself (logged when it did).
@@ -1106,7 +1071,7 @@ class ServerImpl final : public Server {
     for (const auto& c : connections_.Due(now, [&](std::string_view routing) { return peer_load_.held(routing); })) {
       if (c.idle) Count(kConnectionsIdleClosed);
       LogRateLimited("closing a connection " + c.why);
-      CloseConnection(c.fd);
+      ps::CloseConnection(c.fd);
     }
   }
 
@@ -1284,7 +1249,6 @@ class ServerImpl final : public Server {
     int64_t bytes = 0;
   };
   absl::flat_hash_map<uint64_t, Building> builds_;
-  size_t build_waiters_ = 0;  // requests in builds_' waiting lists
   std::atomic<int64_t> tables_being_created_{0};
   ps::TableBuilder builder_{&tables_, [this] { waker_.Notify(); }};
   Clock::time_point last_connection_check_{};
@@ -1383,16 +1347,10 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   FERRY_ASSIGN_OR_RETURN(zmq::socket_t socket, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router));
   zmq::socket_t zap;
   std::string endpoint;
-  FERRY_ASSIGN_OR_RETURN(zmq::socket_t monitor, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::pair));
+  // Watched from before the bind, so no connection is accepted unseen.
+  FERRY_ASSIGN_OR_RETURN(zmq::socket_t monitor, transport::Watch(transport::Zmq(*context), socket,
+                                                                 ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED));
   try {
-    // Watched from before the bind, so no connection is accepted unseen. Unique in the process:
-    // servers may share a context.
-    static std::atomic<uint64_t> next_monitor{0};
-    const std::string monitor_at = "inproc://ferry-ps-monitor-" + std::to_string(next_monitor.fetch_add(1));
-    if (zmq_socket_monitor(socket.handle(), monitor_at.c_str(), ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
-      throw zmq::error_t();
-    }
-    monitor.connect(monitor_at);
     // ZeroMQ drops the connection of a peer whose single frame exceeds this hard limit; frames
     // below it but over max_message_bytes get an error reply.
     socket.set(zmq::sockopt::maxmsgsize, options.max_message_bytes * 2);

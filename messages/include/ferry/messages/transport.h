@@ -6,7 +6,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,19 @@ void TuneAllocatorForLargeMessages();
 
 // A routing-id-free description of a zmq endpoint for error messages.
 std::string LastEndpoint(zmq::socket_t& socket);
+
+// A PAIR socket that receives `socket`'s monitor events (the ZMQ_EVENT_* bits of `events`),
+// under an inproc name unique in the process (sockets share contexts, and a closed monitor's name
+// may linger). Watch before connect or bind, so that no event is missed.
+StatusOr<zmq::socket_t> Watch(zmq::context_t& ctx, zmq::socket_t& socket, int events);
+
+// One event a monitor received: [u16 event][u32 value: a descriptor, an error][endpoint];
+// nullopt for frames that are not one.
+struct MonitorEvent {
+  uint16_t event = 0;
+  uint32_t value = 0;
+};
+std::optional<MonitorEvent> ReadMonitorEvent(const Frames& frames);
 
 }  // namespace transport
 }  // namespace ferry

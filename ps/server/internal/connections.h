@@ -92,6 +92,12 @@ class Connections {
   std::vector<ToClose> Due(Clock::time_point now, Held&& held);
 
   bool Tracks(int fd) const { return conns_.contains(fd); }
+  // The peer of connection `fd` as recorded when it was accepted, for logs.
+  std::string PeerOf(int fd) const {
+    if (fd < 0) return "an in-process peer";
+    auto it = conns_.find(fd);
+    return it == conns_.end() ? "an unknown connection" : it->second.peer;
+  }
   size_t open() const { return conns_.size(); }
   size_t admitted() const { return conns_.size() - refusing_; }
   size_t max_connections() const { return max_; }

@@ -204,8 +204,10 @@ class ServerImpl final : public Server {
     if (req.fd >= 0 && !connections_.Tracks(req.fd)) DrainMonitor();
     // A connection refused for the cap gets only that refusal, once its request can be named.
     const Status refused = connections_.Heard(req.fd, req.peer(), req.arrived);
+    // A malformed message: counted, logged (rate-limited, naming the peer) and answered.
     auto bad = [&](const Status& s) {
       Count(kBadMessages);
+      LogRateLimited("refused a message from " + connections_.PeerOf(req.fd) + ": " + s.message());
       SendError(req, s);
     };
     if (frames.size() < 2) return bad(InvalidArgumentError("message has no header frame"));

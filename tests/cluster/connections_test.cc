@@ -223,5 +223,48 @@ TEST(Connections, IdleConnectionsCloseButWorkersStay) {
       << "the worker's connection was closed for idleness";
 }
 
+// A peer that sends requests and never reads the replies cannot make the server wait or grow
+// without bound: once its queue of unread replies is full, newer replies to it are dropped,
+// counted and logged, and a real worker is served all the while.
+TEST(Connections, APeerThatNeverReadsLosesItsRepliesAndTheServerGoesOn) {
+  auto c = LocalCluster::Start(1, /*tcp=*/true);
+  auto w0 = Client::Connect(Worker(c, 0, 1));
+  ASSERT_TRUE(w0.ok()) << w0.status().ToString();
+  ASSERT_TRUE((*w0)->Declare(AsyncSgd("w", 4)).ok());
+
+  auto made = transport::MakeSocket(transport::Zmq(*c.context), zmq::socket_type::dealer, 100000);
+  ASSERT_TRUE(made.ok());
+  zmq::socket_t flood = std::move(*made);
+  flood.set(zmq::sockopt::rcvhwm, 1);     // its side holds almost nothing unread...
+  flood.set(zmq::sockopt::rcvbuf, 4096);  // ...nor does its kernel
+  flood.set(zmq::sockopt::sndtimeo, 10000);
+  flood.connect(c.endpoints[0]);
+  flatbuffers::FlatBufferBuilder fbb;
+  wire::HeaderBuilder b(fbb);
+  b.add_major(wire::kMajor);
+  b.add_kind(wire::Kind::Stats);
+  b.add_request_id(1);
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  // Stats replies are about 2 KiB: 30000 of them are far more than the queue (8192) and the
+  // kernel's buffers hold.
+  int sent = 0;
+  for (; sent < 30000 && c.servers[0]->stats().counters["replies_dropped"] == 0; ++sent) {
+    transport::Frames out;
+    out.push_back(wire::ToFrame(fbb));
+    ASSERT_TRUE(transport::Send(flood, out).ok()) << "request " << sent;
+    if (sent % 1000 == 0) {
+      EXPECT_EQ(Pull(**w0), std::vector<float>(4, 0.0f)) << "the worker was not served";
+    }
+  }
+  for (int i = 0; i < 1000 && c.servers[0]->stats().counters["replies_dropped"] == 0; ++i) std::this_thread::sleep_for(10ms);
+  std::printf("sent %d requests unread; the server dropped %lld replies\n", sent,
+              static_cast<long long>(c.servers[0]->stats().counters["replies_dropped"]));
+  EXPECT_GT(c.servers[0]->stats().counters["replies_dropped"], 0);
+  EXPECT_GT(sent, 8192) << "replies were dropped before the queue was full";
+  const std::vector<float> grad = {1, 1, 1, 1};
+  EXPECT_TRUE((*w0)->PushDense("w", grad, 0).wait().ok());
+  EXPECT_EQ(Pull(**w0), std::vector<float>(4, -1.0f));
+}
+
 }  // namespace
 }  // namespace ferry::test

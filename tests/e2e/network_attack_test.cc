@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -141,8 +142,8 @@ class NetworkAttack : public testing::Test {
   }
 
   // A Stats request on `sock`, answered within 10 s (replies to earlier requests are checked and
-  // passed over).
-  void ExpectServing(zmq::socket_t& sock) {
+  // passed over); the server's counters are left in *counters when given.
+  void ExpectServing(zmq::socket_t& sock, std::map<std::string, int64_t>* counters = nullptr) {
     static uint64_t next = uint64_t{1} << 60;
     const uint64_t id = next++;
     flatbuffers::FlatBufferBuilder fbb(64);
@@ -160,7 +161,12 @@ class NetworkAttack : public testing::Test {
       Frames reply;
       const Status s = transport::Recv(sock, &reply);
       ASSERT_TRUE(s.ok()) << "the server stopped answering: " << s;
-      if (CheckReply(reply) == id) return;
+      if (CheckReply(reply) != id) continue;
+      const wire::Header* h = nullptr;
+      if (counters != nullptr && wire::VerifyHeader(reply[0], &h).ok() && h->counters() != nullptr) {
+        for (const auto* c : *h->counters()) (*counters)[c->name()->str()] = c->value();
+      }
+      return;
     }
     FAIL() << "no Stats reply among 100000 messages";
   }
@@ -294,7 +300,12 @@ TEST_F(NetworkAttack, TheServerKeepsServingARealWorkerAndItsMemoryReturns) {
 
   // Memory: held requests expired (--max-wait-s 2), refused messages freed.
   std::this_thread::sleep_for(2500ms);
-  ExpectServing(*attacker);
+  std::map<std::string, int64_t> counters;
+  ExpectServing(*attacker, &counters);
+  // The attacker never had more requests in flight than a server queues replies for (8192):
+  // however slowly either side ran, none of its replies may have been dropped.
+  EXPECT_EQ(counters["replies_dropped"], 0);
+  EXPECT_GT(counters["bad_messages"], kRandom + kMultipart - 1);
   const int64_t rss_after = ps_.RssKiB(), peak = ps_.RssKiB("VmHWM:");
   std::printf("ferry-ps memory: %lld KiB before the attack, %lld KiB after, peak %lld KiB\n",
               static_cast<long long>(rss_before), static_cast<long long>(rss_after), static_cast<long long>(peak));

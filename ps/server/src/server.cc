@@ -72,14 +72,20 @@ enum Counter : int {
   kConnectionsRefused,
   kConnectionsIdleClosed,
   kRankConflicts,
+  kRepliesDropped,
   kNumCounters
 };
 constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "messages", "bad_messages", "errors_sent", "late_gradients_dropped", "updates_applied",
     "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker",
     "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused",
-    "connections_refused", "connections_idle_closed", "rank_conflicts"};
+    "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped"};
 constexpr size_t kStalenessBuckets = 65;
+// Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
+// bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
+// to it never loses a reply however slowly its side reads; a peer that sends without reading
+// loses replies beyond it (counted as replies_dropped).
+constexpr int kReplyQueue = 8192;
 
 class ServerImpl final : public Server {
  public:
@@ -347,8 +353,15 @@ class ServerImpl final : public Server {
     int64_t bytes = 0;
     for (auto& f : out) bytes += static_cast<int64_t>(f.size());
     Count(kBytesOut, bytes);
-    // A peer that went away simply does not get its reply (ROUTER drops it).
-    transport::Send(sockets_[kMain], out).IgnoreError();
+    // Never blocks (ZMQ_ROUTER_MANDATORY, dontwait). A peer that went away simply does not get
+    // its reply; one with kReplyQueue replies unread (it sends without reading) loses this one,
+    // counted and logged, instead of the server waiting on it.
+    // (transport::Send: RESOURCE_EXHAUSTED for a full queue, UNAVAILABLE for an unknown peer.)
+    if (transport::Send(sockets_[kMain], out, /*dontwait=*/true).code() == StatusCode::kResourceExhausted) {
+      Count(kRepliesDropped);
+      LogRateLimited("dropped a reply to " + connections_.PeerOf(req.fd) + ": " + std::to_string(kReplyQueue) +
+                     " replies to it are queued unread already");
+    }
   }
 
   void SendError(Request& req, const Status& s) {
@@ -1356,6 +1369,9 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     // ZeroMQ drops the connection of a peer whose single frame exceeds this hard limit; frames
     // below it but over max_message_bytes get an error reply.
     socket.set(zmq::sockopt::maxmsgsize, options.max_message_bytes * 2);
+    // Room for every reply a client may have outstanding (Send): a full queue drops the reply.
+    socket.set(zmq::sockopt::sndhwm, kReplyQueue);
+    socket.set(zmq::sockopt::router_mandatory, 1);
     if (options.curve) {
       // The handler first: a handshake that finds none bound would accept every key.
       FERRY_ASSIGN_OR_RETURN(zap, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::rep));

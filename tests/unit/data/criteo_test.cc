@@ -5,7 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <cmath>
+#include <filesystem>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -314,6 +318,166 @@ TEST(CriteoTest, TruncatedGzipIsAnErrorNotABadLine) {
   EXPECT_THAT(failure.message(), HasSubstr(file.path()));
   // The reader stays failed.
   EXPECT_EQ((*reader)->ReadBatch(256, &batch).status().code(), StatusCode::kDataLoss);
+}
+
+// A folder of its own under the test's temporary folder, removed with what is in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = ::testing::TempDir() + "ferry_criteo_XXXXXX";
+    path_ = ::mkdtemp(tmpl.data()) != nullptr ? tmpl : std::string();
+    EXPECT_FALSE(path_.empty()) << "mkdtemp failed";
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Reads every example of `reader`'s pass; returns the traced numbers (Numbered) in order.
+std::vector<int> ReadAll(CriteoReader& reader, int64_t batch_size = 3) {
+  std::vector<int> seen;
+  CtrBatch batch;
+  for (;;) {
+    StatusOr<int64_t> n = reader.ReadBatch(batch_size, &batch);
+    EXPECT_TRUE(n.ok()) << n.status();
+    if (!n.ok() || *n == 0) break;
+    for (int64_t k = 0; k < *n; ++k) seen.push_back(static_cast<int>(std::lround(std::expm1(batch.dense_row(k)[0]))));
+  }
+  return seen;
+}
+
+// Files are read one after another (a batch spans them), bad lines name their file, and the
+// stats count files and bytes.
+TEST(CriteoTest, ReadsManyFilesInOrderAndNamesTheFileOfABadLine) {
+  TempDir dir;
+  std::vector<std::string> paths;
+  std::string all;
+  int next = 0;
+  for (int f = 0; f < 3; ++f) {
+    std::string text;
+    for (int i = 0; i < 5; ++i) text += Numbered(next++) + "\n";
+    if (f == 1) text += "1\tbad\n";  // file 1, line 6
+    paths.push_back(dir / ("day_" + std::to_string(f) + (f == 2 ? ".gz" : "")));
+    if (f == 2) {
+      WriteGzip(paths.back(), text);
+    } else {
+      WritePlain(paths.back(), text);
+    }
+    all += text;
+  }
+  auto reader = CriteoReader::Open(paths);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<int> want(15);
+  std::iota(want.begin(), want.end(), 0);
+  EXPECT_EQ(ReadAll(**reader, 4), want);
+  const CriteoStats& st = (*reader)->stats();
+  EXPECT_EQ(st.files, 3);
+  EXPECT_EQ(st.examples, 15);
+  EXPECT_EQ(st.bad_lines, 1);
+  EXPECT_EQ(st.bytes, static_cast<int64_t>(all.size()));
+  ASSERT_EQ(st.first_bad_lines.size(), 1u);
+  EXPECT_EQ(st.first_bad_lines[0].ToString(), paths[1] + ":6: 2 tab-separated fields, expected 40");
+
+  // Another pass reads them all again.
+  ASSERT_TRUE((*reader)->Rewind().ok());
+  EXPECT_EQ(ReadAll(**reader, 100), want);
+  EXPECT_EQ((*reader)->stats().files, 3);
+
+  // A missing file fails at Open, naming it, not when the reader reaches it.
+  paths.push_back(dir / "day_9");
+  EXPECT_EQ(CriteoReader::Open(paths).status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(CriteoReader::Open(paths).status().message(), HasSubstr("day_9"));
+}
+
+// By file, by line, or auto: over all shards every line is read exactly once, and by file each
+// shard reads whole files (file i belongs to shard i % M).
+TEST(CriteoTest, ShardsByFileOrByLineReadEveryLineOnce) {
+  TempDir dir;
+  std::vector<std::string> paths;
+  std::vector<int> file_of;
+  int next = 0;
+  for (int f = 0; f < 5; ++f) {
+    std::string text;
+    for (int i = 0; i < 3 + f; ++i, ++next) {
+      text += Numbered(next) + "\n";
+      file_of.push_back(f);
+    }
+    paths.push_back(dir / ("part-" + std::to_string(f) + ".tsv"));
+    WritePlain(paths.back(), text);
+  }
+  for (CriteoShardBy by : {CriteoShardBy::kFile, CriteoShardBy::kLine, CriteoShardBy::kAuto}) {
+    for (int m = 1; m <= 5; ++m) {
+      std::multiset<int> seen;
+      for (int r = 0; r < m; ++r) {
+        CriteoOptions o;
+        o.shard = {r, m};
+        o.shard_by = by;
+        auto reader = CriteoReader::Open(paths, o);
+        ASSERT_TRUE(reader.ok()) << reader.status();
+        const bool by_file = by == CriteoShardBy::kFile || by == CriteoShardBy::kAuto;  // 5 files >= m
+        EXPECT_EQ((*reader)->shard_by(), by_file ? CriteoShardBy::kFile : CriteoShardBy::kLine);
+        for (int i : ReadAll(**reader)) {
+          if (by_file) {
+            EXPECT_EQ(file_of[static_cast<size_t>(i)] % m, r) << "example " << i;
+          }
+          seen.insert(i);
+        }
+      }
+      ASSERT_EQ(seen.size(), file_of.size()) << CriteoShardByName(by) << " " << m;
+      for (int i = 0; i < next; ++i) EXPECT_EQ(seen.count(i), 1u) << i;
+    }
+  }
+  // Six shards of five files by file: the sixth would have none.
+  CriteoOptions o;
+  o.shard = {5, 6};
+  o.shard_by = CriteoShardBy::kFile;
+  auto none = CriteoReader::Open(paths, o);
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.status().message(), HasSubstr("shard by line instead"));
+  o.shard_by = CriteoShardBy::kAuto;  // auto goes by line there
+  ASSERT_TRUE(CriteoReader::Open(paths, o).ok());
+  EXPECT_EQ(ParseCriteoShardBy("line").value(), CriteoShardBy::kLine);
+  EXPECT_EQ(ParseCriteoShardBy("lines").status().code(), StatusCode::kInvalidArgument);
+}
+
+// A line over max_line_bytes (here a 200 KB run without a newline, then one at the very end) is
+// a bad line, read past without being held; the lines around it are read.
+TEST(CriteoTest, ALineOverTheLimitIsABadLineNotHeld) {
+  std::string text = Numbered(0) + "\n" + std::string(200000, 'x') + "\n" + Numbered(1) + "\n" + std::string(5000, 'y');
+  TempFile file(".tsv");
+  WritePlain(file.path(), text);
+  CriteoOptions o;
+  o.read_buffer_bytes = 1024;
+  o.max_line_bytes = 4096;
+  auto reader = CriteoReader::Open(file.path(), o);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ(ReadAll(**reader), (std::vector<int>{0, 1}));
+  const CriteoStats& st = (*reader)->stats();
+  EXPECT_EQ(st.lines, 4);
+  EXPECT_EQ(st.bad_lines, 2);
+  EXPECT_EQ(st.bytes, static_cast<int64_t>(text.size()));
+  ASSERT_EQ(st.first_bad_lines.size(), 2u);
+  EXPECT_EQ(st.first_bad_lines[0].line_number, 2);
+  EXPECT_EQ(st.first_bad_lines[0].reason, "longer than 4096 bytes");
+  EXPECT_EQ(st.first_bad_lines[1].line_number, 4);
+}
+
+TEST(CriteoTest, ExpandsListsAndGlobs) {
+  TempDir dir;
+  for (const char* name : {"day_2.gz", "day_0.gz", "day_1.gz", "other.tsv"}) WritePlain(dir / name, "");
+  auto got = ExpandCriteoPaths(dir / "day_*.gz");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{dir / "day_0.gz", dir / "day_1.gz", dir / "day_2.gz"}));
+  got = ExpandCriteoPaths(dir / "other.tsv" + "," + dir / "day_[01].gz" + "," + dir / "day_0.gz");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{dir / "other.tsv", dir / "day_0.gz", dir / "day_1.gz"}));
+  EXPECT_EQ(ExpandCriteoPaths(dir / "day_*.tsv").status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(ExpandCriteoPaths(dir / "day_*.tsv").status().message(), HasSubstr("no file matches"));
+  EXPECT_EQ(ExpandCriteoPaths(dir / "day_7.gz").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(ExpandCriteoPaths("").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ExpandCriteoPaths(dir / "day_0.gz,").status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -3,9 +3,16 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <optional>
+#include <set>
 #include <utility>
+
+#include <glob.h>
+#include <sys/stat.h>
 
 #include "gz_file.h"
 #include "random.h"
@@ -76,27 +83,128 @@ Status CriteoOptions::Validate() const {
   }
   if (max_bad_line_records < 0) return InvalidArgumentError("CriteoOptions: max_bad_line_records < 0");
   if (read_buffer_bytes < 1024) return InvalidArgumentError("CriteoOptions: read_buffer_bytes < 1024");
+  if (max_line_bytes < 1024) return InvalidArgumentError("CriteoOptions: max_line_bytes < 1024");
   return Status::Ok();
 }
 
-struct CriteoReader::Impl {
-  Impl(internal::LineReader lines, const CriteoOptions& options) : lines(std::move(lines)), options(options) {}
+StatusOr<CriteoShardBy> ParseCriteoShardBy(std::string_view name) {
+  if (name == "auto") return CriteoShardBy::kAuto;
+  if (name == "file") return CriteoShardBy::kFile;
+  if (name == "line") return CriteoShardBy::kLine;
+  std::string what = "'";  // appended, not "'" + ...: GCC 12 warns falsely (-Wrestrict) on that
+  what.append(name.substr(0, 32)).append("' is not auto, file or line");
+  return InvalidArgumentError(std::move(what));
+}
 
-  internal::LineReader lines;
+const char* CriteoShardByName(CriteoShardBy by) {
+  switch (by) {
+    case CriteoShardBy::kFile: return "file";
+    case CriteoShardBy::kLine: return "line";
+    case CriteoShardBy::kAuto: break;
+  }
+  return "auto";
+}
+
+std::string CriteoBadLine::ToString() const { return path + ":" + std::to_string(line_number) + ": " + reason; }
+
+StatusOr<std::vector<std::string>> ExpandCriteoPaths(std::string_view list) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  auto add = [&](std::string path) {
+    if (seen.insert(path).second) out.push_back(std::move(path));
+  };
+  if (list.empty()) return InvalidArgumentError("no file named");
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = list.find(',', start);
+    const std::string entry(list.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    if (entry.empty()) return InvalidArgumentError("an empty entry in the file list '" + std::string(list) + "'");
+    if (entry.find_first_of("*?[") == std::string::npos) {
+      struct stat st;
+      if (::stat(entry.c_str(), &st) != 0) return NotFoundError(entry + ": " + std::strerror(errno));
+      add(entry);
+    } else {
+      glob_t g{};
+      const int rc = ::glob(entry.c_str(), GLOB_ERR, nullptr, &g);
+      std::vector<std::string> matches(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));
+      globfree(&g);
+      if (rc == GLOB_NOMATCH || (rc == 0 && matches.empty())) return NotFoundError(entry + ": no file matches");
+      if (rc != 0) return UnavailableError(entry + ": cannot list the files it matches");
+      std::sort(matches.begin(), matches.end());
+      for (auto& m : matches) add(std::move(m));
+    }
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+struct CriteoReader::Impl {
   CriteoOptions options;
+  std::vector<std::string> files;  // this shard's
+  CriteoShardBy by = CriteoShardBy::kLine;
+  size_t file = 0;                             // index into files of the one open (or next)
+  std::optional<internal::LineReader> lines;   // the open file; none between files
   CriteoStats stats;
-  int64_t next_line = 0;  // 0-based index of the next line of the file
-  Status failure;         // sticky read error
+  int64_t line_in_file = 0;  // 0-based index of the next line of the open file
+  int64_t closed_bytes = 0;  // bytes of this pass's files closed already
+  Status failure;            // sticky read error
+
+  // Opens files[file] if none is open. False at the end of the pass.
+  StatusOr<bool> OpenNext() {
+    if (lines) return true;
+    if (file >= files.size()) return false;
+    FERRY_ASSIGN_OR_RETURN(internal::GzFile f, internal::GzFile::Open(files[file]));
+    lines.emplace(std::move(f), options.read_buffer_bytes, options.max_line_bytes);
+    line_in_file = 0;
+    ++stats.files;
+    return true;
+  }
+  void CloseFile() {
+    closed_bytes += lines->bytes();
+    lines.reset();
+    ++file;
+  }
+  void BadLine(int64_t line_number, std::string reason) {
+    ++stats.bad_lines;
+    if (static_cast<int>(stats.first_bad_lines.size()) < options.max_bad_line_records) {
+      stats.first_bad_lines.push_back({files[file], line_number, std::move(reason)});
+    }
+  }
 };
 
 CriteoReader::CriteoReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CriteoReader::~CriteoReader() = default;
 
-StatusOr<std::unique_ptr<CriteoReader>> CriteoReader::Open(const std::string& path, const CriteoOptions& options) {
-  FERRY_RETURN_IF_ERROR(options.Validate().WithContext("CriteoReader(" + path + ")"));
-  FERRY_ASSIGN_OR_RETURN(internal::GzFile file, internal::GzFile::Open(path));
-  auto impl = std::make_unique<Impl>(internal::LineReader(std::move(file), options.read_buffer_bytes), options);
+StatusOr<std::unique_ptr<CriteoReader>> CriteoReader::Open(const std::vector<std::string>& paths,
+                                                           const CriteoOptions& options) {
+  const std::string what = "CriteoReader(" + (paths.empty() ? std::string("no file") : paths[0]) +
+                           (paths.size() > 1 ? " and " + std::to_string(paths.size() - 1) + " more" : std::string()) + ")";
+  FERRY_RETURN_IF_ERROR(options.Validate().WithContext(what));
+  if (paths.empty()) return InvalidArgumentError(what + ": no file to read");
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  const ShardSpec shard = options.shard;
+  impl->by = options.shard_by != CriteoShardBy::kAuto ? options.shard_by
+             : static_cast<int64_t>(paths.size()) >= shard.num_shards ? CriteoShardBy::kFile
+                                                                       : CriteoShardBy::kLine;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (impl->by == CriteoShardBy::kLine || static_cast<int>(i % static_cast<size_t>(shard.num_shards)) == shard.rank) {
+      impl->files.push_back(paths[i]);
+    }
+  }
+  if (impl->files.empty()) {
+    return InvalidArgumentError(what + ": sharding " + std::to_string(paths.size()) + " file(s) by file leaves shard " +
+                                std::to_string(shard.rank) + " of " + std::to_string(shard.num_shards) +
+                                " none; shard by line instead");
+  }
+  // Every file is opened once here, so a missing or unreadable one fails now, not hours in.
+  for (const std::string& f : impl->files) FERRY_RETURN_IF_ERROR(internal::GzFile::Open(f).status());
   return std::unique_ptr<CriteoReader>(new CriteoReader(std::move(impl)));
+}
+
+StatusOr<std::unique_ptr<CriteoReader>> CriteoReader::Open(const std::string& path, const CriteoOptions& options) {
+  return Open(std::vector<std::string>{path}, options);
 }
 
 StatusOr<int64_t> CriteoReader::ReadBatch(int64_t max_examples, CtrBatch* batch) {
@@ -107,43 +215,55 @@ StatusOr<int64_t> CriteoReader::ReadBatch(int64_t max_examples, CtrBatch* batch)
   FERRY_RETURN_IF_ERROR(d.failure);
   batch->Reset(kCriteoDense, kCriteoFields);
   const ShardSpec shard = d.options.shard;
+  const bool by_line = d.by == CriteoShardBy::kLine;
   std::string_view line;
   while (batch->size() < max_examples) {
-    StatusOr<bool> more = d.lines.Next(&line);
+    StatusOr<bool> open = d.OpenNext();
+    if (!open.ok()) {
+      d.failure = open.status();
+      return d.failure;
+    }
+    if (!*open) break;
+    bool too_long = false;
+    StatusOr<bool> more = d.lines->Next(&line, &too_long);
     if (!more.ok()) {
       d.failure = more.status();
       return d.failure;
     }
-    if (!*more) break;
-    const int64_t index = d.next_line++;
-    if (index % shard.num_shards != shard.rank) continue;
+    if (!*more) {
+      d.CloseFile();
+      continue;
+    }
+    const int64_t index = d.line_in_file++;
+    if (by_line && index % shard.num_shards != shard.rank) continue;
     ++d.stats.lines;
+    if (too_long) {
+      d.BadLine(index + 1, "longer than " + std::to_string(d.options.max_line_bytes) + " bytes");
+      continue;
+    }
     Status parsed = ParseCriteoLine(line, d.options.hash_buckets, batch);
     if (parsed.ok()) {
       ++d.stats.examples;
-      continue;
-    }
-    ++d.stats.bad_lines;
-    if (static_cast<int>(d.stats.first_bad_lines.size()) < d.options.max_bad_line_records) {
-      d.stats.first_bad_lines.push_back({index + 1, parsed.message()});
+    } else {
+      d.BadLine(index + 1, parsed.message());
     }
   }
+  d.stats.bytes = d.closed_bytes + (d.lines ? d.lines->bytes() : 0);
   return batch->size();
 }
 
 Status CriteoReader::Rewind() {
   Impl& d = *impl_;
   FERRY_RETURN_IF_ERROR(d.failure);
-  if (Status s = d.lines.Rewind(); !s.ok()) {
-    d.failure = s;
-    return s;
-  }
+  d.lines.reset();
+  d.file = 0;
+  d.closed_bytes = 0;
   d.stats = CriteoStats();
-  d.next_line = 0;
   return Status::Ok();
 }
 
 const CriteoStats& CriteoReader::stats() const { return impl_->stats; }
-const std::string& CriteoReader::path() const { return impl_->lines.path(); }
+const std::vector<std::string>& CriteoReader::files() const { return impl_->files; }
+CriteoShardBy CriteoReader::shard_by() const { return impl_->by; }
 
 }  // namespace ferry::data

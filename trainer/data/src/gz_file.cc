@@ -87,8 +87,10 @@ Status GzFile::Rewind() {
   return Status::Ok();
 }
 
-LineReader::LineReader(GzFile file, int64_t buffer_bytes)
-    : file_(std::move(file)), buffer_(static_cast<size_t>(std::max<int64_t>(buffer_bytes, 1024))) {}
+LineReader::LineReader(GzFile file, int64_t buffer_bytes, int64_t max_line_bytes)
+    : file_(std::move(file)),
+      buffer_(static_cast<size_t>(std::max<int64_t>(buffer_bytes, 1024))),
+      max_line_(std::max<int64_t>(max_line_bytes, 1)) {}
 
 Status LineReader::Fill() {
   if (begin_ > 0) {
@@ -96,7 +98,8 @@ Status LineReader::Fill() {
     end_ -= begin_;
     begin_ = 0;
   }
-  if (end_ == static_cast<int64_t>(buffer_.size())) buffer_.resize(buffer_.size() * 2);  // a long line
+  // A line longer than the buffer (Next stops it at max_line_ bytes, so this stays bounded).
+  if (end_ == static_cast<int64_t>(buffer_.size())) buffer_.resize(buffer_.size() * 2);
   FERRY_ASSIGN_OR_RETURN(int64_t got,
                          file_.Read(buffer_.data() + end_, static_cast<int64_t>(buffer_.size()) - end_));
   end_ += got;
@@ -104,22 +107,28 @@ Status LineReader::Fill() {
   return Status::Ok();
 }
 
-StatusOr<bool> LineReader::Next(std::string_view* line) {
+StatusOr<bool> LineReader::Next(std::string_view* line, bool* too_long) {
+  *too_long = false;
   int64_t scanned = begin_;  // bytes before `scanned` hold no '\n'
   for (;;) {
-    const char* start = buffer_.data() + scanned;
-    const void* nl = std::memchr(start, '\n', static_cast<size_t>(end_ - scanned));
-    if (nl != nullptr) {
-      const int64_t pos = static_cast<const char*>(nl) - buffer_.data();
-      *line = std::string_view(buffer_.data() + begin_, static_cast<size_t>(pos - begin_));
-      begin_ = pos + 1;
+    const void* nl = std::memchr(buffer_.data() + scanned, '\n', static_cast<size_t>(end_ - scanned));
+    if (nl != nullptr || eof_) {
+      const int64_t pos = nl != nullptr ? static_cast<const char*>(nl) - buffer_.data() : end_;
+      if (nl == nullptr && begin_ == end_ && !*too_long) return false;
+      *line = *too_long ? std::string_view() : std::string_view(buffer_.data() + begin_, static_cast<size_t>(pos - begin_));
+      const int64_t next = nl != nullptr ? pos + 1 : end_;
+      consumed_ += next - begin_;
+      begin_ = next;
       return true;
     }
-    if (eof_) {
-      if (begin_ == end_) return false;
-      *line = std::string_view(buffer_.data() + begin_, static_cast<size_t>(end_ - begin_));
+    if (end_ - begin_ > max_line_) {
+      // No '\n' in more than max_line_ bytes: drop them and read on to the line's end.
+      *too_long = true;
+      consumed_ += end_ - begin_;
       begin_ = end_;
-      return true;
+      FERRY_RETURN_IF_ERROR(Fill());
+      scanned = begin_;
+      continue;
     }
     const int64_t unread_scanned = end_ - begin_;
     FERRY_RETURN_IF_ERROR(Fill());
@@ -129,7 +138,7 @@ StatusOr<bool> LineReader::Next(std::string_view* line) {
 
 Status LineReader::Rewind() {
   FERRY_RETURN_IF_ERROR(file_.Rewind());
-  begin_ = end_ = 0;
+  begin_ = end_ = consumed_ = 0;
   eof_ = false;
   return Status::Ok();
 }

@@ -39,25 +39,31 @@ class GzFile {
   void* handle_ = nullptr;  // gzFile, owned; void* keeps zlib.h out of this header
 };
 
-// Splits a GzFile into lines ('\n'-terminated; the last line may lack it).
+// Splits a GzFile into lines ('\n'-terminated; the last line may lack it). Memory: the buffer,
+// grown for a long line up to twice max_line_bytes at most; a longer line is not held.
 class LineReader {
  public:
-  LineReader(GzFile file, int64_t buffer_bytes);
+  LineReader(GzFile file, int64_t buffer_bytes, int64_t max_line_bytes = int64_t{1} << 20);
 
   // Sets *line to the next line without its '\n' and returns true, or returns false at the end.
+  // A line of more than max_line_bytes is read past, not kept: *too_long is set and *line empty.
   // The view stays valid until the next call. Errors from the file are returned as they are.
-  StatusOr<bool> Next(std::string_view* line);
+  StatusOr<bool> Next(std::string_view* line, bool* too_long);
   Status Rewind();
 
   const std::string& path() const { return file_.path(); }
+  // Bytes of the (inflated) file consumed by Next since the start or the last Rewind.
+  int64_t bytes() const { return consumed_; }
 
  private:
   Status Fill();  // moves the unread tail to the front and reads more after it
 
   GzFile file_;
   std::vector<char> buffer_;
+  int64_t max_line_;
   int64_t begin_ = 0;  // first unread byte
   int64_t end_ = 0;    // one past the last valid byte
+  int64_t consumed_ = 0;
   bool eof_ = false;
 };
 

@@ -1,5 +1,5 @@
 // ferry/data/criteo.h — a streaming reader of Criteo display-ads data (the Kaggle / Terabyte
-// "train.txt" / "day_N" format), plain or gzipped.
+// "train.txt" / "day_N" format), plain or gzipped, from one file or many.
 //
 // Line format: 40 tab-separated columns, `label \t I1..I13 \t C1..C26`, '\n' (or "\r\n") ended:
 //   label   "0" or "1"
@@ -12,17 +12,24 @@
 //              is field f's dedicated "missing" id: missing values are kept, not skipped, so every
 //              example has exactly one id per field as the model expects)
 // A bad line (not 40 columns, a label other than 0/1, an integer field that is not a whole
-// decimal int64) is skipped, counted, and the first few are recorded with their 1-based line
-// number and the reason; it is never fatal. I/O errors (missing file, corrupt gzip) are.
+// decimal int64, more than max_line_bytes) is skipped, counted, and the first few are recorded
+// with their file, 1-based line number and the reason; it is never fatal. I/O errors (missing
+// file, corrupt gzip) are.
 //
-// Sharding: line k of the file (0-based, counting every line, bad or good) belongs to shard
-// k % num_shards; a reader parses only its own lines (the others are scanned for '\n' and
-// dropped). Over all shards every line is read exactly once per pass, and each bad line is
-// counted by exactly one shard, so the per-shard stats sum to the file's. The order is file order;
-// a file cannot be shuffled without holding it, so shuffle Criteo offline if needed.
+// Files: a reader reads its files one after another, in the order given (ExpandCriteoPaths
+// sorts a glob's matches, so day_0 .. day_23 come in order when named so).
+// Sharding (CriteoOptions::shard, shard_by):
+//   by file  file i of the list belongs to shard i % num_shards, which reads all its lines;
+//   by line  line k of every file (0-based, counting every line, bad or good) belongs to shard
+//            k % num_shards; a reader parses only its own lines (the others are scanned for
+//            '\n' and dropped);
+//   auto     by file when there are at least as many files as shards, else by line.
+// Over all shards every line is read exactly once per pass, and each bad line is counted by
+// exactly one shard, so the per-shard stats sum to the files'. The order is file order; a file
+// cannot be shuffled without holding it, so shuffle Criteo offline if needed.
 //
-// Memory: one read buffer (CriteoOptions::read_buffer_bytes, grown only for a longer line) plus
-// the caller's batch; the file is never held whole.
+// Memory: one file open at a time, one read buffer (CriteoOptions::read_buffer_bytes, grown for
+// a long line up to twice max_line_bytes) plus the caller's batch; no file is ever held whole.
 #pragma once
 
 #include <cstdint>
@@ -64,18 +71,30 @@ float CriteoDenseValue(int64_t x);
 // INVALID_ARGUMENT with the reason and leaves `batch` unchanged.
 Status ParseCriteoLine(std::string_view line, int64_t hash_buckets, CtrBatch* batch);
 
+// How a reader's files are split among shards (see the header comment).
+enum class CriteoShardBy { kAuto, kFile, kLine };
+
+// "auto", "file" or "line"; INVALID_ARGUMENT otherwise.
+StatusOr<CriteoShardBy> ParseCriteoShardBy(std::string_view name);
+const char* CriteoShardByName(CriteoShardBy by);
+
 struct CriteoOptions {
-  ShardSpec shard;                // which lines this reader takes (see the header comment)
+  ShardSpec shard;                                // which files or lines this reader takes
+  CriteoShardBy shard_by = CriteoShardBy::kAuto;  // by file or by line (see the header comment)
   int64_t hash_buckets = 0;       // 0: 63-bit ids; > 0: per-field bucket ranges (CriteoFieldId)
-  int max_bad_line_records = 10;  // how many bad lines to keep with their line number
-  int64_t read_buffer_bytes = int64_t{1} << 20;  // initial read buffer, >= 1 KiB
+  int max_bad_line_records = 10;  // how many bad lines to keep with their file and line number
+  int64_t read_buffer_bytes = int64_t{1} << 20;  // the read buffer, >= 1 KiB
+  int64_t max_line_bytes = int64_t{1} << 20;     // a longer line is a bad line, >= 1 KiB
 
   Status Validate() const;
 };
 
 struct CriteoBadLine {
-  int64_t line_number = 0;  // 1-based line of the file
+  std::string path;         // the file
+  int64_t line_number = 0;  // 1-based line of that file
   std::string reason;
+
+  std::string ToString() const;  // "path:line: reason"
 };
 
 // Counts for the current pass over this reader's shard.
@@ -83,31 +102,43 @@ struct CriteoStats {
   int64_t lines = 0;      // this shard's lines seen (examples + bad_lines)
   int64_t examples = 0;   // lines turned into examples
   int64_t bad_lines = 0;  // lines skipped as malformed
+  int64_t bytes = 0;      // bytes of text read (inflated), this shard's lines and the others'
+  int64_t files = 0;      // files opened
   std::vector<CriteoBadLine> first_bad_lines;  // the first max_bad_line_records bad lines
 };
+
+// The files a list names: comma-separated entries, each a path or a glob pattern (*, ? or [ in
+// it; glob(3), matches sorted). NOT_FOUND naming the entry when a path does not exist or a
+// pattern matches nothing; INVALID_ARGUMENT for an empty list or entry. A file named twice is
+// kept once, where it first appears.
+StatusOr<std::vector<std::string>> ExpandCriteoPaths(std::string_view list);
 
 // Thread-safety: not thread-safe; use one reader per thread. The reader owns its file handle.
 class CriteoReader {
  public:
-  // Opens `path` (plain or gzipped). NOT_FOUND if it does not exist; INVALID_ARGUMENT for bad
-  // options.
-  static StatusOr<std::unique_ptr<CriteoReader>> Open(const std::string& path,
+  // Opens `paths` (plain or gzipped, read in that order; this shard's files of them when
+  // sharding by file). NOT_FOUND if one does not exist (all are checked here, not when reached);
+  // INVALID_ARGUMENT for bad options, no file, or no file for this shard.
+  static StatusOr<std::unique_ptr<CriteoReader>> Open(const std::vector<std::string>& paths,
                                                       const CriteoOptions& options = {});
+  static StatusOr<std::unique_ptr<CriteoReader>> Open(const std::string& path, const CriteoOptions& options = {});
   ~CriteoReader();
   CriteoReader(const CriteoReader&) = delete;
   CriteoReader& operator=(const CriteoReader&) = delete;
 
   // Replaces `batch`'s contents with up to `max_examples` (>= 1) further examples of this shard
-  // and returns how many; fewer only at the end of the file, 0 once it is exhausted. DATA_LOSS on
-  // a read error (e.g. a truncated gzip file), after which the reader stays failed.
+  // and returns how many; fewer only at the end of the pass (the last file), 0 once it is
+  // exhausted. DATA_LOSS on a read error (e.g. a truncated gzip file), after which the reader
+  // stays failed.
   StatusOr<int64_t> ReadBatch(int64_t max_examples, CtrBatch* batch);
 
-  // Goes back to the first line for another pass (epoch) and resets stats(). A failed reader
-  // stays failed (returns its error); open the file again instead.
+  // Goes back to the first line of the first file for another pass (epoch) and resets stats().
+  // A failed reader stays failed (returns its error); open the files again instead.
   Status Rewind();
 
   const CriteoStats& stats() const;
-  const std::string& path() const;
+  const std::vector<std::string>& files() const;  // this shard's files, in reading order
+  CriteoShardBy shard_by() const;                 // as applied (never kAuto)
 
  private:
   struct Impl;

@@ -175,12 +175,17 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
       {{"--local", "--criteo-train", "x.tsv", "--criteo-test", "y.tsv"}, "--model ctr"},
       {{"--local", "--model", "ctr", "--criteo-train", "x.tsv"}, "--criteo-test"},
       {{"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y"}, "--steps"},
+      {{"--local", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y"}, "--steps"},
+      {{"--local", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y", "--steps", "5", "--criteo-shard", "row"},
+       "--criteo-shard"},
       {{"--local", "--model", "ctr", "--ctr-zipf", "0"}, "--ctr-zipf"},
       {{"--local", "--model", "ctr", "--emb-dim", "0"}, "--emb-dim"},
       {{"--local", "--eval-every", "epochs"}, "--eval-every"},
       {{"--local", "--eval-every", "-1"}, "--eval-every"},
       {{"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y",
         "--steps", "10", "--eval-every", "epoch"}, "--eval-every epoch"},
+      {{"--local", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y", "--steps", "10", "--eval-every", "epoch"},
+       "--eval-every epoch"},
   };
   for (const auto& [args, flag] : cases) {
     auto o = Parse(args);

@@ -24,11 +24,12 @@ class CtrModel final : public Model {
 
   Status Init() {
     const data::CtrBatch& t = data_->train;
-    fields_ = t.num_fields;
-    dense_ = t.num_dense;
+    stream_ = data_->train_stream.get();
+    fields_ = stream_ != nullptr ? data::kCriteoFields : t.num_fields;
+    dense_ = stream_ != nullptr ? data::kCriteoDense : t.num_dense;
     dim_ = options_.emb_dim;
     if (fields_ < 1) return InvalidArgumentError("ctr: the data has no categorical field");
-    if (t.empty()) return InvalidArgumentError("ctr: no training examples");
+    if (stream_ == nullptr && t.empty()) return InvalidArgumentError("ctr: no training examples");
     if (!data_->test.empty() && (data_->test.num_fields != fields_ || data_->test.num_dense != dense_)) {
       return InvalidArgumentError("ctr: the test set's shape differs from the training set's");
     }
@@ -92,12 +93,21 @@ class CtrModel final : public Model {
     all.insert(all.end(), emb_specs_.begin(), emb_specs_.end());
     return all;
   }
-  int64_t train_size() const override { return data_->train.size(); }
+  int64_t train_size() const override { return stream_ != nullptr ? kStreamed : data_->train.size(); }
   int64_t test_size() const override { return data_->test.size(); }
   bool is_binary() const override { return true; }
   std::span<const float> dense_params() const override { return std::as_const(*tower_.mlp).host_params(); }
 
   Status LoadTrainBatch(std::span<const int64_t> indices) override { return Load(data_->train, indices); }
+  Status LoadNextTrainBatch(int64_t examples) override {
+    if (stream_ == nullptr) return Model::LoadNextTrainBatch(examples);
+    FERRY_RETURN_IF_ERROR(stream_->Next(examples, &streamed_));
+    if (static_cast<int64_t>(all_.size()) != examples) {
+      all_.resize(static_cast<size_t>(examples));
+      std::iota(all_.begin(), all_.end(), 0);
+    }
+    return Load(streamed_, all_);
+  }
 
   Status Pull(ParamStore& store, int64_t step) override {
     FERRY_RETURN_IF_ERROR(store.Pull(tower_.pulls, sparse_pulls_, step));
@@ -244,6 +254,9 @@ class CtrModel final : public Model {
   Device* const device_;
   const TrainerOptions options_;
   const CtrData* const data_;
+  data::CriteoStream* stream_ = nullptr;  // data_->train_stream's, or none
+  data::CtrBatch streamed_;               // the step's examples from the stream
+  std::vector<int64_t> all_;              // 0 .. n-1: the indices of all of streamed_
   int64_t fields_ = 0, dense_ = 0, dim_ = 0, max_batch_ = 0, loaded_ = 0;
   Tower tower_;
   std::vector<TableSpec> emb_specs_;
@@ -265,35 +278,40 @@ class CtrModel final : public Model {
 StatusOr<CtrData> LoadCtrData(const TrainerOptions& options) {
   CtrData d;
   if (!options.criteo_train.empty()) {
-    auto read_all = [&](const std::string& path, data::ShardSpec shard, int64_t limit,
-                        data::CtrBatch* out) -> Status {
-      data::CriteoOptions co;
-      co.shard = shard;
-      FERRY_ASSIGN_OR_RETURN(auto reader, data::CriteoReader::Open(path, co));
-      out->Reset(data::kCriteoDense, data::kCriteoFields);
-      data::CtrBatch chunk;
-      while (limit <= 0 || out->size() < limit) {
-        const int64_t want = limit > 0 ? std::min<int64_t>(65536, limit - out->size()) : 65536;
-        FERRY_ASSIGN_OR_RETURN(int64_t got, reader->ReadBatch(want, &chunk));
-        if (got == 0) break;
-        out->labels.insert(out->labels.end(), chunk.labels.begin(), chunk.labels.end());
-        out->dense.insert(out->dense.end(), chunk.dense.begin(), chunk.dense.end());
-        out->ids.insert(out->ids.end(), chunk.ids.begin(), chunk.ids.end());
-      }
-      const data::CriteoStats& st = reader->stats();
-      d.source += path + ": " + std::to_string(out->size()) + " examples, " + std::to_string(st.bad_lines) +
-                  " bad lines skipped";
-      for (const auto& bad : st.first_bad_lines) {
-        d.source += "\n  line " + std::to_string(bad.line_number) + ": " + bad.reason;
-      }
-      d.source += "\n";
-      if (out->empty()) return InvalidArgumentError(path + ": no usable example");
-      return Status::Ok();
-    };
-    const data::ShardSpec mine = options.local ? data::ShardSpec{} : data::ShardSpec{options.rank, options.num_workers};
-    FERRY_RETURN_IF_ERROR(read_all(options.criteo_train, mine, options.train_limit, &d.train));
-    FERRY_RETURN_IF_ERROR(read_all(options.criteo_test, {}, options.test_limit, &d.test));
-    d.train_is_shard = true;
+    auto train_files = data::ExpandCriteoPaths(options.criteo_train);
+    if (!train_files.ok()) return train_files.status().WithContext("--criteo-train");
+    auto test_files = data::ExpandCriteoPaths(options.criteo_test);
+    if (!test_files.ok()) return test_files.status().WithContext("--criteo-test");
+    data::CriteoOptions co;
+    co.shard = options.local ? data::ShardSpec{} : data::ShardSpec{options.rank, options.num_workers};
+    co.shard_by = options.criteo_shard;
+    FERRY_ASSIGN_OR_RETURN(auto train, data::CriteoReader::Open(*train_files, co));
+    d.source = "Criteo files, streamed: this worker's " + std::to_string(train->files().size()) + " of " +
+               std::to_string(train_files->size()) + " training file(s) (" + train->files()[0] +
+               (train->files().size() > 1 ? " .. " + train->files().back() : std::string()) + ")";
+    if (co.shard.num_shards > 1) {
+      d.source += std::string(", sharded by ") + data::CriteoShardByName(train->shard_by());
+    }
+    d.source += "\n";
+    d.train_stream = std::make_unique<data::CriteoStream>(std::move(train), options.train_limit);
+
+    // The test set is held (about 270 bytes an example; --test-limit caps it).
+    FERRY_ASSIGN_OR_RETURN(auto test, data::CriteoReader::Open(*test_files));
+    d.test.Reset(data::kCriteoDense, data::kCriteoFields);
+    data::CtrBatch chunk;
+    const int64_t limit = options.test_limit;
+    while (limit <= 0 || d.test.size() < limit) {
+      const int64_t want = limit > 0 ? std::min<int64_t>(65536, limit - d.test.size()) : 65536;
+      FERRY_ASSIGN_OR_RETURN(int64_t got, test->ReadBatch(want, &chunk));
+      if (got == 0) break;
+      d.test.Append(chunk);
+    }
+    const data::CriteoStats& st = test->stats();
+    d.source += "test: " + std::to_string(d.test.size()) + " examples from " + std::to_string(st.files) +
+                " file(s), " + std::to_string(st.bad_lines) + " bad lines skipped";
+    for (const auto& bad : st.first_bad_lines) d.source += "\n  " + bad.ToString();
+    d.source += "\n";
+    if (d.test.empty()) return InvalidArgumentError(options.criteo_test + ": no usable test example");
     return d;
   }
   data::SyntheticCtrOptions so;

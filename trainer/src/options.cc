@@ -31,7 +31,7 @@ std::vector<std::string_view> SplitComma(std::string_view s) {
 constexpr std::string_view kValueFlags[] = {
     "--servers", "--rank", "--num-workers", "--device", "--gpu", "--model", "--emb-dim", "--ctr-fields",
     "--ctr-vocab", "--ctr-dense", "--ctr-train", "--ctr-test", "--ctr-zipf", "--data-seed", "--criteo-train",
-    "--criteo-test", "--backup-workers", "--accumulate", "--blas-threads", "--straggler", "--hidden", "--seed", "--optimizer",
+    "--criteo-test", "--criteo-shard", "--backup-workers", "--accumulate", "--blas-threads", "--straggler", "--hidden", "--seed", "--optimizer",
     "--lr", "--consistency", "--data-dir", "--batch", "--epochs", "--steps", "--train-limit", "--test-limit",
     "--log-every", "--eval-every", "--metrics-out", "--checkpoint-every",
     "--checkpoint-every-s", "--curve-keys"};
@@ -111,7 +111,9 @@ data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-lim
   mlp:     --data-dir DIR (/usr/share/datasets/fashion-mnist)
   ctr:     synthetic: --ctr-train N (1000000)  --ctr-test N (20000)  --ctr-fields F (8)
            --ctr-vocab V (1000)  --ctr-dense D (4)  --ctr-zipf S (1.1)  --data-seed S (1)
-           or Criteo TSV: --criteo-train FILE  --criteo-test FILE
+           or Criteo TSV (plain or .gz): --criteo-train LIST  --criteo-test LIST  (LIST: files and
+           globs, comma-separated, e.g. 'day_*.gz'; training streams them and needs --steps)
+           --criteo-shard auto|file|line (auto: by file when there are at least as many as workers)
 report:    --log-every N (100)  --eval-every N|epoch (0: end only)  --metrics-out FILE ({rank} -> rank)
            --quiet
 recovery:  --checkpoint-every N (0: never; worker 0 asks the servers, which need a checkpoint folder)
@@ -132,13 +134,13 @@ Status TrainerOptions::Validate() const {
   if (criteo_test.empty() != criteo_train.empty()) {
     return InvalidArgumentError("--criteo-train and --criteo-test go together");
   }
-  if (!criteo_train.empty() && !local && num_workers > 1 && steps == 0) {
-    return InvalidArgumentError("--criteo-train with several workers needs --steps: each worker reads its own lines "
-                                "of the file, and bad lines make the shards' sizes differ");
+  if (!criteo_train.empty() && steps == 0) {
+    return InvalidArgumentError("--criteo-train needs --steps: the files are streamed, not counted first, and each "
+                                "worker passes over its own files or lines again at their end");
   }
-  if (!criteo_train.empty() && !local && num_workers > 1 && eval_each_epoch) {
-    return InvalidArgumentError("--eval-every epoch with --criteo-train and several workers: each worker's epoch is "
-                                "its own lines, so the workers' epochs end at different steps; give --eval-every N");
+  if (!criteo_train.empty() && eval_each_epoch) {
+    return InvalidArgumentError("--eval-every epoch with --criteo-train: a pass over streamed files ends at no step "
+                                "known in advance (and at different steps on different workers); give --eval-every N");
   }
   if (backup_workers > 0) {
     if (consistency != Consistency::kSync) return InvalidArgumentError("--backup-workers needs --consistency sync");
@@ -256,6 +258,10 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
     } else if (flag == "--criteo-test") {
       if (value.empty()) return InvalidArgumentError("--criteo-test: empty path");
       o.criteo_test = std::string(value);
+    } else if (flag == "--criteo-shard") {
+      auto by = data::ParseCriteoShardBy(value);
+      if (!by.ok()) return InvalidArgumentError("--criteo-shard: " + by.status().message());
+      o.criteo_shard = *by;
     } else if (flag == "--backup-workers") {
       FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, 1 << 20, &n));
       o.backup_workers = static_cast<int>(n);

@@ -1,5 +1,7 @@
 #include "ferry/trainer/trainer.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -11,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ferry/data/criteo.h"
 #include "ferry/data/shard.h"
 #include "ferry/kernels.h"
 #include "ferry/trainer/param_store.h"
@@ -57,6 +60,12 @@ std::string ConsistencyName(const TrainerOptions& o) {
 }
 
 // "{rank}" in the path becomes the rank.
+// This process's peak resident memory so far (getrusage; KiB on Linux), -1 if unknown.
+int64_t PeakRssKiB() {
+  struct rusage u {};
+  return ::getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_maxrss) : -1;
+}
+
 std::string MetricsPath(std::string path, int rank) {
   for (size_t at; (at = path.find("{rank}")) != std::string::npos;) path.replace(at, 6, std::to_string(rank));
   return path;
@@ -91,7 +100,8 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const TrainerOptions& o, Device* de
 // Which examples a worker trains on, and for how many steps.
 struct DataPlan {
   data::ShardSpec shard;       // this worker's part of the training set
-  int64_t train_n = 0;         // training examples in use (--train-limit applied)
+  int64_t train_n = 0;         // training examples in use (--train-limit applied); kStreamed
+  bool streamed = false;       // the training set is a stream (Criteo files): no epochs, steps
   int64_t step_examples = 0;   // batch x accumulate
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;     // the job's (sync: global steps)
@@ -191,23 +201,33 @@ class WorkerRun {
   }
 
   Status PlanData() {
-    const bool own_shard = data_.ctr != nullptr && options_.model == "ctr" && data_.ctr->train_is_shard;
-    plan_.shard = own_shard ? data::ShardSpec{} : data::ShardSpec{rank_, num_workers_};
-    plan_.train_n = options_.train_limit > 0 ? std::min(options_.train_limit, model_->train_size()) : model_->train_size();
     plan_.step_examples = options_.batch * options_.accumulate;
+    plan_.test_n = options_.test_limit > 0 ? std::min(options_.test_limit, model_->test_size()) : model_->test_size();
+    plan_.merged_eval = client_ != nullptr && options_.consistency == Consistency::kSync && num_workers_ > 1 &&
+                        options_.backup_workers == 0;
+    if (model_->train_size() == Model::kStreamed) {
+      // Each worker streams its own part of the data (the reader shards it) and passes over it
+      // again at its end; the run is as long as --steps says (TrainerOptions::Validate).
+      if (options_.steps <= 0 || options_.eval_each_epoch) {
+        return InvalidArgumentError("a streamed training set needs --steps and no --eval-every epoch");
+      }
+      plan_.streamed = true;
+      plan_.train_n = Model::kStreamed;
+      plan_.total_steps = plan_.steps_per_epoch = options_.steps;
+      return Status::Ok();
+    }
+    plan_.shard = data::ShardSpec{rank_, num_workers_};
+    plan_.train_n = options_.train_limit > 0 ? std::min(options_.train_limit, model_->train_size()) : model_->train_size();
     // Every worker runs ceil(smallest shard / kB) steps an epoch, so all run the same number; the
     // epoch's last step takes what is left of the worker's own shard (shards differ by at most
     // one example, so that is 1 .. kB + 1 examples): every example is used once per epoch.
-    const int64_t smallest_shard = own_shard ? plan_.train_n : data::ShardSize(plan_.train_n, {num_workers_ - 1, num_workers_});
+    const int64_t smallest_shard = data::ShardSize(plan_.train_n, {num_workers_ - 1, num_workers_});
     if (smallest_shard == 0) {
       return InvalidArgumentError(std::to_string(plan_.train_n) + " training examples leave worker " +
                                   std::to_string(num_workers_ - 1) + " of " + std::to_string(num_workers_) + " with none");
     }
     plan_.steps_per_epoch = (smallest_shard + plan_.step_examples - 1) / plan_.step_examples;
     plan_.total_steps = options_.steps > 0 ? options_.steps : options_.epochs * plan_.steps_per_epoch;
-    plan_.test_n = options_.test_limit > 0 ? std::min(options_.test_limit, model_->test_size()) : model_->test_size();
-    plan_.merged_eval = client_ != nullptr && options_.consistency == Consistency::kSync && num_workers_ > 1 &&
-                        options_.backup_workers == 0;
     return Status::Ok();
   }
 
@@ -236,9 +256,10 @@ class WorkerRun {
       if (options_.consistency == Consistency::kSsp && step > 0) FERRY_RETURN_IF_ERROR(store_->EndStep(step - 1));
     }
     ckpt_last_ = step;  // that step's checkpoint is the one resumed from, or comes at the next multiple
-    Say("resuming the job at step " + std::to_string(step) + " of " + std::to_string(plan_.total_steps) + " (epoch " +
-        std::to_string(step / plan_.steps_per_epoch + 1) + ", step " + std::to_string(step % plan_.steps_per_epoch) +
-        " of it)");
+    Say("resuming the job at step " + std::to_string(step) + " of " + std::to_string(plan_.total_steps) +
+        (plan_.streamed ? std::string()
+                        : " (epoch " + std::to_string(step / plan_.steps_per_epoch + 1) + ", step " +
+                              std::to_string(step % plan_.steps_per_epoch) + " of it)"));
     return step;
   }
 
@@ -369,8 +390,8 @@ class WorkerRun {
   // job has already taken all its steps (sync: a worker that fell behind stops there).
   StatusOr<bool> Step(int64_t t) {
     StepTimes& times = report_.times;
-    const int64_t epoch = t / plan_.steps_per_epoch;
     FERRY_ASSIGN_OR_RETURN(const int64_t examples, LoadBatch(t));
+    const int64_t epoch = plan_.streamed ? data_.ctr->train_stream->pass() : t / plan_.steps_per_epoch;
     lap_.To(&times.compute_s);
     FERRY_RETURN_IF_ERROR(Pull(t));
     if (sync_servers_ && JobStep() >= plan_.total_steps) {
@@ -407,6 +428,18 @@ class WorkerRun {
 
   // Loads step t's training examples (the epoch's order, shuffled per epoch); returns how many.
   StatusOr<int64_t> LoadBatch(int64_t t) {
+    if (plan_.streamed) {
+      data::CriteoStream& stream = *data_.ctr->train_stream;
+      if (t == t0_ && t0_ > 0) {  // resumed: past the examples of the steps before
+        Say("reading past the " + std::to_string(t0_ * plan_.step_examples) + " examples of the steps before " +
+            std::to_string(t0_));
+        FERRY_RETURN_IF_ERROR(stream.Skip(t0_ * plan_.step_examples).WithContext("resuming the training stream"));
+        stream.TakeFinishedPasses();
+      }
+      FERRY_RETURN_IF_ERROR(model_->LoadNextTrainBatch(plan_.step_examples));
+      for (const data::CriteoPass& p : stream.TakeFinishedPasses()) PassEnded(p);
+      return plan_.step_examples;
+    }
     const int64_t epoch = t / plan_.steps_per_epoch;
     const int64_t step_in_epoch = t % plan_.steps_per_epoch;
     if (epoch != order_epoch_) {
@@ -477,12 +510,15 @@ class WorkerRun {
     // Epochs are counted from 1, as users count them.
     if (out_ != nullptr && !options_.quiet) {
       const int64_t epochs = (plan_.total_steps + plan_.steps_per_epoch - 1) / plan_.steps_per_epoch;
-      std::fprintf(out_, "[worker %d] step %" PRId64 "/%" PRId64 " epoch %" PRId64 "/%" PRId64 ": loss %.4f  accuracy %.4f  %.0f examples/s  %.1f s\n",
-                   rank_, t + 1, plan_.total_steps, epoch + 1, epochs, mean_loss, acc, eps, Seconds(start_, now));
+      // A stream's passes are not known in advance: "pass P" (the pass being read).
+      const std::string where = plan_.streamed ? "pass " + std::to_string(epoch + 1)
+                                               : "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(epochs);
+      std::fprintf(out_, "[worker %d] step %" PRId64 "/%" PRId64 " %s: loss %.4f  accuracy %.4f  %.0f examples/s  %.1f s\n",
+                   rank_, t + 1, plan_.total_steps, where.c_str(), mean_loss, acc, eps, Seconds(start_, now));
       std::fflush(out_);
     }
     lap_.To(&report_.times.compute_s);  // the worker's own bookkeeping counts as its compute
-    Json f = {{"step", t + 1},         {"epoch", epoch + 1},         {"examples", report_.examples},
+    Json f = {{"step", t + 1},         {plan_.streamed ? "pass" : "epoch", epoch + 1}, {"examples", report_.examples},
               {"loss", mean_loss},     {"accuracy", acc},            {"examples_per_sec", eps},
               {"time", TimesJson(report_.times)}};
     AddBytes(f);
@@ -490,6 +526,26 @@ class WorkerRun {
     window_loss_ = 0;
     window_correct_ = window_examples_ = 0;
     window_start_ = now;
+  }
+
+  // A pass over a streamed training set ended: what it read, said and recorded ("pass" event).
+  void PassEnded(const data::CriteoPass& p) {
+    const data::CriteoStats& st = p.stats;
+    std::string line = "pass " + std::to_string(p.pass + 1) + " over this worker's training data done: " +
+                       std::to_string(st.examples) + " examples from " + std::to_string(st.files) + " file(s), " +
+                       std::to_string(st.bad_lines) + " bad lines skipped";
+    Json bad = Json::array();
+    for (const data::CriteoBadLine& b : st.first_bad_lines) {
+      line += "\n  " + b.ToString();
+      bad.push_back(b.ToString());
+    }
+    Say(line);
+    Event("pass", {{"pass", p.pass + 1},
+                   {"examples", st.examples},
+                   {"bad_lines", st.bad_lines},
+                   {"files", st.files},
+                   {"bytes", st.bytes},
+                   {"first_bad_lines", std::move(bad)}});
   }
 
   // After the last step: the final model holds every worker's updates. The worker tells the
@@ -534,6 +590,7 @@ class WorkerRun {
               {"first_step", t0_},
               {"pushes_used", progress.pushes_used},
               {"pushes_dropped", progress.pushes_dropped},
+              {"peak_rss_kib", PeakRssKiB()},
               {"time", TimesJson(times)}};
     AddBytes(f);
     if (rank_ == 0) {

@@ -166,9 +166,11 @@ TEST(CtrTraining, AsyncClusterLearnsAndWritesMetrics) {
   EXPECT_EQ(ends, 1);
 }
 
-// Criteo TSV files train the same model: a file whose label is set by one categorical field is
-// learned, and its malformed line is skipped, counted and reported, not fatal.
-TEST(CtrTraining, LearnsFromCriteoFilesAndReportsBadLines) {
+// Criteo TSV files train the same model, streamed: two training files (one gzipped would do the
+// same; the reader's tests cover it) whose label is set by one categorical field are learned
+// over two passes and more, and the malformed line is skipped, counted and reported with its
+// file and line in each pass's event, not fatal.
+TEST(CtrTraining, LearnsFromStreamedCriteoFilesAndReportsBadLines) {
   auto write = [](const std::string& path, int lines, uint64_t seed, bool bad) {
     std::ofstream f(path);
     uint64_t x = seed;
@@ -187,31 +189,68 @@ TEST(CtrTraining, LearnsFromCriteoFilesAndReportsBadLines) {
       if (bad && i == 100) f << "1\tnot\tenough\tcolumns\n";
     }
   };
-  const std::string train = testing::TempDir() + "/criteo_train.tsv", test = testing::TempDir() + "/criteo_test.tsv";
-  write(train, 4000, 1, true);
+  const std::string dir = testing::TempDir();
+  const std::string train0 = dir + "/criteo_train_0.tsv", train1 = dir + "/criteo_train_1.tsv";
+  const std::string test = dir + "/criteo_test.tsv";
+  write(train0, 2000, 1, true);
+  write(train1, 2000, 3, false);
   write(test, 1000, 2, false);
   TrainerOptions o = test::CtrOptions(OptimizerType::kAdam, 0.01f, 0);
-  o.criteo_train = train;
+  o.criteo_train = dir + "/criteo_train_*.tsv";
   o.criteo_test = test;
   o.batch = 64;
-  o.epochs = 2;
+  o.steps = 150;  // 9600 examples: two passes over the 4000, and part of a third
+  o.metrics_out = dir + "/criteo_metrics.jsonl";
   auto data = LoadCtrData(o);
   ASSERT_TRUE(data.ok()) << data.status();
   std::printf("%s", data->source.c_str());
-  EXPECT_EQ(data->train.size(), 4000);
+  EXPECT_TRUE(data->train.empty()) << "the training files were loaded, not streamed";
+  ASSERT_NE(data->train_stream, nullptr);
   EXPECT_EQ(data->test.size(), 1000);
-  EXPECT_NE(data->source.find("1 bad lines skipped"), std::string::npos) << data->source;
-  EXPECT_NE(data->source.find("line 102"), std::string::npos) << data->source;
   const test::WorkerRun run = test::RunLocal(o, Datasets{nullptr, nullptr, &*data});
   ASSERT_TRUE(run.report.ok()) << run.report.status();
   std::printf("Criteo-format test AUC %.4f (labels 90%% set by C1: best about 0.9)\n", run.report->eval.auc);
   EXPECT_EQ(run.report->eval.count, 1000);
+  EXPECT_EQ(run.report->examples, 150 * 64);
   EXPECT_GT(run.report->eval.auc, 0.8);
 
-  o.criteo_train = testing::TempDir() + "/no_such_file.tsv";
+  std::ifstream in(o.metrics_out);
+  std::string line;
+  int passes = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::ordered_json ev = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(ev.is_object()) << line;
+    if (ev.at("event") == "train") {
+      EXPECT_TRUE(ev.contains("pass")) << line;
+    }
+    if (ev.at("event") != "pass") continue;
+    ++passes;
+    EXPECT_EQ(ev.at("pass"), passes) << line;
+    EXPECT_EQ(ev.at("examples"), 4000) << line;
+    EXPECT_EQ(ev.at("files"), 2) << line;
+    EXPECT_EQ(ev.at("bad_lines"), 1) << line;
+    ASSERT_EQ(ev.at("first_bad_lines").size(), 1u) << line;
+    EXPECT_EQ(ev.at("first_bad_lines")[0], train0 + ":102: 4 tab-separated fields, expected 40") << line;
+  }
+  EXPECT_EQ(passes, 2);
+
+  o.criteo_train = dir + "/no_such_file_*.tsv";
   auto missing = LoadCtrData(o);
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.status().message().find("no_such_file.tsv"), std::string::npos) << missing.status();
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("no_such_file_*.tsv"), std::string::npos) << missing.status();
+
+  // A file with no usable line fails the run at its first step, naming the file and the reason.
+  const std::string junk = dir + "/criteo_junk.tsv";
+  std::ofstream(junk) << "not a criteo line\n";
+  o.criteo_train = junk;
+  o.metrics_out.clear();
+  auto junk_data = LoadCtrData(o);
+  ASSERT_TRUE(junk_data.ok()) << junk_data.status();
+  const test::WorkerRun failed = test::RunLocal(o, Datasets{nullptr, nullptr, &*junk_data});
+  ASSERT_FALSE(failed.report.ok());
+  EXPECT_NE(failed.report.status().message().find(junk + ":1: 1 tab-separated fields"), std::string::npos)
+      << failed.report.status();
 }
 
 }  // namespace

@@ -480,5 +480,64 @@ TEST(CriteoTest, ExpandsListsAndGlobs) {
   EXPECT_EQ(ExpandCriteoPaths(dir / "day_0.gz,").status().code(), StatusCode::kInvalidArgument);
 }
 
+std::vector<int> Traced(const CtrBatch& batch) {
+  std::vector<int> out;
+  for (int64_t k = 0; k < batch.size(); ++k) out.push_back(static_cast<int>(std::lround(std::expm1(batch.dense_row(k)[0]))));
+  return out;
+}
+
+// A stream hands out exactly n examples a call, beginning the next pass where one ends (a batch
+// spans the two), reports each finished pass, caps a pass at pass_limit, and Skip(k) leaves it
+// where k examples of Next would.
+TEST(CriteoTest, AStreamPassesOverItsFilesAgainAndSkipsLikeItReads) {
+  std::string text;
+  for (int i = 0; i < 7; ++i) text += Numbered(i) + "\n";
+  text += "bad\n";
+  TempFile file(".tsv");
+  WritePlain(file.path(), text);
+  auto open = [&] {
+    auto r = CriteoReader::Open(file.path());
+    EXPECT_TRUE(r.ok());
+    return std::move(*r);
+  };
+  CriteoStream stream(open());
+  CtrBatch batch;
+  ASSERT_TRUE(stream.Next(5, &batch).ok());
+  EXPECT_EQ(Traced(batch), (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_TRUE(stream.TakeFinishedPasses().empty());
+  ASSERT_TRUE(stream.Next(5, &batch).ok());
+  EXPECT_EQ(Traced(batch), (std::vector<int>{5, 6, 0, 1, 2}));
+  EXPECT_EQ(stream.pass(), 1);
+  std::vector<CriteoPass> done = stream.TakeFinishedPasses();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].pass, 0);
+  EXPECT_EQ(done[0].stats.examples, 7);
+  EXPECT_EQ(done[0].stats.bad_lines, 1);
+
+  for (int skip : {0, 3, 7, 12, 20}) {
+    CriteoStream read(open()), skipped(open());
+    ASSERT_TRUE(read.Next(skip + 4, &batch).ok());
+    const std::vector<int> all = Traced(batch);
+    ASSERT_TRUE(skipped.Skip(skip).ok());
+    ASSERT_TRUE(skipped.Next(4, &batch).ok());
+    EXPECT_EQ(Traced(batch), std::vector<int>(all.end() - 4, all.end())) << "skip " << skip;
+    EXPECT_EQ(skipped.pass(), read.pass()) << "skip " << skip;
+  }
+
+  CriteoStream limited(open(), /*pass_limit=*/3);
+  ASSERT_TRUE(limited.Next(7, &batch).ok());
+  EXPECT_EQ(Traced(batch), (std::vector<int>{0, 1, 2, 0, 1, 2, 0}));
+
+  TempFile junk(".tsv");
+  WritePlain(junk.path(), "bad\nworse\n");
+  auto r = CriteoReader::Open(junk.path());
+  ASSERT_TRUE(r.ok());
+  CriteoStream empty(std::move(*r));
+  const Status s = empty.Next(1, &batch);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("no usable example"));
+  EXPECT_THAT(s.message(), HasSubstr(junk.path() + ":2: 1 tab-separated fields"));
+}
+
 }  // namespace
 }  // namespace ferry::data

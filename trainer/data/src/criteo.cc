@@ -266,4 +266,48 @@ const CriteoStats& CriteoReader::stats() const { return impl_->stats; }
 const std::vector<std::string>& CriteoReader::files() const { return impl_->files; }
 CriteoShardBy CriteoReader::shard_by() const { return impl_->by; }
 
+CriteoStream::CriteoStream(std::unique_ptr<CriteoReader> reader, int64_t pass_limit)
+    : reader_(std::move(reader)), pass_limit_(std::max<int64_t>(pass_limit, 0)) {}
+
+Status CriteoStream::Next(int64_t n, CtrBatch* batch) {
+  if (n < 1) return InvalidArgumentError("CriteoStream::Next: " + std::to_string(n) + " examples");
+  batch->Reset(kCriteoDense, kCriteoFields);
+  while (batch->size() < n) {
+    int64_t want = n - batch->size();
+    if (pass_limit_ > 0) want = std::min(want, pass_limit_ - in_pass_);
+    int64_t got = 0;
+    if (want > 0) {
+      FERRY_ASSIGN_OR_RETURN(got, reader_->ReadBatch(want, &chunk_));
+    }
+    if (got == 0) {  // the pass is over
+      const CriteoStats& st = reader_->stats();
+      if (in_pass_ == 0) {
+        std::string what = "no usable example in " + std::to_string(reader_->files().size()) + " file(s) (" +
+                           reader_->files()[0] + (reader_->files().size() > 1 ? ", ..." : "") + "): " +
+                           std::to_string(st.lines) + " line(s) of this shard, " + std::to_string(st.bad_lines) + " bad";
+        for (const CriteoBadLine& b : st.first_bad_lines) what += "; " + b.ToString();
+        return InvalidArgumentError(std::move(what));
+      }
+      finished_.push_back({pass_, st});
+      FERRY_RETURN_IF_ERROR(reader_->Rewind());
+      ++pass_;
+      in_pass_ = 0;
+      continue;
+    }
+    in_pass_ += got;
+    batch->Append(chunk_);
+  }
+  return Status::Ok();
+}
+
+Status CriteoStream::Skip(int64_t n) {
+  CtrBatch scratch;
+  for (int64_t left = n; left > 0;) {
+    const int64_t k = std::min<int64_t>(left, 4096);
+    FERRY_RETURN_IF_ERROR(Next(k, &scratch));
+    left -= k;
+  }
+  return Status::Ok();
+}
+
 }  // namespace ferry::data

@@ -3,6 +3,7 @@
 //
 // One step t of a worker, as RunTraining drives it:
 //   LoadTrainBatch(indices)          host: gather the examples, deduplicate their sparse ids
+//   (or LoadNextTrainBatch(n)        the same for the next n of a streamed training set)
 //   Pull(store, t)                   dense tensors + the batch's sparse rows, uploaded
 //   ComputeGradients(...) x k        k micro-batches (--accumulate k) of the loaded batch; the
 //                                    gradient of each micro-batch's MEAN loss, scaled by 1/k and
@@ -42,12 +43,19 @@ class Model {
   virtual ~Model() = default;
 
   virtual std::vector<TableSpec> TableSpecs() const = 0;
+  // The training examples, or kStreamed: read as a stream, batch after batch, of no size known.
+  static constexpr int64_t kStreamed = -1;
   virtual int64_t train_size() const = 0;
   virtual int64_t test_size() const = 0;
   virtual bool is_binary() const = 0;  // ctr: AUC and log-loss
 
   // Host side of a step: the training examples `indices` (1 .. max batch of the model).
   virtual Status LoadTrainBatch(std::span<const int64_t> indices) = 0;
+  // A streamed training set (train_size() == kStreamed): the next `examples` of it.
+  virtual Status LoadNextTrainBatch(int64_t examples) {
+    (void)examples;
+    return UnimplementedError("this model's training set is not streamed");
+  }
   virtual Status Pull(ParamStore& store, int64_t step) = 0;
   // Forward + backward on rows [first, first + rows) of the loaded batch; accumulates scale x the
   // gradient of their mean loss (accumulate = false: overwrites instead). Adds the rows' summed

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "ferry/data/criteo.h"
 #include "ferry/data/ctr_batch.h"
 #include "ferry/data/fashion_mnist.h"
 #include "ferry/trainer/model.h"
@@ -33,19 +34,21 @@ inline constexpr int64_t kEvalBatch = 512;
 StatusOr<std::unique_ptr<Model>> CreateClassifier(Device* device, const TrainerOptions& options,
                                                   const data::ImageDataset* train, const data::ImageDataset* test);
 
-// Click data held in memory: every example of `train` (or this worker's shard of it, see
-// TrainerOptions) and `test`.
+// Click data: synthetic `train` and `test` held in memory; or Criteo files, this worker's part
+// of the training files streamed (`train_stream`, `train` empty) and `test` held in memory.
 struct CtrData {
   data::CtrBatch train, test;
-  bool train_is_shard = false;  // train holds only this worker's examples (Criteo)
-  std::string source;           // one line saying what the data is
+  // Criteo: advanced by the model, step after step (Model::LoadNextTrainBatch); the rest of
+  // CtrData is read-only to it.
+  std::unique_ptr<data::CriteoStream> train_stream;
+  std::string source;  // what the data is (a line, and a line per bad line of the test files)
   // Synthetic data: the planted model's metrics on `test` (the best a model can do there).
   double planted_auc = -1, planted_log_loss = -1;
 };
 
 // Synthetic data per options (examples [0, ctr_train) train, the next ctr_test test), or the
-// Criteo files (this worker's lines of criteo_train, all of criteo_test, each capped by
-// train_limit / test_limit).
+// Criteo files (this worker's files or lines of criteo_train streamed, a pass capped by
+// train_limit; all of criteo_test, capped by test_limit).
 StatusOr<CtrData> LoadCtrData(const TrainerOptions& options);
 StatusOr<std::unique_ptr<Model>> CreateCtrModel(Device* device, const TrainerOptions& options, const CtrData* data);
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/data/criteo.h"
 #include "ferry/status.h"
 #include "ferry/table_spec.h"
 
@@ -45,8 +46,12 @@ struct TrainerOptions {
   int64_t ctr_test = 20000;          // --ctr-test N: synthetic test examples
   double ctr_zipf = 1.1;             // --ctr-zipf S: Zipf exponent of the ids (synthetic)
   uint64_t data_seed = 1;            // --data-seed S: the synthetic data and its planted model
-  std::string criteo_train;          // --criteo-train FILE: train on Criteo TSV (plain or .gz)
-  std::string criteo_test;           // --criteo-test FILE: evaluate on it
+  // --criteo-train LIST: train on Criteo TSV files (plain or .gz; comma-separated paths and glob
+  // patterns, ExpandCriteoPaths), streamed: the run is sized by --steps, passing over them again
+  // at their end. --criteo-test LIST: evaluate on them (held in memory: cap with --test-limit).
+  std::string criteo_train;
+  std::string criteo_test;
+  data::CriteoShardBy criteo_shard = data::CriteoShardBy::kAuto;  // --criteo-shard auto|file|line
 
   // ---- Optimization ----
   OptimizerSpec optimizer = [] {

@@ -36,6 +36,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ferry/data/ctr_batch.h"
@@ -144,6 +145,41 @@ class CriteoReader {
   struct Impl;
   explicit CriteoReader(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// One finished pass of a CriteoStream.
+struct CriteoPass {
+  int64_t pass = 0;  // 0-based
+  CriteoStats stats;
+};
+
+// Exactly n examples at a time from a CriteoReader, passing over its files again at their end:
+// the training source of a run sized in steps, whose memory does not grow with the files.
+// Thread-safety: not thread-safe.
+class CriteoStream {
+ public:
+  // pass_limit > 0: a pass ends after that many examples (--train-limit); 0: at the files' end.
+  explicit CriteoStream(std::unique_ptr<CriteoReader> reader, int64_t pass_limit = 0);
+
+  // Replaces `batch`'s contents with the next `n` (>= 1) examples, beginning another pass where
+  // one ends (a batch may span two). INVALID_ARGUMENT when a whole pass yields no example (naming
+  // the files and the first bad lines); the reader's errors as they are.
+  Status Next(int64_t n, CtrBatch* batch);
+  // Reads past the next `n` examples (a resumed job's earlier steps): parsed, not kept.
+  Status Skip(int64_t n);
+
+  int64_t pass() const { return pass_; }  // the pass the next example comes from (0-based)
+  // The passes finished since the last call, oldest first.
+  std::vector<CriteoPass> TakeFinishedPasses() { return std::exchange(finished_, {}); }
+  const CriteoReader& reader() const { return *reader_; }
+
+ private:
+  std::unique_ptr<CriteoReader> reader_;
+  int64_t pass_limit_;
+  int64_t pass_ = 0;
+  int64_t in_pass_ = 0;  // examples of this pass handed out
+  CtrBatch chunk_;
+  std::vector<CriteoPass> finished_;
 };
 
 }  // namespace ferry::data

@@ -31,6 +31,12 @@ struct CtrBatch {
     return std::span<const int64_t>(ids).subspan(i * num_fields, num_fields);
   }
 
+  // Appends every example of `other`, which has the same shape.
+  void Append(const CtrBatch& other) {
+    labels.insert(labels.end(), other.labels.begin(), other.labels.end());
+    dense.insert(dense.end(), other.dense.begin(), other.dense.end());
+    ids.insert(ids.end(), other.ids.begin(), other.ids.end());
+  }
   // Drops every example; keeps the shape and the capacity.
   void Clear() {
     labels.clear();

@@ -51,7 +51,8 @@
 // Epochs are counted from 1.
 //   start  num_workers, model, consistency, backup_workers, device, batch, accumulate, blas_threads,
 //          train_examples, steps (and, for synthetic ctr data, planted_auc, planted_log_loss)
-//   train  step, epoch, examples (cumulative, this worker), loss (mean over the window),
+//   train  step, epoch (or pass, for streamed Criteo files: the pass being read), examples
+//          (cumulative, this worker), loss (mean over the window),
 //          accuracy, examples_per_sec (window), bytes_sent, bytes_received
 //   eval   step, examples, count (test examples), loss, accuracy, auc (ctr), log_loss (ctr),
 //          merged (true when the workers' shards were merged) — worker 0 only
@@ -59,10 +60,13 @@
 //          train_s (seconds to the end of its last step, less evaluation), final_wait_s (the
 //          closing barrier: waiting for the other workers; part of wait_s), global_step (sync:
 //          the step this worker's last push counted for), pushes_used / pushes_dropped (steps
-//          whose gradient counted / was dropped whole as late), bytes_sent, bytes_received;
+//          whose gradient counted / was dropped whole as late), bytes_sent, bytes_received,
+//          peak_rss_kib (this process's peak resident memory);
 //          worker 0 adds
 //          "staleness" {"k": updates applied k versions stale, summed over servers} and "final"
 //          (the last eval's fields); first_step (> 0: the step a --resume worker began at)
+//   pass   (streamed Criteo files) a pass over this worker's files ended: pass (from 1),
+//          examples, bad_lines, files, bytes (of text read), first_bad_lines ["file:line: reason"]
 //   checkpoint  (worker 0, --checkpoint-every) step, ok; bytes (all shards), servers_paused_ms
 //          (the longest any server stopped serving to copy its tables), saved_within_s (from
 //          asking to committing: the servers write while training goes on, and the commit is

@@ -255,4 +255,55 @@ TEST(TrainerDevice, CpuBuffersAndOps) {
 }
 
 }  // namespace
+// --table PATTERN:key=value,...: parsed and checked at once, applied in order to the tables
+// whose names match, with what goes with a consistency.
+TEST(TrainerOptions, TableSettingsApplyToTheTablesTheyMatch) {
+  auto o = Parse({"--local", "--model", "ctr", "--backup-workers", "0", "--table",
+                  "ctr/emb*:consistency=ssp:3,optimizer=ftrl,lr=0.05,l1=1.5", "--table", "ctr/emb1:l1=2"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_EQ(o->tables.size(), 2u);
+  EXPECT_EQ(o->tables[0].ToString(), "ctr/emb*:consistency=ssp:3,optimizer=ftrl,lr=0.05,l1=1.5");
+  std::vector<TableSpec> specs(3);
+  specs[0].name = "ctr/dense0";
+  specs[1].name = "ctr/emb0";
+  specs[2].name = "ctr/emb1";
+  for (TableSpec& s : specs) {
+    s.consistency = Consistency::kSync;
+    s.replicas_to_aggregate = 0;
+  }
+  ASSERT_TRUE(ApplyTableOverrides(*o, &specs).ok());
+  EXPECT_EQ(specs[0].consistency, Consistency::kSync);
+  EXPECT_EQ(specs[0].optimizer.type, OptimizerType::kSgd);
+  for (int i : {1, 2}) {
+    EXPECT_EQ(specs[i].consistency, Consistency::kSsp) << i;
+    EXPECT_EQ(specs[i].staleness, 3) << i;
+    EXPECT_EQ(specs[i].optimizer.type, OptimizerType::kFtrl) << i;
+    EXPECT_FLOAT_EQ(specs[i].optimizer.learning_rate, 0.05f) << i;
+  }
+  EXPECT_FLOAT_EQ(specs[1].optimizer.l1, 1.5f);
+  EXPECT_FLOAT_EQ(specs[2].optimizer.l1, 2.0f);  // the later --table wins
+
+  // Sync set per table takes --backup-workers' replicas_to_aggregate.
+  auto sync = Parse({"--servers", "tcp://a:1", "--num-workers", "3", "--backup-workers", "1", "--table", "w*:consistency=sync"});
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  std::vector<TableSpec> w(1);
+  w[0].name = "w0";
+  w[0].consistency = Consistency::kAsync;
+  ASSERT_TRUE(ApplyTableOverrides(*sync, &w).ok());
+  EXPECT_EQ(w[0].consistency, Consistency::kSync);
+  EXPECT_EQ(w[0].replicas_to_aggregate, 2);
+
+  for (const char* bad : {"ctr/emb*", "ctr/emb*:", ":lr=1", "ctr/emb*:lr", "ctr/emb*:lr=x", "ctr/emb*:lr=-1",
+                          "ctr/emb*:consistency=sometimes", "ctr/emb*:optimizer=lbfgs", "ctr/emb*:l3=1"}) {
+    auto r = Parse({"--local", "--table", bad});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--table"), std::string::npos) << r.status();
+  }
+  auto none = Parse({"--local", "--table", "user/*:lr=0.1"});
+  ASSERT_TRUE(none.ok());
+  const Status s = ApplyTableOverrides(*none, &specs);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("matches none of the model's tables (ctr/dense0, ctr/emb0, ctr/emb1)"), std::string::npos) << s;
+}
+
 }  // namespace ferry::trainer

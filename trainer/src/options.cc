@@ -1,5 +1,7 @@
 #include "ferry/trainer/options.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <iterator>
 #include <charconv>
@@ -34,7 +36,7 @@ constexpr std::string_view kValueFlags[] = {
     "--criteo-test", "--criteo-shard", "--backup-workers", "--accumulate", "--blas-threads", "--straggler", "--hidden", "--seed", "--optimizer",
     "--lr", "--consistency", "--data-dir", "--batch", "--epochs", "--steps", "--train-limit", "--test-limit",
     "--log-every", "--eval-every", "--metrics-out", "--checkpoint-every",
-    "--checkpoint-every-s", "--curve-keys"};
+    "--checkpoint-every-s", "--curve-keys", "--table"};
 
 Status ParseInt(std::string_view flag, std::string_view text, int64_t min, int64_t max, int64_t* out) {
   int64_t v = 0;
@@ -97,6 +99,52 @@ Status ParseStraggler(std::string_view value, TrainerOptions* o) {
 
 }  // namespace
 
+namespace {
+
+// One setting of a --table flag, applied to `spec` (defaults: `o`'s).
+Status ApplyTableSetting(const TrainerOptions& o, std::string_view key, std::string_view value, TableSpec* spec) {
+  if (key == "consistency") {
+    int32_t staleness = 0;
+    FERRY_RETURN_IF_ERROR(ParseConsistency(value, &spec->consistency, &staleness));
+    spec->staleness = spec->consistency == Consistency::kSsp ? staleness : 0;
+    spec->replicas_to_aggregate = spec->consistency == Consistency::kSync ? o.replicas_to_aggregate() : 0;
+    return Status::Ok();
+  }
+  if (key == "optimizer") return ParseOptimizerType(value, &spec->optimizer.type);
+  const std::string text(value);
+  char* end = nullptr;
+  const double x = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size()) {
+    return InvalidArgumentError(std::string(key) + ": '" + text + "' is not a number");
+  }
+  if (key == "lr") {
+    if (!(x > 0) || !std::isfinite(x)) return InvalidArgumentError("lr must be > 0");
+    spec->optimizer.learning_rate = static_cast<float>(x);
+    return Status::Ok();
+  }
+  return SetSpecOption(spec, key, x);
+}
+
+StatusOr<TableOverride> ParseTableOverride(std::string_view text) {
+  auto bad = [&](const std::string& why) { return InvalidArgumentError("--table '" + std::string(text) + "': " + why); };
+  const size_t eq = text.find('=');
+  const size_t colon = eq == std::string_view::npos ? std::string_view::npos : text.rfind(':', eq);
+  if (colon == std::string_view::npos || colon == 0) return bad("not PATTERN:key=value,...");
+  TableOverride t;
+  t.pattern = std::string(text.substr(0, colon));
+  TableSpec scratch;  // each setting is tried here once, so a bad one is named at once
+  for (std::string_view kv : SplitComma(text.substr(colon + 1))) {
+    const size_t at = kv.find('=');
+    if (at == std::string_view::npos || at == 0) return bad("'" + std::string(kv) + "' is not key=value");
+    const std::string_view key = kv.substr(0, at), value = kv.substr(at + 1);
+    if (Status s = ApplyTableSetting(TrainerOptions(), key, value, &scratch); !s.ok()) return bad(s.message());
+    t.settings.emplace_back(key, value);
+  }
+  return t;
+}
+
+}  // namespace
+
 std::string TrainerUsage() {
   return R"(usage: ferry-trainer [flags]
 cluster:   --servers tcp://h:p,tcp://h:p  --rank R  --num-workers M     (or --local: no servers)
@@ -106,6 +154,9 @@ model:     --model mlp|ctr (mlp)  --hidden 256,128  --seed S (1)  --emb-dim E (1
 optimizer: --optimizer sgd|momentum|adagrad|adam|ftrl (sgd)  --lr X (0.1)
            --consistency sync|async|ssp:S (sync)  --backup-workers K (0, sync)
            --accumulate k (1: push every micro-batch of --batch)
+           --table PATTERN:key=value,...  (repeatable) per-table settings over the above, for the
+           tables matching PATTERN (fnmatch): consistency, optimizer, lr, l1, l2, beta, beta1, ...;
+           e.g. --table 'ctr/emb*:consistency=async,optimizer=ftrl,lr=0.05,l1=1'
            --blas-threads N (0: OpenBLAS's own; CPU GEMM threads, recorded: results repeat for one N)
 data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-limit N  --test-limit N
   mlp:     --data-dir DIR (/usr/share/datasets/fashion-mnist)
@@ -258,6 +309,9 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
     } else if (flag == "--criteo-test") {
       if (value.empty()) return InvalidArgumentError("--criteo-test: empty path");
       o.criteo_test = std::string(value);
+    } else if (flag == "--table") {
+      FERRY_ASSIGN_OR_RETURN(TableOverride t, ParseTableOverride(value));
+      o.tables.push_back(std::move(t));
     } else if (flag == "--criteo-shard") {
       auto by = data::ParseCriteoShardBy(value);
       if (!by.ok()) return InvalidArgumentError("--criteo-shard: " + by.status().message());
@@ -343,6 +397,32 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
   }
   FERRY_RETURN_IF_ERROR(o.Validate());
   return o;
+}
+
+std::string TableOverride::ToString() const {
+  std::string s = pattern + ":";
+  for (size_t i = 0; i < settings.size(); ++i) s += (i > 0 ? "," : "") + settings[i].first + "=" + settings[i].second;
+  return s;
+}
+
+Status ApplyTableOverrides(const TrainerOptions& options, std::vector<TableSpec>* specs) {
+  for (const TableOverride& t : options.tables) {
+    bool matched = false;
+    for (TableSpec& spec : *specs) {
+      if (::fnmatch(t.pattern.c_str(), spec.name.c_str(), 0) != 0) continue;
+      matched = true;
+      for (const auto& [key, value] : t.settings) {
+        FERRY_RETURN_IF_ERROR(ApplyTableSetting(options, key, value, &spec).WithContext("--table " + t.ToString()));
+      }
+    }
+    if (!matched) {
+      std::string names;
+      for (const TableSpec& spec : *specs) names += (names.empty() ? "" : ", ") + spec.name;
+      return InvalidArgumentError("--table " + t.ToString() + ": '" + t.pattern + "' matches none of the model's tables (" +
+                                  names + ")");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace ferry::trainer

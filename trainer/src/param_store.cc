@@ -12,46 +12,62 @@ namespace {
 
 class ServerStore final : public ParamStore {
  public:
-  ServerStore(Client* client, Consistency consistency) : client_(client), consistency_(consistency) {}
+  explicit ServerStore(Client* client) : client_(client) {}
 
   Status Declare(std::span<const TableSpec> specs) override {
-    for (const TableSpec& s : specs) FERRY_RETURN_IF_ERROR(client_->Declare(s).WithContext("declaring " + s.name));
+    for (const TableSpec& s : specs) {
+      FERRY_RETURN_IF_ERROR(client_->Declare(s).WithContext("declaring " + s.name));
+      consistency_[s.name] = s.consistency;
+      any_sync_ = any_sync_ || s.consistency == Consistency::kSync;
+      any_ssp_ = any_ssp_ || s.consistency == Consistency::kSsp;
+    }
     return Status::Ok();
   }
 
   Status Pull(std::span<const DenseOut> dense, std::span<const SparseOut> sparse, int64_t step) override {
-    const bool sync = consistency_ == Consistency::kSync;
-    const int64_t want = sync ? next_step_ : step;
+    // Sync tables are read at the global step this worker knows, the others at the loop's.
+    const int64_t want = any_sync_ ? next_step_ : step;
     handles_.clear();
-    if (!dense.empty()) handles_.push_back(client_->PullDense(dense, want));
-    for (const SparseOut& s : sparse) handles_.push_back(client_->PullSparse(s.table, s.ids, s.rows, want));
+    sync_handle_.clear();
+    ForEachGroup(dense, [&](std::span<const DenseOut> group, bool sync) {
+      Add(client_->PullDense(group, sync ? want : step), sync);
+    });
+    for (const SparseOut& s : sparse) {
+      const bool sync = IsSync(s.table);
+      Add(client_->PullSparse(s.table, s.ids, s.rows, sync ? want : step), sync);
+    }
     // The last step's clock (ssp) travelled ahead of these pulls on each server's connection; its
     // replies are collected here rather than waited for alone after the step.
     const Status clock = std::exchange(clock_, Handle()).wait();
     int64_t served = -1;
     std::chrono::microseconds held{0};
-    FERRY_RETURN_IF_ERROR(WaitAll("pull", want, [&](const Served& s) {
-      if (s.version >= 0) served = served < 0 ? s.version : std::min(served, s.version);
+    FERRY_RETURN_IF_ERROR(WaitAll("pull", want, [&](const Served& s, bool sync) {
+      if (sync && s.version >= 0) served = served < 0 ? s.version : std::min(served, s.version);
       held = std::max(held, s.held);
     }));
     FERRY_RETURN_IF_ERROR(clock.WithContext("advancing the clock before step " + std::to_string(step)));
     progress_.pull_wait_s += std::chrono::duration<double>(held).count();
-    // Sync: the servers answered once every table had reached `want`; a table served at a later
-    // step means the job moved on without this worker (it was late, or joined late): its next
-    // push counts for the step it was served.
-    progress_.step = sync && served >= want ? served : want;
+    // Sync: the servers answered once every sync table had reached `want`; a table served at a
+    // later step means the job moved on without this worker (it was late, or joined late): its
+    // next push counts for the step it was served.
+    progress_.step = any_sync_ && served >= want ? served : want;
     if (progress_.first_served < 0) progress_.first_served = progress_.step;
     return Status::Ok();
   }
 
   Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step) override {
-    const bool sync = consistency_ == Consistency::kSync;
-    const int64_t tag = sync ? progress_.step : step;
+    const int64_t tag = any_sync_ ? progress_.step : step;
     handles_.clear();
-    if (!dense.empty()) handles_.push_back(client_->PushDense(dense, tag));
-    for (const SparseIn& s : sparse) handles_.push_back(client_->PushSparse(s.table, s.ids, s.grads, tag));
+    sync_handle_.clear();
+    ForEachGroup(dense, [&](std::span<const DenseIn> group, bool sync) {
+      Add(client_->PushDense(group, sync ? tag : step), sync);
+    });
+    for (const SparseIn& s : sparse) {
+      const bool sync = IsSync(s.table);
+      Add(client_->PushSparse(s.table, s.ids, s.grads, sync ? tag : step), sync);
+    }
     int64_t used = 0, dropped = 0;
-    FERRY_RETURN_IF_ERROR(WaitAll("push", tag, [&](const Served& s) {
+    FERRY_RETURN_IF_ERROR(WaitAll("push", tag, [&](const Served& s, bool) {
       used += s.used;
       dropped += s.dropped;
     }));
@@ -60,13 +76,13 @@ class ServerStore final : public ParamStore {
     } else {
       ++progress_.pushes_dropped;
     }
-    if (sync) next_step_ = tag + 1;
+    if (any_sync_) next_step_ = tag + 1;
     return Status::Ok();
   }
 
   // ssp: sends the clock and returns; the next Pull collects its replies.
   Status EndStep(int64_t step) override {
-    if (consistency_ == Consistency::kSsp) clock_ = client_->AdvanceClock(step + 1);
+    if (any_ssp_) clock_ = client_->AdvanceClock(step + 1);
     return Status::Ok();
   }
 
@@ -74,15 +90,38 @@ class ServerStore final : public ParamStore {
   Client* client() override { return client_; }
 
  private:
+  bool IsSync(std::string_view table) const {
+    auto it = consistency_.find(table);
+    return it != consistency_.end() && it->second == Consistency::kSync;
+  }
+
+  // Calls fn(group, sync) for the runs of `tensors` of one kind (sync or not), in order: one
+  // request per run (a model's dense tensors are usually all of one kind: one request).
+  template <typename T, typename Fn>
+  void ForEachGroup(std::span<const T> tensors, Fn&& fn) const {
+    for (size_t at = 0; at < tensors.size();) {
+      const bool sync = IsSync(tensors[at].table);
+      size_t end = at + 1;
+      while (end < tensors.size() && IsSync(tensors[end].table) == sync) ++end;
+      fn(tensors.subspan(at, end - at), sync);
+      at = end;
+    }
+  }
+
+  void Add(Handle h, bool sync) {
+    handles_.push_back(std::move(h));
+    sync_handle_.push_back(sync);
+  }
+
   // Waits for every handle (even after a failure: the buffers they use must not be released
-  // while ZeroMQ still holds them), passes each one's report to `on_served`, and returns the
-  // first error.
+  // while ZeroMQ still holds them), passes each one's report and whether it was a sync table's
+  // to `on_served`, and returns the first error.
   template <typename OnServed>
   Status WaitAll(const char* what, int64_t step, OnServed&& on_served) {
     Status first;
-    for (const Handle& h : handles_) {
-      Status s = h.wait();
-      if (s.ok()) on_served(h.served());
+    for (size_t i = 0; i < handles_.size(); ++i) {
+      Status s = handles_[i].wait();
+      if (s.ok()) on_served(handles_[i].served(), sync_handle_[i]);
       if (!s.ok() && first.ok()) first = std::move(s);
     }
     handles_.clear();
@@ -91,8 +130,10 @@ class ServerStore final : public ParamStore {
   }
 
   Client* const client_;
-  const Consistency consistency_;
+  std::map<std::string, Consistency, std::less<>> consistency_;  // per declared table
+  bool any_sync_ = false, any_ssp_ = false;
   std::vector<Handle> handles_;
+  std::vector<bool> sync_handle_;  // handles_[i] is a sync table's request
   Handle clock_;           // the last EndStep's clock, not yet waited for (ssp)
   int64_t next_step_ = 0;  // sync: the step the next pull asks for (last push's step + 1)
   StoreProgress progress_;
@@ -132,9 +173,7 @@ class LocalStore final : public ParamStore {
 
 }  // namespace
 
-std::unique_ptr<ParamStore> CreateServerStore(Client* client, Consistency consistency) {
-  return std::make_unique<ServerStore>(client, consistency);
-}
+std::unique_ptr<ParamStore> CreateServerStore(Client* client) { return std::make_unique<ServerStore>(client); }
 std::unique_ptr<ParamStore> CreateLocalStore() { return std::make_unique<LocalStore>(); }
 
 }  // namespace ferry::trainer

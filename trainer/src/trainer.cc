@@ -54,6 +54,13 @@ class Lap {
   Clock::time_point last_;
 };
 
+// The --table settings as given (an empty list: every table as the job's defaults).
+std::vector<std::string> TablesJson(const TrainerOptions& o) {
+  std::vector<std::string> out;
+  for (const TableOverride& t : o.tables) out.push_back(t.ToString());
+  return out;
+}
+
 std::string ConsistencyName(const TrainerOptions& o) {
   if (o.consistency == Consistency::kSsp) return "ssp:" + std::to_string(o.staleness);
   return o.consistency == Consistency::kSync ? "sync" : "async";
@@ -135,8 +142,7 @@ class WorkerRun {
         hooks_(hooks),
         out_(out),
         num_workers_(options.local ? 1 : options.num_workers),
-        rank_(options.local ? 0 : options.rank),
-        sync_servers_(client != nullptr && options.consistency == Consistency::kSync) {}
+        rank_(options.local ? 0 : options.rank) {}
 
   StatusOr<TrainReport> Run() {
     FERRY_RETURN_IF_ERROR(Prepare());
@@ -171,8 +177,16 @@ class WorkerRun {
     // either way, since results repeat bitwise only for one count.
     if (options_.blas_threads > 0) kernels::cpu::SetGemmThreads(options_.blas_threads);
     FERRY_ASSIGN_OR_RETURN(model_, CreateModel(options_, device_, data_));
-    store_ = options_.local ? CreateLocalStore() : CreateServerStore(client_, options_.consistency);
-    FERRY_RETURN_IF_ERROR(store_->Declare(model_->TableSpecs()));
+    store_ = options_.local ? CreateLocalStore() : CreateServerStore(client_);
+    std::vector<TableSpec> specs = model_->TableSpecs();
+    FERRY_RETURN_IF_ERROR(ApplyTableOverrides(options_, &specs));
+    FERRY_RETURN_IF_ERROR(store_->Declare(specs));
+    // Per table (--table): the job steps in sync when any table is sync (the global step comes
+    // from those), and its workers are in lockstep only when every table is.
+    all_sync_ = std::ranges::all_of(specs, [](const TableSpec& s) { return s.consistency == Consistency::kSync; });
+    any_ssp_ = std::ranges::any_of(specs, [](const TableSpec& s) { return s.consistency == Consistency::kSsp; });
+    sync_servers_ = client_ != nullptr &&
+                    std::ranges::any_of(specs, [](const TableSpec& s) { return s.consistency == Consistency::kSync; });
     FERRY_RETURN_IF_ERROR(PlanData());
     if (!options_.metrics_out.empty()) {
       const std::string path = MetricsPath(options_.metrics_out, rank_);
@@ -185,6 +199,7 @@ class WorkerRun {
     Json f = {{"num_workers", num_workers_},
               {"model", options_.model},
               {"consistency", ConsistencyName(options_)},
+              {"tables", TablesJson(options_)},
               {"backup_workers", options_.backup_workers},
               {"device", device_->name()},
               {"batch", options_.batch},
@@ -203,7 +218,7 @@ class WorkerRun {
   Status PlanData() {
     plan_.step_examples = options_.batch * options_.accumulate;
     plan_.test_n = options_.test_limit > 0 ? std::min(options_.test_limit, model_->test_size()) : model_->test_size();
-    plan_.merged_eval = client_ != nullptr && options_.consistency == Consistency::kSync && num_workers_ > 1 &&
+    plan_.merged_eval = client_ != nullptr && all_sync_ && num_workers_ > 1 &&
                         options_.backup_workers == 0;
     if (model_->train_size() == Model::kStreamed) {
       // Each worker streams its own part of the data (the reader shards it) and passes over it
@@ -253,7 +268,7 @@ class WorkerRun {
       step = store_->progress().step;
     } else {
       step = client_->restored_step();
-      if (options_.consistency == Consistency::kSsp && step > 0) FERRY_RETURN_IF_ERROR(store_->EndStep(step - 1));
+      if (any_ssp_ && step > 0) FERRY_RETURN_IF_ERROR(store_->EndStep(step - 1));
     }
     ckpt_last_ = step;  // that step's checkpoint is the one resumed from, or comes at the next multiple
     Say("resuming the job at step " + std::to_string(step) + " of " + std::to_string(plan_.total_steps) +
@@ -682,7 +697,9 @@ class WorkerRun {
   const TrainHooks& hooks_;
   std::FILE* const out_;
   const int num_workers_, rank_;
-  const bool sync_servers_;
+  bool sync_servers_ = false;  // on servers, and some table is sync (Prepare)
+  bool all_sync_ = false;      // every table is sync
+  bool any_ssp_ = false;       // some table is ssp
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<ParamStore> store_;

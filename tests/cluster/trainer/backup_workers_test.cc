@@ -124,7 +124,7 @@ std::vector<Outcome> RunWorkers(const ferry::test::LocalCluster& cluster, Turns&
   for (int rank = 0; rank < kWorkers; ++rank) {
     threads.emplace_back([&, rank] {
       auto client = cluster.Connect(rank, kWorkers);
-      auto store = CreateServerStore(client.get(), Consistency::kSync);
+      auto store = CreateServerStore(client.get());
       const auto specs = Tables();
       ASSERT_TRUE(store->Declare(specs).ok());
       std::vector<float> w(8), g(8, 1.0f), rows(4), rg(4, 1.0f);

@@ -253,5 +253,51 @@ TEST(CtrTraining, LearnsFromStreamedCriteoFilesAndReportsBadLines) {
       << failed.report.status();
 }
 
+// The hybrid PERSIA uses, per table: the tower's dense tensors sync, the embeddings async
+// (--consistency sync --table 'ctr/emb*:consistency=async'). The dense parameters are the same
+// on both workers at every step, as in sync mode; each worker's embedding gradients are applied
+// as they come: one update per worker per table and step, where sync mode applies one per step
+// (the servers' updates_applied counts exactly that many more). FTRL chosen for the embeddings
+// the same way is what their tables are declared with.
+TEST(CtrTraining, HybridDenseSyncEmbeddingsAsync) {
+  constexpr int64_t kSteps = 12;
+  TrainerOptions base = test::CtrOptions(OptimizerType::kAdam, 0.01f, kSteps);
+  auto data = LoadCtrData(base);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const Datasets ds{nullptr, nullptr, &*data};
+  auto run = [&](const std::vector<TableOverride>& tables, int64_t* updates) {
+    TrainerOptions o = base;
+    o.tables = tables;
+    auto cluster = ferry::test::LocalCluster::Start(1);
+    auto runs = test::RunWorkers(cluster, 2, o, ds, /*record=*/true);
+    *updates = cluster.servers[0]->stats().counters["updates_applied"];
+    return runs;
+  };
+  int64_t sync_updates = 0, hybrid_updates = 0;
+  const auto sync = run({}, &sync_updates);
+  const auto hybrid = run({{"ctr/emb*", {{"consistency", "async"}}}}, &hybrid_updates);
+  for (const auto* runs : {&sync, &hybrid}) {
+    ASSERT_TRUE((*runs)[0].report.ok()) << (*runs)[0].report.status();
+    ASSERT_TRUE((*runs)[1].report.ok()) << (*runs)[1].report.status();
+  }
+  ASSERT_EQ(hybrid[0].trace.size(), hybrid[1].trace.size());
+  for (size_t t = 0; t < hybrid[0].trace.size(); ++t) {
+    EXPECT_EQ(hybrid[0].trace[t], hybrid[1].trace[t]) << "the workers' dense parameters differ at step " << t;
+  }
+  std::printf("updates applied: sync %lld, hybrid %lld\n", static_cast<long long>(sync_updates),
+              static_cast<long long>(hybrid_updates));
+  EXPECT_EQ(hybrid_updates - sync_updates, kSteps * base.ctr_fields);
+  EXPECT_EQ(hybrid[0].report->progress.pushes_used, kSteps);
+
+  // A setting that names no table, or one that does not apply, is refused before training.
+  TrainerOptions bad = base;
+  bad.tables = {{"ctr/embedding*", {{"consistency", "async"}}}};
+  auto cluster = ferry::test::LocalCluster::Start(1);
+  const auto refused = test::RunWorkers(cluster, 1, bad, ds);
+  ASSERT_FALSE(refused[0].report.ok());
+  EXPECT_NE(refused[0].report.status().message().find("matches none of the model's tables (ctr/"), std::string::npos)
+      << refused[0].report.status();
+}
+
 }  // namespace
 }  // namespace ferry::trainer

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/data/criteo.h"
@@ -19,6 +20,18 @@
 namespace ferry::trainer {
 
 enum class DeviceKind { kAuto, kCpu, kCuda };
+
+// --table PATTERN:key=value,...: settings for the model's tables whose names match PATTERN
+// (fnmatch(3): "ctr/emb*"), over the job's defaults. Keys: consistency (sync|async|ssp:S),
+// optimizer (sgd|momentum|adagrad|adam|ftrl), lr, and the numeric options of SetSpecOption
+// (l1, l2, beta, beta1, beta2, epsilon, momentum, nesterov, initial_accumulator, ...). E.g. the
+// hybrid PERSIA uses: --consistency sync --table 'ctr/emb*:consistency=async'.
+struct TableOverride {
+  std::string pattern;
+  std::vector<std::pair<std::string, std::string>> settings;  // in the order given
+
+  std::string ToString() const;  // as the flag was written
+};
 
 struct TrainerOptions {
   // ---- Cluster ----
@@ -62,6 +75,7 @@ struct TrainerOptions {
   }();
   Consistency consistency = Consistency::kSync;  // --consistency sync|async|ssp:S
   int32_t staleness = 0;                         // S of ssp:S
+  std::vector<TableOverride> tables;             // --table PATTERN:key=value,... (repeatable)
   int backup_workers = 0;    // --backup-workers K (sync): each step aggregates M - K gradients
   int64_t accumulate = 1;    // --accumulate k: k micro-batches of --batch per push
   // --blas-threads N: threads of the CPU GEMM (OpenBLAS); 0 keeps OpenBLAS's own count (its
@@ -127,5 +141,11 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv,
 
 // The usage text.
 std::string TrainerUsage();
+
+// Applies options.tables to the model's `specs`, in order (a later --table wins). A consistency
+// set here also sets what goes with it (sync: replicas_to_aggregate per --backup-workers;
+// ssp:S: the staleness; async: neither). INVALID_ARGUMENT naming the flag when a pattern matches
+// no table (listing the tables) or a setting does not apply.
+Status ApplyTableOverrides(const TrainerOptions& options, std::vector<TableSpec>* specs);
 
 }  // namespace ferry::trainer

@@ -72,9 +72,10 @@ class ParamStore {
   virtual Client* client() { return nullptr; }
 };
 
-// `client` must outlive the store; `consistency` is that of every table it declares (sync: the
-// global step is tracked; ssp: EndStep advances the clock).
-std::unique_ptr<ParamStore> CreateServerStore(Client* client, Consistency consistency);
+// `client` must outlive the store. Each table is read and written as its own consistency says:
+// with any sync table the global step is tracked (sync tables are pulled at it, the others at
+// the loop's step); with any ssp table EndStep advances the clock.
+std::unique_ptr<ParamStore> CreateServerStore(Client* client);
 std::unique_ptr<ParamStore> CreateLocalStore();
 
 }  // namespace ferry::trainer

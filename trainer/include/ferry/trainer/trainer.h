@@ -49,8 +49,8 @@
 //   compute_s loading the batch, forward + backward (a straggler's delay included), logging
 //   eval_s    evaluation less its waiting
 // Epochs are counted from 1.
-//   start  num_workers, model, consistency, backup_workers, device, batch, accumulate, blas_threads,
-//          train_examples, steps (and, for synthetic ctr data, planted_auc, planted_log_loss)
+//   start  num_workers, model, consistency, tables (the --table settings), backup_workers,
+//          device, batch, accumulate, blas_threads, train_examples, steps (and, for synthetic ctr data, planted_auc, planted_log_loss)
 //   train  step, epoch (or pass, for streamed Criteo files: the pass being read), examples
 //          (cumulative, this worker), loss (mean over the window),
 //          accuracy, examples_per_sec (window), bytes_sent, bytes_received

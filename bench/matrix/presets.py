@@ -18,9 +18,12 @@ FASHION_MNIST_TRAIN = 60000  # examples in Fashion-MNIST's training set
 @dataclasses.dataclass(frozen=True)
 class Mode:
     """A replication mode as the matrix names it, and the trainer flags it stands for."""
-    name: str              # "sync", "sync+backup1", "async", "ssp:2"
+    name: str              # "sync", "sync+backup1", "async", "ssp:2", "hybrid"
     consistency: str       # ferry-trainer --consistency: "sync" | "async" | "ssp:S"
     backup_workers: int = 0  # ferry-trainer --backup-workers (sync only)
+    # The embedding tables' own consistency over `consistency` (ferry-trainer --table), for the
+    # models that have embeddings: "hybrid" is PERSIA's, dense layers sync and embeddings async.
+    embeddings: str = None
 
     @property
     def slug(self):
@@ -32,10 +35,13 @@ _MODE_RE = re.compile(r"^(?:(sync)(?:\+backup(\d+))?|(async)|ssp:(\d+))$")
 
 
 def parse_mode(text):
-    """'sync' | 'sync+backupK' (K >= 1) | 'async' | 'ssp:S' (S >= 0) -> Mode; ValueError if not."""
+    """'sync' | 'sync+backupK' (K >= 1) | 'async' | 'ssp:S' (S >= 0) | 'hybrid' (dense sync,
+    embeddings async) -> Mode; ValueError if not."""
+    if text.strip() == "hybrid":
+        return Mode("hybrid", "sync", embeddings="async")
     m = _MODE_RE.match(text.strip())
     if not m:
-        raise ValueError(f"unknown mode '{text}' (want sync, sync+backupK, async or ssp:S)")
+        raise ValueError(f"unknown mode '{text}' (want sync, sync+backupK, async, ssp:S or hybrid)")
     if m.group(1):
         k = int(m.group(2) or 0)
         if m.group(2) is not None and k < 1:
@@ -80,6 +86,7 @@ class ModelConfig:
     evals: int = 10            # evaluations spread evenly over a run (plus the one at the end)
     test_limit: int = None     # --test-limit (None: the whole test set)
     loss_name: str = "loss"    # the eval field with the test loss ("log_loss" for ctr)
+    embeddings: str = None     # the trainer's name pattern of its embedding tables, if it has any
 
     def budget_text(self):
         return f"{self.epochs} epoch(s)" if self.epochs else f"{self.steps} steps per worker"
@@ -114,18 +121,19 @@ def _ctr(train, test, **kw):
                 args=["--model", "ctr", "--hidden", "64,32", "--emb-dim", "16",
                       "--ctr-train", str(train), "--ctr-test", str(test), "--optimizer", "adam",
                       "--lr", "0.003"],
-                batch=256, train_examples=train, quality="auc", loss_name="log_loss")
+                batch=256, train_examples=train, quality="auc", loss_name="log_loss",
+                embeddings="ctr/emb*")
     base.update(kw)
     return ModelConfig(**base)
 
 
-ALL_MODES = ["sync", "sync+backup1", "async", "ssp:2", "ssp:{ssp}"]
+ALL_MODES = ["sync", "sync+backup1", "async", "ssp:2", "ssp:{ssp}", "hybrid"]
 
 PRESETS = {
     "tiny": Preset(
         name="tiny",
         description="a few steps per run, for the harness's own test; the numbers mean nothing",
-        workers=[1, 2], modes=["sync", "sync+backup1", "async", "ssp:{ssp}"], ssp=1,
+        workers=[1, 2], modes=["sync", "sync+backup1", "async", "ssp:{ssp}", "hybrid"], ssp=1,
         models={"mlp": _mlp(hidden="32", steps=6, evals=2, test_limit=200, target=0.3),
                 "ctr": _ctr(2048, 512, steps=6, evals=2, target=0.5)},
         run_timeout_s=60.0,
@@ -192,6 +200,8 @@ class RunSpec:
         args += ["--consistency", self.mode.consistency]
         if self.mode.backup_workers:
             args += ["--backup-workers", str(self.mode.backup_workers)]
+        if self.mode.embeddings:
+            args += ["--table", f"{m.embeddings}:consistency={self.mode.embeddings}"]
         args += ["--eval-every", str(self.eval_every()), "--log-every", str(self.log_every())]
         if m.test_limit:
             args += ["--test-limit", str(m.test_limit)]
@@ -204,7 +214,8 @@ class RunSpec:
         """The run's settings as plain data (for runs.json)."""
         return {"run_id": self.run_id, "model": self.model.name, "workers": self.workers,
                 "mode": self.mode.name, "consistency": self.mode.consistency,
-                "backup_workers": self.mode.backup_workers, "num_ps": self.num_ps,
+                "backup_workers": self.mode.backup_workers, "embeddings": self.mode.embeddings,
+                "num_ps": self.num_ps,
                 "seed": self.seed, "straggler": self.straggler,
                 "batch": self.model.batch, "budget": self.model.budget_text(),
                 "quality_metric": self.model.quality, "target": self.model.target}
@@ -227,7 +238,7 @@ def expand_modes(names, ssp):
 HARNESS_OWNED_FLAGS = ("--model", "--batch", "--seed", "--epochs", "--steps", "--consistency",
                        "--backup-workers", "--eval-every", "--log-every", "--test-limit",
                        "--straggler", "--metrics-out", "--quiet", "--servers", "--rank",
-                       "--num-workers", "--local", "--accumulate", "--train-limit")
+                       "--num-workers", "--local", "--accumulate", "--train-limit", "--table")
 
 
 def check_extra_args(extra_args):
@@ -242,7 +253,8 @@ def build_runs(models, workers, modes, num_ps, seed, straggler=None, extra_args=
     """The matrix, models outermost, then worker counts, then modes.
 
     Returns (runs, skipped): a mode needing more workers than a cell has (sync+backupK with
-    K >= workers) is not run and is listed in `skipped` as (model, workers, mode, why)."""
+    K >= workers), or embeddings a model has not (hybrid for mlp), is not run and is listed in
+    `skipped` as (model, workers, mode, why)."""
     runs, skipped = [], []
     for m in models:
         for w in workers:
@@ -250,6 +262,9 @@ def build_runs(models, workers, modes, num_ps, seed, straggler=None, extra_args=
                 if mode.backup_workers >= w:
                     skipped.append((m.name, w, mode.name,
                                     f"needs more than {mode.backup_workers} worker(s)"))
+                    continue
+                if mode.embeddings and not m.embeddings:
+                    skipped.append((m.name, w, mode.name, "the model has no embedding tables"))
                     continue
                 strag = f"{w - 1}:{straggler}" if straggler and w > 1 else None
                 runs.append(RunSpec(m, w, mode, num_ps, seed, strag, list(extra_args)))

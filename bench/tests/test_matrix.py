@@ -147,7 +147,7 @@ class TinyMatrixTest(OutputChecks, unittest.TestCase):
             # here): then the final evaluation is its only one.
             self.assertGreaterEqual(len(res["curve"]), 1 if s["backup_workers"] > 0 else 2, (s, res["curve"]))
             self.assertEqual(s["straggler"], f"{s['workers'] - 1}:x2" if s["workers"] > 1 else None)
-            if s["consistency"] == "sync":
+            if s["consistency"] == "sync" and not s["embeddings"]:
                 self.assertIsNone(res["staleness"])
             else:
                 self.assertGreater(res["staleness"]["updates"], 0)
@@ -285,7 +285,9 @@ class UnitTest(unittest.TestCase):
             with self.assertRaises(ValueError):
                 presets.parse_mode(bad)
         modes = presets.expand_modes(presets.ALL_MODES, 2)  # ssp:{ssp} = ssp:2 is dropped
-        self.assertEqual([m.name for m in modes], ["sync", "sync+backup1", "async", "ssp:2"])
+        self.assertEqual([m.name for m in modes], ["sync", "sync+backup1", "async", "ssp:2", "hybrid"])
+        hybrid = presets.parse_mode("hybrid")
+        self.assertEqual((hybrid.consistency, hybrid.embeddings), ("sync", "async"))
 
     def test_straggler_and_skips(self):
         self.assertEqual(presets.parse_straggler("50ms"), "50ms")
@@ -299,6 +301,14 @@ class UnitTest(unittest.TestCase):
         self.assertEqual([r.run_id for r in runs], ["mlp-w1-sync", "mlp-w4-sync",
                                                     "mlp-w4-sync-backup1"])
         self.assertEqual(skipped, [("mlp", 1, "sync+backup1", "needs more than 1 worker(s)")])
+        # hybrid: the ctr model's embeddings async over sync; the mlp has none to set
+        ctr = presets.PRESETS["tiny"].models["ctr"]
+        runs2, skipped2 = presets.build_runs([m, ctr], [2], [presets.parse_mode("hybrid")], 2, 7)
+        self.assertEqual([r.run_id for r in runs2], ["ctr-w2-hybrid"])
+        self.assertEqual(skipped2, [("mlp", 2, "hybrid", "the model has no embedding tables")])
+        args2 = runs2[0].trainer_args("m-{rank}.jsonl")
+        self.assertEqual(args2[args2.index("--consistency") + 1], "sync")
+        self.assertEqual(args2[args2.index("--table") + 1], "ctr/emb*:consistency=async")
         self.assertIsNone(runs[0].straggler)
         args = runs[2].trainer_args("m-{rank}.jsonl")
         for a, b in (("--straggler", "3:x2"), ("--backup-workers", "1"), ("--seed", "7"),

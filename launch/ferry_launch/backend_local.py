@@ -95,8 +95,10 @@ class Launcher(Supervisor):
             p = TaskProc(task, None, stream, self.generation)
 
             def on_line(text):  # the child's reader thread
-                stream.line(text)
+                # Seen before shown: whatever a line on the console says (a step reached), the
+                # launcher already knows when it handles a death that follows.
                 self.watch.see(p, text)
+                stream.line(text)
 
             try:
                 p.child = Child(run, self.events, on_line, p, env=env, keep_stdin=task.via_ssh)

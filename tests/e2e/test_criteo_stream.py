@@ -26,6 +26,10 @@ import unittest
 from build_paths import TRAINER_BIN
 
 BATCH = 4096
+# A sanitizer build (FERRY_SANITIZE, set by ctest) keeps freed memory in quarantine and adds
+# shadow memory, so its peak RSS says nothing of the reader's; there the files are smaller (the
+# run is 5-10x slower) and the bound is not checked.
+SANITIZED = bool(os.environ.get("FERRY_SANITIZE"))
 # The large set's text is about 100 MB; holding it as examples would take about 80 MB more than
 # the small set's. Streaming, the two peaks may differ by allocator noise, far below that.
 MAX_PEAK_GROWTH_KIB = 24 * 1024
@@ -89,10 +93,14 @@ class CriteoStreamTest(unittest.TestCase):
         return passes[0]["bytes"], end
 
     def test_peak_memory_does_not_grow_with_the_files(self):
-        large_lines = 4 * 90000
-        steps = large_lines // BATCH + 2  # the large set is read to its end once
+        per_file = 15000 if SANITIZED else 90000
+        steps = 4 * per_file // BATCH + 2  # the large set is read to its end once
         small_bytes, small = self.train("small", 2, 10000, steps)
-        large_bytes, large = self.train("large", 4, 90000, steps)
+        large_bytes, large = self.train("large", 4, per_file, steps)
+        if SANITIZED:
+            print("peak RSS not compared: a %s build" % os.environ["FERRY_SANITIZE"])
+            self.assertGreater(large["final"]["auc"], 0.65)  # 16 steps: learning, not learnt (0.5: chance)
+            return
         self.assertGreater(large_bytes, 80e6, "the large set is smaller than planned")
         self.assertGreater(large_bytes, 50 * (1 << 20), "not much larger than the 1 MiB read buffer")
         growth = large["peak_rss_kib"] - small["peak_rss_kib"]

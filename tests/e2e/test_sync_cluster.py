@@ -162,9 +162,13 @@ class SyncClusterTest(unittest.TestCase):
             # Every step a worker ran pushed once: used, or dropped as late.
             self.assertEqual(end["pushes_used"] + end["pushes_dropped"], end["steps"], str(end))
         fast, slow = res[0][2], res[1][2]
-        # Each global step took one gradient, so the job ran 40 of them between the two workers.
-        self.assertEqual(fast["steps"], 40, str(fast))
-        self.assertEqual(fast["global_step"], 39, str(fast))  # its last push counted for step 39
+        # Each global step took one gradient, so the job ran 40 of them between the two workers:
+        # nearly all the fast worker's (all 40 unless it stalled for 30 ms somewhere, as a loaded
+        # machine can make it: then the straggler's gradient closed that step and the job reached
+        # its end that much sooner).
+        self.assertEqual(fast["pushes_used"] + slow["pushes_used"], 40, (fast, slow))
+        self.assertGreaterEqual(fast["steps"], 30, str(fast))
+        self.assertIn(fast["global_step"], (39, 40), str(fast))  # its last push counted for step 39, or the job ended first
         self.assertEqual(slow["global_step"], 40, str(slow))  # served the job's end, it stopped
         self.assertIn("the job reached its 40 steps (global step 40) after", res[1][1])
         self.assertLessEqual(slow["steps"], 40, str(slow))

@@ -25,7 +25,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ pkg-config
           libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
-          libabsl-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev
+          libabsl-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev libcivetweb-dev
           dataset-fashion-mnist python3 python3-dev python3-numpy pybind11-dev gnuplot-nox clang libclang-rt-dev)
 
 say() { printf '\033[1m[ferry]\033[0m %s\n' "$*"; }
@@ -161,7 +161,8 @@ fuzz_runs() {
 # instrumented) is suppressed (tests/tsan.supp); Ferry's hand-offs through it are annotated
 # (messages/src/transport.cc).
 TSAN_TESTS=(cluster_test checkpoint_request_test liveness_test event_loop_test server_parts_test
-            trainer_sync_equivalence_test trainer_ctr_test trainer_backup_workers_test trainer_resume_test)
+            trainer_sync_equivalence_test trainer_ctr_test trainer_backup_workers_test trainer_resume_test
+            metrics_test)
 tsan_check() {
   local dir=${BUILD_DIR}-tsan
   say "clang ThreadSanitizer build of the in-process cluster tests ($dir)"

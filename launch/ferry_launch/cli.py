@@ -87,6 +87,10 @@ def parse_args(argv):
                     help="the same directory on ssh hosts (default: the --bin-dir path)")
     ap.add_argument("--log-dir", help="per-process logs (default: a new temp dir)")
     ap.add_argument("--ps-threads", type=int, default=1, help="ferry-ps --compute-threads")
+    ap.add_argument("--no-metrics", action="store_true",
+                    help="no metrics endpoint on the servers (by default each serves its tables' "
+                         "metrics for Prometheus on a free port of the address its own port is "
+                         "bound to, and prints the URL: '[ps0] ferry-ps rank 0: metrics at ...')")
     ap.add_argument("--ps-arg", action="append", default=[], metavar="ARGS",
                     help="more ferry-ps flags, split like a shell line and added to every "
                          "server's command; repeatable: --ps-arg '--max-wait-s 30' "

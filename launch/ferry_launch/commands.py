@@ -82,7 +82,11 @@ def build_commands(cluster, binaries, opts, cards_for):
         base = [binaries.path("ferry-ps", t.via_ssh),
                 "--bind", f"tcp://{bind_address(t.host)}:{t.port}", "--rank", str(t.rank),
                 "--num-servers", str(len(cluster.ps)),
-                "--compute-threads", str(opts.ps_threads)] + ckpt + curve
+                "--compute-threads", str(opts.ps_threads)]
+        # Metrics for Prometheus on a free port of the same address (the server prints its URL).
+        if not getattr(opts, "no_metrics", False):
+            base += ["--metrics", f"{bind_address(t.host)}:0"]
+        base += ckpt + curve
         # Restarted after a server died (or the whole job under --resume): from the newest
         # checkpoint. Without a folder a server cannot be restarted.
         t.resume_argv = base + ["--restore"] + list(opts.ps_args) if folder else None

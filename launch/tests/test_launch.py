@@ -226,8 +226,10 @@ class LaunchTest(unittest.TestCase):
                                 "--ps-arg", "--max-wait-s 30", "--bin-dir", BUILD_DIR,
                                 "--log-dir", logs, "--"] + SHORT_TRAINING)
         self.assertEqual(rc, 0, out)
-        self.assertRegex(out, r"started ps 1 pid \d+: .* --compute-threads 1 --num-workers 2 --max-wait-s 30\n")
+        self.assertRegex(out, r"started ps 1 pid \d+: .* --compute-threads 1 --metrics 127.0.0.1:0 --num-workers 2 --max-wait-s 30\n")
         self.assertIn("[ps 1] ferry-ps rank 1 of 2 listening", out)
+        # Where each server's metrics are (a free port on its own address).
+        self.assertRegex(out, r"\[ps 1\] ferry-ps rank 1: metrics at http://127\.0\.0\.1:\d+/metrics\n")
         self.assertRegex(out, r"\[worker 0\] done: 20 steps")
         self.assertIn("[worker 1]", out)
         self.assertEqual(sorted(os.listdir(logs)),
@@ -481,7 +483,7 @@ class LaunchTest(unittest.TestCase):
         lines = out.splitlines()
         self.assertEqual(len(lines), 4, out)
         self.assertEqual(lines[0], f"[ps 0] {PS_BIN} --bind tcp://127.0.0.1:7470 --rank 0 "
-                                   "--num-servers 2 --compute-threads 1 --num-workers 2")
+                                   "--num-servers 2 --compute-threads 1 --metrics 127.0.0.1:0 --num-workers 2")
         self.assertEqual(lines[3], f"[worker 1] {TRAINER_BIN} --servers "
                                    "tcp://127.0.0.1:7470,tcp://127.0.0.1:7471 --rank 1 "
                                    "--num-workers 2 --steps 5")
@@ -805,7 +807,7 @@ class CheckpointFlagsTest(unittest.TestCase):
         cmds = command_lines(out)
         absolute = os.path.abspath("rel/ckpt")
         self.assertTrue(cmds["ps 1"].endswith(f"--num-servers 2 --compute-threads 1 "
-                                              f"--num-workers 2 --checkpoint-dir {absolute}"),
+                                              f"--metrics 127.0.0.1:0 --num-workers 2 --checkpoint-dir {absolute}"),
                         cmds["ps 1"])
         self.assertTrue(cmds["worker 1"].endswith("--num-workers 2 --checkpoint-every 20 "
                                                   "--steps 5"), cmds["worker 1"])
@@ -906,7 +908,7 @@ class UsageErrorTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         cmds = command_lines(out)
         for who in ("ps 0", "ps 1"):
-            self.assertTrue(cmds[who].endswith("--compute-threads 1 --num-workers 1 --max-wait-s 30 "
+            self.assertTrue(cmds[who].endswith("--compute-threads 1 --metrics 127.0.0.1:0 --num-workers 1 --max-wait-s 30 "
                                                "--max-message-mb 64"), cmds[who])
         self.assertNotIn("--max-wait-s", cmds["worker 0"])
         for bad, want in [("--compute-threads 4", "--ps-arg flag --compute-threads is set by "
@@ -1591,7 +1593,7 @@ class SlurmTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         cmds = command_lines(out)
         self.assertIn(" '--ps-arg=--max-wait-s 30' -- ", cmds["srun"] + " ")
-        self.assertTrue(cmds["ps 0"].endswith("--compute-threads 1 --num-workers 1 --max-wait-s 30"), cmds)
+        self.assertTrue(cmds["ps 0"].endswith("--compute-threads 1 --metrics 127.0.0.1:0 --num-workers 1 --max-wait-s 30"), cmds)
 
     @unittest.skipUnless(os.access(PS_BIN, os.X_OK), f"ferry-ps not built under {BUILD_DIR}")
     def test_step_that_never_starts_times_out(self):

@@ -15,6 +15,7 @@
 
 #include "ferry/table_spec.h"
 #include "internal/memory_budget.h"
+#include "internal/table_metrics.h"
 #include "internal/thread_pool.h"
 
 namespace ferry::ps {
@@ -124,6 +125,7 @@ class SparseShard {
 struct Table {
   TableSpec spec;
   uint64_t id = 0;
+  TableCounters counters;  // what the server counts of it (table_metrics.h)
   std::unique_ptr<DenseShard> dense;    // set for dense tables
   std::unique_ptr<SparseShard> sparse;  // set for sparse tables
 };

@@ -24,7 +24,7 @@ void Usage(std::FILE* out) {
       "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S] [--worker-timeout-s S]\n"
       "                [--checkpoint-dir DIR [--keep-checkpoints K] [--restore]] [--curve-keys DIR]\n"
       "                [--max-held-per-peer N] [--memory-budget-mb M] [--max-connections N]\n"
-      "                [--idle-timeout-s S]\n"
+      "                [--idle-timeout-s S] [--metrics [HOST:]PORT]\n"
       "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
       "                     (default tcp://127.0.0.1:7000)\n"
       "  --rank             this server's index in the server list (default 0)\n"
@@ -48,6 +48,9 @@ void Usage(std::FILE* out) {
       "                     (default 4096, or fewer if the descriptor limit is lower)\n"
       "  --idle-timeout-s   a connection of no worker that sends nothing for this long is closed;\n"
       "                     clients reconnect by themselves (default 120; 0: never)\n"
+      "  --metrics          serve per-table metrics and the counters for Prometheus at\n"
+      "                     http://HOST:PORT/metrics (PORT 0 picks a free one; the line printed at\n"
+      "                     start says where); plain HTTP: bind it to loopback or a trusted network\n"
       "  --curve-keys       a job's key folder (ferry-keys writes one): accept only the job's workers,\n"
       "                     each authenticated by its key (ZeroMQ CURVE), every message encrypted;\n"
       "                     reads DIR/server.key and DIR/workers.pub, and sets --num-workers\n"
@@ -89,7 +92,7 @@ int main(int argc, char** argv) {
                                                 "--max-message-mb", "--max-wait-s", "--num-workers",
                                                 "--checkpoint-dir", "--keep-checkpoints", "--worker-timeout-s",
                                                 "--curve-keys", "--max-held-per-peer", "--memory-budget-mb",
-                                                "--max-connections", "--idle-timeout-s"};
+                                                "--max-connections", "--idle-timeout-s", "--metrics"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
       std::fprintf(stderr, "ferry-ps: unknown flag %s\n", argv[i]);
       Usage(stderr);
@@ -148,6 +151,8 @@ int main(int argc, char** argv) {
     } else if (flag == "--max-connections") {
       if (!ParseInt(flag, value, 1, 1 << 20, &v)) return 2;
       options.max_connections = static_cast<size_t>(v);
+    } else if (flag == "--metrics") {
+      options.metrics_bind = value;
     } else if (flag == "--idle-timeout-s") {
       if (!ParseInt(flag, value, 0, 86400, &v)) return 2;
       options.idle_timeout = std::chrono::seconds(v);
@@ -215,6 +220,9 @@ int main(int argc, char** argv) {
                  "read and change the model, or stop the job. Pass --curve-keys (ferry-keys makes them), or keep "
                  "the port on a network only the job's hosts reach.\n",
                  options.rank, options.bind.c_str());
+  }
+  if (!(*server)->metrics_url().empty()) {
+    std::printf("ferry-ps rank %d: metrics at %s\n", options.rank, (*server)->metrics_url().c_str());
   }
   if ((*server)->restored_step() >= 0) {
     std::printf("ferry-ps rank %d: restored the checkpoint of step %lld from %s\n", options.rank,

@@ -31,6 +31,7 @@
 #include "internal/checkpoint.h"
 #include "internal/collectives.h"
 #include "internal/connections.h"
+#include "internal/metrics_http.h"
 #include "internal/finite.h"
 #include "internal/held.h"
 #include "internal/request.h"
@@ -118,6 +119,17 @@ class ServerImpl final : public Server {
 
   std::string endpoint() const override { return endpoint_; }
   int64_t restored_step() const override { return restored_step_; }
+  std::string metrics_url() const override { return metrics_url_; }
+
+  // Starts the metrics endpoint (ServerOptions::metrics_bind), if any; before the server is used.
+  Status StartMetrics() {
+    if (options_.metrics_bind.empty()) return Status::Ok();
+    auto http = ps::MetricsHttp::Start(options_.metrics_bind, [this] { return MetricsPage(); });
+    if (!http.ok()) return http.status().WithContext("ferry-ps rank " + std::to_string(options_.rank));
+    metrics_http_ = std::move(*http);
+    metrics_url_ = metrics_http_->url();
+    return Status::Ok();
+  }
 
   ServerStats stats() const override {
     ServerStats s;
@@ -145,6 +157,7 @@ class ServerImpl final : public Server {
     waker_.Notify();
     // Several threads may call Stop() at once: one joins, the others wait for that join.
     MutexLock lock(&stop_mu_);
+    metrics_http_.reset();  // waits for a scrape in flight (answered 503 once the loop stops)
     if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
     // The loop has ended: a file job still running is finished (its reply is not sent).
     if (!thread_.joinable() && job_thread_.joinable()) job_thread_.join();
@@ -173,6 +186,7 @@ class ServerImpl final : public Server {
     h.on_wake = [this] {
       FinishFileJob();
       FinishBuilds();
+      AnswerMetrics();
     };
     h.next_deadline = [this] {
       return transport::Earliest(transport::Earliest(held_.NextDeadline(), collectives_.NextDeadline()),
@@ -529,9 +543,60 @@ class ServerImpl final : public Server {
     }
   }
 
-  void RecordStaleness(int64_t staleness) {
+  void RecordStaleness(ps::Table& t, int64_t staleness) {
     const size_t bucket = static_cast<size_t>(std::clamp<int64_t>(staleness, 0, kStalenessBuckets - 1));
     staleness_[bucket].fetch_add(1, std::memory_order_relaxed);
+    t.counters.RecordStaleness(staleness);
+  }
+
+  // ---- metrics (ServerOptions::metrics_bind) ------------------------------------------------
+
+  // On an HTTP thread: asks the I/O thread for the page and waits for it (2 s at most: none).
+  std::optional<std::string> MetricsPage() {
+    MutexLock lock(&metrics_mu_);
+    const uint64_t ticket = ++metrics_asked_;
+    waker_.Notify();
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (metrics_answered_ < ticket) {
+      if (!metrics_cv_.WaitUntil(&metrics_mu_, deadline) && metrics_answered_ < ticket) return std::nullopt;
+    }
+    return metrics_page_;
+  }
+
+  // On the I/O thread, after a wake-up: the page for every scrape waiting, from a snapshot of
+  // the tables (which only this thread touches) and the counters.
+  void AnswerMetrics() {
+    uint64_t asked = 0;
+    {
+      MutexLock lock(&metrics_mu_);
+      asked = metrics_asked_;
+      if (asked == metrics_answered_) return;
+    }
+    std::vector<ps::TableMetrics> tables;
+    tables_.ForEach([&](const ps::Table& t) {
+      ps::TableMetrics m;
+      m.name = t.spec.name;
+      m.sparse = t.sparse != nullptr;
+      if (t.sparse) {
+        m.rows = static_cast<int64_t>(t.sparse->size());
+        m.bytes = m.rows * t.sparse->RowBytes();
+      } else if (t.dense) {
+        for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+          if (const ps::DenseChunk* c = t.dense->chunk(i)) {
+            m.rows += c->size;
+            m.bytes += static_cast<int64_t>((c->params.size() + c->state.size()) * sizeof(float));
+          }
+        }
+      }
+      m.counters = t.counters;
+      tables.push_back(std::move(m));
+    });
+    std::sort(tables.begin(), tables.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    std::string page = ps::PrometheusText(options_.rank, stats().counters, tables);
+    MutexLock lock(&metrics_mu_);
+    metrics_page_ = std::move(page);
+    metrics_answered_ = asked;
+    metrics_cv_.SignalAll();
   }
 
   // ---- pushes ------------------------------------------------------------------------------
@@ -557,8 +622,12 @@ class ServerImpl final : public Server {
     }
     bool applied = false;
     wire::ReplyInfo info;
+    const ps::Table* last = nullptr;
     for (size_t i = 0; i < refs.size(); ++i) {
       auto& [t, c] = refs[i];
+      if (t != last) ++t->counters.push_requests;  // a request's slices of one table count once
+      last = t;
+      t->counters.rows_pushed += c->size;
       if (t->spec.consistency == Consistency::kSync) {
         if (h.step() < c->version) {
           Count(kLateGradientsDropped);
@@ -573,7 +642,7 @@ class ServerImpl final : public Server {
         }
       } else {
         ++info.used;
-        RecordStaleness(c->version - c->last_pulled[static_cast<size_t>(rank)]);
+        RecordStaleness(*t, c->version - c->last_pulled[static_cast<size_t>(rank)]);
         updater_.ApplyDense(t->spec.optimizer, *c, grads[i].data(), c->version + 1);
         ++c->version;
         Count(kUpdatesApplied);
@@ -628,12 +697,14 @@ class ServerImpl final : public Server {
       ps::HoldGradient(shard.sync, rank, std::move(req.payload[0]), std::move(req.payload[1]));
       if (workers_.StepComplete(t->spec, shard.sync)) CloseSyncStep(shard);
     } else {
-      RecordStaleness(shard.version - shard.last_pulled[static_cast<size_t>(rank)]);
+      RecordStaleness(*t, shard.version - shard.last_pulled[static_cast<size_t>(rank)]);
       updater_.ApplyRows(shard, ids, grads.data());
       ++shard.version;
       Count(kUpdatesApplied);
     }
     CountPush(rank, 1, 0);
+    ++t->counters.push_requests;
+    t->counters.rows_pushed += static_cast<int64_t>(ids.size());
     Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = shard.version, .used = 1}));
     ServeHeld();
     return Status::Ok();
@@ -765,6 +836,10 @@ class ServerImpl final : public Server {
       // Checked on arrival; a held pull may find the budget spent since.
       if (Status s = RoomForRows(**t, ids); !s.ok()) return SendError(req, s), true;
       updater_.ReadRows(shard, ids, static_cast<float*>(out.data()));
+      ps::TableCounters& counted = (*t)->counters;
+      ++counted.pull_requests;
+      counted.rows_pulled += static_cast<int64_t>(ids.size());
+      counted.hot.Add(ids);
       Frames payload;
       payload.push_back(std::move(out));
       req.info.version = shard.version;
@@ -781,7 +856,11 @@ class ServerImpl final : public Server {
     Frames payload;
     payload.reserve(refs.size());
     int64_t version = INT64_MAX;
+    const ps::Table* last = nullptr;
     for (auto& r : refs) {
+      if (r.table != last) ++r.table->counters.pull_requests;  // a request's slices of one table count once
+      last = r.table;
+      r.table->counters.rows_pulled += r.chunk->size;
       zmq::message_t frame(static_cast<size_t>(r.chunk->size) * sizeof(float));
       updater_.ReadDense(*r.chunk, static_cast<float*>(frame.data()));
       payload.push_back(std::move(frame));
@@ -1275,6 +1354,13 @@ class ServerImpl final : public Server {
   std::vector<int64_t> used_by_rank_ ABSL_GUARDED_BY(by_rank_mu_);     // push messages that counted
   std::vector<int64_t> dropped_by_rank_ ABSL_GUARDED_BY(by_rank_mu_);  // push messages dropped as late
   Mutex stop_mu_;  // serialises the join in Stop()
+  std::unique_ptr<ps::MetricsHttp> metrics_http_;  // set by StartMetrics, reset by Stop
+  std::string metrics_url_;                        // set by StartMetrics, before any other thread
+  Mutex metrics_mu_;
+  CondVar metrics_cv_;
+  uint64_t metrics_asked_ ABSL_GUARDED_BY(metrics_mu_) = 0;     // scrapes asked for
+  uint64_t metrics_answered_ ABSL_GUARDED_BY(metrics_mu_) = 0;  // ... answered, in order
+  std::string metrics_page_ ABSL_GUARDED_BY(metrics_mu_);
 
   // The file job (a checkpoint's shard or manifest) in progress: its request and what it is (I/O
   // thread), its thread (started and joined by the I/O thread, or by Stop once the loop ended),
@@ -1387,8 +1473,10 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     return UnavailableError("ferry-ps rank " + std::to_string(options.rank) + ": cannot bind " + options.bind + ": " +
                             e.what());
   }
-  return std::unique_ptr<Server>(new ServerImpl(std::move(options), std::move(context), std::move(socket), std::move(monitor), std::move(zap), endpoint,
-                                                std::move(tables), restored_step));
+  auto server = std::make_unique<ServerImpl>(std::move(options), std::move(context), std::move(socket), std::move(monitor),
+                                            std::move(zap), endpoint, std::move(tables), restored_step);
+  FERRY_RETURN_IF_ERROR(server->StartMetrics());
+  return std::unique_ptr<Server>(std::move(server));
 }
 
 }  // namespace ferry

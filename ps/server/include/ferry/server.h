@@ -83,6 +83,10 @@ struct ServerOptions {
   std::optional<CurveServerKeys> curve;
   // Required for inproc://; optional otherwise (a private one is made).
   std::shared_ptr<Context> context;
+  // Per-table metrics and the counters in the Prometheus text format, at http://HOST:PORT/metrics:
+  // "PORT" or "HOST:PORT" (port 0 picks a free one; metrics_url() says which). Empty: none.
+  // Plain HTTP without authentication: bind it to loopback or a network only operators reach.
+  std::string metrics_bind;
 };
 
 struct ServerStats {
@@ -105,6 +109,8 @@ class Server {
   virtual ServerStats stats() const = 0;
   // The step of the checkpoint this server started from (ServerOptions::restore), or -1.
   virtual int64_t restored_step() const = 0;
+  // Where the metrics are served (ServerOptions::metrics_bind), or empty.
+  virtual std::string metrics_url() const = 0;
   // Stops serving and joins the threads; requests in flight get no reply. Idempotent.
   virtual void Stop() = 0;
 };

@@ -1,0 +1,70 @@
+// ps/server/internal/table_metrics.h — what a server counts per table, and the Prometheus text
+// it serves them in (ServerOptions::metrics_bind).
+//
+// Per table, kept by the I/O thread (no locks; a snapshot crosses to the HTTP thread):
+// requests and rows (elements, for dense tables) pulled and pushed, a staleness histogram of the
+// async and ssp updates, and the hot ids: a Misra-Gries heavy-hitters summary of every
+// kHotSampleEvery-th id pulled, kHotSlots counters. Misra-Gries guarantees that an id making up
+// more than 1/(kHotSlots + 1) of the sample is among the kept ones; a kept id's count is a lower
+// bound of its sampled count, within sample/(kHotSlots + 1) of it. Counts are reported scaled
+// back by kHotSampleEvery (estimates of pulls of that id).
+//
+// Thread-safety: TableCounters and HotIds are plain data of one thread; PrometheusText is pure.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ferry::ps {
+
+inline constexpr int kHotSlots = 16;
+inline constexpr int kHotSampleEvery = 8;
+inline constexpr size_t kTableStalenessBuckets = 65;  // as the server's own histogram
+
+class HotIds {
+ public:
+  // Takes every kHotSampleEvery-th id of the stream (counting across calls).
+  void Add(std::span<const int64_t> ids);
+  // Up to `n` kept ids with their estimated pulls (the sampled count x kHotSampleEvery), most
+  // first (ties: smaller id first).
+  std::vector<std::pair<int64_t, int64_t>> Top(int n) const;
+
+ private:
+  void Count(int64_t id);
+  std::array<int64_t, kHotSlots> ids_{};
+  std::array<int64_t, kHotSlots> counts_{};  // 0: the slot is free
+  uint64_t position_ = 0;
+};
+
+struct TableCounters {
+  int64_t pull_requests = 0, push_requests = 0;
+  int64_t rows_pulled = 0, rows_pushed = 0;  // sparse: rows; dense: elements
+  std::array<int64_t, kTableStalenessBuckets> staleness{};
+  HotIds hot;  // sparse tables: ids pulled
+
+  void RecordStaleness(int64_t versions);
+};
+
+// One table as a snapshot shows it.
+struct TableMetrics {
+  std::string name;
+  bool sparse = false;
+  int64_t rows = 0;   // sparse: rows held; dense: elements held
+  int64_t bytes = 0;  // what they take (values and optimizer state)
+  TableCounters counters;
+};
+
+// The Prometheus text exposition (format 0.0.4) of one server: its counters (`ferry_` +
+// name, as in Stats) and, per table, ferry_table_{rows,bytes,pull_requests,push_requests,
+// rows_pulled,rows_pushed}, ferry_table_staleness_bucket (cumulative, le="0".."63","+Inf"),
+// ferry_table_hot_id_pulls{id="..."} (the top ids). Every sample carries server="<rank>" and,
+// per table, table="<name>" (escaped as the format says).
+std::string PrometheusText(int server_rank, const std::map<std::string, int64_t>& counters,
+                           const std::vector<TableMetrics>& tables);
+
+}  // namespace ferry::ps

@@ -1,0 +1,194 @@
+// A server's metrics endpoint (ServerOptions::metrics_bind), scraped over real HTTP on
+// 127.0.0.1 the way Prometheus does, while a worker pulls and pushes: per-table rows, bytes,
+// requests, rows moved, staleness and hot ids move with the traffic. And the heavy-hitters sketch
+// (ps::HotIds) on its own.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "internal/table_metrics.h"
+#include "support/cluster.h"
+
+namespace ferry::test {
+namespace {
+
+// GET `path` from 127.0.0.1:port; returns the status line and the body ("" on a socket error).
+std::pair<std::string, std::string> HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if (::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
+      char buf[65536];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) response.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  const size_t line_end = response.find("\r\n"), body = response.find("\r\n\r\n");
+  if (line_end == std::string::npos || body == std::string::npos) return {"", ""};
+  return {response.substr(0, line_end), response.substr(body + 4)};
+}
+
+// The samples of a Prometheus text page: "name{labels}" -> value.
+std::map<std::string, double> Samples(const std::string& page) {
+  std::map<std::string, double> out;
+  std::istringstream in(page);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+
+int PortOf(const std::string& url) {
+  const size_t colon = url.rfind(':');
+  return std::stoi(url.substr(colon + 1));
+}
+
+TEST(Metrics, AScrapeShowsEachTableAndMovesWithTheTraffic) {
+  ServerOptions so;
+  so.metrics_bind = "127.0.0.1:0";
+  auto c = LocalCluster::Start(1, /*tcp=*/true, so);
+  ASSERT_EQ(c.servers.size(), 1u);
+  const std::string url = c.servers[0]->metrics_url();
+  ASSERT_NE(url.find("http://127.0.0.1:"), std::string::npos) << url;
+  const int port = PortOf(url);
+
+  auto w = c.Connect(0, 1);
+  TableSpec emb;
+  emb.name = "user_emb";
+  emb.type = TableType::kSparse;
+  emb.dim = 4;
+  emb.consistency = Consistency::kAsync;
+  emb.optimizer.learning_rate = 0.1f;
+  ASSERT_TRUE(w->Declare(emb).ok());
+  TableSpec dense;
+  dense.name = "tower_w";
+  dense.shape = {1000};
+  dense.consistency = Consistency::kAsync;
+  ASSERT_TRUE(w->Declare(dense).ok());
+
+  // Steps of 64 ids: id 7 in every one of them (a hot user), the others fresh.
+  std::mt19937_64 rng(3);
+  auto step = [&](int64_t t) {
+    std::vector<int64_t> ids = {7};
+    while (ids.size() < 64) ids.push_back(1000 + static_cast<int64_t>(rng() % 1000000));
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::vector<float> rows(ids.size() * 4), grads(ids.size() * 4, 0.5f), w_values(1000), w_grads(1000, 0.1f);
+    ASSERT_TRUE(w->PullSparse("user_emb", ids, rows, t).wait().ok());
+    ASSERT_TRUE(w->PushSparse("user_emb", ids, grads, t).wait().ok());
+    ASSERT_TRUE(w->PullDense("tower_w", w_values, t).wait().ok());
+    ASSERT_TRUE(w->PushDense("tower_w", w_grads, t).wait().ok());
+  };
+  for (int64_t t = 0; t < 10; ++t) step(t);
+
+  const auto [status, page] = HttpGet(port, "/metrics");
+  ASSERT_EQ(status, "HTTP/1.1 200 OK") << page;
+  auto s = Samples(page);
+  const std::string e = "{server=\"0\",table=\"user_emb\"}", d = "{server=\"0\",table=\"tower_w\"}";
+  const double rows = s["ferry_table_rows" + e];
+  EXPECT_GT(rows, 500);  // 10 steps of 64 ids, 63 of them fresh (a few may repeat)
+  EXPECT_LE(rows, 631);
+  EXPECT_EQ(s["ferry_table_bytes" + e], rows * (4 * 4 + 24));  // dim 4, SGD: 4 floats + 24 bytes a row
+  EXPECT_EQ(s["ferry_table_pull_requests" + e], 10);
+  EXPECT_EQ(s["ferry_table_push_requests" + e], 10);
+  EXPECT_EQ(s["ferry_table_rows" + d], 1000);
+  EXPECT_EQ(s["ferry_table_pull_requests" + d], 10);
+  EXPECT_EQ(s["ferry_table_rows_pushed" + d], 10 * 1000);
+  // Async: every update's staleness was counted (a single worker: 0 each time).
+  EXPECT_EQ(s["ferry_table_staleness_count" + e], 10);
+  EXPECT_EQ(s["ferry_table_staleness_bucket{server=\"0\",table=\"user_emb\",le=\"0\"}"], 10);
+  // The hot id leads the sketch.
+  const std::string hot = "ferry_table_hot_id_pulls{server=\"0\",table=\"user_emb\",id=\"7\"}";
+  ASSERT_TRUE(s.count(hot)) << page;
+  for (const auto& [name, value] : s) {
+    if (name.starts_with("ferry_table_hot_id_pulls") && name != hot) {
+      EXPECT_LT(value, s[hot]) << name;
+    }
+  }
+  EXPECT_GT(s["ferry_messages{server=\"0\"}"], 40);  // the server's own counters are there too
+
+  // More traffic: the numbers move with it.
+  for (int64_t t = 10; t < 15; ++t) step(t);
+  const auto after = Samples(HttpGet(port, "/metrics").second);
+  EXPECT_EQ(after.at("ferry_table_pull_requests" + e), 15);
+  EXPECT_GT(after.at("ferry_table_rows" + e), rows);
+  EXPECT_GE(after.at(hot), s[hot]);
+  EXPECT_GT(after.at("ferry_messages{server=\"0\"}"), s["ferry_messages{server=\"0\"}"]);
+
+  EXPECT_EQ(HttpGet(port, "/other").first.substr(9, 3), "404");
+}
+
+TEST(Metrics, ABindThatCannotBeHadFailsStartNamingIt) {
+  ServerOptions so;
+  so.metrics_bind = "127.0.0.1:99999";
+  so.bind = "tcp://127.0.0.1:0";
+  auto server = Server::Start(so);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(server.status().message().find("metrics endpoint: cannot listen on '127.0.0.1:99999'"), std::string::npos)
+      << server.status();
+}
+
+// Misra-Gries over a skewed stream: with m ids sampled (every 8th) and k = 16 counters, every id
+// whose sampled count exceeds m / (k + 1) is kept, and a kept id's count is its sampled count
+// less at most m / (k + 1) (reported x 8).
+TEST(Metrics, HotIdsKeepTheHeavyHitters) {
+  ps::HotIds hot;
+  std::mt19937_64 rng(9);
+  std::map<int64_t, int64_t> sampled;
+  int64_t position = 0, m = 0;
+  std::vector<int64_t> batch;
+  for (int round = 0; round < 200; ++round) {
+    batch.clear();
+    for (int i = 0; i < 97; ++i, ++position) {  // 97: batches do not line up with the sampling
+      const uint64_t r = rng() % 100;
+      const int64_t id = r < 30 ? 1 : r < 45 ? 2 : r < 55 ? 3 : static_cast<int64_t>(100 + rng() % 100000);
+      batch.push_back(id);
+      if (position % ps::kHotSampleEvery == 0) {
+        ++sampled[id];
+        ++m;
+      }
+    }
+    hot.Add(batch);
+  }
+  const int64_t slack = m / (ps::kHotSlots + 1);
+  const auto top = hot.Top(ps::kHotSlots);
+  std::map<int64_t, int64_t> kept(top.begin(), top.end());
+  for (const auto& [id, count] : sampled) {
+    if (count > slack) {
+      ASSERT_TRUE(kept.count(id)) << "id " << id << " (" << count << " of " << m << ") was not kept";
+    }
+  }
+  for (const auto& [id, est] : kept) {
+    EXPECT_EQ(est % ps::kHotSampleEvery, 0);
+    EXPECT_LE(est / ps::kHotSampleEvery, sampled[id]) << "id " << id;
+    EXPECT_GE(est / ps::kHotSampleEvery, sampled[id] - slack) << "id " << id;
+  }
+  ASSERT_GE(top.size(), 3u);
+  EXPECT_EQ(top[0].first, 1);
+  EXPECT_EQ(top[1].first, 2);
+  EXPECT_EQ(top[2].first, 3);
+  EXPECT_EQ(hot.Top(2).size(), 2u);
+}
+
+}  // namespace
+}  // namespace ferry::test

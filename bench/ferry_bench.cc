@@ -66,6 +66,7 @@
 #include "ferry/messages/transport.h"
 #include "internal/finite.h"
 #include "internal/optimizer.h"
+#include "internal/table_metrics.h"
 
 namespace ferry::bench {
 namespace {
@@ -873,6 +874,31 @@ class LazyZipf {
 // every row the batches name exists. Each call pulls (or pushes) one batch of 100k ids; the client
 // deduplicates them first, so `rows_per_second` counts requested ids and `unique_rows_per_second`
 // the distinct rows that actually travel and are looked up (or updated) on the server.
+// The per-table hot-ids sketch (ps::HotIds, issue 16's metrics) on what a server sees of a pull:
+// the batch's distinct ids, as the client sends them. Its time a call is what the sketch adds to
+// serving such a pull (compare sparse/pull/dim16 in the same run).
+void BM_HotIds(benchmark::State& state, LazyZipf& zipf) {
+  const ZipfBatches& z = zipf.Get();
+  std::vector<std::vector<int64_t>> sent;
+  for (const auto& batch : z.ids) {
+    std::vector<int64_t> u = batch;
+    std::sort(u.begin(), u.end());
+    u.erase(std::unique(u.begin(), u.end()), u.end());
+    sent.push_back(std::move(u));
+  }
+  ps::HotIds hot;
+  size_t b = 0;
+  int64_t ids = 0;
+  for (auto _ : state) {
+    hot.Add(sent[b]);
+    ids += static_cast<int64_t>(sent[b].size());
+    b = (b + 1) % sent.size();
+  }
+  benchmark::DoNotOptimize(hot.Top(1));
+  state.counters["ids_per_call"] = static_cast<double>(ids) / static_cast<double>(state.iterations());
+  state.counters["ids_per_s"] = benchmark::Counter(static_cast<double>(ids), benchmark::Counter::kIsRate);
+}
+
 void BM_Sparse(benchmark::State& state, LazyZipf& zipf, bool push, int64_t dim) {
   const ZipfBatches& z = zipf.Get();
   constexpr std::string_view kTable = "bench_sparse";
@@ -1168,6 +1194,10 @@ void RegisterAll(Fixtures& f) {
           ->Unit(benchmark::kMillisecond);
     }
   }
+  benchmark::RegisterBenchmark("sparse/hot_ids_sketch", [&f](benchmark::State& st) { BM_HotIds(st, f.zipf); })
+      ->Iterations(400)
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
   // 5. memory bandwidth, then the optimizers against it
   benchmark::RegisterBenchmark("mem/triad", [&f](benchmark::State& st) { BM_Triad(st, f.baselines); })
       ->Iterations(kMemIterations)

@@ -213,9 +213,8 @@ def slurm_task_argv(cluster, binaries, opts):
     return ([LAUNCHER_PATH, "--slurm-task", "--spec-json", json.dumps(plan, separators=(",", ":")),
              "--bin-dir", binaries.bin_dir, "--ps-threads", str(opts.ps_threads),
              "--gpus-per-host", gpus, "--rendezvous-timeout", f"{opts.rendezvous_timeout:g}",
-             "--grace", f"{opts.grace:g}"]
+             "--grace", f"{opts.grace:g}", "--metrics", getattr(opts, "metrics", "loopback")]
             + ([f"--ps-arg={shlex.join(opts.ps_args)}"] if opts.ps_args else [])
-            + (["--no-metrics"] if getattr(opts, "no_metrics", False) else [])
             + (["--resume", opts.resume] if opts.resume else
                ["--checkpoint-dir", opts.checkpoint_dir] if opts.checkpoint_dir else [])
             + (["--checkpoint-every", str(opts.checkpoint_every)] if opts.checkpoint_every

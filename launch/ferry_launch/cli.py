@@ -87,10 +87,11 @@ def parse_args(argv):
                     help="the same directory on ssh hosts (default: the --bin-dir path)")
     ap.add_argument("--log-dir", help="per-process logs (default: a new temp dir)")
     ap.add_argument("--ps-threads", type=int, default=1, help="ferry-ps --compute-threads")
-    ap.add_argument("--no-metrics", action="store_true",
-                    help="no metrics endpoint on the servers (by default each serves its tables' "
-                         "metrics for Prometheus on a free port of the address its own port is "
-                         "bound to, and prints the URL: '[ps0] ferry-ps rank 0: metrics at ...')")
+    ap.add_argument("--metrics", choices=("loopback", "all", "off"), default="loopback",
+                    help="which servers serve their tables' metrics for Prometheus (plain HTTP, no "
+                         "authentication), each on a free port of the address its own port is "
+                         "bound to, printing the URL ('[ps 0] ferry-ps rank 0: metrics at ...'): "
+                         "loopback (default: only servers bound to 127.0.0.1), all, or off")
     ap.add_argument("--ps-arg", action="append", default=[], metavar="ARGS",
                     help="more ferry-ps flags, split like a shell line and added to every "
                          "server's command; repeatable: --ps-arg '--max-wait-s 30' "

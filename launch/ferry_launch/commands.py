@@ -83,9 +83,13 @@ def build_commands(cluster, binaries, opts, cards_for):
                 "--bind", f"tcp://{bind_address(t.host)}:{t.port}", "--rank", str(t.rank),
                 "--num-servers", str(len(cluster.ps)),
                 "--compute-threads", str(opts.ps_threads)]
-        # Metrics for Prometheus on a free port of the same address (the server prints its URL).
-        if not getattr(opts, "no_metrics", False):
-            base += ["--metrics", f"{bind_address(t.host)}:0"]
+        # Metrics for Prometheus on a free port of the same address (the server prints its URL);
+        # by default only where that address is loopback: the page is plain HTTP, unauthenticated
+        # even under --curve, and names tables and hot ids.
+        mode = getattr(opts, "metrics", "loopback")
+        address = bind_address(t.host)
+        if mode == "all" or (mode == "loopback" and address.startswith("127.")):
+            base += ["--metrics", f"{address}:0"]
         base += ckpt + curve
         # Restarted after a server died (or the whole job under --resume): from the newest
         # checkpoint. Without a folder a server cannot be restarted.

@@ -34,12 +34,12 @@ LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 LAUNCHER_OWNED_TRAINER_FLAGS = {"--servers": None, "--rank": None, "--num-workers": None,
                                 "--local": None, "--checkpoint-every": "--checkpoint-every",
                                 "--resume": "--resume DIR",
-                                "--curve-keys": "--curve or --curve-keys DIR",
-                           "--metrics": "--no-metrics (each server's metrics port is its own pick)"}
+                                "--curve-keys": "--curve or --curve-keys DIR"}
 LAUNCHER_OWNED_PS_FLAGS = {"--bind": None, "--rank": None, "--num-servers": None,
                            "--num-workers": None, "--compute-threads": "--ps-threads",
                            "--checkpoint-dir": "--checkpoint-dir", "--restore": "--resume DIR",
-                           "--curve-keys": "--curve or --curve-keys DIR"}
+                           "--curve-keys": "--curve or --curve-keys DIR",
+                           "--metrics": "--metrics loopback|all|off"}
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

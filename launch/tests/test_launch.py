@@ -922,6 +922,20 @@ class UsageErrorTest(unittest.TestCase):
                 self.assertEqual(rc, 2, out)
                 self.assertIn(want, out)
 
+    def test_metrics_endpoints_are_the_launchers_to_give(self):
+        # Servers on loopback get one by default; --metrics off: none; --ps-arg cannot set it.
+        rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--dry-run", "--gpus-per-host", "0"])
+        self.assertEqual(rc, 0, out)
+        self.assertIn("--metrics 127.0.0.1:0", command_lines(out)["ps 1"])
+        rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--dry-run", "--gpus-per-host", "0",
+                                  "--metrics", "off"])
+        self.assertEqual(rc, 0, out)
+        for who in ("ps 0", "ps 1"):
+            self.assertNotIn("--metrics", command_lines(out)[who])
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--ps-arg=--metrics 9100"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--ps-arg flag --metrics is set by the launcher", out)
+
     def test_base_port_zero_ports_are_distinct(self):
         # Each socket stays bound until all are picked: no two servers draw the same port.
         fl = load_launcher_module()

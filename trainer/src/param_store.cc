@@ -66,8 +66,11 @@ class ServerStore final : public ParamStore {
       const bool sync = IsSync(s.table);
       Add(client_->PushSparse(s.table, s.ids, s.grads, sync ? tag : step), sync);
     }
+    // With sync tables, whether the step's push counted is theirs to say: the async tables'
+    // parts are always applied.
     int64_t used = 0, dropped = 0;
-    FERRY_RETURN_IF_ERROR(WaitAll("push", tag, [&](const Served& s, bool) {
+    FERRY_RETURN_IF_ERROR(WaitAll("push", tag, [&](const Served& s, bool sync) {
+      if (any_sync_ && !sync) return;
       used += s.used;
       dropped += s.dropped;
     }));

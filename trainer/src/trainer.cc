@@ -268,8 +268,10 @@ class WorkerRun {
       step = store_->progress().step;
     } else {
       step = client_->restored_step();
-      if (any_ssp_ && step > 0) FERRY_RETURN_IF_ERROR(store_->EndStep(step - 1));
     }
+    // ssp tables (alone, or beside sync ones: --table): a restored server's clocks start at 0,
+    // so each worker first moves its own to the step it resumes at.
+    if (any_ssp_ && step > 0) FERRY_RETURN_IF_ERROR(store_->EndStep(step - 1));
     ckpt_last_ = step;  // that step's checkpoint is the one resumed from, or comes at the next multiple
     Say("resuming the job at step " + std::to_string(step) + " of " + std::to_string(plan_.total_steps) +
         (plan_.streamed ? std::string()

@@ -26,7 +26,7 @@ class MetricsHttp {
   MetricsHttp& operator=(const MetricsHttp&) = delete;
 
   int port() const { return port_; }
-  // http://HOST:PORT/metrics (HOST as bound; 127.0.0.1 for a bare port or 0.0.0.0).
+  // http://HOST:PORT/metrics (HOST as bound; this machine's name for a bare port or 0.0.0.0).
   const std::string& url() const { return url_; }
 
  private:

@@ -1,7 +1,7 @@
 #include "internal/metrics_http.h"
 
-#include <arpa/inet.h>
 #include <civetweb.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -28,14 +28,18 @@ struct MetricsHttp::Context {
       while (!stopped.load()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         if (port == 0 || stopped.load()) continue;
-        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in addr{};
-        addr.sin_family = AF_INET;
-        addr.sin_port = htons(static_cast<uint16_t>(port));
-        if (fd >= 0 && ::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) {
-          ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+        addrinfo hints{};
+        hints.ai_socktype = SOCK_STREAM;
+        addrinfo* found = nullptr;
+        if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) continue;
+        for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+          const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+          if (fd < 0) continue;
+          const bool connected = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+          ::close(fd);
+          if (connected) break;
         }
-        if (fd >= 0) ::close(fd);
+        ::freeaddrinfo(found);
       }
     });
     mg_stop(mg);
@@ -89,11 +93,19 @@ StatusOr<std::unique_ptr<MetricsHttp>> MetricsHttp::Start(const std::string& bin
   mg_server_port ports[1] = {};
   if (mg_get_server_ports(http->ctx_->mg, 1, ports) < 1) return UnavailableError("metrics endpoint: no port bound for '" + bind + "'");
   http->port_ = ports[0].port;
-  std::string host = "127.0.0.1";
-  if (const size_t colon = bind.rfind(':'); colon != std::string::npos && bind.substr(0, colon) != "0.0.0.0") {
-    host = bind.substr(0, colon);
+  // Bound to all interfaces (a bare port, or 0.0.0.0): the URL names this machine, and the stop
+  // poke goes to loopback; otherwise both use the host as bound (brackets off an IPv6 one).
+  const size_t colon = bind.rfind(':');
+  std::string host = colon == std::string::npos ? std::string() : bind.substr(0, colon);
+  std::string url_host = host;
+  if (host.empty() || host == "0.0.0.0") {
+    char name[256] = "";
+    url_host = ::gethostname(name, sizeof name - 1) == 0 && name[0] != '\0' ? name : "127.0.0.1";
+    host = "127.0.0.1";
+  } else if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
   }
-  http->url_ = "http://" + host + ":" + std::to_string(http->port_) + "/metrics";
+  http->url_ = "http://" + url_host + ":" + std::to_string(http->port_) + "/metrics";
   http->ctx_->host = host;
   http->ctx_->port = http->port_;
   return http;

@@ -156,8 +156,13 @@ class ServerImpl final : public Server {
     stopping_.store(true);
     waker_.Notify();
     // Several threads may call Stop() at once: one joins, the others wait for that join.
+    {
+      MutexLock closing(&metrics_mu_);  // a scrape waiting for the loop is answered 503 now
+      metrics_closed_ = true;
+      metrics_cv_.SignalAll();
+    }
     MutexLock lock(&stop_mu_);
-    metrics_http_.reset();  // waits for a scrape in flight (answered 503 once the loop stops)
+    metrics_http_.reset();  // waits for a scrape in flight, which no longer waits for the loop
     if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
     // The loop has ended: a file job still running is finished (its reply is not sent).
     if (!thread_.joinable() && job_thread_.joinable()) job_thread_.join();
@@ -554,10 +559,12 @@ class ServerImpl final : public Server {
   // On an HTTP thread: asks the I/O thread for the page and waits for it (2 s at most: none).
   std::optional<std::string> MetricsPage() {
     MutexLock lock(&metrics_mu_);
+    if (metrics_closed_) return std::nullopt;
     const uint64_t ticket = ++metrics_asked_;
     waker_.Notify();
     const auto deadline = Clock::now() + std::chrono::seconds(2);
     while (metrics_answered_ < ticket) {
+      if (metrics_closed_) return std::nullopt;
       if (!metrics_cv_.WaitUntil(&metrics_mu_, deadline) && metrics_answered_ < ticket) return std::nullopt;
     }
     return metrics_page_;
@@ -625,15 +632,16 @@ class ServerImpl final : public Server {
     const ps::Table* last = nullptr;
     for (size_t i = 0; i < refs.size(); ++i) {
       auto& [t, c] = refs[i];
-      if (t != last) ++t->counters.push_requests;  // a request's slices of one table count once
+      if (t->spec.consistency == Consistency::kSync && h.step() < c->version) {
+        Count(kLateGradientsDropped);
+        ++info.dropped;
+        continue;
+      }
+      // Accepted: counted for its table (a request's slices of one table count once).
+      if (t != last) ++t->counters.push_requests;
       last = t;
       t->counters.rows_pushed += c->size;
       if (t->spec.consistency == Consistency::kSync) {
-        if (h.step() < c->version) {
-          Count(kLateGradientsDropped);
-          ++info.dropped;
-          continue;
-        }
         ++info.used;
         ps::HoldGradient(c->sync, rank, std::move(req.payload[i]));
         if (workers_.StepComplete(t->spec, c->sync)) {
@@ -1360,6 +1368,7 @@ class ServerImpl final : public Server {
   CondVar metrics_cv_;
   uint64_t metrics_asked_ ABSL_GUARDED_BY(metrics_mu_) = 0;     // scrapes asked for
   uint64_t metrics_answered_ ABSL_GUARDED_BY(metrics_mu_) = 0;  // ... answered, in order
+  bool metrics_closed_ ABSL_GUARDED_BY(metrics_mu_) = false;    // Stop has begun: answer none
   std::string metrics_page_ ABSL_GUARDED_BY(metrics_mu_);
 
   // The file job (a checkpoint's shard or manifest) in progress: its request and what it is (I/O

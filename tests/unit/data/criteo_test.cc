@@ -442,26 +442,40 @@ TEST(CriteoTest, ShardsByFileOrByLineReadEveryLineOnce) {
   EXPECT_EQ(ParseCriteoShardBy("lines").status().code(), StatusCode::kInvalidArgument);
 }
 
-// A line over max_line_bytes (here a 200 KB run without a newline, then one at the very end) is
-// a bad line, read past without being held; the lines around it are read.
+// A line over max_line_bytes is a bad line, read past without being held, wherever it falls in
+// the read buffer: a 200 KB run without a newline (far over the buffer), a valid Criteo line of
+// 5000 bytes (its end already in a large buffer), one of just over the limit, and one at the
+// very end without a newline. The lines around them are read; one of exactly the limit is kept.
 TEST(CriteoTest, ALineOverTheLimitIsABadLineNotHeld) {
-  std::string text = Numbered(0) + "\n" + std::string(200000, 'x') + "\n" + Numbered(1) + "\n" + std::string(5000, 'y');
+  constexpr int64_t kLimit = 4096;
+  auto valid_of_size = [](int i, size_t size) {  // Numbered(i) with its last value padded
+    std::string line = Numbered(i);
+    line += std::string(size - line.size(), 'z');
+    return line;
+  };
+  const std::string text = Numbered(0) + "\n" + std::string(200000, 'x') + "\n" + valid_of_size(5, 5000) + "\n" +
+                           valid_of_size(6, kLimit + 1) + "\n" + valid_of_size(2, kLimit) + "\n" + Numbered(1) + "\n" +
+                           std::string(5000, 'y');
   TempFile file(".tsv");
   WritePlain(file.path(), text);
-  CriteoOptions o;
-  o.read_buffer_bytes = 1024;
-  o.max_line_bytes = 4096;
-  auto reader = CriteoReader::Open(file.path(), o);
-  ASSERT_TRUE(reader.ok());
-  EXPECT_EQ(ReadAll(**reader), (std::vector<int>{0, 1}));
-  const CriteoStats& st = (*reader)->stats();
-  EXPECT_EQ(st.lines, 4);
-  EXPECT_EQ(st.bad_lines, 2);
-  EXPECT_EQ(st.bytes, static_cast<int64_t>(text.size()));
-  ASSERT_EQ(st.first_bad_lines.size(), 2u);
-  EXPECT_EQ(st.first_bad_lines[0].line_number, 2);
-  EXPECT_EQ(st.first_bad_lines[0].reason, "longer than 4096 bytes");
-  EXPECT_EQ(st.first_bad_lines[1].line_number, 4);
+  for (int64_t buffer : {int64_t{1024}, int64_t{1} << 20}) {
+    CriteoOptions o;
+    o.read_buffer_bytes = buffer;
+    o.max_line_bytes = kLimit;
+    auto reader = CriteoReader::Open(file.path(), o);
+    ASSERT_TRUE(reader.ok());
+    EXPECT_EQ(ReadAll(**reader), (std::vector<int>{0, 2, 1})) << "buffer " << buffer;
+    const CriteoStats& st = (*reader)->stats();
+    EXPECT_EQ(st.lines, 7);
+    EXPECT_EQ(st.bad_lines, 4);
+    EXPECT_EQ(st.bytes, static_cast<int64_t>(text.size()));
+    ASSERT_EQ(st.first_bad_lines.size(), 4u);
+    const int64_t want_lines[] = {2, 3, 4, 7};
+    for (size_t k = 0; k < 4; ++k) {
+      EXPECT_EQ(st.first_bad_lines[k].line_number, want_lines[k]) << "buffer " << buffer;
+      EXPECT_EQ(st.first_bad_lines[k].reason, "longer than 4096 bytes");
+    }
+  }
 }
 
 TEST(CriteoTest, ExpandsListsAndGlobs) {

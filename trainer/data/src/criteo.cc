@@ -121,7 +121,13 @@ StatusOr<std::vector<std::string>> ExpandCriteoPaths(std::string_view list) {
     if (entry.empty()) return InvalidArgumentError("an empty entry in the file list '" + std::string(list) + "'");
     if (entry.find_first_of("*?[") == std::string::npos) {
       struct stat st;
-      if (::stat(entry.c_str(), &st) != 0) return NotFoundError(entry + ": " + std::strerror(errno));
+      if (::stat(entry.c_str(), &st) != 0) {
+        const int err = errno;
+        std::string what = entry + ": " + std::strerror(err);
+        if (err == ENOENT || err == ENOTDIR) return NotFoundError(std::move(what));
+        if (err == EACCES) return Status(StatusCode::kPermissionDenied, std::move(what));
+        return UnavailableError(std::move(what));
+      }
       add(entry);
     } else {
       glob_t g{};

@@ -203,6 +203,43 @@ TEST_F(ResumeTest, AsyncWorkersResumeAtTheRestoredCheckpointsStep) {
   EXPECT_EQ(Final(dir).step, 20);
 }
 
+// Per-table consistency (--table): the ctr tower sync, its embeddings ssp:1. Resumed, the
+// workers move their ssp clocks to the restored step too (a restored server's start at 0), or
+// their first pull of an embedding table would wait for clocks no one moves, until max_wait.
+TEST_F(ResumeTest, SyncAndSspTablesResumeTogether) {
+  TrainerOptions o = test::CtrOptions(OptimizerType::kSgd, 0.1f, 12);
+  o.tables = {{"ctr/emb*", {{"consistency", "ssp:1"}}}};
+  o.checkpoint_every = 5;
+  auto ctr = LoadCtrData(o);
+  ASSERT_TRUE(ctr.ok()) << ctr.status();
+  const Datasets data{nullptr, nullptr, &*ctr};
+  const fs::path dir = root_ / "hybrid";
+  auto servers = [&](bool restore) {
+    ServerOptions so;
+    so.compute_threads = 1;
+    so.checkpoint_dir = dir.string();
+    so.num_workers = 2;
+    so.restore = restore;
+    so.max_wait = std::chrono::seconds(5);  // a pull that waits for nothing fails in 5 s, not 5 min
+    return ferry::test::LocalCluster::Start(1, false, so);
+  };
+  {
+    auto cluster = servers(false);
+    ExpectAllOk(test::RunWorkers(cluster, 2, o, data));
+  }
+  EXPECT_EQ(Final(dir).step, 12);
+  o.steps = 20;
+  o.resume = true;
+  auto cluster = servers(true);
+  auto runs = test::RunWorkers(cluster, 2, o, data);
+  ExpectAllOk(runs);
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.report->first_step, 12);
+    EXPECT_EQ(r.report->steps, 8);
+  }
+  EXPECT_EQ(Final(dir).step, 20);
+}
+
 TEST_F(ResumeTest, AWorkerRestartedBeforeTheJobBeganJoinsTheOthersAtTheStartBarrier) {
   // Worker 1's first process died before the start barrier: its restart (--resume) finds the
   // job at step 0 with no collective ended, and meets worker 0 there; the job is the same.

@@ -293,7 +293,8 @@ StatusOr<CtrData> LoadCtrData(const TrainerOptions& options) {
       d.source += std::string(", sharded by ") + data::CriteoShardByName(train->shard_by());
     }
     d.source += "\n";
-    d.train_stream = std::make_unique<data::CriteoStream>(std::move(train), options.train_limit);
+    // Read ahead: the next step's examples are parsed while this step computes.
+    d.train_stream = std::make_unique<data::CriteoStream>(std::move(train), options.train_limit, /*read_ahead=*/true);
 
     // The test set is held (about 270 bytes an example; --test-limit caps it).
     FERRY_ASSIGN_OR_RETURN(auto test, data::CriteoReader::Open(*test_files));

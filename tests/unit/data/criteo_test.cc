@@ -553,5 +553,67 @@ TEST(CriteoTest, AStreamPassesOverItsFilesAgainAndSkipsLikeItReads) {
   EXPECT_THAT(s.message(), HasSubstr(junk.path() + ":2: 1 tab-separated fields"));
 }
 
+// Read-ahead changes nothing but when the parsing happens: the same examples in the same order,
+// the same passes reported, for batches of one size and of changing sizes, after a Skip; and an
+// error met ahead (a truncated gzip file) is returned by the same Next as without read-ahead.
+TEST(CriteoTest, ReadAheadHandsOutExactlyWhatReadingInLineDoes) {
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += (i % 11 == 3 ? std::string("bad") : Numbered(i)) + "\n";
+  TempFile file(".tsv.gz");
+  WriteGzip(file.path(), text);
+  auto open = [&](bool ahead, int64_t limit) {
+    auto r = CriteoReader::Open(file.path());
+    EXPECT_TRUE(r.ok());
+    return std::make_unique<CriteoStream>(std::move(*r), limit, ahead);
+  };
+  for (int64_t limit : {int64_t{0}, int64_t{17}}) {
+    for (const std::vector<int64_t>& sizes : {std::vector<int64_t>(12, 8), std::vector<int64_t>{5, 5, 13, 2, 40, 7, 7, 1, 30}}) {
+      auto plain = open(false, limit), ahead = open(true, limit);
+      ASSERT_TRUE(plain->Skip(9).ok());
+      ASSERT_TRUE(ahead->Skip(9).ok());
+      CtrBatch a, b;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        ASSERT_TRUE(plain->Next(sizes[k], &a).ok());
+        ASSERT_TRUE(ahead->Next(sizes[k], &b).ok());
+        EXPECT_EQ(Traced(b), Traced(a)) << "batch " << k << ", limit " << limit;
+        EXPECT_EQ(b.ids, a.ids);
+        EXPECT_EQ(b.labels, a.labels);
+        const auto pa = plain->TakeFinishedPasses(), pb = ahead->TakeFinishedPasses();
+        ASSERT_EQ(pb.size(), pa.size()) << "batch " << k;
+        for (size_t j = 0; j < pa.size(); ++j) {
+          EXPECT_EQ(pb[j].pass, pa[j].pass);
+          EXPECT_EQ(pb[j].stats.examples, pa[j].stats.examples);
+          EXPECT_EQ(pb[j].stats.bad_lines, pa[j].stats.bad_lines);
+        }
+        EXPECT_EQ(ahead->pass(), plain->pass()) << "batch " << k;
+      }
+    }
+  }
+
+  std::string big;
+  for (int i = 0; i < 20000; ++i) big += Numbered(i) + "\n";
+  const std::string gz = testing::Gzip(big);
+  TempFile cut(".tsv.gz");
+  WritePlain(cut.path(), gz.substr(0, gz.size() * 3 / 4));
+  auto failing = [&](bool ahead) {
+    auto r = CriteoReader::Open(cut.path());
+    EXPECT_TRUE(r.ok());
+    CriteoStream s(std::move(*r), 0, ahead);
+    CtrBatch batch;
+    for (int k = 0; k < 1000; ++k) {
+      const Status st = s.Next(500, &batch);
+      if (!st.ok()) {
+        EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
+        EXPECT_EQ(s.Next(10, &batch).code(), StatusCode::kDataLoss) << "the stream does not stay failed";
+        return k;
+      }
+    }
+    return -1;
+  };
+  const int without = failing(false);
+  EXPECT_GT(without, 0);
+  EXPECT_EQ(failing(true), without);
+}
+
 }  // namespace
 }  // namespace ferry::data

@@ -272,18 +272,31 @@ const CriteoStats& CriteoReader::stats() const { return impl_->stats; }
 const std::vector<std::string>& CriteoReader::files() const { return impl_->files; }
 CriteoShardBy CriteoReader::shard_by() const { return impl_->by; }
 
-CriteoStream::CriteoStream(std::unique_ptr<CriteoReader> reader, int64_t pass_limit)
-    : reader_(std::move(reader)), pass_limit_(std::max<int64_t>(pass_limit, 0)) {}
+CriteoStream::CriteoStream(std::unique_ptr<CriteoReader> reader, int64_t pass_limit, bool read_ahead)
+    : reader_(std::move(reader)), pass_limit_(std::max<int64_t>(pass_limit, 0)), read_ahead_(read_ahead) {
+  carry_.Reset(kCriteoDense, kCriteoFields);
+}
 
-Status CriteoStream::Next(int64_t n, CtrBatch* batch) {
-  if (n < 1) return InvalidArgumentError("CriteoStream::Next: " + std::to_string(n) + " examples");
-  batch->Reset(kCriteoDense, kCriteoFields);
-  while (batch->size() < n) {
-    int64_t want = n - batch->size();
+CriteoStream::~CriteoStream() {
+  if (ahead_.valid()) ahead_.wait();
+}
+
+CriteoStream::Chunk CriteoStream::Read(int64_t n) {
+  Chunk c;
+  c.batch.Reset(kCriteoDense, kCriteoFields);
+  c.first_pass = pass_;
+  auto fail = [&](Status s) {
+    c.status = std::move(s);
+    return std::move(c);
+  };
+  while (c.batch.size() < n) {
+    int64_t want = n - c.batch.size();
     if (pass_limit_ > 0) want = std::min(want, pass_limit_ - in_pass_);
     int64_t got = 0;
     if (want > 0) {
-      FERRY_ASSIGN_OR_RETURN(got, reader_->ReadBatch(want, &chunk_));
+      StatusOr<int64_t> read = reader_->ReadBatch(want, &scratch_);
+      if (!read.ok()) return fail(read.status());
+      got = *read;
     }
     if (got == 0) {  // the pass is over
       const CriteoStats& st = reader_->stats();
@@ -292,25 +305,79 @@ Status CriteoStream::Next(int64_t n, CtrBatch* batch) {
                            reader_->files()[0] + (reader_->files().size() > 1 ? ", ..." : "") + "): " +
                            std::to_string(st.lines) + " line(s) of this shard, " + std::to_string(st.bad_lines) + " bad";
         for (const CriteoBadLine& b : st.first_bad_lines) what += "; " + b.ToString();
-        return InvalidArgumentError(std::move(what));
+        return fail(InvalidArgumentError(std::move(what)));
       }
-      finished_.push_back({pass_, st});
-      FERRY_RETURN_IF_ERROR(reader_->Rewind());
+      c.crossings.push_back({c.batch.size(), {pass_, st}});
+      if (Status s = reader_->Rewind(); !s.ok()) return fail(s);
       ++pass_;
       in_pass_ = 0;
       continue;
     }
     in_pass_ += got;
-    batch->Append(chunk_);
+    c.batch.Append(scratch_);
   }
+  return c;
+}
+
+void CriteoStream::Use(Chunk& chunk) {
+  const int64_t base = carry_.size();
+  if (base == 0) carry_pass_ = chunk.first_pass;  // (an empty carry has no crossings)
+  for (Crossing& x : chunk.crossings) carry_crossings_.push_back({base + x.at, std::move(x.pass)});
+  carry_.Append(chunk.batch);
+}
+
+Status CriteoStream::Take(int64_t n, CtrBatch* batch, int64_t ahead) {
+  if (n < 1) return InvalidArgumentError("CriteoStream: " + std::to_string(n) + " examples asked for");
+  FERRY_RETURN_IF_ERROR(failed_);
+  auto use = [&](Chunk chunk) -> Status {
+    if (!chunk.status.ok()) {
+      failed_ = chunk.status;
+      return failed_;
+    }
+    Use(chunk);
+    return Status::Ok();
+  };
+  // What was read ahead first (its batch was read after carry_'s examples), then more if short.
+  if (carry_.size() < n && ahead_.valid()) FERRY_RETURN_IF_ERROR(use(ahead_.get()));
+  if (carry_.size() < n) FERRY_RETURN_IF_ERROR(use(Read(n - carry_.size())));
+  batch->Reset(kCriteoDense, kCriteoFields);
+  if (carry_.size() == n) {
+    std::swap(*batch, carry_);
+    carry_.Reset(kCriteoDense, kCriteoFields);
+  } else {  // more was read ahead than asked for: hand out the first n, keep the rest in order
+    const auto f = static_cast<size_t>(carry_.num_fields), d = static_cast<size_t>(carry_.num_dense);
+    const auto k = static_cast<size_t>(n);
+    batch->labels.assign(carry_.labels.begin(), carry_.labels.begin() + k);
+    batch->dense.assign(carry_.dense.begin(), carry_.dense.begin() + k * d);
+    batch->ids.assign(carry_.ids.begin(), carry_.ids.begin() + k * f);
+    carry_.labels.erase(carry_.labels.begin(), carry_.labels.begin() + k);
+    carry_.dense.erase(carry_.dense.begin(), carry_.dense.begin() + k * d);
+    carry_.ids.erase(carry_.ids.begin(), carry_.ids.begin() + k * f);
+  }
+  // The passes ended before the examples handed out are reported; the pass of the last of them
+  // is the carry's first pass after them.
+  std::vector<Crossing> kept;
+  for (Crossing& x : carry_crossings_) {
+    if (x.at < n) {
+      finished_.push_back(std::move(x.pass));
+      ++carry_pass_;
+    } else {
+      kept.push_back({x.at - n, std::move(x.pass)});
+    }
+  }
+  carry_crossings_ = std::move(kept);
+  pass_handed_ = carry_pass_;
+  if (ahead > 0 && !ahead_.valid()) ahead_ = std::async(std::launch::async, [this, ahead] { return Read(ahead); });
   return Status::Ok();
 }
+
+Status CriteoStream::Next(int64_t n, CtrBatch* batch) { return Take(n, batch, read_ahead_ ? n : 0); }
 
 Status CriteoStream::Skip(int64_t n) {
   CtrBatch scratch;
   for (int64_t left = n; left > 0;) {
     const int64_t k = std::min<int64_t>(left, 4096);
-    FERRY_RETURN_IF_ERROR(Next(k, &scratch));
+    FERRY_RETURN_IF_ERROR(Take(k, &scratch, 0));
     left -= k;
   }
   return Status::Ok();

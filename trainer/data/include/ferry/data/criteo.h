@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -155,31 +156,70 @@ struct CriteoPass {
 
 // Exactly n examples at a time from a CriteoReader, passing over its files again at their end:
 // the training source of a run sized in steps, whose memory does not grow with the files.
-// Thread-safety: not thread-safe.
+//
+// Read-ahead (read_ahead = true): once Next has handed out a batch of n, the next n examples
+// are read and parsed on a thread of the stream's own while the caller uses the batch, so a
+// training step does not wait for the reader unless parsing is slower than the step. The
+// examples, their order, the passes and the errors are exactly those without read-ahead; memory
+// is one batch more. An error met ahead is returned by the Next that would have met it.
+// Thread-safety: the methods are called by one thread; the read-ahead thread is internal.
 class CriteoStream {
  public:
   // pass_limit > 0: a pass ends after that many examples (--train-limit); 0: at the files' end.
-  explicit CriteoStream(std::unique_ptr<CriteoReader> reader, int64_t pass_limit = 0);
+  explicit CriteoStream(std::unique_ptr<CriteoReader> reader, int64_t pass_limit = 0, bool read_ahead = false);
+  ~CriteoStream();  // waits for a read ahead in progress
+  CriteoStream(const CriteoStream&) = delete;
+  CriteoStream& operator=(const CriteoStream&) = delete;
 
   // Replaces `batch`'s contents with the next `n` (>= 1) examples, beginning another pass where
   // one ends (a batch may span two). INVALID_ARGUMENT when a whole pass yields no example (naming
-  // the files and the first bad lines); the reader's errors as they are.
+  // the files and the first bad lines); the reader's errors as they are. After an error the
+  // stream stays failed.
   Status Next(int64_t n, CtrBatch* batch);
   // Reads past the next `n` examples (a resumed job's earlier steps): parsed, not kept.
   Status Skip(int64_t n);
 
-  int64_t pass() const { return pass_; }  // the pass the next example comes from (0-based)
-  // The passes finished since the last call, oldest first.
+  // The pass the last example handed out came from (0-based; 0 before any).
+  int64_t pass() const { return pass_handed_; }
+  // The passes finished since the last call, oldest first: those the examples handed out have
+  // crossed (a pass is reported with the first example after it, read ahead or not).
   std::vector<CriteoPass> TakeFinishedPasses() { return std::exchange(finished_, {}); }
-  const CriteoReader& reader() const { return *reader_; }
 
  private:
+  // A pass that ended before example `at` of a run of examples.
+  struct Crossing {
+    int64_t at = 0;
+    CriteoPass pass;
+  };
+  // n examples read from the files, with the pass of the first and the passes ended among them.
+  struct Chunk {
+    CtrBatch batch;
+    int64_t first_pass = 0;
+    std::vector<Crossing> crossings;
+    Status status;
+  };
+  // Reads n examples (the only code that touches reader_, pass_, in_pass_ and scratch_: on the
+  // caller's thread, or on the read-ahead thread while one is in flight, never both).
+  Chunk Read(int64_t n);
+  // The next n examples into *batch (what is left over from a read ahead first); starts the next
+  // read ahead of `ahead` examples when that is > 0.
+  Status Take(int64_t n, CtrBatch* batch, int64_t ahead);
+  void Use(Chunk& chunk);  // appends its examples (and crossings) to carry_
+
   std::unique_ptr<CriteoReader> reader_;
-  int64_t pass_limit_;
-  int64_t pass_ = 0;
-  int64_t in_pass_ = 0;  // examples of this pass handed out
-  CtrBatch chunk_;
+  const int64_t pass_limit_;
+  const bool read_ahead_;
+  int64_t pass_ = 0;     // the pass the reader is in
+  int64_t in_pass_ = 0;  // examples of that pass read
+  CtrBatch scratch_;
+  // The caller's side.
+  CtrBatch carry_;                  // examples read (ahead) and not handed out yet
+  int64_t carry_pass_ = 0;          // the pass of carry_'s first example, before its crossings
+  std::vector<Crossing> carry_crossings_;  // passes ended among carry_'s examples
+  std::future<Chunk> ahead_;        // a read in flight
+  int64_t pass_handed_ = 0;
   std::vector<CriteoPass> finished_;
+  Status failed_;
 };
 
 }  // namespace ferry::data

@@ -487,6 +487,14 @@ TEST(CriteoTest, ExpandsListsAndGlobs) {
   got = ExpandCriteoPaths(dir / "other.tsv" + "," + dir / "day_[01].gz" + "," + dir / "day_0.gz");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, (std::vector<std::string>{dir / "other.tsv", dir / "day_0.gz", dir / "day_1.gz"}));
+  // Numbers in order, as the 24 days of the Criteo 1 TB logs are named.
+  for (const char* name : {"day_10.gz", "day_9.gz", "day_23.gz", "day_02.gz"}) WritePlain(dir / name, "");
+  got = ExpandCriteoPaths(dir / "day_*.gz");
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<std::string> names;
+  for (const std::string& p : *got) names.push_back(std::filesystem::path(p).filename().string());
+  EXPECT_EQ(names, (std::vector<std::string>{"day_0.gz", "day_1.gz", "day_2.gz", "day_02.gz", "day_9.gz", "day_10.gz",
+                                             "day_23.gz"}));
   EXPECT_EQ(ExpandCriteoPaths(dir / "day_*.tsv").status().code(), StatusCode::kNotFound);
   EXPECT_THAT(ExpandCriteoPaths(dir / "day_*.tsv").status().message(), HasSubstr("no file matches"));
   EXPECT_EQ(ExpandCriteoPaths(dir / "day_7.gz").status().code(), StatusCode::kNotFound);

@@ -107,6 +107,38 @@ const char* CriteoShardByName(CriteoShardBy by) {
 
 std::string CriteoBadLine::ToString() const { return path + ":" + std::to_string(line_number) + ": " + reason; }
 
+namespace {
+
+// Names in the order people count them: runs of digits compare as numbers, so day_2 comes
+// before day_10 (ties between equal numbers, like 2 and 02, go to the shorter run).
+bool NaturalLess(const std::string& a, const std::string& b) {
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (digit(a[i]) && digit(b[j])) {
+      size_t ei = i, ej = j;
+      while (ei < a.size() && digit(a[ei])) ++ei;
+      while (ej < b.size() && digit(b[ej])) ++ej;
+      size_t si = i, sj = j;  // leading zeros do not count
+      while (si + 1 < ei && a[si] == '0') ++si;
+      while (sj + 1 < ej && b[sj] == '0') ++sj;
+      const std::string_view na(a.data() + si, ei - si), nb(b.data() + sj, ej - sj);
+      if (na.size() != nb.size()) return na.size() < nb.size();
+      if (na != nb) return na < nb;
+      if (ei - i != ej - j) return ei - i < ej - j;
+      i = ei;
+      j = ej;
+      continue;
+    }
+    if (a[i] != b[j]) return a[i] < b[j];
+    ++i;
+    ++j;
+  }
+  return a.size() - i < b.size() - j;
+}
+
+}  // namespace
+
 StatusOr<std::vector<std::string>> ExpandCriteoPaths(std::string_view list) {
   std::vector<std::string> out;
   std::set<std::string> seen;
@@ -136,7 +168,7 @@ StatusOr<std::vector<std::string>> ExpandCriteoPaths(std::string_view list) {
       globfree(&g);
       if (rc == GLOB_NOMATCH || (rc == 0 && matches.empty())) return NotFoundError(entry + ": no file matches");
       if (rc != 0) return UnavailableError(entry + ": cannot list the files it matches");
-      std::sort(matches.begin(), matches.end());
+      std::sort(matches.begin(), matches.end(), NaturalLess);
       for (auto& m : matches) add(std::move(m));
     }
     if (comma == std::string_view::npos) break;

@@ -17,7 +17,7 @@
 // file, corrupt gzip) are.
 //
 // Files: a reader reads its files one after another, in the order given (ExpandCriteoPaths
-// sorts a glob's matches, so day_0 .. day_23 come in order when named so).
+// sorts a glob's matches with their numbers in order, so day_0 .. day_23 come in day order).
 // Sharding (CriteoOptions::shard, shard_by):
 //   by file  file i of the list belongs to shard i % num_shards, which reads all its lines;
 //   by line  line k of every file (0-based, counting every line, bad or good) belongs to shard
@@ -110,7 +110,7 @@ struct CriteoStats {
 };
 
 // The files a list names: comma-separated entries, each a path or a glob pattern (*, ? or [ in
-// it; glob(3), matches sorted). NOT_FOUND naming the entry when a path does not exist or a
+// it; glob(3), matches sorted with numbers in order: day_2 before day_10). NOT_FOUND naming the entry when a path does not exist or a
 // pattern matches nothing; INVALID_ARGUMENT for an empty list or entry. A file named twice is
 // kept once, where it first appears.
 StatusOr<std::vector<std::string>> ExpandCriteoPaths(std::string_view list);

@@ -20,12 +20,8 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 TableSpec SyncSgd(const std::string& name, int64_t n) {
-  TableSpec spec;
-  spec.name = name;
-  spec.shape = {n};
+  TableSpec spec = SgdTable(name, n, Consistency::kSync);
   spec.chunk_elems = 4;  // several chunks, on every server
-  spec.optimizer.learning_rate = 1.0f;
-  spec.consistency = Consistency::kSync;
   return spec;
 }
 

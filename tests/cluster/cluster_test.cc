@@ -24,17 +24,6 @@ using namespace std::chrono_literals;
 
 ClusterAddress Address(const LocalCluster& c) { return {c.endpoints, c.context}; }
 
-// A sync dense table of `n` floats, SGD with learning rate 1 from zeros: after a step the values
-// are minus the average gradient, easy to check by hand.
-TableSpec SyncSgd(const std::string& name, int64_t n) {
-  TableSpec spec;
-  spec.name = name;
-  spec.shape = {n};
-  spec.optimizer.learning_rate = 1.0f;
-  spec.consistency = Consistency::kSync;
-  return spec;
-}
-
 TEST(Cluster, SyncAdamMatchesSequentialReferenceBitwise) {
   auto c = LocalCluster::Start(2);
   ExpectSyncMatchesSequential(Address(c), 2, OptimizerType::kAdam, 6, "adam_");
@@ -278,7 +267,7 @@ TEST(Cluster, AServerOfAnotherMajorVersionIsNamedNotWaitedFor) {
 TEST(Cluster, GradientsHoldingNaNOrInfAreRefusedOrTheirRowsSkipped) {
   auto c = LocalCluster::Start(2);
   auto w = c.Connect(0, 1);
-  TableSpec dense = SyncSgd("d", 10);
+  TableSpec dense = SgdTable("d", 10, Consistency::kSync);
   dense.chunk_elems = 4;
   dense.consistency = Consistency::kAsync;
   ASSERT_TRUE(w->Declare(dense).ok());
@@ -361,7 +350,7 @@ TEST(Cluster, DeclarationIsIdempotentAndConflictsNameBothSpecs) {
 
 TEST(Cluster, BackupWorkersUseTheFirstKGradientsAndDropLateOnes) {
   auto c = LocalCluster::Start(1);
-  TableSpec spec = SyncSgd("w", 3);
+  TableSpec spec = SgdTable("w", 3, Consistency::kSync);
   spec.replicas_to_aggregate = 2;
   std::vector<std::unique_ptr<Client>> w;
   for (int r = 0; r < 3; ++r) w.push_back(c.Connect(r, 3));
@@ -488,7 +477,7 @@ TEST(Cluster, ExpiredSspPullNamesTheWorkerWhoseClockIsBehind) {
 TEST(Cluster, FinishClosesTheStepAndAReconnectedWorkerIsWaitedForAgain) {
   auto c = LocalCluster::Start(1);
   auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
-  TableSpec spec = SyncSgd("w", 3);
+  TableSpec spec = SgdTable("w", 3, Consistency::kSync);
   ASSERT_TRUE(w0->Declare(spec).ok());
   ASSERT_TRUE(w1->Declare(spec).ok());
   std::vector<float> g0 = {1, 2, 3}, p(3);
@@ -695,7 +684,7 @@ TEST(Cluster, AMinimalHeldHeaderIsAnsweredIntact) {
 TEST(Cluster, ATableNamedTwiceInOneCallIsRefusedAndTheStepIsIntact) {
   auto c = LocalCluster::Start(1);
   auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
-  TableSpec spec = SyncSgd("w", 2);
+  TableSpec spec = SgdTable("w", 2, Consistency::kSync);
   ASSERT_TRUE(w0->Declare(spec).ok());
   ASSERT_TRUE(w1->Declare(spec).ok());
   std::vector<float> g = {2, 2}, p(2);
@@ -723,7 +712,7 @@ TEST(Cluster, OneConnectionCannotFillTheHeldRoomForEveryone) {
   so.max_wait = 1500ms;
   auto c = LocalCluster::Start(1, false, so);
   auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
-  TableSpec spec = SyncSgd("w", 2);
+  TableSpec spec = SgdTable("w", 2, Consistency::kSync);
   ASSERT_TRUE(w0->Declare(spec).ok());
   ASSERT_TRUE(w1->Declare(spec).ok());
   auto raw = transport::MakeSocket(transport::Zmq(*c.context), zmq::socket_type::dealer);
@@ -794,7 +783,7 @@ TEST(Cluster, OneConnectionCannotFillTheHeldRoomForEveryone) {
 TEST(Cluster, ALargeTableIsBuiltWhileTheServerServesOthers) {
   auto c = LocalCluster::Start(1);
   auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
-  TableSpec small = SyncSgd("small", 4);
+  TableSpec small = SgdTable("small", 4, Consistency::kSync);
   small.consistency = Consistency::kAsync;
   ASSERT_TRUE(w1->Declare(small).ok());
   TableSpec big;

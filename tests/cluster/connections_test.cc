@@ -17,15 +17,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-TableSpec AsyncSgd(const std::string& name, int64_t n) {
-  TableSpec spec;
-  spec.name = name;
-  spec.shape = {n};
-  spec.optimizer.learning_rate = 1.0f;
-  spec.consistency = Consistency::kAsync;
-  return spec;
-}
-
 ClientOptions Worker(const LocalCluster& c, int rank, int num_workers) {
   ClientOptions o;
   o.servers = c.endpoints;
@@ -118,7 +109,7 @@ TEST(Connections, ASecondConnectionForALiveWorkerIsRefused) {
   auto c = LocalCluster::Start(1, /*tcp=*/true);
   auto w0 = Client::Connect(Worker(c, 0, 2));
   ASSERT_TRUE(w0.ok()) << w0.status().ToString();
-  ASSERT_TRUE((*w0)->Declare(AsyncSgd("w", 4)).ok());
+  ASSERT_TRUE((*w0)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
 
   ClientOptions twin_options = Worker(c, 0, 2);
   twin_options.connect_timeout = 1s;  // how long it asks again, in case worker 0 is on its way out
@@ -146,7 +137,7 @@ TEST(Connections, ASecondConnectionForALiveWorkerIsRefused) {
   w0->reset();  // worker 0's process ends: its connection closes
   auto next = Client::Connect(Worker(c, 0, 2));
   ASSERT_TRUE(next.ok()) << next.status().ToString();
-  ASSERT_TRUE((*next)->Declare(AsyncSgd("w", 4)).ok());
+  ASSERT_TRUE((*next)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
   EXPECT_EQ(Pull(**next), std::vector<float>(4, -2.0f));
 }
 
@@ -159,7 +150,7 @@ TEST(Connections, ASilentOwnerHandsTheRankOver) {
   std::this_thread::sleep_for(300ms);  // > 2 x 50 ms of silence
   auto w0 = Client::Connect(Worker(c, 0, 1));
   ASSERT_TRUE(w0.ok()) << w0.status().ToString();
-  ASSERT_TRUE((*w0)->Declare(AsyncSgd("w", 4)).ok());
+  ASSERT_TRUE((*w0)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
   // Now the stale connection is the second one.
   EXPECT_EQ(Ask(stale, wire::Kind::PullDense, 0).code(), StatusCode::kAlreadyExists);
 }
@@ -193,7 +184,7 @@ TEST(Connections, BeyondTheCapAWorkerIsToldWhyAndTheConnectionCloses) {
   for (int i = 0; i < 500 && c.servers[0]->stats().counters["connections_open"] > 1; ++i) std::this_thread::sleep_for(10ms);
   auto w1 = Client::Connect(Worker(c, 0, 1));
   ASSERT_TRUE(w1.ok()) << w1.status().ToString();
-  EXPECT_TRUE((*w1)->Declare(AsyncSgd("w", 4)).ok());
+  EXPECT_TRUE((*w1)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
 }
 
 // A connection that speaks for no worker and says nothing is closed after idle_timeout; a
@@ -213,7 +204,7 @@ TEST(Connections, IdleConnectionsCloseButWorkersStay) {
   quiet.heartbeat_timeout = 0ms;  // no heartbeats: silent between requests
   auto w0 = Client::Connect(quiet);
   ASSERT_TRUE(w0.ok()) << w0.status().ToString();
-  ASSERT_TRUE((*w0)->Declare(AsyncSgd("w", 4)).ok());
+  ASSERT_TRUE((*w0)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
   const int64_t closed_before = c.servers[0]->stats().counters["connections_idle_closed"];
   std::this_thread::sleep_for(1500ms);
   const std::vector<float> grad = {1, 1, 1, 1};
@@ -230,7 +221,7 @@ TEST(Connections, APeerThatNeverReadsLosesItsRepliesAndTheServerGoesOn) {
   auto c = LocalCluster::Start(1, /*tcp=*/true);
   auto w0 = Client::Connect(Worker(c, 0, 1));
   ASSERT_TRUE(w0.ok()) << w0.status().ToString();
-  ASSERT_TRUE((*w0)->Declare(AsyncSgd("w", 4)).ok());
+  ASSERT_TRUE((*w0)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
 
   auto made = transport::MakeSocket(transport::Zmq(*c.context), zmq::socket_type::dealer, 100000);
   ASSERT_TRUE(made.ok());

@@ -6,6 +6,15 @@
 
 namespace ferry::test {
 
+TableSpec SgdTable(const std::string& name, int64_t n, Consistency consistency) {
+  TableSpec spec;
+  spec.name = name;
+  spec.shape = {n};
+  spec.optimizer.learning_rate = 1.0f;
+  spec.consistency = consistency;
+  return spec;
+}
+
 LocalCluster LocalCluster::Start(int num_servers, bool tcp, ServerOptions base) {
   static std::atomic<int> next_cluster{0};
   const int id = next_cluster++;

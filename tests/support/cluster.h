@@ -11,6 +11,10 @@
 
 namespace ferry::test {
 
+// A dense table of `n` floats from zeros, SGD with learning rate 1 (after one push of g its
+// values are -g: easy to check by hand), of the given consistency.
+TableSpec SgdTable(const std::string& name, int64_t n, Consistency consistency);
+
 struct LocalCluster {
   // Starts `num_servers` servers; endpoints are unique per cluster. `tcp` binds 127.0.0.1:0.
   static LocalCluster Start(int num_servers, bool tcp = false, ServerOptions base = {});

@@ -66,13 +66,13 @@ std::string ConsistencyName(const TrainerOptions& o) {
   return o.consistency == Consistency::kSync ? "sync" : "async";
 }
 
-// "{rank}" in the path becomes the rank.
 // This process's peak resident memory so far (getrusage; KiB on Linux), -1 if unknown.
 int64_t PeakRssKiB() {
   struct rusage u {};
   return ::getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_maxrss) : -1;
 }
 
+// "{rank}" in the path becomes the rank.
 std::string MetricsPath(std::string path, int rank) {
   for (size_t at; (at = path.find("{rank}")) != std::string::npos;) path.replace(at, 6, std::to_string(rank));
   return path;

@@ -24,7 +24,7 @@ namespace ferry::ps {
 
 inline constexpr int kHotSlots = 16;
 inline constexpr int kHotSampleEvery = 8;
-inline constexpr size_t kTableStalenessBuckets = 65;  // as the server's own histogram
+inline constexpr size_t kTableStalenessBuckets = 65;  // staleness 0..63, and 64 or more
 
 class HotIds {
  public:

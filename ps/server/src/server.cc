@@ -81,7 +81,7 @@ constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker",
     "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused",
     "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped"};
-constexpr size_t kStalenessBuckets = 65;
+constexpr size_t kStalenessBuckets = ps::kTableStalenessBuckets;  // the server's and each table's
 // Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
 // bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
 // to it never loses a reply however slowly its side reads; a peer that sends without reading

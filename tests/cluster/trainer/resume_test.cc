@@ -41,14 +41,35 @@ class ResumeTest : public testing::Test {
  protected:
 
   // Servers that write checkpoints into `dir` (and start from its newest one with `restore`).
-  static ferry::test::LocalCluster Servers(int n, const fs::path& dir, int num_workers, bool restore) {
+  // `max_wait`: how long a held pull may wait (a test of one that should not wait shortens it).
+  static ferry::test::LocalCluster Servers(int n, const fs::path& dir, int num_workers, bool restore,
+                                           std::chrono::milliseconds max_wait = ServerOptions().max_wait) {
     ServerOptions so;
     so.compute_threads = 1;
     so.checkpoint_dir = dir.string();
     so.num_workers = num_workers;
     so.restore = restore;
     so.keep_checkpoints = 10;
+    so.max_wait = max_wait;
     return ferry::test::LocalCluster::Start(n, false, so);
+  }
+
+  // Restores `servers` servers from the newest checkpoint of `dir` (of step `from`) and resumes
+  // the job's `workers` to `to` steps: each begins at `from` and runs the rest, and the job's
+  // final checkpoint is of `to`.
+  static void ResumeTo(TrainerOptions o, const Datasets& data, const fs::path& dir, int servers, int workers,
+                       int64_t from, int64_t to, std::chrono::milliseconds max_wait = ServerOptions().max_wait) {
+    o.steps = to;
+    o.resume = true;
+    auto cluster = Servers(servers, dir, workers, true, max_wait);
+    auto runs = test::RunWorkers(cluster, workers, o, data);
+    ExpectAllOk(runs);
+    for (const auto& r : runs) {
+      if (!r.report.ok()) continue;
+      EXPECT_EQ(r.report->first_step, from);
+      EXPECT_EQ(r.report->steps, to - from);
+    }
+    EXPECT_EQ(Final(dir).step, to);
   }
 
   static void ExpectAllOk(const std::vector<test::WorkerRun>& runs) {
@@ -191,16 +212,7 @@ TEST_F(ResumeTest, AsyncWorkersResumeAtTheRestoredCheckpointsStep) {
   }
   EXPECT_EQ(Final(dir).step, 12);
   EXPECT_NE(Final(dir).meaning.find("async"), std::string::npos) << Final(dir).meaning;
-  o.steps = 20;
-  o.resume = true;
-  auto cluster = Servers(2, dir, 2, true);
-  auto runs = test::RunWorkers(cluster, 2, o, data);
-  ExpectAllOk(runs);
-  for (const auto& r : runs) {
-    EXPECT_EQ(r.report->first_step, 12);
-    EXPECT_EQ(r.report->steps, 8);
-  }
-  EXPECT_EQ(Final(dir).step, 20);
+  ResumeTo(o, data, dir, 2, 2, 12, 20);
 }
 
 // Per-table consistency (--table): the ctr tower sync, its embeddings ssp:1. Resumed, the
@@ -214,30 +226,13 @@ TEST_F(ResumeTest, SyncAndSspTablesResumeTogether) {
   ASSERT_TRUE(ctr.ok()) << ctr.status();
   const Datasets data{nullptr, nullptr, &*ctr};
   const fs::path dir = root_ / "hybrid";
-  auto servers = [&](bool restore) {
-    ServerOptions so;
-    so.compute_threads = 1;
-    so.checkpoint_dir = dir.string();
-    so.num_workers = 2;
-    so.restore = restore;
-    so.max_wait = std::chrono::seconds(5);  // a pull that waits for nothing fails in 5 s, not 5 min
-    return ferry::test::LocalCluster::Start(1, false, so);
-  };
+  const auto max_wait = std::chrono::seconds(5);  // a pull that waits for nothing fails in 5 s, not 5 min
   {
-    auto cluster = servers(false);
+    auto cluster = Servers(1, dir, 2, false, max_wait);
     ExpectAllOk(test::RunWorkers(cluster, 2, o, data));
   }
   EXPECT_EQ(Final(dir).step, 12);
-  o.steps = 20;
-  o.resume = true;
-  auto cluster = servers(true);
-  auto runs = test::RunWorkers(cluster, 2, o, data);
-  ExpectAllOk(runs);
-  for (const auto& r : runs) {
-    EXPECT_EQ(r.report->first_step, 12);
-    EXPECT_EQ(r.report->steps, 8);
-  }
-  EXPECT_EQ(Final(dir).step, 20);
+  ResumeTo(o, data, dir, 1, 2, 12, 20, max_wait);
 }
 
 TEST_F(ResumeTest, AWorkerRestartedBeforeTheJobBeganJoinsTheOthersAtTheStartBarrier) {

@@ -3,16 +3,13 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <optional>
 #include <set>
 #include <utility>
 
 #include <glob.h>
-#include <sys/stat.h>
 
 #include "gz_file.h"
 #include "random.h"
@@ -153,13 +150,7 @@ StatusOr<std::vector<std::string>> ExpandCriteoPaths(std::string_view list) {
     if (entry.empty()) return InvalidArgumentError("an empty entry in the file list '" + std::string(list) + "'");
     if (entry.find_first_of("*?[") == std::string::npos) {
       struct stat st;
-      if (::stat(entry.c_str(), &st) != 0) {
-        const int err = errno;
-        std::string what = entry + ": " + std::strerror(err);
-        if (err == ENOENT || err == ENOTDIR) return NotFoundError(std::move(what));
-        if (err == EACCES) return Status(StatusCode::kPermissionDenied, std::move(what));
-        return UnavailableError(std::move(what));
-      }
+      FERRY_RETURN_IF_ERROR(internal::StatPath(entry, &st));
       add(entry);
     } else {
       glob_t g{};

@@ -16,15 +16,18 @@ gzFile AsGz(void* handle) { return static_cast<gzFile>(handle); }
 
 }  // namespace
 
+Status StatPath(const std::string& path, struct stat* st) {
+  if (::stat(path.c_str(), st) == 0) return Status::Ok();
+  const int err = errno;
+  std::string what = path + ": " + std::strerror(err);
+  if (err == ENOENT || err == ENOTDIR) return NotFoundError(std::move(what));
+  if (err == EACCES) return Status(StatusCode::kPermissionDenied, std::move(what));
+  return UnavailableError(std::move(what));
+}
+
 StatusOr<GzFile> GzFile::Open(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    const int err = errno;
-    std::string what = path + ": " + std::strerror(err);
-    if (err == ENOENT || err == ENOTDIR) return NotFoundError(std::move(what));
-    if (err == EACCES) return Status(StatusCode::kPermissionDenied, std::move(what));
-    return UnavailableError(std::move(what));
-  }
+  FERRY_RETURN_IF_ERROR(StatPath(path, &st));
   if (S_ISDIR(st.st_mode)) return InvalidArgumentError(path + ": is a directory, not a file");
   errno = 0;
   gzFile handle = gzopen(path.c_str(), "rb");

@@ -3,6 +3,8 @@
 // Thread-safety: neither class is thread-safe; each owns its handle / buffer.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -12,6 +14,10 @@
 #include "ferry/status.h"
 
 namespace ferry::data::internal {
+
+// stat(2) of `path`, its failure as a Status naming the path: NOT_FOUND (no such file or folder),
+// PERMISSION_DENIED, or UNAVAILABLE.
+Status StatPath(const std::string& path, struct stat* st);
 
 class GzFile {
  public:

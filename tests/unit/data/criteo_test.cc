@@ -143,6 +143,9 @@ TEST(CriteoTest, BadLinesAreRejectedWithReasons) {
   EXPECT_THAT(reason(Line("0", ints, Cats(1))), HasSubstr("I7"));
   ints[6] = " 3";
   EXPECT_THAT(reason(Line("0", ints, Cats(1))), HasSubstr("I7"));
+  std::vector<std::string> cats = Cats(1);
+  cats[4] = "68fd1e6g";  // not hexadecimal
+  EXPECT_THAT(reason(Line("0", Ints(1), cats)), HasSubstr("categorical C5 \"68fd1e6g\" is not hexadecimal"));
   CtrBatch misshapen;
   misshapen.Reset(13, 25);
   EXPECT_EQ(ParseCriteoLine(good, 0, &misshapen).code(), StatusCode::kInvalidArgument);
@@ -450,7 +453,7 @@ TEST(CriteoTest, ALineOverTheLimitIsABadLineNotHeld) {
   constexpr int64_t kLimit = 4096;
   auto valid_of_size = [](int i, size_t size) {  // Numbered(i) with its last value padded
     std::string line = Numbered(i);
-    line += std::string(size - line.size(), 'z');
+    line += std::string(size - line.size(), 'f');
     return line;
   };
   const std::string text = Numbered(0) + "\n" + std::string(200000, 'x') + "\n" + valid_of_size(5, 5000) + "\n" +

@@ -64,6 +64,13 @@ Status ParseCriteoLine(std::string_view line, int64_t hash_buckets, CtrBatch* ba
     }
     dense[j] = CriteoDenseValue(x);
   }
+  for (int f = 0; f < kCriteoFields; ++f) {
+    const std::string_view c = cols[1 + kCriteoDense + f];
+    if (c.find_first_not_of("0123456789abcdefABCDEF") != std::string_view::npos) {
+      return InvalidArgumentError("categorical C" + std::to_string(f + 1) + " \"" + std::string(c.substr(0, 32)) +
+                                  "\" is not hexadecimal");
+    }
+  }
   batch->labels.push_back(cols[0] == "1" ? 1.0f : 0.0f);
   batch->dense.insert(batch->dense.end(), dense.begin(), dense.end());
   for (int f = 0; f < kCriteoFields; ++f) {

@@ -4,15 +4,15 @@
 // Line format: 40 tab-separated columns, `label \t I1..I13 \t C1..C26`, '\n' (or "\r\n") ended:
 //   label   "0" or "1"
 //   I1..I13 decimal integers (may be negative), or empty
-//   C1..C26 categorical values (8 hex digits in the public data; any bytes are accepted and
-//           hashed as they are, case-sensitive), or empty
+//   C1..C26 categorical values: hexadecimal digits (8 in the public data; hashed as they are,
+//           case-sensitive), or empty
 // Output (CtrBatch with num_dense = 13, num_fields = 26):
 //   dense[j] = log(1 + max(I_j, 0))    (float; an empty field gives 0, the same as I_j <= 0)
 //   ids[f]   = CriteoFieldId(f, C_f, hash_buckets)  (an empty field hashes the empty string, which
 //              is field f's dedicated "missing" id: missing values are kept, not skipped, so every
 //              example has exactly one id per field as the model expects)
 // A bad line (not 40 columns, a label other than 0/1, an integer field that is not a whole
-// decimal int64, more than max_line_bytes) is skipped, counted, and the first few are recorded
+// decimal int64, a categorical value that is not hexadecimal, more than max_line_bytes) is skipped, counted, and the first few are recorded
 // with their file, 1-based line number and the reason; it is never fatal. I/O errors (missing
 // file, corrupt gzip) are.
 //

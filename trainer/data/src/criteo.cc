@@ -26,6 +26,23 @@ float CriteoDenseValue(int64_t x) {
   return x <= 0 ? 0.0f : static_cast<float>(std::log1p(static_cast<double>(x)));
 }
 
+namespace {
+
+// Every byte a hexadecimal digit (a table lookup a byte: find_first_not_of with a set of 22
+// characters cost a third of the parsing rate).
+bool IsHex(std::string_view s) {
+  static constexpr auto kHex = [] {
+    std::array<bool, 256> t{};
+    for (char c : std::string_view("0123456789abcdefABCDEF")) t[static_cast<unsigned char>(c)] = true;
+    return t;
+  }();
+  bool ok = true;
+  for (char c : s) ok &= kHex[static_cast<unsigned char>(c)];
+  return ok;
+}
+
+}  // namespace
+
 Status ParseCriteoLine(std::string_view line, int64_t hash_buckets, CtrBatch* batch) {
   if (batch->num_dense != kCriteoDense || batch->num_fields != kCriteoFields) {
     return InvalidArgumentError("ParseCriteoLine: the batch is shaped (" + std::to_string(batch->num_dense) + ", " +
@@ -66,7 +83,7 @@ Status ParseCriteoLine(std::string_view line, int64_t hash_buckets, CtrBatch* ba
   }
   for (int f = 0; f < kCriteoFields; ++f) {
     const std::string_view c = cols[1 + kCriteoDense + f];
-    if (c.find_first_not_of("0123456789abcdefABCDEF") != std::string_view::npos) {
+    if (!IsHex(c)) {
       return InvalidArgumentError("categorical C" + std::to_string(f + 1) + " \"" + std::string(c.substr(0, 32)) +
                                   "\" is not hexadecimal");
     }

@@ -67,7 +67,7 @@ Status VerifyHeader(zmq::message_t& frame, const Header** out) {
   // read from it), a forged header need not, and reading one misaligned is undefined behaviour
   // (found by tests/fuzz/fuzz_wire).
   auto aligned = [](const auto* v) { return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->Data()) % 8 == 0; };
-  if (!aligned(h->slices()) || (h->spec() && !aligned(h->spec()->shape()))) {
+  if (!aligned(h->slices()) || !aligned(h->sparse()) || (h->spec() && !aligned(h->spec()->shape()))) {
     return InvalidArgumentError("header frame has a misaligned vector (not built by FlatBuffers)");
   }
   if (h->major() != kMajor) {
@@ -77,7 +77,7 @@ Status VerifyHeader(zmq::message_t& frame, const Header** out) {
                                    std::to_string(kMinor) + " (major versions must match)");
   }
   const auto k = static_cast<int>(h->kind());
-  const bool known = (k >= static_cast<int>(Kind::Hello) && k <= static_cast<int>(Kind::Heartbeat)) ||
+  const bool known = (k >= static_cast<int>(Kind::Hello) && k <= static_cast<int>(Kind::PushSparseTables)) ||
                      h->kind() == Kind::Reply || h->kind() == Kind::Error;
   if (!known) return InvalidArgumentError("unknown message kind " + std::to_string(k));
   *out = h;
@@ -116,6 +116,31 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
         return InvalidArgumentError("num_ids x dim is out of range");
       }
       return FrameSize("gradient", payload[1], values, 4);
+    }
+    case Kind::PullSparseTables:
+    case Kind::PushSparseTables: {
+      const bool push = h.kind() == Kind::PushSparseTables;
+      const auto* tables = h.sparse();
+      if (!tables || tables->size() == 0) return InvalidArgumentError(std::string(KindName(h.kind())) + " names no tables");
+      const size_t per = push ? 2 : 1;
+      if (tables->size() * per >= kMaxFrames) {
+        return InvalidArgumentError(std::string(KindName(h.kind())) + " names " + std::to_string(tables->size()) +
+                                    " tables; at most " + std::to_string((kMaxFrames - 1) / per));
+      }
+      FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), tables->size() * per));
+      for (flatbuffers::uoffset_t i = 0; i < tables->size(); ++i) {
+        const SparseSlice& t = *tables->Get(i);
+        const std::string which = "table " + std::to_string(i);
+        FERRY_RETURN_IF_ERROR(FrameSize(which + " id", payload[i * per], t.num_ids(), 8));
+        if (t.dim() < 1) return InvalidArgumentError(which + ": dim " + std::to_string(t.dim()) + " is not positive");
+        if (!push) continue;
+        int64_t values = 0;
+        if (!MulFits(t.num_ids(), t.dim(), std::numeric_limits<int64_t>::max() / 8, &values)) {
+          return InvalidArgumentError(which + ": num_ids x dim is out of range");
+        }
+        FERRY_RETURN_IF_ERROR(FrameSize(which + " gradient", payload[i * per + 1], values, 4));
+      }
+      return Status::Ok();
     }
     case Kind::AllReduce:
       FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), 1));

@@ -96,6 +96,70 @@ TEST(Wire, PayloadMustMatchCounts) {
   EXPECT_FALSE(CheckPayloadShape(*h, one).ok()) << "a count that overflows count*4 must be refused";
 }
 
+zmq::message_t SparseTablesHeader(Kind kind, const std::vector<SparseSlice>& tables) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto vec = fbb.CreateVectorOfStructs(tables);
+  HeaderBuilder b(fbb);
+  b.add_major(kMajor);
+  b.add_kind(kind);
+  b.add_sparse(vec);
+  FinishHeaderBuffer(fbb, b.Finish());
+  return ToFrame(fbb);
+}
+
+// PullSparseTables carries an id frame per table; PushSparseTables an id frame and a gradient
+// frame per table, each sized by its entry.
+TEST(Wire, SparseTablesPayloadMustMatchEveryEntry) {
+  auto pull = SparseTablesHeader(Kind::PullSparseTables, {SparseSlice(1, 4, 2), SparseSlice(2, 8, 3)});
+  const Header* h = nullptr;
+  ASSERT_TRUE(VerifyHeader(pull, &h).ok());
+  std::vector<zmq::message_t> frames;
+  frames.emplace_back(16);
+  frames.emplace_back(24);
+  EXPECT_TRUE(CheckPayloadShape(*h, frames).ok());
+  frames[1] = zmq::message_t(16);
+  Status s = CheckPayloadShape(*h, frames);
+  EXPECT_NE(s.message().find("table 1 id frame has 16 bytes, the header's count says 24"), std::string::npos) << s;
+  frames.pop_back();
+  s = CheckPayloadShape(*h, frames);
+  EXPECT_NE(s.message().find("PullSparseTables carries 1 payload frames, expected 2"), std::string::npos) << s;
+
+  auto push = SparseTablesHeader(Kind::PushSparseTables, {SparseSlice(1, 4, 2), SparseSlice(2, 8, 0)});
+  ASSERT_TRUE(VerifyHeader(push, &h).ok());
+  frames.clear();
+  for (size_t bytes : {16, 32, 0, 0}) frames.emplace_back(bytes);
+  EXPECT_TRUE(CheckPayloadShape(*h, frames).ok());
+  frames[1] = zmq::message_t(28);
+  s = CheckPayloadShape(*h, frames);
+  EXPECT_NE(s.message().find("table 0 gradient frame has 28 bytes, the header's count says 32"), std::string::npos) << s;
+
+  auto zero_dim = SparseTablesHeader(Kind::PullSparseTables, {SparseSlice(1, 0, 1)});
+  ASSERT_TRUE(VerifyHeader(zero_dim, &h).ok());
+  frames.clear();
+  frames.emplace_back(8);
+  s = CheckPayloadShape(*h, frames);
+  EXPECT_NE(s.message().find("table 0: dim 0 is not positive"), std::string::npos) << s;
+
+  auto overflow = SparseTablesHeader(Kind::PushSparseTables, {SparseSlice(1, int64_t{1} << 40, 1 << 24)});
+  ASSERT_TRUE(VerifyHeader(overflow, &h).ok());
+  frames.clear();
+  frames.emplace_back(size_t{1} << 27);
+  frames.emplace_back(4);
+  EXPECT_FALSE(CheckPayloadShape(*h, frames).ok()) << "num_ids x dim past 2^60 must be refused";
+
+  auto none = SparseTablesHeader(Kind::PullSparseTables, {});
+  ASSERT_TRUE(VerifyHeader(none, &h).ok());
+  frames.clear();
+  s = CheckPayloadShape(*h, frames);
+  EXPECT_NE(s.message().find("names no tables"), std::string::npos) << s;
+
+  std::vector<SparseSlice> many(kMaxFrames / 2 + 1, SparseSlice(1, 1, 0));  // one past 4096 payload frames
+  auto too_many = SparseTablesHeader(Kind::PushSparseTables, many);
+  ASSERT_TRUE(VerifyHeader(too_many, &h).ok());
+  s = CheckPayloadShape(*h, frames);
+  EXPECT_NE(s.message().find("tables; at most 2048"), std::string::npos) << s;
+}
+
 TEST(Wire, ErrorRoundTripsCodeAndMessage) {
   auto frame = MakeError(9, Kind::PullDense, NotFoundError("unknown table id 5"));
   const Header* h = nullptr;

@@ -32,10 +32,10 @@ class ServerStore final : public ParamStore {
     ForEachGroup(dense, [&](std::span<const DenseOut> group, bool sync) {
       Add(client_->PullDense(group, sync ? want : step), sync);
     });
-    for (const SparseOut& s : sparse) {
-      const bool sync = IsSync(s.table);
-      Add(client_->PullSparse(s.table, s.ids, s.rows, sync ? want : step), sync);
-    }
+    // Every sparse table of a kind in one message per server; a model's ids are distinct.
+    ForEachGroup(sparse, [&](std::span<const SparseOut> group, bool sync) {
+      Add(client_->PullSparse(group, sync ? want : step, SparseIds::kDistinct), sync);
+    });
     // The last step's clock (ssp) travelled ahead of these pulls on each server's connection; its
     // replies are collected here rather than waited for alone after the step.
     const Status clock = std::exchange(clock_, Handle()).wait();
@@ -62,10 +62,9 @@ class ServerStore final : public ParamStore {
     ForEachGroup(dense, [&](std::span<const DenseIn> group, bool sync) {
       Add(client_->PushDense(group, sync ? tag : step), sync);
     });
-    for (const SparseIn& s : sparse) {
-      const bool sync = IsSync(s.table);
-      Add(client_->PushSparse(s.table, s.ids, s.grads, sync ? tag : step), sync);
-    }
+    ForEachGroup(sparse, [&](std::span<const SparseIn> group, bool sync) {
+      Add(client_->PushSparse(group, sync ? tag : step, SparseIds::kDistinct), sync);
+    });
     // With sync tables, whether the step's push counted is theirs to say: the async tables'
     // parts are always applied.
     int64_t used = 0, dropped = 0;
@@ -98,15 +97,16 @@ class ServerStore final : public ParamStore {
     return it != consistency_.end() && it->second == Consistency::kSync;
   }
 
-  // Calls fn(group, sync) for the runs of `tensors` of one kind (sync or not), in order: one
-  // request per run (a model's dense tensors are usually all of one kind: one request).
+  // Calls fn(group, sync) for the runs of `tables` of one kind (sync or not), in order: one
+  // request per run (a model's dense tensors, and its embedding tables, are usually each all of
+  // one kind: one request each).
   template <typename T, typename Fn>
-  void ForEachGroup(std::span<const T> tensors, Fn&& fn) const {
-    for (size_t at = 0; at < tensors.size();) {
-      const bool sync = IsSync(tensors[at].table);
+  void ForEachGroup(std::span<const T> tables, Fn&& fn) const {
+    for (size_t at = 0; at < tables.size();) {
+      const bool sync = IsSync(tables[at].table);
       size_t end = at + 1;
-      while (end < tensors.size() && IsSync(tensors[end].table) == sync) ++end;
-      fn(tensors.subspan(at, end - at), sync);
+      while (end < tables.size() && IsSync(tables[end].table) == sync) ++end;
+      fn(tables.subspan(at, end - at), sync);
       at = end;
     }
   }

@@ -54,6 +54,8 @@ struct Handle::State {
       case wire::Kind::PushDense:
       case wire::Kind::PushPullDense:
       case wire::Kind::PushSparse:
+      case wire::Kind::PullSparseTables:
+      case wire::Kind::PushSparseTables:
         served.version = served.version < 0 ? h.version() : std::min(served.version, h.version());
         break;
       default:
@@ -147,6 +149,7 @@ class ClientImpl final : public Client {
   Status Start() {
     if (!waker_.ok()) return InternalError("cannot create an eventfd for the client's I/O thread");
     sockets_.resize(options_.servers.size());
+    server_minor_ = std::vector<std::atomic<int>>(options_.servers.size());
     monitors_.resize(options_.servers.size());
     handshaken_.resize(options_.servers.size());
     for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
@@ -184,15 +187,15 @@ class ClientImpl final : public Client {
       h.add_num_servers(num_servers());
       h.add_server_rank(s);
       h.add_heartbeat_ms(HeartbeatEvery().count());
-      OnReply on_reply;
-      if (s == 0) {
-        on_reply = [this](const Header& reply, Frames&) -> Status {
+      OnReply on_reply = [this, s](const Header& reply, Frames&) -> Status {
+        server_minor_[static_cast<size_t>(s)].store(reply.minor());
+        if (s == 0) {
           restored_step_.store(reply.version());
           first_collective_.store(reply.next_collective());
           barrier_generation_.store(reply.next_collective());
-          return Status::Ok();
-        };
-      }
+        }
+        return Status::Ok();
+      };
       Submit(op, s, Kind::Hello, FinishHeader(fbb, h), {}, std::move(on_reply), options_.connect_timeout);
     }
     return Handle(op).wait(options_.connect_timeout + std::chrono::seconds(1));
@@ -367,120 +370,225 @@ class ClientImpl final : public Client {
 
   // ---- sparse ------------------------------------------------------------------------------
 
-  zmq::message_t SparseHeader(Kind kind, uint64_t table_id, int64_t num_ids, int64_t dim, int64_t step) {
-    flatbuffers::FlatBufferBuilder fbb(128);
-    auto h = BeginHeader(fbb, kind);
-    h.add_table_id(table_id);
-    h.add_num_ids(num_ids);
-    h.add_dim(dim);
-    h.add_step(step);
-    return FinishHeader(fbb, h);
+  // One table's share of a sparse call on one server: the ids it sends there and where their
+  // rows go in (pull) or come from (push) the caller's buffers.
+  struct SparseShare {
+    size_t table = 0;   // index into the call's tables
+    int64_t dim = 0;
+    uint64_t table_id = 0;
+    std::span<const int64_t> ids;   // what travels: the caller's span (one server, distinct ids) or own_ids
+    std::vector<int64_t> own_ids;
+    // Pull: (position in the caller's ids, row in `ids`) for every position (none: rows map
+    // one to one, in order). Push: unused.
+    std::vector<std::pair<int64_t, int64_t>> positions;
+    // Push: the gradient rows in `ids` order (none: the caller's rows travel as they are).
+    std::vector<float> own_grads;
+  };
+
+  // A frame that takes over `v` without copying it.
+  template <typename T>
+  static zmq::message_t Adopt(std::vector<T>&& v) {
+    auto* held = new std::vector<T>(std::move(v));
+    return zmq::message_t(held->data(), held->size() * sizeof(T),
+                          [](void*, void* hint) { delete static_cast<std::vector<T>*>(hint); }, held);
   }
 
-  // Groups the unique ids per server in order of first appearance and calls
-  // on_position(p, server, row) for every position p, where `row` is the id's index in that
-  // server's list. One pass, no per-position table.
-  template <typename OnPosition>
-  std::vector<std::vector<int64_t>> RouteIds(std::span<const int64_t> ids, OnPosition&& on_position) const {
+  // Deduplicates (unless the caller says the ids are distinct) and groups one table's ids per
+  // server. `grads` (push) is summed per distinct id, in order of appearance; `shares` gets
+  // this table's share for each server (an empty one where the server holds none of its ids).
+  void ShareTable(size_t table, const TableSpec& spec, std::span<const int64_t> ids, const float* grads, bool distinct,
+                  bool push, std::vector<std::vector<SparseShare>>* shares) const {
     const int S = num_servers();
-    std::vector<std::vector<int64_t>> server_ids(static_cast<size_t>(S));
-    absl::flat_hash_map<int64_t, std::pair<int, int64_t>> where;
-    where.reserve(ids.size());
-    for (size_t p = 0; p < ids.size(); ++p) {
-      auto [it, inserted] = where.try_emplace(ids[p]);
-      if (inserted) {
-        const int s = placement::IdServer(ids[p], S);
-        auto& list = server_ids[static_cast<size_t>(s)];
-        it->second = {s, static_cast<int64_t>(list.size())};
-        list.push_back(ids[p]);
+    const int64_t dim = spec.dim;
+    std::vector<SparseShare> mine(static_cast<size_t>(S));
+    for (auto& sh : mine) sh.table = table, sh.dim = dim, sh.table_id = TableId(spec.name);
+    if (distinct && S == 1) {  // nothing to group: the caller's buffers travel as they are
+      mine[0].ids = ids;
+    } else if (distinct) {
+      for (size_t p = 0; p < ids.size(); ++p) {
+        SparseShare& sh = mine[static_cast<size_t>(placement::IdServer(ids[p], S))];
+        if (push) {
+          sh.own_grads.insert(sh.own_grads.end(), grads + static_cast<int64_t>(p) * dim, grads + (static_cast<int64_t>(p) + 1) * dim);
+        } else {
+          sh.positions.emplace_back(static_cast<int64_t>(p), static_cast<int64_t>(sh.own_ids.size()));
+        }
+        sh.own_ids.push_back(ids[p]);
       }
-      on_position(p, it->second.first, it->second.second);
+    } else {
+      absl::flat_hash_map<int64_t, std::pair<int, int64_t>> where;
+      where.reserve(ids.size());
+      for (size_t p = 0; p < ids.size(); ++p) {
+        auto [it, inserted] = where.try_emplace(ids[p]);
+        if (inserted) {
+          const int s = placement::IdServer(ids[p], S);
+          auto& list = mine[static_cast<size_t>(s)].own_ids;
+          it->second = {s, static_cast<int64_t>(list.size())};
+          list.push_back(ids[p]);
+        }
+        SparseShare& sh = mine[static_cast<size_t>(it->second.first)];
+        const int64_t row = it->second.second;
+        if (!push) {
+          sh.positions.emplace_back(static_cast<int64_t>(p), row);
+        } else if (inserted) {  // the first occurrence is copied, later ones added
+          const float* g = grads + static_cast<int64_t>(p) * dim;
+          sh.own_grads.insert(sh.own_grads.end(), g, g + dim);
+        } else {
+          float* acc = sh.own_grads.data() + row * dim;
+          const float* g = grads + static_cast<int64_t>(p) * dim;
+          for (int64_t j = 0; j < dim; ++j) acc[j] += g[j];
+        }
+      }
     }
-    return server_ids;
+    for (int s = 0; s < S; ++s) {
+      SparseShare& sh = mine[static_cast<size_t>(s)];
+      if (!(distinct && S == 1)) sh.ids = sh.own_ids;
+      (*shares)[static_cast<size_t>(s)].push_back(std::move(sh));
+    }
   }
 
-  Handle PullSparse(std::string_view table, std::span<const int64_t> ids, std::span<float> out,
-                    int64_t step) override {
+  // Pulls (grads empty) or pushes sparse rows of several tables: one message per server (more
+  // only past max_message_bytes or the frame limit), every server in flight together. A server
+  // older than protocol 1.5 gets one PullSparse / PushSparse per table instead.
+  Handle SparseOp(std::span<const SparseOut> pulls, std::span<const SparseIn> pushes, int64_t step, SparseIds id_kind) {
     auto op = NewOp();
-    auto spec = Lookup(table, TableType::kSparse);
-    if (!spec.ok()) return Failed(op, spec.status());
-    const int64_t dim = spec->dim;
-    if (out.size() != ids.size() * static_cast<size_t>(dim)) {
-      return Failed(op, InvalidArgumentError("PullSparse '" + spec->name + "': output has " +
-                                             std::to_string(out.size()) + " floats, ids x dim is " +
-                                             std::to_string(ids.size() * static_cast<size_t>(dim))));
-    }
-    // Deduplicate and group per server; remember which positions each server's rows fill.
+    const bool push = !pushes.empty();
+    const size_t T = push ? pushes.size() : pulls.size();
     const int S = num_servers();
-    auto positions = std::make_shared<std::vector<std::vector<std::pair<int64_t, int64_t>>>>(static_cast<size_t>(S));
-    auto server_ids = RouteIds(ids, [&](size_t p, int s, int64_t row) {
-      (*positions)[static_cast<size_t>(s)].emplace_back(static_cast<int64_t>(p), row);
-    });
-    const uint64_t id = TableId(spec->name);
-    // A sync pull for step t must wait until every server has closed step t - 1 (it may hold none
-    // of these ids, but this worker's next push reaches it): so it goes to every server.
-    const bool every_server = spec->consistency == Consistency::kSync;
+    const bool distinct = id_kind == SparseIds::kDistinct;
+    std::vector<std::vector<SparseShare>> shares(static_cast<size_t>(S));
+    std::vector<bool> sync(T);
+    std::vector<std::span<float>> outs(T);
+    std::vector<std::span<const float>> ins(T);
+    for (size_t t = 0; t < T; ++t) {
+      const std::string_view name = push ? pushes[t].table : pulls[t].table;
+      const std::span<const int64_t> ids = push ? pushes[t].ids : pulls[t].ids;
+      for (size_t u = 0; u < t; ++u) {
+        if ((push ? pushes[u].table : pulls[u].table) == name) {
+          return Failed(op, InvalidArgumentError("table '" + std::string(name) + "' appears twice in one call; name each table once"));
+        }
+      }
+      auto spec = Lookup(name, TableType::kSparse);
+      if (!spec.ok()) return Failed(op, spec.status());
+      const size_t want = ids.size() * static_cast<size_t>(spec->dim);
+      const size_t have = push ? pushes[t].grads.size() : pulls[t].rows.size();
+      if (have != want) {
+        return Failed(op, InvalidArgumentError(std::string(push ? "PushSparse '" : "PullSparse '") + spec->name + "': " +
+                                               (push ? "gradient" : "output") + " has " + std::to_string(have) +
+                                               " floats, ids x dim is " + std::to_string(want)));
+      }
+      // A sync table reaches every server, even with no ids there: each server closes every step
+      // with every worker's (maybe empty) gradient, and a pull for step t waits until every server
+      // has closed step t - 1.
+      sync[t] = spec->consistency == Consistency::kSync;
+      if (push) {
+        ins[t] = pushes[t].grads;
+      } else {
+        outs[t] = pulls[t].rows;
+      }
+      ShareTable(t, *spec, ids, push ? pushes[t].grads.data() : nullptr, distinct, push, &shares);
+    }
     for (int s = 0; s < S; ++s) {
-      auto& sid = server_ids[static_cast<size_t>(s)];
-      if (sid.empty() && !every_server) continue;
-      const int64_t n = static_cast<int64_t>(sid.size());
-      Frames payload;
-      payload.emplace_back(sid.data(), sid.size() * sizeof(int64_t));
-      OnReply on_reply = [positions, s, dim, n, out](const Header&, Frames& reply) -> Status {
-        FERRY_RETURN_IF_ERROR(ExpectFrames(reply, 1));
-        FERRY_RETURN_IF_ERROR(ExpectBytes(reply[0], static_cast<size_t>(n * dim) * sizeof(float)));
-        const float* rows = static_cast<const float*>(reply[0].data());
-        for (auto [p, r] : (*positions)[static_cast<size_t>(s)]) {
-          std::memcpy(out.data() + p * dim, rows + r * dim, static_cast<size_t>(dim) * sizeof(float));
+      auto& list = shares[static_cast<size_t>(s)];
+      std::erase_if(list, [&](const SparseShare& sh) { return sh.ids.empty() && !sync[sh.table]; });
+      const bool legacy = server_minor_[static_cast<size_t>(s)].load() < 5;
+      // Cut the server's shares into messages at table boundaries.
+      size_t at = 0;
+      while (at < list.size()) {
+        size_t end = at;
+        int64_t bytes = 0;
+        const size_t most = legacy ? 1 : (wire::kMaxFrames - 1) / (push ? 2 : 1);
+        while (end < list.size() && end - at < most) {
+          const int64_t b = static_cast<int64_t>(list[end].ids.size()) * (8 + list[end].dim * 4);
+          if (end > at && bytes + b > options_.max_message_bytes) break;
+          bytes += b;
+          ++end;
+        }
+        SendSparse(op, s, std::span<SparseShare>(list).subspan(at, end - at), push, legacy, step, ins, outs);
+        at = end;
+      }
+    }
+    return Handle(op);
+  }
+
+  void SendSparse(const std::shared_ptr<Handle::State>& op, int s, std::span<SparseShare> group, bool push, bool legacy,
+                  int64_t step, std::span<const std::span<const float>> ins, std::span<const std::span<float>> outs) {
+    const Kind kind = legacy ? (push ? Kind::PushSparse : Kind::PullSparse)
+                             : (push ? Kind::PushSparseTables : Kind::PullSparseTables);
+    flatbuffers::FlatBufferBuilder fbb(128 + 24 * group.size());
+    flatbuffers::Offset<flatbuffers::Vector<const wire::SparseSlice*>> vec;
+    if (!legacy) {
+      std::vector<wire::SparseSlice> slices;
+      slices.reserve(group.size());
+      for (const auto& sh : group) slices.emplace_back(sh.table_id, sh.dim, static_cast<int64_t>(sh.ids.size()));
+      vec = fbb.CreateVectorOfStructs(slices);
+    }
+    auto h = BeginHeader(fbb, kind);
+    h.add_step(step);
+    if (legacy) {
+      h.add_table_id(group[0].table_id);
+      h.add_num_ids(static_cast<int64_t>(group[0].ids.size()));
+      h.add_dim(group[0].dim);
+    } else {
+      h.add_sparse(vec);
+    }
+    zmq::message_t header = FinishHeader(fbb, h);
+    Frames payload;
+    payload.reserve(group.size() * (push ? 2 : 1));
+    for (auto& sh : group) {
+      const size_t id_bytes = sh.ids.size() * sizeof(int64_t);
+      if (id_bytes == 0) {
+        payload.emplace_back();
+      } else if (sh.own_ids.empty()) {
+        payload.push_back(Lend(op, s, sh.ids.data(), id_bytes));
+      } else {
+        payload.push_back(Adopt(std::move(sh.own_ids)));
+      }
+      if (!push) continue;
+      if (id_bytes == 0) {
+        payload.emplace_back();
+      } else if (sh.own_grads.empty()) {
+        payload.push_back(Lend(op, s, ins[sh.table].data(), ins[sh.table].size() * sizeof(float)));
+      } else {
+        payload.push_back(Adopt(std::move(sh.own_grads)));
+      }
+    }
+    OnReply on_reply;
+    if (!push) {
+      struct Scatter {
+        std::span<float> out;
+        int64_t dim, rows;
+        std::vector<std::pair<int64_t, int64_t>> positions;
+      };
+      std::vector<Scatter> scatter;
+      scatter.reserve(group.size());
+      for (auto& sh : group) {
+        scatter.push_back({outs[sh.table], sh.dim, static_cast<int64_t>(sh.ids.size()), std::move(sh.positions)});
+      }
+      on_reply = [scatter = std::move(scatter)](const Header&, Frames& reply) -> Status {
+        FERRY_RETURN_IF_ERROR(ExpectFrames(reply, scatter.size()));
+        for (size_t i = 0; i < scatter.size(); ++i) {
+          const Scatter& sc = scatter[i];
+          const size_t row_bytes = static_cast<size_t>(sc.dim) * sizeof(float);
+          FERRY_RETURN_IF_ERROR(ExpectBytes(reply[i], static_cast<size_t>(sc.rows) * row_bytes));
+          const float* rows = static_cast<const float*>(reply[i].data());
+          if (sc.positions.empty()) {  // one to one, in order
+            if (sc.rows > 0) std::memcpy(sc.out.data(), rows, reply[i].size());
+            continue;
+          }
+          for (auto [p, r] : sc.positions) std::memcpy(sc.out.data() + p * sc.dim, rows + r * sc.dim, row_bytes);
         }
         return Status::Ok();
       };
-      Submit(op, s, Kind::PullSparse, SparseHeader(Kind::PullSparse, id, n, dim, step), std::move(payload),
-             std::move(on_reply), options_.request_timeout);
     }
-    return Handle(op);
+    Submit(op, s, kind, std::move(header), std::move(payload), std::move(on_reply), options_.request_timeout);
   }
 
-  Handle PushSparse(std::string_view table, std::span<const int64_t> ids, std::span<const float> grads,
-                    int64_t step) override {
-    auto op = NewOp();
-    auto spec = Lookup(table, TableType::kSparse);
-    if (!spec.ok()) return Failed(op, spec.status());
-    const int64_t dim = spec->dim;
-    if (grads.size() != ids.size() * static_cast<size_t>(dim)) {
-      return Failed(op, InvalidArgumentError("PushSparse '" + spec->name + "': gradient has " +
-                                             std::to_string(grads.size()) + " floats, ids x dim is " +
-                                             std::to_string(ids.size() * static_cast<size_t>(dim))));
-    }
-    // Deduplicate, summing a repeated id's gradients in the order they appear (the first
-    // occurrence is copied, later ones added).
-    const int S = num_servers();
-    std::vector<std::vector<float>> server_grads(static_cast<size_t>(S));
-    auto server_ids = RouteIds(ids, [&](size_t p, int s, int64_t row) {
-      const float* g = grads.data() + static_cast<int64_t>(p) * dim;
-      auto& sg = server_grads[static_cast<size_t>(s)];
-      if (static_cast<int64_t>(sg.size()) == row * dim) {  // first time this row is seen
-        sg.insert(sg.end(), g, g + dim);
-      } else {
-        float* acc = sg.data() + row * dim;
-        for (int64_t j = 0; j < dim; ++j) acc[j] += g[j];
-      }
-    });
-    const uint64_t id = TableId(spec->name);
-    // A sync step needs every server's share, even an empty one, to complete its quorum.
-    const bool every_server = spec->consistency == Consistency::kSync;
-    for (int s = 0; s < S; ++s) {
-      auto& sid = server_ids[static_cast<size_t>(s)];
-      if (sid.empty() && !every_server) continue;
-      auto& sg = server_grads[static_cast<size_t>(s)];
-      Frames payload;
-      payload.emplace_back(sid.data(), sid.size() * sizeof(int64_t));
-      payload.emplace_back(sg.data(), sg.size() * sizeof(float));
-      Submit(op, s, Kind::PushSparse,
-             SparseHeader(Kind::PushSparse, id, static_cast<int64_t>(sid.size()), dim, step), std::move(payload),
-             nullptr, options_.request_timeout);
-    }
-    return Handle(op);
+  Handle PullSparse(std::span<const SparseOut> tables, int64_t step, SparseIds ids) override {
+    return SparseOp(tables, {}, step, ids);
+  }
+  Handle PushSparse(std::span<const SparseIn> tables, int64_t step, SparseIds ids) override {
+    if (tables.empty()) return Handle();
+    return SparseOp({}, tables, step, ids);
   }
 
   // ---- clocks, barriers, stats -------------------------------------------------------------
@@ -967,6 +1075,7 @@ class ClientImpl final : public Client {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> barrier_generation_{0};  // the next collective's id (server 0 says the first)
   std::atomic<int64_t> restored_step_{0};       // server 0's restored checkpoint step
+  std::vector<std::atomic<int>> server_minor_;  // each server's protocol minor, from its Hello reply
   std::atomic<int64_t> first_collective_{0};    // server 0's next collective id at the handshake
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<int64_t> requests_{0}, bytes_sent_{0}, bytes_received_{0};

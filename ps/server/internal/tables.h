@@ -80,6 +80,17 @@ class SparseShard {
   // was (no id without a row, no half-made row).
   // `over_budget_ok`: charge the budget even past its limit (see MemoryBudget::Force).
   RowIndex FindOrCreate(int64_t id, bool over_budget_ok = false);
+  // The row of `id`, or kNoRow when it has none. Read-only: threads may look up at once while
+  // nothing creates rows.
+  static constexpr RowIndex kNoRow = ~RowIndex{0};
+  RowIndex Find(int64_t id) const {
+    auto it = index_.find(id);
+    return it == index_.end() ? kNoRow : it->second;
+  }
+  // Starts loading the index slot of `id` into the cache: a lookup in a table larger than the
+  // cache waits on memory, so a loop over ids prefetches a few ids ahead (kPrefetchAhead).
+  void Prefetch(int64_t id) const { index_.prefetch(id); }
+  static constexpr size_t kPrefetchAhead = 16;
   // How many distinct ids of `ids` have no row yet (what creating them would cost the budget).
   int64_t NewRows(std::span<const int64_t> ids) const;
   // Applies one gradient row per id (grads: ids.size() x dim) with the table's optimizer, each

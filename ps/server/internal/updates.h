@@ -36,12 +36,26 @@ class Updater {
   // Copies for a pull: the values are copied because a later push may change them while ZeroMQ
   // still sends. ReadRows creates rows on first touch (serially) and then copies in parallel.
   void ReadDense(const DenseChunk& c, float* dst);
-  void ReadRows(SparseShard& shard, std::span<const int64_t> ids, float* dst);
+  // One table's rows of a pull: the rows of `ids` into `dst` (ids.size() x dim floats).
+  struct RowRead {
+    SparseShard* shard;
+    std::span<const int64_t> ids;
+    float* dst;
+  };
+  // The rows of one or more tables (each table at most once): existing rows are looked up in
+  // parallel, new ones created serially (creation charges the budget and may throw), then every
+  // row is copied in one parallel loop over all the tables.
+  void ReadRows(std::span<const RowRead> reads);
+  void ReadRows(SparseShard& shard, std::span<const int64_t> ids, float* dst) {
+    const RowRead one{&shard, ids, dst};
+    ReadRows(std::span<const RowRead>(&one, 1));
+  }
 
  private:
   ThreadPool& pool_;
   std::vector<float> avg_;     // scratch for ApplyDenseAverage
   std::vector<RowIndex> rows_;  // scratch for row indices
+  std::vector<size_t> starts_;  // scratch: ReadRows' first position of each table in rows_
 };
 
 }  // namespace ferry::ps

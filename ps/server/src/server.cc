@@ -346,8 +346,10 @@ class ServerImpl final : public Server {
       case Kind::PushDense: return OnPushDense(req, /*then_pull=*/false);
       case Kind::PushPullDense: return OnPushDense(req, /*then_pull=*/true);
       case Kind::PullDense: return OnPullDense(req);
-      case Kind::PullSparse: return OnPullSparse(req);
-      case Kind::PushSparse: return OnPushSparse(req);
+      case Kind::PullSparse:
+      case Kind::PullSparseTables: return OnPullSparse(req);
+      case Kind::PushSparse:
+      case Kind::PushSparseTables: return OnPushSparse(req);
       case Kind::Clock: return OnClock(req);
       case Kind::Finish: return OnFinish(req);
       case Kind::Barrier:
@@ -674,61 +676,123 @@ class ServerImpl final : public Server {
     return Status::Ok();
   }
 
+  // One sparse table's part of a request: the table and where its frames are in the payload.
+  // PullSparse / PushSparse carry one (the header names it); PullSparseTables / PushSparseTables
+  // one per `sparse` entry (1.5).
+  struct SparsePart {
+    ps::Table* table = nullptr;
+    size_t ids_frame = 0;
+    size_t grads_frame = 0;  // pushes
+  };
+
+  StatusOr<std::vector<SparsePart>> SparseParts(const Header& h) {
+    const bool push = h.kind() == Kind::PushSparse || h.kind() == Kind::PushSparseTables;
+    std::vector<SparsePart> parts;
+    if (h.kind() == Kind::PullSparse || h.kind() == Kind::PushSparse) {
+      FERRY_ASSIGN_OR_RETURN(ps::Table * t, FindSparse(h.table_id(), h.dim()));
+      parts.push_back({t, 0, 1});
+      return parts;
+    }
+    const size_t per = push ? 2 : 1;
+    parts.reserve(h.sparse()->size());
+    for (flatbuffers::uoffset_t i = 0; i < h.sparse()->size(); ++i) {
+      const wire::SparseSlice& sl = *h.sparse()->Get(i);
+      FERRY_ASSIGN_OR_RETURN(ps::Table * t, FindSparse(sl.table_id(), sl.dim()));
+      for (const SparsePart& p : parts) {
+        if (p.table == t) return InvalidArgumentError("table '" + t->spec.name + "' appears twice in one request");
+      }
+      parts.push_back({t, i * per, i * per + 1});
+    }
+    return parts;
+  }
+
+  // A push of one or more sparse tables. Every part is checked (ids, non-finite values, memory,
+  // sync step) before any is applied, so a refused push changes nothing.
   Status OnPushSparse(Request& req) {
     const Header& h = *req.h();
     const int rank = h.rank();
-    FERRY_ASSIGN_OR_RETURN(ps::Table * t, FindSparse(h));
-    ps::SparseShard& shard = *t->sparse;
-    std::vector<int64_t> id_scratch;
-    auto ids = View<int64_t>(req.payload[0], id_scratch);
-    FERRY_RETURN_IF_ERROR(tables_.CheckIds(*t, ids));
-    std::vector<float> g_scratch;
-    auto grads = View<float>(req.payload[1], g_scratch);
-    if (const int64_t bad = ps::FirstNonFinite(grads); bad >= 0) {
-      const int64_t row = bad / t->spec.dim;
-      if (t->spec.nonfinite == NonFinite::kRefuse) {
-        return RefuseNonFinite(*t, "", "id " + std::to_string(ids[static_cast<size_t>(row)]), rank);
+    FERRY_ASSIGN_OR_RETURN(const std::vector<SparsePart> parts, SparseParts(h));
+    const size_t n = parts.size();
+    std::vector<std::vector<int64_t>> id_scratch(n);
+    std::vector<std::vector<float>> g_scratch(n);
+    std::vector<std::span<const int64_t>> ids(n);
+    std::vector<std::span<const float>> grads(n);
+    for (size_t i = 0; i < n; ++i) {
+      const ps::Table& t = *parts[i].table;
+      Frames& pl = req.payload;
+      ids[i] = View<int64_t>(pl[parts[i].ids_frame], id_scratch[i]);
+      FERRY_RETURN_IF_ERROR(tables_.CheckIds(t, ids[i]));
+      grads[i] = View<float>(pl[parts[i].grads_frame], g_scratch[i]);
+      if (const int64_t bad = ps::FirstNonFinite(grads[i]); bad >= 0) {
+        const int64_t row = bad / t.spec.dim;
+        if (t.spec.nonfinite == NonFinite::kRefuse) {
+          return RefuseNonFinite(t, "", "id " + std::to_string(ids[i][static_cast<size_t>(row)]), rank);
+        }
+        DropNonFiniteRows(t, ids[i], grads[i], rank, &pl[parts[i].ids_frame], &pl[parts[i].grads_frame]);
+        ids[i] = View<int64_t>(pl[parts[i].ids_frame], id_scratch[i]);
+        grads[i] = View<float>(pl[parts[i].grads_frame], g_scratch[i]);
       }
-      DropNonFiniteRows(*t, ids, grads, rank, &req.payload);
-      ids = View<int64_t>(req.payload[0], id_scratch);
-      grads = View<float>(req.payload[1], g_scratch);
-    }
-    FERRY_RETURN_IF_ERROR(RoomForRows(*t, ids));
-    if (t->spec.consistency == Consistency::kSync) {
-      FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(t->spec, shard.sync, shard.version, rank, h.step()));
-      if (h.step() < shard.version) {
-        Count(kLateGradientsDropped);
-        CountPush(rank, 0, 1);
-        Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = shard.version, .dropped = 1}));
-        return Status::Ok();
+      if (t.spec.consistency == Consistency::kSync) {
+        FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(t.spec, t.sparse->sync, t.sparse->version, rank, h.step()));
       }
-      ps::HoldGradient(shard.sync, rank, std::move(req.payload[0]), std::move(req.payload[1]));
-      if (workers_.StepComplete(t->spec, shard.sync)) CloseSyncStep(shard);
-    } else {
-      RecordStaleness(*t, shard.version - shard.last_pulled[static_cast<size_t>(rank)]);
-      updater_.ApplyRows(shard, ids, grads.data());
-      ++shard.version;
-      Count(kUpdatesApplied);
     }
-    CountPush(rank, 1, 0);
-    ++t->counters.push_requests;
-    t->counters.rows_pushed += static_cast<int64_t>(ids.size());
-    Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = shard.version, .used = 1}));
+    FERRY_RETURN_IF_ERROR(RoomForRows(parts, ids));
+    int64_t used = 0, dropped = 0, version = INT64_MAX;
+    for (size_t i = 0; i < n; ++i) {
+      ps::Table& t = *parts[i].table;
+      ps::SparseShard& shard = *t.sparse;
+      const int64_t rows = static_cast<int64_t>(ids[i].size());
+      if (t.spec.consistency == Consistency::kSync) {
+        if (h.step() < shard.version) {  // its step closed without this worker: late
+          Count(kLateGradientsDropped);
+          ++dropped;
+          version = std::min(version, shard.version);
+          continue;
+        }
+        ps::HoldGradient(shard.sync, rank, std::move(req.payload[parts[i].ids_frame]),
+                         std::move(req.payload[parts[i].grads_frame]));
+        if (workers_.StepComplete(t.spec, shard.sync)) CloseSyncStep(shard);
+      } else {
+        RecordStaleness(t, shard.version - shard.last_pulled[static_cast<size_t>(rank)]);
+        updater_.ApplyRows(shard, ids[i], grads[i].data());
+        ++shard.version;
+        Count(kUpdatesApplied);
+      }
+      ++used;
+      ++t.counters.push_requests;
+      t.counters.rows_pushed += rows;
+      version = std::min(version, shard.version);
+    }
+    CountPush(rank, used, dropped);
+    Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = version, .used = used, .dropped = dropped}));
     ServeHeld();
     return Status::Ok();
   }
 
-  // OK when the rows of `ids` that do not exist yet fit in the memory budget; otherwise
-  // RESOURCE_EXHAUSTED saying how many, how much and how much is left (counted, logged), before
-  // any row is made.
-  Status RoomForRows(const ps::Table& t, std::span<const int64_t> ids) {
+  // OK when the rows of the parts' ids that do not exist yet fit in the memory budget;
+  // otherwise RESOURCE_EXHAUSTED saying how many, how much and how much is left (counted,
+  // logged), before any row is made.
+  Status RoomForRows(std::span<const SparsePart> parts, std::span<const std::span<const int64_t>> ids) {
     ps::MemoryBudget& budget = tables_.budget();
-    const int64_t row = t.sparse->RowBytes(), left = budget.limit() - budget.used();
-    if (static_cast<int64_t>(ids.size()) <= left / row) return Status::Ok();  // all of them would fit
-    const int64_t fresh = t.sparse->NewRows(ids);
-    if (fresh <= left / row) return Status::Ok();
+    const int64_t left = budget.limit() - budget.used();
+    int64_t most = 0;  // bytes if every id were new: the cheap bound, enough almost always
+    for (size_t i = 0; i < parts.size(); ++i) {
+      most += static_cast<int64_t>(ids[i].size()) * parts[i].table->sparse->RowBytes();
+    }
+    if (most <= left) return Status::Ok();
+    int64_t need = 0, fresh = 0, named = 0;
+    std::string tables;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const int64_t rows = parts[i].table->sparse->NewRows(ids[i]);
+      if (rows == 0) continue;
+      need += rows * parts[i].table->sparse->RowBytes();
+      fresh += rows;
+      tables.append(named++ == 0 ? "'" : ", '").append(parts[i].table->spec.name).append("'");
+    }
+    if (need <= left) return Status::Ok();
     budget.CountRefusal();
-    const std::string why = budget.Refusal(fresh * row, std::to_string(fresh) + " new rows of sparse table '" + t.spec.name + "'");
+    const std::string why = budget.Refusal(
+        need, std::to_string(fresh) + " new rows of sparse table" + (named > 1 ? "s " : " ") + tables);
     LogRateLimited(why + "; refused");
     return ResourceExhaustedError(why);
   }
@@ -747,7 +811,7 @@ class ServerImpl final : public Server {
   // nonfinite=skip_rows: replaces the id and gradient frames of a sparse push with its rows that
   // are all finite; the others are counted, logged and dropped.
   void DropNonFiniteRows(const ps::Table& t, std::span<const int64_t> ids, std::span<const float> grads, int rank,
-                         Frames* payload) {
+                         zmq::message_t* id_frame, zmq::message_t* grad_frame) {
     const size_t dim = static_cast<size_t>(t.spec.dim);
     std::vector<int64_t> kept_ids;
     std::vector<float> kept;
@@ -763,8 +827,8 @@ class ServerImpl final : public Server {
     Count(kNonFiniteRowsSkipped, skipped);
     LogRateLimited("table '" + t.spec.name + "': " + std::to_string(skipped) + " row(s) of a push from worker " +
                    std::to_string(rank) + " hold NaN or Inf; skipped (nonfinite=skip_rows)");
-    (*payload)[0] = zmq::message_t(kept_ids.data(), kept_ids.size() * sizeof(int64_t));
-    (*payload)[1] = zmq::message_t(kept.data(), kept.size() * sizeof(float));
+    *id_frame = zmq::message_t(kept_ids.data(), kept_ids.size() * sizeof(int64_t));
+    *grad_frame = zmq::message_t(kept.data(), kept.size() * sizeof(float));
   }
 
   // One line on stderr, at most once a second; the lines held back are counted in the next one.
@@ -791,12 +855,12 @@ class ServerImpl final : public Server {
     Count(kUpdatesApplied);
   }
 
-  // A sparse table named by the header, with the header's dim.
-  StatusOr<ps::Table*> FindSparse(const Header& h) {
-    FERRY_ASSIGN_OR_RETURN(ps::Table * t, tables_.Find(h.table_id(), TableType::kSparse));
-    if (h.dim() != t->spec.dim) {
+  // The sparse table `table_id`, which the request says has rows of `dim`.
+  StatusOr<ps::Table*> FindSparse(uint64_t table_id, int64_t dim) {
+    FERRY_ASSIGN_OR_RETURN(ps::Table * t, tables_.Find(table_id, TableType::kSparse));
+    if (dim != t->spec.dim) {
       return InvalidArgumentError("table '" + t->spec.name + "' has dim " + std::to_string(t->spec.dim) +
-                                  ", the request says " + std::to_string(h.dim()));
+                                  ", the request says " + std::to_string(dim));
     }
     return t;
   }
@@ -811,20 +875,71 @@ class ServerImpl final : public Server {
     return Status::Ok();
   }
 
+  // A pull of one or more sparse tables; checked whole on arrival, served once every table is
+  // ready (TryServe).
   Status OnPullSparse(Request& req) {
     const Header& h = *req.h();
-    FERRY_ASSIGN_OR_RETURN(ps::Table * t, FindSparse(h));
-    if (h.num_ids() > options_.max_message_bytes / (t->spec.dim * static_cast<int64_t>(sizeof(float)))) {
-      return ResourceExhaustedError("table '" + t->spec.name + "': " + std::to_string(h.num_ids()) + " rows of dim " +
-                                    std::to_string(t->spec.dim) + " exceed this server's message limit of " +
-                                    std::to_string(options_.max_message_bytes) + " bytes");
+    FERRY_ASSIGN_OR_RETURN(const std::vector<SparsePart> parts, SparseParts(h));
+    std::vector<std::vector<int64_t>> scratch(parts.size());
+    std::vector<std::span<const int64_t>> ids(parts.size());
+    int64_t reply_bytes = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const ps::Table& t = *parts[i].table;
+      ids[i] = View<int64_t>(req.payload[parts[i].ids_frame], scratch[i]);
+      reply_bytes += static_cast<int64_t>(ids[i].size()) * t.spec.dim * static_cast<int64_t>(sizeof(float));
+      if (reply_bytes > options_.max_message_bytes) {
+        return ResourceExhaustedError("table '" + t.spec.name + "': the " + std::to_string(ids[i].size()) +
+                                      " rows of dim " + std::to_string(t.spec.dim) +
+                                      " asked for bring the reply past this server's message limit of " +
+                                      std::to_string(options_.max_message_bytes) + " bytes");
+      }
+      FERRY_RETURN_IF_ERROR(tables_.CheckIds(t, ids[i]));
     }
-    std::vector<int64_t> scratch;
-    FERRY_RETURN_IF_ERROR(tables_.CheckIds(*t, View<int64_t>(req.payload[0], scratch)));
-    FERRY_RETURN_IF_ERROR(RoomForRows(*t, View<int64_t>(req.payload[0], scratch)));
+    FERRY_RETURN_IF_ERROR(RoomForRows(parts, ids));
     req.pull_step = h.step();
     HoldOrServe(std::move(req));
     return Status::Ok();
+  }
+
+  // Serves a sparse pull once every table it reads is ready; false while one is not.
+  bool TryServeSparse(Request& req) {
+    const Header& h = *req.h();
+    auto parts = SparseParts(h);  // tables cannot be dropped: what resolved on arrival still does
+    if (!parts.ok()) return SendError(req, parts.status()), true;
+    for (const SparsePart& p : *parts) {
+      if (!workers_.Ready(p.table->spec, p.table->sparse->version, req.pull_step)) return false;
+    }
+    req.info.held_us = req.waited_us();  // the wait, not the copies below
+    const size_t n = parts->size();
+    std::vector<std::vector<int64_t>> scratch(n);
+    std::vector<std::span<const int64_t>> ids(n);
+    for (size_t i = 0; i < n; ++i) ids[i] = View<int64_t>(req.payload[(*parts)[i].ids_frame], scratch[i]);
+    // Checked on arrival; a held pull may find the budget spent since.
+    if (Status s = RoomForRows(*parts, ids); !s.ok()) return SendError(req, s), true;
+    Frames payload;
+    payload.reserve(n);
+    std::vector<ps::Updater::RowRead> reads;
+    reads.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      ps::SparseShard& shard = *(*parts)[i].table->sparse;
+      payload.emplace_back(ids[i].size() * static_cast<size_t>(shard.dim()) * sizeof(float));
+      reads.push_back({&shard, ids[i], static_cast<float*>(payload.back().data())});
+    }
+    updater_.ReadRows(reads);
+    int64_t version = INT64_MAX;
+    for (size_t i = 0; i < n; ++i) {
+      ps::Table& t = *(*parts)[i].table;
+      ps::SparseShard& shard = *t.sparse;
+      ++t.counters.pull_requests;
+      t.counters.rows_pulled += static_cast<int64_t>(ids[i].size());
+      t.counters.hot.Add(ids[i]);
+      version = std::min(version, shard.version);
+    }
+    req.info.version = version;
+    Send(req, wire::MakeReply(h.request_id(), h.kind(), req.info), std::move(payload));
+    const size_t rank = static_cast<size_t>(h.rank());
+    for (const SparsePart& p : *parts) p.table->sparse->last_pulled[rank] = p.table->sparse->version;
+    return true;
   }
 
   // Serves a pull whose condition holds; false when it must keep waiting. Tables cannot be
@@ -832,29 +947,7 @@ class ServerImpl final : public Server {
   bool TryServe(Request& req) {
     const Header& h = *req.h();
     const size_t rank = static_cast<size_t>(h.rank());
-    if (h.kind() == Kind::PullSparse) {
-      auto t = tables_.Find(h.table_id(), TableType::kSparse);
-      if (!t.ok()) return SendError(req, t.status()), true;
-      ps::SparseShard& shard = *(*t)->sparse;
-      if (!workers_.Ready((*t)->spec, shard.version, req.pull_step)) return false;
-      req.info.held_us = req.waited_us();  // the wait, not the copy below
-      std::vector<int64_t> scratch;
-      auto ids = View<int64_t>(req.payload[0], scratch);
-      zmq::message_t out(ids.size() * static_cast<size_t>(shard.dim()) * sizeof(float));
-      // Checked on arrival; a held pull may find the budget spent since.
-      if (Status s = RoomForRows(**t, ids); !s.ok()) return SendError(req, s), true;
-      updater_.ReadRows(shard, ids, static_cast<float*>(out.data()));
-      ps::TableCounters& counted = (*t)->counters;
-      ++counted.pull_requests;
-      counted.rows_pulled += static_cast<int64_t>(ids.size());
-      counted.hot.Add(ids);
-      Frames payload;
-      payload.push_back(std::move(out));
-      req.info.version = shard.version;
-      Send(req, wire::MakeReply(h.request_id(), h.kind(), req.info), std::move(payload));
-      shard.last_pulled[rank] = shard.version;
-      return true;
-    }
+    if (h.kind() == Kind::PullSparse || h.kind() == Kind::PullSparseTables) return TryServeSparse(req);
     std::vector<ps::TableRegistry::SliceRef> refs;
     if (Status s = tables_.ResolveSlices(h, options_.max_message_bytes, &refs); !s.ok()) return SendError(req, s), true;
     for (auto& r : refs) {
@@ -1202,6 +1295,13 @@ class ServerImpl final : public Server {
     if (h.kind() == Kind::PullSparse) {
       const ps::Table* t = tables_.Find(h.table_id());
       if (t != nullptr && t->sparse) return describe(*t, t->sparse->version, t->sparse->sync, "");
+    } else if (h.kind() == Kind::PullSparseTables && h.sparse()) {
+      for (const auto* sl : *h.sparse()) {
+        const ps::Table* t = tables_.Find(sl->table_id());
+        if (t != nullptr && t->sparse && !workers_.Ready(t->spec, t->sparse->version, req.pull_step)) {
+          return describe(*t, t->sparse->version, t->sparse->sync, "");
+        }
+      }
     } else if (h.slices()) {
       for (const auto* sl : *h.slices()) {
         const ps::Table* t = tables_.Find(sl->table_id());

@@ -132,9 +132,13 @@ RowIndex SparseShard::FindOrCreate(int64_t id, bool over_budget_ok) {
 void SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows,
                             bool over_budget_ok) {
   rows->resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) (*rows)[i] = FindOrCreate(ids[i], over_budget_ok);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i + kPrefetchAhead < ids.size()) Prefetch(ids[i + kPrefetchAhead]);
+    (*rows)[i] = FindOrCreate(ids[i], over_budget_ok);
+  }
   const size_t dim = static_cast<size_t>(dim_);
   for (size_t i = 0; i < ids.size(); ++i) {
+    if (i + kPrefetchAhead < ids.size()) __builtin_prefetch(row((*rows)[i + kPrefetchAhead]));
     const RowIndex r = (*rows)[i];
     ApplyUpdate(spec_.optimizer, row(r), grads + i * dim, state(r), dim, dim, ++steps_[r]);
   }

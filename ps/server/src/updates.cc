@@ -1,5 +1,6 @@
 #include "internal/updates.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "internal/optimizer.h"
@@ -35,14 +36,37 @@ void Updater::ReadDense(const DenseChunk& c, float* dst) {
   });
 }
 
-void Updater::ReadRows(SparseShard& shard, std::span<const int64_t> ids, float* dst) {
-  const int64_t dim = shard.dim();
-  rows_.resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) rows_[i] = shard.FindOrCreate(ids[i]);  // creation is serial
-  pool_.ParallelFor(static_cast<int64_t>(ids.size()), kGrain / dim + 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      std::memcpy(dst + i * dim, shard.row(rows_[static_cast<size_t>(i)]), static_cast<size_t>(dim) * sizeof(float));
+void Updater::ReadRows(std::span<const RowRead> reads) {
+  starts_.assign(1, 0);
+  for (const RowRead& r : reads) starts_.push_back(starts_.back() + r.ids.size());
+  const size_t total = starts_.back();
+  rows_.resize(total);
+  // Calls fn(read, i, position) for positions [b, e) of all the reads together, in order.
+  auto each = [&](int64_t b, int64_t e, auto&& fn) {
+    size_t t = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), static_cast<size_t>(b)) - starts_.begin()) - 1;
+    for (size_t p = static_cast<size_t>(b); p < static_cast<size_t>(e); ++p) {
+      while (p >= starts_[t + 1]) ++t;
+      fn(reads[t], p - starts_[t], p);
     }
+  };
+  constexpr size_t ahead = SparseShard::kPrefetchAhead;
+  // A lookup in a table larger than the cache waits on memory: prefetched a few ids ahead.
+  pool_.ParallelFor(static_cast<int64_t>(total), 4096, [&](int64_t b, int64_t e) {
+    each(b, e, [&](const RowRead& r, size_t i, size_t p) {
+      if (i + ahead < r.ids.size()) r.shard->Prefetch(r.ids[i + ahead]);
+      rows_[p] = r.shard->Find(r.ids[i]);
+    });
+  });
+  each(0, static_cast<int64_t>(total), [&](const RowRead& r, size_t i, size_t p) {  // creation is serial
+    if (rows_[p] == SparseShard::kNoRow) rows_[p] = r.shard->FindOrCreate(r.ids[i]);
+  });
+  const int64_t dim = reads.empty() ? 1 : reads[0].shard->dim();
+  pool_.ParallelFor(static_cast<int64_t>(total), kGrain / dim + 1, [&](int64_t b, int64_t e) {
+    each(b, e, [&](const RowRead& r, size_t i, size_t p) {
+      if (p + ahead < static_cast<size_t>(e) && i + ahead < r.ids.size()) __builtin_prefetch(r.shard->row(rows_[p + ahead]));
+      const size_t row_bytes = static_cast<size_t>(r.shard->dim()) * sizeof(float);
+      std::memcpy(r.dst + i * static_cast<size_t>(r.shard->dim()), r.shard->row(rows_[p]), row_bytes);
+    });
   });
 }
 

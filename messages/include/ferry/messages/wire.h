@@ -22,8 +22,9 @@ namespace ferry::wire {
 inline constexpr uint16_t kMajor = 1;
 // 1.1: AllReduce; 1.2: Finish, used/dropped/held_us in replies; 1.3: Checkpoint, CommitCheckpoint,
 // the restored step and the next collective id in the Hello reply; 1.4: the FTRL optimizer (l1, l2,
-// beta)
-inline constexpr uint16_t kMinor = 4;
+// beta); 1.5: PullSparseTables and PushSparseTables (every sparse table of a step in one message
+// per server), the row lifecycle fields of TableSpec
+inline constexpr uint16_t kMinor = 5;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

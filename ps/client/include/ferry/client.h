@@ -6,8 +6,8 @@
 // Every failure — a server unreachable, a timeout, an error reply — comes back as a Status that
 // says what and where, and no operation waits forever (each has the request timeout).
 //
-// Buffers: the spans passed to an operation must stay valid (and, for pushes, unchanged) until
-// its Handle is done; pulled values are written into the output spans before it is done.
+// Buffers: the spans passed to an operation must stay valid and unchanged (but for the outputs)
+// until its Handle is done; pulled values are written into the output spans before it is done.
 //
 // Thread-safety: a Client may be used from several threads at once. A Handle may be waited on
 // from any thread.
@@ -103,6 +103,24 @@ struct DenseIn {
   std::span<const float> data;
 };
 
+// A sparse table's rows to pull: `rows` holds ids.size() * dim floats.
+struct SparseOut {
+  std::string_view table;
+  std::span<const int64_t> ids;
+  std::span<float> rows;
+};
+// A sparse table's gradients to push: one row of dim floats per id.
+struct SparseIn {
+  std::string_view table;
+  std::span<const int64_t> ids;
+  std::span<const float> grads;
+};
+// What a sparse call's caller knows of its ids.
+enum class SparseIds : uint8_t {
+  kMayRepeat,  // deduplicated before sending (a repeated id's gradients are summed)
+  kDistinct,   // no id repeats within a table: sent as they are (one server: no copy at all)
+};
+
 // One server's shard of a checkpoint, as the server reported it (the manifest lists these).
 struct CheckpointShard {
   std::string file;     // its name in the servers' checkpoint folder
@@ -142,16 +160,30 @@ class Client {
   // advances this worker's clock to step + 1 on the servers involved.
   virtual Handle PushPullDense(std::span<const DenseIn> grads, std::span<const DenseOut> out, int64_t step) = 0;
 
-  // Sparse (embedding) tables: rows of `dim` floats by int64 id. Ids may repeat; they are
-  // deduplicated before sending (a repeated id's gradients are summed), grouped per server, and
-  // all servers are in flight together. `out` / `grads` hold ids.size() * dim floats. For sync
-  // tables both reach every server, with no ids where the worker has none there: each server
-  // closes every step with every worker's (maybe empty) gradient, and a pull for step t waits
-  // until every server has closed step t - 1.
-  virtual Handle PullSparse(std::string_view table, std::span<const int64_t> ids, std::span<float> out,
-                            int64_t step) = 0;
-  virtual Handle PushSparse(std::string_view table, std::span<const int64_t> ids, std::span<const float> grads,
-                            int64_t step) = 0;
+  // Sparse (embedding) tables: rows of `dim` floats by int64 id. All the tables of one call
+  // travel together: one message per server (protocol 1.5; more only past max_message_bytes,
+  // cut between tables), every server in flight together. Ids are grouped per server and, unless
+  // the caller says they are distinct, deduplicated first (a repeated id's gradients are summed
+  // in order of appearance). With SparseIds::kDistinct and one server the caller's id and
+  // gradient buffers are sent without a copy (tcp/ipc): they must stay unchanged until the
+  // handle is done. For sync tables a call reaches every server, with no ids where the worker
+  // has none there: each server closes every step with every worker's (maybe empty) gradient,
+  // and a pull for step t waits until every server has closed step t - 1. A server older than
+  // 1.5 gets one message per table.
+  virtual Handle PullSparse(std::span<const SparseOut> tables, int64_t step,
+                            SparseIds ids = SparseIds::kMayRepeat) = 0;
+  virtual Handle PushSparse(std::span<const SparseIn> tables, int64_t step,
+                            SparseIds ids = SparseIds::kMayRepeat) = 0;
+  // One table.
+  Handle PullSparse(std::string_view table, std::span<const int64_t> ids, std::span<float> out, int64_t step) {
+    const SparseOut t{table, ids, out};
+    return PullSparse(std::span<const SparseOut>(&t, 1), step);
+  }
+  Handle PushSparse(std::string_view table, std::span<const int64_t> ids, std::span<const float> grads,
+                    int64_t step) {
+    const SparseIn t{table, ids, grads};
+    return PushSparse(std::span<const SparseIn>(&t, 1), step);
+  }
 
   // Advances this worker's clock to `clock` on every server (ssp: a pull at clock c waits until
   // every worker has reached c - s). Asynchronous: a later request of this client to a server

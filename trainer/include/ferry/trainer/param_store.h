@@ -23,18 +23,10 @@
 
 namespace ferry::trainer {
 
-// Sparse rows to pull: `rows` holds ids.size() * dim floats.
-struct SparseOut {
-  std::string_view table;
-  std::span<const int64_t> ids;
-  std::span<float> rows;
-};
-// Sparse gradients to push: one row of dim floats per id. Ids are distinct.
-struct SparseIn {
-  std::string_view table;
-  std::span<const int64_t> ids;
-  std::span<const float> grads;
-};
+// Sparse rows to pull and gradients to push (ferry/client.h); a model's ids are distinct within
+// a table.
+using ferry::SparseIn;
+using ferry::SparseOut;
 
 // Where this worker stands, as the servers reported it.
 struct StoreProgress {

@@ -1,9 +1,11 @@
 // ferry-trainer's flag parsing and device selection.
-#include <gtest/gtest.h>
-
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "ferry/kernels.h"
 #include "ferry/trainer/device.h"
 #include "ferry/trainer/options.h"
 
@@ -252,6 +254,47 @@ TEST(TrainerDevice, CpuBuffersAndOps) {
   EXPECT_EQ(h->as<float>()[0], 0.0f);
   EXPECT_EQ(h->as<float>()[1], 2.0f);
   EXPECT_EQ(dev->Alloc(-1).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Device::Dedup on a backend equals the CPU kernel's outputs exactly (distinct ids ascending, the
+// inverse map, the count); ctr's Load deduplicates each field's ids with it once per step.
+void ExpectDedupMatchesTheKernel(Device& dev) {
+  const std::vector<int64_t> ids = {42, -7, 42, 1LL << 40, 3, -7, 3, 3, 0, 1LL << 40};
+  const int64_t n = static_cast<int64_t>(ids.size());
+  std::vector<int64_t> want_unique(ids.size());
+  std::vector<int32_t> want_inverse(ids.size());
+  int32_t want_n = 0;
+  ASSERT_TRUE(kernels::cpu::Dedup(ids.data(), n, want_unique.data(), want_inverse.data(), &want_n).ok());
+  want_unique.resize(static_cast<size_t>(want_n));
+  auto in = dev.Alloc(n * 8), unique = dev.Alloc(n * 8), inverse = dev.Alloc(n * 4), count = dev.Alloc(4);
+  auto h_in = dev.AllocHost(n * 8), h_unique = dev.AllocHost(n * 8), h_inverse = dev.AllocHost(n * 4), h_count = dev.AllocHost(4);
+  ASSERT_TRUE(in.ok() && unique.ok() && inverse.ok() && count.ok() && h_in.ok() && h_unique.ok() && h_inverse.ok() && h_count.ok());
+  std::memcpy(h_in->data(), ids.data(), ids.size() * 8);
+  ASSERT_TRUE(dev.CopyToDevice(in->data(), h_in->data(), n * 8).ok());
+  ASSERT_TRUE(dev.Dedup(in->as<int64_t>(), n, unique->as<int64_t>(), inverse->as<int32_t>(), count->as<int32_t>()).ok());
+  ASSERT_TRUE(dev.CopyToHost(h_unique->data(), unique->data(), n * 8).ok());
+  ASSERT_TRUE(dev.CopyToHost(h_inverse->data(), inverse->data(), n * 4).ok());
+  ASSERT_TRUE(dev.CopyToHost(h_count->data(), count->data(), 4).ok());
+  ASSERT_TRUE(dev.Synchronize().ok());
+  const int32_t got_n = *h_count->as<int32_t>();
+  ASSERT_EQ(got_n, 5);
+  ASSERT_EQ(got_n, want_n);
+  EXPECT_EQ(std::vector<int64_t>(h_unique->as<int64_t>(), h_unique->as<int64_t>() + got_n), want_unique);
+  EXPECT_EQ(std::vector<int32_t>(h_inverse->as<int32_t>(), h_inverse->as<int32_t>() + n), want_inverse);
+  EXPECT_EQ(dev.Dedup(in->as<int64_t>(), -1, unique->as<int64_t>(), inverse->as<int32_t>(), count->as<int32_t>()).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(TrainerDevice, CpuDedupMatchesTheKernel) {
+  auto dev = CreateCpuDevice();
+  ExpectDedupMatchesTheKernel(*dev);
+}
+
+TEST(TrainerDevice, CudaDedupMatchesTheCpuKernel) {
+  auto dev = CreateDevice(DeviceKind::kAuto, 0);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  if (!(*dev)->is_cuda()) GTEST_SKIP() << "no CUDA GPU here (or a build without CUDA): the CUDA Dedup is not run";
+  ExpectDedupMatchesTheKernel(**dev);
 }
 
 }  // namespace

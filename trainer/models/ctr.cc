@@ -60,6 +60,15 @@ class CtrModel final : public Model {
     base_.resize(static_cast<size_t>(fields_) + 1);
 
     const int64_t bags = max_batch_ * fields_;  // one bag (one id) per example and field
+    constexpr int64_t kId = sizeof(int64_t), kPos = sizeof(int32_t);
+    FERRY_ASSIGN_OR_RETURN(ids_host_, device_->AllocHost(bags * kId));
+    FERRY_ASSIGN_OR_RETURN(ids_dev_, device_->Alloc(bags * kId));
+    FERRY_ASSIGN_OR_RETURN(unique_dev_, device_->Alloc(bags * kId));
+    FERRY_ASSIGN_OR_RETURN(unique_host_, device_->AllocHost(bags * kId));
+    FERRY_ASSIGN_OR_RETURN(inverse_dev_, device_->Alloc(bags * kPos));
+    FERRY_ASSIGN_OR_RETURN(inverse_host_, device_->AllocHost(bags * kPos));
+    FERRY_ASSIGN_OR_RETURN(counts_dev_, device_->Alloc(fields_ * kPos));
+    FERRY_ASSIGN_OR_RETURN(counts_host_, device_->AllocHost(fields_ * kPos));
     FERRY_ASSIGN_OR_RETURN(emb_host_, device_->AllocHost(bags * dim_ * kF));
     FERRY_ASSIGN_OR_RETURN(emb_dev_, device_->Alloc(bags * dim_ * kF));
     FERRY_ASSIGN_OR_RETURN(emb_grad_dev_, device_->Alloc(bags * dim_ * kF));
@@ -149,7 +158,7 @@ class CtrModel final : public Model {
     sparse_pushes_.clear();
     for (int f = 0; f < fields_; ++f) {
       const size_t at = static_cast<size_t>(base_[static_cast<size_t>(f)] * dim_);
-      const std::vector<int64_t>& ids = unique_[static_cast<size_t>(f)];
+      const std::span<const int64_t> ids = unique_[static_cast<size_t>(f)];
       sparse_pushes_.push_back(SparseIn{emb_specs_[static_cast<size_t>(f)].name, ids,
                                         std::span<const float>(emb_grads_).subspan(at, ids.size() * static_cast<size_t>(dim_))});
     }
@@ -207,39 +216,48 @@ class CtrModel final : public Model {
     return tower_.mlp->Forward(pooled_dev_.as<float>(), side(first), rows);
   }
 
-  // Host side of a batch: copies the examples, deduplicates each field's ids, builds the bag
-  // indices into the combined table of unique rows, and uploads features, labels and indices.
+  // Host side of a batch: copies the examples; deduplicates each field's ids once, on the device
+  // (the CUDA dedup kernel on a GPU, its CPU twin otherwise); builds the bag indices into the
+  // combined table of unique rows; and uploads features, labels and indices. The distinct ids
+  // are what the step pulls and pushes: the client sends them from unique_host_ as they are.
   Status Load(const data::CtrBatch& set, std::span<const int64_t> indices) {
     const int64_t rows = static_cast<int64_t>(indices.size());
     if (rows < 1 || rows > max_batch_) return InvalidArgumentError("batch of " + std::to_string(rows) + " examples");
     float* labels = labels_host_.as<float>();
     float* dense = dense_host_.as<float>();
-    column_.resize(static_cast<size_t>(rows));
-    inverse_.resize(static_cast<size_t>(rows));
+    int64_t* ids = ids_host_.as<int64_t>();  // field f's column at ids + f * rows
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = indices[static_cast<size_t>(r)];
       if (i < 0 || i >= set.size()) return InvalidArgumentError("example " + std::to_string(i) + " is out of range");
       labels[r] = set.labels[static_cast<size_t>(i)];
       std::copy_n(set.dense.begin() + i * dense_, dense_, dense + r * dense_);
+      for (int64_t f = 0; f < fields_; ++f) ids[f * rows + r] = set.ids[static_cast<size_t>(i * fields_ + f)];
     }
+    const int64_t bags = rows * fields_;
+    constexpr int64_t kId = sizeof(int64_t), kPos = sizeof(int32_t);
+    FERRY_RETURN_IF_ERROR(device_->CopyToDevice(ids_dev_.data(), ids, bags * kId));
+    for (int64_t f = 0; f < fields_; ++f) {
+      FERRY_RETURN_IF_ERROR(device_->Dedup(ids_dev_.as<int64_t>() + f * rows, rows, unique_dev_.as<int64_t>() + f * rows,
+                                           inverse_dev_.as<int32_t>() + f * rows, counts_dev_.as<int32_t>() + f));
+    }
+    FERRY_RETURN_IF_ERROR(device_->CopyToHost(unique_host_.data(), unique_dev_.data(), bags * kId));
+    FERRY_RETURN_IF_ERROR(device_->CopyToHost(inverse_host_.data(), inverse_dev_.data(), bags * kPos));
+    FERRY_RETURN_IF_ERROR(device_->CopyToHost(counts_host_.data(), counts_dev_.data(), fields_ * kPos));
+    FERRY_RETURN_IF_ERROR(device_->Synchronize());
     int32_t* index = index_host_.as<int32_t>();
+    const int32_t* inverse = inverse_host_.as<int32_t>();
     base_[0] = 0;
-    for (int f = 0; f < fields_; ++f) {
-      for (int64_t r = 0; r < rows; ++r) {
-        column_[static_cast<size_t>(r)] = set.ids[static_cast<size_t>(indices[static_cast<size_t>(r)] * fields_ + f)];
-      }
-      std::vector<int64_t>& u = unique_[static_cast<size_t>(f)];
-      u.resize(static_cast<size_t>(rows));
-      int32_t n = 0;
-      FERRY_RETURN_IF_ERROR(kernels::cpu::Dedup(column_.data(), rows, u.data(), inverse_.data(), &n));
-      u.resize(static_cast<size_t>(n));
+    for (int64_t f = 0; f < fields_; ++f) {
+      const int64_t n = counts_host_.as<int32_t>()[f];
+      if (n < 1 || n > rows) return InternalError("dedup of field " + std::to_string(f) + " gave " + std::to_string(n) + " ids");
+      unique_[static_cast<size_t>(f)] = std::span<const int64_t>(unique_host_.as<int64_t>() + f * rows, static_cast<size_t>(n));
       const int64_t base = base_[static_cast<size_t>(f)];
-      for (int64_t r = 0; r < rows; ++r) index[r * fields_ + f] = static_cast<int32_t>(base + inverse_[static_cast<size_t>(r)]);
+      for (int64_t r = 0; r < rows; ++r) index[r * fields_ + f] = static_cast<int32_t>(base + inverse[f * rows + r]);
       base_[static_cast<size_t>(f) + 1] = base + n;
     }
     sparse_pulls_.clear();
     for (int f = 0; f < fields_; ++f) {
-      const std::vector<int64_t>& u = unique_[static_cast<size_t>(f)];
+      const std::span<const int64_t> u = unique_[static_cast<size_t>(f)];
       sparse_pulls_.push_back(SparseOut{emb_specs_[static_cast<size_t>(f)].name, u,
                                         std::span<float>(emb_host_.as<float>() + base_[static_cast<size_t>(f)] * dim_,
                                                          u.size() * static_cast<size_t>(dim_))});
@@ -261,15 +279,16 @@ class CtrModel final : public Model {
   Tower tower_;
   std::vector<TableSpec> emb_specs_;
   std::vector<float> emb_grads_;  // the step's embedding gradient, rows in combined-table order
-  std::vector<std::vector<int64_t>> unique_;  // per field: the batch's distinct ids, ascending
-  std::vector<int64_t> base_;                 // field f's rows start at base_[f] in the combined table
-  std::vector<int64_t> column_;
-  std::vector<int32_t> inverse_;
+  std::vector<std::span<const int64_t>> unique_;  // per field: the batch's distinct ids, ascending (in unique_host_)
+  std::vector<int64_t> base_;                      // field f's rows start at base_[f] in the combined table
   std::vector<SparseOut> sparse_pulls_;
   std::vector<SparseIn> sparse_pushes_;
   DeviceBuffer emb_host_, emb_dev_, emb_grad_dev_, emb_grad_host_, index_host_, index_dev_, offsets_dev_, dense_host_,
       dense_dev_, labels_host_, labels_dev_, pooled_dev_, dpooled_dev_, probs_dev_, probs_host_, row_loss_dev_,
       mean_loss_dev_, mean_loss_host_, dlogits_dev_;
+  // The batch's ids per field (field-major), deduplicated on the device: distinct ids, the
+  // inverse map, and the count per field.
+  DeviceBuffer ids_host_, ids_dev_, unique_dev_, unique_host_, inverse_dev_, inverse_host_, counts_dev_, counts_host_;
 };
 
 }  // namespace

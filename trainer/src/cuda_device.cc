@@ -131,23 +131,37 @@ class CudaDevice final : public Device {
     size_t need = 0;
     FERRY_RETURN_IF_ERROR(k::EmbeddingBagBackward(nullptr, &need, dout, dim, offsets, inverse, batch, nnz, num_unique,
                                                   pooling, grads, stream_));
-    if (static_cast<int64_t>(need) > scratch_.bytes()) {
-      // The old buffer may still be read by enqueued work: wait before freeing it.
-      FERRY_RETURN_IF_ERROR(Synchronize());
-      scratch_ = DeviceBuffer();
-      FERRY_ASSIGN_OR_RETURN(scratch_, Alloc(static_cast<int64_t>(need) * 2));
-    }
+    FERRY_RETURN_IF_ERROR(ScratchOf(need));
     size_t have = static_cast<size_t>(scratch_.bytes());
     return k::EmbeddingBagBackward(scratch_.data(), &have, dout, dim, offsets, inverse, batch, nnz, num_unique,
                                    pooling, grads, stream_);
   }
 
+  Status Dedup(const int64_t* ids, int64_t n, int64_t* unique_ids, int32_t* inverse, int32_t* num_unique) override {
+    size_t need = 0;
+    FERRY_RETURN_IF_ERROR(k::Dedup(nullptr, &need, ids, n, unique_ids, inverse, num_unique, stream_));
+    FERRY_RETURN_IF_ERROR(ScratchOf(need));
+    size_t have = static_cast<size_t>(scratch_.bytes());
+    return k::Dedup(scratch_.data(), &have, ids, n, unique_ids, inverse, num_unique, stream_);
+  }
+
  private:
   CudaDevice(int gpu, std::string gpu_name) : gpu_(gpu), gpu_name_(std::move(gpu_name)) {}
 
+  // Makes scratch_ at least `need` bytes. The ops that use it run in order on the one stream, so
+  // they share it.
+  Status ScratchOf(size_t need) {
+    if (static_cast<int64_t>(need) <= scratch_.bytes()) return Status::Ok();
+    // The old buffer may still be read by enqueued work: wait before freeing it.
+    FERRY_RETURN_IF_ERROR(Synchronize());
+    scratch_ = DeviceBuffer();
+    FERRY_ASSIGN_OR_RETURN(scratch_, Alloc(static_cast<int64_t>(need) * 2));
+    return Status::Ok();
+  }
+
   const int gpu_;
   const std::string gpu_name_;
-  DeviceBuffer scratch_;  // EmbeddingBagBackward's; grows when a call needs more
+  DeviceBuffer scratch_;  // EmbeddingBagBackward's and Dedup's; grows when a call needs more
   cudaStream_t stream_ = nullptr;    // owned; destroyed in the destructor
   cublasHandle_t cublas_ = nullptr;  // owned; bound to stream_
 };

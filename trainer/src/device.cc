@@ -81,6 +81,9 @@ class CpuDevice final : public Device {
                               float* grads) override {
     return k::EmbeddingBagBackward(dout, dim, offsets, inverse, batch, nnz, num_unique, pooling, grads);
   }
+  Status Dedup(const int64_t* ids, int64_t n, int64_t* unique_ids, int32_t* inverse, int32_t* num_unique) override {
+    return k::Dedup(ids, n, unique_ids, inverse, num_unique);
+  }
 };
 
 }  // namespace

@@ -110,6 +110,11 @@ class Device {
   virtual Status EmbeddingBagBackward(const float* dout, int64_t dim, const int32_t* offsets, const int32_t* inverse,
                                       int64_t batch, int64_t nnz, int64_t num_unique, kernels::Pooling pooling,
                                       float* grads) = 0;
+  // Dedup of ferry/kernels.h on device pointers: the distinct ids of ids[0, n), ascending, into
+  // unique_ids; inverse[i] = the position of ids[i] among them; *num_unique (device memory, one
+  // int32) = how many. Both backends give the same outputs exactly. The CUDA backend keeps the
+  // scratch memory it needs, as for EmbeddingBagBackward.
+  virtual Status Dedup(const int64_t* ids, int64_t n, int64_t* unique_ids, int32_t* inverse, int32_t* num_unique) = 0;
 };
 
 // The CPU backend.

@@ -14,6 +14,10 @@
 //                                    and `vs_raw_chunked` over raw_chunked/<net>/<size>.
 //   small/<mode>/<servers>           100 tensors of 1 KiB in one call vs one call each.
 //   sparse/<op>/dim<d>               sparse pull / push of Zipf-distributed ids, rows/s.
+//   criteo_step/<op>/<path>/<n>s1w   a Criteo-shaped step (26 tables, batch 4096, Zipf ids) in one
+//                                    message per server or one request per table, unique rows/s.
+//   mem/sparse_row/<opt>/<rows>      heap bytes a sparse row of dim 16 costs a server, vs its raw
+//                                    bytes (values, optimizer state, id).
 //   mem/<kernel>                     single-thread memory bandwidth (STREAM triad, in-place axpy),
 //                                    the cost of touching freshly allocated pages, and the
 //                                    server's NaN/Inf check of a gradient against a plain read.
@@ -30,6 +34,7 @@
 // separate processes would) and talk over tcp://127.0.0.1 or ipc:// loopback. `faults_per_call`
 // counts the process's minor page faults per call: first touches of freshly allocated message
 // buffers, which are expensive on virtual machines.
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -67,6 +72,7 @@
 #include "internal/finite.h"
 #include "internal/optimizer.h"
 #include "internal/table_metrics.h"
+#include "internal/tables.h"
 
 namespace ferry::bench {
 namespace {
@@ -567,6 +573,21 @@ StatusOr<std::unique_ptr<Client>> ConnectWorker(const PsCluster& cluster, int ra
   return Client::Connect(std::move(o));
 }
 
+// `servers` servers over tcp and one connected worker (status: why not). Declare it after the
+// buffers its requests use, so that the client is destroyed before them.
+struct OneWorker {
+  StatusOr<std::shared_ptr<const PsCluster>> cluster;
+  std::unique_ptr<Client> client;
+  Status status;
+
+  explicit OneWorker(int servers) : cluster(StartCluster(Net::kTcp, servers)), status(cluster.status()) {
+    if (!status.ok()) return;
+    auto c = ConnectWorker(**cluster, 0, 1);
+    status = c.status();
+    if (c.ok()) client = std::move(c).value();
+  }
+};
+
 // What the threads of one multi-worker benchmark share. Google Benchmark starts a registered
 // benchmark's threads together and runs its repetitions one after another: thread 0 starts the
 // servers before the timed loop while the other threads wait for them, and after the loop every
@@ -768,14 +789,9 @@ void BM_SmallTensors(benchmark::State& state, Baselines& baselines, SmallMode mo
   }
   std::vector<Handle> handles(kSmallTensors);
 
-  auto cluster = StartCluster(Net::kTcp, num_servers);
-  std::unique_ptr<Client> client;  // after the buffers: destroyed before them
-  Status st = cluster.status();
-  if (st.ok()) {
-    auto c = ConnectWorker(**cluster, 0, 1);
-    st = c.status();
-    if (c.ok()) client = std::move(c).value();
-  }
+  OneWorker worker(num_servers);  // after the buffers: destroyed before them
+  Client* client = worker.client.get();
+  Status st = worker.status;
   for (int t = 0; st.ok() && t < kSmallTensors; ++t) {
     TableSpec spec;
     spec.name = names[static_cast<size_t>(t)];
@@ -857,18 +873,32 @@ struct ZipfBatches {
   }
 };
 
-// Draws the batches on first use, so that filtered-out runs do not pay for them.
-class LazyZipf {
+// T::Make()'s ids, drawn on first use, so that filtered-out runs do not pay for them.
+template <typename T>
+class Lazy {
  public:
-  const ZipfBatches& Get() {
-    std::call_once(once_, [this] { batches_ = ZipfBatches::Make(); });
-    return batches_;
+  const T& Get() {
+    std::call_once(once_, [this] { made_ = T::Make(); });
+    return made_;
   }
 
  private:
   std::once_flag once_;
-  ZipfBatches batches_;
+  T made_;
 };
+using LazyZipf = Lazy<ZipfBatches>;
+
+// The sparse benchmarks' tables: async SGD, rows of `dim` floats starting uniform in +-0.01.
+TableSpec BenchEmbedding(std::string name, int64_t dim) {
+  TableSpec spec;
+  spec.name = std::move(name);
+  spec.type = TableType::kSparse;
+  spec.dim = dim;
+  spec.consistency = Consistency::kAsync;
+  spec.init = InitType::kUniform;
+  spec.init_scale = 0.01f;
+  return spec;
+}
 
 // One worker and one server over tcp, an async SGD table of `dim` floats per row, warmed so that
 // every row the batches name exists. Each call pulls (or pushes) one batch of 100k ids; the client
@@ -904,24 +934,10 @@ void BM_Sparse(benchmark::State& state, LazyZipf& zipf, bool push, int64_t dim) 
   constexpr std::string_view kTable = "bench_sparse";
   std::vector<float> rows(static_cast<size_t>(ZipfBatches::kBatchIds * dim), 0.0f);
   std::vector<float> grads(rows.size(), 1e-3f);
-  auto cluster = StartCluster(Net::kTcp, 1);
-  std::unique_ptr<Client> client;  // after the buffers: destroyed before them
-  Status st = cluster.status();
-  if (st.ok()) {
-    auto c = ConnectWorker(**cluster, 0, 1);
-    st = c.status();
-    if (c.ok()) client = std::move(c).value();
-  }
-  if (st.ok()) {
-    TableSpec spec;
-    spec.name = std::string(kTable);
-    spec.type = TableType::kSparse;
-    spec.dim = dim;
-    spec.consistency = Consistency::kAsync;
-    spec.init = InitType::kUniform;
-    spec.init_scale = 0.01f;
-    st = client->Declare(spec);
-  }
+  OneWorker worker(1);  // after the buffers: destroyed before them
+  Client* client = worker.client.get();
+  Status st = worker.status;
+  if (st.ok()) st = client->Declare(BenchEmbedding(std::string(kTable), dim));
   auto call = [&](size_t b, int64_t step) {
     const auto& ids = z.ids[b];
     return push ? client->PushSparse(kTable, ids, grads, step).wait(kWaitTimeout)
@@ -956,6 +972,156 @@ void BM_Sparse(benchmark::State& state, LazyZipf& zipf, bool push, int64_t dim) 
   state.counters["unique_rows_per_second"] = benchmark::Counter(unique, benchmark::Counter::kIsRate);
   state.counters["unique_per_batch"] = benchmark::Counter(unique, benchmark::Counter::kAvgIterations);
   state.SetLabel("zipf s=1.05 over 10M ids, seed " + std::to_string(ZipfBatches::kSeed));
+}
+
+// ---- a Criteo-shaped step: 26 embedding tables -------------------------------------------------
+
+// The sparse side of one training step of a Criteo model: 26 tables (one per categorical field),
+// a batch of 4,096 examples, each field's ids Zipf-distributed (s = 1.05 over 10M ids, an
+// independent draw per field). Ids are deduplicated per table as the trainer does (ascending
+// distinct ids), so what a step sends is every table's distinct ids.
+struct CriteoSteps {
+  static constexpr int kTables = 26;
+  static constexpr int64_t kBatch = 4096;
+  static constexpr int kSteps = 8;
+  static constexpr int64_t kDim = 16;
+  static constexpr uint64_t kSeed = 20261124;
+
+  std::vector<std::vector<std::vector<int64_t>>> ids;  // [step][table]: distinct ids, ascending
+  std::vector<std::string> names;                      // the tables' names
+  int64_t unique = 0;                                  // distinct rows in all steps together
+
+  static CriteoSteps Make() {
+    CriteoSteps c;
+    const data::ZipfSampler zipf(ZipfBatches::kIdSpace, ZipfBatches::kExponent);
+    std::mt19937_64 rng(kSeed);
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    for (int t = 0; t < kTables; ++t) c.names.push_back("criteo/C" + std::to_string(t + 1));
+    for (int step = 0; step < kSteps; ++step) {
+      auto& tables = c.ids.emplace_back();
+      for (int t = 0; t < kTables; ++t) {
+        std::vector<int64_t> batch(kBatch);
+        for (auto& id : batch) id = zipf.Sample([&] { return unit(rng); }) - 1;
+        std::sort(batch.begin(), batch.end());
+        batch.erase(std::unique(batch.begin(), batch.end()), batch.end());
+        c.unique += static_cast<int64_t>(batch.size());
+        tables.push_back(std::move(batch));
+      }
+    }
+    return c;
+  }
+};
+
+using LazyCriteo = Lazy<CriteoSteps>;
+
+// One worker pulls (or pushes) a step's rows of all 26 tables, dim 16, async SGD, over tcp to
+// `servers` servers, warmed so that every row exists. `one_message`: one call naming every table,
+// ids declared distinct (protocol 1.5: one message per server). Otherwise the path before 1.5:
+// one call per table, all in flight together, each deduplicating its ids again in the client
+// (as ServerStore did). Counters: unique_rows_per_second (distinct rows that travel and are
+// read or updated), messages_per_step (requests the client sent).
+void BM_CriteoStep(benchmark::State& state, LazyCriteo& lazy, bool push, bool one_message, int servers) {
+  const CriteoSteps& c = lazy.Get();
+  constexpr int T = CriteoSteps::kTables;
+  constexpr int64_t dim = CriteoSteps::kDim;
+  // Output and gradient buffers per table, sized for the largest step.
+  std::vector<std::vector<float>> rows(T), grads(T);
+  for (int t = 0; t < T; ++t) {
+    size_t most = 0;
+    for (const auto& step : c.ids) most = std::max(most, step[static_cast<size_t>(t)].size());
+    rows[static_cast<size_t>(t)].assign(most * dim, 0.0f);
+    grads[static_cast<size_t>(t)].assign(most * dim, 1e-3f);
+  }
+  OneWorker worker(servers);  // after the buffers: destroyed before them
+  Client* client = worker.client.get();
+  Status st = worker.status;
+  for (int t = 0; st.ok() && t < T; ++t) st = client->Declare(BenchEmbedding(c.names[static_cast<size_t>(t)], dim));
+  std::vector<SparseOut> outs(T);
+  std::vector<SparseIn> ins(T);
+  std::vector<Handle> handles;
+  auto call = [&](size_t step, bool do_push, bool together) -> Status {
+    for (int t = 0; t < T; ++t) {
+      const auto ti = static_cast<size_t>(t);
+      const std::vector<int64_t>& ids = c.ids[step][ti];
+      const size_t n = ids.size() * dim;
+      outs[ti] = {c.names[ti], ids, std::span<float>(rows[ti]).first(n)};
+      ins[ti] = {c.names[ti], ids, std::span<const float>(grads[ti]).first(n)};
+    }
+    if (together) {
+      return do_push ? client->PushSparse(ins, 0, SparseIds::kDistinct).wait(kWaitTimeout)
+                     : client->PullSparse(outs, 0, SparseIds::kDistinct).wait(kWaitTimeout);
+    }
+    handles.clear();
+    for (int t = 0; t < T; ++t) {
+      const auto ti = static_cast<size_t>(t);
+      handles.push_back(do_push ? client->PushSparse(std::span<const SparseIn>(&ins[ti], 1), 0)
+                                : client->PullSparse(std::span<const SparseOut>(&outs[ti], 1), 0));
+    }
+    Status first;
+    for (auto& h : handles) {
+      Status s = h.wait(kWaitTimeout);
+      if (!s.ok() && first.ok()) first = s;
+    }
+    return first;
+  };
+  // Warm-up: create every row, then one untimed round of the measured call.
+  for (size_t step = 0; st.ok() && step < c.ids.size(); ++step) st = call(step, false, true);
+  for (size_t step = 0; st.ok() && step < c.ids.size(); ++step) st = call(step, push, one_message);
+  if (!st.ok()) Fail(state, st);
+
+  double unique = 0;
+  const int64_t sent = client ? client->stats().requests : 0;
+  size_t step = 0;
+  LoopTimer timer;
+  for (auto _ : state) {
+    timer.IterationStart();
+    if (Status s = call(step, push, one_message); !s.ok()) {
+      Fail(state, s);
+      break;
+    }
+    timer.IterationEnd();
+    for (const auto& ids : c.ids[step]) unique += static_cast<double>(ids.size());
+    step = (step + 1) % c.ids.size();
+  }
+  timer.Finish();
+  if (state.error_occurred()) return;
+  state.counters["unique_rows_per_second"] = benchmark::Counter(unique, benchmark::Counter::kIsRate);
+  state.counters["unique_per_step"] = benchmark::Counter(unique, benchmark::Counter::kAvgIterations);
+  state.counters["messages_per_step"] =
+      benchmark::Counter(static_cast<double>(client->stats().requests - sent), benchmark::Counter::kAvgIterations);
+  state.SetLabel("26 tables x batch 4096, zipf s=1.05 over 10M ids, dim 16, seed " + std::to_string(CriteoSteps::kSeed));
+}
+
+// What a sparse row costs a server: `rows` rows of dim 16 made in a ps::SparseShard (the
+// server's own table), measured as heap bytes in use (glibc mallinfo2: arena + mmapped, so what
+// the process holds for the shard, not what it touched before), against the row's raw bytes: its
+// values, its optimizer state and its 8-byte id. The id index is a hash table that doubles, so
+// the cost per row depends on where `rows` falls between doublings: several counts are measured.
+void BM_RowMemory(benchmark::State& state, OptimizerType type, int64_t rows) {
+  constexpr int64_t kDim = 16;
+  TableSpec spec;
+  spec.name = "row_memory";
+  spec.type = TableType::kSparse;
+  spec.dim = kDim;
+  spec.optimizer.type = type;
+  auto heap = [] {
+    const struct mallinfo2 m = mallinfo2();
+    return static_cast<double>(m.uordblks + m.hblkhd);
+  };
+  double heap_per_row = 0, row_floats = 0;
+  for (auto _ : state) {
+    const double heap0 = heap();
+    auto shard = std::make_unique<ps::SparseShard>(spec, TableId(spec.name), 1);
+    for (int64_t id = 0; id < rows; ++id) shard->FindOrCreate(id * 7919);  // spread, as hashed ids are
+    heap_per_row = (heap() - heap0) / static_cast<double>(rows);
+    row_floats = static_cast<double>(shard->row_floats());
+    benchmark::DoNotOptimize(shard->size());
+  }
+  const double raw = row_floats * 4 + 8;
+  state.counters["raw_bytes_per_row"] = raw;
+  state.counters["heap_bytes_per_row"] = heap_per_row;
+  state.counters["heap_vs_raw"] = heap_per_row / raw;
+  state.SetLabel(std::to_string(rows) + " rows of dim 16, " + std::string(OptimizerName(type)));
 }
 
 // ---- memory bandwidth and optimizers -----------------------------------------------------------
@@ -1111,6 +1277,7 @@ void BM_Optimizer(benchmark::State& state, Baselines& baselines, OptimizerType t
 struct Fixtures {
   Baselines baselines;
   LazyZipf zipf;
+  LazyCriteo criteo;
   std::vector<std::unique_ptr<SharedRun>> runs;
 };
 
@@ -1190,6 +1357,30 @@ void RegisterAll(Fixtures& f) {
       benchmark::RegisterBenchmark(name.c_str(),
                                    [&f, push, dim](benchmark::State& st) { BM_Sparse(st, f.zipf, push, dim); })
           ->Iterations(40)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  // 4b. a Criteo-shaped step: 26 tables in one message per server, or one request per table
+  for (bool push : {false, true}) {
+    for (int servers : {1, 2}) {
+      for (bool one : {true, false}) {
+        const std::string name = std::string("criteo_step/") + (push ? "push" : "pull") + "/" +
+                                 (one ? "one_message" : "per_table") + "/" + std::to_string(servers) + "s1w";
+        benchmark::RegisterBenchmark(name.c_str(), [&f, push, one, servers](benchmark::State& st) {
+          BM_CriteoStep(st, f.criteo, push, one, servers);
+        })
+            ->Iterations(80)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+  }
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kAdagrad, OptimizerType::kAdam}) {
+    for (int64_t rows : {1'000'000, 1'500'000, 2'000'000, 3'000'000}) {
+      benchmark::RegisterBenchmark(("mem/sparse_row/" + std::string(OptimizerName(type)) + "/" + std::to_string(rows)).c_str(),
+                                   [type, rows](benchmark::State& st) { BM_RowMemory(st, type, rows); })
+          ->Iterations(1)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }

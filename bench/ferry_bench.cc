@@ -1019,7 +1019,8 @@ using LazyCriteo = Lazy<CriteoSteps>;
 // ids declared distinct (protocol 1.5: one message per server). Otherwise the path before 1.5:
 // one call per table, all in flight together, each deduplicating its ids again in the client
 // (as ServerStore did). Counters: unique_rows_per_second (distinct rows that travel and are
-// read or updated), messages_per_step (requests the client sent).
+// read or updated), messages_per_step (requests the client sent), process_cpu_ms_per_step and
+// caller_cpu_ms_per_step (CPU time a step costs all threads, and the calling thread).
 void BM_CriteoStep(benchmark::State& state, LazyCriteo& lazy, bool push, bool one_message, int servers) {
   const CriteoSteps& c = lazy.Get();
   constexpr int T = CriteoSteps::kTables;
@@ -1072,6 +1073,14 @@ void BM_CriteoStep(benchmark::State& state, LazyCriteo& lazy, bool push, bool on
   double unique = 0;
   const int64_t sent = client ? client->stats().requests : 0;
   size_t step = 0;
+  // CPU time of the whole process (the worker's threads and the in-process servers'), and of the
+  // calling thread alone (what the trainer's own thread spends issuing and finishing the step).
+  auto cpu = [](int who) {
+    rusage u{};
+    getrusage(who, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  const double process0 = cpu(RUSAGE_SELF), thread0 = cpu(RUSAGE_THREAD);
   LoopTimer timer;
   for (auto _ : state) {
     timer.IterationStart();
@@ -1089,6 +1098,8 @@ void BM_CriteoStep(benchmark::State& state, LazyCriteo& lazy, bool push, bool on
   state.counters["unique_per_step"] = benchmark::Counter(unique, benchmark::Counter::kAvgIterations);
   state.counters["messages_per_step"] =
       benchmark::Counter(static_cast<double>(client->stats().requests - sent), benchmark::Counter::kAvgIterations);
+  state.counters["process_cpu_ms_per_step"] = benchmark::Counter(1e3 * (cpu(RUSAGE_SELF) - process0), benchmark::Counter::kAvgIterations);
+  state.counters["caller_cpu_ms_per_step"] = benchmark::Counter(1e3 * (cpu(RUSAGE_THREAD) - thread0), benchmark::Counter::kAvgIterations);
   state.SetLabel("26 tables x batch 4096, zipf s=1.05 over 10M ids, dim 16, seed " + std::to_string(CriteoSteps::kSeed));
 }
 

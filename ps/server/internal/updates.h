@@ -34,7 +34,8 @@ class Updater {
   void ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::span<const float* const> grads, int64_t step);
 
   // Copies for a pull: the values are copied because a later push may change them while ZeroMQ
-  // still sends. ReadRows creates rows on first touch (serially) and then copies in parallel.
+  // still sends. ReadRows finds the rows (serially: a table without lifecycle settings creates
+  // them) and then copies in parallel; an id without a row gets its initial values.
   void ReadDense(const DenseChunk& c, float* dst);
   void ReadRows(SparseShard& shard, std::span<const int64_t> ids, float* dst);
 

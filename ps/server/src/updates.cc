@@ -38,10 +38,15 @@ void Updater::ReadDense(const DenseChunk& c, float* dst) {
 void Updater::ReadRows(SparseShard& shard, std::span<const int64_t> ids, float* dst) {
   const int64_t dim = shard.dim();
   rows_.resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) rows_[i] = shard.FindOrCreate(ids[i]);  // creation is serial
+  for (size_t i = 0; i < ids.size(); ++i) rows_[i] = shard.FindForPull(ids[i]);  // creation is serial
   pool_.ParallelFor(static_cast<int64_t>(ids.size()), kGrain / dim + 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      std::memcpy(dst + i * dim, shard.row(rows_[static_cast<size_t>(i)]), static_cast<size_t>(dim) * sizeof(float));
+      const RowIndex r = rows_[static_cast<size_t>(i)];
+      if (r == kNoRow) {
+        shard.InitialRow(ids[static_cast<size_t>(i)], dst + i * dim);  // not admitted (yet), or evicted
+      } else {
+        std::memcpy(dst + i * dim, shard.row(r), static_cast<size_t>(dim) * sizeof(float));
+      }
     }
   });
 }

@@ -208,6 +208,32 @@ TEST(RowLifecycle, AtMaxRowsNewRowsReplaceColdOnesAndHotOnesStay) {
               static_cast<long long>(c.admitted), static_cast<long long>(c.evicted_capacity), shard.size());
 }
 
+// With a filter, a full table trades a row for a new one only if the new id was pushed more often
+// (TinyLFU): a stream of ids pushed twice does not displace rows pushed three times, one pushed
+// five times does.
+TEST(RowLifecycle, AFullTableWithAFilterKeepsRowsPushedMoreOftenThanTheNewcomer) {
+  TableSpec spec = Spec();
+  spec.admit_after = 2;
+  spec.max_rows = 10;
+  SparseShard shard(spec, kTableId, 1);
+  std::vector<int64_t> settled;
+  for (int64_t i = 0; i < 10; ++i) settled.push_back(100 + i);
+  for (int k = 0; k < 3; ++k) Push(shard, settled);  // admitted at their second push; 3 pushes each
+  ASSERT_EQ(shard.size(), 10u);
+  for (int64_t id = 1000; id < 1200; ++id) {
+    Push(shard, {id});
+    Push(shard, {id});  // its second push: admitted by the filter, but not hotter than a victim
+  }
+  EXPECT_EQ(shard.lifecycle().evicted_capacity, 0);
+  EXPECT_EQ(shard.lifecycle().not_admitted, 10 + 400);  // (the settled ids' first pushes too)
+  for (int64_t id : settled) EXPECT_TRUE(Held(shard, id)) << id;
+  for (int k = 0; k < 5; ++k) Push(shard, {7});  // pushes 2 and 3 lose to the victims; push 4 wins
+  EXPECT_TRUE(Held(shard, 7));
+  EXPECT_EQ(shard.steps(shard.FindForPull(7)), 2) << "admitted at its 4th push";
+  EXPECT_EQ(shard.lifecycle().evicted_capacity, 1);
+  EXPECT_EQ(shard.size(), 10u);
+}
+
 TEST(RowLifecycle, APushWithMoreNewIdsThanMaxRowsStoresWhatFitsAndCountsTheRest) {
   TableSpec spec = Spec();
   spec.max_rows = 4;

@@ -28,7 +28,7 @@ struct RowLifecycleTotals {
   std::atomic<int64_t> admitted{0}, not_admitted{0}, evicted_age{0}, evicted_capacity{0};
 };
 
-// A count-min sketch of pushes per id: kDepth rows of saturating 8-bit counters, updated
+// A count-min sketch of pushes per id (of every id pushed to the shard, with a row or not): kDepth rows of saturating 8-bit counters, updated
 // conservatively (only the smallest counters go up), so Add's estimate never undercounts an id's
 // pushes since the last halvings and overcounts only through collisions. Every width()/2 adds all
 // counters are halved, so ids seen long ago fade out and the filter does not fill up: an id is
@@ -39,18 +39,22 @@ class AdmissionFilter {
   static constexpr int kDepth = 4;
   static constexpr int kMaxCount = 255;
 
-  // A filter for `spec`'s shard: width = 2 x max_rows rounded up to a power of two, within
-  // [2^12, 2^22] counters a row (2^20 when max_rows is 0).
+  // A filter for `spec`'s shard: width = 16 x max_rows rounded up to a power of two, within
+  // [2^16, 2^22] counters a row (2^20 when max_rows is 0): 256 KiB to 16 MiB.
   AdmissionFilter(const TableSpec& spec, uint64_t table_id);
   // The bytes a filter for `spec` takes; 0 when the spec admits at the first push (no filter).
   static int64_t Bytes(const TableSpec& spec);
 
   // Counts one more push of `id`; returns its estimated pushes (1..kMaxCount).
   int Add(int64_t id);
+  // `id`'s estimated pushes, without counting one.
+  int Estimate(int64_t id) const;
   int64_t width() const { return width_; }
 
  private:
   static int64_t Width(const TableSpec& spec);
+  // The kDepth counters of `id`.
+  void Cells(int64_t id, uint8_t* (&cell)[kDepth]) const;
 
   const int64_t width_;
   const uint64_t salt_;

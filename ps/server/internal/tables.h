@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -88,7 +89,10 @@ inline constexpr RowIndex kNoRow = ~RowIndex{0};
 //  - a row beyond max_rows, or one the memory budget has no room for, takes the place of a victim:
 //    of kEvictionSample live rows drawn at random (a seeded generator: deterministic), the least
 //    recently touched, ties to the fewest updates. Rows of the ApplyRows in progress are never
-//    victims. With no victim the row is not stored (counted as not admitted);
+//    victims. With a filter (admit_after > 1), which then counts the pushes of every id, the new
+//    row takes the victim's place only if the filter says it was pushed more often (TinyLFU's
+//    rule: a full table does not trade a recurring row for a passing one). Otherwise, or with no
+//    victim, the new row is not stored (counted as not admitted);
 //  - an evicted row's slot goes on a free list and is reused by the next new row. A slot stays
 //    charged to the memory budget (its memory stays allocated), so the budget's count remains the
 //    truth; a table under max_rows never holds more than max_rows slots.
@@ -163,20 +167,25 @@ class SparseShard {
  private:
   static constexpr int64_t kPinned = int64_t{1} << 62;  // touch_: a row of the ApplyRows in progress
   static constexpr int64_t kFree = -1;                  // touch_: a free slot
+  static constexpr int kAlwaysWins = INT_MAX;           // MakeRow: a new row that takes any victim's place
 
   RowIndex Find(int64_t id) const {
     auto it = index_.find(id);
     return it == index_.end() ? kNoRow : it->second;
   }
-  // Makes a row for `id` (not indexed yet). kNoRow when there is no room and `drop_if_no_room`;
-  // otherwise no room throws BudgetExceeded.
-  RowIndex MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_room);
+  // Makes a row for `id` (not indexed yet), whose pushes the filter estimates at `pushes`
+  // (kAlwaysWins: no comparison). kNoRow when there is no room and `drop_if_no_room`, or when
+  // the victim was pushed as often as `id`; otherwise no room throws BudgetExceeded.
+  RowIndex MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_room, int pushes = kAlwaysWins);
   // Grows index_ (by a swapped-in copy) so that one more id fits without allocating.
   void ReserveOneMore();
-  // Whether a push of `id`, which has no row, admits it (counts the sighting).
-  bool Admit(int64_t id);
-  // Evicts the victim of a sample of rows; false when none was found.
-  bool EvictOne();
+  // Whether a push of `id`, which has no row, admits it (counts the sighting): 0 if not, else
+  // its estimated pushes (kAlwaysWins without a filter).
+  int Admit(int64_t id);
+  enum class Room { kMade, kNoVictim, kVictimHotter };
+  // Evicts the victim of a sample of rows for a new row pushed `pushes` times: kVictimHotter
+  // (nothing evicted) when the filter estimates the victim's pushes at `pushes` or more.
+  Room EvictOne(int pushes);
   void Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* total);
   void SweepAged(int64_t slots);
   uint64_t NextRandom();

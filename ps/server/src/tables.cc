@@ -139,14 +139,19 @@ void SparseShard::ReserveOneMore() {
   index_reserved_ = reserve;
 }
 
-RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_room) {
+RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_room, int pushes) {
   auto no_room = [&](const std::string& why) -> RowIndex {
     if (drop_if_no_room) return kNoRow;
     throw BudgetExceeded(why);
   };
-  if (lifecycle_ && spec_.max_rows > 0 && static_cast<int64_t>(index_.size()) >= spec_.max_rows && !EvictOne()) {
-    return no_room("sparse table '" + spec_.name + "' holds max_rows=" + std::to_string(spec_.max_rows) +
-                   " rows on this server, every one in use by this request");
+  if (lifecycle_ && spec_.max_rows > 0 && static_cast<int64_t>(index_.size()) >= spec_.max_rows) {
+    switch (EvictOne(pushes)) {
+      case Room::kMade: break;
+      case Room::kVictimHotter: return kNoRow;
+      case Room::kNoVictim:
+        return no_room("sparse table '" + spec_.name + "' holds max_rows=" + std::to_string(spec_.max_rows) +
+                       " rows on this server, every one in use by this request");
+    }
   }
   // A new slot is charged to the budget first: refused, nothing has changed (a table with
   // lifecycle settings gives up a row instead, and reuses its slot). Charged, every later
@@ -163,7 +168,9 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
       charged = budget_;
     } else if (budget_->used() <= budget_->limit() - RowBytes() && budget_->TryTake(RowBytes())) {
       charged = budget_;
-    } else if (EvictOne()) {
+    } else if (const Room room = EvictOne(pushes); room == Room::kVictimHotter) {
+      return kNoRow;
+    } else if (room == Room::kMade) {
       // its slot is free now
     } else if (over_budget_ok) {
       budget_->Force(RowBytes());
@@ -216,14 +223,17 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
   return index;
 }
 
-bool SparseShard::Admit(int64_t id) {
+int SparseShard::Admit(int64_t id) {
   ++sightings_;
-  if (filter_ != nullptr && filter_->Add(id) < spec_.admit_after) return false;
-  if (spec_.admit_probability >= 1.0f) return true;
-  // A coin from (seed, table, id, sightings so far): the same pushes in the same order (a sync
-  // job) admit the same ids.
-  const uint64_t h = placement::Mix64(placement::Mix64(coin_key_ ^ static_cast<uint64_t>(id)) + sightings_);
-  return static_cast<float>(h >> 40) * (1.0f / 16777216.0f) < spec_.admit_probability;
+  const int pushes = filter_ != nullptr ? filter_->Add(id) : kAlwaysWins;
+  if (pushes < spec_.admit_after) return 0;
+  if (spec_.admit_probability < 1.0f) {
+    // A coin from (seed, table, id, sightings so far): the same pushes in the same order (a sync
+    // job) admit the same ids.
+    const uint64_t h = placement::Mix64(placement::Mix64(coin_key_ ^ static_cast<uint64_t>(id)) + sightings_);
+    if (!(static_cast<float>(h >> 40) * (1.0f / 16777216.0f) < spec_.admit_probability)) return 0;
+  }
+  return pushes;
 }
 
 uint64_t SparseShard::NextRandom() {
@@ -233,9 +243,9 @@ uint64_t SparseShard::NextRandom() {
   return random_;
 }
 
-bool SparseShard::EvictOne() {
+SparseShard::Room SparseShard::EvictOne(int pushes) {
   const uint64_t slots = steps_.size();
-  if (slots == 0) return false;
+  if (slots == 0) return Room::kNoVictim;
   RowIndex best = kNoRow;
   int seen = 0;
   for (int draw = 0; draw < kEvictionDraws && seen < kEvictionSample; ++draw) {
@@ -245,9 +255,10 @@ bool SparseShard::EvictOne() {
     ++seen;
     if (best == kNoRow || t < touch_[best] || (t == touch_[best] && steps_[s] < steps_[best])) best = s;
   }
-  if (best == kNoRow) return false;
+  if (best == kNoRow) return Room::kNoVictim;
+  if (filter_ != nullptr && pushes != kAlwaysWins && filter_->Estimate(ids_[best]) >= pushes) return Room::kVictimHotter;
   Evict(best, &counts_.evicted_capacity, totals_ ? &totals_->evicted_capacity : nullptr);
-  return true;
+  return Room::kMade;
 }
 
 void SparseShard::Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* total) {
@@ -303,8 +314,9 @@ void SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grads, st
     } unpin{this, rows};
     for (size_t i = 0; i < ids.size(); ++i) {
       RowIndex r = Find(ids[i]);
-      if (r == kNoRow && Admit(ids[i])) {
-        r = MakeRow(ids[i], over_budget_ok, /*drop_if_no_room=*/true);
+      if (r != kNoRow && filter_ != nullptr) filter_->Add(ids[i]);  // (Admit counts the others)
+      if (const int pushes = r == kNoRow ? Admit(ids[i]) : 0; pushes > 0) {
+        r = MakeRow(ids[i], over_budget_ok, /*drop_if_no_room=*/true, pushes);
         if (r != kNoRow) {
           ++counts_.admitted;
           if (totals_ != nullptr) totals_->admitted.fetch_add(1, std::memory_order_relaxed);

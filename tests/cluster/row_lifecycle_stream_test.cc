@@ -9,7 +9,7 @@
 // the bound the settings give, the hot ids keep their rows and end near the weights of the
 // unbounded run, and the test AUC stays within the noise of unbounded runs (measured here: the
 // spread of the unbounded AUC over 6 seeds, each its own training and test sample) and within
-// 0.005 of the unbounded run on the same data. Measured (2 cores, RelWithDebInfo, about 7 s):
+// 0.005 of the unbounded run on the same data. And a sync step forced past the memory budget. Measured (2 cores, RelWithDebInfo, about 7 s):
 // unbounded 0.6903 +- 0.0025, bounded 0.6915 against 0.6924 on the same data; 36093 rows
 // admitted, 1014 evicted for age and 29082 for room (5997 rows held); 0.8 MB of rows and filters
 // on the two servers against 22.5 MB (702,000 rows) unbounded; hot weights within 0.0007 of the
@@ -224,6 +224,53 @@ TEST(RowLifecycleStream, BoundedRowsKeepTheHotIdsAndTheQualityOfAnUnboundedRun) 
   EXPECT_GT(bounded.auc, 0.6);
   EXPECT_NEAR(bounded.auc, mean, 3 * sd) << "outside the unbounded runs' noise";
   EXPECT_GT(bounded.auc, reference.auc - 0.005) << "the same data, unbounded";
+}
+
+// A sync step's rows are made when it closes, charged even past the memory budget (each push
+// fitted when it came). Over the limit, requests that make no new row still work (the budget
+// check asked room for 0 rows and refused it), and a table with lifecycle settings, whose new
+// rows ask the budget for nothing, goes on: at the next steps its new rows replace old ones.
+TEST(RowLifecycleCluster, ASyncStepForcedPastTheBudgetLeavesTheTableServingAndBounded) {
+  ServerOptions so;
+  so.memory_budget_bytes = int64_t{1} << 20;
+  auto c = LocalCluster::Start(1, false, so);
+  TableSpec emb;
+  emb.name = "emb";
+  emb.type = TableType::kSparse;
+  emb.dim = 256;  // SGD: 1 KiB + 24 + 16 bytes a row: 985 rows fit
+  emb.consistency = Consistency::kSync;
+  emb.evict_after_steps = 1000000;  // lifecycle settings on, no age eviction here
+  auto used = [&] { return c.servers[0]->stats().counters.at("memory_budget_used_bytes"); };
+  int64_t used_after_first = 0;
+  std::vector<std::thread> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    workers.emplace_back([&, rank] {
+      auto w = c.Connect(rank, 2);
+      ASSERT_TRUE(w->Declare(emb).ok());
+      for (int64_t t = 0; t < 3; ++t) {
+        // New ids: 600 a worker at step 0, then 100 (an update far smaller than the table, whose
+        // rows it pins: victims are drawn from the others).
+        std::vector<int64_t> ids(t == 0 ? 600 : 100);
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = t * 10000 + rank * 1000 + static_cast<int64_t>(i);
+        std::vector<float> rows(ids.size() * 256), grads(ids.size() * 256, 0.01f);
+        ASSERT_TRUE(w->PullSparse("emb", ids, rows, t).wait().ok()) << "step " << t;
+        ASSERT_TRUE(w->PushSparse("emb", ids, grads, t).wait().ok()) << "step " << t;
+        if (t == 0) {
+          // Step 0 closed with 1200 rows: past the budget. The rows that exist are still served.
+          std::vector<int64_t> again(ids.begin(), ids.begin() + 10);
+          std::vector<float> out(again.size() * 256);
+          ASSERT_TRUE(w->PullSparse("emb", again, out, 1).wait().ok());
+          if (rank == 0) used_after_first = used();
+        }
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  EXPECT_GT(used_after_first, so.memory_budget_bytes);
+  const auto counters = c.servers[0]->stats().counters;
+  EXPECT_EQ(counters.at("memory_budget_used_bytes"), used_after_first) << "later rows took old rows' places";
+  EXPECT_EQ(counters.at("rows_admitted"), 1200 + 2 * 200);
+  EXPECT_EQ(counters.at("rows_evicted_capacity"), 2 * 200);
 }
 
 }  // namespace

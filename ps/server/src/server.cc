@@ -733,7 +733,9 @@ class ServerImpl final : public Server {
     const int64_t row = t.sparse->RowBytes(), left = budget.limit() - budget.used();
     if (static_cast<int64_t>(ids.size()) <= left / row) return Status::Ok();  // all of them would fit
     const int64_t fresh = t.sparse->NewRows(ids);
-    if (fresh <= left / row) return Status::Ok();
+    // (No new row is always room, even with the budget forced past its limit by a sync step;
+    // a table with lifecycle settings asks for none: it evicts or drops instead.)
+    if (fresh == 0 || fresh <= left / row) return Status::Ok();
     budget.CountRefusal();
     const std::string why = budget.Refusal(fresh * row, std::to_string(fresh) + " new rows of sparse table '" + t.spec.name + "'");
     LogRateLimited(why + "; refused");

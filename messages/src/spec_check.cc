@@ -166,10 +166,10 @@ static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 9>, decltype(O::l2)>)
 static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 10>, decltype(O::beta)>);
 static_assert(OptimizerSpec::VT_BETA == 4 + 2 * 10, "schema OptimizerSpec ids are not 0..10");
 
-// TableSpec: schema ids 0..12.
+// TableSpec: schema ids 0..16.
 constexpr auto kCreateTable = &CreateTableSpec;
 static_assert(std::is_aggregate_v<ferry::TableSpec>);
-static_assert(kSchemaFields<kCreateTable> == 13, "TableSpec in ferry.fbs changed: update this file");
+static_assert(kSchemaFields<kCreateTable> == 17, "TableSpec in ferry.fbs changed: update this file");
 static_assert(AggregateFieldCount<ferry::TableSpec>() == kSchemaFields<kCreateTable>,
               "ferry::TableSpec and the schema's TableSpec have different field counts");
 using T = ferry::TableSpec;
@@ -189,7 +189,11 @@ static_assert(std::is_same_v<SchemaField<kCreateTable, 9>, InitType>);
 static_assert(std::is_same_v<SchemaField<kCreateTable, 10>, decltype(T::init_scale)>);
 static_assert(std::is_same_v<SchemaField<kCreateTable, 11>, decltype(T::seed)>);
 static_assert(std::is_same_v<SchemaField<kCreateTable, 12>, NonFinite>);
-static_assert(TableSpec::VT_NONFINITE == 4 + 2 * 12, "schema TableSpec ids are not 0..12");
+static_assert(std::is_same_v<SchemaField<kCreateTable, 13>, decltype(T::admit_after)>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 14>, decltype(T::admit_probability)>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 15>, decltype(T::evict_after_steps)>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 16>, decltype(T::max_rows)>);
+static_assert(TableSpec::VT_MAX_ROWS == 4 + 2 * 16, "schema TableSpec ids are not 0..16");
 
 }  // namespace
 }  // namespace ferry::wire

@@ -255,7 +255,8 @@ flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& 
                                  o.beta2, o.epsilon, o.initial_accumulator, o.nesterov, o.l1, o.l2, o.beta);
   return CreateTableSpec(fbb, name, static_cast<TableType>(s.type), shape, s.dim, s.chunk_elems, opt,
                          static_cast<ConsistencyType>(s.consistency), s.staleness, s.replicas_to_aggregate,
-                         static_cast<InitType>(s.init), s.init_scale, s.seed, static_cast<NonFinite>(s.nonfinite));
+                         static_cast<InitType>(s.init), s.init_scale, s.seed, static_cast<NonFinite>(s.nonfinite),
+                         s.admit_after, s.admit_probability, s.evict_after_steps, s.max_rows);
 }
 
 Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
@@ -287,6 +288,10 @@ Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
   s.init_scale = in->init_scale();
   s.seed = in->seed();
   s.nonfinite = static_cast<ferry::NonFinite>(in->nonfinite());
+  s.admit_after = in->admit_after();
+  s.admit_probability = in->admit_probability();
+  s.evict_after_steps = in->evict_after_steps();
+  s.max_rows = in->max_rows();
   FERRY_RETURN_IF_ERROR(s.Validate());
   *out = std::move(s);
   return Status::Ok();

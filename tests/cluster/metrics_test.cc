@@ -137,6 +137,61 @@ TEST(Metrics, AScrapeShowsEachTableAndMovesWithTheTraffic) {
   EXPECT_EQ(HttpGet(port, "/other").first.substr(9, 3), "404");
 }
 
+// Tables with row lifecycle settings: their admissions and evictions are on the page, and summed
+// in the server's Stats.
+TEST(Metrics, RowLifecycleCountersAreOnThePageAndInStats) {
+  ServerOptions so;
+  so.metrics_bind = "127.0.0.1:0";
+  auto c = LocalCluster::Start(1, /*tcp=*/true, so);
+  const int port = PortOf(c.servers[0]->metrics_url());
+  auto w = c.Connect(0, 1);
+  TableSpec items;
+  items.name = "item_emb";
+  items.type = TableType::kSparse;
+  items.dim = 4;
+  items.consistency = Consistency::kAsync;
+  items.admit_after = 2;
+  items.evict_after_steps = 3;
+  ASSERT_TRUE(w->Declare(items).ok());
+  TableSpec users = items;
+  users.name = "user_emb";
+  users.admit_after = 0;
+  users.evict_after_steps = 0;
+  users.max_rows = 50;
+  ASSERT_TRUE(w->Declare(users).ok());
+  // item_emb: push t (clock t + 1) has id 7 and ids [10000 + 20t, 10000 + 20t + 40): each of those
+  // is pushed in two pushes running, so from push 1 on 20 ids a push (and 7 once) reach their
+  // second push and are admitted: 9 x 20 + 1. A row not touched for more than 3 pushes is evicted
+  // by the sweep: at clock 10 those admitted at clocks 2 to 6 (7 is touched every time).
+  // user_emb: 30 new ids a push, all admitted; beyond 50 rows each replaces one.
+  for (int64_t t = 0; t < 10; ++t) {
+    std::vector<int64_t> ids = {7}, fresh;
+    for (int64_t k = 0; k < 40; ++k) ids.push_back(10000 + 20 * t + k);
+    for (int64_t k = 0; k < 30; ++k) fresh.push_back(20000 + 30 * t + k);
+    std::vector<float> rows(ids.size() * 4), grads(ids.size() * 4, 0.5f), fresh_grads(fresh.size() * 4, 0.5f);
+    ASSERT_TRUE(w->PullSparse("item_emb", ids, rows, t).wait().ok());
+    ASSERT_TRUE(w->PushSparse("item_emb", ids, grads, t).wait().ok());
+    ASSERT_TRUE(w->PushSparse("user_emb", fresh, fresh_grads, t).wait().ok());
+  }
+  auto s = Samples(HttpGet(port, "/metrics").second);
+  const std::string i = "{server=\"0\",table=\"item_emb\"}", u = "{server=\"0\",table=\"user_emb\"}";
+  EXPECT_EQ(s["ferry_table_rows_admitted" + i], 181);
+  // Every push of an id without a row that did not make one (7's last 8 pushes found its row).
+  EXPECT_EQ(s["ferry_table_rows_not_admitted" + i], 10 * 41 - 181 - 8);
+  EXPECT_EQ(s["ferry_table_rows_evicted_age" + i], 5 * 20);
+  EXPECT_EQ(s["ferry_table_rows_evicted_capacity" + i], 0);
+  EXPECT_EQ(s["ferry_table_rows" + i], 181 - 100);
+  EXPECT_EQ(s["ferry_table_rows_admitted" + u], 300);
+  EXPECT_EQ(s["ferry_table_rows_evicted_capacity" + u], 250);
+  EXPECT_EQ(s["ferry_table_rows" + u], 50);
+  EXPECT_EQ(s["ferry_table_bytes" + u], 50 * (4 * 4 + 24 + 16));  // + a row's id and clock stamp
+  const auto counters = c.servers[0]->stats().counters;
+  EXPECT_EQ(counters.at("rows_admitted"), 481);
+  EXPECT_EQ(counters.at("rows_not_admitted"), 221);
+  EXPECT_EQ(counters.at("rows_evicted_age"), 100);
+  EXPECT_EQ(counters.at("rows_evicted_capacity"), 250);
+}
+
 TEST(Metrics, ABindThatCannotBeHadFailsStartNamingIt) {
   ServerOptions so;
   so.metrics_bind = "127.0.0.1:99999";

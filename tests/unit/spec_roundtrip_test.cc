@@ -4,6 +4,7 @@
 // direction comes back different. That the two definitions have the same fields and enumerators is
 // checked at compile time in messages/src/spec_check.cc.
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -61,6 +62,10 @@ TableSpec SparseWithEveryField() {
   s.init_scale = 0.5f;
   s.seed = 7;
   s.nonfinite = NonFinite::kSkipRows;
+  s.admit_after = 3;
+  s.admit_probability = 0.25f;
+  s.evict_after_steps = 100;
+  s.max_rows = 5000;
   return s;
 }
 
@@ -97,6 +102,10 @@ void ExpectSameFields(const TableSpec& back, const TableSpec& spec) {
   EXPECT_EQ(back.init_scale, spec.init_scale);
   EXPECT_EQ(back.seed, spec.seed);
   EXPECT_EQ(back.nonfinite, spec.nonfinite);
+  EXPECT_EQ(back.admit_after, spec.admit_after);
+  EXPECT_EQ(back.admit_probability, spec.admit_probability);
+  EXPECT_EQ(back.evict_after_steps, spec.evict_after_steps);
+  EXPECT_EQ(back.max_rows, spec.max_rows);
   EXPECT_TRUE(back == spec) << "a field not listed above differs";
 }
 
@@ -159,6 +168,49 @@ TEST(SpecRoundTrip, FixturesLeaveNoFieldAtADefault) {
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.init_scale; }, cpp.init_scale, w->init_scale(), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.seed; }, cpp.seed, w->seed(), a, b));
   EXPECT_TRUE(covered([&](const TableSpec& t) { return u8(t.nonfinite); }, u8(cpp.nonfinite), u8(w->nonfinite()), a, b));
+  EXPECT_TRUE(covered([](const TableSpec& t) { return t.admit_after; }, cpp.admit_after, w->admit_after(), a, b));
+  EXPECT_TRUE(covered([](const TableSpec& t) { return t.admit_probability; }, cpp.admit_probability,
+                      w->admit_probability(), a, b));
+  EXPECT_TRUE(covered([](const TableSpec& t) { return t.evict_after_steps; }, cpp.evict_after_steps,
+                      w->evict_after_steps(), a, b));
+  EXPECT_TRUE(covered([](const TableSpec& t) { return t.max_rows; }, cpp.max_rows, w->max_rows(), a, b));
+}
+
+TEST(SpecRoundTrip, RowLifecycleSettingsAreCheckedAndForSparseTablesOnly) {
+  TableSpec dense = DenseWithEveryField();
+  dense.max_rows = 10;
+  Status s = dense.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("are for sparse tables"), std::string::npos) << s;
+  auto refused = [](void (*change)(TableSpec&), const char* field) {
+    TableSpec t = SparseWithEveryField();
+    change(t);
+    const Status v = t.Validate();
+    EXPECT_EQ(v.code(), StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(v.message().find(field), std::string::npos) << v;
+  };
+  refused([](TableSpec& t) { t.admit_after = 256; }, "admit_after");
+  refused([](TableSpec& t) { t.admit_after = -1; }, "admit_after");
+  refused([](TableSpec& t) { t.admit_probability = 0.0f; }, "admit_probability");
+  refused([](TableSpec& t) { t.admit_probability = 1.5f; }, "admit_probability");
+  refused([](TableSpec& t) { t.evict_after_steps = -2; }, "evict_after_steps");
+  refused([](TableSpec& t) { t.max_rows = -1; }, "max_rows");
+  TableSpec t = SparseWithEveryField();
+  for (auto [key, value] : {std::pair{"admit_after", 2.0}, {"admit_probability", 0.5}, {"evict_after_steps", 7.0},
+                            {"max_rows", 1000.0}}) {
+    EXPECT_TRUE(SetSpecOption(&t, key, value).ok()) << key;
+  }
+  EXPECT_EQ(t.admit_after, 2);
+  EXPECT_EQ(t.admit_probability, 0.5f);
+  EXPECT_EQ(t.evict_after_steps, 7);
+  EXPECT_EQ(t.max_rows, 1000);
+  EXPECT_FALSE(SetSpecOption(&t, "admit_after", 1.5).ok());
+  EXPECT_FALSE(SetSpecOption(&t, "admit_probability", 0).ok());
+  EXPECT_FALSE(SetSpecOption(&t, "max_rows", -3).ok());
+  EXPECT_NE(t.ToString().find("admit_after=2 admit_probability=0.5 evict_after_steps=7 max_rows=1000"),
+            std::string::npos)
+      << t.ToString();
+  EXPECT_FALSE(TableSpec().has_lifecycle());
 }
 
 TEST(SpecRoundTrip, SkippingNonFiniteRowsIsForSparseTablesOnly) {

@@ -349,4 +349,25 @@ TEST(TrainerOptions, TableSettingsApplyToTheTablesTheyMatch) {
   EXPECT_NE(s.message().find("matches none of the model's tables (ctr/dense0, ctr/emb0, ctr/emb1)"), std::string::npos) << s;
 }
 
+// The row lifecycle of sparse tables goes through --table like any numeric option (SetSpecOption).
+TEST(TrainerOptions, TableSettingsTakeTheRowLifecycle) {
+  auto o = Parse({"--local", "--model", "ctr", "--table",
+                  "ctr/emb*:admit_after=2,admit_probability=0.5,evict_after_steps=500,max_rows=100000"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  std::vector<TableSpec> specs(2);
+  specs[0].name = "ctr/emb0";
+  specs[1].name = "ctr/dense0";
+  ASSERT_TRUE(ApplyTableOverrides(*o, &specs).ok());
+  EXPECT_EQ(specs[0].admit_after, 2);
+  EXPECT_EQ(specs[0].admit_probability, 0.5f);
+  EXPECT_EQ(specs[0].evict_after_steps, 500);
+  EXPECT_EQ(specs[0].max_rows, 100000);
+  EXPECT_FALSE(specs[1].has_lifecycle());
+  for (const char* bad : {"ctr/emb*:max_rows=-1", "ctr/emb*:admit_after=1.5", "ctr/emb*:admit_probability=0"}) {
+    auto r = Parse({"--local", "--table", bad});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--table"), std::string::npos) << r.status();
+  }
+}
+
 }  // namespace ferry::trainer

@@ -75,6 +75,17 @@ Status TableSpec::Validate() const {
   if (nonfinite == NonFinite::kSkipRows && type != TableType::kSparse) {
     return bad("nonfinite=skip_rows is for sparse tables (a dense push with NaN/Inf is refused whole)");
   }
+  if (admit_after < 0 || admit_after > 255) return bad("admit_after must be in [0, 255], got " + std::to_string(admit_after));
+  if (!(admit_probability > 0.0f && admit_probability <= 1.0f)) {
+    return bad("admit_probability must be in (0, 1], got " + std::to_string(admit_probability));
+  }
+  if (evict_after_steps < 0) return bad("evict_after_steps must be >= 0 (0: never), got " + std::to_string(evict_after_steps));
+  if (max_rows < 0 || max_rows > (int64_t{1} << 40)) {
+    return bad("max_rows must be in [0, 2^40] (0: no bound), got " + std::to_string(max_rows));
+  }
+  if (has_lifecycle() && type != TableType::kSparse) {
+    return bad("admit_after, admit_probability, evict_after_steps and max_rows are for sparse tables");
+  }
   return Status::Ok();
 }
 
@@ -140,6 +151,10 @@ std::string TableSpec::ToString() const {
   if (consistency == Consistency::kSync) os << " replicas_to_aggregate=" << replicas_to_aggregate;
   os << " init=" << InitName(init) << "(" << init_scale << ") seed=" << seed;
   if (nonfinite == NonFinite::kSkipRows) os << " nonfinite=skip_rows";
+  if (admit_after != 0) os << " admit_after=" << admit_after;
+  if (admit_probability != 1.0f) os << " admit_probability=" << admit_probability;
+  if (evict_after_steps != 0) os << " evict_after_steps=" << evict_after_steps;
+  if (max_rows != 0) os << " max_rows=" << max_rows;
   os << "}";
   return os.str();
 }
@@ -233,10 +248,23 @@ Status SetSpecOption(TableSpec* spec, std::string_view k, double value) {
   } else if (k == "replicas_to_aggregate") {
     if (!whole(0, 65536)) return invalid("must be a whole number in [0, 65536]");
     s.replicas_to_aggregate = static_cast<int32_t>(value);
+  } else if (k == "admit_after") {
+    if (!whole(0, 255)) return invalid("must be a whole number in [0, 255]");
+    s.admit_after = static_cast<int32_t>(value);
+  } else if (k == "admit_probability") {
+    if (!(value > 0 && value <= 1)) return invalid("must be in (0, 1]");
+    s.admit_probability = f;
+  } else if (k == "evict_after_steps") {
+    if (!whole(0, int64_t{1} << 52)) return invalid("must be a whole number >= 0 (0: never)");
+    s.evict_after_steps = static_cast<int64_t>(value);
+  } else if (k == "max_rows") {
+    if (!whole(0, int64_t{1} << 40)) return invalid("must be a whole number in [0, 2^40] (0: no bound)");
+    s.max_rows = static_cast<int64_t>(value);
   } else {
     return InvalidArgumentError("unknown key '" + std::string(k) +
                                 "' (known: momentum, nesterov, beta1, beta2, epsilon, initial_accumulator, l1, l2, beta, "
-                                "chunk_elems, replicas_to_aggregate, skip_nonfinite_rows)");
+                                "chunk_elems, replicas_to_aggregate, skip_nonfinite_rows, admit_after, admit_probability, "
+                                "evict_after_steps, max_rows)");
   }
   return Status::Ok();
 }

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "internal/row_lifecycle.h"
+
 namespace ferry::ps {
 
 inline constexpr int kHotSlots = 16;
@@ -55,13 +57,15 @@ struct TableMetrics {
   std::string name;
   bool sparse = false;
   int64_t rows = 0;   // sparse: rows held; dense: elements held
-  int64_t bytes = 0;  // what they take (values and optimizer state)
+  int64_t bytes = 0;  // what they take (values and optimizer state; sparse: slots and admission filter)
   TableCounters counters;
+  RowLifecycleCounts lifecycle;  // sparse tables with lifecycle settings
 };
 
 // The Prometheus text exposition (format 0.0.4) of one server: its counters (`ferry_` +
 // name, as in Stats) and, per table, ferry_table_{rows,bytes,pull_requests,push_requests,
-// rows_pulled,rows_pushed}, ferry_table_staleness_bucket (cumulative, le="0".."63","+Inf"),
+// rows_pulled,rows_pushed,rows_admitted,rows_not_admitted,rows_evicted_age,rows_evicted_capacity},
+// ferry_table_staleness_bucket (cumulative, le="0".."63","+Inf"),
 // ferry_table_hot_id_pulls{id="..."} (the top ids). Every sample carries server="<rank>" and,
 // per table, table="<name>" (escaped as the format says).
 std::string PrometheusText(int server_rank, const std::map<std::string, int64_t>& counters,

@@ -18,6 +18,7 @@
 #include "ferry/status.h"
 #include "ferry/table_spec.h"
 #include "internal/memory_budget.h"
+#include "internal/row_lifecycle.h"
 #include "internal/tables.h"
 
 namespace ferry::ps {
@@ -26,7 +27,10 @@ class TableRegistry {
  public:
   // `memory_budget`: the bytes this server's tables may take (0: MemoryBudget::DefaultLimit()).
   TableRegistry(int rank, int num_servers, int64_t memory_budget = 0)
-      : rank_(rank), num_servers_(num_servers), budget_(std::make_unique<MemoryBudget>(memory_budget)) {}
+      : rank_(rank),
+        num_servers_(num_servers),
+        budget_(std::make_unique<MemoryBudget>(memory_budget)),
+        lifecycle_(std::make_unique<RowLifecycleTotals>()) {}
 
   // Declares `spec` under `claimed_id` (which must be the hash of its name) for a job of
   // `num_workers`. Declaring the same spec again is a no-op; a different spec under the same
@@ -47,13 +51,15 @@ class TableRegistry {
   Status Build(Table& table, int num_workers, const std::atomic<bool>* cancel = nullptr);
   void Adopt(std::unique_ptr<Table> table);
   void Forget(uint64_t id) { pending_.erase(id); }
-  // The bytes Build will take for `table` (its dense shard; 0 for sparse).
+  // The bytes Build will take for `table` (its dense shard; a sparse one's admission filter).
   int64_t BuildBytes(const Table& table) const;
   size_t pending() const { return pending_.size(); }
 
   // What the tables may take and have taken (dense shards when declared, sparse rows as created).
   const MemoryBudget& budget() const { return *budget_; }
   MemoryBudget& budget() { return *budget_; }
+  // The sparse tables' row lifecycle counts, summed (atomics: any thread may read them).
+  const RowLifecycleTotals& lifecycle() const { return *lifecycle_; }
 
   // NotFound for an undeclared id; InvalidArgument for a table of the other type.
   StatusOr<Table*> Find(uint64_t id, TableType type);
@@ -85,6 +91,7 @@ class TableRegistry {
   const int rank_;
   const int num_servers_;
   std::unique_ptr<MemoryBudget> budget_;  // behind a pointer: shards keep its address across moves
+  std::unique_ptr<RowLifecycleTotals> lifecycle_;  // likewise
   std::unordered_map<uint64_t, std::unique_ptr<Table>> tables_;
   std::unordered_map<uint64_t, TableSpec> pending_;  // declared, being built
 };

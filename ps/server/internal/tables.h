@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 
 #include "ferry/table_spec.h"
 #include "internal/memory_budget.h"
+#include "internal/row_lifecycle.h"
 #include "internal/table_metrics.h"
 #include "internal/thread_pool.h"
 
@@ -66,23 +68,58 @@ class DenseShard {
 
 // A row's index in its shard: 64-bit, so a shard never wraps around at 2^32 rows.
 using RowIndex = uint64_t;
+// No row (SparseShard::FindForPull, and ApplyRows's `rows` for a gradient not stored).
+inline constexpr RowIndex kNoRow = ~RowIndex{0};
 
-// id -> row of `dim` floats, rows created (and initialised) on first touch. Rows live in blocks
-// that never move, so growing the table never copies it.
+// id -> row of `dim` floats. Rows live in blocks that never move, so growing the table never
+// copies it.
+//
+// A table without lifecycle settings (TableSpec::has_lifecycle) creates a row on first touch, pull
+// or push, and keeps it forever. With them (the README's "Row lifecycle"):
+//  - only a push makes a row, once the id is admitted (AdmissionFilter, then a deterministic coin
+//    of admit_probability: a hash of seed, table, id and the shard's sightings so far); a pull of
+//    an id without a row serves InitialRow and changes nothing; a push's row not admitted is
+//    counted and dropped;
+//  - the shard's clock counts its ApplyRows calls (one a step for sync tables and --local; one a
+//    worker push for async and ssp, so evict_after_steps is scaled by the workers there). A pull
+//    or push of a row stamps it with the clock;
+//  - each ApplyRows ends with an age sweep of a bounded number of slots (kSweepSlots + 2 a row
+//    pushed), from a cursor that goes round the table, evicting the rows older than
+//    evict_after_steps: no pause grows with the table;
+//  - a row beyond max_rows, or one the memory budget has no room for, takes the place of a victim:
+//    of kEvictionSample live rows drawn at random (a seeded generator: deterministic), the least
+//    recently touched, ties to the fewest updates. Rows of the ApplyRows in progress are never
+//    victims. With a filter (admit_after > 1), which then counts the pushes of every id, the new
+//    row takes the victim's place only if the filter says it was pushed more often (TinyLFU's
+//    rule: a full table does not trade a recurring row for a passing one). Otherwise, or with no
+//    victim, the new row is not stored (counted as not admitted);
+//  - an evicted row's slot goes on a free list and is reused by the next new row. A slot stays
+//    charged to the memory budget (its memory stays allocated), so the budget's count remains the
+//    truth; a table under max_rows never holds more than max_rows slots.
 class SparseShard {
  public:
-  // `budget` (may be null: no limit) is charged RowBytes() for every row created.
-  SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers, MemoryBudget* budget = nullptr);
+  static constexpr int kEvictionSample = 8;   // live rows looked at for one victim
+  static constexpr int kEvictionDraws = 32;   // random slots drawn to find them
+  static constexpr int64_t kSweepSlots = 64;  // slots each ApplyRows looks at for aged rows, + 2 a row
+
+  // `budget` (may be null: no limit) is charged RowBytes() for every slot created. `totals` (may
+  // be null) receives this shard's lifecycle counts as well.
+  SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers, MemoryBudget* budget = nullptr,
+              RowLifecycleTotals* totals = nullptr);
   ~SparseShard();
 
-  // The row's index, creating and initialising it if new. Strong guarantee: if creating the row
-  // throws (std::bad_alloc; BudgetExceeded when the budget has no room for it), the shard is as it
-  // was (no id without a row, no half-made row).
+  // The row's index, creating and initialising it if new (whatever the lifecycle settings:
+  // restoring a checkpoint uses it). Strong guarantee: if creating the row throws (std::bad_alloc;
+  // BudgetExceeded when the budget has no room for it, or a table at max_rows has no row to give
+  // up), the shard is as it was (no id without a row, no half-made row), except for a row it
+  // evicted to make room.
   // `over_budget_ok`: charge the budget even past its limit (see MemoryBudget::Force).
   RowIndex FindOrCreate(int64_t id, bool over_budget_ok = false);
-  // The row of `id`, or kNoRow when it has none. Read-only: threads may look up at once while
-  // nothing creates rows.
-  static constexpr RowIndex kNoRow = ~RowIndex{0};
+  // The row that serves a pull of `id`: with lifecycle settings, its row (stamped with the clock)
+  // or kNoRow when it has none (serve InitialRow); without, FindOrCreate(id).
+  RowIndex FindForPull(int64_t id);
+  // The row of `id`, or kNoRow when it has none; touches nothing (no clock stamp). Read-only:
+  // threads may look up at once while nothing creates or evicts rows.
   RowIndex Find(int64_t id) const {
     auto it = index_.find(id);
     return it == index_.end() ? kNoRow : it->second;
@@ -91,12 +128,17 @@ class SparseShard {
   // cache waits on memory, so a loop over ids prefetches a few ids ahead (kPrefetchAhead).
   void Prefetch(int64_t id) const { index_.prefetch(id); }
   static constexpr size_t kPrefetchAhead = 16;
-  // How many distinct ids of `ids` have no row yet (what creating them would cost the budget).
+  // `id`'s initial values (dim floats): what a row made for it would start with.
+  void InitialRow(int64_t id, float* out) const;
+  // How many rows pushing or pulling `ids` could ask of the memory budget: the distinct ids of
+  // `ids` without a row; 0 for a table with lifecycle settings (a pull makes no row, and a push
+  // evicts to make room or does not store the row).
   int64_t NewRows(std::span<const int64_t> ids) const;
   // Applies one gradient row per id (grads: ids.size() x dim) with the table's optimizer, each
   // row counting its own updates. Every row is found or created before any is updated, so
   // running out of memory leaves no update half-applied. A repeated id is applied in order.
-  // `rows` is scratch.
+  // With lifecycle settings, rows not admitted are skipped ((*rows)[i] = kNoRow), and the age
+  // sweep follows. `rows` is scratch.
   void ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows,
                  bool over_budget_ok = false);
   float* row(RowIndex index) { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
@@ -104,7 +146,7 @@ class SparseShard {
   int64_t steps(RowIndex index) const { return steps_[index]; }
   // Floats a row holds: its dim values, then its optimizer state.
   int64_t row_floats() const { return row_floats_; }
-  // Calls fn(id, index) for every row, in no particular order.
+  // Calls fn(id, index) for every row, in no particular order (evicted rows are gone).
   template <typename Fn>
   void ForEachRow(Fn&& fn) const {
     for (const auto& [id, index] : index_) fn(id, index);
@@ -113,24 +155,72 @@ class SparseShard {
   int64_t& steps(RowIndex index) { return steps_[index]; }
   int64_t dim() const { return dim_; }
   size_t size() const { return index_.size(); }
-  // What one row costs the memory budget: its floats, its update count, its index entry.
-  int64_t RowBytes() const { return row_floats_ * static_cast<int64_t>(sizeof(float)) + 24; }
+  // Row slots allocated: rows held plus free slots of evicted rows.
+  size_t slots() const { return steps_.size(); }
+  // What one row costs the memory budget: its floats, its update count, its index entry, and
+  // with lifecycle settings its id and clock stamp.
+  int64_t RowBytes() const {
+    return row_floats_ * static_cast<int64_t>(sizeof(float)) + 24 + (lifecycle_ ? 16 : 0);
+  }
+  // What the shard holds: its slots, and its admission filter (charged when the table was declared).
+  int64_t HeldBytes() const {
+    return static_cast<int64_t>(slots()) * RowBytes() + AdmissionFilter::Bytes(spec_);
+  }
+  bool has_lifecycle() const { return lifecycle_; }
+  const RowLifecycleCounts& lifecycle() const { return counts_; }
+  int64_t clock() const { return clock_; }
 
   int64_t version = 0;  // pushes applied to this shard
   std::vector<int64_t> last_pulled;
   SyncSlots sync;
 
  private:
+  static constexpr int64_t kPinned = int64_t{1} << 62;  // touch_: a row of the ApplyRows in progress
+  static constexpr int64_t kFree = -1;                  // touch_: a free slot
+  static constexpr int kAlwaysWins = INT_MAX;           // MakeRow: a new row that takes any victim's place
+
+  // Makes a row for `id` (not indexed yet), whose pushes the filter estimates at `pushes`
+  // (kAlwaysWins: no comparison). kNoRow when there is no room and `drop_if_no_room`, or when
+  // the victim was pushed as often as `id`; otherwise no room throws BudgetExceeded.
+  RowIndex MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_room, int pushes = kAlwaysWins);
+  // Grows index_ (by a swapped-in copy) so that one more id fits without allocating.
+  void ReserveOneMore();
+  // Whether a push of `id`, which has no row, admits it (counts the sighting): 0 if not, else
+  // its estimated pushes (kAlwaysWins without a filter).
+  int Admit(int64_t id);
+  enum class Room { kMade, kNoVictim, kVictimHotter };
+  // Evicts the victim of a sample of rows for a new row pushed `pushes` times: kVictimHotter
+  // (nothing evicted) when the filter estimates the victim's pushes at `pushes` or more.
+  Room EvictOne(int pushes);
+  void Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* total);
+  void SweepAged(int64_t slots);
+  uint64_t NextRandom();
+
   const TableSpec& spec_;  // the owning Table's spec (Tables live behind unique_ptr and never move)
   uint64_t table_id_;
   MemoryBudget* budget_;  // the registry's; outlives the shard
+  RowLifecycleTotals* totals_;  // the registry's, or null
   int64_t dim_;
   int64_t row_floats_;  // params + optimizer state of one row
   uint64_t block_rows_;  // rows per block: about 16 MiB a block, at least one row
   absl::flat_hash_map<int64_t, RowIndex> index_;
   size_t index_reserved_ = 0;  // index_ holds this many ids without growing (FindOrCreate)
   std::vector<std::unique_ptr<float[]>> blocks_;
-  std::vector<int64_t> steps_;
+  std::vector<int64_t> steps_;  // per slot: updates applied to its row
+
+  // Lifecycle settings only.
+  const bool lifecycle_;
+  int64_t evict_after_ticks_ = 0;  // evict_after_steps in clock ticks (0: never)
+  std::vector<int64_t> ids_;       // per slot: its row's id, or for a free slot the next free one
+  std::vector<int64_t> touch_;     // per slot: the clock when last pulled or pushed; kFree; | kPinned
+  RowIndex free_head_ = kNoRow;    // the free slots, linked through ids_
+  int64_t clock_ = 0;              // ApplyRows calls
+  uint64_t sightings_ = 0;         // pushes of ids without a row (the admission coin's counter)
+  uint64_t coin_key_ = 0;
+  uint64_t random_ = 0;            // the victim sampler's state
+  uint64_t sweep_cursor_ = 0;
+  std::unique_ptr<AdmissionFilter> filter_;  // admit_after > 1
+  RowLifecycleCounts counts_;
 };
 
 struct Table {

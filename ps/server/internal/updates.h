@@ -34,7 +34,7 @@ class Updater {
   void ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::span<const float* const> grads, int64_t step);
 
   // Copies for a pull: the values are copied because a later push may change them while ZeroMQ
-  // still sends. ReadRows creates rows on first touch (serially) and then copies in parallel.
+  // still sends.
   void ReadDense(const DenseChunk& c, float* dst);
   // One table's rows of a pull: the rows of `ids` into `dst` (ids.size() x dim floats).
   struct RowRead {
@@ -42,9 +42,11 @@ class Updater {
     std::span<const int64_t> ids;
     float* dst;
   };
-  // The rows of one or more tables (each table at most once): existing rows are looked up in
-  // parallel, new ones created serially (creation charges the budget and may throw), then every
-  // row is copied in one parallel loop over all the tables.
+  // The rows of one or more tables (each table at most once). Existing rows of tables without
+  // lifecycle settings are looked up in parallel; then, serially, such a table creates its new
+  // rows (creation charges the budget and may throw) and a table with lifecycle settings finds
+  // (and stamps) its rows; every row is then copied in one parallel loop over all the tables, an
+  // id without a row (not admitted, or evicted) getting its initial values.
   void ReadRows(std::span<const RowRead> reads);
   void ReadRows(SparseShard& shard, std::span<const int64_t> ids, float* dst) {
     const RowRead one{&shard, ids, dst};

@@ -53,8 +53,12 @@ class LocalTablesImpl final : public LocalTables {
     SparseShard* shard = t->sparse.get();
     const size_t dim = static_cast<size_t>(shard->dim());
     for (size_t i = 0; i < ids.size(); ++i) {
-      const float* row = shard->row(shard->FindOrCreate(ids[i]));
-      std::copy(row, row + dim, rows.begin() + static_cast<std::ptrdiff_t>(i * dim));
+      float* out = rows.data() + i * dim;
+      if (const RowIndex r = shard->FindForPull(ids[i]); r != kNoRow) {
+        std::copy(shard->row(r), shard->row(r) + dim, out);
+      } else {
+        shard->InitialRow(ids[i], out);  // a table with lifecycle settings: no row (yet)
+      }
     }
     return Status::Ok();
   }

@@ -143,6 +143,12 @@ class ServerImpl final : public Server {
     s.counters["memory_budget_used_bytes"] = budget.used();
     s.counters["connections_open"] = connections_open_.load(std::memory_order_relaxed);
     s.counters["tables_being_created"] = tables_being_created_.load(std::memory_order_relaxed);
+    // The sparse tables' row lifecycle, summed over tables (per table: the metrics page).
+    const ps::RowLifecycleTotals& rows = tables_.lifecycle();
+    s.counters["rows_admitted"] = rows.admitted.load(std::memory_order_relaxed);
+    s.counters["rows_not_admitted"] = rows.not_admitted.load(std::memory_order_relaxed);
+    s.counters["rows_evicted_age"] = rows.evicted_age.load(std::memory_order_relaxed);
+    s.counters["rows_evicted_capacity"] = rows.evicted_capacity.load(std::memory_order_relaxed);
     // Per worker, only where non-zero: a job of many workers keeps its Stats reply small.
     MutexLock lock(&by_rank_mu_);
     for (size_t r = 0; r < used_by_rank_.size(); ++r) {
@@ -588,7 +594,8 @@ class ServerImpl final : public Server {
       m.sparse = t.sparse != nullptr;
       if (t.sparse) {
         m.rows = static_cast<int64_t>(t.sparse->size());
-        m.bytes = m.rows * t.sparse->RowBytes();
+        m.bytes = t.sparse->HeldBytes();
+        m.lifecycle = t.sparse->lifecycle();
       } else if (t.dense) {
         for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
           if (const ps::DenseChunk* c = t.dense->chunk(i)) {
@@ -789,7 +796,9 @@ class ServerImpl final : public Server {
       fresh += rows;
       tables.append(named++ == 0 ? "'" : ", '").append(parts[i].table->spec.name).append("'");
     }
-    if (need <= left) return Status::Ok();
+    // No new row is always room, even with the budget forced past its limit by a sync step; a
+    // table with lifecycle settings asks for none: it evicts or drops instead.
+    if (fresh == 0 || need <= left) return Status::Ok();
     budget.CountRefusal();
     const std::string why = budget.Refusal(
         need, std::to_string(fresh) + " new rows of sparse table" + (named > 1 ? "s " : " ") + tables);

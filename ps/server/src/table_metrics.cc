@@ -96,6 +96,14 @@ std::string PrometheusText(int server_rank, const std::map<std::string, int64_t>
       {"rows_pulled", "counter", "Rows served (dense: elements)", [](const TableMetrics& t) { return t.counters.rows_pulled; }},
       {"rows_pushed", "counter", "Gradient rows accepted (dense: elements)",
        [](const TableMetrics& t) { return t.counters.rows_pushed; }},
+      {"rows_admitted", "counter", "Rows a push made once the admission filter let the id in (row lifecycle)",
+       [](const TableMetrics& t) { return t.lifecycle.admitted; }},
+      {"rows_not_admitted", "counter", "Pushed rows counted, not stored: not admitted yet, or no room (row lifecycle)",
+       [](const TableMetrics& t) { return t.lifecycle.not_admitted; }},
+      {"rows_evicted_age", "counter", "Rows evicted after evict_after_steps without a pull or push",
+       [](const TableMetrics& t) { return t.lifecycle.evicted_age; }},
+      {"rows_evicted_capacity", "counter", "Rows evicted for a new one: max_rows or the memory budget reached",
+       [](const TableMetrics& t) { return t.lifecycle.evicted_capacity; }},
   };
   for (const Column& c : kColumns) {
     const std::string m = std::string("ferry_table_") + c.name;

@@ -50,14 +50,16 @@ StatusOr<std::unique_ptr<Table>> TableRegistry::Declare(TableSpec spec, uint64_t
   auto table = std::make_unique<Table>();
   table->spec = std::move(spec);
   table->id = id;
-  // A dense shard is charged whole before it is allocated; a sparse one row by row.
+  // A dense shard is charged whole before it is allocated; a sparse one its admission filter, and
+  // then row by row.
   FERRY_RETURN_IF_ERROR(budget_->Take(BuildBytes(*table), "table '" + table->spec.name + "' (this server's shard)"));
   pending_.emplace(id, table->spec);
   return table;
 }
 
 int64_t TableRegistry::BuildBytes(const Table& table) const {
-  return table.spec.type == TableType::kDense ? DenseShard::HeldBytes(table.spec, table.id, rank_, num_servers_) : 0;
+  return table.spec.type == TableType::kDense ? DenseShard::HeldBytes(table.spec, table.id, rank_, num_servers_)
+                                              : AdmissionFilter::Bytes(table.spec);
 }
 
 Status TableRegistry::Build(Table& table, int num_workers, const std::atomic<bool>* cancel) {
@@ -65,7 +67,7 @@ Status TableRegistry::Build(Table& table, int num_workers, const std::atomic<boo
     if (table.spec.type == TableType::kDense) {
       table.dense = std::make_unique<DenseShard>(table.spec, table.id, rank_, num_servers_, num_workers, cancel);
     } else {
-      table.sparse = std::make_unique<SparseShard>(table.spec, table.id, num_workers, budget_.get());
+      table.sparse = std::make_unique<SparseShard>(table.spec, table.id, num_workers, budget_.get(), lifecycle_.get());
     }
   } catch (const std::bad_alloc&) {
     budget_->Give(BuildBytes(table));

@@ -1,7 +1,9 @@
 #include "internal/tables.h"
 
 #include <algorithm>
+#include <climits>
 #include <memory>
+#include <string>
 
 #include <absl/container/flat_hash_set.h>
 
@@ -58,15 +60,28 @@ int64_t DenseShard::HeldBytes(const TableSpec& spec, uint64_t table_id, int rank
   return held * floats_per_elem * static_cast<int64_t>(sizeof(float));
 }
 
-SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers, MemoryBudget* budget)
+SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers, MemoryBudget* budget,
+                         RowLifecycleTotals* totals)
     : spec_(spec),
       table_id_(table_id),
       budget_(budget),
+      totals_(totals),
       dim_(spec.dim),
       row_floats_(spec.dim * (1 + StateSlots(spec.optimizer.type))),
-      block_rows_(static_cast<uint64_t>(std::max<int64_t>(1, (int64_t{16} << 20) / (row_floats_ * 4)))) {
+      block_rows_(static_cast<uint64_t>(std::max<int64_t>(1, (int64_t{16} << 20) / (row_floats_ * 4)))),
+      lifecycle_(spec.has_lifecycle()) {
   last_pulled.assign(static_cast<size_t>(num_workers), 0);
   sync.Reset(num_workers, /*sparse=*/true);
+  if (!lifecycle_) return;
+  // The clock ticks once a sync step, and once a worker's push otherwise.
+  const int64_t ticks_per_step = spec.consistency == Consistency::kSync ? 1 : std::max(1, num_workers);
+  if (__builtin_mul_overflow(spec.evict_after_steps, ticks_per_step, &evict_after_ticks_)) {
+    evict_after_ticks_ = INT64_MAX;
+  }
+  const uint64_t key = placement::Mix64(spec.seed ^ placement::Mix64(table_id));
+  coin_key_ = placement::Mix64(key ^ 0xC014ull);
+  random_ = placement::Mix64(key ^ 0xE71C7ull) | 1;
+  if (spec.admit_after > 1) filter_ = std::make_unique<AdmissionFilter>(spec, table_id);
 }
 
 SparseShard::~SparseShard() {
@@ -74,6 +89,7 @@ SparseShard::~SparseShard() {
 }
 
 int64_t SparseShard::NewRows(std::span<const int64_t> ids) const {
+  if (lifecycle_) return 0;
   absl::flat_hash_set<int64_t> fresh;
   for (int64_t id : ids) {
     if (!index_.contains(id)) fresh.insert(id);
@@ -81,13 +97,88 @@ int64_t SparseShard::NewRows(std::span<const int64_t> ids) const {
   return static_cast<int64_t>(fresh.size());
 }
 
+void SparseShard::InitialRow(int64_t id, float* out) const {
+  InitSparseRow(spec_, table_id_, id, out);
+}
+
 RowIndex SparseShard::FindOrCreate(int64_t id, bool over_budget_ok) {
-  if (auto it = index_.find(id); it != index_.end()) return it->second;
-  // The budget first: refused, nothing has changed. Charged, every later failure gives it back.
-  if (budget_ != nullptr && over_budget_ok) {
-    budget_->Force(RowBytes());
-  } else if (budget_ != nullptr && !budget_->TryTake(RowBytes())) {
-    throw BudgetExceeded(budget_->Refusal(RowBytes(), "a new row of sparse table '" + spec_.name + "'"));
+  if (const RowIndex r = Find(id); r != kNoRow) return r;
+  return MakeRow(id, over_budget_ok, /*drop_if_no_room=*/false);
+}
+
+RowIndex SparseShard::FindForPull(int64_t id) {
+  if (!lifecycle_) return FindOrCreate(id);
+  const RowIndex r = Find(id);
+  if (r != kNoRow && (touch_[r] & kPinned) == 0) touch_[r] = clock_;
+  return r;
+}
+
+void SparseShard::ReserveOneMore() {
+  // A table with lifecycle settings erases ids, and absl's flat_hash_map then reuses the erased
+  // ("deleted") slots. It rehashes in place, without allocating, when it runs out of empty slots
+  // while at most 25/32 full; fuller, it would grow inside emplace, which must not throw. So such
+  // a table grows index_ here, by the copy below, once 3/4 of what was reserved is in use.
+  const size_t limit = lifecycle_ ? index_reserved_ / 4 * 3 : index_reserved_;
+  if (index_.size() + 1 <= limit) return;
+  // absl's flat_hash_map (Debian's 20220623) is not exception-safe when it grows: it records
+  // the new capacity before allocating, so after a bad_alloc the map is corrupt (even its
+  // destructor frees memory it never allocated). So grow a copy, and swap it in only once it
+  // holds everything: a failure leaves index_ untouched. A copy whose reserve threw cannot be
+  // destroyed safely: its few bytes are leaked on purpose. Doubling keeps the copies amortised
+  // O(1) per row, with the peak memory of an in-place rehash.
+  const size_t reserve = std::max<size_t>(64, 2 * index_reserved_);
+  auto grown = std::make_unique<absl::flat_hash_map<int64_t, RowIndex>>();
+  try {
+    grown->reserve(reserve);
+  } catch (...) {
+    (void)grown.release();
+    throw;
+  }
+  grown->insert(index_.begin(), index_.end());  // within the reserved size: no allocation
+  index_.swap(*grown);
+  index_reserved_ = reserve;
+}
+
+RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_room, int pushes) {
+  auto no_room = [&](const std::string& why) -> RowIndex {
+    if (drop_if_no_room) return kNoRow;
+    throw BudgetExceeded(why);
+  };
+  if (lifecycle_ && spec_.max_rows > 0 && static_cast<int64_t>(index_.size()) >= spec_.max_rows) {
+    switch (EvictOne(pushes)) {
+      case Room::kMade: break;
+      case Room::kVictimHotter: return kNoRow;
+      case Room::kNoVictim:
+        return no_room("sparse table '" + spec_.name + "' holds max_rows=" + std::to_string(spec_.max_rows) +
+                       " rows on this server, every one in use by this request");
+    }
+  }
+  // A new slot is charged to the budget first: refused, nothing has changed (a table with
+  // lifecycle settings gives up a row instead, and reuses its slot). Charged, every later
+  // failure gives it back. A free slot is charged already.
+  MemoryBudget* charged = nullptr;
+  if (free_head_ == kNoRow && budget_ != nullptr) {
+    const std::string what = "a new row of sparse table '" + spec_.name + "'";
+    if (!lifecycle_) {
+      if (over_budget_ok) {
+        budget_->Force(RowBytes());
+      } else if (!budget_->TryTake(RowBytes())) {
+        throw BudgetExceeded(budget_->Refusal(RowBytes(), what));
+      }
+      charged = budget_;
+    } else if (budget_->used() <= budget_->limit() - RowBytes() && budget_->TryTake(RowBytes())) {
+      charged = budget_;
+    } else if (const Room room = EvictOne(pushes); room == Room::kVictimHotter) {
+      return kNoRow;
+    } else if (room == Room::kMade) {
+      // its slot is free now
+    } else if (over_budget_ok) {
+      budget_->Force(RowBytes());
+      charged = budget_;
+    } else {
+      budget_->CountRefusal();
+      return no_room(budget_->Refusal(RowBytes(), what));
+    }
   }
   struct Refund {
     MemoryBudget* budget;
@@ -95,53 +186,162 @@ RowIndex SparseShard::FindOrCreate(int64_t id, bool over_budget_ok) {
     ~Refund() {
       if (budget != nullptr) budget->Give(bytes);
     }
-  } refund{budget_, RowBytes()};
-  const RowIndex index = steps_.size();
+  } refund{charged, RowBytes()};
+  const bool reuse = free_head_ != kNoRow;
+  const RowIndex index = reuse ? free_head_ : steps_.size();
   // Every step that can throw comes before the id is indexed, and each leaves the shard valid:
   // a block allocated for a row that then failed is simply used by the next row.
-  if (index / block_rows_ >= blocks_.size()) {
+  if (!reuse && index / block_rows_ >= blocks_.size()) {
     blocks_.push_back(std::make_unique_for_overwrite<float[]>(static_cast<size_t>(row_floats_ * block_rows_)));
   }
-  if (index_.size() + 1 > index_reserved_) {
-    // absl's flat_hash_map (Debian's 20220623) is not exception-safe when it grows: it records
-    // the new capacity before allocating, so after a bad_alloc the map is corrupt (even its
-    // destructor frees memory it never allocated). So grow a copy, and swap it in only once it
-    // holds everything: a failure leaves index_ untouched. A copy whose reserve threw cannot be
-    // destroyed safely: its few bytes are leaked on purpose. Doubling keeps the copies amortised
-    // O(1) per row, with the peak memory of an in-place rehash.
-    const size_t reserve = std::max<size_t>(64, 2 * index_reserved_);
-    auto grown = std::make_unique<absl::flat_hash_map<int64_t, RowIndex>>();
-    try {
-      grown->reserve(reserve);
-    } catch (...) {
-      (void)grown.release();
-      throw;
+  ReserveOneMore();
+  if (!reuse) {
+    // One more slot in each per-slot array, all or none.
+    steps_.push_back(0);
+    if (lifecycle_) {
+      try {
+        ids_.push_back(kFree);
+        touch_.push_back(kFree);
+      } catch (...) {
+        if (ids_.size() > steps_.size() - 1) ids_.pop_back();
+        steps_.pop_back();
+        throw;
+      }
     }
-    grown->insert(index_.begin(), index_.end());  // within the reserved size: no allocation
-    index_.swap(*grown);
-    index_reserved_ = reserve;
   }
-  steps_.push_back(0);
+  // Nothing below throws.
+  if (reuse) free_head_ = static_cast<RowIndex>(ids_[index]);
   index_.emplace(id, index);  // within the reserved size: no allocation, cannot throw
+  steps_[index] = 0;
+  if (lifecycle_) {
+    ids_[index] = id;
+    touch_[index] = clock_;
+  }
   InitSparseRow(spec_, table_id_, id, row(index));
   InitState(spec_.optimizer, state(index), static_cast<size_t>(dim_));
   refund.budget = nullptr;  // the row exists: it keeps its charge
   return index;
 }
 
+int SparseShard::Admit(int64_t id) {
+  ++sightings_;
+  const int pushes = filter_ != nullptr ? filter_->Add(id) : kAlwaysWins;
+  if (pushes < spec_.admit_after) return 0;
+  if (spec_.admit_probability < 1.0f) {
+    // A coin from (seed, table, id, sightings so far): the same pushes in the same order (a sync
+    // job) admit the same ids.
+    const uint64_t h = placement::Mix64(placement::Mix64(coin_key_ ^ static_cast<uint64_t>(id)) + sightings_);
+    if (!(static_cast<float>(h >> 40) * (1.0f / 16777216.0f) < spec_.admit_probability)) return 0;
+  }
+  return pushes;
+}
+
+uint64_t SparseShard::NextRandom() {
+  random_ ^= random_ << 13;  // xorshift64
+  random_ ^= random_ >> 7;
+  random_ ^= random_ << 17;
+  return random_;
+}
+
+SparseShard::Room SparseShard::EvictOne(int pushes) {
+  const uint64_t slots = steps_.size();
+  if (slots == 0) return Room::kNoVictim;
+  RowIndex best = kNoRow;
+  int seen = 0;
+  for (int draw = 0; draw < kEvictionDraws && seen < kEvictionSample; ++draw) {
+    const RowIndex s = NextRandom() % slots;
+    const int64_t t = touch_[s];
+    if (t < 0 || (t & kPinned) != 0) continue;  // free, or in use by this ApplyRows
+    ++seen;
+    if (best == kNoRow || t < touch_[best] || (t == touch_[best] && steps_[s] < steps_[best])) best = s;
+  }
+  if (best == kNoRow) return Room::kNoVictim;
+  if (filter_ != nullptr && pushes != kAlwaysWins && filter_->Estimate(ids_[best]) >= pushes) return Room::kVictimHotter;
+  Evict(best, &counts_.evicted_capacity, totals_ ? &totals_->evicted_capacity : nullptr);
+  return Room::kMade;
+}
+
+void SparseShard::Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* total) {
+  index_.erase(ids_[slot]);  // never throws (it leaves a deleted slot: see ReserveOneMore)
+  ids_[slot] = static_cast<int64_t>(free_head_);
+  touch_[slot] = kFree;
+  steps_[slot] = 0;
+  free_head_ = slot;
+  ++*counter;
+  if (total != nullptr) total->fetch_add(1, std::memory_order_relaxed);
+}
+
+void SparseShard::SweepAged(int64_t count) {
+  const uint64_t slots = steps_.size();
+  if (evict_after_ticks_ <= 0 || slots == 0 || clock_ <= evict_after_ticks_) return;
+  const int64_t oldest_kept = clock_ - evict_after_ticks_;  // touched before it: aged
+  count = std::min<int64_t>(count, static_cast<int64_t>(slots));
+  for (int64_t n = 0; n < count; ++n) {
+    if (sweep_cursor_ >= slots) sweep_cursor_ = 0;
+    const RowIndex s = sweep_cursor_++;
+    const int64_t t = touch_[s];
+    if (t >= 0 && (t & kPinned) == 0 && t < oldest_kept) {
+      Evict(s, &counts_.evicted_age, totals_ ? &totals_->evicted_age : nullptr);
+    }
+  }
+}
+
 void SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows,
                             bool over_budget_ok) {
   rows->resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i + kPrefetchAhead < ids.size()) Prefetch(ids[i + kPrefetchAhead]);
-    (*rows)[i] = FindOrCreate(ids[i], over_budget_ok);
-  }
   const size_t dim = static_cast<size_t>(dim_);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i + kPrefetchAhead < ids.size()) __builtin_prefetch(row((*rows)[i + kPrefetchAhead]));
-    const RowIndex r = (*rows)[i];
-    ApplyUpdate(spec_.optimizer, row(r), grads + i * dim, state(r), dim, dim, ++steps_[r]);
+  if (!lifecycle_) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i + kPrefetchAhead < ids.size()) Prefetch(ids[i + kPrefetchAhead]);
+      (*rows)[i] = FindOrCreate(ids[i], over_budget_ok);
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i + kPrefetchAhead < ids.size()) __builtin_prefetch(row((*rows)[i + kPrefetchAhead]));
+      const RowIndex r = (*rows)[i];
+      ApplyUpdate(spec_.optimizer, row(r), grads + i * dim, state(r), dim, dim, ++steps_[r]);
+    }
+    return;
   }
+  ++clock_;
+  {
+    // The rows found or made so far are pinned (no victim of a later new row), and stamped with
+    // the clock when done, however this block is left.
+    struct Unpin {
+      SparseShard* shard;
+      const std::vector<RowIndex>* rows;
+      size_t n = 0;
+      ~Unpin() {
+        for (size_t i = 0; i < n; ++i) {
+          if ((*rows)[i] != kNoRow) shard->touch_[(*rows)[i]] = shard->clock_;
+        }
+      }
+    } unpin{this, rows};
+    for (size_t i = 0; i < ids.size(); ++i) {
+      RowIndex r = Find(ids[i]);
+      if (r != kNoRow && filter_ != nullptr) filter_->Add(ids[i]);  // (Admit counts the others)
+      if (const int pushes = r == kNoRow ? Admit(ids[i]) : 0; pushes > 0) {
+        r = MakeRow(ids[i], over_budget_ok, /*drop_if_no_room=*/true, pushes);
+        if (r != kNoRow) {
+          ++counts_.admitted;
+          if (totals_ != nullptr) totals_->admitted.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      if (r == kNoRow) {
+        ++counts_.not_admitted;
+        if (totals_ != nullptr) totals_->not_admitted.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        touch_[r] = clock_ | kPinned;
+      }
+      (*rows)[i] = r;
+      unpin.n = i + 1;
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const RowIndex r = (*rows)[i];
+      if (r == kNoRow) continue;
+      ApplyUpdate(spec_.optimizer, row(r), grads + i * dim, state(r), dim, dim, ++steps_[r]);
+    }
+  }
+  SweepAged(kSweepSlots + 2 * static_cast<int64_t>(ids.size()));
 }
 
 }  // namespace ferry::ps

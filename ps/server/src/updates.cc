@@ -50,22 +50,35 @@ void Updater::ReadRows(std::span<const RowRead> reads) {
     }
   };
   constexpr size_t ahead = SparseShard::kPrefetchAhead;
-  // A lookup in a table larger than the cache waits on memory: prefetched a few ids ahead.
+  // Existing rows of tables without lifecycle settings are looked up in parallel (a lookup in a
+  // table larger than the cache waits on memory: prefetched a few ids ahead). Tables with them
+  // stamp every row a pull touches, so theirs are found serially below.
   pool_.ParallelFor(static_cast<int64_t>(total), 4096, [&](int64_t b, int64_t e) {
     each(b, e, [&](const RowRead& r, size_t i, size_t p) {
+      if (r.shard->has_lifecycle()) return;
       if (i + ahead < r.ids.size()) r.shard->Prefetch(r.ids[i + ahead]);
       rows_[p] = r.shard->Find(r.ids[i]);
     });
   });
   each(0, static_cast<int64_t>(total), [&](const RowRead& r, size_t i, size_t p) {  // creation is serial
-    if (rows_[p] == SparseShard::kNoRow) rows_[p] = r.shard->FindOrCreate(r.ids[i]);
+    if (r.shard->has_lifecycle()) {
+      rows_[p] = r.shard->FindForPull(r.ids[i]);  // kNoRow: not admitted (yet), or evicted
+    } else if (rows_[p] == kNoRow) {
+      rows_[p] = r.shard->FindOrCreate(r.ids[i]);
+    }
   });
   const int64_t dim = reads.empty() ? 1 : reads[0].shard->dim();
   pool_.ParallelFor(static_cast<int64_t>(total), kGrain / dim + 1, [&](int64_t b, int64_t e) {
     each(b, e, [&](const RowRead& r, size_t i, size_t p) {
-      if (p + ahead < static_cast<size_t>(e) && i + ahead < r.ids.size()) __builtin_prefetch(r.shard->row(rows_[p + ahead]));
-      const size_t row_bytes = static_cast<size_t>(r.shard->dim()) * sizeof(float);
-      std::memcpy(r.dst + i * static_cast<size_t>(r.shard->dim()), r.shard->row(rows_[p]), row_bytes);
+      const size_t d = static_cast<size_t>(r.shard->dim());
+      if (rows_[p] == kNoRow) {
+        r.shard->InitialRow(r.ids[i], r.dst + i * d);
+        return;
+      }
+      if (p + ahead < static_cast<size_t>(e) && i + ahead < r.ids.size() && rows_[p + ahead] != kNoRow) {
+        __builtin_prefetch(r.shard->row(rows_[p + ahead]));
+      }
+      std::memcpy(r.dst + i * d, r.shard->row(rows_[p]), d * sizeof(float));
     });
   });
 }

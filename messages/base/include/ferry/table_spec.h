@@ -58,11 +58,31 @@ struct TableSpec {
   uint64_t seed = 0;                 // initial values depend only on (seed, table, index or id)
   NonFinite nonfinite = NonFinite::kRefuse;  // gradients holding NaN / Inf (kSkipRows: sparse only)
 
+  // The row lifecycle of a sparse table (all off by default: every row is kept forever). See the
+  // README's "Row lifecycle" section. With any of them set, a row is made only by a push: a pull
+  // of an id without a row serves its initial values and makes nothing.
+  // Admission: a pushed id without a row gets one once it has been pushed `admit_after` times (a
+  // counting filter; 0 or 1: at its first push) and then passes a coin of `admit_probability`
+  // (tossed at each such push); until then its gradient is counted, not stored.
+  int32_t admit_after = 0;          // [0, 255]
+  float admit_probability = 1.0f;   // (0, 1]
+  // Eviction: a row not pulled or pushed for this many of the table's steps on its server is
+  // removed (0: never). Sync tables count steps closed; async and ssp tables count pushes applied
+  // divided by the job's workers (each worker pushes once a step).
+  int64_t evict_after_steps = 0;
+  // Rows one server may hold of this table (0: no bound); a new row over it replaces the least
+  // recently used of a sample of rows. The server's memory budget bounds it as well.
+  int64_t max_rows = 0;
+
   // Dense: product of `shape` (INT64_MAX if it overflows or a dimension is negative: a spec from
   // the network before Validate); sparse: 0.
   int64_t num_elements() const;
   // Number of dense chunks (0 for sparse).
   int64_t num_chunks() const;
+  // Whether any row lifecycle setting is on (admission, eviction or a row bound).
+  bool has_lifecycle() const {
+    return admit_after > 1 || admit_probability < 1.0f || evict_after_steps > 0 || max_rows > 0;
+  }
   // Checks the spec on its own (names the offending field).
   Status Validate() const;
   // One line that names every field, for logs and conflict errors.
@@ -77,7 +97,8 @@ Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t
 Status ParseOptimizerType(std::string_view text, OptimizerType* type);
 // Sets one of the spec's numeric options by name: "momentum", "nesterov" (0 or 1), "beta1",
 // "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta" (ftrl), "chunk_elems",
-// "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1). For the C and Python APIs.
+// "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1), and the row lifecycle's "admit_after",
+// "admit_probability", "evict_after_steps", "max_rows". For the C and Python APIs and --table.
 Status SetSpecOption(TableSpec* spec, std::string_view key, double value);
 // Parses "refuse" or "skip_rows".
 Status ParseNonFinite(std::string_view text, NonFinite* out);

@@ -32,6 +32,8 @@ class LocalTables {
 
   // Sparse tables: `rows` / `grads` hold ids.size() x dim floats, row i for ids[i]. A row is
   // created (with its initial value) when first read or updated; each row counts its own updates.
+  // A table with row lifecycle settings (TableSpec::has_lifecycle) admits and evicts rows as a
+  // server's shard does (its clock: one tick an ApplyRows call).
   virtual Status ReadRows(std::string_view table, std::span<const int64_t> ids, std::span<float> rows) = 0;
   virtual Status ApplyRows(std::string_view table, std::span<const int64_t> ids, std::span<const float> grads) = 0;
 };

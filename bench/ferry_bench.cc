@@ -15,7 +15,8 @@
 //   small/<mode>/<servers>           100 tensors of 1 KiB in one call vs one call each.
 //   sparse/<op>/dim<d>               sparse pull / push of Zipf-distributed ids, rows/s.
 //   criteo_step/<op>/<path>/<n>s1w   a Criteo-shaped step (26 tables, batch 4096, Zipf ids) in one
-//                                    message per server or one request per table, unique rows/s.
+//                                    message per server, in pipelined messages of ~512 KiB, or one
+//                                    request per table, unique rows/s.
 //   mem/sparse_row/<opt>/<rows>      heap bytes a sparse row of dim 16 costs a server, vs its raw
 //                                    bytes (values, optimizer state, id).
 //   mem/<kernel>                     single-thread memory bandwidth (STREAM triad, in-place axpy),
@@ -563,8 +564,8 @@ StatusOr<std::shared_ptr<const PsCluster>> StartCluster(Net net, int num_servers
   return std::shared_ptr<const PsCluster>(std::move(cluster));
 }
 
-StatusOr<std::unique_ptr<Client>> ConnectWorker(const PsCluster& cluster, int rank, int num_workers) {
-  ClientOptions o;
+StatusOr<std::unique_ptr<Client>> ConnectWorker(const PsCluster& cluster, int rank, int num_workers,
+                                                ClientOptions o = {}) {
   o.servers = cluster.endpoints;
   o.rank = rank;
   o.num_workers = num_workers;
@@ -580,9 +581,10 @@ struct OneWorker {
   std::unique_ptr<Client> client;
   Status status;
 
-  explicit OneWorker(int servers) : cluster(StartCluster(Net::kTcp, servers)), status(cluster.status()) {
+  explicit OneWorker(int servers, ClientOptions options = {})
+      : cluster(StartCluster(Net::kTcp, servers)), status(cluster.status()) {
     if (!status.ok()) return;
-    auto c = ConnectWorker(**cluster, 0, 1);
+    auto c = ConnectWorker(**cluster, 0, 1, std::move(options));
     status = c.status();
     if (c.ok()) client = std::move(c).value();
   }
@@ -1014,14 +1016,22 @@ struct CriteoSteps {
 
 using LazyCriteo = Lazy<CriteoSteps>;
 
+// How a step's 26 tables travel.
+enum class StepPath {
+  kOneMessage,  // one call naming every table, ids distinct, one message per server (sparse_message_bytes 0)
+  kTogether,    // the same call with the default sparse_message_bytes: messages of about 512 KiB, pipelined
+  kPerTable,    // before protocol 1.5: one call per table, all in flight, each deduplicating its ids again
+};
+std::string StepPathName(StepPath p) {
+  return p == StepPath::kOneMessage ? "one_message" : p == StepPath::kTogether ? "together" : "per_table";
+}
+
 // One worker pulls (or pushes) a step's rows of all 26 tables, dim 16, async SGD, over tcp to
-// `servers` servers, warmed so that every row exists. `one_message`: one call naming every table,
-// ids declared distinct (protocol 1.5: one message per server). Otherwise the path before 1.5:
-// one call per table, all in flight together, each deduplicating its ids again in the client
-// (as ServerStore did). Counters: unique_rows_per_second (distinct rows that travel and are
+// `servers` servers, warmed so that every row exists, along `path`. kPerTable is what ServerStore
+// did before protocol 1.5. Counters: unique_rows_per_second (distinct rows that travel and are
 // read or updated), messages_per_step (requests the client sent), process_cpu_ms_per_step and
 // caller_cpu_ms_per_step (CPU time a step costs all threads, and the calling thread).
-void BM_CriteoStep(benchmark::State& state, LazyCriteo& lazy, bool push, bool one_message, int servers) {
+void BM_CriteoStep(benchmark::State& state, LazyCriteo& lazy, bool push, StepPath path, int servers) {
   const CriteoSteps& c = lazy.Get();
   constexpr int T = CriteoSteps::kTables;
   constexpr int64_t dim = CriteoSteps::kDim;
@@ -1033,9 +1043,12 @@ void BM_CriteoStep(benchmark::State& state, LazyCriteo& lazy, bool push, bool on
     rows[static_cast<size_t>(t)].assign(most * dim, 0.0f);
     grads[static_cast<size_t>(t)].assign(most * dim, 1e-3f);
   }
-  OneWorker worker(servers);  // after the buffers: destroyed before them
+  ClientOptions options;
+  if (path == StepPath::kOneMessage) options.sparse_message_bytes = 0;
+  OneWorker worker(servers, options);  // after the buffers: destroyed before them
   Client* client = worker.client.get();
   Status st = worker.status;
+  const bool one_call = path != StepPath::kPerTable;
   for (int t = 0; st.ok() && t < T; ++t) st = client->Declare(BenchEmbedding(c.names[static_cast<size_t>(t)], dim));
   std::vector<SparseOut> outs(T);
   std::vector<SparseIn> ins(T);
@@ -1067,7 +1080,7 @@ void BM_CriteoStep(benchmark::State& state, LazyCriteo& lazy, bool push, bool on
   };
   // Warm-up: create every row, then one untimed round of the measured call.
   for (size_t step = 0; st.ok() && step < c.ids.size(); ++step) st = call(step, false, true);
-  for (size_t step = 0; st.ok() && step < c.ids.size(); ++step) st = call(step, push, one_message);
+  for (size_t step = 0; st.ok() && step < c.ids.size(); ++step) st = call(step, push, one_call);
   if (!st.ok()) Fail(state, st);
 
   double unique = 0;
@@ -1084,7 +1097,7 @@ void BM_CriteoStep(benchmark::State& state, LazyCriteo& lazy, bool push, bool on
   LoopTimer timer;
   for (auto _ : state) {
     timer.IterationStart();
-    if (Status s = call(step, push, one_message); !s.ok()) {
+    if (Status s = call(step, push, one_call); !s.ok()) {
       Fail(state, s);
       break;
     }
@@ -1375,11 +1388,11 @@ void RegisterAll(Fixtures& f) {
   // 4b. a Criteo-shaped step: 26 tables in one message per server, or one request per table
   for (bool push : {false, true}) {
     for (int servers : {1, 2}) {
-      for (bool one : {true, false}) {
-        const std::string name = std::string("criteo_step/") + (push ? "push" : "pull") + "/" +
-                                 (one ? "one_message" : "per_table") + "/" + std::to_string(servers) + "s1w";
-        benchmark::RegisterBenchmark(name.c_str(), [&f, push, one, servers](benchmark::State& st) {
-          BM_CriteoStep(st, f.criteo, push, one, servers);
+      for (StepPath path : {StepPath::kOneMessage, StepPath::kTogether, StepPath::kPerTable}) {
+        const std::string name = std::string("criteo_step/") + (push ? "push" : "pull") + "/" + StepPathName(path) +
+                                 "/" + std::to_string(servers) + "s1w";
+        benchmark::RegisterBenchmark(name.c_str(), [&f, push, path, servers](benchmark::State& st) {
+          BM_CriteoStep(st, f.criteo, push, path, servers);
         })
             ->Iterations(80)
             ->UseRealTime()

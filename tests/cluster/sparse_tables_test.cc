@@ -101,34 +101,62 @@ TEST(SparseTables, EveryTableOfACallTravelsInOneMessagePerServer) {
   }
 }
 
-// With one server and distinct ids nothing is grouped or copied on the way; a message limit
-// smaller than the call cuts it between tables, and the rows are the same.
-TEST(SparseTables, OneServerAndAMessageLimitGiveTheSameRows) {
-  for (int64_t limit : {int64_t{64} << 20, int64_t{4096}}) {
-    SCOPED_TRACE("max_message_bytes " + std::to_string(limit));
+// With one server and distinct ids nothing is grouped or copied on the way. A call is cut between
+// tables into messages of about sparse_message_bytes (sent as they are built), and never past
+// max_message_bytes; every cut gives the same rows.
+TEST(SparseTables, CutsBetweenTablesGiveTheSameRows) {
+  struct Case {
+    int64_t max_message_bytes, sparse_message_bytes, messages;
+  };
+  // Each table is 200 x (8 + 16) = 4800 bytes.
+  for (const Case& k : {Case{int64_t{64} << 20, int64_t{512} << 10, 1}, Case{int64_t{64} << 20, 0, 1},
+                        Case{4096, 0, 3}, Case{int64_t{64} << 20, 4096, 3}, Case{int64_t{64} << 20, 9000, 2}}) {
+    SCOPED_TRACE("max_message_bytes " + std::to_string(k.max_message_bytes) + ", sparse_message_bytes " +
+                 std::to_string(k.sparse_message_bytes));
     auto c = LocalCluster::Start(1);
     ClientOptions o;
-    o.max_message_bytes = limit;
+    o.max_message_bytes = k.max_message_bytes;
+    o.sparse_message_bytes = k.sparse_message_bytes;
     auto w = c.Connect(0, 1, o);
     const std::vector<TableSpec> specs = {Emb("x", 4), Emb("y", 4), Emb("z", 4)};
     for (const auto& s : specs) ASSERT_TRUE(w->Declare(s).ok());
-    std::vector<int64_t> ids;  // 200 x (8 + 16) = 4800 bytes a table: past a 4096-byte limit alone
+    std::vector<int64_t> ids;
     for (int64_t i = 0; i < 200; ++i) ids.push_back(i * 37 % 1000);
     std::vector<float> g(ids.size() * 4);
     for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i);
     const std::vector<SparseIn> push = {{"x", ids, g}, {"y", ids, g}, {"z", ids, g}};
     const int64_t sent = w->stats().requests;
     ASSERT_TRUE(w->PushSparse(push, 0, SparseIds::kDistinct).wait(5s).ok());
-    EXPECT_EQ(w->stats().requests - sent, limit == 4096 ? 3 : 1) << "cut between tables only past the limit";
+    EXPECT_EQ(w->stats().requests - sent, k.messages);
     std::vector<float> x(g.size()), y(g.size()), z(g.size());
     const std::vector<SparseOut> pull = {{"x", ids, x}, {"y", ids, y}, {"z", ids, z}};
     ASSERT_TRUE(w->PullSparse(pull, 0, SparseIds::kDistinct).wait(5s).ok());
+    EXPECT_EQ(w->stats().requests - sent, 2 * k.messages);
     for (size_t i = 0; i < g.size(); ++i) {
       ASSERT_EQ(x[i], -g[i]) << i;
       ASSERT_EQ(y[i], -g[i]) << i;
       ASSERT_EQ(z[i], -g[i]) << i;
     }
   }
+}
+
+// A table named in a call that cannot be sent (undeclared here) stops the whole call before any
+// of it is sent: the tables before it are not pushed either.
+TEST(SparseTables, ACallIsCheckedWholeBeforeAnyOfItIsSent) {
+  auto c = LocalCluster::Start(1);
+  ClientOptions o;
+  o.sparse_message_bytes = 4096;  // every table would be its own message
+  auto w = c.Connect(0, 1, o);
+  ASSERT_TRUE(w->Declare(Emb("x", 4)).ok());
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 200; ++i) ids.push_back(i);
+  std::vector<float> g(ids.size() * 4, 1.0f), rows(g.size(), -9.0f);
+  const std::vector<SparseIn> push = {{"x", ids, g}, {"undeclared", ids, g}};
+  const int64_t sent = w->stats().requests;
+  EXPECT_EQ(w->PushSparse(push, 0).wait(5s).code(), StatusCode::kNotFound);
+  EXPECT_EQ(w->stats().requests, sent) << "nothing of a call with a mistake is sent";
+  ASSERT_TRUE(w->PullSparse("x", ids, rows, 0).wait(5s).ok());
+  EXPECT_EQ(rows, std::vector<float>(g.size(), 0.0f));
 }
 
 // Sync tables in one message per server close their steps exactly as one request per table does:

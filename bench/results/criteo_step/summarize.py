@@ -33,29 +33,35 @@ ROW_BYTES = 8 + 16 * 4
 raw = {size: med("raw/tcp/" + size, "bytes_per_second") for size in ("1MiB", "16MiB")}
 print("raw/tcp round trip, bytes/s: 1MiB %.2f GB/s, 16MiB %.2f GB/s" % (raw["1MiB"] / 1e9, raw["16MiB"] / 1e9))
 print()
-print("| op | servers | one message: M unique rows/s (min-max) | per table: M unique rows/s (min-max) | one / per table | messages a step (one, per table) | one message: wire bytes/s vs raw/tcp/1MiB |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+PATHS = ("one_message", "together", "per_table")
+print("| op | servers | " + " | ".join("%s: M unique rows/s (min-max)" % p for p in PATHS) +
+      " | together / per table | one message / per table | messages a step (" + ", ".join(PATHS) +
+      ") | together: wire bytes/s vs raw/tcp/1MiB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for op in ("pull", "push"):
     for servers in (1, 2):
-        one = "criteo_step/%s/one_message/%ds1w" % (op, servers)
-        per = "criteo_step/%s/per_table/%ds1w" % (op, servers)
-        o, p = values(one, "unique_rows_per_second"), values(per, "unique_rows_per_second")
-        mo, mp = statistics.median(o), statistics.median(p)
-        print("| %s | %d | %.2f (%.2f-%.2f) | %.2f (%.2f-%.2f) | %.3f | %.0f, %.0f | %.3f |" % (
-            op, servers, mo / 1e6, min(o) / 1e6, max(o) / 1e6, mp / 1e6, min(p) / 1e6, max(p) / 1e6, mo / mp,
-            med(one, "messages_per_step"), med(per, "messages_per_step"), mo * ROW_BYTES / raw["1MiB"]))
+        names = {p: "criteo_step/%s/%s/%ds1w" % (op, p, servers) for p in PATHS}
+        v = {p: values(names[p], "unique_rows_per_second") for p in PATHS}
+        m = {p: statistics.median(v[p]) for p in PATHS}
+        cells = ["%.2f (%.2f-%.2f)" % (m[p] / 1e6, min(v[p]) / 1e6, max(v[p]) / 1e6) for p in PATHS]
+        print("| %s | %d | %s | %.3f | %.3f | %s | %.3f |" % (
+            op, servers, " | ".join(cells), m["together"] / m["per_table"], m["one_message"] / m["per_table"],
+            ", ".join("%.0f" % med(names[p], "messages_per_step") for p in PATHS),
+            m["together"] * ROW_BYTES / raw["1MiB"]))
 print()
-print("| op | servers | process CPU ms a step: one message, per table | calling thread CPU ms a step: one message, per table |")
+print("| op | servers | process CPU ms a step (" + ", ".join(PATHS) + ") | calling thread CPU ms a step (" + ", ".join(PATHS) + ") |")
 print("|---|---:|---:|---:|")
 for op in ("pull", "push"):
     for servers in (1, 2):
-        one = "criteo_step/%s/one_message/%ds1w" % (op, servers)
-        per = "criteo_step/%s/per_table/%ds1w" % (op, servers)
-        print("| %s | %d | %.2f, %.2f | %.3f, %.3f |" % (
-            op, servers, med(one, "process_cpu_ms_per_step"), med(per, "process_cpu_ms_per_step"),
-            med(one, "caller_cpu_ms_per_step"), med(per, "caller_cpu_ms_per_step")))
+        names = ["criteo_step/%s/%s/%ds1w" % (op, p, servers) for p in PATHS]
+        print("| %s | %d | %s | %s |" % (op, servers, ", ".join("%.2f" % med(n, "process_cpu_ms_per_step") for n in names),
+                                        ", ".join("%.3f" % med(n, "caller_cpu_ms_per_step") for n in names)))
 print()
-print("unique rows a step: %.0f" % med("criteo_step/pull/one_message/1s1w", "unique_per_step"))
+print("unique rows a step: %.0f" % med("criteo_step/pull/together/1s1w", "unique_per_step"))
+for op in ("pull", "push"):
+    n = "sparse/%s/dim16" % op
+    print("%s (one table, 100k Zipf ids a call): %.2f M requested rows/s, %.2f M unique rows/s" % (
+        n, med(n, "rows_per_second") / 1e6, med(n, "unique_rows_per_second") / 1e6))
 print()
 print("| optimizer | raw bytes a row | heap bytes a row at 1M / 1.5M / 2M / 3M rows | heap / raw |")
 print("|---|---:|---:|---:|")

@@ -446,17 +446,18 @@ class ClientImpl final : public Client {
     }
   }
 
-  // Pulls (grads empty) or pushes sparse rows of several tables: one message per server (more
-  // only past max_message_bytes or the frame limit), every server in flight together. A server
-  // older than protocol 1.5 gets one PullSparse / PushSparse per table instead.
+  // Pulls (grads empty) or pushes sparse rows of several tables. Every table is checked before
+  // anything is sent. Then, table by table, each server's share joins that server's next message,
+  // which is sent once it holds about sparse_message_bytes (cut between tables; never past
+  // max_message_bytes or the frame limit): the server starts on it while the client builds the
+  // rest. A server older than protocol 1.5 gets one PullSparse / PushSparse per table instead.
   Handle SparseOp(std::span<const SparseOut> pulls, std::span<const SparseIn> pushes, int64_t step, SparseIds id_kind) {
     auto op = NewOp();
     const bool push = !pushes.empty();
     const size_t T = push ? pushes.size() : pulls.size();
     const int S = num_servers();
     const bool distinct = id_kind == SparseIds::kDistinct;
-    std::vector<std::vector<SparseShare>> shares(static_cast<size_t>(S));
-    std::vector<bool> sync(T);
+    std::vector<TableSpec> specs(T);
     std::vector<std::span<float>> outs(T);
     std::vector<std::span<const float>> ins(T);
     for (size_t t = 0; t < T; ++t) {
@@ -476,37 +477,56 @@ class ClientImpl final : public Client {
                                                (push ? "gradient" : "output") + " has " + std::to_string(have) +
                                                " floats, ids x dim is " + std::to_string(want)));
       }
-      // A sync table reaches every server, even with no ids there: each server closes every step
-      // with every worker's (maybe empty) gradient, and a pull for step t waits until every server
-      // has closed step t - 1.
-      sync[t] = spec->consistency == Consistency::kSync;
+      specs[t] = std::move(*spec);
       if (push) {
         ins[t] = pushes[t].grads;
       } else {
         outs[t] = pulls[t].rows;
       }
-      ShareTable(t, *spec, ids, push ? pushes[t].grads.data() : nullptr, distinct, push, &shares);
     }
-    for (int s = 0; s < S; ++s) {
+    std::vector<std::vector<SparseShare>> shares(static_cast<size_t>(S));
+    std::vector<size_t> first_unsent(static_cast<size_t>(S), 0);
+    std::vector<int64_t> unsent_bytes(static_cast<size_t>(S), 0);
+    auto send_unsent = [&](int s) {
       auto& list = shares[static_cast<size_t>(s)];
-      std::erase_if(list, [&](const SparseShare& sh) { return sh.ids.empty() && !sync[sh.table]; });
+      size_t& from = first_unsent[static_cast<size_t>(s)];
+      if (from == list.size()) return;
       const bool legacy = server_minor_[static_cast<size_t>(s)].load() < 5;
-      // Cut the server's shares into messages at table boundaries.
-      size_t at = 0;
-      while (at < list.size()) {
-        size_t end = at;
-        int64_t bytes = 0;
-        const size_t most = legacy ? 1 : (wire::kMaxFrames - 1) / (push ? 2 : 1);
-        while (end < list.size() && end - at < most) {
-          const int64_t b = static_cast<int64_t>(list[end].ids.size()) * (8 + list[end].dim * 4);
-          if (end > at && bytes + b > options_.max_message_bytes) break;
-          bytes += b;
-          ++end;
+      SendSparse(op, s, std::span<SparseShare>(list).subspan(from), push, legacy, step, ins, outs);
+      from = list.size();
+      unsent_bytes[static_cast<size_t>(s)] = 0;
+    };
+    const size_t most_tables = (wire::kMaxFrames - 1) / (push ? 2 : 1);
+    for (size_t t = 0; t < T; ++t) {
+      ShareTable(t, specs[t], push ? pushes[t].ids : pulls[t].ids, push ? pushes[t].grads.data() : nullptr, distinct,
+                 push, &shares);
+      // A sync table reaches every server, even with no ids there: each server closes every step
+      // with every worker's (maybe empty) gradient, and a pull for step t waits until every server
+      // has closed step t - 1.
+      const bool sync = specs[t].consistency == Consistency::kSync;
+      for (int s = 0; s < S; ++s) {
+        auto& list = shares[static_cast<size_t>(s)];
+        if (list.back().ids.empty() && !sync) {
+          list.pop_back();
+          continue;
         }
-        SendSparse(op, s, std::span<SparseShare>(list).subspan(at, end - at), push, legacy, step, ins, outs);
-        at = end;
+        const int64_t bytes = static_cast<int64_t>(list.back().ids.size()) * (8 + list.back().dim * 4);
+        const size_t unsent = list.size() - first_unsent[static_cast<size_t>(s)];
+        if (unsent > 1 && (unsent_bytes[static_cast<size_t>(s)] + bytes > options_.max_message_bytes || unsent > most_tables)) {
+          // This table goes in the next message: send the ones before it.
+          SparseShare last = std::move(list.back());
+          list.pop_back();
+          send_unsent(s);
+          list.push_back(std::move(last));
+        }
+        unsent_bytes[static_cast<size_t>(s)] += bytes;
+        const int64_t cut = options_.sparse_message_bytes;
+        if (server_minor_[static_cast<size_t>(s)].load() < 5 || (cut > 0 && unsent_bytes[static_cast<size_t>(s)] >= cut)) {
+          send_unsent(s);
+        }
       }
     }
+    for (int s = 0; s < S; ++s) send_unsent(s);
     return Handle(op);
   }
 
@@ -1119,6 +1139,7 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
                                 std::to_string(options.num_workers) + ")");
   }
   if (options.max_message_bytes < 4096) return InvalidArgumentError("max_message_bytes must be at least 4096");
+  if (options.sparse_message_bytes < 0) return InvalidArgumentError("sparse_message_bytes must not be negative");
   if (options.max_in_flight < 1) return InvalidArgumentError("max_in_flight must be at least 1");
   for (const auto& e : options.servers) {
     if (e.starts_with("inproc://") && !options.context) {

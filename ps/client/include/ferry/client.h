@@ -46,6 +46,12 @@ struct ClientOptions {
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(5)};
   // Requests larger than this are split into several messages per server.
   int64_t max_message_bytes = int64_t{64} << 20;
+  // A sparse call (PullSparse / PushSparse of several tables) sends a server its tables in one
+  // message, or, when its share is larger than this, in messages of about this size (cut between
+  // tables), each sent as soon as it is built so that the server works on one while the next is
+  // built and travels. 0: one message per server (up to max_message_bytes). bench/RESULTS.md
+  // "A Criteo-shaped step" measures the choice.
+  int64_t sparse_message_bytes = int64_t{512} << 10;
   // Messages queued or awaiting a reply at once; an operation that would exceed it waits for
   // room (up to the request timeout, then fails with RESOURCE_EXHAUSTED). Bounds the memory a
   // fast producer can pin.
@@ -161,8 +167,10 @@ class Client {
   virtual Handle PushPullDense(std::span<const DenseIn> grads, std::span<const DenseOut> out, int64_t step) = 0;
 
   // Sparse (embedding) tables: rows of `dim` floats by int64 id. All the tables of one call
-  // travel together: one message per server (protocol 1.5; more only past max_message_bytes,
-  // cut between tables), every server in flight together. Ids are grouped per server and, unless
+  // travel together (protocol 1.5): one message per server, or, for a share larger than
+  // sparse_message_bytes, messages of about that size cut between tables and pipelined; every
+  // server in flight together. The whole call is checked before any of it is sent; each message
+  // is checked whole by its server before any of it is applied. Ids are grouped per server and, unless
   // the caller says they are distinct, deduplicated first (a repeated id's gradients are summed
   // in order of appearance). With SparseIds::kDistinct and one server the caller's id and
   // gradient buffers are sent without a copy (tcp/ipc): they must stay unchanged until the

@@ -62,6 +62,7 @@ struct HeaderFields {
   uint64_t table_id = 0;
   int64_t step = 0;
   std::vector<wire::DenseSlice> slices;
+  std::vector<wire::SparseSlice> sparse;  // PullSparseTables / PushSparseTables
   int64_t num_ids = 0, dim = 0, barrier_id = 0;
   const TableSpec* spec = nullptr;
   bool hello = false;
@@ -72,6 +73,8 @@ std::string Header(const HeaderFields& f) {
   flatbuffers::FlatBufferBuilder fbb(256);
   flatbuffers::Offset<flatbuffers::Vector<const wire::DenseSlice*>> slices;
   if (!f.slices.empty()) slices = fbb.CreateVectorOfStructs(f.slices);
+  flatbuffers::Offset<flatbuffers::Vector<const wire::SparseSlice*>> sparse;
+  if (!f.sparse.empty()) sparse = fbb.CreateVectorOfStructs(f.sparse);
   flatbuffers::Offset<wire::TableSpec> spec;
   if (f.spec != nullptr) spec = wire::SpecToWire(fbb, *f.spec);
   flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::ShardFile>>> shards;
@@ -91,6 +94,7 @@ std::string Header(const HeaderFields& f) {
   if (f.table_id != 0) b.add_table_id(f.table_id);
   b.add_step(f.step);
   if (!f.slices.empty()) b.add_slices(slices);
+  if (!f.sparse.empty()) b.add_sparse(sparse);
   if (f.num_ids != 0) b.add_num_ids(f.num_ids);
   if (f.dim != 0) b.add_dim(f.dim);
   if (f.spec != nullptr) b.add_spec(spec);
@@ -186,6 +190,14 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
   h.table_id = TableId(skip.name);
   h.dim = skip.dim;
   add("push_sparse_skip_rows", h, {Array(ids), Array(rows)});
+
+  // 1.5: two sparse tables in one message (the second with lifecycle-free skip_rows).
+  h = make(Kind::PullSparseTables);
+  h.sparse = {wire::SparseSlice(TableId(sparse.name), sparse.dim, 4), wire::SparseSlice(TableId(skip.name), skip.dim, 4)};
+  add("pull_sparse_tables", h, {Array(ids), Array(ids)});
+  h.kind = Kind::PushSparseTables;
+  add("push_sparse_tables", h,
+      {Array(ids), Array(std::vector<float>(static_cast<size_t>(4 * sparse.dim), 0.1f)), Array(ids), Array(rows)});
 
   h = make(Kind::Clock);
   h.step = 1;

@@ -61,7 +61,7 @@
 //          closing barrier: waiting for the other workers; part of wait_s), global_step (sync:
 //          the step this worker's last push counted for), pushes_used / pushes_dropped (steps
 //          whose gradient counted / was dropped whole as late), bytes_sent, bytes_received,
-//          peak_rss_kib (this process's peak resident memory);
+//          peak_rss_kib (this program's peak resident memory: VmHWM, not ru_maxrss);
 //          worker 0 adds
 //          "staleness" {"k": updates applied k versions stale, summed over servers} and "final"
 //          (the last eval's fields); first_step (> 0: the step a --resume worker began at)

@@ -53,6 +53,8 @@ Status FromZmq(const zmq::error_t& e, const char* what) {
 
 }  // namespace
 
+void internal::HandoffReceived() { transport::HandoffReceived(); }
+
 void Lender::Release() {
   if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     MutexLock lock(&mu_);

@@ -385,14 +385,6 @@ class ClientImpl final : public Client {
     std::vector<float> own_grads;
   };
 
-  // A frame that takes over `v` without copying it.
-  template <typename T>
-  static zmq::message_t Adopt(std::vector<T>&& v) {
-    auto* held = new std::vector<T>(std::move(v));
-    return zmq::message_t(held->data(), held->size() * sizeof(T),
-                          [](void*, void* hint) { delete static_cast<std::vector<T>*>(hint); }, held);
-  }
-
   // Deduplicates (unless the caller says the ids are distinct) and groups one table's ids per
   // server. `grads` (push) is summed per distinct id, in order of appearance; `shares` gets
   // this table's share for each server (an empty one where the server holds none of its ids).
@@ -561,7 +553,7 @@ class ClientImpl final : public Client {
       } else if (sh.own_ids.empty()) {
         payload.push_back(Lend(op, s, sh.ids.data(), id_bytes));
       } else {
-        payload.push_back(Adopt(std::move(sh.own_ids)));
+        payload.push_back(transport::Adopt(std::move(sh.own_ids)));
       }
       if (!push) continue;
       if (id_bytes == 0) {
@@ -569,7 +561,7 @@ class ClientImpl final : public Client {
       } else if (sh.own_grads.empty()) {
         payload.push_back(Lend(op, s, ins[sh.table].data(), ins[sh.table].size() * sizeof(float)));
       } else {
-        payload.push_back(Adopt(std::move(sh.own_grads)));
+        payload.push_back(transport::Adopt(std::move(sh.own_grads)));
       }
     }
     OnReply on_reply;

@@ -52,6 +52,25 @@ class Lender {
 // returns, and longer still if the peer is unreachable).
 zmq::message_t Borrow(const void* data, size_t size, const std::shared_ptr<Lender>& lender);
 
+namespace internal {
+// Under ThreadSanitizer: orders what the sending thread did before every later receipt (see
+// transport.cc); nothing otherwise. For free functions that ZeroMQ calls on its own thread.
+void HandoffReceived();
+template <typename T>
+void FreeAdopted(void* /*data*/, void* hint) {
+  HandoffReceived();  // the vector came from the sending thread through ZeroMQ
+  delete static_cast<std::vector<T>*>(hint);
+}
+}  // namespace internal
+
+// A frame that takes `v` over without copying it; ZeroMQ frees it (maybe on its own I/O thread)
+// once it no longer needs it.
+template <typename T>
+zmq::message_t Adopt(std::vector<T>&& v) {
+  auto* held = new std::vector<T>(std::move(v));
+  return zmq::message_t(held->data(), held->size() * sizeof(T), &internal::FreeAdopted<T>, held);
+}
+
 // A new socket with linger 0 and the given high-water marks; errors as Status.
 StatusOr<zmq::socket_t> MakeSocket(zmq::context_t& ctx, zmq::socket_type type, int hwm = 1000);
 

@@ -47,6 +47,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -551,7 +552,10 @@ StatusOr<std::shared_ptr<const PsCluster>> StartCluster(Net net, int num_servers
     o.bind = bind.address();
     o.rank = s;
     o.num_servers = num_servers;
-    o.compute_threads = 1;
+    // One helper thread a server, or FERRY_BENCH_COMPUTE_THREADS (0: none; the threading A/B of
+    // RESULTS.md runs the binary with each, alternating).
+    const char* threads = std::getenv("FERRY_BENCH_COMPUTE_THREADS");
+    o.compute_threads = threads != nullptr ? std::atoi(threads) : 1;
     o.max_wait = kRequestTimeout;
     if (net == Net::kTcpCurve) {
       o.curve = Keys().server;

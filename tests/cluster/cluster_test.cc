@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <latch>
 #include <limits>
 #include <thread>
@@ -560,6 +561,53 @@ TEST(Cluster, UnreachableServerIsAClearErrorNotAHang) {
   ASSERT_FALSE(c.ok());
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   EXPECT_NE(c.status().message().find("tcp://127.0.0.1:9"), std::string::npos) << c.status();
+}
+
+// compute_threads 0 means no helper thread: the I/O thread does every update and read itself,
+// with the same results bit for bit as a server with helpers (large dense chunks and sparse reads
+// are what the helpers share). -1, the default, is one per core, minus one.
+TEST(Cluster, ZeroComputeThreadsMeansNoneAndGivesTheSameBits) {
+  std::vector<float> got[2];
+  const int threads[2] = {0, 2};
+  for (int k = 0; k < 2; ++k) {
+    ServerOptions o;
+    o.compute_threads = threads[k];
+    auto c = LocalCluster::Start(1, false, o);
+    EXPECT_EQ(c.servers[0]->stats().counters.at("compute_threads"), threads[k]);
+    auto w = c.Connect(0, 1);
+    TableSpec dense = SgdTable("big", 1 << 20, Consistency::kAsync);
+    dense.optimizer.type = OptimizerType::kAdam;
+    TableSpec sparse;
+    sparse.name = "emb";
+    sparse.type = TableType::kSparse;
+    sparse.dim = 16;
+    sparse.init = InitType::kUniform;
+    sparse.init_scale = 0.1f;
+    sparse.optimizer.type = OptimizerType::kAdagrad;
+    ASSERT_TRUE(w->Declare(dense).ok());
+    ASSERT_TRUE(w->Declare(sparse).ok());
+    std::vector<float> g(1 << 20), p(1 << 20);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 977) * 1e-3f - 0.4f;
+    std::vector<int64_t> ids(50000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 7919 % 100003);
+    std::vector<float> rg(ids.size() * 16, 0.01f), rows(ids.size() * 16);
+    for (int step = 0; step < 3; ++step) {
+      ASSERT_TRUE(w->PushDense("big", g, step).wait(30s).ok());
+      ASSERT_TRUE(w->PushSparse("emb", ids, rg, step).wait(30s).ok());
+    }
+    ASSERT_TRUE(w->PullDense("big", p, 3).wait(30s).ok());
+    ASSERT_TRUE(w->PullSparse("emb", ids, rows, 3).wait(30s).ok());
+    got[k] = p;
+    got[k].insert(got[k].end(), rows.begin(), rows.end());
+  }
+  ASSERT_EQ(got[0].size(), got[1].size());
+  EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0);
+  EXPECT_NE(got[0][0], 0.0f);
+  EXPECT_EQ(ServerOptions{}.compute_threads, -1) << "the default is one per core, minus one";
+  ServerOptions too_many;
+  too_many.bind = "inproc://too-many-threads";
+  too_many.compute_threads = 1025;
+  EXPECT_EQ(Server::Start(too_many).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Cluster, StoppedServerFailsRequestsWithinTheTimeout) {

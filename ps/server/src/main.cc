@@ -30,7 +30,8 @@ void Usage(std::FILE* out) {
       "  --rank             this server's index in the server list (default 0)\n"
       "  --num-servers      servers in the cluster (default 1)\n"
       "  --num-workers      workers in the job (default: the first worker to connect says)\n"
-      "  --compute-threads  helper threads for large updates (default: cores - 1)\n"
+      "  --compute-threads  helper threads for large updates and sparse reads, 0..1024 (0: none,\n"
+      "                     the I/O thread does all) or auto: cores - 1 (default auto)\n"
       "  --max-message-mb   largest accepted message (default 1024)\n"
       "  --max-wait-s       longest a pull or barrier is held waiting (default 300)\n"
       "  --worker-timeout-s a worker that sent nothing (not even its heartbeats) for this long is\n"
@@ -119,8 +120,12 @@ int main(int argc, char** argv) {
       if (!ParseInt(flag, value, 1, 65536, &v)) return 2;
       options.num_servers = static_cast<int>(v);
     } else if (flag == "--compute-threads") {
-      if (!ParseInt(flag, value, 0, 1024, &v)) return 2;
-      options.compute_threads = static_cast<int>(v);
+      if (std::string_view(value) == "auto") {
+        options.compute_threads = -1;
+      } else {
+        if (!ParseInt(flag, value, 0, 1024, &v)) return 2;
+        options.compute_threads = static_cast<int>(v);
+      }
     } else if (flag == "--max-message-mb") {
       if (!ParseInt(flag, value, 1, 1 << 20, &v)) return 2;
       options.max_message_bytes = v << 20;

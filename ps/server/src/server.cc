@@ -143,6 +143,7 @@ class ServerImpl final : public Server {
     s.counters["memory_budget_used_bytes"] = budget.used();
     s.counters["connections_open"] = connections_open_.load(std::memory_order_relaxed);
     s.counters["tables_being_created"] = tables_being_created_.load(std::memory_order_relaxed);
+    s.counters["compute_threads"] = pool_.helpers();  // a level: the helper threads it runs
     // The sparse tables' row lifecycle, summed over tables (per table: the metrics page).
     const ps::RowLifecycleTotals& rows = tables_.lifecycle();
     s.counters["rows_admitted"] = rows.admitted.load(std::memory_order_relaxed);
@@ -1532,7 +1533,10 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
                                 std::to_string(options.num_servers) + ")");
   }
   if (options.max_message_bytes < 1024) return InvalidArgumentError("max_message_bytes must be at least 1024");
-  if (options.compute_threads <= 0) {
+  if (options.compute_threads > 1024) {
+    return InvalidArgumentError("compute_threads " + std::to_string(options.compute_threads) + " is above 1024");
+  }
+  if (options.compute_threads < 0) {
     options.compute_threads = std::max(0, static_cast<int>(std::thread::hardware_concurrency()) - 1);
   }
   if (options.num_workers < 0 || options.num_workers > 65536) {

@@ -28,8 +28,10 @@ struct ServerOptions {
   std::string bind = "tcp://127.0.0.1:7000";
   int rank = 0;         // this server's index in the cluster's server list
   int num_servers = 1;  // servers in the cluster (placement is computed from it)
-  // Threads that share large updates and pulls with the I/O thread (0 = one per core, minus one).
-  int compute_threads = 0;
+  // Helper threads that share large updates and sparse reads with the I/O thread: 0 = none (the
+  // I/O thread does everything), -1 = one per core, minus one. bench/RESULTS.md "The server's
+  // helper threads" measures when they pay.
+  int compute_threads = -1;
   // Largest message accepted, all frames together; larger ones get an error reply.
   int64_t max_message_bytes = int64_t{1} << 30;
   // Longest a pull (sync / ssp) or barrier is held waiting before it gets a DEADLINE_EXCEEDED reply.

@@ -365,7 +365,8 @@ PYBIND11_MODULE(ferry, m) {
   const char* opt_doc = "optimizer: sgd, momentum, adagrad, adam or ftrl (lr is its alpha); consistency: sync, async "
                         "or ssp:S; init: zeros, uniform, normal or constant (with init_scale); options: the "
                         "optimizer's other hyperparameters by name (momentum, nesterov, beta1, beta2, epsilon, "
-                        "initial_accumulator, l1, l2, beta) and chunk_elems";
+                        "initial_accumulator, l1, l2, beta), chunk_elems, and a sparse table's row lifecycle (admit_after, "
+                        "admit_probability, evict_after_steps, max_rows)";
   py::class_<PyClient>(m, "Client")
       .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>>(),
            py::arg("servers"), py::arg("rank") = 0, py::arg("num_workers") = 1, py::arg("request_timeout") = 360.0,

@@ -72,11 +72,7 @@ TEST(Metrics, AScrapeShowsEachTableAndMovesWithTheTraffic) {
   const int port = PortOf(url);
 
   auto w = c.Connect(0, 1);
-  TableSpec emb;
-  emb.name = "user_emb";
-  emb.type = TableType::kSparse;
-  emb.dim = 4;
-  emb.consistency = Consistency::kAsync;
+  TableSpec emb = SgdSparseTable("user_emb", 4);
   emb.optimizer.learning_rate = 0.1f;
   ASSERT_TRUE(w->Declare(emb).ok());
   TableSpec dense;

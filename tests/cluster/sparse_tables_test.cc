@@ -23,16 +23,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::LocalCluster;
+using test::SgdSparseTable;  // SGD from zeros, learning rate 1: after pushes g, a row is -sum(g)
 
-TableSpec Emb(const std::string& name, int64_t dim, Consistency consistency = Consistency::kAsync) {
-  TableSpec spec;
-  spec.name = name;
-  spec.type = TableType::kSparse;
-  spec.dim = dim;
-  spec.optimizer.learning_rate = 1.0f;  // SGD from zeros: after pushes g, a row is -sum(g)
-  spec.consistency = consistency;
-  return spec;
-}
 
 int64_t Messages(const LocalCluster& c, size_t server) { return c.servers[server]->stats().counters.at("messages"); }
 
@@ -41,7 +33,7 @@ int64_t Messages(const LocalCluster& c, size_t server) { return c.servers[server
 TEST(SparseTables, EveryTableOfACallTravelsInOneMessagePerServer) {
   auto c = LocalCluster::Start(2);
   auto w = c.Connect(0, 1);
-  const std::vector<TableSpec> specs = {Emb("a", 2), Emb("b", 3), Emb("c", 5)};
+  const std::vector<TableSpec> specs = {SgdSparseTable("a", 2), SgdSparseTable("b", 3), SgdSparseTable("c", 5)};
   for (const auto& s : specs) ASSERT_TRUE(w->Declare(s).ok());
   std::vector<std::vector<int64_t>> ids = {{1, 2, 3, 2, 1, 40}, {2, 7, 7, 8, 9, 10, 11}, {5, 6, 5, 5}};
   std::vector<std::vector<float>> grads(3), rows(3);
@@ -118,7 +110,7 @@ TEST(SparseTables, CutsBetweenTablesGiveTheSameRows) {
     o.max_message_bytes = k.max_message_bytes;
     o.sparse_message_bytes = k.sparse_message_bytes;
     auto w = c.Connect(0, 1, o);
-    const std::vector<TableSpec> specs = {Emb("x", 4), Emb("y", 4), Emb("z", 4)};
+    const std::vector<TableSpec> specs = {SgdSparseTable("x", 4), SgdSparseTable("y", 4), SgdSparseTable("z", 4)};
     for (const auto& s : specs) ASSERT_TRUE(w->Declare(s).ok());
     std::vector<int64_t> ids;
     for (int64_t i = 0; i < 200; ++i) ids.push_back(i * 37 % 1000);
@@ -147,7 +139,7 @@ TEST(SparseTables, ACallIsCheckedWholeBeforeAnyOfItIsSent) {
   ClientOptions o;
   o.sparse_message_bytes = 4096;  // every table would be its own message
   auto w = c.Connect(0, 1, o);
-  ASSERT_TRUE(w->Declare(Emb("x", 4)).ok());
+  ASSERT_TRUE(w->Declare(SgdSparseTable("x", 4)).ok());
   std::vector<int64_t> ids;
   for (int64_t i = 0; i < 200; ++i) ids.push_back(i);
   std::vector<float> g(ids.size() * 4, 1.0f), rows(g.size(), -9.0f);
@@ -166,7 +158,7 @@ TEST(SparseTables, SyncStepsMatchOneRequestPerTableBitwise) {
     auto c = LocalCluster::Start(2);
     std::vector<std::unique_ptr<Client>> w;
     for (int r = 0; r < 2; ++r) w.push_back(c.Connect(r, 2));
-    std::vector<TableSpec> specs = {Emb("u", 3, Consistency::kSync), Emb("v", 2, Consistency::kSync)};
+    std::vector<TableSpec> specs = {SgdSparseTable("u", 3, Consistency::kSync), SgdSparseTable("v", 2, Consistency::kSync)};
     for (auto& s : specs) {
       s.optimizer.type = OptimizerType::kAdagrad;
       s.optimizer.learning_rate = 0.5f;
@@ -227,8 +219,8 @@ TEST(SparseTables, SyncStepsMatchOneRequestPerTableBitwise) {
 TEST(SparseTables, ARefusedTableRefusesTheWholeMessage) {
   auto c = LocalCluster::Start(1);
   auto w = c.Connect(0, 1);
-  ASSERT_TRUE(w->Declare(Emb("good", 2)).ok());
-  ASSERT_TRUE(w->Declare(Emb("bad", 2)).ok());
+  ASSERT_TRUE(w->Declare(SgdSparseTable("good", 2)).ok());
+  ASSERT_TRUE(w->Declare(SgdSparseTable("bad", 2)).ok());
   const std::vector<int64_t> ids = {1, 2};
   std::vector<float> g = {1, 1, 1, 1}, nan = {1, std::numeric_limits<float>::quiet_NaN(), 1, 1};
   const std::vector<SparseIn> push = {{"good", ids, g}, {"bad", ids, nan}};
@@ -243,7 +235,7 @@ TEST(SparseTables, ARefusedTableRefusesTheWholeMessage) {
 TEST(SparseTables, CallerMistakesAreNamed) {
   auto c = LocalCluster::Start(1);
   auto w = c.Connect(0, 1);
-  ASSERT_TRUE(w->Declare(Emb("e", 2)).ok());
+  ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
   const std::vector<int64_t> ids = {1};
   std::vector<float> row(2), wide(3);
   const std::vector<SparseOut> twice = {{"e", ids, row}, {"e", ids, row}};
@@ -264,7 +256,7 @@ TEST(SparseTables, CallerMistakesAreNamed) {
 TEST(SparseTables, TheServerRefusesAForgedMessage) {
   auto c = LocalCluster::Start(1);
   auto w = c.Connect(0, 2);  // the forger speaks for worker 1
-  ASSERT_TRUE(w->Declare(Emb("e", 2)).ok());
+  ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
   auto raw = transport::MakeSocket(transport::Zmq(*c.context), zmq::socket_type::dealer);
   ASSERT_TRUE(raw.ok());
   raw->set(zmq::sockopt::rcvtimeo, 5000);
@@ -369,8 +361,8 @@ TEST(SparseTables, AServerOfProtocol14GetsOneMessagePerTable) {
     o.request_timeout = 5s;
     auto w = Client::Connect(o);
     ASSERT_TRUE(w.ok()) << w.status();
-    ASSERT_TRUE((*w)->Declare(Emb("p", 2)).ok());
-    ASSERT_TRUE((*w)->Declare(Emb("q", 3)).ok());
+    ASSERT_TRUE((*w)->Declare(SgdSparseTable("p", 2)).ok());
+    ASSERT_TRUE((*w)->Declare(SgdSparseTable("q", 3)).ok());
     const std::vector<int64_t> p_ids = {4, 9, 4}, q_ids = {7};
     std::vector<float> p(6), q(3), gp(6, 1.0f), gq(3, 1.0f);
     const std::vector<SparseOut> pull = {{"p", p_ids, p}, {"q", q_ids, q}};

@@ -15,6 +15,16 @@ TableSpec SgdTable(const std::string& name, int64_t n, Consistency consistency) 
   return spec;
 }
 
+TableSpec SgdSparseTable(const std::string& name, int64_t dim, Consistency consistency) {
+  TableSpec spec;
+  spec.name = name;
+  spec.type = TableType::kSparse;
+  spec.dim = dim;
+  spec.optimizer.learning_rate = 1.0f;
+  spec.consistency = consistency;
+  return spec;
+}
+
 LocalCluster LocalCluster::Start(int num_servers, bool tcp, ServerOptions base) {
   static std::atomic<int> next_cluster{0};
   const int id = next_cluster++;

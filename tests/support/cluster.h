@@ -14,6 +14,9 @@ namespace ferry::test {
 // A dense table of `n` floats from zeros, SGD with learning rate 1 (after one push of g its
 // values are -g: easy to check by hand), of the given consistency.
 TableSpec SgdTable(const std::string& name, int64_t n, Consistency consistency);
+// A sparse table of rows of `dim` floats from zeros, SGD with learning rate 1 (after pushes g, a
+// row is -sum(g)), of the given consistency.
+TableSpec SgdSparseTable(const std::string& name, int64_t dim, Consistency consistency = Consistency::kAsync);
 
 struct LocalCluster {
   // Starts `num_servers` servers; endpoints are unique per cluster. `tcp` binds 127.0.0.1:0.

@@ -11,6 +11,7 @@
 #include <functional>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 
 #include <absl/container/flat_hash_map.h>
@@ -396,46 +397,41 @@ class ClientImpl final : public Client {
     for (auto& sh : mine) sh.table = table, sh.dim = dim, sh.table_id = TableId(spec.name);
     if (distinct && S == 1) {  // nothing to group: the caller's buffers travel as they are
       mine[0].ids = ids;
-    } else if (distinct) {
-      for (size_t p = 0; p < ids.size(); ++p) {
-        SparseShare& sh = mine[static_cast<size_t>(placement::IdServer(ids[p], S))];
-        if (push) {
-          sh.own_grads.insert(sh.own_grads.end(), grads + static_cast<int64_t>(p) * dim, grads + (static_cast<int64_t>(p) + 1) * dim);
-        } else {
-          sh.positions.emplace_back(static_cast<int64_t>(p), static_cast<int64_t>(sh.own_ids.size()));
-        }
-        sh.own_ids.push_back(ids[p]);
-      }
     } else {
+      // Where each distinct id went: its server and its row there (only needed when ids repeat).
       absl::flat_hash_map<int64_t, std::pair<int, int64_t>> where;
-      where.reserve(ids.size());
+      if (!distinct) where.reserve(ids.size());
       for (size_t p = 0; p < ids.size(); ++p) {
-        auto [it, inserted] = where.try_emplace(ids[p]);
-        if (inserted) {
-          const int s = placement::IdServer(ids[p], S);
-          auto& list = mine[static_cast<size_t>(s)].own_ids;
-          it->second = {s, static_cast<int64_t>(list.size())};
-          list.push_back(ids[p]);
+        int s = 0;
+        int64_t row = 0;
+        bool first = true;
+        if (distinct) {
+          s = placement::IdServer(ids[p], S);
+          row = static_cast<int64_t>(mine[static_cast<size_t>(s)].own_ids.size());
+        } else {
+          auto [it, inserted] = where.try_emplace(ids[p]);
+          if (inserted) {
+            const int to = placement::IdServer(ids[p], S);
+            it->second = {to, static_cast<int64_t>(mine[static_cast<size_t>(to)].own_ids.size())};
+          }
+          std::tie(s, row) = it->second;
+          first = inserted;
         }
-        SparseShare& sh = mine[static_cast<size_t>(it->second.first)];
-        const int64_t row = it->second.second;
+        SparseShare& sh = mine[static_cast<size_t>(s)];
+        if (first) sh.own_ids.push_back(ids[p]);
+        const float* g = push ? grads + static_cast<int64_t>(p) * dim : nullptr;
         if (!push) {
           sh.positions.emplace_back(static_cast<int64_t>(p), row);
-        } else if (inserted) {  // the first occurrence is copied, later ones added
-          const float* g = grads + static_cast<int64_t>(p) * dim;
+        } else if (first) {  // the first occurrence is copied, later ones added
           sh.own_grads.insert(sh.own_grads.end(), g, g + dim);
         } else {
           float* acc = sh.own_grads.data() + row * dim;
-          const float* g = grads + static_cast<int64_t>(p) * dim;
           for (int64_t j = 0; j < dim; ++j) acc[j] += g[j];
         }
       }
+      for (auto& sh : mine) sh.ids = sh.own_ids;
     }
-    for (int s = 0; s < S; ++s) {
-      SparseShare& sh = mine[static_cast<size_t>(s)];
-      if (!(distinct && S == 1)) sh.ids = sh.own_ids;
-      (*shares)[static_cast<size_t>(s)].push_back(std::move(sh));
-    }
+    for (int s = 0; s < S; ++s) (*shares)[static_cast<size_t>(s)].push_back(std::move(mine[static_cast<size_t>(s)]));
   }
 
   // Pulls (grads empty) or pushes sparse rows of several tables. Every table is checked before
@@ -479,13 +475,14 @@ class ClientImpl final : public Client {
     std::vector<std::vector<SparseShare>> shares(static_cast<size_t>(S));
     std::vector<size_t> first_unsent(static_cast<size_t>(S), 0);
     std::vector<int64_t> unsent_bytes(static_cast<size_t>(S), 0);
-    auto send_unsent = [&](int s) {
-      auto& list = shares[static_cast<size_t>(s)];
+    // Sends server s's shares not sent yet, up to (not including) `end`.
+    auto send_unsent = [&](int s, size_t end) {
       size_t& from = first_unsent[static_cast<size_t>(s)];
-      if (from == list.size()) return;
+      if (from == end) return;
       const bool legacy = server_minor_[static_cast<size_t>(s)].load() < 5;
-      SendSparse(op, s, std::span<SparseShare>(list).subspan(from), push, legacy, step, ins, outs);
-      from = list.size();
+      SendSparse(op, s, std::span<SparseShare>(shares[static_cast<size_t>(s)]).subspan(from, end - from), push, legacy,
+                 step, ins, outs);
+      from = end;
       unsent_bytes[static_cast<size_t>(s)] = 0;
     };
     const size_t most_tables = (wire::kMaxFrames - 1) / (push ? 2 : 1);
@@ -505,20 +502,16 @@ class ClientImpl final : public Client {
         const int64_t bytes = static_cast<int64_t>(list.back().ids.size()) * (8 + list.back().dim * 4);
         const size_t unsent = list.size() - first_unsent[static_cast<size_t>(s)];
         if (unsent > 1 && (unsent_bytes[static_cast<size_t>(s)] + bytes > options_.max_message_bytes || unsent > most_tables)) {
-          // This table goes in the next message: send the ones before it.
-          SparseShare last = std::move(list.back());
-          list.pop_back();
-          send_unsent(s);
-          list.push_back(std::move(last));
+          send_unsent(s, list.size() - 1);  // this table goes in the next message
         }
         unsent_bytes[static_cast<size_t>(s)] += bytes;
         const int64_t cut = options_.sparse_message_bytes;
         if (server_minor_[static_cast<size_t>(s)].load() < 5 || (cut > 0 && unsent_bytes[static_cast<size_t>(s)] >= cut)) {
-          send_unsent(s);
+          send_unsent(s, list.size());
         }
       }
     }
-    for (int s = 0; s < S; ++s) send_unsent(s);
+    for (int s = 0; s < S; ++s) send_unsent(s, shares[static_cast<size_t>(s)].size());
     return Handle(op);
   }
 

@@ -48,7 +48,7 @@ class Classifier final : public Model {
   int64_t train_size() const override { return train_->count; }
   int64_t test_size() const override { return test_ == nullptr ? 0 : test_->count; }
   bool is_binary() const override { return false; }
-  std::span<const float> dense_params() const override { return std::as_const(*tower_.mlp).host_params(); }
+  std::span<const float> dense_params() const override { return tower_.params(); }
 
   Status LoadTrainBatch(std::span<const int64_t> indices) override { return Load(*train_, indices); }
 
@@ -72,7 +72,7 @@ class Classifier final : public Model {
     FERRY_RETURN_IF_ERROR(tower_.mlp->Backward(x, nullptr, dlogits_dev_.as<float>(), rows, nullptr));
     FERRY_RETURN_IF_ERROR(tower_.mlp->DownloadGrads());
     FERRY_RETURN_IF_ERROR(device_->Synchronize());
-    Accumulate(tower_.grads, tower_.mlp->host_grads(), scale, accumulate);
+    Accumulate(tower_.grads(), tower_.mlp->host_grads(), scale, accumulate);
     *loss_sum += static_cast<double>(*mean_loss_host_.as<float>()) * static_cast<double>(rows);
     const std::vector<int32_t> pred = data::ArgMaxRows(
         std::span<const float>(probs_host_.as<float>(), static_cast<size_t>(rows * classes)), static_cast<int>(classes));
@@ -81,7 +81,7 @@ class Classifier final : public Model {
     return Status::Ok();
   }
 
-  Status Push(ParamStore& store, int64_t step) override { return store.Push(tower_.pushes, {}, step); }
+  Status Push(ParamStore& store, int64_t step) override { return tower_.Push(store, {}, step); }
 
   Status Evaluate(ParamStore& store, int64_t step, int64_t first, int64_t count, std::vector<double>* state) override {
     if (test_ == nullptr || first < 0 || count < 0 || first + count > test_->count) {

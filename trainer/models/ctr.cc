@@ -105,7 +105,7 @@ class CtrModel final : public Model {
   int64_t train_size() const override { return stream_ != nullptr ? kStreamed : data_->train.size(); }
   int64_t test_size() const override { return data_->test.size(); }
   bool is_binary() const override { return true; }
-  std::span<const float> dense_params() const override { return std::as_const(*tower_.mlp).host_params(); }
+  std::span<const float> dense_params() const override { return tower_.params(); }
 
   Status LoadTrainBatch(std::span<const int64_t> indices) override { return Load(data_->train, indices); }
   Status LoadNextTrainBatch(int64_t examples) override {
@@ -119,8 +119,8 @@ class CtrModel final : public Model {
   }
 
   Status Pull(ParamStore& store, int64_t step) override {
-    FERRY_RETURN_IF_ERROR(store.Pull(tower_.pulls, sparse_pulls_, step));
-    FERRY_RETURN_IF_ERROR(tower_.mlp->UploadParams());
+    FERRY_RETURN_IF_ERROR(store.Pull(tower_.PullsFor(step), sparse_pulls_, step));
+    FERRY_RETURN_IF_ERROR(tower_.Upload());
     return device_->CopyToDevice(emb_dev_.data(), emb_host_.data(), num_unique() * dim_ * kF);
   }
 
@@ -144,7 +144,7 @@ class CtrModel final : public Model {
     FERRY_RETURN_IF_ERROR(tower_.mlp->DownloadGrads());
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(emb_grad_host_.data(), emb_grad_dev_.data(), num_unique() * dim_ * kF));
     FERRY_RETURN_IF_ERROR(device_->Synchronize());
-    Accumulate(tower_.grads, tower_.mlp->host_grads(), scale, accumulate);
+    Accumulate(tower_.grads(), tower_.mlp->host_grads(), scale, accumulate);
     emb_grads_.resize(static_cast<size_t>(num_unique() * dim_));
     Accumulate(emb_grads_, std::span<const float>(emb_grad_host_.as<float>(), emb_grads_.size()), scale, accumulate);
     *loss_sum += static_cast<double>(*mean_loss_host_.as<float>()) * static_cast<double>(rows);
@@ -162,7 +162,7 @@ class CtrModel final : public Model {
       sparse_pushes_.push_back(SparseIn{emb_specs_[static_cast<size_t>(f)].name, ids,
                                         std::span<const float>(emb_grads_).subspan(at, ids.size() * static_cast<size_t>(dim_))});
     }
-    return store.Push(tower_.pushes, sparse_pushes_, step);
+    return tower_.Push(store, sparse_pushes_, step);
   }
 
   Status Evaluate(ParamStore& store, int64_t step, int64_t first, int64_t count, std::vector<double>* state) override {

@@ -56,7 +56,6 @@ StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Device* device, MlpConfig config, int
 Status Mlp::Allocate() {
   constexpr int64_t f = sizeof(float);
   const int64_t width_max = std::max(*std::max_element(widths_.begin(), widths_.end()), config_.side_input);
-  FERRY_ASSIGN_OR_RETURN(params_host_, device_->AllocHost(num_params_ * f));
   FERRY_ASSIGN_OR_RETURN(grads_host_, device_->AllocHost(num_params_ * f));
   FERRY_ASSIGN_OR_RETURN(params_dev_, device_->Alloc(num_params_ * f));
   FERRY_ASSIGN_OR_RETURN(grads_dev_, device_->Alloc(num_params_ * f));
@@ -66,7 +65,6 @@ Status Mlp::Allocate() {
   }
   FERRY_ASSIGN_OR_RETURN(dz_dev_[0], device_->Alloc(max_rows_ * width_max * f));
   FERRY_ASSIGN_OR_RETURN(dz_dev_[1], device_->Alloc(max_rows_ * width_max * f));
-  std::fill(host_params().begin(), host_params().end(), 0.0f);
   return Status::Ok();
 }
 
@@ -97,8 +95,8 @@ std::vector<TableSpec> Mlp::TableSpecs(const OptimizerSpec& optimizer, Consisten
   return specs;
 }
 
-Status Mlp::UploadParams() {
-  return device_->CopyToDevice(params_dev_.data(), params_host_.data(), num_params_ * int64_t{sizeof(float)});
+Status Mlp::UploadParams(const float* params) {
+  return device_->CopyToDevice(params_dev_.data(), params, num_params_ * int64_t{sizeof(float)});
 }
 
 Status Mlp::DownloadGrads() {

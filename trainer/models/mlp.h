@@ -11,9 +11,9 @@
 // ("<prefix>w0s" [side_input x out0] when side_input > 0), "<prefix>b0" [out0], "<prefix>w1",
 // "<prefix>b1", ... Weights are row-major [fan_in x fan_out] (y = x W + b), Glorot-uniform
 // initialised (init_scale = sqrt(6 / (fan_in + fan_out)), fan_in counting both input blocks);
-// biases start at zero. All tensors live back to back in one host staging buffer (pinned on
-// CUDA) and one device buffer, so a step pulls every table into host_params() in one batched
-// PullDense and uploads it with one copy; gradients come back the same way.
+// biases start at zero. All tensors live back to back in one device buffer, uploaded from a host
+// buffer of the caller's (the models keep two, tower.h) with one copy; gradients come back the
+// same way, into host_grads().
 //
 // Thread-safety: not thread-safe (it drives one Device).
 #pragma once
@@ -54,15 +54,13 @@ class Mlp {
   int64_t tensor_size(int i) const { return sizes_[static_cast<size_t>(i)]; }
   int64_t num_params() const { return num_params_; }
 
-  // Host staging (valid for the model's life). Write parameters into host_params(), then
-  // UploadParams(); DownloadGrads() fills host_grads().
-  std::span<float> host_params() { return {params_host_.as<float>(), static_cast<size_t>(num_params_)}; }
-  std::span<const float> host_params() const { return {params_host_.as<float>(), static_cast<size_t>(num_params_)}; }
+  // Host staging for gradients (valid for the model's life): DownloadGrads() fills it.
   std::span<const float> host_grads() const { return {grads_host_.as<float>(), static_cast<size_t>(num_params_)}; }
-  std::span<float> host_param(int i) { return host_params().subspan(static_cast<size_t>(tensor_offset(i)), static_cast<size_t>(tensor_size(i))); }
 
-  // Copies host_params() to the device (enqueued).
-  Status UploadParams();
+  // Copies num_params() floats of host memory (all tensors back to back; pinned on CUDA, from
+  // Device::AllocHost) to the device parameters (enqueued: `params` must stay unchanged until
+  // the device is synchronized).
+  Status UploadParams(const float* params);
   // Copies the device gradients to host_grads() (enqueued: valid after device->Synchronize()).
   Status DownloadGrads();
 
@@ -94,7 +92,7 @@ class Mlp {
   std::vector<int64_t> offsets_, sizes_;
   int64_t num_params_ = 0;
 
-  DeviceBuffer params_host_, grads_host_;
+  DeviceBuffer grads_host_;
   DeviceBuffer params_dev_, grads_dev_;
   std::vector<DeviceBuffer> acts_;  // acts_[l]: output of layer l (after ReLU for hidden layers)
   DeviceBuffer dz_dev_[2];

@@ -40,34 +40,66 @@ inline Status AddEvalState(std::span<const double> metrics_state, std::vector<do
   return Status::Ok();
 }
 
-// A model's dense tower with its tables: the declarations, the step's gradient (summed over
-// micro-batches) and the pull / push lists over the tower's staging and that gradient.
+// A model's dense tower with its tables: the declarations, and two sets of host parameters and
+// step gradients (summed over micro-batches) with their pull / push lists. Steps alternate
+// between the sets (step % 2), so that a store that pulls ahead (ParamStore::pull_ahead) can
+// still be sending step t's gradients and receiving the parameters of step t + 1 or t + 2 into
+// one set while the next step works with the other.
 struct Tower {
   std::unique_ptr<Mlp> mlp;
   std::vector<TableSpec> specs;
-  std::vector<float> grads;
-  std::vector<DenseOut> pulls;  // names point into specs
-  std::vector<DenseIn> pushes;
 
-  // Rows per call: a micro-batch or an evaluation batch.
   Status Build(Device* device, const TrainerOptions& o, const MlpConfig& config) {
     FERRY_ASSIGN_OR_RETURN(mlp, Mlp::Create(device, config, std::max(o.batch, kEvalBatch)));
     specs = mlp->TableSpecs(o.optimizer, o.consistency, o.staleness, o.replicas_to_aggregate(), o.seed);
-    grads.assign(static_cast<size_t>(mlp->num_params()), 0.0f);
-    for (int i = 0; i < mlp->num_tensors(); ++i) {
-      const TableSpec& s = specs[static_cast<size_t>(i)];
-      pulls.push_back(DenseOut{s.name, mlp->host_param(i)});
-      pushes.push_back(DenseIn{s.name, std::span<const float>(grads).subspan(static_cast<size_t>(mlp->tensor_offset(i)),
-                                                                             static_cast<size_t>(mlp->tensor_size(i)))});
+    const size_t n = static_cast<size_t>(mlp->num_params());
+    for (Set& set : sets_) {
+      FERRY_ASSIGN_OR_RETURN(set.params, device->AllocHost(mlp->num_params() * kF));
+      std::fill_n(set.params.as<float>(), n, 0.0f);
+      set.grads.assign(n, 0.0f);
+      for (int i = 0; i < mlp->num_tensors(); ++i) {
+        const TableSpec& s = specs[static_cast<size_t>(i)];
+        const size_t at = static_cast<size_t>(mlp->tensor_offset(i)), size = static_cast<size_t>(mlp->tensor_size(i));
+        set.pulls.push_back(DenseOut{s.name, std::span<float>(set.params.as<float>() + at, size)});
+        set.pushes.push_back(DenseIn{s.name, std::span<const float>(set.grads).subspan(at, size)});
+      }
     }
     return Status::Ok();
   }
 
+  // The dense tables to pull for `step`, into its set, which becomes the current one.
+  std::span<const DenseOut> PullsFor(int64_t step) {
+    cur_ = static_cast<size_t>(step & 1);
+    return sets_[cur_].pulls;
+  }
+  // Uploads the current set's parameters.
+  Status Upload() { return mlp->UploadParams(sets_[cur_].params.as<float>()); }
   // Pulls the dense tensors for `step` and uploads them.
   Status Pull(ParamStore& store, int64_t step) {
-    FERRY_RETURN_IF_ERROR(store.Pull(pulls, {}, step));
-    return mlp->UploadParams();
+    FERRY_RETURN_IF_ERROR(store.Pull(PullsFor(step), {}, step));
+    return Upload();
   }
+  // Pushes the current step's gradients (with `sparse`), pulling ahead into the set of the step
+  // the store pulls for.
+  Status Push(ParamStore& store, std::span<const SparseIn> sparse, int64_t step) {
+    const size_t ahead = static_cast<size_t>((step + store.pull_ahead()) & 1);
+    return store.Push(sets_[cur_].pushes, sparse, step, sets_[ahead].pulls);
+  }
+
+  std::span<const float> params() const {
+    return {sets_[cur_].params.as<float>(), static_cast<size_t>(mlp->num_params())};
+  }
+  std::span<float> grads() { return sets_[cur_].grads; }
+
+ private:
+  struct Set {
+    DeviceBuffer params;  // host (pinned on CUDA)
+    std::vector<float> grads;
+    std::vector<DenseOut> pulls;  // names point into specs
+    std::vector<DenseIn> pushes;
+  };
+  Set sets_[2];
+  size_t cur_ = 0;
 };
 
 // Examples at once: one evaluation batch, or a step's kB (and one more for an epoch's last step on a larger

@@ -36,7 +36,7 @@ constexpr std::string_view kValueFlags[] = {
     "--criteo-test", "--criteo-shard", "--backup-workers", "--accumulate", "--blas-threads", "--straggler", "--hidden", "--seed", "--optimizer",
     "--lr", "--consistency", "--data-dir", "--batch", "--epochs", "--steps", "--train-limit", "--test-limit",
     "--log-every", "--eval-every", "--metrics-out", "--checkpoint-every",
-    "--checkpoint-every-s", "--curve-keys", "--table"};
+    "--checkpoint-every-s", "--curve-keys", "--table", "--pipeline"};
 
 Status ParseInt(std::string_view flag, std::string_view text, int64_t min, int64_t max, int64_t* out) {
   int64_t v = 0;
@@ -158,6 +158,10 @@ optimizer: --optimizer sgd|momentum|adagrad|adam|ftrl (sgd)  --lr X (0.1)
            tables matching PATTERN (fnmatch): consistency, optimizer, lr, l1, l2, beta, beta1, ...;
            e.g. --table 'ctr/emb*:consistency=async,optimizer=ftrl,lr=0.05,l1=1'
            --blas-threads N (0: OpenBLAS's own; CPU GEMM threads, recorded: results repeat for one N)
+           --pipeline none|exchange|prefetch (exchange): push the dense gradients and pull the next
+           step's parameters in one round trip that travels while the next batch loads; prefetch
+           (async / ssp only): use those parameters a step later, so the round trip overlaps a
+           whole step's compute (one step more of staleness)
 data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-limit N  --test-limit N
   mlp:     --data-dir DIR (/usr/share/datasets/fashion-mnist)
   ctr:     synthetic: --ctr-train N (1000000)  --ctr-test N (20000)  --ctr-fields F (8)
@@ -316,6 +320,16 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
       auto by = data::ParseCriteoShardBy(value);
       if (!by.ok()) return InvalidArgumentError("--criteo-shard: " + by.status().message());
       o.criteo_shard = *by;
+    } else if (flag == "--pipeline") {
+      if (value == "none") {
+        o.pipeline = Pipeline::kNone;
+      } else if (value == "exchange") {
+        o.pipeline = Pipeline::kExchange;
+      } else if (value == "prefetch") {
+        o.pipeline = Pipeline::kPrefetch;
+      } else {
+        return InvalidArgumentError("--pipeline: '" + std::string(value) + "' is not none, exchange or prefetch");
+      }
     } else if (flag == "--backup-workers") {
       FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, 1 << 20, &n));
       o.backup_workers = static_cast<int>(n);

@@ -1,5 +1,8 @@
 #include "ferry/trainer/param_store.h"
 
+#include <algorithm>
+#include <chrono>
+#include <deque>
 #include <map>
 #include <string>
 #include <utility>
@@ -12,10 +15,22 @@ namespace {
 
 class ServerStore final : public ParamStore {
  public:
-  explicit ServerStore(Client* client) : client_(client) {}
+  ServerStore(Client* client, Pipeline pipeline) : client_(client), pipeline_(pipeline) {}
+
+  // Buffers lent to requests still in flight must outlive them.
+  ~ServerStore() override {
+    for (Exchange& e : exchanges_) {
+      for (const Handle& h : e.handles) (void)h.wait();
+    }
+  }
 
   Status Declare(std::span<const TableSpec> specs) override {
     for (const TableSpec& s : specs) {
+      if (pipeline_ == Pipeline::kPrefetch && s.consistency == Consistency::kSync) {
+        return InvalidArgumentError("table '" + s.name +
+                                    "' is sync, and --pipeline prefetch reads parameters a step early, which a sync "
+                                    "step's do not exist yet: use --pipeline exchange, or async / ssp tables");
+      }
       FERRY_RETURN_IF_ERROR(client_->Declare(s).WithContext("declaring " + s.name));
       consistency_[s.name] = s.consistency;
       any_sync_ = any_sync_ || s.consistency == Consistency::kSync;
@@ -27,9 +42,22 @@ class ServerStore final : public ParamStore {
   Status Pull(std::span<const DenseOut> dense, std::span<const SparseOut> sparse, int64_t step) override {
     // Sync tables are read at the global step this worker knows, the others at the loop's.
     const int64_t want = any_sync_ ? next_step_ : step;
+    // The exchanges whose parameters are for this step (or that write into these buffers) end
+    // first; what they pulled ahead is then taken instead of asking again.
+    int64_t served = -1;
+    std::chrono::microseconds held{0};
+    auto on_served = [&](const Served& s, bool sync) {
+      if (sync && s.version >= 0) served = served < 0 ? s.version : std::min(served, s.version);
+      held = std::max(held, s.held);
+    };
+    Status settled = SettleExchanges(dense, step, on_served);
+    pulls_.clear();
+    for (const DenseOut& d : dense) {
+      if (!TakeAhead(d, step)) pulls_.push_back(d);
+    }
     handles_.clear();
     sync_handle_.clear();
-    ForEachGroup(dense, [&](std::span<const DenseOut> group, bool sync) {
+    ForEachGroup(std::span<const DenseOut>(pulls_), [&](std::span<const DenseOut> group, bool sync) {
       Add(client_->PullDense(group, sync ? want : step), sync);
     });
     // Every sparse table of a kind in one message per server; a model's ids are distinct.
@@ -39,12 +67,11 @@ class ServerStore final : public ParamStore {
     // The last step's clock (ssp) travelled ahead of these pulls on each server's connection; its
     // replies are collected here rather than waited for alone after the step.
     const Status clock = std::exchange(clock_, Handle()).wait();
-    int64_t served = -1;
-    std::chrono::microseconds held{0};
-    FERRY_RETURN_IF_ERROR(WaitAll("pull", want, [&](const Served& s, bool sync) {
-      if (sync && s.version >= 0) served = served < 0 ? s.version : std::min(served, s.version);
-      held = std::max(held, s.held);
-    }));
+    double comm = 0;
+    const Status pulled = WaitAll("pull", want, &comm, on_served);
+    progress_.comm_s += comm;
+    FERRY_RETURN_IF_ERROR(pulled);
+    FERRY_RETURN_IF_ERROR(settled);
     FERRY_RETURN_IF_ERROR(clock.WithContext("advancing the clock before step " + std::to_string(step)));
     progress_.pull_wait_s += std::chrono::duration<double>(held).count();
     // Sync: the servers answered once every sync table had reached `want`; a table served at a
@@ -55,31 +82,75 @@ class ServerStore final : public ParamStore {
     return Status::Ok();
   }
 
-  Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step) override {
+  Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step,
+              std::span<const DenseOut> then_pull) override {
     const int64_t tag = any_sync_ ? progress_.step : step;
+    const bool exchange = pull_ahead() > 0 && !then_pull.empty() && !dense.empty();
+    if (exchange) {
+      FERRY_RETURN_IF_ERROR(CheckPairs(dense, then_pull));
+      // An exchange still writing into these buffers (a model that does not alternate them)
+      // ends first.
+      FERRY_RETURN_IF_ERROR(SettleExchanges(then_pull, INT64_MIN, [](const Served&, bool) {}));
+    }
     handles_.clear();
     sync_handle_.clear();
-    ForEachGroup(dense, [&](std::span<const DenseIn> group, bool sync) {
-      Add(client_->PushDense(group, sync ? tag : step), sync);
-    });
+    Exchange e;
+    e.step = step + pull_ahead();
+    e.tag = tag;
+    for (size_t at = 0; at < dense.size();) {
+      const bool sync = IsSync(dense[at].table);
+      size_t end = at + 1;
+      while (end < dense.size() && IsSync(dense[end].table) == sync) ++end;
+      const auto grads = dense.subspan(at, end - at);
+      if (exchange) {
+        e.handles.push_back(client_->PushPullDense(grads, then_pull.subspan(at, end - at), sync ? tag : step));
+        e.sync.push_back(sync);
+      } else {
+        Add(client_->PushDense(grads, sync ? tag : step), sync);
+      }
+      at = end;
+    }
     ForEachGroup(sparse, [&](std::span<const SparseIn> group, bool sync) {
       Add(client_->PushSparse(group, sync ? tag : step, SparseIds::kDistinct), sync);
     });
     // With sync tables, whether the step's push counted is theirs to say: the async tables'
     // parts are always applied.
-    int64_t used = 0, dropped = 0;
-    FERRY_RETURN_IF_ERROR(WaitAll("push", tag, [&](const Served& s, bool sync) {
-      if (any_sync_ && !sync) return;
-      used += s.used;
-      dropped += s.dropped;
-    }));
-    if (used > 0 || dropped == 0) {
-      ++progress_.pushes_used;
-    } else {
-      ++progress_.pushes_dropped;
-    }
+    Status waited = WaitAll("push", tag, &e.sparse_comm_s,
+                            [&](const Served& s, bool sync) { e.count.Add(s, sync, any_sync_); });
     if (any_sync_) next_step_ = tag + 1;
+    if (!exchange) {
+      progress_.comm_s += e.sparse_comm_s;
+      FERRY_RETURN_IF_ERROR(waited);
+      e.count.Finish(&progress_);
+      return Status::Ok();
+    }
+    // Whatever the dense exchange pulls is for step e.step, into then_pull's buffers.
+    for (const DenseOut& d : then_pull) {
+      std::erase_if(ahead_, [&](const Ahead& a) { return a.data == d.data.data(); });
+      ahead_.push_back({std::string(d.table), d.data.data(), d.data.size(), e.step, false});
+    }
+    e.first_error = std::move(waited);
+    exchanges_.push_back(std::move(e));
     return Status::Ok();
+  }
+
+  Status Flush() override {
+    Status first = SettleExchanges({}, INT64_MAX, [&](const Served& s, bool) {
+      progress_.pull_wait_s += std::chrono::duration<double>(s.held).count();
+    });
+    ahead_.clear();
+    const Status clock = std::exchange(clock_, Handle()).wait();
+    FERRY_RETURN_IF_ERROR(first);
+    return clock.WithContext("advancing the clock");
+  }
+
+  int pull_ahead() const override {
+    switch (pipeline_) {
+      case Pipeline::kNone: return 0;
+      case Pipeline::kExchange: return 1;
+      case Pipeline::kPrefetch: return 2;
+    }
+    return 0;
   }
 
   // ssp: sends the clock and returns; the next Pull collects its replies.
@@ -92,6 +163,112 @@ class ServerStore final : public ParamStore {
   Client* client() override { return client_; }
 
  private:
+  // What one step's push reported, summed over its requests: whether the step counted.
+  struct PushCount {
+    int64_t used = 0, dropped = 0;
+    void Add(const Served& s, bool sync, bool any_sync) {
+      if (any_sync && !sync) return;
+      used += s.used;
+      dropped += s.dropped;
+    }
+    void Finish(StoreProgress* p) const {
+      if (used > 0 || dropped == 0) {
+        ++p->pushes_used;
+      } else {
+        ++p->pushes_dropped;
+      }
+    }
+  };
+  // A step's dense push and pull ahead (PushPullDense per group of one kind), in flight.
+  struct Exchange {
+    int64_t step = 0;  // the loop step its parameters are for
+    int64_t tag = 0;   // the step its gradients count for
+    std::vector<Handle> handles;
+    std::vector<bool> sync;
+    PushCount count;          // the step's sparse push, already answered
+    Status first_error;       // ... and its failure
+    double sparse_comm_s = 0; // ... and its communication
+  };
+  // A dense table pulled ahead into `data` for loop step `step`; `ready` once its exchange
+  // ended well.
+  struct Ahead {
+    std::string table;
+    const float* data;
+    size_t size;
+    int64_t step;
+    bool ready;
+  };
+
+  static Status CheckPairs(std::span<const DenseIn> dense, std::span<const DenseOut> then_pull) {
+    if (then_pull.size() != dense.size()) {
+      return InvalidArgumentError("Push: then_pull names " + std::to_string(then_pull.size()) + " tables, the push " +
+                                  std::to_string(dense.size()));
+    }
+    for (size_t i = 0; i < dense.size(); ++i) {
+      if (then_pull[i].table != dense[i].table || then_pull[i].data.size() != dense[i].data.size()) {
+        return InvalidArgumentError("Push: then_pull " + std::to_string(i) + " ('" + std::string(then_pull[i].table) +
+                                    "') does not match the pushed '" + std::string(dense[i].table) + "'");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // True when `d` was pulled ahead for `step` into its buffer by an exchange that ended well.
+  bool TakeAhead(const DenseOut& d, int64_t step) const {
+    for (const Ahead& a : ahead_) {
+      if (a.data == d.data.data()) return a.ready && a.step == step && a.size == d.data.size() && a.table == d.table;
+    }
+    return false;
+  }
+
+  static bool Overlaps(const float* a, size_t an, const float* b, size_t bn) { return a < b + bn && b < a + an; }
+
+  // Ends (waits for) the exchanges in flight that are due by `step`, or that write into one of
+  // `dense`'s buffers, oldest first: counts their pushes, passes each reply to `on_served`, and
+  // marks what they pulled ready. Returns the first failure.
+  template <typename OnServed>
+  Status SettleExchanges(std::span<const DenseOut> dense, int64_t step, OnServed&& on_served) {
+    Status first;
+    for (auto it = exchanges_.begin(); it != exchanges_.end();) {
+      bool due = it->step <= step;
+      for (const Ahead& a : ahead_) {
+        if (a.step != it->step) continue;
+        for (const DenseOut& d : dense) due = due || Overlaps(a.data, a.size, d.data.data(), d.data.size());
+      }
+      if (!due) {
+        ++it;
+        continue;
+      }
+      Exchange& e = *it;
+      Status s = std::move(e.first_error);
+      double comm = e.sparse_comm_s;
+      for (size_t i = 0; i < e.handles.size(); ++i) {
+        Status w = e.handles[i].wait();
+        if (w.ok()) {
+          const Served served = e.handles[i].served();
+          e.count.Add(served, e.sync[i], any_sync_);
+          on_served(served, e.sync[i]);
+          comm = std::max(comm, Seconds(e.handles[i].elapsed() - served.held));
+        }
+        if (!w.ok() && s.ok()) s = std::move(w);
+      }
+      progress_.comm_s += comm;
+      for (Ahead& a : ahead_) {
+        if (a.step == e.step) a.ready = s.ok();
+      }
+      if (s.ok()) {
+        e.count.Finish(&progress_);
+      } else if (first.ok()) {
+        first = s.WithContext("push at step " + std::to_string(e.tag) + " (with the pull of step " +
+                              std::to_string(e.step) + "'s dense tables)");
+      }
+      it = exchanges_.erase(it);
+    }
+    return first;
+  }
+
+  static double Seconds(std::chrono::nanoseconds d) { return std::max(0.0, std::chrono::duration<double>(d).count()); }
+
   bool IsSync(std::string_view table) const {
     auto it = consistency_.find(table);
     return it != consistency_.end() && it->second == Consistency::kSync;
@@ -118,13 +295,19 @@ class ServerStore final : public ParamStore {
 
   // Waits for every handle (even after a failure: the buffers they use must not be released
   // while ZeroMQ still holds them), passes each one's report and whether it was a sync table's
-  // to `on_served`, and returns the first error.
+  // to `on_served`, sets *comm to their communication (the longest, less what the servers held),
+  // and returns the first error.
   template <typename OnServed>
-  Status WaitAll(const char* what, int64_t step, OnServed&& on_served) {
+  Status WaitAll(const char* what, int64_t step, double* comm, OnServed&& on_served) {
     Status first;
+    *comm = 0;
     for (size_t i = 0; i < handles_.size(); ++i) {
       Status s = handles_[i].wait();
-      if (s.ok()) on_served(handles_[i].served(), sync_handle_[i]);
+      if (s.ok()) {
+        const Served served = handles_[i].served();
+        on_served(served, sync_handle_[i]);
+        *comm = std::max(*comm, Seconds(handles_[i].elapsed() - served.held));
+      }
       if (!s.ok() && first.ok()) first = std::move(s);
     }
     handles_.clear();
@@ -133,10 +316,14 @@ class ServerStore final : public ParamStore {
   }
 
   Client* const client_;
+  const Pipeline pipeline_;
   std::map<std::string, Consistency, std::less<>> consistency_;  // per declared table
   bool any_sync_ = false, any_ssp_ = false;
   std::vector<Handle> handles_;
   std::vector<bool> sync_handle_;  // handles_[i] is a sync table's request
+  std::vector<DenseOut> pulls_;    // Pull: the dense tables not pulled ahead
+  std::deque<Exchange> exchanges_; // dense exchanges in flight, oldest first
+  std::vector<Ahead> ahead_;       // what they pull (or pulled), by buffer
   Handle clock_;           // the last EndStep's clock, not yet waited for (ssp)
   int64_t next_step_ = 0;  // sync: the step the next pull asks for (last push's step + 1)
   StoreProgress progress_;
@@ -159,7 +346,8 @@ class LocalStore final : public ParamStore {
     return Status::Ok();
   }
 
-  Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step) override {
+  Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step,
+              std::span<const DenseOut>) override {
     for (const DenseIn& d : dense) FERRY_RETURN_IF_ERROR(tables_->ApplyDense(d.table, d.data, step + 1));
     for (const SparseIn& s : sparse) FERRY_RETURN_IF_ERROR(tables_->ApplyRows(s.table, s.ids, s.grads));
     ++progress_.pushes_used;
@@ -167,6 +355,8 @@ class LocalStore final : public ParamStore {
   }
 
   Status EndStep(int64_t) override { return Status::Ok(); }
+  Status Flush() override { return Status::Ok(); }
+  int pull_ahead() const override { return 0; }
   StoreProgress progress() const override { return progress_; }
 
  private:
@@ -176,7 +366,9 @@ class LocalStore final : public ParamStore {
 
 }  // namespace
 
-std::unique_ptr<ParamStore> CreateServerStore(Client* client) { return std::make_unique<ServerStore>(client); }
+std::unique_ptr<ParamStore> CreateServerStore(Client* client, Pipeline pipeline) {
+  return std::make_unique<ServerStore>(client, pipeline);
+}
 std::unique_ptr<ParamStore> CreateLocalStore() { return std::make_unique<LocalStore>(); }
 
 }  // namespace ferry::trainer

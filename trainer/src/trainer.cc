@@ -65,6 +65,17 @@ std::string ConsistencyName(const TrainerOptions& o) {
   return o.consistency == Consistency::kSync ? "sync" : "async";
 }
 
+// --pipeline's name ("local" for --local, which has no servers to talk to).
+std::string PipelineName(const TrainerOptions& o) {
+  if (o.local) return "local";
+  switch (o.pipeline) {
+    case Pipeline::kNone: return "none";
+    case Pipeline::kExchange: return "exchange";
+    case Pipeline::kPrefetch: return "prefetch";
+  }
+  return "?";
+}
+
 // This program's peak resident memory so far, in KiB: VmHWM of /proc/self/status, the high-water
 // mark of the memory this program mapped (-1 if unknown). Not getrusage's ru_maxrss: Linux keeps
 // that across exec, so it starts at the RSS the parent had when it forked us (a Python test that
@@ -186,7 +197,7 @@ class WorkerRun {
     // either way, since results repeat bitwise only for one count.
     if (options_.blas_threads > 0) kernels::cpu::SetGemmThreads(options_.blas_threads);
     FERRY_ASSIGN_OR_RETURN(model_, CreateModel(options_, device_, data_));
-    store_ = options_.local ? CreateLocalStore() : CreateServerStore(client_);
+    store_ = options_.local ? CreateLocalStore() : CreateServerStore(client_, options_.pipeline);
     std::vector<TableSpec> specs = model_->TableSpecs();
     FERRY_RETURN_IF_ERROR(ApplyTableOverrides(options_, &specs));
     FERRY_RETURN_IF_ERROR(store_->Declare(specs));
@@ -214,6 +225,7 @@ class WorkerRun {
               {"batch", options_.batch},
               {"accumulate", options_.accumulate},
               {"blas_threads", kernels::cpu::GemmThreads()},
+              {"pipeline", PipelineName(options_)},
               {"train_examples", plan_.train_n},
               {"steps", plan_.total_steps}};
     if (data_.ctr != nullptr && data_.ctr->planted_auc >= 0) {
@@ -546,7 +558,7 @@ class WorkerRun {
     lap_.To(&report_.times.compute_s);  // the worker's own bookkeeping counts as its compute
     Json f = {{"step", t + 1},         {plan_.streamed ? "pass" : "epoch", epoch + 1}, {"examples", report_.examples},
               {"loss", mean_loss},     {"accuracy", acc},            {"examples_per_sec", eps},
-              {"time", TimesJson(report_.times)}};
+              {"time", TimesJson(report_.times)}, {"comm_s", store_->progress().comm_s}};
     AddBytes(f);
     Event("train", std::move(f));
     window_loss_ = 0;
@@ -580,8 +592,12 @@ class WorkerRun {
   // evaluate; worker 0 also reads the servers' staleness histogram.
   Status Finish() {
     StepTimes& times = report_.times;
-    // This worker's training ends here: train_s is its time so far less evaluation.
     lap_.To(&times.compute_s);
+    // The last step's exchange (--pipeline) ends: this worker's training ends here, and train_s
+    // is its time so far less evaluation.
+    const double flush_waited_before = PullWait();
+    FERRY_RETURN_IF_ERROR(store_->Flush());
+    lap_.Split(&times.push_s, &times.wait_s, PullWait() - flush_waited_before);
     report_.wall_s = Wall();
     report_.examples_per_sec = report_.wall_s > 0 ? static_cast<double>(report_.examples) / report_.wall_s : 0.0;
     const double train_s = report_.wall_s - times.eval_s;
@@ -617,7 +633,8 @@ class WorkerRun {
               {"pushes_used", progress.pushes_used},
               {"pushes_dropped", progress.pushes_dropped},
               {"peak_rss_kib", PeakRssKiB()},
-              {"time", TimesJson(times)}};
+              {"time", TimesJson(times)},
+              {"comm_s", progress.comm_s}};
     AddBytes(f);
     if (rank_ == 0) {
       f["staleness"] = std::move(staleness);

@@ -40,11 +40,16 @@ struct Handle::State {
   Status status ABSL_GUARDED_BY(mu);                 // the first failure
   Served served ABSL_GUARDED_BY(mu);                 // what the replies reported
   std::shared_ptr<transport::Lender> lender;         // frames lent to ZeroMQ (tcp/ipc pushes); set before sharing
+  const SteadyClock::time_point started = SteadyClock::now();  // the call
+  SteadyClock::time_point finished ABSL_GUARDED_BY(mu);        // its last reply
 
   void Finish(const Status& s) {
     MutexLock lock(&mu);
     if (!s.ok() && status.ok()) status = s;
-    if (--pending == 0) cv.SignalAll();
+    if (--pending == 0) {
+      finished = SteadyClock::now();
+      cv.SignalAll();
+    }
   }
   // Adds one reply's report (I/O thread).
   void Record(const wire::Header& h) {
@@ -69,6 +74,7 @@ struct Handle::State {
   void Fail(const Status& s) {  // before any request was sent
     MutexLock lock(&mu);
     if (status.ok()) status = s;
+    if (pending == 0) finished = SteadyClock::now();
   }
 };
 
@@ -98,6 +104,13 @@ Served Handle::served() const {
   if (!state_) return {};
   MutexLock lock(&state_->mu);
   return state_->served;
+}
+
+std::chrono::nanoseconds Handle::elapsed() const {
+  if (!state_) return std::chrono::nanoseconds(0);
+  MutexLock lock(&state_->mu);
+  if (state_->pending != 0 || state_->finished < state_->started) return std::chrono::nanoseconds(0);
+  return state_->finished - state_->started;
 }
 
 bool Handle::done() const {

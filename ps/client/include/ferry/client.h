@@ -93,6 +93,10 @@ class Handle {
   bool done() const;
   // What the servers reported (meaningful once the operation is done).
   Served served() const;
+  // How long the operation took, from the call to its last reply, measured by the client: the
+  // building of its messages, the wire both ways, the servers' work and any time they held it
+  // (Served::held). Zero until it is done, and for an empty handle.
+  std::chrono::nanoseconds elapsed() const;
 
  private:
   std::shared_ptr<State> state_;

@@ -16,6 +16,7 @@
 #include "ferry/data/criteo.h"
 #include "ferry/status.h"
 #include "ferry/table_spec.h"
+#include "ferry/trainer/param_store.h"
 
 namespace ferry::trainer {
 
@@ -78,6 +79,7 @@ struct TrainerOptions {
   std::vector<TableOverride> tables;             // --table PATTERN:key=value,... (repeatable)
   int backup_workers = 0;    // --backup-workers K (sync): each step aggregates M - K gradients
   int64_t accumulate = 1;    // --accumulate k: k micro-batches of --batch per push
+  Pipeline pipeline = Pipeline::kExchange;  // --pipeline none|exchange|prefetch (param_store.h)
   // --blas-threads N: threads of the CPU GEMM (OpenBLAS); 0 keeps OpenBLAS's own count (its
   // OPENBLAS_NUM_THREADS, else the cores). The count used is recorded in the metrics; sync runs
   // are bitwise reproducible for the same count, so set it to compare machines (PROTOCOL.md).

@@ -40,6 +40,27 @@ struct StoreProgress {
   // Of the pulls' time so far, the part the servers held them waiting for their step (sync: for
   // the other workers' gradients; ssp: for their clocks): waiting, not transfer.
   double pull_wait_s = 0;
+  // The communication so far, as if alone: for each call's requests (in flight together), the
+  // longest from the call to its last reply, less the time the servers held it (pull_wait_s).
+  // With a pipeline (Pipeline below) it overlaps the worker's compute, so it is not a part of
+  // the worker's time but what a step's communication costs.
+  double comm_s = 0;
+};
+
+// How a ServerStore overlaps a step's communication (trainer flag --pipeline).
+enum class Pipeline : uint8_t {
+  // Push, wait, and pull the next step's tables in their own round trip (the path before 1.6 of
+  // the trainer; kept to measure against).
+  kNone,
+  // The dense tables' push of step t and their pull for step t + 1 travel in one round trip per
+  // server (PushPullDense), and the trainer goes on (loads the next batch) while it travels: the
+  // next Pull waits for it. The same parameters as kNone, so sync runs give the same bits.
+  kExchange,
+  // Async and ssp only: as kExchange, but the parameters that come back are used one step later,
+  // so the round trip overlaps the whole next step's compute. Step t computes on parameters
+  // read at the end of step t - 2: without its own step t - 1 gradient (one step more of
+  // staleness; ssp:S then bounds the staleness at S + 1).
+  kPrefetch,
 };
 
 class ParamStore {
@@ -51,10 +72,24 @@ class ParamStore {
   // Reads the tables for `step` (the loop's step / ssp clock); every request of one call is in
   // flight together and all are waited for. Sync tables on servers are read at the global step
   // this worker knows (progress().step + 1 after a push): `step` only orders the loop.
+  // A dense table an earlier Push pulled ahead for this `step` into the same buffer (then_pull)
+  // is not asked for again: the Pull waits for that exchange instead.
   virtual Status Pull(std::span<const DenseOut> dense, std::span<const SparseOut> sparse, int64_t step) = 0;
   // Sends the gradients of `step` (each one optimizer update locally). Sync: they count for the
   // step the last pull was served at (progress().step), whatever the loop's `step`.
-  virtual Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step) = 0;
+  // `then_pull` (empty, or the tables of `dense` in the same order): buffers to pull those tables
+  // into for step + pull_ahead() in the same round trip as their push. With pull_ahead() > 0 the
+  // call returns once the sparse gradients are answered, the dense exchange still in flight:
+  // `dense` and `then_pull` must stay untouched until a Pull for step + pull_ahead() (or Flush)
+  // returns; a later Pull reports its failure.
+  virtual Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step,
+                      std::span<const DenseOut> then_pull = {}) = 0;
+  // Waits for what is still in flight and forgets what was pulled ahead: the next Pull reads
+  // every table again (the final parameters, after the other workers finished).
+  virtual Status Flush() = 0;
+  // 0: Push does not pull ahead (then_pull is ignored); 1: then_pull is for the next step
+  // (Pipeline::kExchange); 2: for the step after it (kPrefetch).
+  virtual int pull_ahead() const = 0;
   // The end of `step`: ssp tables advance this worker's clock to step + 1.
   virtual Status EndStep(int64_t step) = 0;
 
@@ -66,8 +101,9 @@ class ParamStore {
 
 // `client` must outlive the store. Each table is read and written as its own consistency says:
 // with any sync table the global step is tracked (sync tables are pulled at it, the others at
-// the loop's step); with any ssp table EndStep advances the clock.
-std::unique_ptr<ParamStore> CreateServerStore(Client* client);
+// the loop's step); with any ssp table EndStep advances the clock. Pipeline::kPrefetch refuses
+// (at Declare) a sync table: a sync step's parameters exist only once the step closed.
+std::unique_ptr<ParamStore> CreateServerStore(Client* client, Pipeline pipeline = Pipeline::kExchange);
 std::unique_ptr<ParamStore> CreateLocalStore();
 
 }  // namespace ferry::trainer

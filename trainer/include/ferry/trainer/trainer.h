@@ -6,6 +6,11 @@
 //   [evaluate, every --eval-every steps, or at the start of every epoch after the first]
 //   load batch t; pull (dense tables + the batch's sparse rows) at step t; forward + backward over
 //   --accumulate micro-batches; push the step's gradients for step t; ssp: advance the clock.
+// With --pipeline exchange (the default) the push of the dense gradients also pulls the dense
+// tables for step t + 1, in one round trip per server, and the worker loads batch t + 1 while it
+// travels: step t + 1's pull then asks only for its sparse rows. With --pipeline prefetch (async
+// and ssp) the parameters of that round trip are used at step t + 2, so it overlaps the whole of
+// step t + 1 (ParamStore's Pipeline says what each costs in staleness).
 // Before step 0 the workers meet at a barrier (every worker has connected). After the last step
 // the worker tells the servers it has finished (Client::Finish: sync steps stop waiting for it, so
 // workers with fewer steps never hold the others up), the workers meet at a barrier, then each
@@ -50,10 +55,11 @@
 //   eval_s    evaluation less its waiting
 // Epochs are counted from 1.
 //   start  num_workers, model, consistency, tables (the --table settings), backup_workers,
-//          device, batch, accumulate, blas_threads, train_examples, steps (and, for synthetic ctr data, planted_auc, planted_log_loss)
+//          device, batch, accumulate, blas_threads, pipeline (none|exchange|prefetch|local),
+//          train_examples, steps (and, for synthetic ctr data, planted_auc, planted_log_loss)
 //   train  step, epoch (or pass, for streamed Criteo files: the pass being read), examples
 //          (cumulative, this worker), loss (mean over the window),
-//          accuracy, examples_per_sec (window), bytes_sent, bytes_received
+//          accuracy, examples_per_sec (window), bytes_sent, bytes_received, comm_s (below)
 //   eval   step, examples, count (test examples), loss, accuracy, auc (ctr), log_loss (ctr),
 //          merged (true when the workers' shards were merged) — worker 0 only
 //   end    steps, examples, examples_per_sec (over this worker's steps, evaluation included),
@@ -61,7 +67,10 @@
 //          closing barrier: waiting for the other workers; part of wait_s), global_step (sync:
 //          the step this worker's last push counted for), pushes_used / pushes_dropped (steps
 //          whose gradient counted / was dropped whole as late), bytes_sent, bytes_received,
-//          peak_rss_kib (this program's peak resident memory: VmHWM, not ru_maxrss);
+//          peak_rss_kib (this program's peak resident memory: VmHWM, not ru_maxrss), comm_s
+//          (StoreProgress::comm_s over the steps: each call's round trips, less the servers'
+//          holding; with --pipeline it overlaps compute_s, so train_s / steps against
+//          max(compute_s, comm_s) / steps says how well a step hides its communication);
 //          worker 0 adds
 //          "staleness" {"k": updates applied k versions stale, summed over servers} and "final"
 //          (the last eval's fields); first_step (> 0: the step a --resume worker began at)

@@ -1,0 +1,219 @@
+// The step pipeline of the trainer's ServerStore (param_store.h, Pipeline): what each mode reads
+// at each step, how many messages it sends, and how an exchange's failure is reported.
+//
+// One worker on two tcp servers drives the store as a model does (tower.h): two sets of
+// parameter and gradient buffers, step t on set t % 2, pulling ahead into the set of the step
+// the store pulls for. The tables are SGD with learning rate 1 from zeros and the gradients
+// small multiples of 1/16, so every value read is an exact sum the test computes by hand.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ferry/trainer/param_store.h"
+#include "support/cluster.h"
+
+namespace ferry::trainer {
+namespace {
+
+constexpr int64_t kW = 20000;  // five chunks of 4096 over the two servers
+constexpr int64_t kB = 3;
+
+std::vector<TableSpec> Tables(Consistency c) {
+  TableSpec w = test::SgdTable("w", kW, c);
+  w.chunk_elems = 4096;
+  TableSpec b = test::SgdTable("b", kB, c);
+  if (c == Consistency::kSsp) w.staleness = b.staleness = 1;
+  return {w, b};
+}
+
+// Step t's gradient of element i of table k (0: w, 1: b).
+float Grad(int64_t t, int k, int64_t i) { return static_cast<float>((t + 1) * (i % 7 + 1 + k)) / 16.0f; }
+
+// The value of element i of table k after the gradients of steps [0, n).
+float After(int64_t n, int k, int64_t i) {
+  float v = 0;
+  for (int64_t s = 0; s < n; ++s) v -= Grad(s, k, i);
+  return v;
+}
+
+struct Buffers {
+  std::vector<float> params[2][2];  // [set][table]
+  std::vector<float> grads[2][2];
+  Buffers() {
+    for (int s = 0; s < 2; ++s) {
+      params[s][0].assign(kW, 0.0f), params[s][1].assign(kB, 0.0f);
+      grads[s][0].assign(kW, 0.0f), grads[s][1].assign(kB, 0.0f);
+    }
+  }
+  std::vector<DenseOut> Outs(int64_t step) {
+    auto& p = params[step & 1];
+    return {{"w", p[0]}, {"b", p[1]}};
+  }
+  std::vector<DenseIn> Ins(int64_t step) {
+    auto& g = grads[step & 1];
+    return {{"w", g[0]}, {"b", g[1]}};
+  }
+};
+
+struct Reads {
+  std::vector<std::vector<float>> w_read, b_read;  // per step: what Pull(t) read
+  // Messages sent by the first pull, and by all the steps.
+  int64_t first_pull_requests = 0;
+  int64_t requests = 0;
+  StoreProgress progress;
+};
+
+// `steps` steps of pull, gradient, push (and EndStep), then Flush.
+Reads Drive(const test::LocalCluster& cluster, Consistency c, Pipeline pipeline, int64_t steps) {
+  Reads run;
+  auto client = cluster.Connect(0, 1);
+  auto store = CreateServerStore(client.get(), pipeline);
+  const auto specs = Tables(c);
+  const Status declared = store->Declare(specs);
+  EXPECT_TRUE(declared.ok()) << declared;
+  Buffers buf;
+  const int64_t before = client->stats().requests;  // the handshake and the declarations
+  for (int64_t t = 0; t < steps; ++t) {
+    const auto outs = buf.Outs(t);
+    const Status pulled = store->Pull(outs, {}, t);
+    EXPECT_TRUE(pulled.ok()) << pulled;
+    if (t == 0) run.first_pull_requests = client->stats().requests - before;
+    run.w_read.push_back(buf.params[t & 1][0]);
+    run.b_read.push_back(buf.params[t & 1][1]);
+    for (int k = 0; k < 2; ++k) {
+      auto& g = buf.grads[t & 1][k];
+      for (size_t i = 0; i < g.size(); ++i) g[i] = Grad(t, k, static_cast<int64_t>(i));
+    }
+    const Status pushed = store->Push(buf.Ins(t), {}, t, buf.Outs(t + store->pull_ahead()));
+    EXPECT_TRUE(pushed.ok()) << pushed;
+    EXPECT_TRUE(store->EndStep(t).ok());
+  }
+  const Status flushed = store->Flush();
+  EXPECT_TRUE(flushed.ok()) << flushed;
+  run.requests = client->stats().requests - before;
+  run.progress = store->progress();
+  return run;
+}
+
+// Pull(t) must have read the tables after the gradients of steps [0, n(t)).
+void ExpectReads(const Reads& run, const std::function<int64_t(int64_t)>& n, const std::string& what) {
+  for (size_t t = 0; t < run.w_read.size(); ++t) {
+    const int64_t applied = n(static_cast<int64_t>(t));
+    for (int64_t i = 0; i < kW; i += 997) {
+      ASSERT_EQ(run.w_read[t][static_cast<size_t>(i)], After(applied, 0, i)) << what << ": w[" << i << "] at step " << t;
+    }
+    ASSERT_EQ(run.w_read[t][kW - 1], After(applied, 0, kW - 1)) << what << ": last element at step " << t;
+    for (int64_t i = 0; i < kB; ++i) {
+      ASSERT_EQ(run.b_read[t][static_cast<size_t>(i)], After(applied, 1, i)) << what << ": b[" << i << "] at step " << t;
+    }
+  }
+}
+
+// Exchange reads exactly what separate pulls read, for every consistency, in fewer messages:
+// the pulls after the first ride on the pushes.
+TEST(Pipeline, ExchangeReadsWhatSeparatePullsReadInOneRoundTripAStep) {
+  constexpr int64_t kSteps = 6;
+  for (Consistency c : {Consistency::kSync, Consistency::kAsync, Consistency::kSsp}) {
+    const std::string what = c == Consistency::kSync ? "sync" : c == Consistency::kAsync ? "async" : "ssp";
+    for (Pipeline p : {Pipeline::kNone, Pipeline::kExchange}) {
+      auto cluster = test::LocalCluster::Start(2, /*tcp=*/true);
+      const Reads run = Drive(cluster, c, p, kSteps);
+      const std::string label = what + (p == Pipeline::kNone ? " none" : " exchange");
+      ExpectReads(run, [](int64_t t) { return t; }, label);
+      // Both tables travel in one message per server a call reaches (w spans both servers).
+      const int64_t per_call = run.first_pull_requests;
+      ASSERT_EQ(per_call, 2) << label;
+      // ssp adds a clock message per server per step.
+      const int64_t clocks = c == Consistency::kSsp ? 2 * kSteps : 0;
+      if (p == Pipeline::kNone) {
+        EXPECT_EQ(run.requests, 2 * kSteps * per_call + clocks) << label;
+      } else {
+        EXPECT_EQ(run.requests, (1 + kSteps) * per_call + clocks) << label;
+      }
+      EXPECT_EQ(run.progress.pushes_used, kSteps) << label;
+      EXPECT_GT(run.progress.comm_s, 0.0) << label;
+    }
+  }
+}
+
+// Prefetch: step t >= 2 computes on the parameters after step t - 2's gradient (one step more
+// of staleness); step 1 reads after step 0's (nothing was pulled ahead for it).
+TEST(Pipeline, PrefetchReadsParametersOneStepOlder) {
+  for (Consistency c : {Consistency::kAsync, Consistency::kSsp}) {
+    auto cluster = test::LocalCluster::Start(2, /*tcp=*/true);
+    const Reads run = Drive(cluster, c, Pipeline::kPrefetch, 7);
+    ExpectReads(run, [](int64_t t) { return t < 2 ? t : t - 1; }, c == Consistency::kAsync ? "async" : "ssp");
+    EXPECT_EQ(run.progress.pushes_used, 7);
+  }
+}
+
+TEST(Pipeline, PrefetchRefusesSyncTables) {
+  auto cluster = test::LocalCluster::Start(1);
+  auto client = cluster.Connect(0, 1);
+  auto store = CreateServerStore(client.get(), Pipeline::kPrefetch);
+  const Status s = store->Declare(Tables(Consistency::kSync));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("'w' is sync"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("--pipeline exchange"), std::string::npos) << s;
+}
+
+// A push refused by the servers (a NaN, with the default refuse policy) inside an exchange: Push
+// has returned, so the next Pull reports it, naming the step; nothing of it was applied (one
+// server: each server checks its own message whole).
+TEST(Pipeline, TheNextPullReportsAFailedExchange) {
+  auto cluster = test::LocalCluster::Start(1, /*tcp=*/true);  // one message: refused whole
+  auto client = cluster.Connect(0, 1);
+  auto store = CreateServerStore(client.get(), Pipeline::kExchange);
+  ASSERT_TRUE(store->Declare(Tables(Consistency::kAsync)).ok());
+  Buffers buf;
+  ASSERT_TRUE(store->Pull(buf.Outs(0), {}, 0).ok());
+  buf.grads[0][0].assign(kW, 0.5f);
+  buf.grads[0][0][12345] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(store->Push(buf.Ins(0), {}, 0, buf.Outs(1)).ok());
+  const Status s = store->Pull(buf.Outs(1), {}, 1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("push at step 0"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("chunk 3"), std::string::npos) << s;
+  // The failed exchange pulled nothing usable: a new pull reads the tables, untouched.
+  ASSERT_TRUE(store->Flush().ok());
+  buf.params[1][0].assign(kW, 9.0f);
+  ASSERT_TRUE(store->Pull(buf.Outs(1), {}, 1).ok());
+  for (float v : buf.params[1][0]) ASSERT_EQ(v, 0.0f);
+  EXPECT_EQ(store->progress().pushes_used, 0);
+}
+
+TEST(Pipeline, ThenPullMustNameThePushedTables) {
+  auto cluster = test::LocalCluster::Start(1);
+  auto client = cluster.Connect(0, 1);
+  auto store = CreateServerStore(client.get(), Pipeline::kExchange);
+  ASSERT_TRUE(store->Declare(Tables(Consistency::kAsync)).ok());
+  Buffers buf;
+  ASSERT_TRUE(store->Pull(buf.Outs(0), {}, 0).ok());
+  const auto outs = buf.Outs(1);
+  const std::vector<DenseOut> swapped = {outs[1], outs[0]};
+  const Status s = store->Push(buf.Ins(0), {}, 0, swapped);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("does not match the pushed 'w'"), std::string::npos) << s;
+  const Status short_list = store->Push(buf.Ins(0), {}, 0, std::span<const DenseOut>(outs).first(1));
+  EXPECT_EQ(short_list.code(), StatusCode::kInvalidArgument) << short_list;
+}
+
+TEST(Pipeline, HandleElapsedIsTheCallToTheLastReply) {
+  auto cluster = test::LocalCluster::Start(1);
+  auto client = cluster.Connect(0, 1);
+  ASSERT_TRUE(client->Declare(test::SgdTable("w", 8, Consistency::kAsync)).ok());
+  EXPECT_EQ(Handle().elapsed().count(), 0);
+  std::vector<float> w(8);
+  const auto before = std::chrono::steady_clock::now();
+  Handle h = client->PullDense("w", w, 0);
+  ASSERT_TRUE(h.wait().ok());
+  const auto after = std::chrono::steady_clock::now();
+  EXPECT_GT(h.elapsed().count(), 0);
+  EXPECT_LE(h.elapsed(), after - before);
+}
+
+}  // namespace
+}  // namespace ferry::trainer

@@ -77,8 +77,9 @@ TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
   auto o = Parse({"--servers", "tcp://a:1", "--num-workers", "4", "--rank", "3", "--model", "ctr", "--emb-dim", "8",
                   "--ctr-fields", "5", "--ctr-vocab", "77", "--ctr-dense", "0", "--ctr-train", "1000", "--ctr-test", "10",
                   "--ctr-zipf", "1.3", "--data-seed", "9", "--accumulate", "3", "--backup-workers", "1",
-                  "--straggler", "3:x2.5"});
+                  "--straggler", "3:x2.5", "--pipeline", "none"});
   ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->pipeline, Pipeline::kNone);
   EXPECT_EQ(o->model, "ctr");
   EXPECT_EQ(o->emb_dim, 8);
   EXPECT_EQ(o->ctr_fields, 5);
@@ -96,6 +97,10 @@ TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
   auto d = Parse({"--local", "--straggler", "0:40ms"});
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_DOUBLE_EQ(d->straggler_delay_ms, 40);
+  EXPECT_EQ(d->pipeline, Pipeline::kExchange);  // the default
+  auto p = Parse({"--local", "--pipeline", "prefetch"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->pipeline, Pipeline::kPrefetch);
   EXPECT_EQ(d->replicas_to_aggregate(), 0);
 }
 
@@ -168,6 +173,7 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
       {{"--local", "--batch"}, "--batch"},
       {{"--model", "cnn", "--local"}, "--model"},
       {{"--local", "--accumulate", "0"}, "--accumulate"},
+      {{"--local", "--pipeline", "overlap"}, "--pipeline"},
       {{"--local", "--straggler", "1"}, "--straggler"},
       {{"--local", "--straggler", "0:fast"}, "--straggler"},
       {{"--local", "--straggler", "0:x0.5"}, "--straggler"},

@@ -49,7 +49,11 @@ TEST_P(FashionMnistTraining, TwoWorkersLearn) {
   o.hidden = {64};
   o.optimizer.type = OptimizerType::kAdam;
   o.optimizer.learning_rate = 0.002f;
-  ASSERT_TRUE(ParseConsistency(GetParam(), &o.consistency, &o.staleness).ok());
+  // "mode" or "mode+pipeline" (the default pipeline is exchange).
+  const std::string mode = GetParam().substr(0, GetParam().find('+'));
+  ASSERT_TRUE(ParseConsistency(mode, &o.consistency, &o.staleness).ok());
+  if (GetParam().ends_with("+none")) o.pipeline = Pipeline::kNone;
+  if (GetParam().ends_with("+prefetch")) o.pipeline = Pipeline::kPrefetch;
   o.batch = 32;
   o.steps = kSteps;
   o.log_every = 100;
@@ -65,10 +69,10 @@ TEST_P(FashionMnistTraining, TwoWorkersLearn) {
   EXPECT_GT(r.eval.accuracy, 0.7);  // chance is 0.1
 }
 
-INSTANTIATE_TEST_SUITE_P(Consistency, FashionMnistTraining, testing::Values("sync", "async", "ssp:2"),
+INSTANTIATE_TEST_SUITE_P(Consistency, FashionMnistTraining, testing::Values("sync", "async", "ssp:2", "sync+none", "async+prefetch", "ssp:2+prefetch"),
                          [](const testing::TestParamInfo<std::string>& info) {
                            std::string s = info.param;
-                           for (char& c : s) if (c == ':') c = '_';
+                           for (char& c : s) if (c == ':' || c == '+') c = '_';
                            return s;
                          });
 

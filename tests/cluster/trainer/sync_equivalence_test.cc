@@ -105,6 +105,28 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, SyncEquivalence,
                            return std::string(OptimizerName(info.param.opt));
                          });
 
+// --pipeline exchange (the default) reads, at every step, the very parameters --pipeline none
+// reads: sync training gives the same bits step by step (2 workers, 2 servers, Adam).
+TEST(SyncPipeline, ExchangeGivesTheBitsOfSeparatePushAndPull) {
+  const data::ImageDataset train = test::MakeImages(40, kDataSeed);
+  const Datasets ds{&train, nullptr};
+  test::Trace traces[2];
+  for (const Pipeline pipeline : {Pipeline::kNone, Pipeline::kExchange}) {
+    auto cluster = ferry::test::LocalCluster::Start(2);
+    TrainerOptions o = BaseOptions(OptimizerType::kAdam, 0.01f, 8);
+    o.batch = 4;
+    o.pipeline = pipeline;
+    const auto runs = test::RunWorkers(cluster, 2, o, ds, /*record=*/true);
+    ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
+    ASSERT_TRUE(runs[1].report.ok()) << runs[1].report.status();
+    EXPECT_EQ(runs[0].trace, runs[1].trace);
+    traces[pipeline == Pipeline::kNone ? 0 : 1] = runs[0].trace;
+  }
+  ASSERT_EQ(traces[0].size(), 9u);  // steps 0..7 and the final parameters
+  for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[0][t], traces[1][t]) << "step " << t;
+  EXPECT_NE(traces[0][0], traces[0][8]);
+}
+
 // Every example is used once per epoch across the workers, whatever N, B and M: the epoch's
 // last step takes the rest of each shard (trainer.h). 41 examples over 2 workers of batch 4:
 // shards of 21 and 20, 5 steps an epoch, worker 0's last step holds 5 examples (kB + 1).
@@ -150,13 +172,17 @@ TEST(Epochs, EveryExampleOncePerEpochAndEvalEachEpoch) {
 // Async and ssp workers are not in step: the fast one waits for the others at the end, so every
 // worker's final parameters (and worker 0's final evaluation) hold every update, the straggler's
 // last ones included.
+// (With --pipeline prefetch too: the last step's exchange ends before the final pull.)
 TEST(FinalModel, AsyncAndSspFinalParametersHoldEveryWorkersUpdates) {
   const data::ImageDataset train = test::MakeImages(64, kDataSeed);
   const Datasets ds{&train, &train};
+  for (const Pipeline pipeline : {Pipeline::kExchange, Pipeline::kPrefetch})
   for (const Consistency mode : {Consistency::kAsync, Consistency::kSsp}) {
     SCOPED_TRACE(mode == Consistency::kAsync ? "async" : "ssp:2");
+    SCOPED_TRACE(pipeline == Pipeline::kExchange ? "exchange" : "prefetch");
     auto cluster = ferry::test::LocalCluster::Start(2);
     TrainerOptions o = BaseOptions(OptimizerType::kSgd, 0.1f, 12);
+    o.pipeline = pipeline;
     o.consistency = mode;
     o.staleness = 2;
     o.batch = 4;

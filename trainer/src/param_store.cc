@@ -97,19 +97,12 @@ class ServerStore final : public ParamStore {
     Exchange e;
     e.step = step + pull_ahead();
     e.tag = tag;
-    for (size_t at = 0; at < dense.size();) {
-      const bool sync = IsSync(dense[at].table);
-      size_t end = at + 1;
-      while (end < dense.size() && IsSync(dense[end].table) == sync) ++end;
-      const auto grads = dense.subspan(at, end - at);
-      if (exchange) {
-        e.handles.push_back(client_->PushPullDense(grads, then_pull.subspan(at, end - at), sync ? tag : step));
-        e.sync.push_back(sync);
-      } else {
-        Add(client_->PushDense(grads, sync ? tag : step), sync);
-      }
-      at = end;
-    }
+    ForEachGroup(dense, [&](std::span<const DenseIn> grads, bool sync) {
+      if (!exchange) return Add(client_->PushDense(grads, sync ? tag : step), sync);
+      const auto outs = then_pull.subspan(static_cast<size_t>(grads.data() - dense.data()), grads.size());
+      e.handles.push_back(client_->PushPullDense(grads, outs, sync ? tag : step));
+      e.sync.push_back(sync);
+    });
     ForEachGroup(sparse, [&](std::span<const SparseIn> group, bool sync) {
       Add(client_->PushSparse(group, sync ? tag : step, SparseIds::kDistinct), sync);
     });

@@ -141,6 +141,9 @@ struct ClientStats {
   int64_t requests = 0;       // messages sent
   int64_t bytes_sent = 0;     // all frames
   int64_t bytes_received = 0; // all frames
+  // Finite values of pushes to fp16 / bf16 tables beyond the format's range, sent as its largest
+  // value instead (1.6; README, "Wire formats").
+  int64_t values_saturated = 0;
 };
 
 class Client {

@@ -19,6 +19,8 @@ constexpr uint32_t kF16MinNormal = 113u << 23;        // 2^-14
 constexpr uint32_t kF16DenormMagic = 126u << 23;      // 0.5: aligns 10 mantissa bits at the bottom (Giesen)
 constexpr uint32_t kBf16Saturate = 0x7f7f8000u;       // halfway between the largest bf16 and Inf
 
+constexpr int64_t kBlock = int64_t{1} << 16;
+
 inline uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
 inline float Float(uint32_t u) { return std::bit_cast<float>(u); }
 
@@ -29,6 +31,11 @@ inline uint16_t Load16(const unsigned char* p, int64_t i) {
 }
 inline void Store16(unsigned char* p, int64_t i, uint16_t v) { std::memcpy(p + 2 * i, &v, 2); }
 
+// All ones where `c` holds, else zero: blends written as masks stay straight-line code that GCC
+// vectorizes (a ternary over a float expression becomes a branch under -ftrapping-math).
+inline uint32_t Mask(bool c) { return 0u - static_cast<uint32_t>(c); }
+inline uint32_t Blend(uint32_t m, uint32_t yes, uint32_t no) { return (yes & m) | (no & ~m); }
+
 // float32 -> fp16 bits (round to nearest even, saturating; see codec.h).
 inline uint16_t ToF16(float f) {
   const uint32_t x = Bits(f);
@@ -36,11 +43,14 @@ inline uint16_t ToF16(float f) {
   const uint32_t sign = (x >> 16) & 0x8000u;
   // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even.
   const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
-  // Subnormal or zero: one float add against a magic number rounds, in the FPU's default mode.
-  const uint32_t sub = Bits(Float(a) + Float(kF16DenormMagic)) - kF16DenormMagic;
-  uint32_t r = a < kF16MinNormal ? sub : normal;
-  r = a >= kF16Saturate ? 0x7bffu : r;
-  r = a >= kF32Inf ? (a > kF32Inf ? 0x7e00u : 0x7c00u) : r;
+  // Subnormal or zero: one float add against a magic number rounds, in the FPU's default mode
+  // (of a clamped operand, so that it never overflows whatever `a` is).
+  const uint32_t small = a < kF16MinNormal ? a : kF16MinNormal;
+  const uint32_t sub = Bits(Float(small) + Float(kF16DenormMagic)) - kF16DenormMagic;
+  uint32_t r = Blend(Mask(a < kF16MinNormal), sub, normal);
+  r = Blend(Mask(a >= kF16Saturate), 0x7bffu, r);
+  r = Blend(Mask(a >= kF32Inf), 0x7c00u, r);
+  r = Blend(Mask(a > kF32Inf), 0x7e00u, r);
   return static_cast<uint16_t>(r | sign);
 }
 
@@ -51,8 +61,8 @@ inline float FromF16(uint16_t h) {
   const uint32_t normal = o + ((127u - 15u) << 23);
   const uint32_t special = normal + ((128u - 16u) << 23);  // Inf / NaN: exponent all ones
   const uint32_t sub = Bits(Float(normal + (1u << 23)) - Float(kF16MinNormal));
-  uint32_t r = exp == (0x7c00u << 13) ? special : normal;
-  r = exp == 0 ? sub : r;
+  uint32_t r = Blend(Mask(exp == (0x7c00u << 13)), special, normal);
+  r = Blend(Mask(exp == 0), sub, r);
   return Float(r | ((static_cast<uint32_t>(h) & 0x8000u) << 16));
 }
 
@@ -73,10 +83,15 @@ inline float FromBf16(uint16_t h) { return Float(static_cast<uint32_t>(h) << 16)
 int64_t EncodeF16(const float* in, int64_t n, void* out) {
   auto* o = static_cast<unsigned char*>(out);
   int64_t saturated = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = Bits(in[i]) & 0x7fffffffu;
-    saturated += (a >= kF16Saturate) & (a < kF32Inf);
-    Store16(o, i, ToF16(in[i]));
+  for (int64_t start = 0; start < n; start += kBlock) {  // a 32-bit count per block vectorizes better
+    const int64_t end = std::min(n, start + kBlock);
+    uint32_t block = 0;
+    for (int64_t i = start; i < end; ++i) {
+      const uint32_t a = Bits(in[i]) & 0x7fffffffu;
+      block += static_cast<uint32_t>(a >= kF16Saturate) & static_cast<uint32_t>(a < kF32Inf);
+      Store16(o, i, ToF16(in[i]));
+    }
+    saturated += block;
   }
   return saturated;
 }
@@ -89,10 +104,15 @@ void DecodeF16(const void* in, int64_t n, float* out) {
 int64_t EncodeBf16(const float* in, int64_t n, void* out) {
   auto* o = static_cast<unsigned char*>(out);
   int64_t saturated = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = Bits(in[i]) & 0x7fffffffu;
-    saturated += (a >= kBf16Saturate) & (a < kF32Inf);
-    Store16(o, i, ToBf16(in[i]));
+  for (int64_t start = 0; start < n; start += kBlock) {  // a 32-bit count per block vectorizes better
+    const int64_t end = std::min(n, start + kBlock);
+    uint32_t block = 0;
+    for (int64_t i = start; i < end; ++i) {
+      const uint32_t a = Bits(in[i]) & 0x7fffffffu;
+      block += static_cast<uint32_t>(a >= kBf16Saturate) & static_cast<uint32_t>(a < kF32Inf);
+      Store16(o, i, ToBf16(in[i]));
+    }
+    saturated += block;
   }
   return saturated;
 }
@@ -148,14 +168,28 @@ void SelectTopK(const float* x, int64_t n, int64_t k, uint32_t* idx, std::vector
     return;
   }
   // Magnitudes as integers order like |x| (NaN above Inf above finite values). The k-th largest
-  // is the threshold: everything above it is taken, then equal ones in index order.
-  std::vector<uint32_t>& mag = *scratch;
-  mag.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) mag[static_cast<size_t>(i)] = Bits(x[i]) & 0x7fffffffu;
-  std::nth_element(mag.begin(), mag.begin() + (k - 1), mag.end(), std::greater<uint32_t>());
-  const uint32_t threshold = mag[static_cast<size_t>(k - 1)];
-  int64_t above = 0;
-  for (int64_t i = 0; i < n; ++i) above += (Bits(x[i]) & 0x7fffffffu) > threshold;
+  // is the threshold: everything above it is taken, then equal ones in index order. It is found
+  // by a histogram of the top 11 magnitude bits (8 exponent + 3 mantissa bits: eighths of an
+  // octave), then nth_element over the one bucket that holds it. Measured on the 2-core VM
+  // (bench codec/topk*/1M, normal(0, 1) data, residual add and frame included): 2.0-3.5 ns an
+  // element against 7.2-8.2 with nth_element over all n.
+  constexpr int kShift = 20;
+  constexpr size_t kBuckets = size_t{1} << (31 - kShift);
+  std::vector<uint32_t>& s = *scratch;
+  s.assign(kBuckets, 0);
+  for (int64_t i = 0; i < n; ++i) ++s[(Bits(x[i]) & 0x7fffffffu) >> kShift];
+  int64_t above = 0;  // elements in buckets above `bucket`
+  size_t bucket = kBuckets - 1;
+  while (above + s[bucket] < k) above += s[bucket--];
+  const int64_t rank = k - above;  // the threshold is the rank-th largest in `bucket`
+  s.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t m = Bits(x[i]) & 0x7fffffffu;
+    if ((m >> kShift) == bucket) s.push_back(m);
+  }
+  std::nth_element(s.begin(), s.begin() + (rank - 1), s.end(), std::greater<uint32_t>());
+  const uint32_t threshold = s[static_cast<size_t>(rank - 1)];
+  for (size_t j = 0; j < s.size(); ++j) above += s[j] > threshold;
   int64_t equal_left = k - above;
   int64_t taken = 0;
   for (int64_t i = 0; i < n && taken < k; ++i) {

@@ -133,7 +133,9 @@ TEST(Codec, Bf16RoundTripsEveryPatternAndRoundsWithinItsBound) {
   for (uint32_t h = 0; h < 65536; ++h) {
     const float x = FromBf16Bits(static_cast<uint16_t>(h));
     ASSERT_EQ(std::bit_cast<uint32_t>(x), h << 16);
-    if (!std::isnan(x)) ASSERT_EQ(Bf16(x), h) << std::hex << h;
+    if (!std::isnan(x)) {
+      ASSERT_EQ(Bf16(x), h) << std::hex << h;
+    }
   }
   std::mt19937 rng(kSeed + 2);
   for (float x : LogUniform(200000, 1.2e-38f, 3.3e38f, rng)) {
@@ -203,6 +205,16 @@ TEST(Codec, TopKSelectsExactlyKAndBreaksTiesByIndex) {
     SelectTopK(v.data(), static_cast<int64_t>(n), k, got.data(), &scratch);
     ASSERT_EQ(got, Reference(v, k)) << "n " << n;
   }
+  // Gaussian values over many magnitude buckets, and a spike (the threshold's bucket far down).
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t k : {1, 37, 1000, 99999}) {
+    std::vector<float> v(100000);
+    for (auto& e : v) e = normal(rng);
+    v[123] = 1e30f;
+    std::vector<uint32_t> got(static_cast<size_t>(k));
+    SelectTopK(v.data(), static_cast<int64_t>(v.size()), k, got.data(), &scratch);
+    ASSERT_EQ(got, Reference(v, k)) << "k " << k;
+  }
 }
 
 // The residual carries exactly what was not sent: after a push, sent + new residual equals
@@ -229,7 +241,9 @@ TEST(Codec, ErrorFeedbackKeepsExactlyWhatWasNotSent) {
       for (int64_t i = 0; i < n; ++i) {
         nonzero += sent[i] != 0.0f;
         ASSERT_EQ(std::bit_cast<uint32_t>(sent[i] + acc[i]), std::bit_cast<uint32_t>(want[i])) << "element " << i;
-        if (sent[i] != 0.0f && w == ferry::WireFormat::kF32) ASSERT_EQ(acc[i], 0.0f);
+        if (sent[i] != 0.0f && w == ferry::WireFormat::kF32) {
+          ASSERT_EQ(acc[i], 0.0f);
+        }
       }
       EXPECT_EQ(nonzero, TopKCount(ratio, n));
       // What was sent is the largest of gradient + residual.

@@ -57,7 +57,7 @@ int64_t TopKCount(float ratio, int64_t n);
 int64_t TopKFrameBytes(ferry::WireFormat w, float ratio, int64_t n);
 
 // Writes the indices of the k largest-magnitude elements of x[0, n), increasing, into idx[0, k).
-// `scratch` is reused between calls (n uint32).
+// `scratch` is reused between calls (at most max(2048, n) uint32).
 void SelectTopK(const float* x, int64_t n, int64_t k, uint32_t* idx, std::vector<uint32_t>* scratch);
 
 // Error feedback, one chunk: `acc` holds gradient + residual (the caller adds them). Writes the

@@ -160,7 +160,8 @@ TEST(Compression, PulledValuesAreTheServersFloat32RoundedToTheTableFormat) {
   }
 }
 
-// A finite gradient beyond fp16's range travels as +-65504 (counted on the client), never as Inf.
+// A finite value beyond fp16's range travels as +-65504, never as Inf: a gradient (counted by the
+// client) and a parameter the server holds in float32 (counted by the server).
 TEST(Compression, Fp16SaturatesInsteadOfSendingInf) {
   auto c = LocalCluster::Start(1);
   auto w = c.Connect(0, 1);
@@ -171,6 +172,16 @@ TEST(Compression, Fp16SaturatesInsteadOfSendingInf) {
   std::vector<float> v(4);
   ASSERT_TRUE(w->PullDense("big", v, 1).wait(5s).ok());
   EXPECT_EQ(v, (std::vector<float>{-65504.0f, 65504.0f, -1.0f, -65504.0f}));
+  // The server keeps float32: two more pushes of 65504 leave -196512 in the first element, which
+  // its pull sends as -65504 (counted by the server).
+  const std::vector<float> max = {65504.0f, 0.0f, 0.0f, 0.0f};
+  ASSERT_TRUE(w->PushDense("big", max, 1).wait(5s).ok());
+  ASSERT_TRUE(w->PushDense("big", max, 2).wait(5s).ok());
+  EXPECT_EQ(c.servers[0]->stats().counters.at("wire_values_saturated"), 0);
+  ASSERT_TRUE(w->PullDense("big", v, 3).wait(5s).ok());
+  EXPECT_EQ(v[0], -65504.0f);
+  EXPECT_EQ(c.servers[0]->stats().counters.at("wire_values_saturated"), 1);
+  EXPECT_EQ(w->stats().values_saturated, 2) << "65504 itself is in range";
 }
 
 // Frames a hostile peer may forge for compressed tables: sizes that do not match the table's

@@ -840,6 +840,14 @@ class ServerImpl final : public Server {
     return ResourceExhaustedError(why);
   }
 
+  // Values of a pull beyond the table's 16-bit range, sent as its largest value: counted, logged
+  // (at most once a second).
+  void CountSaturated(const TableSpec& spec, int64_t n) {
+    Count(kWireValuesSaturated, n);
+    LogRateLimited("table '" + spec.name + "': " + std::to_string(n) + " value(s) of a pull beyond " +
+                   std::string(WireFormatName(spec.wire)) + "'s range sent as its largest (saturated)");
+  }
+
   // A push whose gradient holds NaN or Inf: refused whole, counted, logged (at most once a second).
   Status RefuseNonFinite(const ps::Table& t, const std::string& part, const std::string& where, int rank) {
     Count(kNonFinitePushesRefused);
@@ -980,8 +988,9 @@ class ServerImpl final : public Server {
     for (size_t i = 0; i < n; ++i) {
       const WireFormat w = (*parts)[i].table->spec.wire;
       if (w == WireFormat::kF32) continue;
-      Count(kWireValuesSaturated,
-            wire::EncodeValues(w, wide[i].data(), static_cast<int64_t>(wide[i].size()), payload[i].data()));
+      const int64_t saturated =
+          wire::EncodeValues(w, wide[i].data(), static_cast<int64_t>(wide[i].size()), payload[i].data());
+      if (saturated > 0) CountSaturated((*parts)[i].table->spec, saturated);
     }
     int64_t version = INT64_MAX;
     for (size_t i = 0; i < n; ++i) {
@@ -1027,7 +1036,8 @@ class ServerImpl final : public Server {
       } else {  // 1.6: read as float32, sent in the table's 16-bit format
         wide.resize(static_cast<size_t>(r.chunk->size));
         updater_.ReadDense(*r.chunk, wide.data());
-        Count(kWireValuesSaturated, wire::EncodeValues(w, wide.data(), r.chunk->size, frame.data()));
+        const int64_t saturated = wire::EncodeValues(w, wide.data(), r.chunk->size, frame.data());
+        if (saturated > 0) CountSaturated(r.table->spec, saturated);
       }
       payload.push_back(std::move(frame));
       r.chunk->last_pulled[rank] = r.chunk->version;

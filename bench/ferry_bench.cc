@@ -24,6 +24,13 @@
 //                                    server's NaN/Inf check of a gradient against a plain read.
 //   opt/<optimizer>                  ps::ApplyUpdate on 16M elements, with `vs_stream` (triad)
 //                                    and `vs_axpy`.
+//   codec/<format>/<n>               gradient compression (issue 17): encoding and decoding n
+//                                    floats (fp16, bf16, top-k at a ratio with error feedback),
+//                                    each timed beside a memcpy of the same float32 bytes in the
+//                                    same iteration (`encode_vs_memcpy`, `decode_vs_memcpy`).
+//   wire/pushpull/tcp/<size>/<fmt>   dense push+pull through Ferry (1 server, 1 worker, tcp
+//                                    loopback) of a table of each wire format: ms per call and
+//                                    the bytes that travelled.
 //
 // Byte accounting, the same for raw and PS so their ratio compares like with like: only payload
 // bytes count (headers do not), once per direction they travel. A raw round trip moves 2 x size;
@@ -70,6 +77,7 @@
 #include "ferry/status.h"
 #include "ferry/table_spec.h"
 #include "ferry/data/zipf.h"
+#include "ferry/messages/codec.h"
 #include "ferry/messages/transport.h"
 #include "internal/finite.h"
 #include "internal/optimizer.h"
@@ -1152,6 +1160,125 @@ void BM_RowMemory(benchmark::State& state, OptimizerType type, int64_t rows) {
   state.SetLabel(std::to_string(rows) + " rows of dim 16, " + std::string(OptimizerName(type)));
 }
 
+// ---- gradient compression (issue 17) -----------------------------------------------------------
+
+// A table's wire format as the benchmarks name it.
+struct WireCase {
+  const char* name;
+  WireFormat wire;
+  float topk;  // 0: off
+};
+constexpr WireCase kWireCases[] = {
+    {"f32", WireFormat::kF32, 0.0f},          {"fp16", WireFormat::kF16, 0.0f},
+    {"bf16", WireFormat::kBf16, 0.0f},        {"topk0.1", WireFormat::kF32, 0.1f},
+    {"topk0.01", WireFormat::kF32, 0.01f},    {"topk0.001", WireFormat::kF32, 0.001f},
+    {"topk0.01_fp16", WireFormat::kF16, 0.01f},
+};
+
+// Encoding and decoding `elems` floats (normal(0, 1), so top-k has no ties to lean on) as a
+// client and a server do, each beside a memcpy of the same float32 bytes in the same iteration
+// (interleaved, so that a neighbour's load hits all three alike). Encode: fp16/bf16 convert;
+// top-k adds the gradient into the residual and encodes the frame (error feedback, as
+// Client::PushDense does per chunk). Decode: fp16/bf16 convert back; top-k scatters the pairs
+// into a zeroed chunk (as the server does). Rates are float32 bytes (4 per element) per second.
+void BM_Codec(benchmark::State& state, WireCase c, size_t elems) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> g(elems), copy(elems), residual(elems, 0.0f), back(elems);
+  for (auto& x : g) x = normal(rng);
+  const int64_t n = static_cast<int64_t>(elems);
+  const size_t frame_bytes = static_cast<size_t>(c.topk > 0 ? wire::TopKFrameBytes(c.wire, c.topk, n)
+                                                            : n * wire::ValueBytes(c.wire));
+  std::vector<unsigned char> frame(frame_bytes);
+  std::vector<uint32_t> scratch;
+  auto encode = [&] {
+    if (c.topk > 0) {
+      for (int64_t i = 0; i < n; ++i) residual[static_cast<size_t>(i)] += g[static_cast<size_t>(i)];
+      wire::EncodeTopK(c.wire, c.topk, residual.data(), n, frame.data(), &scratch);
+    } else {
+      wire::EncodeValues(c.wire, g.data(), n, frame.data());
+    }
+  };
+  auto decode = [&] {
+    if (c.topk > 0) {
+      if (!wire::DecodeTopK(c.wire, c.topk, frame.data(), frame.size(), n, back.data()).ok()) std::abort();
+    } else {
+      wire::DecodeValues(c.wire, frame.data(), n, back.data());
+    }
+  };
+  encode();  // warm-up: pages touched, scratch sized
+  decode();
+  double copy_s = 0, encode_s = 0, decode_s = 0;
+  for (auto _ : state) {
+    const auto t0 = SteadyClock::now();
+    std::memcpy(copy.data(), g.data(), elems * sizeof(float));
+    benchmark::ClobberMemory();
+    const auto t1 = SteadyClock::now();
+    encode();
+    benchmark::ClobberMemory();
+    const auto t2 = SteadyClock::now();
+    decode();
+    benchmark::ClobberMemory();
+    const auto t3 = SteadyClock::now();
+    copy_s += std::chrono::duration<double>(t1 - t0).count();
+    encode_s += std::chrono::duration<double>(t2 - t1).count();
+    decode_s += std::chrono::duration<double>(t3 - t2).count();
+  }
+  const double bytes = 4.0 * static_cast<double>(elems) * static_cast<double>(state.iterations());
+  state.counters["memcpy_bytes_per_second"] = benchmark::Counter(bytes / copy_s);
+  state.counters["encode_bytes_per_second"] = benchmark::Counter(bytes / encode_s);
+  state.counters["decode_bytes_per_second"] = benchmark::Counter(bytes / decode_s);
+  state.counters["encode_vs_memcpy"] = copy_s / encode_s;
+  state.counters["decode_vs_memcpy"] = copy_s / decode_s;
+  state.counters["encode_ns_per_elem"] = encode_s * 1e9 / (static_cast<double>(elems) * static_cast<double>(state.iterations()));
+  state.counters["decode_ns_per_elem"] = decode_s * 1e9 / (static_cast<double>(elems) * static_cast<double>(state.iterations()));
+  state.counters["wire_bytes"] = static_cast<double>(frame_bytes);
+}
+
+// A dense push+pull through Ferry of an async SGD table of `size` bytes of float32 in wire format
+// `c` (1 server, 1 worker, tcp loopback). Counters: `ms_per_call`; `wire_bytes_per_call`, every
+// frame the client sent and received per call (ClientStats); `bytes_per_second`, float32 payload
+// (2 x size per call, as ps/pushpull) per second.
+void BM_WirePushPull(benchmark::State& state, WireCase c, Size size) {
+  const int64_t elems = size.bytes / static_cast<int64_t>(sizeof(float));
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  std::vector<float> grad(static_cast<size_t>(elems)), out(static_cast<size_t>(elems));
+  for (auto& x : grad) x = normal(rng);
+  OneWorker w(1);
+  Status st = w.status;
+  TableSpec spec = DenseSpec(elems);
+  spec.wire = c.wire;
+  spec.topk_ratio = c.topk;
+  if (st.ok()) st = w.client->Declare(spec);
+  const DenseIn in{kDenseTable, grad};
+  const DenseOut o{kDenseTable, out};
+  int64_t step = 0;
+  auto call = [&] { return w.client->PushPullDense(std::span(&in, 1), std::span(&o, 1), step++).wait(kWaitTimeout); };
+  for (int i = 0; st.ok() && i < WarmupCalls(size); ++i) st = call();
+  if (!st.ok()) Fail(state, st);
+  const ClientStats before = st.ok() ? w.client->stats() : ClientStats();
+  LoopTimer timer;
+  int64_t calls = 0;
+  for (auto _ : state) {
+    timer.IterationStart();
+    if (Status s = call(); !s.ok()) {
+      Fail(state, s);
+      break;
+    }
+    timer.IterationEnd();
+    ++calls;
+  }
+  timer.Finish();
+  if (state.error_occurred() || calls == 0) return;
+  const ClientStats after = w.client->stats();
+  const double wire = static_cast<double>((after.bytes_sent - before.bytes_sent) + (after.bytes_received - before.bytes_received));
+  state.counters["ms_per_call"] = timer.seconds() * 1e3 / static_cast<double>(calls);
+  state.counters["wire_bytes_per_call"] = wire / static_cast<double>(calls);
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(PayloadBytes(DenseOp::kPushPull, size.bytes) * static_cast<double>(calls) / timer.seconds());
+}
+
 // ---- memory bandwidth and optimizers -----------------------------------------------------------
 
 void BM_Triad(benchmark::State& state, Baselines& baselines) {
@@ -1453,6 +1580,27 @@ void RegisterAll(Fixtures& f) {
         ->Iterations(kMemIterations)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+  }
+  // 6. gradient compression: the codecs beside memcpy, then push+pull per wire format
+  for (size_t elems : {size_t{1} << 20, size_t{16} << 20}) {
+    for (const WireCase& c : kWireCases) {
+      if (c.wire == WireFormat::kF32 && c.topk == 0.0f) continue;  // memcpy is the baseline in each case
+      benchmark::RegisterBenchmark(("codec/" + std::string(c.name) + "/" + std::to_string(elems >> 20) + "M").c_str(),
+                                   [c, elems](benchmark::State& st) { BM_Codec(st, c, elems); })
+          ->Iterations(elems > (size_t{1} << 20) ? 10 : 100)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  for (const Size& size : kCurveSizes) {  // 1 MiB and 16 MiB
+    for (const WireCase& c : kWireCases) {
+      if (c.topk == 0.1f || c.topk == 0.001f) continue;
+      benchmark::RegisterBenchmark(("wire/pushpull/tcp/" + std::string(size.name) + "/" + c.name).c_str(),
+                                   [c, size](benchmark::State& st) { BM_WirePushPull(st, c, size); })
+          ->Iterations(size.iterations)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
   }
 }
 

@@ -80,6 +80,15 @@ constexpr bool Agrees(ferry::NonFinite c) {
   return false;
 }
 
+constexpr bool Agrees(ferry::WireFormat c) {
+  switch (c) {
+    case ferry::WireFormat::kF32: return Same(c, WireFormat::F32);
+    case ferry::WireFormat::kF16: return Same(c, WireFormat::F16);
+    case ferry::WireFormat::kBf16: return Same(c, WireFormat::BF16) && Same(c, WireFormat::MAX);
+  }
+  return false;
+}
+
 #pragma GCC diagnostic pop
 
 static_assert(SameUnderlying<ferry::TableType, TableType>);
@@ -107,6 +116,11 @@ static_assert(Agrees(ferry::InitType::kConstant), "InitType: the schema's last v
 static_assert(SameUnderlying<ferry::NonFinite, NonFinite>);
 static_assert(Agrees(ferry::NonFinite::kRefuse));
 static_assert(Agrees(ferry::NonFinite::kSkipRows), "NonFinite: the schema's last value differs");
+
+static_assert(SameUnderlying<ferry::WireFormat, WireFormat>);
+static_assert(Agrees(ferry::WireFormat::kF32));
+static_assert(Agrees(ferry::WireFormat::kF16));
+static_assert(Agrees(ferry::WireFormat::kBf16), "WireFormat: the schema's last value differs");
 
 // ---- Fields: count and type, in schema order. ----
 //
@@ -166,10 +180,10 @@ static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 9>, decltype(O::l2)>)
 static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 10>, decltype(O::beta)>);
 static_assert(OptimizerSpec::VT_BETA == 4 + 2 * 10, "schema OptimizerSpec ids are not 0..10");
 
-// TableSpec: schema ids 0..16.
+// TableSpec: schema ids 0..18.
 constexpr auto kCreateTable = &CreateTableSpec;
 static_assert(std::is_aggregate_v<ferry::TableSpec>);
-static_assert(kSchemaFields<kCreateTable> == 17, "TableSpec in ferry.fbs changed: update this file");
+static_assert(kSchemaFields<kCreateTable> == 19, "TableSpec in ferry.fbs changed: update this file");
 static_assert(AggregateFieldCount<ferry::TableSpec>() == kSchemaFields<kCreateTable>,
               "ferry::TableSpec and the schema's TableSpec have different field counts");
 using T = ferry::TableSpec;
@@ -193,7 +207,9 @@ static_assert(std::is_same_v<SchemaField<kCreateTable, 13>, decltype(T::admit_af
 static_assert(std::is_same_v<SchemaField<kCreateTable, 14>, decltype(T::admit_probability)>);
 static_assert(std::is_same_v<SchemaField<kCreateTable, 15>, decltype(T::evict_after_steps)>);
 static_assert(std::is_same_v<SchemaField<kCreateTable, 16>, decltype(T::max_rows)>);
-static_assert(TableSpec::VT_MAX_ROWS == 4 + 2 * 16, "schema TableSpec ids are not 0..16");
+static_assert(std::is_same_v<SchemaField<kCreateTable, 17>, WireFormat>);
+static_assert(std::is_same_v<SchemaField<kCreateTable, 18>, decltype(T::topk_ratio)>);
+static_assert(TableSpec::VT_TOPK_RATIO == 4 + 2 * 18, "schema TableSpec ids are not 0..18");
 
 }  // namespace
 }  // namespace ferry::wire

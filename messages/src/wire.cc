@@ -1,5 +1,7 @@
 #include "ferry/messages/wire.h"
 
+#include "ferry/messages/codec.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -84,7 +86,8 @@ Status VerifyHeader(zmq::message_t& frame, const Header** out) {
   return Status::Ok();
 }
 
-Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payload) {
+Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payload, const CodingOf& coding) {
+  auto coding_of = [&](uint64_t table_id) { return coding ? coding(table_id) : TableCoding(); };
   switch (h.kind()) {
     case Kind::PushDense:
     case Kind::PushPullDense: {
@@ -92,7 +95,19 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
       if (!slices || slices->size() == 0) return InvalidArgumentError(std::string(KindName(h.kind())) + " has no slices");
       FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), slices->size()));
       for (flatbuffers::uoffset_t i = 0; i < slices->size(); ++i) {
-        FERRY_RETURN_IF_ERROR(FrameSize("slice " + std::to_string(i), payload[i], slices->Get(i)->count(), 4));
+        const DenseSlice& sl = *slices->Get(i);
+        const TableCoding c = coding_of(sl.table_id());
+        const std::string what = "slice " + std::to_string(i);
+        if (c.topk_ratio > 0.0f) {
+          // k pairs of (uint32 index, value); the count is the chunk's length (checked by the receiver).
+          if (sl.count() < 0 || sl.count() > (int64_t{1} << 32)) {
+            return InvalidArgumentError(what + ": count " + std::to_string(sl.count()) + " is out of range for top-k");
+          }
+          FERRY_RETURN_IF_ERROR(FrameSize(what + " (top-k pairs)", payload[i], TopKCount(c.topk_ratio, sl.count()),
+                                          4 + ValueBytes(c.wire)));
+        } else {
+          FERRY_RETURN_IF_ERROR(FrameSize(what, payload[i], sl.count(), ValueBytes(c.wire)));
+        }
       }
       return Status::Ok();
     }
@@ -115,7 +130,7 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
       if (!MulFits(h.num_ids(), h.dim(), std::numeric_limits<int64_t>::max() / 8, &values)) {
         return InvalidArgumentError("num_ids x dim is out of range");
       }
-      return FrameSize("gradient", payload[1], values, 4);
+      return FrameSize("gradient", payload[1], values, ValueBytes(coding_of(h.table_id()).wire));
     }
     case Kind::PullSparseTables:
     case Kind::PushSparseTables: {
@@ -138,7 +153,8 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
         if (!MulFits(t.num_ids(), t.dim(), std::numeric_limits<int64_t>::max() / 8, &values)) {
           return InvalidArgumentError(which + ": num_ids x dim is out of range");
         }
-        FERRY_RETURN_IF_ERROR(FrameSize(which + " gradient", payload[i * per + 1], values, 4));
+        FERRY_RETURN_IF_ERROR(
+            FrameSize(which + " gradient", payload[i * per + 1], values, ValueBytes(coding_of(t.table_id()).wire)));
       }
       return Status::Ok();
     }
@@ -256,7 +272,8 @@ flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& 
   return CreateTableSpec(fbb, name, static_cast<TableType>(s.type), shape, s.dim, s.chunk_elems, opt,
                          static_cast<ConsistencyType>(s.consistency), s.staleness, s.replicas_to_aggregate,
                          static_cast<InitType>(s.init), s.init_scale, s.seed, static_cast<NonFinite>(s.nonfinite),
-                         s.admit_after, s.admit_probability, s.evict_after_steps, s.max_rows);
+                         s.admit_after, s.admit_probability, s.evict_after_steps, s.max_rows,
+                         static_cast<wire::WireFormat>(s.wire), s.topk_ratio);
 }
 
 Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
@@ -292,6 +309,8 @@ Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
   s.admit_probability = in->admit_probability();
   s.evict_after_steps = in->evict_after_steps();
   s.max_rows = in->max_rows();
+  s.wire = static_cast<ferry::WireFormat>(in->wire());
+  s.topk_ratio = in->topk_ratio();
   FERRY_RETURN_IF_ERROR(s.Validate());
   *out = std::move(s);
   return Status::Ok();

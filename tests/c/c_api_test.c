@@ -72,6 +72,9 @@ int main(int argc, char** argv) {
   EXPECT_ERROR(ferry_spec_set(w, "skip_nonfinite_rows", 2), FERRY_INVALID_ARGUMENT, "0 or 1");
   EXPECT_ERROR(ferry_spec_set_optimizer(w, "lbfgs", 0.1f), FERRY_INVALID_ARGUMENT, "lbfgs");
   EXPECT_ERROR(ferry_spec_set_consistency(w, "ssp:x"), FERRY_INVALID_ARGUMENT, "ssp:x");
+  /* Gradient compression (1.6): a wire format by name, top-k by ratio. */
+  EXPECT_ERROR(ferry_spec_set_wire(w, "fp8"), FERRY_INVALID_ARGUMENT, "'fp8' is not one of: f32, fp16, bf16");
+  EXPECT_ERROR(ferry_spec_set(w, "topk", 1.5), FERRY_INVALID_ARGUMENT, "topk must be in (0, 1]");
   CHECK(ferry_declare(client, w) == FERRY_OK);
   CHECK(ferry_declare(client, w) == FERRY_OK); /* idempotent */
 
@@ -150,6 +153,35 @@ int main(int argc, char** argv) {
   EXPECT_ERROR(ferry_checkpoint(client, 0), FERRY_FAILED_PRECONDITION, "--checkpoint-dir");
   EXPECT_ERROR(ferry_checkpoint(NULL, 0), FERRY_INVALID_ARGUMENT, "client is NULL");
 
+  /* A compressed table: fp16 values, top-k 0.5 (2 of its 4 elements a push), sgd from zeros with
+   * learning rate 1. The push sends -3 and 2; the rest waits in the client's residual and goes
+   * with the next push (0.1 as fp16: 0.0999755859375). */
+  ferry_table_spec* half = NULL;
+  const int64_t four[1] = {4};
+  CHECK(ferry_spec_new("half", &half) == FERRY_OK);
+  CHECK(ferry_spec_set_dense(half, four, 1) == FERRY_OK);
+  CHECK(ferry_spec_set_optimizer(half, "sgd", 1.0f) == FERRY_OK);
+  CHECK(ferry_spec_set_wire(half, "fp16") == FERRY_OK);
+  CHECK(ferry_spec_set(half, "topk", 0.5) == FERRY_OK);
+  CHECK(ferry_declare(client, half) == FERRY_OK);
+  const float hgrad[4] = {1.0f, -3.0f, 0.1f, 2.0f}, zeros[4] = {0, 0, 0, 0};
+  float hv[4];
+  CHECK(ferry_push_dense(client, "half", hgrad, 4, 0, &h) == FERRY_OK);
+  CHECK(ferry_wait(h, -1) == FERRY_OK);
+  ferry_handle_free(h);
+  CHECK(ferry_pull_dense(client, "half", hv, 4, 0, &h) == FERRY_OK);
+  CHECK(ferry_wait(h, -1) == FERRY_OK);
+  ferry_handle_free(h);
+  CHECK(hv[0] == 0.0f && hv[1] == 3.0f && hv[2] == 0.0f && hv[3] == -2.0f);
+  CHECK(ferry_push_dense(client, "half", zeros, 4, 0, &h) == FERRY_OK);
+  CHECK(ferry_wait(h, -1) == FERRY_OK);
+  ferry_handle_free(h);
+  CHECK(ferry_pull_dense(client, "half", hv, 4, 0, &h) == FERRY_OK);
+  CHECK(ferry_wait(h, -1) == FERRY_OK);
+  ferry_handle_free(h);
+  CHECK(hv[0] == -1.0f && hv[1] == 3.0f && hv[2] == -0.0999755859375f && hv[3] == -2.0f);
+
+  ferry_spec_free(half);
   ferry_spec_free(w);
   ferry_spec_free(emb);
   ferry_spec_free(wide);

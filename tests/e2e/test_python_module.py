@@ -103,6 +103,38 @@ class PythonModuleTest(unittest.TestCase):
                     c.declare_sparse("bad", 1, options={"bogus": 1.0})
                 self.assertIn("unknown key 'bogus'", str(e.exception))
 
+    def test_compressed_tables_travel_in_16_bits_and_top_k(self):
+        # Gradient compression (protocol 1.6): a bf16 dense table's pull is the server's float32
+        # rounded to bf16; a top-k table (2 of 4 a push) sends the largest and keeps the rest.
+        with Servers(1) as s:
+            with ferry.Client(s.endpoints) as c:
+                c.declare_dense("b", (3,), lr=1.0, wire="bf16")
+                c.push_dense("b", np.array([1.0, 1.0 + 2.0 ** -7, 3.0], np.float32)).wait()
+                c.push_dense("b", np.array([2.0 ** -9, 0.0, 0.0], np.float32)).wait()
+                out = np.empty(3, np.float32)
+                c.pull_dense("b", out).wait()
+                # The server holds -(1 + 2^-9), which bf16 rounds to -1 (8 significant bits).
+                self.assertEqual(out.tolist(), [-1.0, -(1.0 + 2.0 ** -7), -3.0])
+                c.declare_dense("k", (4,), lr=1.0, options={"topk": 0.5})
+                c.push_dense("k", np.array([1.0, -3.0, 0.5, 2.0], np.float32)).wait()
+                k = np.empty(4, np.float32)
+                c.pull_dense("k", k).wait()
+                self.assertEqual(k.tolist(), [0.0, 3.0, 0.0, -2.0])
+                c.push_dense("k", np.zeros(4, np.float32)).wait()
+                c.pull_dense("k", k).wait()
+                self.assertEqual(k.tolist(), [-1.0, 3.0, -0.5, -2.0])
+                c.declare_sparse("e", 2, lr=1.0, wire="fp16")
+                c.push_sparse("e", np.array([5], np.int64), np.array([[0.1, 70000.0]], np.float32)).wait()
+                row = c.pull_sparse("e", np.array([5], np.int64)).wait()
+                self.assertEqual(row.tolist(), [[-0.0999755859375, -65504.0]])  # fp16 rounds and saturates
+                with self.assertRaises(ferry.Error) as e:
+                    c.declare_dense("bad", (2,), wire="fp8")
+                self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+                self.assertIn("'fp8' is not one of: f32, fp16, bf16", str(e.exception))
+                with self.assertRaises(ferry.Error) as e:
+                    c.declare_sparse("bad", 2, options={"topk": 0.5})
+                self.assertIn("table 'bad': topk is for dense tables", str(e.exception))
+
     def test_errors_carry_the_servers_text_and_code(self):
         with Servers(1) as s:
             with ferry.Client(s.endpoints) as c:

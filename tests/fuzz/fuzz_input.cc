@@ -5,6 +5,7 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include "ferry/messages/codec.h"
 #include "ferry/messages/wire.h"
 #include "ferry/table_spec.h"
 #include "fuzz_tables.h"
@@ -134,6 +135,8 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
   const TableSpec& async = tables[1];
   const TableSpec& sparse = tables[2];
   const TableSpec& skip = tables[3];
+  const TableSpec& topk = tables[4];
+  const TableSpec& bf16 = tables[5];
   std::vector<std::pair<std::string, std::vector<std::string>>> seeds;
   auto add = [&](std::string name, const HeaderFields& h, std::vector<std::string> payload = {}) {
     std::vector<std::string> frames = {Header(h)};
@@ -198,6 +201,34 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
   h.kind = Kind::PushSparseTables;
   add("push_sparse_tables", h,
       {Array(ids), Array(std::vector<float>(static_cast<size_t>(4 * sparse.dim), 0.1f)), Array(ids), Array(rows)});
+
+  // 1.6: compressed tables. Top-k frames: k uint32 indices (increasing) then k fp16 values;
+  // bf16 rows: 2 bytes a value.
+  auto topk_frame = [](int64_t count, float ratio, bool bad) {
+    const int64_t k = wire::TopKCount(ratio, count);
+    std::vector<uint32_t> idx;
+    for (int64_t j = 0; j < k; ++j) idx.push_back(static_cast<uint32_t>(j * (count / k)));
+    if (bad) idx.back() = static_cast<uint32_t>(count);  // one past the chunk: refused
+    std::vector<uint16_t> values(static_cast<size_t>(k), 0x3c00);  // fp16 1.0
+    return Array(idx) + Array(values);
+  };
+  h = make(Kind::PushDense);
+  h.slices = Slices(topk);
+  std::vector<std::string> frames;
+  for (const auto& sl : h.slices) frames.push_back(topk_frame(sl.count(), topk.topk_ratio, false));
+  add("push_dense_topk_fp16", h, frames);
+  frames.back() = topk_frame(h.slices.back().count(), topk.topk_ratio, true);
+  add("push_dense_topk_bad_index", h, frames);
+  h.kind = Kind::PushPullDense;
+  frames.back() = topk_frame(h.slices.back().count(), topk.topk_ratio, false);
+  add("pushpull_dense_topk_fp16", h, frames);
+  h.kind = Kind::PullDense;
+  add("pull_dense_fp16", h);
+  h = make(Kind::PushSparseTables);
+  h.sparse = {wire::SparseSlice(TableId(bf16.name), bf16.dim, 4)};
+  add("push_sparse_bf16", h, {Array(ids), Array(std::vector<uint16_t>(static_cast<size_t>(4 * bf16.dim), 0x3f80))});
+  h.kind = Kind::PullSparseTables;
+  add("pull_sparse_bf16", h, {Array(ids)});
 
   h = make(Kind::Clock);
   h.step = 1;

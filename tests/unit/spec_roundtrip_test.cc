@@ -3,6 +3,7 @@
 // a reader sees when the writer forgot the field), so a field that wire.cc does not copy in either
 // direction comes back different. That the two definitions have the same fields and enumerators is
 // checked at compile time in messages/src/spec_check.cc.
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -39,6 +40,8 @@ TableSpec DenseWithEveryField() {
   s.init = InitType::kConstant;
   s.init_scale = -2.5f;
   s.seed = 0xDEADBEEFCAFE1234ull;
+  s.wire = WireFormat::kF16;
+  s.topk_ratio = 0.25f;
   return s;
 }
 
@@ -66,6 +69,7 @@ TableSpec SparseWithEveryField() {
   s.admit_probability = 0.25f;
   s.evict_after_steps = 100;
   s.max_rows = 5000;
+  s.wire = WireFormat::kBf16;
   return s;
 }
 
@@ -106,6 +110,8 @@ void ExpectSameFields(const TableSpec& back, const TableSpec& spec) {
   EXPECT_EQ(back.admit_probability, spec.admit_probability);
   EXPECT_EQ(back.evict_after_steps, spec.evict_after_steps);
   EXPECT_EQ(back.max_rows, spec.max_rows);
+  EXPECT_EQ(back.wire, spec.wire);
+  EXPECT_EQ(back.topk_ratio, spec.topk_ratio);
   EXPECT_TRUE(back == spec) << "a field not listed above differs";
 }
 
@@ -174,6 +180,8 @@ TEST(SpecRoundTrip, FixturesLeaveNoFieldAtADefault) {
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.evict_after_steps; }, cpp.evict_after_steps,
                       w->evict_after_steps(), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.max_rows; }, cpp.max_rows, w->max_rows(), a, b));
+  EXPECT_TRUE(covered([&](const TableSpec& t) { return u8(t.wire); }, u8(cpp.wire), u8(w->wire()), a, b));
+  EXPECT_TRUE(covered([](const TableSpec& t) { return t.topk_ratio; }, cpp.topk_ratio, w->topk_ratio(), a, b));
 }
 
 TEST(SpecRoundTrip, RowLifecycleSettingsAreCheckedAndForSparseTablesOnly) {
@@ -224,6 +232,58 @@ TEST(SpecRoundTrip, SkippingNonFiniteRowsIsForSparseTablesOnly) {
   EXPECT_EQ(n, NonFinite::kSkipRows);
   EXPECT_FALSE(ParseNonFinite("skip", &n).ok());
   EXPECT_NE(SparseWithEveryField().ToString().find("nonfinite=skip_rows"), std::string::npos);
+}
+
+
+// Gradient compression (issue 17): wire formats by name, topk in (0, 1] for dense tables only;
+// every refusal names the table and the key.
+TEST(SpecRoundTrip, WireFormatAndTopkAreCheckedAndNamed) {
+  ferry::WireFormat w = ferry::WireFormat::kF32;
+  EXPECT_TRUE(ParseWireFormat("fp16", &w).ok());
+  EXPECT_EQ(w, ferry::WireFormat::kF16);
+  EXPECT_TRUE(ParseWireFormat("bf16", &w).ok());
+  EXPECT_EQ(w, ferry::WireFormat::kBf16);
+  EXPECT_TRUE(ParseWireFormat("f32", &w).ok());
+  EXPECT_EQ(w, ferry::WireFormat::kF32);
+  const Status bad_name = ParseWireFormat("fp8", &w);
+  EXPECT_EQ(bad_name.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_name.message().find("'fp8' is not one of: f32, fp16, bf16"), std::string::npos) << bad_name;
+
+  TableSpec t = DenseWithEveryField();
+  EXPECT_TRUE(SetSpecOption(&t, "topk", 0.01).ok());
+  EXPECT_EQ(t.topk_ratio, 0.01f);
+  EXPECT_TRUE(SetSpecOption(&t, "topk", 0).ok());
+  EXPECT_EQ(t.topk_ratio, 0.0f);
+  for (double v : {-0.5, 1.5}) {
+    const Status s = SetSpecOption(&t, "topk", v);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("topk must be in (0, 1]"), std::string::npos) << s;
+  }
+  auto refused = [](TableSpec t, const char* what) {
+    const Status v = t.Validate();
+    EXPECT_EQ(v.code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(v.message().find("table '" + t.name + "'"), std::string::npos) << v;
+    EXPECT_NE(v.message().find(what), std::string::npos) << v;
+  };
+  TableSpec sparse = SparseWithEveryField();
+  sparse.topk_ratio = 0.5f;
+  refused(sparse, "topk is for dense tables");
+  TableSpec dense = DenseWithEveryField();
+  dense.topk_ratio = 2.0f;
+  refused(dense, "topk must be in (0, 1]");
+  dense.topk_ratio = -1.0f;
+  refused(dense, "topk must be in (0, 1]");
+  dense.topk_ratio = std::nanf("");
+  refused(dense, "topk must be in (0, 1]");
+  dense = DenseWithEveryField();
+  dense.shape = {int64_t{1} << 33};
+  dense.chunk_elems = int64_t{1} << 33;
+  refused(dense, "topk needs chunk_elems <= 2^32");
+  dense = DenseWithEveryField();
+  dense.wire = static_cast<ferry::WireFormat>(7);
+  refused(dense, "unknown wire format 7");
+  EXPECT_NE(DenseWithEveryField().ToString().find("wire=fp16 topk=0.25"), std::string::npos)
+      << DenseWithEveryField().ToString();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // ferry-trainer's flag parsing and device selection.
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -374,6 +375,37 @@ TEST(TrainerOptions, TableSettingsTakeTheRowLifecycle) {
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.status().message().find("--table"), std::string::npos) << r.status();
   }
+}
+
+// Gradient compression (issue 17): wire takes a format's name, topk a ratio; a bad value names
+// the key, and topk on a sparse table is refused naming the table (when the trainer declares it).
+TEST(TrainerOptions, TableSettingsTakeWireFormatsAndTopk) {
+  auto o = Parse({"--local", "--table", "mlp/*:wire=fp16,topk=0.01", "--table", "mlp/b*:wire=bf16"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  std::vector<TableSpec> specs(2);
+  specs[0].name = "mlp/w0";
+  specs[1].name = "mlp/b0";
+  for (auto& s : specs) s.shape = {10};
+  ASSERT_TRUE(ApplyTableOverrides(*o, &specs).ok());
+  EXPECT_EQ(specs[0].wire, WireFormat::kF16);
+  EXPECT_EQ(specs[0].topk_ratio, 0.01f);
+  EXPECT_EQ(specs[1].wire, WireFormat::kBf16) << "a later --table wins";
+  for (auto [bad, what] : {std::pair{"mlp/*:wire=fp8", "wire format 'fp8' is not one of: f32, fp16, bf16"},
+                           {"mlp/*:topk=2", "topk must be in (0, 1]"}}) {
+    auto r = Parse({"--local", "--table", bad});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status();
+  }
+  auto sparse = Parse({"--local", "--table", "ctr/emb*:topk=0.1"});
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  std::vector<TableSpec> emb(1);
+  emb[0].name = "ctr/emb0";
+  emb[0].type = TableType::kSparse;
+  emb[0].dim = 4;
+  ASSERT_TRUE(ApplyTableOverrides(*sparse, &emb).ok());
+  const Status s = emb[0].Validate();  // what Client::Declare checks first
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("table 'ctr/emb0': topk is for dense tables"), std::string::npos) << s;
 }
 
 }  // namespace ferry::trainer

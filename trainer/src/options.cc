@@ -111,6 +111,7 @@ Status ApplyTableSetting(const TrainerOptions& o, std::string_view key, std::str
     return Status::Ok();
   }
   if (key == "optimizer") return ParseOptimizerType(value, &spec->optimizer.type);
+  if (key == "wire") return ParseWireFormat(value, &spec->wire);
   const std::string text(value);
   char* end = nullptr;
   const double x = std::strtod(text.c_str(), &end);
@@ -155,8 +156,10 @@ optimizer: --optimizer sgd|momentum|adagrad|adam|ftrl (sgd)  --lr X (0.1)
            --consistency sync|async|ssp:S (sync)  --backup-workers K (0, sync)
            --accumulate k (1: push every micro-batch of --batch)
            --table PATTERN:key=value,...  (repeatable) per-table settings over the above, for the
-           tables matching PATTERN (fnmatch): consistency, optimizer, lr, l1, l2, beta, beta1, ...;
+           tables matching PATTERN (fnmatch): consistency, optimizer, lr, l1, l2, beta, beta1, ...,
+           wire (f32|fp16|bf16: how values travel), topk (dense: share of each chunk pushed);
            e.g. --table 'ctr/emb*:consistency=async,optimizer=ftrl,lr=0.05,l1=1'
+                --table 'mlp/*:wire=fp16,topk=0.01'
            --blas-threads N (0: OpenBLAS's own; CPU GEMM threads, recorded: results repeat for one N)
            --pipeline none|exchange|prefetch (exchange): push the dense gradients and pull the next
            step's parameters in one round trip that travels while the next batch loads; prefetch

@@ -86,6 +86,18 @@ Status TableSpec::Validate() const {
   if (has_lifecycle() && type != TableType::kSparse) {
     return bad("admit_after, admit_probability, evict_after_steps and max_rows are for sparse tables");
   }
+  if (static_cast<uint8_t>(wire) > static_cast<uint8_t>(WireFormat::kBf16)) {
+    return bad("unknown wire format " + std::to_string(static_cast<int>(wire)) + " (known: f32, fp16, bf16)");
+  }
+  if (!(topk_ratio >= 0.0f && topk_ratio <= 1.0f)) {
+    return bad("topk must be in (0, 1] (0: off), got " + std::to_string(topk_ratio));
+  }
+  if (topk_ratio > 0.0f && type != TableType::kDense) {
+    return bad("topk is for dense tables (a sparse push already sends only the rows it touched)");
+  }
+  if (topk_ratio > 0.0f && chunk_elems > (int64_t{1} << 32)) {
+    return bad("topk needs chunk_elems <= 2^32 (its indices travel as uint32), got " + std::to_string(chunk_elems));
+  }
   return Status::Ok();
 }
 
@@ -155,8 +167,26 @@ std::string TableSpec::ToString() const {
   if (admit_probability != 1.0f) os << " admit_probability=" << admit_probability;
   if (evict_after_steps != 0) os << " evict_after_steps=" << evict_after_steps;
   if (max_rows != 0) os << " max_rows=" << max_rows;
+  if (wire != WireFormat::kF32) os << " wire=" << WireFormatName(wire);
+  if (topk_ratio != 0.0f) os << " topk=" << topk_ratio;
   os << "}";
   return os.str();
+}
+
+std::string_view WireFormatName(WireFormat w) {
+  switch (w) {
+    case WireFormat::kF32: return "f32";
+    case WireFormat::kF16: return "fp16";
+    case WireFormat::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+Status ParseWireFormat(std::string_view text, WireFormat* out) {
+  for (auto w : {WireFormat::kF32, WireFormat::kF16, WireFormat::kBf16}) {
+    if (text == WireFormatName(w)) { *out = w; return Status::Ok(); }
+  }
+  return InvalidArgumentError("wire format '" + std::string(text) + "' is not one of: f32, fp16, bf16");
 }
 
 Status ParseNonFinite(std::string_view text, NonFinite* out) {
@@ -260,11 +290,14 @@ Status SetSpecOption(TableSpec* spec, std::string_view k, double value) {
   } else if (k == "max_rows") {
     if (!whole(0, int64_t{1} << 40)) return invalid("must be a whole number in [0, 2^40] (0: no bound)");
     s.max_rows = static_cast<int64_t>(value);
+  } else if (k == "topk") {
+    if (!(value == 0 || (value > 0 && value <= 1))) return invalid("must be in (0, 1] (0: off)");
+    s.topk_ratio = f;
   } else {
     return InvalidArgumentError("unknown key '" + std::string(k) +
                                 "' (known: momentum, nesterov, beta1, beta2, epsilon, initial_accumulator, l1, l2, beta, "
                                 "chunk_elems, replicas_to_aggregate, skip_nonfinite_rows, admit_after, admit_probability, "
-                                "evict_after_steps, max_rows)");
+                                "evict_after_steps, max_rows, topk; wire takes a name: f32, fp16, bf16)");
   }
   return Status::Ok();
 }

@@ -3,6 +3,7 @@
 //   import ferry, numpy as np
 //   c = ferry.Client(["tcp://127.0.0.1:7470"], rank=0, num_workers=1)   # or ferry.Client.from_tf_config()
 //   c.declare_dense("w", (784, 10), optimizer="adam", lr=1e-3, consistency="sync")
+//   c.declare_dense("big", (4096, 4096), wire="fp16", options={"topk": 0.01})  # compressed pushes
 //   w = np.empty((784, 10), np.float32)
 //   c.pull_dense("w", w, step=0).wait()          # writes into w
 //   c.push_dense("w", grad, step=0).wait()
@@ -110,9 +111,10 @@ class PyHandle {
 
 ferry::TableSpec Spec(const std::string& name, const std::string& optimizer, float lr, const std::string& consistency,
                       const std::string& init, float init_scale, uint64_t seed, int replicas_to_aggregate,
-                      const std::map<std::string, double>& options) {
+                      const std::string& wire, const std::map<std::string, double>& options) {
   ferry::TableSpec s;
   s.name = name;
+  Check(ferry::ParseWireFormat(wire, &s.wire).WithContext("wire"));
   Check(ferry::ParseOptimizerType(optimizer, &s.optimizer.type));
   s.optimizer.learning_rate = lr;
   Check(ferry::ParseConsistency(consistency, &s.consistency, &s.staleness));
@@ -169,8 +171,9 @@ class PyClient {
 
   void DeclareDense(const std::string& name, std::vector<int64_t> shape, const std::string& optimizer, float lr,
                     const std::string& consistency, const std::string& init, float init_scale, uint64_t seed,
-                    int replicas_to_aggregate, const std::map<std::string, double>& options) {
-    ferry::TableSpec s = Spec(name, optimizer, lr, consistency, init, init_scale, seed, replicas_to_aggregate, options);
+                    int replicas_to_aggregate, const std::string& wire, const std::map<std::string, double>& options) {
+    ferry::TableSpec s = Spec(name, optimizer, lr, consistency, init, init_scale, seed, replicas_to_aggregate, wire,
+                              options);
     s.type = ferry::TableType::kDense;
     s.shape = std::move(shape);
     Declare(s);
@@ -178,8 +181,10 @@ class PyClient {
 
   void DeclareSparse(const std::string& name, int64_t dim, const std::string& optimizer, float lr,
                      const std::string& consistency, const std::string& init, float init_scale, uint64_t seed,
-                     int replicas_to_aggregate, bool skip_nonfinite_rows, const std::map<std::string, double>& options) {
-    ferry::TableSpec s = Spec(name, optimizer, lr, consistency, init, init_scale, seed, replicas_to_aggregate, options);
+                     int replicas_to_aggregate, bool skip_nonfinite_rows, const std::string& wire,
+                     const std::map<std::string, double>& options) {
+    ferry::TableSpec s = Spec(name, optimizer, lr, consistency, init, init_scale, seed, replicas_to_aggregate, wire,
+                              options);
     s.type = ferry::TableType::kSparse;
     s.dim = dim;
     s.nonfinite = skip_nonfinite_rows ? ferry::NonFinite::kSkipRows : ferry::NonFinite::kRefuse;
@@ -365,8 +370,11 @@ PYBIND11_MODULE(ferry, m) {
   const char* opt_doc = "optimizer: sgd, momentum, adagrad, adam or ftrl (lr is its alpha); consistency: sync, async "
                         "or ssp:S; init: zeros, uniform, normal or constant (with init_scale); options: the "
                         "optimizer's other hyperparameters by name (momentum, nesterov, beta1, beta2, epsilon, "
-                        "initial_accumulator, l1, l2, beta), chunk_elems, and a sparse table's row lifecycle (admit_after, "
-                        "admit_probability, evict_after_steps, max_rows)";
+                        "initial_accumulator, l1, l2, beta), chunk_elems, a sparse table's row lifecycle (admit_after, "
+                        "admit_probability, evict_after_steps, max_rows), and a dense table's topk (each pushed chunk "
+                        "sends only its ceil(topk * n) largest elements; the rest is kept and added to the next push); "
+                        "wire: f32, fp16 or bf16, how the table's gradients and values travel (2 bytes a value for "
+                        "fp16 and bf16; the servers keep float32; needs servers of protocol 1.6)";
   py::class_<PyClient>(m, "Client")
       .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>>(),
            py::arg("servers"), py::arg("rank") = 0, py::arg("num_workers") = 1, py::arg("request_timeout") = 360.0,
@@ -382,11 +390,12 @@ PYBIND11_MODULE(ferry, m) {
       .def("declare_dense", &PyClient::DeclareDense, py::arg("name"), py::arg("shape"), py::kw_only(),
            py::arg("optimizer") = "sgd", py::arg("lr") = 0.01f, py::arg("consistency") = "async",
            py::arg("init") = "zeros", py::arg("init_scale") = 0.0f, py::arg("seed") = 0,
-           py::arg("replicas_to_aggregate") = 0, py::arg("options") = std::map<std::string, double>(), opt_doc)
+           py::arg("replicas_to_aggregate") = 0, py::arg("wire") = "f32",
+           py::arg("options") = std::map<std::string, double>(), opt_doc)
       .def("declare_sparse", &PyClient::DeclareSparse, py::arg("name"), py::arg("dim"), py::kw_only(),
            py::arg("optimizer") = "sgd", py::arg("lr") = 0.01f, py::arg("consistency") = "async",
            py::arg("init") = "zeros", py::arg("init_scale") = 0.0f, py::arg("seed") = 0,
-           py::arg("replicas_to_aggregate") = 0, py::arg("skip_nonfinite_rows") = false,
+           py::arg("replicas_to_aggregate") = 0, py::arg("skip_nonfinite_rows") = false, py::arg("wire") = "f32",
            py::arg("options") = std::map<std::string, double>(), opt_doc)
       .def("pull_dense", &PyClient::PullDense, py::arg("table"), py::arg("out"), py::arg("step") = 0)
       .def("push_dense", &PyClient::PushDense, py::arg("table"), py::arg("grad"), py::arg("step") = 0)

@@ -172,6 +172,14 @@ ferry_code ferry_spec_set_init(ferry_table_spec* spec, const char* init, float s
   });
 }
 
+ferry_code ferry_spec_set_wire(ferry_table_spec* spec, const char* wire) {
+  return Guard("ferry_spec_set_wire", [&] {
+    ferry_code code;
+    if (Null(spec, "ferry_spec_set_wire", "spec", &code) || Null(wire, "ferry_spec_set_wire", "wire", &code)) return code;
+    return Done(ferry::ParseWireFormat(wire, &spec->spec.wire).WithContext("ferry_spec_set_wire"));
+  });
+}
+
 ferry_code ferry_spec_set(ferry_table_spec* spec, const char* key, double value) {
   return Guard("ferry_spec_set", [&] {
     ferry_code code;

@@ -18,6 +18,7 @@
 #include <absl/container/flat_hash_set.h>
 
 #include "ferry/mutex.h"
+#include "ferry/messages/codec.h"
 #include "ferry/messages/deadlines.h"
 #include "ferry/messages/event_loop.h"
 #include "ferry/messages/placement.h"
@@ -224,6 +225,7 @@ class ClientImpl final : public Client {
     s.requests = requests_.load();
     s.bytes_sent = bytes_sent_.load();
     s.bytes_received = bytes_received_.load();
+    s.values_saturated = values_saturated_.load();
     return s;
   }
 
@@ -231,6 +233,20 @@ class ClientImpl final : public Client {
 
   Status Declare(const TableSpec& spec) override {
     FERRY_RETURN_IF_ERROR(spec.Validate());
+    // A server before 1.6 would read a compressed table's frames as float32: refused here, before
+    // any server is asked.
+    if (spec.wire != WireFormat::kF32 || spec.topk_ratio > 0.0f) {
+      for (int s = 0; s < num_servers(); ++s) {
+        const int minor = server_minor_[static_cast<size_t>(s)].load();
+        if (minor >= 6) continue;
+        return FailedPreconditionError(
+            "table '" + spec.name + "' is declared with " +
+            (spec.wire != WireFormat::kF32 ? "wire=" + std::string(WireFormatName(spec.wire)) : std::string("topk")) +
+            ", but server " + std::to_string(s) + " speaks protocol 1." + std::to_string(minor) +
+            ", which would misread its compressed frames (they need 1.6); declare it with wire=f32 and no topk, or "
+            "upgrade the servers");
+      }
+    }
     auto op = NewOp();
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(512);
@@ -243,6 +259,12 @@ class ClientImpl final : public Client {
     FERRY_RETURN_IF_ERROR(Handle(op).wait());
     MutexLock lock(&tables_mu_);
     tables_[spec.name] = spec;
+    if (spec.topk_ratio > 0.0f && !residuals_.contains(spec.name)) {
+      auto r = std::make_shared<Residual>();
+      MutexLock rl(&r->mu);
+      r->acc.assign(static_cast<size_t>(spec.num_elements()), 0.0f);
+      residuals_[spec.name] = std::move(r);
+    }
     return Status::Ok();
   }
 
@@ -266,6 +288,8 @@ class ClientImpl final : public Client {
     int64_t offset;
     int64_t count;
     size_t tensor;  // index into the call's tensor list
+    WireFormat wire;  // the table's value format (1.6)
+    float topk_ratio;  // the table's top-k ratio (pushes; 0: off)
   };
 
   // Splits tensors into chunks grouped per server, each group cut into messages of at most
@@ -292,7 +316,7 @@ class ClientImpl final : public Client {
           msgs.emplace_back();
           bytes[static_cast<size_t>(s)] = 0;
         }
-        msgs.back().push_back({id, c, offset, count, t});
+        msgs.back().push_back({id, c, offset, count, t, spec.wire, spec.topk_ratio});
         bytes[static_cast<size_t>(s)] += b;
       }
     }
@@ -317,8 +341,8 @@ class ClientImpl final : public Client {
       FERRY_RETURN_IF_ERROR(ExpectFrames(payload, chunks.size()));
       for (size_t i = 0; i < chunks.size(); ++i) {
         const auto& c = chunks[i];
-        FERRY_RETURN_IF_ERROR(ExpectBytes(payload[i], static_cast<size_t>(c.count) * sizeof(float)));
-        std::memcpy(outs[c.tensor].data() + c.offset, payload[i].data(), payload[i].size());
+        FERRY_RETURN_IF_ERROR(ExpectBytes(payload[i], static_cast<size_t>(c.count * wire::ValueBytes(c.wire))));
+        wire::DecodeValues(c.wire, payload[i].data(), c.count, outs[c.tensor].data() + c.offset);
       }
       return Status::Ok();
     };
@@ -360,8 +384,12 @@ class ClientImpl final : public Client {
         Frames payload;
         if (kind != Kind::PullDense) {
           for (const auto& c : chunks) {
-            payload.push_back(Lend(op, s, grads[c.tensor].data.data() + c.offset,
-                                   static_cast<size_t>(c.count) * sizeof(float)));
+            const float* g = grads[c.tensor].data.data() + c.offset;
+            if (c.wire == WireFormat::kF32 && c.topk_ratio == 0.0f) {
+              payload.push_back(Lend(op, s, g, static_cast<size_t>(c.count) * sizeof(float)));
+            } else {
+              payload.push_back(EncodePush(grads[c.tensor].table, c, g));
+            }
           }
         }
         OnReply on_reply = kind == Kind::PushDense ? OnReply() : ScatterDense(chunks, out_spans);
@@ -370,6 +398,27 @@ class ClientImpl final : public Client {
       }
     }
     return Handle(op);
+  }
+
+  // A compressed table's chunk as it travels (1.6): 16-bit values, or a top-k frame of the chunk
+  // plus the table's residual (which keeps what is not sent, for the table's next push).
+  zmq::message_t EncodePush(std::string_view table, const ChunkRef& c, const float* g) {
+    if (c.topk_ratio == 0.0f) {
+      zmq::message_t frame(static_cast<size_t>(c.count * wire::ValueBytes(c.wire)));
+      values_saturated_.fetch_add(wire::EncodeValues(c.wire, g, c.count, frame.data()));
+      return frame;
+    }
+    std::shared_ptr<Residual> r;
+    {
+      MutexLock lock(&tables_mu_);
+      r = residuals_.at(std::string(table));  // made by Declare for every top-k table
+    }
+    zmq::message_t frame(static_cast<size_t>(wire::TopKFrameBytes(c.wire, c.topk_ratio, c.count)));
+    MutexLock lock(&r->mu);
+    float* acc = r->acc.data() + c.offset;
+    for (int64_t i = 0; i < c.count; ++i) acc[i] += g[i];
+    values_saturated_.fetch_add(wire::EncodeTopK(c.wire, c.topk_ratio, acc, c.count, frame.data(), &r->scratch));
+    return frame;
   }
 
   Handle PullDense(std::span<const DenseOut> tensors, int64_t step) override {
@@ -389,6 +438,7 @@ class ClientImpl final : public Client {
   struct SparseShare {
     size_t table = 0;   // index into the call's tables
     int64_t dim = 0;
+    WireFormat wire = WireFormat::kF32;  // the table's value format (1.6)
     uint64_t table_id = 0;
     std::span<const int64_t> ids;   // what travels: the caller's span (one server, distinct ids) or own_ids
     std::vector<int64_t> own_ids;
@@ -407,7 +457,7 @@ class ClientImpl final : public Client {
     const int S = num_servers();
     const int64_t dim = spec.dim;
     std::vector<SparseShare> mine(static_cast<size_t>(S));
-    for (auto& sh : mine) sh.table = table, sh.dim = dim, sh.table_id = TableId(spec.name);
+    for (auto& sh : mine) sh.table = table, sh.dim = dim, sh.table_id = TableId(spec.name), sh.wire = spec.wire;
     if (distinct && S == 1) {  // nothing to group: the caller's buffers travel as they are
       mine[0].ids = ids;
     } else {
@@ -564,6 +614,12 @@ class ClientImpl final : public Client {
       if (!push) continue;
       if (id_bytes == 0) {
         payload.emplace_back();
+      } else if (sh.wire != WireFormat::kF32) {  // 1.6: the rows in the table's 16-bit format
+        const float* rows = sh.own_grads.empty() ? ins[sh.table].data() : sh.own_grads.data();
+        const int64_t values = static_cast<int64_t>(sh.ids.size()) * sh.dim;
+        zmq::message_t frame(static_cast<size_t>(values * wire::ValueBytes(sh.wire)));
+        values_saturated_.fetch_add(wire::EncodeValues(sh.wire, rows, values, frame.data()));
+        payload.push_back(std::move(frame));
       } else if (sh.own_grads.empty()) {
         payload.push_back(Lend(op, s, ins[sh.table].data(), ins[sh.table].size() * sizeof(float)));
       } else {
@@ -575,23 +631,31 @@ class ClientImpl final : public Client {
       struct Scatter {
         std::span<float> out;
         int64_t dim, rows;
+        WireFormat wire;
         std::vector<std::pair<int64_t, int64_t>> positions;
       };
       std::vector<Scatter> scatter;
       scatter.reserve(group.size());
       for (auto& sh : group) {
-        scatter.push_back({outs[sh.table], sh.dim, static_cast<int64_t>(sh.ids.size()), std::move(sh.positions)});
+        scatter.push_back({outs[sh.table], sh.dim, static_cast<int64_t>(sh.ids.size()), sh.wire, std::move(sh.positions)});
       }
       on_reply = [scatter = std::move(scatter)](const Header&, Frames& reply) -> Status {
         FERRY_RETURN_IF_ERROR(ExpectFrames(reply, scatter.size()));
+        std::vector<float> wide;  // a 16-bit table's rows as float32, when they do not map one to one
         for (size_t i = 0; i < scatter.size(); ++i) {
           const Scatter& sc = scatter[i];
           const size_t row_bytes = static_cast<size_t>(sc.dim) * sizeof(float);
-          FERRY_RETURN_IF_ERROR(ExpectBytes(reply[i], static_cast<size_t>(sc.rows) * row_bytes));
+          FERRY_RETURN_IF_ERROR(
+              ExpectBytes(reply[i], static_cast<size_t>(sc.rows * sc.dim * wire::ValueBytes(sc.wire))));
           const float* rows = static_cast<const float*>(reply[i].data());
           if (sc.positions.empty()) {  // one to one, in order
-            if (sc.rows > 0) std::memcpy(sc.out.data(), rows, reply[i].size());
+            if (sc.rows > 0) wire::DecodeValues(sc.wire, reply[i].data(), sc.rows * sc.dim, sc.out.data());
             continue;
+          }
+          if (sc.wire != WireFormat::kF32) {
+            wide.resize(static_cast<size_t>(sc.rows * sc.dim));
+            wire::DecodeValues(sc.wire, reply[i].data(), sc.rows * sc.dim, wide.data());
+            rows = wide.data();
           }
           for (auto [p, r] : sc.positions) std::memcpy(sc.out.data() + p * sc.dim, rows + r * sc.dim, row_bytes);
         }
@@ -1094,12 +1158,21 @@ class ClientImpl final : public Client {
   std::atomic<int64_t> barrier_generation_{0};  // the next collective's id (server 0 says the first)
   std::atomic<int64_t> restored_step_{0};       // server 0's restored checkpoint step
   std::vector<std::atomic<int>> server_minor_;  // each server's protocol minor, from its Hello reply
+  std::atomic<int64_t> values_saturated_{0};
   std::atomic<int64_t> first_collective_{0};    // server 0's next collective id at the handshake
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<int64_t> requests_{0}, bytes_sent_{0}, bytes_received_{0};
 
   mutable Mutex tables_mu_;
   std::unordered_map<std::string, TableSpec> tables_ ABSL_GUARDED_BY(tables_mu_);
+  // Error feedback of a top-k table (1.6): what its pushes have not sent yet, one float per
+  // element; a push adds its gradient, sends the top-k of each chunk and keeps the rest.
+  struct Residual {
+    Mutex mu;
+    std::vector<float> acc ABSL_GUARDED_BY(mu);
+    std::vector<uint32_t> scratch ABSL_GUARDED_BY(mu);  // SelectTopK's
+  };
+  std::unordered_map<std::string, std::shared_ptr<Residual>> residuals_ ABSL_GUARDED_BY(tables_mu_);
 
   Mutex room_mu_;
   CondVar room_cv_;                          // signalled when a slot frees up, or on stopping

@@ -24,6 +24,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "ferry/curve.h"
 #include "ferry/mutex.h"
+#include "ferry/messages/codec.h"
 #include "ferry/messages/deadlines.h"
 #include "ferry/messages/event_loop.h"
 #include "ferry/messages/transport.h"
@@ -74,13 +75,15 @@ enum Counter : int {
   kConnectionsIdleClosed,
   kRankConflicts,
   kRepliesDropped,
+  kWireValuesSaturated,
   kNumCounters
 };
 constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "messages", "bad_messages", "errors_sent", "late_gradients_dropped", "updates_applied",
     "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker",
     "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused",
-    "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped"};
+    "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped",
+    "wire_values_saturated"};
 constexpr size_t kStalenessBuckets = ps::kTableStalenessBuckets;  // the server's and each table's
 // Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
 // bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
@@ -270,7 +273,10 @@ class ServerImpl final : public Server {
                                         std::to_string(options_.max_message_bytes) + " bytes"));
     }
     for (size_t i = 2; i < frames.size(); ++i) req.payload.push_back(std::move(frames[i]));
-    s = wire::CheckPayloadShape(*header, req.payload);
+    s = wire::CheckPayloadShape(*header, req.payload, [this](uint64_t table_id) {
+      const ps::Table* t = tables_.Find(table_id);
+      return t ? wire::TableCoding{t->spec.wire, t->spec.topk_ratio} : wire::TableCoding{};
+    });
     if (!s.ok()) return bad(s.WithContext(std::string(wire::KindName(req.h()->kind()))));
     try {
       s = Dispatch(req);
@@ -623,6 +629,27 @@ class ServerImpl final : public Server {
     const int rank = h.rank();
     std::vector<ps::TableRegistry::SliceRef> refs;
     FERRY_RETURN_IF_ERROR(tables_.ResolveSlices(h, options_.max_message_bytes, &refs));
+    // Compressed tables (1.6): each frame becomes the float32 gradient it encodes, checked (top-k
+    // indices) before anything of the push is used; from here on every frame is float32.
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const ps::Table& t = *refs[i].table;
+      if (t.spec.wire == WireFormat::kF32 && t.spec.topk_ratio == 0.0f) continue;
+      const int64_t n = refs[i].chunk->size;
+      zmq::message_t dense(static_cast<size_t>(n) * sizeof(float));
+      auto* out = static_cast<float*>(dense.data());
+      if (t.spec.topk_ratio > 0.0f) {
+        Status s = wire::DecodeTopK(t.spec.wire, t.spec.topk_ratio, req.payload[i].data(), req.payload[i].size(), n, out);
+        if (!s.ok()) {
+          Count(kBadMessages);
+          return s.WithContext("table '" + t.spec.name + "' chunk " +
+                               std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()) + " from worker " +
+                               std::to_string(rank) + ", nothing of the push applied");
+        }
+      } else {
+        wire::DecodeValues(t.spec.wire, req.payload[i].data(), n, out);
+      }
+      req.payload[i] = std::move(dense);
+    }
     // Check every slice before touching any of them: finite values, and the sync preconditions.
     // The views (a copy only for a frame not aligned for float) serve the updates below too.
     std::vector<std::vector<float>> scratch(refs.size());
@@ -730,6 +757,12 @@ class ServerImpl final : public Server {
       Frames& pl = req.payload;
       ids[i] = View<int64_t>(pl[parts[i].ids_frame], id_scratch[i]);
       FERRY_RETURN_IF_ERROR(tables_.CheckIds(t, ids[i]));
+      if (t.spec.wire != WireFormat::kF32) {  // 1.6: 16-bit rows become float32 here
+        const int64_t values = static_cast<int64_t>(ids[i].size()) * t.spec.dim;
+        zmq::message_t rows(static_cast<size_t>(values) * sizeof(float));
+        wire::DecodeValues(t.spec.wire, pl[parts[i].grads_frame].data(), values, static_cast<float*>(rows.data()));
+        pl[parts[i].grads_frame] = std::move(rows);
+      }
       grads[i] = View<float>(pl[parts[i].grads_frame], g_scratch[i]);
       if (const int64_t bad = ps::FirstNonFinite(grads[i]); bad >= 0) {
         const int64_t row = bad / t.spec.dim;
@@ -805,6 +838,14 @@ class ServerImpl final : public Server {
         need, std::to_string(fresh) + " new rows of sparse table" + (named > 1 ? "s " : " ") + tables);
     LogRateLimited(why + "; refused");
     return ResourceExhaustedError(why);
+  }
+
+  // Values of a pull beyond the table's 16-bit range, sent as its largest value: counted, logged
+  // (at most once a second).
+  void CountSaturated(const TableSpec& spec, int64_t n) {
+    Count(kWireValuesSaturated, n);
+    LogRateLimited("table '" + spec.name + "': " + std::to_string(n) + " value(s) of a pull beyond " +
+                   std::string(WireFormatName(spec.wire)) + "'s range sent as its largest (saturated)");
   }
 
   // A push whose gradient holds NaN or Inf: refused whole, counted, logged (at most once a second).
@@ -930,12 +971,27 @@ class ServerImpl final : public Server {
     payload.reserve(n);
     std::vector<ps::Updater::RowRead> reads;
     reads.reserve(n);
+    std::vector<std::vector<float>> wide(n);  // compressed tables' rows as float32, before encoding
     for (size_t i = 0; i < n; ++i) {
       ps::SparseShard& shard = *(*parts)[i].table->sparse;
-      payload.emplace_back(ids[i].size() * static_cast<size_t>(shard.dim()) * sizeof(float));
-      reads.push_back({&shard, ids[i], static_cast<float*>(payload.back().data())});
+      const WireFormat w = (*parts)[i].table->spec.wire;
+      const size_t values = ids[i].size() * static_cast<size_t>(shard.dim());
+      payload.emplace_back(values * static_cast<size_t>(wire::ValueBytes(w)));
+      float* dst = static_cast<float*>(payload.back().data());
+      if (w != WireFormat::kF32) {
+        wide[i].resize(values);
+        dst = wide[i].data();
+      }
+      reads.push_back({&shard, ids[i], dst});
     }
     updater_.ReadRows(reads);
+    for (size_t i = 0; i < n; ++i) {
+      const WireFormat w = (*parts)[i].table->spec.wire;
+      if (w == WireFormat::kF32) continue;
+      const int64_t saturated =
+          wire::EncodeValues(w, wide[i].data(), static_cast<int64_t>(wide[i].size()), payload[i].data());
+      if (saturated > 0) CountSaturated((*parts)[i].table->spec, saturated);
+    }
     int64_t version = INT64_MAX;
     for (size_t i = 0; i < n; ++i) {
       ps::Table& t = *(*parts)[i].table;
@@ -968,12 +1024,21 @@ class ServerImpl final : public Server {
     payload.reserve(refs.size());
     int64_t version = INT64_MAX;
     const ps::Table* last = nullptr;
+    std::vector<float> wide;
     for (auto& r : refs) {
       if (r.table != last) ++r.table->counters.pull_requests;  // a request's slices of one table count once
       last = r.table;
       r.table->counters.rows_pulled += r.chunk->size;
-      zmq::message_t frame(static_cast<size_t>(r.chunk->size) * sizeof(float));
-      updater_.ReadDense(*r.chunk, static_cast<float*>(frame.data()));
+      const WireFormat w = r.table->spec.wire;
+      zmq::message_t frame(static_cast<size_t>(r.chunk->size * wire::ValueBytes(w)));
+      if (w == WireFormat::kF32) {
+        updater_.ReadDense(*r.chunk, static_cast<float*>(frame.data()));
+      } else {  // 1.6: read as float32, sent in the table's 16-bit format
+        wide.resize(static_cast<size_t>(r.chunk->size));
+        updater_.ReadDense(*r.chunk, wide.data());
+        const int64_t saturated = wire::EncodeValues(w, wide.data(), r.chunk->size, frame.data());
+        if (saturated > 0) CountSaturated(r.table->spec, saturated);
+      }
       payload.push_back(std::move(frame));
       r.chunk->last_pulled[rank] = r.chunk->version;
       version = std::min(version, r.chunk->version);

@@ -24,6 +24,16 @@ enum class NonFinite : uint8_t {
   kSkipRows = 1,  // sparse tables: the rows that hold one are dropped, the others applied
 };
 
+// How a table's values travel on the wire (its pushed gradients and pulled parameters); the
+// server keeps float32 whatever the format. See the README's "Wire formats" section.
+enum class WireFormat : uint8_t {
+  kF32 = 0,   // 4 bytes a value, exact
+  kF16 = 1,   // IEEE binary16: relative error <= 2^-11 in [2^-14, 65504]; finite values beyond +-65504
+              // travel as +-65504 (saturated), NaN and Inf as themselves
+  kBf16 = 2,  // bfloat16 (the upper half of a float32, rounded to nearest even): relative error <= 2^-8,
+              // float32's range (a finite value that would round past it travels as the largest bf16)
+};
+
 // Server-side optimizer and its hyperparameters (fields not used by `type` are ignored).
 struct OptimizerSpec {
   OptimizerType type = OptimizerType::kSgd;
@@ -74,6 +84,13 @@ struct TableSpec {
   // recently used of a sample of rows. The server's memory budget bounds it as well.
   int64_t max_rows = 0;
 
+  // Gradient compression (issue 17). `wire`: the element format of the table's pushed gradients
+  // and pulled values. `topk_ratio` (dense tables, (0, 1]; 0: off): each pushed chunk of n
+  // elements sends only its k = ceil(topk_ratio * n) largest-magnitude elements (index + value);
+  // the client keeps the rest as a residual it adds to the table's next gradient (error feedback).
+  WireFormat wire = WireFormat::kF32;
+  float topk_ratio = 0.0f;
+
   // Dense: product of `shape` (INT64_MAX if it overflows or a dimension is negative: a spec from
   // the network before Validate); sparse: 0.
   int64_t num_elements() const;
@@ -98,8 +115,12 @@ Status ParseOptimizerType(std::string_view text, OptimizerType* type);
 // Sets one of the spec's numeric options by name: "momentum", "nesterov" (0 or 1), "beta1",
 // "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta" (ftrl), "chunk_elems",
 // "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1), and the row lifecycle's "admit_after",
-// "admit_probability", "evict_after_steps", "max_rows". For the C and Python APIs and --table.
+// "admit_probability", "evict_after_steps", "max_rows", and gradient compression's "topk"
+// (topk_ratio: 0, or in (0, 1]). For the C and Python APIs and --table.
 Status SetSpecOption(TableSpec* spec, std::string_view key, double value);
+// Parses "f32", "fp16" or "bf16" (what --table wire=, ferry_spec_set_wire and Python's wire= take).
+Status ParseWireFormat(std::string_view text, WireFormat* out);
+std::string_view WireFormatName(WireFormat w);
 // Parses "refuse" or "skip_rows".
 Status ParseNonFinite(std::string_view text, NonFinite* out);
 // Parses "zeros", "uniform", "normal" or "constant".

@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -23,8 +24,9 @@ inline constexpr uint16_t kMajor = 1;
 // 1.1: AllReduce; 1.2: Finish, used/dropped/held_us in replies; 1.3: Checkpoint, CommitCheckpoint,
 // the restored step and the next collective id in the Hello reply; 1.4: the FTRL optimizer (l1, l2,
 // beta); 1.5: PullSparseTables and PushSparseTables (every sparse table of a step in one message
-// per server), the row lifecycle fields of TableSpec
-inline constexpr uint16_t kMinor = 5;
+// per server), the row lifecycle fields of TableSpec; 1.6: compressed tables (TableSpec's wire and
+// topk_ratio: 16-bit value frames, top-k frames of dense pushes)
+inline constexpr uint16_t kMinor = 6;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.
@@ -44,10 +46,20 @@ std::string_view KindName(Kind kind);
 // so the receiver can still match it to a request and answer or report it.
 Status VerifyHeader(zmq::message_t& frame, const Header** out);
 
+// How a table's value frames are coded (1.6), as the receiver knows it from the table's spec.
+struct TableCoding {
+  ferry::WireFormat wire = ferry::WireFormat::kF32;
+  float topk_ratio = 0.0f;  // dense pushes: top-k frames
+};
+// The coding of table `table_id` (an unknown table: the default; the table check refuses it).
+using CodingOf = std::function<TableCoding(uint64_t table_id)>;
+
 // Checks that the payload frames match the header's counts for its kind: frame count, and each
-// frame's size equal to count x element size (overflow-safe). Table-specific checks (known
-// table, chunk lengths, row width) are the receiver's.
-Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payload);
+// frame's size equal to count x element size (overflow-safe), where a value's size is its
+// table's (`coding`; none: every table float32) and a dense push of a top-k table carries
+// TopKFrameBytes. Table-specific checks (known table, chunk lengths, row width, top-k indices)
+// are the receiver's.
+Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payload, const CodingOf& coding = nullptr);
 
 // Copies a finished builder into a frame (headers are small; payloads are never copied here).
 zmq::message_t ToFrame(const flatbuffers::FlatBufferBuilder& fbb);

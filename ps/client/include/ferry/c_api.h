@@ -70,8 +70,14 @@ ferry_code ferry_spec_set_init(ferry_table_spec* spec, const char* init, float s
 /* One of: "momentum", "nesterov" (0 or 1), "beta1", "beta2", "epsilon", "initial_accumulator",
  * "l1", "l2", "beta" (ftrl), "chunk_elems", "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1, sparse tables: a pushed
  * row holding NaN or Inf is dropped instead of the whole push being refused), and a sparse table's row lifecycle:
- * "admit_after", "admit_probability", "evict_after_steps", "max_rows" (README, "Row lifecycle"). */
+ * "admit_after", "admit_probability", "evict_after_steps", "max_rows" (README, "Row lifecycle"), and gradient
+ * compression's "topk" (dense tables: each pushed chunk sends only its ceil(topk * n) largest elements, the rest
+ * kept by the client and added to the next push; 0: off, else in (0, 1]; README, "Wire formats"). */
 ferry_code ferry_spec_set(ferry_table_spec* spec, const char* key, double value);
+/* wire: "f32" (the default), "fp16" or "bf16": how the table's pushed gradients and pulled values
+ * travel (2 bytes a value for fp16 and bf16; the servers keep float32). Needs servers of protocol
+ * 1.6 or later: ferry_declare fails with FERRY_FAILED_PRECONDITION on an older one. */
+ferry_code ferry_spec_set_wire(ferry_table_spec* spec, const char* wire);
 
 /* ---- the client ---------------------------------------------------------------------------- */
 

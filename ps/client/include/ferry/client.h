@@ -145,6 +145,9 @@ struct ClientStats {
   int64_t requests = 0;       // messages sent
   int64_t bytes_sent = 0;     // all frames
   int64_t bytes_received = 0; // all frames
+  // Finite values of pushes to fp16 / bf16 tables beyond the format's range, sent as its largest
+  // value instead (1.6; README, "Wire formats").
+  int64_t values_saturated = 0;
 };
 
 class Client {
@@ -157,7 +160,10 @@ class Client {
   virtual int num_servers() const = 0;
 
   // Declares a table on every server (idempotent; a conflicting declaration is an error naming
-  // both specs). A table must be declared by this client before it is used.
+  // both specs). A table must be declared by this client before it is used. A compressed table
+  // (spec.wire not f32, or topk_ratio > 0) needs servers of protocol 1.6 or later: on an older
+  // one Declare fails with FAILED_PRECONDITION and sends nothing. A top-k table's residual (what
+  // its pushes have not sent yet) lives in this client from its declaration on.
   virtual Status Declare(const TableSpec& spec) = 0;
 
   // Dense tables. Several tensors in one call travel as one message per server, so a step's

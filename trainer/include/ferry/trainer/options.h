@@ -24,9 +24,10 @@ enum class DeviceKind { kAuto, kCpu, kCuda };
 
 // --table PATTERN:key=value,...: settings for the model's tables whose names match PATTERN
 // (fnmatch(3): "ctr/emb*"), over the job's defaults. Keys: consistency (sync|async|ssp:S),
-// optimizer (sgd|momentum|adagrad|adam|ftrl), lr, and the numeric options of SetSpecOption
-// (l1, l2, beta, beta1, beta2, epsilon, momentum, nesterov, initial_accumulator, ...). E.g. the
-// hybrid PERSIA uses: --consistency sync --table 'ctr/emb*:consistency=async'.
+// optimizer (sgd|momentum|adagrad|adam|ftrl), lr, wire (f32|fp16|bf16), and the numeric options
+// of SetSpecOption (l1, l2, beta, beta1, beta2, epsilon, momentum, nesterov, initial_accumulator,
+// topk, ...). E.g. the hybrid PERSIA uses: --consistency sync --table 'ctr/emb*:consistency=async';
+// gradient compression: --table 'mlp/*:wire=fp16,topk=0.01'.
 struct TableOverride {
   std::string pattern;
   std::vector<std::pair<std::string, std::string>> settings;  // in the order given

@@ -31,7 +31,10 @@ struct Request {
     return verified && header_frame.size() > 0 ? wire::GetHeader(header_frame.data()) : nullptr;
   }
   transport::Frames payload;
-  Clock::time_point arrived;  // when the server read it (a held pull reports how long it waited)
+  Clock::time_point arrived;  // when the server read it
+  // When its pull began to wait: its arrival, or, for PushPullDense, the end of its push (whose
+  // own work is not waiting). A held pull reports how long it waited from here.
+  Clock::time_point wait_from;
   Clock::time_point deadline;
   int64_t pull_step = 0;  // the step/clock the (held) pull is for
   wire::ReplyInfo info;   // PushPullDense: what its push did, reported with the pull's reply
@@ -39,9 +42,9 @@ struct Request {
 
   std::string_view peer() const { return {routing.data<char>(), routing.size()}; }
 
-  // Microseconds since arrival.
+  // Microseconds since wait_from.
   int64_t waited_us() const {
-    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - arrived).count();
+    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - wait_from).count();
   }
 };
 

@@ -229,7 +229,7 @@ class ServerImpl final : public Server {
     Count(kBytesIn, bytes);
     if (frames.empty()) return;
     Request req;
-    req.arrived = Clock::now();
+    req.arrived = req.wait_from = Clock::now();
     req.routing = std::move(frames[0]);
     // From a frame of the message itself: ROUTER makes the routing id frame of a peer's first
     // messages afresh, without the descriptor.
@@ -703,6 +703,7 @@ class ServerImpl final : public Server {
       // PushPullDense at step t: push for t, clock to t + 1, pull for t + 1.
       workers_.AdvanceClock(rank, h.step() + 1);
       req.pull_step = h.step() + 1;
+      req.wait_from = Clock::now();
       req.info = info;
       req.payload.clear();
       HoldOrServe(std::move(req));

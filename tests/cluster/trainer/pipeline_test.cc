@@ -201,6 +201,28 @@ TEST(Pipeline, ThenPullMustNameThePushedTables) {
   EXPECT_EQ(short_list.code(), StatusCode::kInvalidArgument) << short_list;
 }
 
+// The time a server reports holding a PushPullDense's pull (Served::held: waiting for the other
+// workers, which the trainer counts as wait and takes out of comm_s) starts after its own push:
+// one sync worker waits for no one, however long the server's update of its push takes (Adam
+// over 4M floats here: a large part of the round trip).
+TEST(Pipeline, APushPullsOwnUpdateIsNotCountedAsHeld) {
+  auto cluster = test::LocalCluster::Start(1);
+  auto client = cluster.Connect(0, 1);
+  TableSpec spec = test::SgdTable("w", int64_t{4} << 20, Consistency::kSync);
+  spec.optimizer.type = OptimizerType::kAdam;
+  spec.optimizer.learning_rate = 0.01f;
+  ASSERT_TRUE(client->Declare(spec).ok());
+  std::vector<float> g(static_cast<size_t>(spec.shape[0]), 0.25f), w(g.size());
+  const DenseIn in{"w", g};
+  const DenseOut out{"w", w};
+  for (int64_t step = 0; step < 3; ++step) {
+    Handle h = client->PushPullDense({&in, 1}, {&out, 1}, step);
+    ASSERT_TRUE(h.wait().ok());
+    EXPECT_LT(h.served().held * 4, h.elapsed()) << "step " << step << ": held " << h.served().held.count()
+                                                 << " us of a round trip of " << h.elapsed().count() / 1000 << " us";
+  }
+}
+
 TEST(Pipeline, HandleElapsedIsTheCallToTheLastReply) {
   auto cluster = test::LocalCluster::Start(1);
   auto client = cluster.Connect(0, 1);

@@ -6,7 +6,9 @@
 # model on synthetic data (--steps 400, batch 256); 1 and 2 workers on one server. Every
 # configuration once per round, in a random order each round, ROUNDS rounds.
 # BLAS_THREADS (0: OpenBLAS's own, 2 here) goes to every trainer's --blas-threads; MODELS picks
-# the models (default "mlp ctr").
+# the models (default "mlp ctr"), PIPELINES the modes (default "none exchange prefetch"), LOCAL=0
+# leaves out the --local runs; TRANSPORT=ipc binds the servers to ipc:// paths instead of tcp
+# loopback; FIRST_ROUND numbers the rounds from there (default 1).
 #   BIN=build/bin OUT=bench/results/pipeline ROUNDS=3 bash bench/results/pipeline/run.sh
 set -euo pipefail
 BIN=${BIN:-build/bin}
@@ -14,6 +16,10 @@ OUT=${OUT:-bench/results/pipeline}
 ROUNDS=${ROUNDS:-3}
 BLAS_THREADS=${BLAS_THREADS:-0}
 MODELS=${MODELS:-mlp ctr}
+PIPELINES=${PIPELINES:-none exchange prefetch}
+LOCAL=${LOCAL:-1}
+TRANSPORT=${TRANSPORT:-tcp}
+FIRST_ROUND=${FIRST_ROUND:-1}
 mkdir -p "$OUT/runs"
 
 model_flags() {
@@ -34,12 +40,13 @@ run() {
     "$BIN/ferry-trainer" --local --device cpu --quiet $flags --metrics-out "$OUT/runs/$name-{rank}.json" > /dev/null
     return
   fi
-  local port=$((20000 + RANDOM % 20000))
-  "$BIN/ferry-ps" --bind "tcp://127.0.0.1:$port" --num-workers "$workers" > "$OUT/runs/$name-ps.log" 2>&1 &
+  local endpoint="tcp://127.0.0.1:$((20000 + RANDOM % 20000))"
+  [ "$TRANSPORT" = ipc ] && endpoint="ipc:///tmp/ferry-pipeline-$$-$RANDOM.sock"
+  "$BIN/ferry-ps" --bind "$endpoint" --num-workers "$workers" > "$OUT/runs/$name-ps.log" 2>&1 &
   local ps=$! pids=() r
   for ((r = 0; r < workers; r++)); do
     # shellcheck disable=SC2086
-    "$BIN/ferry-trainer" --servers "tcp://127.0.0.1:$port" --rank $r --num-workers "$workers" --device cpu --quiet \
+    "$BIN/ferry-trainer" --servers "$endpoint" --rank $r --num-workers "$workers" --device cpu --quiet \
       --consistency "$mode" --pipeline "$pipeline" $flags --metrics-out "$OUT/runs/$name-{rank}.json" > /dev/null &
     pids+=($!)
   done
@@ -52,13 +59,15 @@ run() {
 
 CONFIGS=()
 for model in $MODELS; do
-  CONFIGS+=("$model sync local 1")
+  [ "$LOCAL" = 1 ] && CONFIGS+=("$model sync local 1")
   for w in 1 2; do
-    CONFIGS+=("$model sync none $w" "$model sync exchange $w" "$model async none $w" "$model async exchange $w"
-              "$model async prefetch $w")
+    for p in $PIPELINES; do
+      [ "$p" = prefetch ] || CONFIGS+=("$model sync $p $w")
+      CONFIGS+=("$model async $p $w")
+    done
   done
 done
-for ((round = 1; round <= ROUNDS; round++)); do
+for ((round = FIRST_ROUND; round < FIRST_ROUND + ROUNDS; round++)); do
   while read -r c; do
     # shellcheck disable=SC2086
     run $c "$round"

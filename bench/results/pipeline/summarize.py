@@ -16,15 +16,18 @@ import re
 import statistics
 import sys
 
-root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
-runs = {}  # (model, mode, pipeline, workers) -> {round: [end lines]}
-for path in glob.glob(os.path.join(root, "runs", "*.json")):
-    m = re.match(r"(\w+)-(\w+)-(\w+)-(\d)w-r(\d+)-(\d+)\.json$", os.path.basename(path))
-    model, mode, pipeline, workers, rnd, _ = m.groups()
-    with open(path) as f:
-        end = [json.loads(l) for l in f if '"event":"end"' in l]
-    assert len(end) == 1, path
-    runs.setdefault((model, mode, pipeline, int(workers)), {}).setdefault(int(rnd), []).append(end[0])
+
+def load(root):
+    """(model, mode, pipeline, workers) -> {round: [each worker's end line]} of root/runs."""
+    runs = {}
+    for path in glob.glob(os.path.join(root, "runs", "*.json")):
+        m = re.match(r"(\w+)-(\w+)-(\w+)-(\d)w-r(\d+)-(\d+)\.json$", os.path.basename(path))
+        model, mode, pipeline, workers, rnd, _ = m.groups()
+        with open(path) as f:
+            end = [json.loads(l) for l in f if '"event":"end"' in l]
+        assert len(end) == 1, path
+        runs.setdefault((model, mode, pipeline, int(workers)), {}).setdefault(int(rnd), []).append(end[0])
+    return runs
 
 
 def per_run(ends):
@@ -49,27 +52,34 @@ def fmt(values, digits):
     return f"{med:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
-print("model mode pipeline workers | rounds | step ms | compute ms | comm ms | step/max | step/sum | job examples/s | vs local | final acc/auc")
-for key in sorted(runs, key=lambda k: (k[0], k[3], k[1], ["local", "none", "exchange", "prefetch"].index(k[2]))):
-    model, mode, pipeline, workers = key
-    rounds = runs[key]
-    rows = {r: per_run(e) for r, e in rounds.items()}
-    local = runs.get((model, "sync", "local", 1), {})
-    vs_local = [rows[r]["eps"] / per_run(local[r])["eps"] for r in rows if r in local]
-    quality = [row["auc"] if model == "ctr" else row["acc"] for row in rows.values()]
-    print(f"{model} {mode} {pipeline} {workers} | {len(rows)} | "
-          f"{fmt([x['step_ms'] for x in rows.values()], 3)} | {fmt([x['compute_ms'] for x in rows.values()], 3)} | "
-          f"{fmt([x['comm_ms'] for x in rows.values()], 3)} | {fmt([x['over_max'] for x in rows.values()], 2)} | "
-          f"{fmt([x['over_sum'] for x in rows.values()], 2)} | {fmt([x['eps'] for x in rows.values()], 0)} | "
-          f"{fmt(vs_local, 3)} | {fmt(quality, 4)}")
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+    runs = load(root)
+    print("model mode pipeline workers | rounds | step ms | compute ms | comm ms | step/max | step/sum | job examples/s | vs local | final acc/auc")
+    for key in sorted(runs, key=lambda k: (k[0], k[3], k[1], ["local", "none", "exchange", "prefetch"].index(k[2]))):
+        model, mode, pipeline, workers = key
+        rounds = runs[key]
+        rows = {r: per_run(e) for r, e in rounds.items()}
+        local = runs.get((model, "sync", "local", 1), {})
+        vs_local = [rows[r]["eps"] / per_run(local[r])["eps"] for r in rows if r in local]
+        quality = [row["auc"] if model == "ctr" else row["acc"] for row in rows.values()]
+        print(f"{model} {mode} {pipeline} {workers} | {len(rows)} | "
+              f"{fmt([x['step_ms'] for x in rows.values()], 3)} | {fmt([x['compute_ms'] for x in rows.values()], 3)} | "
+              f"{fmt([x['comm_ms'] for x in rows.values()], 3)} | {fmt([x['over_max'] for x in rows.values()], 2)} | "
+              f"{fmt([x['over_sum'] for x in rows.values()], 2)} | {fmt([x['eps'] for x in rows.values()], 0)} | "
+              f"{fmt(vs_local, 3)} | {fmt(quality, 4)}")
 
-# exchange against none, per round (same model, mode, workers): the job's examples/s ratio.
-print()
-print("after / before (job examples/s, per round; median (min-max)):")
-for key in sorted(runs):
-    model, mode, pipeline, workers = key
-    if pipeline not in ("exchange", "prefetch"):
-        continue
-    before = runs.get((model, mode, "none", workers), {})
-    ratios = [per_run(runs[key][r])["eps"] / per_run(before[r])["eps"] for r in runs[key] if r in before]
-    print(f"  {model} {mode} {workers}w {pipeline} / none: {fmt(ratios, 3)}")
+    # exchange against none, per round (same model, mode, workers): the job's examples/s ratio.
+    print()
+    print("after / before (job examples/s, per round; median (min-max)):")
+    for key in sorted(runs):
+        model, mode, pipeline, workers = key
+        if pipeline not in ("exchange", "prefetch"):
+            continue
+        before = runs.get((model, mode, "none", workers), {})
+        ratios = [per_run(runs[key][r])["eps"] / per_run(before[r])["eps"] for r in runs[key] if r in before]
+        print(f"  {model} {mode} {workers}w {pipeline} / none: {fmt(ratios, 3)}")
+
+
+if __name__ == "__main__":
+    main()

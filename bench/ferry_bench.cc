@@ -83,6 +83,7 @@
 #include "internal/optimizer.h"
 #include "internal/table_metrics.h"
 #include "internal/tables.h"
+#include "support/ps_process.h"
 
 namespace ferry::bench {
 namespace {
@@ -164,6 +165,8 @@ constexpr Size kSizes[] = {
 
 // The sizes CURVE's cost is measured at (issue 15): 1 MiB and 16 MiB.
 constexpr Size kCurveSizes[] = {kSizes[1], kSizes[2]};
+// The sizes measured against ferry-ps processes (issue 17): 4 KiB, 1 MiB and 16 MiB.
+constexpr Size kProcessSizes[] = {kSizes[0], kSizes[1], kSizes[2]};
 
 // Elements per chunk of a Ferry dense table of `elems` floats in these benchmarks: at least two
 // chunks, at most 1M floats (4 MiB) each, so that with two servers every size spreads over both.
@@ -320,11 +323,17 @@ struct RawCase {
   int64_t frame_bytes;
   int iterations;
   int warmup;
+  bool process = false;  // the echo server in a process of its own (ferry-bench --echo-process)
 };
 
 // One payload frame: the transport's own ceiling.
 RawCase OneFrame(Net net, const Size& size) {
   return {"raw/" + NetName(net) + "/" + size.name, net, size.bytes, size.bytes, size.iterations, WarmupCalls(size)};
+}
+// One payload frame to an echo server in another process (tcp): the ceiling of ps_proc/.
+RawCase OneFrameProcess(const Size& size) {
+  return {std::string("raw_proc/tcp/") + size.name, Net::kTcp, size.bytes, size.bytes, size.iterations,
+          WarmupCalls(size), /*process=*/true};
 }
 // Frames of the chunk size a Ferry table of that many bytes has here: what the PS puts on the wire.
 RawCase Chunked(Net net, const Size& size) {
@@ -343,14 +352,25 @@ RawCase SmallPacked() { return {"raw/tcp/100KiB", Net::kTcp, 100 << 10, 100 << 1
 // has handed the buffer back.
 class RawRoundTrip {
  public:
-  static StatusOr<std::unique_ptr<RawRoundTrip>> Start(Net net, int64_t bytes, int64_t frame_bytes) {
+  // `process`: the echo server runs in a child process (tcp only), as a ferry-ps would.
+  static StatusOr<std::unique_ptr<RawRoundTrip>> Start(Net net, int64_t bytes, int64_t frame_bytes,
+                                                       bool process = false) {
     std::unique_ptr<RawRoundTrip> rt(new RawRoundTrip(bytes, frame_bytes));
-    FERRY_ASSIGN_OR_RETURN(rt->server_, EchoServer::Start(net));
+    std::string endpoint;
+    if (process) {
+      rt->child_ = std::make_unique<test::ChildProcess>("/proc/self/exe",
+                                                        std::vector<std::string>{"ferry-bench", "--echo-process"});
+      endpoint = rt->child_->endpoint();
+      if (endpoint.empty()) return UnavailableError("raw client: the echo process did not start");
+    } else {
+      FERRY_ASSIGN_OR_RETURN(rt->server_, EchoServer::Start(net));
+      endpoint = rt->server_->endpoint();
+    }
     FERRY_ASSIGN_OR_RETURN(rt->socket_, transport::MakeSocket(rt->context_, zmq::socket_type::dealer, 100000));
     try {
       rt->socket_.set(zmq::sockopt::rcvtimeo, static_cast<int>(std::chrono::milliseconds(kWaitTimeout).count()));
       if (net == Net::kTcpCurve) SetCurve(rt->socket_, /*server=*/false);
-      rt->socket_.connect(rt->server_->endpoint());
+      rt->socket_.connect(endpoint);
     } catch (const zmq::error_t& e) {
       return UnavailableError(std::string("raw client: connect: ") + e.what());
     }
@@ -396,6 +416,7 @@ class RawRoundTrip {
       : payload_(static_cast<size_t>(bytes), std::byte{0x5a}), frame_bytes_(static_cast<size_t>(frame_bytes)) {}
 
   std::unique_ptr<EchoServer> server_;
+  std::unique_ptr<test::ChildProcess> child_;  // or the echo server's process
   std::vector<std::byte> payload_;  // lent to ZeroMQ; declared before context_ so it outlives it
   size_t frame_bytes_;
   std::shared_ptr<transport::Lender> lender_ = std::make_shared<transport::Lender>();
@@ -406,7 +427,7 @@ class RawRoundTrip {
 
 // Payload bytes per second of `c.iterations` raw round trips (after a warm-up).
 StatusOr<double> MeasureRawRate(const RawCase& c) {
-  FERRY_ASSIGN_OR_RETURN(auto rt, RawRoundTrip::Start(c.net, c.bytes, c.frame_bytes));
+  FERRY_ASSIGN_OR_RETURN(auto rt, RawRoundTrip::Start(c.net, c.bytes, c.frame_bytes, c.process));
   for (int i = 0; i < c.warmup; ++i) FERRY_RETURN_IF_ERROR(rt->Once());
   const auto start = SteadyClock::now();
   for (int i = 0; i < c.iterations; ++i) FERRY_RETURN_IF_ERROR(rt->Once());
@@ -517,7 +538,7 @@ class Baselines {
 // Counters: `bytes_per_second` (2 x size per round trip), `faults_per_call` (page faults of the
 // process per round trip: fresh receive buffers; see RESULTS.md for what they cost here).
 void BM_Raw(benchmark::State& state, Baselines& baselines, const RawCase& c) {
-  auto rt = RawRoundTrip::Start(c.net, c.bytes, c.frame_bytes);
+  auto rt = RawRoundTrip::Start(c.net, c.bytes, c.frame_bytes, c.process);
   Status st = rt.status();
   for (int i = 0; st.ok() && i < c.warmup; ++i) st = (*rt)->Once();
   if (!st.ok()) Fail(state, st);
@@ -548,12 +569,25 @@ struct PsCluster {
   Net net = Net::kTcp;
   std::vector<BindAddress> addresses;  // before servers: ipc files are removed after they stop
   std::vector<std::unique_ptr<Server>> servers;
+  std::vector<std::unique_ptr<test::PsProcess>> processes;  // or ferry-ps processes (tcp)
   std::vector<std::string> endpoints;
 };
 
-StatusOr<std::shared_ptr<const PsCluster>> StartCluster(Net net, int num_servers) {
+// `processes`: the servers are ferry-ps processes (tcp, one compute thread each), as users run
+// them; otherwise ferry::Servers in this process.
+StatusOr<std::shared_ptr<const PsCluster>> StartCluster(Net net, int num_servers, bool processes = false) {
   auto cluster = std::make_shared<PsCluster>();
   cluster->net = net;
+  if (processes) {
+    if (net != Net::kTcp) return InvalidArgumentError("ferry-ps processes are measured over tcp only");
+    for (int s = 0; s < num_servers; ++s) {
+      auto& p = cluster->processes.emplace_back(std::make_unique<test::PsProcess>(
+          s, num_servers, std::vector<std::string>{"--num-workers", std::to_string(num_servers)}));
+      if (p->endpoint().empty()) return UnavailableError("ferry-ps " + std::to_string(s) + " did not start");
+      cluster->endpoints.push_back(p->endpoint());
+    }
+    return std::shared_ptr<const PsCluster>(std::move(cluster));
+  }
   for (int s = 0; s < num_servers; ++s) {
     const BindAddress& bind = cluster->addresses.emplace_back(net);
     ServerOptions o;
@@ -618,10 +652,11 @@ class SharedRun {
   explicit SharedRun(int threads) : results_(static_cast<size_t>(threads)), after_loop_(threads) {}
 
   // Thread 0 starts the cluster and publishes it (or why it failed); the others wait for it.
-  StatusOr<std::shared_ptr<const PsCluster>> Enter(const benchmark::State& state, Net net, int num_servers) {
+  StatusOr<std::shared_ptr<const PsCluster>> Enter(const benchmark::State& state, Net net, int num_servers,
+                                                    bool processes = false) {
     std::unique_lock lock(mu_);
     if (state.thread_index() == 0) {
-      auto cluster = StartCluster(net, num_servers);
+      auto cluster = StartCluster(net, num_servers, processes);
       status_ = cluster.status();
       if (cluster.ok()) cluster_ = *cluster;
       published_ = true;
@@ -734,13 +769,15 @@ class DenseWorker {
   std::unique_ptr<Client> client_;
 };
 
-// One worker per benchmark thread; as many servers as workers (1s1w or 2s2w).
-void BM_PsDense(benchmark::State& state, Baselines& baselines, SharedRun& run, DenseOp op, Net net, Size size) {
+// One worker per benchmark thread; as many servers as workers (1s1w or 2s2w). `processes`: the
+// servers are ferry-ps processes (tcp), measured against raw round trips to another process.
+void BM_PsDense(benchmark::State& state, Baselines& baselines, SharedRun& run, DenseOp op, Net net, Size size,
+                bool processes = false) {
   const bool lead = state.thread_index() == 0;
   // Before the servers start, so that they cannot disturb them (no-ops when raw/ ran already).
-  const double raw = lead ? baselines.RawRate(OneFrame(net, size)) : 0.0;
-  const double raw_chunked = lead ? baselines.RawRate(Chunked(net, size)) : 0.0;
-  auto cluster = run.Enter(state, net, /*num_servers=*/state.threads());
+  const double raw = !lead ? 0.0 : processes ? baselines.RawRate(OneFrameProcess(size)) : baselines.RawRate(OneFrame(net, size));
+  const double raw_chunked = lead && !processes ? baselines.RawRate(Chunked(net, size)) : 0.0;
+  auto cluster = run.Enter(state, net, /*num_servers=*/state.threads(), processes);
   DenseWorker worker;
   Status st = cluster.ok() ? worker.Start(**cluster, state.thread_index(), state.threads(), size.bytes)
                            : cluster.status();
@@ -1448,6 +1485,7 @@ void RegisterAll(Fixtures& f) {
   }
   raw_cases.push_back(SmallFrames());
   raw_cases.push_back(SmallPacked());
+  for (const Size& size : kProcessSizes) raw_cases.push_back(OneFrameProcess(size));
   for (const Size& size : kCurveSizes) raw_cases.push_back(OneFrame(Net::kTcpCurve, size));
   for (const Size& size : kCurveSizes) raw_cases.push_back(Chunked(Net::kTcpCurve, size));
   for (const RawCase& c : raw_cases) {
@@ -1474,6 +1512,21 @@ void RegisterAll(Fixtures& f) {
               ->Unit(UnitFor(size.bytes));
         }
       }
+    }
+  }
+  // 2a. the same against a ferry-ps process, as users run it (1 server, 1 worker, tcp), against
+  // raw round trips to another process (raw_proc/)
+  for (DenseOp op : {DenseOp::kPush, DenseOp::kPull, DenseOp::kPushPull}) {
+    for (const Size& size : kProcessSizes) {
+      SharedRun* run = f.runs.emplace_back(std::make_unique<SharedRun>(1)).get();
+      const std::string name = "ps_proc/" + OpName(op) + "/tcp/" + size.name + "/1s1w";
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [&f, run, op, size](benchmark::State& st) {
+                                     BM_PsDense(st, f.baselines, *run, op, Net::kTcp, size, /*processes=*/true);
+                                   })
+          ->Iterations(size.iterations)
+          ->UseRealTime()
+          ->Unit(UnitFor(size.bytes));
     }
   }
   // 2b. what CURVE costs: push+pull over tcp with CURVE (compare ps/pushpull/tcp/ of the same size)
@@ -1604,12 +1657,26 @@ void RegisterAll(Fixtures& f) {
   }
 }
 
+// ferry-bench --echo-process: the raw baselines' echo server as a process of its own (raw_proc/),
+// on tcp loopback; prints its endpoint, then echoes until it is signalled to stop.
+int EchoProcessMain() {
+  auto server = EchoServer::Start(Net::kTcp);
+  if (!server.ok()) {
+    std::fprintf(stderr, "echo process: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("ferry-bench echo listening on %s\n", (*server)->endpoint().c_str());
+  std::fflush(stdout);
+  for (;;) ::pause();  // SIGTERM ends it
+}
+
 }  // namespace
 }  // namespace ferry::bench
 
 int main(int argc, char** argv) {
   // As ferry-ps and ferry-trainer do: the servers and clients measured here live in this process.
   ferry::transport::TuneAllocatorForLargeMessages();
+  if (argc == 2 && std::string_view(argv[1]) == "--echo-process") return ferry::bench::EchoProcessMain();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   ferry::bench::Fixtures fixtures;

@@ -1,6 +1,7 @@
-// tests/support/ps_process.h — one real ferry-ps child process on tcp loopback for a test (the
-// test target defines FERRY_PS_PATH): started with --bind tcp://127.0.0.1:0, its endpoint read
-// from its first line, stopped with SIGTERM (then SIGKILL after 10 s) when the object goes away.
+// tests/support/ps_process.h — one real child process that serves on tcp loopback, for a test or
+// a benchmark: ChildProcess runs a program whose first line names its endpoint (tcp://...), and
+// stops it with SIGTERM (then SIGKILL after 10 s) when the object goes away; PsProcess is a
+// ferry-ps started with --bind tcp://127.0.0.1:0 (the target defines FERRY_PS_PATH).
 #pragma once
 
 #include <poll.h>
@@ -17,11 +18,12 @@
 
 namespace ferry::test {
 
-// One ferry-ps child process; stopped with SIGTERM when the object goes away.
-class PsProcess {
+// One child process; stopped with SIGTERM when the object goes away. endpoint() is empty when it
+// did not start or named none within 10 s.
+class ChildProcess {
  public:
-  // `extra`: more ferry-ps flags.
-  PsProcess(int rank, int num_servers, std::vector<std::string> extra = {}) {
+  // Runs `path` with `args` (args[0]: its name) and reads the endpoint from its first line.
+  ChildProcess(const char* path, std::vector<std::string> args) {
     int out[2];
     if (pipe(out) != 0) return;
     pid_ = fork();
@@ -29,18 +31,15 @@ class PsProcess {
       dup2(out[1], STDOUT_FILENO);
       close(out[0]);
       close(out[1]);
-      std::vector<std::string> args = {"ferry-ps", "--bind", "tcp://127.0.0.1:0", "--rank", std::to_string(rank),
-                                       "--num-servers", std::to_string(num_servers), "--compute-threads", "1"};
-      args.insert(args.end(), extra.begin(), extra.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
-      execv(FERRY_PS_PATH, argv.data());
+      execv(path, argv.data());
       _exit(127);
     }
     close(out[1]);
     fd_ = out[0];
-    // The first line names the endpoint: "ferry-ps rank R of N listening on tcp://127.0.0.1:PORT".
+    // The first line names the endpoint, e.g. "ferry-ps rank R of N listening on tcp://127.0.0.1:PORT".
     std::string line;
     pollfd p{fd_, POLLIN, 0};
     while (line.find('\n') == std::string::npos && poll(&p, 1, 10000) > 0) {
@@ -53,10 +52,12 @@ class PsProcess {
     if (at != std::string::npos) endpoint_ = line.substr(at, line.find('\n', at) - at);
   }
 
-  ~PsProcess() {
+  ~ChildProcess() {
     if (pid_ > 0 && !reaped_) Terminate();
     if (fd_ >= 0) close(fd_);
   }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
 
   // Sends SIGTERM and returns the exit status (waits at most 10 s, then SIGKILL).
   int Terminate() {
@@ -96,6 +97,21 @@ class PsProcess {
   int fd_ = -1;
   bool reaped_ = false;
   std::string endpoint_;
+};
+
+// One ferry-ps child process with one compute thread; `extra`: more ferry-ps flags.
+class PsProcess : public ChildProcess {
+ public:
+  PsProcess(int rank, int num_servers, std::vector<std::string> extra = {})
+      : ChildProcess(FERRY_PS_PATH, Args(rank, num_servers, std::move(extra))) {}
+
+ private:
+  static std::vector<std::string> Args(int rank, int num_servers, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"ferry-ps", "--bind", "tcp://127.0.0.1:0", "--rank", std::to_string(rank),
+                                     "--num-servers", std::to_string(num_servers), "--compute-threads", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
 };
 
 }  // namespace ferry::test

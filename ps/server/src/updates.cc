@@ -6,10 +6,17 @@
 #include "internal/optimizer.h"
 
 namespace ferry::ps {
+namespace {
+
+// Element `b` of a chunk's optimizer state; null for an optimizer without state (SGD), whose
+// empty state has no element to point at (null + b is undefined behaviour).
+float* StateAt(DenseChunk& c, int64_t b) { return c.state.empty() ? nullptr : c.state.data() + b; }
+
+}  // namespace
 
 void Updater::ApplyDense(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step) {
   pool_.ParallelFor(c.size, kGrain, [&](int64_t b, int64_t e) {
-    ApplyUpdate(opt, c.params.data() + b, grad + b, c.state.data() + b, static_cast<size_t>(e - b),
+    ApplyUpdate(opt, c.params.data() + b, grad + b, StateAt(c, b), static_cast<size_t>(e - b),
                 static_cast<size_t>(c.size), step);
   });
 }
@@ -24,7 +31,7 @@ void Updater::ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::sp
       for (const float* g : grads) s += g[i];
       avg_[static_cast<size_t>(i)] = s / k;
     }
-    ApplyUpdate(opt, c.params.data() + b, avg_.data() + b, c.state.data() + b, static_cast<size_t>(e - b),
+    ApplyUpdate(opt, c.params.data() + b, avg_.data() + b, StateAt(c, b), static_cast<size_t>(e - b),
                 static_cast<size_t>(c.size), step);
   });
 }

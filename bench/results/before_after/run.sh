@@ -7,7 +7,7 @@
 set -euo pipefail
 ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-bench/results/before_after}
-FILTER='^(ps/(push|pull|pushpull)/tcp/(4KiB|1MiB|16MiB)/(1s1w|2s2w)|small/|sparse/(pull|push)/|criteo_step/(pull|push)/together/|opt/)'
+FILTER=${FILTER:-'^(ps/(push|pull|pushpull)/tcp/(4KiB|1MiB|16MiB)/(1s1w|2s2w)|small/|sparse/(pull|push)/|criteo_step/(pull|push)/together/|opt/)'}
 for ((r = 1; r <= ROUNDS; r++)); do
   for which in $(printf 'before\nafter\n' | shuf); do
     bin=$BEFORE

@@ -20,6 +20,7 @@
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "support/cluster.h"
+#include "support/old_server.h"
 
 namespace ferry {
 namespace {
@@ -287,38 +288,10 @@ TEST(Compression, TheServerRefusesForgedCompressedFrames) {
 // sends it nothing. An f32 table is declared as before. The 1.5 server is a bare ROUTER.
 TEST(Compression, AServerOfProtocol15IsNotSentACompressedTable) {
   auto context = Context::Create();
-  auto router = transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router);
-  ASSERT_TRUE(router.ok());
-  router->bind("inproc://compression-old-server");
-  std::atomic<bool> stop{false};
-  std::map<wire::Kind, int> kinds;  // the old server's thread only, until joined
-  std::thread old_server([&] {
-    while (!stop.load()) {
-      zmq::pollitem_t item{router->handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(20)) == 0) continue;
-      transport::Frames in;
-      if (!transport::Recv(*router, &in).ok() || in.size() < 2) continue;
-      const wire::Header* h = nullptr;
-      if (!wire::VerifyHeader(in[1], &h).ok()) continue;
-      if (h->kind() == wire::Kind::Heartbeat) continue;
-      ++kinds[h->kind()];
-      flatbuffers::FlatBufferBuilder fbb;
-      wire::HeaderBuilder b(fbb);
-      b.add_major(1);
-      b.add_minor(5);
-      b.add_request_id(h->request_id());
-      b.add_request_kind(h->kind());
-      b.add_kind(wire::Kind::Reply);
-      wire::FinishHeaderBuffer(fbb, b.Finish());
-      transport::Frames out;
-      out.push_back(std::move(in[0]));
-      out.push_back(wire::ToFrame(fbb));
-      transport::Send(*router, out).IgnoreError();
-    }
-  });
+  test::OldServer old_server(context, "inproc://compression-old-server", /*minor=*/5);
   {
     ClientOptions o;
-    o.servers = {"inproc://compression-old-server"};
+    o.servers = {old_server.endpoint()};
     o.context = context;
     o.connect_timeout = 5s;
     o.request_timeout = 5s;
@@ -334,9 +307,8 @@ TEST(Compression, AServerOfProtocol15IsNotSentACompressedTable) {
         << s;
     EXPECT_TRUE((*w)->Declare(SgdTable("plain", 8, Consistency::kAsync)).ok());
   }
-  stop.store(true);
-  old_server.join();
-  EXPECT_EQ(kinds[wire::Kind::CreateTable], 1) << "only the f32 table reached the old server";
+  old_server.Stop();
+  EXPECT_EQ(old_server.kinds()[wire::Kind::CreateTable], 1) << "only the f32 table reached the old server";
 }
 
 // Sync with 2 workers x 2 servers, a top-k + fp16 dense table and a bf16 sparse table, Adam:

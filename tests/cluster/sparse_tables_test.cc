@@ -17,6 +17,7 @@
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "support/cluster.h"
+#include "support/old_server.h"
 
 namespace ferry {
 namespace {
@@ -309,53 +310,28 @@ TEST(SparseTables, TheServerRefusesAForgedMessage) {
 // a kind it does not know.
 TEST(SparseTables, AServerOfProtocol14GetsOneMessagePerTable) {
   auto context = Context::Create();
-  auto router = transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router);
-  ASSERT_TRUE(router.ok());
-  router->bind("inproc://sparse-tables-old-server");
-  std::atomic<bool> stop{false};
-  std::map<wire::Kind, int> kinds;  // what the old server received (its thread only until joined)
-  std::thread old_server([&] {
-    while (!stop.load()) {
-      zmq::pollitem_t item{router->handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(20)) == 0) continue;
-      transport::Frames in;
-      if (!transport::Recv(*router, &in).ok() || in.size() < 2) continue;
-      const wire::Header* h = nullptr;
-      if (!wire::VerifyHeader(in[1], &h).ok()) continue;
-      if (h->kind() == wire::Kind::Heartbeat) continue;
-      ++kinds[h->kind()];
-      flatbuffers::FlatBufferBuilder fbb;
-      wire::HeaderBuilder b(fbb);
-      b.add_major(1);
-      b.add_minor(4);
-      b.add_request_id(h->request_id());
-      b.add_request_kind(h->kind());
-      transport::Frames out;
-      out.push_back(std::move(in[0]));
-      std::vector<float> rows;
-      if (h->kind() == wire::Kind::Hello || h->kind() == wire::Kind::CreateTable || h->kind() == wire::Kind::PushSparse ||
-          h->kind() == wire::Kind::PullSparse) {
-        b.add_kind(wire::Kind::Reply);
-        if (h->kind() == wire::Kind::PushSparse) b.add_used(1);
-        if (h->kind() == wire::Kind::PullSparse) {
-          const auto* ids = static_cast<const int64_t*>(in[2].data());
-          for (int64_t i = 0; i < h->num_ids(); ++i) {
-            for (int64_t j = 0; j < h->dim(); ++j) rows.push_back(static_cast<float>(ids[i]) + static_cast<float>(j) / 8);
-          }
+  test::OldServer old_server(
+      context, "inproc://sparse-tables-old-server", /*minor=*/4,
+      [](const wire::Header& h, transport::Frames& in, wire::HeaderBuilder& b, transport::Frames& payload) {
+        if (h.kind() != wire::Kind::Hello && h.kind() != wire::Kind::CreateTable && h.kind() != wire::Kind::PushSparse &&
+            h.kind() != wire::Kind::PullSparse) {
+          b.add_kind(wire::Kind::Error);
+          b.add_error_code(static_cast<int>(StatusCode::kInvalidArgument));
+          return;
         }
-      } else {
-        b.add_kind(wire::Kind::Error);
-        b.add_error_code(static_cast<int>(StatusCode::kInvalidArgument));
-      }
-      wire::FinishHeaderBuffer(fbb, b.Finish());
-      out.push_back(wire::ToFrame(fbb));
-      if (h->kind() == wire::Kind::PullSparse) out.emplace_back(rows.data(), rows.size() * sizeof(float));
-      transport::Send(*router, out).IgnoreError();
-    }
-  });
+        b.add_kind(wire::Kind::Reply);
+        if (h.kind() == wire::Kind::PushSparse) b.add_used(1);
+        if (h.kind() != wire::Kind::PullSparse) return;
+        std::vector<float> rows;
+        const auto* ids = static_cast<const int64_t*>(in[2].data());
+        for (int64_t i = 0; i < h.num_ids(); ++i) {
+          for (int64_t j = 0; j < h.dim(); ++j) rows.push_back(static_cast<float>(ids[i]) + static_cast<float>(j) / 8);
+        }
+        payload.emplace_back(rows.data(), rows.size() * sizeof(float));
+      });
   {
     ClientOptions o;
-    o.servers = {"inproc://sparse-tables-old-server"};
+    o.servers = {old_server.endpoint()};
     o.context = context;
     o.connect_timeout = 5s;
     o.request_timeout = 5s;
@@ -374,8 +350,8 @@ TEST(SparseTables, AServerOfProtocol14GetsOneMessagePerTable) {
     ASSERT_TRUE(h.wait(5s).ok());
     EXPECT_EQ(h.served().used, 2);
   }
-  stop.store(true);
-  old_server.join();
+  old_server.Stop();
+  auto& kinds = old_server.kinds();
   EXPECT_EQ(kinds[wire::Kind::PullSparse], 2);
   EXPECT_EQ(kinds[wire::Kind::PushSparse], 2);
   EXPECT_EQ(kinds[wire::Kind::PullSparseTables] + kinds[wire::Kind::PushSparseTables], 0);

@@ -78,44 +78,35 @@ inline uint16_t ToBf16(float f) {
 
 inline float FromBf16(uint16_t h) { return Float(static_cast<uint32_t>(h) << 16); }
 
-}  // namespace
-
-int64_t EncodeF16(const float* in, int64_t n, void* out) {
+// Encodes n floats to 16-bit values with To, counting the finite ones at or past kSaturate (which
+// To saturates); the count is kept 32 bits wide per block, which vectorizes better.
+template <uint32_t kSaturate, uint16_t (*To)(float)>
+int64_t Encode16(const float* in, int64_t n, void* out) {
   auto* o = static_cast<unsigned char*>(out);
   int64_t saturated = 0;
-  for (int64_t start = 0; start < n; start += kBlock) {  // a 32-bit count per block vectorizes better
+  for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t end = std::min(n, start + kBlock);
     uint32_t block = 0;
     for (int64_t i = start; i < end; ++i) {
       const uint32_t a = Bits(in[i]) & 0x7fffffffu;
-      block += static_cast<uint32_t>(a >= kF16Saturate) & static_cast<uint32_t>(a < kF32Inf);
-      Store16(o, i, ToF16(in[i]));
+      block += static_cast<uint32_t>(a >= kSaturate) & static_cast<uint32_t>(a < kF32Inf);
+      Store16(o, i, To(in[i]));
     }
     saturated += block;
   }
   return saturated;
 }
+
+}  // namespace
+
+int64_t EncodeF16(const float* in, int64_t n, void* out) { return Encode16<kF16Saturate, ToF16>(in, n, out); }
 
 void DecodeF16(const void* in, int64_t n, float* out) {
   const auto* p = static_cast<const unsigned char*>(in);
   for (int64_t i = 0; i < n; ++i) out[i] = FromF16(Load16(p, i));
 }
 
-int64_t EncodeBf16(const float* in, int64_t n, void* out) {
-  auto* o = static_cast<unsigned char*>(out);
-  int64_t saturated = 0;
-  for (int64_t start = 0; start < n; start += kBlock) {  // a 32-bit count per block vectorizes better
-    const int64_t end = std::min(n, start + kBlock);
-    uint32_t block = 0;
-    for (int64_t i = start; i < end; ++i) {
-      const uint32_t a = Bits(in[i]) & 0x7fffffffu;
-      block += static_cast<uint32_t>(a >= kBf16Saturate) & static_cast<uint32_t>(a < kF32Inf);
-      Store16(o, i, ToBf16(in[i]));
-    }
-    saturated += block;
-  }
-  return saturated;
-}
+int64_t EncodeBf16(const float* in, int64_t n, void* out) { return Encode16<kBf16Saturate, ToBf16>(in, n, out); }
 
 void DecodeBf16(const void* in, int64_t n, float* out) {
   const auto* p = static_cast<const unsigned char*>(in);

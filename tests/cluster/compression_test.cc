@@ -290,12 +290,7 @@ TEST(Compression, AServerOfProtocol15IsNotSentACompressedTable) {
   auto context = Context::Create();
   test::OldServer old_server(context, "inproc://compression-old-server", /*minor=*/5);
   {
-    ClientOptions o;
-    o.servers = {old_server.endpoint()};
-    o.context = context;
-    o.connect_timeout = 5s;
-    o.request_timeout = 5s;
-    auto w = Client::Connect(o);
+    auto w = old_server.Connect();
     ASSERT_TRUE(w.ok()) << w.status();
     Status s = (*w)->Declare(Compressed(SgdTable("h", 8, Consistency::kAsync), WireFormat::kF16));
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;

@@ -330,12 +330,7 @@ TEST(SparseTables, AServerOfProtocol14GetsOneMessagePerTable) {
         payload.emplace_back(rows.data(), rows.size() * sizeof(float));
       });
   {
-    ClientOptions o;
-    o.servers = {old_server.endpoint()};
-    o.context = context;
-    o.connect_timeout = 5s;
-    o.request_timeout = 5s;
-    auto w = Client::Connect(o);
+    auto w = old_server.Connect();
     ASSERT_TRUE(w.ok()) << w.status();
     ASSERT_TRUE((*w)->Declare(SgdSparseTable("p", 2)).ok());
     ASSERT_TRUE((*w)->Declare(SgdSparseTable("q", 3)).ok());

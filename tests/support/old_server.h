@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ferry/client.h"
 #include "ferry/context.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
@@ -31,7 +32,7 @@ class OldServer {
                                     transport::Frames& payload)>;
 
   OldServer(const std::shared_ptr<Context>& context, std::string endpoint, int minor, Answer answer = {})
-      : endpoint_(std::move(endpoint)) {
+      : context_(context), endpoint_(std::move(endpoint)) {
     auto router = transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router);
     EXPECT_TRUE(router.ok()) << router.status();
     if (!router.ok()) return;
@@ -74,6 +75,16 @@ class OldServer {
 
   const std::string& endpoint() const { return endpoint_; }
 
+  // A client of worker 0 of 1 connected to it, with 5 s timeouts.
+  StatusOr<std::unique_ptr<Client>> Connect() const {
+    ClientOptions o;
+    o.servers = {endpoint_};
+    o.context = context_;
+    o.connect_timeout = std::chrono::seconds(5);
+    o.request_timeout = std::chrono::seconds(5);
+    return Client::Connect(std::move(o));
+  }
+
   // Stops its thread; kinds() may be read after.
   void Stop() {
     stop_.store(true);
@@ -83,6 +94,7 @@ class OldServer {
   std::map<wire::Kind, int>& kinds() { return kinds_; }
 
  private:
+  std::shared_ptr<Context> context_;
   std::string endpoint_;
   zmq::socket_t router_;
   std::atomic<bool> stop_{false};

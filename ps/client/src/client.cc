@@ -1,7 +1,11 @@
-// The client: user threads build requests and queue them; one I/O thread owns a DEALER socket
-// per server, sends, matches replies by request id, and completes handles. A request that gets
-// no reply by its deadline fails, and the socket to that server is rebuilt so nothing stays
-// queued for a dead peer (which also returns every buffer lent to ZeroMQ).
+// The client: a DEALER socket per server, one I/O thread, and the callers' own threads. Every
+// socket operation happens under one lock (io_mu_), on whichever thread holds it: a caller sends
+// its own requests; a caller waiting for its operation reads the replies itself (Handle::wait
+// "drives" the sockets, so a round trip costs no hand-off between threads); the I/O thread reads
+// them when no caller waits, and keeps the time (deadlines, the connection monitors,
+// heartbeats). Replies are matched to requests by id. A request that gets no reply by its
+// deadline fails, and the socket to that server is rebuilt so nothing stays queued for a dead
+// peer (which also returns every buffer lent to ZeroMQ).
 #include "ferry/client.h"
 
 #include <algorithm>
@@ -11,6 +15,9 @@
 #include <functional>
 #include <optional>
 #include <thread>
+#include <vector>
+
+#include <poll.h>
 #include <tuple>
 #include <unordered_map>
 
@@ -20,7 +27,6 @@
 #include "ferry/mutex.h"
 #include "ferry/messages/codec.h"
 #include "ferry/messages/deadlines.h"
-#include "ferry/messages/event_loop.h"
 #include "ferry/messages/placement.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
@@ -34,6 +40,19 @@ using wire::Kind;
 
 // ---- Handle ----------------------------------------------------------------------------------
 
+namespace {
+class ClientImpl;
+
+// How a waiting caller reaches its client's sockets: the client while it lives (it closes the
+// gate, and waits for a driving caller to leave, before it stops); one caller drives at a time.
+struct IoGate {
+  Mutex mu;
+  CondVar idle;                                    // signalled when the driving caller leaves
+  ClientImpl* client ABSL_GUARDED_BY(mu) = nullptr;
+  bool driving ABSL_GUARDED_BY(mu) = false;
+};
+}  // namespace
+
 struct Handle::State {
   Mutex mu;
   CondVar cv;                                  // signalled when pending reaches zero
@@ -41,6 +60,7 @@ struct Handle::State {
   Status status ABSL_GUARDED_BY(mu);                 // the first failure
   Served served ABSL_GUARDED_BY(mu);                 // what the replies reported
   std::shared_ptr<transport::Lender> lender;         // frames lent to ZeroMQ (tcp/ipc pushes); set before sharing
+  std::shared_ptr<IoGate> gate;                      // the client's; set before sharing
   const SteadyClock::time_point started = SteadyClock::now();  // the call
   SteadyClock::time_point finished ABSL_GUARDED_BY(mu);        // its last reply
 
@@ -77,11 +97,22 @@ struct Handle::State {
     if (status.ok()) status = s;
     if (pending == 0) finished = SteadyClock::now();
   }
+  bool Answered() {
+    MutexLock lock(&mu);
+    return pending == 0;
+  }
 };
+
+namespace {
+// Reads the sockets on the calling thread until `op` is answered or `deadline` passes, unless
+// another caller already does so or the client is closing (then the caller waits to be told).
+void DriveUntilAnswered(Handle::State& op, SteadyClock::time_point deadline);
+}  // namespace
 
 Status Handle::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return Status::Ok();
   const auto deadline = SteadyClock::now() + timeout;
+  if (state_->gate && !state_->Answered()) DriveUntilAnswered(*state_, deadline);
   {
     MutexLock lock(&state_->mu);
     while (state_->pending != 0) {
@@ -149,10 +180,21 @@ Status ExpectBytes(const zmq::message_t& frame, size_t bytes) {
 class ClientImpl final : public Client {
  public:
   ClientImpl(ClientOptions options, std::shared_ptr<Context> context)
-      : options_(std::move(options)), context_(std::move(context)) {}
+      : options_(std::move(options)), context_(std::move(context)), gate_(std::make_shared<IoGate>()) {
+    MutexLock lock(&gate_->mu);
+    gate_->client = this;
+  }
 
   ~ClientImpl() override {
     stopping_.store(true);
+    {
+      // A caller driving the sockets leaves (it looks at stopping_ whenever it wakes); no other
+      // starts. Its operations, and everything else in flight, fail below (FailAll).
+      driver_waker_.Notify();
+      MutexLock lock(&gate_->mu);
+      gate_->client = nullptr;
+      while (gate_->driving) gate_->idle.Wait(&gate_->mu);
+    }
     {
       MutexLock lock(&room_mu_);
       room_cv_.SignalAll();
@@ -162,12 +204,15 @@ class ClientImpl final : public Client {
   }
 
   Status Start() {
-    if (!waker_.ok()) return InternalError("cannot create an eventfd for the client's I/O thread");
-    sockets_.resize(options_.servers.size());
+    if (!waker_.ok() || !driver_waker_.ok()) return InternalError("cannot create an eventfd for the client's I/O");
     server_minor_ = std::vector<std::atomic<int>>(options_.servers.size());
-    monitors_.resize(options_.servers.size());
-    handshaken_.resize(options_.servers.size());
-    for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
+    {
+      MutexLock lock(&io_mu_);
+      sockets_.resize(options_.servers.size());
+      monitors_.resize(options_.servers.size());
+      handshaken_.resize(options_.servers.size());
+      for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
+    }
     thread_ = std::thread([this] { Loop(); });
     // A server refuses a Hello for this rank while another connection that is alive speaks for
     // it: this worker's predecessor, whose connection may not have closed yet (a client closed
@@ -796,7 +841,11 @@ class ClientImpl final : public Client {
     return wire::ToFrame(fbb);
   }
 
-  std::shared_ptr<Handle::State> NewOp() { return std::make_shared<Handle::State>(); }
+  std::shared_ptr<Handle::State> NewOp() {
+    auto op = std::make_shared<Handle::State>();
+    op->gate = gate_;
+    return op;
+  }
 
   static Handle Failed(const std::shared_ptr<Handle::State>& op, const Status& s) {
     op->Fail(s);
@@ -845,20 +894,45 @@ class ClientImpl final : public Client {
       MutexLock lock(&op->mu);
       ++op->pending;
     }
-    {
-      MutexLock lock(&queue_mu_);
-      if (dead_) {
-        Done(r, dead_status_);
-        return;
-      }
-      queue_.push_back(std::move(r));
+    MutexLock lock(&io_mu_);
+    if (dead_) return Done(r, dead_status_);
+    SendNow(r);
+    // Someone must read the reply: a caller driving the sockets does; otherwise the I/O thread,
+    // which is told to watch them if it does not (the caller may wait at once, and drive, or
+    // not; the I/O thread wakes while the request travels).
+    if (!driving_ && !io_watching_ && !io_told_) {
+      io_told_ = true;
+      waker_.Notify();
     }
-    waker_.Notify();
   }
 
-  // Completes one request (I/O thread) and frees its slot.
-  void Done(Request& r, const Status& s) {
+  // Sends one request on the calling thread, and records it in flight (or completes it with the
+  // send's failure).
+  void SendNow(Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    const size_t server = static_cast<size_t>(r.server);
+    int64_t bytes = 0;
+    for (auto& f : r.frames) bytes += static_cast<int64_t>(f.size());
+    Status s = transport::Send(sockets_[server], r.frames, /*dontwait=*/true);
+    if (!s.ok()) {
+      Done(r, s.WithContext("sending " + std::string(wire::KindName(r.kind)) + " to " + ServerName(r.server)));
+    } else {
+      requests_.fetch_add(1, std::memory_order_relaxed);
+      bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+      if (server < last_sent_.size()) last_sent_[server] = SteadyClock::now();
+      deadlines_.Add(r.deadline, r.id);
+      const uint64_t id = r.id;
+      in_flight_.emplace(id, std::move(r));
+    }
+    // A send may have consumed the socket's signal that replies wait (ZMQ_FD is edge-like):
+    // read them now (this one's too, if it is already back), or no poll would wake for them.
+    Pump(server);
+  }
+
+  // Completes one request and frees its slot. A caller driving the sockets is told when another
+  // thread completed something (its own operation, perhaps: a failed server, an expired request).
+  void Done(Request& r, const Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     r.op->Finish(s);
+    if (driving_ && std::this_thread::get_id() != driver_thread_) driver_waker_.Notify();
     {
       MutexLock lock(&room_mu_);
       --outstanding_;
@@ -866,13 +940,51 @@ class ClientImpl final : public Client {
     room_cv_.Signal();  // after the unlock: the woken submitter need not wait for the lock
   }
 
+ public:
+  // Reads the sockets on the calling thread until `op` is answered, `deadline` passes or the
+  // client closes (see DriveUntilAnswered, which lets one caller in at a time).
+  void Drive(Handle::State& op, SteadyClock::time_point deadline) {
+    {
+      MutexLock lock(&io_mu_);
+      if (dead_) return;
+      driving_ = true;
+      driver_thread_ = std::this_thread::get_id();
+    }
+    std::vector<pollfd> fds;
+    while (true) {
+      int timeout_ms = 0;
+      {
+        MutexLock lock(&io_mu_);
+        if (!dead_) {
+          PumpAll();
+          Tick();
+        }
+        const auto now = SteadyClock::now();
+        if (dead_ || op.Answered() || stopping_.load() || now >= deadline) break;
+        fds.clear();
+        fds.push_back({driver_waker_.fd(), POLLIN, 0});
+        AddSocketFds(&fds);
+        timeout_ms = PollTimeout(transport::Earliest(NextDeadline(), deadline), now);
+      }
+      if (::poll(fds.data(), fds.size(), timeout_ms) > 0 && (fds[0].revents & POLLIN)) driver_waker_.Drain();
+    }
+    MutexLock lock(&io_mu_);
+    driving_ = false;
+    // Replies for other operations are the I/O thread's again: it watches the sockets.
+    if (!io_watching_ && (!in_flight_.empty() || more_) && !io_told_) {
+      io_told_ = true;
+      waker_.Notify();
+    }
+  }
+
+ private:
   std::string ServerName(int s) const {
     return "server " + std::to_string(s) + " (" + options_.servers[static_cast<size_t>(s)] + ")";
   }
 
   // (Re)opens the socket to server `s` and its monitor (a PAIR that receives the socket's
   // ZMQ_EVENT_DISCONNECTED: the connection closed, or heartbeats went unanswered).
-  Status OpenSocket(int s) {
+  Status OpenSocket(int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     FERRY_ASSIGN_OR_RETURN(zmq::socket_t sock,
                            transport::MakeSocket(transport::Zmq(*context_), zmq::socket_type::dealer, 100000));
     try {
@@ -926,7 +1038,7 @@ class ClientImpl final : public Client {
 
   // Sends a Heartbeat (never answered) to every server this client sent nothing to for a
   // heartbeat interval; a busy client sends none.
-  void SendHeartbeats() {
+  void SendHeartbeats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     if (!heartbeats_on_.load(std::memory_order_relaxed)) return;
     const auto now = SteadyClock::now();
     if (now < next_heartbeat_) return;
@@ -946,53 +1058,88 @@ class ClientImpl final : public Client {
       frames.push_back(wire::ToFrame(fbb));
       // A full queue already carries traffic to that server: nothing is lost by dropping this.
       if (transport::Send(sockets_[s], frames, /*dontwait=*/true).ok()) last_sent_[s] = now;
+      Pump(s);  // as after any send (SendNow)
     }
   }
 
+  // The I/O thread: watches the sockets while no caller drives them, and keeps the time.
   void Loop() {
-    transport::EventLoop::Handlers h;
-    h.on_wake = [this] { SendQueued(); };
-    h.on_message = [this](size_t s, Frames& frames, bool truncated) { HandleReply(static_cast<int>(s), frames, truncated); };
-    // While requests are in flight, wake at least every kMonitorEvery to look at the monitors.
-    h.next_deadline = [this] {
-      auto next = deadlines_.Next();
-      if (!in_flight_.empty()) next = transport::Earliest(next, last_monitor_check_ + kMonitorEvery);
-      if (heartbeats_on_.load(std::memory_order_relaxed)) next = transport::Earliest(next, next_heartbeat_);
-      return next;
-    };
-    h.on_tick = [this] {
-      ExpireRequests();
-      CheckMonitors();
-      SendHeartbeats();
-    };
-    const Status s = transport::EventLoop::Run(sockets_, waker_, stopping_, wire::kMaxFrames + 1, h);
-    FailAll(s.ok() ? CancelledError("client closed") : InternalError("client I/O thread stopped: " + s.message()));
-  }
-
-  void SendQueued() {
-    std::deque<Request> batch;
-    {
-      MutexLock lock(&queue_mu_);
-      batch.swap(queue_);
-    }
-    for (auto& r : batch) {
-      const uint64_t id = r.id;
-      int64_t bytes = 0;
-      for (auto& f : r.frames) bytes += static_cast<int64_t>(f.size());
-      Status s = transport::Send(sockets_[static_cast<size_t>(r.server)], r.frames, /*dontwait=*/true);
-      if (!s.ok()) {
-        Done(r, s.WithContext("sending " + std::string(wire::KindName(r.kind)) + " to " + ServerName(r.server)));
-        continue;
+    std::vector<pollfd> fds;
+    Status failed;
+    while (!stopping_.load()) {
+      int timeout_ms = 0;
+      {
+        MutexLock lock(&io_mu_);
+        io_watching_ = !driving_;
+        io_told_ = false;
+        fds.clear();
+        fds.push_back({waker_.fd(), POLLIN, 0});
+        if (io_watching_) AddSocketFds(&fds);
+        timeout_ms = PollTimeout(NextDeadline(), SteadyClock::now());
       }
-      requests_.fetch_add(1, std::memory_order_relaxed);
-      bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
-      if (static_cast<size_t>(r.server) < last_sent_.size()) last_sent_[static_cast<size_t>(r.server)] = SteadyClock::now();
-      deadlines_.Add(r.deadline, id);
-      in_flight_.emplace(id, std::move(r));
+      if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
+        failed = InternalError(std::string("poll failed: ") + std::strerror(errno));
+        break;
+      }
+      if (fds[0].revents & POLLIN) waker_.Drain();
+      MutexLock lock(&io_mu_);
+      if (!driving_) PumpAll();
+      Tick();
     }
+    MutexLock lock(&io_mu_);
+    FailAll(failed.ok() ? CancelledError("client closed") : InternalError("client I/O thread stopped: " + failed.message()));
   }
 
-  void HandleReply(int server, Frames& frames, bool truncated) {
+  // What is due without a message: expired requests, the monitors' news, heartbeats.
+  void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    ExpireRequests();
+    CheckMonitors();
+    SendHeartbeats();
+  }
+
+  // The earliest time Tick has something to do. While requests are in flight, at least every
+  // kMonitorEvery (to look at the monitors).
+  std::optional<SteadyClock::time_point> NextDeadline() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    auto next = deadlines_.Next();
+    if (!in_flight_.empty()) next = transport::Earliest(next, last_monitor_check_ + kMonitorEvery);
+    if (heartbeats_on_.load(std::memory_order_relaxed)) next = transport::Earliest(next, next_heartbeat_);
+    return next;
+  }
+
+  // poll(2)'s timeout until `next` (none: -1, wait for an event); 0 while a socket has more to read.
+  int PollTimeout(std::optional<SteadyClock::time_point> next, SteadyClock::time_point now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    if (more_) return 0;
+    if (!next) return -1;
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(*next - now).count();
+    return static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30));
+  }
+
+  // Each socket's ZMQ_FD: readable when the socket's state may have changed (a reply arrived).
+  // Edge-like: it fires again only after the socket was read until it had nothing (Pump).
+  void AddSocketFds(std::vector<pollfd>* fds) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    for (auto& sock : sockets_) fds->push_back({sock.get(zmq::sockopt::fd), POLLIN, 0});
+  }
+
+  void PumpAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    more_ = false;
+    for (size_t s = 0; s < sockets_.size(); ++s) Pump(s);
+  }
+
+  // Reads and handles the replies waiting on server `s`'s socket: until it has none (or at most
+  // kBatch, so that a flood cannot starve the deadlines; more_ says to come back at once).
+  void Pump(size_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    for (int i = 0; i < kBatch; ++i) {
+      if (s >= sockets_.size() || !(sockets_[s].get(zmq::sockopt::events) & ZMQ_POLLIN)) return;
+      bool got = false, truncated = false;
+      if (!transport::RecvNonBlocking(sockets_[s], &pump_frames_, &got, wire::kMaxFrames + 1, &truncated).ok()) return;
+      if (!got) continue;  // ZMQ_EVENTS is looked at again: the socket's signal must not be left consumed
+      HandleReply(static_cast<int>(s), pump_frames_, truncated);
+    }
+    more_ = true;
+  }
+
+  void HandleReply(int server, Frames& frames, bool truncated) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     int64_t bytes = 0;
     for (auto& f : frames) bytes += static_cast<int64_t>(f.size());
     bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
@@ -1020,7 +1167,7 @@ class ClientImpl final : public Client {
     Done(r, s.ok() ? s : s.WithContext(where));
   }
 
-  void ExpireRequests() {
+  void ExpireRequests() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     const auto now = SteadyClock::now();
     std::vector<int> dead;
     for (uint64_t id : deadlines_.TakeDue(now)) dead.push_back(in_flight_.at(id).server);
@@ -1038,7 +1185,7 @@ class ClientImpl final : public Client {
 
   // Reads what the monitors reported, at most every kMonitorEvery (they are not in the poll set:
   // polling them on every wake-up cost about 9% of a 4 KiB round trip with 2 servers).
-  void CheckMonitors() {
+  void CheckMonitors() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     const auto now = SteadyClock::now();
     if (now - last_monitor_check_ < kMonitorEvery) return;
     last_monitor_check_ = now;
@@ -1056,7 +1203,7 @@ class ClientImpl final : public Client {
 
   // The monitor of server `s`'s socket reported an event: [u16 event, u32 value][endpoint].
   // True when it failed the server (and rebuilt its socket and monitor).
-  bool OnMonitorEvent(int s, Frames& frames) {
+  bool OnMonitorEvent(int s, Frames& frames) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     const auto e = transport::ReadMonitorEvent(frames);
     if (!e) return false;
     const uint16_t event = e->event;
@@ -1107,7 +1254,7 @@ class ClientImpl final : public Client {
   // queued for it. The other servers' parts of the same operations are abandoned too, so the
   // operation ends now with that failure rather than when they answer (a late reply is dropped).
   template <typename Why>
-  void FailServer(int s, Why&& why) {
+  void FailServer(int s, Why&& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     absl::flat_hash_set<const Handle::State*> failed;
     for (auto it = in_flight_.begin(); it != in_flight_.end();) {
       if (it->second.server != s) {
@@ -1135,18 +1282,12 @@ class ClientImpl final : public Client {
 
   // The I/O thread is ending: fails everything in flight or queued, and (dead_) everything
   // submitted from now on.
-  void FailAll(const Status& s) {
+  void FailAll(const Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     for (auto& [id, r] : in_flight_) Done(r, s);
     in_flight_.clear();
     deadlines_ = {};
-    std::deque<Request> rest;
-    {
-      MutexLock lock(&queue_mu_);
-      dead_ = true;
-      dead_status_ = s;
-      rest.swap(queue_);
-    }
-    for (auto& r : rest) Done(r, s);
+    dead_ = true;
+    dead_status_ = s;
     monitors_.clear();
     sockets_.clear();  // closes (linger 0) and releases lent frames
   }
@@ -1178,28 +1319,51 @@ class ClientImpl final : public Client {
   CondVar room_cv_;                          // signalled when a slot frees up, or on stopping
   int outstanding_ ABSL_GUARDED_BY(room_mu_) = 0;  // requests submitted and not yet done
 
-  // Lock order: queue_mu_ before room_mu_ and a Handle::State's mu (Submit completes a request
-  // refused by a dead I/O thread while holding queue_mu_).
-  Mutex queue_mu_ ABSL_ACQUIRED_BEFORE(room_mu_);
-  std::deque<Request> queue_ ABSL_GUARDED_BY(queue_mu_);  // built by callers, sent by the I/O thread
-  bool dead_ ABSL_GUARDED_BY(queue_mu_) = false;          // the I/O thread has ended
-  Status dead_status_ ABSL_GUARDED_BY(queue_mu_);         // why
-
-  // Owned by the I/O thread (sockets_ also by Start before the thread runs).
-  std::vector<zmq::socket_t> sockets_;   // one per server
-  std::vector<zmq::socket_t> monitors_;  // one per server: its socket's disconnections
-  std::vector<bool> handshaken_;          // per server: its current socket completed a handshake
+  // The sockets and everything in flight, whichever thread uses them (see the top of the file).
+  // Lock order: io_mu_ before room_mu_ and a Handle::State's mu (a request completes under it).
+  Mutex io_mu_ ABSL_ACQUIRED_BEFORE(room_mu_);
+  bool dead_ ABSL_GUARDED_BY(io_mu_) = false;          // the I/O thread has ended
+  Status dead_status_ ABSL_GUARDED_BY(io_mu_);         // why
+  std::vector<zmq::socket_t> sockets_ ABSL_GUARDED_BY(io_mu_);   // one per server
+  std::vector<zmq::socket_t> monitors_ ABSL_GUARDED_BY(io_mu_);  // one per server: its socket's disconnections
+  std::vector<bool> handshaken_ ABSL_GUARDED_BY(io_mu_);  // per server: its current socket completed a handshake
   static constexpr std::chrono::milliseconds kMonitorEvery{100};
-  SteadyClock::time_point last_monitor_check_{};
-  // Heartbeats (I/O thread): when each server was last sent anything, and when to look again.
+  // A socket delivers at most this many replies in a row before the deadlines are looked at.
+  static constexpr int kBatch = 256;
+  SteadyClock::time_point last_monitor_check_ ABSL_GUARDED_BY(io_mu_){};
+  // Heartbeats: when each server was last sent anything, and when to look again.
   std::atomic<bool> heartbeats_on_{false};  // set once the handshake succeeded
-  std::vector<SteadyClock::time_point> last_sent_;
-  SteadyClock::time_point next_heartbeat_{};
-  std::unordered_map<uint64_t, Request> in_flight_;
-  transport::Deadlines<uint64_t> deadlines_;  // (deadline, id) of every request in in_flight_
+  std::vector<SteadyClock::time_point> last_sent_ ABSL_GUARDED_BY(io_mu_);
+  SteadyClock::time_point next_heartbeat_ ABSL_GUARDED_BY(io_mu_){};
+  std::unordered_map<uint64_t, Request> in_flight_ ABSL_GUARDED_BY(io_mu_);
+  transport::Deadlines<uint64_t> deadlines_ ABSL_GUARDED_BY(io_mu_);  // (deadline, id) of every request in in_flight_
+  Frames pump_frames_ ABSL_GUARDED_BY(io_mu_);  // Pump's, reused
+  bool more_ ABSL_GUARDED_BY(io_mu_) = false;   // a socket stopped at kBatch with replies left
+  // Who reads the replies: a caller driving the sockets (Drive), or else the I/O thread.
+  bool driving_ ABSL_GUARDED_BY(io_mu_) = false;
+  std::thread::id driver_thread_ ABSL_GUARDED_BY(io_mu_);
+  bool io_watching_ ABSL_GUARDED_BY(io_mu_) = false;  // the I/O thread polls the sockets now
+  bool io_told_ ABSL_GUARDED_BY(io_mu_) = false;      // its waker was notified since it last looked
+  transport::Waker driver_waker_;                       // wakes the driving caller
+  const std::shared_ptr<IoGate> gate_;
 
   std::thread thread_;
 };
+
+void DriveUntilAnswered(Handle::State& op, SteadyClock::time_point deadline) {
+  IoGate& gate = *op.gate;
+  ClientImpl* client = nullptr;
+  {
+    MutexLock lock(&gate.mu);
+    if (gate.client == nullptr || gate.driving) return;
+    gate.driving = true;
+    client = gate.client;
+  }
+  client->Drive(op, deadline);
+  MutexLock lock(&gate.mu);
+  gate.driving = false;
+  gate.idle.SignalAll();
+}
 
 }  // namespace
 

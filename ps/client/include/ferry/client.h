@@ -1,8 +1,11 @@
 // ferry/client.h — the client library a trainer (or any program) uses to talk to Ferry's
 // parameter servers.
 //
-// Connect() handshakes with every server. Operations are asynchronous: they return a Handle at
-// once and run on the client's I/O thread; all servers involved are in flight together.
+// Connect() handshakes with every server. Operations are asynchronous: they send their requests
+// on the calling thread and return a Handle at once; all servers involved are in flight
+// together. A thread waiting on a Handle reads the replies itself (one thread at a time; other
+// waiters are woken), so a round trip costs no hand-off between threads; replies nobody waits
+// for are read by the client's I/O thread, which also keeps the deadlines and heartbeats.
 // Every failure — a server unreachable, a timeout, an error reply — comes back as a Status that
 // says what and where, and no operation waits forever (each has the request timeout).
 //

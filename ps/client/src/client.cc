@@ -900,10 +900,7 @@ class ClientImpl final : public Client {
     // Someone must read the reply: a caller driving the sockets does; otherwise the I/O thread,
     // which is told to watch them if it does not (the caller may wait at once, and drive, or
     // not; the I/O thread wakes while the request travels).
-    if (!driving_ && !io_watching_ && !io_told_) {
-      io_told_ = true;
-      waker_.Notify();
-    }
+    if (!driving_.load() && !io_watching_.load() && !io_told_.exchange(true)) waker_.Notify();
   }
 
   // Sends one request on the calling thread, and records it in flight (or completes it with the
@@ -932,7 +929,7 @@ class ClientImpl final : public Client {
   // thread completed something (its own operation, perhaps: a failed server, an expired request).
   void Done(Request& r, const Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     r.op->Finish(s);
-    if (driving_ && std::this_thread::get_id() != driver_thread_) driver_waker_.Notify();
+    if (driving_.load() && std::this_thread::get_id() != driver_thread_) driver_waker_.Notify();
     {
       MutexLock lock(&room_mu_);
       --outstanding_;
@@ -947,16 +944,18 @@ class ClientImpl final : public Client {
     {
       MutexLock lock(&io_mu_);
       if (dead_) return;
-      driving_ = true;
+      driving_.store(true);
       driver_thread_ = std::this_thread::get_id();
     }
+    // No socket needs reading before the first poll: whoever used one last read it until it had
+    // nothing (Pump), which re-arms its ZMQ_FD.
     std::vector<pollfd> fds;
     while (true) {
       int timeout_ms = 0;
       {
         MutexLock lock(&io_mu_);
         if (!dead_) {
-          PumpAll();
+          PumpFired(fds);
           Tick();
         }
         const auto now = SteadyClock::now();
@@ -969,12 +968,10 @@ class ClientImpl final : public Client {
       if (::poll(fds.data(), fds.size(), timeout_ms) > 0 && (fds[0].revents & POLLIN)) driver_waker_.Drain();
     }
     MutexLock lock(&io_mu_);
-    driving_ = false;
-    // Replies for other operations are the I/O thread's again: it watches the sockets.
-    if (!io_watching_ && (!in_flight_.empty() || more_) && !io_told_) {
-      io_told_ = true;
-      waker_.Notify();
-    }
+    driving_.store(false);
+    // Replies for other operations are the I/O thread's again: it watches the sockets. (If it
+    // saw this caller driving, it stored io_watching_ false before it looked: seen here.)
+    if (!io_watching_.load() && (!in_flight_.empty() || more_) && !io_told_.exchange(true)) waker_.Notify();
   }
 
  private:
@@ -1068,13 +1065,19 @@ class ClientImpl final : public Client {
     Status failed;
     while (!stopping_.load()) {
       int timeout_ms = 0;
-      {
+      fds.clear();
+      fds.push_back({waker_.fd(), POLLIN, 0});
+      io_told_.store(false);
+      io_watching_.store(false);
+      if (driving_.load()) {
+        // A caller reads the sockets and keeps the time while it waits; it tells this thread
+        // when it leaves with requests still in flight. Without taking io_mu_ (the caller
+        // needs it at once when its reply comes): wake for heartbeats only.
+        timeout_ms = heartbeats_on_.load() ? static_cast<int>(HeartbeatEvery().count()) : -1;
+      } else {
         MutexLock lock(&io_mu_);
-        io_watching_ = !driving_;
-        io_told_ = false;
-        fds.clear();
-        fds.push_back({waker_.fd(), POLLIN, 0});
-        if (io_watching_) AddSocketFds(&fds);
+        io_watching_.store(!driving_.load());
+        if (io_watching_.load()) AddSocketFds(&fds);
         timeout_ms = PollTimeout(NextDeadline(), SteadyClock::now());
       }
       if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
@@ -1082,8 +1085,10 @@ class ClientImpl final : public Client {
         break;
       }
       if (fds[0].revents & POLLIN) waker_.Drain();
+      if (driving_.load()) continue;
       MutexLock lock(&io_mu_);
-      if (!driving_) PumpAll();
+      if (driving_.load()) continue;
+      PumpFired(fds);
       Tick();
     }
     MutexLock lock(&io_mu_);
@@ -1121,19 +1126,27 @@ class ClientImpl final : public Client {
     for (auto& sock : sockets_) fds->push_back({sock.get(zmq::sockopt::fd), POLLIN, 0});
   }
 
-  void PumpAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+  // Reads the sockets whose ZMQ_FD fired in the last poll (`fds` as AddSocketFds built it,
+  // after one other descriptor; empty: none fired), or every socket while one has more waiting.
+  void PumpFired(const std::vector<pollfd>& fds) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    const bool all = more_;
     more_ = false;
-    for (size_t s = 0; s < sockets_.size(); ++s) Pump(s);
+    for (size_t s = 0; s < sockets_.size(); ++s) {
+      if (all || (s + 1 < fds.size() && (fds[s + 1].revents & POLLIN))) Pump(s);
+    }
   }
 
-  // Reads and handles the replies waiting on server `s`'s socket: until it has none (or at most
-  // kBatch, so that a flood cannot starve the deadlines; more_ says to come back at once).
+  // Reads and handles the replies waiting on server `s`'s socket until it has none: a receive
+  // that finds nothing has processed the socket's pending commands, which re-arms its ZMQ_FD
+  // (edge-like: it fires only on a change). At most kBatch, so that a flood cannot starve the
+  // deadlines; more_ then says to come back at once.
   void Pump(size_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     for (int i = 0; i < kBatch; ++i) {
-      if (s >= sockets_.size() || !(sockets_[s].get(zmq::sockopt::events) & ZMQ_POLLIN)) return;
       bool got = false, truncated = false;
-      if (!transport::RecvNonBlocking(sockets_[s], &pump_frames_, &got, wire::kMaxFrames + 1, &truncated).ok()) return;
-      if (!got) continue;  // ZMQ_EVENTS is looked at again: the socket's signal must not be left consumed
+      if (s >= sockets_.size() ||
+          !transport::RecvNonBlocking(sockets_[s], &pump_frames_, &got, wire::kMaxFrames + 1, &truncated).ok() || !got) {
+        return;
+      }
       HandleReply(static_cast<int>(s), pump_frames_, truncated);
     }
     more_ = true;
@@ -1340,10 +1353,12 @@ class ClientImpl final : public Client {
   Frames pump_frames_ ABSL_GUARDED_BY(io_mu_);  // Pump's, reused
   bool more_ ABSL_GUARDED_BY(io_mu_) = false;   // a socket stopped at kBatch with replies left
   // Who reads the replies: a caller driving the sockets (Drive), or else the I/O thread.
-  bool driving_ ABSL_GUARDED_BY(io_mu_) = false;
+  // driving_ is written under io_mu_ and read by the I/O thread without it (it keeps out of the
+  // driving caller's way); io_watching_ is the I/O thread's, both orders seq_cst (see Drive).
+  std::atomic<bool> driving_{false};
   std::thread::id driver_thread_ ABSL_GUARDED_BY(io_mu_);
-  bool io_watching_ ABSL_GUARDED_BY(io_mu_) = false;  // the I/O thread polls the sockets now
-  bool io_told_ ABSL_GUARDED_BY(io_mu_) = false;      // its waker was notified since it last looked
+  std::atomic<bool> io_watching_{false};  // the I/O thread polls the sockets now
+  std::atomic<bool> io_told_{false};      // its waker was notified since it last looked
   transport::Waker driver_waker_;                       // wakes the driving caller
   const std::shared_ptr<IoGate> gate_;
 

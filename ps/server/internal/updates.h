@@ -19,8 +19,12 @@ class Updater {
  public:
   explicit Updater(ThreadPool& pool) : pool_(pool) {}
 
-  // Ranges of about this many floats go to one thread.
-  static constexpr int64_t kGrain = 1 << 16;
+  // Ranges of about this many floats go to one thread: 2^18 (1 MiB), so that a tensor of up to
+  // 1 MiB is never split across the helper threads, whose hand-off cost more than the work it
+  // shared (bench/RESULTS.md "The server's threads, decided": over 15 rounds, 2^18 with one
+  // helper was within 1.086 of the best of four settings on every benchmark; 2^16, as before,
+  // was 1.305 behind on 1 MiB pushes).
+  static constexpr int64_t kGrain = 1 << 18;
 
   // One gradient of the whole chunk, as the chunk's update number `step` (1-based).
   void ApplyDense(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step);

@@ -56,29 +56,32 @@ class CtrModel final : public Model {
       s.seed = options_.seed;
       emb_specs_.push_back(std::move(s));
     }
-    unique_.resize(static_cast<size_t>(fields_));
-    base_.resize(static_cast<size_t>(fields_) + 1);
-
     const int64_t bags = max_batch_ * fields_;  // one bag (one id) per example and field
     constexpr int64_t kId = sizeof(int64_t), kPos = sizeof(int32_t);
+    // The second batch only when it is read ahead (--pipeline prefetch).
+    for (int b = 0; b < (ahead_ ? 2 : 1); ++b) {
+      Batch& h = batches_[b];
+      h.unique.resize(static_cast<size_t>(fields_));
+      h.base.assign(static_cast<size_t>(fields_) + 1, 0);
+      FERRY_ASSIGN_OR_RETURN(h.unique_host, device_->AllocHost(bags * kId));
+      FERRY_ASSIGN_OR_RETURN(h.emb_host, device_->AllocHost(bags * dim_ * kF));
+      FERRY_ASSIGN_OR_RETURN(h.index_host, device_->AllocHost(bags * kPos));
+      FERRY_ASSIGN_OR_RETURN(h.dense_host, device_->AllocHost(max_batch_ * std::max<int64_t>(dense_, 1) * kF));
+      FERRY_ASSIGN_OR_RETURN(h.labels_host, device_->AllocHost(max_batch_ * kF));
+    }
     FERRY_ASSIGN_OR_RETURN(ids_host_, device_->AllocHost(bags * kId));
     FERRY_ASSIGN_OR_RETURN(ids_dev_, device_->Alloc(bags * kId));
     FERRY_ASSIGN_OR_RETURN(unique_dev_, device_->Alloc(bags * kId));
-    FERRY_ASSIGN_OR_RETURN(unique_host_, device_->AllocHost(bags * kId));
     FERRY_ASSIGN_OR_RETURN(inverse_dev_, device_->Alloc(bags * kPos));
     FERRY_ASSIGN_OR_RETURN(inverse_host_, device_->AllocHost(bags * kPos));
     FERRY_ASSIGN_OR_RETURN(counts_dev_, device_->Alloc(fields_ * kPos));
     FERRY_ASSIGN_OR_RETURN(counts_host_, device_->AllocHost(fields_ * kPos));
-    FERRY_ASSIGN_OR_RETURN(emb_host_, device_->AllocHost(bags * dim_ * kF));
     FERRY_ASSIGN_OR_RETURN(emb_dev_, device_->Alloc(bags * dim_ * kF));
     FERRY_ASSIGN_OR_RETURN(emb_grad_dev_, device_->Alloc(bags * dim_ * kF));
     FERRY_ASSIGN_OR_RETURN(emb_grad_host_, device_->AllocHost(bags * dim_ * kF));
-    FERRY_ASSIGN_OR_RETURN(index_host_, device_->AllocHost(bags * int64_t{sizeof(int32_t)}));
-    FERRY_ASSIGN_OR_RETURN(index_dev_, device_->Alloc(bags * int64_t{sizeof(int32_t)}));
-    FERRY_ASSIGN_OR_RETURN(offsets_dev_, device_->Alloc((bags + 1) * int64_t{sizeof(int32_t)}));
-    FERRY_ASSIGN_OR_RETURN(dense_host_, device_->AllocHost(max_batch_ * std::max<int64_t>(dense_, 1) * kF));
+    FERRY_ASSIGN_OR_RETURN(index_dev_, device_->Alloc(bags * kPos));
+    FERRY_ASSIGN_OR_RETURN(offsets_dev_, device_->Alloc((bags + 1) * kPos));
     FERRY_ASSIGN_OR_RETURN(dense_dev_, device_->Alloc(max_batch_ * std::max<int64_t>(dense_, 1) * kF));
-    FERRY_ASSIGN_OR_RETURN(labels_host_, device_->AllocHost(max_batch_ * kF));
     FERRY_ASSIGN_OR_RETURN(labels_dev_, device_->Alloc(max_batch_ * kF));
     FERRY_ASSIGN_OR_RETURN(pooled_dev_, device_->Alloc(max_rows * fields_ * dim_ * kF));
     FERRY_ASSIGN_OR_RETURN(dpooled_dev_, device_->Alloc(max_rows * fields_ * dim_ * kF));
@@ -119,9 +122,22 @@ class CtrModel final : public Model {
   }
 
   Status Pull(ParamStore& store, int64_t step) override {
-    FERRY_RETURN_IF_ERROR(store.Pull(tower_.PullsFor(step), sparse_pulls_, step));
+    FERRY_RETURN_IF_ERROR(store.Pull(tower_.PullsFor(step), cur().pulls, step));
     FERRY_RETURN_IF_ERROR(tower_.Upload());
-    return device_->CopyToDevice(emb_dev_.data(), emb_host_.data(), num_unique() * dim_ * kF);
+    return device_->CopyToDevice(emb_dev_.data(), cur().emb_host.data(), num_unique() * dim_ * kF);
+  }
+
+  bool ReadsRowsAhead() const override { return ahead_; }
+  void LoadIntoNext(bool next) override { load_next_ = next && ahead_; }
+  Status PullRowsAhead(ParamStore& store, int64_t step) override {
+    if (!ahead_ || !next_loaded_) return FailedPreconditionError("ctr: no next batch loaded to read rows ahead for");
+    return store.PullSparseAhead(batches_[cur_ ^ 1].pulls, step);
+  }
+  Status UseNext() override {
+    if (!ahead_ || !next_loaded_) return FailedPreconditionError("ctr: no next batch loaded");
+    cur_ ^= 1;
+    next_loaded_ = false;
+    return Upload(cur());
   }
 
   Status ComputeGradients(int64_t first, int64_t rows, float scale, bool accumulate, double* loss_sum,
@@ -149,7 +165,7 @@ class CtrModel final : public Model {
     Accumulate(emb_grads_, std::span<const float>(emb_grad_host_.as<float>(), emb_grads_.size()), scale, accumulate);
     *loss_sum += static_cast<double>(*mean_loss_host_.as<float>()) * static_cast<double>(rows);
     const float* p = probs_host_.as<float>();
-    const float* y = labels_host_.as<float>() + first;
+    const float* y = cur().labels_host.as<float>() + first;
     for (int64_t r = 0; r < rows; ++r) *correct += (p[r] >= 0.5f) == (y[r] == 1.0f) ? 1 : 0;
     return Status::Ok();
   }
@@ -157,8 +173,8 @@ class CtrModel final : public Model {
   Status Push(ParamStore& store, int64_t step) override {
     sparse_pushes_.clear();
     for (int f = 0; f < fields_; ++f) {
-      const size_t at = static_cast<size_t>(base_[static_cast<size_t>(f)] * dim_);
-      const std::span<const int64_t> ids = unique_[static_cast<size_t>(f)];
+      const size_t at = static_cast<size_t>(cur().base[static_cast<size_t>(f)] * dim_);
+      const std::span<const int64_t> ids = cur().unique[static_cast<size_t>(f)];
       sparse_pushes_.push_back(SparseIn{emb_specs_[static_cast<size_t>(f)].name, ids,
                                         std::span<const float>(emb_grads_).subspan(at, ids.size() * static_cast<size_t>(dim_))});
     }
@@ -176,8 +192,8 @@ class CtrModel final : public Model {
       idx.resize(static_cast<size_t>(rows));
       std::iota(idx.begin(), idx.end(), at);
       FERRY_RETURN_IF_ERROR(Load(test, idx));
-      FERRY_RETURN_IF_ERROR(store.Pull({}, sparse_pulls_, step));
-      FERRY_RETURN_IF_ERROR(device_->CopyToDevice(emb_dev_.data(), emb_host_.data(), num_unique() * dim_ * kF));
+      FERRY_RETURN_IF_ERROR(store.Pull({}, cur().pulls, step));
+      FERRY_RETURN_IF_ERROR(device_->CopyToDevice(emb_dev_.data(), cur().emb_host.data(), num_unique() * dim_ * kF));
       FERRY_RETURN_IF_ERROR(Forward(0, rows));
       FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyForward(tower_.mlp->logits(), labels_dev_.as<float>(), rows,
                                                                 row_loss_dev_.as<float>(), mean_loss_dev_.as<float>(),
@@ -185,7 +201,7 @@ class CtrModel final : public Model {
       FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), probs_dev_.data(), rows * kF));
       FERRY_RETURN_IF_ERROR(device_->Synchronize());
       FERRY_RETURN_IF_ERROR(metrics.Add(std::span<const float>(probs_host_.as<float>(), static_cast<size_t>(rows)),
-                                        std::span<const float>(labels_host_.as<float>(), static_cast<size_t>(rows))));
+                                        std::span<const float>(cur().labels_host.as<float>(), static_cast<size_t>(rows))));
     }
     return AddEvalState(metrics.State(), state);  // [num_bins, count, positives, correct, loss_sum, pos..., neg...]
   }
@@ -204,7 +220,27 @@ class CtrModel final : public Model {
   }
 
  private:
-  int64_t num_unique() const { return base_.back(); }
+  // One batch's host side: its examples' labels and dense features, its distinct ids per field
+  // and their rows (what the step pulls and pushes), and the bag indices into those rows.
+  struct Batch {
+    DeviceBuffer unique_host, emb_host, index_host, dense_host, labels_host;
+    std::vector<std::span<const int64_t>> unique;  // per field: the batch's distinct ids, ascending (in unique_host)
+    std::vector<int64_t> base;                     // field f's rows start at base[f] in the combined table
+    std::vector<SparseOut> pulls;                  // every field's rows, into emb_host
+    int64_t rows = 0;
+  };
+  Batch& cur() { return batches_[cur_]; }
+  const Batch& cur() const { return batches_[cur_]; }
+  int64_t num_unique() const { return cur().base.back(); }
+
+  // Sends a batch's examples and bag indices to the device: it becomes the loaded batch.
+  Status Upload(const Batch& b) {
+    FERRY_RETURN_IF_ERROR(device_->CopyToDevice(labels_dev_.data(), b.labels_host.data(), b.rows * kF));
+    if (dense_ > 0) FERRY_RETURN_IF_ERROR(device_->CopyToDevice(dense_dev_.data(), b.dense_host.data(), b.rows * dense_ * kF));
+    FERRY_RETURN_IF_ERROR(device_->CopyToDevice(index_dev_.data(), b.index_host.data(), b.rows * fields_ * int64_t{sizeof(int32_t)}));
+    loaded_ = b.rows;
+    return Status::Ok();
+  }
   const float* side(int64_t first) const { return dense_ > 0 ? dense_dev_.as<float>() + first * dense_ : nullptr; }
 
   // Pools rows [first, first + rows) of the loaded batch and runs the tower.
@@ -218,13 +254,16 @@ class CtrModel final : public Model {
 
   // Host side of a batch: copies the examples; deduplicates each field's ids once, on the device
   // (the CUDA dedup kernel on a GPU, its CPU twin otherwise); builds the bag indices into the
-  // combined table of unique rows; and uploads features, labels and indices. The distinct ids
-  // are what the step pulls and pushes: the client sends them from unique_host_ as they are.
+  // combined table of unique rows; and uploads features, labels and indices (a batch loaded ahead:
+  // UseNext does). The distinct ids
+  // are what the step pulls and pushes: the client sends them from the batch's unique_host as they are.
   Status Load(const data::CtrBatch& set, std::span<const int64_t> indices) {
     const int64_t rows = static_cast<int64_t>(indices.size());
     if (rows < 1 || rows > max_batch_) return InvalidArgumentError("batch of " + std::to_string(rows) + " examples");
-    float* labels = labels_host_.as<float>();
-    float* dense = dense_host_.as<float>();
+    // Into the other batch while the loop reads the next one ahead; the loaded one stays.
+    Batch& b = batches_[load_next_ ? cur_ ^ 1 : cur_];
+    float* labels = b.labels_host.as<float>();
+    float* dense = b.dense_host.as<float>();
     int64_t* ids = ids_host_.as<int64_t>();  // field f's column at ids + f * rows
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = indices[static_cast<size_t>(r)];
@@ -240,33 +279,34 @@ class CtrModel final : public Model {
       FERRY_RETURN_IF_ERROR(device_->Dedup(ids_dev_.as<int64_t>() + f * rows, rows, unique_dev_.as<int64_t>() + f * rows,
                                            inverse_dev_.as<int32_t>() + f * rows, counts_dev_.as<int32_t>() + f));
     }
-    FERRY_RETURN_IF_ERROR(device_->CopyToHost(unique_host_.data(), unique_dev_.data(), bags * kId));
+    FERRY_RETURN_IF_ERROR(device_->CopyToHost(b.unique_host.data(), unique_dev_.data(), bags * kId));
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(inverse_host_.data(), inverse_dev_.data(), bags * kPos));
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(counts_host_.data(), counts_dev_.data(), fields_ * kPos));
     FERRY_RETURN_IF_ERROR(device_->Synchronize());
-    int32_t* index = index_host_.as<int32_t>();
+    int32_t* index = b.index_host.as<int32_t>();
     const int32_t* inverse = inverse_host_.as<int32_t>();
-    base_[0] = 0;
+    b.base[0] = 0;
     for (int64_t f = 0; f < fields_; ++f) {
       const int64_t n = counts_host_.as<int32_t>()[f];
       if (n < 1 || n > rows) return InternalError("dedup of field " + std::to_string(f) + " gave " + std::to_string(n) + " ids");
-      unique_[static_cast<size_t>(f)] = std::span<const int64_t>(unique_host_.as<int64_t>() + f * rows, static_cast<size_t>(n));
-      const int64_t base = base_[static_cast<size_t>(f)];
+      b.unique[static_cast<size_t>(f)] = std::span<const int64_t>(b.unique_host.as<int64_t>() + f * rows, static_cast<size_t>(n));
+      const int64_t base = b.base[static_cast<size_t>(f)];
       for (int64_t r = 0; r < rows; ++r) index[r * fields_ + f] = static_cast<int32_t>(base + inverse[f * rows + r]);
-      base_[static_cast<size_t>(f) + 1] = base + n;
+      b.base[static_cast<size_t>(f) + 1] = base + n;
     }
-    sparse_pulls_.clear();
+    b.pulls.clear();
     for (int f = 0; f < fields_; ++f) {
-      const std::span<const int64_t> u = unique_[static_cast<size_t>(f)];
-      sparse_pulls_.push_back(SparseOut{emb_specs_[static_cast<size_t>(f)].name, u,
-                                        std::span<float>(emb_host_.as<float>() + base_[static_cast<size_t>(f)] * dim_,
-                                                         u.size() * static_cast<size_t>(dim_))});
+      const std::span<const int64_t> u = b.unique[static_cast<size_t>(f)];
+      b.pulls.push_back(SparseOut{emb_specs_[static_cast<size_t>(f)].name, u,
+                                  std::span<float>(b.emb_host.as<float>() + b.base[static_cast<size_t>(f)] * dim_,
+                                                   u.size() * static_cast<size_t>(dim_))});
     }
-    FERRY_RETURN_IF_ERROR(device_->CopyToDevice(labels_dev_.data(), labels_host_.data(), rows * kF));
-    if (dense_ > 0) FERRY_RETURN_IF_ERROR(device_->CopyToDevice(dense_dev_.data(), dense_host_.data(), rows * dense_ * kF));
-    FERRY_RETURN_IF_ERROR(device_->CopyToDevice(index_dev_.data(), index_host_.data(), rows * fields_ * int64_t{sizeof(int32_t)}));
-    loaded_ = rows;
-    return Status::Ok();
+    b.rows = rows;
+    if (load_next_) {
+      next_loaded_ = true;
+      return Status::Ok();
+    }
+    return Upload(b);
   }
 
   Device* const device_;
@@ -279,16 +319,18 @@ class CtrModel final : public Model {
   Tower tower_;
   std::vector<TableSpec> emb_specs_;
   std::vector<float> emb_grads_;  // the step's embedding gradient, rows in combined-table order
-  std::vector<std::span<const int64_t>> unique_;  // per field: the batch's distinct ids, ascending (in unique_host_)
-  std::vector<int64_t> base_;                      // field f's rows start at base_[f] in the combined table
-  std::vector<SparseOut> sparse_pulls_;
+  // The loaded batch (cur_) and, when rows are read ahead, the next one (the other).
+  const bool ahead_ = options_.pipeline == Pipeline::kPrefetch && !options_.local;
+  Batch batches_[2];
+  int cur_ = 0;
+  bool load_next_ = false;    // Load fills the other batch
+  bool next_loaded_ = false;  // ... and has
   std::vector<SparseIn> sparse_pushes_;
-  DeviceBuffer emb_host_, emb_dev_, emb_grad_dev_, emb_grad_host_, index_host_, index_dev_, offsets_dev_, dense_host_,
-      dense_dev_, labels_host_, labels_dev_, pooled_dev_, dpooled_dev_, probs_dev_, probs_host_, row_loss_dev_,
-      mean_loss_dev_, mean_loss_host_, dlogits_dev_;
-  // The batch's ids per field (field-major), deduplicated on the device: distinct ids, the
-  // inverse map, and the count per field.
-  DeviceBuffer ids_host_, ids_dev_, unique_dev_, unique_host_, inverse_dev_, inverse_host_, counts_dev_, counts_host_;
+  DeviceBuffer emb_dev_, emb_grad_dev_, emb_grad_host_, index_dev_, offsets_dev_, dense_dev_, labels_dev_, pooled_dev_,
+      dpooled_dev_, probs_dev_, probs_host_, row_loss_dev_, mean_loss_dev_, mean_loss_host_, dlogits_dev_;
+  // A batch's ids per field (field-major), deduplicated on the device: distinct ids (copied into
+  // the batch's unique_host), the inverse map, and the count per field. Scratch of Load.
+  DeviceBuffer ids_host_, ids_dev_, unique_dev_, inverse_dev_, inverse_host_, counts_dev_, counts_host_;
 };
 
 }  // namespace

@@ -22,6 +22,7 @@ class ServerStore final : public ParamStore {
     for (Exchange& e : exchanges_) {
       for (const Handle& h : e.handles) (void)h.wait();
     }
+    DropSparseAhead();
   }
 
   Status Declare(std::span<const TableSpec> specs) override {
@@ -51,6 +52,10 @@ class ServerStore final : public ParamStore {
       held = std::max(held, s.held);
     };
     Status settled = SettleExchanges(dense, step, on_served);
+    // Rows read ahead for this step into these buffers are taken; a read ahead into buffers
+    // this pull writes is waited for (and read again here).
+    const bool take_sparse = sparse_ahead_.active && MatchesSparseAhead(sparse, step);
+    if (sparse_ahead_.active && !take_sparse && OverlapsSparseAhead(sparse)) DropSparseAhead();
     pulls_.clear();
     for (const DenseOut& d : dense) {
       if (!TakeAhead(d, step)) pulls_.push_back(d);
@@ -61,9 +66,14 @@ class ServerStore final : public ParamStore {
       Add(client_->PullDense(group, sync ? want : step), sync);
     });
     // Every sparse table of a kind in one message per server; a model's ids are distinct.
-    ForEachGroup(sparse, [&](std::span<const SparseOut> group, bool sync) {
-      Add(client_->PullSparse(group, sync ? want : step, SparseIds::kDistinct), sync);
-    });
+    if (take_sparse) {
+      for (Handle& h : sparse_ahead_.handles) Add(std::move(h), false);
+      sparse_ahead_ = {};
+    } else {
+      ForEachGroup(sparse, [&](std::span<const SparseOut> group, bool sync) {
+        Add(client_->PullSparse(group, sync ? want : step, SparseIds::kDistinct), sync);
+      });
+    }
     // The last step's clock (ssp) travelled ahead of these pulls on each server's connection; its
     // replies are collected here rather than waited for alone after the step.
     const Status clock = std::exchange(clock_, Handle()).wait();
@@ -127,10 +137,31 @@ class ServerStore final : public ParamStore {
     return Status::Ok();
   }
 
+  Status PullSparseAhead(std::span<const SparseOut> sparse, int64_t step) override {
+    if (pipeline_ != Pipeline::kPrefetch || sparse.empty()) return Status::Ok();
+    for (const SparseOut& t : sparse) {
+      if (IsSync(t.table)) {
+        return InvalidArgumentError("PullSparseAhead: table '" + std::string(t.table) +
+                                    "' is sync; its rows for a step exist only once the step closed");
+      }
+    }
+    DropSparseAhead();  // one at a time
+    sparse_ahead_.step = step;
+    for (const SparseOut& t : sparse) {
+      sparse_ahead_.tables.push_back({std::string(t.table), t.ids.data(), t.ids.size(), t.rows.data(), t.rows.size()});
+    }
+    ForEachGroup(sparse, [&](std::span<const SparseOut> group, bool) {
+      sparse_ahead_.handles.push_back(client_->PullSparse(group, step, SparseIds::kDistinct));
+    });
+    sparse_ahead_.active = true;
+    return Status::Ok();
+  }
+
   Status Flush() override {
     Status first = SettleExchanges({}, INT64_MAX, [&](const Served& s, bool) {
       progress_.pull_wait_s += std::chrono::duration<double>(s.held).count();
     });
+    DropSparseAhead();
     ahead_.clear();
     const Status clock = std::exchange(clock_, Handle()).wait();
     FERRY_RETURN_IF_ERROR(first);
@@ -204,6 +235,47 @@ class ServerStore final : public ParamStore {
       }
     }
     return Status::Ok();
+  }
+
+  // Sparse rows read ahead (PullSparseAhead), in flight until a Pull takes them.
+  struct SparseAhead {
+    struct Table {
+      std::string table;
+      const int64_t* ids;
+      size_t num_ids;
+      const float* rows;
+      size_t num_rows;
+    };
+    bool active = false;
+    int64_t step = 0;
+    std::vector<Table> tables;
+    std::vector<Handle> handles;
+  };
+
+  bool MatchesSparseAhead(std::span<const SparseOut> sparse, int64_t step) const {
+    if (sparse_ahead_.step != step || sparse.size() != sparse_ahead_.tables.size()) return false;
+    for (size_t i = 0; i < sparse.size(); ++i) {
+      const SparseAhead::Table& a = sparse_ahead_.tables[i];
+      if (a.table != sparse[i].table || a.ids != sparse[i].ids.data() || a.num_ids != sparse[i].ids.size() ||
+          a.rows != sparse[i].rows.data() || a.num_rows != sparse[i].rows.size()) {
+        return false;
+      }
+    }
+    return true;
+  }
+  bool OverlapsSparseAhead(std::span<const SparseOut> sparse) const {
+    for (const SparseOut& t : sparse) {
+      for (const SparseAhead::Table& a : sparse_ahead_.tables) {
+        if (Overlaps(a.rows, a.num_rows, t.rows.data(), t.rows.size())) return true;
+      }
+    }
+    return false;
+  }
+  // Waits for rows read ahead that no Pull took, and forgets them (their buffers are free again;
+  // what they read is not used).
+  void DropSparseAhead() {
+    for (const Handle& h : sparse_ahead_.handles) (void)h.wait();
+    sparse_ahead_ = {};
   }
 
   // True when `d` was pulled ahead for `step` into its buffer by an exchange that ended well.
@@ -317,6 +389,7 @@ class ServerStore final : public ParamStore {
   std::vector<DenseOut> pulls_;    // Pull: the dense tables not pulled ahead
   std::deque<Exchange> exchanges_; // dense exchanges in flight, oldest first
   std::vector<Ahead> ahead_;       // what they pull (or pulled), by buffer
+  SparseAhead sparse_ahead_;       // rows read ahead for a later Pull
   Handle clock_;           // the last EndStep's clock, not yet waited for (ssp)
   int64_t next_step_ = 0;  // sync: the step the next pull asks for (last push's step + 1)
   StoreProgress progress_;

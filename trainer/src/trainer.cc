@@ -428,10 +428,19 @@ class WorkerRun {
   // job has already taken all its steps (sync: a worker that fell behind stops there).
   StatusOr<bool> Step(int64_t t) {
     StepTimes& times = report_.times;
-    FERRY_ASSIGN_OR_RETURN(const int64_t examples, LoadBatch(t));
-    const int64_t epoch = plan_.streamed ? data_.ctr->train_stream->pass() : t / plan_.steps_per_epoch;
+    int64_t examples = 0, epoch = 0;
+    if (next_.step == t) {  // loaded during step t - 1, its rows read ahead
+      FERRY_RETURN_IF_ERROR(model_->UseNext());
+      examples = next_.examples;
+      epoch = next_.epoch;
+      next_.step = -1;
+    } else {
+      FERRY_ASSIGN_OR_RETURN(examples, LoadBatch(t));
+      epoch = plan_.streamed ? data_.ctr->train_stream->pass() : t / plan_.steps_per_epoch;
+    }
     lap_.To(&times.compute_s);
     FERRY_RETURN_IF_ERROR(Pull(t));
+    FERRY_RETURN_IF_ERROR(ReadRowsAhead(t + 1));
     if (sync_servers_ && JobStep() >= plan_.total_steps) {
       // Sync: the budget is the job's, in global steps. A worker that fell behind (a backup
       // worker late in some steps) stops once the others have taken the job to its last step,
@@ -462,6 +471,25 @@ class WorkerRun {
       LogWindow(t, epoch);
     }
     return true;
+  }
+
+  // --pipeline prefetch, with a model that holds two batches: loads step `next`'s examples into
+  // the other batch and starts reading their sparse rows, which travel while this step computes
+  // and pushes (model.h, ReadsRowsAhead).
+  Status ReadRowsAhead(int64_t next) {
+    if (next >= plan_.total_steps || store_->pull_ahead() < 2 || !model_->ReadsRowsAhead()) return Status::Ok();
+    StepTimes& times = report_.times;
+    model_->LoadIntoNext(true);
+    StatusOr<int64_t> examples = LoadBatch(next);
+    model_->LoadIntoNext(false);
+    FERRY_RETURN_IF_ERROR(examples.status());
+    next_.step = next;
+    next_.examples = *examples;
+    next_.epoch = plan_.streamed ? data_.ctr->train_stream->pass() : next / plan_.steps_per_epoch;
+    lap_.To(&times.compute_s);
+    FERRY_RETURN_IF_ERROR(model_->PullRowsAhead(*store_, next));
+    lap_.To(&times.pull_s);
+    return Status::Ok();
   }
 
   // Loads step t's training examples (the epoch's order, shuffled per epoch); returns how many.
@@ -731,6 +759,10 @@ class WorkerRun {
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<ParamStore> store_;
+  // The batch loaded ahead (ReadRowsAhead) for step `step`; -1: none.
+  struct NextBatch {
+    int64_t step = -1, examples = 0, epoch = 0;
+  } next_;
   DataPlan plan_;
   std::unique_ptr<std::FILE, FileCloser> metrics_file_;
   Clock::time_point start_;

@@ -237,5 +237,78 @@ TEST(Pipeline, HandleElapsedIsTheCallToTheLastReply) {
   EXPECT_LE(h.elapsed(), after - before);
 }
 
+// Rows read ahead (PullSparseAhead, the ctr model's next batch under --pipeline prefetch): the
+// read travels ahead of the step's push on each server's connection, so it holds the rows as
+// they were before that push, exactly; the Pull for its step that names the same buffers sends
+// nothing and waits for it; a Pull into other buffers leaves it travelling; one into its buffers
+// for another step waits for it and reads again.
+TEST(Pipeline, RowsReadAheadHoldTheRowsBeforeTheStepsPushAndCostNoOtherRequest) {
+  auto cluster = test::LocalCluster::Start(2, /*tcp=*/true);
+  auto client = cluster.Connect(0, 1);
+  auto store = CreateServerStore(client.get(), Pipeline::kPrefetch);
+  constexpr int64_t kDim = 4;
+  ASSERT_TRUE(store->Declare(std::vector<TableSpec>{test::SgdSparseTable("e", kDim)}).ok());
+  const std::vector<int64_t> ids = {1, 5, 9, 1000, 77, 123456789};  // over both servers
+  const size_t n = ids.size() * kDim;
+  std::vector<float> rows[2] = {std::vector<float>(n, -1.0f), std::vector<float>(n, -1.0f)};
+  auto out = [&](int set) { return std::vector<SparseOut>{{"e", ids, rows[set]}}; };
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 5 + 1) / 8.0f;
+  const std::vector<SparseIn> in = {{"e", ids, g}};
+
+  ASSERT_TRUE(store->Pull({}, out(0), 0).ok());
+  for (float v : rows[0]) ASSERT_EQ(v, 0.0f);
+  ASSERT_TRUE(store->PullSparseAhead(out(1), 1).ok());
+  ASSERT_TRUE(store->Push({}, in, 0).ok());  // after the read on each connection
+  int64_t before = client->stats().requests;
+  ASSERT_TRUE(store->Pull({}, out(1), 1).ok());
+  EXPECT_EQ(client->stats().requests, before) << "the Pull of rows read ahead asked again";
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(rows[1][i], 0.0f) << i << ": the read ahead saw the push after it";
+
+  // Into other buffers: the read ahead stays in flight, and is taken by its own Pull.
+  ASSERT_TRUE(store->PullSparseAhead(out(1), 2).ok());
+  ASSERT_TRUE(store->Pull({}, out(0), 2).ok());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(rows[0][i], -g[i]) << i;
+  before = client->stats().requests;
+  ASSERT_TRUE(store->Pull({}, out(1), 2).ok());
+  EXPECT_EQ(client->stats().requests, before);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(rows[1][i], -g[i]) << i;
+
+  // Into its buffers for another step: waited for, then read again (after a second push).
+  ASSERT_TRUE(store->PullSparseAhead(out(1), 3).ok());
+  ASSERT_TRUE(store->Push({}, in, 2).ok());
+  before = client->stats().requests;
+  ASSERT_TRUE(store->Pull({}, out(1), 4).ok());
+  EXPECT_EQ(client->stats().requests, before + 2) << "one sparse request per server";
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(rows[1][i], -2.0f * g[i]) << i;
+  ASSERT_TRUE(store->Flush().ok());
+}
+
+// A read ahead that fails (a table the servers do not have) is reported by the Pull that takes
+// it, naming the step; and a store without --pipeline prefetch starts nothing ahead.
+TEST(Pipeline, ARowsReadAheadFailureIsReportedAndOnlyPrefetchReadsAhead) {
+  auto cluster = test::LocalCluster::Start(1, /*tcp=*/true);
+  auto client = cluster.Connect(0, 1);
+  const std::vector<int64_t> ids = {3, 4};
+  std::vector<float> rows(2 * 4);
+  const std::vector<SparseOut> nope = {{"nope", ids, rows}};
+  {
+    auto store = CreateServerStore(client.get(), Pipeline::kPrefetch);
+    ASSERT_TRUE(store->PullSparseAhead(nope, 7).ok());
+    const Status s = store->Pull({}, nope, 7);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("nope"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("step 7"), std::string::npos) << s;
+  }
+  auto store = CreateServerStore(client.get(), Pipeline::kExchange);
+  ASSERT_TRUE(store->Declare(std::vector<TableSpec>{test::SgdSparseTable("e", 4)}).ok());
+  const std::vector<SparseOut> e = {{"e", ids, rows}};
+  const int64_t before = client->stats().requests;
+  ASSERT_TRUE(store->PullSparseAhead(e, 0).ok());
+  EXPECT_EQ(client->stats().requests, before);
+  ASSERT_TRUE(store->Pull({}, e, 0).ok());
+  EXPECT_EQ(client->stats().requests, before + 1);
+}
+
 }  // namespace
 }  // namespace ferry::trainer

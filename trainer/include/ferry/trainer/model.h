@@ -64,6 +64,22 @@ class Model {
                                   int64_t* correct) = 0;
   virtual Status Push(ParamStore& store, int64_t step) = 0;
 
+  // Reading the next batch's sparse rows ahead (the loop does so with --pipeline prefetch, async
+  // and ssp): a model that holds two batches says so. During step t, after its Pull, the loop
+  // calls LoadIntoNext(true), loads step t + 1's examples (they go into the other batch; the
+  // loaded one stays as it is), LoadIntoNext(false), then PullRowsAhead(store, t + 1): that
+  // batch's rows travel while step t computes and pushes, so they do not hold step t's own
+  // gradient (one step more of staleness, as for the dense tables). At step t + 1 the loop calls
+  // UseNext() instead of loading, then Pull(store, t + 1), which waits for those rows.
+  virtual bool ReadsRowsAhead() const { return false; }
+  virtual void LoadIntoNext(bool next) { (void)next; }
+  virtual Status PullRowsAhead(ParamStore& store, int64_t step) {
+    (void)store;
+    (void)step;
+    return UnimplementedError("this model does not read rows ahead");
+  }
+  virtual Status UseNext() { return UnimplementedError("this model does not read rows ahead"); }
+
   // The dense parameters from the last Pull (all tensors back to back, in TableSpecs order).
   virtual std::span<const float> dense_params() const = 0;
 

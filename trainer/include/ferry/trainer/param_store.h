@@ -59,7 +59,8 @@ enum class Pipeline : uint8_t {
   // Async and ssp only: as kExchange, but the parameters that come back are used one step later,
   // so the round trip overlaps the whole next step's compute. Step t computes on parameters
   // read at the end of step t - 2: without its own step t - 1 gradient (one step more of
-  // staleness; ssp:S then bounds the staleness at S + 1).
+  // staleness; ssp:S then bounds the staleness at S + 1). A model may also read its next
+  // batch's sparse rows a step early (PullSparseAhead), with the same staleness.
   kPrefetch,
 };
 
@@ -84,6 +85,17 @@ class ParamStore {
   // returns; a later Pull reports its failure.
   virtual Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step,
                       std::span<const DenseOut> then_pull = {}) = 0;
+  // Starts reading `sparse`'s rows for `step` and returns (pull_ahead() == 2, async and ssp
+  // tables): the Pull for `step` that names the same tables, ids and buffers, in the same order,
+  // waits for them instead of asking again (and reports their failure). Until then the ids and
+  // rows must stay untouched; a Pull into other buffers leaves them travelling (one that writes
+  // into theirs waits for them first, and asks again). One at a time: a second call waits for
+  // the first. Stores that do not read ahead return OK and start nothing (the Pull reads them).
+  virtual Status PullSparseAhead(std::span<const SparseOut> sparse, int64_t step) {
+    (void)sparse;
+    (void)step;
+    return Status::Ok();
+  }
   // Waits for what is still in flight and forgets what was pulled ahead: the next Pull reads
   // every table again (the final parameters, after the other workers finished).
   virtual Status Flush() = 0;

@@ -8,7 +8,8 @@
 # BLAS_THREADS (0: OpenBLAS's own, 2 here) goes to every trainer's --blas-threads; MODELS picks
 # the models (default "mlp ctr"), PIPELINES the modes (default "none exchange prefetch"), LOCAL=0
 # leaves out the --local runs; TRANSPORT=ipc binds the servers to ipc:// paths instead of tcp
-# loopback; FIRST_ROUND numbers the rounds from there (default 1).
+# loopback; FIRST_ROUND numbers the rounds from there (default 1); WORKERS the worker counts
+# (default "1 2").
 #   BIN=build/bin OUT=bench/results/pipeline ROUNDS=3 bash bench/results/pipeline/run.sh
 set -euo pipefail
 BIN=${BIN:-build/bin}
@@ -20,6 +21,7 @@ PIPELINES=${PIPELINES:-none exchange prefetch}
 LOCAL=${LOCAL:-1}
 TRANSPORT=${TRANSPORT:-tcp}
 FIRST_ROUND=${FIRST_ROUND:-1}
+WORKERS=${WORKERS:-1 2}
 mkdir -p "$OUT/runs"
 
 model_flags() {
@@ -60,7 +62,7 @@ run() {
 CONFIGS=()
 for model in $MODELS; do
   [ "$LOCAL" = 1 ] && CONFIGS+=("$model sync local 1")
-  for w in 1 2; do
+  for w in $WORKERS; do
     for p in $PIPELINES; do
       [ "$p" = prefetch ] || CONFIGS+=("$model sync $p $w")
       CONFIGS+=("$model async $p $w")

@@ -37,8 +37,9 @@ def per_run(ends):
     compute = sum(e["time"]["compute_s"] / e["steps"] for e in ends) / n
     comm = sum(e["comm_s"] / e["steps"] for e in ends) / n
     eps = sum(e["examples"] for e in ends) / max(e["train_s"] for e in ends)
-    acc = ends[0].get("final", {}).get("accuracy")
-    auc = ends[0].get("final", {}).get("auc")
+    final = next((e["final"] for e in ends if "final" in e), {})  # worker 0's end line has it
+    acc = final.get("accuracy")
+    auc = final.get("auc")
     return dict(steps=steps, step_ms=1e3 * step, compute_ms=1e3 * compute, comm_ms=1e3 * comm, eps=eps,
                 over_max=step / max(compute, comm) if comm > 0 else None,
                 over_sum=step / (compute + comm) if comm > 0 else None, acc=acc, auc=auc)

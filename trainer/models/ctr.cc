@@ -171,12 +171,23 @@ class CtrModel final : public Model {
   }
 
   Status Push(ParamStore& store, int64_t step) override {
+    // Reading rows ahead, the store keeps the sparse push in flight until the Pull of step + 2,
+    // while the next batch is loaded into the other batch and the next gradient computed: it
+    // travels from a copy of its own, one of two alternating by step.
+    std::span<const float> grads = emb_grads_;
+    PushCopy* copy = ahead_ ? &push_copies_[step & 1] : nullptr;
+    if (copy != nullptr) {
+      copy->grads.assign(emb_grads_.begin(), emb_grads_.end());
+      copy->ids.assign(cur().unique_host.as<int64_t>(), cur().unique_host.as<int64_t>() + loaded_ * fields_);
+      grads = copy->grads;
+    }
     sparse_pushes_.clear();
     for (int f = 0; f < fields_; ++f) {
       const size_t at = static_cast<size_t>(cur().base[static_cast<size_t>(f)] * dim_);
-      const std::span<const int64_t> ids = cur().unique[static_cast<size_t>(f)];
+      std::span<const int64_t> ids = cur().unique[static_cast<size_t>(f)];
+      if (copy != nullptr) ids = std::span<const int64_t>(copy->ids).subspan(static_cast<size_t>(f * loaded_), ids.size());
       sparse_pushes_.push_back(SparseIn{emb_specs_[static_cast<size_t>(f)].name, ids,
-                                        std::span<const float>(emb_grads_).subspan(at, ids.size() * static_cast<size_t>(dim_))});
+                                        grads.subspan(at, ids.size() * static_cast<size_t>(dim_))});
     }
     return tower_.Push(store, sparse_pushes_, step);
   }
@@ -326,6 +337,13 @@ class CtrModel final : public Model {
   bool load_next_ = false;    // Load fills the other batch
   bool next_loaded_ = false;  // ... and has
   std::vector<SparseIn> sparse_pushes_;
+  // Reading rows ahead: what step t's sparse push sends (push_copies_[t & 1]): the batch's
+  // distinct ids, field f's at f * rows (as in its unique_host), and their gradient rows.
+  struct PushCopy {
+    std::vector<int64_t> ids;
+    std::vector<float> grads;
+  };
+  PushCopy push_copies_[2];
   DeviceBuffer emb_dev_, emb_grad_dev_, emb_grad_host_, index_dev_, offsets_dev_, dense_dev_, labels_dev_, pooled_dev_,
       dpooled_dev_, probs_dev_, probs_host_, row_loss_dev_, mean_loss_dev_, mean_loss_host_, dlogits_dev_;
   // A batch's ids per field (field-major), deduplicated on the device: distinct ids (copied into

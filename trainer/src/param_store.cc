@@ -113,8 +113,14 @@ class ServerStore final : public ParamStore {
       e.handles.push_back(client_->PushPullDense(grads, outs, sync ? tag : step));
       e.sync.push_back(sync);
     });
+    // Prefetch: the sparse push travels with the exchange too, and ends with it (by the Pull of
+    // step + 2); otherwise it is waited for here.
+    const bool sparse_with_exchange = exchange && pipeline_ == Pipeline::kPrefetch;
     ForEachGroup(sparse, [&](std::span<const SparseIn> group, bool sync) {
-      Add(client_->PushSparse(group, sync ? tag : step, SparseIds::kDistinct), sync);
+      Handle h = client_->PushSparse(group, sync ? tag : step, SparseIds::kDistinct);
+      if (!sparse_with_exchange) return Add(std::move(h), sync);
+      e.handles.push_back(std::move(h));
+      e.sync.push_back(sync);
     });
     // With sync tables, whether the step's push counted is theirs to say: the async tables'
     // parts are always applied.
@@ -203,13 +209,14 @@ class ServerStore final : public ParamStore {
       }
     }
   };
-  // A step's dense push and pull ahead (PushPullDense per group of one kind), in flight.
+  // A step's dense push and pull ahead (PushPullDense per group of one kind), in flight; with
+  // Pipeline::kPrefetch its sparse push too (in handles, after the dense ones).
   struct Exchange {
     int64_t step = 0;  // the loop step its parameters are for
     int64_t tag = 0;   // the step its gradients count for
     std::vector<Handle> handles;
     std::vector<bool> sync;
-    PushCount count;          // the step's sparse push, already answered
+    PushCount count;          // the step's sparse push, if already answered
     Status first_error;       // ... and its failure
     double sparse_comm_s = 0; // ... and its communication
   };

@@ -310,5 +310,48 @@ TEST(Pipeline, ARowsReadAheadFailureIsReportedAndOnlyPrefetchReadsAhead) {
   EXPECT_EQ(client->stats().requests, before + 1);
 }
 
+// Prefetch: a step's sparse push travels with its dense exchange and ends with it (by the Pull
+// of step + 2). On each server's connection it goes before the rows read ahead for step + 2, so
+// those rows hold it, and after the rows read ahead for step + 1, which do not; its failure is
+// reported by the Pull of step + 2, naming the step.
+TEST(Pipeline, PrefetchSendsTheSparsePushWithTheExchangeInOrder) {
+  auto cluster = test::LocalCluster::Start(2, /*tcp=*/true);
+  auto client = cluster.Connect(0, 1);
+  auto store = CreateServerStore(client.get(), Pipeline::kPrefetch);
+  constexpr int64_t kDim = 4;
+  std::vector<TableSpec> specs = Tables(Consistency::kAsync);
+  specs.push_back(test::SgdSparseTable("e", kDim));
+  ASSERT_TRUE(store->Declare(specs).ok());
+  Buffers buf;
+  const std::vector<int64_t> ids = {2, 11, 4096, 31337};
+  const size_t n = ids.size() * kDim;
+  std::vector<float> rows[2] = {std::vector<float>(n), std::vector<float>(n)};
+  auto out = [&](int64_t step) { return std::vector<SparseOut>{{"e", ids, rows[step & 1]}}; };
+  std::vector<float> g[2] = {std::vector<float>(n), std::vector<float>(n)};
+  for (size_t i = 0; i < n; ++i) g[0][i] = g[1][i] = static_cast<float>(i % 3 + 1) / 4.0f;
+  auto in = [&](int64_t step) { return std::vector<SparseIn>{{"e", ids, g[step & 1]}}; };
+
+  ASSERT_TRUE(store->Pull(buf.Outs(0), out(0), 0).ok());
+  ASSERT_TRUE(store->PullSparseAhead(out(1), 1).ok());
+  ASSERT_TRUE(store->Push(buf.Ins(0), in(0), 0, buf.Outs(2)).ok());
+  ASSERT_TRUE(store->Pull(buf.Outs(1), out(1), 1).ok());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(rows[1][i], 0.0f) << i << ": read ahead before step 0's push";
+  ASSERT_TRUE(store->PullSparseAhead(out(2), 2).ok());
+  ASSERT_TRUE(store->Push(buf.Ins(1), in(1), 1, buf.Outs(3)).ok());
+  ASSERT_TRUE(store->Pull(buf.Outs(2), out(2), 2).ok());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(rows[0][i], -g[0][i]) << i << ": step 0's push, not step 1's";
+  ASSERT_TRUE(store->Flush().ok());
+  ASSERT_TRUE(store->Pull({}, out(0), 3).ok());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(rows[0][i], -2.0f * g[0][i]) << i;
+
+  // A sparse push the servers refuse (a NaN) is reported by the Pull of step + 2.
+  g[1][5] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(store->Push(buf.Ins(3), in(3), 3, buf.Outs(5)).ok());
+  ASSERT_TRUE(store->Pull(buf.Outs(4), out(4), 4).ok());
+  const Status s = store->Pull(buf.Outs(5), out(5), 5);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("push at step 3"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace ferry::trainer

@@ -79,10 +79,11 @@ class ParamStore {
   // Sends the gradients of `step` (each one optimizer update locally). Sync: they count for the
   // step the last pull was served at (progress().step), whatever the loop's `step`.
   // `then_pull` (empty, or the tables of `dense` in the same order): buffers to pull those tables
-  // into for step + pull_ahead() in the same round trip as their push. With pull_ahead() > 0 the
-  // call returns once the sparse gradients are answered, the dense exchange still in flight:
-  // `dense` and `then_pull` must stay untouched until a Pull for step + pull_ahead() (or Flush)
-  // returns; a later Pull reports its failure.
+  // into for step + pull_ahead() in the same round trip as their push. With pull_ahead() == 1 the
+  // call returns once the sparse gradients are answered, the dense exchange still in flight;
+  // with 2 (and `then_pull`) the sparse push stays in flight with it. What is in flight must stay
+  // untouched (`dense`, `then_pull`, and with 2 the sparse ids and gradients) until a Pull for
+  // step + pull_ahead() (or Flush) returns; a later Pull reports its failure.
   virtual Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step,
                       std::span<const DenseOut> then_pull = {}) = 0;
   // Starts reading `sparse`'s rows for `step` and returns (pull_ahead() == 2, async and ssp

@@ -54,8 +54,8 @@ class ServerStore final : public ParamStore {
     Status settled = SettleExchanges(dense, step, on_served);
     // Rows read ahead for this step into these buffers are taken; a read ahead into buffers
     // this pull writes is waited for (and read again here).
-    const bool take_sparse = sparse_ahead_.active && MatchesSparseAhead(sparse, step);
-    if (sparse_ahead_.active && !take_sparse && OverlapsSparseAhead(sparse)) DropSparseAhead();
+    const bool take_sparse = MatchesSparseAhead(sparse, step);
+    if (!take_sparse && OverlapsSparseAhead(sparse)) DropSparseAhead();
     pulls_.clear();
     for (const DenseOut& d : dense) {
       if (!TakeAhead(d, step)) pulls_.push_back(d);
@@ -144,13 +144,8 @@ class ServerStore final : public ParamStore {
   }
 
   Status PullSparseAhead(std::span<const SparseOut> sparse, int64_t step) override {
+    // A prefetch store has no sync table (Declare refuses them).
     if (pipeline_ != Pipeline::kPrefetch || sparse.empty()) return Status::Ok();
-    for (const SparseOut& t : sparse) {
-      if (IsSync(t.table)) {
-        return InvalidArgumentError("PullSparseAhead: table '" + std::string(t.table) +
-                                    "' is sync; its rows for a step exist only once the step closed");
-      }
-    }
     DropSparseAhead();  // one at a time
     sparse_ahead_.step = step;
     for (const SparseOut& t : sparse) {
@@ -159,7 +154,6 @@ class ServerStore final : public ParamStore {
     ForEachGroup(sparse, [&](std::span<const SparseOut> group, bool) {
       sparse_ahead_.handles.push_back(client_->PullSparse(group, step, SparseIds::kDistinct));
     });
-    sparse_ahead_.active = true;
     return Status::Ok();
   }
 
@@ -244,7 +238,8 @@ class ServerStore final : public ParamStore {
     return Status::Ok();
   }
 
-  // Sparse rows read ahead (PullSparseAhead), in flight until a Pull takes them.
+  // Sparse rows read ahead (PullSparseAhead), in flight until a Pull takes them; none while
+  // `tables` is empty.
   struct SparseAhead {
     struct Table {
       std::string table;
@@ -253,14 +248,15 @@ class ServerStore final : public ParamStore {
       const float* rows;
       size_t num_rows;
     };
-    bool active = false;
     int64_t step = 0;
     std::vector<Table> tables;
     std::vector<Handle> handles;
   };
 
   bool MatchesSparseAhead(std::span<const SparseOut> sparse, int64_t step) const {
-    if (sparse_ahead_.step != step || sparse.size() != sparse_ahead_.tables.size()) return false;
+    if (sparse_ahead_.tables.empty() || sparse_ahead_.step != step || sparse.size() != sparse_ahead_.tables.size()) {
+      return false;
+    }
     for (size_t i = 0; i < sparse.size(); ++i) {
       const SparseAhead::Table& a = sparse_ahead_.tables[i];
       if (a.table != sparse[i].table || a.ids != sparse[i].ids.data() || a.num_ids != sparse[i].ids.size() ||

@@ -436,7 +436,7 @@ class WorkerRun {
       next_.step = -1;
     } else {
       FERRY_ASSIGN_OR_RETURN(examples, LoadBatch(t));
-      epoch = plan_.streamed ? data_.ctr->train_stream->pass() : t / plan_.steps_per_epoch;
+      epoch = EpochOf(t);
     }
     lap_.To(&times.compute_s);
     FERRY_RETURN_IF_ERROR(Pull(t));
@@ -485,11 +485,16 @@ class WorkerRun {
     FERRY_RETURN_IF_ERROR(examples.status());
     next_.step = next;
     next_.examples = *examples;
-    next_.epoch = plan_.streamed ? data_.ctr->train_stream->pass() : next / plan_.steps_per_epoch;
+    next_.epoch = EpochOf(next);
     lap_.To(&times.compute_s);
     FERRY_RETURN_IF_ERROR(model_->PullRowsAhead(*store_, next));
     lap_.To(&times.pull_s);
     return Status::Ok();
+  }
+
+  // The epoch (a stream's pass) of step t, just after its batch was loaded.
+  int64_t EpochOf(int64_t t) const {
+    return plan_.streamed ? data_.ctr->train_stream->pass() : t / plan_.steps_per_epoch;
   }
 
   // Loads step t's training examples (the epoch's order, shuffled per epoch); returns how many.

@@ -10,28 +10,19 @@ process: ps/ (1 server, 1 worker) against raw/.
   python3 bench/results/client_drive/summarize.py [dir]
 """
 import glob
-import json
 import os
-import re
 import statistics
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ beside the results
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "before_after"))
+from summarize import read_times  # noqa: E402  (one ferry-bench JSON file: name -> seconds a call)
 
 root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 
 
 def rounds(which):
-    out = []
-    for path in sorted(glob.glob(os.path.join(root, f"{which}-*.json"))):
-        times = {}
-        with open(path) as f:
-            for b in json.load(f)["benchmarks"]:
-                if b.get("run_type") != "iteration" or "error_occurred" in b:
-                    continue
-                name = re.sub(r"/iterations:\d+|/real_time|/threads:\d+", "", b["name"])
-                scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b["time_unit"]]
-                times[name] = b["real_time"] * scale
-        out.append(times)
-    return out
+    return [read_times(path) for path in sorted(glob.glob(os.path.join(root, f"{which}-*.json")))]
 
 
 def fmt(xs):

@@ -26,6 +26,7 @@
 #include "ferry/mutex.h"
 #include "ferry/messages/codec.h"
 #include "ferry/messages/deadlines.h"
+#include "ferry/messages/event_loop.h"
 #include "ferry/messages/placement.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
@@ -1140,7 +1141,7 @@ class ClientImpl final : public Client {
   // (edge-like: it fires only on a change). At most kBatch, so that a flood cannot starve the
   // deadlines; more_ then says to come back at once.
   void Pump(size_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
-    for (int i = 0; i < kBatch; ++i) {
+    for (int i = 0; i < transport::EventLoop::kBatch; ++i) {
       bool got = false, truncated = false;
       if (s >= sockets_.size() ||
           !transport::RecvNonBlocking(sockets_[s], &pump_frames_, &got, wire::kMaxFrames + 1, &truncated).ok() || !got) {
@@ -1340,8 +1341,6 @@ class ClientImpl final : public Client {
   std::vector<zmq::socket_t> monitors_ ABSL_GUARDED_BY(io_mu_);  // one per server: its socket's disconnections
   std::vector<bool> handshaken_ ABSL_GUARDED_BY(io_mu_);  // per server: its current socket completed a handshake
   static constexpr std::chrono::milliseconds kMonitorEvery{100};
-  // A socket delivers at most this many replies in a row before the deadlines are looked at.
-  static constexpr int kBatch = 256;
   SteadyClock::time_point last_monitor_check_ ABSL_GUARDED_BY(io_mu_){};
   // Heartbeats: when each server was last sent anything, and when to look again.
   std::atomic<bool> heartbeats_on_{false};  // set once the handshake succeeded

@@ -102,7 +102,11 @@ TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
   auto p = Parse({"--local", "--pipeline", "prefetch"});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->pipeline, Pipeline::kPrefetch);
+  EXPECT_FALSE(p->push_by_layer);
   EXPECT_EQ(d->replicas_to_aggregate(), 0);
+  auto l = Parse({"--servers", "tcp://a:1", "--push-by-layer"});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE(l->push_by_layer);
 }
 
 TEST(TrainerOptions, EvalEveryEpoch) {
@@ -175,6 +179,8 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
       {{"--model", "cnn", "--local"}, "--model"},
       {{"--local", "--accumulate", "0"}, "--accumulate"},
       {{"--local", "--pipeline", "overlap"}, "--pipeline"},
+      {{"--servers", "tcp://a:1", "--pipeline", "none", "--push-by-layer"}, "--push-by-layer"},
+      {{"--local", "--push-by-layer=yes"}, "--push-by-layer"},
       {{"--local", "--straggler", "1"}, "--straggler"},
       {{"--local", "--straggler", "0:fast"}, "--straggler"},
       {{"--local", "--straggler", "0:x0.5"}, "--straggler"},

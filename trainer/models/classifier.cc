@@ -69,10 +69,9 @@ class Classifier final : public Model {
     // Gradient of the mean loss over these rows: scale 1 / rows.
     FERRY_RETURN_IF_ERROR(device_->SoftmaxCrossEntropyBackward(probs_dev_.as<float>(), labels, rows, classes,
                                                                1.0f / static_cast<float>(rows), dlogits_dev_.as<float>()));
-    FERRY_RETURN_IF_ERROR(tower_.mlp->Backward(x, nullptr, dlogits_dev_.as<float>(), rows, nullptr));
-    FERRY_RETURN_IF_ERROR(tower_.mlp->DownloadGrads());
+    FERRY_RETURN_IF_ERROR(tower_.Backward(x, nullptr, dlogits_dev_.as<float>(), rows, nullptr, scale, accumulate));
     FERRY_RETURN_IF_ERROR(device_->Synchronize());
-    Accumulate(tower_.grads(), tower_.mlp->host_grads(), scale, accumulate);
+    tower_.SumGrads();
     *loss_sum += static_cast<double>(*mean_loss_host_.as<float>()) * static_cast<double>(rows);
     const std::vector<int32_t> pred = data::ArgMaxRows(
         std::span<const float>(probs_host_.as<float>(), static_cast<size_t>(rows * classes)), static_cast<int>(classes));
@@ -81,6 +80,7 @@ class Classifier final : public Model {
     return Status::Ok();
   }
 
+  void PushDuringBackward(ParamStore* store, int64_t step) override { tower_.PushDuringBackward(store, step); }
   Status Push(ParamStore& store, int64_t step) override { return tower_.Push(store, {}, step); }
 
   Status Evaluate(ParamStore& store, int64_t step, int64_t first, int64_t count, std::vector<double>* state) override {

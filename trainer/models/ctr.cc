@@ -151,16 +151,15 @@ class CtrModel final : public Model {
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(mean_loss_host_.data(), mean_loss_dev_.data(), kF));
     FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyBackward(tower_.mlp->logits(), labels, rows,
                                                                1.0f / static_cast<float>(rows), dlogits_dev_.as<float>()));
-    FERRY_RETURN_IF_ERROR(tower_.mlp->Backward(pooled_dev_.as<float>(), side(first), dlogits_dev_.as<float>(), rows,
-                                           dpooled_dev_.as<float>()));
+    FERRY_RETURN_IF_ERROR(tower_.Backward(pooled_dev_.as<float>(), side(first), dlogits_dev_.as<float>(), rows,
+                                          dpooled_dev_.as<float>(), scale, accumulate));
     const int64_t bags = rows * fields_;
     FERRY_RETURN_IF_ERROR(device_->EmbeddingBagBackward(dpooled_dev_.as<float>(), dim_, offsets_dev_.as<int32_t>(),
                                                         index_dev_.as<int32_t>() + first * fields_, bags, bags,
                                                         num_unique(), kernels::Pooling::kSum, emb_grad_dev_.as<float>()));
-    FERRY_RETURN_IF_ERROR(tower_.mlp->DownloadGrads());
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(emb_grad_host_.data(), emb_grad_dev_.data(), num_unique() * dim_ * kF));
     FERRY_RETURN_IF_ERROR(device_->Synchronize());
-    Accumulate(tower_.grads(), tower_.mlp->host_grads(), scale, accumulate);
+    tower_.SumGrads();
     emb_grads_.resize(static_cast<size_t>(num_unique() * dim_));
     Accumulate(emb_grads_, std::span<const float>(emb_grad_host_.as<float>(), emb_grads_.size()), scale, accumulate);
     *loss_sum += static_cast<double>(*mean_loss_host_.as<float>()) * static_cast<double>(rows);
@@ -170,6 +169,7 @@ class CtrModel final : public Model {
     return Status::Ok();
   }
 
+  void PushDuringBackward(ParamStore* store, int64_t step) override { tower_.PushDuringBackward(store, step); }
   Status Push(ParamStore& store, int64_t step) override {
     // Reading rows ahead, the store keeps the sparse push in flight until the Pull of step + 2,
     // while the next batch is loaded into the other batch and the next gradient computed: it

@@ -99,8 +99,13 @@ Status Mlp::UploadParams(const float* params) {
   return device_->CopyToDevice(params_dev_.data(), params, num_params_ * int64_t{sizeof(float)});
 }
 
-Status Mlp::DownloadGrads() {
-  return device_->CopyToHost(grads_host_.data(), grads_dev_.data(), num_params_ * int64_t{sizeof(float)});
+Status Mlp::DownloadGrads() { return DownloadGrads(0, num_tensors()); }
+
+Status Mlp::DownloadGrads(int first, int end) {
+  if (first < 0 || end > num_tensors() || first >= end) return InvalidArgumentError("Mlp: no tensors to download");
+  const int64_t at = tensor_offset(first);
+  const int64_t n = (end == num_tensors() ? num_params_ : tensor_offset(end)) - at;
+  return device_->CopyToHost(grads_host_.as<float>() + at, dev_grad(first), n * int64_t{sizeof(float)});
 }
 
 Status Mlp::Forward(const float* x, const float* side, int64_t rows) {
@@ -124,7 +129,8 @@ Status Mlp::Forward(const float* x, const float* side, int64_t rows) {
   return Status::Ok();
 }
 
-Status Mlp::Backward(const float* x, const float* side, const float* dlogits, int64_t rows, float* dx) {
+Status Mlp::Backward(const float* x, const float* side, const float* dlogits, int64_t rows, float* dx,
+                     const LayerDone& layer_done) {
   if (rows < 1 || rows > max_rows_) {
     return InvalidArgumentError("Mlp: rows " + std::to_string(rows) + " outside [1, " + std::to_string(max_rows_) + "]");
   }
@@ -142,6 +148,7 @@ Status Mlp::Backward(const float* x, const float* side, const float* dlogits, in
                                           config_.side_input, dz, out, 0.0f, dev_grad(ws_), out));
     }
     FERRY_RETURN_IF_ERROR(device_->BiasGrad(dz, rows, out, dev_grad(b_[static_cast<size_t>(l)])));
+    if (layer_done) FERRY_RETURN_IF_ERROR(layer_done(l));
     if (l > 0) {
       // d(in) = dz W^T [rows x k], then through the ReLU that produced `in`.
       float* din = dz_dev_[next].as<float>();

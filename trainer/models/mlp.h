@@ -19,9 +19,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/status.h"
@@ -53,6 +55,11 @@ class Mlp {
   int64_t tensor_offset(int i) const { return offsets_[static_cast<size_t>(i)]; }
   int64_t tensor_size(int i) const { return sizes_[static_cast<size_t>(i)]; }
   int64_t num_params() const { return num_params_; }
+  int num_layers() const { return static_cast<int>(widths_.size()) - 1; }
+  // Layer l's tensors, [first, end): its weight, side weight (layer 0) and bias, back to back.
+  std::pair<int, int> layer_tensors(int l) const {
+    return {w_[static_cast<size_t>(l)], b_[static_cast<size_t>(l)] + 1};
+  }
 
   // Host staging for gradients (valid for the model's life): DownloadGrads() fills it.
   std::span<const float> host_grads() const { return {grads_host_.as<float>(), static_cast<size_t>(num_params_)}; }
@@ -61,8 +68,10 @@ class Mlp {
   // Device::AllocHost) to the device parameters (enqueued: `params` must stay unchanged until
   // the device is synchronized).
   Status UploadParams(const float* params);
-  // Copies the device gradients to host_grads() (enqueued: valid after device->Synchronize()).
+  // Copies the device gradients to host_grads() (enqueued: valid after device->Synchronize()):
+  // all of them, or those of tensors [first, end).
   Status DownloadGrads();
+  Status DownloadGrads(int first, int end);
 
   // Forward on device inputs x [rows x input] and side [rows x side_input] (null when
   // side_input == 0), 1 <= rows <= max_rows. The result is logits() [rows x outputs].
@@ -72,12 +81,15 @@ class Mlp {
   // Backward after Forward on the same inputs: dlogits [rows x outputs] (device) is the gradient of
   // the loss with respect to logits(). Overwrites the device gradients of every tensor and, when
   // dx is not null, writes the gradient with respect to x into dx [rows x input] (device).
-  Status Backward(const float* x, const float* side, const float* dlogits, int64_t rows, float* dx);
+  // `layer_done`, when set, is called with l as soon as layer l's gradients are enqueued (last
+  // layer first), before the layer below is computed; an error it returns ends Backward.
+  using LayerDone = std::function<Status(int layer)>;
+  Status Backward(const float* x, const float* side, const float* dlogits, int64_t rows, float* dx,
+                  const LayerDone& layer_done = nullptr);
 
  private:
   Mlp(Device* device, MlpConfig config, int64_t max_rows);
   Status Allocate();
-  int num_layers() const { return static_cast<int>(widths_.size()) - 1; }
   int64_t fan_in(int l) const { return widths_[static_cast<size_t>(l)] + (l == 0 ? config_.side_input : 0); }
   const float* dev_param(int i) const { return params_dev_.as<float>() + tensor_offset(i); }
   float* dev_grad(int i) const { return grads_dev_.as<float>() + tensor_offset(i); }

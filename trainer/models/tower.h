@@ -50,6 +50,7 @@ struct Tower {
   std::vector<TableSpec> specs;
 
   Status Build(Device* device, const TrainerOptions& o, const MlpConfig& config) {
+    device_ = device;
     FERRY_ASSIGN_OR_RETURN(mlp, Mlp::Create(device, config, std::max(o.batch, kEvalBatch)));
     specs = mlp->TableSpecs(o.optimizer, o.consistency, o.staleness, o.replicas_to_aggregate(), o.seed);
     const size_t n = static_cast<size_t>(mlp->num_params());
@@ -86,6 +87,56 @@ struct Tower {
     return store.Push(sets_[cur_].pushes, sparse, step, sets_[ahead].pulls);
   }
 
+  // --push-by-layer: the next Backward pushes each layer's gradients for `step` as backward
+  // yields them (the step's last micro-batch; null: it does not).
+  void PushDuringBackward(ParamStore* store, int64_t step) {
+    early_ = store;
+    early_step_ = step;
+  }
+
+  // Layers not sent yet travel together once they hold this much, else with the layer below (or
+  // the Push): every message costs each server it reaches a round of work beside its bytes, and
+  // a layer of a few KiB (the MLP's last, 128 x 10 floats) has little to hide.
+  static constexpr int64_t kMinPartBytes = int64_t{64} << 10;
+
+  // Backward through the tower (Mlp::Backward), its gradients then summed into grads() as
+  // scale x the gradient (accumulate = false: overwriting). Without a store set by
+  // PushDuringBackward the copy to the host is enqueued and SumGrads() does the sum once the
+  // device synchronized. With one, each layer, as soon as backward wrote it, is copied and
+  // summed, and the layers not sent yet go (ParamStore::PushPart, with their pull ahead as Push
+  // does) once they hold kMinPartBytes, before the layer below is computed: the step's Push then
+  // sends only the rest.
+  Status Backward(const float* x, const float* side, const float* dlogits, int64_t rows, float* dx, float scale,
+                  bool accumulate) {
+    scale_ = scale;
+    accumulate_ = accumulate;
+    summed_ = early_ != nullptr;
+    if (early_ == nullptr) {
+      FERRY_RETURN_IF_ERROR(mlp->Backward(x, side, dlogits, rows, dx));
+      return mlp->DownloadGrads();
+    }
+    int unsent_end = mlp->num_tensors();  // tensors [first of the layers not sent, unsent_end)
+    return mlp->Backward(x, side, dlogits, rows, dx, [&](int l) -> Status {
+      const auto [first, end] = mlp->layer_tensors(l);
+      FERRY_RETURN_IF_ERROR(mlp->DownloadGrads(first, end));
+      FERRY_RETURN_IF_ERROR(device_->Synchronize());
+      SumRange(first, end);
+      if ((Offset(unsent_end) - mlp->tensor_offset(first)) * kF < kMinPartBytes) return Status::Ok();
+      const size_t ahead = static_cast<size_t>((early_step_ + early_->pull_ahead()) & 1);
+      const auto tensors = [&, first = first](const auto& list) {
+        return std::span(list).subspan(static_cast<size_t>(first), static_cast<size_t>(unsent_end - first));
+      };
+      FERRY_RETURN_IF_ERROR(early_->PushPart(tensors(sets_[cur_].pushes), early_step_, tensors(sets_[ahead].pulls)));
+      unsent_end = first;
+      return Status::Ok();
+    });
+  }
+  // After the device synchronized: sums what Backward copied, unless it already did.
+  void SumGrads() {
+    if (!summed_) SumRange(0, mlp->num_tensors());
+    summed_ = true;
+  }
+
   std::span<const float> params() const {
     return {sets_[cur_].params.as<float>(), static_cast<size_t>(mlp->num_params())};
   }
@@ -98,8 +149,21 @@ struct Tower {
     std::vector<DenseOut> pulls;  // names point into specs
     std::vector<DenseIn> pushes;
   };
+  // Where tensor i begins in the flat parameters (num_params() for i == num_tensors()).
+  int64_t Offset(int i) const { return i == mlp->num_tensors() ? mlp->num_params() : mlp->tensor_offset(i); }
+  // grads()[tensors first..end) (+)= scale_ x the host copy of their gradients.
+  void SumRange(int first, int end) {
+    const size_t at = static_cast<size_t>(Offset(first)), stop = static_cast<size_t>(Offset(end));
+    Accumulate(grads().subspan(at, stop - at), mlp->host_grads().subspan(at, stop - at), scale_, accumulate_);
+  }
+
+  Device* device_ = nullptr;
   Set sets_[2];
   size_t cur_ = 0;
+  ParamStore* early_ = nullptr;  // PushDuringBackward
+  int64_t early_step_ = 0;
+  float scale_ = 1;
+  bool accumulate_ = false, summed_ = true;
 };
 
 // Examples at once: one evaluation batch, or a step's kB (and one more for an epoch's last step on a larger

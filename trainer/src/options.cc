@@ -165,6 +165,8 @@ optimizer: --optimizer sgd|momentum|adagrad|adam|ftrl (sgd)  --lr X (0.1)
            step's parameters in one round trip that travels while the next batch loads; prefetch
            (async / ssp only): use those parameters a step later, so the round trip overlaps a
            whole step's compute (one step more of staleness)
+           --push-by-layer: with exchange or prefetch, send each layer's gradients (and pull its
+           next parameters) as soon as backward yields them, while it computes the layers below
 data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-limit N  --test-limit N
   mlp:     --data-dir DIR (/usr/share/datasets/fashion-mnist)
   ctr:     synthetic: --ctr-train N (1000000)  --ctr-test N (20000)  --ctr-fields F (8)
@@ -220,6 +222,9 @@ Status TrainerOptions::Validate() const {
     if (num_workers != 1 || rank != 0) return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
   } else {
     if (servers.empty()) return InvalidArgumentError("--servers is required (or pass --local)");
+    if (push_by_layer && pipeline == Pipeline::kNone) {
+      return InvalidArgumentError("--push-by-layer sends each layer with its pull ahead: it needs --pipeline exchange or prefetch, not none");
+    }
     if (rank < 0 || rank >= num_workers) {
       return InvalidArgumentError("--rank " + std::to_string(rank) + " is outside [0, --num-workers " +
                                   std::to_string(num_workers) + ")");
@@ -244,8 +249,10 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
       has_value = true;
     }
     // Boolean flags.
-    if (flag == "--local" || flag == "--no-shuffle" || flag == "--quiet" || flag == "--help" || flag == "--resume") {
+    if (flag == "--local" || flag == "--no-shuffle" || flag == "--quiet" || flag == "--help" || flag == "--resume" ||
+        flag == "--push-by-layer") {
       if (has_value) return InvalidArgumentError(std::string(flag) + " takes no value");
+      if (flag == "--push-by-layer") o.push_by_layer = true;
       if (flag == "--resume") o.resume = true;
       if (flag == "--local") o.local = true;
       if (flag == "--no-shuffle") o.shuffle = false;

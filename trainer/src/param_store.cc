@@ -22,6 +22,7 @@ class ServerStore final : public ParamStore {
     for (Exchange& e : exchanges_) {
       for (const Handle& h : e.handles) (void)h.wait();
     }
+    for (const Handle& h : part_.exchange.handles) (void)h.wait();
     DropSparseAhead();
   }
 
@@ -41,6 +42,10 @@ class ServerStore final : public ParamStore {
   }
 
   Status Pull(std::span<const DenseOut> dense, std::span<const SparseOut> sparse, int64_t step) override {
+    if (part_.open) {
+      return FailedPreconditionError("Pull at step " + std::to_string(step) + ": step " + std::to_string(part_.step) +
+                                     "'s push was sent in part (PushPart) and its Push has not come");
+    }
     // Sync tables are read at the global step this worker knows, the others at the loop's.
     const int64_t want = any_sync_ ? next_step_ : step;
     // The exchanges whose parameters are for this step (or that write into these buffers) end
@@ -92,10 +97,50 @@ class ServerStore final : public ParamStore {
     return Status::Ok();
   }
 
+  Status PushPart(std::span<const DenseIn> dense, int64_t step, std::span<const DenseOut> then_pull) override {
+    if (pull_ahead() == 0 || dense.empty()) return Status::Ok();
+    FERRY_RETURN_IF_ERROR(CheckPairs(dense, then_pull).WithContext("PushPart"));
+    if (part_.open && part_.step != step) {
+      return FailedPreconditionError("PushPart at step " + std::to_string(step) + ": step " +
+                                     std::to_string(part_.step) + "'s parts are still waiting for its Push");
+    }
+    for (const DenseIn& d : dense) {
+      if (std::find(part_.sent.begin(), part_.sent.end(), d.data.data()) != part_.sent.end()) {
+        return InvalidArgumentError("PushPart: table '" + std::string(d.table) + "' was already sent for step " +
+                                    std::to_string(step));
+      }
+    }
+    FERRY_RETURN_IF_ERROR(SettleExchanges(then_pull, INT64_MIN, [](const Served&, bool) {}));
+    if (!part_.open) {
+      part_.open = true;
+      part_.step = step;
+      part_.exchange.step = step + pull_ahead();
+      part_.exchange.tag = any_sync_ ? progress_.step : step;
+    }
+    SendExchange(dense, then_pull, step, &part_.exchange);
+    for (const DenseIn& d : dense) part_.sent.push_back(d.data.data());
+    PullingAhead(then_pull, part_.exchange.step);
+    return Status::Ok();
+  }
+
   Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step,
               std::span<const DenseOut> then_pull) override {
     const int64_t tag = any_sync_ ? progress_.step : step;
     const bool exchange = pull_ahead() > 0 && !then_pull.empty() && !dense.empty();
+    // The step's parts already sent (PushPart) begin its exchange; the rest goes here.
+    Part part = std::exchange(part_, Part());
+    if (part.open) {
+      Status bad;
+      if (part.step != step) {
+        bad = FailedPreconditionError("step " + std::to_string(part.step) + " was sent in part, and then its Push came for step " + std::to_string(step));
+      } else if (!exchange) {
+        bad = InvalidArgumentError("the parts sent for step " + std::to_string(step) + " pull ahead: the Push must too (then_pull)");
+      }
+      if (!bad.ok()) {
+        for (const Handle& h : part.exchange.handles) (void)h.wait();
+        return bad.WithContext("Push");
+      }
+    }
     if (exchange) {
       FERRY_RETURN_IF_ERROR(CheckPairs(dense, then_pull));
       // An exchange still writing into these buffers (a model that does not alternate them)
@@ -104,15 +149,21 @@ class ServerStore final : public ParamStore {
     }
     handles_.clear();
     sync_handle_.clear();
-    Exchange e;
+    Exchange e = std::move(part.exchange);
     e.step = step + pull_ahead();
     e.tag = tag;
-    ForEachGroup(dense, [&](std::span<const DenseIn> grads, bool sync) {
-      if (!exchange) return Add(client_->PushDense(grads, sync ? tag : step), sync);
-      const auto outs = then_pull.subspan(static_cast<size_t>(grads.data() - dense.data()), grads.size());
-      e.handles.push_back(client_->PushPullDense(grads, outs, sync ? tag : step));
-      e.sync.push_back(sync);
-    });
+    if (exchange) {
+      rest_in_.clear();
+      rest_out_.clear();
+      for (size_t i = 0; i < dense.size(); ++i) {
+        if (std::find(part.sent.begin(), part.sent.end(), dense[i].data.data()) != part.sent.end()) continue;
+        rest_in_.push_back(dense[i]);
+        rest_out_.push_back(then_pull[i]);
+      }
+      SendExchange(rest_in_, rest_out_, step, &e);
+    } else {
+      ForEachGroup(dense, [&](std::span<const DenseIn> grads, bool sync) { Add(client_->PushDense(grads, sync ? tag : step), sync); });
+    }
     // Prefetch: the sparse push travels with the exchange too, and ends with it (by the Pull of
     // step + 2); otherwise it is waited for here.
     const bool sparse_with_exchange = exchange && pipeline_ == Pipeline::kPrefetch;
@@ -134,10 +185,7 @@ class ServerStore final : public ParamStore {
       return Status::Ok();
     }
     // Whatever the dense exchange pulls is for step e.step, into then_pull's buffers.
-    for (const DenseOut& d : then_pull) {
-      std::erase_if(ahead_, [&](const Ahead& a) { return a.data == d.data.data(); });
-      ahead_.push_back({std::string(d.table), d.data.data(), d.data.size(), e.step, false});
-    }
+    PullingAhead(then_pull, e.step);
     e.first_error = std::move(waited);
     exchanges_.push_back(std::move(e));
     return Status::Ok();
@@ -158,6 +206,9 @@ class ServerStore final : public ParamStore {
   }
 
   Status Flush() override {
+    // A step sent in part whose Push never came (its caller failed mid-step): its requests end
+    // here, and what they pulled is not used.
+    for (const Handle& h : std::exchange(part_, Part()).exchange.handles) (void)h.wait();
     Status first = SettleExchanges({}, INT64_MAX, [&](const Served& s, bool) {
       progress_.pull_wait_s += std::chrono::duration<double>(s.held).count();
     });
@@ -236,6 +287,31 @@ class ServerStore final : public ParamStore {
       }
     }
     return Status::Ok();
+  }
+
+  // A step's push sent in part (PushPart), waiting for its Push.
+  struct Part {
+    bool open = false;
+    int64_t step = 0;                 // the loop step
+    Exchange exchange;                // its requests so far
+    std::vector<const float*> sent;   // the gradient buffers sent
+  };
+
+  // Sends `dense` with their pull ahead (`then_pull`, the same tables) into `e`: one
+  // PushPullDense per group of one kind.
+  void SendExchange(std::span<const DenseIn> dense, std::span<const DenseOut> then_pull, int64_t step, Exchange* e) {
+    ForEachGroup(dense, [&](std::span<const DenseIn> grads, bool sync) {
+      const auto outs = then_pull.subspan(static_cast<size_t>(grads.data() - dense.data()), grads.size());
+      e->handles.push_back(client_->PushPullDense(grads, outs, sync ? e->tag : step));
+      e->sync.push_back(sync);
+    });
+  }
+  // What an exchange ending at loop step `step` pulls goes into `then_pull`'s buffers.
+  void PullingAhead(std::span<const DenseOut> then_pull, int64_t step) {
+    for (const DenseOut& d : then_pull) {
+      std::erase_if(ahead_, [&](const Ahead& a) { return a.data == d.data.data(); });
+      ahead_.push_back({std::string(d.table), d.data.data(), d.data.size(), step, false});
+    }
   }
 
   // Sparse rows read ahead (PullSparseAhead), in flight until a Pull takes them; none while
@@ -390,6 +466,9 @@ class ServerStore final : public ParamStore {
   std::vector<Handle> handles_;
   std::vector<bool> sync_handle_;  // handles_[i] is a sync table's request
   std::vector<DenseOut> pulls_;    // Pull: the dense tables not pulled ahead
+  std::vector<DenseIn> rest_in_;   // Push: the tables no part sent ...
+  std::vector<DenseOut> rest_out_; // ... and their pulls ahead
+  Part part_;                      // the step's push sent in part so far
   std::deque<Exchange> exchanges_; // dense exchanges in flight, oldest first
   std::vector<Ahead> ahead_;       // what they pull (or pulled), by buffer
   SparseAhead sparse_ahead_;       // rows read ahead for a later Pull

@@ -226,6 +226,7 @@ class WorkerRun {
               {"accumulate", options_.accumulate},
               {"blas_threads", kernels::cpu::GemmThreads()},
               {"pipeline", PipelineName(options_)},
+              {"push_by_layer", options_.push_by_layer && !options_.local},
               {"train_examples", plan_.train_n},
               {"steps", plan_.total_steps}};
     if (data_.ctr != nullptr && data_.ctr->planted_auc >= 0) {
@@ -456,7 +457,7 @@ class WorkerRun {
     if (hooks_.on_params) hooks_.on_params(t, model_->dense_params());
     double loss_sum = 0;
     int64_t correct = 0;
-    FERRY_RETURN_IF_ERROR(Compute(examples, &loss_sum, &correct));
+    FERRY_RETURN_IF_ERROR(Compute(t, examples, &loss_sum, &correct));
     lap_.To(&times.compute_s);
     FERRY_RETURN_IF_ERROR(model_->Push(*store_, t));
     FERRY_RETURN_IF_ERROR(store_->EndStep(t));  // ssp: sends the clock without waiting
@@ -555,12 +556,17 @@ class WorkerRun {
   // may end with a smaller one, or hold one more): each weighted by its share of the step's
   // examples, so the step's gradient is that of the mean loss over all of them (1/k each for a
   // full step). A --straggler worker then sleeps as asked.
-  Status Compute(int64_t examples, double* loss_sum, int64_t* correct) {
+  Status Compute(int64_t t, int64_t examples, double* loss_sum, int64_t* correct) {
     const Clock::time_point c0 = Clock::now();
     for (int64_t m = 0; m * options_.batch < examples; ++m) {
       const int64_t rows = std::min(options_.batch, examples - m * options_.batch);
       const float scale = static_cast<float>(rows) / static_cast<float>(examples);
-      FERRY_RETURN_IF_ERROR(model_->ComputeGradients(m * options_.batch, rows, scale, m > 0, loss_sum, correct));
+      // --push-by-layer: the last micro-batch's backward sends each layer as it yields it.
+      const bool last = (m + 1) * options_.batch >= examples;
+      if (last && options_.push_by_layer) model_->PushDuringBackward(store_.get(), t);
+      const Status computed = model_->ComputeGradients(m * options_.batch, rows, scale, m > 0, loss_sum, correct);
+      if (last && options_.push_by_layer) model_->PushDuringBackward(nullptr, t);
+      FERRY_RETURN_IF_ERROR(computed);
     }
     if (rank_ == options_.straggler_rank && !options_.local) {
       const double busy = Seconds(c0, Clock::now());

@@ -6,10 +6,10 @@
 # model on synthetic data (--steps 400, batch 256); 1 and 2 workers on one server. Every
 # configuration once per round, in a random order each round, ROUNDS rounds.
 # BLAS_THREADS (0: OpenBLAS's own, 2 here) goes to every trainer's --blas-threads; MODELS picks
-# the models (default "mlp ctr"), PIPELINES the modes (default "none exchange prefetch"), LOCAL=0
+# the models (default "mlp ctr"; mlp_wide is the MLP with --hidden 256,1024), PIPELINES the modes (default "none exchange prefetch"), LOCAL=0
 # leaves out the --local runs; TRANSPORT=ipc binds the servers to ipc:// paths instead of tcp
 # loopback; FIRST_ROUND numbers the rounds from there (default 1); WORKERS the worker counts
-# (default "1 2").
+# (default "1 2"). A mode NAME_layers in PIPELINES is --pipeline NAME --push-by-layer.
 #   BIN=build/bin OUT=bench/results/pipeline ROUNDS=3 bash bench/results/pipeline/run.sh
 set -euo pipefail
 BIN=${BIN:-build/bin}
@@ -27,7 +27,15 @@ mkdir -p "$OUT/runs"
 model_flags() {
   case $1 in
     mlp) echo "--model mlp --epochs 1 --batch 64 --blas-threads $BLAS_THREADS" ;;
+    mlp_wide) echo "--model mlp --hidden 256,1024 --epochs 1 --batch 64 --blas-threads $BLAS_THREADS" ;;
     ctr) echo "--model ctr --steps 400 --batch 256 --ctr-train 200000 --ctr-test 5000 --blas-threads $BLAS_THREADS" ;;
+  esac
+}
+
+pipeline_flags() {
+  case $1 in
+    *_layers) echo "--pipeline ${1%_layers} --push-by-layer" ;;
+    *) echo "--pipeline $1" ;;
   esac
 }
 
@@ -49,7 +57,7 @@ run() {
   for ((r = 0; r < workers; r++)); do
     # shellcheck disable=SC2086
     "$BIN/ferry-trainer" --servers "$endpoint" --rank $r --num-workers "$workers" --device cpu --quiet \
-      --consistency "$mode" --pipeline "$pipeline" $flags --metrics-out "$OUT/runs/$name-{rank}.json" > /dev/null &
+      --consistency "$mode" $(pipeline_flags "$pipeline") $flags --metrics-out "$OUT/runs/$name-{rank}.json" > /dev/null &
     pids+=($!)
   done
   local failed=0
@@ -64,7 +72,7 @@ for model in $MODELS; do
   [ "$LOCAL" = 1 ] && CONFIGS+=("$model sync local 1")
   for w in $WORKERS; do
     for p in $PIPELINES; do
-      [ "$p" = prefetch ] || CONFIGS+=("$model sync $p $w")
+      case $p in prefetch*) ;; *) CONFIGS+=("$model sync $p $w") ;; esac
       CONFIGS+=("$model async $p $w")
     done
   done

@@ -6,7 +6,8 @@ Per run (one configuration, one round): the job's examples/s (the workers' examp
 longest train_s), and per step (means over the workers) the step time train_s / steps, the
 compute compute_s / steps and the communication comm_s / steps. Printed: medians over the rounds
 (with min-max), step / max(compute, comm) and step / (compute + comm), and the job's examples/s
-against --local's in the same round.
+against --local's in the same round; and each mode against the one before it, per round (NAME
+against none; NAME_layers, --push-by-layer, against NAME).
   python3 bench/results/pipeline/summarize.py [bench/results/pipeline]
 """
 import glob
@@ -15,6 +16,9 @@ import os
 import re
 import statistics
 import sys
+
+
+ORDER = ["local", "none", "exchange", "exchange_layers", "prefetch", "prefetch_layers"]
 
 
 def load(root):
@@ -57,7 +61,7 @@ def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     runs = load(root)
     print("model mode pipeline workers | rounds | step ms | compute ms | comm ms | step/max | step/sum | job examples/s | vs local | final acc/auc")
-    for key in sorted(runs, key=lambda k: (k[0], k[3], k[1], ["local", "none", "exchange", "prefetch"].index(k[2]))):
+    for key in sorted(runs, key=lambda k: (k[0], k[3], k[1], ORDER.index(k[2]))):
         model, mode, pipeline, workers = key
         rounds = runs[key]
         rows = {r: per_run(e) for r, e in rounds.items()}
@@ -70,16 +74,21 @@ def main():
               f"{fmt([x['over_sum'] for x in rows.values()], 2)} | {fmt([x['eps'] for x in rows.values()], 0)} | "
               f"{fmt(vs_local, 3)} | {fmt(quality, 4)}")
 
-    # exchange against none, per round (same model, mode, workers): the job's examples/s ratio.
+    # Each mode against the one before it, per round (same model, mode, workers): the job's
+    # examples/s ratio.
     print()
     print("after / before (job examples/s, per round; median (min-max)):")
     for key in sorted(runs):
         model, mode, pipeline, workers = key
-        if pipeline not in ("exchange", "prefetch"):
+        if pipeline in ("local", "none"):
             continue
-        before = runs.get((model, mode, "none", workers), {})
-        ratios = [per_run(runs[key][r])["eps"] / per_run(before[r])["eps"] for r in runs[key] if r in before]
-        print(f"  {model} {mode} {workers}w {pipeline} / none: {fmt(ratios, 3)}")
+        base = pipeline[: -len("_layers")] if pipeline.endswith("_layers") else "none"
+        before = runs.get((model, mode, base, workers), {})
+        both = [r for r in runs[key] if r in before]
+        if not both:
+            continue
+        eps = [per_run(runs[key][r])["eps"] / per_run(before[r])["eps"] for r in both]
+        print(f"  {model} {mode} {workers}w {pipeline} / {base}: {fmt(eps, 3)}")
 
 
 if __name__ == "__main__":

@@ -92,6 +92,44 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, CtrSync, testing::Values(OptimizerType::kAd
                            return std::string(OptimizerName(info.param));
                          });
 
+// --push-by-layer: the ctr tower's layers go while backward computes the layers below and the
+// embeddings' gradients (hidden 4096,16: the top two layers hold 256 KiB and go first, the first
+// layer then goes before the embeddings' backward, each part in messages of its own); sync
+// training gives the bits of the step sent whole.
+int64_t ServerMessages(const ferry::test::LocalCluster& cluster) {
+  int64_t n = 0;
+  for (const auto& s : cluster.servers) n += s->stats().counters.at("messages");
+  return n;
+}
+
+TEST(CtrSyncPipeline, PushByLayerGivesTheBitsOfTheWholePush) {
+  TrainerOptions base = test::CtrOptions(OptimizerType::kAdam, 0.01f, 8);
+  auto data = LoadCtrData(base);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const Datasets ds{nullptr, nullptr, &*data};
+  base.batch = 4;
+  base.hidden = {4096, 16};
+  test::Trace traces[2];
+  int64_t messages[2] = {0, 0};
+  for (const bool by_layer : {false, true}) {
+    auto cluster = ferry::test::LocalCluster::Start(2);
+    TrainerOptions o = base;
+    o.push_by_layer = by_layer;
+    ClientOptions quiet;
+    quiet.heartbeat_timeout = std::chrono::milliseconds(0);  // the servers' message counts are the runs' own
+    const auto worker = test::RunWorkers(cluster, 2, o, ds, /*record=*/true, nullptr, {}, quiet);
+    ASSERT_TRUE(worker[0].report.ok()) << worker[0].report.status();
+    ASSERT_TRUE(worker[1].report.ok()) << worker[1].report.status();
+    EXPECT_EQ(worker[0].trace, worker[1].trace);
+    traces[by_layer ? 1 : 0] = worker[0].trace;
+    messages[by_layer ? 1 : 0] = ServerMessages(cluster);
+  }
+  ASSERT_EQ(traces[0].size(), 9u);
+  for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[0][t], traces[1][t]) << "step " << t;
+  EXPECT_GT(MaxRel(traces[0].back(), traces[0].front()), 1e-3) << "the parameters did not move";
+  EXPECT_GT(messages[1], messages[0]);
+}
+
 // --accumulate k with batch B pushes the mean gradient over kB examples: the same step as batch kB.
 TEST(Accumulate, KMicroBatchesMatchOneBatchOfKTimesTheSize) {
   TrainerOptions base = test::CtrOptions(OptimizerType::kAdam, 0.01f, 10);

@@ -66,8 +66,10 @@ struct Reads {
   StoreProgress progress;
 };
 
-// `steps` steps of pull, gradient, push (and EndStep), then Flush.
-Reads Drive(const test::LocalCluster& cluster, Consistency c, Pipeline pipeline, int64_t steps) {
+// `steps` steps of pull, gradient, push (and EndStep), then Flush. With `parts`, each step sends
+// b first (PushPart, as --push-by-layer sends the last layer while backward computes the rest),
+// then pushes both tables (the Push sends w only).
+Reads Drive(const test::LocalCluster& cluster, Consistency c, Pipeline pipeline, int64_t steps, bool parts = false) {
   Reads run;
   auto client = cluster.Connect(0, 1);
   auto store = CreateServerStore(client.get(), pipeline);
@@ -86,6 +88,12 @@ Reads Drive(const test::LocalCluster& cluster, Consistency c, Pipeline pipeline,
     for (int k = 0; k < 2; ++k) {
       auto& g = buf.grads[t & 1][k];
       for (size_t i = 0; i < g.size(); ++i) g[i] = Grad(t, k, static_cast<int64_t>(i));
+    }
+    if (parts) {
+      const auto ins = buf.Ins(t);
+      const auto ahead = buf.Outs(t + store->pull_ahead());
+      const Status part = store->PushPart(std::span(ins).subspan(1), t, std::span(ahead).subspan(1));
+      EXPECT_TRUE(part.ok()) << part;
     }
     const Status pushed = store->Push(buf.Ins(t), {}, t, buf.Outs(t + store->pull_ahead()));
     EXPECT_TRUE(pushed.ok()) << pushed;
@@ -148,6 +156,71 @@ TEST(Pipeline, PrefetchReadsParametersOneStepOlder) {
     ExpectReads(run, [](int64_t t) { return t < 2 ? t : t - 1; }, c == Consistency::kAsync ? "async" : "ssp");
     EXPECT_EQ(run.progress.pushes_used, 7);
   }
+}
+
+// A step sent in parts (PushPart, then Push) reads what the step sent whole reads, for every
+// consistency and pipeline, and counts as one push: b's part is one more message (b lives on one
+// server), w goes with the Push. With --pipeline none PushPart sends nothing.
+TEST(Pipeline, AStepSentInPartsReadsWhatItReadsSentWhole) {
+  constexpr int64_t kSteps = 6;
+  for (Consistency c : {Consistency::kSync, Consistency::kAsync, Consistency::kSsp}) {
+    for (Pipeline p : {Pipeline::kNone, Pipeline::kExchange, Pipeline::kPrefetch}) {
+      if (c == Consistency::kSync && p == Pipeline::kPrefetch) continue;
+      const std::string label = std::string(c == Consistency::kSync ? "sync" : c == Consistency::kAsync ? "async" : "ssp") +
+                                (p == Pipeline::kNone ? " none" : p == Pipeline::kExchange ? " exchange" : " prefetch");
+      auto cluster = test::LocalCluster::Start(2, /*tcp=*/true);
+      const Reads run = Drive(cluster, c, p, kSteps, /*parts=*/true);
+      if (p == Pipeline::kPrefetch) {
+        ExpectReads(run, [](int64_t t) { return t < 2 ? t : t - 1; }, label);
+      } else {
+        ExpectReads(run, [](int64_t t) { return t; }, label);
+      }
+      const int64_t clocks = c == Consistency::kSsp ? 2 * kSteps : 0;
+      if (p == Pipeline::kNone) {
+        EXPECT_EQ(run.requests, 4 * kSteps + clocks) << label;  // as whole steps: nothing sent in part
+      } else {
+        // Prefetch also pulls step 1 itself: nothing was pulled ahead for it.
+        const int64_t pulls = p == Pipeline::kPrefetch ? 4 : 2;
+        EXPECT_EQ(run.requests, pulls + 3 * kSteps + clocks) << label;
+      }
+      EXPECT_EQ(run.progress.pushes_used, kSteps) << label;
+      EXPECT_EQ(run.progress.pushes_dropped, 0) << label;
+    }
+  }
+}
+
+// Misuse of PushPart is refused, saying what: a table sent twice in a step, a Pull between a
+// step's parts and its Push, a Push for another step, a Push that does not pull ahead after
+// parts that did. A refused Push has waited for its parts: the store still works.
+TEST(Pipeline, PushPartMisuseIsRefused) {
+  auto cluster = test::LocalCluster::Start(1);
+  auto client = cluster.Connect(0, 1);
+  auto store = CreateServerStore(client.get(), Pipeline::kExchange);
+  ASSERT_TRUE(store->Declare(Tables(Consistency::kAsync)).ok());
+  Buffers buf;
+  const auto b_in = [&](int64_t t) { return std::vector<DenseIn>{buf.Ins(t)[1]}; };
+  const auto b_out = [&](int64_t t) { return std::vector<DenseOut>{buf.Outs(t)[1]}; };
+  ASSERT_TRUE(store->Pull(buf.Outs(0), {}, 0).ok());
+  ASSERT_TRUE(store->PushPart(b_in(0), 0, b_out(1)).ok());
+  Status s = store->PushPart(b_in(0), 0, b_out(1));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("'b' was already sent for step 0"), std::string::npos) << s;
+  s = store->PushPart(std::vector<DenseIn>{buf.Ins(0)[0]}, 0, b_out(1));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;  // then_pull names another table
+  s = store->Pull(buf.Outs(1), {}, 1);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("step 0's push was sent in part"), std::string::npos) << s;
+  s = store->Push(buf.Ins(1), {}, 1, buf.Outs(0));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("step 0 was sent in part"), std::string::npos) << s;
+  // The refused Push ended the part: step 0 is pushed again, whole, and then read.
+  ASSERT_TRUE(store->Push(buf.Ins(0), {}, 0, buf.Outs(1)).ok());
+  ASSERT_TRUE(store->Pull(buf.Outs(1), {}, 1).ok());
+  ASSERT_TRUE(store->PushPart(b_in(1), 1, b_out(0)).ok());
+  s = store->Push(buf.Ins(1), {}, 1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("the Push must too"), std::string::npos) << s;
+  ASSERT_TRUE(store->Flush().ok());
 }
 
 TEST(Pipeline, PrefetchRefusesSyncTables) {

@@ -127,6 +127,55 @@ TEST(SyncPipeline, ExchangeGivesTheBitsOfSeparatePushAndPull) {
   EXPECT_NE(traces[0][0], traces[0][8]);
 }
 
+// Messages the cluster's servers received.
+int64_t ServerMessages(const ferry::test::LocalCluster& cluster) {
+  int64_t n = 0;
+  for (const auto& s : cluster.servers) n += s->stats().counters.at("messages");
+  return n;
+}
+
+// --push-by-layer sends each layer's gradients as backward yields them, and sync training gives
+// the very bits of the step sent whole; with --accumulate 2 the layers go with the second
+// micro-batch, summed with the first's. 2 workers, 2 servers, Adam. A tower whose layers are all
+// under 64 KiB (Tower::kMinPartBytes) sends nothing early: as many messages as the whole push.
+// One of 4096 hidden units has two layers of 64 KiB and more, each sent early: more messages.
+TEST(SyncPipeline, PushByLayerGivesTheBitsOfTheWholePush) {
+  const data::ImageDataset train = test::MakeImages(48, kDataSeed);
+  const Datasets ds{&train, nullptr};
+  for (const bool wide : {false, true}) {
+    for (const int64_t accumulate : {1, 2}) {
+      SCOPED_TRACE(std::string(wide ? "hidden 8,4096" : "hidden 8,6") + ", accumulate " + std::to_string(accumulate));
+      test::Trace traces[2];
+      int64_t messages[2] = {0, 0};
+      for (const bool by_layer : {false, true}) {
+        auto cluster = ferry::test::LocalCluster::Start(2);
+        TrainerOptions o = BaseOptions(OptimizerType::kAdam, 0.01f, 6);
+        if (wide) o.hidden = {8, 4096};
+        o.batch = 4;
+        o.accumulate = accumulate;
+        o.push_by_layer = by_layer;
+        ClientOptions quiet;
+        quiet.heartbeat_timeout = std::chrono::milliseconds(0);  // the servers' message counts are the runs' own
+        const auto runs = test::RunWorkers(cluster, 2, o, ds, /*record=*/true, nullptr, {}, quiet);
+        ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
+        ASSERT_TRUE(runs[1].report.ok()) << runs[1].report.status();
+        EXPECT_EQ(runs[0].trace, runs[1].trace);
+        EXPECT_EQ(runs[0].report->progress.pushes_used, 6);
+        traces[by_layer ? 1 : 0] = runs[0].trace;
+        messages[by_layer ? 1 : 0] = ServerMessages(cluster);
+      }
+      ASSERT_EQ(traces[0].size(), 7u);  // steps 0..5 and the final parameters
+      for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[0][t], traces[1][t]) << "step " << t;
+      EXPECT_NE(traces[0][0], traces[0][6]);
+      if (wide) {
+        EXPECT_GT(messages[1], messages[0]);
+      } else {
+        EXPECT_EQ(messages[1], messages[0]);
+      }
+    }
+  }
+}
+
 // Every example is used once per epoch across the workers, whatever N, B and M: the epoch's
 // last step takes the rest of each shard (trainer.h). 41 examples over 2 workers of batch 4:
 // shards of 21 and 20, 5 steps an epoch, worker 0's last step holds 5 examples (kB + 1).

@@ -37,11 +37,11 @@ using PerRank = std::function<void(int rank, TrainerOptions& options, TrainHooks
 
 // Runs `num_workers` trainers with `options` (servers, rank and num_workers set here; then
 // `per_rank`, if any) on the CPU device against `cluster`, one thread each, and waits for all.
-// Progress lines go to `out`.
+// Progress lines go to `out`; the clients connect with `client_options`.
 inline std::vector<WorkerRun> RunWorkers(const ferry::test::LocalCluster& cluster, int num_workers,
                                          const TrainerOptions& options, const Datasets& data,
                                          bool record = false, std::FILE* out = nullptr,
-                                         const PerRank& per_rank = {}) {
+                                         const PerRank& per_rank = {}, const ClientOptions& client_options = {}) {
   std::vector<WorkerRun> runs(static_cast<size_t>(num_workers));
   std::vector<std::thread> threads;
   for (int rank = 0; rank < num_workers; ++rank) {
@@ -53,7 +53,7 @@ inline std::vector<WorkerRun> RunWorkers(const ferry::test::LocalCluster& cluste
       WorkerRun& run = runs[static_cast<size_t>(rank)];
       TrainHooks hooks = record ? Recorder(&run.trace) : TrainHooks{};
       if (per_rank) per_rank(rank, o, hooks);
-      auto client = cluster.Connect(rank, num_workers);
+      auto client = cluster.Connect(rank, num_workers, client_options);
       auto device = CreateCpuDevice();
       run.report = RunTraining(o, device.get(), client.get(), data, hooks, out);
     });

@@ -63,6 +63,14 @@ class Model {
   virtual Status ComputeGradients(int64_t first, int64_t rows, float scale, bool accumulate, double* loss_sum,
                                   int64_t* correct) = 0;
   virtual Status Push(ParamStore& store, int64_t step) = 0;
+  // --push-by-layer: set (store not null) before the step's last ComputeGradients, cleared
+  // (null) after it. That call sends each dense tensor's gradient as soon as backward yields it
+  // (ParamStore::PushPart, last layer first); the step's Push sends the rest. A model that cannot
+  // ignores it: its Push sends everything, with the same result.
+  virtual void PushDuringBackward(ParamStore* store, int64_t step) {
+    (void)store;
+    (void)step;
+  }
 
   // Reading the next batch's sparse rows ahead (the loop does so with --pipeline prefetch, async
   // and ssp): a model that holds two batches says so. During step t, after its Pull, the loop

@@ -24,6 +24,9 @@
 //                                    server's NaN/Inf check of a gradient against a plain read.
 //   opt/<optimizer>                  ps::ApplyUpdate on 16M elements, with `vs_stream` (triad)
 //                                    and `vs_axpy`.
+//   steps/pushpull/16MiB             what a 16 MiB push+pull does beside the transport (the
+//                                    server's check, update and reply, the client's copy), each
+//                                    step timed apart.
 //   codec/<format>/<n>               gradient compression (issue 17): encoding and decoding n
 //                                    floats (fp16, bf16, top-k at a ratio with error feedback),
 //                                    each timed beside a memcpy of the same float32 bytes in the
@@ -1402,6 +1405,60 @@ void BM_FirstTouch(benchmark::State& state) {
   state.counters["faults_per_call"] = timer.faults() / iterations;
 }
 
+// What a dense push+pull of `bytes` does beside the transport, step by step on one thread, each
+// timed apart in every iteration (ms per call): the server's NaN/Inf check of the gradient, its
+// SGD update, the reply (a fresh message frame per chunk, ChunkElems, and the values copied
+// into it, as the server's pull path does), and the client's copy of the reply into the caller's
+// buffer. Their sum against ps_proc/pushpull less raw_proc (RESULTS.md, "Where a 16 MiB push+pull
+// spends its time") says how much of Ferry's time beyond the transport these steps are.
+void BM_DenseSteps(benchmark::State& state, int64_t bytes) {
+  const size_t elems = static_cast<size_t>(bytes) / sizeof(float);
+  const size_t chunk = static_cast<size_t>(ChunkElems(static_cast<int64_t>(elems)));
+  OptimizerSpec opt;
+  opt.type = OptimizerType::kSgd;
+  opt.learning_rate = 0.01f;
+  std::vector<float> params(elems, 0.5f), grad(elems, 1e-3f), out(elems, 0.0f);
+  double check_s = 0, update_s = 0, reply_s = 0, copy_s = 0;
+  int64_t update = 1;
+  LoopTimer timer;
+  for (auto _ : state) {
+    timer.IterationStart();
+    const auto t0 = SteadyClock::now();
+    benchmark::DoNotOptimize(ps::FirstNonFinite(grad));
+    const auto t1 = SteadyClock::now();
+    ps::ApplyUpdate(opt, params.data(), grad.data(), nullptr, elems, elems, update++);
+    benchmark::ClobberMemory();
+    const auto t2 = SteadyClock::now();
+    std::vector<zmq::message_t> frames;
+    for (size_t at = 0; at < elems; at += chunk) {
+      const size_t n = std::min(chunk, elems - at);
+      frames.emplace_back(n * sizeof(float));
+      std::memcpy(frames.back().data(), params.data() + at, n * sizeof(float));
+    }
+    const auto t3 = SteadyClock::now();
+    size_t at = 0;
+    for (const zmq::message_t& f : frames) {
+      std::memcpy(out.data() + at, f.data(), f.size());
+      at += f.size() / sizeof(float);
+    }
+    benchmark::ClobberMemory();
+    const auto t4 = SteadyClock::now();
+    frames.clear();
+    timer.IterationEnd();
+    check_s += std::chrono::duration<double>(t1 - t0).count();
+    update_s += std::chrono::duration<double>(t2 - t1).count();
+    reply_s += std::chrono::duration<double>(t3 - t2).count();
+    copy_s += std::chrono::duration<double>(t4 - t3).count();
+  }
+  timer.Finish();
+  const double n = static_cast<double>(state.iterations());
+  state.counters["check_ms"] = 1e3 * check_s / n;
+  state.counters["update_ms"] = 1e3 * update_s / n;
+  state.counters["reply_ms"] = 1e3 * reply_s / n;
+  state.counters["client_copy_ms"] = 1e3 * copy_s / n;
+  state.counters["faults_per_call"] = timer.faults() / n;
+}
+
 #ifdef FERRY_BENCH_SODIUM
 // CURVE's crypto alone, on one core: what libzmq does to every message of a CURVE connection
 // (crypto_box_afternm with the connection's precomputed key, into a fresh buffer on the sending
@@ -1634,6 +1691,10 @@ void RegisterAll(Fixtures& f) {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
+  benchmark::RegisterBenchmark("steps/pushpull/16MiB", [](benchmark::State& st) { BM_DenseSteps(st, int64_t{16} << 20); })
+      ->Iterations(20)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
   // 6. gradient compression: the codecs beside memcpy, then push+pull per wire format
   for (size_t elems : {size_t{1} << 20, size_t{16} << 20}) {
     for (const WireCase& c : kWireCases) {

@@ -1691,7 +1691,8 @@ void RegisterAll(Fixtures& f) {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
-  benchmark::RegisterBenchmark("steps/pushpull/16MiB", [](benchmark::State& st) { BM_DenseSteps(st, int64_t{16} << 20); })
+  benchmark::RegisterBenchmark("steps/pushpull/16MiB",
+                               [](benchmark::State& st) { BM_DenseSteps(st, int64_t{16} << 20); })
       ->Iterations(20)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);

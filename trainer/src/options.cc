@@ -223,7 +223,8 @@ Status TrainerOptions::Validate() const {
   } else {
     if (servers.empty()) return InvalidArgumentError("--servers is required (or pass --local)");
     if (push_by_layer && pipeline == Pipeline::kNone) {
-      return InvalidArgumentError("--push-by-layer sends each layer with its pull ahead: it needs --pipeline exchange or prefetch, not none");
+      return InvalidArgumentError(
+          "--push-by-layer sends each layer with its pull ahead: it needs --pipeline exchange or prefetch, not none");
     }
     if (rank < 0 || rank >= num_workers) {
       return InvalidArgumentError("--rank " + std::to_string(rank) + " is outside [0, --num-workers " +

@@ -127,26 +127,29 @@ class ServerStore final : public ParamStore {
               std::span<const DenseOut> then_pull) override {
     const int64_t tag = any_sync_ ? progress_.step : step;
     const bool exchange = pull_ahead() > 0 && !then_pull.empty() && !dense.empty();
-    // The step's parts already sent (PushPart) begin its exchange; the rest goes here.
-    Part part = std::exchange(part_, Part());
-    if (part.open) {
+    if (part_.open) {
       Status bad;
-      if (part.step != step) {
-        bad = FailedPreconditionError("step " + std::to_string(part.step) + " was sent in part, and then its Push came for step " + std::to_string(step));
+      if (part_.step != step) {
+        bad = FailedPreconditionError("step " + std::to_string(part_.step) +
+                                      " was sent in part, and then its Push came for step " + std::to_string(step));
       } else if (!exchange) {
-        bad = InvalidArgumentError("the parts sent for step " + std::to_string(step) + " pull ahead: the Push must too (then_pull)");
+        bad = InvalidArgumentError("the parts sent for step " + std::to_string(step) +
+                                   " pull ahead: the Push must too (then_pull)");
       }
       if (!bad.ok()) {
-        for (const Handle& h : part.exchange.handles) (void)h.wait();
+        for (const Handle& h : std::exchange(part_, Part()).exchange.handles) (void)h.wait();
         return bad.WithContext("Push");
       }
     }
     if (exchange) {
+      // On failure here the parts stay in flight until Flush or the destructor waits for them.
       FERRY_RETURN_IF_ERROR(CheckPairs(dense, then_pull));
       // An exchange still writing into these buffers (a model that does not alternate them)
       // ends first.
       FERRY_RETURN_IF_ERROR(SettleExchanges(then_pull, INT64_MIN, [](const Served&, bool) {}));
     }
+    // The step's parts already sent (PushPart) begin its exchange; the rest goes here.
+    Part part = std::exchange(part_, Part());
     handles_.clear();
     sync_handle_.clear();
     Exchange e = std::move(part.exchange);
@@ -162,7 +165,9 @@ class ServerStore final : public ParamStore {
       }
       SendExchange(rest_in_, rest_out_, step, &e);
     } else {
-      ForEachGroup(dense, [&](std::span<const DenseIn> grads, bool sync) { Add(client_->PushDense(grads, sync ? tag : step), sync); });
+      ForEachGroup(dense, [&](std::span<const DenseIn> grads, bool sync) {
+        Add(client_->PushDense(grads, sync ? tag : step), sync);
+      });
     }
     // Prefetch: the sparse push travels with the exchange too, and ends with it (by the Pull of
     // step + 2); otherwise it is waited for here.

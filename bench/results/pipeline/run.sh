@@ -6,7 +6,8 @@
 # model on synthetic data (--steps 400, batch 256); 1 and 2 workers on one server. Every
 # configuration once per round, in a random order each round, ROUNDS rounds.
 # BLAS_THREADS (0: OpenBLAS's own, 2 here) goes to every trainer's --blas-threads; MODELS picks
-# the models (default "mlp ctr"; mlp_wide is the MLP with --hidden 256,1024), PIPELINES the modes (default "none exchange prefetch"), LOCAL=0
+# the models (default "mlp ctr"; mlp_wide is the MLP with --hidden 256,1024), PIPELINES the
+# modes (default "none exchange prefetch"), LOCAL=0
 # leaves out the --local runs; TRANSPORT=ipc binds the servers to ipc:// paths instead of tcp
 # loopback; FIRST_ROUND numbers the rounds from there (default 1); WORKERS the worker counts
 # (default "1 2"). A mode NAME_layers in PIPELINES is --pipeline NAME --push-by-layer.

@@ -96,12 +96,6 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, CtrSync, testing::Values(OptimizerType::kAd
 // embeddings' gradients (hidden 4096,16: the top two layers hold 256 KiB and go first, the first
 // layer then goes before the embeddings' backward, each part in messages of its own); sync
 // training gives the bits of the step sent whole.
-int64_t ServerMessages(const ferry::test::LocalCluster& cluster) {
-  int64_t n = 0;
-  for (const auto& s : cluster.servers) n += s->stats().counters.at("messages");
-  return n;
-}
-
 TEST(CtrSyncPipeline, PushByLayerGivesTheBitsOfTheWholePush) {
   TrainerOptions base = test::CtrOptions(OptimizerType::kAdam, 0.01f, 8);
   auto data = LoadCtrData(base);
@@ -122,7 +116,7 @@ TEST(CtrSyncPipeline, PushByLayerGivesTheBitsOfTheWholePush) {
     ASSERT_TRUE(worker[1].report.ok()) << worker[1].report.status();
     EXPECT_EQ(worker[0].trace, worker[1].trace);
     traces[by_layer ? 1 : 0] = worker[0].trace;
-    messages[by_layer ? 1 : 0] = ServerMessages(cluster);
+    messages[by_layer ? 1 : 0] = test::ServerMessages(cluster);
   }
   ASSERT_EQ(traces[0].size(), 9u);
   for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[0][t], traces[1][t]) << "step " << t;

@@ -166,8 +166,9 @@ TEST(Pipeline, AStepSentInPartsReadsWhatItReadsSentWhole) {
   for (Consistency c : {Consistency::kSync, Consistency::kAsync, Consistency::kSsp}) {
     for (Pipeline p : {Pipeline::kNone, Pipeline::kExchange, Pipeline::kPrefetch}) {
       if (c == Consistency::kSync && p == Pipeline::kPrefetch) continue;
-      const std::string label = std::string(c == Consistency::kSync ? "sync" : c == Consistency::kAsync ? "async" : "ssp") +
-                                (p == Pipeline::kNone ? " none" : p == Pipeline::kExchange ? " exchange" : " prefetch");
+      const std::string label =
+          std::string(c == Consistency::kSync ? "sync" : c == Consistency::kAsync ? "async" : "ssp") +
+          (p == Pipeline::kNone ? " none" : p == Pipeline::kExchange ? " exchange" : " prefetch");
       auto cluster = test::LocalCluster::Start(2, /*tcp=*/true);
       const Reads run = Drive(cluster, c, p, kSteps, /*parts=*/true);
       if (p == Pipeline::kPrefetch) {

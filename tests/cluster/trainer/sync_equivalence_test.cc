@@ -127,13 +127,6 @@ TEST(SyncPipeline, ExchangeGivesTheBitsOfSeparatePushAndPull) {
   EXPECT_NE(traces[0][0], traces[0][8]);
 }
 
-// Messages the cluster's servers received.
-int64_t ServerMessages(const ferry::test::LocalCluster& cluster) {
-  int64_t n = 0;
-  for (const auto& s : cluster.servers) n += s->stats().counters.at("messages");
-  return n;
-}
-
 // --push-by-layer sends each layer's gradients as backward yields them, and sync training gives
 // the very bits of the step sent whole; with --accumulate 2 the layers go with the second
 // micro-batch, summed with the first's. 2 workers, 2 servers, Adam. A tower whose layers are all
@@ -162,7 +155,7 @@ TEST(SyncPipeline, PushByLayerGivesTheBitsOfTheWholePush) {
         EXPECT_EQ(runs[0].trace, runs[1].trace);
         EXPECT_EQ(runs[0].report->progress.pushes_used, 6);
         traces[by_layer ? 1 : 0] = runs[0].trace;
-        messages[by_layer ? 1 : 0] = ServerMessages(cluster);
+        messages[by_layer ? 1 : 0] = test::ServerMessages(cluster);
       }
       ASSERT_EQ(traces[0].size(), 7u);  // steps 0..5 and the final parameters
       for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[0][t], traces[1][t]) << "step " << t;

@@ -62,6 +62,13 @@ inline std::vector<WorkerRun> RunWorkers(const ferry::test::LocalCluster& cluste
   return runs;
 }
 
+// Messages the cluster's servers received (heartbeats too: count with clients that send none).
+inline int64_t ServerMessages(const ferry::test::LocalCluster& cluster) {
+  int64_t n = 0;
+  for (const auto& s : cluster.servers) n += s->stats().counters.at("messages");
+  return n;
+}
+
 // A small deterministic image dataset: 4x4 "images", 4 classes, labels tied to the pixels so
 // there is something to learn. Values from SplitMix64 of `seed` (tests print it).
 inline data::ImageDataset MakeImages(int64_t count, uint64_t seed) {

@@ -181,6 +181,7 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
       {{"--local", "--pipeline", "overlap"}, "--pipeline"},
       {{"--servers", "tcp://a:1", "--pipeline", "none", "--push-by-layer"}, "--push-by-layer"},
       {{"--local", "--push-by-layer=yes"}, "--push-by-layer"},
+      {{"--servers", "tcp://a:1", "--num-workers", "2", "--straggler", "1:10ms", "--push-by-layer"}, "--straggler"},
       {{"--local", "--straggler", "1"}, "--straggler"},
       {{"--local", "--straggler", "0:fast"}, "--straggler"},
       {{"--local", "--straggler", "0:x0.5"}, "--straggler"},

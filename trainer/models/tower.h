@@ -96,45 +96,46 @@ struct Tower {
 
   // Layers not sent yet travel together once they hold this much, else with the layer below (or
   // the Push): every message costs each server it reaches a round of work beside its bytes, and
-  // a layer of a few KiB (the MLP's last, 128 x 10 floats) has little to hide.
+  // a layer of a few KiB (the MLP's last, 128 x 10 floats) has little to hide. It also spares the
+  // device a synchronization per small layer.
   static constexpr int64_t kMinPartBytes = int64_t{64} << 10;
 
   // Backward through the tower (Mlp::Backward), its gradients then summed into grads() as
-  // scale x the gradient (accumulate = false: overwriting). Without a store set by
-  // PushDuringBackward the copy to the host is enqueued and SumGrads() does the sum once the
-  // device synchronized. With one, each layer, as soon as backward wrote it, is copied and
-  // summed, and the layers not sent yet go (ParamStore::PushPart, with their pull ahead as Push
-  // does) once they hold kMinPartBytes, before the layer below is computed: the step's Push then
-  // sends only the rest.
+  // scale x the gradient (accumulate = false: overwriting). The copies to the host are enqueued
+  // and SumGrads() sums them once the device synchronized. With a store set by
+  // PushDuringBackward, each layer's copy is enqueued as soon as backward wrote it; once the
+  // layers not sent yet hold kMinPartBytes, the device is synchronized, they are summed and sent
+  // (ParamStore::PushPart, with their pull ahead as Push does) before the layer below is
+  // computed. SumGrads() then sums the rest, and the step's Push sends it.
   Status Backward(const float* x, const float* side, const float* dlogits, int64_t rows, float* dx, float scale,
                   bool accumulate) {
     scale_ = scale;
     accumulate_ = accumulate;
-    summed_ = early_ != nullptr;
+    unsummed_end_ = mlp->num_tensors();
     if (early_ == nullptr) {
       FERRY_RETURN_IF_ERROR(mlp->Backward(x, side, dlogits, rows, dx));
       return mlp->DownloadGrads();
     }
-    int unsent_end = mlp->num_tensors();  // tensors [first of the layers not sent, unsent_end)
+    // Tensors [first of the layers not sent, unsummed_end_) wait to be sent.
     return mlp->Backward(x, side, dlogits, rows, dx, [&](int l) -> Status {
       const auto [first, end] = mlp->layer_tensors(l);
       FERRY_RETURN_IF_ERROR(mlp->DownloadGrads(first, end));
+      if ((Offset(unsummed_end_) - mlp->tensor_offset(first)) * kF < kMinPartBytes) return Status::Ok();
       FERRY_RETURN_IF_ERROR(device_->Synchronize());
-      SumRange(first, end);
-      if ((Offset(unsent_end) - mlp->tensor_offset(first)) * kF < kMinPartBytes) return Status::Ok();
+      SumRange(first, unsummed_end_);
       const size_t ahead = static_cast<size_t>((early_step_ + early_->pull_ahead()) & 1);
       const auto tensors = [&, first = first](const auto& list) {
-        return std::span(list).subspan(static_cast<size_t>(first), static_cast<size_t>(unsent_end - first));
+        return std::span(list).subspan(static_cast<size_t>(first), static_cast<size_t>(unsummed_end_ - first));
       };
       FERRY_RETURN_IF_ERROR(early_->PushPart(tensors(sets_[cur_].pushes), early_step_, tensors(sets_[ahead].pulls)));
-      unsent_end = first;
+      unsummed_end_ = first;
       return Status::Ok();
     });
   }
-  // After the device synchronized: sums what Backward copied, unless it already did.
+  // After the device synchronized: sums what Backward copied and did not sum itself.
   void SumGrads() {
-    if (!summed_) SumRange(0, mlp->num_tensors());
-    summed_ = true;
+    if (unsummed_end_ > 0) SumRange(0, unsummed_end_);
+    unsummed_end_ = 0;
   }
 
   std::span<const float> params() const {
@@ -163,7 +164,8 @@ struct Tower {
   ParamStore* early_ = nullptr;  // PushDuringBackward
   int64_t early_step_ = 0;
   float scale_ = 1;
-  bool accumulate_ = false, summed_ = true;
+  bool accumulate_ = false;
+  int unsummed_end_ = 0;  // tensors [0, unsummed_end_) of the last Backward are not summed yet
 };
 
 // Examples at once: one evaluation batch, or a step's kB (and one more for an epoch's last step on a larger

@@ -165,8 +165,9 @@ optimizer: --optimizer sgd|momentum|adagrad|adam|ftrl (sgd)  --lr X (0.1)
            step's parameters in one round trip that travels while the next batch loads; prefetch
            (async / ssp only): use those parameters a step later, so the round trip overlaps a
            whole step's compute (one step more of staleness)
-           --push-by-layer: with exchange or prefetch, send each layer's gradients (and pull its
-           next parameters) as soon as backward yields them, while it computes the layers below
+           --push-by-layer: with exchange or prefetch, send the layers' gradients (and pull their
+           next parameters) as backward yields them, while it computes the layers below (layers
+           under 64 KiB go with the next); off by default: it pays when compute leaves a core free
 data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-limit N  --test-limit N
   mlp:     --data-dir DIR (/usr/share/datasets/fashion-mnist)
   ctr:     synthetic: --ctr-train N (1000000)  --ctr-test N (20000)  --ctr-fields F (8)
@@ -222,6 +223,11 @@ Status TrainerOptions::Validate() const {
     if (num_workers != 1 || rank != 0) return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
   } else {
     if (servers.empty()) return InvalidArgumentError("--servers is required (or pass --local)");
+    if (push_by_layer && straggler_rank >= 0) {
+      return InvalidArgumentError(
+          "--straggler delays a worker after its backward, and --push-by-layer has sent its layers by then: "
+          "use one or the other");
+    }
     if (push_by_layer && pipeline == Pipeline::kNone) {
       return InvalidArgumentError(
           "--push-by-layer sends each layer with its pull ahead: it needs --pipeline exchange or prefetch, not none");

@@ -119,6 +119,7 @@ class ServerStore final : public ParamStore {
     }
     SendExchange(dense, then_pull, step, &part_.exchange);
     for (const DenseIn& d : dense) part_.sent.push_back(d.data.data());
+    for (const DenseOut& d : then_pull) part_.pulls.push_back(d.data.data());
     PullingAhead(then_pull, part_.exchange.step);
     return Status::Ok();
   }
@@ -136,8 +137,21 @@ class ServerStore final : public ParamStore {
         bad = InvalidArgumentError("the parts sent for step " + std::to_string(step) +
                                    " pull ahead: the Push must too (then_pull)");
       }
+      if (bad.ok()) {
+        // Every part must be among the tables pushed, in the buffers it was sent from: else the
+        // Push would send it again.
+        size_t named = 0;
+        for (const DenseIn& d : dense) {
+          named += std::find(part_.sent.begin(), part_.sent.end(), d.data.data()) != part_.sent.end() ? 1 : 0;
+        }
+        if (named != part_.sent.size()) {
+          bad = InvalidArgumentError("the Push of step " + std::to_string(step) + " names " + std::to_string(named) +
+                                     " of the " + std::to_string(part_.sent.size()) +
+                                     " tables its parts sent (in the buffers they were sent from)");
+        }
+      }
       if (!bad.ok()) {
-        for (const Handle& h : std::exchange(part_, Part()).exchange.handles) (void)h.wait();
+        DropPart();
         return bad.WithContext("Push");
       }
     }
@@ -213,7 +227,7 @@ class ServerStore final : public ParamStore {
   Status Flush() override {
     // A step sent in part whose Push never came (its caller failed mid-step): its requests end
     // here, and what they pulled is not used.
-    for (const Handle& h : std::exchange(part_, Part()).exchange.handles) (void)h.wait();
+    DropPart();
     Status first = SettleExchanges({}, INT64_MAX, [&](const Served& s, bool) {
       progress_.pull_wait_s += std::chrono::duration<double>(s.held).count();
     });
@@ -300,7 +314,18 @@ class ServerStore final : public ParamStore {
     int64_t step = 0;                 // the loop step
     Exchange exchange;                // its requests so far
     std::vector<const float*> sent;   // the gradient buffers sent
+    std::vector<const float*> pulls;  // the buffers they pull into
   };
+
+  // Ends a step sent in part whose Push will not send it: waits for its requests, and forgets
+  // what they pulled (nothing takes it).
+  void DropPart() {
+    Part part = std::exchange(part_, Part());
+    for (const Handle& h : part.exchange.handles) (void)h.wait();
+    std::erase_if(ahead_, [&](const Ahead& a) {
+      return a.step == part.exchange.step && std::find(part.pulls.begin(), part.pulls.end(), a.data) != part.pulls.end();
+    });
+  }
 
   // Sends `dense` with their pull ahead (`then_pull`, the same tables) into `e`: one
   // PushPullDense per group of one kind.

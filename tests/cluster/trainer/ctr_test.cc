@@ -215,6 +215,35 @@ TEST(CtrTraining, AsyncClusterLearnsAndWritesMetrics) {
   EXPECT_EQ(ends, 1);
 }
 
+// The ctr model under --pipeline prefetch with --push-by-layer: its rows read ahead, the tower's
+// parts, and the sparse push travelling in the exchange the parts began. One async worker is
+// deterministic: the bits of the whole push.
+TEST(CtrAsyncPipeline, PrefetchPushByLayerGivesOneWorkerTheBitsOfTheWholePush) {
+  TrainerOptions base = AsyncCtr();
+  base.steps = 10;
+  base.batch = 16;
+  base.ctr_train = 2000;
+  base.ctr_test = 64;
+  base.hidden = {4096, 16};
+  base.pipeline = Pipeline::kPrefetch;
+  auto data = LoadCtrData(base);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const Datasets ds{nullptr, nullptr, &*data};
+  test::Trace traces[2];
+  for (const bool by_layer : {false, true}) {
+    auto cluster = ferry::test::LocalCluster::Start(2);
+    TrainerOptions o = base;
+    o.push_by_layer = by_layer;
+    const auto worker = test::RunWorkers(cluster, 1, o, ds, /*record=*/true);
+    ASSERT_TRUE(worker[0].report.ok()) << worker[0].report.status();
+    EXPECT_EQ(worker[0].report->progress.pushes_used, 10);
+    traces[by_layer ? 1 : 0] = worker[0].trace;
+  }
+  ASSERT_EQ(traces[0].size(), 11u);
+  for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[0][t], traces[1][t]) << "step " << t;
+  EXPECT_GT(MaxRel(traces[0].back(), traces[0].front()), 1e-3) << "the parameters did not move";
+}
+
 // --pipeline prefetch: each step's batch is loaded a step ahead and its rows read while the
 // step before computes and pushes (one step more of staleness, async): the model still learns.
 TEST(CtrTraining, AsyncPrefetchReadsRowsAheadAndLearns) {

@@ -221,7 +221,42 @@ TEST(Pipeline, PushPartMisuseIsRefused) {
   s = store->Push(buf.Ins(1), {}, 1);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("the Push must too"), std::string::npos) << s;
+  // A Push from other buffers than its parts' would send them again.
+  ASSERT_TRUE(store->PushPart(b_in(1), 1, b_out(0)).ok());
+  s = store->Push(buf.Ins(0), {}, 1, buf.Outs(0));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("names 0 of the 1 tables its parts sent"), std::string::npos) << s;
+  // A Push whose then_pull is wrong leaves its parts in flight; Flush ends them.
+  ASSERT_TRUE(store->PushPart(b_in(1), 1, b_out(0)).ok());
+  const auto outs = buf.Outs(0);
+  const std::vector<DenseOut> swapped = {outs[1], outs[0]};
+  s = store->Push(buf.Ins(1), {}, 1, swapped);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("does not match the pushed 'w'"), std::string::npos) << s;
   ASSERT_TRUE(store->Flush().ok());
+  EXPECT_TRUE(store->Pull(buf.Outs(0), {}, 2).ok());
+}
+
+// A part the servers refuse (a NaN in w) is reported by the next Pull, as a whole exchange's
+// failure is, naming the step; the Push that sent the rest returned OK.
+TEST(Pipeline, ARefusedPartIsReportedByTheNextPull) {
+  auto cluster = test::LocalCluster::Start(1, /*tcp=*/true);
+  auto client = cluster.Connect(0, 1);
+  auto store = CreateServerStore(client.get(), Pipeline::kExchange);
+  ASSERT_TRUE(store->Declare(Tables(Consistency::kAsync)).ok());
+  Buffers buf;
+  ASSERT_TRUE(store->Pull(buf.Outs(0), {}, 0).ok());
+  buf.grads[0][0].assign(kW, 0.5f);
+  buf.grads[0][0][777] = std::numeric_limits<float>::quiet_NaN();
+  const auto ins = buf.Ins(0);
+  const auto ahead = buf.Outs(1);
+  ASSERT_TRUE(store->PushPart(std::span(ins).first(1), 0, std::span(ahead).first(1)).ok());
+  ASSERT_TRUE(store->Push(ins, {}, 0, ahead).ok());
+  const Status s = store->Pull(buf.Outs(1), {}, 1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("push at step 0"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("NaN"), std::string::npos) << s;
+  EXPECT_EQ(store->progress().pushes_used, 0);
 }
 
 TEST(Pipeline, PrefetchRefusesSyncTables) {

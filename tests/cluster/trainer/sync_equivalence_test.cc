@@ -169,6 +169,39 @@ TEST(SyncPipeline, PushByLayerGivesTheBitsOfTheWholePush) {
   }
 }
 
+// One async worker is deterministic too: --push-by-layer gives it the bits of the whole push,
+// with exchange and with prefetch (where the layers' pulls ahead go into the set the step is
+// computing with, for the step after next). Hidden 8,4096: two parts a step.
+TEST(AsyncPipeline, PushByLayerGivesOneWorkerTheBitsOfTheWholePush) {
+  const data::ImageDataset train = test::MakeImages(48, kDataSeed);
+  const Datasets ds{&train, nullptr};
+  for (const Pipeline pipeline : {Pipeline::kExchange, Pipeline::kPrefetch}) {
+    SCOPED_TRACE(pipeline == Pipeline::kExchange ? "exchange" : "prefetch");
+    test::Trace traces[2];
+    int64_t messages[2] = {0, 0};
+    for (const bool by_layer : {false, true}) {
+      auto cluster = ferry::test::LocalCluster::Start(2);
+      TrainerOptions o = BaseOptions(OptimizerType::kAdam, 0.01f, 8);
+      o.consistency = Consistency::kAsync;
+      o.pipeline = pipeline;
+      o.hidden = {8, 4096};
+      o.batch = 4;
+      o.push_by_layer = by_layer;
+      ClientOptions quiet;
+      quiet.heartbeat_timeout = std::chrono::milliseconds(0);
+      const auto runs = test::RunWorkers(cluster, 1, o, ds, /*record=*/true, nullptr, {}, quiet);
+      ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
+      EXPECT_EQ(runs[0].report->progress.pushes_used, 8);
+      traces[by_layer ? 1 : 0] = runs[0].trace;
+      messages[by_layer ? 1 : 0] = test::ServerMessages(cluster);
+    }
+    ASSERT_EQ(traces[0].size(), 9u);
+    for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[0][t], traces[1][t]) << "step " << t;
+    EXPECT_NE(traces[0][0], traces[0][8]);
+    EXPECT_GT(messages[1], messages[0]);
+  }
+}
+
 // Every example is used once per epoch across the workers, whatever N, B and M: the epoch's
 // last step takes the rest of each shard (trainer.h). 41 examples over 2 workers of batch 4:
 // shards of 21 and 20, 5 steps an epoch, worker 0's last step holds 5 examples (kB + 1).

@@ -64,9 +64,10 @@ class Model {
                                   int64_t* correct) = 0;
   virtual Status Push(ParamStore& store, int64_t step) = 0;
   // --push-by-layer: set (store not null) before the step's last ComputeGradients, cleared
-  // (null) after it. That call sends each dense tensor's gradient as soon as backward yields it
-  // (ParamStore::PushPart, last layer first); the step's Push sends the rest. A model that cannot
-  // ignores it: its Push sends everything, with the same result.
+  // (null) after it. That call sends the dense gradients layer by layer as backward yields them
+  // (ParamStore::PushPart, last layer first; layers under 64 KiB wait to go with the next); the
+  // step's Push sends the rest. A model that cannot ignores it: its Push sends everything, with
+  // the same result.
   virtual void PushDuringBackward(ParamStore* store, int64_t step) {
     (void)store;
     (void)step;

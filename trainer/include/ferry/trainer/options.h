@@ -81,8 +81,10 @@ struct TrainerOptions {
   int backup_workers = 0;    // --backup-workers K (sync): each step aggregates M - K gradients
   int64_t accumulate = 1;    // --accumulate k: k micro-batches of --batch per push
   Pipeline pipeline = Pipeline::kExchange;  // --pipeline none|exchange|prefetch (param_store.h)
-  // --push-by-layer: the step's last micro-batch sends each layer's gradients as backward yields
-  // them (Model::PushDuringBackward, ParamStore::PushPart). No effect with --local.
+  // --push-by-layer: the step's last micro-batch sends the layers' gradients as backward yields
+  // them (Model::PushDuringBackward, ParamStore::PushPart; layers under 64 KiB wait to go with
+  // the next). With --local nothing is sent early (LocalStore applies the step at Push): the
+  // same result, by the same sums. Refused with --straggler and --pipeline none.
   bool push_by_layer = false;
   // --blas-threads N: threads of the CPU GEMM (OpenBLAS); 0 keeps OpenBLAS's own count (its
   // OPENBLAS_NUM_THREADS, else the cores). The count used is recorded in the metrics; sync runs

@@ -86,12 +86,13 @@ class ParamStore {
   // step + pull_ahead() (or Flush) returns; a later Pull reports its failure.
   virtual Status Push(std::span<const DenseIn> dense, std::span<const SparseIn> sparse, int64_t step,
                       std::span<const DenseOut> then_pull = {}) = 0;
-  // Sends part of `step`'s dense gradients ahead of its Push (--push-by-layer: a layer's, as
-  // soon as backward yields it), each pulling ahead as the Push's `then_pull` would (the same
-  // tables, in order); returns once sent. The Push of `step` then names every table as usual and
-  // sends only those no part sent; the parts and the Push are one push of the step (counted
-  // once), ended and reported as the Push's exchange is. A table goes in one part at most; no
-  // Pull may come between a step's parts and its Push. Stores that do not pull ahead
+  // Sends part of `step`'s dense gradients ahead of its Push (--push-by-layer: layers as
+  // backward yields them), each pulling ahead as the Push's `then_pull` would (the same tables,
+  // in order); returns once sent. The Push of `step` then names every table as usual, in the
+  // buffers the parts were sent from, and sends only those no part sent; the parts and the Push
+  // are one push of the step (counted once), ended and reported as the Push's exchange is. A
+  // table goes in one part at most; no Pull may come between a step's parts and its Push; a
+  // refused Push ends its parts (what they sent is applied). Stores that do not pull ahead
   // (pull_ahead() == 0) send nothing here: their Push sends it all.
   virtual Status PushPart(std::span<const DenseIn> dense, int64_t step, std::span<const DenseOut> then_pull) {
     (void)dense;

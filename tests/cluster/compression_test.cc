@@ -244,9 +244,17 @@ TEST(Compression, TheServerRefusesForgedCompressedFrames) {
                  "slice 0 (top-k pairs) frame has 24 bytes, the header's count says 16");
   expect_refused(send(wire::Kind::PushDense, "tk", n, {std::vector<unsigned char>(n * 4)}),
                  "frame has 400 bytes, the header's count says 16");
+  // A bad top-k frame is logged as other malformed messages are, naming the peer (after the
+  // server's one-line-a-second log limit let the refusals above through).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  testing::internal::CaptureStderr();
   expect_refused(send(wire::Kind::PushDense, "tk", n, {topk({5, 100}, {1, 1})}),
                  "table 'tk' chunk 0 from worker 1, nothing of the push applied: top-k pair 1 has index 100, past the "
                  "chunk's 100 elements");
+  const std::string logged = testing::internal::GetCapturedStderr();
+  EXPECT_NE(logged.find("refused a message from an in-process peer: table 'tk' chunk 0 from worker 1"),
+            std::string::npos)
+      << logged;
   expect_refused(send(wire::Kind::PushDense, "tk", n, {topk({5, 5}, {1, 1})}), "indices must be strictly increasing");
   expect_refused(send(wire::Kind::PushDense, "tk", n, {topk({9, 4}, {1, 1})}), "indices must be strictly increasing");
   expect_refused(send(wire::Kind::PushDense, "tk", n, {topk({1, 4}, {1, NAN})}), "holds NaN or Inf");

@@ -640,10 +640,13 @@ class ServerImpl final : public Server {
       if (t.spec.topk_ratio > 0.0f) {
         Status s = wire::DecodeTopK(t.spec.wire, t.spec.topk_ratio, req.payload[i].data(), req.payload[i].size(), n, out);
         if (!s.ok()) {
+          // A malformed message, as HandleMessage treats one: counted, logged naming the peer.
           Count(kBadMessages);
-          return s.WithContext("table '" + t.spec.name + "' chunk " +
-                               std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()) + " from worker " +
-                               std::to_string(rank) + ", nothing of the push applied");
+          s = s.WithContext("table '" + t.spec.name + "' chunk " +
+                            std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()) + " from worker " +
+                            std::to_string(rank) + ", nothing of the push applied");
+          LogRateLimited("refused a message from " + connections_.PeerOf(req.fd) + ": " + s.message());
+          return s;
         }
       } else {
         wire::DecodeValues(t.spec.wire, req.payload[i].data(), n, out);

@@ -33,9 +33,7 @@ int64_t Messages(const LocalCluster& c, size_t server) { return c.servers[server
 // push and one pull reach each server as one message, and every position gets its id's row.
 TEST(SparseTables, EveryTableOfACallTravelsInOneMessagePerServer) {
   auto c = LocalCluster::Start(2);
-  ClientOptions quiet;
-  quiet.heartbeat_timeout = 0ms;  // no heartbeats: the servers' message counts are the test's own
-  auto w = c.Connect(0, 1, quiet);
+  auto w = c.Connect(0, 1, test::NoHeartbeats());  // the servers' message counts are the test's own
   const std::vector<TableSpec> specs = {SgdSparseTable("a", 2), SgdSparseTable("b", 3), SgdSparseTable("c", 5)};
   for (const auto& s : specs) ASSERT_TRUE(w->Declare(s).ok());
   std::vector<std::vector<int64_t>> ids = {{1, 2, 3, 2, 1, 40}, {2, 7, 7, 8, 9, 10, 11}, {5, 6, 5, 5}};

@@ -2,6 +2,7 @@
 // loopback) sharing one Context, and one client per worker.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,13 @@ TableSpec SgdTable(const std::string& name, int64_t n, Consistency consistency);
 // A sparse table of rows of `dim` floats from zeros, SGD with learning rate 1 (after pushes g, a
 // row is -sum(g)), of the given consistency.
 TableSpec SgdSparseTable(const std::string& name, int64_t dim, Consistency consistency = Consistency::kAsync);
+
+// Client options with no heartbeats: a test that counts the servers' messages counts only its own.
+inline ClientOptions NoHeartbeats() {
+  ClientOptions o;
+  o.heartbeat_timeout = std::chrono::milliseconds(0);
+  return o;
+}
 
 struct LocalCluster {
   // Starts `num_servers` servers; endpoints are unique per cluster. `tcp` binds 127.0.0.1:0.

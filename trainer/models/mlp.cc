@@ -37,6 +37,7 @@ Mlp::Mlp(Device* device, MlpConfig config, int64_t max_rows)
     if (l == 0 && config_.side_input > 0) ws_ = add("w0s", config_.side_input * out);
     b_.push_back(add(TensorName('b', l), out));
   }
+  offsets_.push_back(num_params_);  // tensor_offset(num_tensors()): the end
 }
 
 StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Device* device, MlpConfig config, int64_t max_rows) {
@@ -104,8 +105,7 @@ Status Mlp::DownloadGrads() { return DownloadGrads(0, num_tensors()); }
 Status Mlp::DownloadGrads(int first, int end) {
   if (first < 0 || end > num_tensors() || first >= end) return InvalidArgumentError("Mlp: no tensors to download");
   const int64_t at = tensor_offset(first);
-  const int64_t n = (end == num_tensors() ? num_params_ : tensor_offset(end)) - at;
-  return device_->CopyToHost(grads_host_.as<float>() + at, dev_grad(first), n * int64_t{sizeof(float)});
+  return device_->CopyToHost(grads_host_.as<float>() + at, dev_grad(first), (tensor_offset(end) - at) * int64_t{sizeof(float)});
 }
 
 Status Mlp::Forward(const float* x, const float* side, int64_t rows) {

@@ -52,6 +52,7 @@ class Mlp {
   const MlpConfig& config() const { return config_; }
   int num_tensors() const { return static_cast<int>(names_.size()); }
   const std::string& tensor_name(int i) const { return names_[static_cast<size_t>(i)]; }
+  // Where tensor i begins in the flat parameters; tensor_offset(num_tensors()) == num_params().
   int64_t tensor_offset(int i) const { return offsets_[static_cast<size_t>(i)]; }
   int64_t tensor_size(int i) const { return sizes_[static_cast<size_t>(i)]; }
   int64_t num_params() const { return num_params_; }

@@ -120,7 +120,7 @@ struct Tower {
     return mlp->Backward(x, side, dlogits, rows, dx, [&](int l) -> Status {
       const auto [first, end] = mlp->layer_tensors(l);
       FERRY_RETURN_IF_ERROR(mlp->DownloadGrads(first, end));
-      if ((Offset(unsummed_end_) - mlp->tensor_offset(first)) * kF < kMinPartBytes) return Status::Ok();
+      if ((mlp->tensor_offset(unsummed_end_) - mlp->tensor_offset(first)) * kF < kMinPartBytes) return Status::Ok();
       FERRY_RETURN_IF_ERROR(device_->Synchronize());
       SumRange(first, unsummed_end_);
       const size_t ahead = static_cast<size_t>((early_step_ + early_->pull_ahead()) & 1);
@@ -150,11 +150,9 @@ struct Tower {
     std::vector<DenseOut> pulls;  // names point into specs
     std::vector<DenseIn> pushes;
   };
-  // Where tensor i begins in the flat parameters (num_params() for i == num_tensors()).
-  int64_t Offset(int i) const { return i == mlp->num_tensors() ? mlp->num_params() : mlp->tensor_offset(i); }
   // grads()[tensors first..end) (+)= scale_ x the host copy of their gradients.
   void SumRange(int first, int end) {
-    const size_t at = static_cast<size_t>(Offset(first)), stop = static_cast<size_t>(Offset(end));
+    const size_t at = static_cast<size_t>(mlp->tensor_offset(first)), stop = static_cast<size_t>(mlp->tensor_offset(end));
     Accumulate(grads().subspan(at, stop - at), mlp->host_grads().subspan(at, stop - at), scale_, accumulate_);
   }
 

@@ -22,7 +22,7 @@ class ServerStore final : public ParamStore {
     for (Exchange& e : exchanges_) {
       for (const Handle& h : e.handles) (void)h.wait();
     }
-    for (const Handle& h : part_.exchange.handles) (void)h.wait();
+    DropPart();
     DropSparseAhead();
   }
 
@@ -42,7 +42,7 @@ class ServerStore final : public ParamStore {
   }
 
   Status Pull(std::span<const DenseOut> dense, std::span<const SparseOut> sparse, int64_t step) override {
-    if (part_.open) {
+    if (part_.open()) {
       return FailedPreconditionError("Pull at step " + std::to_string(step) + ": step " + std::to_string(part_.step) +
                                      "'s push was sent in part (PushPart) and its Push has not come");
     }
@@ -100,19 +100,18 @@ class ServerStore final : public ParamStore {
   Status PushPart(std::span<const DenseIn> dense, int64_t step, std::span<const DenseOut> then_pull) override {
     if (pull_ahead() == 0 || dense.empty()) return Status::Ok();
     FERRY_RETURN_IF_ERROR(CheckPairs(dense, then_pull).WithContext("PushPart"));
-    if (part_.open && part_.step != step) {
+    if (part_.open() && part_.step != step) {
       return FailedPreconditionError("PushPart at step " + std::to_string(step) + ": step " +
                                      std::to_string(part_.step) + "'s parts are still waiting for its Push");
     }
     for (const DenseIn& d : dense) {
-      if (std::find(part_.sent.begin(), part_.sent.end(), d.data.data()) != part_.sent.end()) {
+      if (part_.Sent(d)) {
         return InvalidArgumentError("PushPart: table '" + std::string(d.table) + "' was already sent for step " +
                                     std::to_string(step));
       }
     }
     FERRY_RETURN_IF_ERROR(SettleExchanges(then_pull, INT64_MIN, [](const Served&, bool) {}));
-    if (!part_.open) {
-      part_.open = true;
+    if (!part_.open()) {
       part_.step = step;
       part_.exchange.step = step + pull_ahead();
       part_.exchange.tag = any_sync_ ? progress_.step : step;
@@ -128,7 +127,7 @@ class ServerStore final : public ParamStore {
               std::span<const DenseOut> then_pull) override {
     const int64_t tag = any_sync_ ? progress_.step : step;
     const bool exchange = pull_ahead() > 0 && !then_pull.empty() && !dense.empty();
-    if (part_.open) {
+    if (part_.open()) {
       Status bad;
       if (part_.step != step) {
         bad = FailedPreconditionError("step " + std::to_string(part_.step) +
@@ -142,7 +141,7 @@ class ServerStore final : public ParamStore {
         // Push would send it again.
         size_t named = 0;
         for (const DenseIn& d : dense) {
-          named += std::find(part_.sent.begin(), part_.sent.end(), d.data.data()) != part_.sent.end() ? 1 : 0;
+          named += part_.Sent(d) ? 1 : 0;
         }
         if (named != part_.sent.size()) {
           bad = InvalidArgumentError("the Push of step " + std::to_string(step) + " names " + std::to_string(named) +
@@ -173,7 +172,7 @@ class ServerStore final : public ParamStore {
       rest_in_.clear();
       rest_out_.clear();
       for (size_t i = 0; i < dense.size(); ++i) {
-        if (std::find(part.sent.begin(), part.sent.end(), dense[i].data.data()) != part.sent.end()) continue;
+        if (part.Sent(dense[i])) continue;
         rest_in_.push_back(dense[i]);
         rest_out_.push_back(then_pull[i]);
       }
@@ -310,11 +309,12 @@ class ServerStore final : public ParamStore {
 
   // A step's push sent in part (PushPart), waiting for its Push.
   struct Part {
-    bool open = false;
     int64_t step = 0;                 // the loop step
     Exchange exchange;                // its requests so far
-    std::vector<const float*> sent;   // the gradient buffers sent
+    std::vector<const float*> sent;   // the gradient buffers sent (none: no part open)
     std::vector<const float*> pulls;  // the buffers they pull into
+    bool open() const { return !sent.empty(); }
+    bool Sent(const DenseIn& d) const { return std::find(sent.begin(), sent.end(), d.data.data()) != sent.end(); }
   };
 
   // Ends a step sent in part whose Push will not send it: waits for its requests, and forgets

@@ -900,7 +900,7 @@ class ClientImpl final : public Client {
     // Someone must read the reply: a caller driving the sockets does; otherwise the I/O thread,
     // which is told to watch them if it does not (the caller may wait at once, and drive, or
     // not; the I/O thread wakes while the request travels).
-    if (!driving_.load() && !io_watching_.load() && !io_told_.exchange(true)) waker_.Notify();
+    if (!driving_.load()) TellIoThread();
   }
 
   // Sends one request on the calling thread, and records it in flight (or completes it with the
@@ -923,6 +923,11 @@ class ClientImpl final : public Client {
     // A send may have consumed the socket's signal that replies wait (ZMQ_FD is edge-like):
     // read them now (this one's too, if it is already back), or no poll would wake for them.
     Pump(server);
+  }
+
+  // Tells the I/O thread to watch the sockets, unless it does or was told since it last looked.
+  void TellIoThread() {
+    if (!io_watching_.load() && !io_told_.exchange(true)) waker_.Notify();
   }
 
   // Completes one request and frees its slot. A caller driving the sockets is told when another
@@ -971,7 +976,7 @@ class ClientImpl final : public Client {
     driving_.store(false);
     // Replies for other operations are the I/O thread's again: it watches the sockets. (If it
     // saw this caller driving, it stored io_watching_ false before it looked: seen here.)
-    if (!io_watching_.load() && (!in_flight_.empty() || more_) && !io_told_.exchange(true)) waker_.Notify();
+    if (!in_flight_.empty() || more_) TellIoThread();
   }
 
  private:

@@ -109,9 +109,7 @@ TEST(CtrSyncPipeline, PushByLayerGivesTheBitsOfTheWholePush) {
     auto cluster = ferry::test::LocalCluster::Start(2);
     TrainerOptions o = base;
     o.push_by_layer = by_layer;
-    ClientOptions quiet;
-    quiet.heartbeat_timeout = std::chrono::milliseconds(0);  // the servers' message counts are the runs' own
-    const auto worker = test::RunWorkers(cluster, 2, o, ds, /*record=*/true, nullptr, {}, quiet);
+    const auto worker = test::RunWorkers(cluster, 2, o, ds, /*record=*/true, nullptr, {}, ferry::test::NoHeartbeats());
     ASSERT_TRUE(worker[0].report.ok()) << worker[0].report.status();
     ASSERT_TRUE(worker[1].report.ok()) << worker[1].report.status();
     EXPECT_EQ(worker[0].trace, worker[1].trace);

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,21 @@ Reads Drive(const test::LocalCluster& cluster, Consistency c, Pipeline pipeline,
   return run;
 }
 
+// One worker's exchange store on one fresh server, the async tables declared (`declared`).
+struct Rig {
+  test::LocalCluster cluster;
+  std::unique_ptr<Client> client;
+  std::unique_ptr<ParamStore> store;
+  Status declared;
+};
+Rig StartRig(bool tcp) {
+  Rig rig{test::LocalCluster::Start(1, tcp), nullptr, nullptr, Status::Ok()};
+  rig.client = rig.cluster.Connect(0, 1);
+  rig.store = CreateServerStore(rig.client.get(), Pipeline::kExchange);
+  rig.declared = rig.store->Declare(Tables(Consistency::kAsync));
+  return rig;
+}
+
 // Pull(t) must have read the tables after the gradients of steps [0, n(t)).
 void ExpectReads(const Reads& run, const std::function<int64_t(int64_t)>& n, const std::string& what) {
   for (size_t t = 0; t < run.w_read.size(); ++t) {
@@ -194,10 +210,9 @@ TEST(Pipeline, AStepSentInPartsReadsWhatItReadsSentWhole) {
 // step's parts and its Push, a Push for another step, a Push that does not pull ahead after
 // parts that did. A refused Push has waited for its parts: the store still works.
 TEST(Pipeline, PushPartMisuseIsRefused) {
-  auto cluster = test::LocalCluster::Start(1);
-  auto client = cluster.Connect(0, 1);
-  auto store = CreateServerStore(client.get(), Pipeline::kExchange);
-  ASSERT_TRUE(store->Declare(Tables(Consistency::kAsync)).ok());
+  Rig rig = StartRig(/*tcp=*/false);
+  ASSERT_TRUE(rig.declared.ok()) << rig.declared;
+  auto& store = rig.store;
   Buffers buf;
   const auto b_in = [&](int64_t t) { return std::vector<DenseIn>{buf.Ins(t)[1]}; };
   const auto b_out = [&](int64_t t) { return std::vector<DenseOut>{buf.Outs(t)[1]}; };
@@ -240,10 +255,9 @@ TEST(Pipeline, PushPartMisuseIsRefused) {
 // A part the servers refuse (a NaN in w) is reported by the next Pull, as a whole exchange's
 // failure is, naming the step; the Push that sent the rest returned OK.
 TEST(Pipeline, ARefusedPartIsReportedByTheNextPull) {
-  auto cluster = test::LocalCluster::Start(1, /*tcp=*/true);
-  auto client = cluster.Connect(0, 1);
-  auto store = CreateServerStore(client.get(), Pipeline::kExchange);
-  ASSERT_TRUE(store->Declare(Tables(Consistency::kAsync)).ok());
+  Rig rig = StartRig(/*tcp=*/true);
+  ASSERT_TRUE(rig.declared.ok()) << rig.declared;
+  auto& store = rig.store;
   Buffers buf;
   ASSERT_TRUE(store->Pull(buf.Outs(0), {}, 0).ok());
   buf.grads[0][0].assign(kW, 0.5f);
@@ -273,10 +287,9 @@ TEST(Pipeline, PrefetchRefusesSyncTables) {
 // has returned, so the next Pull reports it, naming the step; nothing of it was applied (one
 // server: each server checks its own message whole).
 TEST(Pipeline, TheNextPullReportsAFailedExchange) {
-  auto cluster = test::LocalCluster::Start(1, /*tcp=*/true);  // one message: refused whole
-  auto client = cluster.Connect(0, 1);
-  auto store = CreateServerStore(client.get(), Pipeline::kExchange);
-  ASSERT_TRUE(store->Declare(Tables(Consistency::kAsync)).ok());
+  Rig rig = StartRig(/*tcp=*/true);  // one server: one message, refused whole
+  ASSERT_TRUE(rig.declared.ok()) << rig.declared;
+  auto& store = rig.store;
   Buffers buf;
   ASSERT_TRUE(store->Pull(buf.Outs(0), {}, 0).ok());
   buf.grads[0][0].assign(kW, 0.5f);
@@ -295,10 +308,9 @@ TEST(Pipeline, TheNextPullReportsAFailedExchange) {
 }
 
 TEST(Pipeline, ThenPullMustNameThePushedTables) {
-  auto cluster = test::LocalCluster::Start(1);
-  auto client = cluster.Connect(0, 1);
-  auto store = CreateServerStore(client.get(), Pipeline::kExchange);
-  ASSERT_TRUE(store->Declare(Tables(Consistency::kAsync)).ok());
+  Rig rig = StartRig(/*tcp=*/false);
+  ASSERT_TRUE(rig.declared.ok()) << rig.declared;
+  auto& store = rig.store;
   Buffers buf;
   ASSERT_TRUE(store->Pull(buf.Outs(0), {}, 0).ok());
   const auto outs = buf.Outs(1);

@@ -147,9 +147,7 @@ TEST(SyncPipeline, PushByLayerGivesTheBitsOfTheWholePush) {
         o.batch = 4;
         o.accumulate = accumulate;
         o.push_by_layer = by_layer;
-        ClientOptions quiet;
-        quiet.heartbeat_timeout = std::chrono::milliseconds(0);  // the servers' message counts are the runs' own
-        const auto runs = test::RunWorkers(cluster, 2, o, ds, /*record=*/true, nullptr, {}, quiet);
+        const auto runs = test::RunWorkers(cluster, 2, o, ds, /*record=*/true, nullptr, {}, ferry::test::NoHeartbeats());
         ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
         ASSERT_TRUE(runs[1].report.ok()) << runs[1].report.status();
         EXPECT_EQ(runs[0].trace, runs[1].trace);
@@ -187,9 +185,7 @@ TEST(AsyncPipeline, PushByLayerGivesOneWorkerTheBitsOfTheWholePush) {
       o.hidden = {8, 4096};
       o.batch = 4;
       o.push_by_layer = by_layer;
-      ClientOptions quiet;
-      quiet.heartbeat_timeout = std::chrono::milliseconds(0);
-      const auto runs = test::RunWorkers(cluster, 1, o, ds, /*record=*/true, nullptr, {}, quiet);
+      const auto runs = test::RunWorkers(cluster, 1, o, ds, /*record=*/true, nullptr, {}, ferry::test::NoHeartbeats());
       ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
       EXPECT_EQ(runs[0].report->progress.pushes_used, 8);
       traces[by_layer ? 1 : 0] = runs[0].trace;

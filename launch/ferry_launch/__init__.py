@@ -15,7 +15,9 @@ The package behind launch/ferry-launch. Modules, in the order a launch uses them
 
 No mpirun; Python 3 standard library only. One description of the cluster (Tasks: role, rank,
 host, port) comes from flags, a JSON spec or a Slurm allocation, and build_commands() is the one
-place that decides what every process is told (its flags and CUDA_VISIBLE_DEVICES).
+place that decides what every process is told (its flags and CUDA_VISIBLE_DEVICES; for workers
+that run a program of the user's, given after "--", its environment: FERRY_SERVERS, FERRY_RANK,
+FERRY_NUM_WORKERS, FERRY_RESUME, TF_CONFIG, ...).
 
 Backends:
   local  hosts localhost / 127.0.0.0/8: children of the launcher, each in its own session, killed

@@ -7,13 +7,14 @@ import shlex
 import signal
 import time
 
-from .commands import remote_argv
+from .commands import environ_for, remote_argv, resumed_with
 from .common import EXIT_FAILED, EXIT_OK, SETTLE_S, STOP_MARGIN_S, StartFailed
 from .recovery import JobWatch, Recovery, summary
 from .supervise import (
     Child, Stream, Supervisor, cause_report, describe_status, reap_all, wait_for_servers)
 
-# The trainer's exit status for bad flags: a restart would fail the same way.
+# The trainer's exit status for bad flags (and Python argparse's, for a worker program): a restart
+# would fail the same way.
 USAGE_EXIT = 2
 
 
@@ -57,8 +58,9 @@ class TaskProc:
 
 class Launcher(Supervisor):
     """Supervises a cluster started by the local and ssh backends, and restarts what dies
-    (--max-restarts): a worker alone, with --resume; after a server's death every process, the
-    servers with --restore (the newest checkpoint) and the workers with --resume.
+    (--max-restarts): a worker alone, with --resume (a worker program: FERRY_RESUME=1); after a
+    server's death every process, the servers with --restore (the newest checkpoint) and the
+    workers with --resume.
 
     Every process is started from the main thread (a child's PR_SET_PDEATHSIG fires when the
     thread that forked it exits; the main thread lives as long as the launcher)."""
@@ -80,18 +82,19 @@ class Launcher(Supervisor):
 
     def start(self, task, restart=None):
         """Starts task; restart ("restart N") runs its resume_argv and continues its log."""
-        argv = task.resume_argv if restart else task.argv
+        argv, changes = task.command(resumed=bool(restart))
+        text = task.command_text(argv, changes)
         with self.signals.held():  # never lose track of a pid between fork and bookkeeping
             stream = Stream(task.name, os.path.join(self.opts.log_dir,
                                                     f"{task.role}-{task.rank}.log"),
                             self.console, append=bool(restart))
             if restart:
-                stream.note(f"{restart}: {task.name} starts again: {task.command_text(argv)}")
+                stream.note(f"{restart}: {task.name} starts again: {text}")
             if task.via_ssh:
-                run, env = remote_argv(self.ssh, task, self.opts.grace, argv), None
+                run, env = remote_argv(self.ssh, task, self.opts.grace, argv, changes), None
             else:
                 run = argv
-                env = dict(os.environ, **task.env) if task.env else None
+                env = environ_for(os.environ, changes) if changes else None
             p = TaskProc(task, None, stream, self.generation)
 
             def on_line(text):  # the child's reader thread
@@ -109,10 +112,9 @@ class Launcher(Supervisor):
             # Said before a pending signal is honoured: every started pid is in the output.
             verb = "restarted" if restart else "started"
             if task.via_ssh:
-                self.say(f"{verb} {task.name} on {task.host} (ssh pid {p.pid}): "
-                         f"{task.command_text(argv)}")
+                self.say(f"{verb} {task.name} on {task.host} (ssh pid {p.pid}): {text}")
             else:
-                self.say(f"{verb} {task.name} pid {p.pid}: {task.command_text(argv)}")
+                self.say(f"{verb} {task.name} pid {p.pid}: {text}")
         return p
 
     def stop_all(self, reason):
@@ -240,9 +242,12 @@ class Launcher(Supervisor):
             return EXIT_FAILED
         if p.task.role == "worker":
             if p.child.returncode == USAGE_EXIT:
+                whose = ("a usage error (ferry-trainer and Python's argparse exit 2 for bad "
+                         "arguments)" if self.opts.worker_command else
+                         "the trainer's usage error (bad flags)")
                 return self.give_up(p, what, f"{p.task.name} is not restarted: exit status "
-                                             f"{USAGE_EXIT} is the trainer's usage error (bad "
-                                             "flags); a restart would fail the same way")
+                                             f"{USAGE_EXIT} is {whose}; a restart would fail "
+                                             "the same way")
             # A worker whose server died exits with an error of its own, at about the time the
             # server's death is noticed: look for that first (not after a signal: a signal
             # killed the worker, whatever its servers do).
@@ -273,9 +278,10 @@ class Launcher(Supervisor):
         p.child.join_output()
         self.supersede(lambda r: p.task.name in r.waiting, f"{p.task.name} died again")
         n = len(self.recoveries) + 1
-        self.say(f"{p.describe()} died ({how}); restarting it with --resume: it rejoins the job "
+        resumed = resumed_with(self.opts)
+        self.say(f"{p.describe()} died ({how}); restarting it with {resumed}: it rejoins the job "
                  f"at the servers' step (restart {n} of at most {self.opts.max_restarts})")
-        r = Recovery(n, "worker", p.describe(), how, f"{p.task.name} with --resume", noticed,
+        r = Recovery(n, "worker", p.describe(), how, f"{p.task.name} with {resumed}", noticed,
                      before, [p.task.name])
         self.recoveries.append(r)  # first: a signal during the start still reports it
         self.pending.append(r)
@@ -305,12 +311,13 @@ class Launcher(Supervisor):
         before = self.watch.last_step([q for q in self.procs if q.task.role == "worker"
                                        and q.generation == self.generation])
         n = len(self.recoveries) + 1
+        resumed = resumed_with(self.opts)
         self.supersede(lambda r: True, f"{p.task.name} died")
         self.say(f"{p.describe()} died ({how}); restarting every process from the newest "
                  f"checkpoint (step {checkpoint} or later): servers with --restore, workers "
-                 f"with --resume (restart {n} of at most {self.opts.max_restarts})")
+                 f"with {resumed} (restart {n} of at most {self.opts.max_restarts})")
         restarted = (f"{', '.join(t.name for t in self.cluster.ps)} with --restore and "
-                     f"{', '.join(t.name for t in self.cluster.workers)} with --resume")
+                     f"{', '.join(t.name for t in self.cluster.workers)} with {resumed}")
         r = Recovery(n, "server", p.describe(), how, restarted, noticed, before,
                      [t.name for t in self.cluster.workers])
         self.recoveries.append(r)  # first: a signal during the restart still reports it

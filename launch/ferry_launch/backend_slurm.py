@@ -10,14 +10,15 @@ import signal
 import time
 
 from . import common
-from .commands import Binaries, build_commands
+from .commands import Binaries, build_commands, passed_through
 from .curve import check_key_folder, exposure_warning, folder_for_commands, make_job_keys
 from .common import (
     EXIT_FAILED, EXIT_OK, LAUNCHER_PATH, LaunchError, SRUN_LABEL_RE, SRUN_TASK_ERROR_RE,
     STOP_MARGIN_S, StartFailed, TASK_EXIT_RE, TASK_STARTED_RE)
 from .hosts import expand_hostlist, is_local
 from .preflight import (
-    check_binaries_here, check_checkpoint_folder, check_port_here, check_port_there, make_log_dir)
+    check_binaries_here, check_checkpoint_folder, check_port_here, check_port_there,
+    check_program_here, ferry_binaries, make_log_dir, program_warning)
 from .spec import cluster_from_nodes
 from .supervise import Child, Stream, Supervisor, cause_report, describe_status, reap_all
 
@@ -220,7 +221,7 @@ def slurm_task_argv(cluster, binaries, opts):
             + (["--checkpoint-every", str(opts.checkpoint_every)] if opts.checkpoint_every
                else [])
             + (["--curve-keys", folder_for_commands(opts)] if folder_for_commands(opts) else [])
-            + ["--"] + list(opts.trainer_args))
+            + ["--"] + passed_through(opts))
 
 
 def run_slurm(opts, console, signals, why):
@@ -262,6 +263,9 @@ def run_slurm(opts, console, signals, why):
         console.say("Slurm backend: nothing is restarted (--max-restarts does not apply): a "
                     "process that dies ends the step; --resume DIR then continues the job from "
                     "its newest checkpoint")
+    python_note = program_warning(opts)
+    if python_note:
+        console.say(python_note, err=True)
     if explicit is None:
         console.say("trainers: --gpus-per-host auto: each task takes its node's GPUs from "
                     "CUDA_VISIBLE_DEVICES when set there, else counts them (nvidia-smi -L), and "
@@ -280,8 +284,11 @@ def run_slurm(opts, console, signals, why):
 
     if shutil.which(srun[0]) is None:
         raise LaunchError(f"preflight: srun command not found: {srun[0]} (--srun sets it)")
-    check_binaries_here([LAUNCHER_PATH] + sorted(set(binaries.local.values()))
+    program = opts.worker_command[0] if opts.worker_command else None
+    check_binaries_here([LAUNCHER_PATH] + ferry_binaries(cluster.tasks, binaries, False, program)
                         + ([binaries.keys_tool] if opts.curve else []))
+    if program:  # on this machine: every node sees the same file system
+        check_program_here(program)
     for t in cluster.ps:
         (check_port_here if is_local(t.host) else check_port_there)(t)
     if opts.curve_keys:  # every node reads it at this path: all of it must be here too

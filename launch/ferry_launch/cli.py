@@ -8,13 +8,13 @@ import sys
 
 from .backend_local import Launcher
 from .backend_slurm import run_slurm
-from .commands import Binaries, build_commands, cards_here, visible_devices
+from .commands import Binaries, build_commands, cards_here, resumed_with, visible_devices
 from .curve import exposure_warning, folder_for_commands, make_job_keys
 from .common import (
     DEFAULT_BASE_PORT, DEFAULT_MAX_RESTARTS, DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN,
     DEFAULT_SSH, EXIT_OK, EXIT_USAGE, LAUNCHER_PATH, LaunchError, MAX_SECONDS, StopRequested)
 from .hosts import is_local
-from .preflight import check_keys_on_ssh_hosts, preflight
+from .preflight import check_keys_on_ssh_hosts, preflight, program_warning
 from .slurm_task import slurm_task_main
 from .spec import cluster_from_flags, decode_spec, parse_spec
 from .supervise import Console, StopSignals
@@ -70,7 +70,11 @@ def parse_args(argv):
         description="Start and supervise a Ferry cluster (ferry-ps + ferry-trainer): on this "
                     "machine, on other hosts over ssh, or as one srun step in a Slurm allocation.",
         epilog="Everything after '--' is passed to every ferry-trainer; the launcher itself "
-               "sets --servers, --rank and --num-workers. See launch/README.md.")
+               "sets --servers, --rank and --num-workers. When the first word after '--' is "
+               "not a flag, it is a program that every worker runs instead, its command line "
+               "unchanged (e.g. -- /usr/bin/python3 train.py): it finds the servers, its rank "
+               "and the worker count in FERRY_SERVERS, FERRY_RANK, FERRY_NUM_WORKERS and "
+               "TF_CONFIG. See launch/README.md.")
     ap.add_argument("--num-ps", type=int, help="number of ferry-ps servers")
     ap.add_argument("--num-workers", type=int, help="number of ferry-trainer workers")
     ap.add_argument("--spec", help="JSON cluster spec file (instead of --num-ps/--num-workers)")
@@ -149,7 +153,13 @@ def parse_args(argv):
     ap.add_argument("--slurm-task", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--spec-json", help=argparse.SUPPRESS)
     opts = ap.parse_args(own)
-    opts.trainer_args = trainer_args
+    # After "--": ferry-trainer flags, or (its first word not a flag) the command line of a
+    # program every worker runs instead (commands.build_commands: what it is told).
+    opts.trainer_args, opts.worker_command = trainer_args, None
+    if trainer_args and not trainer_args[0].startswith("-"):
+        if not trainer_args[0]:
+            ap.error("the worker program after '--' is an empty word")
+        opts.trainer_args, opts.worker_command = [], trainer_args
     try:
         opts.ps_args = [word for text in opts.ps_arg for word in shlex.split(text)]
     except ValueError as e:
@@ -206,11 +216,12 @@ def restarts_plan(opts):
     """One line: what the launcher does when a process dies (--dry-run says it)."""
     if not opts.max_restarts:
         return "--max-restarts 0: the first process that dies stops everything"
+    resumed = resumed_with(opts)
     servers = ("all processes restart, servers with --restore (from the newest checkpoint), "
-               "workers with --resume" if opts.checkpoint_dir else
+               f"workers with {resumed}" if opts.checkpoint_dir else
                "everything stops (servers restart only from a checkpoint: --checkpoint-dir)")
     return (f"up to {opts.max_restarts} restarts (--max-restarts): a dead worker restarts alone "
-            f"with --resume; a dead server: {servers}")
+            f"with {resumed}; a dead server: {servers}")
 
 
 def launch(ap, opts, console, signals):
@@ -241,6 +252,9 @@ def launch(ap, opts, console, signals):
         raise LaunchError("--ssh: empty command")
     if gpu_note and any(not t.via_ssh for t in cluster.workers):
         console.say(gpu_note)
+    python_note = program_warning(opts)
+    if python_note:
+        console.say(python_note, err=True)
     if opts.dry_run:
         for t in cluster.tasks:
             where = f" (on {t.host} over ssh)" if t.via_ssh else ""

@@ -1,6 +1,7 @@
 """Command lines: the one place that decides what each process is told."""
 
 import collections
+import json
 import math
 import os
 import shlex
@@ -11,6 +12,14 @@ from .common import (
     LAUNCHER_OWNED_PS_FLAGS, LAUNCHER_OWNED_TRAINER_FLAGS, LaunchError, REMOTE_WRAPPER)
 from .curve import folder_for_commands
 from .hosts import bind_address, canonical_host
+from .spec import Prepend
+
+
+# What a worker program (a command after "--" instead of ferry-trainer flags) is told, in its
+# environment: every one of these is set, or removed from the environment it inherits.
+# (PYTHONPATH and CUDA_VISIBLE_DEVICES are set too where there is something to set.)
+PROGRAM_ENV = ("FERRY_SERVERS", "FERRY_RANK", "FERRY_NUM_WORKERS", "FERRY_RESUME",
+               "FERRY_CHECKPOINT_EVERY", "FERRY_CURVE_KEYS", "TF_CONFIG")
 
 
 def find_binary(bin_dir, name, subdir):
@@ -24,7 +33,8 @@ def find_binary(bin_dir, name, subdir):
 
 class Binaries:
     """Paths of ferry-ps and ferry-trainer here (--bin-dir) and on ssh hosts (--remote-bin-dir,
-    default the same path; the layout, build tree or flat, is the one found here)."""
+    default the same path; the layout, build tree or flat, is the one found here), and of the
+    build tree's Python package."""
 
     LAYOUT = {"ferry-ps": "bin", "ferry-trainer": "bin"}
 
@@ -38,9 +48,29 @@ class Binaries:
                                  if remote_bin_dir else path)
         # ferry-keys (--curve runs it, here only) sits beside ferry-ps.
         self.keys_tool = os.path.join(os.path.dirname(self.local["ferry-ps"]), "ferry-keys")
+        # BIN_DIR/python holds the package `ferry` in a build tree: worker programs find it
+        # there (PYTHONPATH) without an install. None when it is not there (checked here).
+        python = os.path.join(self.bin_dir, "python")
+        there = os.path.join(remote_bin_dir, "python") if remote_bin_dir else python
+        found = os.path.exists(os.path.join(python, "ferry"))
+        self.python = {False: python, True: there} if found else {False: None, True: None}
 
     def path(self, name, via_ssh):
         return (self.remote if via_ssh else self.local)[name]
+
+    def python_dir(self, via_ssh):
+        """The folder holding the build tree's package `ferry`, or None."""
+        return self.python[via_ssh]
+
+
+def passed_through(opts):
+    """What followed "--": the worker program's command line, or the ferry-trainer flags."""
+    return list(opts.worker_command or opts.trainer_args)
+
+
+def resumed_with(opts):
+    """How a restarted worker is told that it continues the job (for the launcher's lines)."""
+    return "FERRY_RESUME=1" if opts.worker_command else "--resume"
 
 
 def _check_passed_flags(args, owned, what):
@@ -53,31 +83,36 @@ def _check_passed_flags(args, owned, what):
             raise LaunchError(f"{what} {arg} is set by the launcher; remove it{instead}")
 
 
-def build_commands(cluster, binaries, opts, cards_for):
-    """Sets argv, resume_argv and env of every task, from opts.ps_threads, opts.ps_args (extra
-    ferry-ps flags), opts.trainer_args (extra ferry-trainer flags), the checkpoint options
-    (opts.checkpoint_dir, opts.checkpoint_every, opts.resume; None = not given) and CURVE
-    (opts.curve, opts.keys_dir: with either, every server and every worker, restarted ones
-    included, gets --curve-keys FOLDER; see curve.folder_for_commands).
+def tf_config_cluster(cluster):
+    """The "cluster" of the TF_CONFIG every worker program gets: {"ps": [HOST:PORT, ...],
+    "worker": [HOST:PORT, ...]}, in rank order. Ferry's workers listen on no port, but
+    TF_CONFIG's entries need one: a worker keeps the port its spec entry gave, others get
+    placeholder ports counting up from the servers' highest port, distinct on each host from
+    every other entry there (so the value also serves as a --spec)."""
+    taken = {(canonical_host(t.host), t.port) for t in cluster.tasks if t.port}
+    port = max(t.port for t in cluster.ps)
+    workers = []
+    for t in cluster.workers:
+        if t.port:
+            workers.append(t.address)
+            continue
+        key = canonical_host(t.host)
+        while True:
+            port = port + 1 if port < 65535 else 1024
+            if (key, port) not in taken:
+                break
+        taken.add((key, port))
+        workers.append(f"{t.host}:{port}")
+    return {"ps": [t.address for t in cluster.ps], "worker": workers}
 
-    resume_argv is the command that continues the job: a server with --restore (None without a
-    checkpoint folder), a worker with --resume. Under --resume DIR, argv is resume_argv.
 
-    cards_for(task) -> the GPUs (CUDA_VISIBLE_DEVICES entries) trainers on the task's host take
-    in turn; empty: CUDA_VISIBLE_DEVICES is left alone. The k-th trainer on a host (in rank
-    order) gets CUDA_VISIBLE_DEVICES = cards[k mod len(cards)], so each sees one card, as its
-    device 0.
-    """
-    _check_passed_flags(opts.ps_args, LAUNCHER_OWNED_PS_FLAGS, "--ps-arg flag")
-    _check_passed_flags(opts.trainer_args, LAUNCHER_OWNED_TRAINER_FLAGS, "trainer flag")
-    servers = ",".join(f"tcp://{t.address}" for t in cluster.ps)
-    folder, every, resume = opts.checkpoint_dir, opts.checkpoint_every, bool(opts.resume)
+def _server_commands(cluster, binaries, opts, curve):
+    """argv, resume_argv and env of every ferry-ps (see build_commands)."""
+    folder, resume = opts.checkpoint_dir, bool(opts.resume)
     # The job's worker count is the servers' configuration (a peer that says otherwise is
     # refused, and a restoring server needs it); with a checkpoint folder every server writes its
     # shards there.
     ckpt = ["--num-workers", str(len(cluster.workers))] + (["--checkpoint-dir", folder] if folder else [])
-    keys = folder_for_commands(opts)
-    curve = ["--curve-keys", keys] if keys else []
     for t in cluster.ps:
         base = [binaries.path("ferry-ps", t.via_ssh),
                 "--bind", f"tcp://{bind_address(t.host)}:{t.port}", "--rank", str(t.rank),
@@ -95,28 +130,106 @@ def build_commands(cluster, binaries, opts, cards_for):
         # checkpoint. Without a folder a server cannot be restarted.
         t.resume_argv = base + ["--restore"] + list(opts.ps_args) if folder else None
         t.argv = t.resume_argv if resume else base + list(opts.ps_args)
-        t.env = {}
+        t.env, t.resume_env = {}, {}
+
+
+def _trainer_command(t, binaries, opts, servers, num_workers, curve):
+    """A ferry-trainer worker: the launcher's flags, then the flags after "--"."""
+    t.argv = [binaries.path("ferry-trainer", t.via_ssh), "--servers", servers,
+              "--rank", str(t.rank), "--num-workers", str(num_workers)] + curve
+    if opts.checkpoint_every:
+        t.argv += ["--checkpoint-every", str(opts.checkpoint_every)]
+    # Restarted (alone, or after its servers restored a checkpoint): it continues the job
+    # the servers hold.
+    t.resume_argv = t.argv + ["--resume"] + list(opts.trainer_args)
+    t.argv = (t.resume_argv if opts.resume else t.argv + list(opts.trainer_args))
+    t.env, t.resume_env = {}, {}
+
+
+def _program_command(t, binaries, opts, servers, num_workers, tf_cluster, keys):
+    """A worker program: its command line unchanged; what a trainer gets as flags, it gets in
+    its environment (PROGRAM_ENV; FERRY_RESUME=1 where a trainer gets --resume)."""
+    t.argv = t.resume_argv = list(opts.worker_command)
+    env = dict.fromkeys(PROGRAM_ENV)  # each is set below, or removed
+    env.update(FERRY_SERVERS=servers, FERRY_RANK=str(t.rank),
+               FERRY_NUM_WORKERS=str(num_workers),
+               TF_CONFIG=json.dumps({"cluster": tf_cluster,
+                                     "task": {"type": "worker", "index": t.rank}},
+                                    separators=(",", ":")))
+    if opts.checkpoint_every:
+        env["FERRY_CHECKPOINT_EVERY"] = str(opts.checkpoint_every)
+    if keys:
+        env["FERRY_CURVE_KEYS"] = keys
+    python = binaries.python_dir(t.via_ssh)
+    if python:
+        env["PYTHONPATH"] = Prepend(python)
+    t.resume_env = dict(env, FERRY_RESUME="1")
+    t.env = t.resume_env if opts.resume else env
+
+
+def build_commands(cluster, binaries, opts, cards_for):
+    """Sets argv, resume_argv, env and resume_env of every task, from opts.ps_threads,
+    opts.ps_args (extra ferry-ps flags), what followed "--" (opts.trainer_args: extra
+    ferry-trainer flags; or opts.worker_command: the worker program's command line), the
+    checkpoint options (opts.checkpoint_dir, opts.checkpoint_every, opts.resume; None = not
+    given) and CURVE (opts.curve, opts.keys_dir: with either, every server and every worker,
+    restarted ones included, gets --curve-keys FOLDER; see curve.folder_for_commands).
+
+    resume_argv is the command that continues the job: a server with --restore (None without a
+    checkpoint folder), a worker with --resume. Under --resume DIR, argv is resume_argv.
+
+    A worker program runs its command line unchanged, every start the same, and learns its
+    place from its environment instead (PROGRAM_ENV): FERRY_SERVERS (the --servers value),
+    FERRY_RANK, FERRY_NUM_WORKERS, TF_CONFIG (the same cluster, task {"type": "worker",
+    "index": RANK}), FERRY_CHECKPOINT_EVERY (with --checkpoint-every), FERRY_CURVE_KEYS (with
+    CURVE), FERRY_RESUME=1 in resume_env (and env under --resume DIR); those not set are removed
+    from what it inherits. PYTHONPATH gets BIN_DIR/python in front when the build tree's package
+    is there (Binaries.python_dir).
+
+    cards_for(task) -> the GPUs (CUDA_VISIBLE_DEVICES entries) workers on the task's host take
+    in turn; empty: CUDA_VISIBLE_DEVICES is left alone. The k-th worker on a host (in rank
+    order) gets CUDA_VISIBLE_DEVICES = cards[k mod len(cards)], so each sees one card, as its
+    device 0.
+    """
+    _check_passed_flags(opts.ps_args, LAUNCHER_OWNED_PS_FLAGS, "--ps-arg flag")
+    _check_passed_flags(opts.trainer_args, LAUNCHER_OWNED_TRAINER_FLAGS, "trainer flag")
+    servers = ",".join(f"tcp://{t.address}" for t in cluster.ps)
+    keys = folder_for_commands(opts)
+    curve = ["--curve-keys", keys] if keys else []
+    _server_commands(cluster, binaries, opts, curve)
+    num_workers = len(cluster.workers)
+    tf_cluster = tf_config_cluster(cluster) if opts.worker_command else None
     on_host = collections.Counter()
     for t in cluster.workers:
-        t.argv = [binaries.path("ferry-trainer", t.via_ssh), "--servers", servers,
-                  "--rank", str(t.rank), "--num-workers", str(len(cluster.workers))] + curve
-        if every:
-            t.argv += ["--checkpoint-every", str(every)]
-        # Restarted (alone, or after its servers restored a checkpoint): it continues the job
-        # the servers hold.
-        t.resume_argv = t.argv + ["--resume"] + list(opts.trainer_args)
-        t.argv = (t.resume_argv if resume else t.argv + list(opts.trainer_args))
-        t.env = {}
+        if opts.worker_command:
+            _program_command(t, binaries, opts, servers, num_workers, tf_cluster, keys)
+        else:
+            _trainer_command(t, binaries, opts, servers, num_workers, curve)
         cards = cards_for(t)
         key = canonical_host(t.host)
         if cards:
-            t.env["CUDA_VISIBLE_DEVICES"] = cards[on_host[key] % len(cards)]
+            for env in (t.env, t.resume_env):
+                env["CUDA_VISIBLE_DEVICES"] = cards[on_host[key] % len(cards)]
         on_host[key] += 1
     if (any("CUDA_VISIBLE_DEVICES" in t.env for t in cluster.workers)
             and any(a.split("=", 1)[0] == "--gpu" for a in opts.trainer_args)):
         raise LaunchError("trainer flag --gpu conflicts with --gpus-per-host (each trainer is "
                           "given one card, which it sees as device 0); pass --gpus-per-host 0 "
                           "to choose cards yourself")
+
+
+def environ_for(base, changes):
+    """The environment of a process started here: base (the one it inherits) with changes (a
+    Task's env: set, Prepend, or None to remove) applied."""
+    env = dict(base)
+    for k, v in changes.items():
+        if v is None:
+            env.pop(k, None)
+        elif isinstance(v, Prepend):
+            env[k] = f"{v.value}:{env[k]}" if env.get(k) else v.value
+        else:
+            env[k] = v
+    return env
 
 
 def visible_devices(value):
@@ -173,15 +286,33 @@ def count_gpus():
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def remote_argv(ssh, task, grace, argv=None):
-    """The ssh command line that runs task (its argv, or the argv given) on its host under
+def _remote_env(env):
+    """The argv prefix that applies env (a Task's env) on another host: `env -u NAME ...
+    NAME=VALUE ...`, behind a POSIX sh that puts each Prepend in front of the value the remote
+    process inherits there."""
+    unset = [word for k, v in sorted(env.items()) if v is None for word in ("-u", k)]
+    values = [f"{k}={v}" for k, v in sorted(env.items()) if isinstance(v, str)]
+    argv = ["env"] + unset + values if unset or values else []
+    prepend = [(k, v.value) for k, v in sorted(env.items()) if isinstance(v, Prepend)]
+    if prepend:  # names are the launcher's own (PYTHONPATH): safe in the script
+        script = "".join(f'{k}="$1${{{k}:+:${k}}}"; export {k}; shift; ' for k, _ in prepend)
+        argv = ["sh", "-c", script + 'exec "$@"', "ferry-env"] + [v for _, v in prepend] + argv
+    return argv
+
+
+def remote_argv(ssh, task, grace, argv=None, env=None):
+    """The ssh command line that runs task (its argv and env, or those given) on its host under
     REMOTE_WRAPPER."""
     ticks = max(1, math.ceil(grace * 10))
-    env = [f"{k}={v}" for k, v in sorted(task.env.items())]
-    inner = (["env"] + env if env else []) + (argv or task.argv)
-    try:
-        cwd = os.getcwd()
-    except OSError:  # deleted under us: the remote side then stays in its home directory
-        cwd = "/nonexistent"
+    inner = _remote_env(task.env if env is None else env) + (argv or task.argv)
     return ssh + [task.host, shlex.join(["sh", "-c", REMOTE_WRAPPER, "ferry-launch-remote",
-                                         str(ticks), cwd] + inner)]
+                                         str(ticks), launcher_cwd()] + inner)]
+
+
+def launcher_cwd():
+    """The launcher's working directory, where processes on other hosts start too if it exists
+    there."""
+    try:
+        return os.getcwd()
+    except OSError:  # deleted under us: the remote side then stays in its home directory
+        return "/nonexistent"

@@ -4,7 +4,9 @@ checked before anything starts."""
 import collections
 import contextlib
 import os
+import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,10 +15,14 @@ import threading
 
 from . import common
 from .checkpoints import find_checkpoint, prepare_new_folder
+from .commands import launcher_cwd
 from .common import LaunchError
 from .curve import check_key_folder, files_for
 from .hosts import bind_address
 from .supervise import _die_with_launcher, _kill_group
+
+# A Python interpreter's file name: python, python3, python3.11.
+PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
 
 
 def check_binaries_here(paths):
@@ -28,6 +34,36 @@ def check_binaries_here(paths):
                               f"--bin-dir){why}")
         if not os.access(b, os.X_OK):
             raise LaunchError(f"preflight: binary not executable: {b}")
+
+
+def check_program_here(program):
+    """A worker program (the first word after "--") resolves here as it will when started: a
+    path (with a '/') to an executable file, or a name found on PATH."""
+    if shutil.which(program):
+        return
+    where = ("no executable file there" if "/" in program else
+             "no such command on PATH; or give its path, e.g. /usr/bin/python3")
+    raise LaunchError(f"preflight: worker program not found: {program} ({where}); every worker "
+                      "runs the command line after '--' when its first word is not a flag")
+
+
+def program_warning(opts):
+    """One line when the worker program is a Python interpreter other than Debian's /usr/bin
+    (/usr/bin/python3 sees the python3-torch and python3-numpy packages; another, e.g. pyenv's
+    or a virtual environment's, may not); else None. Judged by where it resolves here."""
+    if not opts.worker_command:
+        return None
+    program = opts.worker_command[0]
+    path = shutil.which(program) or program
+    if not PYTHON_NAME.fullmatch(os.path.basename(path)):
+        return None
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    if folder == "/usr/bin":
+        return None
+    return (f"warning: the worker program {program} is {os.path.abspath(path)}, not "
+            "/usr/bin/python3: Debian's python3-torch and python3-numpy are seen by "
+            "/usr/bin/python3 only (give it after '--' if `import torch` or `import numpy` "
+            "fails)")
 
 
 def check_port_here(t):
@@ -114,9 +150,32 @@ def _check_ssh_keys(ssh, host, tasks, folder, generated, timeout, commands):
             f"{what} ({how}; see launch/README.md)")
 
 
-def _check_ssh_host(ssh, host, tasks, binaries, timeout, commands, keys=None):
-    """Reachable, binaries there, ps ports not in use, and with keys (--curve-keys DIR) the
-    key files its tasks read. Returns an error text or None."""
+def ferry_binaries(tasks, binaries, via_ssh, program):
+    """The Ferry binaries tasks run (here, or on ssh hosts): ferry-ps, and ferry-trainer unless
+    the workers run a program (the first word after "--", or None)."""
+    return sorted({binaries.path("ferry-ps" if t.role == "ps" else "ferry-trainer", via_ssh)
+                   for t in tasks if t.role == "ps" or not program})
+
+
+def _check_ssh_program(ssh, host, tasks, program, timeout, commands):
+    """A worker program resolves on host as there its wrapper will start it (in the launcher's
+    working directory if that exists there). Returns an error text or None."""
+    rc, out, err = commands.run(ssh + [host, shlex.join(
+        ["sh", "-c", 'cd "$1" 2>/dev/null || cd; case $2 in */*) [ -f "$2" ] && [ -x "$2" ] ;; '
+         '*) command -v "$2" >/dev/null 2>&1 ;; esac || echo missing',
+         "ferry-launch-check", launcher_cwd(), program])], timeout)
+    if rc == 0 and not out.strip():
+        return None
+    fields = ", ".join(t.where for t in tasks if t.role == "worker")
+    what = ("not found" if out.strip() else f"check failed: {err.strip() or rc}")
+    return (f"preflight: on host '{host}' ({fields}): worker program {program}: {what} (a path "
+            "to an executable file, or a name on the PATH of a shell there)")
+
+
+def _check_ssh_host(ssh, host, tasks, binaries, timeout, commands, keys=None, program=None):
+    """Reachable, binaries there (with program, the worker program instead of ferry-trainer),
+    ps ports not in use, and with keys (--curve-keys DIR) the key files its tasks read. Returns
+    an error text or None."""
     fields = ", ".join(t.where for t in tasks)
     rc, _, err = commands.run(ssh + [host, "true"], timeout)
     if rc != 0:
@@ -124,16 +183,19 @@ def _check_ssh_host(ssh, host, tasks, binaries, timeout, commands, keys=None):
         status = "timed out" if rc is None else f"exit status {rc}"
         return (f"preflight: host '{host}' ({fields}) unreachable: `{shlex.join(ssh + [host])} "
                 f"true` {status}: {detail}")
-    needed = sorted({binaries.path("ferry-ps" if t.role == "ps" else "ferry-trainer", True)
-                     for t in tasks})
-    rc, out, err = commands.run(ssh + [host, shlex.join(
+    needed = ferry_binaries(tasks, binaries, True, program)
+    rc, out, err = (commands.run(ssh + [host, shlex.join(
         ["sh", "-c", 'for b; do [ -x "$b" ] || echo "$b"; done', "ferry-launch-check"] + needed)],
-        timeout)
+        timeout) if needed else (0, "", ""))
     missing = out.split()
     if rc != 0 or missing:
         what = ", ".join(missing) if missing else f"check failed: {err.strip() or rc}"
         return (f"preflight: on host '{host}' ({fields}): binary not found or not executable: "
                 f"{what} (--remote-bin-dir sets the directory on other hosts)")
+    if program and any(t.role == "worker" for t in tasks):
+        why = _check_ssh_program(ssh, host, tasks, program, timeout, commands)
+        if why:
+            return why
     for t in tasks:
         if t.role == "ps":
             try:
@@ -206,18 +268,23 @@ def check_checkpoint_folder(opts):
 def preflight(cluster, binaries, ssh, opts):
     """Everything that can be checked before anything starts, then the log dir; raises
     LaunchError. The ssh checks run in parallel; whatever way preflight ends (StopRequested
-    included), none is left running. CURVE: --curve needs ferry-keys here (the keys are made
-    after preflight, in the log dir); --curve-keys DIR must hold the key files of the processes
-    on this machine here, and those of each ssh host's processes there."""
+    included), none is left running. Workers that run a program (the first word after "--")
+    need it to resolve here (check_program_here) or on their ssh host, and no ferry-trainer.
+    CURVE: --curve needs ferry-keys here (the keys are made after preflight, in the log dir);
+    --curve-keys DIR must hold the key files of the processes on this machine here, and those
+    of each ssh host's processes there."""
     local = [t for t in cluster.tasks if not t.via_ssh]
-    check_binaries_here(sorted({binaries.path("ferry-ps" if t.role == "ps" else "ferry-trainer",
-                                              False) for t in local})
+    program = opts.worker_command[0] if opts.worker_command else None
+    check_binaries_here(ferry_binaries(local, binaries, False, program)
                         + ([binaries.keys_tool] if opts.curve else []))
+    if program and any(t.role == "worker" for t in local):
+        check_program_here(program)
     for t in local:
         if t.role == "ps":
             check_port_here(t)
     _on_ssh_hosts(cluster, lambda host, tasks, commands: _check_ssh_host(
-        ssh, host, tasks, binaries, opts.ssh_timeout, commands, opts.curve_keys and opts.keys_dir))
+        ssh, host, tasks, binaries, opts.ssh_timeout, commands, opts.curve_keys and opts.keys_dir,
+        program))
     if opts.curve_keys and local:
         check_key_folder(opts.keys_dir, local, len(cluster.workers))
     check_checkpoint_folder(opts)

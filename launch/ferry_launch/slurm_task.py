@@ -3,25 +3,33 @@
 import os
 import signal
 import subprocess
+import sys
 import threading
 
 from . import common
-from .commands import Binaries, build_commands, cards_here, visible_devices
+from .commands import Binaries, build_commands, cards_here, environ_for, visible_devices
 from .common import LaunchError
 from .curve import check_key_folder
 from .spec import decode_spec, parse_spec
 from .supervise import _die_with_launcher, describe_status, wait_for_servers
 
 
+def _say(msg):
+    """Writes `ferry-launch: msg` and its newline in one write(2): the task's child writes to the
+    same output, and print() under PYTHONUNBUFFERED=1 writes a line and its newline apart, so a
+    child's line could land between them (it did, once in a CI run)."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), f"ferry-launch: {msg}\n".encode())
+
+
 def _task_end(name, rc):
     """Prints the line the launcher reads as this task's exit, and returns the exit status."""
-    print(f"ferry-launch: {name} ended: {describe_status(rc)} [task-exit {rc}]", flush=True)
+    _say(f"{name} ended: {describe_status(rc)} [task-exit {rc}]")
     return rc if rc >= 0 else 128 - rc
 
 
 def slurm_task_main(opts):
-    def say(msg):
-        print(f"ferry-launch: {msg}", flush=True)
+    say = _say
 
     procid = os.environ.get("SLURM_PROCID")
     name = f"slurm task {procid}"
@@ -87,7 +95,7 @@ def slurm_task_main(opts):
             say(f"{name}: stopped before its servers were up")
             return _task_end(name, -signal.SIGTERM)
 
-    env = dict(os.environ, **task.env) if task.env else None
+    env = environ_for(os.environ, task.env) if task.env else None
     try:
         child = subprocess.Popen(task.argv, stdin=subprocess.DEVNULL, env=env,
                                  preexec_fn=_die_with_launcher(signal.SIGKILL))

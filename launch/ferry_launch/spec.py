@@ -9,8 +9,24 @@ from .common import DEFAULT_BASE_PORT, LaunchError
 from .hosts import _HOST_RE, canonical_host, is_local
 
 
+class Prepend:
+    """An environment value that goes in front of the variable's inherited value, as in a path
+    list: "VALUE:INHERITED", or VALUE alone where the variable is unset or empty. Where the
+    process is started decides what it inherits (commands.environ_for, commands.remote_argv)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return f"Prepend({self.value!r})"
+
+
 class Task:
-    """One process to run: role 'ps' or 'worker', its rank, where, and its command line."""
+    """One process to run: role 'ps' or 'worker', its rank, where, and its command line.
+
+    env (and resume_env) map a variable to its value in the process's environment: a str sets
+    it, a Prepend puts a value in front of the inherited one, None removes it; every other
+    variable is inherited."""
 
     def __init__(self, role, rank, host, port=None, where=None):
         self.role, self.rank, self.host, self.port = role, rank, host, port
@@ -18,7 +34,8 @@ class Task:
         self.via_ssh = False  # set by the backend: started over ssh
         self.argv = None      # set by build_commands
         self.resume_argv = None  # set by build_commands: argv to continue the job (restarts)
-        self.env = {}         # set by build_commands: variables added to the environment
+        self.env = {}         # set by build_commands: changes to the inherited environment
+        self.resume_env = {}  # set by build_commands: the same for resume_argv
 
     @property
     def name(self):
@@ -28,10 +45,22 @@ class Task:
     def address(self):
         return f"{self.host}:{self.port}"
 
-    def command_text(self, argv=None):
-        """The command (argv, default self.argv) as a shell line: VAR=value ... argv."""
-        env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
-        return " ".join(env + [shlex.join(argv or self.argv)])
+    def command(self, resumed=False):
+        """(argv, env) of a start of this task: the first start, or with resumed the one that
+        continues the job (a restart)."""
+        return (self.resume_argv, self.resume_env) if resumed else (self.argv, self.env)
+
+    def command_text(self, argv=None, env=None):
+        """A command (argv, env; default the first start's) as a shell line: VAR=value ...
+        argv. Removed variables are not shown."""
+        argv, env = argv or self.argv, self.env if env is None else env
+        words = []
+        for k, v in sorted(env.items()):
+            if isinstance(v, Prepend):
+                words.append(f"{k}={shlex.quote(v.value)}${{{k}:+:${k}}}")
+            elif v is not None:
+                words.append(f"{k}={shlex.quote(v)}")
+        return " ".join(words + [shlex.join(argv)])
 
 
 class Cluster:
@@ -153,9 +182,9 @@ def parse_spec(data):
     for i, entry in enumerate(data["worker"]):
         where = f"{prefix}worker[{i}]"
         host, port = _split_address(entry, where, need_port=False)
-        if port is not None:  # a worker's port is not used; it only must not collide
+        if port is not None:  # Ferry's workers listen on no port: only TF_CONFIG shows it
             claim(host, port, entry, where)
-        workers.append(Task("worker", i, host, None, where))
+        workers.append(Task("worker", i, host, port, where))
     return Cluster(ps, workers)
 
 

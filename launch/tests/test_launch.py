@@ -489,6 +489,273 @@ class LaunchTest(unittest.TestCase):
                                    "--num-workers 2 --steps 5")
 
 
+# A worker program (what follows "--" when its first word is not a flag), run as
+# `python3 WORKER_PROGRAM OUT MODE`: each start appends what it was told (the environment
+# contract, whether `import ferry` works and from where, which servers accepted a TCP connection)
+# as a JSON line to OUT/worker-R.jsonl. MODE "ok": exit 0; "die-once": a first start (no
+# FERRY_RESUME) dies, worker 0 by SIGKILL, the others with exit status 3, a restarted one says
+# "resuming" and exits 0; "fail-1": worker 1 exits 3, the others wait for 60 s;
+# "tf-config": also records ferry.cluster_from_tf_config() (the build's module).
+PROGRAM_ENV = ["FERRY_SERVERS", "FERRY_RANK", "FERRY_NUM_WORKERS", "FERRY_RESUME",
+               "FERRY_CHECKPOINT_EVERY", "FERRY_CURVE_KEYS", "TF_CONFIG", "PYTHONPATH",
+               "CUDA_VISIBLE_DEVICES"]
+WORKER_PROGRAM = textwrap.dedent(f"""\
+    import json, os, signal, socket, sys, time
+    out, mode = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["FERRY_RANK"])
+    seen = {{k: os.environ.get(k) for k in {PROGRAM_ENV!r}}}
+    seen["reached"] = []
+    for server in os.environ["FERRY_SERVERS"].split(","):
+        host, port = server[len("tcp://"):].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10):
+            seen["reached"].append(server)
+    try:
+        import ferry
+        seen["ferry"] = ferry.__file__
+        if mode == "tf-config":
+            seen["tf_config"] = ferry.cluster_from_tf_config()
+    except ImportError:
+        seen["ferry"] = None
+    with open(os.path.join(out, f"worker-{{rank}}.jsonl"), "a") as f:
+        f.write(json.dumps(seen) + "\\n")
+    resumed = os.environ.get("FERRY_RESUME") == "1"
+    if resumed:
+        print(f"[worker {{rank}}] resuming the job at step 0 of 10", flush=True)
+    if mode == "die-once" and not resumed:
+        if rank == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        sys.exit(3)
+    if mode == "fail-1":
+        if rank == 1:
+            sys.exit(3)
+        time.sleep(60)
+    print(f"[worker {{rank}}] done", flush=True)
+    """)
+
+
+def program_starts(out_dir, rank):
+    """What each start of worker rank's program was told, in order (see WORKER_PROGRAM)."""
+    with open(os.path.join(out_dir, f"worker-{rank}.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def make_program_bin_dir(parent):
+    """A flat bin dir for jobs whose workers run a program: the real ferry-ps (no
+    ferry-trainer: they need none) and python/ferry, a stand-in for the build tree's package."""
+    d = os.path.join(parent, "bin")
+    os.makedirs(os.path.join(d, "python", "ferry"))
+    os.symlink(PS_BIN, os.path.join(d, "ferry-ps"))
+    with open(os.path.join(d, "python", "ferry", "__init__.py"), "w") as f:
+        f.write("# a stand-in for the build tree's package\n")
+    return d
+
+
+def listening(output):
+    """{"ps R": "tcp://HOST:PORT"} from the servers' own "listening on" lines."""
+    return {f"ps {m.group(1)}": m.group(2) for m in
+            re.finditer(r"^\[ps \d+\] ferry-ps rank (\d+) of \d+ listening on (tcp://\S+)",
+                        output, re.M)}
+
+
+@unittest.skipUnless(os.access(PS_BIN, os.X_OK), f"ferry-ps not built under {BUILD_DIR}")
+class WorkerProgramTest(unittest.TestCase):
+    """Workers that run a program instead of ferry-trainer (`-- PROGRAM ARGS...`): what it is
+    told in its environment, restarts (FERRY_RESUME=1), preflight, --dry-run. With the real
+    ferry-ps and a Python program written by the test."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-test-")
+        self.dir = self.tmp.name
+        self.program = os.path.join(self.dir, "worker.py")
+        with open(self.program, "w") as f:
+            f.write(WORKER_PROGRAM)
+        self.out = os.path.join(self.dir, "out")
+        os.makedirs(self.out)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def command(self, mode):
+        return [sys.executable, self.program, self.out, mode]
+
+    def assert_all_gone(self, output):
+        pids = all_pids(output)
+        self.assertTrue(pids)
+        wait_until_gone([pid for _, pid in pids])
+        self.assertEqual([f"{who} pid {pid}" for who, pid in pids if pid_alive(pid)], [],
+                         "processes survived the launcher")
+
+    def test_program_is_told_its_place_in_its_environment(self):
+        bin_dir = make_program_bin_dir(self.dir)
+        folder = os.path.join(self.dir, "ckpt")
+        # Names of the contract in the launcher's own environment do not leak through.
+        rc, out = run_launcher(["--num-ps", "2", "--num-workers", "3", "--base-port", "0",
+                                "--gpus-per-host", "2", "--bin-dir", bin_dir, "--log-dir",
+                                os.path.join(self.dir, "logs"), "--checkpoint-dir", folder,
+                                "--checkpoint-every", "7", "--"] + self.command("ok"),
+                               timeout=60, env={"PYTHONPATH": "/inherited/a:/inherited/b",
+                                                "FERRY_RESUME": "1", "FERRY_CURVE_KEYS": "/k",
+                                                "TF_CONFIG": "{}"})
+        self.assertEqual(rc, 0, out)
+        servers = listening(out)
+        self.assertEqual(sorted(servers), ["ps 0", "ps 1"], out)
+        want_servers = f"{servers['ps 0']},{servers['ps 1']}"
+        ps = [s[len("tcp://"):] for s in (servers["ps 0"], servers["ps 1"])]
+        fl = load_launcher_module()
+        for rank in range(3):
+            starts = program_starts(self.out, rank)
+            self.assertEqual(len(starts), 1, out)
+            seen = starts[0]
+            tf_config = json.loads(seen.pop("TF_CONFIG"))
+            self.assertEqual(seen, {
+                "FERRY_SERVERS": want_servers, "FERRY_RANK": str(rank),
+                "FERRY_NUM_WORKERS": "3", "FERRY_RESUME": None, "FERRY_CHECKPOINT_EVERY": "7",
+                "FERRY_CURVE_KEYS": None,
+                "PYTHONPATH": f"{os.path.join(bin_dir, 'python')}:/inherited/a:/inherited/b",
+                "CUDA_VISIBLE_DEVICES": str(rank % 2),
+                "reached": want_servers.split(","),
+                "ferry": os.path.join(bin_dir, "python", "ferry", "__init__.py")})
+            self.assertEqual(tf_config["task"], {"type": "worker", "index": rank})
+            self.assertEqual(tf_config["cluster"]["ps"], ps)
+            # The same cluster, as the launcher reads a spec: also a valid --spec.
+            cluster = fl.spec.parse_spec(tf_config)
+            self.assertEqual([t.address for t in cluster.ps], ps)
+            self.assertEqual([t.host for t in cluster.workers], ["127.0.0.1"] * 3)
+            self.assertRegex(out, rf"started worker {rank} pid \d+: CUDA_VISIBLE_DEVICES="
+                                  rf"{rank % 2} FERRY_CHECKPOINT_EVERY=7 FERRY_NUM_WORKERS=3 "
+                                  rf"FERRY_RANK={rank} FERRY_SERVERS={re.escape(want_servers)} "
+                                  rf"PYTHONPATH=\S+ TF_CONFIG=\S+ "
+                                  rf"{re.escape(shlex.join(self.command('ok')))}\n")
+        self.assertIn("done: 3 workers finished, 2 servers stopped", out)
+        self.assert_all_gone(out)
+
+    def test_tf_config_parses_with_the_ferry_module(self):
+        # The build's own package, when it is there and this interpreter loads it: its
+        # cluster_from_tf_config (messages/src/cluster.cc) reads the same cluster.
+        python = os.path.join(BUILD_DIR, "python")
+        probe = subprocess.run([sys.executable, "-c", "import ferry; ferry.cluster_from_tf_config"],
+                               env=dict(launcher_env(), PYTHONPATH=python), capture_output=True,
+                               timeout=60)
+        if not os.path.exists(os.path.join(python, "ferry")) or probe.returncode != 0:
+            self.skipTest(f"the build's package ferry does not load here from {python}")
+        rc, out = run_launcher(["--num-ps", "2", "--num-workers", "2", "--base-port", "0",
+                                "--gpus-per-host", "0", "--bin-dir", BUILD_DIR, "--log-dir",
+                                os.path.join(self.dir, "logs"), "--"] + self.command("tf-config"),
+                               timeout=60)
+        self.assertEqual(rc, 0, out)
+        servers = listening(out)
+        for rank in range(2):
+            seen = program_starts(self.out, rank)[0]
+            self.assertTrue(seen["ferry"].startswith(python + os.sep), seen)
+            self.assertEqual(seen["tf_config"]["servers"], [servers["ps 0"], servers["ps 1"]])
+            self.assertEqual(seen["tf_config"]["servers"], seen["FERRY_SERVERS"].split(","))
+            self.assertEqual((seen["tf_config"]["rank"], seen["tf_config"]["num_workers"],
+                              seen["tf_config"]["task_type"]), (rank, 2, "worker"))
+        self.assert_all_gone(out)
+
+    def test_dead_program_is_restarted_with_ferry_resume(self):
+        bin_dir = make_program_bin_dir(self.dir)
+        rc, out = run_launcher(["--num-ps", "1", "--num-workers", "2", "--base-port", "0",
+                                "--gpus-per-host", "0", "--bin-dir", bin_dir, "--log-dir",
+                                os.path.join(self.dir, "logs"), "--"] + self.command("die-once"),
+                               timeout=60)
+        self.assertEqual(rc, 0, out)
+        self.assertRegex(out, r"worker 0 \(pid \d+\) died \(killed by SIGKILL\); restarting it "
+                              r"with FERRY_RESUME=1")
+        self.assertRegex(out, r"worker 1 \(pid \d+\) died \(exit status 3\); restarting it "
+                              r"with FERRY_RESUME=1")
+        for rank in range(2):
+            self.assertRegex(out, rf"restarted worker {rank} pid \d+: FERRY_NUM_WORKERS=2 "
+                                  rf"FERRY_RANK={rank} FERRY_RESUME=1 FERRY_SERVERS=\S+ "
+                                  r"PYTHONPATH=\S+ TF_CONFIG=\S+ "
+                                  rf"{re.escape(shlex.join(self.command('die-once')))}\n")
+            starts = program_starts(self.out, rank)
+            self.assertEqual([s["FERRY_RESUME"] for s in starts], [None, "1"], out)
+            self.assertEqual(starts[0]["TF_CONFIG"], starts[1]["TF_CONFIG"])
+            self.assertRegex(out, rf"recovery \d of at most 3: worker {rank} \(pid \d+\) died .*; "
+                                  rf"restarted worker {rank} with FERRY_RESUME=1 \(pid \d+\); it "
+                                  "rejoined the job at step 0")
+        self.assertIn("recovery summary: 2 restarts of at most 3 (2 after a worker died, 0 after "
+                      "a server died)", out)
+        self.assertIn("done: 2 workers finished, 1 servers stopped", out)
+        self.assert_all_gone(out)
+
+    def test_no_restarts_the_job_fails_naming_the_worker(self):
+        bin_dir = make_program_bin_dir(self.dir)
+        rc, out = run_launcher(["--num-ps", "1", "--num-workers", "2", "--base-port", "0",
+                                "--gpus-per-host", "0", "--max-restarts", "0", "--grace", "1",
+                                "--bin-dir", bin_dir, "--log-dir", os.path.join(self.dir, "logs"),
+                                "--"] + self.command("fail-1"), timeout=60)
+        self.assertEqual(rc, 1, out)
+        self.assertRegex(out, r"FAILED: worker 1 \(pid \d+\) failed: exit status 3\n")
+        self.assertNotIn("restarted", out)
+        self.assertEqual(len(program_starts(self.out, 1)), 1)
+        self.assert_all_gone(out)
+
+    def test_missing_program_is_refused_before_anything_starts(self):
+        bin_dir = make_program_bin_dir(self.dir)
+        not_executable = os.path.join(self.dir, "train.sh")
+        with open(not_executable, "w") as f:
+            f.write("#!/bin/sh\n")
+        base = ["--num-ps", "1", "--num-workers", "2", "--base-port", "0", "--gpus-per-host",
+                "0", "--bin-dir", bin_dir, "--log-dir", os.path.join(self.dir, "logs"), "--"]
+        for program, why in [("no-such-ferry-program", "no such command on PATH"),
+                             (os.path.join(self.dir, "nowhere", "train.py"),
+                              "no executable file there"),
+                             (not_executable, "no executable file there")]:
+            with self.subTest(program=program):
+                rc, out = run_in_process(base + [program, "--epochs", "3"])
+                self.assertEqual(rc, 2, out)
+                self.assertIn(f"ferry-launch: error: preflight: worker program not found: "
+                              f"{program} ({why}", out)
+                self.assertNotIn("started", out)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "logs")))
+
+    def test_dry_run_shows_the_command_and_its_environment(self):
+        empty_bin = os.path.join(self.dir, "flat")  # no python/ferry: PYTHONPATH left alone
+        os.makedirs(empty_bin)
+        os.symlink(PS_BIN, os.path.join(empty_bin, "ferry-ps"))
+        keys = os.path.join(self.dir, "keys")
+        rc, out = run_in_process(["--num-ps", "2", "--num-workers", "2", "--base-port", "7470",
+                                  "--gpus-per-host", "0", "--bin-dir", empty_bin, "--curve-keys",
+                                  keys, "--resume", os.path.join(self.dir, "ckpt"),
+                                  "--checkpoint-every", "50", "--dry-run", "--",
+                                  "/usr/bin/python3", "train.py", "--epochs", "3"])
+        self.assertEqual(rc, 0, out)
+        cluster = {"cluster": {"ps": ["127.0.0.1:7470", "127.0.0.1:7471"],
+                               "worker": ["127.0.0.1:7472", "127.0.0.1:7473"]},
+                   "task": {"type": "worker", "index": 1}}
+        self.assertIn(f"[worker 1] FERRY_CHECKPOINT_EVERY=50 FERRY_CURVE_KEYS={keys} "
+                      "FERRY_NUM_WORKERS=2 FERRY_RANK=1 FERRY_RESUME=1 "
+                      "FERRY_SERVERS=tcp://127.0.0.1:7470,tcp://127.0.0.1:7471 "
+                      f"TF_CONFIG={shlex.quote(json.dumps(cluster, separators=(',', ':')))} "
+                      "/usr/bin/python3 train.py --epochs 3\n", out)
+        self.assertIn(" --restore", command_lines(out)["ps 0"])
+        self.assertIn("a dead worker restarts alone with FERRY_RESUME=1; a dead server: all "
+                      "processes restart, servers with --restore (from the newest checkpoint), "
+                      "workers with FERRY_RESUME=1", out)
+        self.assertNotIn("warning", out)
+        # With the build tree's package: PYTHONPATH; a python3 other than /usr/bin/python3 (the
+        # first on PATH here): a one-line warning; the launcher's own trainer flags are no
+        # business of a program's arguments.
+        bin_dir = make_program_bin_dir(self.dir)
+        other = os.path.join(self.dir, "pyenv")
+        os.makedirs(other)
+        write_script(os.path.join(other, "python3"), "#!/bin/sh\nexec /usr/bin/python3 \"$@\"\n")
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--base-port", "7470",
+                                  "--gpus-per-host", "0", "--bin-dir", bin_dir, "--dry-run", "--",
+                                  "python3", "train.py", "--rank", "9", "--servers", "x"],
+                                 env={"PATH": f"{other}:{os.environ['PATH']}"})
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"ferry-launch: warning: the worker program python3 is {other}/python3, "
+                      "not /usr/bin/python3", out)
+        self.assertEqual(len([l for l in out.splitlines() if "warning" in l]), 1, out)
+        self.assertRegex(out, rf"\[worker 0\] FERRY_NUM_WORKERS=1 FERRY_RANK=0 "
+                              rf"FERRY_SERVERS=tcp://127.0.0.1:7470 PYTHONPATH="
+                              rf"{re.escape(bin_dir)}/python\${{PYTHONPATH:\+:\$PYTHONPATH}} "
+                              r"TF_CONFIG=\S+ python3 train.py --rank 9 --servers x\n")
+
+
 # A short sync job (2 servers, 2 workers) that checkpoints every 20 steps. Worker 1 is slowed
 # down by 10 ms a step (--straggler; it changes no number), so the 200 steps take about 2 s and a
 # process can be killed in the middle; --log-every 10 gives the launcher the steps reached.
@@ -1128,6 +1395,44 @@ class SshBackendTest(unittest.TestCase):
         wait_until_gone(stubs)
         self.assertEqual([p for p in stubs if pid_alive(p)], [], "stub trainers survived")
 
+    def test_remote_worker_program_gets_its_environment(self):
+        # Over ssh the environment travels in the command (env -u NAME ... NAME=VALUE) and
+        # PYTHONPATH goes in front of the one the remote side has (here: what the fake ssh
+        # inherits).
+        bin_dir = make_program_bin_dir(self.dir)
+        program, out_dir = os.path.join(self.dir, "worker.py"), os.path.join(self.dir, "out")
+        with open(program, "w") as f:
+            f.write(WORKER_PROGRAM)
+        os.makedirs(out_dir)
+        port = free_ports(1)[0]
+        spec = self.spec({"ps": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1", "node-b:9000"]})
+        rc, out = run_launcher(["--spec", spec, "--bin-dir", bin_dir, "--ssh", self.ssh,
+                                "--gpus-per-host", "0", "--log-dir",
+                                os.path.join(self.dir, "logs"), "--", sys.executable, program,
+                                out_dir, "die-once"], timeout=60,
+                               env={"PYTHONPATH": "/remote/lib", "FERRY_RESUME": "1"})
+        self.assertEqual(rc, 0, out)
+        self.assertRegex(out, r"restarted worker 1 on node-b \(ssh pid \d+\): FERRY_NUM_WORKERS=2 "
+                              r"FERRY_RANK=1 FERRY_RESUME=1 ")
+        starts = program_starts(out_dir, 1)
+        self.assertEqual([s["FERRY_RESUME"] for s in starts], [None, "1"], out)
+        self.assertEqual(starts[0]["FERRY_SERVERS"], f"tcp://127.0.0.1:{port}")
+        self.assertEqual(starts[0]["PYTHONPATH"], f"{bin_dir}/python:/remote/lib")
+        self.assertEqual(json.loads(starts[0]["TF_CONFIG"]), {
+            "cluster": {"ps": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{port + 1}",
+                                                               "node-b:9000"]},
+            "task": {"type": "worker", "index": 1}})
+        # A program the remote side does not find: named before anything starts.
+        spec = self.spec({"ps": [f"127.0.0.1:{port}"], "worker": ["node-a", "node-b"]})
+        rc, out = run_launcher(["--spec", spec, "--bin-dir", bin_dir, "--ssh", self.ssh, "--",
+                                "no-such-ferry-program", "--epochs", "1"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("preflight: on host 'node-a' (worker[0]): worker program "
+                      "no-such-ferry-program: not found (a path to an executable file, or a "
+                      "name on the PATH of a shell there)", out)
+        self.assertIn("preflight: on host 'node-b' (worker[1]): worker program", out)
+        self.assertNotIn("started", out)
+
     def test_sigterm_during_preflight_stops_the_checks(self):
         pids_file = os.path.join(self.dir, "ssh-pids")
         spec = self.spec({"ps": [f"127.0.0.1:{free_ports(1)[0]}"],
@@ -1593,6 +1898,34 @@ class SlurmTest(unittest.TestCase):
         self.assertIn("stub: failing on purpose", out.split("FAILED:")[1])
         self.assertRegex(out, r"\[worker 0\] ferry-launch: worker 0 pid \d+ ignored SIGTERM")
         self.assert_gone(out)
+
+    @unittest.skipUnless(os.access(PS_BIN, os.X_OK), f"ferry-ps not built under {BUILD_DIR}")
+    def test_worker_program_runs_in_the_step(self):
+        # Each task builds its process's environment on its node (srun passes the launcher's
+        # on): the same contract as the local backend.
+        bin_dir = make_program_bin_dir(self.dir)
+        program, out_dir = os.path.join(self.dir, "worker.py"), os.path.join(self.dir, "out")
+        with open(program, "w") as f:
+            f.write(WORKER_PROGRAM)
+        os.makedirs(out_dir)
+        rc, out = run_launcher(["--slurm", "--srun", self.srun, "--num-ps", "2",
+                                "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
+                                "--bin-dir", bin_dir, "--log-dir", os.path.join(self.dir, "logs"),
+                                "--", sys.executable, program, out_dir, "ok"],
+                               env=self.env(PYTHONPATH="/inherited", FERRY_RESUME="1"))
+        self.assertEqual(rc, 0, out)
+        with open(self.srun_args) as f:
+            self.assertEqual(json.load(f)["cmd"][-4:], [sys.executable, program, out_dir, "ok"])
+        servers = listening(out)
+        for rank in range(2):
+            seen = program_starts(out_dir, rank)[0]
+            self.assertEqual(seen["FERRY_SERVERS"], f"{servers['ps 0']},{servers['ps 1']}")
+            self.assertEqual((seen["FERRY_RANK"], seen["FERRY_NUM_WORKERS"], seen["FERRY_RESUME"]),
+                             (str(rank), "2", None))
+            self.assertEqual(seen["PYTHONPATH"], f"{bin_dir}/python:/inherited")
+            self.assertEqual(json.loads(seen["TF_CONFIG"])["task"],
+                             {"type": "worker", "index": rank})
+        self.assertIn("done: 2 workers finished, 2 servers stopped", out)
 
     def test_base_port_zero_needs_nodes_of_this_machine(self):
         rc, out = run_in_process(["--num-ps", "2", "--num-workers", "2", "--base-port", "0",

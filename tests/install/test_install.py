@@ -85,6 +85,12 @@ class InstalledFerryTest(unittest.TestCase):
         out = run([sys.executable, "-c", code], timeout=60, env=dict(os.environ, PYTHONPATH=site))
         self.assertIn(f"python: {site}", out)
         self.assertIn("[0.0, 0.0, 0.0]", out)
+        # The whole package is installed: ferry.torch (python3-torch) and the data readers.
+        code = ("import ferry.torch, ferry.torch.data, ferry._data; "
+                "print('torch:', ferry.torch.__file__, ferry._data.__file__)")
+        out = run([sys.executable, "-c", code], timeout=120, env=dict(os.environ, PYTHONPATH=site))
+        self.assertIn(f"torch: {os.path.join(site, 'ferry', 'torch', '__init__.py')} {os.path.join(site, 'ferry')}",
+                      out)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@
 // operation is done, and waits for it if it is dropped before. The GIL is released while the
 // client sends, receives and waits. Every failure raises ferry.Error, whose message is the
 // client's or the server's text and whose `code` is the status code's name ("ALREADY_EXISTS").
+#include <absl/container/flat_hash_map.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -102,6 +103,10 @@ class PyHandle {
   bool Done() const { return handle_.done(); }
   // Once done: the lowest table version the servers reported (a sync pull: the step served).
   int64_t Version() const { return handle_.served().version; }
+  int64_t Used() const { return handle_.served().used; }
+  int64_t Dropped() const { return handle_.served().dropped; }
+  double Held() const { return std::chrono::duration<double>(handle_.served().held).count(); }
+  double Elapsed() const { return std::chrono::duration<double>(handle_.elapsed()).count(); }
 
  private:
   ferry::Handle handle_;
@@ -126,16 +131,77 @@ ferry::TableSpec Spec(const std::string& name, const std::string& optimizer, flo
   return s;
 }
 
+// Entry i of a multi-table call: a tuple or list of `width` items; TypeError naming the call, the
+// entry and the form wanted otherwise.
+py::sequence Entry(const py::handle& item, size_t width, const char* call, const char* form, size_t i) {
+  if (!(py::isinstance<py::tuple>(item) || py::isinstance<py::list>(item)) || py::len(item) != width) {
+    throw py::type_error(std::string(call) + ": entry " + std::to_string(i) + " must be " + form);
+  }
+  if (!py::isinstance<py::str>(item[py::int_(0)])) {
+    throw py::type_error(std::string(call) + ": entry " + std::to_string(i) + ": the table name must be a str");
+  }
+  return py::reinterpret_borrow<py::sequence>(item);
+}
+
+// Deduplicates the ids of several tables in one call, with the GIL released (ferry.torch's
+// forward; a hot path: for a ctr batch, 8 tables of 512 ids, it takes 0.022-0.025 ms where a
+// torch.unique per table took 0.137-0.197 ms; bench/RESULTS.md "PyTorch on Ferry"). For each table: its distinct ids in the order they first
+// appear. And for every id of every table, in order, the row of its distinct id counted over all
+// tables: table t's rows follow the distinct ids of tables 0..t-1, so one embedding_bag over the
+// tables' rows stacked in that order pools every table. Returns (distinct: [int64 arrays],
+// rows: int64 array of the total id count).
+py::tuple Dedup(const py::list& tables) {
+  std::vector<IdsIn> ids;
+  ids.reserve(tables.size());
+  size_t total = 0;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    IdsIn a = IdsIn::ensure(tables[i]);
+    if (!a) throw py::error_already_set();
+    if (a.ndim() != 1) throw py::value_error("dedup: entry " + std::to_string(i) + " must be 1-D");
+    total += static_cast<size_t>(a.size());
+    ids.push_back(std::move(a));
+  }
+  py::array_t<int64_t> rows(static_cast<py::ssize_t>(total));
+  std::vector<std::vector<int64_t>> distinct(ids.size());
+  {
+    py::gil_scoped_release release;
+    absl::flat_hash_map<int64_t, int64_t> seen;
+    int64_t* out = rows.mutable_data();
+    int64_t base = 0;
+    for (size_t t = 0; t < ids.size(); ++t) {
+      seen.clear();
+      const int64_t* in = ids[t].data();
+      const size_t n = static_cast<size_t>(ids[t].size());
+      seen.reserve(n);
+      std::vector<int64_t>& d = distinct[t];
+      for (size_t i = 0; i < n; ++i) {
+        auto [it, fresh] = seen.try_emplace(in[i], static_cast<int64_t>(d.size()));
+        if (fresh) d.push_back(in[i]);
+        *out++ = base + it->second;
+      }
+      base += static_cast<int64_t>(d.size());
+    }
+  }
+  py::list out;
+  for (std::vector<int64_t>& d : distinct) {
+    py::array_t<int64_t> a(static_cast<py::ssize_t>(d.size()));
+    std::copy(d.begin(), d.end(), a.mutable_data());
+    out.append(a);
+  }
+  return py::make_tuple(out, rows);
+}
+
 class PyClient {
  public:
   PyClient(std::vector<std::string> servers, int rank, int num_workers, double request_timeout, double connect_timeout,
-           std::optional<std::string> curve_keys) {
+           std::optional<std::string> curve_keys, double heartbeat_timeout) {
     ferry::ClientOptions o;
     o.servers = std::move(servers);
     o.rank = rank;
     o.num_workers = num_workers;
     o.request_timeout = Millis(request_timeout, "request_timeout");
     o.connect_timeout = Millis(connect_timeout, "connect_timeout");
+    o.heartbeat_timeout = Millis(heartbeat_timeout, "heartbeat_timeout");
     if (curve_keys && !curve_keys->empty()) {
       auto keys = ferry::curve::LoadClientKeys(*curve_keys, rank);
       if (!keys.ok()) Raise(keys.status().WithContext("curve_keys"));
@@ -151,7 +217,7 @@ class PyClient {
   }
 
   static std::unique_ptr<PyClient> FromTfConfig(double request_timeout, double connect_timeout,
-                                                std::optional<std::string> curve_keys) {
+                                                std::optional<std::string> curve_keys, double heartbeat_timeout) {
     auto cluster = ferry::ClusterFromEnvironment();
     Check(cluster.status());
     if (!*cluster) Raise(ferry::NotFoundError("TF_CONFIG is not set"));
@@ -161,7 +227,7 @@ class PyClient {
                                            ", not a worker"));
     }
     return std::make_unique<PyClient>(c.servers, c.rank, c.num_workers, request_timeout, connect_timeout,
-                                      std::move(curve_keys));
+                                      std::move(curve_keys), heartbeat_timeout);
   }
 
   int rank() { return client().rank(); }
@@ -259,6 +325,113 @@ class PyClient {
     return std::make_unique<PyHandle>(std::move(h), std::vector<py::object>{ids, grads}, py::none());
   }
 
+  // Several tables in one call (the C++ client's multi-table calls): each server gets one message
+  // (or a few, cut between tables, for a large share), every server in flight together. Every
+  // entry is converted and checked before anything is sent; a bad entry raises naming it.
+  //   tables: [(name, ids, out or None)]; wait() returns the list of row arrays, in order.
+  std::unique_ptr<PyHandle> PullSparseTables(const py::list& tables, int64_t step, bool distinct) {
+    std::vector<py::object> keep;
+    std::vector<std::string> names;
+    std::vector<ferry::SparseOut> outs;
+    py::list results;
+    names.reserve(tables.size());
+    for (size_t i = 0; i < tables.size(); ++i) {
+      auto entry = Entry(tables[i], 3, "pull_sparse_tables", "(table, ids, out or None)", i);
+      names.push_back(py::cast<std::string>(entry[0]));
+      IdsIn ids = IdsIn::ensure(entry[1]);
+      if (!ids) throw py::error_already_set();
+      py::array_t<float> a;
+      if (entry[2].is_none()) {
+        a = py::array_t<float>({static_cast<py::ssize_t>(ids.size()), static_cast<py::ssize_t>(Dim(names.back()))});
+      } else {
+        a = Writable(entry[2], "out");
+      }
+      outs.push_back({{}, std::span<const int64_t>(ids.data(), static_cast<size_t>(ids.size())),
+                      std::span<float>(a.mutable_data(), static_cast<size_t>(a.size()))});
+      keep.push_back(ids);
+      keep.push_back(a);
+      results.append(a);
+    }
+    for (size_t i = 0; i < outs.size(); ++i) outs[i].table = names[i];
+    ferry::Handle h;
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      h = c.PullSparse(outs, step, distinct ? ferry::SparseIds::kDistinct : ferry::SparseIds::kMayRepeat);
+    }
+    return std::make_unique<PyHandle>(std::move(h), std::move(keep), std::move(results));
+  }
+
+  //   tables: [(name, ids, grads)], grads of len(ids) x dim.
+  std::unique_ptr<PyHandle> PushSparseTables(const py::list& tables, int64_t step, bool distinct) {
+    std::vector<py::object> keep;
+    std::vector<std::string> names;
+    std::vector<ferry::SparseIn> ins;
+    names.reserve(tables.size());
+    for (size_t i = 0; i < tables.size(); ++i) {
+      auto entry = Entry(tables[i], 3, "push_sparse_tables", "(table, ids, grads)", i);
+      names.push_back(py::cast<std::string>(entry[0]));
+      IdsIn ids = IdsIn::ensure(entry[1]);
+      FloatIn grads = FloatIn::ensure(entry[2]);
+      if (!ids || !grads) throw py::error_already_set();
+      ins.push_back({{}, std::span<const int64_t>(ids.data(), static_cast<size_t>(ids.size())),
+                     std::span<const float>(grads.data(), static_cast<size_t>(grads.size()))});
+      keep.push_back(ids);
+      keep.push_back(grads);
+    }
+    for (size_t i = 0; i < ins.size(); ++i) ins[i].table = names[i];
+    ferry::Handle h;
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      h = c.PushSparse(ins, step, distinct ? ferry::SparseIds::kDistinct : ferry::SparseIds::kMayRepeat);
+    }
+    return std::make_unique<PyHandle>(std::move(h), std::move(keep), py::none());
+  }
+
+  // Dense tables, several in one call: [(name, out)], [(name, grad)], [(name, grad, out)].
+  std::unique_ptr<PyHandle> DenseTables(const py::list& tables, int64_t step, bool push, bool pull) {
+    const char* call = push ? (pull ? "push_pull_dense_tables" : "push_dense_tables") : "pull_dense_tables";
+    const char* form = push ? (pull ? "(table, grad, out)" : "(table, grad)") : "(table, out)";
+    const size_t width = 1 + (push ? 1 : 0) + (pull ? 1 : 0);
+    std::vector<py::object> keep;
+    std::vector<std::string> names;
+    std::vector<ferry::DenseIn> ins;
+    std::vector<ferry::DenseOut> outs;
+    py::list results;
+    names.reserve(tables.size());
+    for (size_t i = 0; i < tables.size(); ++i) {
+      auto entry = Entry(tables[i], width, call, form, i);
+      names.push_back(py::cast<std::string>(entry[0]));
+      if (push) {
+        FloatIn grad = FloatIn::ensure(entry[1]);
+        if (!grad) throw py::error_already_set();
+        ins.push_back({{}, std::span<const float>(grad.data(), static_cast<size_t>(grad.size()))});
+        keep.push_back(grad);
+      }
+      if (pull) {
+        py::array_t<float> a = Writable(entry[width - 1], "out");
+        outs.push_back({{}, std::span<float>(a.mutable_data(), static_cast<size_t>(a.size()))});
+        keep.push_back(a);
+        results.append(a);
+      }
+    }
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (push) ins[i].table = names[i];
+      if (pull) outs[i].table = names[i];
+    }
+    ferry::Handle h;
+    ferry::Client& c = client();
+    {
+      py::gil_scoped_release release;
+      h = push ? (pull ? c.PushPullDense(ins, outs, step) : c.PushDense(ins, step)) : c.PullDense(outs, step);
+    }
+    return std::make_unique<PyHandle>(std::move(h), std::move(keep), pull ? py::object(results) : py::none());
+  }
+
+  // The dim of a declared sparse table (ValueError naming it otherwise).
+  int64_t SparseDim(const std::string& table) const { return Dim(table); }
+
   // Runs a blocking call of the client with the GIL released; raises its failure.
   template <typename Call>
   void Blocking(Call&& call) {
@@ -293,14 +466,19 @@ class PyClient {
     return out.reshape(std::vector<py::ssize_t>(values.shape(), values.shape() + values.ndim()));
   }
 
-  void AdvanceClock(int64_t clock) {
-    ferry::Status s;
+  // wait: returns once every server has the clock (None); otherwise returns its Handle at once.
+  py::object AdvanceClock(int64_t clock, bool wait) {
+    ferry::Handle h;
     ferry::Client& c = client();
+    ferry::Status s;
     {
       py::gil_scoped_release release;
-      s = c.AdvanceClock(clock).wait();
+      h = c.AdvanceClock(clock);
+      if (wait) s = h.wait();
     }
+    if (!wait) return py::cast(std::make_unique<PyHandle>(std::move(h), std::vector<py::object>{}, py::none()));
     Check(s);
+    return py::none();
   }
 
   void Finish() {
@@ -354,7 +532,7 @@ class PyClient {
 
 }  // namespace
 
-PYBIND11_MODULE(ferry, m) {
+PYBIND11_MODULE(_ferry, m) {
   m.doc() = "Ferry's parameter-server client: dense and sparse tables with numpy arrays";
   static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
   error.attr("code") = "UNKNOWN";
@@ -365,7 +543,11 @@ PYBIND11_MODULE(ferry, m) {
       .def("wait", &PyHandle::Wait, py::arg("timeout") = py::none(),
            "Waits (seconds; None: until done, bounded by the request timeout); raises ferry.Error on failure.")
       .def("done", &PyHandle::Done)
-      .def_property_readonly("version", &PyHandle::Version, "The lowest table version served (sync pull: the step).");
+      .def_property_readonly("version", &PyHandle::Version, "The lowest table version served (sync pull: the step).")
+      .def_property_readonly("used", &PyHandle::Used, "Pushes, once done: parts whose gradient counted.")
+      .def_property_readonly("dropped", &PyHandle::Dropped, "Pushes, once done: parts dropped as late.")
+      .def_property_readonly("held", &PyHandle::Held, "Pulls, once done: seconds a server held it for its step.")
+      .def_property_readonly("elapsed", &PyHandle::Elapsed, "Seconds from the call to its last reply (0 until done).");
 
   const char* opt_doc = "optimizer: sgd, momentum, adagrad, adam or ftrl (lr is its alpha); consistency: sync, async "
                         "or ssp:S; init: zeros, uniform, normal or constant (with init_scale); options: the "
@@ -376,14 +558,16 @@ PYBIND11_MODULE(ferry, m) {
                         "wire: f32, fp16 or bf16, how the table's gradients and values travel (2 bytes a value for "
                         "fp16 and bf16; the servers keep float32; needs servers of protocol 1.6)";
   py::class_<PyClient>(m, "Client")
-      .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>>(),
+      .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>, double>(),
            py::arg("servers"), py::arg("rank") = 0, py::arg("num_workers") = 1, py::arg("request_timeout") = 360.0,
-           py::arg("connect_timeout") = 30.0, py::arg("curve_keys") = py::none(),
+           py::arg("connect_timeout") = 30.0, py::arg("curve_keys") = py::none(), py::arg("heartbeat_timeout") = 5.0,
            "Connects to every server (endpoints like tcp://host:7470, in server-rank order). curve_keys: the "
-           "job's CURVE key folder (ferry-keys writes one), needed when the servers run with --curve-keys.")
+           "job's CURVE key folder (ferry-keys writes one), needed when the servers run with --curve-keys. "
+           "heartbeat_timeout: seconds a server may stay silent before its requests fail with UNAVAILABLE (0: "
+           "no heartbeats; a closed connection is still noticed).")
       .def_static("from_tf_config", &PyClient::FromTfConfig, py::arg("request_timeout") = 360.0,
                   py::arg("connect_timeout") = 30.0, py::arg("curve_keys") = py::none(),
-                  "Connects as the worker TF_CONFIG describes (see the README).")
+                  py::arg("heartbeat_timeout") = 5.0, "Connects as the worker TF_CONFIG describes (see the README).")
       .def_property_readonly("rank", &PyClient::rank)
       .def_property_readonly("num_workers", &PyClient::num_workers)
       .def_property_readonly("num_servers", &PyClient::num_servers)
@@ -405,9 +589,35 @@ PYBIND11_MODULE(ferry, m) {
            py::arg("out") = py::none())
       .def("push_sparse", &PyClient::PushSparse, py::arg("table"), py::arg("ids"), py::arg("grads"),
            py::arg("step") = 0)
+      .def("pull_sparse_tables", &PyClient::PullSparseTables, py::arg("tables"), py::arg("step") = 0,
+           py::arg("distinct") = false,
+           "Pulls rows of several sparse tables in one message per server: tables = [(name, ids, out or "
+           "None)]; wait() returns the row arrays in order. distinct=True: no id repeats within a table "
+           "(sent as they are).")
+      .def("push_sparse_tables", &PyClient::PushSparseTables, py::arg("tables"), py::arg("step") = 0,
+           py::arg("distinct") = false,
+           "Pushes row gradients of several sparse tables in one message per server: tables = [(name, ids, "
+           "grads)]; a repeated id's gradients are summed unless distinct=True.")
+      .def(
+          "pull_dense_tables",
+          [](PyClient& c, const py::list& t, int64_t step) { return c.DenseTables(t, step, false, true); },
+          py::arg("tables"), py::arg("step") = 0, "Pulls several dense tables in one message per server: [(name, out)].")
+      .def(
+          "push_dense_tables",
+          [](PyClient& c, const py::list& t, int64_t step) { return c.DenseTables(t, step, true, false); },
+          py::arg("tables"), py::arg("step") = 0, "Pushes several dense gradients in one message per server: [(name, grad)].")
+      .def(
+          "push_pull_dense_tables",
+          [](PyClient& c, const py::list& t, int64_t step) { return c.DenseTables(t, step, true, true); },
+          py::arg("tables"), py::arg("step") = 0,
+          "Pushes gradients for `step` and pulls the same tables for step + 1, one round trip per server: "
+          "[(name, grad, out)].")
+      .def("sparse_dim", &PyClient::SparseDim, py::arg("table"), "The row width of a sparse table declared here.")
       .def("barrier", &PyClient::Barrier)
       .def("all_reduce_sum", &PyClient::AllReduceSum, py::arg("values"))
-      .def("advance_clock", &PyClient::AdvanceClock, py::arg("clock"))
+      .def("advance_clock", &PyClient::AdvanceClock, py::arg("clock"), py::arg("wait") = true,
+           "Advances this worker's clock to `clock` on every server (ssp). wait=False: returns its Handle at "
+           "once (a later request of this client reaches each server after it).")
       .def("finish", &PyClient::Finish)
       .def("checkpoint", &PyClient::Checkpoint, py::arg("step"),
            "Has every server save its shard of every table as of `step` in its checkpoint folder\n"
@@ -420,6 +630,10 @@ PYBIND11_MODULE(ferry, m) {
       .def("__enter__", [](PyClient& c) -> PyClient& { return c; }, py::return_value_policy::reference)
       .def("__exit__", [](PyClient& c, py::args) { c.Close(); });
 
+  m.def("dedup", &Dedup, py::arg("tables"),
+        "dedup([ids, ...]) -> ([distinct ids per table], rows): each table's distinct ids in order of first "
+        "appearance, and for every id, in order, the row of its distinct id counted over all tables (table t's "
+        "rows follow the distinct ids of the tables before it). The GIL is released.");
   m.def(
       "cluster_from_tf_config",
       [](const std::optional<std::string>& text) -> py::object {

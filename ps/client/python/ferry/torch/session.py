@@ -1,0 +1,202 @@
+"""The worker's place in a Ferry job: servers, rank, worker count, resume, checkpoints.
+
+`init()` reads them from the environment `ferry-launch` sets for a worker program (or from
+TF_CONFIG, or from its arguments), connects a `ferry.Client`, and makes the result the default
+`Session` of the modules of `ferry.torch`. It also prints the lines the launcher reads to follow
+a job (`[worker R] step T/TOTAL ...`, `[worker R] checkpoint of step S saved: ...`,
+`[worker R] resuming the job at step S of TOTAL`).
+
+Thread-safety: a Session may be used from several threads (its client is thread-safe); init()
+and default_session() are meant for the main thread.
+"""
+
+import os
+import sys
+
+import ferry
+
+# The environment ferry-launch gives a worker program (launch/README.md, "Running your own
+# program as the workers").
+ENV_SERVERS = "FERRY_SERVERS"
+ENV_RANK = "FERRY_RANK"
+ENV_NUM_WORKERS = "FERRY_NUM_WORKERS"
+ENV_RESUME = "FERRY_RESUME"
+ENV_CHECKPOINT_EVERY = "FERRY_CHECKPOINT_EVERY"
+ENV_CURVE_KEYS = "FERRY_CURVE_KEYS"
+
+_default = None
+
+
+def _int_from(env, name, low):
+    text = env.get(name)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise ValueError(f"environment variable {name}='{text}': want an integer >= {low}")
+    return value
+
+
+class Session:
+    """One worker's connection to the job: `client` (a ferry.Client), `rank`, `num_workers`,
+    `num_servers`, `resume` (True for a worker the launcher restarted), `restored_step` (the
+    step of the checkpoint the servers started from; 0 if none), `checkpoint_every` (0: none
+    asked for) and `start_step` (where this worker's loop begins; see there)."""
+
+    def __init__(self, client, *, resume=False, checkpoint_every=0, out=None):
+        self.client = client
+        self.rank = client.rank
+        self.num_workers = client.num_workers
+        self.num_servers = client.num_servers
+        self.resume = bool(resume)
+        self.restored_step = client.restored_step
+        self.checkpoint_every = int(checkpoint_every or 0)
+        self._out = out or sys.stdout
+        self._modules = []  # the ferry.torch modules on this session, flushed before a checkpoint
+
+    def _attach(self, module):
+        self._modules.append(module)
+
+    @property
+    def start_step(self):
+        """Where this worker's training loop begins: 0 in a new job. For a worker the launcher
+        restarted (resume), the step its modules joined the job at: a sync table's global step
+        (the servers' step now, which is past the checkpoint's when this worker died alone), else
+        the restored checkpoint's step. Read it after making the modules."""
+        if not self.resume:
+            return 0
+        return max([self.restored_step] + [m.joined_at for m in self._modules])
+
+    def say(self, text):
+        """Prints one line prefixed with this worker, as the launcher expects."""
+        print(f"[worker {self.rank}] {text}", file=self._out, flush=True)
+
+    def resuming(self, step, total):
+        """Tells the launcher this (restarted) worker joins the job at `step` of `total`."""
+        self.say(f"resuming the job at step {step} of {total}")
+
+    def log_step(self, step, total, **metrics):
+        """A progress line: `[worker R] step T/TOTAL k=v ...` (the launcher follows the job by
+        it)."""
+        parts = " ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        self.say(f"step {step}/{total} {parts}".rstrip())
+
+    def checkpoint_due(self, step):
+        """Whether `step` is one the job checkpoints at (--checkpoint-every N: every N-th)."""
+        return self.checkpoint_every > 0 and step > 0 and step % self.checkpoint_every == 0
+
+    def checkpoint(self, step):
+        """Has every server save its shard of every table as of `step`, then the manifest
+        written (worker 0 only; other ranks return at once). With sync tables, call it after
+        this step's forward (its pull) and before its backward (its push): the servers are then
+        all at `step`. Raises ferry.Error if a server cannot."""
+        if self.rank != 0:
+            return
+        for m in self._modules:
+            m.flush()
+        self.client.checkpoint(step)
+        self.say(f"checkpoint of step {step} saved: {self.num_servers} shards")
+
+    def init_process_group(self, backend="gloo", timeout_s=300):
+        """torch.distributed for the workers of this job (the hybrid: dense layers under
+        DistributedDataParallel, embeddings on Ferry): world size num_workers, this rank. The
+        rendezvous is MASTER_ADDR:MASTER_PORT when both are set. Otherwise worker 0 opens
+        torch's TCPStore on a free port of MASTER_ADDR (default 127.0.0.1: one host) and the
+        workers learn the port through the servers (Client.all_reduce_sum, a collective of every
+        worker: a worker restarted alone cannot join it, so set MASTER_ADDR and MASTER_PORT for
+        jobs that restart workers)."""
+        import datetime
+
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=timeout_s)
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        port = os.environ.get("MASTER_PORT")
+        if port is not None:
+            dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
+                                    world_size=self.num_workers, timeout=timeout)
+            return
+        store = None
+        if self.rank == 0:  # bound here, on port 0: no race for the port
+            store = dist.TCPStore(addr, 0, self.num_workers, True, timeout=timeout, wait_for_workers=False)
+        port = int(self.client.all_reduce_sum([float(store.port if store else 0)])[0])
+        if store is None:
+            store = dist.TCPStore(addr, port, self.num_workers, False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.num_workers, timeout=timeout)
+
+    def finish(self):
+        """Ends this worker's training: sends what is pending and tells the servers (sync steps
+        stop waiting for it)."""
+        for m in self._modules:
+            m.flush()
+        self.client.finish()
+
+    def close(self):
+        global _default
+        for m in self._modules:
+            m.flush(raise_errors=False)
+        self.client.close()
+        if _default is self:
+            _default = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def init(servers=None, rank=None, num_workers=None, *, request_timeout=360.0, connect_timeout=30.0,
+         curve_keys=None, heartbeat_timeout=5.0, env=None):
+    """Connects this worker to the job's servers and returns its Session (also the default one
+    the modules of ferry.torch use).
+
+    Where each setting comes from, first found wins: the argument; FERRY_SERVERS (endpoints,
+    comma-separated), FERRY_RANK, FERRY_NUM_WORKERS, FERRY_CURVE_KEYS, FERRY_RESUME=1 and
+    FERRY_CHECKPOINT_EVERY, as ferry-launch sets them for a worker program; TF_CONFIG (a worker
+    task). The timeouts are in seconds (ferry.Client's). ValueError if servers, rank or worker count cannot be found or are malformed;
+    ferry.Error if a server does not answer within connect_timeout seconds."""
+    global _default
+    env = os.environ if env is None else env
+    if isinstance(servers, str):
+        servers = [s for s in servers.split(",") if s]
+    if servers is None and env.get(ENV_SERVERS):
+        servers = [s for s in env[ENV_SERVERS].split(",") if s]
+    rank = _int_from(env, ENV_RANK, 0) if rank is None else rank
+    num_workers = _int_from(env, ENV_NUM_WORKERS, 1) if num_workers is None else num_workers
+    if servers is None or rank is None or num_workers is None:
+        tf = ferry.cluster_from_tf_config(env["TF_CONFIG"]) if env.get("TF_CONFIG") else None
+        if tf is not None:
+            if tf["task_type"] == "ps":
+                raise ValueError(f"TF_CONFIG: this task is ps {tf['task_index']}, not a worker")
+            servers = tf["servers"] if servers is None else servers
+            rank = tf["rank"] if rank is None else rank
+            num_workers = tf["num_workers"] if num_workers is None else num_workers
+    missing = [n for n, v in (("servers", servers), ("rank", rank), ("num_workers", num_workers)) if v is None]
+    if missing:
+        raise ValueError(f"ferry.torch.init: no {', '.join(missing)}: pass them, run under ferry-launch "
+                         f"({ENV_SERVERS}, {ENV_RANK}, {ENV_NUM_WORKERS}) or set TF_CONFIG")
+    if not servers:
+        raise ValueError("ferry.torch.init: the server list is empty")
+    if not 0 <= rank < num_workers:
+        raise ValueError(f"ferry.torch.init: rank {rank} is not in [0, {num_workers})")
+    curve_keys = curve_keys if curve_keys is not None else env.get(ENV_CURVE_KEYS)
+    client = ferry.Client(list(servers), rank=rank, num_workers=num_workers, request_timeout=request_timeout,
+                          connect_timeout=connect_timeout, curve_keys=curve_keys, heartbeat_timeout=heartbeat_timeout)
+    every = _int_from(env, ENV_CHECKPOINT_EVERY, 0) or 0
+    _default = Session(client, resume=env.get(ENV_RESUME) == "1", checkpoint_every=every)
+    return _default
+
+
+def default_session():
+    """The Session init() made; RuntimeError if there is none."""
+    if _default is None:
+        raise RuntimeError("ferry.torch: no session: call ferry.torch.init() first, or pass session=")
+    return _default
+
+
+def resolve(session):
+    return default_session() if session is None else session

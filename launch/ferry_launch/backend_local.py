@@ -244,7 +244,8 @@ class Launcher(Supervisor):
             if p.child.returncode == USAGE_EXIT:
                 whose = ("a usage error (ferry-trainer and Python's argparse exit 2 for bad "
                          "arguments)" if self.opts.worker_command else
-                         "the trainer's usage error (bad flags)")
+                         "the trainer's refusal of its settings (a bad flag, --table, a table "
+                         "the servers refuse)")
                 return self.give_up(p, what, f"{p.task.name} is not restarted: exit status "
                                              f"{USAGE_EXIT} is {whose}; a restart would fail "
                                              "the same way")

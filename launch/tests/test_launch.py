@@ -283,6 +283,35 @@ class LaunchTest(unittest.TestCase):
         self.assertNotIn("usage: ferry-trainer", summary)
         self.assertNotIn("--criteo-train FILE", summary)
 
+    def test_refused_settings_exit_2_once_and_say_why(self):
+        # A refusal of the user's settings is not a crash: the worker exits 2 on its first try,
+        # the launcher does not restart it (restarts are allowed here) and shows the reason.
+        # All but the last are refused before the data is loaded (no "data: synthetic" line).
+        ctr = ["--model", "ctr", "--ctr-train", "2000", "--ctr-test", "500", "--steps", "5"]
+        cases = [
+            (["--table", "nosuch/*:lr=0.1"], "'nosuch/*' matches none of the model's tables (ctr/w0,", False),
+            (["--consistency", "sync", "--pipeline", "prefetch"],
+             "table 'ctr/w0' is sync, and --pipeline prefetch reads parameters a step early", False),
+            (["--table", "ctr/*:optimiser=ftrl"], "unknown key 'optimiser' (did you mean optimizer?)", False),
+            (["--lerning-rate", "0.1"], "unknown flag --lerning-rate", False),
+            # Refused by the servers at the declaration, after the data is loaded.
+            (["--table", "ctr/*:consistency=sync,replicas_to_aggregate=3"], "replicas_to_aggregate 3 exceeds the job's 2 workers",
+             True),
+        ]
+        for i, (args, message, loaded) in enumerate(cases):
+            with self.subTest(args=args):
+                rc, out = run_launcher(["--num-ps", "1", "--num-workers", "2", "--base-port", "0",
+                                        "--max-restarts", "3", "--bin-dir", BUILD_DIR, "--log-dir",
+                                        os.path.join(self.dir, f"logs-{i}"), "--"] + ctr + args, timeout=120)
+                self.assertNotEqual(rc, 0, out)
+                self.assertRegex(out, r"FAILED: worker \d \(pid \d+\) failed: exit status 2")
+                self.assertIn("is not restarted: exit status 2", out)
+                self.assertNotIn("restarting it", out)
+                self.assertIn(message, out.split("FAILED:")[1])
+                self.assertEqual(bool(re.search(r"^\[worker \d\] data: synthetic", out, re.M)), loaded,
+                                 out[-3000:])
+                self.assertNotRegex(out, r"restarted worker \d+ pid")
+
     def test_failure_summary_shows_the_error_lines_and_the_signal(self):
         # A worker that logs progress, an error, then a usage text longer than the summary's
         # line budget, and exits 2; a second variant dies of SIGABRT after its error.
@@ -945,8 +974,8 @@ class RecoveryTest(unittest.TestCase):
                                 "--bin-dir", BUILD_DIR, "--log-dir",
                                 os.path.join(self.dir, "logs"), "--", "--no-such-flag", "1"])
         self.assertEqual(rc, 1, out)
-        self.assertIn("worker 0 is not restarted: exit status 2 is the trainer's usage error",
-                      out)
+        self.assertIn("worker 0 is not restarted: exit status 2 is the trainer's refusal of its "
+                      "settings", out)
         self.assertNotRegex(out, r"restarted worker \d+ pid")
         # A server without a checkpoint folder: nothing to restore it from.
         bin_dir = make_stub_bin_dir(self.dir)

@@ -8,7 +8,9 @@
 
 #include "ferry/kernels.h"
 #include "ferry/trainer/device.h"
+#include "ferry/trainer/models.h"
 #include "ferry/trainer/options.h"
+#include "ferry/trainer/trainer.h"
 
 namespace ferry::trainer {
 namespace {
@@ -221,6 +223,91 @@ TEST(TrainerOptions, UnknownFlagIsCalledUnknownWhereverItStands) {
     EXPECT_NE(o.status().message().find("unknown flag --bogus"), std::string::npos) << o.status();
     EXPECT_EQ(o.status().message().find("needs a value"), std::string::npos) << o.status();
   }
+}
+
+TEST(TrainerOptions, UnknownFlagSuggestsTheNearest) {
+  auto o = Parse({"--local", "--lerning-rate", "0.1"});
+  EXPECT_NE(o.status().message().find("unknown flag --lerning-rate"), std::string::npos) << o.status();
+  auto near = Parse({"--local", "--epoch", "2"});
+  EXPECT_NE(near.status().message().find("unknown flag --epoch (did you mean --epochs?)"), std::string::npos)
+      << near.status();
+  auto flag = Parse({"--local", "--push-by-layers"});
+  EXPECT_NE(flag.status().message().find("(did you mean --push-by-layer?)"), std::string::npos) << flag.status();
+}
+
+TEST(TrainerOptions, AMisspelledTableKeyIsNamedWithTheNearestAndEveryKey) {
+  auto o = Parse({"--local", "--table", "ctr/*:optimiser=ftrl"});
+  ASSERT_FALSE(o.ok());
+  const std::string m = o.status().message();
+  EXPECT_NE(m.find("unknown key 'optimiser' (did you mean optimizer?)"), std::string::npos) << m;
+  EXPECT_EQ(m.find("is not a number"), std::string::npos) << m;
+  for (const char* key : {" lr,", " optimizer,", " consistency,", " wire,", " l1,", " beta1,", " max_rows,", " topk"}) {
+    EXPECT_NE(m.find(key), std::string::npos) << key << " missing from: " << m;
+  }
+  // --help lists every key too.
+  const std::string usage = TrainerUsage();
+  for (const char* key : {"lr,", "optimizer,", "consistency,", "admit_probability,", "topk"}) {
+    EXPECT_NE(usage.find(key), std::string::npos) << key;
+  }
+}
+
+// What ferry-trainer refuses before it loads its data (exit 2).
+TEST(TrainerOptions, CheckSettingsRefusesTheUsersSettingsWithoutData) {
+  auto ok = Parse({"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--table", "ctr/emb*:lr=0.1"});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(CheckSettings(*ok).ok()) << CheckSettings(*ok);
+
+  auto none = Parse({"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--table", "user/*:lr=0.1"});
+  ASSERT_TRUE(none.ok());
+  Status s = CheckSettings(*none);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'user/*' matches none of the model's tables (ctr/w0, ctr/w0s, ctr/b0"), std::string::npos) << s;
+  EXPECT_TRUE(IsSettingsRefusal(s));
+
+  // The classifier's tables are known without Fashion-MNIST.
+  auto mlp = Parse({"--servers", "tcp://a:1", "--num-workers", "2", "--hidden", "8", "--table", "mlp/b9:lr=0.1"});
+  ASSERT_TRUE(mlp.ok());
+  s = CheckSettings(*mlp);
+  EXPECT_NE(s.message().find("(mlp/w0, mlp/b0, mlp/w1, mlp/b1)"), std::string::npos) << s;
+
+  // --pipeline prefetch with a sync table, set by --consistency or by --table; async is fine.
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--consistency", "sync"}, {"--consistency", "async", "--table", "ctr/b0:consistency=sync"}}) {
+    std::vector<std::string> all = {"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--pipeline", "prefetch"};
+    all.insert(all.end(), args.begin(), args.end());
+    auto p = Parse(all);
+    ASSERT_TRUE(p.ok()) << p.status();
+    s = CheckSettings(*p);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << testing::PrintToString(args);
+    EXPECT_NE(s.message().find("is sync, and --pipeline prefetch"), std::string::npos) << s;
+  }
+  auto async = Parse({"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--pipeline", "prefetch",
+                      "--consistency", "async"});
+  ASSERT_TRUE(async.ok());
+  EXPECT_TRUE(CheckSettings(*async).ok()) << CheckSettings(*async);
+
+  // What a restart may cure is not a refusal.
+  EXPECT_FALSE(IsSettingsRefusal(UnavailableError("server 1 stopped answering")));
+  EXPECT_FALSE(IsSettingsRefusal(DeadlineExceededError("no reply in 30 s")));
+  EXPECT_TRUE(IsSettingsRefusal(AlreadyExistsError("table 'w' is already declared as ...")));
+}
+
+// The tables CheckSettings plans are those the built model declares.
+TEST(TrainerOptions, PlannedCtrTablesAreTheBuiltModelsTables) {
+  auto o = Parse({"--local", "--model", "ctr", "--ctr-fields", "3", "--ctr-dense", "2", "--ctr-train", "64",
+                  "--ctr-test", "16", "--hidden", "4", "--emb-dim", "5", "--optimizer", "adam"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  auto data = LoadCtrData(*o);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto device = CreateDevice(DeviceKind::kCpu, 0);
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto model = CreateCtrModel(device->get(), *o, &*data);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<std::string> built, planned;
+  for (const TableSpec& s : (*model)->TableSpecs()) built.push_back(s.ToString());
+  for (const TableSpec& s : CtrTableSpecs(*o)) planned.push_back(s.ToString());
+  EXPECT_EQ(planned, built);
+  EXPECT_EQ(planned.size(), 8u);  // w0, w0s, b0, w1, b1 and the 3 fields' embeddings
 }
 
 TEST(TrainerOptions, EveryFlagInTheUsageIsKnown) {

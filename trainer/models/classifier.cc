@@ -15,6 +15,15 @@ namespace ferry::trainer {
 namespace models {
 namespace {
 
+MlpConfig TowerConfig(const TrainerOptions& options, int64_t pixels, int64_t classes) {
+  MlpConfig c;
+  c.input = pixels;
+  c.hidden = options.hidden;
+  c.outputs = classes;
+  c.prefix = "mlp/";
+  return c;
+}
+
 class Classifier final : public Model {
  public:
   Classifier(Device* device, const TrainerOptions& options, const data::ImageDataset* train,
@@ -22,11 +31,7 @@ class Classifier final : public Model {
       : device_(device), options_(options), train_(train), test_(test) {}
 
   Status Init() {
-    MlpConfig c;
-    c.input = train_->pixels_per_image();
-    c.hidden = options_.hidden;
-    c.outputs = train_->num_classes;
-    c.prefix = "mlp/";
+    const MlpConfig c = TowerConfig(options_, train_->pixels_per_image(), train_->num_classes);
     FERRY_RETURN_IF_ERROR(tower_.Build(device_, options_, c));
     const int64_t max_rows = std::max(options_.batch, kEvalBatch);
     max_batch_ = MaxBatch(options_);
@@ -152,6 +157,11 @@ StatusOr<std::unique_ptr<Model>> CreateClassifier(Device* device, const TrainerO
   auto m = std::make_unique<models::Classifier>(device, options, train, test);
   FERRY_RETURN_IF_ERROR(m->Init());
   return std::unique_ptr<Model>(std::move(m));
+}
+
+std::vector<TableSpec> ClassifierTableSpecs(const TrainerOptions& options) {
+  // Fashion-MNIST's 28 x 28 images (the tables' names and settings do not depend on the shape).
+  return models::Tower::Specs(options, models::TowerConfig(options, 28 * 28, data::kFashionMnistClasses));
 }
 
 }  // namespace ferry::trainer

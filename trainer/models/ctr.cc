@@ -17,6 +17,32 @@ namespace ferry::trainer {
 namespace models {
 namespace {
 
+MlpConfig TowerConfig(const TrainerOptions& options, int fields, int dense) {
+  MlpConfig c;
+  c.input = int64_t{fields} * options.emb_dim;
+  c.side_input = dense;
+  c.hidden = options.hidden;
+  c.outputs = 1;
+  c.prefix = "ctr/";
+  return c;
+}
+
+// Field f's embedding table.
+TableSpec EmbeddingSpec(const TrainerOptions& options, int f) {
+  TableSpec s;
+  s.name = "ctr/emb" + std::to_string(f);
+  s.type = TableType::kSparse;
+  s.dim = options.emb_dim;
+  s.optimizer = options.optimizer;
+  s.consistency = options.consistency;
+  s.staleness = options.consistency == Consistency::kSsp ? options.staleness : 0;
+  s.replicas_to_aggregate = options.consistency == Consistency::kSync ? options.replicas_to_aggregate() : 0;
+  s.init = InitType::kUniform;
+  s.init_scale = 0.05f;
+  s.seed = options.seed;
+  return s;
+}
+
 class CtrModel final : public Model {
  public:
   CtrModel(Device* device, const TrainerOptions& options, const CtrData* data)
@@ -33,29 +59,10 @@ class CtrModel final : public Model {
     if (!data_->test.empty() && (data_->test.num_fields != fields_ || data_->test.num_dense != dense_)) {
       return InvalidArgumentError("ctr: the test set's shape differs from the training set's");
     }
-    MlpConfig c;
-    c.input = fields_ * dim_;
-    c.side_input = dense_;
-    c.hidden = options_.hidden;
-    c.outputs = 1;
-    c.prefix = "ctr/";
-    FERRY_RETURN_IF_ERROR(tower_.Build(device_, options_, c));
+    FERRY_RETURN_IF_ERROR(tower_.Build(device_, options_, TowerConfig(options_, fields_, dense_)));
     const int64_t max_rows = std::max(options_.batch, kEvalBatch);
     max_batch_ = MaxBatch(options_);
-    for (int f = 0; f < fields_; ++f) {
-      TableSpec s;
-      s.name = "ctr/emb" + std::to_string(f);
-      s.type = TableType::kSparse;
-      s.dim = dim_;
-      s.optimizer = options_.optimizer;
-      s.consistency = options_.consistency;
-      s.staleness = options_.consistency == Consistency::kSsp ? options_.staleness : 0;
-      s.replicas_to_aggregate = options_.consistency == Consistency::kSync ? options_.replicas_to_aggregate() : 0;
-      s.init = InitType::kUniform;
-      s.init_scale = 0.05f;
-      s.seed = options_.seed;
-      emb_specs_.push_back(std::move(s));
-    }
+    for (int f = 0; f < fields_; ++f) emb_specs_.push_back(EmbeddingSpec(options_, f));
     const int64_t bags = max_batch_ * fields_;  // one bag (one id) per example and field
     constexpr int64_t kId = sizeof(int64_t), kPos = sizeof(int32_t);
     // The second batch only when it is read ahead (--pipeline prefetch).
@@ -353,6 +360,15 @@ class CtrModel final : public Model {
 
 }  // namespace
 }  // namespace models
+
+std::vector<TableSpec> CtrTableSpecs(const TrainerOptions& options) {
+  const bool criteo = !options.criteo_train.empty();
+  const int fields = criteo ? data::kCriteoFields : options.ctr_fields;
+  std::vector<TableSpec> specs =
+      models::Tower::Specs(options, models::TowerConfig(options, fields, criteo ? data::kCriteoDense : options.ctr_dense));
+  for (int f = 0; f < fields; ++f) specs.push_back(models::EmbeddingSpec(options, f));
+  return specs;
+}
 
 StatusOr<CtrData> LoadCtrData(const TrainerOptions& options) {
   CtrData d;

@@ -69,6 +69,12 @@ Status Mlp::Allocate() {
   return Status::Ok();
 }
 
+std::vector<TableSpec> Mlp::PlanTableSpecs(const MlpConfig& config, const OptimizerSpec& optimizer,
+                                           Consistency consistency, int32_t staleness, int32_t replicas_to_aggregate,
+                                           uint64_t seed) {
+  return Mlp(nullptr, config, 1).TableSpecs(optimizer, consistency, staleness, replicas_to_aggregate, seed);
+}
+
 std::vector<TableSpec> Mlp::TableSpecs(const OptimizerSpec& optimizer, Consistency consistency, int32_t staleness,
                                        int32_t replicas_to_aggregate, uint64_t seed) const {
   std::vector<TableSpec> specs(static_cast<size_t>(num_tensors()));

@@ -45,6 +45,10 @@ class Mlp {
   // `device` must outlive the model. max_rows >= 1 bounds the rows of every call.
   static StatusOr<std::unique_ptr<Mlp>> Create(Device* device, MlpConfig config, int64_t max_rows);
 
+  // The table declarations of an MLP of `config`, without building one (no device, no memory).
+  static std::vector<TableSpec> PlanTableSpecs(const MlpConfig& config, const OptimizerSpec& optimizer,
+                                               Consistency consistency, int32_t staleness,
+                                               int32_t replicas_to_aggregate, uint64_t seed);
   // The table declarations (same order as the tensors).
   std::vector<TableSpec> TableSpecs(const OptimizerSpec& optimizer, Consistency consistency, int32_t staleness,
                                     int32_t replicas_to_aggregate, uint64_t seed) const;

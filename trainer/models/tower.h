@@ -49,10 +49,15 @@ struct Tower {
   std::unique_ptr<Mlp> mlp;
   std::vector<TableSpec> specs;
 
+  // The tables a tower of `config` declares under options `o`.
+  static std::vector<TableSpec> Specs(const TrainerOptions& o, const MlpConfig& config) {
+    return Mlp::PlanTableSpecs(config, o.optimizer, o.consistency, o.staleness, o.replicas_to_aggregate(), o.seed);
+  }
+
   Status Build(Device* device, const TrainerOptions& o, const MlpConfig& config) {
     device_ = device;
     FERRY_ASSIGN_OR_RETURN(mlp, Mlp::Create(device, config, std::max(o.batch, kEvalBatch)));
-    specs = mlp->TableSpecs(o.optimizer, o.consistency, o.staleness, o.replicas_to_aggregate(), o.seed);
+    specs = Specs(o, config);
     const size_t n = static_cast<size_t>(mlp->num_params());
     for (Set& set : sets_) {
       FERRY_ASSIGN_OR_RETURN(set.params, device->AllocHost(mlp->num_params() * kF));

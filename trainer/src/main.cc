@@ -19,9 +19,13 @@
 
 namespace {
 
+// Exit statuses: 2 when the user's settings are refused (a restart would fail the same way: the
+// launcher never restarts it), 1 for other failures.
+constexpr int kExitFailure = 1, kExitUsage = 2;
+
 int Fail(const char* what, const ferry::Status& s) {
   std::fprintf(stderr, "ferry-trainer: %s: %s\n", what, s.ToString().c_str());
-  return 1;
+  return ferry::trainer::IsSettingsRefusal(s) ? kExitUsage : kExitFailure;
 }
 
 }  // namespace
@@ -37,13 +41,18 @@ int main(int argc, char** argv) {
   auto parsed = trainer::ParseTrainerFlags(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "ferry-trainer: %s\n%s", parsed.status().message().c_str(), trainer::TrainerUsage().c_str());
-    return 2;
+    return kExitUsage;
   }
   const trainer::TrainerOptions& options = *parsed;
   transport::TuneAllocatorForLargeMessages();
   if (options.help) {
     std::printf("%s", trainer::TrainerUsage().c_str());
     return 0;
+  }
+  // The settings are checked before the data is loaded (a million synthetic examples take a while).
+  if (Status s = trainer::CheckSettings(options); !s.ok()) {
+    std::fprintf(stderr, "ferry-trainer: %s\n", s.message().c_str());
+    return kExitUsage;
   }
 
   std::string choice;
@@ -91,7 +100,10 @@ int main(int argc, char** argv) {
       co.curve = std::move(*keys);
     }
     auto c = Client::Connect(co);
-    if (!c.ok()) return Fail("connect", c.status());
+    if (!c.ok()) {
+      std::fprintf(stderr, "ferry-trainer: connect: %s\n", c.status().ToString().c_str());
+      return kExitFailure;  // the servers may not be up yet
+    }
     client = std::move(*c);
   }
 
@@ -101,8 +113,13 @@ int main(int argc, char** argv) {
     std::signal(SIGUSR1, OnCheckpointSignal);
     hooks.checkpoint_requested = [] { return checkpoint_signal.exchange(false); };
   }
-  auto report = trainer::RunTraining(options, device->get(), client.get(), ds, hooks, stdout);
-  if (!report.ok()) return Fail("training", report.status());
+  auto run = trainer::PrepareTraining(options, device->get(), client.get(), ds, hooks, stdout);
+  if (!run.ok()) return Fail("preparing the run", run.status());
+  auto report = (*run)->Run();
+  if (!report.ok()) {
+    std::fprintf(stderr, "ferry-trainer: training: %s\n", report.status().ToString().c_str());
+    return kExitFailure;
+  }
   std::printf("done: %lld steps in %.2f s (%.0f examples/s on this worker)", static_cast<long long>(report->steps),
               report->wall_s, report->examples_per_sec);
   if (report->eval.count > 0) {

@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
+#include <vector>
 
 #include "ferry/cluster.h"
+#include "ferry/nearest.h"
 
 namespace ferry::trainer {
 namespace {
@@ -37,6 +39,17 @@ constexpr std::string_view kValueFlags[] = {
     "--lr", "--consistency", "--data-dir", "--batch", "--epochs", "--steps", "--train-limit", "--test-limit",
     "--log-every", "--eval-every", "--metrics-out", "--checkpoint-every",
     "--checkpoint-every-s", "--curve-keys", "--table", "--pipeline"};
+
+constexpr std::string_view kBoolFlags[] = {"--local", "--no-shuffle", "--quiet", "--help", "--resume", "--push-by-layer"};
+
+const std::vector<std::string_view>& AllFlags() {
+  static const std::vector<std::string_view> flags = [] {
+    std::vector<std::string_view> f(std::begin(kValueFlags), std::end(kValueFlags));
+    f.insert(f.end(), std::begin(kBoolFlags), std::end(kBoolFlags));
+    return f;
+  }();
+  return flags;
+}
 
 Status ParseInt(std::string_view flag, std::string_view text, int64_t min, int64_t max, int64_t* out) {
   int64_t v = 0;
@@ -101,8 +114,22 @@ Status ParseStraggler(std::string_view value, TrainerOptions* o) {
 
 namespace {
 
+// The keys --table takes: these named settings, then SetSpecOption's numbers.
+const std::vector<std::string_view>& TableKeys() {
+  static const std::vector<std::string_view> keys = [] {
+    std::vector<std::string_view> k = {"lr", "optimizer", "consistency", "wire"};
+    for (std::string_view n : SpecOptionKeys()) k.push_back(n);
+    return k;
+  }();
+  return keys;
+}
+
 // One setting of a --table flag, applied to `spec` (defaults: `o`'s).
 Status ApplyTableSetting(const TrainerOptions& o, std::string_view key, std::string_view value, TableSpec* spec) {
+  if (std::ranges::find(TableKeys(), key) == TableKeys().end()) {
+    return InvalidArgumentError("unknown key '" + std::string(key) + "'" + DidYouMean(key, TableKeys()) +
+                                "; the keys are " + JoinNames(TableKeys()));
+  }
   if (key == "consistency") {
     int32_t staleness = 0;
     FERRY_RETURN_IF_ERROR(ParseConsistency(value, &spec->consistency, &staleness));
@@ -147,7 +174,7 @@ StatusOr<TableOverride> ParseTableOverride(std::string_view text) {
 }  // namespace
 
 std::string TrainerUsage() {
-  return R"(usage: ferry-trainer [flags]
+  std::string usage = R"(usage: ferry-trainer [flags]
 cluster:   --servers tcp://h:p,tcp://h:p  --rank R  --num-workers M     (or --local: no servers)
            without these flags, from TF_CONFIG if set (ps = servers; chief, then workers = ranks)
 device:    --device cuda|cpu|auto (auto)  --gpu N (0)
@@ -156,8 +183,8 @@ optimizer: --optimizer sgd|momentum|adagrad|adam|ftrl (sgd)  --lr X (0.1)
            --consistency sync|async|ssp:S (sync)  --backup-workers K (0, sync)
            --accumulate k (1: push every micro-batch of --batch)
            --table PATTERN:key=value,...  (repeatable) per-table settings over the above, for the
-           tables matching PATTERN (fnmatch): consistency, optimizer, lr, l1, l2, beta, beta1, ...,
-           wire (f32|fp16|bf16: how values travel), topk (dense: share of each chunk pushed);
+           tables matching PATTERN (fnmatch); keys: @KEYS@
+           (wire: f32|fp16|bf16, how values travel; topk, dense: the share of each chunk pushed)
            e.g. --table 'ctr/emb*:consistency=async,optimizer=ftrl,lr=0.05,l1=1'
                 --table 'mlp/*:wire=fp16,topk=0.01'
            --blas-threads N (0: OpenBLAS's own; CPU GEMM threads, recorded: results repeat for one N)
@@ -185,6 +212,19 @@ security:  --curve-keys DIR (the job's CURVE key folder from ferry-keys: reads s
            worker-R.key; needed when the servers run with --curve-keys)
 experiment: --straggler R:50ms | R:x2   (slow worker R down by a delay or a factor per step)
 )";
+  // The --table keys, wrapped to the text's width.
+  std::string keys;
+  size_t line = 40;  // where "keys: " ends on its line
+  for (std::string_view k : TableKeys()) {
+    if (line + k.size() + 2 > 100) keys += "\n          ", line = 10;
+    keys += ' ';
+    keys += k;
+    keys += ',';
+    line += k.size() + 2;
+  }
+  keys.pop_back();
+  usage.replace(usage.find(" @KEYS@"), 7, keys);
+  return usage;
 }
 
 Status TrainerOptions::Validate() const {
@@ -256,8 +296,7 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
       has_value = true;
     }
     // Boolean flags.
-    if (flag == "--local" || flag == "--no-shuffle" || flag == "--quiet" || flag == "--help" || flag == "--resume" ||
-        flag == "--push-by-layer") {
+    if (std::ranges::find(kBoolFlags, flag) != std::end(kBoolFlags)) {
       if (has_value) return InvalidArgumentError(std::string(flag) + " takes no value");
       if (flag == "--push-by-layer") o.push_by_layer = true;
       if (flag == "--resume") o.resume = true;
@@ -268,7 +307,7 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
       continue;
     }
     if (std::ranges::find(kValueFlags, flag) == std::end(kValueFlags)) {
-      return InvalidArgumentError("unknown flag " + std::string(flag) + " (see --help)");
+      return InvalidArgumentError("unknown flag " + std::string(flag) + DidYouMean(flag, AllFlags()) + " (see --help)");
     }
     if (!has_value) {
       if (i + 1 >= argc) return InvalidArgumentError(std::string(flag) + " needs a value");

@@ -27,12 +27,8 @@ class ServerStore final : public ParamStore {
   }
 
   Status Declare(std::span<const TableSpec> specs) override {
+    FERRY_RETURN_IF_ERROR(CheckPipelineFits(pipeline_, specs));
     for (const TableSpec& s : specs) {
-      if (pipeline_ == Pipeline::kPrefetch && s.consistency == Consistency::kSync) {
-        return InvalidArgumentError("table '" + s.name +
-                                    "' is sync, and --pipeline prefetch reads parameters a step early, which a sync "
-                                    "step's do not exist yet: use --pipeline exchange, or async / ssp tables");
-      }
       FERRY_RETURN_IF_ERROR(client_->Declare(s).WithContext("declaring " + s.name));
       consistency_[s.name] = s.consistency;
       any_sync_ = any_sync_ || s.consistency == Consistency::kSync;
@@ -543,6 +539,18 @@ class LocalStore final : public ParamStore {
 };
 
 }  // namespace
+
+Status CheckPipelineFits(Pipeline pipeline, std::span<const TableSpec> specs) {
+  if (pipeline != Pipeline::kPrefetch) return Status::Ok();
+  for (const TableSpec& s : specs) {
+    if (s.consistency == Consistency::kSync) {
+      return InvalidArgumentError("table '" + s.name +
+                                  "' is sync, and --pipeline prefetch reads parameters a step early, which a sync "
+                                  "step's do not exist yet: use --pipeline exchange, or async / ssp tables");
+    }
+  }
+  return Status::Ok();
+}
 
 std::unique_ptr<ParamStore> CreateServerStore(Client* client, Pipeline pipeline) {
   return std::make_unique<ServerStore>(client, pipeline);

@@ -115,6 +115,14 @@ Json EvalJson(const EvalSummary& e, bool binary) {
   return j;
 }
 
+std::vector<TableSpec> PlannedTables(const TrainerOptions& o) {
+  return o.model == "ctr" ? CtrTableSpecs(o) : ClassifierTableSpecs(o);
+}
+
+bool SameNames(std::span<const TableSpec> a, std::span<const TableSpec> b) {
+  return std::ranges::equal(a, b, [](const TableSpec& x, const TableSpec& y) { return x.name == y.name; });
+}
+
 StatusOr<std::unique_ptr<Model>> CreateModel(const TrainerOptions& o, Device* device, const Datasets& data) {
   if (o.model == "ctr") {
     if (data.ctr == nullptr) return InvalidArgumentError("RunTraining: --model ctr needs ctr data");
@@ -151,7 +159,7 @@ struct PendingCheckpoint {
 // file), then Step per step, then Finish (the closing barrier, the final pull and evaluation,
 // the end event). Every interval of its wall time goes to one part of `report_.times` (Lap).
 // Thread-safety: used once, by one thread.
-class WorkerRun {
+class WorkerRun final : public TrainingRun {
  public:
   WorkerRun(const TrainerOptions& options, Device* device, Client* client, const Datasets& data,
             const TrainHooks& hooks, std::FILE* out)
@@ -164,8 +172,7 @@ class WorkerRun {
         num_workers_(options.local ? 1 : options.num_workers),
         rank_(options.local ? 0 : options.rank) {}
 
-  StatusOr<TrainReport> Run() {
-    FERRY_RETURN_IF_ERROR(Prepare());
+  StatusOr<TrainReport> Run() override {
     FERRY_ASSIGN_OR_RETURN(t0_, StartStep());
     report_.first_step = t0_;
     // Evaluations fall on the job's steps: every eval_every (or steps_per_epoch) of them. The
@@ -188,7 +195,6 @@ class WorkerRun {
     return std::move(report_);
   }
 
- private:
   Status Prepare() {
     if (client_ != nullptr && (client_->rank() != rank_ || client_->num_workers() != num_workers_)) {
       return InvalidArgumentError("RunTraining: the client's rank/num_workers differ from the options'");
@@ -199,6 +205,9 @@ class WorkerRun {
     FERRY_ASSIGN_OR_RETURN(model_, CreateModel(options_, device_, data_));
     store_ = options_.local ? CreateLocalStore() : CreateServerStore(client_, options_.pipeline);
     std::vector<TableSpec> specs = model_->TableSpecs();
+    if (!SameNames(specs, PlannedTables(options_))) {
+      return InternalError("the model declares other tables than CheckSettings checked (" + options_.model + ")");
+    }
     FERRY_RETURN_IF_ERROR(ApplyTableOverrides(options_, &specs));
     FERRY_RETURN_IF_ERROR(store_->Declare(specs));
     // Per table (--table): the job steps in sync when any table is sync (the global step comes
@@ -237,6 +246,7 @@ class WorkerRun {
     return Status::Ok();
   }
 
+ private:
   Status PlanData() {
     plan_.step_examples = options_.batch * options_.accumulate;
     plan_.test_n = options_.test_limit > 0 ? std::min(options_.test_limit, model_->test_size()) : model_->test_size();
@@ -796,15 +806,45 @@ class WorkerRun {
 
 }  // namespace
 
-StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device, Client* client,
-                                  const Datasets& data, const TrainHooks& hooks, std::FILE* out) {
+Status CheckSettings(const TrainerOptions& options) {
   FERRY_RETURN_IF_ERROR(options.Validate());
+  std::vector<TableSpec> specs = PlannedTables(options);
+  FERRY_RETURN_IF_ERROR(ApplyTableOverrides(options, &specs));
+  return options.local ? Status::Ok() : CheckPipelineFits(options.pipeline, specs);
+}
+
+StatusOr<std::unique_ptr<TrainingRun>> PrepareTraining(const TrainerOptions& options, Device* device, Client* client,
+                                                       const Datasets& data, const TrainHooks& hooks, std::FILE* out) {
+  FERRY_RETURN_IF_ERROR(CheckSettings(options));
   if (device == nullptr) return InvalidArgumentError("RunTraining: null device");
   if (options.local != (client == nullptr)) {
     return InvalidArgumentError("RunTraining: a client is required without --local and refused with it");
   }
-  WorkerRun run(options, device, client, data, hooks, out);
-  return run.Run();
+  auto run = std::make_unique<WorkerRun>(options, device, client, data, hooks, out);
+  FERRY_RETURN_IF_ERROR(run->Prepare());
+  return std::unique_ptr<TrainingRun>(std::move(run));
+}
+
+StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device, Client* client,
+                                  const Datasets& data, const TrainHooks& hooks, std::FILE* out) {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingRun> run, PrepareTraining(options, device, client, data, hooks, out));
+  return run->Run();
+}
+
+bool IsSettingsRefusal(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kOk:
+    case StatusCode::kUnavailable:
+    case StatusCode::kDeadlineExceeded:
+    case StatusCode::kAborted:
+    case StatusCode::kCancelled:
+    case StatusCode::kInternal:
+    case StatusCode::kUnknown:
+    case StatusCode::kDataLoss:
+      return false;
+    default:
+      return true;
+  }
 }
 
 }  // namespace ferry::trainer

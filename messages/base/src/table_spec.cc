@@ -5,6 +5,8 @@
 #include <limits>
 #include <sstream>
 
+#include "ferry/nearest.h"
+
 namespace ferry {
 
 int64_t TableSpec::num_elements() const {
@@ -241,6 +243,14 @@ uint64_t TableId(std::string_view name) {
 
 namespace ferry {
 
+std::span<const std::string_view> SpecOptionKeys() {
+  static constexpr std::string_view kKeys[] = {
+      "momentum", "nesterov", "beta1", "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta", "chunk_elems",
+      "replicas_to_aggregate", "skip_nonfinite_rows", "admit_after", "admit_probability", "evict_after_steps",
+      "max_rows", "topk"};
+  return kKeys;
+}
+
 Status SetSpecOption(TableSpec* spec, std::string_view k, double value) {
   auto invalid = [&](const std::string& why) { return InvalidArgumentError(std::string(k) + " " + why); };
   if (!std::isfinite(value)) return invalid("must be finite");
@@ -294,10 +304,8 @@ Status SetSpecOption(TableSpec* spec, std::string_view k, double value) {
     if (!(value == 0 || (value > 0 && value <= 1))) return invalid("must be in (0, 1] (0: off)");
     s.topk_ratio = f;
   } else {
-    return InvalidArgumentError("unknown key '" + std::string(k) +
-                                "' (known: momentum, nesterov, beta1, beta2, epsilon, initial_accumulator, l1, l2, beta, "
-                                "chunk_elems, replicas_to_aggregate, skip_nonfinite_rows, admit_after, admit_probability, "
-                                "evict_after_steps, max_rows, topk; wire takes a name: f32, fp16, bf16)");
+    return InvalidArgumentError("unknown key '" + std::string(k) + "'" + DidYouMean(k, SpecOptionKeys()) +
+                                "; the keys are " + JoinNames(SpecOptionKeys()));
   }
   return Status::Ok();
 }

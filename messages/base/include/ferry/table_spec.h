@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -117,7 +118,10 @@ Status ParseOptimizerType(std::string_view text, OptimizerType* type);
 // "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1), and the row lifecycle's "admit_after",
 // "admit_probability", "evict_after_steps", "max_rows", and gradient compression's "topk"
 // (topk_ratio: 0, or in (0, 1]). For the C and Python APIs and --table.
+// An unknown key is refused naming the nearest known one and listing them all.
 Status SetSpecOption(TableSpec* spec, std::string_view key, double value);
+// The keys SetSpecOption takes, in that order.
+std::span<const std::string_view> SpecOptionKeys();
 // Parses "f32", "fp16" or "bf16" (what --table wire=, ferry_spec_set_wire and Python's wire= take).
 Status ParseWireFormat(std::string_view text, WireFormat* out);
 std::string_view WireFormatName(WireFormat w);

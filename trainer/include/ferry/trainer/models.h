@@ -34,6 +34,12 @@ inline constexpr int64_t kEvalBatch = 512;
 StatusOr<std::unique_ptr<Model>> CreateClassifier(Device* device, const TrainerOptions& options,
                                                   const data::ImageDataset* train, const data::ImageDataset* test);
 
+// The tables each model declares under `options`, known before its data is loaded: what
+// CheckSettings checks the user's settings against. The built model declares the same names
+// with the same settings (its shapes come from the data).
+std::vector<TableSpec> ClassifierTableSpecs(const TrainerOptions& options);
+std::vector<TableSpec> CtrTableSpecs(const TrainerOptions& options);
+
 // Click data: synthetic `train` and `test` held in memory; or Criteo files, this worker's part
 // of the training files streamed (`train_stream`, `train` empty) and `test` held in memory.
 struct CtrData {

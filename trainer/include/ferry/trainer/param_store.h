@@ -131,6 +131,8 @@ class ParamStore {
 // the loop's step); with any ssp table EndStep advances the clock. Pipeline::kPrefetch refuses
 // (at Declare) a sync table: a sync step's parameters exist only once the step closed.
 std::unique_ptr<ParamStore> CreateServerStore(Client* client, Pipeline pipeline = Pipeline::kExchange);
+// That refusal: INVALID_ARGUMENT naming the first sync table when `pipeline` is kPrefetch.
+Status CheckPipelineFits(Pipeline pipeline, std::span<const TableSpec> specs);
 std::unique_ptr<ParamStore> CreateLocalStore();
 
 }  // namespace ferry::trainer

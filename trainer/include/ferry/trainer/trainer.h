@@ -87,6 +87,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -140,11 +141,40 @@ struct TrainReport {
 };
 
 // Runs options.steps (or options.epochs) steps; in sync mode these are global steps (the job's,
-// as with TensorFlow's SyncReplicasOptimizer): a worker stops once the job has reached them. `client` is null for options.local; otherwise a
-// connected client of this worker (its rank / num_workers must match options). `out` gets the
-// progress lines (null: none). Declares the model's tables itself.
+// as with TensorFlow's SyncReplicasOptimizer): a worker stops once the job has reached them.
+// `client` is null for options.local; otherwise a connected client of this worker (its rank /
+// num_workers must match options). `out` gets the progress lines (null: none). Declares the
+// model's tables itself. PrepareTraining and then TrainingRun::Run.
 StatusOr<TrainReport> RunTraining(const TrainerOptions& options, Device* device, Client* client,
                                   const Datasets& data, const TrainHooks& hooks = {},
                                   std::FILE* out = stdout);
+
+// The refusals of the user's settings that need no data, no device and no server: each --table
+// pattern must match one of the model's tables (CtrTableSpecs / ClassifierTableSpecs) and its
+// settings apply, and --pipeline prefetch takes no sync table. INVALID_ARGUMENT saying which.
+// ferry-trainer checks these before it loads its data; PrepareTraining checks them again.
+Status CheckSettings(const TrainerOptions& options);
+
+// A run prepared by PrepareTraining. Thread-safety: used by one thread.
+class TrainingRun {
+ public:
+  virtual ~TrainingRun() = default;
+  // Trains from the job's step to the end (once).
+  virtual StatusOr<TrainReport> Run() = 0;
+};
+
+// RunTraining's first part: builds the model, declares its tables on the servers, plans the data
+// and opens the metrics file; nothing is trained. Its errors are refusals of the user's settings
+// (IsSettingsRefusal: a restart with the same settings would meet them again) except those a
+// restart may cure (a server not reached or too slow). Every argument must outlive the run.
+StatusOr<std::unique_ptr<TrainingRun>> PrepareTraining(const TrainerOptions& options, Device* device,
+                                                       Client* client, const Datasets& data,
+                                                       const TrainHooks& hooks = {}, std::FILE* out = stdout);
+
+// Whether an error of PrepareTraining (or of what ferry-trainer does before it: the device, the
+// data, the keys) refuses what the user asked for, so that a restart would fail the same way:
+// every code but UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, CANCELLED, INTERNAL, UNKNOWN and
+// DATA_LOSS. ferry-trainer exits 2 (the usage status, which the launcher never restarts) on one.
+bool IsSettingsRefusal(const Status& status);
 
 }  // namespace ferry::trainer

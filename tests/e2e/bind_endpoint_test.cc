@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "internal/bind_endpoint.h"
+#include "support/ps_process.h"
 #include "support/run_command.h"
 
 namespace ferry::ps {
@@ -17,9 +18,26 @@ namespace {
 
 TEST(BindEndpoint, AcceptsTcpPortsInRangeAndIpc) {
   for (const char* e : {"tcp://127.0.0.1:0", "tcp://127.0.0.1:7000", "tcp://0.0.0.0:65535", "tcp://*:1",
-                        "tcp://127.0.0.1:*", "tcp://[::1]:7000", "tcp://eth0:7000", "ipc:///tmp/ferry-ps-0"}) {
+                        "tcp://127.0.0.1:*", "tcp://[::1]:7000", "tcp://lo:7000", "tcp://localhost:7000",
+                        "ipc:///tmp/ferry-ps-0"}) {
     EXPECT_TRUE(CheckBindEndpoint(e).ok()) << e << ": " << CheckBindEndpoint(e);
   }
+  EXPECT_EQ(BindAddress("tcp://localhost:7000"), "tcp://127.0.0.1:7000");
+  EXPECT_EQ(BindAddress("tcp://[::1]:7000"), "tcp://[::1]:7000");
+}
+
+TEST(BindEndpoint, RefusesAHostNameSayingWhatToWrite) {
+  // ZeroMQ alone fails with "No such device" for a name that is not an interface.
+  Status s = CheckBindEndpoint("tcp://node-17.example:7000");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("'node-17.example' is neither an IP address nor a network interface"), std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("tcp://0.0.0.0:PORT"), std::string::npos) << s;
+}
+
+TEST(BindEndpoint, FerryPsListensOnLoopbackForLocalhost) {
+  ferry::test::ChildProcess ps(FERRY_PS_PATH, {"ferry-ps", "--bind", "tcp://localhost:0"});
+  EXPECT_EQ(ps.endpoint().rfind("tcp://127.0.0.1:", 0), 0u) << "endpoint: '" << ps.endpoint() << "'";
 }
 
 TEST(BindEndpoint, RefusesBadPortsWithTheReason) {
@@ -62,6 +80,9 @@ TEST(FerryPsFlags, AnUnknownFlagIsCalledUnknownWhereverItStands) {
     EXPECT_NE(out.find("unknown flag --nope"), std::string::npos) << args << ": " << out;
     EXPECT_EQ(out.find("needs a value"), std::string::npos) << args << ": " << out;
   }
+  auto [near_code, near] = RunPsArgs("--max-wait 5");
+  EXPECT_EQ(near_code, 2) << near;
+  EXPECT_NE(near.find("unknown flag --max-wait (did you mean --max-wait-s?)"), std::string::npos) << near;
   auto [code, out] = RunPsArgs("--rank");
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("--rank needs a value"), std::string::npos) << out;

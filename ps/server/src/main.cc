@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "ferry/cluster.h"
 #include "ferry/server.h"
 #include "ferry/messages/transport.h"
+#include "ferry/nearest.h"
 #include "internal/bind_endpoint.h"
 
 namespace {
@@ -26,7 +28,8 @@ void Usage(std::FILE* out) {
       "                [--max-held-per-peer N] [--memory-budget-mb M] [--max-connections N]\n"
       "                [--idle-timeout-s S] [--metrics [HOST:]PORT]\n"
       "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
-      "                     (default tcp://127.0.0.1:7000)\n"
+      "                     (default tcp://127.0.0.1:7000); HOST: an IP address, an interface (eth0),\n"
+      "                     * or 0.0.0.0 for all, localhost for 127.0.0.1 (not another host name)\n"
       "  --rank             this server's index in the server list (default 0)\n"
       "  --num-servers      servers in the cluster (default 1)\n"
       "  --num-workers      workers in the job (default: the first worker to connect says)\n"
@@ -95,7 +98,10 @@ int main(int argc, char** argv) {
                                                 "--curve-keys", "--max-held-per-peer", "--memory-budget-mb",
                                                 "--max-connections", "--idle-timeout-s", "--metrics"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
-      std::fprintf(stderr, "ferry-ps: unknown flag %s\n", argv[i]);
+      constexpr std::string_view kOtherFlags[] = {"--help", "--restore"};
+      std::vector<std::string_view> known(std::begin(kValueFlags), std::end(kValueFlags));
+      known.insert(known.end(), std::begin(kOtherFlags), std::end(kOtherFlags));
+      std::fprintf(stderr, "ferry-ps: unknown flag %s%s\n", argv[i], ferry::DidYouMean(flag, known).c_str());
       Usage(stderr);
       return 2;
     }
@@ -112,7 +118,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "ferry-ps: %s\n", s.message().c_str());
         return 2;
       }
-      options.bind = value;
+      options.bind = ferry::ps::BindAddress(value);
     } else if (flag == "--rank") {
       if (!ParseInt(flag, value, 0, 65535, &v)) return 2;
       options.rank = static_cast<int>(v);

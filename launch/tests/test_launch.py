@@ -283,6 +283,18 @@ class LaunchTest(unittest.TestCase):
         self.assertNotIn("usage: ferry-trainer", summary)
         self.assertNotIn("--criteo-train FILE", summary)
 
+    def test_trainer_says_what_it_waits_for(self):
+        # No server at the address: the handshake's wait is reported every 5 s until
+        # --connect-timeout-s ends it (exit 1: the servers may come up on a restart).
+        p = subprocess.run([TRAINER_BIN, "--servers", f"ipc://{self.dir}/no-server", "--rank", "0",
+                            "--num-workers", "1", "--connect-timeout-s", "6", "--model", "ctr",
+                            "--ctr-train", "100", "--ctr-test", "10"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertRegex(p.stderr, r"ferry-trainer: worker 0 waiting \d s \(of 6\) for server 0 "
+                                   r"\(ipc://.*/no-server\) to answer Hello \(is it running")
+        self.assertIn("ferry-trainer: connect: DEADLINE_EXCEEDED: handshake: Hello got no reply", p.stderr)
+
     def test_refused_settings_exit_2_once_and_say_why(self):
         # A refusal of the user's settings is not a crash: the worker exits 2 on its first try,
         # the launcher does not restart it (restarts are allowed here) and shows the reason.

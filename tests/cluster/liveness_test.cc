@@ -3,7 +3,10 @@
 // worker that is slow but alive is waited for; a client that promised no heartbeats is never
 // called silent. In-process clusters; a worker "dies" when its client is destroyed without
 // Finish (its I/O thread, which sends the heartbeats, is gone), as a killed process's would.
+#include <unistd.h>
+
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,6 +68,65 @@ TEST_F(Liveness, APullWaitingForADeadWorkerFailsNamingIt) {
   int64_t failed = 0;
   for (const auto& server : c.servers) failed += server->stats().counters.at("failed_for_silent_worker");
   EXPECT_GE(failed, 1);
+}
+
+// The lines ClientOptions::on_long_wait was given (it is called on the client's threads).
+struct LongWaits {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  void Watch(ClientOptions* o) {
+    o->long_wait_every = 200ms;
+    o->on_long_wait = [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu);
+      lines.push_back(line);
+    };
+  }
+  std::vector<std::string> Lines() {
+    std::lock_guard<std::mutex> lock(mu);
+    return lines;
+  }
+};
+
+TEST_F(Liveness, AStepWaitingForASlowWorkerIsReportedWhileItWaits) {
+  auto c = Servers(1);
+  LongWaits waits;
+  ClientOptions o;
+  o.heartbeat_timeout = 200ms;
+  o.request_timeout = 30s;
+  waits.Watch(&o);
+  auto w0 = c.Connect(0, 2, o);
+  ASSERT_TRUE(w0 && w0->Declare(SyncTable()).ok());
+  auto w1 = Worker(c, 1);
+  std::vector<float> g(8, 1.0f), out(8);
+  ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
+  Handle pull = w0->PullDense("w", out, 1);  // held until worker 1 pushes step 0
+  // Worker 1 pushes once worker 0 has been told it waits (bounded: 20 s).
+  for (int i = 0; i < 200 && waits.Lines().empty(); ++i) std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
+  ASSERT_TRUE(pull.wait().ok());
+  const std::vector<std::string> lines = waits.Lines();
+  ASSERT_FALSE(lines.empty()) << "no notice in 20 s of waiting";
+  EXPECT_NE(lines[0].find("for server 0 (" + c.endpoints[0] + ") to answer PullDense (a sync pull waits for every "
+                          "worker's push of the step before"),
+            std::string::npos)
+      << lines[0];
+  EXPECT_EQ(lines[0].rfind("waiting ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(" s (of 30) for server 0"), std::string::npos) << lines[0];
+}
+
+TEST_F(Liveness, AServerThatNeverAnswersIsReportedWhileConnectWaits) {
+  LongWaits waits;
+  ClientOptions o;
+  o.servers = {"ipc:///tmp/ferry-no-server-" + std::to_string(::getpid())};  // nothing listens there
+  o.connect_timeout = 1500ms;
+  waits.Watch(&o);
+  auto c = Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kDeadlineExceeded) << c.status();
+  const std::vector<std::string> lines = waits.Lines();
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("to answer Hello (is it running, and is this its address?)"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find(o.servers[0]), std::string::npos) << lines[0];
 }
 
 TEST_F(Liveness, AnAllReduceWaitingForADeadWorkerFailsNamingIt) {

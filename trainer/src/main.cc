@@ -5,6 +5,7 @@
 //                 --hidden 256,128 --optimizer adam --lr 0.001 --batch 64 --epochs 1
 //   ferry-trainer --local --batch 128 --steps 500
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <memory>
@@ -94,6 +95,12 @@ int main(int argc, char** argv) {
     co.servers = options.servers;
     co.rank = options.rank;
     co.num_workers = options.num_workers;
+    co.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1000));
+    // No wait is silent: a step held for a missing worker, a server that does not answer.
+    const int rank = options.rank;
+    co.on_long_wait = [rank](const std::string& line) {
+      std::fprintf(stderr, "ferry-trainer: worker %d %s\n", rank, line.c_str());
+    };
     if (!options.curve_keys.empty()) {
       auto keys = curve::LoadClientKeys(options.curve_keys, options.rank);
       if (!keys.ok()) return Fail("--curve-keys", keys.status());

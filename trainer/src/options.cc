@@ -38,7 +38,7 @@ constexpr std::string_view kValueFlags[] = {
     "--criteo-test", "--criteo-shard", "--backup-workers", "--accumulate", "--blas-threads", "--straggler", "--hidden", "--seed", "--optimizer",
     "--lr", "--consistency", "--data-dir", "--batch", "--epochs", "--steps", "--train-limit", "--test-limit",
     "--log-every", "--eval-every", "--metrics-out", "--checkpoint-every",
-    "--checkpoint-every-s", "--curve-keys", "--table", "--pipeline"};
+    "--checkpoint-every-s", "--curve-keys", "--table", "--pipeline", "--connect-timeout-s"};
 
 constexpr std::string_view kBoolFlags[] = {"--local", "--no-shuffle", "--quiet", "--help", "--resume", "--push-by-layer"};
 
@@ -177,6 +177,8 @@ std::string TrainerUsage() {
   std::string usage = R"(usage: ferry-trainer [flags]
 cluster:   --servers tcp://h:p,tcp://h:p  --rank R  --num-workers M     (or --local: no servers)
            without these flags, from TF_CONFIG if set (ps = servers; chief, then workers = ranks)
+           --connect-timeout-s S (30): how long to wait for every server's answer at the start;
+           a wait longer than 5 s (this one, or a step's) is reported every 5 s on stderr
 device:    --device cuda|cpu|auto (auto)  --gpu N (0)
 model:     --model mlp|ctr (mlp)  --hidden 256,128  --seed S (1)  --emb-dim E (16, ctr)
 optimizer: --optimizer sgd|momentum|adagrad|adam|ftrl (sgd)  --lr X (0.1)
@@ -438,6 +440,11 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
       if (!(o.checkpoint_every_s >= 0)) return InvalidArgumentError("--checkpoint-every-s must be >= 0");
     } else if (flag == "--checkpoint-every") {
       FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX / 2, &o.checkpoint_every));
+    } else if (flag == "--connect-timeout-s") {
+      FERRY_RETURN_IF_ERROR(ParseDouble(f, value, &o.connect_timeout_s));
+      if (!(o.connect_timeout_s > 0 && o.connect_timeout_s <= 86400)) {
+        return InvalidArgumentError("--connect-timeout-s must be in (0, 86400]");
+      }
     } else if (flag == "--curve-keys") {
       if (value.empty()) return InvalidArgumentError("--curve-keys: empty path");
       o.curve_keys = std::string(value);

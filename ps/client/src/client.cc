@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -164,7 +165,7 @@ struct Request {
   Frames frames;  // [header][payload...]; empty once sent
   OnReply on_reply;
   std::shared_ptr<Handle::State> op;
-  SteadyClock::time_point deadline;
+  SteadyClock::time_point sent, deadline;
 };
 
 Status ExpectFrames(const Frames& payload, size_t n) {
@@ -889,7 +890,8 @@ class ClientImpl final : public Client {
     for (auto& p : payload) r.frames.push_back(std::move(p));
     r.on_reply = std::move(on_reply);
     r.op = op;
-    r.deadline = SteadyClock::now() + timeout;
+    r.sent = SteadyClock::now();
+    r.deadline = r.sent + timeout;
     {
       MutexLock lock(&op->mu);
       ++op->pending;
@@ -1105,6 +1107,50 @@ class ClientImpl final : public Client {
     ExpireRequests();
     CheckMonitors();
     SendHeartbeats();
+    NoteLongWaits();
+  }
+
+  // Tells options_.on_long_wait, at most every long_wait_every, of the requests that have waited
+  // that long: one line per server and kind, for the one waiting longest.
+  void NoteLongWaits() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    const auto every = options_.long_wait_every;
+    if (!options_.on_long_wait || every.count() <= 0 || in_flight_.empty()) return;
+    const auto now = SteadyClock::now();
+    if (now < next_wait_notice_) return;
+    next_wait_notice_ = now + every;
+    std::map<std::pair<int, Kind>, const Request*> oldest;
+    for (const auto& [id, r] : in_flight_) {
+      if (now - r.sent < every) continue;
+      const Request*& o = oldest[{r.server, r.kind}];
+      if (o == nullptr || r.sent < o->sent) o = &r;
+    }
+    auto seconds = [](SteadyClock::duration d) {
+      return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count());
+    };
+    for (const auto& [key, r] : oldest) {
+      options_.on_long_wait("waiting " + seconds(now - r->sent) + " s (of " + seconds(r->deadline - r->sent) +
+                            ") for " + ServerName(r->server) + " to answer " + std::string(wire::KindName(r->kind)) +
+                            WhyItWaits(r->kind));
+    }
+  }
+
+  // What a server waits for before it answers a request of this kind.
+  static std::string WhyItWaits(Kind kind) {
+    switch (kind) {
+      case Kind::Hello:
+        return " (is it running, and is this its address?)";
+      case Kind::PullDense:
+      case Kind::PullSparse:
+      case Kind::PullSparseTables:
+      case Kind::PushPullDense:
+        return " (a sync pull waits for every worker's push of the step before, an ssp pull for the slowest "
+               "worker's clock)";
+      case Kind::Barrier:
+      case Kind::AllReduce:
+        return " (it waits for every worker to arrive)";
+      default:
+        return "";
+    }
   }
 
   // The earliest time Tick has something to do. While requests are in flight, at least every
@@ -1347,6 +1393,7 @@ class ClientImpl final : public Client {
   std::vector<bool> handshaken_ ABSL_GUARDED_BY(io_mu_);  // per server: its current socket completed a handshake
   static constexpr std::chrono::milliseconds kMonitorEvery{100};
   SteadyClock::time_point last_monitor_check_ ABSL_GUARDED_BY(io_mu_){};
+  SteadyClock::time_point next_wait_notice_ ABSL_GUARDED_BY(io_mu_){};
   // Heartbeats: when each server was last sent anything, and when to look again.
   std::atomic<bool> heartbeats_on_{false};  // set once the handshake succeeded
   std::vector<SteadyClock::time_point> last_sent_ ABSL_GUARDED_BY(io_mu_);

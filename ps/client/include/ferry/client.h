@@ -17,6 +17,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -39,6 +40,13 @@ struct ClientOptions {
   int num_workers = 1;               // workers in the job
   // Longest the handshake with every server may take in Connect().
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
+  // Told about long waits, so that no wait is silent: every `long_wait_every` while requests
+  // wait for their replies, one line per server and kind of request that has waited that long,
+  // e.g. "waiting 20 s (of 360) for server 1 (tcp://h:p) to answer PullDense (a sync pull waits
+  // for every worker's push of the step before)". Empty: not told. Called on the client's I/O
+  // thread or a waiting caller's, with the client's lock held: it must not call the client.
+  std::function<void(const std::string& line)> on_long_wait;
+  std::chrono::milliseconds long_wait_every{std::chrono::seconds(5)};
   // Longest any one request may wait for its reply (sync pulls wait for the slowest worker, so
   // keep it above the servers' max wait).
   std::chrono::milliseconds request_timeout{std::chrono::minutes(6)};

@@ -117,6 +117,9 @@ struct TrainerOptions {
   // data (epoch, position and shuffle follow from the step), without waiting for the others.
   bool resume = false;
 
+  // --connect-timeout-s: the longest the first handshake with every server may take.
+  double connect_timeout_s = 30;
+
   // --curve-keys: a job's CURVE key folder (ferry/curve.h): authenticate to the servers as this worker and
   // encrypt every message; empty: no CURVE.
   std::string curve_keys;

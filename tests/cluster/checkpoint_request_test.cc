@@ -82,6 +82,14 @@ TEST_F(CheckpointRequests, ASyncCheckpointIsACutAtTheStepEveryServerIsAt) {
   EXPECT_EQ(restored.servers[0]->restored_step(), 1);
   auto v0 = restored.Connect(0, 2), v1 = restored.Connect(1, 2);
   EXPECT_EQ(v0->restored_step(), 1);
+  // Another model's table is refused: the job resumes the tables it saved, not a fresh model
+  // beside them.
+  const Status other = v0->Declare(SyncSgd("mlp/w0", 12));
+  EXPECT_EQ(other.code(), StatusCode::kFailedPrecondition) << other;
+  EXPECT_NE(other.message().find("table 'mlp/w0' is not in the checkpoint of step 1 this server restored, which "
+                                 "holds 'w'"),
+            std::string::npos)
+      << other;
   ASSERT_TRUE(v0->Declare(SyncSgd("w", 12)).ok());
   ASSERT_TRUE(v1->Declare(SyncSgd("w", 12)).ok());
   Handle pull = v0->PullDense("w", out, 1);

@@ -108,6 +108,8 @@ class ServerImpl final : public Server {
         tables_(std::move(tables)),
         connections_(options_.max_connections, options_.idle_timeout) {
     if (options_.num_workers > 0) workers_.SetCount(options_.num_workers).IgnoreError();  // checked in Start
+    tables_.ForEach([&](const ps::Table& t) { restored_tables_.push_back(t.spec.name); });
+    std::ranges::sort(restored_tables_);
     if (options_.curve) {
       for (size_t r = 0; r < options_.curve->workers.size(); ++r) {
         worker_keys_[curve::Decode(options_.curve->workers[r])] = static_cast<int>(r);
@@ -492,6 +494,7 @@ class ServerImpl final : public Server {
   Status OnCreateTable(Request& req) {
     TableSpec spec;
     FERRY_RETURN_IF_ERROR(wire::SpecFromWire(req.h()->spec(), &spec));
+    FERRY_RETURN_IF_ERROR(CheckRestoredHolds(spec.name));
     bool pending = false;
     auto declared = tables_.Declare(std::move(spec), req.h()->table_id(), workers_.count(), &pending);
     if (!declared.ok()) {
@@ -527,6 +530,19 @@ class ServerImpl final : public Server {
     builder_.Submit(b.table.get(), workers_.count());
     tables_being_created_.store(static_cast<int64_t>(builds_.size()), std::memory_order_relaxed);
     return Status::Ok();
+  }
+
+  // A resumed job declares the tables it checkpointed: a table the restored checkpoint lacks
+  // belongs to another model (a ctr checkpoint resumed with --model mlp), which would otherwise
+  // start afresh beside the restored tables, in silence.
+  Status CheckRestoredHolds(const std::string& name) const {
+    if (restored_tables_.empty() || std::ranges::binary_search(restored_tables_, name)) return Status::Ok();
+    std::string held;
+    for (const std::string& t : restored_tables_) held += (held.empty() ? "'" : ", '") + wire::Printable(t) + "'";
+    return FailedPreconditionError("table '" + wire::Printable(name) + "' is not in the checkpoint of step " +
+                                   std::to_string(restored_step_) + " this server restored, which holds " + held +
+                                   ": a resumed job declares the tables it saved (another model needs another "
+                                   "--checkpoint-dir, or servers started without --restore)");
   }
 
   // On the I/O thread, after a wake-up: adopts the tables built aside and answers their
@@ -1505,6 +1521,7 @@ class ServerImpl final : public Server {
   absl::flat_hash_map<std::string, int> worker_keys_;  // CURVE: raw public key -> worker rank
   const std::string endpoint_;
   const int64_t restored_step_;  // -1: started empty
+  std::vector<std::string> restored_tables_;  // the names of the tables restored, sorted
   transport::Waker waker_;
   std::atomic<bool> stopping_{false};
   ps::ThreadPool pool_;

@@ -109,6 +109,18 @@ struct CheckpointData {
 // wrong with it; `skipped` (optional) gets the same for the checkpoints passed over.
 StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir, std::vector<std::string>* skipped = nullptr);
 
+// The steps of the checkpoints `dir` keeps (one per manifest), ascending, and the step CURRENT
+// names (-1: none). Manifests are not verified here.
+struct KeptCheckpoints {
+  std::vector<int64_t> steps;
+  int64_t current = -1;
+};
+StatusOr<KeptCheckpoints> ListCheckpoints(const std::string& dir);
+
+// Reads and verifies the checkpoint of `step` (its manifest and every shard it names); no
+// fallback to another. NotFound, naming the steps kept, when `dir` has none of that step.
+StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step);
+
 // Declares every table of `ckpt` in `tables` (server `rank` of `num_servers`, a job of
 // `num_workers`) and fills in the chunks and rows that placement gives this server.
 Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int num_workers, TableRegistry* tables);

@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -519,6 +520,37 @@ StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir, std::vector<std:
   std::string why;
   for (const auto& t : tried) why += "\n  " + t;
   return NotFoundError("no usable checkpoint in " + dir + (why.empty() ? ": no manifest" : ":" + why));
+}
+
+StatusOr<KeptCheckpoints> ListCheckpoints(const std::string& dir) {
+  KeptCheckpoints kept;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!n.starts_with("MANIFEST-") || n.ends_with(".tmp")) continue;
+    int64_t step = -1;
+    const auto [end, err] = std::from_chars(n.data() + 9, n.data() + n.size(), step);
+    if (err == std::errc() && end == n.data() + n.size() && n == ManifestName(step)) kept.steps.push_back(step);
+  }
+  if (ec) return NotFoundError("checkpoint folder " + dir + ": " + ec.message());
+  std::ranges::sort(kept.steps);
+  std::string current;
+  if (std::ifstream in(fs::path(dir) / "CURRENT"); in) std::getline(in, current);
+  for (int64_t s : kept.steps) {
+    if (current == ManifestName(s)) kept.current = s;
+  }
+  return kept;
+}
+
+StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step) {
+  FERRY_ASSIGN_OR_RETURN(KeptCheckpoints kept, ListCheckpoints(dir));
+  if (std::ranges::find(kept.steps, step) == kept.steps.end()) {
+    std::string steps;
+    for (int64_t s : kept.steps) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
+    return NotFoundError("no checkpoint of step " + std::to_string(step) + " in " + dir +
+                         (steps.empty() ? " (it keeps none)" : " (it keeps steps " + steps + ")"));
+  }
+  return ReadManifest(dir, ManifestName(step));
 }
 
 Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int num_workers, TableRegistry* tables) {

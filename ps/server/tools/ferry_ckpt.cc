@@ -1,13 +1,18 @@
 // ferry-ckpt: look inside a checkpoint folder (messages/CHECKPOINT.md) and export a table to
 // numpy's .npy format, so a pipeline can take trained embeddings out of a job.
 //
-//   ferry-ckpt list DIR                 the checkpoint CURRENT names (or the newest that verifies):
-//                                       step, meaning, servers, and each table
-//   ferry-ckpt dump DIR TABLE OUT       dense: OUT.npy, float32, the table's shape
+//   ferry-ckpt list DIR [--step N]      the steps kept, then the checkpoint CURRENT names (or the
+//                                       newest that verifies; --step: that one): step, meaning,
+//                                       servers, and each table
+//   ferry-ckpt dump DIR TABLE OUT [--step N] [--state]
+//                                       dense: OUT.npy, float32, the table's shape
 //                                       sparse: OUT.ids.npy (int64, n) and OUT.rows.npy (float32,
-//                                       n x dim), ids ascending; parameters only, no optimizer state
+//                                       n x dim), ids ascending; --state adds the optimizer's state,
+//                                       OUT.state.npy: (slots, shape) dense, (slots, n, dim) sparse
 //
 // Exit status: 0 done, 1 no usable checkpoint or an I/O error, 2 bad usage or unknown table.
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -15,14 +20,28 @@
 #include <vector>
 
 #include "internal/checkpoint.h"
+#include "internal/optimizer.h"
 
 namespace {
 
 using ferry::ps::CheckpointData;
 
 int Usage() {
-  std::fputs("usage: ferry-ckpt list DIR\n       ferry-ckpt dump DIR TABLE OUT\n", stderr);
+  std::fputs("usage: ferry-ckpt list DIR [--step N]\n       ferry-ckpt dump DIR TABLE OUT [--step N] [--state]\n",
+             stderr);
   return 2;
+}
+
+// What each optimizer's state slots hold, in order.
+const char* SlotNames(ferry::OptimizerType type) {
+  switch (type) {
+    case ferry::OptimizerType::kSgd: return "";
+    case ferry::OptimizerType::kMomentum: return "velocity";
+    case ferry::OptimizerType::kAdagrad: return "accumulator";
+    case ferry::OptimizerType::kAdam: return "m (first moment), v (second moment)";
+    case ferry::OptimizerType::kFtrl: return "z, n (accumulated squared gradients)";
+  }
+  return "";
 }
 
 // Writes a little-endian C-order .npy file (format 1.0) of `count` values of `descr` ("<f4", "<i8").
@@ -51,7 +70,11 @@ bool WriteNpy(const std::string& path, const char* descr, const std::vector<int6
   return true;
 }
 
-int List(const CheckpointData& c) {
+int List(const ferry::ps::KeptCheckpoints& kept, const CheckpointData& c) {
+  std::string steps;
+  for (int64_t s : kept.steps) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
+  std::printf("kept: step(s) %s; CURRENT names %s\n", steps.c_str(),
+              kept.current >= 0 ? ("step " + std::to_string(kept.current)).c_str() : "none");
   std::printf("checkpoint %s: step %lld, %d server(s), %s\n", c.manifest.c_str(), static_cast<long long>(c.step),
               c.num_servers, c.meaning.c_str());
   for (const auto& [id, t] : c.tables) {
@@ -71,31 +94,83 @@ int List(const CheckpointData& c) {
   return 0;
 }
 
-int Dump(const CheckpointData& c, std::string_view name, const std::string& out) {
+// A dense table's parameters (OUT.npy) and, with `state`, its optimizer state (OUT.state.npy,
+// [slots, shape...]; chunk c's slot k is its state[k * size, (k + 1) * size)).
+int DumpDense(const CheckpointData::Table& t, const std::string& out, bool state) {
+  const int slots = ferry::ps::StateSlots(t.spec.optimizer.type);
+  const size_t n = static_cast<size_t>(t.spec.num_elements());
+  std::vector<float> values, slot_values(state ? n * static_cast<size_t>(slots) : 0);
+  values.reserve(n);
+  for (const auto& [index, chunk] : t.chunks) {
+    const size_t at = values.size(), size = chunk.params.size();
+    values.insert(values.end(), chunk.params.begin(), chunk.params.end());
+    if (chunk.state.size() != size * static_cast<size_t>(slots) || at + size > n) break;  // reported below
+    for (size_t k = 0; state && k < static_cast<size_t>(slots); ++k) {
+      std::copy_n(chunk.state.begin() + static_cast<std::ptrdiff_t>(k * size), size, slot_values.begin() +
+                  static_cast<std::ptrdiff_t>(k * n + at));
+    }
+  }
+  if (values.size() != n) {
+    std::fprintf(stderr, "ferry-ckpt: table '%s' has %zu of its %zu values (or a chunk's state has the wrong size)\n",
+                 t.spec.name.c_str(), values.size(), n);
+    return 1;
+  }
+  if (!WriteNpy(out + ".npy", "<f4", t.spec.shape, values.data(), n * sizeof(float))) return 1;
+  if (!state) return 0;
+  std::vector<int64_t> shape = {slots};
+  shape.insert(shape.end(), t.spec.shape.begin(), t.spec.shape.end());
+  return WriteNpy(out + ".state.npy", "<f4", shape, slot_values.data(), slot_values.size() * sizeof(float)) ? 0 : 1;
+}
+
+// A sparse table's ids and rows and, with `state`, its optimizer state ([slots, n, dim]; a row's
+// values are its parameters then each slot's dim floats).
+int DumpSparse(const CheckpointData::Table& t, const std::string& out, bool state) {
+  const size_t dim = static_cast<size_t>(t.spec.dim), slots = static_cast<size_t>(ferry::ps::StateSlots(t.spec.optimizer.type));
+  const size_t n = t.rows.size();
+  std::vector<int64_t> ids;
+  std::vector<float> rows, slot_values(state ? slots * n * dim : 0);
+  for (const auto& [row_id, row] : t.rows) {  // a std::map: ids ascending
+    if (row.values.size() != dim * (1 + slots)) {
+      std::fprintf(stderr, "ferry-ckpt: table '%s': row %lld has %zu values, not %zu\n", t.spec.name.c_str(),
+                   static_cast<long long>(row_id), row.values.size(), dim * (1 + slots));
+      return 1;
+    }
+    const size_t i = ids.size();
+    ids.push_back(row_id);
+    rows.insert(rows.end(), row.values.begin(), row.values.begin() + static_cast<std::ptrdiff_t>(dim));
+    for (size_t k = 0; state && k < slots; ++k) {
+      std::copy_n(row.values.begin() + static_cast<std::ptrdiff_t>((1 + k) * dim), dim,
+                  slot_values.begin() + static_cast<std::ptrdiff_t>((k * n + i) * dim));
+    }
+  }
+  const int64_t rows_n = static_cast<int64_t>(n), d = t.spec.dim;
+  if (!WriteNpy(out + ".ids.npy", "<i8", {rows_n}, ids.data(), ids.size() * sizeof(int64_t)) ||
+      !WriteNpy(out + ".rows.npy", "<f4", {rows_n, d}, rows.data(), rows.size() * sizeof(float))) {
+    return 1;
+  }
+  if (!state) return 0;
+  return WriteNpy(out + ".state.npy", "<f4", {static_cast<int64_t>(slots), rows_n, d}, slot_values.data(),
+                  slot_values.size() * sizeof(float))
+             ? 0
+             : 1;
+}
+
+int Dump(const CheckpointData& c, std::string_view name, const std::string& out, bool state) {
   for (const auto& [id, t] : c.tables) {
     if (t.spec.name != name) continue;
-    if (t.spec.type == ferry::TableType::kDense) {
-      std::vector<float> values;
-      values.reserve(static_cast<size_t>(t.spec.num_elements()));
-      for (const auto& [index, chunk] : t.chunks) values.insert(values.end(), chunk.params.begin(), chunk.params.end());
-      if (static_cast<int64_t>(values.size()) != t.spec.num_elements()) {
-        std::fprintf(stderr, "ferry-ckpt: table '%s' has %zu of its %lld values\n", t.spec.name.c_str(), values.size(),
-                     static_cast<long long>(t.spec.num_elements()));
-        return 1;
+    std::printf("table '%s' of checkpoint %s (step %lld)\n", t.spec.name.c_str(), c.manifest.c_str(),
+                static_cast<long long>(c.step));
+    if (state) {
+      const int slots = ferry::ps::StateSlots(t.spec.optimizer.type);
+      if (slots == 0) {
+        std::printf("no optimizer state: %s keeps none\n", std::string(OptimizerName(t.spec.optimizer.type)).c_str());
+        state = false;
+      } else {
+        std::printf("optimizer state (%s): %d slot(s): %s\n", std::string(OptimizerName(t.spec.optimizer.type)).c_str(),
+                    slots, SlotNames(t.spec.optimizer.type));
       }
-      return WriteNpy(out + ".npy", "<f4", t.spec.shape, values.data(), values.size() * sizeof(float)) ? 0 : 1;
     }
-    std::vector<int64_t> ids;
-    std::vector<float> rows;
-    for (const auto& [row_id, row] : t.rows) {  // a std::map: ids ascending
-      ids.push_back(row_id);
-      rows.insert(rows.end(), row.values.begin(), row.values.begin() + t.spec.dim);
-    }
-    const int64_t n = static_cast<int64_t>(ids.size());
-    return WriteNpy(out + ".ids.npy", "<i8", {n}, ids.data(), ids.size() * sizeof(int64_t)) &&
-                   WriteNpy(out + ".rows.npy", "<f4", {n, t.spec.dim}, rows.data(), rows.size() * sizeof(float))
-               ? 0
-               : 1;
+    return t.spec.type == ferry::TableType::kDense ? DumpDense(t, out, state) : DumpSparse(t, out, state);
   }
   std::fprintf(stderr, "ferry-ckpt: no table '%.*s' in %s\n", static_cast<int>(name.size()), name.data(),
                c.manifest.c_str());
@@ -105,15 +180,43 @@ int Dump(const CheckpointData& c, std::string_view name, const std::string& out)
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) return Usage();
-  const std::string_view cmd = argv[1];
-  if (!((cmd == "list" && argc == 3) || (cmd == "dump" && argc == 5))) return Usage();
+  std::vector<std::string_view> args;
+  int64_t step = -1;
+  bool state = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--state") {
+      state = true;
+    } else if (a == "--step") {
+      if (i + 1 >= argc) return Usage();
+      const std::string_view v = argv[++i];
+      const auto [end, err] = std::from_chars(v.data(), v.data() + v.size(), step);
+      if (err != std::errc() || end != v.data() + v.size() || step < 0) {
+        std::fprintf(stderr, "ferry-ckpt: --step '%s' is not a step (a whole number >= 0)\n", argv[i]);
+        return 2;
+      }
+    } else if (a.starts_with("--")) {
+      std::fprintf(stderr, "ferry-ckpt: unknown flag %s\n", argv[i]);
+      return Usage();
+    } else {
+      args.push_back(a);
+    }
+  }
+  if (args.empty()) return Usage();
+  const std::string_view cmd = args[0];
+  if (!((cmd == "list" && args.size() == 2 && !state) || (cmd == "dump" && args.size() == 4))) return Usage();
+  const std::string dir(args[1]);
+  auto kept = ferry::ps::ListCheckpoints(dir);
+  if (!kept.ok()) {
+    std::fprintf(stderr, "ferry-ckpt: %s\n", kept.status().message().c_str());
+    return 1;
+  }
   std::vector<std::string> skipped;
-  auto c = ferry::ps::ReadCheckpoint(argv[2], &skipped);
+  auto c = step >= 0 ? ferry::ps::ReadCheckpointAt(dir, step) : ferry::ps::ReadCheckpoint(dir, &skipped);
   for (const auto& s : skipped) std::fprintf(stderr, "ferry-ckpt: passed over: %s\n", s.c_str());
   if (!c.ok()) {
     std::fprintf(stderr, "ferry-ckpt: %s\n", c.status().message().c_str());
-    return 1;
+    return c.status().code() == ferry::StatusCode::kNotFound && step >= 0 ? 2 : 1;
   }
-  return cmd == "list" ? List(*c) : Dump(*c, argv[3], argv[4]);
+  return cmd == "list" ? List(*kept, *c) : Dump(*c, args[2], std::string(args[3]), state);
 }

@@ -325,7 +325,7 @@ def main(argv=None):
             n = window.pop("n")
             line = {k: v / n for k, v in window.items()}
             if session:
-                session.log_step(step, args.steps, **line)
+                session.log_step(step, args.steps, examples=(step - start) * args.batch, **line)
             else:
                 print(f"step {step}/{args.steps} " + " ".join(f"{k} {v:.6g}" for k, v in line.items()), flush=True)
             record("train", step=step, **line)

@@ -15,6 +15,7 @@ from .common import (
     DEFAULT_SSH, EXIT_OK, EXIT_USAGE, LAUNCHER_PATH, LaunchError, MAX_SECONDS, StopRequested)
 from .hosts import is_local
 from .preflight import check_keys_on_ssh_hosts, preflight, program_warning
+from .progress import JobProgress
 from .slurm_task import slurm_task_main
 from .spec import cluster_from_flags, decode_spec, parse_spec
 from .supervise import Console, StopSignals
@@ -91,6 +92,11 @@ def parse_args(argv):
                     help="the same directory on ssh hosts (default: the --bin-dir path)")
     ap.add_argument("--log-dir", help="per-process logs (default: a new temp dir)")
     ap.add_argument("--ps-threads", type=int, default=1, help="ferry-ps --compute-threads")
+    ap.add_argument("--progress", choices=("worker", "job"), default="worker",
+                    help="worker (default): every worker's progress lines on the console; job: one "
+                         "line for the job each time its slowest worker moves on (step, the workers' "
+                         "spread, examples/s in all, mean loss, ETA; local and ssh backends); the "
+                         "logs keep every line")
     ap.add_argument("--metrics", choices=("loopback", "all", "off"), default="loopback",
                     help="which servers serve their tables' metrics for Prometheus (plain HTTP, no "
                          "authentication), each on a free port of the address its own port is "
@@ -280,6 +286,8 @@ def launch(ap, opts, console, signals):
                     f"{opts.keys_dir} uses them again)")
     if warning:
         console.say(warning, err=True)
+    if opts.progress == "job":
+        console = JobProgress(console, len(cluster.workers))
     return Launcher(cluster, opts, console, signals).run()
 
 

@@ -238,6 +238,22 @@ class LaunchTest(unittest.TestCase):
             self.assertIn("done: 20 steps", f.read())
         self.assert_all_gone(parse_pids(out))
 
+    def test_progress_job_shows_one_line_for_the_job(self):
+        logs = os.path.join(self.dir, "logs")
+        rc, out = run_launcher(["--num-ps", "1", "--num-workers", "2", "--base-port", "0",
+                                "--progress", "job", "--bin-dir", BUILD_DIR, "--log-dir", logs, "--",
+                                "--model", "ctr", "--ctr-train", "4000", "--ctr-test", "500",
+                                "--steps", "40", "--log-every", "10", "--batch", "32"], timeout=120)
+        self.assertEqual(rc, 0, out)
+        self.assertNotRegex(out, r"(?m)^\[worker \d\] step \d+/40 ")  # folded into the job's line
+        job = re.findall(r"(?m)^\[job\] step (\d+)/40 \(workers at [\d-]+\): (\d+) examples/s in all, "
+                         r"mean loss [\d.]+(?:, ETA \S+)?$", out)
+        self.assertEqual([int(s) for s, _ in job], [10, 20, 30, 40], out[-3000:])
+        self.assertRegex(out, r"(?m)^\[job\] step 20/40 .*, ETA \d+s$")
+        for r in range(2):  # the logs keep every worker's lines, with the ETA
+            with open(os.path.join(logs, f"worker-{r}.log")) as f:
+                self.assertRegex(f.read(), r"step 40/40 epoch 1/1: loss .* examples/s .* ETA 0s")
+
     def test_spec_file_tf_config_style(self):
         ports = free_ports(2)
         spec = os.path.join(self.dir, "spec.json")
@@ -1131,6 +1147,31 @@ class CheckpointFlagsTest(unittest.TestCase):
         self.assertTrue(cmds["worker 0"].endswith("--num-workers 2 --resume"), cmds["worker 0"])
         self.assertIn("--max-restarts 0: the first process that dies stops everything", out)
         self.assertFalse(os.path.exists(folder))  # a dry run checks and creates nothing
+
+
+class JobProgressTest(unittest.TestCase):
+    def test_the_slowest_worker_moves_the_job_line(self):
+        from ferry_launch.progress import JobProgress
+        lines, now = [], [100.0]
+
+        class Sink:
+            def line(self, text, err=False):
+                lines.append(text)
+
+        p = JobProgress(Sink(), 2, clock=lambda: now[0])
+        p.line("[worker 0] step 10/100 k 1 loss 0.5  2000 examples/s")
+        p.line("[ps 0] a server line")                   # passes through
+        p.line("[worker 0] step 20/100 loss 0.25  2000 examples/s")
+        self.assertEqual(lines, ["[ps 0] a server line"])  # worker 1 has not reported yet
+        p.line("[worker 1] step 10/100 loss 0.75 1000 examples/s")
+        self.assertEqual(lines[-1], "[job] step 10/100 (workers at 10-20): 3000 examples/s in all, "
+                                    "mean loss 0.5000")
+        now[0] = 110.0
+        p.line("[worker 1] step 20/100 loss 0.25 1000 examples/s ETA 1m")
+        self.assertEqual(lines[-1], "[job] step 20/100 (workers at 20): 3000 examples/s in all, "
+                                    "mean loss 0.2500, ETA 1m20s")  # 10 steps in 10 s, 80 to go
+        p.line("[worker 1] step 20/100 loss 0.25")     # the slowest did not move: no line
+        self.assertEqual(len(lines), 3)
 
 
 class UsageErrorTest(unittest.TestCase):

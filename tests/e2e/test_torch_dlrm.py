@@ -123,7 +123,7 @@ class DlrmTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stdout[-3000:])
         losses = {}
         for r in range(2):
-            found = re.findall(rf"^\[worker {r}\] step (\d+)/300 loss (\S+)$", p.stdout, re.M)
+            found = re.findall(rf"^\[worker {r}\] step (\d+)/300 loss (\S+)(?: ETA \S+)?$", p.stdout, re.M)
             self.assertEqual([int(s) for s, _ in found], [100, 200, 300], p.stdout[-3000:])
             losses[r] = [float(v) for _, v in found]
             self.assertLess(losses[r][-1], losses[r][0], losses)  # it learns (a sync run repeats its bits)

@@ -115,6 +115,16 @@ Json EvalJson(const EvalSummary& e, bool binary) {
   return j;
 }
 
+// "45s", "3m05s", "2h03m".
+std::string Duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s < 60) std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  else std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>(s % 3600 / 60));
+  return buf;
+}
+
 std::vector<TableSpec> PlannedTables(const TrainerOptions& o) {
   return o.model == "ctr" ? CtrTableSpecs(o) : ClassifierTableSpecs(o);
 }
@@ -600,8 +610,13 @@ class WorkerRun final : public TrainingRun {
       // A stream's passes are not known in advance: "pass P" (the pass being read).
       const std::string where = plan_.streamed ? "pass " + std::to_string(epoch + 1)
                                                : "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(epochs);
-      std::fprintf(out_, "[worker %d] step %" PRId64 "/%" PRId64 " %s: loss %.4f  accuracy %.4f  %.0f examples/s  %.1f s\n",
-                   rank_, t + 1, plan_.total_steps, where.c_str(), mean_loss, acc, eps, Seconds(start_, now));
+      // The time left at this run's pace so far (a resumed run counts from where it began).
+      const double elapsed = Seconds(start_, now);
+      const int64_t done = t + 1 - t0_, left = plan_.total_steps - (t + 1);
+      const std::string eta = done > 0 ? Duration(elapsed / static_cast<double>(done) * static_cast<double>(left)) : "?";
+      std::fprintf(out_,
+                   "[worker %d] step %" PRId64 "/%" PRId64 " %s: loss %.4f  accuracy %.4f  %.0f examples/s  %.1f s  ETA %s\n",
+                   rank_, t + 1, plan_.total_steps, where.c_str(), mean_loss, acc, eps, elapsed, eta.c_str());
       std::fflush(out_);
     }
     lap_.To(&report_.times.compute_s);  // the worker's own bookkeeping counts as its compute

@@ -12,6 +12,7 @@ and default_session() are meant for the main thread.
 
 import os
 import sys
+import time
 
 import ferry
 
@@ -40,6 +41,16 @@ def _int_from(env, name, low):
     return value
 
 
+def _duration(seconds):
+    """45s, 3m05s, 2h03m."""
+    s = int(seconds + 0.5)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 class Session:
     """One worker's connection to the job: `client` (a ferry.Client), `rank`, `num_workers`,
     `num_servers`, `resume` (True for a worker the launcher restarted), `restored_step` (the
@@ -56,6 +67,7 @@ class Session:
         self.checkpoint_every = int(checkpoint_every or 0)
         self._out = out or sys.stdout
         self._modules = []  # the ferry.torch modules on this session, flushed before a checkpoint
+        self._first_log = None  # (time, step, examples) of the first log_step
 
     def _attach(self, module):
         self._modules.append(module)
@@ -78,11 +90,20 @@ class Session:
         """Tells the launcher this (restarted) worker joins the job at `step` of `total`."""
         self.say(f"resuming the job at step {step} of {total}")
 
-    def log_step(self, step, total, **metrics):
-        """A progress line: `[worker R] step T/TOTAL k=v ...` (the launcher follows the job by
-        it)."""
-        parts = " ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
-        self.say(f"step {step}/{total} {parts}".rstrip())
+    def log_step(self, step, total, examples=None, **metrics):
+        """A progress line: `[worker R] step T/TOTAL k v ... [N examples/s] ETA D` (the launcher
+        follows the job by it). `examples`: the training examples this worker has processed
+        since its first log_step (for examples/s). The ETA is at the pace since the first call."""
+        now = time.monotonic()
+        if self._first_log is None:
+            self._first_log = (now, step, examples or 0)
+        t0, step0, examples0 = self._first_log
+        parts = [f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
+        if examples is not None and now > t0:
+            parts.append(f"{(examples - examples0) / (now - t0):.0f} examples/s")
+        if step > step0 and now > t0:
+            parts.append("ETA " + _duration((now - t0) / (step - step0) * max(total - step, 0)))
+        self.say(f"step {step}/{total} {' '.join(parts)}".rstrip())
 
     def checkpoint_due(self, step):
         """Whether `step` is one the job checkpoints at (--checkpoint-every N: every N-th)."""

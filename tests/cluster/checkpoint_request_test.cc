@@ -102,6 +102,63 @@ TEST_F(CheckpointRequests, ASyncCheckpointIsACutAtTheStepEveryServerIsAt) {
   EXPECT_EQ(out, std::vector<float>(12, -2.0f));
 }
 
+// A resumed job may change its tables' settings (a new learning rate): the first declaration of
+// each restored table sets them on every server, the step after the checkpoint applies them, and
+// the next checkpoint records them. A running job's, or a shape's, change is refused naming it.
+TEST_F(CheckpointRequests, AResumedJobMayChangeItsLearningRate) {
+  std::vector<float> g(12, 1.0f), out(12);
+  {
+    auto c = LocalCluster::Start(2, false, WithFolder(dir_));
+    auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+    ASSERT_TRUE(w0->Declare(SyncSgd("w", 12)).ok());  // lr 1
+    ASSERT_TRUE(w1->Declare(SyncSgd("w", 12)).ok());
+    TableSpec other_lr = SyncSgd("w", 12);
+    other_lr.optimizer.learning_rate = 0.5f;
+    const Status running = w1->Declare(other_lr);
+    EXPECT_EQ(running.code(), StatusCode::kAlreadyExists) << running;
+    EXPECT_NE(running.message().find("table 'w' is declared with other settings: lr 1 -> 0.5 (settings change only "
+                                     "when a job resumes"),
+              std::string::npos)
+        << running;
+    ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
+    ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
+    ASSERT_TRUE(w0->PullDense("w", out, 1).wait(5s).ok());
+    ASSERT_TRUE(w0->Checkpoint(1).ok());  // w = -1 everywhere
+  }
+  for (int servers : {3, 1}) {  // resumed into another server count, then from its own checkpoint
+    ServerOptions ro = WithFolder(dir_, 2);
+    ro.restore = true;
+    auto c = LocalCluster::Start(servers, false, ro);
+    auto v0 = c.Connect(0, 2), v1 = c.Connect(1, 2);
+    TableSpec resumed = SyncSgd("w", 12);
+    resumed.optimizer.learning_rate = 0.25f;
+    if (servers == 3) {
+      TableSpec adam = resumed;
+      adam.optimizer.type = OptimizerType::kAdam;
+      const Status fixed = v0->Declare(adam);
+      EXPECT_EQ(fixed.code(), StatusCode::kAlreadyExists) << fixed;
+      EXPECT_NE(fixed.message().find("table 'w' cannot change its optimizer sgd -> adam"), std::string::npos) << fixed;
+      ASSERT_TRUE(v0->Declare(resumed).ok());
+      ASSERT_TRUE(v1->Declare(resumed).ok());  // the same settings: agreed
+      const Status late = v1->Declare(SyncSgd("w", 12));
+      EXPECT_NE(late.message().find("lr 0.25 -> 1"), std::string::npos) << late;
+    } else {
+      // The checkpoint of step 2 recorded lr 0.25: declaring it again changes nothing.
+      ASSERT_TRUE(v0->Declare(resumed).ok());
+      ASSERT_TRUE(v1->Declare(resumed).ok());
+    }
+    const int64_t step = servers == 3 ? 1 : 2;
+    ASSERT_TRUE(v0->PullDense("w", out, step).wait(5s).ok());
+    EXPECT_EQ(out, std::vector<float>(12, servers == 3 ? -1.0f : -1.25f));
+    ASSERT_TRUE(v0->PushDense("w", g, step).wait().ok());
+    ASSERT_TRUE(v1->PushDense("w", g, step).wait().ok());
+    ASSERT_TRUE(v0->PullDense("w", out, step + 1).wait(5s).ok());
+    // The step after the checkpoint at the new rate: exactly what SGD at lr 0.25 gives.
+    EXPECT_EQ(out, std::vector<float>(12, servers == 3 ? -1.25f : -1.5f));
+    if (servers == 3) ASSERT_TRUE(v0->Checkpoint(2).ok());
+  }
+}
+
 TEST_F(CheckpointRequests, RefusalsSayWhy) {
   // A server without a folder.
   {

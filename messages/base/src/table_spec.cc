@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "ferry/nearest.h"
 
@@ -242,6 +243,79 @@ uint64_t TableId(std::string_view name) {
 }  // namespace ferry
 
 namespace ferry {
+
+namespace {
+
+template <typename T>
+std::string Show(const T& v) {
+  std::ostringstream os;
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    os << "[";
+    for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
+    os << "]";
+  } else if constexpr (std::is_same_v<T, bool>) {
+    os << (v ? "1" : "0");
+  } else if constexpr (std::is_enum_v<T>) {
+    os << static_cast<int>(v);
+  } else {
+    os << v;
+  }
+  return os.str();
+}
+
+}  // namespace
+
+SpecChanges CompareSpecs(const TableSpec& a, const TableSpec& b) {
+  SpecChanges c;
+  auto note = [](std::string* out, std::string_view field, const std::string& from, const std::string& to) {
+    if (from == to) return;
+    if (!out->empty()) *out += ", ";
+    *out += std::string(field) + " " + from + " -> " + to;
+  };
+  auto fixed = [&](std::string_view f, const auto& x, const auto& y) { if (!(x == y)) note(&c.fixed, f, Show(x), Show(y)); };
+  auto setting = [&](std::string_view f, const auto& x, const auto& y) { if (!(x == y)) note(&c.settings, f, Show(x), Show(y)); };
+  const OptimizerSpec &o = a.optimizer, &p = b.optimizer;
+  fixed("name", a.name, b.name);
+  fixed("type", std::string(a.type == TableType::kDense ? "dense" : "sparse"),
+        std::string(b.type == TableType::kDense ? "dense" : "sparse"));
+  fixed("shape", a.shape, b.shape);
+  fixed("dim", a.dim, b.dim);
+  fixed("chunk_elems", a.chunk_elems, b.chunk_elems);
+  fixed("optimizer", std::string(OptimizerName(o.type)), std::string(OptimizerName(p.type)));
+  fixed("consistency", std::string(ConsistencyName(a.consistency)), std::string(ConsistencyName(b.consistency)));
+  fixed("staleness", a.staleness, b.staleness);
+  fixed("replicas_to_aggregate", a.replicas_to_aggregate, b.replicas_to_aggregate);
+  fixed("init", std::string(InitName(a.init)), std::string(InitName(b.init)));
+  fixed("init_scale", a.init_scale, b.init_scale);
+  fixed("seed", a.seed, b.seed);
+  fixed("admit_after", a.admit_after, b.admit_after);
+  fixed("admit_probability", a.admit_probability, b.admit_probability);
+  fixed("evict_after_steps", a.evict_after_steps, b.evict_after_steps);
+  fixed("max_rows", a.max_rows, b.max_rows);
+  setting("lr", o.learning_rate, p.learning_rate);
+  setting("momentum", o.momentum, p.momentum);
+  setting("nesterov", o.nesterov, p.nesterov);
+  setting("beta1", o.beta1, p.beta1);
+  setting("beta2", o.beta2, p.beta2);
+  setting("epsilon", o.epsilon, p.epsilon);
+  setting("initial_accumulator", o.initial_accumulator, p.initial_accumulator);
+  setting("l1", o.l1, p.l1);
+  setting("l2", o.l2, p.l2);
+  setting("beta", o.beta, p.beta);
+  setting("wire", std::string(WireFormatName(a.wire)), std::string(WireFormatName(b.wire)));
+  setting("topk", a.topk_ratio, b.topk_ratio);
+  setting("skip_nonfinite_rows", a.nonfinite == NonFinite::kSkipRows, b.nonfinite == NonFinite::kSkipRows);
+  return c;
+}
+
+void TakeSettings(const TableSpec& from, TableSpec* into) {
+  const OptimizerType type = into->optimizer.type;
+  into->optimizer = from.optimizer;
+  into->optimizer.type = type;
+  into->wire = from.wire;
+  into->topk_ratio = from.topk_ratio;
+  into->nonfinite = from.nonfinite;
+}
 
 std::span<const std::string_view> SpecOptionKeys() {
   static constexpr std::string_view kKeys[] = {

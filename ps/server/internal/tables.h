@@ -229,6 +229,9 @@ struct Table {
   TableCounters counters;  // what the server counts of it (table_metrics.h)
   std::unique_ptr<DenseShard> dense;    // set for dense tables
   std::unique_ptr<SparseShard> sparse;  // set for sparse tables
+  // Restored from a checkpoint and not declared since: its first declaration may change its
+  // settings (CompareSpecs' `settings`: a resumed job's new learning rate, ...).
+  bool settings_open = false;
 };
 
 }  // namespace ferry::ps

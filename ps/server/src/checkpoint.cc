@@ -556,6 +556,8 @@ StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step) 
 Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int num_workers, TableRegistry* tables) {
   for (const auto& [id, t] : ckpt.tables) {
     FERRY_RETURN_IF_ERROR(tables->Create(t.spec, id, num_workers));
+    FERRY_ASSIGN_OR_RETURN(Table * restored, tables->Find(id, t.spec.type));
+    restored->settings_open = true;
     if (t.spec.type == TableType::kDense) {
       FERRY_ASSIGN_OR_RETURN(Table * table, tables->Find(id, TableType::kDense));
       for (int64_t i = 0; i < table->dense->num_chunks(); ++i) {

@@ -1,10 +1,12 @@
 #include "internal/table_registry.h"
 
+#include <cstdio>
 #include <string>
 
 #include <absl/container/flat_hash_set.h>
 
 #include "ferry/messages/placement.h"
+#include "ferry/messages/wire.h"
 
 namespace ferry::ps {
 
@@ -29,18 +31,44 @@ StatusOr<std::unique_ptr<Table>> TableRegistry::Declare(TableSpec spec, uint64_t
                                 spec.name + "' (" + std::to_string(id) + ")");
   }
   const TableSpec* have = nullptr;
-  if (auto it = tables_.find(id); it != tables_.end()) have = &it->second->spec;
+  Table* restored = nullptr;
+  if (auto it = tables_.find(id); it != tables_.end()) {
+    have = &it->second->spec;
+    if (it->second->settings_open) restored = it->second.get();
+  }
   if (auto it = pending_.find(id); it != pending_.end()) have = &it->second, *pending = true;
   if (have != nullptr) {
     if (have->name != spec.name) {
       return AlreadyExistsError("table names '" + have->name + "' and '" + spec.name +
                                 "' hash to the same id; rename one");
     }
-    if (!(*have == spec)) {
+    // The first declaration the restored table accepts closes its window for new settings.
+    if (*have == spec) {
+      if (restored != nullptr) restored->settings_open = false;
+      return std::unique_ptr<Table>();  // idempotent
+    }
+    const SpecChanges changes = CompareSpecs(*have, spec);
+    if (!changes.fixed.empty()) {
+      return AlreadyExistsError("table '" + spec.name + "' cannot change its " + changes.fixed +
+                                " (a table keeps its shape, dimension, chunking, optimizer type, consistency, "
+                                "initialisation and row lifecycle for its life)");
+    }
+    if (restored == nullptr) {
+      return AlreadyExistsError("table '" + spec.name + "' is declared with other settings: " + changes.settings +
+                                " (settings change only when a job resumes from a checkpoint, at the first "
+                                "declaration of each table; the workers of a job declare the same)");
+    }
+    TableSpec changed = restored->spec;
+    TakeSettings(spec, &changed);
+    if (!(changed == spec)) {  // a field CompareSpecs does not know: refused whole
       return AlreadyExistsError("table '" + spec.name + "' is already declared as " + have->ToString() +
                                 "; the new declaration " + spec.ToString() + " conflicts with it");
     }
-    return std::unique_ptr<Table>();  // idempotent
+    std::fprintf(stderr, "ferry-ps: table '%s' resumes with new settings: %s\n", wire::Printable(spec.name).c_str(),
+                 changes.settings.c_str());
+    restored->spec = std::move(changed);
+    restored->settings_open = false;
+    return std::unique_ptr<Table>();
   }
   if (spec.consistency == Consistency::kSync && spec.replicas_to_aggregate > num_workers) {
     return InvalidArgumentError("table '" + spec.name + "': replicas_to_aggregate " +

@@ -109,6 +109,17 @@ struct TableSpec {
   friend bool operator==(const TableSpec&, const TableSpec&) = default;
 };
 
+// How declaration `to` differs from `from`, field by field ("lr 0.1 -> 0.05, dim 16 -> 32"; ""
+// when they are equal). `settings`: the differences in the settings a resumed job may change (the
+// optimizer's hyperparameters, not its type; wire; topk; nonfinite); `fixed`: in the rest (name,
+// type, shape, dim, chunking, optimizer type, consistency, init, seed, row lifecycle).
+struct SpecChanges {
+  std::string settings, fixed;
+};
+SpecChanges CompareSpecs(const TableSpec& from, const TableSpec& to);
+// `into` with the settings CompareSpecs calls changeable taken from `from`.
+void TakeSettings(const TableSpec& from, TableSpec* into);
+
 // Parses "sync", "async" or "ssp:<s>" into consistency + staleness.
 Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t* staleness);
 // Parses "sgd", "momentum", "adagrad", "adam" or "ftrl".

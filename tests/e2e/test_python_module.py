@@ -1,6 +1,6 @@
 """The `ferry` Python module against real ferry-ps processes on 127.0.0.1: two workers (threads,
 one Client each) train a small model with numpy in sync mode; arrays are used in place; errors
-raise ferry.Error with the server's text; TF_CONFIG is read.
+raise ferry.Error with the server's text; TF_CONFIG is read; ids must be integers.
 
 Needs FERRY_BUILD_DIR (ctest sets it) and Debian's python3 with python3-numpy (the module is
 built for it: build/python). Run by hand, from tests/e2e/:
@@ -252,6 +252,57 @@ class PythonModuleTest(unittest.TestCase):
                 ferry.Client(["tcp://127.0.0.1:1"], rank=0, curve_keys=os.path.join(tmp, "nowhere"))
             self.assertEqual(e.exception.code, "NOT_FOUND")
             self.assertIn("curve_keys: cannot open " + os.path.join(tmp, "nowhere", "server.pub"), str(e.exception))
+
+    def test_ids_must_be_integers(self):
+        with Servers(1) as s:
+            with ferry.Client(s.endpoints) as c:
+                c.declare_sparse("emb", 2, lr=1.0)
+                ones = np.ones((2, 2), np.float32)
+                # Every integer dtype, any width and sign, names the same rows.
+                for i, dtype in enumerate([np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                                           np.uint64]):
+                    c.push_sparse("emb", np.array([3, 100], dtype), ones).wait()
+                    rows = c.pull_sparse("emb", np.array([100, 3], dtype)).wait()
+                    np.testing.assert_array_equal(rows, np.full((2, 2), -(i + 1.0)), err_msg=str(dtype))
+                # Lists, non-contiguous arrays, negative ids, the int64 extremes and [] work too.
+                np.testing.assert_array_equal(c.pull_sparse("emb", [3]).wait(), [[-8, -8]])
+                np.testing.assert_array_equal(c.pull_sparse("emb", np.array([3, 0, 100], np.int32)[::2]).wait(),
+                                              [[-8, -8], [-8, -8]])
+                extremes = np.array([-1, np.iinfo(np.int64).min, np.iinfo(np.int64).max], np.int64)
+                c.push_sparse("emb", extremes, np.ones((3, 2), np.float32)).wait()
+                np.testing.assert_array_equal(c.pull_sparse("emb", extremes).wait(), np.full((3, 2), -1.0))
+                self.assertEqual(c.pull_sparse("emb", []).wait().shape, (0, 2))
+                # A uint64 id within int64 is that id; one above has no int64 id.
+                np.testing.assert_array_equal(
+                    c.pull_sparse("emb", np.array([np.iinfo(np.int64).max], np.uint64)).wait(), [[-1, -1]])
+                with self.assertRaises(OverflowError) as e:
+                    c.pull_sparse("emb", np.array([2 ** 63], np.uint64))
+                self.assertIn("pull_sparse: ids: 9223372036854775808 is above the largest int64 id", str(e.exception))
+
+                # Floats are refused, not truncated: 1.7 would become 1, and a float64 above 2^53
+                # has lost digits already. So are bools and objects. Each call names its argument.
+                for bad, dtype in [(np.array([1.7]), "float64"), (np.array([2.0 ** 53 + 2]), "float64"),
+                                   (np.array([1.0], np.float32), "float32"), (np.array([True]), "bool"),
+                                   (np.array([1, "a"], object), "object")]:
+                    calls = {
+                        "pull_sparse: ids": lambda: c.pull_sparse("emb", bad),
+                        "push_sparse: ids": lambda: c.push_sparse("emb", bad, np.ones((len(bad), 2), np.float32)),
+                        "pull_sparse_tables: entry 1: ids":
+                            lambda: c.pull_sparse_tables([("emb", [1], None), ("emb", bad, None)]),
+                        "push_sparse_tables: entry 0: ids":
+                            lambda: c.push_sparse_tables([("emb", bad, np.ones((len(bad), 2), np.float32))]),
+                        "dedup: entry 1": lambda: ferry._ferry.dedup([np.array([1]), bad]),
+                    }
+                    for what, call in calls.items():
+                        with self.assertRaises(TypeError, msg=f"{what} {dtype}") as e:
+                            call()
+                        self.assertIn(f"{what} must be an array of integers (any width and sign), not {dtype}",
+                                      str(e.exception))
+                with self.assertRaises(TypeError) as e:
+                    c.pull_sparse("emb", np.array([], np.float64))  # an empty float array is still floats
+                self.assertIn("not float64", str(e.exception))
+                # Nothing was pushed by the refused calls.
+                np.testing.assert_array_equal(c.pull_sparse("emb", [1, 3]).wait(), [[0, 0], [-8, -8]])
 
 
 if __name__ == "__main__":

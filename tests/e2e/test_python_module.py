@@ -1,6 +1,7 @@
 """The `ferry` Python module against real ferry-ps processes on 127.0.0.1: two workers (threads,
 one Client each) train a small model with numpy in sync mode; arrays are used in place; errors
-raise ferry.Error with the server's text; TF_CONFIG is read; ids must be integers.
+raise ferry.Error with the server's text; TF_CONFIG is read; ids must be integers; a `with`
+block's normal exit finishes the worker.
 
 Needs FERRY_BUILD_DIR (ctest sets it) and Debian's python3 with python3-numpy (the module is
 built for it: build/python). Run by hand, from tests/e2e/:
@@ -9,6 +10,7 @@ built for it: build/python). Run by hand, from tests/e2e/:
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,53 @@ from test_sync_cluster import Servers
 sys.path.insert(0, os.path.join(BUILD_DIR, "python"))
 import numpy as np  # noqa: E402
 import ferry  # noqa: E402
+
+
+class LoggedServers(Servers):
+    """Servers whose output after the endpoint line is read as it comes (a thread each):
+    log(r) is what ferry-ps r has written so far; wait_for_log waits for a line, with a deadline."""
+
+    def __init__(self, n, **kw):
+        super().__init__(n, **kw)
+        self._lines = [[] for _ in self.procs]
+        self._cv = threading.Condition()
+        self._readers = [threading.Thread(target=self._read, args=(r,), daemon=True) for r in range(n)]
+        for t in self._readers:
+            t.start()
+
+    def _read(self, r):
+        for line in self.procs[r].stdout:
+            with self._cv:
+                self._lines[r].append(line)
+                self._cv.notify_all()
+
+    def log(self, r):
+        with self._cv:
+            return "".join(self._lines[r])
+
+    def wait_for_log(self, r, pattern, timeout=60):
+        with self._cv:
+            found = self._cv.wait_for(lambda: re.search(pattern, "".join(self._lines[r]), re.M), timeout)
+        if not found:
+            raise AssertionError(f"ferry-ps {r} did not log /{pattern}/ within {timeout} s; it logged:\n{self.log(r)}")
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for t in self._readers:  # at EOF: every process has exited
+            t.join(timeout=10)
+        super().stop()
+
+
+# How ferry-ps logs a worker whose connection closed before it finished (server.cc).
+VANISHED = r"worker {rank}'s connection from \S+ closed after .* before the worker finished"
 
 
 class PythonModuleTest(unittest.TestCase):
@@ -252,6 +301,29 @@ class PythonModuleTest(unittest.TestCase):
                 ferry.Client(["tcp://127.0.0.1:1"], rank=0, curve_keys=os.path.join(tmp, "nowhere"))
             self.assertEqual(e.exception.code, "NOT_FOUND")
             self.assertIn("curve_keys: cannot open " + os.path.join(tmp, "nowhere", "server.pub"), str(e.exception))
+
+    def test_a_with_block_finishes_on_a_normal_exit_and_only_closes_on_an_exception(self):
+        with LoggedServers(1) as s:
+            # Worker 0 leaves its block normally: it finishes, so the server does not log it as
+            # a worker that vanished.
+            with ferry.Client(s.endpoints, rank=0, num_workers=2) as c:
+                c.declare_dense("w", (2,))
+            with self.assertRaises(ferry.Error):
+                c.barrier()  # closed at the end of the block
+            # Worker 1 leaves by an exception: it only closes, so the server logs it. That line
+            # comes after anything worker 0's close could have made the server log (at most one
+            # such line a second, so a line for worker 0 would hold this one back).
+            with self.assertRaises(KeyError):
+                with ferry.Client(s.endpoints, rank=1, num_workers=2) as c:
+                    c.declare_dense("w", (2,))
+                    raise KeyError("the training failed")
+            s.wait_for_log(0, VANISHED.format(rank=1))
+            log = s.log(0)
+            self.assertNotRegex(log, VANISHED.format(rank=0))
+            self.assertNotIn("held back", log)
+            # A client closed inside its block is left alone at the end.
+            with ferry.Client(s.endpoints, rank=0, num_workers=2) as c:
+                c.close()
 
     def test_ids_must_be_integers(self):
         with Servers(1) as s:

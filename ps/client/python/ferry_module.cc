@@ -507,6 +507,20 @@ class PyClient {
     client_.reset();
   }
 
+  // The end of a `with` block. A normal exit (clean: no exception) finishes, then closes: the job
+  // stops waiting for this worker and the servers do not take it for one that vanished. An exit
+  // by exception only closes, so the servers still log a worker that left without finishing.
+  // A client closed inside the block is left alone.
+  void Exit(bool clean) {
+    if (!client_) return;
+    ferry::Status s;
+    {
+      py::gil_scoped_release release;
+      if (clean) s = client_->Finish();
+      client_.reset();
+    }
+    Check(s);
+  }
 
  private:
   ferry::Client& client() {
@@ -633,9 +647,13 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("restored_step", &PyClient::restored_step,
                              "The step of the checkpoint the servers started from (0 if none).")
       .def("server_counters", &PyClient::ServerCounters, py::arg("server"))
-      .def("close", &PyClient::Close)
+      .def("close", &PyClient::Close, "Closes the connections (without finish(): the servers log a worker that left)")
       .def("__enter__", [](PyClient& c) -> PyClient& { return c; }, py::return_value_policy::reference)
-      .def("__exit__", [](PyClient& c, py::args) { c.Close(); });
+      .def(
+          "__exit__",
+          [](PyClient& c, const py::object& exc_type, const py::object&, const py::object&) { c.Exit(exc_type.is_none()); },
+          "A normal exit calls finish() then close(); an exit by exception only close(), so the servers log a "
+          "worker that left without finishing.");
 
   m.def("dedup", &Dedup, py::arg("tables"),
         "dedup([ids, ...]) -> ([distinct ids per table], rows): each table's distinct ids in order of first "

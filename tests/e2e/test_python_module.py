@@ -1,7 +1,8 @@
 """The `ferry` Python module against real ferry-ps processes on 127.0.0.1: two workers (threads,
 one Client each) train a small model with numpy in sync mode; arrays are used in place; errors
 raise ferry.Error with the server's text; TF_CONFIG is read; ids must be integers; a `with`
-block's normal exit finishes the worker.
+block's normal exit finishes the worker; the server's log line when it takes the worker count
+from the first worker.
 
 Needs FERRY_BUILD_DIR (ctest sets it) and Debian's python3 with python3-numpy (the module is
 built for it: build/python). Run by hand, from tests/e2e/:
@@ -324,6 +325,25 @@ class PythonModuleTest(unittest.TestCase):
             # A client closed inside its block is left alone at the end.
             with ferry.Client(s.endpoints, rank=0, num_workers=2) as c:
                 c.close()
+
+    def test_a_server_without_num_workers_says_it_took_the_count_from_the_first_worker(self):
+        line = (r"^ferry-ps 0: the job has 3 workers, as worker 2 \(the first to connect\) says; without "
+                r"--num-workers this server keeps that count for the rest of its life$")
+        with LoggedServers(1) as s:
+            with ferry.Client(s.endpoints, rank=2, num_workers=3):
+                pass
+            with ferry.Client(s.endpoints, rank=0, num_workers=3):
+                pass
+            with self.assertRaises(ferry.Error) as e:  # the count holds for the server's life
+                ferry.Client(s.endpoints, rank=0, num_workers=2)
+            self.assertIn("says the job has 2 workers, but it has 3", str(e.exception))
+            s.wait_for_log(0, line)
+        self.assertEqual(len(re.findall(line, s.log(0), re.M)), 1, s.log(0))
+        # With --num-workers, nothing to say. (The line is written before the Hello's reply.)
+        with LoggedServers(1, extra_args=["--num-workers", "3"]) as s:
+            with ferry.Client(s.endpoints, rank=2, num_workers=3):
+                pass
+        self.assertNotIn("the job has", s.log(0))
 
     def test_ids_must_be_integers(self):
         with Servers(1) as s:

@@ -26,7 +26,8 @@ JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ pkg-config
           libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
           libabsl-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev libcivetweb-dev
-          dataset-fashion-mnist python3 python3-dev python3-numpy python3-torch pybind11-dev gnuplot-nox clang libclang-rt-dev)
+          dataset-fashion-mnist python3 python3-dev python3-numpy python3-torch pybind11-dev
+          python3-setuptools python3-wheel python3-pip python3-venv gnuplot-nox clang libclang-rt-dev)
 
 say() { printf '\033[1m[ferry]\033[0m %s\n' "$*"; }
 

@@ -11,8 +11,8 @@ from .backend_slurm import run_slurm
 from .commands import Binaries, build_commands, cards_here, resumed_with, visible_devices
 from .curve import exposure_warning, folder_for_commands, make_job_keys
 from .common import (
-    DEFAULT_BASE_PORT, DEFAULT_MAX_RESTARTS, DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN,
-    DEFAULT_SSH, EXIT_OK, EXIT_USAGE, LAUNCHER_PATH, LaunchError, MAX_SECONDS, StopRequested)
+    DEFAULT_BASE_PORT, DEFAULT_BIN_DIR, DEFAULT_MAX_RESTARTS, DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN,
+    DEFAULT_SSH, EXIT_OK, EXIT_USAGE, LaunchError, MAX_SECONDS, StopRequested)
 from .hosts import is_local
 from .preflight import check_keys_on_ssh_hosts, preflight, program_warning
 from .progress import JobProgress
@@ -84,8 +84,7 @@ def parse_args(argv):
     ap.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                     help="ps R listens on BASE+R; 0 picks ports free on this machine "
                          "(default %(default)s)")
-    default_bin = os.path.join(os.path.dirname(os.path.dirname(LAUNCHER_PATH)), "build")
-    ap.add_argument("--bin-dir", default=default_bin,
+    ap.add_argument("--bin-dir", default=DEFAULT_BIN_DIR,
                     help="build dir (bin/ferry-ps, bin/ferry-trainer) or a flat dir "
                          "holding both (default %(default)s)")
     ap.add_argument("--remote-bin-dir", metavar="DIR",

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 from .common import (
-    LAUNCHER_OWNED_PS_FLAGS, LAUNCHER_OWNED_TRAINER_FLAGS, LaunchError, REMOTE_WRAPPER)
+    INSTALLED_PYTHON_DIR, LAUNCHER_OWNED_PS_FLAGS, LAUNCHER_OWNED_TRAINER_FLAGS, LaunchError, REMOTE_WRAPPER)
 from .curve import folder_for_commands
 from .hosts import bind_address, canonical_host
 from .spec import Prepend
@@ -49,9 +49,13 @@ class Binaries:
         # ferry-keys (--curve runs it, here only) sits beside ferry-ps.
         self.keys_tool = os.path.join(os.path.dirname(self.local["ferry-ps"]), "ferry-keys")
         # BIN_DIR/python holds the package `ferry` in a build tree: worker programs find it
-        # there (PYTHONPATH) without an install. None when it is not there (checked here).
+        # there (PYTHONPATH) without an install. An installed launcher's own folder holds the
+        # installed `ferry` (INSTALLED_PYTHON_DIR; the same path on ssh hosts). None when
+        # neither is there (checked here).
         python = os.path.join(self.bin_dir, "python")
         there = os.path.join(remote_bin_dir, "python") if remote_bin_dir else python
+        if not os.path.exists(os.path.join(python, "ferry")) and INSTALLED_PYTHON_DIR:
+            python = there = INSTALLED_PYTHON_DIR
         found = os.path.exists(os.path.join(python, "ferry"))
         self.python = {False: python, True: there} if found else {False: None, True: None}
 

@@ -26,8 +26,24 @@ DEFAULT_MAX_RESTARTS = 3
 SETTLE_S = 0.5
 # The largest value any seconds flag (--rendezvous-timeout, --grace, --ssh-timeout) accepts.
 MAX_SECONDS = 86400.0
-# The ferry-launch script beside this package (Slurm tasks run it with --slurm-task).
-LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ferry-launch")
+# Where the launcher script (Slurm tasks run it with --slurm-task) and the programs are, and the
+# folder whose `ferry` package worker programs import (None: BIN_DIR/python of a build tree, if
+# there; commands.Binaries). In the source tree: the ferry-launch script beside this package and
+# the build tree build/ beside it. Installed (cmake --install writes _installed.py): the prefix's
+# bin/ferry-launch and bin/, and the folder this package was installed in, beside `ferry`.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+try:
+    from . import _installed
+except ImportError:
+    _installed = None
+if _installed:
+    LAUNCHER_PATH = os.path.normpath(os.path.join(_PACKAGE_DIR, _installed.LAUNCHER))
+    DEFAULT_BIN_DIR = os.path.normpath(os.path.join(_PACKAGE_DIR, _installed.BIN_DIR))
+    INSTALLED_PYTHON_DIR = os.path.dirname(_PACKAGE_DIR)
+else:
+    LAUNCHER_PATH = os.path.join(os.path.dirname(_PACKAGE_DIR), "ferry-launch")
+    DEFAULT_BIN_DIR = os.path.join(os.path.dirname(os.path.dirname(_PACKAGE_DIR)), "build")
+    INSTALLED_PYTHON_DIR = None
 
 # Flags the launcher owns: a user may not pass them to the trainer after "--", nor to ferry-ps
 # with --ps-arg (flag -> what to use instead).

@@ -357,6 +357,13 @@ class SyntheticCtrTest(unittest.TestCase):
             gen.field_offset(2)
         with self.assertRaises(ValueError):
             gen.generate_range(0, -1)
+        # Indices are integers of any dtype; floats are refused, not truncated.
+        for a, b in zip(gen.generate(np.array([7, 2], np.uint16)), gen.generate(np.array([7, 2], np.int64))):
+            np.testing.assert_array_equal(a, b)
+        with self.assertRaises(TypeError) as e:
+            gen.generate(np.array([1.7]))
+        self.assertIn("generate: indices must be an array of integers (any width and sign), not float64",
+                      str(e.exception))
         with self.assertRaises(ValueError) as e:
             _data.auc(np.array([0.1, 0.2], np.float32), np.array([1, 1], np.float32))  # one class only
         self.assertEqual(e.exception.code, "FAILED_PRECONDITION")

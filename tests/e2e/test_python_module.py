@@ -1,6 +1,8 @@
 """The `ferry` Python module against real ferry-ps processes on 127.0.0.1: two workers (threads,
 one Client each) train a small model with numpy in sync mode; arrays are used in place; errors
-raise ferry.Error with the server's text; TF_CONFIG is read.
+raise ferry.Error with the server's text; TF_CONFIG is read; ids must be integers; a `with`
+block's normal exit finishes the worker; the server's log line when it takes the worker count
+from the first worker.
 
 Needs FERRY_BUILD_DIR (ctest sets it) and Debian's python3 with python3-numpy (the module is
 built for it: build/python). Run by hand, from tests/e2e/:
@@ -9,6 +11,7 @@ built for it: build/python). Run by hand, from tests/e2e/:
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,6 +25,53 @@ from test_sync_cluster import Servers
 sys.path.insert(0, os.path.join(BUILD_DIR, "python"))
 import numpy as np  # noqa: E402
 import ferry  # noqa: E402
+
+
+class LoggedServers(Servers):
+    """Servers whose output after the endpoint line is read as it comes (a thread each):
+    log(r) is what ferry-ps r has written so far; wait_for_log waits for a line, with a deadline."""
+
+    def __init__(self, n, **kw):
+        super().__init__(n, **kw)
+        self._lines = [[] for _ in self.procs]
+        self._cv = threading.Condition()
+        self._readers = [threading.Thread(target=self._read, args=(r,), daemon=True) for r in range(n)]
+        for t in self._readers:
+            t.start()
+
+    def _read(self, r):
+        for line in self.procs[r].stdout:
+            with self._cv:
+                self._lines[r].append(line)
+                self._cv.notify_all()
+
+    def log(self, r):
+        with self._cv:
+            return "".join(self._lines[r])
+
+    def wait_for_log(self, r, pattern, timeout=60):
+        with self._cv:
+            found = self._cv.wait_for(lambda: re.search(pattern, "".join(self._lines[r]), re.M), timeout)
+        if not found:
+            raise AssertionError(f"ferry-ps {r} did not log /{pattern}/ within {timeout} s; it logged:\n{self.log(r)}")
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for t in self._readers:  # at EOF: every process has exited
+            t.join(timeout=10)
+        super().stop()
+
+
+# How ferry-ps logs a worker whose connection closed before it finished (server.cc).
+VANISHED = r"worker {rank}'s connection from \S+ closed after .* before the worker finished"
 
 
 class PythonModuleTest(unittest.TestCase):
@@ -252,6 +302,99 @@ class PythonModuleTest(unittest.TestCase):
                 ferry.Client(["tcp://127.0.0.1:1"], rank=0, curve_keys=os.path.join(tmp, "nowhere"))
             self.assertEqual(e.exception.code, "NOT_FOUND")
             self.assertIn("curve_keys: cannot open " + os.path.join(tmp, "nowhere", "server.pub"), str(e.exception))
+
+    def test_a_with_block_finishes_on_a_normal_exit_and_only_closes_on_an_exception(self):
+        with LoggedServers(1) as s:
+            # Worker 0 leaves its block normally: it finishes, so the server does not log it as
+            # a worker that vanished.
+            with ferry.Client(s.endpoints, rank=0, num_workers=2) as c:
+                c.declare_dense("w", (2,))
+            with self.assertRaises(ferry.Error):
+                c.barrier()  # closed at the end of the block
+            # Worker 1 leaves by an exception: it only closes, so the server logs it. That line
+            # comes after anything worker 0's close could have made the server log (at most one
+            # such line a second, so a line for worker 0 would hold this one back).
+            with self.assertRaises(KeyError):
+                with ferry.Client(s.endpoints, rank=1, num_workers=2) as c:
+                    c.declare_dense("w", (2,))
+                    raise KeyError("the training failed")
+            s.wait_for_log(0, VANISHED.format(rank=1))
+            log = s.log(0)
+            self.assertNotRegex(log, VANISHED.format(rank=0))
+            self.assertNotIn("held back", log)
+            # A client closed inside its block is left alone at the end.
+            with ferry.Client(s.endpoints, rank=0, num_workers=2) as c:
+                c.close()
+
+    def test_a_server_without_num_workers_says_it_took_the_count_from_the_first_worker(self):
+        line = (r"^ferry-ps 0: the job has 3 workers, as worker 2 \(the first to connect\) says; without "
+                r"--num-workers this server keeps that count for the rest of its life$")
+        with LoggedServers(1) as s:
+            with ferry.Client(s.endpoints, rank=2, num_workers=3):
+                pass
+            with ferry.Client(s.endpoints, rank=0, num_workers=3):
+                pass
+            with self.assertRaises(ferry.Error) as e:  # the count holds for the server's life
+                ferry.Client(s.endpoints, rank=0, num_workers=2)
+            self.assertIn("says the job has 2 workers, but it has 3", str(e.exception))
+            s.wait_for_log(0, line)
+        self.assertEqual(len(re.findall(line, s.log(0), re.M)), 1, s.log(0))
+        # With --num-workers, nothing to say. (The line is written before the Hello's reply.)
+        with LoggedServers(1, extra_args=["--num-workers", "3"]) as s:
+            with ferry.Client(s.endpoints, rank=2, num_workers=3):
+                pass
+        self.assertNotIn("the job has", s.log(0))
+
+    def test_ids_must_be_integers(self):
+        with Servers(1) as s:
+            with ferry.Client(s.endpoints) as c:
+                c.declare_sparse("emb", 2, lr=1.0)
+                ones = np.ones((2, 2), np.float32)
+                # Every integer dtype, any width and sign, names the same rows.
+                for i, dtype in enumerate([np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                                           np.uint64]):
+                    c.push_sparse("emb", np.array([3, 100], dtype), ones).wait()
+                    rows = c.pull_sparse("emb", np.array([100, 3], dtype)).wait()
+                    np.testing.assert_array_equal(rows, np.full((2, 2), -(i + 1.0)), err_msg=str(dtype))
+                # Lists, non-contiguous arrays, negative ids, the int64 extremes and [] work too.
+                np.testing.assert_array_equal(c.pull_sparse("emb", [3]).wait(), [[-8, -8]])
+                np.testing.assert_array_equal(c.pull_sparse("emb", np.array([3, 0, 100], np.int32)[::2]).wait(),
+                                              [[-8, -8], [-8, -8]])
+                extremes = np.array([-1, np.iinfo(np.int64).min, np.iinfo(np.int64).max], np.int64)
+                c.push_sparse("emb", extremes, np.ones((3, 2), np.float32)).wait()
+                np.testing.assert_array_equal(c.pull_sparse("emb", extremes).wait(), np.full((3, 2), -1.0))
+                self.assertEqual(c.pull_sparse("emb", []).wait().shape, (0, 2))
+                # A uint64 id within int64 is that id; one above has no int64 id.
+                np.testing.assert_array_equal(
+                    c.pull_sparse("emb", np.array([np.iinfo(np.int64).max], np.uint64)).wait(), [[-1, -1]])
+                with self.assertRaises(OverflowError) as e:
+                    c.pull_sparse("emb", np.array([2 ** 63], np.uint64))
+                self.assertIn("pull_sparse: ids: 9223372036854775808 is above the largest int64 id", str(e.exception))
+
+                # Floats are refused, not truncated: 1.7 would become 1, and a float64 above 2^53
+                # has lost digits already. So are bools and objects. Each call names its argument.
+                for bad, dtype in [(np.array([1.7]), "float64"), (np.array([2.0 ** 53 + 2]), "float64"),
+                                   (np.array([1.0], np.float32), "float32"), (np.array([True]), "bool"),
+                                   (np.array([1, "a"], object), "object")]:
+                    calls = {
+                        "pull_sparse: ids": lambda: c.pull_sparse("emb", bad),
+                        "push_sparse: ids": lambda: c.push_sparse("emb", bad, np.ones((len(bad), 2), np.float32)),
+                        "pull_sparse_tables: entry 1: ids":
+                            lambda: c.pull_sparse_tables([("emb", [1], None), ("emb", bad, None)]),
+                        "push_sparse_tables: entry 0: ids":
+                            lambda: c.push_sparse_tables([("emb", bad, np.ones((len(bad), 2), np.float32))]),
+                        "dedup: entry 1": lambda: ferry._ferry.dedup([np.array([1]), bad]),
+                    }
+                    for what, call in calls.items():
+                        with self.assertRaises(TypeError, msg=f"{what} {dtype}") as e:
+                            call()
+                        self.assertIn(f"{what} must be an array of integers (any width and sign), not {dtype}",
+                                      str(e.exception))
+                with self.assertRaises(TypeError) as e:
+                    c.pull_sparse("emb", np.array([], np.float64))  # an empty float array is still floats
+                self.assertIn("not float64", str(e.exception))
+                # Nothing was pushed by the refused calls.
+                np.testing.assert_array_equal(c.pull_sparse("emb", [1, 3]).wait(), [[0, 0], [-8, -8]])
 
 
 if __name__ == "__main__":

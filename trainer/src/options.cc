@@ -187,7 +187,7 @@ optimizer: --optimizer sgd|momentum|adagrad|adam|ftrl (sgd)  --lr X (0.1)
            --table PATTERN:key=value,...  (repeatable) per-table settings over the above, for the
            tables matching PATTERN (fnmatch); keys: @KEYS@
            (wire: f32|fp16|bf16, how values travel; topk, dense: the share of each chunk pushed)
-           e.g. --table 'ctr/emb*:consistency=async,optimizer=ftrl,lr=0.05,l1=1'
+           e.g. --table 'ctr/emb*:consistency=async,optimizer=ftrl,lr=0.05,l1=0.1'
                 --table 'mlp/*:wire=fp16,topk=0.01'
            --blas-threads N (0: OpenBLAS's own; CPU GEMM threads, recorded: results repeat for one N)
            --pipeline none|exchange|prefetch (exchange): push the dense gradients and pull the next

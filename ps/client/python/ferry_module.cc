@@ -12,7 +12,8 @@
 // Arrays that are already C-contiguous float32 (int64 for ids) are used in place: the client
 // reads pushed gradients from, and writes pulled values into, the array's own memory. Other
 // inputs are converted once (a copy); an output array must be C-contiguous, float32 and
-// writable, or the call raises TypeError. A Handle keeps every array it uses alive until the
+// writable, or the call raises TypeError. Ids must have an integer dtype (any width and sign;
+// int_arrays.h): a float array of ids raises TypeError instead of being truncated. A Handle keeps every array it uses alive until the
 // operation is done, and waits for it if it is dropped before. The GIL is released while the
 // client sends, receives and waits. Every failure raises ferry.Error, whose message is the
 // client's or the server's text and whose `code` is the status code's name ("ALREADY_EXISTS").
@@ -31,6 +32,7 @@
 
 #include "ferry/client.h"
 #include "ferry/cluster.h"
+#include "int_arrays.h"
 
 namespace py = pybind11;
 
@@ -54,7 +56,9 @@ void Check(const ferry::Status& s) {
 }
 
 using FloatIn = py::array_t<float, py::array::c_style | py::array::forcecast>;
-using IdsIn = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+// Ids: any integer dtype, as int64 (int_arrays.h: anything else raises TypeError naming the argument).
+using IdsIn = ferry::python::Int64Array;
+using ferry::python::IntegerArray;
 
 // An output array the client may write into directly.
 py::array_t<float> Writable(const py::object& out, const char* what) {
@@ -155,8 +159,7 @@ py::tuple Dedup(const py::list& tables) {
   ids.reserve(tables.size());
   size_t total = 0;
   for (size_t i = 0; i < tables.size(); ++i) {
-    IdsIn a = IdsIn::ensure(tables[i]);
-    if (!a) throw py::error_already_set();
+    IdsIn a = IntegerArray(tables[i], "dedup: entry " + std::to_string(i));
     if (a.ndim() != 1) throw py::value_error("dedup: entry " + std::to_string(i) + " must be 1-D");
     total += static_cast<size_t>(a.size());
     ids.push_back(std::move(a));
@@ -295,7 +298,9 @@ class PyClient {
   }
 
   // Pulls rows for `ids` into `out` (shape (len(ids), dim), float32), or into a new array.
-  std::unique_ptr<PyHandle> PullSparse(const std::string& table, const IdsIn& ids, int64_t step, const py::object& out) {
+  std::unique_ptr<PyHandle> PullSparse(const std::string& table, const py::object& ids_in, int64_t step,
+                                       const py::object& out) {
+    IdsIn ids = IntegerArray(ids_in, "pull_sparse: ids");
     py::array_t<float> a;
     if (out.is_none()) {
       a = py::array_t<float>({static_cast<py::ssize_t>(ids.size()), static_cast<py::ssize_t>(Dim(table))});
@@ -313,7 +318,9 @@ class PyClient {
     return std::make_unique<PyHandle>(std::move(h), std::vector<py::object>{ids, a}, a);
   }
 
-  std::unique_ptr<PyHandle> PushSparse(const std::string& table, const IdsIn& ids, const FloatIn& grads, int64_t step) {
+  std::unique_ptr<PyHandle> PushSparse(const std::string& table, const py::object& ids_in, const FloatIn& grads,
+                                       int64_t step) {
+    IdsIn ids = IntegerArray(ids_in, "push_sparse: ids");
     std::span<const int64_t> id_span(ids.data(), static_cast<size_t>(ids.size()));
     std::span<const float> g(grads.data(), static_cast<size_t>(grads.size()));
     ferry::Handle h;
@@ -338,8 +345,7 @@ class PyClient {
     for (size_t i = 0; i < tables.size(); ++i) {
       auto entry = Entry(tables[i], 3, "pull_sparse_tables", "(table, ids, out or None)", i);
       names.push_back(py::cast<std::string>(entry[0]));
-      IdsIn ids = IdsIn::ensure(entry[1]);
-      if (!ids) throw py::error_already_set();
+      IdsIn ids = IntegerArray(entry[1], "pull_sparse_tables: entry " + std::to_string(i) + ": ids");
       py::array_t<float> a;
       if (entry[2].is_none()) {
         a = py::array_t<float>({static_cast<py::ssize_t>(ids.size()), static_cast<py::ssize_t>(Dim(names.back()))});
@@ -371,9 +377,9 @@ class PyClient {
     for (size_t i = 0; i < tables.size(); ++i) {
       auto entry = Entry(tables[i], 3, "push_sparse_tables", "(table, ids, grads)", i);
       names.push_back(py::cast<std::string>(entry[0]));
-      IdsIn ids = IdsIn::ensure(entry[1]);
+      IdsIn ids = IntegerArray(entry[1], "push_sparse_tables: entry " + std::to_string(i) + ": ids");
       FloatIn grads = FloatIn::ensure(entry[2]);
-      if (!ids || !grads) throw py::error_already_set();
+      if (!grads) throw py::type_error("push_sparse_tables: entry " + std::to_string(i) + ": grads must be an array of numbers");
       ins.push_back({{}, std::span<const int64_t>(ids.data(), static_cast<size_t>(ids.size())),
                      std::span<const float>(grads.data(), static_cast<size_t>(grads.size()))});
       keep.push_back(ids);
@@ -405,7 +411,7 @@ class PyClient {
       names.push_back(py::cast<std::string>(entry[0]));
       if (push) {
         FloatIn grad = FloatIn::ensure(entry[1]);
-        if (!grad) throw py::error_already_set();
+        if (!grad) throw py::type_error(std::string(call) + ": entry " + std::to_string(i) + ": grad must be an array of numbers");
         ins.push_back({{}, std::span<const float>(grad.data(), static_cast<size_t>(grad.size()))});
         keep.push_back(grad);
       }
@@ -499,6 +505,21 @@ class PyClient {
   void Close() {
     py::gil_scoped_release release;
     client_.reset();
+  }
+
+  // The end of a `with` block. A normal exit (clean: no exception) finishes, then closes: the job
+  // stops waiting for this worker and the servers do not take it for one that vanished. An exit
+  // by exception only closes, so the servers still log a worker that left without finishing.
+  // A client closed inside the block is left alone.
+  void Exit(bool clean) {
+    if (!client_) return;
+    ferry::Status s;
+    {
+      py::gil_scoped_release release;
+      if (clean) s = client_->Finish();
+      client_.reset();
+    }
+    Check(s);
   }
 
  private:
@@ -626,9 +647,13 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("restored_step", &PyClient::restored_step,
                              "The step of the checkpoint the servers started from (0 if none).")
       .def("server_counters", &PyClient::ServerCounters, py::arg("server"))
-      .def("close", &PyClient::Close)
+      .def("close", &PyClient::Close, "Closes the connections (without finish(): the servers log a worker that left)")
       .def("__enter__", [](PyClient& c) -> PyClient& { return c; }, py::return_value_policy::reference)
-      .def("__exit__", [](PyClient& c, py::args) { c.Close(); });
+      .def(
+          "__exit__",
+          [](PyClient& c, const py::object& exc_type, const py::object&, const py::object&) { c.Exit(exc_type.is_none()); },
+          "A normal exit calls finish() then close(); an exit by exception only close(), so the servers log a "
+          "worker that left without finishing.");
 
   m.def("dedup", &Dedup, py::arg("tables"),
         "dedup([ids, ...]) -> ([distinct ids per table], rows): each table's distinct ids in order of first "

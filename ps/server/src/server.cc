@@ -434,7 +434,14 @@ class ServerImpl final : public Server {
     // Before Join: a Hello refused for speaking for a live worker changes nothing of it.
     const int num_workers = workers_.count() > 0 ? workers_.count() : h.num_workers();
     if (h.rank() >= 0 && h.rank() < num_workers) FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank()));
+    const bool count_from_worker = workers_.count() == 0;  // no --num-workers, no worker yet
     FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers()));
+    if (count_from_worker) {
+      std::fprintf(stderr,
+                   "ferry-ps %d: the job has %d worker%s, as worker %d (the first to connect) says; without "
+                   "--num-workers this server keeps that count for the rest of its life\n",
+                   options_.rank, workers_.count(), workers_.count() == 1 ? "" : "s", h.rank());
+    }
     workers_.Promise(h.rank(), h.heartbeat_ms(), req.arrived);
     {
       MutexLock lock(&by_rank_mu_);

@@ -17,7 +17,8 @@
 // torch.from_numpy on it shares it too. (Inside C++, CriteoReader parses straight into the batch
 // it hands out, while CriteoStream copies the examples as it assembles a batch from its reads:
 // criteo.cc's Read and Use append.) Array arguments (indices, scores, labels) are used in place
-// when they are C-contiguous of the right dtype, else converted once.
+// when they are C-contiguous of the right dtype, else converted once; indices must have an
+// integer dtype (int_arrays.h: a float array raises TypeError instead of being truncated).
 //
 // Errors raise the C++ Status's text, with the status code's name as the exception's `code`:
 //   INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE  ValueError
@@ -50,6 +51,7 @@
 #include "ferry/data/synthetic_ctr.h"
 #include "ferry/mutex.h"
 #include "ferry/status.h"
+#include "int_arrays.h"  // ps/client/python: integer arrays for the ferry package
 
 namespace py = pybind11;
 namespace data = ferry::data;
@@ -117,7 +119,6 @@ py::tuple BatchArrays(data::CtrBatch&& batch) {
 }
 
 using FloatIn = py::array_t<float, py::array::c_style | py::array::forcecast>;
-using IdsIn = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
 std::span<const float> FloatSpan(const FloatIn& a) { return {a.data(), static_cast<size_t>(a.size())}; }
 
@@ -133,7 +134,8 @@ class PySyntheticCtr {
  public:
   explicit PySyntheticCtr(const data::SyntheticCtrOptions& options) : gen_(Take(data::SyntheticCtr::Create(options))) {}
 
-  py::tuple Generate(const IdsIn& indices) const {
+  py::tuple Generate(const py::object& indices_in) const {
+    const ferry::python::Int64Array indices = ferry::python::IntegerArray(indices_in, "generate: indices");
     const std::span<const int64_t> at(indices.data(), static_cast<size_t>(indices.size()));
     return Run([&](data::CtrBatch* batch, std::vector<float>* probs) { gen_.Generate(at, batch, probs); });
   }

@@ -328,7 +328,7 @@ TEST(Cluster, GradientsHoldingNaNOrInfAreRefusedOrTheirRowsSkipped) {
   EXPECT_EQ(skipped, 1);
 }
 
-TEST(Cluster, DeclarationIsIdempotentAndConflictsNameBothSpecs) {
+TEST(Cluster, DeclarationIsIdempotentAndConflictsNameTheField) {
   auto c = LocalCluster::Start(2);
   auto a = c.Connect(0, 2), b = c.Connect(1, 2);
   TableSpec spec;
@@ -341,8 +341,12 @@ TEST(Cluster, DeclarationIsIdempotentAndConflictsNameBothSpecs) {
   other.dim = 16;
   Status s = b->Declare(other);
   EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
-  EXPECT_NE(s.message().find("dim=8"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("dim=16"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("table 'emb' cannot change its dim 8 -> 16"), std::string::npos) << s;
+  other = spec;  // a running job's settings stay too
+  other.optimizer.learning_rate = 0.5f;
+  s = b->Declare(other);
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(s.message().find("table 'emb' is declared with other settings: lr 0.01 -> 0.5"), std::string::npos) << s;
   // Using an undeclared table is a clear error, not a hang.
   std::vector<float> out(8);
   s = a->PullDense("nope", out, 0).wait(5s);

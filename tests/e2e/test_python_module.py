@@ -192,7 +192,7 @@ class PythonModuleTest(unittest.TestCase):
                 with self.assertRaises(ferry.Error) as e:
                     c.declare_sparse("emb", 4)  # the server refuses the conflicting spec
                 self.assertEqual(e.exception.code, "ALREADY_EXISTS")
-                self.assertIn("table 'emb' is already declared as", str(e.exception))
+                self.assertIn("table 'emb' cannot change its dim 8 -> 4", str(e.exception))
                 # A second client for worker 0 while this one is alive is refused.
                 with self.assertRaises(ferry.Error) as e:
                     ferry.Client(s.endpoints, connect_timeout=1)

@@ -185,6 +185,25 @@ class PythonModuleTest(unittest.TestCase):
                     c.declare_sparse("bad", 2, options={"topk": 0.5})
                 self.assertIn("table 'bad': topk is for dense tables", str(e.exception))
 
+    def test_a_long_wait_is_said_on_stderr(self):
+        # Nothing listens at the address: the handshake's wait is reported while it lasts, then
+        # the connection fails. C's stderr, so a child process.
+        with tempfile.TemporaryDirectory() as tmp:
+            code = ("import ferry\n"
+                    f"try: ferry.Client(['ipc://{tmp}/none'], connect_timeout=2.0, long_wait_every=0.5)\n"
+                    "except ferry.Error as e: print('refused:', e.code)\n")
+            env = dict(os.environ, PYTHONPATH=os.path.join(BUILD_DIR, "python"))
+            p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, timeout=60, env=env)
+            self.assertIn("refused: DEADLINE_EXCEEDED", p.stdout, p.stderr)
+            self.assertRegex(p.stderr, rf"ferry: worker 0 waiting \d s \(of 2\) for server 0 \(ipc://{tmp}/none\) "
+                                       r"to answer Hello \(is it running")
+            quiet = code.replace("long_wait_every=0.5", "long_wait_every=0")
+            p = subprocess.run([sys.executable, "-c", quiet], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, timeout=60, env=env)
+            self.assertIn("refused: DEADLINE_EXCEEDED", p.stdout, p.stderr)
+            self.assertNotIn("waiting", p.stderr)
+
     def test_errors_carry_the_servers_text_and_code(self):
         with Servers(1) as s:
             with ferry.Client(s.endpoints) as c:

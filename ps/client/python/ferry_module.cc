@@ -197,7 +197,7 @@ py::tuple Dedup(const py::list& tables) {
 class PyClient {
  public:
   PyClient(std::vector<std::string> servers, int rank, int num_workers, double request_timeout, double connect_timeout,
-           std::optional<std::string> curve_keys, double heartbeat_timeout) {
+           std::optional<std::string> curve_keys, double heartbeat_timeout, double long_wait_every) {
     ferry::ClientOptions o;
     o.servers = std::move(servers);
     o.rank = rank;
@@ -205,6 +205,14 @@ class PyClient {
     o.request_timeout = Millis(request_timeout, "request_timeout");
     o.connect_timeout = Millis(connect_timeout, "connect_timeout");
     o.heartbeat_timeout = Millis(heartbeat_timeout, "heartbeat_timeout");
+    // Long waits are said on stderr (C's: called on the client's threads, without the GIL).
+    o.long_wait_every = Millis(long_wait_every, "long_wait_every");
+    if (o.long_wait_every.count() > 0) {
+      o.on_long_wait = [rank](const std::string& line) {
+        std::fprintf(stderr, "ferry: worker %d %s\n", rank, line.c_str());
+        std::fflush(stderr);
+      };
+    }
     if (curve_keys && !curve_keys->empty()) {
       auto keys = ferry::curve::LoadClientKeys(*curve_keys, rank);
       if (!keys.ok()) Raise(keys.status().WithContext("curve_keys"));
@@ -220,7 +228,8 @@ class PyClient {
   }
 
   static std::unique_ptr<PyClient> FromTfConfig(double request_timeout, double connect_timeout,
-                                                std::optional<std::string> curve_keys, double heartbeat_timeout) {
+                                                std::optional<std::string> curve_keys, double heartbeat_timeout,
+                                                double long_wait_every) {
     auto cluster = ferry::ClusterFromEnvironment();
     Check(cluster.status());
     if (!*cluster) Raise(ferry::NotFoundError("TF_CONFIG is not set"));
@@ -230,7 +239,7 @@ class PyClient {
                                            ", not a worker"));
     }
     return std::make_unique<PyClient>(c.servers, c.rank, c.num_workers, request_timeout, connect_timeout,
-                                      std::move(curve_keys), heartbeat_timeout);
+                                      std::move(curve_keys), heartbeat_timeout, long_wait_every);
   }
 
   int rank() { return client().rank(); }
@@ -579,16 +588,20 @@ PYBIND11_MODULE(_ferry, m) {
                         "wire: f32, fp16 or bf16, how the table's gradients and values travel (2 bytes a value for "
                         "fp16 and bf16; the servers keep float32; needs servers of protocol 1.6)";
   py::class_<PyClient>(m, "Client")
-      .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>, double>(),
+      .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>, double, double>(),
            py::arg("servers"), py::arg("rank") = 0, py::arg("num_workers") = 1, py::arg("request_timeout") = 360.0,
            py::arg("connect_timeout") = 30.0, py::arg("curve_keys") = py::none(), py::arg("heartbeat_timeout") = 5.0,
+           py::arg("long_wait_every") = 5.0,
            "Connects to every server (endpoints like tcp://host:7470, in server-rank order). curve_keys: the "
            "job's CURVE key folder (ferry-keys writes one), needed when the servers run with --curve-keys. "
            "heartbeat_timeout: seconds a server may stay silent before its requests fail with UNAVAILABLE (0: "
-           "no heartbeats; a closed connection is still noticed).")
+           "no heartbeats; a closed connection is still noticed). long_wait_every: a request that has waited "
+           "this long for its reply is reported on stderr every as long ('ferry: worker 0 waiting 10 s (of 360) "
+           "for server 1 (...) to answer PullDense (...)'); 0: silent.")
       .def_static("from_tf_config", &PyClient::FromTfConfig, py::arg("request_timeout") = 360.0,
                   py::arg("connect_timeout") = 30.0, py::arg("curve_keys") = py::none(),
-                  py::arg("heartbeat_timeout") = 5.0, "Connects as the worker TF_CONFIG describes (see the README).")
+                  py::arg("heartbeat_timeout") = 5.0, py::arg("long_wait_every") = 5.0,
+                  "Connects as the worker TF_CONFIG describes (see the README).")
       .def_property_readonly("rank", &PyClient::rank)
       .def_property_readonly("num_workers", &PyClient::num_workers)
       .def_property_readonly("num_servers", &PyClient::num_servers)

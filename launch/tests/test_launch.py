@@ -230,6 +230,7 @@ class LaunchTest(unittest.TestCase):
         self.assertIn("[ps 1] ferry-ps rank 1 of 2 listening", out)
         # Where each server's metrics are (a free port on its own address).
         self.assertRegex(out, r"\[ps 1\] ferry-ps rank 1: metrics at http://127\.0\.0\.1:\d+/metrics\n")
+        self.assertRegex(out, r"\[worker 1\] ferry-trainer rank 1: metrics at http://127\.0\.0\.1:\d+/metrics\n")
         self.assertRegex(out, r"\[worker 0\] done: 20 steps")
         self.assertIn("[worker 1]", out)
         self.assertEqual(sorted(os.listdir(logs)),
@@ -1190,18 +1191,23 @@ class UsageErrorTest(unittest.TestCase):
                 self.assertIn(want, out)
 
     def test_metrics_endpoints_are_the_launchers_to_give(self):
-        # Servers on loopback get one by default; --metrics off: none; --ps-arg cannot set it.
+        # Servers and trainers on loopback get one by default; --metrics off: none; neither
+        # --ps-arg nor the trainer flags can set it.
         rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--dry-run", "--gpus-per-host", "0"])
         self.assertEqual(rc, 0, out)
         self.assertIn("--metrics 127.0.0.1:0", command_lines(out)["ps 1"])
+        self.assertIn("--metrics 127.0.0.1:0", command_lines(out)["worker 0"])
         rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--dry-run", "--gpus-per-host", "0",
                                   "--metrics", "off"])
         self.assertEqual(rc, 0, out)
-        for who in ("ps 0", "ps 1"):
+        for who in ("ps 0", "ps 1", "worker 0"):
             self.assertNotIn("--metrics", command_lines(out)[who])
         rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--ps-arg=--metrics 9100"])
         self.assertEqual(rc, 2, out)
         self.assertIn("--ps-arg flag --metrics is set by the launcher", out)
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--", "--metrics", "9100"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("trainer flag --metrics is set by the launcher", out)
 
     def test_base_port_zero_ports_are_distinct(self):
         # Each socket stays bound until all are picked: no two servers draw the same port.

@@ -487,7 +487,7 @@ class LaunchTest(unittest.TestCase):
                                    "--num-servers 2 --compute-threads 1 --metrics 127.0.0.1:0 --num-workers 2")
         self.assertEqual(lines[3], f"[worker 1] {TRAINER_BIN} --servers "
                                    "tcp://127.0.0.1:7470,tcp://127.0.0.1:7471 --rank 1 "
-                                   "--num-workers 2 --steps 5")
+                                   "--num-workers 2 --metrics 127.0.0.1:0 --steps 5")
 
 
 # A worker program (what follows "--" when its first word is not a flag), run as
@@ -931,7 +931,7 @@ class RecoveryTest(unittest.TestCase):
                                 "--stub-fail-rank", "1"], timeout=30)
         self.assertEqual(rc, 1, out)
         self.assertEqual(len(re.findall(r"restarted worker 1 pid \d+: \S+ferry-trainer .* "
-                                        r"--num-workers 2 --resume --stub-fail-rank 1\n", out)),
+                                        r"--num-workers 2 --metrics 127.0.0.1:0 --resume --stub-fail-rank 1\n", out)),
                          2, out)
         self.assertRegex(out, r"FAILED: worker 1 \(pid \d+\) failed: exit status 3\n")
         self.assertIn("worker 1 is not restarted: --max-restarts 2 allows no more restarts",
@@ -1077,7 +1077,7 @@ class CheckpointFlagsTest(unittest.TestCase):
         self.assertTrue(cmds["ps 1"].endswith(f"--num-servers 2 --compute-threads 1 "
                                               f"--metrics 127.0.0.1:0 --num-workers 2 --checkpoint-dir {absolute}"),
                         cmds["ps 1"])
-        self.assertTrue(cmds["worker 1"].endswith("--num-workers 2 --checkpoint-every 20 "
+        self.assertTrue(cmds["worker 1"].endswith("--num-workers 2 --metrics 127.0.0.1:0 --checkpoint-every 20 "
                                                   "--steps 5"), cmds["worker 1"])
         self.assertIn("ferry-launch: up to 3 restarts (--max-restarts): a dead worker restarts "
                       "alone with --resume; a dead server: all processes restart, servers with "
@@ -1088,7 +1088,7 @@ class CheckpointFlagsTest(unittest.TestCase):
         cmds = command_lines(out)
         self.assertTrue(cmds["ps 0"].endswith(f"--checkpoint-dir {folder} --restore "
                                               "--max-wait-s 30"), cmds["ps 0"])
-        self.assertTrue(cmds["worker 0"].endswith("--num-workers 2 --resume"), cmds["worker 0"])
+        self.assertTrue(cmds["worker 0"].endswith("--num-workers 2 --metrics 127.0.0.1:0 --resume"), cmds["worker 0"])
         self.assertIn("--max-restarts 0: the first process that dies stops everything", out)
         self.assertFalse(os.path.exists(folder))  # a dry run checks and creates nothing
 
@@ -2160,7 +2160,7 @@ class CurveTest(unittest.TestCase):
                     self.assertEqual(key_folders(shlex.split(cmds[who])), [want] if want else [],
                                      cmds[who])
                 if want:
-                    self.assertTrue(cmds["worker 1"].endswith(f"--num-workers 2 --curve-keys "
+                    self.assertTrue(cmds["worker 1"].endswith(f"--num-workers 2 --metrics 127.0.0.1:0 --curve-keys "
                                                               f"{want} --steps 5"), cmds)
                 else:
                     self.assertNotIn("--curve", out)

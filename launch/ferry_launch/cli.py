@@ -97,10 +97,11 @@ def parse_args(argv):
                          "spread, examples/s in all, mean loss, ETA; local and ssh backends); the "
                          "logs keep every line")
     ap.add_argument("--metrics", choices=("loopback", "all", "off"), default="loopback",
-                    help="which servers serve their tables' metrics for Prometheus (plain HTTP, no "
-                         "authentication), each on a free port of the address its own port is "
-                         "bound to, printing the URL ('[ps 0] ferry-ps rank 0: metrics at ...'): "
-                         "loopback (default: only servers bound to 127.0.0.1), all, or off")
+                    help="which servers and trainers serve their metrics for Prometheus (plain "
+                         "HTTP, no authentication), each on a free port of its host's address, "
+                         "printing the URL ('[ps 0] ferry-ps rank 0: metrics at ...', '[worker 0] "
+                         "ferry-trainer rank 0: metrics at ...'): loopback (default: only those on "
+                         "127.0.0.1), all, or off")
     ap.add_argument("--ps-arg", action="append", default=[], metavar="ARGS",
                     help="more ferry-ps flags, split like a shell line and added to every "
                          "server's command; repeatable: --ps-arg '--max-wait-s 30' "

@@ -110,6 +110,18 @@ def tf_config_cluster(cluster):
     return {"ps": [t.address for t in cluster.ps], "worker": workers}
 
 
+def _metrics_flag(t, opts):
+    """["--metrics", "ADDRESS:0"] for a ferry-ps or ferry-trainer that serves its metrics for
+    Prometheus on a free port of its host's address (it prints the URL), or []: by default only
+    where that address is loopback, since the page is plain HTTP, unauthenticated even under
+    --curve, and names tables and hot ids (opts.metrics: loopback, all, off)."""
+    mode = getattr(opts, "metrics", "loopback")
+    address = bind_address(t.host)
+    if mode == "all" or (mode == "loopback" and address.startswith("127.")):
+        return ["--metrics", f"{address}:0"]
+    return []
+
+
 def _server_commands(cluster, binaries, opts, curve):
     """argv, resume_argv and env of every ferry-ps (see build_commands)."""
     folder, resume = opts.checkpoint_dir, bool(opts.resume)
@@ -122,14 +134,7 @@ def _server_commands(cluster, binaries, opts, curve):
                 "--bind", f"tcp://{bind_address(t.host)}:{t.port}", "--rank", str(t.rank),
                 "--num-servers", str(len(cluster.ps)),
                 "--compute-threads", str(opts.ps_threads)]
-        # Metrics for Prometheus on a free port of the same address (the server prints its URL);
-        # by default only where that address is loopback: the page is plain HTTP, unauthenticated
-        # even under --curve, and names tables and hot ids.
-        mode = getattr(opts, "metrics", "loopback")
-        address = bind_address(t.host)
-        if mode == "all" or (mode == "loopback" and address.startswith("127.")):
-            base += ["--metrics", f"{address}:0"]
-        base += ckpt + curve
+        base += _metrics_flag(t, opts) + ckpt + curve
         # Restarted after a server died (or the whole job under --resume): from the newest
         # checkpoint. Without a folder a server cannot be restarted.
         t.resume_argv = base + ["--restore"] + list(opts.ps_args) if folder else None
@@ -140,7 +145,7 @@ def _server_commands(cluster, binaries, opts, curve):
 def _trainer_command(t, binaries, opts, servers, num_workers, curve):
     """A ferry-trainer worker: the launcher's flags, then the flags after "--"."""
     t.argv = [binaries.path("ferry-trainer", t.via_ssh), "--servers", servers,
-              "--rank", str(t.rank), "--num-workers", str(num_workers)] + curve
+              "--rank", str(t.rank), "--num-workers", str(num_workers)] + _metrics_flag(t, opts) + curve
     if opts.checkpoint_every:
         t.argv += ["--checkpoint-every", str(opts.checkpoint_every)]
     # Restarted (alone, or after its servers restored a checkpoint): it continues the job

@@ -50,7 +50,8 @@ else:
 LAUNCHER_OWNED_TRAINER_FLAGS = {"--servers": None, "--rank": None, "--num-workers": None,
                                 "--local": None, "--checkpoint-every": "--checkpoint-every",
                                 "--resume": "--resume DIR",
-                                "--curve-keys": "--curve or --curve-keys DIR"}
+                                "--curve-keys": "--curve or --curve-keys DIR",
+                                "--metrics": "--metrics loopback|all|off"}
 LAUNCHER_OWNED_PS_FLAGS = {"--bind": None, "--rank": None, "--num-servers": None,
                            "--num-workers": None, "--compute-threads": "--ps-threads",
                            "--checkpoint-dir": "--checkpoint-dir", "--restore": "--resume DIR",

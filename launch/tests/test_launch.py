@@ -230,6 +230,7 @@ class LaunchTest(unittest.TestCase):
         self.assertIn("[ps 1] ferry-ps rank 1 of 2 listening", out)
         # Where each server's metrics are (a free port on its own address).
         self.assertRegex(out, r"\[ps 1\] ferry-ps rank 1: metrics at http://127\.0\.0\.1:\d+/metrics\n")
+        self.assertRegex(out, r"\[worker 1\] ferry-trainer rank 1: metrics at http://127\.0\.0\.1:\d+/metrics\n")
         self.assertRegex(out, r"\[worker 0\] done: 20 steps")
         self.assertIn("[worker 1]", out)
         self.assertEqual(sorted(os.listdir(logs)),
@@ -543,7 +544,7 @@ class LaunchTest(unittest.TestCase):
                                    "--num-servers 2 --compute-threads 1 --metrics 127.0.0.1:0 --num-workers 2")
         self.assertEqual(lines[3], f"[worker 1] {TRAINER_BIN} --servers "
                                    "tcp://127.0.0.1:7470,tcp://127.0.0.1:7471 --rank 1 "
-                                   "--num-workers 2 --steps 5")
+                                   "--num-workers 2 --metrics 127.0.0.1:0 --steps 5")
 
 
 # A worker program (what follows "--" when its first word is not a flag), run as
@@ -987,7 +988,7 @@ class RecoveryTest(unittest.TestCase):
                                 "--stub-fail-rank", "1"], timeout=30)
         self.assertEqual(rc, 1, out)
         self.assertEqual(len(re.findall(r"restarted worker 1 pid \d+: \S+ferry-trainer .* "
-                                        r"--num-workers 2 --resume --stub-fail-rank 1\n", out)),
+                                        r"--num-workers 2 --metrics 127.0.0.1:0 --resume --stub-fail-rank 1\n", out)),
                          2, out)
         self.assertRegex(out, r"FAILED: worker 1 \(pid \d+\) failed: exit status 3\n")
         self.assertIn("worker 1 is not restarted: --max-restarts 2 allows no more restarts",
@@ -1133,7 +1134,7 @@ class CheckpointFlagsTest(unittest.TestCase):
         self.assertTrue(cmds["ps 1"].endswith(f"--num-servers 2 --compute-threads 1 "
                                               f"--metrics 127.0.0.1:0 --num-workers 2 --checkpoint-dir {absolute}"),
                         cmds["ps 1"])
-        self.assertTrue(cmds["worker 1"].endswith("--num-workers 2 --checkpoint-every 20 "
+        self.assertTrue(cmds["worker 1"].endswith("--num-workers 2 --metrics 127.0.0.1:0 --checkpoint-every 20 "
                                                   "--steps 5"), cmds["worker 1"])
         self.assertIn("ferry-launch: up to 3 restarts (--max-restarts): a dead worker restarts "
                       "alone with --resume; a dead server: all processes restart, servers with "
@@ -1144,7 +1145,7 @@ class CheckpointFlagsTest(unittest.TestCase):
         cmds = command_lines(out)
         self.assertTrue(cmds["ps 0"].endswith(f"--checkpoint-dir {folder} --restore "
                                               "--max-wait-s 30"), cmds["ps 0"])
-        self.assertTrue(cmds["worker 0"].endswith("--num-workers 2 --resume"), cmds["worker 0"])
+        self.assertTrue(cmds["worker 0"].endswith("--num-workers 2 --metrics 127.0.0.1:0 --resume"), cmds["worker 0"])
         self.assertIn("--max-restarts 0: the first process that dies stops everything", out)
         self.assertFalse(os.path.exists(folder))  # a dry run checks and creates nothing
 
@@ -1272,18 +1273,23 @@ class UsageErrorTest(unittest.TestCase):
                 self.assertIn(want, out)
 
     def test_metrics_endpoints_are_the_launchers_to_give(self):
-        # Servers on loopback get one by default; --metrics off: none; --ps-arg cannot set it.
+        # Servers and trainers on loopback get one by default; --metrics off: none; neither
+        # --ps-arg nor the trainer flags can set it.
         rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--dry-run", "--gpus-per-host", "0"])
         self.assertEqual(rc, 0, out)
         self.assertIn("--metrics 127.0.0.1:0", command_lines(out)["ps 1"])
+        self.assertIn("--metrics 127.0.0.1:0", command_lines(out)["worker 0"])
         rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--dry-run", "--gpus-per-host", "0",
                                   "--metrics", "off"])
         self.assertEqual(rc, 0, out)
-        for who in ("ps 0", "ps 1"):
+        for who in ("ps 0", "ps 1", "worker 0"):
             self.assertNotIn("--metrics", command_lines(out)[who])
         rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--ps-arg=--metrics 9100"])
         self.assertEqual(rc, 2, out)
         self.assertIn("--ps-arg flag --metrics is set by the launcher", out)
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--", "--metrics", "9100"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("trainer flag --metrics is set by the launcher", out)
 
     def test_base_port_zero_ports_are_distinct(self):
         # Each socket stays bound until all are picked: no two servers draw the same port.
@@ -2236,7 +2242,7 @@ class CurveTest(unittest.TestCase):
                     self.assertEqual(key_folders(shlex.split(cmds[who])), [want] if want else [],
                                      cmds[who])
                 if want:
-                    self.assertTrue(cmds["worker 1"].endswith(f"--num-workers 2 --curve-keys "
+                    self.assertTrue(cmds["worker 1"].endswith(f"--num-workers 2 --metrics 127.0.0.1:0 --curve-keys "
                                                               f"{want} --steps 5"), cmds)
                 else:
                     self.assertNotIn("--curve", out)

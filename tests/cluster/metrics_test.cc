@@ -1,17 +1,20 @@
 // A server's metrics endpoint (ServerOptions::metrics_bind), scraped over real HTTP on
 // 127.0.0.1 the way Prometheus does, while a worker pulls and pushes: per-table rows, bytes,
-// requests, rows moved, staleness and hot ids move with the traffic. And the heavy-hitters sketch
-// (ps::HotIds) on its own.
+// requests, rows moved, staleness and hot ids move with the traffic, requests are timed by kind
+// (held pulls by their wait too). And the heavy-hitters sketch (ps::HotIds) on its own. The names
+// against Prometheus' conventions and promtool, with real processes: tests/e2e/test_metrics_scrape.py.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <map>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -104,14 +107,14 @@ TEST(Metrics, AScrapeShowsEachTableAndMovesWithTheTraffic) {
   EXPECT_GT(rows, 500);  // 10 steps of 64 ids, 63 of them fresh (a few may repeat)
   EXPECT_LE(rows, 631);
   EXPECT_EQ(s["ferry_table_bytes" + e], rows * (4 * 4 + 24));  // dim 4, SGD: 4 floats + 24 bytes a row
-  EXPECT_EQ(s["ferry_table_pull_requests" + e], 10);
-  EXPECT_EQ(s["ferry_table_push_requests" + e], 10);
+  EXPECT_EQ(s["ferry_table_pull_requests_total" + e], 10);
+  EXPECT_EQ(s["ferry_table_push_requests_total" + e], 10);
   EXPECT_EQ(s["ferry_table_rows" + d], 1000);
-  EXPECT_EQ(s["ferry_table_pull_requests" + d], 10);
-  EXPECT_EQ(s["ferry_table_rows_pushed" + d], 10 * 1000);
+  EXPECT_EQ(s["ferry_table_pull_requests_total" + d], 10);
+  EXPECT_EQ(s["ferry_table_rows_pushed_total" + d], 10 * 1000);
   // Async: every update's staleness was counted (a single worker: 0 each time).
-  EXPECT_EQ(s["ferry_table_staleness_count" + e], 10);
-  EXPECT_EQ(s["ferry_table_staleness_bucket{server=\"0\",table=\"user_emb\",le=\"0\"}"], 10);
+  EXPECT_EQ(s["ferry_table_staleness_versions_count" + e], 10);
+  EXPECT_EQ(s["ferry_table_staleness_versions_bucket{server=\"0\",table=\"user_emb\",le=\"0\"}"], 10);
   // The hot id leads the sketch.
   const std::string hot = "ferry_table_hot_id_pulls{server=\"0\",table=\"user_emb\",id=\"7\"}";
   ASSERT_TRUE(s.count(hot)) << page;
@@ -120,15 +123,27 @@ TEST(Metrics, AScrapeShowsEachTableAndMovesWithTheTraffic) {
       EXPECT_LT(value, s[hot]) << name;
     }
   }
-  EXPECT_GT(s["ferry_messages{server=\"0\"}"], 40);  // the server's own counters are there too
+  EXPECT_GT(s["ferry_messages_total{server=\"0\"}"], 40);  // the server's own counters are there too
+  // Every request answered is timed by its kind: 10 of each kind of the steps (the client sends
+  // sparse pulls and pushes as the 1.5 kinds, several tables a message).
+  for (const std::string kind : {"PullSparseTables", "PushSparseTables", "PullDense", "PushDense"}) {
+    EXPECT_EQ(s["ferry_request_service_seconds_count{server=\"0\",kind=\"" + kind + "\"}"], 10) << kind;
+    EXPECT_EQ(s["ferry_request_service_seconds_bucket{server=\"0\",kind=\"" + kind + "\",le=\"+Inf\"}"], 10) << kind;
+  }
+  // And the process's own series.
+  EXPECT_GT(s["process_resident_memory_bytes{server=\"0\"}"], 0);
+  EXPECT_GT(s["process_open_fds{server=\"0\"}"], 0);
+  EXPECT_TRUE(s.count("process_cpu_seconds_total{server=\"0\"}")) << page;
+  // No counter of the server is served without its own name and help.
+  EXPECT_EQ(page.find("(no description)"), std::string::npos) << page;
 
   // More traffic: the numbers move with it.
   for (int64_t t = 10; t < 15; ++t) step(t);
   const auto after = Samples(HttpGet(port, "/metrics").second);
-  EXPECT_EQ(after.at("ferry_table_pull_requests" + e), 15);
+  EXPECT_EQ(after.at("ferry_table_pull_requests_total" + e), 15);
   EXPECT_GT(after.at("ferry_table_rows" + e), rows);
   EXPECT_GE(after.at(hot), s[hot]);
-  EXPECT_GT(after.at("ferry_messages{server=\"0\"}"), s["ferry_messages{server=\"0\"}"]);
+  EXPECT_GT(after.at("ferry_messages_total{server=\"0\"}"), s["ferry_messages_total{server=\"0\"}"]);
 
   EXPECT_EQ(HttpGet(port, "/other").first.substr(9, 3), "404");
 }
@@ -171,14 +186,14 @@ TEST(Metrics, RowLifecycleCountersAreOnThePageAndInStats) {
   }
   auto s = Samples(HttpGet(port, "/metrics").second);
   const std::string i = "{server=\"0\",table=\"item_emb\"}", u = "{server=\"0\",table=\"user_emb\"}";
-  EXPECT_EQ(s["ferry_table_rows_admitted" + i], 181);
+  EXPECT_EQ(s["ferry_table_rows_admitted_total" + i], 181);
   // Every push of an id without a row that did not make one (7's last 8 pushes found its row).
-  EXPECT_EQ(s["ferry_table_rows_not_admitted" + i], 10 * 41 - 181 - 8);
-  EXPECT_EQ(s["ferry_table_rows_evicted_age" + i], 5 * 20);
-  EXPECT_EQ(s["ferry_table_rows_evicted_capacity" + i], 0);
+  EXPECT_EQ(s["ferry_table_rows_not_admitted_total" + i], 10 * 41 - 181 - 8);
+  EXPECT_EQ(s["ferry_table_rows_evicted_age_total" + i], 5 * 20);
+  EXPECT_EQ(s["ferry_table_rows_evicted_capacity_total" + i], 0);
   EXPECT_EQ(s["ferry_table_rows" + i], 181 - 100);
-  EXPECT_EQ(s["ferry_table_rows_admitted" + u], 300);
-  EXPECT_EQ(s["ferry_table_rows_evicted_capacity" + u], 250);
+  EXPECT_EQ(s["ferry_table_rows_admitted_total" + u], 300);
+  EXPECT_EQ(s["ferry_table_rows_evicted_capacity_total" + u], 250);
   EXPECT_EQ(s["ferry_table_rows" + u], 50);
   EXPECT_EQ(s["ferry_table_bytes" + u], 50 * (4 * 4 + 24 + 16));  // + a row's id and clock stamp
   const auto counters = c.servers[0]->stats().counters;
@@ -186,6 +201,53 @@ TEST(Metrics, RowLifecycleCountersAreOnThePageAndInStats) {
   EXPECT_EQ(counters.at("rows_not_admitted"), 221);
   EXPECT_EQ(counters.at("rows_evicted_age"), 100);
   EXPECT_EQ(counters.at("rows_evicted_capacity"), 250);
+}
+
+// A pull held for its sync step: its wait is timed apart from its service; a sync table has no
+// staleness histogram; the workers' used gradients are labelled by worker.
+TEST(Metrics, AHeldPullIsTimedByItsWaitAndSyncTablesHaveNoStaleness) {
+  ServerOptions so;
+  so.metrics_bind = "127.0.0.1:0";
+  auto c = LocalCluster::Start(1, /*tcp=*/true, so);
+  const int port = PortOf(c.servers[0]->metrics_url());
+  auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+  TableSpec spec;
+  spec.name = "sync_w";
+  spec.shape = {10};
+  spec.consistency = Consistency::kSync;
+  ASSERT_TRUE(w0->Declare(spec).ok());
+  ASSERT_TRUE(w1->Declare(spec).ok());
+  std::vector<float> v0(10), v1(10), g(10, 0.1f);
+  ASSERT_TRUE(w0->PullDense("sync_w", v0, 0).wait().ok());
+  ASSERT_TRUE(w1->PullDense("sync_w", v1, 0).wait().ok());
+  ASSERT_TRUE(w0->PushDense("sync_w", g, 0).wait().ok());
+  // Worker 0's pull of step 1 waits for worker 1's gradient of step 0: held at least 200 ms.
+  Handle held = w0->PullDense("sync_w", v0, 1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (c.servers[0]->stats().counters.at("pulls_held") < 1) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the pull was never held";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(w1->PushDense("sync_w", g, 0).wait().ok());
+  ASSERT_TRUE(held.wait().ok());
+
+  const auto [status, page] = HttpGet(port, "/metrics");
+  ASSERT_EQ(status, "HTTP/1.1 200 OK") << page;
+  auto s = Samples(page);
+  const std::string pull = "{server=\"0\",kind=\"PullDense\"}";
+  EXPECT_EQ(s["ferry_request_service_seconds_count" + pull], 3);
+  EXPECT_EQ(s["ferry_request_held_seconds_count" + pull], 1) << page;
+  EXPECT_GE(s["ferry_request_held_seconds_sum" + pull], 0.2);
+  EXPECT_EQ(s["ferry_request_service_seconds_count{server=\"0\",kind=\"PushDense\"}"], 2);
+  EXPECT_EQ(s["ferry_request_service_seconds_count{server=\"0\",kind=\"CreateTable\"}"], 2);
+  // Only the kinds that waited have a held histogram.
+  EXPECT_EQ(s.count("ferry_request_held_seconds_count{server=\"0\",kind=\"PushDense\"}"), 0u);
+  EXPECT_EQ(page.find("ferry_table_staleness_versions"), std::string::npos) << page;
+  EXPECT_EQ(s["ferry_table_push_requests_total{server=\"0\",table=\"sync_w\"}"], 2);
+  EXPECT_EQ(s["ferry_gradients_used_total{server=\"0\",worker=\"0\"}"], 1);
+  EXPECT_EQ(s["ferry_gradients_used_total{server=\"0\",worker=\"1\"}"], 1);
+  EXPECT_EQ(s["ferry_pulls_held_total{server=\"0\"}"], 1);
 }
 
 TEST(Metrics, ABindThatCannotBeHadFailsStartNamingIt) {

@@ -56,7 +56,7 @@ TEST(TrainerOptions, ParsesAFullCommandLine) {
   auto o = Parse({"--servers", "tcp://a:1,tcp://b:2", "--rank=1", "--num-workers", "3", "--device", "cpu",
                   "--gpu", "2", "--hidden", "32,16,8", "--optimizer", "adam", "--lr", "0.001", "--consistency",
                   "ssp:4", "--batch", "32", "--steps", "100", "--eval-every", "10", "--metrics-out", "/tmp/x",
-                  "--no-shuffle"});
+                  "--metrics", "127.0.0.1:0", "--no-shuffle"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->servers, (std::vector<std::string>{"tcp://a:1", "tcp://b:2"}));
   EXPECT_EQ(o->rank, 1);
@@ -72,6 +72,7 @@ TEST(TrainerOptions, ParsesAFullCommandLine) {
   EXPECT_EQ(o->steps, 100);
   EXPECT_EQ(o->eval_every, 10);
   EXPECT_EQ(o->metrics_out, "/tmp/x");
+  EXPECT_EQ(o->metrics_bind, "127.0.0.1:0");
   EXPECT_FALSE(o->shuffle);
   EXPECT_FALSE(o->local);
 }

@@ -17,6 +17,7 @@
 #include "ferry/trainer/device.h"
 #include "ferry/trainer/options.h"
 #include "ferry/trainer/trainer.h"
+#include "internal/trainer_metrics.h"
 
 namespace {
 
@@ -115,6 +116,15 @@ int main(int argc, char** argv) {
   }
 
   trainer::TrainHooks hooks;
+  std::unique_ptr<trainer::internal::TrainerMetrics> metrics;
+  if (!options.metrics_bind.empty()) {
+    auto m = trainer::internal::TrainerMetrics::Start(options.metrics_bind, options.rank);
+    if (!m.ok()) return Fail("--metrics", m.status());
+    metrics = std::move(*m);
+    std::printf("ferry-trainer rank %d: metrics at %s\n", options.rank, metrics->url().c_str());
+    std::fflush(stdout);
+    hooks.on_step = [m = metrics.get()](const trainer::StepDone& step) { m->OnStep(step); };
+  }
   if (!options.local && options.rank == 0) {
     static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");
     std::signal(SIGUSR1, OnCheckpointSignal);

@@ -37,7 +37,7 @@ constexpr std::string_view kValueFlags[] = {
     "--ctr-vocab", "--ctr-dense", "--ctr-train", "--ctr-test", "--ctr-zipf", "--data-seed", "--criteo-train",
     "--criteo-test", "--criteo-shard", "--backup-workers", "--accumulate", "--blas-threads", "--straggler", "--hidden", "--seed", "--optimizer",
     "--lr", "--consistency", "--data-dir", "--batch", "--epochs", "--steps", "--train-limit", "--test-limit",
-    "--log-every", "--eval-every", "--metrics-out", "--checkpoint-every",
+    "--log-every", "--eval-every", "--metrics-out", "--metrics", "--checkpoint-every",
     "--checkpoint-every-s", "--curve-keys", "--table", "--pipeline", "--connect-timeout-s"};
 
 constexpr std::string_view kBoolFlags[] = {"--local", "--no-shuffle", "--quiet", "--help", "--resume", "--push-by-layer"};
@@ -205,7 +205,9 @@ data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-lim
            globs, comma-separated, e.g. 'day_*.gz'; training streams them and needs --steps)
            --criteo-shard auto|file|line (auto: by file when there are at least as many as workers)
 report:    --log-every N (100)  --eval-every N|epoch (0: end only)  --metrics-out FILE ({rank} -> rank)
-           --quiet
+           --quiet  --metrics [HOST:]PORT: serve step, examples, loss and time per part for Prometheus
+           at http://HOST:PORT/metrics (PORT 0 picks a free one; a line at the start says where);
+           plain HTTP: bind it to loopback or a trusted network
 recovery:  --checkpoint-every N (0: never; worker 0 asks the servers, which need a checkpoint folder)
            --checkpoint-every-s S (0: never; and at the job's end; SIGUSR1 to worker 0: one now)
            --resume (continue the job the servers hold, at their step: servers started from a
@@ -451,6 +453,9 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
     } else if (flag == "--metrics-out") {
       if (value.empty()) return InvalidArgumentError("--metrics-out: empty path");
       o.metrics_out = std::string(value);
+    } else if (flag == "--metrics") {
+      if (value.empty()) return InvalidArgumentError("--metrics: empty; want [HOST:]PORT (0: a free port)");
+      o.metrics_bind = std::string(value);
     } else {
       // Listed in kValueFlags but not handled above: a bug in this function.
       return InternalError("flag " + std::string(flag) + " is listed as taking a value but has no parser");

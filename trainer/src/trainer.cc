@@ -491,6 +491,15 @@ class WorkerRun final : public TrainingRun {
     if ((options_.log_every > 0 && (t + 1) % options_.log_every == 0) || t + 1 == plan_.total_steps) {
       LogWindow(t, epoch);
     }
+    if (hooks_.on_step) {
+      const ClientStats st = client_ != nullptr ? client_->stats() : ClientStats{};
+      hooks_.on_step({.step = t + 1,
+                      .examples = report_.examples,
+                      .loss = loss_sum / static_cast<double>(examples),
+                      .times = times,
+                      .bytes_sent = st.bytes_sent,
+                      .bytes_received = st.bytes_received});
+    }
     return true;
   }
 

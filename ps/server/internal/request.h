@@ -36,6 +36,11 @@ struct Request {
   // own work is not waiting). A held pull reports how long it waited from here.
   Clock::time_point wait_from;
   Clock::time_point deadline;
+  // It waited (a held pull, a collective, a declaration of a table being built): from wait_from
+  // until `released` (a pull: when it could be served; otherwise its reply). The server's own
+  // time on it (server_metrics.h) leaves that out.
+  bool held = false;
+  Clock::time_point released;
   int64_t pull_step = 0;  // the step/clock the (held) pull is for
   wire::ReplyInfo info;   // PushPullDense: what its push did, reported with the pull's reply
   PeerLoad::Token held_by_peer;  // while held: counts against its connection's share

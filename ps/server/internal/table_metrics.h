@@ -1,5 +1,5 @@
-// ps/server/internal/table_metrics.h — what a server counts per table, and the Prometheus text
-// it serves them in (ServerOptions::metrics_bind).
+// ps/server/internal/table_metrics.h — what a server counts per table, for its metrics page
+// (ServerOptions::metrics_bind; the page itself: server_metrics.h).
 //
 // Per table, kept by the I/O thread (no locks; a snapshot crosses to the HTTP thread):
 // requests and rows (elements, for dense tables) pulled and pushed, a staleness histogram of the
@@ -9,12 +9,11 @@
 // bound of its sampled count, within sample/(kHotSlots + 1) of it. Counts are reported scaled
 // back by kHotSampleEvery (estimates of pulls of that id).
 //
-// Thread-safety: TableCounters and HotIds are plain data of one thread; PrometheusText is pure.
+// Thread-safety: TableCounters and HotIds are plain data of one thread.
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <map>
 #include <span>
 #include <string>
 #include <utility>
@@ -56,19 +55,11 @@ struct TableCounters {
 struct TableMetrics {
   std::string name;
   bool sparse = false;
+  bool has_staleness = false;  // async and ssp tables: their updates' staleness is counted
   int64_t rows = 0;   // sparse: rows held; dense: elements held
   int64_t bytes = 0;  // what they take (values and optimizer state; sparse: slots and admission filter)
   TableCounters counters;
   RowLifecycleCounts lifecycle;  // sparse tables with lifecycle settings
 };
-
-// The Prometheus text exposition (format 0.0.4) of one server: its counters (`ferry_` +
-// name, as in Stats) and, per table, ferry_table_{rows,bytes,pull_requests,push_requests,
-// rows_pulled,rows_pushed,rows_admitted,rows_not_admitted,rows_evicted_age,rows_evicted_capacity},
-// ferry_table_staleness_bucket (cumulative, le="0".."63","+Inf"),
-// ferry_table_hot_id_pulls{id="..."} (the top ids). Every sample carries server="<rank>" and,
-// per table, table="<name>" (escaped as the format says).
-std::string PrometheusText(int server_rank, const std::map<std::string, int64_t>& counters,
-                           const std::vector<TableMetrics>& tables);
 
 }  // namespace ferry::ps

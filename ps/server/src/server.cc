@@ -29,13 +29,14 @@
 #include "ferry/messages/event_loop.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
+#include "ferry/metrics/http.h"
 #include "internal/checkpoint.h"
 #include "internal/collectives.h"
 #include "internal/connections.h"
-#include "internal/metrics_http.h"
 #include "internal/finite.h"
 #include "internal/held.h"
 #include "internal/request.h"
+#include "internal/server_metrics.h"
 #include "internal/sync.h"
 #include "internal/table_builder.h"
 #include "internal/table_registry.h"
@@ -129,7 +130,7 @@ class ServerImpl final : public Server {
   // Starts the metrics endpoint (ServerOptions::metrics_bind), if any; before the server is used.
   Status StartMetrics() {
     if (options_.metrics_bind.empty()) return Status::Ok();
-    auto http = ps::MetricsHttp::Start(options_.metrics_bind, [this] { return MetricsPage(); });
+    auto http = metrics::HttpEndpoint::Start(options_.metrics_bind, [this] { return MetricsPage(); });
     if (!http.ok()) return http.status().WithContext("ferry-ps rank " + std::to_string(options_.rank));
     metrics_http_ = std::move(*http);
     metrics_url_ = metrics_http_->url();
@@ -386,6 +387,7 @@ class ServerImpl final : public Server {
     out.push_back(std::move(routing));
     out.push_back(std::move(header));
     for (auto& p : payload) out.push_back(std::move(p));
+    ObserveLatency(req);
     int64_t bytes = 0;
     for (auto& f : out) bytes += static_cast<int64_t>(f.size());
     Count(kBytesOut, bytes);
@@ -398,6 +400,21 @@ class ServerImpl final : public Server {
       LogRateLimited("dropped a reply to " + connections_.PeerOf(req.fd) + ": " + std::to_string(kReplyQueue) +
                      " replies to it are queued unread already");
     }
+  }
+
+  // The request's service time and wait (server_metrics.h), as its reply goes.
+  void ObserveLatency(const Request& req) {
+    const Header* h = req.h();
+    if (h == nullptr) return;  // too malformed to name its kind
+    const Clock::time_point now = Clock::now();
+    Clock::duration service = now - req.arrived;
+    double held_s = -1;
+    if (req.held) {
+      const Clock::duration held = (req.released == Clock::time_point{} ? now : req.released) - req.wait_from;
+      service -= held;
+      held_s = std::chrono::duration<double>(held).count();
+    }
+    latencies_.Observe(h->kind(), std::chrono::duration<double>(service).count(), held_s);
   }
 
   void SendError(Request& req, const Status& s) {
@@ -516,6 +533,7 @@ class ServerImpl final : public Server {
     if (table == nullptr) {  // being built: answered with it
       FERRY_RETURN_IF_ERROR(RoomToHold(req));
       req.held_by_peer = peer_load_.Acquire(req.peer());
+      req.held = true;
       builds_[req.h()->table_id()].waiting.push_back(std::move(req));
       return Status::Ok();
     }
@@ -533,6 +551,7 @@ class ServerImpl final : public Server {
     b.started = Clock::now();
     b.bytes = bytes;
     b.table = std::move(table);
+    req.held = true;
     b.waiting.push_back(std::move(req));
     builder_.Submit(b.table.get(), workers_.count());
     tables_being_created_.store(static_cast<int64_t>(builds_.size()), std::memory_order_relaxed);
@@ -622,6 +641,7 @@ class ServerImpl final : public Server {
       ps::TableMetrics m;
       m.name = t.spec.name;
       m.sparse = t.sparse != nullptr;
+      m.has_staleness = t.spec.consistency != Consistency::kSync;
       if (t.sparse) {
         m.rows = static_cast<int64_t>(t.sparse->size());
         m.bytes = t.sparse->HeldBytes();
@@ -638,7 +658,7 @@ class ServerImpl final : public Server {
       tables.push_back(std::move(m));
     });
     std::sort(tables.begin(), tables.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-    std::string page = ps::PrometheusText(options_.rank, stats().counters, tables);
+    std::string page = ps::ServerMetricsText(options_.rank, stats(), latencies_, tables);
     MutexLock lock(&metrics_mu_);
     metrics_page_ = std::move(page);
     metrics_answered_ = asked;
@@ -987,6 +1007,7 @@ class ServerImpl final : public Server {
     for (const SparsePart& p : *parts) {
       if (!workers_.Ready(p.table->spec, p.table->sparse->version, req.pull_step)) return false;
     }
+    req.released = Clock::now();
     req.info.held_us = req.waited_us();  // the wait, not the copies below
     const size_t n = parts->size();
     std::vector<std::vector<int64_t>> scratch(n);
@@ -1046,6 +1067,7 @@ class ServerImpl final : public Server {
     for (auto& r : refs) {
       if (!workers_.Ready(r.table->spec, r.chunk->version, req.pull_step)) return false;
     }
+    req.released = Clock::now();
     req.info.held_us = req.waited_us();  // the wait, not the copies below
     Frames payload;
     payload.reserve(refs.size());
@@ -1080,6 +1102,7 @@ class ServerImpl final : public Server {
     if (Status s = RoomToHold(req); !s.ok()) return SendError(req, s);
     Count(kPullsHeld);
     req.held_by_peer = peer_load_.Acquire(req.peer());
+    req.held = true;
     held_.Hold(std::move(req), Clock::now() + options_.max_wait);
   }
 
@@ -1141,6 +1164,7 @@ class ServerImpl final : public Server {
     FERRY_RETURN_IF_ERROR(collectives_.CheckEntry(req));
     FERRY_RETURN_IF_ERROR(RoomToHold(req));
     req.held_by_peer = peer_load_.Acquire(req.peer());
+    req.held = true;
     std::vector<Request> group = collectives_.Enter(std::move(req), Clock::now() + options_.max_wait, workers_.count());
     if (group.empty()) return Status::Ok();
     if (group[0].h()->kind() == Kind::AllReduce) {
@@ -1565,7 +1589,8 @@ class ServerImpl final : public Server {
   std::vector<int64_t> used_by_rank_ ABSL_GUARDED_BY(by_rank_mu_);     // push messages that counted
   std::vector<int64_t> dropped_by_rank_ ABSL_GUARDED_BY(by_rank_mu_);  // push messages dropped as late
   Mutex stop_mu_;  // serialises the join in Stop()
-  std::unique_ptr<ps::MetricsHttp> metrics_http_;  // set by StartMetrics, reset by Stop
+  ps::RequestLatencies latencies_;  // the I/O thread's
+  std::unique_ptr<metrics::HttpEndpoint> metrics_http_;  // set by StartMetrics, reset by Stop
   std::string metrics_url_;                        // set by StartMetrics, before any other thread
   Mutex metrics_mu_;
   CondVar metrics_cv_;

@@ -85,7 +85,8 @@ struct ServerOptions {
   std::optional<CurveServerKeys> curve;
   // Required for inproc://; optional otherwise (a private one is made).
   std::shared_ptr<Context> context;
-  // Per-table metrics and the counters in the Prometheus text format, at http://HOST:PORT/metrics:
+  // The counters, request latencies, the process's and per-table metrics in the Prometheus text
+  // format (README.md, "Seeing the tables"), at http://HOST:PORT/metrics:
   // "PORT" or "HOST:PORT" (port 0 picks a free one; metrics_url() says which). Empty: none.
   // Plain HTTP without authentication: bind it to loopback or a network only operators reach.
   std::string metrics_bind;

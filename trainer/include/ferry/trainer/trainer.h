@@ -107,6 +107,19 @@ struct Datasets {
   const CtrData* ctr = nullptr;
 };
 
+struct StepTimes {
+  double pull_s = 0, compute_s = 0, push_s = 0, wait_s = 0, eval_s = 0;
+};
+
+// Where a worker is after one of its steps (TrainHooks::on_step; ferry-trainer --metrics).
+struct StepDone {
+  int64_t step = 0;      // steps done: the step's index + 1
+  int64_t examples = 0;  // training examples this worker processed (cumulative)
+  double loss = 0;       // the step's mean training loss
+  StepTimes times;       // the worker's time so far by part (cumulative; the metrics file's "time")
+  int64_t bytes_sent = 0, bytes_received = 0;  // by its client (cumulative; 0 for --local)
+};
+
 struct TrainHooks {
   // Called with the dense parameters used by step t (all tensors back to back, in the model's
   // table order), after its pull; and once more with t = total steps and the final parameters.
@@ -114,10 +127,8 @@ struct TrainHooks {
   // Worker 0 calls it once a step (after its pull); true asks the servers for a checkpoint at
   // that step (ferry-trainer: SIGUSR1 sets it). Empty: never.
   std::function<bool()> checkpoint_requested;
-};
-
-struct StepTimes {
-  double pull_s = 0, compute_s = 0, push_s = 0, wait_s = 0, eval_s = 0;
+  // Called at the end of every step of this worker, on the thread that trains. Empty: never.
+  std::function<void(const StepDone&)> on_step;
 };
 
 struct TrainReport {

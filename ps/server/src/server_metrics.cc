@@ -1,0 +1,215 @@
+#include "internal/server_metrics.h"
+
+#include <limits>
+#include <string_view>
+
+#include "ferry/metrics/process.h"
+
+namespace ferry::ps {
+
+void RequestLatencies::Observe(wire::Kind kind, double service_s, double held_s) {
+  OfKind& k = kinds_[wire::KindName(kind)];
+  k.service.Observe(service_s);
+  if (held_s >= 0) {
+    k.held.Observe(held_s);
+    k.ever_held = true;
+  }
+}
+
+void RequestLatencies::AddTo(metrics::Page& page, const metrics::Labels& server) const {
+  for (const auto& [kind, k] : kinds_) {
+    metrics::Labels labels = server;
+    labels.emplace_back("kind", std::string(kind));
+    page.Histogram("ferry_request_service_seconds",
+                   "Time from reading a request to sending its reply, less the time it was held, by kind", labels,
+                   k.service.Collect());
+  }
+  for (const auto& [kind, k] : kinds_) {
+    if (!k.ever_held) continue;
+    metrics::Labels labels = server;
+    labels.emplace_back("kind", std::string(kind));
+    page.Histogram("ferry_request_held_seconds",
+                   "Time a request waited before it could be answered (sync pulls for their step, ssp pulls for the "
+                   "slowest clock, collectives for every worker, declarations for their table), by kind",
+                   labels, k.held.Collect());
+  }
+}
+
+namespace {
+
+// How a ServerStats counter is served. `series` empty: not served (the per-table series hold it).
+struct Series {
+  const char* counter;
+  const char* series;
+  bool is_counter;  // else a gauge (a level)
+  const char* help;
+};
+
+constexpr Series kSeries[] = {
+    {"messages", "ferry_messages_total", true, "Messages received"},
+    {"bad_messages", "ferry_bad_messages_total", true, "Malformed messages refused with an error"},
+    {"errors_sent", "ferry_errors_sent_total", true, "Error replies sent"},
+    {"late_gradients_dropped", "ferry_late_gradients_dropped_total", true,
+     "Sync gradients that came after their step had closed, dropped"},
+    {"updates_applied", "ferry_updates_applied_total", true,
+     "Optimizer updates applied: sync steps closed, async and ssp pushes"},
+    {"pulls_held", "ferry_pulls_held_total", true, "Pulls held until their step or the staleness bound was reached"},
+    {"held_expired", "ferry_held_expired_total", true, "Waiting requests answered with an error at their deadline"},
+    {"bytes_in", "ferry_received_bytes_total", true, "Bytes of the messages received"},
+    {"bytes_out", "ferry_sent_bytes_total", true, "Bytes of the replies sent"},
+    {"checkpoints_saved", "ferry_checkpoints_saved_total", true, "Checkpoints of this server's shard written"},
+    {"failed_for_silent_worker", "ferry_failed_for_silent_worker_total", true,
+     "Waiting requests failed because a worker they waited for went silent"},
+    {"nonfinite_pushes_refused", "ferry_nonfinite_pushes_refused_total", true,
+     "Pushes refused whole for NaN or Inf in their gradient"},
+    {"nonfinite_rows_skipped", "ferry_nonfinite_rows_skipped_total", true,
+     "Sparse gradient rows holding NaN or Inf skipped (nonfinite=skip_rows)"},
+    {"curve_refused", "ferry_curve_refused_total", true,
+     "Connections refused: their CURVE key is not one of the job's workers'"},
+    {"permission_denied", "ferry_permission_denied_total", true,
+     "Messages refused for speaking for a worker other than their CURVE key's"},
+    {"held_refused", "ferry_held_refused_total", true,
+     "Requests refused because the server, or their connection, held the most waiting requests it may"},
+    {"connections_refused", "ferry_connections_refused_total", true, "Connections refused over the connection cap"},
+    {"connections_idle_closed", "ferry_connections_idle_closed_total", true,
+     "Connections closed after the idle timeout"},
+    {"rank_conflicts", "ferry_rank_conflicts_total", true,
+     "Requests refused for speaking for a worker rank another live connection holds"},
+    {"replies_dropped", "ferry_replies_dropped_total", true, "Replies dropped: their peer had too many unread"},
+    {"wire_values_saturated", "ferry_wire_values_saturated_total", true,
+     "Pulled values beyond a 16-bit table format's range, sent as its largest"},
+    {"memory_budget_refused", "ferry_memory_budget_refused_total", true,
+     "Requests refused because their new rows or tables did not fit in the memory budget"},
+    {"memory_budget_bytes", "ferry_memory_budget_bytes", false, "The memory budget for the tables"},
+    {"memory_budget_used_bytes", "ferry_memory_budget_used_bytes", false, "Bytes of the memory budget in use"},
+    {"connections_open", "ferry_connections_open", false, "Connections open"},
+    {"tables_being_created", "ferry_tables_being_created", false, "Tables being built aside"},
+    {"compute_threads", "ferry_compute_threads", false, "Helper threads of the server's compute pool"},
+    {"rows_admitted", "", true, ""},
+    {"rows_not_admitted", "", true, ""},
+    {"rows_evicted_age", "", true, ""},
+    {"rows_evicted_capacity", "", true, ""},
+};
+
+// Per worker: "<prefix><rank>" counters (only where non-zero) as one series labelled worker.
+struct PerWorker {
+  std::string_view prefix;
+  const char* series;
+  const char* help;
+};
+constexpr PerWorker kPerWorker[] = {
+    {"gradients_used_rank_", "ferry_gradients_used_total", "Push messages of a worker of which a part counted"},
+    {"gradients_dropped_rank_", "ferry_gradients_dropped_total", "Push messages of a worker dropped whole as late"},
+};
+
+// The tables' series (ServerMetricsText).
+void AddTableMetrics(metrics::Page& page, const metrics::Labels& server, const std::vector<TableMetrics>& tables) {
+  struct Column {
+    const char* name;
+    bool counter;  // else a gauge
+    const char* help;
+    int64_t (*get)(const TableMetrics&);
+  };
+  static const Column kColumns[] = {
+      {"ferry_table_rows", false, "Rows of a sparse table held by this server (dense: elements)",
+       [](const TableMetrics& t) { return t.rows; }},
+      {"ferry_table_bytes", false, "Bytes the table's values and optimizer state take on this server",
+       [](const TableMetrics& t) { return t.bytes; }},
+      {"ferry_table_pull_requests_total", true, "Pull requests served",
+       [](const TableMetrics& t) { return t.counters.pull_requests; }},
+      {"ferry_table_push_requests_total", true, "Push requests accepted",
+       [](const TableMetrics& t) { return t.counters.push_requests; }},
+      {"ferry_table_rows_pulled_total", true, "Rows served (dense: elements)",
+       [](const TableMetrics& t) { return t.counters.rows_pulled; }},
+      {"ferry_table_rows_pushed_total", true, "Gradient rows accepted (dense: elements)",
+       [](const TableMetrics& t) { return t.counters.rows_pushed; }},
+      {"ferry_table_rows_admitted_total", true,
+       "Rows a push made once the admission filter let the id in (row lifecycle)",
+       [](const TableMetrics& t) { return t.lifecycle.admitted; }},
+      {"ferry_table_rows_not_admitted_total", true,
+       "Pushed rows counted, not stored: not admitted yet, or no room (row lifecycle)",
+       [](const TableMetrics& t) { return t.lifecycle.not_admitted; }},
+      {"ferry_table_rows_evicted_age_total", true, "Rows evicted after evict_after_steps without a pull or push",
+       [](const TableMetrics& t) { return t.lifecycle.evicted_age; }},
+      {"ferry_table_rows_evicted_capacity_total", true,
+       "Rows evicted for a new one: max_rows or the memory budget reached",
+       [](const TableMetrics& t) { return t.lifecycle.evicted_capacity; }},
+  };
+  auto labels_of = [&](const TableMetrics& t) {
+    metrics::Labels l = server;
+    l.emplace_back("table", t.name);
+    return l;
+  };
+  for (const Column& c : kColumns) {
+    for (const TableMetrics& t : tables) {
+      const double value = static_cast<double>(c.get(t));
+      if (c.counter) {
+        page.Counter(c.name, c.help, labels_of(t), value);
+      } else {
+        page.Gauge(c.name, c.help, labels_of(t), value);
+      }
+    }
+  }
+  // Async and ssp tables only: a sync table's updates are never stale.
+  for (const TableMetrics& t : tables) {
+    if (!t.has_staleness) continue;
+    prometheus::ClientMetric::Histogram h;
+    for (size_t k = 0; k < kTableStalenessBuckets; ++k) {
+      h.sample_count += static_cast<uint64_t>(t.counters.staleness[k]);
+      // The last bucket's updates are counted at its lower bound.
+      h.sample_sum += static_cast<double>(k) * static_cast<double>(t.counters.staleness[k]);
+      const bool last = k + 1 == kTableStalenessBuckets;
+      h.bucket.push_back({h.sample_count, last ? std::numeric_limits<double>::infinity() : static_cast<double>(k)});
+    }
+    page.Histogram("ferry_table_staleness_versions",
+                   "Updates applied k versions after the pushing worker's last pull (async and ssp tables)",
+                   labels_of(t), std::move(h));
+  }
+  for (const TableMetrics& t : tables) {
+    if (!t.sparse) continue;
+    for (const auto& [id, pulls] : t.counters.hot.Top(kHotSlots)) {
+      metrics::Labels l = labels_of(t);
+      l.emplace_back("id", std::to_string(id));
+      page.Gauge("ferry_table_hot_id_pulls", "Estimated pulls of the table's most pulled ids (a sampled heavy-hitters sketch)",
+                 l, static_cast<double>(pulls));
+    }
+  }
+}
+
+}  // namespace
+
+std::string ServerMetricsText(int rank, const ServerStats& stats, const RequestLatencies& latencies,
+                              const std::vector<TableMetrics>& tables) {
+  const metrics::Labels server = {{"server", std::to_string(rank)}};
+  metrics::Page page;
+  for (const auto& [name, value] : stats.counters) {
+    const Series* s = nullptr;
+    for (const Series& k : kSeries) {
+      if (name == k.counter) s = &k;
+    }
+    const PerWorker* w = nullptr;
+    for (const PerWorker& k : kPerWorker) {
+      if (std::string_view(name).starts_with(k.prefix)) w = &k;
+    }
+    if (w != nullptr) {
+      metrics::Labels labels = server;
+      labels.emplace_back("worker", name.substr(w->prefix.size()));
+      page.Counter(w->series, w->help, labels, static_cast<double>(value));
+    } else if (s == nullptr) {
+      // A counter added to Stats without a line above: served, as a level, until it gets one.
+      page.Gauge("ferry_" + name, "Server counter " + name + " (no description)", server, static_cast<double>(value));
+    } else if (*s->series == '\0') {
+      continue;
+    } else if (s->is_counter) {
+      page.Counter(s->series, s->help, server, static_cast<double>(value));
+    } else {
+      page.Gauge(s->series, s->help, server, static_cast<double>(value));
+    }
+  }
+  latencies.AddTo(page, server);
+  metrics::AddProcessMetrics(page, server);
+  AddTableMetrics(page, server, tables);
+  return page.Text();
+}
+
+}  // namespace ferry::ps

@@ -155,7 +155,9 @@ TEST_F(CheckpointRequests, AResumedJobMayChangeItsLearningRate) {
     ASSERT_TRUE(v0->PullDense("w", out, step + 1).wait(5s).ok());
     // The step after the checkpoint at the new rate: exactly what SGD at lr 0.25 gives.
     EXPECT_EQ(out, std::vector<float>(12, servers == 3 ? -1.25f : -1.5f));
-    if (servers == 3) ASSERT_TRUE(v0->Checkpoint(2).ok());
+    if (servers == 3) {
+      ASSERT_TRUE(v0->Checkpoint(2).ok());
+    }
   }
 }
 

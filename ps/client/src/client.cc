@@ -912,7 +912,19 @@ class ClientImpl final : public Client {
     int64_t bytes = 0;
     for (auto& f : r.frames) bytes += static_cast<int64_t>(f.size());
     Status s = transport::Send(sockets_[server], r.frames, /*dontwait=*/true);
-    if (!s.ok()) {
+    if (!s.ok() && !handshaken_[server]) {
+      // Nothing could be queued before the connection's handshake completed: the server may have
+      // closed it (a CURVE mismatch), and the monitor then says why. The request is in flight
+      // while the monitor's news is read, so that it fails with that reason (FailServer).
+      const uint64_t id = r.id;
+      in_flight_.emplace(id, std::move(r));
+      ReadMonitor(static_cast<int>(server));
+      auto it = in_flight_.find(id);
+      if (it == in_flight_.end()) return;  // failed, with the monitor's reason
+      Request left = std::move(it->second);
+      in_flight_.erase(it);
+      Done(left, s.WithContext("sending " + std::string(wire::KindName(left.kind)) + " to " + ServerName(left.server)));
+    } else if (!s.ok()) {
       Done(r, s.WithContext("sending " + std::string(wire::KindName(r.kind)) + " to " + ServerName(r.server)));
     } else {
       requests_.fetch_add(1, std::memory_order_relaxed);
@@ -1253,15 +1265,18 @@ class ClientImpl final : public Client {
     const auto now = SteadyClock::now();
     if (now - last_monitor_check_ < kMonitorEvery) return;
     last_monitor_check_ = now;
+    for (int s = 0; s < num_servers(); ++s) ReadMonitor(s);
+  }
+
+  // Handles what server `s`'s monitor has reported (at most 16 events).
+  void ReadMonitor(int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     Frames frames;
-    for (int s = 0; s < num_servers(); ++s) {
-      for (int i = 0; i < 16; ++i) {
-        bool got = false, truncated = false;
-        if (!transport::RecvNonBlocking(monitors_[static_cast<size_t>(s)], &frames, &got, 4, &truncated).ok() || !got) {
-          break;
-        }
-        if (OnMonitorEvent(s, frames)) break;  // the socket and its monitor were rebuilt
+    for (int i = 0; i < 16; ++i) {
+      bool got = false, truncated = false;
+      if (!transport::RecvNonBlocking(monitors_[static_cast<size_t>(s)], &frames, &got, 4, &truncated).ok() || !got) {
+        return;
       }
+      if (OnMonitorEvent(s, frames)) return;  // the socket and its monitor were rebuilt
     }
   }
 

@@ -597,6 +597,16 @@ def program_starts(out_dir, rank):
         return [json.loads(line) for line in f]
 
 
+def write_worker_program(parent):
+    """Writes WORKER_PROGRAM to PARENT/worker.py and makes PARENT/out for what it records;
+    returns (program, out)."""
+    program, out = os.path.join(parent, "worker.py"), os.path.join(parent, "out")
+    with open(program, "w") as f:
+        f.write(WORKER_PROGRAM)
+    os.makedirs(out)
+    return program, out
+
+
 def make_program_bin_dir(parent):
     """A flat bin dir for jobs whose workers run a program: the real ferry-ps (no
     ferry-trainer: they need none) and python/ferry, a stand-in for the build tree's package."""
@@ -624,11 +634,7 @@ class WorkerProgramTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-test-")
         self.dir = self.tmp.name
-        self.program = os.path.join(self.dir, "worker.py")
-        with open(self.program, "w") as f:
-            f.write(WORKER_PROGRAM)
-        self.out = os.path.join(self.dir, "out")
-        os.makedirs(self.out)
+        self.program, self.out = write_worker_program(self.dir)
 
     def tearDown(self):
         self.tmp.cleanup()
@@ -1488,10 +1494,7 @@ class SshBackendTest(unittest.TestCase):
         # PYTHONPATH goes in front of the one the remote side has (here: what the fake ssh
         # inherits).
         bin_dir = make_program_bin_dir(self.dir)
-        program, out_dir = os.path.join(self.dir, "worker.py"), os.path.join(self.dir, "out")
-        with open(program, "w") as f:
-            f.write(WORKER_PROGRAM)
-        os.makedirs(out_dir)
+        program, out_dir = write_worker_program(self.dir)
         port = free_ports(1)[0]
         spec = self.spec({"ps": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1", "node-b:9000"]})
         rc, out = run_launcher(["--spec", spec, "--bin-dir", bin_dir, "--ssh", self.ssh,
@@ -1992,10 +1995,7 @@ class SlurmTest(unittest.TestCase):
         # Each task builds its process's environment on its node (srun passes the launcher's
         # on): the same contract as the local backend.
         bin_dir = make_program_bin_dir(self.dir)
-        program, out_dir = os.path.join(self.dir, "worker.py"), os.path.join(self.dir, "out")
-        with open(program, "w") as f:
-            f.write(WORKER_PROGRAM)
-        os.makedirs(out_dir)
+        program, out_dir = write_worker_program(self.dir)
         rc, out = run_launcher(["--slurm", "--srun", self.srun, "--num-ps", "2",
                                 "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
                                 "--bin-dir", bin_dir, "--log-dir", os.path.join(self.dir, "logs"),

@@ -122,6 +122,17 @@ using FloatIn = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 std::span<const float> FloatSpan(const FloatIn& a) { return {a.data(), static_cast<size_t>(a.size())}; }
 
+// metric(values, labels) without the GIL (auc, log_loss); its refusal raises ValueError.
+template <typename Metric>
+double PairMetric(Metric metric, const FloatIn& values, const FloatIn& labels) {
+  StatusOr<double> r = ferry::InternalError("not run");
+  {
+    py::gil_scoped_release release;
+    r = metric(FloatSpan(values), FloatSpan(labels));
+  }
+  return Take(std::move(r));
+}
+
 data::ShardSpec Shard(int shard_index, int num_shards) {
   const data::ShardSpec shard{shard_index, num_shards};
   Check(shard.Validate());
@@ -513,27 +524,13 @@ PYBIND11_MODULE(_data, m) {
 
   m.def(
       "auc",
-      [](const FloatIn& scores, const FloatIn& labels) {
-        StatusOr<double> r = ferry::InternalError("not run");
-        {
-          py::gil_scoped_release release;
-          r = data::ExactAuc(FloatSpan(scores), FloatSpan(labels));
-        }
-        return Take(std::move(r));
-      },
+      [](const FloatIn& scores, const FloatIn& labels) { return PairMetric(data::ExactAuc, scores, labels); },
       py::arg("scores"), py::arg("labels"),
       "Exact ROC AUC (ties count one half). labels are 0/1. ValueError for mismatched lengths, a NaN score, a "
       "label not 0/1, or labels without both classes.");
   m.def(
       "log_loss",
-      [](const FloatIn& probs, const FloatIn& labels) {
-        StatusOr<double> r = ferry::InternalError("not run");
-        {
-          py::gil_scoped_release release;
-          r = data::LogLoss(FloatSpan(probs), FloatSpan(labels));
-        }
-        return Take(std::move(r));
-      },
+      [](const FloatIn& probs, const FloatIn& labels) { return PairMetric(data::LogLoss, probs, labels); },
       py::arg("probs"), py::arg("labels"),
       "Mean binary cross-entropy in nats, p clipped to [1e-7, 1 - 1e-7]. ValueError for mismatched lengths, "
       "bad values or empty input.");

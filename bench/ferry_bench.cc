@@ -1683,9 +1683,9 @@ void RegisterAll(Fixtures& f) {
       ->Iterations(3)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
-  for (OptimizerType type :
-       {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdagrad, OptimizerType::kAdam}) {
-    benchmark::RegisterBenchmark(("opt/" + std::string(OptimizerName(type))).c_str(),
+  for (const OptimizerInfo& info : kOptimizers) {  // every optimizer of the catalogue
+    const OptimizerType type = info.type;
+    benchmark::RegisterBenchmark(("opt/" + std::string(info.name)).c_str(),
                                  [&f, type](benchmark::State& st) { BM_Optimizer(st, f.baselines, type); })
         ->Iterations(kMemIterations)
         ->UseRealTime()

@@ -44,16 +44,6 @@ constexpr bool Agrees(ferry::TableType c) {
   }
   return false;
 }
-constexpr bool Agrees(ferry::OptimizerType c) {
-  switch (c) {
-    case ferry::OptimizerType::kSgd: return Same(c, OptimizerType::SGD);
-    case ferry::OptimizerType::kMomentum: return Same(c, OptimizerType::Momentum);
-    case ferry::OptimizerType::kAdagrad: return Same(c, OptimizerType::Adagrad);
-    case ferry::OptimizerType::kAdam: return Same(c, OptimizerType::Adam);
-    case ferry::OptimizerType::kFtrl: return Same(c, OptimizerType::FTRL) && Same(c, OptimizerType::MAX);
-  }
-  return false;
-}
 constexpr bool Agrees(ferry::Consistency c) {
   switch (c) {
     case ferry::Consistency::kSync: return Same(c, ConsistencyType::Sync);
@@ -96,11 +86,10 @@ static_assert(Agrees(ferry::TableType::kDense));
 static_assert(Agrees(ferry::TableType::kSparse), "TableType: the schema's last value differs");
 
 static_assert(SameUnderlying<ferry::OptimizerType, OptimizerType>);
-static_assert(Agrees(ferry::OptimizerType::kSgd));
-static_assert(Agrees(ferry::OptimizerType::kMomentum));
-static_assert(Agrees(ferry::OptimizerType::kAdagrad));
-static_assert(Agrees(ferry::OptimizerType::kAdam));
-static_assert(Agrees(ferry::OptimizerType::kFtrl), "OptimizerType: the schema's last value differs");
+// The optimizers: the catalogue (ferry/optimizers.h) is indexed by OptimizerType, so the schema's
+// enum agrees when it has one value per descriptor.
+static_assert(static_cast<size_t>(OptimizerType::MAX) + 1 == ferry::kNumOptimizers,
+              "OptimizerType in ferry.fbs and the catalogue kOptimizers (ferry/optimizers.h) differ in size");
 
 static_assert(SameUnderlying<ferry::Consistency, ConsistencyType>);
 static_assert(Agrees(ferry::Consistency::kSync));
@@ -160,12 +149,16 @@ constexpr std::size_t AggregateFieldCount() {
 template <typename T>
 using Offset = flatbuffers::Offset<T>;
 
-// OptimizerSpec: schema ids 0..10.
+// OptimizerSpec: schema ids 0..11: type, learning_rate, the hyperparameters of 1.6 and before (the
+// catalogue's `in_schema` ones, in its order), then `hyper` (the others, by key).
 constexpr auto kCreateOptimizer = &CreateOptimizerSpec;
-static_assert(std::is_aggregate_v<ferry::OptimizerSpec>);
-static_assert(kSchemaFields<kCreateOptimizer> == 11, "OptimizerSpec in ferry.fbs changed: update this file");
-static_assert(AggregateFieldCount<ferry::OptimizerSpec>() == kSchemaFields<kCreateOptimizer>,
-              "ferry::OptimizerSpec and the schema's OptimizerSpec have different field counts");
+static_assert(kSchemaFields<kCreateOptimizer> == 12, "OptimizerSpec in ferry.fbs changed: update this file");
+constexpr size_t InSchemaHyperParams() {
+  size_t n = 0;
+  for (const HyperParam& h : kHyperParams) n += h.in_schema ? 1 : 0;
+  return n;
+}
+static_assert(InSchemaHyperParams() == 9, "a hyperparameter without a schema field must have in_schema false");
 using O = ferry::OptimizerSpec;
 static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 0>, OptimizerType>);  // type
 static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 1>, decltype(O::learning_rate)>);
@@ -178,7 +171,8 @@ static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 7>, decltype(O::neste
 static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 8>, decltype(O::l1)>);
 static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 9>, decltype(O::l2)>);
 static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 10>, decltype(O::beta)>);
-static_assert(OptimizerSpec::VT_BETA == 4 + 2 * 10, "schema OptimizerSpec ids are not 0..10");
+static_assert(std::is_same_v<SchemaField<kCreateOptimizer, 11>, Offset<flatbuffers::Vector<Offset<HyperValue>>>>);
+static_assert(OptimizerSpec::VT_HYPER == 4 + 2 * 11, "schema OptimizerSpec ids are not 0..11");
 
 // TableSpec: schema ids 0..18.
 constexpr auto kCreateTable = &CreateTableSpec;

@@ -5,6 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <vector>
+
+#include "ferry/nearest.h"
 
 namespace ferry::wire {
 namespace {
@@ -263,12 +266,48 @@ Status ErrorStatus(const Header& h) {
   return Status(static_cast<StatusCode>(code), std::move(msg));
 }
 
+namespace {
+
+// The hyperparameters without a field of their own in the schema (`in_schema` false), by key;
+// absent when all of them hold their defaults, so a spec of 1.6's optimizers encodes as 1.6 did.
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<HyperValue>>> HypersToWire(
+    flatbuffers::FlatBufferBuilder& fbb, const ferry::OptimizerSpec& o) {
+  const ferry::OptimizerSpec defaults;
+  std::vector<flatbuffers::Offset<HyperValue>> out;
+  for (const HyperParam& h : kHyperParams) {
+    if (h.in_schema || GetHyper(o, h) == GetHyper(defaults, h)) continue;
+    out.push_back(CreateHyperValue(fbb, fbb.CreateString(h.key), static_cast<float>(GetHyper(o, h))));
+  }
+  return out.empty() ? 0 : fbb.CreateVector(out);
+}
+
+Status HypersFromWire(const OptimizerSpec& in, ferry::OptimizerSpec* o) {
+  if (!in.hyper()) return Status::Ok();
+  for (const HyperValue* v : *in.hyper()) {
+    const std::string_view key = v->key() ? v->key()->string_view() : std::string_view();
+    const HyperParam* h = FindHyperParam(key);
+    if (!h) {
+      return InvalidArgumentError("optimizer hyperparameter '" + Printable(key) + "' is unknown to this server " +
+                                  "(it knows: " + JoinNames(HyperParamKeys()) + ")");
+    }
+    if (h->in_schema) {
+      return InvalidArgumentError("optimizer hyperparameter '" + std::string(h->key) +
+                                  "' has its own field; it may not travel by key");
+    }
+    FERRY_RETURN_IF_ERROR(SetHyper(o, *h, v->value()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& fbb, const ferry::TableSpec& s) {
   auto name = fbb.CreateString(s.name);
   auto shape = fbb.CreateVector(s.shape);
   const auto& o = s.optimizer;
+  auto hyper = HypersToWire(fbb, o);
   auto opt = CreateOptimizerSpec(fbb, static_cast<OptimizerType>(o.type), o.learning_rate, o.momentum, o.beta1,
-                                 o.beta2, o.epsilon, o.initial_accumulator, o.nesterov, o.l1, o.l2, o.beta);
+                                 o.beta2, o.epsilon, o.initial_accumulator, o.nesterov, o.l1, o.l2, o.beta, hyper);
   return CreateTableSpec(fbb, name, static_cast<TableType>(s.type), shape, s.dim, s.chunk_elems, opt,
                          static_cast<ConsistencyType>(s.consistency), s.staleness, s.replicas_to_aggregate,
                          static_cast<InitType>(s.init), s.init_scale, s.seed, static_cast<NonFinite>(s.nonfinite),
@@ -297,6 +336,7 @@ Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
     s.optimizer.l1 = o->l1();
     s.optimizer.l2 = o->l2();
     s.optimizer.beta = o->beta();
+    FERRY_RETURN_IF_ERROR(HypersFromWire(*o, &s.optimizer));
   }
   s.consistency = static_cast<ferry::Consistency>(in->consistency());
   s.staleness = in->staleness();

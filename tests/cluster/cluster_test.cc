@@ -30,6 +30,12 @@ TEST(Cluster, SyncAdamMatchesSequentialReferenceBitwise) {
   ExpectSyncMatchesSequential(Address(c), 2, OptimizerType::kAdam, 6, "adam_");
 }
 
+// AdamW (the catalogue's newest) over real servers, bitwise as the sequential reference.
+TEST(Cluster, SyncAdamWMatchesSequentialReferenceBitwise) {
+  auto c = LocalCluster::Start(2);
+  ExpectSyncMatchesSequential(Address(c), 2, OptimizerType::kAdamW, 6, "adamw_");
+}
+
 TEST(Cluster, SyncMomentumThreeWorkersThreeServersMatchesReference) {
   auto c = LocalCluster::Start(3);
   ExpectSyncMatchesSequential(Address(c), 3, OptimizerType::kMomentum, 5, "mom_");

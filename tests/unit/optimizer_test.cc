@@ -159,3 +159,132 @@ TEST(Optimizer, FtrlStartsFromTheInitialAccumulatorAndTheCurrentWeight) {
 
 }  // namespace
 }  // namespace ferry::ps
+
+// ---- AdamW and the catalogue (ferry/optimizers.h). ----
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace ferry::ps {
+namespace {
+
+TEST(Optimizer, AdamWWithoutWeightDecayIsAdamBitForBit) {
+  auto adam = Spec(OptimizerType::kAdam, 0.01f);
+  auto adamw = Spec(OptimizerType::kAdamW, 0.01f);
+  adamw.weight_decay = 0.0f;
+  const size_t n = 7;
+  std::vector<float> p1(n), p2(n), g(n), s1(2 * n, 0.0f), s2(2 * n, 0.0f);
+  for (size_t i = 0; i < n; ++i) p1[i] = p2[i] = 0.3f * static_cast<float>(i) - 1.0f, g[i] = 0.7f - 0.25f * static_cast<float>(i);
+  for (int64_t step = 1; step <= 5; ++step) {
+    ApplyUpdate(adam, p1.data(), g.data(), s1.data(), n, n, step);
+    ApplyUpdate(adamw, p2.data(), g.data(), s2.data(), n, n, step);
+  }
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(s1, s2);
+  EXPECT_EQ(StateSlots(OptimizerType::kAdamW), 2);
+}
+
+// Decoupled: with a zero gradient Adam's step is 0, so AdamW only shrinks p by (1 - lr*wd) a step
+// (an L2 term added to the gradient would instead be normalised by Adam to about lr a step).
+TEST(Optimizer, AdamWDecaysWeightsIndependentlyOfTheGradientScale) {
+  auto o = Spec(OptimizerType::kAdamW, 0.1f);
+  o.weight_decay = 0.5f;
+  std::vector<float> p = {2.0f, -4.0f}, g = {0.0f, 0.0f}, s(4, 0.0f);
+  float expect0 = 2.0f, expect1 = -4.0f;
+  const float keep = 1.0f - 0.1f * 0.5f;
+  for (int64_t step = 1; step <= 3; ++step) {
+    ApplyUpdate(o, p.data(), g.data(), s.data(), 2, 2, step);
+    expect0 *= keep, expect1 *= keep;
+    EXPECT_EQ(p[0], expect0) << "step " << step;
+    EXPECT_EQ(p[1], expect1) << "step " << step;
+  }
+  // One step with a gradient: decay first (torch.optim.AdamW's order), then Adam's step of about
+  // lr * sign(g) at t = 1.
+  std::vector<float> q = {1.0f}, h = {0.5f}, t(2, 0.0f);
+  ApplyUpdate(o, q.data(), h.data(), t.data(), 1, 1, 1);
+  EXPECT_NEAR(q[0], 1.0f * keep - 0.1f, 1e-6);
+}
+
+TEST(OptimizerCatalogue, EveryOptimizerParsesByNameAndValidatesWithDefaults) {
+  ASSERT_EQ(OptimizerNames().size(), kNumOptimizers);
+  for (const OptimizerInfo& info : kOptimizers) {
+    OptimizerType t{};
+    ASSERT_TRUE(ParseOptimizerType(info.name, &t).ok()) << info.name;
+    EXPECT_EQ(t, info.type);
+    EXPECT_EQ(OptimizerName(t), info.name);
+    OptimizerSpec o;
+    o.type = t;
+    EXPECT_TRUE(ValidateOptimizer(o).ok()) << info.name << ": " << ValidateOptimizer(o);
+    EXPECT_EQ(StateSlots(t), static_cast<int>(info.slots.size()));
+    EXPECT_NE(OptimizerToString(o).find(std::string(info.name) + "(lr="), std::string::npos);
+  }
+  OptimizerType t{};
+  const Status s = ParseOptimizerType("adamm", &t);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("did you mean adam"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("adamw"), std::string::npos) << "the list names every optimizer: " << s;
+  EXPECT_FALSE(ValidateOptimizer(OptimizerSpec{static_cast<OptimizerType>(kNumOptimizers)}).ok());
+}
+
+// Each hyperparameter an optimizer uses is checked against its range, and the refusal names the
+// optimizer, the key, the range and the value; a hyperparameter it does not use is not checked.
+TEST(OptimizerCatalogue, OutOfRangeHyperparametersAreRefusedNamingOptimizerAndKey) {
+  for (const OptimizerInfo& info : kOptimizers) {
+    for (std::string_view key : info.uses) {
+      const HyperParam& h = *FindHyperParam(key);
+      if (h.flag) continue;  // a switch holds 0 or 1: SetHyper refuses anything else
+      OptimizerSpec o;
+      o.type = info.type;
+      const double bad = h.lo_open ? h.lo : h.lo - 1.0;
+      o.*h.number = static_cast<float>(bad);
+      const Status s = ValidateOptimizer(o);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << info.name << " " << key;
+      EXPECT_NE(s.message().find(std::string(info.name) + "'s " + std::string(key) + " must be"), std::string::npos)
+          << s;
+    }
+  }
+  OptimizerSpec adam;
+  adam.type = OptimizerType::kAdam;
+  adam.beta1 = 1.0f;
+  EXPECT_NE(ValidateOptimizer(adam).message().find("adam's beta1 must be [0, 1), got 1"), std::string::npos)
+      << ValidateOptimizer(adam);
+  OptimizerSpec sgd;
+  sgd.beta1 = 7.0f;  // sgd does not use it
+  EXPECT_TRUE(ValidateOptimizer(sgd).ok());
+  OptimizerSpec ftrl;
+  ftrl.type = OptimizerType::kFtrl;
+  ftrl.learning_rate = 0.0f;
+  EXPECT_NE(ValidateOptimizer(ftrl).message().find("ftrl needs lr (its alpha) > 0"), std::string::npos);
+  OptimizerSpec adagrad;
+  adagrad.type = OptimizerType::kAdagrad;
+  adagrad.initial_accumulator = 0.0f;
+  adagrad.epsilon = 0.0f;
+  EXPECT_NE(ValidateOptimizer(adagrad).message().find("adagrad needs initial_accumulator > 0 or epsilon > 0"),
+            std::string::npos);
+}
+
+TEST(OptimizerCatalogue, StateSlotsStartAtTheirHyperparameter) {
+  OptimizerSpec o;
+  o.type = OptimizerType::kFtrl;
+  o.initial_accumulator = 0.75f;
+  std::vector<float> state(6, -1.0f);
+  InitState(o, state.data(), 3);
+  EXPECT_EQ(state, (std::vector<float>{0, 0, 0, 0.75f, 0.75f, 0.75f}));  // z at 0, n at initial_accumulator
+  o.type = OptimizerType::kAdamW;
+  InitState(o, state.data(), 3);
+  EXPECT_EQ(state, (std::vector<float>(6, 0.0f)));
+}
+
+// The README's optimizer table is the catalogue's: adding an optimizer fails here until the
+// README shows it (the message holds the table to paste).
+TEST(OptimizerCatalogue, TheReadmeTableIsTheCatalogue) {
+  std::ifstream in(FERRY_SOURCE_DIR "/README.md");
+  ASSERT_TRUE(in) << "cannot read " FERRY_SOURCE_DIR "/README.md";
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string table = OptimizerMarkdownTable();
+  EXPECT_NE(text.str().find(table), std::string::npos) << "README.md's optimizer table should read:\n" << table;
+}
+
+}  // namespace
+}  // namespace ferry::ps

@@ -35,6 +35,7 @@ TableSpec DenseWithEveryField() {
   s.optimizer.l1 = 1.5f;
   s.optimizer.l2 = 0.875f;
   s.optimizer.beta = 3.0f;
+  s.optimizer.weight_decay = 0.0625f;  // travels by key (OptimizerSpec.hyper)
   s.consistency = Consistency::kSync;
   s.replicas_to_aggregate = 3;
   s.init = InitType::kConstant;
@@ -99,6 +100,7 @@ void ExpectSameFields(const TableSpec& back, const TableSpec& spec) {
   EXPECT_EQ(back.optimizer.l1, spec.optimizer.l1);
   EXPECT_EQ(back.optimizer.l2, spec.optimizer.l2);
   EXPECT_EQ(back.optimizer.beta, spec.optimizer.beta);
+  EXPECT_EQ(back.optimizer.weight_decay, spec.optimizer.weight_decay);
   EXPECT_EQ(back.consistency, spec.consistency);
   EXPECT_EQ(back.staleness, spec.staleness);
   EXPECT_EQ(back.replicas_to_aggregate, spec.replicas_to_aggregate);
@@ -165,6 +167,14 @@ TEST(SpecRoundTrip, FixturesLeaveNoFieldAtADefault) {
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.optimizer.l1; }, cpp.optimizer.l1, wo->l1(), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.optimizer.l2; }, cpp.optimizer.l2, wo->l2(), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.optimizer.beta; }, cpp.optimizer.beta, wo->beta(), a, b));
+  // Hyperparameters without a schema field travel by key; absent, they keep the C++ default.
+  EXPECT_EQ(wo->hyper(), nullptr);
+  for (const HyperParam& h : kHyperParams) {
+    if (h.in_schema) continue;
+    EXPECT_TRUE(covered([&](const TableSpec& t) { return GetHyper(t.optimizer, h); }, GetHyper(cpp.optimizer, h),
+                        GetHyper(cpp.optimizer, h), a, b))
+        << h.key;
+  }
   EXPECT_TRUE(covered([&](const TableSpec& t) { return u8(t.consistency); }, u8(cpp.consistency),
                       u8(w->consistency()), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.staleness; }, cpp.staleness, w->staleness(), a, b));
@@ -284,6 +294,50 @@ TEST(SpecRoundTrip, WireFormatAndTopkAreCheckedAndNamed) {
   refused(dense, "unknown wire format 7");
   EXPECT_NE(DenseWithEveryField().ToString().find("wire=fp16 topk=0.25"), std::string::npos)
       << DenseWithEveryField().ToString();
+}
+
+}  // namespace
+}  // namespace ferry
+
+namespace ferry {
+namespace {
+
+// The keyed hyperparameters (protocol 1.7): a spec whose newer hyperparameters hold their defaults
+// encodes as 1.6 did (no `hyper` list), and a list with a key the receiver does not know, or with
+// a key that has its own field, is refused naming it.
+TEST(SpecRoundTrip, KeyedHyperparametersAreOmittedAtDefaultsAndRefusedWhenUnknown) {
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {4};
+  spec.optimizer.type = OptimizerType::kAdamW;
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    fbb.Finish(wire::SpecToWire(fbb, spec));
+    EXPECT_EQ(flatbuffers::GetRoot<wire::TableSpec>(fbb.GetBufferPointer())->optimizer()->hyper(), nullptr);
+  }
+  auto decode_with = [&](const char* key, float value) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto name = fbb.CreateString("w");
+    auto shape = fbb.CreateVector(std::vector<int64_t>{4});
+    std::vector<flatbuffers::Offset<wire::HyperValue>> list = {
+        wire::CreateHyperValue(fbb, fbb.CreateString(key), value)};
+    auto opt = wire::CreateOptimizerSpec(fbb, wire::OptimizerType::AdamW, 0.5f, 0.9f, 0.9f, 0.999f, 1e-8f, 0.1f,
+                                         false, 0, 0, 1, fbb.CreateVector(list));
+    fbb.Finish(wire::CreateTableSpec(fbb, name, wire::TableType::Dense, shape, 0, 16, opt));
+    TableSpec back;
+    Status s = wire::SpecFromWire(flatbuffers::GetRoot<wire::TableSpec>(fbb.GetBufferPointer()), &back);
+    return std::pair{s, back};
+  };
+  auto [ok, back] = decode_with("weight_decay", 0.25f);
+  ASSERT_TRUE(ok.ok()) << ok;
+  EXPECT_EQ(back.optimizer.weight_decay, 0.25f);
+  auto [unknown, _] = decode_with("weight_decya", 0.25f);
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.message().find("'weight_decya' is unknown to this server"), std::string::npos) << unknown;
+  auto [named, __] = decode_with("momentum", 0.5f);
+  EXPECT_NE(named.message().find("'momentum' has its own field"), std::string::npos) << named;
+  auto [negative, ___] = decode_with("weight_decay", -1.0f);  // out of range: Validate names it
+  EXPECT_NE(negative.message().find("adamw's weight_decay must be >= 0, got -1"), std::string::npos) << negative;
 }
 
 }  // namespace

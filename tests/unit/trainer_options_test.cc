@@ -252,6 +252,35 @@ TEST(TrainerOptions, AMisspelledTableKeyIsNamedWithTheNearestAndEveryKey) {
   }
 }
 
+// --optimizer, --table and --help take every optimizer and hyperparameter of the catalogue
+// (ferry/optimizers.h), AdamW's weight_decay included.
+TEST(TrainerOptions, EveryOptimizerOfTheCatalogueIsTakenAndListed) {
+  const std::string usage = TrainerUsage();
+  for (std::string_view name : OptimizerNames()) {
+    auto o = Parse({"--local", "--optimizer", std::string(name)});
+    ASSERT_TRUE(o.ok()) << name << ": " << o.status();
+    EXPECT_EQ(OptimizerName(o->optimizer.type), name);
+    EXPECT_NE(usage.find(std::string(name)), std::string::npos) << name << " missing from --help";
+  }
+  EXPECT_NE(usage.find("--optimizer sgd|momentum|adagrad|adam|ftrl|adamw (sgd)"), std::string::npos) << usage;
+  auto o = Parse({"--local", "--model", "ctr", "--table", "ctr/emb*:optimizer=adamw,weight_decay=0.05"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  std::vector<TableSpec> specs(1);
+  specs[0].name = "ctr/emb0";
+  ASSERT_TRUE(ApplyTableOverrides(*o, &specs).ok());
+  EXPECT_EQ(specs[0].optimizer.type, OptimizerType::kAdamW);
+  EXPECT_FLOAT_EQ(specs[0].optimizer.weight_decay, 0.05f);
+  auto bad = Parse({"--local", "--model", "ctr", "--table", "ctr/emb*:optimizer=adamw,weight_decay=-1"});
+  ASSERT_TRUE(bad.ok()) << "the range is checked with the table's optimizer, when its spec is validated";
+  std::vector<TableSpec> t(1);
+  t[0].name = "ctr/emb0";
+  t[0].dim = 4;
+  t[0].type = TableType::kSparse;
+  ASSERT_TRUE(ApplyTableOverrides(*bad, &t).ok());
+  EXPECT_NE(t[0].Validate().message().find("adamw's weight_decay must be >= 0, got -1"), std::string::npos)
+      << t[0].Validate();
+}
+
 // What ferry-trainer refuses before it loads its data (exit 2).
 TEST(TrainerOptions, CheckSettingsRefusesTheUsersSettingsWithoutData) {
   auto ok = Parse({"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--table", "ctr/emb*:lr=0.1"});

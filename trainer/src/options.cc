@@ -181,7 +181,7 @@ cluster:   --servers tcp://h:p,tcp://h:p  --rank R  --num-workers M     (or --lo
            a wait longer than 5 s (this one, or a step's) is reported every 5 s on stderr
 device:    --device cuda|cpu|auto (auto)  --gpu N (0)
 model:     --model mlp|ctr (mlp)  --hidden 256,128  --seed S (1)  --emb-dim E (16, ctr)
-optimizer: --optimizer sgd|momentum|adagrad|adam|ftrl (sgd)  --lr X (0.1)
+optimizer: --optimizer @OPTIMIZERS@ (sgd)  --lr X (0.1)
            --consistency sync|async|ssp:S (sync)  --backup-workers K (0, sync)
            --accumulate k (1: push every micro-batch of --batch)
            --table PATTERN:key=value,...  (repeatable) per-table settings over the above, for the
@@ -228,6 +228,9 @@ experiment: --straggler R:50ms | R:x2   (slow worker R down by a delay or a fact
   }
   keys.pop_back();
   usage.replace(usage.find(" @KEYS@"), 7, keys);
+  std::string optimizers;
+  for (std::string_view name : OptimizerNames()) optimizers += (optimizers.empty() ? "" : "|") + std::string(name);
+  usage.replace(usage.find("@OPTIMIZERS@"), 12, optimizers);
   return usage;
 }
 

@@ -1,5 +1,6 @@
 #include "ferry/table_spec.h"
 
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -49,22 +50,7 @@ Status TableSpec::Validate() const {
   } else {
     return bad("unknown table type");
   }
-  const auto& o = optimizer;
-  if (static_cast<uint8_t>(o.type) > static_cast<uint8_t>(OptimizerType::kFtrl)) return bad("unknown optimizer");
-  if (!(o.learning_rate >= 0.0f) || !std::isfinite(o.learning_rate)) return bad("learning_rate must be finite and >= 0");
-  if (!(o.epsilon >= 0.0f)) return bad("epsilon must be >= 0");
-  if (o.type == OptimizerType::kAdam && !(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
-    return bad("adam betas must be in [0, 1)");
-  if (o.type == OptimizerType::kAdagrad && !(o.initial_accumulator > 0.0f) && !(o.epsilon > 0.0f))
-    return bad("adagrad needs initial_accumulator > 0 or epsilon > 0");
-  if (o.type == OptimizerType::kFtrl) {
-    if (!(o.learning_rate > 0.0f)) return bad("ftrl needs learning_rate (alpha) > 0");
-    if (!(o.l1 >= 0.0f) || !std::isfinite(o.l1) || !(o.l2 >= 0.0f) || !std::isfinite(o.l2))
-      return bad("ftrl l1 and l2 must be finite and >= 0");
-    if (!(o.beta >= 0.0f) || !std::isfinite(o.beta)) return bad("ftrl beta must be finite and >= 0");
-    if (!(o.initial_accumulator >= 0.0f) || !std::isfinite(o.initial_accumulator))
-      return bad("ftrl initial_accumulator must be finite and >= 0");
-  }
+  if (Status o = ValidateOptimizer(optimizer); !o.ok()) return bad(o.message());
   if (static_cast<uint8_t>(consistency) > static_cast<uint8_t>(Consistency::kSsp)) return bad("unknown consistency");
   if (staleness < 0) return bad("staleness must be >= 0");
   if (consistency != Consistency::kSsp && staleness != 0) return bad("staleness is only for ssp tables");
@@ -113,17 +99,6 @@ std::string_view ConsistencyName(Consistency c) {
   return "?";
 }
 
-std::string_view OptimizerName(OptimizerType t) {
-  switch (t) {
-    case OptimizerType::kSgd: return "sgd";
-    case OptimizerType::kMomentum: return "momentum";
-    case OptimizerType::kAdagrad: return "adagrad";
-    case OptimizerType::kAdam: return "adam";
-    case OptimizerType::kFtrl: return "ftrl";
-  }
-  return "?";
-}
-
 static std::string_view InitName(InitType t) {
   switch (t) {
     case InitType::kZeros: return "zeros";
@@ -144,24 +119,8 @@ std::string TableSpec::ToString() const {
   } else {
     os << " dim=" << dim;
   }
-  os << " optimizer=" << OptimizerName(optimizer.type) << "(lr=" << optimizer.learning_rate;
-  switch (optimizer.type) {
-    case OptimizerType::kSgd: break;
-    case OptimizerType::kMomentum:
-      os << " momentum=" << optimizer.momentum << (optimizer.nesterov ? " nesterov" : "");
-      break;
-    case OptimizerType::kAdagrad:
-      os << " initial_accumulator=" << optimizer.initial_accumulator << " eps=" << optimizer.epsilon;
-      break;
-    case OptimizerType::kAdam:
-      os << " beta1=" << optimizer.beta1 << " beta2=" << optimizer.beta2 << " eps=" << optimizer.epsilon;
-      break;
-    case OptimizerType::kFtrl:
-      os << " l1=" << optimizer.l1 << " l2=" << optimizer.l2 << " beta=" << optimizer.beta
-         << " initial_accumulator=" << optimizer.initial_accumulator;
-      break;
-  }
-  os << ") consistency=" << ConsistencyName(consistency);
+  os << " optimizer=" << OptimizerToString(optimizer);
+  os << " consistency=" << ConsistencyName(consistency);
   if (consistency == Consistency::kSsp) os << ":" << staleness;
   if (consistency == Consistency::kSync) os << " replicas_to_aggregate=" << replicas_to_aggregate;
   os << " init=" << InitName(init) << "(" << init_scale << ") seed=" << seed;
@@ -214,14 +173,6 @@ Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t
   }
   return InvalidArgumentError("consistency '" + std::string(text) +
                               "' is not one of: sync, async, ssp:<s> (s a non-negative integer)");
-}
-
-Status ParseOptimizerType(std::string_view text, OptimizerType* type) {
-  for (auto t : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdagrad, OptimizerType::kAdam,
-                 OptimizerType::kFtrl}) {
-    if (text == OptimizerName(t)) { *type = t; return Status::Ok(); }
-  }
-  return InvalidArgumentError("optimizer '" + std::string(text) + "' is not one of: sgd, momentum, adagrad, adam, ftrl");
 }
 
 Status ParseInitType(std::string_view text, InitType* type) {
@@ -293,15 +244,7 @@ SpecChanges CompareSpecs(const TableSpec& a, const TableSpec& b) {
   fixed("evict_after_steps", a.evict_after_steps, b.evict_after_steps);
   fixed("max_rows", a.max_rows, b.max_rows);
   setting("lr", o.learning_rate, p.learning_rate);
-  setting("momentum", o.momentum, p.momentum);
-  setting("nesterov", o.nesterov, p.nesterov);
-  setting("beta1", o.beta1, p.beta1);
-  setting("beta2", o.beta2, p.beta2);
-  setting("epsilon", o.epsilon, p.epsilon);
-  setting("initial_accumulator", o.initial_accumulator, p.initial_accumulator);
-  setting("l1", o.l1, p.l1);
-  setting("l2", o.l2, p.l2);
-  setting("beta", o.beta, p.beta);
+  for (const HyperParam& h : kHyperParams) setting(h.key, GetHyper(o, h), GetHyper(p, h));
   setting("wire", std::string(WireFormatName(a.wire)), std::string(WireFormatName(b.wire)));
   setting("topk", a.topk_ratio, b.topk_ratio);
   setting("skip_nonfinite_rows", a.nonfinite == NonFinite::kSkipRows, b.nonfinite == NonFinite::kSkipRows);
@@ -317,13 +260,24 @@ void TakeSettings(const TableSpec& from, TableSpec* into) {
   into->nonfinite = from.nonfinite;
 }
 
-std::span<const std::string_view> SpecOptionKeys() {
-  static constexpr std::string_view kKeys[] = {
-      "momentum", "nesterov", "beta1", "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta", "chunk_elems",
-      "replicas_to_aggregate", "skip_nonfinite_rows", "admit_after", "admit_probability", "evict_after_steps",
-      "max_rows", "topk"};
-  return kKeys;
-}
+namespace {
+
+// The keys SetSpecOption takes besides the optimizer's hyperparameters.
+constexpr std::string_view kTableKeys[] = {"chunk_elems", "replicas_to_aggregate", "skip_nonfinite_rows",
+                                           "admit_after", "admit_probability", "evict_after_steps", "max_rows",
+                                           "topk"};
+
+constexpr auto kSpecOptionKeys = [] {
+  std::array<std::string_view, std::size(kHyperParams) + std::size(kTableKeys)> keys{};
+  size_t i = 0;
+  for (const HyperParam& h : kHyperParams) keys[i++] = h.key;
+  for (std::string_view k : kTableKeys) keys[i++] = k;
+  return keys;
+}();
+
+}  // namespace
+
+std::span<const std::string_view> SpecOptionKeys() { return kSpecOptionKeys; }
 
 Status SetSpecOption(TableSpec* spec, std::string_view k, double value) {
   auto invalid = [&](const std::string& why) { return InvalidArgumentError(std::string(k) + " " + why); };
@@ -332,27 +286,9 @@ Status SetSpecOption(TableSpec* spec, std::string_view k, double value) {
     return value == std::floor(value) && value >= static_cast<double>(lo) && value <= static_cast<double>(hi);
   };
   TableSpec& s = *spec;
-  OptimizerSpec& o = s.optimizer;
   const float f = static_cast<float>(value);
-  if (k == "momentum") {
-    o.momentum = f;
-  } else if (k == "nesterov") {
-    if (value != 0 && value != 1) return invalid("must be 0 or 1");
-    o.nesterov = value == 1;
-  } else if (k == "beta1") {
-    o.beta1 = f;
-  } else if (k == "beta2") {
-    o.beta2 = f;
-  } else if (k == "epsilon") {
-    o.epsilon = f;
-  } else if (k == "initial_accumulator") {
-    o.initial_accumulator = f;
-  } else if (k == "l1") {
-    o.l1 = f;
-  } else if (k == "l2") {
-    o.l2 = f;
-  } else if (k == "beta") {
-    o.beta = f;
+  if (const HyperParam* h = FindHyperParam(k)) {
+    return SetHyper(&s.optimizer, *h, value);
   } else if (k == "chunk_elems") {
     if (!whole(1, int64_t{1} << 40)) return invalid("must be a whole number >= 1");
     s.chunk_elems = static_cast<int64_t>(value);

@@ -32,6 +32,8 @@
 
 #include "ferry/client.h"
 #include "ferry/cluster.h"
+#include "ferry/nearest.h"
+#include "ferry/optimizers.h"
 #include "int_arrays.h"
 
 namespace py = pybind11;
@@ -579,14 +581,16 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("held", &PyHandle::Held, "Pulls, once done: seconds a server held it for its step.")
       .def_property_readonly("elapsed", &PyHandle::Elapsed, "Seconds from the call to its last reply (0 until done).");
 
-  const char* opt_doc = "optimizer: sgd, momentum, adagrad, adam or ftrl (lr is its alpha); consistency: sync, async "
-                        "or ssp:S; init: zeros, uniform, normal or constant (with init_scale); options: the "
-                        "optimizer's other hyperparameters by name (momentum, nesterov, beta1, beta2, epsilon, "
-                        "initial_accumulator, l1, l2, beta), chunk_elems, a sparse table's row lifecycle (admit_after, "
-                        "admit_probability, evict_after_steps, max_rows), and a dense table's topk (each pushed chunk "
-                        "sends only its ceil(topk * n) largest elements; the rest is kept and added to the next push); "
-                        "wire: f32, fp16 or bf16, how the table's gradients and values travel (2 bytes a value for "
-                        "fp16 and bf16; the servers keep float32; needs servers of protocol 1.6)";
+  // Kept alive for the module's life: pybind11 keeps the pointer.
+  static const std::string opt_doc =
+      "optimizer: " + ferry::JoinNames(ferry::OptimizerNames()) + " (ferry.optimizers() describes each; ftrl's lr "
+      "is its alpha); consistency: sync, async or ssp:S; init: zeros, uniform, normal or constant (with "
+      "init_scale); options: the optimizer's other hyperparameters by name (" +
+      ferry::JoinNames(ferry::HyperParamKeys()) + "), chunk_elems, a sparse table's row lifecycle (admit_after, "
+      "admit_probability, evict_after_steps, max_rows), and a dense table's topk (each pushed chunk sends only its "
+      "ceil(topk * n) largest elements; the rest is kept and added to the next push); wire: f32, fp16 or bf16, how "
+      "the table's gradients and values travel (2 bytes a value for fp16 and bf16; the servers keep float32; needs "
+      "servers of protocol 1.6)";
   py::class_<PyClient>(m, "Client")
       .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>, double, double>(),
            py::arg("servers"), py::arg("rank") = 0, py::arg("num_workers") = 1, py::arg("request_timeout") = 360.0,
@@ -609,12 +613,12 @@ PYBIND11_MODULE(_ferry, m) {
            py::arg("optimizer") = "sgd", py::arg("lr") = 0.01f, py::arg("consistency") = "async",
            py::arg("init") = "zeros", py::arg("init_scale") = 0.0f, py::arg("seed") = 0,
            py::arg("replicas_to_aggregate") = 0, py::arg("wire") = "f32",
-           py::arg("options") = std::map<std::string, double>(), opt_doc)
+           py::arg("options") = std::map<std::string, double>(), opt_doc.c_str())
       .def("declare_sparse", &PyClient::DeclareSparse, py::arg("name"), py::arg("dim"), py::kw_only(),
            py::arg("optimizer") = "sgd", py::arg("lr") = 0.01f, py::arg("consistency") = "async",
            py::arg("init") = "zeros", py::arg("init_scale") = 0.0f, py::arg("seed") = 0,
            py::arg("replicas_to_aggregate") = 0, py::arg("skip_nonfinite_rows") = false, py::arg("wire") = "f32",
-           py::arg("options") = std::map<std::string, double>(), opt_doc)
+           py::arg("options") = std::map<std::string, double>(), opt_doc.c_str())
       .def("pull_dense", &PyClient::PullDense, py::arg("table"), py::arg("out"), py::arg("step") = 0)
       .def("push_dense", &PyClient::PushDense, py::arg("table"), py::arg("grad"), py::arg("step") = 0)
       .def("push_pull_dense", &PyClient::PushPullDense, py::arg("table"), py::arg("grad"), py::arg("out"),
@@ -668,6 +672,30 @@ PYBIND11_MODULE(_ferry, m) {
           "A normal exit calls finish() then close(); an exit by exception only close(), so the servers log a "
           "worker that left without finishing.");
 
+  m.def(
+      "optimizers",
+      [] {
+        py::dict out;
+        const ferry::OptimizerSpec defaults;
+        for (const ferry::OptimizerInfo& o : ferry::kOptimizers) {
+          py::dict hypers, d;
+          hypers["lr"] = defaults.learning_rate;
+          for (std::string_view key : o.uses) hypers[py::str(key)] = ferry::GetHyper(defaults, *ferry::FindHyperParam(key));
+          py::list slots;
+          for (const ferry::StateSlot& slot : o.slots) slots.append(py::str(slot.name));
+          d["summary"] = py::str(o.summary);
+          d["hyperparameters"] = hypers;
+          d["state_slots"] = slots;
+          out[py::str(o.name)] = d;
+        }
+        return out;
+      },
+      "The servers' optimizers (ferry/optimizers.h): {name: {'summary', 'hyperparameters': {key: default}, "
+      "'state_slots': [...]}} in the catalogue's order.");
+  m.def(
+      "table_option_keys", [] { return std::vector<std::string>(ferry::SpecOptionKeys().begin(), ferry::SpecOptionKeys().end()); },
+      "The keys declare_dense / declare_sparse take in options= (and --table takes besides lr, optimizer, "
+      "consistency and wire).");
   m.def("dedup", &Dedup, py::arg("tables"),
         "dedup([ids, ...]) -> ([distinct ids per table], rows): each table's distinct ids in order of first "
         "appearance, and for every id, in order, the row of its distinct id counted over all tables (table t's "

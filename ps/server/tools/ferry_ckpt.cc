@@ -32,16 +32,13 @@ int Usage() {
   return 2;
 }
 
-// What each optimizer's state slots hold, in order.
-const char* SlotNames(ferry::OptimizerType type) {
-  switch (type) {
-    case ferry::OptimizerType::kSgd: return "";
-    case ferry::OptimizerType::kMomentum: return "velocity";
-    case ferry::OptimizerType::kAdagrad: return "accumulator";
-    case ferry::OptimizerType::kAdam: return "m (first moment), v (second moment)";
-    case ferry::OptimizerType::kFtrl: return "z, n (accumulated squared gradients)";
+// What each optimizer's state slots hold, in order (the catalogue's slot names).
+std::string SlotNames(ferry::OptimizerType type) {
+  std::string out;
+  if (const ferry::OptimizerInfo* info = ferry::FindOptimizer(type)) {
+    for (const ferry::StateSlot& slot : info->slots) out += (out.empty() ? "" : ", ") + std::string(slot.name);
   }
-  return "";
+  return out;
 }
 
 // Writes a little-endian C-order .npy file (format 1.0) of `count` values of `descr` ("<f4", "<i8").
@@ -167,7 +164,7 @@ int Dump(const CheckpointData& c, std::string_view name, const std::string& out,
         state = false;
       } else {
         std::printf("optimizer state (%s): %d slot(s): %s\n", std::string(OptimizerName(t.spec.optimizer.type)).c_str(),
-                    slots, SlotNames(t.spec.optimizer.type));
+                    slots, SlotNames(t.spec.optimizer.type).c_str());
       }
     }
     return t.spec.type == ferry::TableType::kDense ? DumpDense(t, out, state) : DumpSparse(t, out, state);

@@ -2,7 +2,7 @@
 //
 // A TableSpec is plain data. Every worker may declare the same table; the servers accept an
 // identical declaration again and refuse a conflicting one with an error naming both specs.
-// Thread-safety: plain values.
+// The optimizers and their hyperparameters are in ferry/optimizers.h. Thread-safety: plain values.
 #pragma once
 
 #include <cstdint>
@@ -11,12 +11,12 @@
 #include <string_view>
 #include <vector>
 
+#include "ferry/optimizers.h"
 #include "ferry/status.h"
 
 namespace ferry {
 
 enum class TableType : uint8_t { kDense = 0, kSparse = 1 };
-enum class OptimizerType : uint8_t { kSgd = 0, kMomentum = 1, kAdagrad = 2, kAdam = 3, kFtrl = 4 };
 enum class Consistency : uint8_t { kSync = 0, kAsync = 1, kSsp = 2 };
 enum class InitType : uint8_t { kZeros = 0, kUniform = 1, kNormal = 2, kConstant = 3 };
 // What a server does with a pushed gradient that holds NaN or Inf.
@@ -33,25 +33,6 @@ enum class WireFormat : uint8_t {
               // travel as +-65504 (saturated), NaN and Inf as themselves
   kBf16 = 2,  // bfloat16 (the upper half of a float32, rounded to nearest even): relative error <= 2^-8,
               // float32's range (a finite value that would round past it travels as the largest bf16)
-};
-
-// Server-side optimizer and its hyperparameters (fields not used by `type` are ignored).
-struct OptimizerSpec {
-  OptimizerType type = OptimizerType::kSgd;
-  float learning_rate = 0.01f;
-  float momentum = 0.9f;             // kMomentum: v = momentum*v + g; p -= lr*v
-  bool nesterov = false;             // kMomentum: p -= lr*(g + momentum*v)
-  float beta1 = 0.9f;                // kAdam
-  float beta2 = 0.999f;              // kAdam
-  float epsilon = 1e-8f;             // kAdagrad, kAdam
-  float initial_accumulator = 0.1f;  // kAdagrad, kFtrl: accumulator (FTRL's n) starts here
-  // kFtrl (FTRL-Proximal; learning_rate is its alpha): L1 and L2 regularisation strengths, and
-  // beta, added to sqrt(n) in the per-coordinate learning rate alpha / (beta + sqrt(n)).
-  float l1 = 0.0f;
-  float l2 = 0.0f;
-  float beta = 1.0f;
-
-  friend bool operator==(const OptimizerSpec&, const OptimizerSpec&) = default;
 };
 
 struct TableSpec {
@@ -122,10 +103,8 @@ void TakeSettings(const TableSpec& from, TableSpec* into);
 
 // Parses "sync", "async" or "ssp:<s>" into consistency + staleness.
 Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t* staleness);
-// Parses "sgd", "momentum", "adagrad", "adam" or "ftrl".
-Status ParseOptimizerType(std::string_view text, OptimizerType* type);
-// Sets one of the spec's numeric options by name: "momentum", "nesterov" (0 or 1), "beta1",
-// "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta" (ftrl), "chunk_elems",
+// Sets one of the spec's numeric options by name: an optimizer hyperparameter (kHyperParams in
+// ferry/optimizers.h: "momentum", "nesterov" (0 or 1), "beta1", ...), "chunk_elems",
 // "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1), and the row lifecycle's "admit_after",
 // "admit_probability", "evict_after_steps", "max_rows", and gradient compression's "topk"
 // (topk_ratio: 0, or in (0, 1]). For the C and Python APIs and --table.
@@ -141,7 +120,6 @@ Status ParseNonFinite(std::string_view text, NonFinite* out);
 // Parses "zeros", "uniform", "normal" or "constant".
 Status ParseInitType(std::string_view text, InitType* type);
 std::string_view ConsistencyName(Consistency c);
-std::string_view OptimizerName(OptimizerType t);
 
 // The 64-bit id of a table on the wire: FNV-1a of its name (stable across processes and builds).
 uint64_t TableId(std::string_view name);

@@ -25,8 +25,9 @@ inline constexpr uint16_t kMajor = 1;
 // the restored step and the next collective id in the Hello reply; 1.4: the FTRL optimizer (l1, l2,
 // beta); 1.5: PullSparseTables and PushSparseTables (every sparse table of a step in one message
 // per server), the row lifecycle fields of TableSpec; 1.6: compressed tables (TableSpec's wire and
-// topk_ratio: 16-bit value frames, top-k frames of dense pushes)
-inline constexpr uint16_t kMinor = 6;
+// topk_ratio: 16-bit value frames, top-k frames of dense pushes); 1.7: the AdamW optimizer, and
+// OptimizerSpec's hyperparameters by key (`hyper`: the catalogue's weight_decay and later ones)
+inline constexpr uint16_t kMinor = 7;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

@@ -61,14 +61,15 @@ ferry_code ferry_spec_new(const char* name, ferry_table_spec** out);
 void ferry_spec_free(ferry_table_spec* spec);
 ferry_code ferry_spec_set_dense(ferry_table_spec* spec, const int64_t* shape, size_t ndim);
 ferry_code ferry_spec_set_sparse(ferry_table_spec* spec, int64_t dim);
-/* type: "sgd", "momentum", "adagrad", "adam" or "ftrl" (FTRL-Proximal; learning_rate is its alpha). */
+/* type: an optimizer of the catalogue (ferry/optimizers.h; the README's "Optimizers" table): "sgd", "momentum",
+ * "adagrad", "adam", "adamw", "ftrl" (FTRL-Proximal; learning_rate is its alpha). An unknown one names them all. */
 ferry_code ferry_spec_set_optimizer(ferry_table_spec* spec, const char* type, float learning_rate);
 /* consistency: "sync", "async" or "ssp:S". */
 ferry_code ferry_spec_set_consistency(ferry_table_spec* spec, const char* consistency);
 /* init: "zeros", "uniform" ([-scale, scale)), "normal" (stddev scale) or "constant" (scale). */
 ferry_code ferry_spec_set_init(ferry_table_spec* spec, const char* init, float scale, uint64_t seed);
-/* One of: "momentum", "nesterov" (0 or 1), "beta1", "beta2", "epsilon", "initial_accumulator",
- * "l1", "l2", "beta" (ftrl), "chunk_elems", "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1, sparse tables: a pushed
+/* One of: an optimizer hyperparameter (kHyperParams in ferry/optimizers.h: "momentum", "nesterov" (0 or 1),
+ * "beta1", "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta", "weight_decay"), "chunk_elems", "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1, sparse tables: a pushed
  * row holding NaN or Inf is dropped instead of the whole push being refused), and a sparse table's row lifecycle:
  * "admit_after", "admit_probability", "evict_after_steps", "max_rows" (README, "Row lifecycle"), and gradient
  * compression's "topk" (dense tables: each pushed chunk sends only its ceil(topk * n) largest elements, the rest

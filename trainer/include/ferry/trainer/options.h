@@ -24,9 +24,8 @@ enum class DeviceKind { kAuto, kCpu, kCuda };
 
 // --table PATTERN:key=value,...: settings for the model's tables whose names match PATTERN
 // (fnmatch(3): "ctr/emb*"), over the job's defaults. Keys: consistency (sync|async|ssp:S),
-// optimizer (sgd|momentum|adagrad|adam|ftrl), lr, wire (f32|fp16|bf16), and the numeric options
-// of SetSpecOption (l1, l2, beta, beta1, beta2, epsilon, momentum, nesterov, initial_accumulator,
-// topk, ...). E.g. the hybrid PERSIA uses: --consistency sync --table 'ctr/emb*:consistency=async';
+// optimizer (a name of the catalogue, ferry/optimizers.h), lr, wire (f32|fp16|bf16), and the
+// numeric options of SetSpecOption (each optimizer hyperparameter, topk, ...). E.g. the hybrid PERSIA uses: --consistency sync --table 'ctr/emb*:consistency=async';
 // gradient compression: --table 'mlp/*:wire=fp16,topk=0.01'.
 struct TableOverride {
   std::string pattern;
@@ -71,7 +70,7 @@ struct TrainerOptions {
   // ---- Optimization ----
   OptimizerSpec optimizer = [] {
     OptimizerSpec o;
-    o.type = OptimizerType::kSgd;  // --optimizer sgd|momentum|adagrad|adam
+    o.type = OptimizerType::kSgd;  // --optimizer NAME (ferry/optimizers.h)
     o.learning_rate = 0.1f;        // --lr
     return o;
   }();

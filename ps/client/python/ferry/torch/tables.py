@@ -3,17 +3,15 @@
 a group of tables' steps.
 
 Defaults (as ferry-trainer's): optimizer sgd, lr 0.1, consistency sync, wire f32. The other
-keys, as in --table: momentum, nesterov, beta1, beta2, epsilon, initial_accumulator, l1, l2,
-beta (the optimizer's), admit_after, admit_probability, evict_after_steps, max_rows (a sparse
+keys, as in --table (ferry.table_option_keys()): the optimizer's hyperparameters (ferry.optimizers()
+lists each optimizer's), admit_after, admit_probability, evict_after_steps, max_rows (a sparse
 table's row lifecycle), topk and chunk_elems (dense).
 """
 
 import ferry
 
-OPTION_KEYS = frozenset({"momentum", "nesterov", "beta1", "beta2", "epsilon", "initial_accumulator", "l1", "l2",
-                         "beta", "admit_after", "admit_probability", "evict_after_steps", "max_rows", "topk",
-                         "chunk_elems"})
-OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "ftrl")
+OPTION_KEYS = frozenset(ferry.table_option_keys())
+OPTIMIZERS = tuple(ferry.optimizers())
 WIRES = ("f32", "fp16", "bf16")
 
 

@@ -1,5 +1,5 @@
 // ferry-criteo-bench: how fast the Criteo reader turns text into examples, beside what the
-// machine can read (issue 16). Results: RESULTS.md, "Reading Criteo files".
+// machine can read (issue 16). Results: bench/results/HISTORY.md, "Reading Criteo files".
 //
 // One generated file of Criteo-format text (40 columns, 8-hex-digit categorical values, about
 // 280 bytes a line, --mb of it; 256 by default) and its gzip (level 6, like the public files),

@@ -1409,8 +1409,9 @@ void BM_FirstTouch(benchmark::State& state) {
 // timed apart in every iteration (ms per call): the server's NaN/Inf check of the gradient, its
 // SGD update, the reply (a fresh message frame per chunk, ChunkElems, and the values copied
 // into it, as the server's pull path does), and the client's copy of the reply into the caller's
-// buffer. Their sum against ps_proc/pushpull less raw_proc (RESULTS.md, "Where a 16 MiB push+pull
-// spends its time") says how much of Ferry's time beyond the transport these steps are.
+// buffer. Their sum against ps_proc/pushpull less raw_proc (bench/results/HISTORY.md, "Where a
+// 16 MiB push+pull spends its time") says how much of Ferry's time beyond the transport these
+// steps are.
 void BM_DenseSteps(benchmark::State& state, int64_t bytes) {
   const size_t elems = static_cast<size_t>(bytes) / sizeof(float);
   const size_t chunk = static_cast<size_t>(ChunkElems(static_cast<int64_t>(elems)));

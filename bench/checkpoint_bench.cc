@@ -1,6 +1,6 @@
 // bench/checkpoint_bench.cc — what a checkpoint costs (issue 14): the pause and the write rate,
 // each against its own limit measured in the same run. Results and how to run it:
-// bench/RESULTS.md, "Checkpoints (issue 14)".
+// bench/results/HISTORY.md, "Checkpoints (issue 14)".
 //
 // Shards (one server's tables, built in this process):
 //   dense_adam_64MiB     a dense Adam table of 16M floats (64 MiB of parameters, 128 MiB of state)

@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/checkpoint_runs.sh — the runs behind RESULTS.md's "Checkpoints (issue 14)": RUNS runs of
+# bench/checkpoint_runs.sh — the runs behind bench/results/HISTORY.md's "Checkpoints (issue 14)": RUNS runs of
 # ferry-ckpt-bench, each after dd has written the same folder's disk (zeros, 192 MiB and 1536 MiB:
 # about the 64 MiB and 512 MiB shards' images; and 1536 MiB of random bytes, in case the disk
 # treats zeros apart). Every dd and benchmark file goes into a fresh folder under PARENT, removed

@@ -1,5 +1,5 @@
 // ferry-criteo-bench: how fast the Criteo reader turns text into examples, beside what the
-// machine can read (issue 16). Results: RESULTS.md, "Reading Criteo files".
+// machine can read (issue 16). Results: bench/results/HISTORY.md, "Reading Criteo files".
 //
 // One generated file of Criteo-format text (40 columns, 8-hex-digit categorical values, about
 // 280 bytes a line, --mb of it; 256 by default) and its gzip (level 6, like the public files),
@@ -139,8 +139,8 @@ void Parse(benchmark::State& state, const std::string& path, bool cold) {
     state.SetIterationTime(Now() - t0);
   }
   state.counters["examples"] = static_cast<double>(examples);
-  state.counters["examples_per_s"] = benchmark::Counter(static_cast<double>(examples) * static_cast<double>(state.iterations()),
-                                                        benchmark::Counter::kIsRate);
+  state.counters["examples_per_s"] = benchmark::Counter(
+      static_cast<double>(examples) * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.SetBytesProcessed(state.iterations() * g_text_bytes);
 }
 
@@ -173,7 +173,8 @@ int main(int argc, char** argv) {
       ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
   benchmark::RegisterBenchmark("cache/read", [](benchmark::State& s) { BM_Read(s, false); })
       ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
-  benchmark::RegisterBenchmark("gzip/inflate", BM_Inflate)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
+  benchmark::RegisterBenchmark("gzip/inflate", BM_Inflate)
+      ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
   benchmark::RegisterBenchmark("parse/plain", [](benchmark::State& s) { Parse(s, g_plain, false); })
       ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
   benchmark::RegisterBenchmark("parse/gzip", [](benchmark::State& s) { Parse(s, g_gz, false); })

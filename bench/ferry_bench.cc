@@ -778,7 +778,9 @@ void BM_PsDense(benchmark::State& state, Baselines& baselines, SharedRun& run, D
                 bool processes = false) {
   const bool lead = state.thread_index() == 0;
   // Before the servers start, so that they cannot disturb them (no-ops when raw/ ran already).
-  const double raw = !lead ? 0.0 : processes ? baselines.RawRate(OneFrameProcess(size)) : baselines.RawRate(OneFrame(net, size));
+  const double raw = !lead       ? 0.0
+                     : processes ? baselines.RawRate(OneFrameProcess(size))
+                                 : baselines.RawRate(OneFrame(net, size));
   const double raw_chunked = lead && !processes ? baselines.RawRate(Chunked(net, size)) : 0.0;
   auto cluster = run.Enter(state, net, /*num_servers=*/state.threads(), processes);
   DenseWorker worker;
@@ -1143,7 +1145,8 @@ void BM_CriteoStep(benchmark::State& state, LazyCriteo& lazy, bool push, StepPat
   auto cpu = [](int who) {
     rusage u{};
     getrusage(who, &u);
-    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
   };
   const double process0 = cpu(RUSAGE_SELF), thread0 = cpu(RUSAGE_THREAD);
   LoopTimer timer;
@@ -1163,9 +1166,12 @@ void BM_CriteoStep(benchmark::State& state, LazyCriteo& lazy, bool push, StepPat
   state.counters["unique_per_step"] = benchmark::Counter(unique, benchmark::Counter::kAvgIterations);
   state.counters["messages_per_step"] =
       benchmark::Counter(static_cast<double>(client->stats().requests - sent), benchmark::Counter::kAvgIterations);
-  state.counters["process_cpu_ms_per_step"] = benchmark::Counter(1e3 * (cpu(RUSAGE_SELF) - process0), benchmark::Counter::kAvgIterations);
-  state.counters["caller_cpu_ms_per_step"] = benchmark::Counter(1e3 * (cpu(RUSAGE_THREAD) - thread0), benchmark::Counter::kAvgIterations);
-  state.SetLabel("26 tables x batch 4096, zipf s=1.05 over 10M ids, dim 16, seed " + std::to_string(CriteoSteps::kSeed));
+  state.counters["process_cpu_ms_per_step"] =
+      benchmark::Counter(1e3 * (cpu(RUSAGE_SELF) - process0), benchmark::Counter::kAvgIterations);
+  state.counters["caller_cpu_ms_per_step"] =
+      benchmark::Counter(1e3 * (cpu(RUSAGE_THREAD) - thread0), benchmark::Counter::kAvgIterations);
+  state.SetLabel("26 tables x batch 4096, zipf s=1.05 over 10M ids, dim 16, seed " +
+                 std::to_string(CriteoSteps::kSeed));
 }
 
 // What a sparse row costs a server: `rows` rows of dim 16 made in a ps::SparseShard (the
@@ -1270,8 +1276,10 @@ void BM_Codec(benchmark::State& state, WireCase c, size_t elems) {
   state.counters["decode_bytes_per_second"] = benchmark::Counter(bytes / decode_s);
   state.counters["encode_vs_memcpy"] = copy_s / encode_s;
   state.counters["decode_vs_memcpy"] = copy_s / decode_s;
-  state.counters["encode_ns_per_elem"] = encode_s * 1e9 / (static_cast<double>(elems) * static_cast<double>(state.iterations()));
-  state.counters["decode_ns_per_elem"] = decode_s * 1e9 / (static_cast<double>(elems) * static_cast<double>(state.iterations()));
+  state.counters["encode_ns_per_elem"] =
+      encode_s * 1e9 / (static_cast<double>(elems) * static_cast<double>(state.iterations()));
+  state.counters["decode_ns_per_elem"] =
+      decode_s * 1e9 / (static_cast<double>(elems) * static_cast<double>(state.iterations()));
   state.counters["wire_bytes"] = static_cast<double>(frame_bytes);
 }
 
@@ -1312,7 +1320,8 @@ void BM_WirePushPull(benchmark::State& state, WireCase c, Size size) {
   timer.Finish();
   if (state.error_occurred() || calls == 0) return;
   const ClientStats after = w.client->stats();
-  const double wire = static_cast<double>((after.bytes_sent - before.bytes_sent) + (after.bytes_received - before.bytes_received));
+  const double wire =
+      static_cast<double>((after.bytes_sent - before.bytes_sent) + (after.bytes_received - before.bytes_received));
   state.counters["ms_per_call"] = timer.seconds() * 1e3 / static_cast<double>(calls);
   state.counters["wire_bytes_per_call"] = wire / static_cast<double>(calls);
   state.counters["bytes_per_second"] =
@@ -1409,8 +1418,9 @@ void BM_FirstTouch(benchmark::State& state) {
 // timed apart in every iteration (ms per call): the server's NaN/Inf check of the gradient, its
 // SGD update, the reply (a fresh message frame per chunk, ChunkElems, and the values copied
 // into it, as the server's pull path does), and the client's copy of the reply into the caller's
-// buffer. Their sum against ps_proc/pushpull less raw_proc (RESULTS.md, "Where a 16 MiB push+pull
-// spends its time") says how much of Ferry's time beyond the transport these steps are.
+// buffer. Their sum against ps_proc/pushpull less raw_proc (bench/results/HISTORY.md, "Where a
+// 16 MiB push+pull spends its time") says how much of Ferry's time beyond the transport these
+// steps are.
 void BM_DenseSteps(benchmark::State& state, int64_t bytes) {
   const size_t elems = static_cast<size_t>(bytes) / sizeof(float);
   const size_t chunk = static_cast<size_t>(ChunkElems(static_cast<int64_t>(elems)));
@@ -1483,8 +1493,8 @@ void BM_BoxSealOpen(benchmark::State& state, int64_t bytes) {
     timer.IterationEnd();
   }
   timer.Finish();
-  state.counters["bytes_per_second"] =
-      benchmark::Counter(static_cast<double>(bytes) * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      static_cast<double>(bytes) * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 #endif
 
@@ -1643,8 +1653,9 @@ void RegisterAll(Fixtures& f) {
   }
   for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kAdagrad, OptimizerType::kAdam}) {
     for (int64_t rows : {1'000'000, 1'500'000, 2'000'000, 3'000'000}) {
-      benchmark::RegisterBenchmark(("mem/sparse_row/" + std::string(OptimizerName(type)) + "/" + std::to_string(rows)).c_str(),
-                                   [type, rows](benchmark::State& st) { BM_RowMemory(st, type, rows); })
+      benchmark::RegisterBenchmark(
+          ("mem/sparse_row/" + std::string(OptimizerName(type)) + "/" + std::to_string(rows)).c_str(),
+          [type, rows](benchmark::State& st) { BM_RowMemory(st, type, rows); })
           ->Iterations(1)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);

@@ -158,7 +158,7 @@ PRESETS = {
                 "ctr": _ctr(1000000, 20000, epochs=2, evals=20, target=0.81)},
         run_timeout_s=900.0,
         expected="7 minutes on 2 cores (measured before the hybrid mode was added; "
-                 "bench/RESULTS.md)"),
+                 "bench/results/HISTORY.md)"),
 }
 
 

@@ -76,7 +76,8 @@ TEST(CkptTool, ListsTablesAndDumpsThemForNumpy) {
   std::vector<float> want_rows;
   for (int64_t id : {int64_t{1000000007}, int64_t{-9}, int64_t{4}}) {  // created out of order
     const RowIndex r = s.FindOrCreate(id);
-    for (int64_t k = 0; k < s.row_floats(); ++k) s.row(r)[k] = static_cast<float>(id % 1000) + 0.5f * static_cast<float>(k);
+    for (int64_t k = 0; k < s.row_floats(); ++k)
+      s.row(r)[k] = static_cast<float>(id % 1000) + 0.5f * static_cast<float>(k);
     s.steps(r) = 1;  // updated once (a row never updated is not saved)
   }
   for (int64_t id : want_ids) {
@@ -164,7 +165,8 @@ TEST(CkptTool, PicksAnyCheckpointKeptAndDumpsOptimizerState) {
     }
     for (int64_t id : {int64_t{7}, int64_t{-2}}) {
       const RowIndex r = s.FindOrCreate(id);
-      for (int64_t k = 0; k < s.row_floats(); ++k) s.row(r)[k] = static_cast<float>(step * 10 + id) + static_cast<float>(k);
+      for (int64_t k = 0; k < s.row_floats(); ++k)
+        s.row(r)[k] = static_cast<float>(step * 10 + id) + static_cast<float>(k);
       s.steps(r) = 1;
     }
   };
@@ -172,7 +174,8 @@ TEST(CkptTool, PicksAnyCheckpointKeptAndDumpsOptimizerState) {
     fill(step);
     auto shard = WriteShard(dir.string(), 0, 1, step, tables);
     ASSERT_TRUE(shard.ok()) << shard.status();
-    ASSERT_TRUE(WriteManifest(dir.string(), step, {*shard}, "sync: every server at step " + std::to_string(step), 3).ok());
+    ASSERT_TRUE(
+        WriteManifest(dir.string(), step, {*shard}, "sync: every server at step " + std::to_string(step), 3).ok());
   }
 
   const std::string tool = FERRY_CKPT_PATH;

@@ -82,10 +82,12 @@ class Trainer {
       if (s.ok()) s = client_->PullSparse("model_emb", ids, rows, 0).wait();
       if (!s.ok()) return Fail(s);
       for (float v : w) {
-        if (v != want_w) return Fail(InternalError("model_w holds " + std::to_string(v) + ", want " + std::to_string(want_w)));
+        if (v != want_w)
+          return Fail(InternalError("model_w holds " + std::to_string(v) + ", want " + std::to_string(want_w)));
       }
       for (float v : rows) {
-        if (v != want_row) return Fail(InternalError("model_emb holds " + std::to_string(v) + ", want " + std::to_string(want_row)));
+        if (v != want_row)
+          return Fail(InternalError("model_emb holds " + std::to_string(v) + ", want " + std::to_string(want_row)));
       }
       s = client_->PushDense("model_w", g, 0).wait();
       if (s.ok()) s = client_->PushSparse("model_emb", ids, row_grads, 0).wait();
@@ -230,7 +232,8 @@ TEST_F(NetworkAttack, TheServerKeepsServingARealWorkerAndItsMemoryReturns) {
     switch (rng_() % 5) {
       case 0:
       case 1:
-        for (int k = 1 + static_cast<int>(rng_() % 8); k > 0; --k) header[rng_() % header.size()] ^= static_cast<char>(1 + rng_() % 255);
+        for (int k = 1 + static_cast<int>(rng_() % 8); k > 0; --k)
+          header[rng_() % header.size()] ^= static_cast<char>(1 + rng_() % 255);
         break;
       case 2: header.resize(rng_() % header.size()); break;
       case 3:
@@ -284,7 +287,8 @@ TEST_F(NetworkAttack, TheServerKeepsServingARealWorkerAndItsMemoryReturns) {
     ASSERT_TRUE(transport::Send(*doomed, out).ok());
     doomed->set(zmq::sockopt::rcvtimeo, 1000);
     Frames reply;
-    EXPECT_EQ(transport::Recv(*doomed, &reply).code(), StatusCode::kDeadlineExceeded) << "a frame over the hard limit was answered";
+    EXPECT_EQ(transport::Recv(*doomed, &reply).code(), StatusCode::kDeadlineExceeded)
+        << "a frame over the hard limit was answered";
   }
   ExpectServing(*attacker);
 

@@ -124,7 +124,8 @@ TEST(Processes, AKilledServerFailsTheRequestsInFlightToItAtOnce) {
   ASSERT_TRUE(p.ok());
   const Status s = HeldPullAfter(p, std::chrono::seconds(5), [](PsProcess& ps) { ps.Signal(SIGKILL); });
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
-  EXPECT_NE(s.message().find("server 1 (" + p.address.endpoints[1] + ") closed the connection"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("server 1 (" + p.address.endpoints[1] + ") closed the connection"), std::string::npos)
+      << s;
 }
 
 TEST(Processes, AHungServerIsNoticedByHeartbeats) {

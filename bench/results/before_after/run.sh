@@ -1,5 +1,5 @@
 #!/bin/bash
-# Nothing slower elsewhere (issue 17; bench/RESULTS.md "Before and after this stop"): the existing
+# Nothing slower elsewhere (issue 17; bench/results/HISTORY.md "Before and after this stop"): the existing
 # ferry-bench cases that both binaries have, BEFORE's and AFTER's ferry-bench alternating (which
 # goes first chosen at random each round), ROUNDS rounds of one repetition each.
 #   BEFORE=/path/to/old/ferry-bench AFTER=build/bench/ferry-bench OUT=bench/results/before_after \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recomputes bench/RESULTS.md "Before and after this stop" from before-R.json and after-R.json:
+"""Recomputes bench/results/HISTORY.md "Before and after this stop" from before-R.json and after-R.json:
 per benchmark the median (min-max) real time a call over the rounds of each binary, after /
 before of the medians, and whether the two ranges are apart (a change beyond this machine's noise).
   python3 bench/results/before_after/summarize.py [bench/results/before_after]

@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/RESULTS.md "The caller reads its own replies": bench/results/before_after/run.sh (two
+# bench/results/HISTORY.md "The caller reads its own replies": bench/results/before_after/run.sh (two
 # ferry-bench binaries alternating, which first chosen at random each round) over the small and
 # large round trips, Ferry's and raw ZeroMQ's, in one process and between processes.
 #   BEFORE=/path/to/b8f6fcb/ferry-bench AFTER=/path/to/74f2730/ferry-bench ROUNDS=9 \

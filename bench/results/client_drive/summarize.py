@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recomputes bench/RESULTS.md "The caller reads its own replies" from before-R.json / after-R.json
+"""Recomputes bench/results/HISTORY.md "The caller reads its own replies" from before-R.json / after-R.json
 (run.sh: the ferry-bench of b8f6fcb and of d9f4782 alternating, ROUNDS rounds).
 
 Per round and binary, Ferry's payload rate over the raw ZeroMQ round trip's measured in the same

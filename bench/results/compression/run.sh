@@ -1,5 +1,5 @@
 #!/bin/sh
-# Re-takes run.json (RESULTS.md, "Gradient compression (issue 17)"): the codec/* and wire/* cases
+# Re-takes run.json (bench/results/HISTORY.md, "Gradient compression (issue 17)"): the codec/* and wire/* cases
 # of ferry-bench, 3 repetitions, randomly interleaved (the machine is shared), from a build in
 # build-c; then fashion_mnist.txt (the compressed training runs' lines). summarize.py reads them.
 set -e

@@ -1,4 +1,4 @@
-"""Recomputes RESULTS.md "Gradient compression (issue 17)" from run.json (ferry-bench's codec/*
+"""Recomputes bench/results/HISTORY.md "Gradient compression (issue 17)" from run.json (ferry-bench's codec/*
 and wire/* cases, 3 repetitions, randomly interleaved).
 
     python3 bench/results/compression/summarize.py [run.json]

@@ -1,4 +1,4 @@
-"""Recomputes every figure of RESULTS.md's "Reading Criteo files" from criteo.json.
+"""Recomputes every figure of bench/results/HISTORY.md's "Reading Criteo files" from criteo.json.
 
     python3 bench/results/criteo/summarize.py [criteo.json]
 """

@@ -1,4 +1,4 @@
-"""Recomputes every figure of RESULTS.md's "A Criteo-shaped step" from run.json.
+"""Recomputes every figure of bench/results/HISTORY.md's "A Criteo-shaped step" from run.json.
 
     python3 bench/results/criteo_step/summarize.py [run.json]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Medians of bench/results/curve/curve.json and the ratios RESULTS.md quotes (CURVE section).
+"""Medians of bench/results/curve/curve.json and the ratios bench/results/HISTORY.md quotes (CURVE section).
    /usr/bin/python3 bench/results/curve/summarize.py bench/results/curve/curve.json"""
 import json,sys
 d=json.load(open(sys.argv[1]))

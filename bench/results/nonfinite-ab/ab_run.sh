@@ -1,5 +1,5 @@
 #!/bin/bash
-# Alternating A/B of the push path (bench/RESULTS.md, "Refusing NaN and Inf"): B = ferry-bench
+# Alternating A/B of the push path (bench/results/HISTORY.md, "Refusing NaN and Inf"): B = ferry-bench
 # built at 261a349 (no NaN/Inf check, a git worktree in /tmp/ab-before), A = ferry-bench built at
 # 3f7c126 (the check on the I/O thread) and copied to /tmp/ferry-bench-after.
 set -u

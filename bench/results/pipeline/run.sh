@@ -1,5 +1,5 @@
 #!/bin/bash
-# The step pipeline's measurement (bench/RESULTS.md "The step pipeline"): ferry-trainer against
+# The step pipeline's measurement (bench/results/HISTORY.md "The step pipeline"): ferry-trainer against
 # separate ferry-ps processes on tcp loopback, as users run it, with --pipeline none (the path
 # before it: push, wait, pull), exchange (the default) and prefetch (async only), beside the same
 # training in one process (--local); the MLP on Fashion-MNIST (1 epoch, batch 64) and the ctr

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recomputes every figure of bench/RESULTS.md "The step pipeline" from runs/*.json (the
+"""Recomputes every figure of bench/results/HISTORY.md "The step pipeline" from runs/*.json (the
 trainers' metrics files: the "end" line of each worker).
 
 Per run (one configuration, one round): the job's examples/s (the workers' examples over the

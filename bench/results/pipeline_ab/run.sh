@@ -1,5 +1,5 @@
 #!/bin/bash
-# The training runs before and after a change (issue 17; bench/RESULTS.md "Before and after
+# The training runs before and after a change (issue 17; bench/results/HISTORY.md "Before and after
 # --push-by-layer, the default path"): bench/results/pipeline/run.sh with BEFORE's binaries and
 # with AFTER's, alternating (which goes first chosen at random each round), ROUNDS rounds, into
 # OUT/before and OUT/after. MODELS, PIPELINES, WORKERS, BLAS_THREADS and LOCAL go to run.sh.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recomputes bench/RESULTS.md "Before and after --push-by-layer, the default path" from
+"""Recomputes bench/results/HISTORY.md "Before and after --push-by-layer, the default path" from
 before/runs and after/runs (bench/results/pipeline/run.sh's metrics files): per configuration the
 job's examples/s after / before per round, median (min-max), and whether the ranges of the two
 binaries' examples/s are apart.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# ferry-bench against ferry-ps processes (issue 17; bench/RESULTS.md "Against ferry-ps processes"):
+# ferry-bench against ferry-ps processes (issue 17; bench/results/HISTORY.md "Against ferry-ps processes"):
 # dense push, pull and push+pull of 4 KiB, 1 MiB and 16 MiB to a ferry-ps child process (ps_proc/)
 # beside the raw ZeroMQ round trip to another process (raw_proc/), and the same in one process
 # (ps/ and raw/ over tcp, 1 server, 1 worker), 5 repetitions interleaved at random.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recomputes bench/RESULTS.md "Against ferry-ps processes" from run.json: per benchmark the
+"""Recomputes bench/results/HISTORY.md "Against ferry-ps processes" from run.json: per benchmark the
 median (min-max) of bytes_per_second over the repetitions, and each Ferry operation's median over
 the median raw ZeroMQ round trip of the same size and placement (ps_proc/ against raw_proc/, ps/
 against raw/; payload bytes per second both, as the vs_raw counters count them).

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Where a 16 MiB push+pull spends its time (issue 17; bench/RESULTS.md "Where a 16 MiB push+pull
+# Where a 16 MiB push+pull spends its time (issue 17; bench/results/HISTORY.md "Where a 16 MiB push+pull
 # spends its time"): in one ferry-bench run each round, the raw ZeroMQ round trip between
 # processes, Ferry's push+pull against a ferry-ps process, and the steps Ferry does beside the
 # transport, timed apart on one thread (steps/pushpull/16MiB). ROUNDS rounds.

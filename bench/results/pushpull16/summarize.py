@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recomputes bench/RESULTS.md "Where a 16 MiB push+pull spends its time" from run-R.json: per
+"""Recomputes bench/results/HISTORY.md "Where a 16 MiB push+pull spends its time" from run-R.json: per
 round, the raw round trip between processes (raw_proc), Ferry's push+pull against a ferry-ps
 process (ps_proc), their difference (what Ferry adds to the transport), and the steps Ferry does
 beside the transport, each timed apart on one thread (steps/pushpull/16MiB counters), with their

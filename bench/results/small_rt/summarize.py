@@ -1,4 +1,4 @@
-"""Recomputes RESULTS.md "Where a 4 KiB push+pull spends its syscalls" from the files here.
+"""Recomputes bench/results/HISTORY.md "Where a 4 KiB push+pull spends its syscalls" from the files here.
 
     python3 bench/results/small_rt/summarize.py
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The server-threading A/B of RESULTS.md "The server's helper threads": ferry-bench with its
+# The server-threading A/B of bench/results/HISTORY.md "The server's helper threads": ferry-bench with its
 # in-process servers at compute_threads 0 (no helper: the I/O thread does everything) and 1 (one
 # helper, the most this 2-core machine can use beside the I/O thread), alternating, 3 rounds.
 #   BENCH=build/bench/ferry-bench OUT=bench/results/threads bash bench/results/threads/run.sh

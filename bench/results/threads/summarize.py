@@ -1,4 +1,4 @@
-"""Recomputes RESULTS.md "The server's helper threads" from threads-<t>-round-<r>.json.
+"""Recomputes bench/results/HISTORY.md "The server's helper threads" from threads-<t>-round-<r>.json.
 
     python3 bench/results/threads/summarize.py [folder]
 """

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The server-threading decision of RESULTS.md "The server's threads, decided": ferry-bench's
+# The server-threading decision of bench/results/HISTORY.md "The server's threads, decided": ferry-bench's
 # in-process servers with no helper thread (compute_threads 0) and one (1, the most this 2-core
 # machine can use beside the I/O thread), each with the parallel loops' grain at 2^16 floats
 # (ps::Updater::kGrain as shipped: GRAIN16, a ferry-bench built from the tree) and at 2^18

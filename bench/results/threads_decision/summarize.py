@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recomputes RESULTS.md "The server's threads, decided" from grain<G>-threads<T>-round<R>.json.
+"""Recomputes bench/results/HISTORY.md "The server's threads, decided" from grain<G>-threads<T>-round<R>.json.
 
 Per benchmark and variant (grain 2^16 or 2^18, 0 or 1 helper threads): the median and range over
 the rounds; Criteo-shaped steps in M unique rows/s (higher is better), dense pushes and

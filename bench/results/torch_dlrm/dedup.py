@@ -1,4 +1,4 @@
-"""ferry.torch's dedup against torch.unique (bench/RESULTS.md "PyTorch on Ferry"): the ids of one
+"""ferry.torch's dedup against torch.unique (bench/results/HISTORY.md "PyTorch on Ferry"): the ids of one
 ctr batch (8 fields x 512 examples of the planted data), deduplicated per table, ROUNDS rounds
 alternating the two ways, N calls each; prints per round the ms per batch of each and their ratio.
 

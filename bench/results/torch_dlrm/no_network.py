@@ -1,4 +1,4 @@
-"""The ctr step of ferry.torch with no network (bench/RESULTS.md "PyTorch on Ferry"): the same
+"""The ctr step of ferry.torch with no network (bench/results/HISTORY.md "PyTorch on Ferry"): the same
 loop as ctr_py_1x1 against a stand-in client whose calls are done at once, beside the same model
 with torch's own nn.EmbeddingBag modules (no optimizer either) and the tower alone; ROUNDS (7)
 alternating the three, 300 steps each after 50 of warm-up, one thread. What it shows: the cost of

@@ -1,5 +1,5 @@
 #!/bin/bash
-# ferry.torch's measurement (bench/RESULTS.md "PyTorch on Ferry: the DLRM"): examples/dlrm.py as
+# ferry.torch's measurement (bench/results/HISTORY.md "PyTorch on Ferry: the DLRM"): examples/dlrm.py as
 # users run it, through ferry-launch against ferry-ps processes on tcp loopback, beside the same
 # model with local nn.EmbeddingBag tables in one process, and the Python path beside
 # ferry-trainer's ctr model of the same sizes. Configurations, each once per round in a random

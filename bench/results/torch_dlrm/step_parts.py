@@ -1,4 +1,4 @@
-"""Where a ferry.torch step of the ctr model goes (bench/RESULTS.md "PyTorch on Ferry"): the
+"""Where a ferry.torch step of the ctr model goes (bench/results/HISTORY.md "PyTorch on Ferry"): the
 Python path of examples/dlrm.py --arch ctr (8 tables of dim 16, a 132-64-32-1 tower, batch 512,
 Adam on the servers) against one ferry-ps on 127.0.0.1, every part of the loop timed apart over
 500 steps after 100 of warm-up; then the tower alone in torch (forward + backward, no servers).

@@ -1,5 +1,5 @@
 #!/bin/bash
-# ipc against tcp loopback between ferry-trainer and ferry-ps on one host (bench/RESULTS.md "ipc
+# ipc against tcp loopback between ferry-trainer and ferry-ps on one host (bench/results/HISTORY.md "ipc
 # or tcp on one host"): bench/results/pipeline/run.sh's MLP and ctr runs with --pipeline exchange
 # (the default) and prefetch, 1 and 2 workers, --blas-threads 1, once over each transport per
 # round, in a random order, ROUNDS rounds (default 5).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recomputes bench/RESULTS.md "ipc or tcp on one host" from tcp/runs and ipc/runs (the trainers'
+"""Recomputes bench/results/HISTORY.md "ipc or tcp on one host" from tcp/runs and ipc/runs (the trainers'
 metrics files; run.sh): per configuration, the job's examples/s and the communication per step
 over each transport (medians over the rounds, min-max), and ipc / tcp of the job's examples/s per
 round.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Alternating A/B of the checkpoint snapshot and write (bench/RESULTS.md): B = ferry-ckpt-bench
+# Alternating A/B of the checkpoint snapshot and write (bench/results/HISTORY.md): B = ferry-ckpt-bench
 # built at f050689 (the image zeroed by resize, two CRC passes), A = built at 54b3aad.
 set -u
 OUT=/work/main/bench/results/checkpoints/ab

@@ -1,4 +1,4 @@
-"""Prints the before/after table of the checkpoint A/B (bench/RESULTS.md) from pairN-{before,after}.json."""
+"""Prints the before/after table of the checkpoint A/B (bench/results/HISTORY.md) from pairN-{before,after}.json."""
 import collections, json, statistics, sys
 
 d = sys.argv[1]

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The read-ahead A/B of RESULTS.md "Reading Criteo files: read-ahead in the trainer": ferry-trainer
+# The read-ahead A/B of bench/results/HISTORY.md "Reading Criteo files: read-ahead in the trainer": ferry-trainer
 # before (OLD) and after (NEW) the read-ahead commit, both built RelWithDebInfo with
 # -DFERRY_ENABLE_CUDA=OFF, alternating, 7 rounds, on the 4 gzipped files that
 # tests/e2e/test_criteo_stream.py generates for its large set (write_files(dir, 4, 90000, seed=4),

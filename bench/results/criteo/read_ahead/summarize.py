@@ -1,4 +1,4 @@
-"""Recomputes the read-ahead figures of RESULTS.md from runs.txt."""
+"""Recomputes the read-ahead figures of bench/results/HISTORY.md from runs.txt."""
 import os
 import statistics
 rows = [l.split() for l in open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "runs.txt"))]

@@ -1,0 +1,63 @@
+#!/bin/bash
+# Re-runs every summarize.py under bench/results/ over its recorded data and compares its output
+# with the summary.txt beside it (bench/RESULTS.md, "Reproducing"). Scripts without a recorded
+# summary.txt are run and must succeed; their figures are quoted in RESULTS.md and HISTORY.md.
+# Folders whose raw runs were never committed are listed, not checked. Exits 1 on any difference.
+#   bench/results/check_summaries.sh            (from the repository root; needs numpy-free Python 3)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-/usr/bin/python3}
+R=bench/results
+fail=0
+
+same() {  # same SUMMARY SCRIPT [ARGS...]: the script's output equals SUMMARY
+  local want=$1
+  shift
+  if "$PY" "$@" 2>/dev/null | diff -q - "$want" > /dev/null; then
+    echo "same     $want"
+  else
+    echo "DIFFERS  $want  ($*)"
+    fail=1
+  fi
+}
+
+runs() {  # runs SCRIPT [ARGS...]: the script succeeds and prints something
+  if [ -n "$("$PY" "$@" 2>/dev/null)" ]; then
+    echo "runs     $*"
+  else
+    echo "FAILS    $*"
+    fail=1
+  fi
+}
+
+same $R/before_after/summary.txt $R/before_after/summarize.py $R/before_after
+same $R/before_after/focus/summary.txt $R/before_after/summarize.py $R/before_after/focus
+same $R/before_after_drive/summary.txt $R/before_after/summarize.py $R/before_after_drive
+same $R/client_drive/summary.txt $R/client_drive/summarize.py $R/client_drive
+same $R/client_drive/run2/summary.txt $R/client_drive/summarize.py $R/client_drive/run2
+same $R/client_drive/no_notify/summary.txt $R/client_drive/summarize.py $R/client_drive/no_notify
+same $R/curve/summary.txt $R/curve/summarize.py $R/curve/curve.json
+same $R/pipeline/blas0/summary.txt $R/pipeline/summarize.py $R/pipeline/blas0
+same $R/pipeline/blas1/summary.txt $R/pipeline/summarize.py $R/pipeline/blas1
+same $R/pipeline4/blas1/summary.txt $R/pipeline/summarize.py $R/pipeline4/blas1
+same $R/pipeline_ab/summary.txt $R/pipeline_ab/summarize.py $R/pipeline_ab
+same $R/pipeline_ab/ctr_exchange/summary.txt $R/pipeline_ab/summarize.py $R/pipeline_ab/ctr_exchange
+same $R/pipeline_ab/mlp/summary.txt $R/pipeline_ab/summarize.py $R/pipeline_ab/mlp
+same $R/processes/summary.txt $R/processes/summarize.py $R/processes/run.json
+same $R/pushpull16/summary.txt $R/pushpull16/summarize.py $R/pushpull16
+same $R/threads_decision/summary.txt $R/threads_decision/summarize.py $R/threads_decision
+same $R/torch_dlrm/prefetch/summary.txt $R/torch_dlrm/summarize.py $R/torch_dlrm/prefetch
+same $R/transport/summary.txt $R/transport/summarize.py $R/transport
+runs $R/compression/summarize.py
+runs $R/criteo/summarize.py
+runs $R/criteo/read_ahead/summarize.py
+runs $R/criteo_step/summarize.py
+runs $R/small_rt/summarize.py
+runs $R/threads/summarize.py $R/threads
+runs $R/threads/summarize.py $R/threads/grain18
+runs $R/checkpoints/ab/ck_analyze.py $R/checkpoints/ab
+runs $R/nonfinite-ab/ab_analyze.py $R/nonfinite-ab
+for d in pipeline2 pipeline3 pipeline4 torch_dlrm; do
+  echo "no runs  $R/$d/summary.txt (its raw runs were never committed: checked by hand only)"
+done
+exit $fail

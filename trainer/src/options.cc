@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <iterator>
+#include <sstream>
+#include <type_traits>
+#include <utility>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -28,27 +31,6 @@ std::vector<std::string_view> SplitComma(std::string_view s) {
     at = comma + 1;
   }
   return out;
-}
-
-// Flags that take a value; ParseTrainerFlags handles each (boolean flags are listed there). A flag
-// in neither list is unknown, whether or not a value follows it.
-constexpr std::string_view kValueFlags[] = {
-    "--servers", "--rank", "--num-workers", "--device", "--gpu", "--model", "--emb-dim", "--ctr-fields",
-    "--ctr-vocab", "--ctr-dense", "--ctr-train", "--ctr-test", "--ctr-zipf", "--data-seed", "--criteo-train",
-    "--criteo-test", "--criteo-shard", "--backup-workers", "--accumulate", "--blas-threads", "--straggler", "--hidden", "--seed", "--optimizer",
-    "--lr", "--consistency", "--data-dir", "--batch", "--epochs", "--steps", "--train-limit", "--test-limit",
-    "--log-every", "--eval-every", "--metrics-out", "--metrics", "--checkpoint-every",
-    "--checkpoint-every-s", "--curve-keys", "--table", "--pipeline", "--connect-timeout-s"};
-
-constexpr std::string_view kBoolFlags[] = {"--local", "--no-shuffle", "--quiet", "--help", "--resume", "--push-by-layer"};
-
-const std::vector<std::string_view>& AllFlags() {
-  static const std::vector<std::string_view> flags = [] {
-    std::vector<std::string_view> f(std::begin(kValueFlags), std::end(kValueFlags));
-    f.insert(f.end(), std::begin(kBoolFlags), std::end(kBoolFlags));
-    return f;
-  }();
-  return flags;
 }
 
 Status ParseInt(std::string_view flag, std::string_view text, int64_t min, int64_t max, int64_t* out) {
@@ -171,66 +153,344 @@ StatusOr<TableOverride> ParseTableOverride(std::string_view text) {
   return t;
 }
 
+// ---- The flags: one row each (name, value, group, help; the setter holds the type and range;
+// the default is TrainerOptions'). Parsing, --help and the unknown-flag hint come from here. ----
+
+// Sets a flag's value (a switch gets "").
+using FlagSetter = Status (*)(TrainerOptions& o, std::string_view flag, std::string_view value);
+// A flag's default as --help shows it (from a default TrainerOptions).
+using FlagShow = std::string (*)(const TrainerOptions& o);
+
+struct Flag {
+  std::string_view name;   // "--batch"
+  std::string_view arg;    // its value in --help ("B"); "" for a switch, which takes none
+  std::string_view group;  // the --help section
+  std::string_view help;
+  FlagSetter set;
+  FlagShow show = nullptr;  // nullptr: no default shown
+};
+
+template <auto M, int64_t Lo, int64_t Hi>
+Status Int(TrainerOptions& o, std::string_view flag, std::string_view value) {
+  int64_t n = 0;
+  FERRY_RETURN_IF_ERROR(ParseInt(flag, value, Lo, Hi, &n));
+  o.*M = static_cast<std::remove_reference_t<decltype(o.*M)>>(n);
+  return Status::Ok();
+}
+
+// A number in [Lo, Hi] ((Lo, Hi] with LoOpen; Hi 1e300: no upper bound), checked after parsing.
+template <auto M, double Lo, double Hi, bool LoOpen = false>
+Status Real(TrainerOptions& o, std::string_view flag, std::string_view value) {
+  double x = 0;
+  FERRY_RETURN_IF_ERROR(ParseDouble(flag, value, &x));
+  if ((LoOpen ? x <= Lo : x < Lo) || x > Hi) {
+    std::ostringstream os;
+    os << flag << " must be ";
+    if (Hi >= 1e300) {
+      os << (LoOpen ? "> " : ">= ") << Lo;
+    } else {
+      os << "in " << (LoOpen ? "(" : "[") << Lo << ", " << Hi << "]";
+    }
+    os << ", got " << x;
+    return InvalidArgumentError(os.str());
+  }
+  o.*M = static_cast<std::remove_reference_t<decltype(o.*M)>>(x);
+  return Status::Ok();
+}
+
+template <auto M>
+Status Text(TrainerOptions& o, std::string_view flag, std::string_view value) {
+  if (value.empty()) return InvalidArgumentError(std::string(flag) + ": empty");
+  o.*M = std::string(value);
+  return Status::Ok();
+}
+
+template <auto M, bool V>
+Status Switch(TrainerOptions& o, std::string_view, std::string_view) {
+  o.*M = V;
+  return Status::Ok();
+}
+
+template <auto M>
+std::string Show(const TrainerOptions& o) {
+  std::ostringstream os;
+  os << o.*M;
+  return os.str();
+}
+
+// One of `names` (each row: the text, the value): "--device: 'gpu' is not cuda, cpu or auto".
+template <typename T, size_t N>
+Status Choice(std::string_view flag, std::string_view value, const std::pair<std::string_view, T> (&names)[N], T* out) {
+  std::string list;
+  for (size_t i = 0; i < N; ++i) {
+    if (value == names[i].first) {
+      *out = names[i].second;
+      return Status::Ok();
+    }
+    list += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(names[i].first);
+  }
+  return InvalidArgumentError(std::string(flag) + ": '" + std::string(value) + "' is not " + list);
+}
+
+constexpr std::pair<std::string_view, DeviceKind> kDevices[] = {
+    {"cuda", DeviceKind::kCuda}, {"cpu", DeviceKind::kCpu}, {"auto", DeviceKind::kAuto}};
+constexpr std::pair<std::string_view, Pipeline> kPipelines[] = {
+    {"none", Pipeline::kNone}, {"exchange", Pipeline::kExchange}, {"prefetch", Pipeline::kPrefetch}};
+
+Status SetServers(TrainerOptions& o, std::string_view, std::string_view value) {
+  o.servers.clear();
+  for (std::string_view s : SplitComma(value)) {
+    if (s.empty()) return InvalidArgumentError("--servers: empty endpoint in '" + std::string(value) + "'");
+    if (s.find("://") == std::string_view::npos) {
+      return InvalidArgumentError("--servers: '" + std::string(s) + "' is not an endpoint like tcp://host:port");
+    }
+    o.servers.emplace_back(s);
+  }
+  if (o.servers.empty()) return InvalidArgumentError("--servers: no endpoint given");
+  return Status::Ok();
+}
+
+Status SetHidden(TrainerOptions& o, std::string_view, std::string_view value) {
+  o.hidden.clear();
+  for (std::string_view s : SplitComma(value)) {
+    int64_t n = 0;
+    FERRY_RETURN_IF_ERROR(ParseInt("--hidden", s, 1, 1 << 20, &n));
+    o.hidden.push_back(n);
+  }
+  return Status::Ok();
+}
+
+Status SetOptimizer(TrainerOptions& o, std::string_view, std::string_view value) {
+  return ParseOptimizerType(value, &o.optimizer.type).WithContext("--optimizer");
+}
+
+Status SetConsistency(TrainerOptions& o, std::string_view, std::string_view value) {
+  return ParseConsistency(value, &o.consistency, &o.staleness).WithContext("--consistency");
+}
+
+Status SetTable(TrainerOptions& o, std::string_view, std::string_view value) {
+  FERRY_ASSIGN_OR_RETURN(TableOverride t, ParseTableOverride(value));
+  o.tables.push_back(std::move(t));
+  return Status::Ok();
+}
+
+Status SetCriteoShard(TrainerOptions& o, std::string_view, std::string_view value) {
+  auto by = data::ParseCriteoShardBy(value);
+  if (!by.ok()) return InvalidArgumentError("--criteo-shard: " + by.status().message());
+  o.criteo_shard = *by;
+  return Status::Ok();
+}
+
+Status SetEvalEvery(TrainerOptions& o, std::string_view flag, std::string_view value) {
+  o.eval_each_epoch = value == "epoch";
+  o.eval_every = 0;  // the last --eval-every wins
+  if (!o.eval_each_epoch && !ParseInt(flag, value, 0, INT64_MAX, &o.eval_every).ok()) {
+    return InvalidArgumentError("--eval-every: '" + std::string(value) + "' is neither a step count >= 0 nor 'epoch'");
+  }
+  return Status::Ok();
+}
+
+Status SetMetricsBind(TrainerOptions& o, std::string_view, std::string_view value) {
+  if (value.empty()) return InvalidArgumentError("--metrics: empty; want [HOST:]PORT (0: a free port)");
+  o.metrics_bind = std::string(value);
+  return Status::Ok();
+}
+
+Status SetStraggler(TrainerOptions& o, std::string_view, std::string_view value) { return ParseStraggler(value, &o); }
+
+Status SetDevice(TrainerOptions& o, std::string_view flag, std::string_view value) {
+  return Choice(flag, value, kDevices, &o.device);
+}
+
+Status SetPipeline(TrainerOptions& o, std::string_view flag, std::string_view value) {
+  return Choice(flag, value, kPipelines, &o.pipeline);
+}
+
+Status SetLr(TrainerOptions& o, std::string_view flag, std::string_view value) {
+  return ParseFloat(flag, value, &o.optimizer.learning_rate);  // Validate: > 0
+}
+
+std::string ShowLr(const TrainerOptions& o) {
+  std::ostringstream os;
+  os << o.optimizer.learning_rate;
+  return os.str();
+}
+std::string ShowOptimizer(const TrainerOptions& o) { return std::string(OptimizerName(o.optimizer.type)); }
+std::string ShowConsistency(const TrainerOptions& o) { return std::string(ConsistencyName(o.consistency)); }
+template <typename T, size_t N>
+std::string NameOf(T v, const std::pair<std::string_view, T> (&names)[N]) {
+  for (const auto& [name, value] : names) {
+    if (value == v) return std::string(name);
+  }
+  return "?";
+}
+std::string ShowDevice(const TrainerOptions& o) { return NameOf(o.device, kDevices); }
+std::string ShowPipeline(const TrainerOptions& o) { return NameOf(o.pipeline, kPipelines); }
+std::string ShowHidden(const TrainerOptions& o) {
+  std::string s;
+  for (int64_t h : o.hidden) s += (s.empty() ? "" : ",") + std::to_string(h);
+  return s;
+}
+
+using O = TrainerOptions;
+constexpr int64_t kMaxCount = int64_t{1} << 34;
+
+const Flag kFlags[] = {
+    {"--servers", "LIST", "cluster", "the servers, tcp://h:p,tcp://h:p in rank order (required unless --local); "
+     "without --servers, --rank and --num-workers, from TF_CONFIG if set (ps = servers; chief, then workers = ranks)",
+     SetServers},
+    {"--rank", "R", "cluster", "this worker's rank, in [0, --num-workers)", Int<&O::rank, 0, 1 << 20>, Show<&O::rank>},
+    {"--num-workers", "M", "cluster", "workers in the job", Int<&O::num_workers, 1, 1 << 20>, Show<&O::num_workers>},
+    {"--local", "", "cluster", "one process, no servers: the optimizer runs in the trainer", Switch<&O::local, true>},
+    {"--connect-timeout-s", "S", "cluster", "how long to wait for every server's answer at the start; a wait longer "
+     "than 5 s (this one, or a step's) is reported every 5 s on stderr",
+     Real<&O::connect_timeout_s, 0.0, 86400.0, true>, Show<&O::connect_timeout_s>},
+    {"--device", "cuda|cpu|auto", "device", "where the model computes (auto: cuda if there is a GPU)", SetDevice, ShowDevice},
+    {"--gpu", "N", "device", "the CUDA device ordinal", Int<&O::gpu, 0, 1023>, Show<&O::gpu>},
+    {"--model", "mlp|ctr", "model", "mlp: Fashion-MNIST classifier; ctr: click-through rate model with embedding "
+     "tables", Text<&O::model>, Show<&O::model>},
+    {"--hidden", "LIST", "model", "hidden layer widths, comma-separated", SetHidden, ShowHidden},
+    {"--seed", "S", "model", "parameter initialisation and data shuffle", Int<&O::seed, 0, INT64_MAX>, Show<&O::seed>},
+    {"--emb-dim", "E", "model", "ctr: floats per embedding row", Int<&O::emb_dim, 1, 4096>, Show<&O::emb_dim>},
+    {"--optimizer", "NAME", "optimizer", "the servers' optimizer for every table: @OPTIMIZERS@", SetOptimizer, ShowOptimizer},
+    {"--lr", "X", "optimizer", "learning rate (> 0)", SetLr, ShowLr},
+    {"--consistency", "sync|async|ssp:S", "optimizer", "how workers' steps meet (README, Consistency modes)",
+     SetConsistency, ShowConsistency},
+    {"--backup-workers", "K", "optimizer", "sync: each step closes with the first M - K workers' gradients",
+     Int<&O::backup_workers, 0, 1 << 20>, Show<&O::backup_workers>},
+    {"--accumulate", "K", "optimizer", "micro-batches of --batch per push (1: push every one)",
+     Int<&O::accumulate, 1, 1 << 16>, Show<&O::accumulate>},
+    {"--table", "PATTERN:key=value,...", "optimizer", "(repeatable) per-table settings over the above, for the "
+     "tables matching PATTERN (fnmatch); keys: @KEYS@ (wire: f32|fp16|bf16, how values travel; topk, dense: the "
+     "share of each chunk pushed); e.g. --table 'ctr/emb*:consistency=async,optimizer=ftrl,lr=0.05,l1=0.1' or "
+     "--table 'mlp/*:wire=fp16,topk=0.01'", SetTable},
+    {"--blas-threads", "N", "optimizer", "CPU GEMM threads (0: OpenBLAS's own); recorded: results repeat for one N",
+     Int<&O::blas_threads, 0, 1024>, Show<&O::blas_threads>},
+    {"--pipeline", "none|exchange|prefetch", "optimizer", "exchange: push the dense gradients and pull the next "
+     "step's parameters in one round trip that travels while the next batch loads; prefetch (async / ssp only): "
+     "use those parameters a step later, so the round trip overlaps a whole step's compute (one step more of "
+     "staleness)", SetPipeline, ShowPipeline},
+    {"--push-by-layer", "", "optimizer", "with exchange or prefetch, send the layers' gradients (and pull their "
+     "next parameters) as backward yields them, while it computes the layers below (layers under 64 KiB go with "
+     "the next); it pays when compute leaves a core free", Switch<&O::push_by_layer, true>},
+    {"--batch", "B", "data", "examples per worker per step", Int<&O::batch, 1, 1 << 24>, Show<&O::batch>},
+    {"--epochs", "E", "data", "passes over the training data (unless --steps)", Int<&O::epochs, 1, 1 << 20>,
+     Show<&O::epochs>},
+    {"--steps", "N", "data", "steps per worker, instead of --epochs", Int<&O::steps, 1, INT64_MAX / 2>},
+    {"--no-shuffle", "", "data", "keep the examples' order", Switch<&O::shuffle, false>},
+    {"--train-limit", "N", "data", "use the first N training examples (0: all)", Int<&O::train_limit, 0, INT64_MAX>,
+     Show<&O::train_limit>},
+    {"--test-limit", "N", "data", "evaluate on the first N test examples (0: all)", Int<&O::test_limit, 0, INT64_MAX>,
+     Show<&O::test_limit>},
+    {"--data-dir", "DIR", "data", "mlp: the Fashion-MNIST folder", Text<&O::data_dir>, Show<&O::data_dir>},
+    {"--ctr-train", "N", "data", "ctr, synthetic: training examples", Int<&O::ctr_train, 1, kMaxCount>,
+     Show<&O::ctr_train>},
+    {"--ctr-test", "N", "data", "ctr, synthetic: test examples", Int<&O::ctr_test, 0, kMaxCount>, Show<&O::ctr_test>},
+    {"--ctr-fields", "F", "data", "ctr, synthetic: categorical fields", Int<&O::ctr_fields, 1, 1024>,
+     Show<&O::ctr_fields>},
+    {"--ctr-vocab", "V", "data", "ctr, synthetic: ids per field", Int<&O::ctr_vocab, 1, int64_t{1} << 40>,
+     Show<&O::ctr_vocab>},
+    {"--ctr-dense", "D", "data", "ctr, synthetic: dense features", Int<&O::ctr_dense, 0, 4096>, Show<&O::ctr_dense>},
+    {"--ctr-zipf", "S", "data", "ctr, synthetic: the ids' Zipf exponent", Real<&O::ctr_zipf, 0.0, 1e300, true>,
+     Show<&O::ctr_zipf>},
+    {"--data-seed", "S", "data", "ctr, synthetic: the data and its planted model", Int<&O::data_seed, 0, INT64_MAX>,
+     Show<&O::data_seed>},
+    {"--criteo-train", "LIST", "data", "ctr: Criteo TSV files (plain or .gz) and globs, comma-separated, e.g. "
+     "'day_*.gz'; training streams them and needs --steps", Text<&O::criteo_train>},
+    {"--criteo-test", "LIST", "data", "ctr: the Criteo test files", Text<&O::criteo_test>},
+    {"--criteo-shard", "auto|file|line", "data", "how workers split the Criteo files (auto: by file when there are "
+     "at least as many as workers)", SetCriteoShard},
+    {"--log-every", "N", "report", "a progress line every N steps (0: none)", Int<&O::log_every, 0, INT64_MAX>,
+     Show<&O::log_every>},
+    {"--eval-every", "N|epoch", "report", "evaluate every N steps or every epoch (0: at the end only)", SetEvalEvery,
+     Show<&O::eval_every>},
+    {"--metrics-out", "FILE", "report", "JSON lines of metrics ({rank}: the rank)", Text<&O::metrics_out>},
+    {"--metrics", "[HOST:]PORT", "report", "serve step, examples, loss and time per part for Prometheus at "
+     "http://HOST:PORT/metrics (PORT 0 picks a free one; a line at the start says where); plain HTTP: bind it to "
+     "loopback or a trusted network", SetMetricsBind},
+    {"--quiet", "", "report", "no progress lines", Switch<&O::quiet, true>},
+    {"--checkpoint-every", "N", "recovery", "worker 0 asks the servers for a checkpoint every N steps (0: never; "
+     "the servers need a checkpoint folder)", Int<&O::checkpoint_every, 0, INT64_MAX / 2>, Show<&O::checkpoint_every>},
+    {"--checkpoint-every-s", "S", "recovery", "the same every S seconds and at the job's end (0: never; SIGUSR1 to "
+     "worker 0: one now)", Real<&O::checkpoint_every_s, 0.0, 1e300>, Show<&O::checkpoint_every_s>},
+    {"--resume", "", "recovery", "continue the job the servers hold, at their step (servers started from a "
+     "checkpoint, or a restarted worker)", Switch<&O::resume, true>},
+    {"--curve-keys", "DIR", "security", "the job's CURVE key folder from ferry-keys (reads server.pub and "
+     "worker-R.key; needed when the servers run with --curve-keys)", Text<&O::curve_keys>},
+    {"--straggler", "R:50ms|R:x2", "experiment", "slow worker R down by a delay or a factor per step", SetStraggler},
+    {"--help", "", "", "this text", Switch<&O::help, true>},
+};
+
+const std::vector<std::string_view>& AllFlags() {
+  static const std::vector<std::string_view> names = [] {
+    std::vector<std::string_view> n;
+    for (const Flag& f : kFlags) n.push_back(f.name);
+    return n;
+  }();
+  return names;
+}
+
+const Flag* FindFlag(std::string_view name) {
+  for (const Flag& f : kFlags) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+// `text` wrapped to 100 columns, starting at column `indent`, each later line indented by as much.
+std::string Wrap(std::string_view text, size_t indent) {
+  std::string out;
+  size_t column = indent;
+  while (!text.empty()) {
+    const size_t space = text.find(' ');
+    const std::string_view word = text.substr(0, space);
+    if (!out.empty() && column + 1 + word.size() > 100) {
+      out += "\n" + std::string(indent, ' ');
+      column = indent;
+    } else if (!out.empty()) {
+      out += ' ';
+      ++column;
+    }
+    out += word;
+    column += word.size();
+    text = space == std::string_view::npos ? std::string_view() : text.substr(space + 1);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string TrainerUsage() {
-  std::string usage = R"(usage: ferry-trainer [flags]
-cluster:   --servers tcp://h:p,tcp://h:p  --rank R  --num-workers M     (or --local: no servers)
-           without these flags, from TF_CONFIG if set (ps = servers; chief, then workers = ranks)
-           --connect-timeout-s S (30): how long to wait for every server's answer at the start;
-           a wait longer than 5 s (this one, or a step's) is reported every 5 s on stderr
-device:    --device cuda|cpu|auto (auto)  --gpu N (0)
-model:     --model mlp|ctr (mlp)  --hidden 256,128  --seed S (1)  --emb-dim E (16, ctr)
-optimizer: --optimizer @OPTIMIZERS@ (sgd)  --lr X (0.1)
-           --consistency sync|async|ssp:S (sync)  --backup-workers K (0, sync)
-           --accumulate k (1: push every micro-batch of --batch)
-           --table PATTERN:key=value,...  (repeatable) per-table settings over the above, for the
-           tables matching PATTERN (fnmatch); keys: @KEYS@
-           (wire: f32|fp16|bf16, how values travel; topk, dense: the share of each chunk pushed)
-           e.g. --table 'ctr/emb*:consistency=async,optimizer=ftrl,lr=0.05,l1=0.1'
-                --table 'mlp/*:wire=fp16,topk=0.01'
-           --blas-threads N (0: OpenBLAS's own; CPU GEMM threads, recorded: results repeat for one N)
-           --pipeline none|exchange|prefetch (exchange): push the dense gradients and pull the next
-           step's parameters in one round trip that travels while the next batch loads; prefetch
-           (async / ssp only): use those parameters a step later, so the round trip overlaps a
-           whole step's compute (one step more of staleness)
-           --push-by-layer: with exchange or prefetch, send the layers' gradients (and pull their
-           next parameters) as backward yields them, while it computes the layers below (layers
-           under 64 KiB go with the next); off by default: it pays when compute leaves a core free
-data:      --batch B (64)  --epochs E (1) | --steps N  --no-shuffle  --train-limit N  --test-limit N
-  mlp:     --data-dir DIR (/usr/share/datasets/fashion-mnist)
-  ctr:     synthetic: --ctr-train N (1000000)  --ctr-test N (20000)  --ctr-fields F (8)
-           --ctr-vocab V (1000)  --ctr-dense D (4)  --ctr-zipf S (1.1)  --data-seed S (1)
-           or Criteo TSV (plain or .gz): --criteo-train LIST  --criteo-test LIST  (LIST: files and
-           globs, comma-separated, e.g. 'day_*.gz'; training streams them and needs --steps)
-           --criteo-shard auto|file|line (auto: by file when there are at least as many as workers)
-report:    --log-every N (100)  --eval-every N|epoch (0: end only)  --metrics-out FILE ({rank} -> rank)
-           --quiet  --metrics [HOST:]PORT: serve step, examples, loss and time per part for Prometheus
-           at http://HOST:PORT/metrics (PORT 0 picks a free one; a line at the start says where);
-           plain HTTP: bind it to loopback or a trusted network
-recovery:  --checkpoint-every N (0: never; worker 0 asks the servers, which need a checkpoint folder)
-           --checkpoint-every-s S (0: never; and at the job's end; SIGUSR1 to worker 0: one now)
-           --resume (continue the job the servers hold, at their step: servers started from a
-           checkpoint, or a restarted worker)
-security:  --curve-keys DIR (the job's CURVE key folder from ferry-keys: reads server.pub and
-           worker-R.key; needed when the servers run with --curve-keys)
-experiment: --straggler R:50ms | R:x2   (slow worker R down by a delay or a factor per step)
-)";
-  // The --table keys, wrapped to the text's width.
-  std::string keys;
-  size_t line = 40;  // where "keys: " ends on its line
-  for (std::string_view k : TableKeys()) {
-    if (line + k.size() + 2 > 100) keys += "\n          ", line = 10;
-    keys += ' ';
-    keys += k;
-    keys += ',';
-    line += k.size() + 2;
+  // The lists a help text names, from their catalogues.
+  const std::pair<std::string_view, std::string> lists[] = {{"@KEYS@", JoinNames(TableKeys())},
+                                                            {"@OPTIMIZERS@", JoinNames(OptimizerNames())}};
+  std::string usage =
+      "usage: ferry-trainer [flags]   (a value follows its flag, or an '=': --batch 64, --batch=64)\n";
+  std::string_view group = "-";
+  for (const Flag& f : kFlags) {
+    if (f.group != group) {
+      group = f.group;
+      usage += "\n" + (group.empty() ? std::string("other") : std::string(group)) + ":\n";
+    }
+    std::string head = "  " + std::string(f.name) + (f.arg.empty() ? "" : " " + std::string(f.arg));
+    std::string help(f.help);
+    for (const auto& [mark, list] : lists) {
+      if (const size_t at = help.find(mark); at != std::string::npos) help.replace(at, mark.size(), list);
+    }
+    if (f.show) {
+      const std::string d = f.show(TrainerOptions());
+      if (!d.empty()) help += " (default\x01" + d + ")";  // \x01: a space Wrap does not break at
+    }
+    constexpr size_t kHelpColumn = 28;
+    if (head.size() + 2 > kHelpColumn) {
+      usage += head + "\n" + std::string(kHelpColumn, ' ');
+    } else {
+      usage += head + std::string(kHelpColumn - head.size(), ' ');
+    }
+    std::string wrapped = Wrap(help, kHelpColumn);
+    std::replace(wrapped.begin(), wrapped.end(), '\x01', ' ');
+    usage += wrapped + "\n";
   }
-  keys.pop_back();
-  usage.replace(usage.find(" @KEYS@"), 7, keys);
-  std::string optimizers;
-  for (std::string_view name : OptimizerNames()) optimizers += (optimizers.empty() ? "" : "|") + std::string(name);
-  usage.replace(usage.find("@OPTIMIZERS@"), 12, optimizers);
   return usage;
 }
 
@@ -295,174 +555,24 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     if (arg.substr(0, 2) != "--") return InvalidArgumentError("unexpected argument '" + std::string(arg) + "'");
-    std::string_view flag = arg, value;
+    std::string_view name = arg, value;
     bool has_value = false;
     if (const size_t eq = arg.find('='); eq != std::string_view::npos) {
-      flag = arg.substr(0, eq);
+      name = arg.substr(0, eq);
       value = arg.substr(eq + 1);
       has_value = true;
     }
-    // Boolean flags.
-    if (std::ranges::find(kBoolFlags, flag) != std::end(kBoolFlags)) {
-      if (has_value) return InvalidArgumentError(std::string(flag) + " takes no value");
-      if (flag == "--push-by-layer") o.push_by_layer = true;
-      if (flag == "--resume") o.resume = true;
-      if (flag == "--local") o.local = true;
-      if (flag == "--no-shuffle") o.shuffle = false;
-      if (flag == "--quiet") o.quiet = true;
-      if (flag == "--help") o.help = true;
-      continue;
-    }
-    if (std::ranges::find(kValueFlags, flag) == std::end(kValueFlags)) {
-      return InvalidArgumentError("unknown flag " + std::string(flag) + DidYouMean(flag, AllFlags()) + " (see --help)");
-    }
-    if (!has_value) {
-      if (i + 1 >= argc) return InvalidArgumentError(std::string(flag) + " needs a value");
+    const Flag* flag = FindFlag(name);
+    if (!flag) return InvalidArgumentError("unknown flag " + std::string(name) + DidYouMean(name, AllFlags()) + " (see --help)");
+    if (flag->arg.empty()) {
+      if (has_value) return InvalidArgumentError(std::string(name) + " takes no value");
+    } else if (!has_value) {
+      if (i + 1 >= argc) return InvalidArgumentError(std::string(name) + " needs a value");
       value = argv[++i];
     }
-    int64_t n = 0;
-    const std::string f(flag);
-    if (flag == "--servers") {
-      o.servers.clear();
-      for (std::string_view s : SplitComma(value)) {
-        if (s.empty()) return InvalidArgumentError("--servers: empty endpoint in '" + std::string(value) + "'");
-        if (s.find("://") == std::string_view::npos) {
-          return InvalidArgumentError("--servers: '" + std::string(s) + "' is not an endpoint like tcp://host:port");
-        }
-        o.servers.emplace_back(s);
-      }
-      if (o.servers.empty()) return InvalidArgumentError("--servers: no endpoint given");
-    } else if (flag == "--rank") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, 1 << 20, &n));
-      o.rank = static_cast<int>(n);
-      saw_rank = true;
-    } else if (flag == "--num-workers") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 1 << 20, &n));
-      o.num_workers = static_cast<int>(n);
-      saw_workers = true;
-    } else if (flag == "--device") {
-      if (value == "auto") o.device = DeviceKind::kAuto;
-      else if (value == "cpu") o.device = DeviceKind::kCpu;
-      else if (value == "cuda") o.device = DeviceKind::kCuda;
-      else return InvalidArgumentError("--device: '" + std::string(value) + "' is not cuda, cpu or auto");
-    } else if (flag == "--gpu") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, 1023, &n));
-      o.gpu = static_cast<int>(n);
-    } else if (flag == "--model") {
-      o.model = std::string(value);
-    } else if (flag == "--emb-dim") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 4096, &o.emb_dim));
-    } else if (flag == "--ctr-fields") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 1024, &n));
-      o.ctr_fields = static_cast<int>(n);
-    } else if (flag == "--ctr-vocab") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, int64_t{1} << 40, &o.ctr_vocab));
-    } else if (flag == "--ctr-dense") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, 4096, &n));
-      o.ctr_dense = static_cast<int>(n);
-    } else if (flag == "--ctr-train") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, int64_t{1} << 34, &o.ctr_train));
-    } else if (flag == "--ctr-test") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, int64_t{1} << 34, &o.ctr_test));
-    } else if (flag == "--ctr-zipf") {
-      FERRY_RETURN_IF_ERROR(ParseDouble(f, value, &o.ctr_zipf));
-      if (!(o.ctr_zipf > 0)) return InvalidArgumentError("--ctr-zipf must be > 0");
-    } else if (flag == "--data-seed") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX, &n));
-      o.data_seed = static_cast<uint64_t>(n);
-    } else if (flag == "--criteo-train") {
-      if (value.empty()) return InvalidArgumentError("--criteo-train: empty path");
-      o.criteo_train = std::string(value);
-    } else if (flag == "--criteo-test") {
-      if (value.empty()) return InvalidArgumentError("--criteo-test: empty path");
-      o.criteo_test = std::string(value);
-    } else if (flag == "--table") {
-      FERRY_ASSIGN_OR_RETURN(TableOverride t, ParseTableOverride(value));
-      o.tables.push_back(std::move(t));
-    } else if (flag == "--criteo-shard") {
-      auto by = data::ParseCriteoShardBy(value);
-      if (!by.ok()) return InvalidArgumentError("--criteo-shard: " + by.status().message());
-      o.criteo_shard = *by;
-    } else if (flag == "--pipeline") {
-      if (value == "none") {
-        o.pipeline = Pipeline::kNone;
-      } else if (value == "exchange") {
-        o.pipeline = Pipeline::kExchange;
-      } else if (value == "prefetch") {
-        o.pipeline = Pipeline::kPrefetch;
-      } else {
-        return InvalidArgumentError("--pipeline: '" + std::string(value) + "' is not none, exchange or prefetch");
-      }
-    } else if (flag == "--backup-workers") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, 1 << 20, &n));
-      o.backup_workers = static_cast<int>(n);
-    } else if (flag == "--accumulate") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 1 << 16, &o.accumulate));
-    } else if (flag == "--blas-threads") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, 1024, &n));
-      o.blas_threads = static_cast<int>(n);
-    } else if (flag == "--straggler") {
-      FERRY_RETURN_IF_ERROR(ParseStraggler(value, &o));
-    } else if (flag == "--hidden") {
-      o.hidden.clear();
-      for (std::string_view s : SplitComma(value)) {
-        FERRY_RETURN_IF_ERROR(ParseInt("--hidden", s, 1, 1 << 20, &n));
-        o.hidden.push_back(n);
-      }
-    } else if (flag == "--seed") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX, &n));
-      o.seed = static_cast<uint64_t>(n);
-    } else if (flag == "--optimizer") {
-      Status s = ParseOptimizerType(value, &o.optimizer.type);
-      if (!s.ok()) return InvalidArgumentError("--optimizer: " + s.message());
-    } else if (flag == "--lr") {
-      FERRY_RETURN_IF_ERROR(ParseFloat(f, value, &o.optimizer.learning_rate));
-    } else if (flag == "--consistency") {
-      Status s = ParseConsistency(value, &o.consistency, &o.staleness);
-      if (!s.ok()) return InvalidArgumentError("--consistency: " + s.message());
-    } else if (flag == "--data-dir") {
-      o.data_dir = std::string(value);
-    } else if (flag == "--batch") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 1 << 24, &o.batch));
-    } else if (flag == "--epochs") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, 1 << 20, &o.epochs));
-    } else if (flag == "--steps") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 1, INT64_MAX / 2, &o.steps));
-    } else if (flag == "--train-limit") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX, &o.train_limit));
-    } else if (flag == "--test-limit") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX, &o.test_limit));
-    } else if (flag == "--log-every") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX, &o.log_every));
-    } else if (flag == "--eval-every") {
-      o.eval_each_epoch = value == "epoch";
-      o.eval_every = 0;  // the last --eval-every wins
-      if (!o.eval_each_epoch && !ParseInt(f, value, 0, INT64_MAX, &o.eval_every).ok()) {
-        return InvalidArgumentError("--eval-every: '" + std::string(value) + "' is neither a step count >= 0 nor 'epoch'");
-      }
-    } else if (flag == "--checkpoint-every-s") {
-      FERRY_RETURN_IF_ERROR(ParseDouble(f, value, &o.checkpoint_every_s));
-      if (!(o.checkpoint_every_s >= 0)) return InvalidArgumentError("--checkpoint-every-s must be >= 0");
-    } else if (flag == "--checkpoint-every") {
-      FERRY_RETURN_IF_ERROR(ParseInt(f, value, 0, INT64_MAX / 2, &o.checkpoint_every));
-    } else if (flag == "--connect-timeout-s") {
-      FERRY_RETURN_IF_ERROR(ParseDouble(f, value, &o.connect_timeout_s));
-      if (!(o.connect_timeout_s > 0 && o.connect_timeout_s <= 86400)) {
-        return InvalidArgumentError("--connect-timeout-s must be in (0, 86400]");
-      }
-    } else if (flag == "--curve-keys") {
-      if (value.empty()) return InvalidArgumentError("--curve-keys: empty path");
-      o.curve_keys = std::string(value);
-    } else if (flag == "--metrics-out") {
-      if (value.empty()) return InvalidArgumentError("--metrics-out: empty path");
-      o.metrics_out = std::string(value);
-    } else if (flag == "--metrics") {
-      if (value.empty()) return InvalidArgumentError("--metrics: empty; want [HOST:]PORT (0: a free port)");
-      o.metrics_bind = std::string(value);
-    } else {
-      // Listed in kValueFlags but not handled above: a bug in this function.
-      return InternalError("flag " + std::string(flag) + " is listed as taking a value but has no parser");
-    }
+    FERRY_RETURN_IF_ERROR(flag->set(o, name, value));
+    saw_rank |= name == "--rank";
+    saw_workers |= name == "--num-workers";
   }
   if (o.help) return o;
   if (o.local && (saw_rank || saw_workers)) {

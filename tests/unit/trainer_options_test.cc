@@ -9,6 +9,7 @@
 #include "ferry/kernels.h"
 #include "ferry/trainer/device.h"
 #include "ferry/trainer/models.h"
+#include "ferry/trainer/model_registry.h"
 #include "ferry/trainer/options.h"
 #include "ferry/trainer/trainer.h"
 
@@ -306,6 +307,30 @@ TEST(TrainerOptions, TheFlagTableGivesDefaultsAndRanges) {
   EXPECT_EQ(device.status().message(), "--device: 'gpu' is not cuda, cpu or auto");
   auto quiet = Parse({"--local", "--quiet=1"});
   EXPECT_EQ(quiet.status().message(), "--quiet takes no value");
+}
+
+// The models are one registry (ferry/trainer/model_registry.h): --model takes each name and
+// suggests the nearest, --help lists each, and a flag that belongs to one model is refused in
+// another model's run.
+TEST(TrainerOptions, ModelsComeFromTheRegistryAndOwnTheirFlags) {
+  const std::string usage = TrainerUsage();
+  ASSERT_GE(Models().size(), 2u);
+  for (const ModelInfo& m : Models()) {
+    auto o = Parse({"--local", "--model", std::string(m.name)});
+    ASSERT_TRUE(o.ok()) << m.name << ": " << o.status();
+    EXPECT_NE(usage.find(std::string(m.name) + ":"), std::string::npos) << m.name;
+    EXPECT_FALSE(m.plan_tables(*o).empty()) << m.name << " declares no table";
+    EXPECT_EQ(FindModel(m.name), &m);
+  }
+  auto typo = Parse({"--local", "--model", "ctrr"});
+  EXPECT_NE(typo.status().message().find("'ctrr' is unknown (did you mean ctr?) (known: mlp, ctr)"), std::string::npos)
+      << typo.status();
+  auto mlp_with_ctr_flag = Parse({"--local", "--ctr-vocab", "5"});
+  EXPECT_EQ(mlp_with_ctr_flag.status().message(), "--ctr-vocab is a flag of --model ctr, and this run's model is mlp");
+  auto ctr_with_mlp_flag = Parse({"--local", "--data-dir", "/tmp", "--model", "ctr"});
+  EXPECT_EQ(ctr_with_mlp_flag.status().message(), "--data-dir is a flag of --model mlp, and this run's model is ctr");
+  EXPECT_TRUE(Parse({"--local", "--emb-dim", "8", "--model", "ctr"}).ok()) << "a model's flag may come before --model";
+  EXPECT_NE(usage.find("data, --model ctr only:"), std::string::npos);
 }
 
 // What ferry-trainer refuses before it loads its data (exit 2).

@@ -10,11 +10,12 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "ferry/messages/transport.h"
 #include "ferry/client.h"
-#include "ferry/data/fashion_mnist.h"
 #include "ferry/trainer/device.h"
+#include "ferry/trainer/model_registry.h"
 #include "ferry/trainer/options.h"
 #include "ferry/trainer/trainer.h"
 #include "internal/trainer_metrics.h"
@@ -66,29 +67,11 @@ int main(int argc, char** argv) {
                 options.num_workers, options.servers.size());
   }
 
-  trainer::Datasets ds;
-  std::optional<data::ImageDataset> train, test;
-  std::optional<trainer::CtrData> ctr;
-  if (options.model == "ctr") {
-    auto d = trainer::LoadCtrData(options);
-    if (!d.ok()) return Fail("ctr data", d.status());
-    ctr = std::move(*d);
-    std::printf("data: %s\n", ctr->source.c_str());
-    if (ctr->planted_auc >= 0) {
-      std::printf("data: the planted model scores test AUC %.4f, log-loss %.4f (the best achievable)\n",
-                  ctr->planted_auc, ctr->planted_log_loss);
-    }
-    ds.ctr = &*ctr;
-  } else {
-    auto tr = data::LoadFashionMnist(data::FashionMnistSplit::kTrain, options.data_dir);
-    if (!tr.ok()) return Fail("training data", tr.status());
-    auto te = data::LoadFashionMnist(data::FashionMnistSplit::kTest, options.data_dir);
-    if (!te.ok()) return Fail("test data", te.status());
-    train = std::move(*tr);
-    test = std::move(*te);
-    ds.train = &*train;
-    ds.test = &*test;
-  }
+  // The model's data (its row of the registry: ferry/trainer/model_registry.h).
+  auto data = trainer::FindModel(options.model)->load_data(options);
+  if (!data.ok()) return Fail("data", data.status());
+  for (const std::string& line : data->lines) std::printf("%s\n", line.c_str());
+  const trainer::Datasets ds = data->view();
 
   std::unique_ptr<Client> client;
   if (!options.local) {

@@ -16,6 +16,7 @@
 
 #include "ferry/cluster.h"
 #include "ferry/nearest.h"
+#include "ferry/trainer/model_registry.h"
 
 namespace ferry::trainer {
 namespace {
@@ -168,6 +169,7 @@ struct Flag {
   std::string_view help;
   FlagSetter set;
   FlagShow show = nullptr;  // nullptr: no default shown
+  std::string_view model;   // the model it belongs to ("": every model); another model's is refused
 };
 
 template <auto M, int64_t Lo, int64_t Hi>
@@ -347,11 +349,10 @@ const Flag kFlags[] = {
      Real<&O::connect_timeout_s, 0.0, 86400.0, true>, Show<&O::connect_timeout_s>},
     {"--device", "cuda|cpu|auto", "device", "where the model computes (auto: cuda if there is a GPU)", SetDevice, ShowDevice},
     {"--gpu", "N", "device", "the CUDA device ordinal", Int<&O::gpu, 0, 1023>, Show<&O::gpu>},
-    {"--model", "mlp|ctr", "model", "mlp: Fashion-MNIST classifier; ctr: click-through rate model with embedding "
-     "tables", Text<&O::model>, Show<&O::model>},
+    {"--model", "NAME", "model", "@MODELS@", Text<&O::model>, Show<&O::model>},
     {"--hidden", "LIST", "model", "hidden layer widths, comma-separated", SetHidden, ShowHidden},
     {"--seed", "S", "model", "parameter initialisation and data shuffle", Int<&O::seed, 0, INT64_MAX>, Show<&O::seed>},
-    {"--emb-dim", "E", "model", "ctr: floats per embedding row", Int<&O::emb_dim, 1, 4096>, Show<&O::emb_dim>},
+    {"--emb-dim", "E", "model", "floats per embedding row", Int<&O::emb_dim, 1, 4096>, Show<&O::emb_dim>, "ctr"},
     {"--optimizer", "NAME", "optimizer", "the servers' optimizer for every table: @OPTIMIZERS@", SetOptimizer, ShowOptimizer},
     {"--lr", "X", "optimizer", "learning rate (> 0)", SetLr, ShowLr},
     {"--consistency", "sync|async|ssp:S", "optimizer", "how workers' steps meet (README, Consistency modes)",
@@ -382,24 +383,24 @@ const Flag kFlags[] = {
      Show<&O::train_limit>},
     {"--test-limit", "N", "data", "evaluate on the first N test examples (0: all)", Int<&O::test_limit, 0, INT64_MAX>,
      Show<&O::test_limit>},
-    {"--data-dir", "DIR", "data", "mlp: the Fashion-MNIST folder", Text<&O::data_dir>, Show<&O::data_dir>},
-    {"--ctr-train", "N", "data", "ctr, synthetic: training examples", Int<&O::ctr_train, 1, kMaxCount>,
-     Show<&O::ctr_train>},
-    {"--ctr-test", "N", "data", "ctr, synthetic: test examples", Int<&O::ctr_test, 0, kMaxCount>, Show<&O::ctr_test>},
-    {"--ctr-fields", "F", "data", "ctr, synthetic: categorical fields", Int<&O::ctr_fields, 1, 1024>,
-     Show<&O::ctr_fields>},
-    {"--ctr-vocab", "V", "data", "ctr, synthetic: ids per field", Int<&O::ctr_vocab, 1, int64_t{1} << 40>,
-     Show<&O::ctr_vocab>},
-    {"--ctr-dense", "D", "data", "ctr, synthetic: dense features", Int<&O::ctr_dense, 0, 4096>, Show<&O::ctr_dense>},
-    {"--ctr-zipf", "S", "data", "ctr, synthetic: the ids' Zipf exponent", Real<&O::ctr_zipf, 0.0, 1e300, true>,
-     Show<&O::ctr_zipf>},
-    {"--data-seed", "S", "data", "ctr, synthetic: the data and its planted model", Int<&O::data_seed, 0, INT64_MAX>,
-     Show<&O::data_seed>},
-    {"--criteo-train", "LIST", "data", "ctr: Criteo TSV files (plain or .gz) and globs, comma-separated, e.g. "
-     "'day_*.gz'; training streams them and needs --steps", Text<&O::criteo_train>},
-    {"--criteo-test", "LIST", "data", "ctr: the Criteo test files", Text<&O::criteo_test>},
+    {"--data-dir", "DIR", "data", "the Fashion-MNIST folder", Text<&O::data_dir>, Show<&O::data_dir>, "mlp"},
+    {"--ctr-train", "N", "data", "synthetic: training examples", Int<&O::ctr_train, 1, kMaxCount>,
+     Show<&O::ctr_train>, "ctr"},
+    {"--ctr-test", "N", "data", "synthetic: test examples", Int<&O::ctr_test, 0, kMaxCount>, Show<&O::ctr_test>, "ctr"},
+    {"--ctr-fields", "F", "data", "synthetic: categorical fields", Int<&O::ctr_fields, 1, 1024>,
+     Show<&O::ctr_fields>, "ctr"},
+    {"--ctr-vocab", "V", "data", "synthetic: ids per field", Int<&O::ctr_vocab, 1, int64_t{1} << 40>,
+     Show<&O::ctr_vocab>, "ctr"},
+    {"--ctr-dense", "D", "data", "synthetic: dense features", Int<&O::ctr_dense, 0, 4096>, Show<&O::ctr_dense>, "ctr"},
+    {"--ctr-zipf", "S", "data", "synthetic: the ids' Zipf exponent", Real<&O::ctr_zipf, 0.0, 1e300, true>,
+     Show<&O::ctr_zipf>, "ctr"},
+    {"--data-seed", "S", "data", "synthetic: the data and its planted model", Int<&O::data_seed, 0, INT64_MAX>,
+     Show<&O::data_seed>, "ctr"},
+    {"--criteo-train", "LIST", "data", "Criteo TSV files (plain or .gz) and globs, comma-separated, e.g. "
+     "'day_*.gz'; training streams them and needs --steps", Text<&O::criteo_train>, nullptr, "ctr"},
+    {"--criteo-test", "LIST", "data", "the Criteo test files", Text<&O::criteo_test>, nullptr, "ctr"},
     {"--criteo-shard", "auto|file|line", "data", "how workers split the Criteo files (auto: by file when there are "
-     "at least as many as workers)", SetCriteoShard},
+     "at least as many as workers)", SetCriteoShard, nullptr, "ctr"},
     {"--log-every", "N", "report", "a progress line every N steps (0: none)", Int<&O::log_every, 0, INT64_MAX>,
      Show<&O::log_every>},
     {"--eval-every", "N|epoch", "report", "evaluate every N steps or every epoch (0: at the end only)", SetEvalEvery,
@@ -462,15 +463,20 @@ std::string Wrap(std::string_view text, size_t indent) {
 
 std::string TrainerUsage() {
   // The lists a help text names, from their catalogues.
+  std::string models;
+  for (const ModelInfo& m : Models()) models += (models.empty() ? "" : "; ") + std::string(m.name) + ": " + std::string(m.summary);
   const std::pair<std::string_view, std::string> lists[] = {{"@KEYS@", JoinNames(TableKeys())},
-                                                            {"@OPTIMIZERS@", JoinNames(OptimizerNames())}};
+                                                            {"@OPTIMIZERS@", JoinNames(OptimizerNames())},
+                                                            {"@MODELS@", models}};
   std::string usage =
       "usage: ferry-trainer [flags]   (a value follows its flag, or an '=': --batch 64, --batch=64)\n";
-  std::string_view group = "-";
+  std::string_view group = "-", model;
   for (const Flag& f : kFlags) {
-    if (f.group != group) {
+    if (f.group != group || f.model != model) {
       group = f.group;
-      usage += "\n" + (group.empty() ? std::string("other") : std::string(group)) + ":\n";
+      model = f.model;
+      usage += "\n" + (group.empty() ? std::string("other") : std::string(group)) +
+               (model.empty() ? "" : ", --model " + std::string(model) + " only") + ":\n";
     }
     std::string head = "  " + std::string(f.name) + (f.arg.empty() ? "" : " " + std::string(f.arg));
     std::string help(f.help);
@@ -495,7 +501,10 @@ std::string TrainerUsage() {
 }
 
 Status TrainerOptions::Validate() const {
-  if (model != "mlp" && model != "ctr") return InvalidArgumentError("--model: '" + model + "' is unknown (known: mlp, ctr)");
+  if (!FindModel(model)) {
+    return InvalidArgumentError("--model: '" + model + "' is unknown" + DidYouMean(model, ModelNames()) + " (known: " +
+                                JoinNames(ModelNames()) + ")");
+  }
   if (model != "ctr" && (!criteo_train.empty() || !criteo_test.empty())) {
     return InvalidArgumentError("--criteo-train/--criteo-test need --model ctr");
   }
@@ -552,6 +561,7 @@ Status TrainerOptions::Validate() const {
 StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, const char* tf_config) {
   TrainerOptions o;
   bool saw_rank = false, saw_workers = false;
+  std::vector<const Flag*> model_flags;  // given flags that belong to one model
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     if (arg.substr(0, 2) != "--") return InvalidArgumentError("unexpected argument '" + std::string(arg) + "'");
@@ -571,10 +581,17 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
       value = argv[++i];
     }
     FERRY_RETURN_IF_ERROR(flag->set(o, name, value));
+    if (!flag->model.empty()) model_flags.push_back(flag);
     saw_rank |= name == "--rank";
     saw_workers |= name == "--num-workers";
   }
   if (o.help) return o;
+  for (const Flag* f : model_flags) {
+    if (f->model != o.model) {
+      return InvalidArgumentError(std::string(f->name) + " is a flag of --model " + std::string(f->model) +
+                                  ", and this run's model is " + o.model);
+    }
+  }
   if (o.local && (saw_rank || saw_workers)) {
     return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
   }

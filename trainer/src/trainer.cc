@@ -15,6 +15,7 @@
 #include "ferry/data/criteo.h"
 #include "ferry/data/shard.h"
 #include "ferry/kernels.h"
+#include "ferry/trainer/model_registry.h"
 #include "ferry/trainer/param_store.h"
 
 namespace ferry::trainer {
@@ -125,21 +126,20 @@ std::string Duration(double seconds) {
   return buf;
 }
 
-std::vector<TableSpec> PlannedTables(const TrainerOptions& o) {
-  return o.model == "ctr" ? CtrTableSpecs(o) : ClassifierTableSpecs(o);
+// The model's row of the registry (options have passed Validate: the model is known).
+const ModelInfo& ModelOf(const TrainerOptions& o) {
+  const ModelInfo* m = FindModel(o.model);
+  return m ? *m : Models()[0];
 }
+
+std::vector<TableSpec> PlannedTables(const TrainerOptions& o) { return ModelOf(o).plan_tables(o); }
 
 bool SameNames(std::span<const TableSpec> a, std::span<const TableSpec> b) {
   return std::ranges::equal(a, b, [](const TableSpec& x, const TableSpec& y) { return x.name == y.name; });
 }
 
 StatusOr<std::unique_ptr<Model>> CreateModel(const TrainerOptions& o, Device* device, const Datasets& data) {
-  if (o.model == "ctr") {
-    if (data.ctr == nullptr) return InvalidArgumentError("RunTraining: --model ctr needs ctr data");
-    return CreateCtrModel(device, o, data.ctr);
-  }
-  if (data.train == nullptr || data.train->count == 0) return InvalidArgumentError("RunTraining: no training data");
-  return CreateClassifier(device, o, data.train, data.test);
+  return ModelOf(o).create(device, o, data);
 }
 
 // Which examples a worker trains on, and for how many steps.

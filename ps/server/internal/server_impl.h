@@ -234,6 +234,10 @@ class ServerImpl final : public Server {
   Status OnPushDense(Request& req) { return PushDense(req, /*then_pull=*/false); }
   Status OnPushPullDense(Request& req) { return PushDense(req, /*then_pull=*/true); }
   Status PushDense(Request& req, bool then_pull);
+  // Compressed tables (1.6): each frame of the push becomes the float32 gradient it encodes,
+  // checked (top-k indices) before anything of the push is used; from here on every frame is
+  // float32. A frame that does not decode refuses the whole push, as a malformed message.
+  Status DecodePush(Request& req, std::span<const ps::TableRegistry::SliceRef> refs);
   Status OnPullDense(Request& req);
   // TryServe for a dense pull (PullDense, PushPullDense).
   bool TryServeDense(Request& req);

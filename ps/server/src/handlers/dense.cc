@@ -14,30 +14,7 @@ Status ServerImpl::PushDense(Request& req, bool then_pull) {
   const int rank = h.rank();
   std::vector<ps::TableRegistry::SliceRef> refs;
   FERRY_RETURN_IF_ERROR(tables_.ResolveSlices(h, options_.max_message_bytes, &refs));
-  // Compressed tables (1.6): each frame becomes the float32 gradient it encodes, checked (top-k
-  // indices) before anything of the push is used; from here on every frame is float32.
-  for (size_t i = 0; i < refs.size(); ++i) {
-    const ps::Table& t = *refs[i].table;
-    if (t.spec.wire == WireFormat::kF32 && t.spec.topk_ratio == 0.0f) continue;
-    const int64_t n = refs[i].chunk->size;
-    zmq::message_t dense(static_cast<size_t>(n) * sizeof(float));
-    auto* out = static_cast<float*>(dense.data());
-    if (t.spec.topk_ratio > 0.0f) {
-      Status s = wire::DecodeTopK(t.spec.wire, t.spec.topk_ratio, req.payload[i].data(), req.payload[i].size(), n, out);
-      if (!s.ok()) {
-        // A malformed message, as HandleMessage treats one: counted, logged naming the peer.
-        Count(kBadMessages);
-        s = s.WithContext("table '" + t.spec.name + "' chunk " +
-                          std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()) + " from worker " +
-                          std::to_string(rank) + ", nothing of the push applied");
-        LogRateLimited("refused a message from " + connections_.PeerOf(req.fd) + ": " + s.message());
-        return s;
-      }
-    } else {
-      wire::DecodeValues(t.spec.wire, req.payload[i].data(), n, out);
-    }
-    req.payload[i] = std::move(dense);
-  }
+  FERRY_RETURN_IF_ERROR(DecodePush(req, refs));
   // Check every slice before touching any of them: finite values, and the sync preconditions.
   // The views (a copy only for a frame not aligned for float) serve the updates below too.
   std::vector<std::vector<float>> scratch(refs.size());
@@ -97,6 +74,34 @@ Status ServerImpl::PushDense(Request& req, bool then_pull) {
     HoldOrServe(std::move(req));
   }
   if (applied || then_pull) ServeHeld();
+  return Status::Ok();
+}
+
+Status ServerImpl::DecodePush(Request& req, std::span<const ps::TableRegistry::SliceRef> refs) {
+  const Header& h = *req.h();
+  const int rank = h.rank();
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const ps::Table& t = *refs[i].table;
+    if (t.spec.wire == WireFormat::kF32 && t.spec.topk_ratio == 0.0f) continue;
+    const int64_t n = refs[i].chunk->size;
+    zmq::message_t dense(static_cast<size_t>(n) * sizeof(float));
+    auto* out = static_cast<float*>(dense.data());
+    if (t.spec.topk_ratio > 0.0f) {
+      Status s = wire::DecodeTopK(t.spec.wire, t.spec.topk_ratio, req.payload[i].data(), req.payload[i].size(), n, out);
+      if (!s.ok()) {
+        // A malformed message, as HandleMessage treats one: counted, logged naming the peer.
+        Count(kBadMessages);
+        s = s.WithContext("table '" + t.spec.name + "' chunk " +
+                          std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()) + " from worker " +
+                          std::to_string(rank) + ", nothing of the push applied");
+        LogRateLimited("refused a message from " + connections_.PeerOf(req.fd) + ": " + s.message());
+        return s;
+      }
+    } else {
+      wire::DecodeValues(t.spec.wire, req.payload[i].data(), n, out);
+    }
+    req.payload[i] = std::move(dense);
+  }
   return Status::Ok();
 }
 

@@ -2,16 +2,17 @@
 // owns the ROUTER socket and every table; large updates and pulls are shared with a small
 // compute pool. One class, its methods in one file per job:
 //   src/server.cc                the front: Start, the loop, reading and checking each message,
-//                                dispatching it by kind
+//                                dispatching it by kind (one route per kind: HandlerOf)
 //   src/serving.cc               the serving core: replies, held requests, closing sync steps,
 //                                expiry and liveness, the rate-limited log
 //   src/peers.cc                 who may speak: CURVE keys, connections, a worker's rank
-//   src/handlers/admin.cc        Hello, Stats; the counters and the metrics page
+//   src/handlers/admin.cc        Hello, Stats, Heartbeat; the counters and the metrics page
 //   src/handlers/tables.cc       CreateTable, and tables built aside
 //   src/handlers/dense.cc        PushDense, PushPullDense, PullDense
 //   src/handlers/sparse.cc       PullSparse(Tables), PushSparse(Tables)
 //   src/handlers/collectives.cc  Clock, Finish, Barrier, AllReduce
 //   src/handlers/checkpoints.cc  Checkpoint, CommitCheckpoint, and the file jobs behind them
+// What each message kind is (its frames, whether it comes before Hello): ferry/messages/kinds.h.
 // The parts the handlers use each have their own header here: table_registry.h, updates.h,
 // sync.h, workers.h, held.h, collectives.h, connections.h, checkpoint.h.
 //
@@ -110,6 +111,9 @@ class ServerImpl final : public Server {
   Status StartMetrics();  // handlers/admin.cc
 
  private:
+  // A handler of one message kind (HandlerOf). An error it returns is answered by the front.
+  using Handler = Status (ServerImpl::*)(Request&);
+
   void Count(Counter c, int64_t n = 1) { counters_[c].fetch_add(n, std::memory_order_relaxed); }
 
   // ---- the front (server.cc) -----------------------------------------------------------------
@@ -124,6 +128,8 @@ class ServerImpl final : public Server {
   // worker request carry the sender's rank.
   Status CheckKeyRank(const Request& req, int key_rank);
   Status Dispatch(Request& req);
+  // The handler of `kind`; nullptr for a kind a server does not take (replies).
+  static Handler HandlerOf(Kind kind);
 
   // ---- the serving core (serving.cc) ---------------------------------------------------------
 
@@ -209,6 +215,7 @@ class ServerImpl final : public Server {
 
   Status OnHello(Request& req);
   Status OnStats(Request& req);
+  Status OnHeartbeat(Request&) { return Status::Ok(); }  // never answered: it only says the worker is alive
   // On an HTTP thread: asks the I/O thread for the page and waits for it (2 s at most: none).
   std::optional<std::string> MetricsPage();
   // On the I/O thread, after a wake-up: the page for every scrape waiting, from a snapshot of

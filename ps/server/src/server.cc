@@ -13,6 +13,7 @@
 #include "ferry/curve.h"
 #include "ferry/messages/deadlines.h"
 #include "ferry/messages/event_loop.h"
+#include "ferry/messages/kinds.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "internal/checkpoint.h"
@@ -182,11 +183,9 @@ Status ServerImpl::CheckKeyRank(const Request& req, int key_rank) {
 
 Status ServerImpl::Dispatch(Request& req) {
   const Header& h = *req.h();
-  switch (h.kind()) {
-    case Kind::Hello: return OnHello(req);
-    case Kind::Stats: return OnStats(req);
-    default: break;
-  }
+  const Handler handle = HandlerOf(h.kind());
+  // VerifyHeader passed: the kind has a row.
+  if (wire::FindKind(h.kind())->route == wire::Route::kBeforeHello) return (this->*handle)(req);
   if (workers_.count() == 0) return FailedPreconditionError("no Hello yet: the client must handshake first");
   if (h.rank() < 0 || h.rank() >= workers_.count()) {
     return InvalidArgumentError("rank " + std::to_string(h.rank()) + " is outside [0, " +
@@ -197,25 +196,50 @@ Status ServerImpl::Dispatch(Request& req) {
   }
   FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank()));
   workers_.Heard(h.rank(), req.arrived);
-  switch (h.kind()) {
-    case Kind::Heartbeat: return Status::Ok();  // never answered: it only says the worker is alive
-    case Kind::CreateTable: return OnCreateTable(req);
-    case Kind::PushDense: return OnPushDense(req);
-    case Kind::PushPullDense: return OnPushPullDense(req);
-    case Kind::PullDense: return OnPullDense(req);
-    case Kind::PullSparse:
-    case Kind::PullSparseTables: return OnPullSparse(req);
-    case Kind::PushSparse:
-    case Kind::PushSparseTables: return OnPushSparse(req);
-    case Kind::Clock: return OnClock(req);
-    case Kind::Finish: return OnFinish(req);
-    case Kind::Barrier:
-    case Kind::AllReduce: return OnCollective(req);
-    case Kind::Checkpoint: return OnCheckpoint(req);
-    case Kind::CommitCheckpoint: return OnCommitCheckpoint(req);
-    default:
-      return InvalidArgumentError("a server does not accept " + std::string(wire::KindName(h.kind())) + " messages");
+  if (handle == nullptr) {
+    return InvalidArgumentError("a server does not accept " + std::string(wire::KindName(h.kind())) + " messages");
   }
+  return (this->*handle)(req);
+}
+
+// One row per kind a server takes; what each kind is, and which are taken before Hello:
+// ferry/messages/kinds.h.
+ServerImpl::Handler ServerImpl::HandlerOf(Kind kind) {
+  struct Route {
+    Kind kind;
+    Handler handle;
+  };
+  static constexpr Route kRoutes[] = {
+      {Kind::Hello, &ServerImpl::OnHello},
+      {Kind::Stats, &ServerImpl::OnStats},
+      {Kind::Heartbeat, &ServerImpl::OnHeartbeat},
+      {Kind::CreateTable, &ServerImpl::OnCreateTable},
+      {Kind::PullDense, &ServerImpl::OnPullDense},
+      {Kind::PushDense, &ServerImpl::OnPushDense},
+      {Kind::PushPullDense, &ServerImpl::OnPushPullDense},
+      {Kind::PullSparse, &ServerImpl::OnPullSparse},
+      {Kind::PullSparseTables, &ServerImpl::OnPullSparse},
+      {Kind::PushSparse, &ServerImpl::OnPushSparse},
+      {Kind::PushSparseTables, &ServerImpl::OnPushSparse},
+      {Kind::Clock, &ServerImpl::OnClock},
+      {Kind::Finish, &ServerImpl::OnFinish},
+      {Kind::Barrier, &ServerImpl::OnCollective},
+      {Kind::AllReduce, &ServerImpl::OnCollective},
+      {Kind::Checkpoint, &ServerImpl::OnCheckpoint},
+      {Kind::CommitCheckpoint, &ServerImpl::OnCommitCheckpoint},
+  };
+  static constexpr std::array<Handler, 256> kByKind = [] {
+    std::array<Handler, 256> by{};
+    for (const Route& r : kRoutes) by[static_cast<uint8_t>(r.kind)] = r.handle;
+    return by;
+  }();
+  static_assert(std::ranges::all_of(wire::kKinds,
+                                    [](const wire::KindInfo& k) {
+                                      return (k.route == wire::Route::kReply) ==
+                                             (kByKind[static_cast<uint8_t>(k.kind)] == nullptr);
+                                    }),
+                "every kind routed to a server (ferry/messages/kinds.h) has a handler here, and no other");
+  return kByKind[static_cast<uint8_t>(kind)];
 }
 
 }  // namespace ferry::ps

@@ -77,7 +77,7 @@ def _one(events, kind, where):
 
 
 # ferry-ps counts staleness in buckets 0..64, the last one holding every update of staleness
-# >= 64 (kStalenessBuckets in ps/server/src/server.cc): a max of 64 means "64 or more", and the mean
+# >= 64 (kStalenessBuckets in ps/server/internal/server_impl.h): a max of 64 means "64 or more", and the mean
 # then counts those updates as 64 (a lower bound).
 STALENESS_LAST_BUCKET = 64
 

@@ -1,6 +1,7 @@
 #include "ferry/messages/wire.h"
 
 #include "ferry/messages/codec.h"
+#include "ferry/messages/kinds.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -81,19 +82,18 @@ Status VerifyHeader(zmq::message_t& frame, const Header** out) {
                                    " is not supported: this side speaks " + std::to_string(kMajor) + "." +
                                    std::to_string(kMinor) + " (major versions must match)");
   }
-  const auto k = static_cast<int>(h->kind());
-  const bool known = (k >= static_cast<int>(Kind::Hello) && k <= static_cast<int>(Kind::PushSparseTables)) ||
-                     h->kind() == Kind::Reply || h->kind() == Kind::Error;
-  if (!known) return InvalidArgumentError("unknown message kind " + std::to_string(k));
+  if (FindKind(h->kind()) == nullptr) {
+    return InvalidArgumentError("unknown message kind " + std::to_string(static_cast<int>(h->kind())));
+  }
   *out = h;
   return Status::Ok();
 }
 
 Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payload, const CodingOf& coding) {
   auto coding_of = [&](uint64_t table_id) { return coding ? coding(table_id) : TableCoding(); };
-  switch (h.kind()) {
-    case Kind::PushDense:
-    case Kind::PushPullDense: {
+  const KindInfo* kind = FindKind(h.kind());
+  switch (kind != nullptr ? kind->payload : Payload::kNone) {
+    case Payload::kSliceValues: {
       const auto* slices = h.slices();
       if (!slices || slices->size() == 0) return InvalidArgumentError(std::string(KindName(h.kind())) + " has no slices");
       FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), slices->size()));
@@ -114,19 +114,21 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
       }
       return Status::Ok();
     }
-    case Kind::PullDense: {
+    case Payload::kSliceNames: {
       const auto* slices = h.slices();
-      if (!slices || slices->size() == 0) return InvalidArgumentError("PullDense has no slices");
+      if (!slices || slices->size() == 0) {
+        return InvalidArgumentError(std::string(KindName(h.kind())) + " has no slices");
+      }
       if (slices->size() >= kMaxFrames) {
-        return InvalidArgumentError("PullDense names " + std::to_string(slices->size()) + " slices; at most " +
-                                    std::to_string(kMaxFrames - 1));
+        return InvalidArgumentError(std::string(KindName(h.kind())) + " names " + std::to_string(slices->size()) +
+                                    " slices; at most " + std::to_string(kMaxFrames - 1));
       }
       return FrameCount(h, payload.size(), 0);
     }
-    case Kind::PullSparse:
+    case Payload::kIds:
       FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), 1));
       return FrameSize("id", payload[0], h.num_ids(), 8);
-    case Kind::PushSparse: {
+    case Payload::kIdsAndRows: {
       FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), 2));
       FERRY_RETURN_IF_ERROR(FrameSize("id", payload[0], h.num_ids(), 8));
       int64_t values = 0;
@@ -135,9 +137,9 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
       }
       return FrameSize("gradient", payload[1], values, ValueBytes(coding_of(h.table_id()).wire));
     }
-    case Kind::PullSparseTables:
-    case Kind::PushSparseTables: {
-      const bool push = h.kind() == Kind::PushSparseTables;
+    case Payload::kTablesIds:
+    case Payload::kTablesIdsAndRows: {
+      const bool push = kind->payload == Payload::kTablesIdsAndRows;
       const auto* tables = h.sparse();
       if (!tables || tables->size() == 0) return InvalidArgumentError(std::string(KindName(h.kind())) + " names no tables");
       const size_t per = push ? 2 : 1;
@@ -161,15 +163,15 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
       }
       return Status::Ok();
     }
-    case Kind::AllReduce:
+    case Payload::kDoubles:
       FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), 1));
       return FrameSize("value", payload[0], h.num_ids(), 8);
-    case Kind::Reply:
-    case Kind::Error:
+    case Payload::kUnchecked:
       return Status::Ok();  // the receiver checks replies against its own request
-    default:
-      return FrameCount(h, payload.size(), 0);
+    case Payload::kNone:
+      break;
   }
+  return FrameCount(h, payload.size(), 0);
 }
 
 zmq::message_t ToFrame(const flatbuffers::FlatBufferBuilder& fbb) {

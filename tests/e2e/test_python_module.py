@@ -70,7 +70,7 @@ class LoggedServers(Servers):
         super().stop()
 
 
-# How ferry-ps logs a worker whose connection closed before it finished (server.cc).
+# How ferry-ps logs a worker whose connection closed before it finished (ps/server/src/peers.cc).
 VANISHED = r"worker {rank}'s connection from \S+ closed after .* before the worker finished"
 
 

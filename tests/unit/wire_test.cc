@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ferry/messages/kinds.h"
 #include "ferry/messages/wire.h"
 
 namespace ferry::wire {
@@ -158,6 +159,31 @@ TEST(Wire, SparseTablesPayloadMustMatchEveryEntry) {
   ASSERT_TRUE(VerifyHeader(too_many, &h).ok());
   s = CheckPayloadShape(*h, frames);
   EXPECT_NE(s.message().find("tables; at most 2048"), std::string::npos) << s;
+}
+
+// kinds.h is the one list of kinds: every value of the schema's enum but Invalid has exactly one
+// row, no row is newer than this protocol, and a header of each kind (and of no other) verifies.
+TEST(Wire, EveryKindHasOneRow) {
+  std::vector<int> rows(256, 0);
+  for (const KindInfo& k : kKinds) {
+    ++rows[static_cast<uint8_t>(k.kind)];
+    EXPECT_LE(k.minor, kMinor) << KindName(k.kind);
+  }
+  for (const Kind kind : EnumValuesKind()) {
+    EXPECT_EQ(rows[static_cast<uint8_t>(kind)], kind == Kind::Invalid ? 0 : 1) << KindName(kind);
+  }
+  for (int k = 0; k < 256; ++k) {
+    const Kind kind = static_cast<Kind>(k);
+    flatbuffers::FlatBufferBuilder fbb;
+    HeaderBuilder b(fbb);
+    b.add_major(kMajor);
+    b.add_minor(kMinor);
+    b.add_kind(kind);
+    FinishHeaderBuffer(fbb, b.Finish());
+    zmq::message_t frame = ToFrame(fbb);
+    const Header* h = nullptr;
+    EXPECT_EQ(VerifyHeader(frame, &h).ok(), FindKind(kind) != nullptr) << k;
+  }
 }
 
 TEST(Wire, ErrorRoundTripsCodeAndMessage) {

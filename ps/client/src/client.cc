@@ -27,6 +27,7 @@
 #include "ferry/mutex.h"
 #include "ferry/messages/codec.h"
 #include "ferry/messages/deadlines.h"
+#include "ferry/messages/kinds.h"
 #include "ferry/messages/event_loop.h"
 #include "ferry/messages/placement.h"
 #include "ferry/messages/transport.h"
@@ -76,18 +77,8 @@ struct Handle::State {
   // Adds one reply's report (I/O thread).
   void Record(const wire::Header& h) {
     MutexLock lock(&mu);
-    switch (h.request_kind()) {
-      case wire::Kind::PullDense:
-      case wire::Kind::PullSparse:
-      case wire::Kind::PushDense:
-      case wire::Kind::PushPullDense:
-      case wire::Kind::PushSparse:
-      case wire::Kind::PullSparseTables:
-      case wire::Kind::PushSparseTables:
-        served.version = served.version < 0 ? h.version() : std::min(served.version, h.version());
-        break;
-      default:
-        break;
+    if (const wire::KindInfo* kind = wire::FindKind(h.request_kind()); kind != nullptr && kind->reports_version) {
+      served.version = served.version < 0 ? h.version() : std::min(served.version, h.version());
     }
     served.used += h.used();
     served.dropped += h.dropped();
@@ -1148,21 +1139,19 @@ class ClientImpl final : public Client {
 
   // What a server waits for before it answers a request of this kind.
   static std::string WhyItWaits(Kind kind) {
-    switch (kind) {
-      case Kind::Hello:
+    const wire::KindInfo* info = wire::FindKind(kind);
+    switch (info != nullptr ? info->wait : wire::Wait::kNothing) {
+      case wire::Wait::kServer:
         return " (is it running, and is this its address?)";
-      case Kind::PullDense:
-      case Kind::PullSparse:
-      case Kind::PullSparseTables:
-      case Kind::PushPullDense:
+      case wire::Wait::kStep:
         return " (a sync pull waits for every worker's push of the step before, an ssp pull for the slowest "
                "worker's clock)";
-      case Kind::Barrier:
-      case Kind::AllReduce:
+      case wire::Wait::kAllWorkers:
         return " (it waits for every worker to arrive)";
-      default:
-        return "";
+      case wire::Wait::kNothing:
+        break;
     }
+    return "";
   }
 
   // The earliest time Tick has something to do. While requests are in flight, at least every

@@ -1,0 +1,380 @@
+// ps/server/internal/server_impl.h — the parameter server behind ferry/server.h: one I/O thread
+// owns the ROUTER socket and every table; large updates and pulls are shared with a small
+// compute pool. One class, its methods in one file per job:
+//   src/server.cc                the front: Start, the loop, reading and checking each message,
+//                                dispatching it by kind (one route per kind: HandlerOf)
+//   src/serving.cc               the serving core: replies, held requests, closing sync steps,
+//                                expiry and liveness, the rate-limited log
+//   src/peers.cc                 who may speak: CURVE keys, connections, a worker's rank
+//   src/handlers/admin.cc        Hello, Stats, Heartbeat; the counters and the metrics page
+//   src/handlers/tables.cc       CreateTable, and tables built aside
+//   src/handlers/dense.cc        PushDense, PushPullDense, PullDense
+//   src/handlers/sparse.cc       PullSparse(Tables), PushSparse(Tables)
+//   src/handlers/collectives.cc  Clock, Finish, Barrier, AllReduce
+//   src/handlers/checkpoints.cc  Checkpoint, CommitCheckpoint, and the file jobs behind them
+// What each message kind is (its frames, whether it comes before Hello): ferry/messages/kinds.h.
+// The parts the handlers use each have their own header here: table_registry.h, updates.h,
+// sync.h, workers.h, held.h, collectives.h, connections.h, checkpoint.h.
+//
+// Thread-safety: as ferry/server.h; everything not marked otherwise is the I/O thread's.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "ferry/mutex.h"
+#include "ferry/server.h"
+#include "ferry/messages/event_loop.h"
+#include "ferry/messages/transport.h"
+#include "ferry/messages/wire.h"
+#include "ferry/metrics/http.h"
+#include "internal/collectives.h"
+#include "internal/connections.h"
+#include "internal/held.h"
+#include "internal/request.h"
+#include "internal/server_metrics.h"
+#include "internal/table_builder.h"
+#include "internal/table_registry.h"
+#include "internal/thread_pool.h"
+#include "internal/updates.h"
+#include "internal/workers.h"
+
+namespace ferry::ps {
+
+using transport::Frames;
+using wire::Header;
+using wire::Kind;
+
+// Counters kept by the server; names are the keys of ServerStats::counters.
+enum Counter : int {
+  kMessages,
+  kBadMessages,
+  kErrorsSent,
+  kLateGradientsDropped,
+  kUpdatesApplied,
+  kPullsHeld,
+  kHeldExpired,
+  kBytesIn,
+  kBytesOut,
+  kCheckpointsSaved,
+  kFailedForSilentWorker,
+  kNonFinitePushesRefused,
+  kNonFiniteRowsSkipped,
+  kCurveRefused,
+  kPermissionDenied,
+  kHeldRefused,
+  kConnectionsRefused,
+  kConnectionsIdleClosed,
+  kRankConflicts,
+  kRepliesDropped,
+  kWireValuesSaturated,
+  kNumCounters
+};
+inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
+    "messages", "bad_messages", "errors_sent", "late_gradients_dropped", "updates_applied",
+    "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker",
+    "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused",
+    "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped",
+    "wire_values_saturated"};
+inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the server's and each table's
+// Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
+// bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
+// to it never loses a reply however slowly its side reads; a peer that sends without reading
+// loses replies beyond it (counted as replies_dropped).
+inline constexpr int kReplyQueue = 8192;
+
+class ServerImpl final : public Server {
+ public:
+  // `tables`: empty, or restored from the checkpoint of `restored_step`.
+  // `monitor`: receives `socket`'s ACCEPTED and DISCONNECTED events. `zap`: with CURVE, the
+  // socket bound at ZeroMQ's ZAP endpoint that this server's handshakes ask; empty otherwise.
+  ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket, zmq::socket_t monitor,
+             zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables, int64_t restored_step);
+  ~ServerImpl() override { Stop(); }
+
+  std::string endpoint() const override { return endpoint_; }
+  int64_t restored_step() const override { return restored_step_; }
+  std::string metrics_url() const override { return metrics_url_; }
+  ServerStats stats() const override;  // handlers/admin.cc
+  void Stop() override;
+
+  // Starts the metrics endpoint (ServerOptions::metrics_bind), if any; before the server is used.
+  Status StartMetrics();  // handlers/admin.cc
+
+ private:
+  // A handler of one message kind (HandlerOf). An error it returns is answered by the front.
+  using Handler = Status (ServerImpl::*)(Request&);
+
+  void Count(Counter c, int64_t n = 1) { counters_[c].fetch_add(n, std::memory_order_relaxed); }
+
+  // ---- the front (server.cc) -----------------------------------------------------------------
+
+  void Loop();
+  // Checks the message as a whole (header, frame count, size, payload shape) and dispatches it;
+  // every refusal and failure is answered with an error naming the request.
+  void HandleMessage(Frames& frames, bool truncated);
+  // The worker rank our ZAP handler gave the key of the connection `frame` came on; -1 if none.
+  static int KeyRank(zmq::message_t& frame);
+  // CURVE: the rank a message speaks for must be its connection's key's. Hello, Stats and every
+  // worker request carry the sender's rank.
+  Status CheckKeyRank(const Request& req, int key_rank);
+  Status Dispatch(Request& req);
+  // The handler of `kind`; nullptr for a kind a server does not take (replies).
+  static Handler HandlerOf(Kind kind);
+
+  // ---- the serving core (serving.cc) ---------------------------------------------------------
+
+  void Send(Request& req, zmq::message_t header, Frames payload = {});
+  // The request's service time and wait (server_metrics.h), as its reply goes.
+  void ObserveLatency(const Request& req);
+  void SendError(Request& req, const Status& s);
+  // A Reply header answering `request_kind` / `request_id`, for replies with fields of their own
+  // (add them, everything built in `fbb` before this call, then finish).
+  static wire::HeaderBuilder BeginReply(flatbuffers::FlatBufferBuilder& fbb, Kind request_kind, uint64_t request_id);
+  void SendOk(Request& req, int64_t version = 0) { Send(req, wire::MakeReply(req.h()->request_id(), req.h()->kind(), version)); }
+  // One line on stderr, at most once a second; the lines held back are counted in the next one.
+  void LogRateLimited(const std::string& line);
+
+  void CountPush(int rank, int64_t used, int64_t dropped);
+  void RecordStaleness(ps::Table& t, int64_t staleness);
+  // Values of a pull beyond the table's 16-bit range, sent as its largest value: counted, logged
+  // (at most once a second).
+  void CountSaturated(const TableSpec& spec, int64_t n);
+  // A push whose gradient holds NaN or Inf: refused whole, counted, logged (at most once a second).
+  Status RefuseNonFinite(const ps::Table& t, const std::string& part, const std::string& where, int rank);
+
+  // Calls fn(table, chunk index (-1: the sparse shard), version, slots) for every unit of a sync
+  // table held here: each dense chunk, each sparse shard.
+  template <typename Fn>
+  void ForEachSyncUnit(Fn&& fn) {
+    tables_.ForEach([&](ps::Table& t) {
+      if (t.spec.consistency != Consistency::kSync) return;
+      if (t.sparse) return fn(t, int64_t{-1}, t.sparse->version, t.sparse->sync);
+      for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+        if (ps::DenseChunk* c = t.dense->chunk(i)) fn(t, i, c->version, c->sync);
+      }
+    });
+  }
+  void CloseSyncStep(const ps::Table& t, ps::DenseChunk& c);
+  void CloseSyncStep(ps::SparseShard& shard);
+
+  // Serves a pull whose condition holds; false when it must keep waiting. Tables cannot be
+  // dropped, so the slices resolved on arrival still resolve.
+  bool TryServe(Request& req);
+  void HoldOrServe(Request req);
+  // Whether `req` may wait here: the server's room (max_held) and its connection's share of it
+  // (max_held_per_peer), so that one peer cannot fill the room for the others.
+  Status RoomToHold(const Request& req);
+  // Waiting requests: held pulls, collectives, and declarations of tables being built (few).
+  size_t HeldCount() const;
+  void ServeHeld();
+
+  // What a held pull still waits for: a sentence naming the workers, and their ranks.
+  struct Waiting {
+    std::string what;
+    std::vector<int> ranks;
+  };
+  // With `silent`, `ranks` are only those whose silence blocks the pull: a sync step that can
+  // still get its quorum from the others (backup workers) is not blocked.
+  Waiting WaitingOn(const Request& req, const std::vector<int>* silent = nullptr) const;
+  std::chrono::milliseconds LivenessPeriod() const;
+  std::optional<Clock::time_point> NextLivenessCheck() const;
+  // A silent worker (Workers::Silent) will not send what others wait for: their held pulls and
+  // collectives fail now, naming it. When every worker still training is silent, the job looks
+  // gone: said once (the tables stay; a restarted job can go on with them).
+  void CheckLiveness();
+  void ExpireHeld();
+
+  // ---- who may speak (peers.cc) --------------------------------------------------------------
+
+  // One ZAP request from libzmq (RFC 27): [version][request id][domain][address][routing id]
+  // [mechanism][client public key]. A key of one of the job's workers is accepted with that
+  // worker's rank as its user id (every message of the connection carries it); any other key is
+  // refused, counted and logged, and its peer never gets to send a message.
+  void OnZapRequest(Frames& frames);
+  // The request's connection speaks for `rank`: refused while another live one does.
+  Status ClaimRank(const Request& req, int rank);
+  void DrainMonitor();
+  // One event of the ROUTER socket's monitor: [uint16 event, uint32 value][endpoint].
+  void OnMonitorEvent(Frames& frames);
+  std::optional<Clock::time_point> NextConnectionCheck() const;
+  // Closes the connections whose time is up (connections.h): refused ones after their grace,
+  // idle ones.
+  void CheckConnections();
+
+  // ---- handshake, stats, metrics (handlers/admin.cc) -----------------------------------------
+
+  Status OnHello(Request& req);
+  Status OnStats(Request& req);
+  Status OnHeartbeat(Request&) { return Status::Ok(); }  // never answered: it only says the worker is alive
+  // On an HTTP thread: asks the I/O thread for the page and waits for it (2 s at most: none).
+  std::optional<std::string> MetricsPage();
+  // On the I/O thread, after a wake-up: the page for every scrape waiting, from a snapshot of
+  // the tables (which only this thread touches) and the counters.
+  void AnswerMetrics();
+
+  // ---- tables (handlers/tables.cc) -----------------------------------------------------------
+
+  // A table is declared at once; its shard is made at once if small, or else aside
+  // (table_builder.h) while this thread serves the others. Either way the request is answered
+  // once the table is ready, and so is every declaration of it that arrives meanwhile.
+  Status OnCreateTable(Request& req);
+  // A resumed job declares the tables it checkpointed: a table the restored checkpoint lacks
+  // belongs to another model (a ctr checkpoint resumed with --model mlp), which would otherwise
+  // start afresh beside the restored tables, in silence.
+  Status CheckRestoredHolds(const std::string& name) const;
+  // On the I/O thread, after a wake-up: adopts the tables built aside and answers their
+  // declarations (or fails them with why the table could not be made).
+  void FinishBuilds();
+
+  // ---- dense tables (handlers/dense.cc) ------------------------------------------------------
+
+  Status OnPushDense(Request& req) { return PushDense(req, /*then_pull=*/false); }
+  Status OnPushPullDense(Request& req) { return PushDense(req, /*then_pull=*/true); }
+  Status PushDense(Request& req, bool then_pull);
+  // Compressed tables (1.6): each frame of the push becomes the float32 gradient it encodes,
+  // checked (top-k indices) before anything of the push is used; from here on every frame is
+  // float32. A frame that does not decode refuses the whole push, as a malformed message.
+  Status DecodePush(Request& req, std::span<const ps::TableRegistry::SliceRef> refs);
+  Status OnPullDense(Request& req);
+  // TryServe for a dense pull (PullDense, PushPullDense).
+  bool TryServeDense(Request& req);
+
+  // ---- sparse tables (handlers/sparse.cc) ----------------------------------------------------
+
+  // One sparse table's part of a request: the table and where its frames are in the payload.
+  // PullSparse / PushSparse carry one (the header names it); PullSparseTables / PushSparseTables
+  // one per `sparse` entry (1.5).
+  struct SparsePart {
+    ps::Table* table = nullptr;
+    size_t ids_frame = 0;
+    size_t grads_frame = 0;  // pushes
+  };
+  StatusOr<std::vector<SparsePart>> SparseParts(const Header& h);
+  // The sparse table `table_id`, which the request says has rows of `dim`.
+  StatusOr<ps::Table*> FindSparse(uint64_t table_id, int64_t dim);
+  // A push of one or more sparse tables. Every part is checked (ids, non-finite values, memory,
+  // sync step) before any is applied, so a refused push changes nothing.
+  Status OnPushSparse(Request& req);
+  // OK when the rows of the parts' ids that do not exist yet fit in the memory budget;
+  // otherwise RESOURCE_EXHAUSTED saying how many, how much and how much is left (counted,
+  // logged), before any row is made.
+  Status RoomForRows(std::span<const SparsePart> parts, std::span<const std::span<const int64_t>> ids);
+  // nonfinite=skip_rows: replaces the id and gradient frames of a sparse push with its rows that
+  // are all finite; the others are counted, logged and dropped.
+  void DropNonFiniteRows(const ps::Table& t, std::span<const int64_t> ids, std::span<const float> grads, int rank,
+                         zmq::message_t* id_frame, zmq::message_t* grad_frame);
+  // A pull of one or more sparse tables; checked whole on arrival, served once every table is
+  // ready (TryServe).
+  Status OnPullSparse(Request& req);
+  // Serves a sparse pull once every table it reads is ready; false while one is not.
+  bool TryServeSparse(Request& req);
+
+  // ---- clocks, finishing, collectives (handlers/collectives.cc) ------------------------------
+
+  Status OnClock(Request& req);
+  // The worker has ended its training: it is no longer waited for. Sync steps that were missing
+  // only its gradient close now; ssp pulls no longer wait for its clock. A later Hello from the
+  // same rank makes it take part again.
+  Status OnFinish(Request& req);
+  Status OnCollective(Request& req);
+
+  // ---- checkpoints (handlers/checkpoints.cc) -------------------------------------------------
+
+  std::string Who() const { return "server " + std::to_string(options_.rank); }
+  // Refuses a checkpoint request this server cannot take now.
+  Status CheckpointPossible() const;
+  // Checkpoint at `step`: the server copies its shard of every table (the pause), then writes the
+  // copy on another thread while it goes on serving; the reply names the file once it is durable.
+  Status OnCheckpoint(Request& req);
+  // What a checkpoint of the tables held here means (the manifest says it).
+  std::string CheckpointMeaning(int64_t step) const;
+  // Every server has written its shard of `step`: write the manifest naming them, then CURRENT.
+  Status OnCommitCheckpoint(Request& req);
+  // Runs `work` (file I/O) on its own thread; its reply, or its error, answers `req` from the
+  // I/O thread once it is done (FinishFileJob). One job at a time.
+  void RunFileJob(Request req, std::string what, std::function<StatusOr<zmq::message_t>()> work);
+  // On the I/O thread, after a wake-up: answers the file job's request if it is done.
+  void FinishFileJob();
+
+  // ---- state ---------------------------------------------------------------------------------
+
+  const ServerOptions options_;
+  std::shared_ptr<Context> context_;  // keeps the zmq context alive for the sockets
+  // Owned by the I/O thread after construction: the server's ROUTER, its monitor, and (CURVE)
+  // its ZAP socket.
+  static constexpr size_t kMain = 0, kMonitor = 1, kZap = 2;
+  std::array<zmq::socket_t, 3> sockets_;
+  absl::flat_hash_map<std::string, int> worker_keys_;  // CURVE: raw public key -> worker rank
+  const std::string endpoint_;
+  const int64_t restored_step_;  // -1: started empty
+  std::vector<std::string> restored_tables_;  // the names of the tables restored, sorted
+  transport::Waker waker_;
+  std::atomic<bool> stopping_{false};
+  ps::ThreadPool pool_;
+
+  // Everything below, to the counters, is owned by the I/O thread.
+  ps::Updater updater_;  // uses pool_
+  ps::TableRegistry tables_;
+  ps::Workers workers_;
+  ps::PeerLoad peer_load_;      // before held_ and collectives_: their requests' tokens point at it
+  ps::HeldPulls held_;          // waiting pulls; with collectives_, at most options_.max_held
+  ps::Collectives collectives_;
+  Clock::time_point last_liveness_check_{};
+  Clock::time_point last_log_{};  // LogRateLimited
+  int64_t logs_held_back_ = 0;
+  bool said_job_gone_ = false;  // since the workers last fell silent
+  ps::Connections connections_;
+  // Tables being built aside, by id: the table, and the declarations waiting for it (the first
+  // is the one that started it). Before builder_, which is stopped (and joined) first.
+  struct Building {
+    std::unique_ptr<ps::Table> table;
+    std::vector<Request> waiting;
+    Clock::time_point started;
+    int64_t bytes = 0;
+  };
+  absl::flat_hash_map<uint64_t, Building> builds_;
+  std::atomic<int64_t> tables_being_created_{0};
+  ps::TableBuilder builder_{&tables_, [this] { waker_.Notify(); }};
+  Clock::time_point last_connection_check_{};
+  std::atomic<int64_t> connections_open_{0};  // connections_.open(), for stats() from any thread
+
+  std::array<std::atomic<int64_t>, kNumCounters> counters_;
+  std::array<std::atomic<int64_t>, kStalenessBuckets> staleness_;
+  mutable Mutex by_rank_mu_;  // Stats() reads these from any thread
+  std::vector<int64_t> used_by_rank_ ABSL_GUARDED_BY(by_rank_mu_);     // push messages that counted
+  std::vector<int64_t> dropped_by_rank_ ABSL_GUARDED_BY(by_rank_mu_);  // push messages dropped as late
+  Mutex stop_mu_;  // serialises the join in Stop()
+  ps::RequestLatencies latencies_;  // the I/O thread's
+  std::unique_ptr<metrics::HttpEndpoint> metrics_http_;  // set by StartMetrics, reset by Stop
+  std::string metrics_url_;                        // set by StartMetrics, before any other thread
+  Mutex metrics_mu_;
+  CondVar metrics_cv_;
+  uint64_t metrics_asked_ ABSL_GUARDED_BY(metrics_mu_) = 0;     // scrapes asked for
+  uint64_t metrics_answered_ ABSL_GUARDED_BY(metrics_mu_) = 0;  // ... answered, in order
+  bool metrics_closed_ ABSL_GUARDED_BY(metrics_mu_) = false;    // Stop has begun: answer none
+  std::string metrics_page_ ABSL_GUARDED_BY(metrics_mu_);
+
+  // The file job (a checkpoint's shard or manifest) in progress: its request and what it is (I/O
+  // thread), its thread (started and joined by the I/O thread, or by Stop once the loop ended),
+  // and its outcome once done.
+  std::optional<Request> job_req_;
+  std::string job_what_;
+  std::thread job_thread_;
+  Mutex job_mu_;
+  std::optional<StatusOr<zmq::message_t>> job_done_ ABSL_GUARDED_BY(job_mu_);
+
+  // Last: starts after everything above is built. Joined only under stop_mu_.
+  std::thread thread_ ABSL_GUARDED_BY(stop_mu_);
+};
+
+}  // namespace ferry::ps

@@ -1,0 +1,156 @@
+// Handlers of Hello (the handshake) and Stats, and the server's counters and metrics page.
+#include "internal/server_impl.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "internal/sync.h"
+
+namespace ferry::ps {
+
+Status ServerImpl::StartMetrics() {
+  if (options_.metrics_bind.empty()) return Status::Ok();
+  auto http = metrics::HttpEndpoint::Start(options_.metrics_bind, [this] { return MetricsPage(); });
+  if (!http.ok()) return http.status().WithContext("ferry-ps rank " + std::to_string(options_.rank));
+  metrics_http_ = std::move(*http);
+  metrics_url_ = metrics_http_->url();
+  return Status::Ok();
+}
+
+ServerStats ServerImpl::stats() const {
+  ServerStats s;
+  for (int i = 0; i < kNumCounters; ++i) s.counters[kCounterNames[i]] = counters_[i].load();
+  for (auto& b : staleness_) s.staleness_histogram.push_back(b.load());
+  // The memory budget (atomics, safe from any thread): refusals count up; the other two are
+  // levels, not counters.
+  const ps::MemoryBudget& budget = tables_.budget();
+  s.counters["memory_budget_refused"] = budget.refusals();
+  s.counters["memory_budget_bytes"] = budget.limit();
+  s.counters["memory_budget_used_bytes"] = budget.used();
+  s.counters["connections_open"] = connections_open_.load(std::memory_order_relaxed);
+  s.counters["tables_being_created"] = tables_being_created_.load(std::memory_order_relaxed);
+  s.counters["compute_threads"] = pool_.helpers();  // a level: the helper threads it runs
+  // The sparse tables' row lifecycle, summed over tables (per table: the metrics page).
+  const ps::RowLifecycleTotals& rows = tables_.lifecycle();
+  s.counters["rows_admitted"] = rows.admitted.load(std::memory_order_relaxed);
+  s.counters["rows_not_admitted"] = rows.not_admitted.load(std::memory_order_relaxed);
+  s.counters["rows_evicted_age"] = rows.evicted_age.load(std::memory_order_relaxed);
+  s.counters["rows_evicted_capacity"] = rows.evicted_capacity.load(std::memory_order_relaxed);
+  // Per worker, only where non-zero: a job of many workers keeps its Stats reply small.
+  MutexLock lock(&by_rank_mu_);
+  for (size_t r = 0; r < used_by_rank_.size(); ++r) {
+    if (used_by_rank_[r] != 0) s.counters["gradients_used_rank_" + std::to_string(r)] = used_by_rank_[r];
+    if (dropped_by_rank_[r] != 0) s.counters["gradients_dropped_rank_" + std::to_string(r)] = dropped_by_rank_[r];
+  }
+  return s;
+}
+
+Status ServerImpl::OnHello(Request& req) {
+  const Header& h = *req.h();
+  if (h.num_servers() != options_.num_servers || h.server_rank() != options_.rank) {
+    return FailedPreconditionError(
+        "cluster mismatch: the client expects server rank " + std::to_string(h.server_rank()) + " of " +
+        std::to_string(h.num_servers()) + " at " + endpoint_ + ", but this is server rank " +
+        std::to_string(options_.rank) + " of " + std::to_string(options_.num_servers));
+  }
+  // Before Join: a Hello refused for speaking for a live worker changes nothing of it.
+  const int num_workers = workers_.count() > 0 ? workers_.count() : h.num_workers();
+  if (h.rank() >= 0 && h.rank() < num_workers) FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank()));
+  const bool count_from_worker = workers_.count() == 0;  // no --num-workers, no worker yet
+  FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers()));
+  if (count_from_worker) {
+    std::fprintf(stderr,
+                 "ferry-ps %d: the job has %d worker%s, as worker %d (the first to connect) says; without "
+                 "--num-workers this server keeps that count for the rest of its life\n",
+                 options_.rank, workers_.count(), workers_.count() == 1 ? "" : "s", h.rank());
+  }
+  workers_.Promise(h.rank(), h.heartbeat_ms(), req.arrived);
+  {
+    MutexLock lock(&by_rank_mu_);
+    if (used_by_rank_.empty()) {
+      used_by_rank_.assign(static_cast<size_t>(workers_.count()), 0);
+      dropped_by_rank_.assign(static_cast<size_t>(workers_.count()), 0);
+    }
+  }
+  // A rank that connects again is a new process of that worker (the old one died): what the old
+  // one left waiting goes, so the new one can push its step and enter its collectives again.
+  ForEachSyncUnit([&](ps::Table&, int64_t, int64_t, ps::SyncSlots& sync) { ps::DropGradient(sync, h.rank()); });
+  collectives_.Forget(h.rank());
+  // The reply tells the client where the job is: the step of the checkpoint this server started
+  // from, and (server 0) the id the next collective takes.
+  flatbuffers::FlatBufferBuilder fbb(128);
+  wire::HeaderBuilder b = BeginReply(fbb, Kind::Hello, h.request_id());
+  b.add_version(std::max<int64_t>(restored_step_, 0));
+  b.add_next_collective(collectives_.next_id());
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Send(req, wire::ToFrame(fbb));
+  return Status::Ok();
+}
+
+Status ServerImpl::OnStats(Request& req) {
+  ServerStats s = stats();
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  std::vector<flatbuffers::Offset<wire::Counter>> cs;
+  for (auto& [name, value] : s.counters) cs.push_back(wire::CreateCounter(fbb, fbb.CreateString(name), value));
+  for (size_t i = 0; i < s.staleness_histogram.size(); ++i) {
+    cs.push_back(wire::CreateCounter(fbb, fbb.CreateString("staleness_" + std::to_string(i)),
+                                     s.staleness_histogram[i]));
+  }
+  auto vec = fbb.CreateVector(cs);
+  wire::HeaderBuilder b = BeginReply(fbb, Kind::Stats, req.h()->request_id());
+  b.add_counters(vec);
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Send(req, wire::ToFrame(fbb));
+  return Status::Ok();
+}
+
+std::optional<std::string> ServerImpl::MetricsPage() {
+  MutexLock lock(&metrics_mu_);
+  if (metrics_closed_) return std::nullopt;
+  const uint64_t ticket = ++metrics_asked_;
+  waker_.Notify();
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (metrics_answered_ < ticket) {
+    if (metrics_closed_) return std::nullopt;
+    if (!metrics_cv_.WaitUntil(&metrics_mu_, deadline) && metrics_answered_ < ticket) return std::nullopt;
+  }
+  return metrics_page_;
+}
+
+void ServerImpl::AnswerMetrics() {
+  uint64_t asked = 0;
+  {
+    MutexLock lock(&metrics_mu_);
+    asked = metrics_asked_;
+    if (asked == metrics_answered_) return;
+  }
+  std::vector<ps::TableMetrics> tables;
+  tables_.ForEach([&](const ps::Table& t) {
+    ps::TableMetrics m;
+    m.name = t.spec.name;
+    m.sparse = t.sparse != nullptr;
+    m.has_staleness = t.spec.consistency != Consistency::kSync;
+    if (t.sparse) {
+      m.rows = static_cast<int64_t>(t.sparse->size());
+      m.bytes = t.sparse->HeldBytes();
+      m.lifecycle = t.sparse->lifecycle();
+    } else if (t.dense) {
+      for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+        if (const ps::DenseChunk* c = t.dense->chunk(i)) {
+          m.rows += c->size;
+          m.bytes += static_cast<int64_t>((c->params.size() + c->state.size()) * sizeof(float));
+        }
+      }
+    }
+    m.counters = t.counters;
+    tables.push_back(std::move(m));
+  });
+  std::sort(tables.begin(), tables.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::string page = ps::ServerMetricsText(options_.rank, stats(), latencies_, tables);
+  MutexLock lock(&metrics_mu_);
+  metrics_page_ = std::move(page);
+  metrics_answered_ = asked;
+  metrics_cv_.SignalAll();
+}
+
+}  // namespace ferry::ps

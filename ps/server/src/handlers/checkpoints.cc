@@ -1,0 +1,136 @@
+// Handlers of Checkpoint and CommitCheckpoint, and the file jobs that write them off the I/O
+// thread.
+#include "internal/server_impl.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "internal/checkpoint.h"
+
+namespace ferry::ps {
+
+Status ServerImpl::CheckpointPossible() const {
+  if (options_.checkpoint_dir.empty()) {
+    return FailedPreconditionError(Who() + " was started without a checkpoint folder (ferry-ps --checkpoint-dir)");
+  }
+  if (job_req_) return UnavailableError(Who() + " is still writing " + job_what_ + "; ask again once it is done");
+  return Status::Ok();
+}
+
+Status ServerImpl::OnCheckpoint(Request& req) {
+  const int64_t step = req.h()->step();
+  FERRY_RETURN_IF_ERROR(CheckpointPossible());
+  // A sync checkpoint is a cut at one global step: every sync unit here must be at `step`.
+  std::string off;
+  ForEachSyncUnit([&](ps::Table& t, int64_t chunk, int64_t version, ps::SyncSlots&) {
+    if (!off.empty() || version == step) return;
+    off = "table '" + t.spec.name + "'" + (chunk >= 0 ? " chunk " + std::to_string(chunk) : "") + " is at step " +
+          std::to_string(version);
+  });
+  if (!off.empty()) {
+    return FailedPreconditionError(Who() + ": " + off + ", not " + std::to_string(step) +
+                                   ": a sync checkpoint is a cut at one global step, taken after the workers' "
+                                   "pull for that step and before their push of it");
+  }
+  const auto t0 = Clock::now();
+  ps::ShardImage image = ps::SnapshotShard(tables_);
+  const int64_t snapshot_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+  const uint64_t id = req.h()->request_id();
+  RunFileJob(std::move(req), "the checkpoint of step " + std::to_string(step),
+             [this, step, id, snapshot_us, image = std::move(image)]() mutable -> StatusOr<zmq::message_t> {
+               const auto w0 = Clock::now();
+               FERRY_ASSIGN_OR_RETURN(ps::ShardFile f, ps::WriteShardImage(options_.checkpoint_dir, options_.rank,
+                                                                           options_.num_servers, step, std::move(image)));
+               const double write_s = std::chrono::duration<double>(Clock::now() - w0).count();
+               Count(kCheckpointsSaved);
+               std::printf("ferry-ps %d: checkpoint of step %lld: %s, %.1f MB in %.3f s (serving paused %.1f ms)\n",
+                           options_.rank, static_cast<long long>(step), f.name.c_str(), static_cast<double>(f.bytes) / 1e6,
+                           write_s, static_cast<double>(snapshot_us) / 1e3);
+               std::fflush(stdout);
+               flatbuffers::FlatBufferBuilder fbb(256);
+               std::vector<flatbuffers::Offset<wire::ShardFile>> files = {
+                   wire::CreateShardFile(fbb, fbb.CreateString(f.name), f.bytes, f.crc32)};
+               auto vec = fbb.CreateVector(files);
+               wire::HeaderBuilder b = BeginReply(fbb, Kind::Checkpoint, id);
+               b.add_version(step);
+               b.add_shards(vec);
+               b.add_snapshot_us(snapshot_us);
+               wire::FinishHeaderBuffer(fbb, b.Finish());
+               return wire::ToFrame(fbb);
+             });
+  return Status::Ok();
+}
+
+std::string ServerImpl::CheckpointMeaning(int64_t step) const {
+  int sync = 0, other = 0;
+  tables_.ForEach([&](const ps::Table& t) { ++(t.spec.consistency == Consistency::kSync ? sync : other); });
+  const std::string at = std::to_string(step);
+  if (other == 0) return "sync: every server at global step " + at;
+  if (sync == 0) return "async/ssp: each server's tables as they were when it saved (trainer step " + at + ")";
+  return "sync tables at global step " + at + " on every server; async/ssp tables as each server had them when it saved";
+}
+
+Status ServerImpl::OnCommitCheckpoint(Request& req) {
+  const Header& h = *req.h();
+  FERRY_RETURN_IF_ERROR(CheckpointPossible());
+  std::vector<ps::ShardFile> shards;
+  if (h.shards()) {
+    for (const auto* f : *h.shards()) shards.push_back({f->file() ? f->file()->str() : "", f->bytes(), f->crc32()});
+  }
+  FERRY_RETURN_IF_ERROR(ps::CheckShardList(h.step(), shards));
+  const int64_t step = h.step();
+  const uint64_t id = h.request_id();
+  RunFileJob(std::move(req), "the manifest of step " + std::to_string(step),
+             [this, step, id, shards = std::move(shards), meaning = CheckpointMeaning(step)]() -> StatusOr<zmq::message_t> {
+               // Each shard must be on disk as its server reported it.
+               for (const auto& f : shards) {
+                 const std::string path = options_.checkpoint_dir + "/" + f.name;
+                 std::error_code ec;
+                 const uintmax_t size = std::filesystem::file_size(path, ec);
+                 if (ec || size != f.bytes) {
+                   return FailedPreconditionError(Who() + ": " + path + (ec ? " is missing (" + ec.message() + ")" :
+                                                  " has " + std::to_string(size) + " bytes, its server wrote " +
+                                                  std::to_string(f.bytes)) +
+                                                  ": do all servers share the checkpoint folder?");
+                 }
+               }
+               FERRY_RETURN_IF_ERROR(ps::WriteManifest(options_.checkpoint_dir, step, shards, meaning, options_.keep_checkpoints));
+               return wire::MakeReply(id, Kind::CommitCheckpoint, step);
+             });
+  return Status::Ok();
+}
+
+void ServerImpl::RunFileJob(Request req, std::string what, std::function<StatusOr<zmq::message_t>()> work) {
+  job_req_ = std::move(req);
+  job_what_ = std::move(what);
+  job_thread_ = std::thread([this, work = std::move(work)] {
+    StatusOr<zmq::message_t> reply = InternalError("the file job threw");
+    try {
+      reply = work();
+    } catch (const std::exception& e) {
+      reply = ResourceExhaustedError(Who() + ": " + e.what());
+    }
+    {
+      MutexLock lock(&job_mu_);
+      job_done_ = std::move(reply);
+    }
+    waker_.Notify();
+  });
+}
+
+void ServerImpl::FinishFileJob() {
+  std::optional<StatusOr<zmq::message_t>> done;
+  {
+    MutexLock lock(&job_mu_);
+    done.swap(job_done_);
+  }
+  if (!done) return;
+  job_thread_.join();
+  Request req = std::move(*job_req_);
+  job_req_.reset();
+  if (done->ok()) return Send(req, std::move(**done));
+  std::fprintf(stderr, "ferry-ps %d: %s failed: %s\n", options_.rank, job_what_.c_str(), done->status().message().c_str());
+  SendError(req, done->status().WithContext(std::string(wire::KindName(req.h()->kind()))));
+}
+
+}  // namespace ferry::ps

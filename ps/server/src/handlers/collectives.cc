@@ -1,0 +1,46 @@
+// Handlers of the workers' progress and meetings: Clock, Finish, Barrier and AllReduce.
+#include "internal/server_impl.h"
+
+#include "internal/sync.h"
+
+namespace ferry::ps {
+
+Status ServerImpl::OnClock(Request& req) {
+  SendOk(req, workers_.AdvanceClock(req.h()->rank(), req.h()->step()));
+  ServeHeld();
+  return Status::Ok();
+}
+
+Status ServerImpl::OnFinish(Request& req) {
+  workers_.Finish(req.h()->rank());
+  ForEachSyncUnit([this](ps::Table& t, int64_t chunk, int64_t, ps::SyncSlots& sync) {
+    if (!workers_.StepComplete(t.spec, sync)) return;
+    if (chunk < 0) return CloseSyncStep(*t.sparse);
+    CloseSyncStep(t, *t.dense->chunk(chunk));
+  });
+  SendOk(req);
+  ServeHeld();
+  return Status::Ok();
+}
+
+Status ServerImpl::OnCollective(Request& req) {
+  FERRY_RETURN_IF_ERROR(collectives_.CheckEntry(req));
+  FERRY_RETURN_IF_ERROR(RoomToHold(req));
+  req.held_by_peer = peer_load_.Acquire(req.peer());
+  req.held = true;
+  std::vector<Request> group = collectives_.Enter(std::move(req), Clock::now() + options_.max_wait, workers_.count());
+  if (group.empty()) return Status::Ok();
+  if (group[0].h()->kind() == Kind::AllReduce) {
+    const std::vector<double> sum = ps::Collectives::Sum(group);
+    for (auto& r : group) {
+      Frames payload;
+      payload.emplace_back(sum.data(), sum.size() * sizeof(double));
+      Send(r, wire::MakeReply(r.h()->request_id(), r.h()->kind(), 0), std::move(payload));
+    }
+  } else {
+    for (auto& r : group) SendOk(r);
+  }
+  return Status::Ok();
+}
+
+}  // namespace ferry::ps

@@ -1,0 +1,154 @@
+// Handlers of dense tables: PushDense, PushPullDense and PullDense, and serving a dense pull.
+#include "internal/server_impl.h"
+
+#include <algorithm>
+
+#include "ferry/messages/codec.h"
+#include "internal/finite.h"
+#include "internal/sync.h"
+
+namespace ferry::ps {
+
+Status ServerImpl::PushDense(Request& req, bool then_pull) {
+  const Header& h = *req.h();
+  const int rank = h.rank();
+  std::vector<ps::TableRegistry::SliceRef> refs;
+  FERRY_RETURN_IF_ERROR(tables_.ResolveSlices(h, options_.max_message_bytes, &refs));
+  FERRY_RETURN_IF_ERROR(DecodePush(req, refs));
+  // Check every slice before touching any of them: finite values, and the sync preconditions.
+  // The views (a copy only for a frame not aligned for float) serve the updates below too.
+  std::vector<std::vector<float>> scratch(refs.size());
+  std::vector<std::span<const float>> grads(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const auto& r = refs[i];
+    grads[i] = View<float>(req.payload[i], scratch[i]);
+    if (const int64_t bad = ps::FirstNonFinite(grads[i]); bad >= 0) {
+      return RefuseNonFinite(*r.table, " chunk " + std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()),
+                             "element " + std::to_string(bad), rank);
+    }
+    if (r.table->spec.consistency != Consistency::kSync) continue;
+    FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(r.table->spec, r.chunk->sync, r.chunk->version, rank, h.step()));
+  }
+  bool applied = false;
+  wire::ReplyInfo info;
+  const ps::Table* last = nullptr;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    auto& [t, c] = refs[i];
+    if (t->spec.consistency == Consistency::kSync && h.step() < c->version) {
+      Count(kLateGradientsDropped);
+      ++info.dropped;
+      continue;
+    }
+    // Accepted: counted for its table (a request's slices of one table count once).
+    if (t != last) ++t->counters.push_requests;
+    last = t;
+    t->counters.rows_pushed += c->size;
+    if (t->spec.consistency == Consistency::kSync) {
+      ++info.used;
+      ps::HoldGradient(c->sync, rank, std::move(req.payload[i]));
+      if (workers_.StepComplete(t->spec, c->sync)) {
+        CloseSyncStep(*t, *c);
+        applied = true;
+      }
+    } else {
+      ++info.used;
+      RecordStaleness(*t, c->version - c->last_pulled[static_cast<size_t>(rank)]);
+      updater_.ApplyDense(t->spec.optimizer, *c, grads[i].data(), c->version + 1);
+      ++c->version;
+      Count(kUpdatesApplied);
+      applied = true;
+    }
+  }
+  CountPush(rank, info.used, info.dropped);
+  if (!then_pull) {
+    info.version = INT64_MAX;
+    for (const auto& r : refs) info.version = std::min(info.version, r.chunk->version);
+    Send(req, wire::MakeReply(h.request_id(), h.kind(), info));
+  } else {
+    // PushPullDense at step t: push for t, clock to t + 1, pull for t + 1.
+    workers_.AdvanceClock(rank, h.step() + 1);
+    req.pull_step = h.step() + 1;
+    req.wait_from = Clock::now();
+    req.info = info;
+    req.payload.clear();
+    HoldOrServe(std::move(req));
+  }
+  if (applied || then_pull) ServeHeld();
+  return Status::Ok();
+}
+
+Status ServerImpl::DecodePush(Request& req, std::span<const ps::TableRegistry::SliceRef> refs) {
+  const Header& h = *req.h();
+  const int rank = h.rank();
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const ps::Table& t = *refs[i].table;
+    if (t.spec.wire == WireFormat::kF32 && t.spec.topk_ratio == 0.0f) continue;
+    const int64_t n = refs[i].chunk->size;
+    zmq::message_t dense(static_cast<size_t>(n) * sizeof(float));
+    auto* out = static_cast<float*>(dense.data());
+    if (t.spec.topk_ratio > 0.0f) {
+      Status s = wire::DecodeTopK(t.spec.wire, t.spec.topk_ratio, req.payload[i].data(), req.payload[i].size(), n, out);
+      if (!s.ok()) {
+        // A malformed message, as HandleMessage treats one: counted, logged naming the peer.
+        Count(kBadMessages);
+        s = s.WithContext("table '" + t.spec.name + "' chunk " +
+                          std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()) + " from worker " +
+                          std::to_string(rank) + ", nothing of the push applied");
+        LogRateLimited("refused a message from " + connections_.PeerOf(req.fd) + ": " + s.message());
+        return s;
+      }
+    } else {
+      wire::DecodeValues(t.spec.wire, req.payload[i].data(), n, out);
+    }
+    req.payload[i] = std::move(dense);
+  }
+  return Status::Ok();
+}
+
+Status ServerImpl::OnPullDense(Request& req) {
+  std::vector<ps::TableRegistry::SliceRef> refs;
+  FERRY_RETURN_IF_ERROR(tables_.ResolveSlices(*req.h(), options_.max_message_bytes, &refs));
+  req.pull_step = req.h()->step();
+  HoldOrServe(std::move(req));
+  return Status::Ok();
+}
+
+bool ServerImpl::TryServeDense(Request& req) {
+  const Header& h = *req.h();
+  const size_t rank = static_cast<size_t>(h.rank());
+  std::vector<ps::TableRegistry::SliceRef> refs;
+  if (Status s = tables_.ResolveSlices(h, options_.max_message_bytes, &refs); !s.ok()) return SendError(req, s), true;
+  for (auto& r : refs) {
+    if (!workers_.Ready(r.table->spec, r.chunk->version, req.pull_step)) return false;
+  }
+  req.released = Clock::now();
+  req.info.held_us = req.waited_us();  // the wait, not the copies below
+  Frames payload;
+  payload.reserve(refs.size());
+  int64_t version = INT64_MAX;
+  const ps::Table* last = nullptr;
+  std::vector<float> wide;
+  for (auto& r : refs) {
+    if (r.table != last) ++r.table->counters.pull_requests;  // a request's slices of one table count once
+    last = r.table;
+    r.table->counters.rows_pulled += r.chunk->size;
+    const WireFormat w = r.table->spec.wire;
+    zmq::message_t frame(static_cast<size_t>(r.chunk->size * wire::ValueBytes(w)));
+    if (w == WireFormat::kF32) {
+      updater_.ReadDense(*r.chunk, static_cast<float*>(frame.data()));
+    } else {  // 1.6: read as float32, sent in the table's 16-bit format
+      wide.resize(static_cast<size_t>(r.chunk->size));
+      updater_.ReadDense(*r.chunk, wide.data());
+      const int64_t saturated = wire::EncodeValues(w, wide.data(), r.chunk->size, frame.data());
+      if (saturated > 0) CountSaturated(r.table->spec, saturated);
+    }
+    payload.push_back(std::move(frame));
+    r.chunk->last_pulled[rank] = r.chunk->version;
+    version = std::min(version, r.chunk->version);
+  }
+  req.info.version = version;
+  Send(req, wire::MakeReply(h.request_id(), h.kind(), req.info), std::move(payload));
+  return true;
+}
+
+}  // namespace ferry::ps

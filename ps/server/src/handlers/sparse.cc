@@ -1,0 +1,238 @@
+// Handlers of sparse tables: PullSparse, PullSparseTables, PushSparse, PushSparseTables, and
+// serving a sparse pull.
+#include "internal/server_impl.h"
+
+#include <algorithm>
+
+#include "ferry/messages/codec.h"
+#include "internal/finite.h"
+#include "internal/sync.h"
+
+namespace ferry::ps {
+
+StatusOr<std::vector<ServerImpl::SparsePart>> ServerImpl::SparseParts(const Header& h) {
+  const bool push = h.kind() == Kind::PushSparse || h.kind() == Kind::PushSparseTables;
+  std::vector<SparsePart> parts;
+  if (h.kind() == Kind::PullSparse || h.kind() == Kind::PushSparse) {
+    FERRY_ASSIGN_OR_RETURN(ps::Table * t, FindSparse(h.table_id(), h.dim()));
+    parts.push_back({t, 0, 1});
+    return parts;
+  }
+  const size_t per = push ? 2 : 1;
+  parts.reserve(h.sparse()->size());
+  for (flatbuffers::uoffset_t i = 0; i < h.sparse()->size(); ++i) {
+    const wire::SparseSlice& sl = *h.sparse()->Get(i);
+    FERRY_ASSIGN_OR_RETURN(ps::Table * t, FindSparse(sl.table_id(), sl.dim()));
+    for (const SparsePart& p : parts) {
+      if (p.table == t) return InvalidArgumentError("table '" + t->spec.name + "' appears twice in one request");
+    }
+    parts.push_back({t, i * per, i * per + 1});
+  }
+  return parts;
+}
+
+Status ServerImpl::OnPushSparse(Request& req) {
+  const Header& h = *req.h();
+  const int rank = h.rank();
+  FERRY_ASSIGN_OR_RETURN(const std::vector<SparsePart> parts, SparseParts(h));
+  const size_t n = parts.size();
+  std::vector<std::vector<int64_t>> id_scratch(n);
+  std::vector<std::vector<float>> g_scratch(n);
+  std::vector<std::span<const int64_t>> ids(n);
+  std::vector<std::span<const float>> grads(n);
+  for (size_t i = 0; i < n; ++i) {
+    const ps::Table& t = *parts[i].table;
+    Frames& pl = req.payload;
+    ids[i] = View<int64_t>(pl[parts[i].ids_frame], id_scratch[i]);
+    FERRY_RETURN_IF_ERROR(tables_.CheckIds(t, ids[i]));
+    if (t.spec.wire != WireFormat::kF32) {  // 1.6: 16-bit rows become float32 here
+      const int64_t values = static_cast<int64_t>(ids[i].size()) * t.spec.dim;
+      zmq::message_t rows(static_cast<size_t>(values) * sizeof(float));
+      wire::DecodeValues(t.spec.wire, pl[parts[i].grads_frame].data(), values, static_cast<float*>(rows.data()));
+      pl[parts[i].grads_frame] = std::move(rows);
+    }
+    grads[i] = View<float>(pl[parts[i].grads_frame], g_scratch[i]);
+    if (const int64_t bad = ps::FirstNonFinite(grads[i]); bad >= 0) {
+      const int64_t row = bad / t.spec.dim;
+      if (t.spec.nonfinite == NonFinite::kRefuse) {
+        return RefuseNonFinite(t, "", "id " + std::to_string(ids[i][static_cast<size_t>(row)]), rank);
+      }
+      DropNonFiniteRows(t, ids[i], grads[i], rank, &pl[parts[i].ids_frame], &pl[parts[i].grads_frame]);
+      ids[i] = View<int64_t>(pl[parts[i].ids_frame], id_scratch[i]);
+      grads[i] = View<float>(pl[parts[i].grads_frame], g_scratch[i]);
+    }
+    if (t.spec.consistency == Consistency::kSync) {
+      FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(t.spec, t.sparse->sync, t.sparse->version, rank, h.step()));
+    }
+  }
+  FERRY_RETURN_IF_ERROR(RoomForRows(parts, ids));
+  int64_t used = 0, dropped = 0, version = INT64_MAX;
+  for (size_t i = 0; i < n; ++i) {
+    ps::Table& t = *parts[i].table;
+    ps::SparseShard& shard = *t.sparse;
+    const int64_t rows = static_cast<int64_t>(ids[i].size());
+    if (t.spec.consistency == Consistency::kSync) {
+      if (h.step() < shard.version) {  // its step closed without this worker: late
+        Count(kLateGradientsDropped);
+        ++dropped;
+        version = std::min(version, shard.version);
+        continue;
+      }
+      ps::HoldGradient(shard.sync, rank, std::move(req.payload[parts[i].ids_frame]),
+                       std::move(req.payload[parts[i].grads_frame]));
+      if (workers_.StepComplete(t.spec, shard.sync)) CloseSyncStep(shard);
+    } else {
+      RecordStaleness(t, shard.version - shard.last_pulled[static_cast<size_t>(rank)]);
+      updater_.ApplyRows(shard, ids[i], grads[i].data());
+      ++shard.version;
+      Count(kUpdatesApplied);
+    }
+    ++used;
+    ++t.counters.push_requests;
+    t.counters.rows_pushed += rows;
+    version = std::min(version, shard.version);
+  }
+  CountPush(rank, used, dropped);
+  Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = version, .used = used, .dropped = dropped}));
+  ServeHeld();
+  return Status::Ok();
+}
+
+Status ServerImpl::RoomForRows(std::span<const SparsePart> parts, std::span<const std::span<const int64_t>> ids) {
+  ps::MemoryBudget& budget = tables_.budget();
+  const int64_t left = budget.limit() - budget.used();
+  int64_t most = 0;  // bytes if every id were new: the cheap bound, enough almost always
+  for (size_t i = 0; i < parts.size(); ++i) {
+    most += static_cast<int64_t>(ids[i].size()) * parts[i].table->sparse->RowBytes();
+  }
+  if (most <= left) return Status::Ok();
+  int64_t need = 0, fresh = 0, named = 0;
+  std::string tables;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t rows = parts[i].table->sparse->NewRows(ids[i]);
+    if (rows == 0) continue;
+    need += rows * parts[i].table->sparse->RowBytes();
+    fresh += rows;
+    tables.append(named++ == 0 ? "'" : ", '").append(parts[i].table->spec.name).append("'");
+  }
+  // No new row is always room, even with the budget forced past its limit by a sync step; a
+  // table with lifecycle settings asks for none: it evicts or drops instead.
+  if (fresh == 0 || need <= left) return Status::Ok();
+  budget.CountRefusal();
+  const std::string why = budget.Refusal(
+      need, std::to_string(fresh) + " new rows of sparse table" + (named > 1 ? "s " : " ") + tables);
+  LogRateLimited(why + "; refused");
+  return ResourceExhaustedError(why);
+}
+
+void ServerImpl::DropNonFiniteRows(const ps::Table& t, std::span<const int64_t> ids, std::span<const float> grads,
+                                   int rank, zmq::message_t* id_frame, zmq::message_t* grad_frame) {
+  const size_t dim = static_cast<size_t>(t.spec.dim);
+  std::vector<int64_t> kept_ids;
+  std::vector<float> kept;
+  kept_ids.reserve(ids.size());
+  kept.reserve(grads.size());
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const auto row = grads.subspan(r * dim, dim);
+    if (ps::FirstNonFinite(row) >= 0) continue;
+    kept_ids.push_back(ids[r]);
+    kept.insert(kept.end(), row.begin(), row.end());
+  }
+  const int64_t skipped = static_cast<int64_t>(ids.size() - kept_ids.size());
+  Count(kNonFiniteRowsSkipped, skipped);
+  LogRateLimited("table '" + t.spec.name + "': " + std::to_string(skipped) + " row(s) of a push from worker " +
+                 std::to_string(rank) + " hold NaN or Inf; skipped (nonfinite=skip_rows)");
+  *id_frame = zmq::message_t(kept_ids.data(), kept_ids.size() * sizeof(int64_t));
+  *grad_frame = zmq::message_t(kept.data(), kept.size() * sizeof(float));
+}
+
+StatusOr<ps::Table*> ServerImpl::FindSparse(uint64_t table_id, int64_t dim) {
+  FERRY_ASSIGN_OR_RETURN(ps::Table * t, tables_.Find(table_id, TableType::kSparse));
+  if (dim != t->spec.dim) {
+    return InvalidArgumentError("table '" + t->spec.name + "' has dim " + std::to_string(t->spec.dim) +
+                                ", the request says " + std::to_string(dim));
+  }
+  return t;
+}
+
+Status ServerImpl::OnPullSparse(Request& req) {
+  const Header& h = *req.h();
+  FERRY_ASSIGN_OR_RETURN(const std::vector<SparsePart> parts, SparseParts(h));
+  std::vector<std::vector<int64_t>> scratch(parts.size());
+  std::vector<std::span<const int64_t>> ids(parts.size());
+  int64_t reply_bytes = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const ps::Table& t = *parts[i].table;
+    ids[i] = View<int64_t>(req.payload[parts[i].ids_frame], scratch[i]);
+    reply_bytes += static_cast<int64_t>(ids[i].size()) * t.spec.dim * static_cast<int64_t>(sizeof(float));
+    if (reply_bytes > options_.max_message_bytes) {
+      return ResourceExhaustedError("table '" + t.spec.name + "': the " + std::to_string(ids[i].size()) +
+                                    " rows of dim " + std::to_string(t.spec.dim) +
+                                    " asked for bring the reply past this server's message limit of " +
+                                    std::to_string(options_.max_message_bytes) + " bytes");
+    }
+    FERRY_RETURN_IF_ERROR(tables_.CheckIds(t, ids[i]));
+  }
+  FERRY_RETURN_IF_ERROR(RoomForRows(parts, ids));
+  req.pull_step = h.step();
+  HoldOrServe(std::move(req));
+  return Status::Ok();
+}
+
+bool ServerImpl::TryServeSparse(Request& req) {
+  const Header& h = *req.h();
+  auto parts = SparseParts(h);  // tables cannot be dropped: what resolved on arrival still does
+  if (!parts.ok()) return SendError(req, parts.status()), true;
+  for (const SparsePart& p : *parts) {
+    if (!workers_.Ready(p.table->spec, p.table->sparse->version, req.pull_step)) return false;
+  }
+  req.released = Clock::now();
+  req.info.held_us = req.waited_us();  // the wait, not the copies below
+  const size_t n = parts->size();
+  std::vector<std::vector<int64_t>> scratch(n);
+  std::vector<std::span<const int64_t>> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = View<int64_t>(req.payload[(*parts)[i].ids_frame], scratch[i]);
+  // Checked on arrival; a held pull may find the budget spent since.
+  if (Status s = RoomForRows(*parts, ids); !s.ok()) return SendError(req, s), true;
+  Frames payload;
+  payload.reserve(n);
+  std::vector<ps::Updater::RowRead> reads;
+  reads.reserve(n);
+  std::vector<std::vector<float>> wide(n);  // compressed tables' rows as float32, before encoding
+  for (size_t i = 0; i < n; ++i) {
+    ps::SparseShard& shard = *(*parts)[i].table->sparse;
+    const WireFormat w = (*parts)[i].table->spec.wire;
+    const size_t values = ids[i].size() * static_cast<size_t>(shard.dim());
+    payload.emplace_back(values * static_cast<size_t>(wire::ValueBytes(w)));
+    float* dst = static_cast<float*>(payload.back().data());
+    if (w != WireFormat::kF32) {
+      wide[i].resize(values);
+      dst = wide[i].data();
+    }
+    reads.push_back({&shard, ids[i], dst});
+  }
+  updater_.ReadRows(reads);
+  for (size_t i = 0; i < n; ++i) {
+    const WireFormat w = (*parts)[i].table->spec.wire;
+    if (w == WireFormat::kF32) continue;
+    const int64_t saturated =
+        wire::EncodeValues(w, wide[i].data(), static_cast<int64_t>(wide[i].size()), payload[i].data());
+    if (saturated > 0) CountSaturated((*parts)[i].table->spec, saturated);
+  }
+  int64_t version = INT64_MAX;
+  for (size_t i = 0; i < n; ++i) {
+    ps::Table& t = *(*parts)[i].table;
+    ps::SparseShard& shard = *t.sparse;
+    ++t.counters.pull_requests;
+    t.counters.rows_pulled += static_cast<int64_t>(ids[i].size());
+    t.counters.hot.Add(ids[i]);
+    version = std::min(version, shard.version);
+  }
+  req.info.version = version;
+  Send(req, wire::MakeReply(h.request_id(), h.kind(), req.info), std::move(payload));
+  const size_t rank = static_cast<size_t>(h.rank());
+  for (const SparsePart& p : *parts) p.table->sparse->last_pulled[rank] = p.table->sparse->version;
+  return true;
+}
+
+}  // namespace ferry::ps

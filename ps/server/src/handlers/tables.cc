@@ -1,0 +1,84 @@
+// Handler of CreateTable: a table declared, made here at once or aside while the server serves.
+#include "internal/server_impl.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace ferry::ps {
+
+Status ServerImpl::OnCreateTable(Request& req) {
+  TableSpec spec;
+  FERRY_RETURN_IF_ERROR(wire::SpecFromWire(req.h()->spec(), &spec));
+  FERRY_RETURN_IF_ERROR(CheckRestoredHolds(spec.name));
+  bool pending = false;
+  auto declared = tables_.Declare(std::move(spec), req.h()->table_id(), workers_.count(), &pending);
+  if (!declared.ok()) {
+    if (declared.status().code() == StatusCode::kResourceExhausted) LogRateLimited(declared.status().message() + "; refused");
+    return declared.status();
+  }
+  std::unique_ptr<ps::Table> table = std::move(*declared);
+  if (table == nullptr && !pending) {
+    SendOk(req);
+    return Status::Ok();
+  }
+  if (table == nullptr) {  // being built: answered with it
+    FERRY_RETURN_IF_ERROR(RoomToHold(req));
+    req.held_by_peer = peer_load_.Acquire(req.peer());
+    req.held = true;
+    builds_[req.h()->table_id()].waiting.push_back(std::move(req));
+    return Status::Ok();
+  }
+  const int64_t bytes = tables_.BuildBytes(*table);
+  if (bytes < ps::kBuildAsideBytes) {
+    if (Status s = tables_.Build(*table, workers_.count()); !s.ok()) {
+      tables_.Forget(table->id);
+      return s;
+    }
+    tables_.Adopt(std::move(table));
+    SendOk(req);
+    return Status::Ok();
+  }
+  Building& b = builds_[table->id];
+  b.started = Clock::now();
+  b.bytes = bytes;
+  b.table = std::move(table);
+  req.held = true;
+  b.waiting.push_back(std::move(req));
+  builder_.Submit(b.table.get(), workers_.count());
+  tables_being_created_.store(static_cast<int64_t>(builds_.size()), std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+Status ServerImpl::CheckRestoredHolds(const std::string& name) const {
+  if (restored_tables_.empty() || std::ranges::binary_search(restored_tables_, name)) return Status::Ok();
+  std::string held;
+  for (const std::string& t : restored_tables_) held += (held.empty() ? "'" : ", '") + wire::Printable(t) + "'";
+  return FailedPreconditionError("table '" + wire::Printable(name) + "' is not in the checkpoint of step " +
+                                 std::to_string(restored_step_) + " this server restored, which holds " + held +
+                                 ": a resumed job declares the tables it saved (another model needs another "
+                                 "--checkpoint-dir, or servers started without --restore)");
+}
+
+void ServerImpl::FinishBuilds() {
+  for (auto& [table, status] : builder_.TakeDone()) {
+    auto it = builds_.find(table->id);
+    if (it == builds_.end()) continue;  // cannot happen: every submitted table is in builds_
+    Building b = std::move(it->second);
+    builds_.erase(it);
+    tables_being_created_.store(static_cast<int64_t>(builds_.size()), std::memory_order_relaxed);  // before replies
+    const std::string name = b.table->spec.name;
+    const double seconds = std::chrono::duration<double>(Clock::now() - b.started).count();
+    if (status.ok()) {
+      tables_.Adopt(std::move(b.table));
+      std::fprintf(stderr, "ferry-ps %d: created table '%s' (%lld MiB here) in %.1f s\n", options_.rank,
+                   wire::Printable(name).c_str(), static_cast<long long>(b.bytes >> 20), seconds);
+      for (Request& r : b.waiting) SendOk(r);
+    } else {
+      tables_.Forget(table->id);
+      LogRateLimited("creating table '" + name + "' failed: " + status.message());
+      for (Request& r : b.waiting) SendError(r, status.WithContext("CreateTable"));
+    }
+  }
+}
+
+}  // namespace ferry::ps

@@ -1,0 +1,105 @@
+// Who may speak to the server: CURVE keys (the ZAP handler), the connections ZeroMQ reports
+// (admitted up to max_connections, closed when idle), and which connection speaks for a worker.
+#include "internal/server_impl.h"
+
+#include <cstdio>
+
+namespace ferry::ps {
+
+void ServerImpl::OnZapRequest(Frames& frames) {
+  auto text = [&](size_t i) { return i < frames.size() ? frames[i].to_string() : std::string(); };
+  std::string code = "400", status = "not one of this job's worker keys", user;
+  int rank = -1;
+  if (frames.size() >= 7 && text(5) == "CURVE") {
+    if (auto it = worker_keys_.find(text(6)); it != worker_keys_.end()) rank = it->second;
+  }
+  if (rank >= 0) {
+    code = "200", status = "OK", user = std::to_string(rank);
+  } else {
+    Count(kCurveRefused);
+    const std::string key = frames.size() >= 7 ? curve::Encode(text(6)) : std::string();
+    LogRateLimited("refused a connection from " + text(3) + ": its CURVE key " +
+                   (key.empty() ? std::string("(none)") : key) + " is not one of this job's workers'");
+  }
+  Frames reply;
+  for (const std::string& f : {std::string("1.0"), text(1), code, status, user, std::string()}) {
+    reply.emplace_back(f.data(), f.size());
+  }
+  transport::Send(sockets_[kZap], reply).IgnoreError();
+}
+
+Status ServerImpl::ClaimRank(const Request& req, int rank) {
+  const auto stale_after = 2 * workers_.promised(rank);
+  auto claim = [&] { return connections_.Claim(req.fd, rank, req.arrived, stale_after, ps::PeerClosed); };
+  Status s = claim();
+  if (!s.ok()) {
+    // Before refusing: what ZeroMQ has reported since (the owner may be gone already).
+    DrainMonitor();
+    s = claim();
+  }
+  if (!s.ok()) {
+    Count(kRankConflicts);
+    LogRateLimited("refused a request for worker " + std::to_string(rank) + ": " + s.message());
+  }
+  return s;
+}
+
+void ServerImpl::DrainMonitor() {
+  Frames frames;
+  while (true) {
+    frames.clear();
+    bool got = false, truncated = false;
+    if (!transport::RecvNonBlocking(sockets_[kMonitor], &frames, &got, 4, &truncated).ok() || !got) return;
+    OnMonitorEvent(frames);
+  }
+}
+
+void ServerImpl::OnMonitorEvent(Frames& frames) {
+  const auto e = transport::ReadMonitorEvent(frames);
+  if (!e) return;
+  const int fd = static_cast<int>(e->value);
+  const auto now = Clock::now();
+  if (e->event == ZMQ_EVENT_ACCEPTED) {
+    std::string peer = ps::PeerName(fd);
+    const auto admit = connections_.Accepted(fd, peer, now);
+    if (admit != ps::Connections::Admit::kYes) {
+      Count(kConnectionsRefused);
+      LogRateLimited("refused a connection from " + peer + ": " + std::to_string(connections_.admitted()) +
+                     " are open, the limit (--max-connections " + std::to_string(connections_.max_connections()) +
+                     ")" + (admit == ps::Connections::Admit::kRefuseNow ? "; closed" : "; its first request is told so"));
+      if (admit == ps::Connections::Admit::kRefuseNow) ps::CloseConnection(fd);
+    }
+  } else if (e->event == ZMQ_EVENT_DISCONNECTED) {
+    auto gone = connections_.Disconnected(fd, now);
+    // Lost connections are logged, but not the expected ones: a finished worker's, and those
+    // this server refused or closed itself (logged when it did).
+    if (gone && !gone->refused && !gone->closed_here && !stopping_.load() && !workers_.finished(gone->rank)) {
+      char open_for[32];
+      std::snprintf(open_for, sizeof open_for, "%.1f s", std::chrono::duration<double>(gone->open_for).count());
+      LogRateLimited((gone->rank >= 0 ? "worker " + std::to_string(gone->rank) + "'s connection" : std::string("a connection")) +
+                     " from " + gone->peer + " closed after " + open_for +
+                     (gone->rank >= 0 ? " before the worker finished (killed, or cut off?)" : ""));
+    }
+  }
+  connections_open_.store(static_cast<int64_t>(connections_.open()), std::memory_order_relaxed);
+}
+
+std::optional<Clock::time_point> ServerImpl::NextConnectionCheck() const {
+  if (connections_.open() == 0) return std::nullopt;
+  return last_connection_check_ + std::chrono::milliseconds(250);
+}
+
+void ServerImpl::CheckConnections() {
+  const auto now = Clock::now();
+  const auto next = NextConnectionCheck();
+  if (!next || now < *next) return;
+  last_connection_check_ = now;
+  DrainMonitor();
+  for (const auto& c : connections_.Due(now, [&](std::string_view routing) { return peer_load_.held(routing); })) {
+    if (c.idle) Count(kConnectionsIdleClosed);
+    LogRateLimited("closing a connection " + c.why);
+    ps::CloseConnection(c.fd);
+  }
+}
+
+}  // namespace ferry::ps

@@ -1,0 +1,301 @@
+// The serving core: replies (every answer goes through Send), requests held until they can be
+// served or expire, sync steps closed once their quorum is in, and what a held request waits for
+// when a worker falls silent. Handlers (handlers/*.cc) call these; server.cc's loop drives the
+// expiry and liveness checks.
+#include "internal/server_impl.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "internal/sync.h"
+
+namespace ferry::ps {
+
+void ServerImpl::Send(Request& req, zmq::message_t header, Frames payload) {
+  Frames out;
+  out.reserve(2 + payload.size());
+  zmq::message_t routing;
+  routing.copy(req.routing);
+  out.push_back(std::move(routing));
+  out.push_back(std::move(header));
+  for (auto& p : payload) out.push_back(std::move(p));
+  ObserveLatency(req);
+  int64_t bytes = 0;
+  for (auto& f : out) bytes += static_cast<int64_t>(f.size());
+  Count(kBytesOut, bytes);
+  // Never blocks (ZMQ_ROUTER_MANDATORY, dontwait). A peer that went away simply does not get
+  // its reply; one with kReplyQueue replies unread (it sends without reading) loses this one,
+  // counted and logged, instead of the server waiting on it.
+  // (transport::Send: RESOURCE_EXHAUSTED for a full queue, UNAVAILABLE for an unknown peer.)
+  if (transport::Send(sockets_[kMain], out, /*dontwait=*/true).code() == StatusCode::kResourceExhausted) {
+    Count(kRepliesDropped);
+    LogRateLimited("dropped a reply to " + connections_.PeerOf(req.fd) + ": " + std::to_string(kReplyQueue) +
+                   " replies to it are queued unread already");
+  }
+}
+
+void ServerImpl::ObserveLatency(const Request& req) {
+  const Header* h = req.h();
+  if (h == nullptr) return;  // too malformed to name its kind
+  const Clock::time_point now = Clock::now();
+  Clock::duration service = now - req.arrived;
+  double held_s = -1;
+  if (req.held) {
+    const Clock::duration held = (req.released == Clock::time_point{} ? now : req.released) - req.wait_from;
+    service -= held;
+    held_s = std::chrono::duration<double>(held).count();
+  }
+  latencies_.Observe(h->kind(), std::chrono::duration<double>(service).count(), held_s);
+}
+
+void ServerImpl::SendError(Request& req, const Status& s) {
+  Count(kErrorsSent);
+  const uint64_t id = req.h() ? req.h()->request_id() : 0;
+  const Kind kind = req.h() ? req.h()->kind() : Kind::Invalid;
+  Send(req, wire::MakeError(id, kind, s));
+}
+
+wire::HeaderBuilder ServerImpl::BeginReply(flatbuffers::FlatBufferBuilder& fbb, Kind request_kind,
+                                           uint64_t request_id) {
+  wire::HeaderBuilder b(fbb);
+  b.add_major(wire::kMajor);
+  b.add_minor(wire::kMinor);
+  b.add_kind(Kind::Reply);
+  b.add_request_kind(request_kind);
+  b.add_request_id(request_id);
+  return b;
+}
+
+void ServerImpl::CountPush(int rank, int64_t used, int64_t dropped) {
+  MutexLock lock(&by_rank_mu_);
+  // One push message is one gradient of this worker: used if any of its parts counted.
+  if (used > 0) {
+    ++used_by_rank_[static_cast<size_t>(rank)];
+  } else if (dropped > 0) {
+    ++dropped_by_rank_[static_cast<size_t>(rank)];
+  }
+}
+
+void ServerImpl::RecordStaleness(ps::Table& t, int64_t staleness) {
+  const size_t bucket = static_cast<size_t>(std::clamp<int64_t>(staleness, 0, kStalenessBuckets - 1));
+  staleness_[bucket].fetch_add(1, std::memory_order_relaxed);
+  t.counters.RecordStaleness(staleness);
+}
+
+void ServerImpl::CountSaturated(const TableSpec& spec, int64_t n) {
+  Count(kWireValuesSaturated, n);
+  LogRateLimited("table '" + spec.name + "': " + std::to_string(n) + " value(s) of a pull beyond " +
+                 std::string(WireFormatName(spec.wire)) + "'s range sent as its largest (saturated)");
+}
+
+Status ServerImpl::RefuseNonFinite(const ps::Table& t, const std::string& part, const std::string& where, int rank) {
+  Count(kNonFinitePushesRefused);
+  const std::string what = "table '" + t.spec.name + "'" + part + ": the gradient of worker " + std::to_string(rank) +
+                           " holds NaN or Inf (" + where + ")";
+  LogRateLimited(what + "; refused");
+  return InvalidArgumentError(what + ": server " + std::to_string(options_.rank) +
+                              " refuses the push and applies nothing of it (parts sent to other servers are theirs "
+                              "to check)");
+}
+
+void ServerImpl::LogRateLimited(const std::string& line) {
+  const auto now = Clock::now();
+  if (now - last_log_ < std::chrono::seconds(1)) {
+    ++logs_held_back_;
+    return;
+  }
+  std::fprintf(stderr, "ferry-ps %d: %s", options_.rank, wire::Printable(line).c_str());
+  if (logs_held_back_ > 0) std::fprintf(stderr, " (and %lld similar line(s) held back)", static_cast<long long>(logs_held_back_));
+  std::fputc('\n', stderr);
+  last_log_ = now;
+  logs_held_back_ = 0;
+}
+
+void ServerImpl::CloseSyncStep(const ps::Table& t, ps::DenseChunk& c) {
+  ps::CloseSyncStep(updater_, t.spec, c, workers_.count());
+  Count(kUpdatesApplied);
+}
+
+void ServerImpl::CloseSyncStep(ps::SparseShard& shard) {
+  ps::CloseSyncStep(updater_, shard, workers_.count());
+  Count(kUpdatesApplied);
+}
+
+bool ServerImpl::TryServe(Request& req) {
+  const Kind kind = req.h()->kind();
+  if (kind == Kind::PullSparse || kind == Kind::PullSparseTables) return TryServeSparse(req);
+  return TryServeDense(req);
+}
+
+void ServerImpl::HoldOrServe(Request req) {
+  if (TryServe(req)) return;
+  if (Status s = RoomToHold(req); !s.ok()) return SendError(req, s);
+  Count(kPullsHeld);
+  req.held_by_peer = peer_load_.Acquire(req.peer());
+  req.held = true;
+  held_.Hold(std::move(req), Clock::now() + options_.max_wait);
+}
+
+Status ServerImpl::RoomToHold(const Request& req) {
+  if (HeldCount() >= options_.max_held) {
+    Count(kHeldRefused);
+    return ResourceExhaustedError("server " + std::to_string(options_.rank) + " holds " +
+                                  std::to_string(HeldCount()) + " waiting requests already (its limit); refusing more");
+  }
+  if (const size_t mine = peer_load_.held(req.peer()); mine >= options_.max_held_per_peer) {
+    Count(kHeldRefused);
+    LogRateLimited("a connection of worker " + std::to_string(req.h()->rank()) + " has " + std::to_string(mine) +
+                   " requests waiting, the most one connection may; refused one more");
+    return ResourceExhaustedError("this connection has " + std::to_string(mine) + " requests waiting on server " +
+                                  std::to_string(options_.rank) +
+                                  " already, the most one connection may (max_held_per_peer); wait for some to be "
+                                  "answered");
+  }
+  return Status::Ok();
+}
+
+size_t ServerImpl::HeldCount() const {
+  size_t n = held_.size() + collectives_.size();
+  for (const auto& [id, b] : builds_) n += b.waiting.size();
+  return n;
+}
+
+void ServerImpl::ServeHeld() {
+  held_.ServeReady([this](Request& r) { return TryServe(r); });
+}
+
+ServerImpl::Waiting ServerImpl::WaitingOn(const Request& req, const std::vector<int>* silent) const {
+  const Header& h = *req.h();
+  auto describe = [&](const ps::Table& t, int64_t version, const ps::SyncSlots& sync, const std::string& part) {
+    if (t.spec.consistency == Consistency::kSsp) {
+      return Waiting{"table '" + t.spec.name + "' (ssp:" + std::to_string(t.spec.staleness) + ") waits for worker(s) " +
+                         workers_.Behind(req.pull_step, t.spec.staleness),
+                     workers_.BehindRanks(req.pull_step, t.spec.staleness)};
+    }
+    const bool blocked = silent == nullptr || !workers_.CanCompleteWithout(t.spec, sync, *silent);
+    return Waiting{"table '" + t.spec.name + "'" + part + " is at step " + std::to_string(version) +
+                       " and waits for the gradients of worker(s) " + workers_.MissingRanks(sync),
+                   blocked ? workers_.Missing(sync) : std::vector<int>{}};
+  };
+  if (h.kind() == Kind::PullSparse) {
+    const ps::Table* t = tables_.Find(h.table_id());
+    if (t != nullptr && t->sparse) return describe(*t, t->sparse->version, t->sparse->sync, "");
+  } else if (h.kind() == Kind::PullSparseTables && h.sparse()) {
+    for (const auto* sl : *h.sparse()) {
+      const ps::Table* t = tables_.Find(sl->table_id());
+      if (t != nullptr && t->sparse && !workers_.Ready(t->spec, t->sparse->version, req.pull_step)) {
+        return describe(*t, t->sparse->version, t->sparse->sync, "");
+      }
+    }
+  } else if (h.slices()) {
+    for (const auto* sl : *h.slices()) {
+      const ps::Table* t = tables_.Find(sl->table_id());
+      if (t == nullptr || !t->dense) continue;
+      const ps::DenseChunk* c = t->dense->chunk(sl->chunk());
+      if (c != nullptr && !workers_.Ready(t->spec, c->version, req.pull_step)) {
+        return describe(*t, c->version, c->sync, " chunk " + std::to_string(sl->chunk()));
+      }
+    }
+  }
+  return {"its step was not reached", {}};
+}
+
+std::chrono::milliseconds ServerImpl::LivenessPeriod() const {
+  return std::clamp<std::chrono::milliseconds>(options_.worker_timeout / 4, std::chrono::milliseconds(20),
+                                               std::chrono::seconds(1));
+}
+
+std::optional<Clock::time_point> ServerImpl::NextLivenessCheck() const {
+  if (options_.worker_timeout.count() <= 0 || workers_.count() == 0) return std::nullopt;
+  return last_liveness_check_ + LivenessPeriod();
+}
+
+void ServerImpl::CheckLiveness() {
+  const auto now = Clock::now();
+  const auto next = NextLivenessCheck();
+  if (!next || now < *next) return;
+  last_liveness_check_ = now;
+  const std::vector<int> silent = workers_.Silent(now, options_.worker_timeout);
+  if (silent.empty()) {
+    said_job_gone_ = false;
+    return;
+  }
+  auto silence = [&](int rank) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "worker %d has sent nothing for %.1f s (dead, stopped, or cut off?)", rank,
+                  std::chrono::duration<double>(workers_.SilentFor(rank, now)).count());
+    return std::string(buf);
+  };
+  auto first_silent = [&](const std::vector<int>& ranks) {
+    for (int r : ranks) {
+      if (std::find(silent.begin(), silent.end(), r) != silent.end()) return r;
+    }
+    return -1;
+  };
+  held_.ServeReady([&](Request& r) {
+    const Waiting w = WaitingOn(r, &silent);
+    const int dead = first_silent(w.ranks);
+    if (dead < 0) return false;
+    Count(kFailedForSilentWorker);
+    SendError(r, UnavailableError(std::string(wire::KindName(r.h()->kind())) + " for step " +
+                                  std::to_string(r.pull_step) + " on server " + std::to_string(options_.rank) + ": " +
+                                  w.what + "; " + silence(dead)));
+    return true;
+  });
+  // A barrier carries no values: once everyone missing from it is silent, the others go on
+  // without them (a dead backup worker does not hold the job's end). An all-reduce would sum
+  // without their values: it fails as soon as one of them is silent.
+  auto all_silent = [&](const std::vector<int>& ranks) {
+    return std::all_of(ranks.begin(), ranks.end(), [&](int r) { return first_silent({r}) >= 0; });
+  };
+  auto taken = collectives_.TakeIf(workers_.count(), [&](Kind kind, const std::vector<int>& missing) {
+    return kind == Kind::Barrier ? all_silent(missing) : first_silent(missing) >= 0;
+  });
+  for (auto& c : taken) {
+    const bool barrier = c.arrived[0].h()->kind() == Kind::Barrier;
+    if (barrier) {
+      std::fprintf(stderr, "ferry-ps %d: barrier %lld completes without worker(s) %s: %s\n", options_.rank,
+                   static_cast<long long>(c.id), c.missing.c_str(), silence(c.missing_ranks[0]).c_str());
+    }
+    for (auto& r : c.arrived) {
+      if (barrier) {
+        SendOk(r);
+        continue;
+      }
+      Count(kFailedForSilentWorker);
+      SendError(r, UnavailableError(std::string(wire::KindName(r.h()->kind())) + " " + std::to_string(c.id) +
+                                    " on server " + std::to_string(options_.rank) + " waits for worker(s) " +
+                                    c.missing + "; " + silence(first_silent(c.missing_ranks))));
+    }
+  }
+  if (workers_.AllSilent(silent) && !said_job_gone_) {
+    said_job_gone_ = true;
+    std::fprintf(stderr,
+                 "ferry-ps %d: every worker still training is silent (%s): the job looks gone; this server keeps "
+                 "its tables and goes on serving\n",
+                 options_.rank, silence(silent[0]).c_str());
+  }
+}
+
+void ServerImpl::ExpireHeld() {
+  const auto now = Clock::now();
+  const std::string waited = std::to_string(options_.max_wait.count()) + " ms";
+  for (Request& r : held_.TakeExpired(now)) {
+    Count(kHeldExpired);
+    SendError(r, DeadlineExceededError(std::string(wire::KindName(r.h()->kind())) + " for step " +
+                                       std::to_string(r.pull_step) + " waited " + waited + " on server " +
+                                       std::to_string(options_.rank) + ": " + WaitingOn(r).what +
+                                       " (stopped, or fell behind?)"));
+  }
+  for (auto& c : collectives_.TakeExpired(now, workers_.count())) {
+    for (auto& r : c.arrived) {
+      Count(kHeldExpired);
+      SendError(r, DeadlineExceededError(std::string(wire::KindName(r.h()->kind())) + " " + std::to_string(c.id) +
+                                         " waited " + waited + " on server " + std::to_string(options_.rank) +
+                                         " for worker(s) " + c.missing + " (" + std::to_string(c.arrived.size()) +
+                                         " of " + std::to_string(workers_.count()) + " arrived)"));
+    }
+  }
+}
+
+}  // namespace ferry::ps

@@ -6,6 +6,7 @@
 #   ./build.sh test    install, build, run every test (ctest), then the clang thread-safety build
 #                      and the suite under AddressSanitizer + UndefinedBehaviorSanitizer, and the
 #                      in-process cluster tests under ThreadSanitizer
+#   ./build.sh format  no C++ line over the column limit of .clang-format (.ci/check-format; test runs it first)
 #   ./build.sh thread-safety   the clang -Wthread-safety -Werror build alone
 #   ./build.sh sanitize  the test suite built with clang under AddressSanitizer and
 #                      UndefinedBehaviorSanitizer (build-sanitize/); any finding fails its test;
@@ -208,14 +209,21 @@ run_demo() {
     --epochs "${DEMO_EPOCHS:-10}" --log-every 500
 }
 
+# No line of the C++ sources over its .clang-format's column limit (120; 100 in kernels/).
+format_check() {
+  say "checking line lengths (.ci/check-format)"
+  /usr/bin/python3 .ci/check-format
+}
+
 case "${1:-}" in
   demo) install_deps; build; run_demo ;;
-  test) install_deps; build; run_tests; thread_safety_check; sanitize_check; tsan_check ;;
+  test) install_deps; format_check; build; run_tests; thread_safety_check; sanitize_check; tsan_check ;;
+  format) format_check ;;
   thread-safety) install_deps; thread_safety_check ;;
   sanitize) install_deps; sanitize_check ;;
   tsan) install_deps; tsan_check ;;
   build) install_deps; build ;;
   bench) install_deps; build; "$BUILD_DIR/bench/ferry-bench" ;;
   matrix) shift; install_deps; build; python3 bench/ferry-matrix --bin-dir "$BUILD_DIR" "$@" ;;
-  *) echo "usage: $0 demo|test|build|thread-safety|sanitize|tsan|bench|matrix [ferry-matrix flags]" >&2; exit 2 ;;
+  *) echo "usage: $0 demo|test|build|format|thread-safety|sanitize|tsan|bench|matrix [ferry-matrix flags]" >&2; exit 2 ;;
 esac

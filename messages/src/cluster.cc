@@ -76,7 +76,8 @@ StatusOr<ClusterConfig> ParseTfConfig(std::string_view text) {
   if (chief.size() > 1) return Bad("cluster.chief", "lists " + std::to_string(chief.size()) + " tasks; at most one");
   if (chief.empty() && worker.empty()) return Bad("cluster", "no \"chief\" or \"worker\" tasks listed");
   for (auto& [key, value] : cluster->items()) {
-    if (key == "evaluator") return Bad("cluster.evaluator", "Ferry has no evaluator task (workers evaluate: --eval-every)");
+    if (key == "evaluator")
+      return Bad("cluster.evaluator", "Ferry has no evaluator task (workers evaluate: --eval-every)");
     if (key != "ps" && key != "chief" && key != "worker") return Bad("cluster." + key, "unknown task type");
   }
 

@@ -192,7 +192,8 @@ void SelectTopK(const float* x, int64_t n, int64_t k, uint32_t* idx, std::vector
   }
 }
 
-int64_t EncodeTopK(ferry::WireFormat w, float ratio, float* acc, int64_t n, void* frame, std::vector<uint32_t>* scratch) {
+int64_t EncodeTopK(ferry::WireFormat w, float ratio, float* acc, int64_t n, void* frame,
+                   std::vector<uint32_t>* scratch) {
   const int64_t k = TopKCount(ratio, n);
   if (k == 0) return 0;
   auto* f = static_cast<unsigned char*>(frame);
@@ -221,7 +222,8 @@ Status DecodeTopK(ferry::WireFormat w, float ratio, const void* frame, size_t by
   const int64_t want = k * (4 + ValueBytes(w));
   if (static_cast<int64_t>(bytes) != want) {
     return InvalidArgumentError("top-k frame has " + std::to_string(bytes) + " bytes; a chunk of " + std::to_string(n) +
-                                " elements sends k = " + std::to_string(k) + " pairs, " + std::to_string(want) + " bytes");
+                                " elements sends k = " + std::to_string(k) + " pairs, " + std::to_string(want) +
+                                " bytes");
   }
   std::fill(out, out + n, 0.0f);
   if (k == 0) return Status::Ok();

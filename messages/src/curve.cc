@@ -203,7 +203,8 @@ Status CheckKeypair(const CurveKeypair& keys, const std::string& what) {
     return InvalidArgumentError(what + " (secret key): not Z85 text");
   }
   if (keys.public_key != derived) {
-    return InvalidArgumentError(what + ": the public key is not the secret key's (the two lines come from different keypairs)");
+    return InvalidArgumentError(
+        what + ": the public key is not the secret key's (the two lines come from different keypairs)");
   }
   return Status::Ok();
 }
@@ -240,7 +241,8 @@ Status WriteJobKeys(const std::string& dir, int num_workers) {
   FERRY_ASSIGN_OR_RETURN(CurveKeypair server, NewKeypair());
   FERRY_RETURN_IF_ERROR(WriteKeyFile(dir, "server.key", KeypairText("the job's servers", server)));
   FERRY_RETURN_IF_ERROR(WriteKeyFile(
-      dir, "server.pub", "# Ferry CURVE public key of the job's servers (ZeroMQ Z85).\npublic-key = " + server.public_key + "\n"));
+      dir, "server.pub",
+      "# Ferry CURVE public key of the job's servers (ZeroMQ Z85).\npublic-key = " + server.public_key + "\n"));
   std::string list = "# Ferry CURVE public keys of the job's workers: RANK KEY. Servers accept these alone.\n";
   for (int r = 0; r < num_workers; ++r) {
     FERRY_ASSIGN_OR_RETURN(CurveKeypair worker, NewKeypair());
@@ -270,10 +272,12 @@ StatusOr<CurveServerKeys> LoadServerKeys(const std::string& dir) {
     const std::string rank_text = line.substr(0, space), key = Trim(std::string_view(line).substr(space + 1));
     int rank = 0;
     for (char c : rank_text) {
-      if (c < '0' || c > '9' || rank > 65535) return InvalidArgumentError(where + ": rank '" + rank_text + "' is not in [0, 65535]");
+      if (c < '0' || c > '9' || rank > 65535)
+        return InvalidArgumentError(where + ": rank '" + rank_text + "' is not in [0, 65535]");
       rank = rank * 10 + (c - '0');
     }
-    if (rank_text.empty() || rank > 65535) return InvalidArgumentError(where + ": rank '" + rank_text + "' is not in [0, 65535]");
+    if (rank_text.empty() || rank > 65535)
+      return InvalidArgumentError(where + ": rank '" + rank_text + "' is not in [0, 65535]");
     FERRY_RETURN_IF_ERROR(CheckPublicKey(key, where));
     if (by_rank.contains(rank)) return InvalidArgumentError(where + ": worker " + rank_text + " listed twice");
     if (auto it = by_key.find(key); it != by_key.end()) {

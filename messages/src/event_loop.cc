@@ -17,7 +17,8 @@ Status EventLoop::Run(std::span<zmq::socket_t> sockets, Waker& waker, const std:
     std::chrono::milliseconds timeout(-1);  // no deadline: wait for a message or the waker
     if (handlers.next_deadline) {
       if (const std::optional<Clock::time_point> next = handlers.next_deadline()) {
-        timeout = std::max(std::chrono::milliseconds(0), std::chrono::ceil<std::chrono::milliseconds>(*next - Clock::now()));
+        timeout =
+            std::max(std::chrono::milliseconds(0), std::chrono::ceil<std::chrono::milliseconds>(*next - Clock::now()));
       }
     }
     try {

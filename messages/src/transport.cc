@@ -165,7 +165,8 @@ Status Recv(zmq::socket_t& socket, Frames* frames, size_t max_frames) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
   for (;;) {
     bool got = false, truncated = false, interrupted = false;
-    FERRY_RETURN_IF_ERROR(RecvMessage(socket, zmq::recv_flags::none, frames, &got, max_frames, &truncated, &interrupted));
+    FERRY_RETURN_IF_ERROR(
+        RecvMessage(socket, zmq::recv_flags::none, frames, &got, max_frames, &truncated, &interrupted));
     if (got) return Status::Ok();
     if (interrupted && (timeout_ms < 0 || std::chrono::steady_clock::now() < deadline)) continue;
     return DeadlineExceededError("no message within the socket's receive timeout");

@@ -72,7 +72,9 @@ Status VerifyHeader(zmq::message_t& frame, const Header** out) {
   // elements are 8-byte aligned; a builder aligns them (an empty vector it may not: nothing is
   // read from it), a forged header need not, and reading one misaligned is undefined behaviour
   // (found by tests/fuzz/fuzz_wire).
-  auto aligned = [](const auto* v) { return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->Data()) % 8 == 0; };
+  auto aligned = [](const auto* v) {
+    return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->Data()) % 8 == 0;
+  };
   if (!aligned(h->slices()) || !aligned(h->sparse()) || (h->spec() && !aligned(h->spec()->shape()))) {
     return InvalidArgumentError("header frame has a misaligned vector (not built by FlatBuffers)");
   }
@@ -95,7 +97,8 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
   switch (kind != nullptr ? kind->payload : Payload::kNone) {
     case Payload::kSliceValues: {
       const auto* slices = h.slices();
-      if (!slices || slices->size() == 0) return InvalidArgumentError(std::string(KindName(h.kind())) + " has no slices");
+      if (!slices || slices->size() == 0)
+        return InvalidArgumentError(std::string(KindName(h.kind())) + " has no slices");
       FERRY_RETURN_IF_ERROR(FrameCount(h, payload.size(), slices->size()));
       for (flatbuffers::uoffset_t i = 0; i < slices->size(); ++i) {
         const DenseSlice& sl = *slices->Get(i);
@@ -141,7 +144,8 @@ Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payloa
     case Payload::kTablesIdsAndRows: {
       const bool push = kind->payload == Payload::kTablesIdsAndRows;
       const auto* tables = h.sparse();
-      if (!tables || tables->size() == 0) return InvalidArgumentError(std::string(KindName(h.kind())) + " names no tables");
+      if (!tables || tables->size() == 0)
+        return InvalidArgumentError(std::string(KindName(h.kind())) + " names no tables");
       const size_t per = push ? 2 : 1;
       if (tables->size() * per >= kMaxFrames) {
         return InvalidArgumentError(std::string(KindName(h.kind())) + " names " + std::to_string(tables->size()) +

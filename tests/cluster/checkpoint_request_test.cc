@@ -182,7 +182,8 @@ TEST_F(CheckpointRequests, RefusalsSayWhy) {
     wrong[0].file = "../../etc/passwd";
     Status s = w->CommitCheckpoint(3, wrong);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(s.message().find("must be 'step-00000000000000000003-shard-00000-of-00001.ckpt'"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("must be 'step-00000000000000000003-shard-00000-of-00001.ckpt'"), std::string::npos)
+        << s;
     EXPECT_EQ(w->CommitCheckpoint(4, shards).code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(w->CommitCheckpoint(3, {}).code(), StatusCode::kInvalidArgument);
     auto w2 = other.Connect(0, 1);

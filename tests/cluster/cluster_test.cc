@@ -161,7 +161,8 @@ TEST(Cluster, GarbageGetsErrorRepliesAndTheServerKeepsServing) {
       {"the same chunk twice in one push",
        [&] {
          flatbuffers::FlatBufferBuilder fbb;
-         std::vector<wire::DenseSlice> slices = {wire::DenseSlice(TableId("w"), 0, 4), wire::DenseSlice(TableId("w"), 0, 4)};
+         std::vector<wire::DenseSlice> slices = {wire::DenseSlice(TableId("w"), 0, 4),
+                                                 wire::DenseSlice(TableId("w"), 0, 4)};
          auto vec = fbb.CreateVectorOfStructs(slices);
          wire::HeaderBuilder b(fbb);
          b.add_major(wire::kMajor);
@@ -391,7 +392,9 @@ TEST(Cluster, AllReduceSumsInRankOrderAndRefusesMismatchedCounts) {
   {
     std::vector<std::thread> threads;
     for (int r = kWorkers - 1; r >= 0; --r) {  // arrive in reverse rank order
-      threads.emplace_back([&, r] { got[static_cast<size_t>(r)] = w[static_cast<size_t>(r)]->AllReduceSum(in[static_cast<size_t>(r)]); });
+      threads.emplace_back([&, r] {
+        got[static_cast<size_t>(r)] = w[static_cast<size_t>(r)]->AllReduceSum(in[static_cast<size_t>(r)]);
+      });
       std::this_thread::sleep_for(20ms);
     }
     for (auto& t : threads) t.join();
@@ -900,7 +903,8 @@ TEST(Cluster, TablesAndRowsBeyondTheMemoryBudgetAreRefused) {
   std::vector<float> more_rows(more.size() * 256);
   const Status refused = w->PullSparse("emb", more, more_rows, 0).wait(5s);
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
-  EXPECT_NE(refused.message().find("8192 new rows of sparse table 'emb' would take 8.2 MiB"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("8192 new rows of sparse table 'emb' would take 8.2 MiB"), std::string::npos)
+      << refused;
   auto counters = c.servers[0]->stats().counters;
   EXPECT_GE(counters.at("memory_budget_refused"), 2);
   EXPECT_EQ(counters.at("memory_budget_bytes"), int64_t{8} << 20);

@@ -138,7 +138,8 @@ TEST(Compression, PulledValuesAreTheServersFloat32RoundedToTheTableFormat) {
   int64_t rounded = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float want = wire::RoundTrip(WireFormat::kF16, server[static_cast<size_t>(i)]);
-    ASSERT_EQ(std::bit_cast<uint32_t>(pulled[static_cast<size_t>(i)]), std::bit_cast<uint32_t>(want)) << "element " << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(pulled[static_cast<size_t>(i)]), std::bit_cast<uint32_t>(want))
+        << "element " << i;
     rounded += pulled[static_cast<size_t>(i)] != server[static_cast<size_t>(i)];
   }
   EXPECT_GT(rounded, n / 2) << "the server's sums are not all fp16 values: it holds float32";
@@ -199,7 +200,8 @@ TEST(Compression, TheServerRefusesForgedCompressedFrames) {
   ASSERT_TRUE(raw.ok());
   raw->set(zmq::sockopt::rcvtimeo, 5000);
   raw->connect(c.endpoints[0]);
-  auto send = [&](wire::Kind kind, const std::string& table, int64_t count, std::vector<std::vector<unsigned char>> payload) -> Status {
+  auto send = [&](wire::Kind kind, const std::string& table, int64_t count,
+                  std::vector<std::vector<unsigned char>> payload) -> Status {
     flatbuffers::FlatBufferBuilder fbb;
     flatbuffers::Offset<flatbuffers::Vector<const wire::DenseSlice*>> slices;
     flatbuffers::Offset<flatbuffers::Vector<const wire::SparseSlice*>> sparse;
@@ -347,7 +349,8 @@ TEST(Compression, SyncStaysBitwiseReproducible) {
         }
         for (int i = 0; i < 20; ++i) ids[static_cast<size_t>(r)].push_back(static_cast<int64_t>(rng() % 50));
         rows[static_cast<size_t>(r)].resize(ids[static_cast<size_t>(r)].size() * 8);
-        EXPECT_TRUE(client.PullSparse("s", ids[static_cast<size_t>(r)], rows[static_cast<size_t>(r)], step).wait(5s).ok());
+        EXPECT_TRUE(
+            client.PullSparse("s", ids[static_cast<size_t>(r)], rows[static_cast<size_t>(r)], step).wait(5s).ok());
         for (float x : rows[static_cast<size_t>(r)]) rgrads[static_cast<size_t>(r)].push_back(x + normal(rng));
         pushes.push_back(client.PushDense("d", grads[static_cast<size_t>(r)], step));
         pushes.push_back(client.PushSparse("s", ids[static_cast<size_t>(r)], rgrads[static_cast<size_t>(r)], step));

@@ -177,11 +177,13 @@ TEST(Connections, BeyondTheCapAWorkerIsToldWhyAndTheConnectionCloses) {
   EXPECT_GE(c.servers[0]->stats().counters["connections_refused"], 2);
 
   b.close();
-  for (int i = 0; i < 500 && c.servers[0]->stats().counters["connections_open"] > 2; ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 500 && c.servers[0]->stats().counters["connections_open"] > 2; ++i)
+    std::this_thread::sleep_for(10ms);
   // `third` reconnects by itself (ZeroMQ) and may take the free place; `a` and `third` close
   // so that the worker surely has one.
   third.close();
-  for (int i = 0; i < 500 && c.servers[0]->stats().counters["connections_open"] > 1; ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 500 && c.servers[0]->stats().counters["connections_open"] > 1; ++i)
+    std::this_thread::sleep_for(10ms);
   auto w1 = Client::Connect(Worker(c, 0, 1));
   ASSERT_TRUE(w1.ok()) << w1.status().ToString();
   EXPECT_TRUE((*w1)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
@@ -247,7 +249,8 @@ TEST(Connections, APeerThatNeverReadsLosesItsRepliesAndTheServerGoesOn) {
       EXPECT_EQ(Pull(**w0), std::vector<float>(4, 0.0f)) << "the worker was not served";
     }
   }
-  for (int i = 0; i < 1000 && c.servers[0]->stats().counters["replies_dropped"] == 0; ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 1000 && c.servers[0]->stats().counters["replies_dropped"] == 0; ++i)
+    std::this_thread::sleep_for(10ms);
   std::printf("sent %d requests unread; the server dropped %lld replies\n", sent,
               static_cast<long long>(c.servers[0]->stats().counters["replies_dropped"]));
   EXPECT_GT(c.servers[0]->stats().counters["replies_dropped"], 0);

@@ -240,7 +240,8 @@ TEST_F(Curve, UnauthenticatedPeersCannotCreatePushPullOrFinish) {
       }
     }
   }
-  for (int s = 0; s < 2; ++s) EXPECT_EQ(Counter(s, "messages"), messages_before[static_cast<size_t>(s)]) << "server " << s;
+  for (int s = 0; s < 2; ++s)
+    EXPECT_EQ(Counter(s, "messages"), messages_before[static_cast<size_t>(s)]) << "server " << s;
   EXPECT_GE(Counter(0, "curve_refused") + Counter(1, "curve_refused"), 1);
   ASSERT_TRUE(w0->PullDense("a", after, 0).wait().ok());
   EXPECT_EQ(before, after);

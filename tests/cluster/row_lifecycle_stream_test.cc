@@ -9,7 +9,8 @@
 // the bound the settings give, the hot ids keep their rows and end near the weights of the
 // unbounded run, and the test AUC stays within the noise of unbounded runs (measured here: the
 // spread of the unbounded AUC over 6 seeds, each its own training and test sample) and within
-// 0.005 of the unbounded run on the same data. And a sync step forced past the memory budget. Measured (2 cores, RelWithDebInfo, about 7 s):
+// 0.005 of the unbounded run on the same data. And a sync step forced past the memory budget.
+// Measured (2 cores, RelWithDebInfo, about 7 s):
 // unbounded 0.6903 +- 0.0025, bounded 0.6915 against 0.6924 on the same data; 36093 rows
 // admitted, 1014 evicted for age and 29082 for room (5997 rows held); 0.8 MB of rows and filters
 // on the two servers against 22.5 MB (702,000 rows) unbounded; hot weights within 0.0007 of the

@@ -71,7 +71,8 @@ TEST(SparseTables, EveryTableOfACallTravelsInOneMessagePerServer) {
   for (size_t t = 0; t < 3; ++t) {
     const size_t dim = static_cast<size_t>(specs[t].dim);
     for (size_t p = 0; p < ids[t].size(); ++p) {
-      const std::vector<float> got(rows[t].begin() + static_cast<long>(p * dim), rows[t].begin() + static_cast<long>((p + 1) * dim));
+      const std::vector<float> got(rows[t].begin() + static_cast<long>(p * dim),
+                                   rows[t].begin() + static_cast<long>((p + 1) * dim));
       EXPECT_EQ(got, want[t][ids[t][p]]) << "table " << specs[t].name << ", position " << p;
     }
   }
@@ -83,12 +84,14 @@ TEST(SparseTables, EveryTableOfACallTravelsInOneMessagePerServer) {
     for (const auto& [id, row] : want[t]) distinct[t].push_back(id);
     rows[t].assign(distinct[t].size() * static_cast<size_t>(specs[t].dim), 0.0f);
   }
-  const std::vector<SparseOut> pull_distinct = {{"a", distinct[0], rows[0]}, {"b", distinct[1], rows[1]}, {"c", distinct[2], rows[2]}};
+  const std::vector<SparseOut> pull_distinct = {
+      {"a", distinct[0], rows[0]}, {"b", distinct[1], rows[1]}, {"c", distinct[2], rows[2]}};
   ASSERT_TRUE(w->PullSparse(pull_distinct, 0, SparseIds::kDistinct).wait(5s).ok());
   for (size_t t = 0; t < 3; ++t) {
     const size_t dim = static_cast<size_t>(specs[t].dim);
     for (size_t p = 0; p < distinct[t].size(); ++p) {
-      const std::vector<float> got(rows[t].begin() + static_cast<long>(p * dim), rows[t].begin() + static_cast<long>((p + 1) * dim));
+      const std::vector<float> got(rows[t].begin() + static_cast<long>(p * dim),
+                                   rows[t].begin() + static_cast<long>((p + 1) * dim));
       EXPECT_EQ(got, want[t][distinct[t][p]]) << "table " << specs[t].name << ", id " << distinct[t][p];
     }
   }
@@ -159,7 +162,8 @@ TEST(SparseTables, SyncStepsMatchOneRequestPerTableBitwise) {
     auto c = LocalCluster::Start(2);
     std::vector<std::unique_ptr<Client>> w;
     for (int r = 0; r < 2; ++r) w.push_back(c.Connect(r, 2));
-    std::vector<TableSpec> specs = {SgdSparseTable("u", 3, Consistency::kSync), SgdSparseTable("v", 2, Consistency::kSync)};
+    std::vector<TableSpec> specs = {SgdSparseTable("u", 3, Consistency::kSync),
+                                    SgdSparseTable("v", 2, Consistency::kSync)};
     for (auto& s : specs) {
       s.optimizer.type = OptimizerType::kAdagrad;
       s.optimizer.learning_rate = 0.5f;
@@ -179,7 +183,8 @@ TEST(SparseTables, SyncStepsMatchOneRequestPerTableBitwise) {
           const size_t n = step == 3 && r == 1 ? 0 : 1 + rng() % 5;  // worker 1 has no ids at step 3
           for (size_t i = 0; i < n; ++i) id.push_back(static_cast<int64_t>(rng() % 12));
           auto& g = grads[static_cast<size_t>(r) * 2 + t];
-          for (size_t i = 0; i < n * static_cast<size_t>(specs[t].dim); ++i) g.push_back(static_cast<float>(rng() % 100) / 50.0f - 1.0f);
+          for (size_t i = 0; i < n * static_cast<size_t>(specs[t].dim); ++i)
+            g.push_back(static_cast<float>(rng() % 100) / 50.0f - 1.0f);
           rows[static_cast<size_t>(r) * 2 + t].resize(g.size());
         }
         Client& client = *w[static_cast<size_t>(r)];
@@ -210,7 +215,8 @@ TEST(SparseTables, SyncStepsMatchOneRequestPerTableBitwise) {
   const std::vector<float> together = run(true), apart = run(false);
   ASSERT_EQ(together.size(), apart.size());
   for (size_t i = 0; i < together.size(); ++i) {
-    ASSERT_EQ(std::memcmp(&together[i], &apart[i], sizeof(float)), 0) << "element " << i << ": " << together[i] << " vs " << apart[i];
+    ASSERT_EQ(std::memcmp(&together[i], &apart[i], sizeof(float)), 0)
+        << "element " << i << ": " << together[i] << " vs " << apart[i];
   }
   EXPECT_NE(together[0], 0.0f);
 }
@@ -313,8 +319,8 @@ TEST(SparseTables, AServerOfProtocol14GetsOneMessagePerTable) {
   test::OldServer old_server(
       context, "inproc://sparse-tables-old-server", /*minor=*/4,
       [](const wire::Header& h, transport::Frames& in, wire::HeaderBuilder& b, transport::Frames& payload) {
-        if (h.kind() != wire::Kind::Hello && h.kind() != wire::Kind::CreateTable && h.kind() != wire::Kind::PushSparse &&
-            h.kind() != wire::Kind::PullSparse) {
+        if (h.kind() != wire::Kind::Hello && h.kind() != wire::Kind::CreateTable &&
+            h.kind() != wire::Kind::PushSparse && h.kind() != wire::Kind::PullSparse) {
           b.add_kind(wire::Kind::Error);
           b.add_error_code(static_cast<int>(StatusCode::kInvalidArgument));
           return;

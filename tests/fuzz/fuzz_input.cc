@@ -196,7 +196,8 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
 
   // 1.5: two sparse tables in one message (the second with lifecycle-free skip_rows).
   h = make(Kind::PullSparseTables);
-  h.sparse = {wire::SparseSlice(TableId(sparse.name), sparse.dim, 4), wire::SparseSlice(TableId(skip.name), skip.dim, 4)};
+  h.sparse = {wire::SparseSlice(TableId(sparse.name), sparse.dim, 4),
+              wire::SparseSlice(TableId(skip.name), skip.dim, 4)};
   add("pull_sparse_tables", h, {Array(ids), Array(ids)});
   h.kind = Kind::PushSparseTables;
   add("push_sparse_tables", h,

@@ -112,9 +112,11 @@ void Probe(World& w) {
   if (!ferry::transport::Send(w.raw, out).ok()) Die("cannot send the Stats probe");
   for (;;) {
     ferry::transport::Frames reply;
-    if (auto s = ferry::transport::Recv(w.raw, &reply); !s.ok()) Die("the server did not answer Stats: " + s.ToString());
+    if (auto s = ferry::transport::Recv(w.raw, &reply); !s.ok())
+      Die("the server did not answer Stats: " + s.ToString());
     const ferry::wire::Header* h = nullptr;
-    if (reply.empty() || !ferry::wire::VerifyHeader(reply[0], &h).ok()) Die("the server sent a reply that does not verify");
+    if (reply.empty() || !ferry::wire::VerifyHeader(reply[0], &h).ok())
+      Die("the server sent a reply that does not verify");
     if (h->request_id() == id) return;
   }
 }

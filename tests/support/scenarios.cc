@@ -39,8 +39,9 @@ constexpr int64_t kSparseIdRange = 40;
 std::vector<int64_t> StepIds(int rank, int step, int count) {
   std::vector<int64_t> ids;
   for (uint64_t j = 0; ids.size() < static_cast<size_t>(count); ++j) {
-    const int64_t id = static_cast<int64_t>(placement::Mix64((static_cast<uint64_t>(rank) << 32) ^ (static_cast<uint64_t>(step) << 8) ^ j) %
-                                            kSparseIdRange);
+    const int64_t id = static_cast<int64_t>(
+        placement::Mix64((static_cast<uint64_t>(rank) << 32) ^ (static_cast<uint64_t>(step) << 8) ^ j) %
+        kSparseIdRange);
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   }
   return ids;
@@ -49,7 +50,8 @@ std::vector<int64_t> StepIds(int rank, int step, int count) {
 // The gradient a worker computes from the values it pulled: depends on the values (so a stale
 // or wrong pull changes the result) and on (rank, step, element).
 void Gradient(std::span<const float> values, int rank, int step, uint64_t salt, float* out) {
-  for (size_t i = 0; i < values.size(); ++i) out[i] = 0.5f * values[i] + Noise(static_cast<uint64_t>(rank), static_cast<uint64_t>(step) * 7919u + salt, i);
+  for (size_t i = 0; i < values.size(); ++i)
+    out[i] = 0.5f * values[i] + Noise(static_cast<uint64_t>(rank), static_cast<uint64_t>(step) * 7919u + salt, i);
 }
 
 TableSpec SyncDense(const std::string& name, OptimizerType opt) {
@@ -161,12 +163,14 @@ void ExpectSyncMatchesSequential(const ClusterAddress& cluster, int num_workers,
       for (size_t k = 0; k < ids.size(); ++k) {
         auto [it, inserted] = row_sum.try_emplace(ids[k], std::vector<float>(static_cast<size_t>(dim), 0.0f));
         if (inserted) order.push_back(ids[k]);
-        for (int64_t j = 0; j < dim; ++j) it->second[static_cast<size_t>(j)] += rg[k * static_cast<size_t>(dim) + static_cast<size_t>(j)];
+        for (int64_t j = 0; j < dim; ++j)
+          it->second[static_cast<size_t>(j)] += rg[k * static_cast<size_t>(dim) + static_cast<size_t>(j)];
       }
     }
     const float k = static_cast<float>(num_workers);
     for (auto& v : sum) v /= k;
-    ps::ApplyUpdate(dense.optimizer, p.data(), sum.data(), st.data(), static_cast<size_t>(n), static_cast<size_t>(n), t + 1);
+    ps::ApplyUpdate(dense.optimizer, p.data(), sum.data(), st.data(), static_cast<size_t>(n), static_cast<size_t>(n),
+                    t + 1);
     for (int64_t id : order) {
       auto& s = row_sum[id];
       for (auto& v : s) v /= k;
@@ -195,7 +199,8 @@ void ExpectSyncMatchesSequential(const ClusterAddress& cluster, int num_workers,
   ASSERT_TRUE(s.ok()) << s;
   for (size_t k = 0; k < all_ids.size(); ++k) {
     for (int64_t j = 0; j < dim; ++j) {
-      EXPECT_EQ(got_rows[k * static_cast<size_t>(dim) + static_cast<size_t>(j)], rows[all_ids[k]].v[static_cast<size_t>(j)])
+      EXPECT_EQ(got_rows[k * static_cast<size_t>(dim) + static_cast<size_t>(j)],
+                rows[all_ids[k]].v[static_cast<size_t>(j)])
           << "sparse id " << all_ids[k] << " column " << j;
     }
   }
@@ -231,7 +236,9 @@ void ExpectAsyncLosesNothing(const ClusterAddress& cluster, int num_workers, int
       for (int t = 0; t < steps; ++t) {
         // Half the steps push then pull in one round trip, half push alone.
         Status s = (t % 2 == 0) ? c->PushDense(dense.name, g, t).wait()
-                                : c->PushPullDense(std::vector<DenseIn>{{dense.name, g}}, std::vector<DenseOut>{{dense.name, out}}, t).wait();
+                                : c->PushPullDense(std::vector<DenseIn>{{dense.name, g}},
+                                                   std::vector<DenseOut>{{dense.name, out}}, t)
+                                      .wait();
         ASSERT_TRUE(s.ok()) << s;
         // Ids 0..9 by everyone, id 1000*(r+1)+t by this worker alone; id 3 twice (summed).
         std::vector<int64_t> ids = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1000 * (r + 1) + t, 3};

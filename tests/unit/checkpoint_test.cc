@@ -99,7 +99,8 @@ class CheckpointTest : public ::testing::Test {
       for (int64_t id = -50; id < 400; id += 3) {
         if (placement::IdServer(id, 2) != r) continue;
         const RowIndex x = s.FindOrCreate(id);
-        for (int64_t k = 0; k < s.row_floats(); ++k) s.row(x)[k] = static_cast<float>(id) * 0.25f + static_cast<float>(k);
+        for (int64_t k = 0; k < s.row_floats(); ++k)
+          s.row(x)[k] = static_cast<float>(id) * 0.25f + static_cast<float>(k);
         s.steps(x) = (id + 50) % 11 + 1;  // every row updated at least once: all are saved
       }
       s.version = 7;
@@ -115,7 +116,8 @@ class CheckpointTest : public ::testing::Test {
       ASSERT_TRUE(f.ok()) << f.status();
       shards.push_back(*f);
     }
-    ASSERT_TRUE(WriteManifest(dir_.string(), step, shards, "sync: every server at step " + std::to_string(step), keep).ok());
+    ASSERT_TRUE(
+        WriteManifest(dir_.string(), step, shards, "sync: every server at step " + std::to_string(step), keep).ok());
   }
 
   fs::path Shard(int64_t step, int rank) const {

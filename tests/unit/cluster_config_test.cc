@@ -48,22 +48,32 @@ TEST(TfConfig, RefusesWhatItCannotUseSayingWhere) {
       {"", "not JSON"},
       {"[1, 2]", "not a JSON object"},
       {R"({"task": {"type": "worker", "index": 0}})", "cluster: missing"},
-      {R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})", "cluster.ps: no parameter servers"},
+      {R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})",
+       "cluster.ps: no parameter servers"},
       {R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0}})", "no \"chief\" or \"worker\""},
-      {R"({"cluster": {"ps": ["a"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}})", "cluster.ps[0]: 'a' has no port"},
-      {R"({"cluster": {"ps": ["a:0"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}})", "no port in [1, 65535]"},
-      {R"({"cluster": {"ps": ["a:1", 7], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}})", "cluster.ps[1]: is not"},
-      {R"({"cluster": {"ps": "a:1", "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}})", "cluster.ps: is not a list"},
-      {R"({"cluster": {"ps": ["a:1"], "chief": ["c:1", "d:1"]}, "task": {"type": "chief", "index": 0}})", "at most one"},
-      {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"], "evaluator": ["e:1"]}, "task": {"type": "worker", "index": 0}})",
+      {R"({"cluster": {"ps": ["a"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}})",
+       "cluster.ps[0]: 'a' has no port"},
+      {R"({"cluster": {"ps": ["a:0"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}})",
+       "no port in [1, 65535]"},
+      {R"({"cluster": {"ps": ["a:1", 7], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}})",
+       "cluster.ps[1]: is not"},
+      {R"({"cluster": {"ps": "a:1", "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}})",
+       "cluster.ps: is not a list"},
+      {R"({"cluster": {"ps": ["a:1"], "chief": ["c:1", "d:1"]}, "task": {"type": "chief", "index": 0}})",
+       "at most one"},
+      {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"], "evaluator": ["e:1"]}, )"
+       R"("task": {"type": "worker", "index": 0}})",
        "no evaluator task"},
       {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"], "master": ["m:1"]}, "task": {"type": "worker", "index": 0}})",
        "cluster.master: unknown task type"},
       {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}})", "task: missing"},
       {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"index": 0}})", "task.type: missing"},
-      {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": "0"}})", "task.index: missing, or not an integer"},
-      {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "evaluator", "index": 0}})", "not one of ps, chief, worker"},
-      {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 1}})", "task.index: 1 is outside cluster.worker (1 entries)"},
+      {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": "0"}})",
+       "task.index: missing, or not an integer"},
+      {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "evaluator", "index": 0}})",
+       "not one of ps, chief, worker"},
+      {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 1}})",
+       "task.index: 1 is outside cluster.worker (1 entries)"},
       {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": -1}})", "task.index: -1"},
   };
   for (const auto& [json, want] : cases) {
@@ -80,7 +90,8 @@ TEST(TfConfig, TheEnvironmentVariableIsReadWhenSet) {
   auto none = ClusterFromEnvironment();
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
-  ::setenv("TF_CONFIG", R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}})", 1);
+  ::setenv("TF_CONFIG", R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}})",
+           1);
   auto set = ClusterFromEnvironment();
   ::unsetenv("TF_CONFIG");
   ASSERT_TRUE(set.ok()) << set.status();

@@ -89,7 +89,8 @@ TEST_F(CurveKeys, BrokenFilesAreNamedWithTheirLine) {
     const char* says;
   };
   const Case cases[] = {
-      {"worker-0.key", "# comment\npublic-key = short\nsecret-key = short\n", "worker-0.key (public key): a CURVE key is 40"},
+      {"worker-0.key", "# comment\npublic-key = short\nsecret-key = short\n",
+       "worker-0.key (public key): a CURVE key is 40"},
       {"worker-0.key", "hello there\n", "worker-0.key:1: want 'public-key = KEY'"},
       {"worker-0.key", line(key0, "public-key") + "\n" + line(key1, "secret-key") + "\n", "not the secret key's"},
       {"worker-0.key", line(key0, "public-key") + "\n", "want both a public-key and a secret-key line"},

@@ -44,7 +44,9 @@ TEST(MemoryBudget, TakesWhatFitsAndRefusesWhatDoesNot) {
   b.Give(1000);
   const Status s = b.Take(2 << 20, "table 'x'");
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
-  EXPECT_EQ(s.message(), "table 'x' would take 2.0 MiB; the server's memory budget (--memory-budget-mb) has 0.0 MiB of 0.0 MiB left");
+  EXPECT_EQ(
+      s.message(),
+      "table 'x' would take 2.0 MiB; the server's memory budget (--memory-budget-mb) has 0.0 MiB of 0.0 MiB left");
   EXPECT_GT(MemoryBudget::DefaultLimit(), int64_t{64} << 20);
   EXPECT_EQ(MemoryBudget(0).limit(), MemoryBudget::DefaultLimit());
 }
@@ -89,7 +91,8 @@ TEST(MemoryBudget, SparseRowsAreChargedAsCreatedAndARefusalChangesNothing) {
       shard.FindOrCreate(10);
       FAIL() << "row 11 went over the budget";
     } catch (const BudgetExceeded& e) {
-      EXPECT_NE(std::string(e.what()).find("a new row of sparse table 'emb' would take"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("a new row of sparse table 'emb' would take"), std::string::npos)
+          << e.what();
     }
     EXPECT_EQ(shard.size(), 10u);
     EXPECT_EQ(tight.used(), 10 * row);

@@ -93,7 +93,8 @@ TEST(Optimizer, SubRangesWithStrideEqualOneWholeUpdate) {
   auto o = Spec(OptimizerType::kAdam, 0.01f);
   const size_t n = 10;
   std::vector<float> p1(n), p2(n), g(n), s1(2 * n, 0.0f), s2(2 * n, 0.0f);
-  for (size_t i = 0; i < n; ++i) p1[i] = p2[i] = 0.1f * static_cast<float>(i), g[i] = 1.0f - 0.2f * static_cast<float>(i);
+  for (size_t i = 0; i < n; ++i)
+    p1[i] = p2[i] = 0.1f * static_cast<float>(i), g[i] = 1.0f - 0.2f * static_cast<float>(i);
   for (int64_t step = 1; step <= 3; ++step) {
     ApplyUpdate(o, p1.data(), g.data(), s1.data(), n, n, step);
     ApplyUpdate(o, p2.data(), g.data(), s2.data(), 4, n, step);
@@ -174,7 +175,8 @@ TEST(Optimizer, AdamWWithoutWeightDecayIsAdamBitForBit) {
   adamw.weight_decay = 0.0f;
   const size_t n = 7;
   std::vector<float> p1(n), p2(n), g(n), s1(2 * n, 0.0f), s2(2 * n, 0.0f);
-  for (size_t i = 0; i < n; ++i) p1[i] = p2[i] = 0.3f * static_cast<float>(i) - 1.0f, g[i] = 0.7f - 0.25f * static_cast<float>(i);
+  for (size_t i = 0; i < n; ++i)
+    p1[i] = p2[i] = 0.3f * static_cast<float>(i) - 1.0f, g[i] = 0.7f - 0.25f * static_cast<float>(i);
   for (int64_t step = 1; step <= 5; ++step) {
     ApplyUpdate(adam, p1.data(), g.data(), s1.data(), n, n, step);
     ApplyUpdate(adamw, p2.data(), g.data(), s2.data(), n, n, step);

@@ -27,7 +27,8 @@ TEST(Placement, DenseChunksBalancedWithinOne) {
   for (int servers = 1; servers <= 8; ++servers) {
     for (int64_t chunks : {1, 2, 3, 7, 64, 1000}) {
       std::vector<int> load(static_cast<size_t>(servers), 0);
-      for (int64_t c = 0; c < chunks; ++c) ++load[static_cast<size_t>(placement::ChunkServer(TableId("t"), c, servers))];
+      for (int64_t c = 0; c < chunks; ++c)
+        ++load[static_cast<size_t>(placement::ChunkServer(TableId("t"), c, servers))];
       const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
       EXPECT_LE(*hi - *lo, 1) << servers << " servers, " << chunks << " chunks";
     }

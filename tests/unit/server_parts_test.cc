@@ -192,7 +192,8 @@ TEST(Collectives, ARestartedRankReentersWhereTheJobIs) {
   EXPECT_EQ(c.next_id(), 0);
   // Collective 0 of 3 workers completes; in collective 1, ranks 1 (first to arrive) and 0 wait
   // for rank 2 when rank 1's process dies.
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, r, 0), t0 + milliseconds(100), 3).empty());
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, r, 0), t0 + milliseconds(100), 3).empty());
   EXPECT_EQ(c.Enter(MakeRequest(wire::Kind::Barrier, 2, 0), t0 + milliseconds(100), 3).size(), 3u);
   EXPECT_EQ(c.next_id(), 1);
   EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 1, 1, {5.0}), t0 + milliseconds(10), 3).empty());

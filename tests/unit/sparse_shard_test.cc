@@ -219,7 +219,8 @@ int64_t SweepRowCreation(int64_t dim, int64_t rows, bool lifecycle) {
   const testing::TestResult* result = testing::UnitTest::GetInstance()->current_test_info()->result();
   for (int i = 0; i < result->total_part_count(); ++i) {
     const testing::TestPartResult& r = result->GetTestPartResult(i);
-    if (r.failed()) std::fprintf(stderr, "%s:%d: %s\n", r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+    if (r.failed())
+      std::fprintf(stderr, "%s:%d: %s\n", r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
   }
   std::fprintf(stderr, "dim %lld: %lld allocation failures injected (want at least %lld): %s\n",
                static_cast<long long>(dim), static_cast<long long>(injected), static_cast<long long>(min_injected),
@@ -245,8 +246,8 @@ TEST(SparseShard, FailedRowCreationLeavesTheShardAsItWasWithLifecycleSettings) {
 #if defined(FERRY_TEST_SANITIZER)
   GTEST_SKIP() << "needs a replaced global operator new, which the sanitizer runtime provides itself";
 #else
-  EXPECT_EXIT(SweepAndExit(/*dim=*/4, /*rows=*/100, /*min_injected=*/20, /*lifecycle=*/true), testing::ExitedWithCode(0),
-              "intact after every one");
+  EXPECT_EXIT(SweepAndExit(/*dim=*/4, /*rows=*/100, /*min_injected=*/20, /*lifecycle=*/true),
+              testing::ExitedWithCode(0), "intact after every one");
 #endif
 }
 

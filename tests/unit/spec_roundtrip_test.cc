@@ -183,7 +183,8 @@ TEST(SpecRoundTrip, FixturesLeaveNoFieldAtADefault) {
   EXPECT_TRUE(covered([&](const TableSpec& t) { return u8(t.init); }, u8(cpp.init), u8(w->init()), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.init_scale; }, cpp.init_scale, w->init_scale(), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.seed; }, cpp.seed, w->seed(), a, b));
-  EXPECT_TRUE(covered([&](const TableSpec& t) { return u8(t.nonfinite); }, u8(cpp.nonfinite), u8(w->nonfinite()), a, b));
+  EXPECT_TRUE(
+      covered([&](const TableSpec& t) { return u8(t.nonfinite); }, u8(cpp.nonfinite), u8(w->nonfinite()), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.admit_after; }, cpp.admit_after, w->admit_after(), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.admit_probability; }, cpp.admit_probability,
                       w->admit_probability(), a, b));

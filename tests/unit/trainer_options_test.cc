@@ -46,7 +46,8 @@ TEST(TrainerOptions, ClusterFlagsWinOverTfConfig) {
 }
 
 TEST(TrainerOptions, RefusesTfConfigForAnotherTaskOrMalformed) {
-  auto ps = Parse({"--steps", "10"}, R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "ps", "index": 0}})");
+  auto ps = Parse({"--steps", "10"},
+                  R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "ps", "index": 0}})");
   EXPECT_EQ(ps.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(ps.status().message().find("run ferry-ps there"), std::string::npos) << ps.status();
   auto bad = Parse({"--steps", "10"}, "{not json");
@@ -79,10 +80,11 @@ TEST(TrainerOptions, ParsesAFullCommandLine) {
 }
 
 TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
-  auto o = Parse({"--servers", "tcp://a:1", "--num-workers", "4", "--rank", "3", "--model", "ctr", "--emb-dim", "8",
-                  "--ctr-fields", "5", "--ctr-vocab", "77", "--ctr-dense", "0", "--ctr-train", "1000", "--ctr-test", "10",
-                  "--ctr-zipf", "1.3", "--data-seed", "9", "--accumulate", "3", "--backup-workers", "1",
-                  "--straggler", "3:x2.5", "--pipeline", "none"});
+  auto o =
+      Parse({"--servers",    "tcp://a:1", "--num-workers",    "4",  "--rank",      "3",      "--model",     "ctr",
+             "--emb-dim",    "8",         "--ctr-fields",     "5",  "--ctr-vocab", "77",     "--ctr-dense", "0",
+             "--ctr-train",  "1000",      "--ctr-test",       "10", "--ctr-zipf",  "1.3",    "--data-seed", "9",
+             "--accumulate", "3",         "--backup-workers", "1",  "--straggler", "3:x2.5", "--pipeline",  "none"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->pipeline, Pipeline::kNone);
   EXPECT_EQ(o->model, "ctr");
@@ -147,7 +149,8 @@ TEST(TrainerOptions, CheckpointAndResumeFlags) {
   EXPECT_FALSE(plain->resume);
   EXPECT_NE(Parse({"--servers", "tcp://a:1", "--checkpoint-every", "-1"}).status().message().find("--checkpoint-every"),
             std::string::npos);
-  EXPECT_NE(Parse({"--servers", "tcp://a:1", "--resume=yes"}).status().message().find("takes no value"), std::string::npos);
+  EXPECT_NE(Parse({"--servers", "tcp://a:1", "--resume=yes"}).status().message().find("takes no value"),
+            std::string::npos);
   // Checkpoints are the servers': a --local run has none.
   for (const char* flag : {"--resume", "--checkpoint-every=5"}) {
     const Status s = Parse({"--local", flag}).status();
@@ -191,20 +194,25 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
       {{"--local", "--straggler", "0:x0.5"}, "--straggler"},
       {{"--servers", "tcp://a:1", "--num-workers", "2", "--straggler", "2:10ms"}, "--straggler"},
       {{"--servers", "tcp://a:1", "--num-workers", "2", "--backup-workers", "2"}, "--backup-workers"},
-      {{"--servers", "tcp://a:1", "--num-workers", "2", "--backup-workers", "1", "--consistency", "async"}, "--backup-workers"},
+      {{"--servers", "tcp://a:1", "--num-workers", "2", "--backup-workers", "1", "--consistency", "async"},
+       "--backup-workers"},
       {{"--local", "--criteo-train", "x.tsv", "--criteo-test", "y.tsv"}, "--model ctr"},
       {{"--local", "--model", "ctr", "--criteo-train", "x.tsv"}, "--criteo-test"},
-      {{"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y"}, "--steps"},
+      {{"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y"},
+       "--steps"},
       {{"--local", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y"}, "--steps"},
-      {{"--local", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y", "--steps", "5", "--criteo-shard", "row"},
+      {{"--local", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y", "--steps", "5", "--criteo-shard",
+        "row"},
        "--criteo-shard"},
       {{"--local", "--model", "ctr", "--ctr-zipf", "0"}, "--ctr-zipf"},
       {{"--local", "--model", "ctr", "--emb-dim", "0"}, "--emb-dim"},
       {{"--local", "--eval-every", "epochs"}, "--eval-every"},
       {{"--local", "--eval-every", "-1"}, "--eval-every"},
       {{"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y",
-        "--steps", "10", "--eval-every", "epoch"}, "--eval-every epoch"},
-      {{"--local", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y", "--steps", "10", "--eval-every", "epoch"},
+        "--steps", "10", "--eval-every", "epoch"},
+       "--eval-every epoch"},
+      {{"--local", "--model", "ctr", "--criteo-train", "x", "--criteo-test", "y", "--steps", "10", "--eval-every",
+        "epoch"},
        "--eval-every epoch"},
   };
   for (const auto& [args, flag] : cases) {
@@ -343,7 +351,8 @@ TEST(TrainerOptions, CheckSettingsRefusesTheUsersSettingsWithoutData) {
   ASSERT_TRUE(none.ok());
   Status s = CheckSettings(*none);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("'user/*' matches none of the model's tables (ctr/w0, ctr/w0s, ctr/b0"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("'user/*' matches none of the model's tables (ctr/w0, ctr/w0s, ctr/b0"), std::string::npos)
+      << s;
   EXPECT_TRUE(IsSettingsRefusal(s));
 
   // The classifier's tables are known without Fashion-MNIST.
@@ -355,7 +364,8 @@ TEST(TrainerOptions, CheckSettingsRefusesTheUsersSettingsWithoutData) {
   // --pipeline prefetch with a sync table, set by --consistency or by --table; async is fine.
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"--consistency", "sync"}, {"--consistency", "async", "--table", "ctr/b0:consistency=sync"}}) {
-    std::vector<std::string> all = {"--servers", "tcp://a:1", "--num-workers", "2", "--model", "ctr", "--pipeline", "prefetch"};
+    std::vector<std::string> all = {"--servers", "tcp://a:1", "--num-workers", "2",
+                                    "--model",   "ctr",       "--pipeline",    "prefetch"};
     all.insert(all.end(), args.begin(), args.end());
     auto p = Parse(all);
     ASSERT_TRUE(p.ok()) << p.status();
@@ -450,11 +460,14 @@ void ExpectDedupMatchesTheKernel(Device& dev) {
   ASSERT_TRUE(kernels::cpu::Dedup(ids.data(), n, want_unique.data(), want_inverse.data(), &want_n).ok());
   want_unique.resize(static_cast<size_t>(want_n));
   auto in = dev.Alloc(n * 8), unique = dev.Alloc(n * 8), inverse = dev.Alloc(n * 4), count = dev.Alloc(4);
-  auto h_in = dev.AllocHost(n * 8), h_unique = dev.AllocHost(n * 8), h_inverse = dev.AllocHost(n * 4), h_count = dev.AllocHost(4);
-  ASSERT_TRUE(in.ok() && unique.ok() && inverse.ok() && count.ok() && h_in.ok() && h_unique.ok() && h_inverse.ok() && h_count.ok());
+  auto h_in = dev.AllocHost(n * 8), h_unique = dev.AllocHost(n * 8), h_inverse = dev.AllocHost(n * 4),
+       h_count = dev.AllocHost(4);
+  ASSERT_TRUE(in.ok() && unique.ok() && inverse.ok() && count.ok() && h_in.ok() && h_unique.ok() && h_inverse.ok() &&
+              h_count.ok());
   std::memcpy(h_in->data(), ids.data(), ids.size() * 8);
   ASSERT_TRUE(dev.CopyToDevice(in->data(), h_in->data(), n * 8).ok());
-  ASSERT_TRUE(dev.Dedup(in->as<int64_t>(), n, unique->as<int64_t>(), inverse->as<int32_t>(), count->as<int32_t>()).ok());
+  ASSERT_TRUE(
+      dev.Dedup(in->as<int64_t>(), n, unique->as<int64_t>(), inverse->as<int32_t>(), count->as<int32_t>()).ok());
   ASSERT_TRUE(dev.CopyToHost(h_unique->data(), unique->data(), n * 8).ok());
   ASSERT_TRUE(dev.CopyToHost(h_inverse->data(), inverse->data(), n * 4).ok());
   ASSERT_TRUE(dev.CopyToHost(h_count->data(), count->data(), 4).ok());
@@ -464,8 +477,9 @@ void ExpectDedupMatchesTheKernel(Device& dev) {
   ASSERT_EQ(got_n, want_n);
   EXPECT_EQ(std::vector<int64_t>(h_unique->as<int64_t>(), h_unique->as<int64_t>() + got_n), want_unique);
   EXPECT_EQ(std::vector<int32_t>(h_inverse->as<int32_t>(), h_inverse->as<int32_t>() + n), want_inverse);
-  EXPECT_EQ(dev.Dedup(in->as<int64_t>(), -1, unique->as<int64_t>(), inverse->as<int32_t>(), count->as<int32_t>()).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      dev.Dedup(in->as<int64_t>(), -1, unique->as<int64_t>(), inverse->as<int32_t>(), count->as<int32_t>()).code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST(TrainerDevice, CpuDedupMatchesTheKernel) {
@@ -510,7 +524,8 @@ TEST(TrainerOptions, TableSettingsApplyToTheTablesTheyMatch) {
   EXPECT_FLOAT_EQ(specs[2].optimizer.l1, 2.0f);  // the later --table wins
 
   // Sync set per table takes --backup-workers' replicas_to_aggregate.
-  auto sync = Parse({"--servers", "tcp://a:1", "--num-workers", "3", "--backup-workers", "1", "--table", "w*:consistency=sync"});
+  auto sync = Parse(
+      {"--servers", "tcp://a:1", "--num-workers", "3", "--backup-workers", "1", "--table", "w*:consistency=sync"});
   ASSERT_TRUE(sync.ok()) << sync.status();
   std::vector<TableSpec> w(1);
   w[0].name = "w0";
@@ -529,7 +544,8 @@ TEST(TrainerOptions, TableSettingsApplyToTheTablesTheyMatch) {
   ASSERT_TRUE(none.ok());
   const Status s = ApplyTableOverrides(*none, &specs);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("matches none of the model's tables (ctr/dense0, ctr/emb0, ctr/emb1)"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("matches none of the model's tables (ctr/dense0, ctr/emb0, ctr/emb1)"), std::string::npos)
+      << s;
 }
 
 // The row lifecycle of sparse tables goes through --table like any numeric option (SetSpecOption).

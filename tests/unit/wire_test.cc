@@ -41,7 +41,8 @@ TEST(Wire, RejectsEveryTruncation) {
   for (size_t len = 0; len < frame.size(); ++len) {
     zmq::message_t cut(bytes, len);
     const Header* h = nullptr;
-    EXPECT_FALSE(VerifyHeader(cut, &h).ok()) << "accepted a header cut to " << len << " of " << frame.size() << " bytes";
+    EXPECT_FALSE(VerifyHeader(cut, &h).ok())
+        << "accepted a header cut to " << len << " of " << frame.size() << " bytes";
   }
 }
 
@@ -132,7 +133,8 @@ TEST(Wire, SparseTablesPayloadMustMatchEveryEntry) {
   EXPECT_TRUE(CheckPayloadShape(*h, frames).ok());
   frames[1] = zmq::message_t(28);
   s = CheckPayloadShape(*h, frames);
-  EXPECT_NE(s.message().find("table 0 gradient frame has 28 bytes, the header's count says 32"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("table 0 gradient frame has 28 bytes, the header's count says 32"), std::string::npos)
+      << s;
 
   auto zero_dim = SparseTablesHeader(Kind::PullSparseTables, {SparseSlice(1, 0, 1)});
   ASSERT_TRUE(VerifyHeader(zero_dim, &h).ok());

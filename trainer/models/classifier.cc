@@ -61,7 +61,8 @@ class Classifier final : public Model {
 
   Status ComputeGradients(int64_t first, int64_t rows, float scale, bool accumulate, double* loss_sum,
                           int64_t* correct) override {
-    if (first < 0 || rows < 1 || first + rows > loaded_) return InvalidArgumentError("ComputeGradients: rows outside the batch");
+    if (first < 0 || rows < 1 || first + rows > loaded_)
+      return InvalidArgumentError("ComputeGradients: rows outside the batch");
     const int64_t classes = tower_.mlp->config().outputs;
     const float* x = x_dev_.as<float>() + first * tower_.mlp->config().input;
     const int32_t* labels = labels_dev_.as<int32_t>() + first;
@@ -72,14 +73,15 @@ class Classifier final : public Model {
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), probs_dev_.data(), rows * classes * kF));
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(mean_loss_host_.data(), mean_loss_dev_.data(), kF));
     // Gradient of the mean loss over these rows: scale 1 / rows.
-    FERRY_RETURN_IF_ERROR(device_->SoftmaxCrossEntropyBackward(probs_dev_.as<float>(), labels, rows, classes,
-                                                               1.0f / static_cast<float>(rows), dlogits_dev_.as<float>()));
+    FERRY_RETURN_IF_ERROR(device_->SoftmaxCrossEntropyBackward(
+        probs_dev_.as<float>(), labels, rows, classes, 1.0f / static_cast<float>(rows), dlogits_dev_.as<float>()));
     FERRY_RETURN_IF_ERROR(tower_.Backward(x, nullptr, dlogits_dev_.as<float>(), rows, nullptr, scale, accumulate));
     FERRY_RETURN_IF_ERROR(device_->Synchronize());
     tower_.SumGrads();
     *loss_sum += static_cast<double>(*mean_loss_host_.as<float>()) * static_cast<double>(rows);
-    const std::vector<int32_t> pred = data::ArgMaxRows(
-        std::span<const float>(probs_host_.as<float>(), static_cast<size_t>(rows * classes)), static_cast<int>(classes));
+    const std::vector<int32_t> pred =
+        data::ArgMaxRows(std::span<const float>(probs_host_.as<float>(), static_cast<size_t>(rows * classes)),
+                         static_cast<int>(classes));
     const int32_t* host_labels = labels_host_.as<int32_t>() + first;
     for (int64_t r = 0; r < rows; ++r) *correct += pred[static_cast<size_t>(r)] == host_labels[r] ? 1 : 0;
     return Status::Ok();
@@ -106,7 +108,8 @@ class Classifier final : public Model {
       FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), tower_.mlp->logits(), rows * classes * kF));
       FERRY_RETURN_IF_ERROR(device_->Synchronize());
       logits.assign(probs_host_.as<float>(), probs_host_.as<float>() + rows * classes);
-      FERRY_RETURN_IF_ERROR(metrics.Add(logits, std::span<const int32_t>(labels_host_.as<int32_t>(), static_cast<size_t>(rows))));
+      FERRY_RETURN_IF_ERROR(
+          metrics.Add(logits, std::span<const int32_t>(labels_host_.as<int32_t>(), static_cast<size_t>(rows))));
     }
     return AddEvalState(metrics.State(), state);  // [num_classes, count, correct, loss_sum]
   }
@@ -132,7 +135,8 @@ class Classifier final : public Model {
     std::memcpy(x_host_.data(), xs_.data(), static_cast<size_t>(rows * input * kF));
     std::memcpy(labels_host_.data(), ys_.data(), static_cast<size_t>(rows) * sizeof(int32_t));
     FERRY_RETURN_IF_ERROR(device_->CopyToDevice(x_dev_.data(), x_host_.data(), rows * input * kF));
-    FERRY_RETURN_IF_ERROR(device_->CopyToDevice(labels_dev_.data(), labels_host_.data(), rows * int64_t{sizeof(int32_t)}));
+    FERRY_RETURN_IF_ERROR(
+        device_->CopyToDevice(labels_dev_.data(), labels_host_.data(), rows * int64_t{sizeof(int32_t)}));
     loaded_ = rows;
     return Status::Ok();
   }

@@ -149,21 +149,23 @@ class CtrModel final : public Model {
 
   Status ComputeGradients(int64_t first, int64_t rows, float scale, bool accumulate, double* loss_sum,
                           int64_t* correct) override {
-    if (first < 0 || rows < 1 || first + rows > loaded_) return InvalidArgumentError("ComputeGradients: rows outside the batch");
+    if (first < 0 || rows < 1 || first + rows > loaded_)
+      return InvalidArgumentError("ComputeGradients: rows outside the batch");
     const float* labels = labels_dev_.as<float>() + first;
     FERRY_RETURN_IF_ERROR(Forward(first, rows));
-    FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyForward(tower_.mlp->logits(), labels, rows, row_loss_dev_.as<float>(),
-                                                              mean_loss_dev_.as<float>(), probs_dev_.as<float>()));
+    FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyForward(tower_.mlp->logits(), labels, rows,
+                                                              row_loss_dev_.as<float>(), mean_loss_dev_.as<float>(),
+                                                              probs_dev_.as<float>()));
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), probs_dev_.data(), rows * kF));
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(mean_loss_host_.data(), mean_loss_dev_.data(), kF));
-    FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyBackward(tower_.mlp->logits(), labels, rows,
-                                                               1.0f / static_cast<float>(rows), dlogits_dev_.as<float>()));
+    FERRY_RETURN_IF_ERROR(device_->SigmoidCrossEntropyBackward(
+        tower_.mlp->logits(), labels, rows, 1.0f / static_cast<float>(rows), dlogits_dev_.as<float>()));
     FERRY_RETURN_IF_ERROR(tower_.Backward(pooled_dev_.as<float>(), side(first), dlogits_dev_.as<float>(), rows,
                                           dpooled_dev_.as<float>(), scale, accumulate));
     const int64_t bags = rows * fields_;
-    FERRY_RETURN_IF_ERROR(device_->EmbeddingBagBackward(dpooled_dev_.as<float>(), dim_, offsets_dev_.as<int32_t>(),
-                                                        index_dev_.as<int32_t>() + first * fields_, bags, bags,
-                                                        num_unique(), kernels::Pooling::kSum, emb_grad_dev_.as<float>()));
+    FERRY_RETURN_IF_ERROR(device_->EmbeddingBagBackward(
+        dpooled_dev_.as<float>(), dim_, offsets_dev_.as<int32_t>(), index_dev_.as<int32_t>() + first * fields_, bags,
+        bags, num_unique(), kernels::Pooling::kSum, emb_grad_dev_.as<float>()));
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(emb_grad_host_.data(), emb_grad_dev_.data(), num_unique() * dim_ * kF));
     FERRY_RETURN_IF_ERROR(device_->Synchronize());
     tower_.SumGrads();
@@ -192,7 +194,8 @@ class CtrModel final : public Model {
     for (int f = 0; f < fields_; ++f) {
       const size_t at = static_cast<size_t>(cur().base[static_cast<size_t>(f)] * dim_);
       std::span<const int64_t> ids = cur().unique[static_cast<size_t>(f)];
-      if (copy != nullptr) ids = std::span<const int64_t>(copy->ids).subspan(static_cast<size_t>(f * loaded_), ids.size());
+      if (copy != nullptr)
+        ids = std::span<const int64_t>(copy->ids).subspan(static_cast<size_t>(f * loaded_), ids.size());
       sparse_pushes_.push_back(SparseIn{emb_specs_[static_cast<size_t>(f)].name, ids,
                                         grads.subspan(at, ids.size() * static_cast<size_t>(dim_))});
     }
@@ -201,7 +204,8 @@ class CtrModel final : public Model {
 
   Status Evaluate(ParamStore& store, int64_t step, int64_t first, int64_t count, std::vector<double>* state) override {
     const data::CtrBatch& test = data_->test;
-    if (first < 0 || count < 0 || first + count > test.size()) return InvalidArgumentError("Evaluate: examples outside the test set");
+    if (first < 0 || count < 0 || first + count > test.size())
+      return InvalidArgumentError("Evaluate: examples outside the test set");
     FERRY_RETURN_IF_ERROR(tower_.Pull(store, step));
     data::BinaryMetrics metrics;
     std::vector<int64_t> idx;
@@ -218,8 +222,9 @@ class CtrModel final : public Model {
                                                                 probs_dev_.as<float>()));
       FERRY_RETURN_IF_ERROR(device_->CopyToHost(probs_host_.data(), probs_dev_.data(), rows * kF));
       FERRY_RETURN_IF_ERROR(device_->Synchronize());
-      FERRY_RETURN_IF_ERROR(metrics.Add(std::span<const float>(probs_host_.as<float>(), static_cast<size_t>(rows)),
-                                        std::span<const float>(cur().labels_host.as<float>(), static_cast<size_t>(rows))));
+      FERRY_RETURN_IF_ERROR(
+          metrics.Add(std::span<const float>(probs_host_.as<float>(), static_cast<size_t>(rows)),
+                      std::span<const float>(cur().labels_host.as<float>(), static_cast<size_t>(rows))));
     }
     return AddEvalState(metrics.State(), state);  // [num_bins, count, positives, correct, loss_sum, pos..., neg...]
   }
@@ -254,8 +259,10 @@ class CtrModel final : public Model {
   // Sends a batch's examples and bag indices to the device: it becomes the loaded batch.
   Status Upload(const Batch& b) {
     FERRY_RETURN_IF_ERROR(device_->CopyToDevice(labels_dev_.data(), b.labels_host.data(), b.rows * kF));
-    if (dense_ > 0) FERRY_RETURN_IF_ERROR(device_->CopyToDevice(dense_dev_.data(), b.dense_host.data(), b.rows * dense_ * kF));
-    FERRY_RETURN_IF_ERROR(device_->CopyToDevice(index_dev_.data(), b.index_host.data(), b.rows * fields_ * int64_t{sizeof(int32_t)}));
+    if (dense_ > 0)
+      FERRY_RETURN_IF_ERROR(device_->CopyToDevice(dense_dev_.data(), b.dense_host.data(), b.rows * dense_ * kF));
+    FERRY_RETURN_IF_ERROR(
+        device_->CopyToDevice(index_dev_.data(), b.index_host.data(), b.rows * fields_ * int64_t{sizeof(int32_t)}));
     loaded_ = b.rows;
     return Status::Ok();
   }
@@ -264,9 +271,9 @@ class CtrModel final : public Model {
   // Pools rows [first, first + rows) of the loaded batch and runs the tower.
   Status Forward(int64_t first, int64_t rows) {
     const int64_t bags = rows * fields_;
-    FERRY_RETURN_IF_ERROR(device_->EmbeddingBagForward(emb_dev_.as<float>(), num_unique(), dim_,
-                                                       offsets_dev_.as<int32_t>(), index_dev_.as<int32_t>() + first * fields_,
-                                                       bags, bags, kernels::Pooling::kSum, pooled_dev_.as<float>()));
+    FERRY_RETURN_IF_ERROR(device_->EmbeddingBagForward(
+        emb_dev_.as<float>(), num_unique(), dim_, offsets_dev_.as<int32_t>(),
+        index_dev_.as<int32_t>() + first * fields_, bags, bags, kernels::Pooling::kSum, pooled_dev_.as<float>()));
     return tower_.mlp->Forward(pooled_dev_.as<float>(), side(first), rows);
   }
 
@@ -294,8 +301,9 @@ class CtrModel final : public Model {
     constexpr int64_t kId = sizeof(int64_t), kPos = sizeof(int32_t);
     FERRY_RETURN_IF_ERROR(device_->CopyToDevice(ids_dev_.data(), ids, bags * kId));
     for (int64_t f = 0; f < fields_; ++f) {
-      FERRY_RETURN_IF_ERROR(device_->Dedup(ids_dev_.as<int64_t>() + f * rows, rows, unique_dev_.as<int64_t>() + f * rows,
-                                           inverse_dev_.as<int32_t>() + f * rows, counts_dev_.as<int32_t>() + f));
+      FERRY_RETURN_IF_ERROR(device_->Dedup(ids_dev_.as<int64_t>() + f * rows, rows,
+                                           unique_dev_.as<int64_t>() + f * rows, inverse_dev_.as<int32_t>() + f * rows,
+                                           counts_dev_.as<int32_t>() + f));
     }
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(b.unique_host.data(), unique_dev_.data(), bags * kId));
     FERRY_RETURN_IF_ERROR(device_->CopyToHost(inverse_host_.data(), inverse_dev_.data(), bags * kPos));
@@ -306,8 +314,10 @@ class CtrModel final : public Model {
     b.base[0] = 0;
     for (int64_t f = 0; f < fields_; ++f) {
       const int64_t n = counts_host_.as<int32_t>()[f];
-      if (n < 1 || n > rows) return InternalError("dedup of field " + std::to_string(f) + " gave " + std::to_string(n) + " ids");
-      b.unique[static_cast<size_t>(f)] = std::span<const int64_t>(b.unique_host.as<int64_t>() + f * rows, static_cast<size_t>(n));
+      if (n < 1 || n > rows)
+        return InternalError("dedup of field " + std::to_string(f) + " gave " + std::to_string(n) + " ids");
+      b.unique[static_cast<size_t>(f)] =
+          std::span<const int64_t>(b.unique_host.as<int64_t>() + f * rows, static_cast<size_t>(n));
       const int64_t base = b.base[static_cast<size_t>(f)];
       for (int64_t r = 0; r < rows; ++r) index[r * fields_ + f] = static_cast<int32_t>(base + inverse[f * rows + r]);
       b.base[static_cast<size_t>(f) + 1] = base + n;
@@ -364,8 +374,8 @@ class CtrModel final : public Model {
 std::vector<TableSpec> CtrTableSpecs(const TrainerOptions& options) {
   const bool criteo = !options.criteo_train.empty();
   const int fields = criteo ? data::kCriteoFields : options.ctr_fields;
-  std::vector<TableSpec> specs =
-      models::Tower::Specs(options, models::TowerConfig(options, fields, criteo ? data::kCriteoDense : options.ctr_dense));
+  std::vector<TableSpec> specs = models::Tower::Specs(
+      options, models::TowerConfig(options, fields, criteo ? data::kCriteoDense : options.ctr_dense));
   for (int f = 0; f < fields; ++f) specs.push_back(models::EmbeddingSpec(options, f));
   return specs;
 }

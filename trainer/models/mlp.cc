@@ -111,12 +111,14 @@ Status Mlp::DownloadGrads() { return DownloadGrads(0, num_tensors()); }
 Status Mlp::DownloadGrads(int first, int end) {
   if (first < 0 || end > num_tensors() || first >= end) return InvalidArgumentError("Mlp: no tensors to download");
   const int64_t at = tensor_offset(first);
-  return device_->CopyToHost(grads_host_.as<float>() + at, dev_grad(first), (tensor_offset(end) - at) * int64_t{sizeof(float)});
+  return device_->CopyToHost(grads_host_.as<float>() + at, dev_grad(first),
+                             (tensor_offset(end) - at) * int64_t{sizeof(float)});
 }
 
 Status Mlp::Forward(const float* x, const float* side, int64_t rows) {
   if (rows < 1 || rows > max_rows_) {
-    return InvalidArgumentError("Mlp: rows " + std::to_string(rows) + " outside [1, " + std::to_string(max_rows_) + "]");
+    return InvalidArgumentError("Mlp: rows " + std::to_string(rows) + " outside [1, " + std::to_string(max_rows_) +
+                                "]");
   }
   const float* in = x;
   for (int l = 0; l < num_layers(); ++l) {
@@ -138,7 +140,8 @@ Status Mlp::Forward(const float* x, const float* side, int64_t rows) {
 Status Mlp::Backward(const float* x, const float* side, const float* dlogits, int64_t rows, float* dx,
                      const LayerDone& layer_done) {
   if (rows < 1 || rows > max_rows_) {
-    return InvalidArgumentError("Mlp: rows " + std::to_string(rows) + " outside [1, " + std::to_string(max_rows_) + "]");
+    return InvalidArgumentError("Mlp: rows " + std::to_string(rows) + " outside [1, " + std::to_string(max_rows_) +
+                                "]");
   }
   const float* dz = dlogits;
   int next = 0;
@@ -158,12 +161,14 @@ Status Mlp::Backward(const float* x, const float* side, const float* dlogits, in
     if (l > 0) {
       // d(in) = dz W^T [rows x k], then through the ReLU that produced `in`.
       float* din = dz_dev_[next].as<float>();
-      FERRY_RETURN_IF_ERROR(device_->Gemm(Transpose::kNo, Transpose::kYes, rows, k, out, 1.0f, dz, out, w, out, 0.0f, din, k));
+      FERRY_RETURN_IF_ERROR(
+          device_->Gemm(Transpose::kNo, Transpose::kYes, rows, k, out, 1.0f, dz, out, w, out, 0.0f, din, k));
       FERRY_RETURN_IF_ERROR(device_->ReluBackward(in, din, rows * k, din));
       dz = din;
       next = 1 - next;
     } else if (dx != nullptr) {
-      FERRY_RETURN_IF_ERROR(device_->Gemm(Transpose::kNo, Transpose::kYes, rows, k, out, 1.0f, dz, out, w, out, 0.0f, dx, k));
+      FERRY_RETURN_IF_ERROR(
+          device_->Gemm(Transpose::kNo, Transpose::kYes, rows, k, out, 1.0f, dz, out, w, out, 0.0f, dx, k));
     }
   }
   return Status::Ok();

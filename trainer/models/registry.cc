@@ -28,8 +28,9 @@ StatusOr<LoadedData> LoadCtr(const TrainerOptions& o) {
   d.lines.push_back("data: " + ctr.source);
   if (ctr.planted_auc >= 0) {
     char line[160];
-    std::snprintf(line, sizeof line, "data: the planted model scores test AUC %.4f, log-loss %.4f (the best achievable)",
-                  ctr.planted_auc, ctr.planted_log_loss);
+    std::snprintf(line, sizeof line,
+                  "data: the planted model scores test AUC %.4f, log-loss %.4f (the best achievable)", ctr.planted_auc,
+                  ctr.planted_log_loss);
     d.lines.push_back(line);
   }
   d.ctr = std::move(ctr);

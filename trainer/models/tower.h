@@ -157,7 +157,8 @@ struct Tower {
   };
   // grads()[tensors first..end) (+)= scale_ x the host copy of their gradients.
   void SumRange(int first, int end) {
-    const size_t at = static_cast<size_t>(mlp->tensor_offset(first)), stop = static_cast<size_t>(mlp->tensor_offset(end));
+    const size_t at = static_cast<size_t>(mlp->tensor_offset(first)),
+                 stop = static_cast<size_t>(mlp->tensor_offset(end));
     Accumulate(grads().subspan(at, stop - at), mlp->host_grads().subspan(at, stop - at), scale_, accumulate_);
   }
 

@@ -120,7 +120,8 @@ StatusOr<std::unique_ptr<Device>> CreateDevice(DeviceKind kind, int gpu, std::st
                             " CUDA device(s)");
   }
   FERRY_ASSIGN_OR_RETURN(auto dev, internal::CreateCudaDevice(gpu));
-  say("device: " + dev->name() + (kind == DeviceKind::kAuto ? " (--device auto: CUDA device found)" : " (--device cuda)"));
+  say("device: " + dev->name() +
+      (kind == DeviceKind::kAuto ? " (--device auto: CUDA device found)" : " (--device cuda)"));
   return dev;
 #else
   (void)gpu;

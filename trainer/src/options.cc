@@ -83,7 +83,8 @@ Status ParseStraggler(std::string_view value, TrainerOptions* o) {
   o->straggler_rank = static_cast<int>(rank);
   if (!d.empty() && d[0] == 'x') {
     FERRY_RETURN_IF_ERROR(ParseDouble("--straggler factor", d.substr(1), &o->straggler_factor));
-    if (o->straggler_factor < 1) return InvalidArgumentError("--straggler: the factor x" + std::string(d.substr(1)) + " must be >= 1");
+    if (o->straggler_factor < 1)
+      return InvalidArgumentError("--straggler: the factor x" + std::string(d.substr(1)) + " must be >= 1");
   } else if (d.size() > 2 && d.substr(d.size() - 2) == "ms") {
     FERRY_RETURN_IF_ERROR(ParseDouble("--straggler delay", d.substr(0, d.size() - 2), &o->straggler_delay_ms));
     if (o->straggler_delay_ms < 0) return InvalidArgumentError("--straggler: a negative delay");
@@ -137,7 +138,9 @@ Status ApplyTableSetting(const TrainerOptions& o, std::string_view key, std::str
 }
 
 StatusOr<TableOverride> ParseTableOverride(std::string_view text) {
-  auto bad = [&](const std::string& why) { return InvalidArgumentError("--table '" + std::string(text) + "': " + why); };
+  auto bad = [&](const std::string& why) {
+    return InvalidArgumentError("--table '" + std::string(text) + "': " + why);
+  };
   const size_t eq = text.find('=');
   const size_t colon = eq == std::string_view::npos ? std::string_view::npos : text.rfind(':', eq);
   if (colon == std::string_view::npos || colon == 0) return bad("not PATTERN:key=value,...");
@@ -168,8 +171,12 @@ struct Flag {
   std::string_view group;  // the --help section
   std::string_view help;
   FlagSetter set;
-  FlagShow show = nullptr;  // nullptr: no default shown
-  std::string_view model;   // the model it belongs to ("": every model); another model's is refused
+  FlagShow show;           // nullptr: no default shown
+  std::string_view model;  // the model it belongs to ("": every model); another model's is refused
+
+  Flag(std::string_view name, std::string_view arg, std::string_view group, std::string_view help, FlagSetter set,
+       FlagShow show = nullptr, std::string_view model = {})
+      : name(name), arg(arg), group(group), help(help), set(set), show(show), model(model) {}
 };
 
 template <auto M, int64_t Lo, int64_t Hi>
@@ -330,7 +337,10 @@ std::string ShowDevice(const TrainerOptions& o) { return NameOf(o.device, kDevic
 std::string ShowPipeline(const TrainerOptions& o) { return NameOf(o.pipeline, kPipelines); }
 std::string ShowHidden(const TrainerOptions& o) {
   std::string s;
-  for (int64_t h : o.hidden) s += (s.empty() ? "" : ",") + std::to_string(h);
+  for (int64_t h : o.hidden) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(h);
+  }
   return s;
 }
 
@@ -338,22 +348,26 @@ using O = TrainerOptions;
 constexpr int64_t kMaxCount = int64_t{1} << 34;
 
 const Flag kFlags[] = {
-    {"--servers", "LIST", "cluster", "the servers, tcp://h:p,tcp://h:p in rank order (required unless --local); "
+    {"--servers", "LIST", "cluster",
+     "the servers, tcp://h:p,tcp://h:p in rank order (required unless --local); "
      "without --servers, --rank and --num-workers, from TF_CONFIG if set (ps = servers; chief, then workers = ranks)",
      SetServers},
     {"--rank", "R", "cluster", "this worker's rank, in [0, --num-workers)", Int<&O::rank, 0, 1 << 20>, Show<&O::rank>},
     {"--num-workers", "M", "cluster", "workers in the job", Int<&O::num_workers, 1, 1 << 20>, Show<&O::num_workers>},
     {"--local", "", "cluster", "one process, no servers: the optimizer runs in the trainer", Switch<&O::local, true>},
-    {"--connect-timeout-s", "S", "cluster", "how long to wait for every server's answer at the start; a wait longer "
+    {"--connect-timeout-s", "S", "cluster",
+     "how long to wait for every server's answer at the start; a wait longer "
      "than 5 s (this one, or a step's) is reported every 5 s on stderr",
      Real<&O::connect_timeout_s, 0.0, 86400.0, true>, Show<&O::connect_timeout_s>},
-    {"--device", "cuda|cpu|auto", "device", "where the model computes (auto: cuda if there is a GPU)", SetDevice, ShowDevice},
+    {"--device", "cuda|cpu|auto", "device", "where the model computes (auto: cuda if there is a GPU)", SetDevice,
+     ShowDevice},
     {"--gpu", "N", "device", "the CUDA device ordinal", Int<&O::gpu, 0, 1023>, Show<&O::gpu>},
     {"--model", "NAME", "model", "@MODELS@", Text<&O::model>, Show<&O::model>},
     {"--hidden", "LIST", "model", "hidden layer widths, comma-separated", SetHidden, ShowHidden},
     {"--seed", "S", "model", "parameter initialisation and data shuffle", Int<&O::seed, 0, INT64_MAX>, Show<&O::seed>},
     {"--emb-dim", "E", "model", "floats per embedding row", Int<&O::emb_dim, 1, 4096>, Show<&O::emb_dim>, "ctr"},
-    {"--optimizer", "NAME", "optimizer", "the servers' optimizer for every table: @OPTIMIZERS@", SetOptimizer, ShowOptimizer},
+    {"--optimizer", "NAME", "optimizer", "the servers' optimizer for every table: @OPTIMIZERS@", SetOptimizer,
+     ShowOptimizer},
     {"--lr", "X", "optimizer", "learning rate (> 0)", SetLr, ShowLr},
     {"--consistency", "sync|async|ssp:S", "optimizer", "how workers' steps meet (README, Consistency modes)",
      SetConsistency, ShowConsistency},
@@ -361,19 +375,25 @@ const Flag kFlags[] = {
      Int<&O::backup_workers, 0, 1 << 20>, Show<&O::backup_workers>},
     {"--accumulate", "K", "optimizer", "micro-batches of --batch per push (1: push every one)",
      Int<&O::accumulate, 1, 1 << 16>, Show<&O::accumulate>},
-    {"--table", "PATTERN:key=value,...", "optimizer", "(repeatable) per-table settings over the above, for the "
+    {"--table", "PATTERN:key=value,...", "optimizer",
+     "(repeatable) per-table settings over the above, for the "
      "tables matching PATTERN (fnmatch); keys: @KEYS@ (wire: f32|fp16|bf16, how values travel; topk, dense: the "
      "share of each chunk pushed); e.g. --table 'ctr/emb*:consistency=async,optimizer=ftrl,lr=0.05,l1=0.1' or "
-     "--table 'mlp/*:wire=fp16,topk=0.01'", SetTable},
+     "--table 'mlp/*:wire=fp16,topk=0.01'",
+     SetTable},
     {"--blas-threads", "N", "optimizer", "CPU GEMM threads (0: OpenBLAS's own); recorded: results repeat for one N",
      Int<&O::blas_threads, 0, 1024>, Show<&O::blas_threads>},
-    {"--pipeline", "none|exchange|prefetch", "optimizer", "exchange: push the dense gradients and pull the next "
+    {"--pipeline", "none|exchange|prefetch", "optimizer",
+     "exchange: push the dense gradients and pull the next "
      "step's parameters in one round trip that travels while the next batch loads; prefetch (async / ssp only): "
      "use those parameters a step later, so the round trip overlaps a whole step's compute (one step more of "
-     "staleness)", SetPipeline, ShowPipeline},
-    {"--push-by-layer", "", "optimizer", "with exchange or prefetch, send the layers' gradients (and pull their "
+     "staleness)",
+     SetPipeline, ShowPipeline},
+    {"--push-by-layer", "", "optimizer",
+     "with exchange or prefetch, send the layers' gradients (and pull their "
      "next parameters) as backward yields them, while it computes the layers below (layers under 64 KiB go with "
-     "the next); it pays when compute leaves a core free", Switch<&O::push_by_layer, true>},
+     "the next); it pays when compute leaves a core free",
+     Switch<&O::push_by_layer, true>},
     {"--batch", "B", "data", "examples per worker per step", Int<&O::batch, 1, 1 << 24>, Show<&O::batch>},
     {"--epochs", "E", "data", "passes over the training data (unless --steps)", Int<&O::epochs, 1, 1 << 20>,
      Show<&O::epochs>},
@@ -384,11 +404,11 @@ const Flag kFlags[] = {
     {"--test-limit", "N", "data", "evaluate on the first N test examples (0: all)", Int<&O::test_limit, 0, INT64_MAX>,
      Show<&O::test_limit>},
     {"--data-dir", "DIR", "data", "the Fashion-MNIST folder", Text<&O::data_dir>, Show<&O::data_dir>, "mlp"},
-    {"--ctr-train", "N", "data", "synthetic: training examples", Int<&O::ctr_train, 1, kMaxCount>,
-     Show<&O::ctr_train>, "ctr"},
+    {"--ctr-train", "N", "data", "synthetic: training examples", Int<&O::ctr_train, 1, kMaxCount>, Show<&O::ctr_train>,
+     "ctr"},
     {"--ctr-test", "N", "data", "synthetic: test examples", Int<&O::ctr_test, 0, kMaxCount>, Show<&O::ctr_test>, "ctr"},
-    {"--ctr-fields", "F", "data", "synthetic: categorical fields", Int<&O::ctr_fields, 1, 1024>,
-     Show<&O::ctr_fields>, "ctr"},
+    {"--ctr-fields", "F", "data", "synthetic: categorical fields", Int<&O::ctr_fields, 1, 1024>, Show<&O::ctr_fields>,
+     "ctr"},
     {"--ctr-vocab", "V", "data", "synthetic: ids per field", Int<&O::ctr_vocab, 1, int64_t{1} << 40>,
      Show<&O::ctr_vocab>, "ctr"},
     {"--ctr-dense", "D", "data", "synthetic: dense features", Int<&O::ctr_dense, 0, 4096>, Show<&O::ctr_dense>, "ctr"},
@@ -396,28 +416,42 @@ const Flag kFlags[] = {
      Show<&O::ctr_zipf>, "ctr"},
     {"--data-seed", "S", "data", "synthetic: the data and its planted model", Int<&O::data_seed, 0, INT64_MAX>,
      Show<&O::data_seed>, "ctr"},
-    {"--criteo-train", "LIST", "data", "Criteo TSV files (plain or .gz) and globs, comma-separated, e.g. "
-     "'day_*.gz'; training streams them and needs --steps", Text<&O::criteo_train>, nullptr, "ctr"},
+    {"--criteo-train", "LIST", "data",
+     "Criteo TSV files (plain or .gz) and globs, comma-separated, e.g. "
+     "'day_*.gz'; training streams them and needs --steps",
+     Text<&O::criteo_train>, nullptr, "ctr"},
     {"--criteo-test", "LIST", "data", "the Criteo test files", Text<&O::criteo_test>, nullptr, "ctr"},
-    {"--criteo-shard", "auto|file|line", "data", "how workers split the Criteo files (auto: by file when there are "
-     "at least as many as workers)", SetCriteoShard, nullptr, "ctr"},
+    {"--criteo-shard", "auto|file|line", "data",
+     "how workers split the Criteo files (auto: by file when there are "
+     "at least as many as workers)",
+     SetCriteoShard, nullptr, "ctr"},
     {"--log-every", "N", "report", "a progress line every N steps (0: none)", Int<&O::log_every, 0, INT64_MAX>,
      Show<&O::log_every>},
     {"--eval-every", "N|epoch", "report", "evaluate every N steps or every epoch (0: at the end only)", SetEvalEvery,
      Show<&O::eval_every>},
     {"--metrics-out", "FILE", "report", "JSON lines of metrics ({rank}: the rank)", Text<&O::metrics_out>},
-    {"--metrics", "[HOST:]PORT", "report", "serve step, examples, loss and time per part for Prometheus at "
+    {"--metrics", "[HOST:]PORT", "report",
+     "serve step, examples, loss and time per part for Prometheus at "
      "http://HOST:PORT/metrics (PORT 0 picks a free one; a line at the start says where); plain HTTP: bind it to "
-     "loopback or a trusted network", SetMetricsBind},
+     "loopback or a trusted network",
+     SetMetricsBind},
     {"--quiet", "", "report", "no progress lines", Switch<&O::quiet, true>},
-    {"--checkpoint-every", "N", "recovery", "worker 0 asks the servers for a checkpoint every N steps (0: never; "
-     "the servers need a checkpoint folder)", Int<&O::checkpoint_every, 0, INT64_MAX / 2>, Show<&O::checkpoint_every>},
-    {"--checkpoint-every-s", "S", "recovery", "the same every S seconds and at the job's end (0: never; SIGUSR1 to "
-     "worker 0: one now)", Real<&O::checkpoint_every_s, 0.0, 1e300>, Show<&O::checkpoint_every_s>},
-    {"--resume", "", "recovery", "continue the job the servers hold, at their step (servers started from a "
-     "checkpoint, or a restarted worker)", Switch<&O::resume, true>},
-    {"--curve-keys", "DIR", "security", "the job's CURVE key folder from ferry-keys (reads server.pub and "
-     "worker-R.key; needed when the servers run with --curve-keys)", Text<&O::curve_keys>},
+    {"--checkpoint-every", "N", "recovery",
+     "worker 0 asks the servers for a checkpoint every N steps (0: never; "
+     "the servers need a checkpoint folder)",
+     Int<&O::checkpoint_every, 0, INT64_MAX / 2>, Show<&O::checkpoint_every>},
+    {"--checkpoint-every-s", "S", "recovery",
+     "the same every S seconds and at the job's end (0: never; SIGUSR1 to "
+     "worker 0: one now)",
+     Real<&O::checkpoint_every_s, 0.0, 1e300>, Show<&O::checkpoint_every_s>},
+    {"--resume", "", "recovery",
+     "continue the job the servers hold, at their step (servers started from a "
+     "checkpoint, or a restarted worker)",
+     Switch<&O::resume, true>},
+    {"--curve-keys", "DIR", "security",
+     "the job's CURVE key folder from ferry-keys (reads server.pub and "
+     "worker-R.key; needed when the servers run with --curve-keys)",
+     Text<&O::curve_keys>},
     {"--straggler", "R:50ms|R:x2", "experiment", "slow worker R down by a delay or a factor per step", SetStraggler},
     {"--help", "", "", "this text", Switch<&O::help, true>},
 };
@@ -464,7 +498,8 @@ std::string Wrap(std::string_view text, size_t indent) {
 std::string TrainerUsage() {
   // The lists a help text names, from their catalogues.
   std::string models;
-  for (const ModelInfo& m : Models()) models += (models.empty() ? "" : "; ") + std::string(m.name) + ": " + std::string(m.summary);
+  for (const ModelInfo& m : Models())
+    models += (models.empty() ? "" : "; ") + std::string(m.name) + ": " + std::string(m.summary);
   const std::pair<std::string_view, std::string> lists[] = {{"@KEYS@", JoinNames(TableKeys())},
                                                             {"@OPTIMIZERS@", JoinNames(OptimizerNames())},
                                                             {"@MODELS@", models}};
@@ -475,10 +510,13 @@ std::string TrainerUsage() {
     if (f.group != group || f.model != model) {
       group = f.group;
       model = f.model;
-      usage += "\n" + (group.empty() ? std::string("other") : std::string(group)) +
-               (model.empty() ? "" : ", --model " + std::string(model) + " only") + ":\n";
+      usage += '\n';
+      usage += group.empty() ? std::string_view("other") : group;
+      if (!model.empty()) usage.append(", --model ").append(model).append(" only");
+      usage += ":\n";
     }
-    std::string head = "  " + std::string(f.name) + (f.arg.empty() ? "" : " " + std::string(f.arg));
+    std::string head = "  " + std::string(f.name);
+    if (!f.arg.empty()) head.append(" ").append(f.arg);
     std::string help(f.help);
     for (const auto& [mark, list] : lists) {
       if (const size_t at = help.find(mark); at != std::string::npos) help.replace(at, mark.size(), list);
@@ -522,19 +560,20 @@ Status TrainerOptions::Validate() const {
   if (backup_workers > 0) {
     if (consistency != Consistency::kSync) return InvalidArgumentError("--backup-workers needs --consistency sync");
     if (backup_workers >= num_workers) {
-      return InvalidArgumentError("--backup-workers " + std::to_string(backup_workers) + " must be below --num-workers " +
-                                  std::to_string(num_workers));
+      return InvalidArgumentError("--backup-workers " + std::to_string(backup_workers) +
+                                  " must be below --num-workers " + std::to_string(num_workers));
     }
   }
   if (straggler_rank >= num_workers) {
-    return InvalidArgumentError("--straggler: rank " + std::to_string(straggler_rank) + " is outside [0, --num-workers " +
-                                std::to_string(num_workers) + ")");
+    return InvalidArgumentError("--straggler: rank " + std::to_string(straggler_rank) +
+                                " is outside [0, --num-workers " + std::to_string(num_workers) + ")");
   }
   if (local) {
     if (!servers.empty()) return InvalidArgumentError("--local takes no --servers");
     if (!curve_keys.empty()) return InvalidArgumentError("--local talks to no server: no --curve-keys");
     if (checkpoint_every > 0 || checkpoint_every_s > 0 || resume) {
-      return InvalidArgumentError("--checkpoint-every(-s) and --resume need servers (checkpoints are the servers'), not --local");
+      return InvalidArgumentError(
+          "--checkpoint-every(-s) and --resume need servers (checkpoints are the servers'), not --local");
     }
     if (num_workers != 1 || rank != 0) return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
   } else {
@@ -573,7 +612,8 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
       has_value = true;
     }
     const Flag* flag = FindFlag(name);
-    if (!flag) return InvalidArgumentError("unknown flag " + std::string(name) + DidYouMean(name, AllFlags()) + " (see --help)");
+    if (!flag)
+      return InvalidArgumentError("unknown flag " + std::string(name) + DidYouMean(name, AllFlags()) + " (see --help)");
     if (flag->arg.empty()) {
       if (has_value) return InvalidArgumentError(std::string(name) + " takes no value");
     } else if (!has_value) {
@@ -630,8 +670,8 @@ Status ApplyTableOverrides(const TrainerOptions& options, std::vector<TableSpec>
     if (!matched) {
       std::string names;
       for (const TableSpec& spec : *specs) names += (names.empty() ? "" : ", ") + spec.name;
-      return InvalidArgumentError("--table " + t.ToString() + ": '" + t.pattern + "' matches none of the model's tables (" +
-                                  names + ")");
+      return InvalidArgumentError("--table " + t.ToString() + ": '" + t.pattern +
+                                  "' matches none of the model's tables (" + names + ")");
     }
   }
   return Status::Ok();

@@ -319,7 +319,8 @@ class ServerStore final : public ParamStore {
     Part part = std::exchange(part_, Part());
     for (const Handle& h : part.exchange.handles) (void)h.wait();
     std::erase_if(ahead_, [&](const Ahead& a) {
-      return a.step == part.exchange.step && std::find(part.pulls.begin(), part.pulls.end(), a.data) != part.pulls.end();
+      return a.step == part.exchange.step &&
+             std::find(part.pulls.begin(), part.pulls.end(), a.data) != part.pulls.end();
     });
   }
 

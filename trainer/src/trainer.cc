@@ -104,7 +104,11 @@ std::string MetricsPath(std::string path, int rank) {
 using Json = nlohmann::ordered_json;
 
 Json TimesJson(const StepTimes& t) {
-  return {{"pull_s", t.pull_s}, {"compute_s", t.compute_s}, {"push_s", t.push_s}, {"wait_s", t.wait_s}, {"eval_s", t.eval_s}};
+  return {{"pull_s", t.pull_s},
+          {"compute_s", t.compute_s},
+          {"push_s", t.push_s},
+          {"wait_s", t.wait_s},
+          {"eval_s", t.eval_s}};
 }
 
 Json EvalJson(const EvalSummary& e, bool binary) {
@@ -121,8 +125,11 @@ std::string Duration(double seconds) {
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
   char buf[32];
   if (s < 60) std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
-  else if (s < 3600) std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
-  else std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>(s % 3600 / 60));
+  else if (s < 3600)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s % 3600 / 60));
   return buf;
 }
 
@@ -274,14 +281,16 @@ class WorkerRun final : public TrainingRun {
       return Status::Ok();
     }
     plan_.shard = data::ShardSpec{rank_, num_workers_};
-    plan_.train_n = options_.train_limit > 0 ? std::min(options_.train_limit, model_->train_size()) : model_->train_size();
+    plan_.train_n =
+        options_.train_limit > 0 ? std::min(options_.train_limit, model_->train_size()) : model_->train_size();
     // Every worker runs ceil(smallest shard / kB) steps an epoch, so all run the same number; the
     // epoch's last step takes what is left of the worker's own shard (shards differ by at most
     // one example, so that is 1 .. kB + 1 examples): every example is used once per epoch.
     const int64_t smallest_shard = data::ShardSize(plan_.train_n, {num_workers_ - 1, num_workers_});
     if (smallest_shard == 0) {
       return InvalidArgumentError(std::to_string(plan_.train_n) + " training examples leave worker " +
-                                  std::to_string(num_workers_ - 1) + " of " + std::to_string(num_workers_) + " with none");
+                                  std::to_string(num_workers_ - 1) + " of " + std::to_string(num_workers_) +
+                                  " with none");
     }
     plan_.steps_per_epoch = (smallest_shard + plan_.step_examples - 1) / plan_.step_examples;
     plan_.total_steps = options_.steps > 0 ? options_.steps : options_.epochs * plan_.steps_per_epoch;
@@ -344,8 +353,9 @@ class WorkerRun final : public TrainingRun {
     const bool requested = hooks_.checkpoint_requested && hooks_.checkpoint_requested();
     if (!Checkpointing() && !requested && !ckpt_) return Status::Ok();
     CommitCheckpoint(/*wait=*/false);
-    const bool due = (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) ||
-                     (options_.checkpoint_every_s > 0 && Seconds(ckpt_last_time_, Clock::now()) >= options_.checkpoint_every_s);
+    const bool due =
+        (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) ||
+        (options_.checkpoint_every_s > 0 && Seconds(ckpt_last_time_, Clock::now()) >= options_.checkpoint_every_s);
     if (step == ckpt_last_ || !(due || requested)) return Status::Ok();
     if (ckpt_) {
       const Clock::time_point w0 = Clock::now();
@@ -392,7 +402,8 @@ class WorkerRun final : public TrainingRun {
       f["saved_within_s"] = took;
       ++report_.checkpoints;
       char line[160];
-      std::snprintf(line, sizeof line, "checkpoint of step %lld saved: %.1f MB from %zu server(s), serving paused at most %.1f ms",
+      std::snprintf(line, sizeof line,
+                    "checkpoint of step %lld saved: %.1f MB from %zu server(s), serving paused at most %.1f ms",
                     static_cast<long long>(ckpt_->step), static_cast<double>(bytes) / 1e6, ckpt_->shards.size(),
                     static_cast<double>(paused.count()) / 1e3);
       Say(line);
@@ -428,10 +439,13 @@ class WorkerRun final : public TrainingRun {
     report_.eval = e;
     if (out_ != nullptr) {
       if (model_->is_binary()) {
-        std::fprintf(out_, "[worker %d] eval  step %" PRId64 ": test AUC %.4f  log-loss %.4f  accuracy %.4f  (%" PRId64 " examples)\n",
+        std::fprintf(out_,
+                     "[worker %d] eval  step %" PRId64 ": test AUC %.4f  log-loss %.4f  accuracy %.4f  (%" PRId64
+                     " examples)\n",
                      rank_, step, e.auc, e.loss, e.accuracy, e.count);
       } else {
-        std::fprintf(out_, "[worker %d] eval  step %" PRId64 ": test loss %.4f  accuracy %.4f  (%" PRId64 " examples)\n",
+        std::fprintf(out_,
+                     "[worker %d] eval  step %" PRId64 ": test loss %.4f  accuracy %.4f  (%" PRId64 " examples)\n",
                      rank_, step, e.loss, e.accuracy, e.count);
       }
       std::fflush(out_);
@@ -544,7 +558,8 @@ class WorkerRun final : public TrainingRun {
     const int64_t epoch = t / plan_.steps_per_epoch;
     const int64_t step_in_epoch = t % plan_.steps_per_epoch;
     if (epoch != order_epoch_) {
-      FERRY_ASSIGN_OR_RETURN(order_, data::EpochIndices(plan_.train_n, plan_.shard, epoch, {options_.shuffle, options_.seed}));
+      FERRY_ASSIGN_OR_RETURN(order_,
+                             data::EpochIndices(plan_.train_n, plan_.shard, epoch, {options_.shuffle, options_.seed}));
       order_epoch_ = epoch;
     }
     const int64_t first = step_in_epoch * plan_.step_examples;
@@ -622,9 +637,11 @@ class WorkerRun final : public TrainingRun {
       // The time left at this run's pace so far (a resumed run counts from where it began).
       const double elapsed = Seconds(start_, now);
       const int64_t done = t + 1 - t0_, left = plan_.total_steps - (t + 1);
-      const std::string eta = done > 0 ? Duration(elapsed / static_cast<double>(done) * static_cast<double>(left)) : "?";
+      const std::string eta =
+          done > 0 ? Duration(elapsed / static_cast<double>(done) * static_cast<double>(left)) : "?";
       std::fprintf(out_,
-                   "[worker %d] step %" PRId64 "/%" PRId64 " %s: loss %.4f  accuracy %.4f  %.0f examples/s  %.1f s  ETA %s\n",
+                   "[worker %d] step %" PRId64 "/%" PRId64
+                   " %s: loss %.4f  accuracy %.4f  %.0f examples/s  %.1f s  ETA %s\n",
                    rank_, t + 1, plan_.total_steps, where.c_str(), mean_loss, acc, eps, elapsed, eta.c_str());
       std::fflush(out_);
     }

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   double best = 1e9;
   for (int rep = 0; rep < 5; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
-    for (uint32_t r : order) ps::ApplyUpdate(o, p.data() + r * dim, g.data(), s.data() + r * dim * slots, dim, dim, ++steps[r]);
+    for (uint32_t r : order)
+      ps::ApplyUpdate(o, p.data() + r * dim, g.data(), s.data() + r * dim * slots, dim, dim, ++steps[r]);
     double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
     if (ns < best) best = ns;
   }

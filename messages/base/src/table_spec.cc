@@ -64,11 +64,13 @@ Status TableSpec::Validate() const {
   if (nonfinite == NonFinite::kSkipRows && type != TableType::kSparse) {
     return bad("nonfinite=skip_rows is for sparse tables (a dense push with NaN/Inf is refused whole)");
   }
-  if (admit_after < 0 || admit_after > 255) return bad("admit_after must be in [0, 255], got " + std::to_string(admit_after));
+  if (admit_after < 0 || admit_after > 255)
+    return bad("admit_after must be in [0, 255], got " + std::to_string(admit_after));
   if (!(admit_probability > 0.0f && admit_probability <= 1.0f)) {
     return bad("admit_probability must be in (0, 1], got " + std::to_string(admit_probability));
   }
-  if (evict_after_steps < 0) return bad("evict_after_steps must be >= 0 (0: never), got " + std::to_string(evict_after_steps));
+  if (evict_after_steps < 0)
+    return bad("evict_after_steps must be >= 0 (0: never), got " + std::to_string(evict_after_steps));
   if (max_rows < 0 || max_rows > (int64_t{1} << 40)) {
     return bad("max_rows must be in [0, 2^40] (0: no bound), got " + std::to_string(max_rows));
   }
@@ -223,8 +225,12 @@ SpecChanges CompareSpecs(const TableSpec& a, const TableSpec& b) {
     if (!out->empty()) *out += ", ";
     *out += std::string(field) + " " + from + " -> " + to;
   };
-  auto fixed = [&](std::string_view f, const auto& x, const auto& y) { if (!(x == y)) note(&c.fixed, f, Show(x), Show(y)); };
-  auto setting = [&](std::string_view f, const auto& x, const auto& y) { if (!(x == y)) note(&c.settings, f, Show(x), Show(y)); };
+  auto fixed = [&](std::string_view f, const auto& x, const auto& y) {
+    if (!(x == y)) note(&c.fixed, f, Show(x), Show(y));
+  };
+  auto setting = [&](std::string_view f, const auto& x, const auto& y) {
+    if (!(x == y)) note(&c.settings, f, Show(x), Show(y));
+  };
   const OptimizerSpec &o = a.optimizer, &p = b.optimizer;
   fixed("name", a.name, b.name);
   fixed("type", std::string(a.type == TableType::kDense ? "dense" : "sparse"),

@@ -65,7 +65,8 @@ void Work(const std::vector<std::string>& servers, const std::string& prefix, in
   for (int t = 0; t < steps; ++t) {
     // This worker's batch for step t (every worker sees different examples).
     for (int i = 0; i < kBatch; ++i) {
-      const uint64_t ex = static_cast<uint64_t>(t) * 1000003u + static_cast<uint64_t>(rank) * 7919u + static_cast<uint64_t>(i);
+      const uint64_t ex =
+          static_cast<uint64_t>(t) * 1000003u + static_cast<uint64_t>(rank) * 7919u + static_cast<uint64_t>(i);
       users[static_cast<size_t>(i)] = static_cast<int64_t>(ferry::placement::Mix64(ex) % kUsers);
       float target = TrueB(users[static_cast<size_t>(i)]) + 0.01f * Hash01(4, ex, 0);
       for (int j = 0; j < kDim; ++j) {
@@ -95,7 +96,8 @@ void Work(const std::vector<std::string>& servers, const std::string& prefix, in
       for (int j = 0; j < kDim; ++j) pred += x[static_cast<size_t>(i * kDim + j)] * wv[static_cast<size_t>(j)];
       const float err = pred - y[static_cast<size_t>(i)];
       loss += err * err / kBatch;
-      for (int j = 0; j < kDim; ++j) gw[static_cast<size_t>(j)] += 2.0f * err * x[static_cast<size_t>(i * kDim + j)] / kBatch;
+      for (int j = 0; j < kDim; ++j)
+        gw[static_cast<size_t>(j)] += 2.0f * err * x[static_cast<size_t>(i * kDim + j)] / kBatch;
       gb[static_cast<size_t>(i)] = 2.0f * err / kBatch;  // repeated users are summed by the client
     }
     if (t == 0) out->first_loss = loss;
@@ -108,7 +110,8 @@ void Work(const std::vector<std::string>& servers, const std::string& prefix, in
   if (rank == 0) {
     if (!(out->status = c.PullDense(w.name, wv, steps).wait()).ok()) return;
     double err = 0, norm = 0;
-    for (int j = 0; j < kDim; ++j) err += std::pow(wv[static_cast<size_t>(j)] - TrueW(j), 2), norm += std::pow(TrueW(j), 2);
+    for (int j = 0; j < kDim; ++j)
+      err += std::pow(wv[static_cast<size_t>(j)] - TrueW(j), 2), norm += std::pow(TrueW(j), 2);
     std::printf("relative error of w against the planted model: %.4f\n", std::sqrt(err / norm));
   }
 }
@@ -155,7 +158,8 @@ int main(int argc, char** argv) {
   }
   std::vector<Result> results(static_cast<size_t>(workers));
   std::vector<std::thread> threads;
-  for (int r = 0; r < workers; ++r) threads.emplace_back(Work, servers, prefix, r, workers, steps, &results[static_cast<size_t>(r)]);
+  for (int r = 0; r < workers; ++r)
+    threads.emplace_back(Work, servers, prefix, r, workers, steps, &results[static_cast<size_t>(r)]);
   for (auto& t : threads) t.join();
   for (int r = 0; r < workers; ++r) {
     if (!results[static_cast<size_t>(r)].status.ok()) {

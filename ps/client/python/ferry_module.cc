@@ -13,7 +13,8 @@
 // reads pushed gradients from, and writes pulled values into, the array's own memory. Other
 // inputs are converted once (a copy); an output array must be C-contiguous, float32 and
 // writable, or the call raises TypeError. Ids must have an integer dtype (any width and sign;
-// int_arrays.h): a float array of ids raises TypeError instead of being truncated. A Handle keeps every array it uses alive until the
+// int_arrays.h): a float array of ids raises TypeError instead of being truncated. A Handle keeps
+// every array it uses alive until the
 // operation is done, and waits for it if it is dropped before. The GIL is released while the
 // client sends, receives and waits. Every failure raises ferry.Error, whose message is the
 // client's or the server's text and whose `code` is the status code's name ("ALREADY_EXISTS").
@@ -75,7 +76,8 @@ py::array_t<float> Writable(const py::object& out, const char* what) {
 }
 
 std::chrono::milliseconds Millis(double seconds, const char* what) {
-  if (!std::isfinite(seconds) || seconds < 0) throw py::value_error(std::string(what) + " must be a finite number >= 0");
+  if (!std::isfinite(seconds) || seconds < 0)
+    throw py::value_error(std::string(what) + " must be a finite number >= 0");
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
 }
 
@@ -151,7 +153,8 @@ py::sequence Entry(const py::handle& item, size_t width, const char* call, const
 
 // Deduplicates the ids of several tables in one call, with the GIL released (ferry.torch's
 // forward; a hot path: for a ctr batch, 8 tables of 512 ids, it takes 0.022-0.025 ms where a
-// torch.unique per table took 0.137-0.197 ms; bench/RESULTS.md "PyTorch on Ferry"). For each table: its distinct ids in the order they first
+// torch.unique per table took 0.137-0.197 ms; bench/RESULTS.md "PyTorch on Ferry"). For each
+// table: its distinct ids in the order they first
 // appear. And for every id of every table, in order, the row of its distinct id counted over all
 // tables: table t's rows follow the distinct ids of tables 0..t-1, so one embedding_bag over the
 // tables' rows stacked in that order pools every table. Returns (distinct: [int64 arrays],
@@ -390,7 +393,8 @@ class PyClient {
       names.push_back(py::cast<std::string>(entry[0]));
       IdsIn ids = IntegerArray(entry[1], "push_sparse_tables: entry " + std::to_string(i) + ": ids");
       FloatIn grads = FloatIn::ensure(entry[2]);
-      if (!grads) throw py::type_error("push_sparse_tables: entry " + std::to_string(i) + ": grads must be an array of numbers");
+      if (!grads)
+        throw py::type_error("push_sparse_tables: entry " + std::to_string(i) + ": grads must be an array of numbers");
       ins.push_back({{}, std::span<const int64_t>(ids.data(), static_cast<size_t>(ids.size())),
                      std::span<const float>(grads.data(), static_cast<size_t>(grads.size()))});
       keep.push_back(ids);
@@ -422,7 +426,9 @@ class PyClient {
       names.push_back(py::cast<std::string>(entry[0]));
       if (push) {
         FloatIn grad = FloatIn::ensure(entry[1]);
-        if (!grad) throw py::type_error(std::string(call) + ": entry " + std::to_string(i) + ": grad must be an array of numbers");
+        if (!grad)
+          throw py::type_error(std::string(call) + ": entry " + std::to_string(i) +
+                               ": grad must be an array of numbers");
         ins.push_back({{}, std::span<const float>(grad.data(), static_cast<size_t>(grad.size()))});
         keep.push_back(grad);
       }
@@ -639,11 +645,13 @@ PYBIND11_MODULE(_ferry, m) {
       .def(
           "pull_dense_tables",
           [](PyClient& c, const py::list& t, int64_t step) { return c.DenseTables(t, step, false, true); },
-          py::arg("tables"), py::arg("step") = 0, "Pulls several dense tables in one message per server: [(name, out)].")
+          py::arg("tables"), py::arg("step") = 0,
+          "Pulls several dense tables in one message per server: [(name, out)].")
       .def(
           "push_dense_tables",
           [](PyClient& c, const py::list& t, int64_t step) { return c.DenseTables(t, step, true, false); },
-          py::arg("tables"), py::arg("step") = 0, "Pushes several dense gradients in one message per server: [(name, grad)].")
+          py::arg("tables"), py::arg("step") = 0,
+          "Pushes several dense gradients in one message per server: [(name, grad)].")
       .def(
           "push_pull_dense_tables",
           [](PyClient& c, const py::list& t, int64_t step) { return c.DenseTables(t, step, true, true); },
@@ -665,10 +673,13 @@ PYBIND11_MODULE(_ferry, m) {
                              "The step of the checkpoint the servers started from (0 if none).")
       .def("server_counters", &PyClient::ServerCounters, py::arg("server"))
       .def("close", &PyClient::Close, "Closes the connections (without finish(): the servers log a worker that left)")
-      .def("__enter__", [](PyClient& c) -> PyClient& { return c; }, py::return_value_policy::reference)
+      .def(
+          "__enter__", [](PyClient& c) -> PyClient& { return c; }, py::return_value_policy::reference)
       .def(
           "__exit__",
-          [](PyClient& c, const py::object& exc_type, const py::object&, const py::object&) { c.Exit(exc_type.is_none()); },
+          [](PyClient& c, const py::object& exc_type, const py::object&, const py::object&) {
+            c.Exit(exc_type.is_none());
+          },
           "A normal exit calls finish() then close(); an exit by exception only close(), so the servers log a "
           "worker that left without finishing.");
 
@@ -680,7 +691,8 @@ PYBIND11_MODULE(_ferry, m) {
         for (const ferry::OptimizerInfo& o : ferry::kOptimizers) {
           py::dict hypers, d;
           hypers["lr"] = defaults.learning_rate;
-          for (std::string_view key : o.uses) hypers[py::str(key)] = ferry::GetHyper(defaults, *ferry::FindHyperParam(key));
+          for (std::string_view key : o.uses)
+            hypers[py::str(key)] = ferry::GetHyper(defaults, *ferry::FindHyperParam(key));
           py::list slots;
           for (const ferry::StateSlot& slot : o.slots) slots.append(py::str(slot.name));
           d["summary"] = py::str(o.summary);
@@ -693,7 +705,8 @@ PYBIND11_MODULE(_ferry, m) {
       "The servers' optimizers (ferry/optimizers.h): {name: {'summary', 'hyperparameters': {key: default}, "
       "'state_slots': [...]}} in the catalogue's order.");
   m.def(
-      "table_option_keys", [] { return std::vector<std::string>(ferry::SpecOptionKeys().begin(), ferry::SpecOptionKeys().end()); },
+      "table_option_keys",
+      [] { return std::vector<std::string>(ferry::SpecOptionKeys().begin(), ferry::SpecOptionKeys().end()); },
       "The keys declare_dense / declare_sparse take in options= (and --table takes besides lr, optimizer, "
       "consistency and wire).");
   m.def("dedup", &Dedup, py::arg("tables"),

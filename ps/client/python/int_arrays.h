@@ -32,9 +32,9 @@ inline Int64Array IntegerArray(const pybind11::handle& obj, const std::string& w
   const char kind = a.dtype().kind();
   const bool empty_sequence = !was_array && a.size() == 0;
   if (kind != 'i' && kind != 'u' && !empty_sequence) {
-    throw py::type_error(what + " must be an array of integers (any width and sign), not " +
-                         std::string(py::str(a.dtype())) +
-                         (kind == 'f' ? " (float ids would be truncated; convert them with astype if they are whole)" : ""));
+    throw py::type_error(
+        what + " must be an array of integers (any width and sign), not " + std::string(py::str(a.dtype())) +
+        (kind == 'f' ? " (float ids would be truncated; convert them with astype if they are whole)" : ""));
   }
   if (kind == 'u' && a.itemsize() == 8) {
     auto u = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(a);

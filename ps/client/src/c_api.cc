@@ -73,7 +73,8 @@ bool Null(const void* p, const char* call, const char* what, ferry_code* code) {
 
 // Connects with `o` and the C caller's timeout (0: the C++ default).
 ferry_code ConnectWith(ferry::ClientOptions o, int64_t request_timeout_ms, ferry_client** out) {
-  if (request_timeout_ms < 0) return Invalid("ferry_connect: request_timeout_ms " + std::to_string(request_timeout_ms) + " < 0");
+  if (request_timeout_ms < 0)
+    return Invalid("ferry_connect: request_timeout_ms " + std::to_string(request_timeout_ms) + " < 0");
   if (request_timeout_ms > 0) o.request_timeout = std::chrono::milliseconds(request_timeout_ms);
   auto c = ferry::Client::Connect(std::move(o));
   if (!c.ok()) return Fail(c.status());
@@ -137,7 +138,8 @@ ferry_code ferry_spec_set_sparse(ferry_table_spec* spec, int64_t dim) {
 ferry_code ferry_spec_set_optimizer(ferry_table_spec* spec, const char* type, float learning_rate) {
   return Guard("ferry_spec_set_optimizer", [&] {
     ferry_code code;
-    if (Null(spec, "ferry_spec_set_optimizer", "spec", &code) || Null(type, "ferry_spec_set_optimizer", "type", &code)) {
+    if (Null(spec, "ferry_spec_set_optimizer", "spec", &code) ||
+        Null(type, "ferry_spec_set_optimizer", "type", &code)) {
       return code;
     }
     ferry::OptimizerType t;
@@ -162,7 +164,8 @@ ferry_code ferry_spec_set_consistency(ferry_table_spec* spec, const char* consis
 ferry_code ferry_spec_set_init(ferry_table_spec* spec, const char* init, float scale, uint64_t seed) {
   return Guard("ferry_spec_set_init", [&] {
     ferry_code code;
-    if (Null(spec, "ferry_spec_set_init", "spec", &code) || Null(init, "ferry_spec_set_init", "init", &code)) return code;
+    if (Null(spec, "ferry_spec_set_init", "spec", &code) || Null(init, "ferry_spec_set_init", "init", &code))
+      return code;
     ferry::InitType t;
     if (ferry::Status s = ferry::ParseInitType(init, &t); !s.ok()) return Fail(s);
     spec->spec.init = t;
@@ -175,7 +178,8 @@ ferry_code ferry_spec_set_init(ferry_table_spec* spec, const char* init, float s
 ferry_code ferry_spec_set_wire(ferry_table_spec* spec, const char* wire) {
   return Guard("ferry_spec_set_wire", [&] {
     ferry_code code;
-    if (Null(spec, "ferry_spec_set_wire", "spec", &code) || Null(wire, "ferry_spec_set_wire", "wire", &code)) return code;
+    if (Null(spec, "ferry_spec_set_wire", "spec", &code) || Null(wire, "ferry_spec_set_wire", "wire", &code))
+      return code;
     return Done(ferry::ParseWireFormat(wire, &spec->spec.wire).WithContext("ferry_spec_set_wire"));
   });
 }
@@ -368,7 +372,8 @@ ferry_code ferry_all_reduce_sum(ferry_client* client, const double* values, doub
   return Guard("ferry_all_reduce_sum", [&] {
     ferry_code code;
     if (Null(client, "ferry_all_reduce_sum", "client", &code)) return code;
-    if (n > 0 && (Null(values, "ferry_all_reduce_sum", "values", &code) || Null(out, "ferry_all_reduce_sum", "out", &code))) {
+    if (n > 0 &&
+        (Null(values, "ferry_all_reduce_sum", "values", &code) || Null(out, "ferry_all_reduce_sum", "out", &code))) {
       return code;
     }
     auto sum = client->client->AllReduceSum(std::span<const double>(values, n));

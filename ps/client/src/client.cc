@@ -161,7 +161,8 @@ struct Request {
 
 Status ExpectFrames(const Frames& payload, size_t n) {
   if (payload.size() == n) return Status::Ok();
-  return DataLossError("reply has " + std::to_string(payload.size()) + " payload frames, expected " + std::to_string(n));
+  return DataLossError("reply has " + std::to_string(payload.size()) + " payload frames, expected " +
+                       std::to_string(n));
 }
 
 Status ExpectBytes(const zmq::message_t& frame, size_t bytes) {
@@ -210,9 +211,10 @@ class ClientImpl final : public Client {
     // it: this worker's predecessor, whose connection may not have closed yet (a client closed
     // just now in this process: ZeroMQ closes it in the background; a stopped process: the
     // server gives up on it after twice its heartbeat interval). Asked again for a while.
-    const auto retry_until = SteadyClock::now() +
-                             std::min<std::chrono::milliseconds>(options_.connect_timeout,
-                                                                 std::max<std::chrono::milliseconds>(options_.heartbeat_timeout, std::chrono::seconds(1)));
+    const auto retry_until =
+        SteadyClock::now() + std::min<std::chrono::milliseconds>(
+                                 options_.connect_timeout, std::max<std::chrono::milliseconds>(
+                                                               options_.heartbeat_timeout, std::chrono::seconds(1)));
     while (true) {
       Status st = Handshake();
       if (st.code() == StatusCode::kAlreadyExists && SteadyClock::now() < retry_until) {
@@ -395,7 +397,8 @@ class ClientImpl final : public Client {
       for (const auto& g : grads) names.push_back(g.table), sizes.push_back(g.data.size());
     }
     if (kind == Kind::PushPullDense) {
-      if (outs.size() != grads.size()) return Failed(op, InvalidArgumentError("PushPullDense: grads and outputs differ in count"));
+      if (outs.size() != grads.size())
+        return Failed(op, InvalidArgumentError("PushPullDense: grads and outputs differ in count"));
       for (size_t t = 0; t < outs.size(); ++t) {
         if (outs[t].table != grads[t].table || outs[t].data.size() != grads[t].data.size()) {
           return Failed(op, InvalidArgumentError("PushPullDense: output " + std::to_string(t) + " ('" +
@@ -553,7 +556,8 @@ class ClientImpl final : public Client {
       const std::span<const int64_t> ids = push ? pushes[t].ids : pulls[t].ids;
       for (size_t u = 0; u < t; ++u) {
         if ((push ? pushes[u].table : pulls[u].table) == name) {
-          return Failed(op, InvalidArgumentError("table '" + std::string(name) + "' appears twice in one call; name each table once"));
+          return Failed(op, InvalidArgumentError("table '" + std::string(name) +
+                                                 "' appears twice in one call; name each table once"));
         }
       }
       auto spec = Lookup(name, TableType::kSparse);
@@ -561,8 +565,8 @@ class ClientImpl final : public Client {
       const size_t want = ids.size() * static_cast<size_t>(spec->dim);
       const size_t have = push ? pushes[t].grads.size() : pulls[t].rows.size();
       if (have != want) {
-        return Failed(op, InvalidArgumentError(std::string(push ? "PushSparse '" : "PullSparse '") + spec->name + "': " +
-                                               (push ? "gradient" : "output") + " has " + std::to_string(have) +
+        return Failed(op, InvalidArgumentError(std::string(push ? "PushSparse '" : "PullSparse '") + spec->name +
+                                               "': " + (push ? "gradient" : "output") + " has " + std::to_string(have) +
                                                " floats, ids x dim is " + std::to_string(want)));
       }
       specs[t] = std::move(*spec);
@@ -601,12 +605,14 @@ class ClientImpl final : public Client {
         }
         const int64_t bytes = static_cast<int64_t>(list.back().ids.size()) * (8 + list.back().dim * 4);
         const size_t unsent = list.size() - first_unsent[static_cast<size_t>(s)];
-        if (unsent > 1 && (unsent_bytes[static_cast<size_t>(s)] + bytes > options_.max_message_bytes || unsent > most_tables)) {
+        if (unsent > 1 &&
+            (unsent_bytes[static_cast<size_t>(s)] + bytes > options_.max_message_bytes || unsent > most_tables)) {
           send_unsent(s, list.size() - 1);  // this table goes in the next message
         }
         unsent_bytes[static_cast<size_t>(s)] += bytes;
         const int64_t cut = options_.sparse_message_bytes;
-        if (server_minor_[static_cast<size_t>(s)].load() < 5 || (cut > 0 && unsent_bytes[static_cast<size_t>(s)] >= cut)) {
+        if (server_minor_[static_cast<size_t>(s)].load() < 5 ||
+            (cut > 0 && unsent_bytes[static_cast<size_t>(s)] >= cut)) {
           send_unsent(s, list.size());
         }
       }
@@ -674,7 +680,8 @@ class ClientImpl final : public Client {
       std::vector<Scatter> scatter;
       scatter.reserve(group.size());
       for (auto& sh : group) {
-        scatter.push_back({outs[sh.table], sh.dim, static_cast<int64_t>(sh.ids.size()), sh.wire, std::move(sh.positions)});
+        scatter.push_back(
+            {outs[sh.table], sh.dim, static_cast<int64_t>(sh.ids.size()), sh.wire, std::move(sh.positions)});
       }
       on_reply = [scatter = std::move(scatter)](const Header&, Frames& reply) -> Status {
         FERRY_RETURN_IF_ERROR(ExpectFrames(reply, scatter.size()));
@@ -752,7 +759,8 @@ class ClientImpl final : public Client {
       std::memcpy(result->data(), reply[0].data(), result->size() * sizeof(double));
       return Status::Ok();
     };
-    Submit(op, 0, Kind::AllReduce, FinishHeader(fbb, h), std::move(payload), std::move(on_reply), options_.request_timeout);
+    Submit(op, 0, Kind::AllReduce, FinishHeader(fbb, h), std::move(payload), std::move(on_reply),
+           options_.request_timeout);
     FERRY_RETURN_IF_ERROR(Handle(op).wait());
     return std::move(*result);
   }
@@ -788,7 +796,8 @@ class ClientImpl final : public Client {
     auto op = NewOp();
     flatbuffers::FlatBufferBuilder fbb(128 + 96 * shards.size());
     std::vector<flatbuffers::Offset<wire::ShardFile>> files;
-    for (const auto& f : shards) files.push_back(wire::CreateShardFile(fbb, fbb.CreateString(f.file), f.bytes, f.crc32));
+    for (const auto& f : shards)
+      files.push_back(wire::CreateShardFile(fbb, fbb.CreateString(f.file), f.bytes, f.crc32));
     auto vec = fbb.CreateVector(files);
     auto h = BeginHeader(fbb, Kind::CommitCheckpoint);
     h.add_step(step);
@@ -1039,8 +1048,9 @@ class ClientImpl final : public Client {
   // the servers notice a worker that fell silent); 0: never. A quarter of the heartbeat timeout,
   // as for ZeroMQ's own pings to the servers.
   std::chrono::milliseconds HeartbeatEvery() const {
-    return options_.heartbeat_timeout.count() > 0 ? std::max(options_.heartbeat_timeout / 4, std::chrono::milliseconds(1))
-                                                  : std::chrono::milliseconds(0);
+    return options_.heartbeat_timeout.count() > 0
+               ? std::max(options_.heartbeat_timeout / 4, std::chrono::milliseconds(1))
+               : std::chrono::milliseconds(0);
   }
 
   // Sends a Heartbeat (never answered) to every server this client sent nothing to for a
@@ -1102,7 +1112,8 @@ class ClientImpl final : public Client {
       Tick();
     }
     MutexLock lock(&io_mu_);
-    FailAll(failed.ok() ? CancelledError("client closed") : InternalError("client I/O thread stopped: " + failed.message()));
+    FailAll(failed.ok() ? CancelledError("client closed")
+                        : InternalError("client I/O thread stopped: " + failed.message()));
   }
 
   // What is due without a message: expired requests, the monitors' news, heartbeats.
@@ -1196,7 +1207,8 @@ class ClientImpl final : public Client {
     for (int i = 0; i < transport::EventLoop::kBatch; ++i) {
       bool got = false, truncated = false;
       if (s >= sockets_.size() ||
-          !transport::RecvNonBlocking(sockets_[s], &pump_frames_, &got, wire::kMaxFrames + 1, &truncated).ok() || !got) {
+          !transport::RecvNonBlocking(sockets_[s], &pump_frames_, &got, wire::kMaxFrames + 1, &truncated).ok() ||
+          !got) {
         return;
       }
       HandleReply(static_cast<int>(s), pump_frames_, truncated);
@@ -1298,11 +1310,13 @@ class ClientImpl final : public Client {
       FailServer(s, [&](const Request& r) {
         const std::string what = std::string(wire::KindName(r.kind)) + " refused: " + ServerName(s) +
                                  " closed the connection during the handshake: ";
-        return options_.curve ? PermissionDeniedError(what + "the servers' public key this client has (server.pub) is not "
-                                                             "its key, or it does not use CURVE")
-                              : UnavailableError(what + "does it require CURVE? (give this client the job's keys: "
-                                                        "--curve-keys) Or it is at its connection limit (see its log), not a "
-                                                        "Ferry server, or stopped");
+        return options_.curve ? PermissionDeniedError(what +
+                                                      "the servers' public key this client has (server.pub) is not "
+                                                      "its key, or it does not use CURVE")
+                              : UnavailableError(what +
+                                                 "does it require CURVE? (give this client the job's keys: "
+                                                 "--curve-keys) Or it is at its connection limit (see its log), not a "
+                                                 "Ferry server, or stopped");
       });
       return true;
     }

@@ -80,7 +80,8 @@ class Connections {
                OwnerClosed&& owner_closed);
 
   // The connections to close now, each with why (for the log): refused ones whose grace is over,
-  // and idle ones that speak for no worker (`held(routing)` requests waiting on this server keep a connection open). They
+  // and idle ones that speak for no worker (`held(routing)` requests waiting on this server keep a
+  // connection open). They
   // stay in the table until ZeroMQ reports them gone. O(connections): call it a few times a
   // second, not per message.
   struct ToClose {
@@ -164,7 +165,8 @@ std::vector<Connections::ToClose> Connections::Due(Clock::time_point now, Held&&
     if (c.refused) {
       if (now - c.accepted >= kRefuseGrace) {
         c.closing = true;
-        out.push_back({fd, false, "refused (over the limit of " + std::to_string(max_) + " connections): " + Describe(c, now)});
+        out.push_back(
+            {fd, false, "refused (over the limit of " + std::to_string(max_) + " connections): " + Describe(c, now)});
       }
       continue;
     }

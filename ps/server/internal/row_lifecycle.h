@@ -28,7 +28,8 @@ struct RowLifecycleTotals {
   std::atomic<int64_t> admitted{0}, not_admitted{0}, evicted_age{0}, evicted_capacity{0};
 };
 
-// A count-min sketch of pushes per id (of every id pushed to the shard, with a row or not): kDepth rows of saturating 8-bit counters, updated
+// A count-min sketch of pushes per id (of every id pushed to the shard, with a row or not): kDepth
+// rows of saturating 8-bit counters, updated
 // conservatively (only the smallest counters go up), so Add's estimate never undercounts an id's
 // pushes since the last halvings and overcounts only through collisions. Every width()/2 adds all
 // counters are halved, so ids seen long ago fade out and the filter does not fill up: an id is

@@ -140,7 +140,9 @@ class ServerImpl final : public Server {
   // A Reply header answering `request_kind` / `request_id`, for replies with fields of their own
   // (add them, everything built in `fbb` before this call, then finish).
   static wire::HeaderBuilder BeginReply(flatbuffers::FlatBufferBuilder& fbb, Kind request_kind, uint64_t request_id);
-  void SendOk(Request& req, int64_t version = 0) { Send(req, wire::MakeReply(req.h()->request_id(), req.h()->kind(), version)); }
+  void SendOk(Request& req, int64_t version = 0) {
+    Send(req, wire::MakeReply(req.h()->request_id(), req.h()->kind(), version));
+  }
   // One line on stderr, at most once a second; the lines held back are counted in the next one.
   void LogRateLimited(const std::string& line);
 

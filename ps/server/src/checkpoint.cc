@@ -147,8 +147,9 @@ class Reader {
     return Status::Ok();
   }
   Status Done() const {
-    return at_ == data_.size() ? Status::Ok()
-                               : DataLossError(where_ + ": " + std::to_string(data_.size() - at_) + " unexpected bytes");
+    return at_ == data_.size()
+               ? Status::Ok()
+               : DataLossError(where_ + ": " + std::to_string(data_.size() - at_) + " unexpected bytes");
   }
 
  private:
@@ -167,8 +168,10 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* 
     return DataLossError(name + ": " + std::to_string(all.size()) + " bytes, the manifest says " +
                          std::to_string(listed.bytes) + " (truncated or overwritten)");
   }
-  if (Crc(0, all.data(), all.size()) != listed.crc32) return DataLossError(name + ": checksum differs from the manifest's");
-  if (all.size() < 16 || std::memcmp(all.data(), kMagic, 8) != 0) return DataLossError(name + ": not a Ferry checkpoint shard");
+  if (Crc(0, all.data(), all.size()) != listed.crc32)
+    return DataLossError(name + ": checksum differs from the manifest's");
+  if (all.size() < 16 || std::memcmp(all.data(), kMagic, 8) != 0)
+    return DataLossError(name + ": not a Ferry checkpoint shard");
   uint32_t format = 0, reserved = 0;
   std::memcpy(&format, all.data() + 8, 4);
   std::memcpy(&reserved, all.data() + 12, 4);
@@ -188,7 +191,8 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* 
     std::memcpy(&crc, all.data() + at + 4, 4);
     std::memcpy(&len, all.data() + at + 8, 8);
     at += 16;
-    if (len > kMaxBlockBytes || len > all.size() - at) return DataLossError(where + ": length " + std::to_string(len) + " runs past the file");
+    if (len > kMaxBlockBytes || len > all.size() - at)
+      return DataLossError(where + ": length " + std::to_string(len) + " runs past the file");
     std::span<const char> payload(all.data() + at, static_cast<size_t>(len));
     if (BlockCrc(kind, len, payload.data()) != crc) return DataLossError(where + ": checksum mismatch");
     at += static_cast<size_t>(len);
@@ -197,7 +201,8 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* 
     if (kind == kEnd) {
       int64_t count = 0;
       FERRY_RETURN_IF_ERROR(r.Get(&count));
-      if (count != blocks - 1) return DataLossError(where + ": the end block counts " + std::to_string(count) + " blocks");
+      if (count != blocks - 1)
+        return DataLossError(where + ": the end block counts " + std::to_string(count) + " blocks");
       if (at != all.size()) return DataLossError(where + ": bytes after the end block");
       return r.Done();
     }
@@ -215,7 +220,8 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* 
       TableSpec spec;
       FERRY_RETURN_IF_ERROR(
           wire::SpecFromWire(flatbuffers::GetRoot<wire::TableSpec>(spec_bytes.data()), &spec).WithContext(where));
-      if (TableId(spec.name) != table_id) return DataLossError(where + ": table id is not the hash of '" + spec.name + "'");
+      if (TableId(spec.name) != table_id)
+        return DataLossError(where + ": table id is not the hash of '" + spec.name + "'");
       if (!t.spec.name.empty() && !(t.spec == spec)) {
         return DataLossError(where + ": table '" + spec.name + "' differs from another shard's declaration");
       }
@@ -232,7 +238,8 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* 
       FERRY_RETURN_IF_ERROR(r.GetArray(&c.params, static_cast<uint64_t>(size)));
       FERRY_RETURN_IF_ERROR(r.GetArray(&c.state, state_floats));
       FERRY_RETURN_IF_ERROR(r.Done());
-      if (!t.chunks.emplace(chunk, std::move(c)).second) return DataLossError(where + ": chunk " + std::to_string(chunk) + " twice");
+      if (!t.chunks.emplace(chunk, std::move(c)).second)
+        return DataLossError(where + ": chunk " + std::to_string(chunk) + " twice");
     } else if (kind == kSparseRows) {
       int64_t version = 0, row_floats = 0;
       uint64_t n = 0;
@@ -253,7 +260,8 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* 
         row.steps = steps[i];
         row.values.assign(values.begin() + static_cast<std::ptrdiff_t>(i * row_floats),
                           values.begin() + static_cast<std::ptrdiff_t>((i + 1) * row_floats));
-        if (!t.rows.emplace(ids[i], std::move(row)).second) return DataLossError(where + ": id " + std::to_string(ids[i]) + " twice");
+        if (!t.rows.emplace(ids[i], std::move(row)).second)
+          return DataLossError(where + ": id " + std::to_string(ids[i]) + " twice");
       }
     } else {
       return DataLossError(where + ": unknown block kind " + std::to_string(kind));
@@ -310,11 +318,13 @@ ShardImage SnapshotShard(const TableRegistry& tables) {
     total += 16 + 2 * sizeof(uint64_t) + 512 + t.spec.name.size();
     if (t.dense) {
       for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
-        if (const DenseChunk* c = t.dense->chunk(i)) total += 16 + 40 + (c->params.size() + c->state.size()) * sizeof(float);
+        if (const DenseChunk* c = t.dense->chunk(i))
+          total += 16 + 40 + (c->params.size() + c->state.size()) * sizeof(float);
       }
     } else {
       const size_t n = t.sparse->size();
-      total += (n / kRowsPerBlock + 1) * (16 + 32) + n * (2 * sizeof(int64_t) + static_cast<size_t>(t.sparse->row_floats()) * sizeof(float));
+      total += (n / kRowsPerBlock + 1) * (16 + 32) +
+               n * (2 * sizeof(int64_t) + static_cast<size_t>(t.sparse->row_floats()) * sizeof(float));
     }
   });
   auto& out = image.bytes;
@@ -565,7 +575,8 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int n
         if (c == nullptr) continue;  // another server's under the new placement
         auto it = t.chunks.find(i);
         if (it == t.chunks.end()) {
-          return DataLossError("checkpoint " + ckpt.manifest + ": table '" + t.spec.name + "' lacks chunk " + std::to_string(i));
+          return DataLossError("checkpoint " + ckpt.manifest + ": table '" + t.spec.name + "' lacks chunk " +
+                               std::to_string(i));
         }
         if (it->second.params.size() != c->params.size() || it->second.state.size() != c->state.size()) {
           return DataLossError("checkpoint " + ckpt.manifest + ": table '" + t.spec.name + "' chunk " +

@@ -40,7 +40,8 @@ std::vector<Request> Collectives::Enter(Request req, Clock::time_point deadline,
   deadlines_.Remove(group[0].deadline, id);
   by_id_.erase(id);
   waiting_ -= group.size();
-  std::sort(group.begin(), group.end(), [](const Request& a, const Request& b) { return a.h()->rank() < b.h()->rank(); });
+  std::sort(group.begin(), group.end(),
+            [](const Request& a, const Request& b) { return a.h()->rank() < b.h()->rank(); });
   return group;
 }
 

@@ -65,8 +65,8 @@ void ServerImpl::OnMonitorEvent(Frames& frames) {
     if (admit != ps::Connections::Admit::kYes) {
       Count(kConnectionsRefused);
       LogRateLimited("refused a connection from " + peer + ": " + std::to_string(connections_.admitted()) +
-                     " are open, the limit (--max-connections " + std::to_string(connections_.max_connections()) +
-                     ")" + (admit == ps::Connections::Admit::kRefuseNow ? "; closed" : "; its first request is told so"));
+                     " are open, the limit (--max-connections " + std::to_string(connections_.max_connections()) + ")" +
+                     (admit == ps::Connections::Admit::kRefuseNow ? "; closed" : "; its first request is told so"));
       if (admit == ps::Connections::Admit::kRefuseNow) ps::CloseConnection(fd);
     }
   } else if (e->event == ZMQ_EVENT_DISCONNECTED) {
@@ -76,9 +76,10 @@ void ServerImpl::OnMonitorEvent(Frames& frames) {
     if (gone && !gone->refused && !gone->closed_here && !stopping_.load() && !workers_.finished(gone->rank)) {
       char open_for[32];
       std::snprintf(open_for, sizeof open_for, "%.1f s", std::chrono::duration<double>(gone->open_for).count());
-      LogRateLimited((gone->rank >= 0 ? "worker " + std::to_string(gone->rank) + "'s connection" : std::string("a connection")) +
-                     " from " + gone->peer + " closed after " + open_for +
-                     (gone->rank >= 0 ? " before the worker finished (killed, or cut off?)" : ""));
+      LogRateLimited(
+          (gone->rank >= 0 ? "worker " + std::to_string(gone->rank) + "'s connection" : std::string("a connection")) +
+          " from " + gone->peer + " closed after " + open_for +
+          (gone->rank >= 0 ? " before the worker finished (killed, or cut off?)" : ""));
     }
   }
   connections_open_.store(static_cast<int64_t>(connections_.open()), std::memory_order_relaxed);

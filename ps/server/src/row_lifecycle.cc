@@ -10,7 +10,8 @@ namespace ferry::ps {
 
 int64_t AdmissionFilter::Width(const TableSpec& spec) {
   if (spec.max_rows <= 0) return int64_t{1} << 20;
-  const uint64_t want = static_cast<uint64_t>(std::clamp<int64_t>(16 * spec.max_rows, int64_t{1} << 16, int64_t{1} << 22));
+  const uint64_t want =
+      static_cast<uint64_t>(std::clamp<int64_t>(16 * spec.max_rows, int64_t{1} << 16, int64_t{1} << 22));
   return static_cast<int64_t>(std::bit_ceil(want));
 }
 

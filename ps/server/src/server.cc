@@ -94,7 +94,8 @@ void ServerImpl::Loop() {
       std::fprintf(stderr, "ferry-ps %d: %s while expiring held requests; continuing\n", options_.rank, e.what());
     }
   };
-  const Status s = transport::EventLoop::Run({sockets_.data(), options_.curve ? 3u : 2u}, waker_, stopping_, wire::kMaxFrames + 1, h);
+  const Status s = transport::EventLoop::Run({sockets_.data(), options_.curve ? 3u : 2u}, waker_, stopping_,
+                                             wire::kMaxFrames + 1, h);
   if (!s.ok()) std::fprintf(stderr, "ferry-ps %d: %s; stopping\n", options_.rank, s.message().c_str());
 }
 
@@ -261,8 +262,10 @@ size_t DefaultMaxConnections() {
 Status CheckCurveOptions(ServerOptions* options) {
   const std::string who = "ferry-ps rank " + std::to_string(options->rank) + ": CURVE";
   if (!curve::Available()) return UnimplementedError(who + ": this libzmq was built without CURVE");
-  if (options->context) return InvalidArgumentError(who + " needs the server's own Context (leave options.context unset)");
-  if (options->bind.starts_with("inproc://")) return InvalidArgumentError(who + " needs tcp:// or ipc://, not inproc://");
+  if (options->context)
+    return InvalidArgumentError(who + " needs the server's own Context (leave options.context unset)");
+  if (options->bind.starts_with("inproc://"))
+    return InvalidArgumentError(who + " needs tcp:// or ipc://, not inproc://");
   FERRY_RETURN_IF_ERROR(curve::CheckKeypair(options->curve->server, who + " server keypair"));
   const auto& workers = options->curve->workers;
   if (workers.empty()) return InvalidArgumentError(who + ": no worker keys");
@@ -305,7 +308,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.restore) {
     const std::string who = "ferry-ps rank " + std::to_string(options.rank);
     if (options.checkpoint_dir.empty()) return InvalidArgumentError(who + ": restore needs a checkpoint folder");
-    if (options.num_workers == 0) return InvalidArgumentError(who + ": restore needs the job's worker count (--num-workers)");
+    if (options.num_workers == 0)
+      return InvalidArgumentError(who + ": restore needs the job's worker count (--num-workers)");
     std::vector<std::string> skipped;
     auto ckpt = ps::ReadCheckpoint(options.checkpoint_dir, &skipped);
     if (!ckpt.ok()) return ckpt.status().WithContext(who);
@@ -320,7 +324,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   }
   auto context = options.context ? options.context : Context::Create(1);
   if (!transport::Waker().ok()) return InternalError("cannot create an eventfd (file descriptors exhausted?)");
-  FERRY_ASSIGN_OR_RETURN(zmq::socket_t socket, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router));
+  FERRY_ASSIGN_OR_RETURN(zmq::socket_t socket,
+                         transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router));
   zmq::socket_t zap;
   std::string endpoint;
   // Watched from before the bind, so no connection is accepted unseen.

@@ -170,8 +170,9 @@ void AddTableMetrics(metrics::Page& page, const metrics::Labels& server, const s
     for (const auto& [id, pulls] : t.counters.hot.Top(kHotSlots)) {
       metrics::Labels l = labels_of(t);
       l.emplace_back("id", std::to_string(id));
-      page.Gauge("ferry_table_hot_id_pulls", "Estimated pulls of the table's most pulled ids (a sampled heavy-hitters sketch)",
-                 l, static_cast<double>(pulls));
+      page.Gauge("ferry_table_hot_id_pulls",
+                 "Estimated pulls of the table's most pulled ids (a sampled heavy-hitters sketch)", l,
+                 static_cast<double>(pulls));
     }
   }
 }

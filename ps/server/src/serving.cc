@@ -105,7 +105,8 @@ void ServerImpl::LogRateLimited(const std::string& line) {
     return;
   }
   std::fprintf(stderr, "ferry-ps %d: %s", options_.rank, wire::Printable(line).c_str());
-  if (logs_held_back_ > 0) std::fprintf(stderr, " (and %lld similar line(s) held back)", static_cast<long long>(logs_held_back_));
+  if (logs_held_back_ > 0)
+    std::fprintf(stderr, " (and %lld similar line(s) held back)", static_cast<long long>(logs_held_back_));
   std::fputc('\n', stderr);
   last_log_ = now;
   logs_held_back_ = 0;

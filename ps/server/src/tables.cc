@@ -260,7 +260,8 @@ SparseShard::Room SparseShard::EvictOne(int pushes) {
     if (best == kNoRow || t < touch_[best] || (t == touch_[best] && steps_[s] < steps_[best])) best = s;
   }
   if (best == kNoRow) return Room::kNoVictim;
-  if (filter_ != nullptr && pushes != kAlwaysWins && filter_->Estimate(ids_[best]) >= pushes) return Room::kVictimHotter;
+  if (filter_ != nullptr && pushes != kAlwaysWins && filter_->Estimate(ids_[best]) >= pushes)
+    return Room::kVictimHotter;
   Evict(best, &counts_.evicted_capacity, totals_ ? &totals_->evicted_capacity : nullptr);
   return Room::kMade;
 }

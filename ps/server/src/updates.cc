@@ -50,7 +50,9 @@ void Updater::ReadRows(std::span<const RowRead> reads) {
   rows_.resize(total);
   // Calls fn(read, i, position) for positions [b, e) of all the reads together, in order.
   auto each = [&](int64_t b, int64_t e, auto&& fn) {
-    size_t t = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), static_cast<size_t>(b)) - starts_.begin()) - 1;
+    size_t t = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), static_cast<size_t>(b)) -
+                                   starts_.begin()) -
+               1;
     for (size_t p = static_cast<size_t>(b); p < static_cast<size_t>(e); ++p) {
       while (p >= starts_[t + 1]) ++t;
       fn(reads[t], p - starts_[t], p);

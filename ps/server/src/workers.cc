@@ -129,7 +129,8 @@ std::vector<int> Workers::Silent(Clock::time_point now, std::chrono::millisecond
 std::string Workers::Behind(int64_t step, int staleness) const {
   std::string out;
   for (int r : BehindRanks(step, staleness)) {
-    out += (out.empty() ? "" : ", ") + std::to_string(r) + " (clock " + std::to_string(clocks_[static_cast<size_t>(r)]) + ")";
+    out += (out.empty() ? "" : ", ") + std::to_string(r) + " (clock " +
+           std::to_string(clocks_[static_cast<size_t>(r)]) + ")";
   }
   return out;
 }

@@ -122,7 +122,8 @@ int DumpDense(const CheckpointData::Table& t, const std::string& out, bool state
 // A sparse table's ids and rows and, with `state`, its optimizer state ([slots, n, dim]; a row's
 // values are its parameters then each slot's dim floats).
 int DumpSparse(const CheckpointData::Table& t, const std::string& out, bool state) {
-  const size_t dim = static_cast<size_t>(t.spec.dim), slots = static_cast<size_t>(ferry::ps::StateSlots(t.spec.optimizer.type));
+  const size_t dim = static_cast<size_t>(t.spec.dim),
+               slots = static_cast<size_t>(ferry::ps::StateSlots(t.spec.optimizer.type));
   const size_t n = t.rows.size();
   std::vector<int64_t> ids;
   std::vector<float> rows, slot_values(state ? slots * n * dim : 0);

@@ -154,7 +154,9 @@ std::vector<Outcome> RunWorkers(const ferry::test::LocalCluster& cluster, Turns&
   return out;
 }
 
-int64_t Counter(const ferry::test::LocalCluster& c, const std::string& name) { return c.servers[0]->stats().counters[name]; }
+int64_t Counter(const ferry::test::LocalCluster& c, const std::string& name) {
+  return c.servers[0]->stats().counters[name];
+}
 
 TEST(BackupWorkers, AWorkerLateOnceContributesAgainFromTheNextStep) {
   constexpr int64_t kSteps = 30;

@@ -17,7 +17,8 @@ namespace {
 class FashionMnistTraining : public testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
-    if (!std::filesystem::exists(data::FashionMnistImagesPath(data::kFashionMnistDir, data::FashionMnistSplit::kTrain))) {
+    if (!std::filesystem::exists(
+            data::FashionMnistImagesPath(data::kFashionMnistDir, data::FashionMnistSplit::kTrain))) {
       return;
     }
     auto tr = data::LoadFashionMnist(data::FashionMnistSplit::kTrain);
@@ -81,10 +82,12 @@ TEST_P(FashionMnistTraining, TwoWorkersLearn) {
   ExpectTwoWorkersLearn(o, train_, test_, GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Consistency, FashionMnistTraining, testing::Values("sync", "async", "ssp:2", "sync+none", "async+prefetch", "ssp:2+prefetch"),
+INSTANTIATE_TEST_SUITE_P(Consistency, FashionMnistTraining,
+                         testing::Values("sync", "async", "ssp:2", "sync+none", "async+prefetch", "ssp:2+prefetch"),
                          [](const testing::TestParamInfo<std::string>& info) {
                            std::string s = info.param;
-                           for (char& c : s) if (c == ':' || c == '+') c = '_';
+                           for (char& c : s)
+                             if (c == ':' || c == '+') c = '_';
                            return s;
                          });
 

@@ -127,11 +127,13 @@ void ExpectReads(const Reads& run, const std::function<int64_t(int64_t)>& n, con
   for (size_t t = 0; t < run.w_read.size(); ++t) {
     const int64_t applied = n(static_cast<int64_t>(t));
     for (int64_t i = 0; i < kW; i += 997) {
-      ASSERT_EQ(run.w_read[t][static_cast<size_t>(i)], After(applied, 0, i)) << what << ": w[" << i << "] at step " << t;
+      ASSERT_EQ(run.w_read[t][static_cast<size_t>(i)], After(applied, 0, i))
+          << what << ": w[" << i << "] at step " << t;
     }
     ASSERT_EQ(run.w_read[t][kW - 1], After(applied, 0, kW - 1)) << what << ": last element at step " << t;
     for (int64_t i = 0; i < kB; ++i) {
-      ASSERT_EQ(run.b_read[t][static_cast<size_t>(i)], After(applied, 1, i)) << what << ": b[" << i << "] at step " << t;
+      ASSERT_EQ(run.b_read[t][static_cast<size_t>(i)], After(applied, 1, i))
+          << what << ": b[" << i << "] at step " << t;
     }
   }
 }

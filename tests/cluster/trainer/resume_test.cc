@@ -73,7 +73,8 @@ class ResumeTest : public testing::Test {
   }
 
   static void ExpectAllOk(const std::vector<test::WorkerRun>& runs) {
-    for (size_t r = 0; r < runs.size(); ++r) ASSERT_TRUE(runs[r].report.ok()) << "worker " << r << ": " << runs[r].report.status();
+    for (size_t r = 0; r < runs.size(); ++r)
+      ASSERT_TRUE(runs[r].report.ok()) << "worker " << r << ": " << runs[r].report.status();
   }
 
   // The newest checkpoint of `dir`, read back whole.

@@ -147,7 +147,8 @@ TEST(SyncPipeline, PushByLayerGivesTheBitsOfTheWholePush) {
         o.batch = 4;
         o.accumulate = accumulate;
         o.push_by_layer = by_layer;
-        const auto runs = test::RunWorkers(cluster, 2, o, ds, /*record=*/true, nullptr, {}, ferry::test::NoHeartbeats());
+        const auto runs =
+            test::RunWorkers(cluster, 2, o, ds, /*record=*/true, nullptr, {}, ferry::test::NoHeartbeats());
         ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
         ASSERT_TRUE(runs[1].report.ok()) << runs[1].report.status();
         EXPECT_EQ(runs[0].trace, runs[1].trace);

@@ -507,7 +507,8 @@ TEST(CriteoTest, ExpandsListsAndGlobs) {
 
 std::vector<int> Traced(const CtrBatch& batch) {
   std::vector<int> out;
-  for (int64_t k = 0; k < batch.size(); ++k) out.push_back(static_cast<int>(std::lround(std::expm1(batch.dense_row(k)[0]))));
+  for (int64_t k = 0; k < batch.size(); ++k)
+    out.push_back(static_cast<int>(std::lround(std::expm1(batch.dense_row(k)[0]))));
   return out;
 }
 
@@ -578,7 +579,8 @@ TEST(CriteoTest, ReadAheadHandsOutExactlyWhatReadingInLineDoes) {
     return std::make_unique<CriteoStream>(std::move(*r), limit, ahead);
   };
   for (int64_t limit : {int64_t{0}, int64_t{17}}) {
-    for (const std::vector<int64_t>& sizes : {std::vector<int64_t>(12, 8), std::vector<int64_t>{5, 5, 13, 2, 40, 7, 7, 1, 30}}) {
+    for (const std::vector<int64_t>& sizes :
+         {std::vector<int64_t>(12, 8), std::vector<int64_t>{5, 5, 13, 2, 40, 7, 7, 1, 30}}) {
       auto plain = open(false, limit), ahead = open(true, limit);
       ASSERT_TRUE(plain->Skip(9).ok());
       ASSERT_TRUE(ahead->Skip(9).ok());

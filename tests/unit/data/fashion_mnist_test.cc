@@ -283,7 +283,8 @@ void CheckRealSplit(FashionMnistSplit split, int64_t expected_count, ImageDatase
 
 TEST(FashionMnistTest, RealTrainSplit) {
   if (!FashionMnistInstalled(FashionMnistSplit::kTrain)) {
-    GTEST_SKIP() << "Fashion-MNIST is not installed (" << FashionMnistImagesPath(kFashionMnistDir, FashionMnistSplit::kTrain)
+    GTEST_SKIP() << "Fashion-MNIST is not installed ("
+                 << FashionMnistImagesPath(kFashionMnistDir, FashionMnistSplit::kTrain)
                  << " missing); apt-get install dataset-fashion-mnist";
   }
   ImageDataset data;
@@ -297,7 +298,8 @@ TEST(FashionMnistTest, RealTrainSplit) {
 
 TEST(FashionMnistTest, RealTestSplit) {
   if (!FashionMnistInstalled(FashionMnistSplit::kTest)) {
-    GTEST_SKIP() << "Fashion-MNIST is not installed (" << FashionMnistImagesPath(kFashionMnistDir, FashionMnistSplit::kTest)
+    GTEST_SKIP() << "Fashion-MNIST is not installed ("
+                 << FashionMnistImagesPath(kFashionMnistDir, FashionMnistSplit::kTest)
                  << " missing); apt-get install dataset-fashion-mnist";
   }
   ImageDataset data;

@@ -155,7 +155,8 @@ class PySyntheticCtr {
       Check(ferry::InvalidArgumentError("generate_range: [" + std::to_string(first) + ", +" + std::to_string(count) +
                                         ") is not a range of int64 indices"));
     }
-    return Run([&](data::CtrBatch* batch, std::vector<float>* probs) { gen_.GenerateRange(first, count, batch, probs); });
+    return Run(
+        [&](data::CtrBatch* batch, std::vector<float>* probs) { gen_.GenerateRange(first, count, batch, probs); });
   }
 
   int64_t FieldOffset(int field) const {
@@ -456,7 +457,8 @@ PYBIND11_MODULE(_data, m) {
                        int64_t hash_buckets, int max_bad_line_records, int64_t read_buffer_bytes,
                        int64_t max_line_bytes) {
              return std::make_unique<PyCriteoReader>(OpenReader(paths, shard_index, num_shards, shard_by, hash_buckets,
-                                                                max_bad_line_records, read_buffer_bytes, max_line_bytes));
+                                                                max_bad_line_records, read_buffer_bytes,
+                                                                max_line_bytes));
            }),
            py::arg("paths"), py::arg("shard_index") = 0, py::arg("num_shards") = 1, py::arg("shard_by") = "auto",
            py::arg("hash_buckets") = 0, py::arg("max_bad_line_records") = criteo.max_bad_line_records,
@@ -479,7 +481,8 @@ PYBIND11_MODULE(_data, m) {
                        int64_t hash_buckets, bool read_ahead, int64_t pass_limit, int max_bad_line_records,
                        int64_t read_buffer_bytes, int64_t max_line_bytes) {
              return std::make_unique<PyCriteoStream>(OpenReader(paths, shard_index, num_shards, shard_by, hash_buckets,
-                                                                max_bad_line_records, read_buffer_bytes, max_line_bytes),
+                                                                max_bad_line_records, read_buffer_bytes,
+                                                                max_line_bytes),
                                                      pass_limit, read_ahead);
            }),
            py::arg("paths"), py::arg("shard_index") = 0, py::arg("num_shards") = 1, py::arg("shard_by") = "auto",

@@ -55,7 +55,8 @@ Status ParseCriteoLine(std::string_view line, int64_t hash_buckets, CtrBatch* ba
   size_t start = 0;
   for (;;) {
     const size_t tab = line.find('\t', start);
-    const std::string_view col = line.substr(start, tab == std::string_view::npos ? std::string_view::npos : tab - start);
+    const std::string_view col =
+        line.substr(start, tab == std::string_view::npos ? std::string_view::npos : tab - start);
     if (n < kCriteoColumns) cols[n] = col;
     ++n;
     if (tab == std::string_view::npos) break;
@@ -170,7 +171,8 @@ StatusOr<std::vector<std::string>> ExpandCriteoPaths(std::string_view list) {
   size_t start = 0;
   for (;;) {
     const size_t comma = list.find(',', start);
-    const std::string entry(list.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    const std::string entry(
+        list.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
     if (entry.empty()) return InvalidArgumentError("an empty entry in the file list '" + std::string(list) + "'");
     if (entry.find_first_of("*?[") == std::string::npos) {
       struct stat st;
@@ -232,7 +234,8 @@ CriteoReader::~CriteoReader() = default;
 StatusOr<std::unique_ptr<CriteoReader>> CriteoReader::Open(const std::vector<std::string>& paths,
                                                            const CriteoOptions& options) {
   const std::string what = "CriteoReader(" + (paths.empty() ? std::string("no file") : paths[0]) +
-                           (paths.size() > 1 ? " and " + std::to_string(paths.size() - 1) + " more" : std::string()) + ")";
+                           (paths.size() > 1 ? " and " + std::to_string(paths.size() - 1) + " more" : std::string()) +
+                           ")";
   FERRY_RETURN_IF_ERROR(options.Validate().WithContext(what));
   if (paths.empty()) return InvalidArgumentError(what + ": no file to read");
   auto impl = std::make_unique<Impl>();
@@ -349,8 +352,9 @@ CriteoStream::Chunk CriteoStream::Read(int64_t n) {
       const CriteoStats& st = reader_->stats();
       if (in_pass_ == 0) {
         std::string what = "no usable example in " + std::to_string(reader_->files().size()) + " file(s) (" +
-                           reader_->files()[0] + (reader_->files().size() > 1 ? ", ..." : "") + "): " +
-                           std::to_string(st.lines) + " line(s) of this shard, " + std::to_string(st.bad_lines) + " bad";
+                           reader_->files()[0] + (reader_->files().size() > 1 ? ", ..." : "") +
+                           "): " + std::to_string(st.lines) + " line(s) of this shard, " +
+                           std::to_string(st.bad_lines) + " bad";
         for (const CriteoBadLine& b : st.first_bad_lines) what += "; " + b.ToString();
         return fail(InvalidArgumentError(std::move(what)));
       }

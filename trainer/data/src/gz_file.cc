@@ -120,7 +120,8 @@ StatusOr<bool> LineReader::Next(std::string_view* line, bool* too_long) {
       if (nl == nullptr && begin_ == end_ && !*too_long) return false;
       // Too long whether its end was in the buffer already or not: the same line, the same verdict.
       if (pos - begin_ > max_line_) *too_long = true;
-      *line = *too_long ? std::string_view() : std::string_view(buffer_.data() + begin_, static_cast<size_t>(pos - begin_));
+      *line =
+          *too_long ? std::string_view() : std::string_view(buffer_.data() + begin_, static_cast<size_t>(pos - begin_));
       const int64_t next = nl != nullptr ? pos + 1 : end_;
       consumed_ += next - begin_;
       begin_ = next;

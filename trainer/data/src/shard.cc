@@ -38,7 +38,8 @@ std::vector<int64_t> EpochPermutation(int64_t num_examples, int64_t epoch, const
 StatusOr<std::vector<int64_t>> EpochIndices(int64_t num_examples, ShardSpec shard, int64_t epoch,
                                             const ShuffleOptions& options) {
   FERRY_RETURN_IF_ERROR(shard.Validate());
-  if (num_examples < 0) return InvalidArgumentError("EpochIndices: num_examples " + std::to_string(num_examples) + " < 0");
+  if (num_examples < 0)
+    return InvalidArgumentError("EpochIndices: num_examples " + std::to_string(num_examples) + " < 0");
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(ShardSize(num_examples, shard)));
   if (!options.shuffle) {

@@ -111,7 +111,8 @@ void SyntheticCtr::Generate(std::span<const int64_t> indices, CtrBatch* batch, s
   for (int64_t index : indices) {
     internal::SplitMix64 rng(internal::HashPair(d.example_key, static_cast<uint64_t>(index)));
     for (int f = 0; f < fields; ++f) {
-      batch->ids.push_back(d.offsets[static_cast<size_t>(f)] + d.samplers[static_cast<size_t>(f)].Sample([&] { return rng.Uniform(); }) - 1);
+      batch->ids.push_back(d.offsets[static_cast<size_t>(f)] +
+                           d.samplers[static_cast<size_t>(f)].Sample([&] { return rng.Uniform(); }) - 1);
     }
     for (int j = 0; j < d.options.num_dense; ++j) {
       batch->dense.push_back(static_cast<float>(internal::NormalFromKey(rng.Next())));

@@ -124,7 +124,8 @@ inline constexpr std::string_view kFtrlUses[] = {"l1", "l2", "beta", "initial_ac
 inline constexpr StateSlot kMomentumSlots[] = {{"velocity"}};
 inline constexpr StateSlot kAdagradSlots[] = {{"accumulator", &OptimizerSpec::initial_accumulator}};
 inline constexpr StateSlot kAdamSlots[] = {{"m (first moment)"}, {"v (second moment)"}};
-inline constexpr StateSlot kFtrlSlots[] = {{"z"}, {"n (accumulated squared gradients)", &OptimizerSpec::initial_accumulator}};
+inline constexpr StateSlot kFtrlSlots[] = {{"z"},
+                                           {"n (accumulated squared gradients)", &OptimizerSpec::initial_accumulator}};
 }  // namespace optimizer_rules
 
 // Indexed by OptimizerType.

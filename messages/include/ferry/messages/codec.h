@@ -65,7 +65,8 @@ void SelectTopK(const float* x, int64_t n, int64_t k, uint32_t* idx, std::vector
 // acc what was not sent: 0 where a value was sent exactly, the rounding error x - RoundTrip(x)
 // where it was sent in 16 bits (exact in float32, so sent + residual == acc bit for bit), and 0
 // where a NaN or Inf was sent (it is not carried into the next push). Returns values saturated.
-int64_t EncodeTopK(ferry::WireFormat w, float ratio, float* acc, int64_t n, void* frame, std::vector<uint32_t>* scratch);
+int64_t EncodeTopK(ferry::WireFormat w, float ratio, float* acc, int64_t n, void* frame,
+                   std::vector<uint32_t>* scratch);
 
 // Decodes a top-k frame of `bytes` into the dense gradient out[0, n) (zero where nothing was
 // sent). Refuses (INVALID_ARGUMENT, saying what and where) a frame of another size than

@@ -38,7 +38,8 @@ static_assert(std::endian::native == std::endian::little, "payload frames are li
 std::string_view KindName(Kind kind);
 
 // Verifies one header frame: size, FlatBuffers verifier, file identifier, major version and a
-// known kind (one with a row in kinds.h). On success `*out` points into `frame` (valid while the frame lives). A frame whose
+// known kind (one with a row in kinds.h). On success `*out` points into `frame` (valid while the
+// frame lives). A frame whose
 // bytes are not 8-byte aligned (ZeroMQ keeps small messages inline) is first moved into an
 // aligned copy, since FlatBuffers reads scalars in place.
 // A header of another major version that passes the FlatBuffers verifier is refused with
@@ -58,7 +59,8 @@ using CodingOf = std::function<TableCoding(uint64_t table_id)>;
 // Checks that the payload frames match the header's counts for its kind (the frames its row in
 // kinds.h names; a kind without a row: none): frame count, and each frame's size equal to count
 // x element size (overflow-safe), where a value's size is its table's (`coding`; none: every
-// table float32) and a dense push of a top-k table carries TopKFrameBytes. Table-specific checks (known table, chunk lengths, row width, top-k indices)
+// table float32) and a dense push of a top-k table carries TopKFrameBytes. Table-specific checks
+// (known table, chunk lengths, row width, top-k indices)
 // are the receiver's.
 Status CheckPayloadShape(const Header& h, std::span<const zmq::message_t> payload, const CodingOf& coding = nullptr);
 

@@ -69,7 +69,8 @@ ferry_code ferry_spec_set_consistency(ferry_table_spec* spec, const char* consis
 /* init: "zeros", "uniform" ([-scale, scale)), "normal" (stddev scale) or "constant" (scale). */
 ferry_code ferry_spec_set_init(ferry_table_spec* spec, const char* init, float scale, uint64_t seed);
 /* One of: an optimizer hyperparameter (kHyperParams in ferry/optimizers.h: "momentum", "nesterov" (0 or 1),
- * "beta1", "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta", "weight_decay"), "chunk_elems", "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1, sparse tables: a pushed
+ * "beta1", "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta", "weight_decay"),
+ * "chunk_elems", "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1, sparse tables: a pushed
  * row holding NaN or Inf is dropped instead of the whole push being refused), and a sparse table's row lifecycle:
  * "admit_after", "admit_probability", "evict_after_steps", "max_rows" (README, "Row lifecycle"), and gradient
  * compression's "topk" (dense tables: each pushed chunk sends only its ceil(topk * n) largest elements, the rest

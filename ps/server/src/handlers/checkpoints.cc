@@ -39,13 +39,14 @@ Status ServerImpl::OnCheckpoint(Request& req) {
   RunFileJob(std::move(req), "the checkpoint of step " + std::to_string(step),
              [this, step, id, snapshot_us, image = std::move(image)]() mutable -> StatusOr<zmq::message_t> {
                const auto w0 = Clock::now();
-               FERRY_ASSIGN_OR_RETURN(ps::ShardFile f, ps::WriteShardImage(options_.checkpoint_dir, options_.rank,
-                                                                           options_.num_servers, step, std::move(image)));
+               FERRY_ASSIGN_OR_RETURN(ps::ShardFile f,
+                                      ps::WriteShardImage(options_.checkpoint_dir, options_.rank, options_.num_servers,
+                                                          step, std::move(image)));
                const double write_s = std::chrono::duration<double>(Clock::now() - w0).count();
                Count(kCheckpointsSaved);
                std::printf("ferry-ps %d: checkpoint of step %lld: %s, %.1f MB in %.3f s (serving paused %.1f ms)\n",
-                           options_.rank, static_cast<long long>(step), f.name.c_str(), static_cast<double>(f.bytes) / 1e6,
-                           write_s, static_cast<double>(snapshot_us) / 1e3);
+                           options_.rank, static_cast<long long>(step), f.name.c_str(),
+                           static_cast<double>(f.bytes) / 1e6, write_s, static_cast<double>(snapshot_us) / 1e3);
                std::fflush(stdout);
                flatbuffers::FlatBufferBuilder fbb(256);
                std::vector<flatbuffers::Offset<wire::ShardFile>> files = {
@@ -67,7 +68,8 @@ std::string ServerImpl::CheckpointMeaning(int64_t step) const {
   const std::string at = std::to_string(step);
   if (other == 0) return "sync: every server at global step " + at;
   if (sync == 0) return "async/ssp: each server's tables as they were when it saved (trainer step " + at + ")";
-  return "sync tables at global step " + at + " on every server; async/ssp tables as each server had them when it saved";
+  return "sync tables at global step " + at +
+         " on every server; async/ssp tables as each server had them when it saved";
 }
 
 Status ServerImpl::OnCommitCheckpoint(Request& req) {
@@ -81,7 +83,8 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
   const int64_t step = h.step();
   const uint64_t id = h.request_id();
   RunFileJob(std::move(req), "the manifest of step " + std::to_string(step),
-             [this, step, id, shards = std::move(shards), meaning = CheckpointMeaning(step)]() -> StatusOr<zmq::message_t> {
+             [this, step, id, shards = std::move(shards),
+              meaning = CheckpointMeaning(step)]() -> StatusOr<zmq::message_t> {
                // Each shard must be on disk as its server reported it.
                for (const auto& f : shards) {
                  const std::string path = options_.checkpoint_dir + "/" + f.name;
@@ -94,7 +97,8 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
                                                   ": do all servers share the checkpoint folder?");
                  }
                }
-               FERRY_RETURN_IF_ERROR(ps::WriteManifest(options_.checkpoint_dir, step, shards, meaning, options_.keep_checkpoints));
+               FERRY_RETURN_IF_ERROR(
+                   ps::WriteManifest(options_.checkpoint_dir, step, shards, meaning, options_.keep_checkpoints));
                return wire::MakeReply(id, Kind::CommitCheckpoint, step);
              });
   return Status::Ok();
@@ -129,7 +133,8 @@ void ServerImpl::FinishFileJob() {
   Request req = std::move(*job_req_);
   job_req_.reset();
   if (done->ok()) return Send(req, std::move(**done));
-  std::fprintf(stderr, "ferry-ps %d: %s failed: %s\n", options_.rank, job_what_.c_str(), done->status().message().c_str());
+  std::fprintf(stderr, "ferry-ps %d: %s failed: %s\n", options_.rank, job_what_.c_str(),
+               done->status().message().c_str());
   SendError(req, done->status().WithContext(std::string(wire::KindName(req.h()->kind()))));
 }
 

@@ -13,7 +13,8 @@ Status ServerImpl::OnCreateTable(Request& req) {
   bool pending = false;
   auto declared = tables_.Declare(std::move(spec), req.h()->table_id(), workers_.count(), &pending);
   if (!declared.ok()) {
-    if (declared.status().code() == StatusCode::kResourceExhausted) LogRateLimited(declared.status().message() + "; refused");
+    if (declared.status().code() == StatusCode::kResourceExhausted)
+      LogRateLimited(declared.status().message() + "; refused");
     return declared.status();
   }
   std::unique_ptr<ps::Table> table = std::move(*declared);

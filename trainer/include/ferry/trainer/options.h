@@ -25,7 +25,8 @@ enum class DeviceKind { kAuto, kCpu, kCuda };
 // --table PATTERN:key=value,...: settings for the model's tables whose names match PATTERN
 // (fnmatch(3): "ctr/emb*"), over the job's defaults. Keys: consistency (sync|async|ssp:S),
 // optimizer (a name of the catalogue, ferry/optimizers.h), lr, wire (f32|fp16|bf16), and the
-// numeric options of SetSpecOption (each optimizer hyperparameter, topk, ...). E.g. the hybrid PERSIA uses: --consistency sync --table 'ctr/emb*:consistency=async';
+// numeric options of SetSpecOption (each optimizer hyperparameter, topk, ...). E.g. the hybrid
+// PERSIA uses: --consistency sync --table 'ctr/emb*:consistency=async';
 // gradient compression: --table 'mlp/*:wire=fp16,topk=0.01'.
 struct TableOverride {
   std::string pattern;

@@ -12,7 +12,8 @@
 //              is field f's dedicated "missing" id: missing values are kept, not skipped, so every
 //              example has exactly one id per field as the model expects)
 // A bad line (not 40 columns, a label other than 0/1, an integer field that is not a whole
-// decimal int64, a categorical value that is not hexadecimal, more than max_line_bytes) is skipped, counted, and the first few are recorded
+// decimal int64, a categorical value that is not hexadecimal, more than max_line_bytes) is
+// skipped, counted, and the first few are recorded
 // with their file, 1-based line number and the reason; it is never fatal. I/O errors (missing
 // file, corrupt gzip) are.
 //
@@ -110,7 +111,8 @@ struct CriteoStats {
 };
 
 // The files a list names: comma-separated entries, each a path or a glob pattern (*, ? or [ in
-// it; glob(3), matches sorted with numbers in order: day_2 before day_10). NOT_FOUND naming the entry when a path does not exist or a
+// it; glob(3), matches sorted with numbers in order: day_2 before day_10). NOT_FOUND naming the
+// entry when a path does not exist or a
 // pattern matches nothing; INVALID_ARGUMENT for an empty list or entry. A file named twice is
 // kept once, where it first appears.
 StatusOr<std::vector<std::string>> ExpandCriteoPaths(std::string_view list);

@@ -30,7 +30,8 @@ class ZipfSampler {
       const double x = HIntegralInverse(u);
       int64_t k = static_cast<int64_t>(x + 0.5);
       k = std::clamp<int64_t>(k, 1, n_);
-      if (static_cast<double>(k) - x <= threshold_ || u >= HIntegral(static_cast<double>(k) + 0.5) - H(static_cast<double>(k))) {
+      if (static_cast<double>(k) - x <= threshold_ ||
+          u >= HIntegral(static_cast<double>(k) + 0.5) - H(static_cast<double>(k))) {
         return k;
       }
     }

@@ -3,10 +3,13 @@
 # configures and builds with CMake + Ninja, then runs the main job or the tests.
 #
 #   ./build.sh demo    install, build, run a local cluster (2 ferry-ps + 2 workers) that trains
-#   ./build.sh test    install, build, run every test (ctest), then the clang thread-safety build
-#                      and the suite under AddressSanitizer + UndefinedBehaviorSanitizer, and the
-#                      in-process cluster tests under ThreadSanitizer
-#   ./build.sh format  no C++ line over the column limit of .clang-format (.ci/check-format; test runs it first)
+#   ./build.sh test    install, check line lengths (format), build, run every test (ctest), the
+#                      timing-sensitive ones again under load (busy), then the clang thread-safety
+#                      build and the suite under AddressSanitizer + UndefinedBehaviorSanitizer, and
+#                      the in-process cluster tests under ThreadSanitizer
+#   ./build.sh format  no C++ line over the column limit of .clang-format (.ci/check-format)
+#   ./build.sh busy    the tests labelled `timing` (ctest -L timing) with every core kept busy by
+#                      stress-ng, as a user's loaded machine would: they must pass there too
 #   ./build.sh thread-safety   the clang -Wthread-safety -Werror build alone
 #   ./build.sh sanitize  the test suite built with clang under AddressSanitizer and
 #                      UndefinedBehaviorSanitizer (build-sanitize/); any finding fails its test;
@@ -28,7 +31,8 @@ PACKAGES=(cmake ninja-build g++ pkg-config
           libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
           libabsl-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev libmicrohttpd-dev prometheus-cpp-dev prometheus
           dataset-fashion-mnist python3 python3-dev python3-numpy python3-torch pybind11-dev
-          python3-setuptools python3-wheel python3-pip python3-venv gnuplot-nox clang libclang-rt-dev)
+          python3-setuptools python3-wheel python3-pip python3-venv gnuplot-nox clang libclang-rt-dev
+          stress-ng)
 
 say() { printf '\033[1m[ferry]\033[0m %s\n' "$*"; }
 
@@ -59,6 +63,29 @@ build() {
 run_tests() {
   say "running the tests"
   ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 300
+}
+
+# The tests whose assertions involve time (heartbeats, deadlines, held and expired requests,
+# processes stopped and restarted: ctest label `timing`, see tests/CMakeLists.txt) once more, with
+# every core kept busy by a stress-ng CPU worker beside them: users run the suite on loaded
+# machines, where a thread may wait hundreds of milliseconds for the CPU. About 2 minutes on 2
+# cores. BUSY_CPUS (default: cores) sets the load. The load is stopped however this ends; its own
+# --timeout bounds it even if this script is killed outright.
+run_busy() {
+  local cpus=${BUSY_CPUS:-$(nproc)} load rc=0 t0=$SECONDS
+  say "the timing-sensitive tests (ctest -L timing) beside stress-ng --cpu $cpus"
+  stress-ng --cpu "$cpus" --timeout 900s --quiet &
+  load=$!
+  # shellcheck disable=SC2064  # $load is expanded now, on purpose
+  trap "kill $load 2>/dev/null || true" EXIT
+  # shellcheck disable=SC2064
+  trap "kill $load 2>/dev/null || true; exit 130" INT TERM
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 300 -L timing || rc=$?
+  kill "$load" 2>/dev/null || true
+  wait "$load" 2>/dev/null || true
+  trap - EXIT INT TERM
+  say "timing-sensitive tests under load: $([ $rc = 0 ] && echo passed || echo FAILED) in $((SECONDS - t0)) s"
+  return $rc
 }
 
 # Clang's thread-safety analysis over the libraries and programs: every lock-guarded member is
@@ -217,13 +244,14 @@ format_check() {
 
 case "${1:-}" in
   demo) install_deps; build; run_demo ;;
-  test) install_deps; format_check; build; run_tests; thread_safety_check; sanitize_check; tsan_check ;;
+  test) install_deps; format_check; build; run_tests; run_busy; thread_safety_check; sanitize_check; tsan_check ;;
   format) format_check ;;
+  busy) install_deps; build; run_busy ;;
   thread-safety) install_deps; thread_safety_check ;;
   sanitize) install_deps; sanitize_check ;;
   tsan) install_deps; tsan_check ;;
   build) install_deps; build ;;
   bench) install_deps; build; "$BUILD_DIR/bench/ferry-bench" ;;
   matrix) shift; install_deps; build; python3 bench/ferry-matrix --bin-dir "$BUILD_DIR" "$@" ;;
-  *) echo "usage: $0 demo|test|build|format|thread-safety|sanitize|tsan|bench|matrix [ferry-matrix flags]" >&2; exit 2 ;;
+  *) echo "usage: $0 demo|test|build|format|busy|thread-safety|sanitize|tsan|bench|matrix [ferry-matrix flags]" >&2; exit 2 ;;
 esac

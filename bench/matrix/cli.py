@@ -77,7 +77,9 @@ def parse_args(argv):
     ap.add_argument("--target-auc", type=float, help="ctr target (default: the preset's)")
     ap.add_argument("--num-ps", type=int, help="ferry-ps servers per run (default: the preset's)")
     ap.add_argument("--run-timeout", type=float, metavar="S",
-                    help="seconds one run may take (default: the preset's)")
+                    help="seconds one run may take before its job ends (default: the preset's); "
+                         "a job that ended by then (its launcher stopping the cluster) is given "
+                         "that stop, and recorded ok or failed")
     ap.add_argument("--plot-time", choices=("train", "wall"),
                     help="x axis of the quality-vs-time plots: training time (wall time minus "
                          "evaluation, as time to target; the default) or raw wall time")

@@ -21,6 +21,10 @@ import time
 
 LAUNCH_GRACE_S = 5.0     # ferry-launch --grace: SIGTERM to SIGKILL for the cluster's processes
 STOP_WAIT_S = 20.0       # how long a SIGTERMed launcher gets to stop its cluster
+# How long a launcher that had begun to stop its cluster by the run's deadline (its job had ended:
+# every worker finished, or one failed) gets to finish that stop and exit: --grace, then its
+# SIGKILL and reaping (ferry_launch.common.REAP_TIMEOUT_S), with room for a loaded machine.
+FINISH_WAIT_S = LAUNCH_GRACE_S + 15.0
 SUMMARY_MAX_LINES = 30
 
 
@@ -106,8 +110,25 @@ def _log_tails(log_dir, n=3):
     return out
 
 
+def _read(path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def job_ended(log_text):
+    """True when the launcher's log says it is stopping its cluster: the job has ended (every
+    worker finished, or a process failed and the launcher stops the others), and what remains is
+    the launcher's bounded stop (--grace, then SIGKILL). ferry-matrix runs it with --max-restarts
+    0, so a stop is never one before a restart."""
+    return any(line.startswith("ferry-launch: stopping ") for line in log_text.splitlines())
+
+
 def _attempt(argv, run_dir, timeout_s):
-    """One launcher run. Returns (status "ok" | "failed" | "timeout", rc, seconds, log text)."""
+    """One launcher run. Returns (status "ok" | "failed" | "timeout", rc, seconds, log text).
+
+    "timeout" means the job had not ended at the deadline. A job that had (its launcher was
+    stopping the cluster: on a loaded machine that stop alone can take seconds) is given
+    FINISH_WAIT_S to exit, and the launcher's exit status says whether the run failed."""
     if os.path.isdir(run_dir):
         shutil.rmtree(run_dir)  # stale metrics of an earlier run must not be read as this one's
     os.makedirs(os.path.join(run_dir, "logs"))
@@ -121,7 +142,12 @@ def _attempt(argv, run_dir, timeout_s):
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=_die_with_harness(os.getpid()))
         try:
-            rc = proc.wait(timeout_s)
+            try:
+                rc = proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                if not job_ended(_read(log_path)):
+                    raise
+                rc = proc.wait(FINISH_WAIT_S)
         except subprocess.TimeoutExpired:
             status = "timeout"
             _stop(proc)
@@ -131,8 +157,7 @@ def _attempt(argv, run_dir, timeout_s):
             raise
     if status == "ok" and rc != 0:
         status = "failed"
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        return status, rc, time.monotonic() - start, f.read()
+    return status, rc, time.monotonic() - start, _read(log_path)
 
 
 def _before_workers(log_text):

@@ -29,24 +29,51 @@ TableSpec SyncTable(const std::string& name = "w") {
   return spec;
 }
 
+// How long a worker's client says it may stay silent (ClientOptions::heartbeat_timeout; it pings
+// every quarter of it, and the servers call it silent after the larger of that and their
+// worker_timeout). A worker that dies in a test promises little, so that the servers call it
+// silent 300 ms after its death; one that lives promises much, so that they never call it
+// silent, however long a loaded machine leaves its I/O thread without the CPU (seconds: a
+// 50 ms sleep overslept by 335 ms with two busy loops beside a build on 2 cores). A test of
+// whether heartbeats keep a worker alive says so and takes its own margin.
+constexpr std::chrono::milliseconds kDying = 200ms;
+constexpr std::chrono::milliseconds kLiving = 20s;
+
 class Liveness : public testing::Test {
  protected:
-  // Servers that call a worker silent after 300 ms, and hold a pull for at most 20 s.
+  // Servers that call a worker silent after 300 ms (or 4 x its heartbeat promise), and hold a
+  // pull for at most 20 s.
   static LocalCluster Servers(int n = 2) {
     ServerOptions so;
     so.worker_timeout = 300ms;
     so.max_wait = 20s;
     return LocalCluster::Start(n, false, so);
   }
-  // A worker whose client pings every 50 ms and waits up to 30 s for a reply: a failure that
-  // comes as UNAVAILABLE came from the servers' liveness check, not from a timeout.
-  static std::unique_ptr<Client> Worker(const LocalCluster& c, int rank, std::chrono::milliseconds heartbeat = 200ms) {
+  // A worker's client that waits up to 30 s for a reply: a failure that comes as UNAVAILABLE
+  // came from the servers' liveness check, not from a timeout.
+  static ClientOptions Options(std::chrono::milliseconds heartbeat) {
     ClientOptions o;
     o.heartbeat_timeout = heartbeat;
     o.request_timeout = 30s;
-    auto w = c.Connect(rank, 2, o);
+    return o;
+  }
+  static std::unique_ptr<Client> Worker(const LocalCluster& c, int rank, std::chrono::milliseconds heartbeat = kLiving,
+                                        int num_workers = 2) {
+    auto w = c.Connect(rank, num_workers, Options(heartbeat));
     EXPECT_TRUE(w && w->Declare(SyncTable()).ok());
     return w;
+  }
+  // Returns once the servers have called worker `dead` silent, which `probe` (a live worker)
+  // learns from a table that needs every worker's push (bounded by the servers' max wait): its
+  // pull of step 1 fails naming `dead`. Call it with every other worker but `probe` alive and
+  // not yet in table `table`.
+  static void AwaitCalledSilent(Client& probe, int dead, const std::string& table = "probe") {
+    ASSERT_TRUE(probe.Declare(SyncTable(table)).ok());
+    std::vector<float> g(8, 1.0f), out(8);
+    ASSERT_TRUE(probe.PushDense(table, g, 0).wait().ok());
+    const Status s = probe.PullDense(table, out, 1).wait();
+    ASSERT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    ASSERT_NE(s.message().find("worker " + std::to_string(dead) + " has sent nothing for"), std::string::npos) << s;
   }
 };
 
@@ -55,7 +82,7 @@ TEST_F(Liveness, APullWaitingForADeadWorkerFailsNamingIt) {
   auto w0 = Worker(c, 0);
   std::vector<float> g(8, 1.0f), out(8);
   {
-    auto w1 = Worker(c, 1);  // connects, then dies before pushing step 0
+    auto w1 = Worker(c, 1, kDying);  // connects, then dies before pushing step 0
   }
   ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
   const auto t0 = Clock::now();
@@ -90,9 +117,7 @@ struct LongWaits {
 TEST_F(Liveness, AStepWaitingForASlowWorkerIsReportedWhileItWaits) {
   auto c = Servers(1);
   LongWaits waits;
-  ClientOptions o;
-  o.heartbeat_timeout = 200ms;
-  o.request_timeout = 30s;
+  ClientOptions o = Options(kLiving);
   waits.Watch(&o);
   auto w0 = c.Connect(0, 2, o);
   ASSERT_TRUE(w0 && w0->Declare(SyncTable()).ok());
@@ -118,7 +143,9 @@ TEST_F(Liveness, AServerThatNeverAnswersIsReportedWhileConnectWaits) {
   LongWaits waits;
   ClientOptions o;
   o.servers = {"ipc:///tmp/ferry-no-server-" + std::to_string(::getpid())};  // nothing listens there
-  o.connect_timeout = 1500ms;
+  // Notices every 200 ms while Connect waits 3 s: a notice comes unless the client's thread
+  // gets no CPU for 2.8 s.
+  o.connect_timeout = 3s;
   waits.Watch(&o);
   auto c = Client::Connect(o);
   ASSERT_FALSE(c.ok());
@@ -132,7 +159,7 @@ TEST_F(Liveness, AServerThatNeverAnswersIsReportedWhileConnectWaits) {
 TEST_F(Liveness, AnAllReduceWaitingForADeadWorkerFailsNamingIt) {
   auto c = Servers(1);
   auto w0 = Worker(c, 0);
-  { auto w1 = Worker(c, 1); }
+  { auto w1 = Worker(c, 1, kDying); }
   const double v[2] = {1.0, 2.0};
   const auto sum = w0->AllReduceSum(v);
   ASSERT_FALSE(sum.ok());
@@ -145,18 +172,17 @@ TEST_F(Liveness, ABarrierCompletesWithoutWorkersThatAreSilent) {
   // 3 workers: worker 2 dies; the barrier waits for worker 1 (alive, late), then completes
   // without worker 2 once it is silent. The next collective takes the next id.
   auto c = Servers(1);
-  ClientOptions o;
-  o.heartbeat_timeout = 200ms;
-  o.request_timeout = 30s;
-  auto w0 = c.Connect(0, 3, o), w1 = c.Connect(1, 3, o);
-  { auto w2 = c.Connect(2, 3, o); }
+  auto w0 = c.Connect(0, 3, Options(kLiving)), w1 = c.Connect(1, 3, Options(kLiving));
+  { auto w2 = c.Connect(2, 3, Options(kDying)); }
   Status s0;
   std::thread t([&] { s0 = w0->Barrier(); });
-  std::this_thread::sleep_for(600ms);  // worker 2 is silent by now; worker 1 is not in yet
+  // Worker 2 is silent now; worker 1 is not in the barrier yet. (No ASSERT: thread t must be
+  // joined; worker 1's barrier goes on either way.)
+  AwaitCalledSilent(*w1, 2);
   EXPECT_TRUE(w1->Barrier().ok());
   t.join();
   EXPECT_TRUE(s0.ok()) << s0;
-  auto w2 = c.Connect(2, 3, o);  // a new process of worker 2 continues at the next collective
+  auto w2 = c.Connect(2, 3, Options(kLiving));  // a new process of worker 2 continues at the next collective
   std::vector<Status> s(3);
   std::thread a([&] { s[0] = w0->Barrier(); }), b([&] { s[1] = w1->Barrier(); });
   s[2] = w2->Barrier();
@@ -166,13 +192,18 @@ TEST_F(Liveness, ABarrierCompletesWithoutWorkersThatAreSilent) {
 }
 
 TEST_F(Liveness, ASlowWorkerThatIsAliveIsWaitedFor) {
-  auto c = Servers();
-  auto w0 = Worker(c, 0), w1 = Worker(c, 1);
+  // Servers that call a worker silent after 1 s, and a worker 1 that pings every 50 ms: it stays
+  // alive unless its client's thread gets no CPU for most of a second.
+  ServerOptions so;
+  so.worker_timeout = 1s;
+  so.max_wait = 20s;
+  auto c = LocalCluster::Start(2, false, so);
+  auto w0 = Worker(c, 0), w1 = Worker(c, 1, 200ms);
   std::vector<float> g(8, 1.0f), out(8);
   ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
   Handle pull = w0->PullDense("w", out, 1);
-  // Worker 1 computes for five times the servers' timeout: its client's heartbeats keep it alive.
-  std::this_thread::sleep_for(1500ms);
+  // Worker 1 computes for 2.5 times the servers' timeout: its client's heartbeats keep it alive.
+  std::this_thread::sleep_for(2500ms);
   EXPECT_FALSE(pull.done()) << pull.wait(0ms);
   ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
   EXPECT_TRUE(pull.wait().ok());
@@ -186,23 +217,22 @@ TEST_F(Liveness, WithBackupWorkersAStepThatCanCloseWithoutTheDeadIsWaitedFor) {
   auto c = Servers(1);
   TableSpec spec = SyncTable();
   spec.replicas_to_aggregate = 2;
-  ClientOptions o;
-  o.heartbeat_timeout = 200ms;
-  o.request_timeout = 30s;
   std::unique_ptr<Client> w[3];
   for (int r = 0; r < 3; ++r) {
-    w[r] = c.Connect(r, 3, o);
+    w[r] = c.Connect(r, 3, Options(r == 2 ? kDying : kLiving));
     ASSERT_TRUE(w[r]->Declare(spec).ok());
   }
   w[2].reset();
   std::vector<float> g(8, 1.0f), out(8);
   ASSERT_TRUE(w[0]->PushDense("w", g, 0).wait().ok());
   Handle pull = w[0]->PullDense("w", out, 1);
-  std::this_thread::sleep_for(1000ms);
+  // The servers look at every waiting pull when they call a worker silent: worker 0's was
+  // waiting when they called worker 2 silent (its probe failed), and must still wait.
+  ASSERT_NO_FATAL_FAILURE(AwaitCalledSilent(*w[1], 2));
   EXPECT_FALSE(pull.done()) << pull.wait(0ms);
   ASSERT_TRUE(w[1]->PushDense("w", g, 0).wait().ok());
   EXPECT_TRUE(pull.wait().ok());
-  EXPECT_EQ(c.servers[0]->stats().counters.at("failed_for_silent_worker"), 0);
+  EXPECT_EQ(c.servers[0]->stats().counters.at("failed_for_silent_worker"), 1);  // the probe's
 }
 
 TEST_F(Liveness, AWorkerThatPromisedNoHeartbeatsIsNeverCalledSilent) {

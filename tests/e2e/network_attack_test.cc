@@ -292,9 +292,12 @@ TEST_F(NetworkAttack, TheServerKeepsServingARealWorkerAndItsMemoryReturns) {
   }
   ExpectServing(*attacker);
 
-  // The worker trained throughout, and goes on.
+  // The worker trained throughout, and goes on: it takes another step (bounded: 30 s).
   const int64_t steps_during = trainer.steps();
-  std::this_thread::sleep_for(300ms);
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (trainer.steps() <= steps_during && trainer.status().ok() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(10ms);
+  }
   trainer.Stop();
   worker.join();
   EXPECT_TRUE(trainer.status().ok()) << trainer.status();

@@ -146,13 +146,13 @@ class SyncClusterTest(unittest.TestCase):
             self.assertEqual(end["global_step"], 99)
 
     def test_backup_workers_do_not_hold_the_fast_worker_back(self):
-        # 2 workers, one backup (each step aggregates the first gradient), worker 1 sleeps 30 ms
-        # a step. Neither the steps nor the evaluations (worker 0 alone, not merged: a collective
+        # 2 workers, one backup (each step aggregates the first gradient), worker 1 sleeps 100 ms
+        # a step (far more than a fast step, so that the bounds below hold on a loaded machine). Neither the steps nor the evaluations (worker 0 alone, not merged: a collective
         # would wait for the straggler) may make worker 0 wait for it; only the closing barrier.
         # The 40 steps are the job's (global steps): the straggler stops when the job reaches them.
         with Servers(2) as s:
             res = run_workers(s, 2, lambda r: FEW_IDS_CTR + ["--steps", "40", "--backup-workers", "1",
-                                                          "--straggler", "1:30ms", "--eval-every", "10"],
+                                                          "--straggler", "1:100ms", "--eval-every", "10"],
                               self.tmp, "backup")
         for rc, out, end in res:
             self.assertEqual(rc, 0, out)
@@ -163,7 +163,7 @@ class SyncClusterTest(unittest.TestCase):
             self.assertEqual(end["pushes_used"] + end["pushes_dropped"], end["steps"], str(end))
         fast, slow = res[0][2], res[1][2]
         # Each global step took one gradient, so the job ran 40 of them between the two workers:
-        # nearly all the fast worker's (all 40 unless it stalled for 30 ms somewhere, as a loaded
+        # nearly all the fast worker's (all 40 unless it stalled for 100 ms somewhere, as a loaded
         # machine can make it: then the straggler's gradient closed that step and the job reached
         # its end that much sooner).
         self.assertEqual(fast["pushes_used"] + slow["pushes_used"], 40, (fast, slow))
@@ -177,13 +177,13 @@ class SyncClusterTest(unittest.TestCase):
         self.assertEqual(len(evals), 4, evals)  # steps 10, 20, 30 and the end
         self.assertTrue(all(e["merged"] is False for e in evals), evals)
         # A quorum of 1: its own gradient makes nearly every step (the straggler's could come
-        # first only if the fast worker stalled for its 30 ms).
+        # first only if the fast worker stalled for its 100 ms).
         self.assertGreaterEqual(fast["pushes_used"], 30, str(fast))
-        # Had it waited for the straggler in its steps it would have waited about 40 x 30 ms.
-        self.assertLess(fast["time"]["wait_s"] - fast["final_wait_s"], 0.5 * 40 * 0.030, str(fast))
+        # Had it waited for the straggler in its steps it would have waited about 40 x 100 ms.
+        self.assertLess(fast["time"]["wait_s"] - fast["final_wait_s"], 0.5 * 40 * 0.100, str(fast))
         # Nor at the end: the straggler stops at the job's end instead of running its own 40
-        # steps (another 40 x 30 ms) alone; at most one step of its (30 ms + a step) remains.
-        self.assertLess(fast["final_wait_s"], 0.5 * 40 * 0.030, str(fast))
+        # steps (another 40 x 100 ms) alone; at most one step of its (100 ms + a step) remains.
+        self.assertLess(fast["final_wait_s"], 0.5 * 40 * 0.100, str(fast))
 
     def test_times_add_up_to_the_wall_time_and_sync_wait_is_measured(self):
         # Worker 1 sleeps 30 ms a step: worker 0 waits for it in every sync step, and that shows

@@ -11,9 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -248,22 +251,42 @@ TEST(Epochs, EveryExampleOncePerEpochAndEvalEachEpoch) {
 TEST(FinalModel, AsyncAndSspFinalParametersHoldEveryWorkersUpdates) {
   const data::ImageDataset train = test::MakeImages(64, kDataSeed);
   const Datasets ds{&train, &train};
+  constexpr int64_t kSteps = 12;
   for (const Pipeline pipeline : {Pipeline::kExchange, Pipeline::kPrefetch})
   for (const Consistency mode : {Consistency::kAsync, Consistency::kSsp}) {
     SCOPED_TRACE(mode == Consistency::kAsync ? "async" : "ssp:2");
     SCOPED_TRACE(pipeline == Pipeline::kExchange ? "exchange" : "prefetch");
     auto cluster = ferry::test::LocalCluster::Start(2);
-    TrainerOptions o = BaseOptions(OptimizerType::kSgd, 0.1f, 12);
+    TrainerOptions o = BaseOptions(OptimizerType::kSgd, 0.1f, kSteps);
     o.pipeline = pipeline;
     o.consistency = mode;
     o.staleness = 2;
     o.batch = 4;
     o.straggler_rank = 1;
-    o.straggler_delay_ms = 15;  // worker 1 ends about 12 x 15 ms after worker 0
-    const auto runs = test::RunWorkers(cluster, 2, o, ds);
+    o.straggler_delay_ms = 15;
+    // Worker 0 finishes its steps first, however a loaded machine schedules the two: worker 1
+    // holds after its last step (its last exchange may still travel; its flush and finish are to
+    // come) until worker 0 has done its last. Bounded: 60 s.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool fast_done = false;
+    bool fast_was_first = false;
+    const test::PerRank order = [&](int rank, TrainerOptions&, TrainHooks& hooks) {
+      hooks.on_step = [&, rank](const StepDone& d) {
+        if (d.step != kSteps) return;
+        std::unique_lock<std::mutex> lock(mu);
+        if (rank == 0) {
+          fast_done = true;
+          cv.notify_all();
+        } else {
+          fast_was_first = cv.wait_for(lock, std::chrono::seconds(60), [&] { return fast_done; });
+        }
+      };
+    };
+    const auto runs = test::RunWorkers(cluster, 2, o, ds, /*record=*/false, nullptr, order);
     ASSERT_TRUE(runs[0].report.ok()) << runs[0].report.status();
     ASSERT_TRUE(runs[1].report.ok()) << runs[1].report.status();
-    EXPECT_LT(runs[0].report->wall_s, runs[1].report->wall_s) << "worker 0 should finish its steps first";
+    EXPECT_TRUE(fast_was_first) << "worker 0 did not finish its steps in 60 s";
     EXPECT_EQ(runs[0].report->final_params, runs[1].report->final_params);
     EXPECT_EQ(runs[0].report->eval.count, 64);
   }

@@ -3,10 +3,6 @@
 #include <fnmatch.h>
 
 #include <algorithm>
-#include <iterator>
-#include <sstream>
-#include <type_traits>
-#include <utility>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -14,12 +10,11 @@
 #include <string_view>
 #include <vector>
 
-#include "ferry/cluster.h"
 #include "ferry/nearest.h"
 #include "ferry/trainer/model_registry.h"
+#include "internal/option_parsing.h"
 
 namespace ferry::trainer {
-namespace {
 
 std::vector<std::string_view> SplitComma(std::string_view s) {
   std::vector<std::string_view> out;
@@ -71,33 +66,6 @@ Status ParseDouble(std::string_view flag, std::string_view text, double* out) {
   return Status::Ok();
 }
 
-// "R:50ms" or "R:x2".
-Status ParseStraggler(std::string_view value, TrainerOptions* o) {
-  const size_t colon = value.find(':');
-  if (colon == std::string_view::npos) {
-    return InvalidArgumentError("--straggler: '" + std::string(value) + "' is not RANK:DELAY (e.g. 1:50ms or 1:x2)");
-  }
-  int64_t rank = 0;
-  FERRY_RETURN_IF_ERROR(ParseInt("--straggler rank", value.substr(0, colon), 0, 1 << 20, &rank));
-  std::string_view d = value.substr(colon + 1);
-  o->straggler_rank = static_cast<int>(rank);
-  if (!d.empty() && d[0] == 'x') {
-    FERRY_RETURN_IF_ERROR(ParseDouble("--straggler factor", d.substr(1), &o->straggler_factor));
-    if (o->straggler_factor < 1)
-      return InvalidArgumentError("--straggler: the factor x" + std::string(d.substr(1)) + " must be >= 1");
-  } else if (d.size() > 2 && d.substr(d.size() - 2) == "ms") {
-    FERRY_RETURN_IF_ERROR(ParseDouble("--straggler delay", d.substr(0, d.size() - 2), &o->straggler_delay_ms));
-    if (o->straggler_delay_ms < 0) return InvalidArgumentError("--straggler: a negative delay");
-  } else {
-    return InvalidArgumentError("--straggler: delay '" + std::string(d) + "' is neither like 50ms nor like x2");
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
-namespace {
-
 // The keys --table takes: these named settings, then SetSpecOption's numbers.
 const std::vector<std::string_view>& TableKeys() {
   static const std::vector<std::string_view> keys = [] {
@@ -107,6 +75,8 @@ const std::vector<std::string_view>& TableKeys() {
   }();
   return keys;
 }
+
+namespace {
 
 // One setting of a --table flag, applied to `spec` (defaults: `o`'s).
 Status ApplyTableSetting(const TrainerOptions& o, std::string_view key, std::string_view value, TableSpec* spec) {
@@ -137,6 +107,8 @@ Status ApplyTableSetting(const TrainerOptions& o, std::string_view key, std::str
   return SetSpecOption(spec, key, x);
 }
 
+}  // namespace
+
 StatusOr<TableOverride> ParseTableOverride(std::string_view text) {
   auto bad = [&](const std::string& why) {
     return InvalidArgumentError("--table '" + std::string(text) + "': " + why);
@@ -149,393 +121,12 @@ StatusOr<TableOverride> ParseTableOverride(std::string_view text) {
   TableSpec scratch;  // each setting is tried here once, so a bad one is named at once
   for (std::string_view kv : SplitComma(text.substr(colon + 1))) {
     const size_t at = kv.find('=');
-    if (at == std::string_view::npos || at == 0) return bad("'" + std::string(kv) + "' is not key=value");
+    if (at == std::string_view::npos || at == 0) return bad(std::string("'").append(kv).append("' is not key=value"));
     const std::string_view key = kv.substr(0, at), value = kv.substr(at + 1);
     if (Status s = ApplyTableSetting(TrainerOptions(), key, value, &scratch); !s.ok()) return bad(s.message());
     t.settings.emplace_back(key, value);
   }
   return t;
-}
-
-// ---- The flags: one row each (name, value, group, help; the setter holds the type and range;
-// the default is TrainerOptions'). Parsing, --help and the unknown-flag hint come from here. ----
-
-// Sets a flag's value (a switch gets "").
-using FlagSetter = Status (*)(TrainerOptions& o, std::string_view flag, std::string_view value);
-// A flag's default as --help shows it (from a default TrainerOptions).
-using FlagShow = std::string (*)(const TrainerOptions& o);
-
-struct Flag {
-  std::string_view name;   // "--batch"
-  std::string_view arg;    // its value in --help ("B"); "" for a switch, which takes none
-  std::string_view group;  // the --help section
-  std::string_view help;
-  FlagSetter set;
-  FlagShow show;           // nullptr: no default shown
-  std::string_view model;  // the model it belongs to ("": every model); another model's is refused
-
-  Flag(std::string_view name, std::string_view arg, std::string_view group, std::string_view help, FlagSetter set,
-       FlagShow show = nullptr, std::string_view model = {})
-      : name(name), arg(arg), group(group), help(help), set(set), show(show), model(model) {}
-};
-
-template <auto M, int64_t Lo, int64_t Hi>
-Status Int(TrainerOptions& o, std::string_view flag, std::string_view value) {
-  int64_t n = 0;
-  FERRY_RETURN_IF_ERROR(ParseInt(flag, value, Lo, Hi, &n));
-  o.*M = static_cast<std::remove_reference_t<decltype(o.*M)>>(n);
-  return Status::Ok();
-}
-
-// A number in [Lo, Hi] ((Lo, Hi] with LoOpen; Hi 1e300: no upper bound), checked after parsing.
-template <auto M, double Lo, double Hi, bool LoOpen = false>
-Status Real(TrainerOptions& o, std::string_view flag, std::string_view value) {
-  double x = 0;
-  FERRY_RETURN_IF_ERROR(ParseDouble(flag, value, &x));
-  if ((LoOpen ? x <= Lo : x < Lo) || x > Hi) {
-    std::ostringstream os;
-    os << flag << " must be ";
-    if (Hi >= 1e300) {
-      os << (LoOpen ? "> " : ">= ") << Lo;
-    } else {
-      os << "in " << (LoOpen ? "(" : "[") << Lo << ", " << Hi << "]";
-    }
-    os << ", got " << x;
-    return InvalidArgumentError(os.str());
-  }
-  o.*M = static_cast<std::remove_reference_t<decltype(o.*M)>>(x);
-  return Status::Ok();
-}
-
-template <auto M>
-Status Text(TrainerOptions& o, std::string_view flag, std::string_view value) {
-  if (value.empty()) return InvalidArgumentError(std::string(flag) + ": empty");
-  o.*M = std::string(value);
-  return Status::Ok();
-}
-
-template <auto M, bool V>
-Status Switch(TrainerOptions& o, std::string_view, std::string_view) {
-  o.*M = V;
-  return Status::Ok();
-}
-
-template <auto M>
-std::string Show(const TrainerOptions& o) {
-  std::ostringstream os;
-  os << o.*M;
-  return os.str();
-}
-
-// One of `names` (each row: the text, the value): "--device: 'gpu' is not cuda, cpu or auto".
-template <typename T, size_t N>
-Status Choice(std::string_view flag, std::string_view value, const std::pair<std::string_view, T> (&names)[N], T* out) {
-  std::string list;
-  for (size_t i = 0; i < N; ++i) {
-    if (value == names[i].first) {
-      *out = names[i].second;
-      return Status::Ok();
-    }
-    list += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(names[i].first);
-  }
-  return InvalidArgumentError(std::string(flag) + ": '" + std::string(value) + "' is not " + list);
-}
-
-constexpr std::pair<std::string_view, DeviceKind> kDevices[] = {
-    {"cuda", DeviceKind::kCuda}, {"cpu", DeviceKind::kCpu}, {"auto", DeviceKind::kAuto}};
-constexpr std::pair<std::string_view, Pipeline> kPipelines[] = {
-    {"none", Pipeline::kNone}, {"exchange", Pipeline::kExchange}, {"prefetch", Pipeline::kPrefetch}};
-
-Status SetServers(TrainerOptions& o, std::string_view, std::string_view value) {
-  o.servers.clear();
-  for (std::string_view s : SplitComma(value)) {
-    if (s.empty()) return InvalidArgumentError("--servers: empty endpoint in '" + std::string(value) + "'");
-    if (s.find("://") == std::string_view::npos) {
-      return InvalidArgumentError("--servers: '" + std::string(s) + "' is not an endpoint like tcp://host:port");
-    }
-    o.servers.emplace_back(s);
-  }
-  if (o.servers.empty()) return InvalidArgumentError("--servers: no endpoint given");
-  return Status::Ok();
-}
-
-Status SetHidden(TrainerOptions& o, std::string_view, std::string_view value) {
-  o.hidden.clear();
-  for (std::string_view s : SplitComma(value)) {
-    int64_t n = 0;
-    FERRY_RETURN_IF_ERROR(ParseInt("--hidden", s, 1, 1 << 20, &n));
-    o.hidden.push_back(n);
-  }
-  return Status::Ok();
-}
-
-Status SetOptimizer(TrainerOptions& o, std::string_view, std::string_view value) {
-  return ParseOptimizerType(value, &o.optimizer.type).WithContext("--optimizer");
-}
-
-Status SetConsistency(TrainerOptions& o, std::string_view, std::string_view value) {
-  return ParseConsistency(value, &o.consistency, &o.staleness).WithContext("--consistency");
-}
-
-Status SetTable(TrainerOptions& o, std::string_view, std::string_view value) {
-  FERRY_ASSIGN_OR_RETURN(TableOverride t, ParseTableOverride(value));
-  o.tables.push_back(std::move(t));
-  return Status::Ok();
-}
-
-Status SetCriteoShard(TrainerOptions& o, std::string_view, std::string_view value) {
-  auto by = data::ParseCriteoShardBy(value);
-  if (!by.ok()) return InvalidArgumentError("--criteo-shard: " + by.status().message());
-  o.criteo_shard = *by;
-  return Status::Ok();
-}
-
-Status SetEvalEvery(TrainerOptions& o, std::string_view flag, std::string_view value) {
-  o.eval_each_epoch = value == "epoch";
-  o.eval_every = 0;  // the last --eval-every wins
-  if (!o.eval_each_epoch && !ParseInt(flag, value, 0, INT64_MAX, &o.eval_every).ok()) {
-    return InvalidArgumentError("--eval-every: '" + std::string(value) + "' is neither a step count >= 0 nor 'epoch'");
-  }
-  return Status::Ok();
-}
-
-Status SetMetricsBind(TrainerOptions& o, std::string_view, std::string_view value) {
-  if (value.empty()) return InvalidArgumentError("--metrics: empty; want [HOST:]PORT (0: a free port)");
-  o.metrics_bind = std::string(value);
-  return Status::Ok();
-}
-
-Status SetStraggler(TrainerOptions& o, std::string_view, std::string_view value) { return ParseStraggler(value, &o); }
-
-Status SetDevice(TrainerOptions& o, std::string_view flag, std::string_view value) {
-  return Choice(flag, value, kDevices, &o.device);
-}
-
-Status SetPipeline(TrainerOptions& o, std::string_view flag, std::string_view value) {
-  return Choice(flag, value, kPipelines, &o.pipeline);
-}
-
-Status SetLr(TrainerOptions& o, std::string_view flag, std::string_view value) {
-  return ParseFloat(flag, value, &o.optimizer.learning_rate);  // Validate: > 0
-}
-
-std::string ShowLr(const TrainerOptions& o) {
-  std::ostringstream os;
-  os << o.optimizer.learning_rate;
-  return os.str();
-}
-std::string ShowOptimizer(const TrainerOptions& o) { return std::string(OptimizerName(o.optimizer.type)); }
-std::string ShowConsistency(const TrainerOptions& o) { return std::string(ConsistencyName(o.consistency)); }
-template <typename T, size_t N>
-std::string NameOf(T v, const std::pair<std::string_view, T> (&names)[N]) {
-  for (const auto& [name, value] : names) {
-    if (value == v) return std::string(name);
-  }
-  return "?";
-}
-std::string ShowDevice(const TrainerOptions& o) { return NameOf(o.device, kDevices); }
-std::string ShowPipeline(const TrainerOptions& o) { return NameOf(o.pipeline, kPipelines); }
-std::string ShowHidden(const TrainerOptions& o) {
-  std::string s;
-  for (int64_t h : o.hidden) {
-    if (!s.empty()) s += ',';
-    s += std::to_string(h);
-  }
-  return s;
-}
-
-using O = TrainerOptions;
-constexpr int64_t kMaxCount = int64_t{1} << 34;
-
-const Flag kFlags[] = {
-    {"--servers", "LIST", "cluster",
-     "the servers, tcp://h:p,tcp://h:p in rank order (required unless --local); "
-     "without --servers, --rank and --num-workers, from TF_CONFIG if set (ps = servers; chief, then workers = ranks)",
-     SetServers},
-    {"--rank", "R", "cluster", "this worker's rank, in [0, --num-workers)", Int<&O::rank, 0, 1 << 20>, Show<&O::rank>},
-    {"--num-workers", "M", "cluster", "workers in the job", Int<&O::num_workers, 1, 1 << 20>, Show<&O::num_workers>},
-    {"--local", "", "cluster", "one process, no servers: the optimizer runs in the trainer", Switch<&O::local, true>},
-    {"--connect-timeout-s", "S", "cluster",
-     "how long to wait for every server's answer at the start; a wait longer "
-     "than 5 s (this one, or a step's) is reported every 5 s on stderr",
-     Real<&O::connect_timeout_s, 0.0, 86400.0, true>, Show<&O::connect_timeout_s>},
-    {"--device", "cuda|cpu|auto", "device", "where the model computes (auto: cuda if there is a GPU)", SetDevice,
-     ShowDevice},
-    {"--gpu", "N", "device", "the CUDA device ordinal", Int<&O::gpu, 0, 1023>, Show<&O::gpu>},
-    {"--model", "NAME", "model", "@MODELS@", Text<&O::model>, Show<&O::model>},
-    {"--hidden", "LIST", "model", "hidden layer widths, comma-separated", SetHidden, ShowHidden},
-    {"--seed", "S", "model", "parameter initialisation and data shuffle", Int<&O::seed, 0, INT64_MAX>, Show<&O::seed>},
-    {"--emb-dim", "E", "model", "floats per embedding row", Int<&O::emb_dim, 1, 4096>, Show<&O::emb_dim>, "ctr"},
-    {"--optimizer", "NAME", "optimizer", "the servers' optimizer for every table: @OPTIMIZERS@", SetOptimizer,
-     ShowOptimizer},
-    {"--lr", "X", "optimizer", "learning rate (> 0)", SetLr, ShowLr},
-    {"--consistency", "sync|async|ssp:S", "optimizer", "how workers' steps meet (README, Consistency modes)",
-     SetConsistency, ShowConsistency},
-    {"--backup-workers", "K", "optimizer", "sync: each step closes with the first M - K workers' gradients",
-     Int<&O::backup_workers, 0, 1 << 20>, Show<&O::backup_workers>},
-    {"--accumulate", "K", "optimizer", "micro-batches of --batch per push (1: push every one)",
-     Int<&O::accumulate, 1, 1 << 16>, Show<&O::accumulate>},
-    {"--table", "PATTERN:key=value,...", "optimizer",
-     "(repeatable) per-table settings over the above, for the "
-     "tables matching PATTERN (fnmatch); keys: @KEYS@ (wire: f32|fp16|bf16, how values travel; topk, dense: the "
-     "share of each chunk pushed); e.g. --table 'ctr/emb*:consistency=async,optimizer=ftrl,lr=0.05,l1=0.1' or "
-     "--table 'mlp/*:wire=fp16,topk=0.01'",
-     SetTable},
-    {"--blas-threads", "N", "optimizer", "CPU GEMM threads (0: OpenBLAS's own); recorded: results repeat for one N",
-     Int<&O::blas_threads, 0, 1024>, Show<&O::blas_threads>},
-    {"--pipeline", "none|exchange|prefetch", "optimizer",
-     "exchange: push the dense gradients and pull the next "
-     "step's parameters in one round trip that travels while the next batch loads; prefetch (async / ssp only): "
-     "use those parameters a step later, so the round trip overlaps a whole step's compute (one step more of "
-     "staleness)",
-     SetPipeline, ShowPipeline},
-    {"--push-by-layer", "", "optimizer",
-     "with exchange or prefetch, send the layers' gradients (and pull their "
-     "next parameters) as backward yields them, while it computes the layers below (layers under 64 KiB go with "
-     "the next); it pays when compute leaves a core free",
-     Switch<&O::push_by_layer, true>},
-    {"--batch", "B", "data", "examples per worker per step", Int<&O::batch, 1, 1 << 24>, Show<&O::batch>},
-    {"--epochs", "E", "data", "passes over the training data (unless --steps)", Int<&O::epochs, 1, 1 << 20>,
-     Show<&O::epochs>},
-    {"--steps", "N", "data", "steps per worker, instead of --epochs", Int<&O::steps, 1, INT64_MAX / 2>},
-    {"--no-shuffle", "", "data", "keep the examples' order", Switch<&O::shuffle, false>},
-    {"--train-limit", "N", "data", "use the first N training examples (0: all)", Int<&O::train_limit, 0, INT64_MAX>,
-     Show<&O::train_limit>},
-    {"--test-limit", "N", "data", "evaluate on the first N test examples (0: all)", Int<&O::test_limit, 0, INT64_MAX>,
-     Show<&O::test_limit>},
-    {"--data-dir", "DIR", "data", "the Fashion-MNIST folder", Text<&O::data_dir>, Show<&O::data_dir>, "mlp"},
-    {"--ctr-train", "N", "data", "synthetic: training examples", Int<&O::ctr_train, 1, kMaxCount>, Show<&O::ctr_train>,
-     "ctr"},
-    {"--ctr-test", "N", "data", "synthetic: test examples", Int<&O::ctr_test, 0, kMaxCount>, Show<&O::ctr_test>, "ctr"},
-    {"--ctr-fields", "F", "data", "synthetic: categorical fields", Int<&O::ctr_fields, 1, 1024>, Show<&O::ctr_fields>,
-     "ctr"},
-    {"--ctr-vocab", "V", "data", "synthetic: ids per field", Int<&O::ctr_vocab, 1, int64_t{1} << 40>,
-     Show<&O::ctr_vocab>, "ctr"},
-    {"--ctr-dense", "D", "data", "synthetic: dense features", Int<&O::ctr_dense, 0, 4096>, Show<&O::ctr_dense>, "ctr"},
-    {"--ctr-zipf", "S", "data", "synthetic: the ids' Zipf exponent", Real<&O::ctr_zipf, 0.0, 1e300, true>,
-     Show<&O::ctr_zipf>, "ctr"},
-    {"--data-seed", "S", "data", "synthetic: the data and its planted model", Int<&O::data_seed, 0, INT64_MAX>,
-     Show<&O::data_seed>, "ctr"},
-    {"--criteo-train", "LIST", "data",
-     "Criteo TSV files (plain or .gz) and globs, comma-separated, e.g. "
-     "'day_*.gz'; training streams them and needs --steps",
-     Text<&O::criteo_train>, nullptr, "ctr"},
-    {"--criteo-test", "LIST", "data", "the Criteo test files", Text<&O::criteo_test>, nullptr, "ctr"},
-    {"--criteo-shard", "auto|file|line", "data",
-     "how workers split the Criteo files (auto: by file when there are "
-     "at least as many as workers)",
-     SetCriteoShard, nullptr, "ctr"},
-    {"--log-every", "N", "report", "a progress line every N steps (0: none)", Int<&O::log_every, 0, INT64_MAX>,
-     Show<&O::log_every>},
-    {"--eval-every", "N|epoch", "report", "evaluate every N steps or every epoch (0: at the end only)", SetEvalEvery,
-     Show<&O::eval_every>},
-    {"--metrics-out", "FILE", "report", "JSON lines of metrics ({rank}: the rank)", Text<&O::metrics_out>},
-    {"--metrics", "[HOST:]PORT", "report",
-     "serve step, examples, loss and time per part for Prometheus at "
-     "http://HOST:PORT/metrics (PORT 0 picks a free one; a line at the start says where); plain HTTP: bind it to "
-     "loopback or a trusted network",
-     SetMetricsBind},
-    {"--quiet", "", "report", "no progress lines", Switch<&O::quiet, true>},
-    {"--checkpoint-every", "N", "recovery",
-     "worker 0 asks the servers for a checkpoint every N steps (0: never; "
-     "the servers need a checkpoint folder)",
-     Int<&O::checkpoint_every, 0, INT64_MAX / 2>, Show<&O::checkpoint_every>},
-    {"--checkpoint-every-s", "S", "recovery",
-     "the same every S seconds and at the job's end (0: never; SIGUSR1 to "
-     "worker 0: one now)",
-     Real<&O::checkpoint_every_s, 0.0, 1e300>, Show<&O::checkpoint_every_s>},
-    {"--resume", "", "recovery",
-     "continue the job the servers hold, at their step (servers started from a "
-     "checkpoint, or a restarted worker)",
-     Switch<&O::resume, true>},
-    {"--curve-keys", "DIR", "security",
-     "the job's CURVE key folder from ferry-keys (reads server.pub and "
-     "worker-R.key; needed when the servers run with --curve-keys)",
-     Text<&O::curve_keys>},
-    {"--straggler", "R:50ms|R:x2", "experiment", "slow worker R down by a delay or a factor per step", SetStraggler},
-    {"--help", "", "", "this text", Switch<&O::help, true>},
-};
-
-const std::vector<std::string_view>& AllFlags() {
-  static const std::vector<std::string_view> names = [] {
-    std::vector<std::string_view> n;
-    for (const Flag& f : kFlags) n.push_back(f.name);
-    return n;
-  }();
-  return names;
-}
-
-const Flag* FindFlag(std::string_view name) {
-  for (const Flag& f : kFlags) {
-    if (f.name == name) return &f;
-  }
-  return nullptr;
-}
-
-// `text` wrapped to 100 columns, starting at column `indent`, each later line indented by as much.
-std::string Wrap(std::string_view text, size_t indent) {
-  std::string out;
-  size_t column = indent;
-  while (!text.empty()) {
-    const size_t space = text.find(' ');
-    const std::string_view word = text.substr(0, space);
-    if (!out.empty() && column + 1 + word.size() > 100) {
-      out += "\n" + std::string(indent, ' ');
-      column = indent;
-    } else if (!out.empty()) {
-      out += ' ';
-      ++column;
-    }
-    out += word;
-    column += word.size();
-    text = space == std::string_view::npos ? std::string_view() : text.substr(space + 1);
-  }
-  return out;
-}
-
-}  // namespace
-
-std::string TrainerUsage() {
-  // The lists a help text names, from their catalogues.
-  std::string models;
-  for (const ModelInfo& m : Models())
-    models += (models.empty() ? "" : "; ") + std::string(m.name) + ": " + std::string(m.summary);
-  const std::pair<std::string_view, std::string> lists[] = {{"@KEYS@", JoinNames(TableKeys())},
-                                                            {"@OPTIMIZERS@", JoinNames(OptimizerNames())},
-                                                            {"@MODELS@", models}};
-  std::string usage =
-      "usage: ferry-trainer [flags]   (a value follows its flag, or an '=': --batch 64, --batch=64)\n";
-  std::string_view group = "-", model;
-  for (const Flag& f : kFlags) {
-    if (f.group != group || f.model != model) {
-      group = f.group;
-      model = f.model;
-      usage += '\n';
-      usage += group.empty() ? std::string_view("other") : group;
-      if (!model.empty()) usage.append(", --model ").append(model).append(" only");
-      usage += ":\n";
-    }
-    std::string head = "  " + std::string(f.name);
-    if (!f.arg.empty()) head.append(" ").append(f.arg);
-    std::string help(f.help);
-    for (const auto& [mark, list] : lists) {
-      if (const size_t at = help.find(mark); at != std::string::npos) help.replace(at, mark.size(), list);
-    }
-    if (f.show) {
-      const std::string d = f.show(TrainerOptions());
-      if (!d.empty()) help += " (default\x01" + d + ")";  // \x01: a space Wrap does not break at
-    }
-    constexpr size_t kHelpColumn = 28;
-    if (head.size() + 2 > kHelpColumn) {
-      usage += head + "\n" + std::string(kHelpColumn, ' ');
-    } else {
-      usage += head + std::string(kHelpColumn - head.size(), ' ');
-    }
-    std::string wrapped = Wrap(help, kHelpColumn);
-    std::replace(wrapped.begin(), wrapped.end(), '\x01', ' ');
-    usage += wrapped + "\n";
-  }
-  return usage;
 }
 
 Status TrainerOptions::Validate() const {
@@ -595,60 +186,6 @@ Status TrainerOptions::Validate() const {
   if (!(optimizer.learning_rate > 0.0f)) return InvalidArgumentError("--lr must be > 0");
   if (steps == 0 && epochs < 1) return InvalidArgumentError("--epochs must be >= 1 (or give --steps)");
   return Status::Ok();
-}
-
-StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, const char* tf_config) {
-  TrainerOptions o;
-  bool saw_rank = false, saw_workers = false;
-  std::vector<const Flag*> model_flags;  // given flags that belong to one model
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg.substr(0, 2) != "--") return InvalidArgumentError("unexpected argument '" + std::string(arg) + "'");
-    std::string_view name = arg, value;
-    bool has_value = false;
-    if (const size_t eq = arg.find('='); eq != std::string_view::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
-    const Flag* flag = FindFlag(name);
-    if (!flag)
-      return InvalidArgumentError("unknown flag " + std::string(name) + DidYouMean(name, AllFlags()) + " (see --help)");
-    if (flag->arg.empty()) {
-      if (has_value) return InvalidArgumentError(std::string(name) + " takes no value");
-    } else if (!has_value) {
-      if (i + 1 >= argc) return InvalidArgumentError(std::string(name) + " needs a value");
-      value = argv[++i];
-    }
-    FERRY_RETURN_IF_ERROR(flag->set(o, name, value));
-    if (!flag->model.empty()) model_flags.push_back(flag);
-    saw_rank |= name == "--rank";
-    saw_workers |= name == "--num-workers";
-  }
-  if (o.help) return o;
-  for (const Flag* f : model_flags) {
-    if (f->model != o.model) {
-      return InvalidArgumentError(std::string(f->name) + " is a flag of --model " + std::string(f->model) +
-                                  ", and this run's model is " + o.model);
-    }
-  }
-  if (o.local && (saw_rank || saw_workers)) {
-    return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
-  }
-  // The cluster from TF_CONFIG when no cluster flag says otherwise (flags win).
-  if (!o.local && o.servers.empty() && !saw_rank && !saw_workers && tf_config != nullptr && *tf_config != '\0') {
-    FERRY_ASSIGN_OR_RETURN(ClusterConfig c, ParseTfConfig(tf_config));
-    if (c.task_type == "ps") {
-      return InvalidArgumentError("TF_CONFIG: this task is ps " + std::to_string(c.task_index) +
-                                  ": run ferry-ps there, not ferry-trainer");
-    }
-    o.servers = c.servers;
-    o.rank = c.rank;
-    o.num_workers = c.num_workers;
-    o.cluster_source = "TF_CONFIG (" + c.task_type + " " + std::to_string(c.task_index) + ")";
-  }
-  FERRY_RETURN_IF_ERROR(o.Validate());
-  return o;
 }
 
 std::string TableOverride::ToString() const {

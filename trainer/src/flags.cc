@@ -71,15 +71,18 @@ Status Int(TrainerOptions& o, std::string_view flag, std::string_view value) {
   return Status::Ok();
 }
 
-// A number in [Lo, Hi] ((Lo, Hi] with LoOpen; Hi 1e300: no upper bound), checked after parsing.
-template <auto M, double Lo, double Hi, bool LoOpen = false>
+// A number in [Lo, Hi] ((Lo, Hi] with LoOpen; Hi kNoBound: none), checked after parsing. The
+// bounds are whole numbers: clang 14 takes no floating-point template arguments.
+constexpr int64_t kNoBound = INT64_MAX;
+template <auto M, int64_t Lo, int64_t Hi, bool LoOpen = false>
 Status Real(TrainerOptions& o, std::string_view flag, std::string_view value) {
   double x = 0;
   FERRY_RETURN_IF_ERROR(ParseDouble(flag, value, &x));
-  if ((LoOpen ? x <= Lo : x < Lo) || x > Hi) {
+  const double lo = static_cast<double>(Lo), hi = static_cast<double>(Hi);
+  if ((LoOpen ? x <= lo : x < lo) || (Hi != kNoBound && x > hi)) {
     std::ostringstream os;
     os << flag << " must be ";
-    if (Hi >= 1e300) {
+    if (Hi == kNoBound) {
       os << (LoOpen ? "> " : ">= ") << Lo;
     } else {
       os << "in " << (LoOpen ? "(" : "[") << Lo << ", " << Hi << "]";
@@ -242,7 +245,7 @@ const Flag kFlags[] = {
     {"--connect-timeout-s", "S", "cluster",
      "how long to wait for every server's answer at the start; a wait longer "
      "than 5 s (this one, or a step's) is reported every 5 s on stderr",
-     Real<&O::connect_timeout_s, 0.0, 86400.0, true>, Show<&O::connect_timeout_s>},
+     Real<&O::connect_timeout_s, 0, 86400, true>, Show<&O::connect_timeout_s>},
     {"--device", "cuda|cpu|auto", "device", "where the model computes (auto: cuda if there is a GPU)", SetDevice,
      ShowDevice},
     {"--gpu", "N", "device", "the CUDA device ordinal", Int<&O::gpu, 0, 1023>, Show<&O::gpu>},
@@ -296,7 +299,7 @@ const Flag kFlags[] = {
     {"--ctr-vocab", "V", "data", "synthetic: ids per field", Int<&O::ctr_vocab, 1, int64_t{1} << 40>,
      Show<&O::ctr_vocab>, "ctr"},
     {"--ctr-dense", "D", "data", "synthetic: dense features", Int<&O::ctr_dense, 0, 4096>, Show<&O::ctr_dense>, "ctr"},
-    {"--ctr-zipf", "S", "data", "synthetic: the ids' Zipf exponent", Real<&O::ctr_zipf, 0.0, 1e300, true>,
+    {"--ctr-zipf", "S", "data", "synthetic: the ids' Zipf exponent", Real<&O::ctr_zipf, 0, kNoBound, true>,
      Show<&O::ctr_zipf>, "ctr"},
     {"--data-seed", "S", "data", "synthetic: the data and its planted model", Int<&O::data_seed, 0, INT64_MAX>,
      Show<&O::data_seed>, "ctr"},
@@ -327,7 +330,7 @@ const Flag kFlags[] = {
     {"--checkpoint-every-s", "S", "recovery",
      "the same every S seconds and at the job's end (0: never; SIGUSR1 to "
      "worker 0: one now)",
-     Real<&O::checkpoint_every_s, 0.0, 1e300>, Show<&O::checkpoint_every_s>},
+     Real<&O::checkpoint_every_s, 0, kNoBound>, Show<&O::checkpoint_every_s>},
     {"--resume", "", "recovery",
      "continue the job the servers hold, at their step (servers started from a "
      "checkpoint, or a restarted worker)",

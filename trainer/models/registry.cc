@@ -49,12 +49,6 @@ const ModelInfo kModels[] = {
      "or Criteo files)", CtrTableSpecs, LoadCtr, CreateCtr},
 };
 
-constexpr auto kModelNames = [] {
-  std::array<std::string_view, std::size(kModels)> names{};
-  for (size_t i = 0; i < names.size(); ++i) names[i] = kModels[i].name;
-  return names;
-};
-
 }  // namespace
 
 Datasets LoadedData::view() const {
@@ -68,7 +62,11 @@ Datasets LoadedData::view() const {
 std::span<const ModelInfo> Models() { return kModels; }
 
 std::span<const std::string_view> ModelNames() {
-  static const auto names = kModelNames();
+  static const auto names = [] {
+    std::array<std::string_view, std::size(kModels)> n{};
+    for (size_t i = 0; i < n.size(); ++i) n[i] = kModels[i].name;
+    return n;
+  }();
   return names;
 }
 

@@ -35,6 +35,7 @@
 #include "ferry/cluster.h"
 #include "ferry/nearest.h"
 #include "ferry/optimizers.h"
+#include "bags.h"
 #include "int_arrays.h"
 
 namespace py = pybind11;
@@ -151,14 +152,18 @@ py::sequence Entry(const py::handle& item, size_t width, const char* call, const
   return py::reinterpret_borrow<py::sequence>(item);
 }
 
-// Deduplicates the ids of several tables in one call, with the GIL released (ferry.torch's
-// forward; a hot path: for a ctr batch, 8 tables of 512 ids, it takes 0.022-0.025 ms where a
-// torch.unique per table took 0.137-0.197 ms; bench/RESULTS.md "PyTorch on Ferry"). For each
-// table: its distinct ids in the order they first
-// appear. And for every id of every table, in order, the row of its distinct id counted over all
-// tables: table t's rows follow the distinct ids of tables 0..t-1, so one embedding_bag over the
-// tables' rows stacked in that order pools every table. Returns (distinct: [int64 arrays],
-// rows: int64 array of the total id count).
+py::array_t<int64_t> Int64s(const std::vector<int64_t>& v) {
+  py::array_t<int64_t> a(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+
+// Deduplicates the ids of several tables in one call, with the GIL released (for callers who
+// pool rows themselves; ferry.torch uses Bags below). For each table: its distinct ids in the
+// order they first appear. And for every id of every table, in order, the row of its distinct id
+// counted over all tables: table t's rows follow the distinct ids of tables 0..t-1, so one
+// embedding_bag over the tables' rows stacked in that order pools every table. Returns
+// (distinct: [int64 arrays], rows: int64 array of the total id count).
 py::tuple Dedup(const py::list& tables) {
   std::vector<IdsIn> ids;
   ids.reserve(tables.size());
@@ -177,27 +182,170 @@ py::tuple Dedup(const py::list& tables) {
     int64_t* out = rows.mutable_data();
     int64_t base = 0;
     for (size_t t = 0; t < ids.size(); ++t) {
-      seen.clear();
-      const int64_t* in = ids[t].data();
-      const size_t n = static_cast<size_t>(ids[t].size());
-      seen.reserve(n);
-      std::vector<int64_t>& d = distinct[t];
-      for (size_t i = 0; i < n; ++i) {
-        auto [it, fresh] = seen.try_emplace(in[i], static_cast<int64_t>(d.size()));
-        if (fresh) d.push_back(in[i]);
-        *out++ = base + it->second;
-      }
-      base += static_cast<int64_t>(d.size());
+      const std::span<const int64_t> in(ids[t].data(), static_cast<size_t>(ids[t].size()));
+      ferry::python::DedupFirstSeen<int64_t>(in, base, &seen, &distinct[t], out);
+      out += in.size();
+      base += static_cast<int64_t>(distinct[t].size());
     }
   }
   py::list out;
-  for (std::vector<int64_t>& d : distinct) {
-    py::array_t<int64_t> a(static_cast<py::ssize_t>(d.size()));
-    std::copy(d.begin(), d.end(), a.mutable_data());
-    out.append(a);
-  }
+  for (const std::vector<int64_t>& d : distinct) out.append(Int64s(d));
   return py::make_tuple(out, rows);
 }
+
+// ferry._ferry.Bags: the bags of every table of one ferry.torch forward, checked and
+// deduplicated in one call (bags.h), with a row buffer per table for the pull to write, pooled in
+// one call and turned into row gradients in one call. The GIL is released while it computes.
+class PyBags {
+ public:
+  // entries: [(table, ids, starts, weights or None, dim, mean)]; ids and starts integer arrays
+  // (int_arrays.h), weights float32 (converted once otherwise). ValueError naming the table.
+  explicit PyBags(const py::list& entries) {
+    const size_t count = entries.size();
+    std::vector<ferry::python::BagsView> views(count);
+    std::vector<IdsIn> keep;  // the converted arrays, alive until Make has copied what it needs
+    std::vector<py::array_t<float, py::array::c_style | py::array::forcecast>> weights(count);
+    std::vector<std::string> names(count);
+    keep.reserve(2 * count);
+    for (size_t i = 0; i < count; ++i) {
+      auto entry = Entry(entries[i], 6, "Bags", "(table, ids, starts, weights or None, dim, mean)", i);
+      names[i] = entry[0].cast<std::string>();
+      const std::string where = "Bags: table '" + names[i] + "': ";
+      keep.push_back(IntegerArray(entry[1], where + "ids"));
+      keep.push_back(IntegerArray(entry[2], where + "offsets"));
+      const IdsIn& ids = keep[keep.size() - 2];
+      const IdsIn& starts = keep.back();
+      if (ids.ndim() != 1 || starts.ndim() != 1) throw py::value_error(where + "ids and offsets must be 1-D");
+      ferry::python::BagsView& v = views[i];
+      v.table = names[i];
+      v.ids = {ids.data(), static_cast<size_t>(ids.size())};
+      v.starts = {starts.data(), static_cast<size_t>(starts.size())};
+      if (!entry[3].is_none()) {
+        weights[i] = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(entry[3]);
+        if (!weights[i] || weights[i].size() != ids.size()) {
+          throw py::value_error(where + "per_sample_weights must be numbers, one per id");
+        }
+        v.weights = weights[i].data();
+      }
+      v.dim = entry[4].cast<int64_t>();
+      v.mean = entry[5].cast<bool>();
+    }
+    ferry::Status failed;
+    {
+      py::gil_scoped_release release;
+      absl::flat_hash_map<int64_t, int32_t> scratch;
+      tables_.reserve(count);
+      for (const ferry::python::BagsView& v : views) {
+        auto t = ferry::python::TableBags::Make(v, &scratch);
+        if (!t.ok()) {
+          failed = t.status();
+          break;
+        }
+        tables_.push_back(*std::move(t));
+      }
+    }
+    if (!failed.ok()) throw py::value_error(failed.message());
+    for (const ferry::python::TableBags& t : tables_) {
+      distinct_.append(Int64s(t.distinct()));
+      rows_.append(
+          py::array_t<float>({static_cast<py::ssize_t>(t.distinct().size()), static_cast<py::ssize_t>(t.dim())}));
+    }
+  }
+
+  py::list Distinct() const { return distinct_; }
+  py::list Rows() const { return rows_; }
+
+  // Takes the row buffers of `other`, which pulled the same distinct ids of the same tables (rows
+  // read ahead for another forward's equal bags).
+  void TakeRows(const PyBags& other) {
+    if (other.tables_.size() != tables_.size()) throw py::value_error("Bags.take_rows: another table count");
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      if (other.tables_[i].distinct() != tables_[i].distinct() || other.tables_[i].dim() != tables_[i].dim()) {
+        throw py::value_error("Bags.take_rows: table " + std::to_string(i) + " has other distinct ids");
+      }
+    }
+    rows_ = other.rows_;
+  }
+
+  // [bags x dim] float32 per table: nn.EmbeddingBag's result on the rows.
+  py::list Pool() const {
+    std::vector<py::array_t<float>> out;
+    std::vector<const float*> rows;
+    out.reserve(tables_.size());
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      out.emplace_back(std::vector<py::ssize_t>{tables_[i].num_bags(), tables_[i].dim()});
+      rows.push_back(rows_[i].cast<py::array_t<float>>().data());
+    }
+    {
+      py::gil_scoped_release release;
+      for (size_t i = 0; i < tables_.size(); ++i) tables_[i].Pool(rows[i], out[i].mutable_data());
+    }
+    py::list result;
+    for (auto& a : out) result.append(std::move(a));
+    return result;
+  }
+
+  // grads: per table, d loss / d pooled [bags x dim] or None; returns per table its distinct
+  // rows' gradient [distinct x dim], or None where the grad was None. A float32 grad whose rows
+  // are contiguous is read in place (a column block of a concatenation's gradient too); others
+  // are converted once.
+  py::list RowGradients(const py::list& grads) const {
+    if (grads.size() != tables_.size()) {
+      throw py::value_error("Bags.row_gradients: " + std::to_string(grads.size()) + " gradients for " +
+                            std::to_string(tables_.size()) + " tables");
+    }
+    std::vector<py::array_t<float>> in(tables_.size()), out(tables_.size());
+    std::vector<int64_t> stride(tables_.size(), 0);
+    std::vector<char> given(tables_.size(), 0);  // (a default py::array_t is an empty array, not a null)
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      if (grads[i].is_none()) continue;
+      given[i] = 1;
+      const ferry::python::TableBags& t = tables_[i];
+      in[i] = RowsInPlace(grads[i]);
+      if (!in[i] || in[i].ndim() != 2 || in[i].shape(0) != t.num_bags() || in[i].shape(1) != t.dim()) {
+        throw py::value_error("Bags.row_gradients: gradient " + std::to_string(i) + " must be float [" +
+                              std::to_string(t.num_bags()) + ", " + std::to_string(t.dim()) + "]");
+      }
+      stride[i] = t.num_bags() > 1 ? in[i].strides(0) / static_cast<py::ssize_t>(sizeof(float)) : t.dim();
+      out[i] = py::array_t<float>({static_cast<py::ssize_t>(t.distinct().size()), static_cast<py::ssize_t>(t.dim())});
+    }
+    {
+      py::gil_scoped_release release;
+      for (size_t i = 0; i < tables_.size(); ++i) {
+        if (given[i]) tables_[i].RowGradients(in[i].data(), stride[i], out[i].mutable_data());
+      }
+    }
+    py::list result;
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      if (given[i]) {
+        result.append(std::move(out[i]));
+      } else {
+        result.append(py::none());
+      }
+    }
+    return result;
+  }
+
+ private:
+  // obj as a float32 array whose rows are each contiguous, with a non-negative row stride that is
+  // a whole number of floats at least a row long: obj itself when it is one, else a C-contiguous
+  // copy (a null array when obj is not numbers).
+  static py::array_t<float> RowsInPlace(const py::handle& obj) {
+    if (py::isinstance<py::array_t<float>>(obj)) {
+      auto a = py::reinterpret_borrow<py::array_t<float>>(obj);
+      if (a.ndim() == 2 && (a.shape(1) <= 1 || a.strides(1) == sizeof(float)) &&
+          (a.shape(0) <= 1 || (a.strides(0) >= a.shape(1) * static_cast<py::ssize_t>(sizeof(float)) &&
+                               a.strides(0) % static_cast<py::ssize_t>(sizeof(float)) == 0))) {
+        return a;
+      }
+    }
+    return py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(obj);
+  }
+
+  std::vector<ferry::python::TableBags> tables_;
+  py::list distinct_;  // int64 [distinct] per table
+  py::list rows_;      // float32 [distinct x dim] per table: the pull writes them
+};
 
 class PyClient {
  public:
@@ -709,6 +857,21 @@ PYBIND11_MODULE(_ferry, m) {
       [] { return std::vector<std::string>(ferry::SpecOptionKeys().begin(), ferry::SpecOptionKeys().end()); },
       "The keys declare_dense / declare_sparse take in options= (and --table takes besides lr, optimizer, "
       "consistency and wire).");
+  py::class_<PyBags>(m, "Bags",
+                     "Bags(entries): the bags of every table of one forward, entries [(table, ids, offsets, weights or "
+                     "None, dim, mean)] in nn.EmbeddingBag's layout, checked (ValueError naming the table) and "
+                     "deduplicated; distinct() and rows() give each table's distinct ids and the row buffer a pull "
+                     "writes, pool() the pooled [bags, dim] arrays, row_gradients(grads) the distinct rows' "
+                     "gradients. The GIL is released while it computes.")
+      .def(py::init<const py::list&>(), py::arg("entries"))
+      .def("distinct", &PyBags::Distinct, "Each table's distinct ids (int64), in order of first appearance.")
+      .def("rows", &PyBags::Rows, "Each table's row buffer (float32 [distinct, dim]) for a pull to write.")
+      .def("take_rows", &PyBags::TakeRows, py::arg("other"),
+           "Uses the row buffers of `other`, Bags of the same distinct ids of the same tables.")
+      .def("pool", &PyBags::Pool, "Each table's bags pooled from its rows: float32 [bags, dim] arrays.")
+      .def("row_gradients", &PyBags::RowGradients, py::arg("grads"),
+           "grads: per table the gradient of its pooled array (float32 [bags, dim]) or None; returns per table "
+           "the gradient of its distinct rows (float32 [distinct, dim]) or None.");
   m.def("dedup", &Dedup, py::arg("tables"),
         "dedup([ids, ...]) -> ([distinct ids per table], rows): each table's distinct ids in order of first "
         "appearance, and for every id, in order, the row of its distinct id counted over all tables (table t's "

@@ -384,6 +384,10 @@ class TorchTest(unittest.TestCase):
                     ({"a": feats["a"], "b": feats["b"], "c": feats["b"]}, ValueError, "table 'c' is not in"),
                     ({"a": (feats["a"][0], feats["a"][1], torch.ones(2)), "b": feats["b"]}, ValueError,
                      "table 'a': per_sample_weights has shape"),
+                    ({"a": (feats["a"][0], feats["a"][1], feats["a"][2].clone().requires_grad_()), "b": feats["b"]},
+                     ValueError, "table 'a': per_sample_weights require a gradient"),
+                    ({"a": (feats["a"][0], feats["a"][1], feats["a"][2] * float("nan")), "b": feats["b"]},
+                     ValueError, "table 'a': per_sample_weights hold NaN or Inf"),
                     ([feats["a"]], TypeError, "features must be a mapping"),
                 ]
                 for bad, kind, text in cases:

@@ -9,22 +9,24 @@
 
 Forward takes each table's bags in nn.EmbeddingBag's layout: `(ids, offsets)` (1-D ids,
 offsets[b] where bag b starts), `(ids, offsets, per_sample_weights)` (sum pooling only), a
-`Bags`, or a 2-D ids tensor [B, L] (B bags of L ids). It deduplicates each table's ids once
-(ferry._ferry.dedup, all tables in one call), pulls the rows of every table in one message per
-server (sync and async tables together; ssp tables in one more) into one buffer per row width
-and pooling, and pools each buffer's tables with one call of torch's embedding_bag, so the
-result is nn.EmbeddingBag's on the same rows. Backward (an autograd.Function) pushes the rows' gradients,
-summed per distinct id, of every table the same way, tagged with the step the pull was served
-at. No optimizer state lives on the worker: the servers apply each table's optimizer.
+`Bags`, or a 2-D ids tensor [B, L] (B bags of L ids). One C++ call (ferry._ferry.Bags) checks
+every table's bags and deduplicates each table's ids; the rows of every table are pulled in one
+message per server (sync and async tables together; ssp tables in one more) into one buffer per
+table, and one C++ call pools them all, so the result is nn.EmbeddingBag's on the same rows.
+Backward (one autograd.Function for all the tables) turns the pooled gradients into the rows'
+gradients, summed per distinct id, in one C++ call, and pushes every table's the same way,
+tagged with the step the pull was served at. No optimizer state lives on the worker: the servers
+apply each table's optimizer.
 
 A push is sent, not waited for: the next forward (or flush()) waits for it and raises its
 failure. A sync table missing from a forward's features is pulled and pushed with no ids (its
 servers close each step with every worker's gradient); other missing tables are left out.
 
-Memory: pulled rows are written by the client straight into a torch tensor's memory, and
-gradients are read from the autograd's own tensor (CPU, float32): no copy on the worker beyond
-the wire's. ids on a GPU are copied to the host once; pooling runs on the host and its result
-is copied to the ids' device.
+Memory: pulled rows are written by the client straight into the buffers the pooling reads, the
+pooled tensors share memory with the arrays the C++ pooling wrote (torch.from_numpy), and
+gradients are read from autograd's own tensors (CPU, float32): no copy on the worker beyond the
+wire's. ids on a GPU are copied to the host once; pooling runs on the host and its result is
+copied to the ids' device.
 
 Thread-safety: a module is used by one training loop at a time (autograd may run its backward
 on another thread; the client is thread-safe).
@@ -37,7 +39,6 @@ import typing
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .. import _ferry
 from . import session as _session
@@ -87,55 +88,41 @@ class Bags(typing.NamedTuple):
     weights: typing.Optional[torch.Tensor] = None
 
 
-_EMPTY_IDS = torch.empty(0, dtype=torch.int64)
-
-
 class _Table:
-    """One table's part of a forward: its bags on the host and, once deduplicated, its distinct
-    ids and the rows [lo, hi) they take in its group's row buffer."""
-    __slots__ = ("config", "server_name", "ids", "offsets", "weights", "device", "unique", "lo", "hi", "given")
+    """One table's part of a forward: its bags on the host (ids, offsets, weights; numpy) and the
+    device the pooled result goes to; `given` is False for a sync table the forward left out (it
+    takes part with no ids)."""
+    __slots__ = ("config", "server_name", "ids", "offsets", "weights", "device", "given")
 
     def __init__(self, config, server_name, given):
         self.config, self.server_name, self.given = config, server_name, given
-        self.ids, self.offsets, self.weights = _EMPTY_IDS, _EMPTY_IDS, None
-        self.unique = _EMPTY_IDS.numpy()
-        self.lo = self.hi = 0
-        self.device = torch.device("cpu")
+        self.ids, self.offsets, self.weights = _NO_IDS, _NO_IDS, None
+        self.device = _CPU
 
 
-class _Group:
-    """The tables of one forward that share a row width and a pooling: their rows are pulled into
-    one buffer, one table after another, and pooled by one embedding_bag call (one autograd
-    node), whose row gradient is one tensor the push reads each table's rows from."""
-    __slots__ = ("dim", "pooling", "tables", "index", "offsets", "weights", "bags")
+class _Batch:
+    """The bags of every table of one forward, checked and deduplicated in one C++ call: each
+    table's distinct ids (`unique`) and the row buffer a pull writes (`rows`); pool() and
+    row_gradients() are one C++ call each for all the tables."""
+    __slots__ = ("tables", "bags", "unique")
 
-    def __init__(self, dim, pooling, tables):
-        self.dim, self.pooling, self.tables = dim, pooling, tables
-        # index: for every id of the group's tables, in order, its row in the buffer.
-        distinct, index = _ferry.dedup([t.ids.numpy() for t in tables])
-        lo, base, offsets, weights, self.bags = 0, 0, [], [], []
-        any_weights = any(t.weights is not None for t in tables)
-        for t, d in zip(tables, distinct):
-            t.unique, t.lo, t.hi = d, lo, lo + d.size
-            lo = t.hi
-            offsets.append(t.offsets + base if base else t.offsets)
-            if any_weights:
-                weights.append(t.weights if t.weights is not None else torch.ones(t.ids.numel()))
-            base += t.ids.numel()
-            self.bags.append(t.offsets.numel())
-        self.index = torch.from_numpy(index)
-        self.offsets = torch.cat(offsets) if len(offsets) > 1 else offsets[0]
-        self.weights = (torch.cat(weights) if len(weights) > 1 else weights[0]) if any_weights else None
+    def __init__(self, tables):
+        self.tables = tables
+        self.bags = _ferry.Bags([(t.config.name, t.ids, t.offsets, t.weights, t.config.dim, t.config.pooling == "mean")
+                                 for t in tables])
+        self.unique = self.bags.distinct()
 
-    @property
-    def num_rows(self):
-        return self.tables[-1].hi
+
+_NO_IDS = np.empty(0, dtype=np.int64)
+_CPU = torch.device("cpu")
 
 
 @functools.lru_cache(maxsize=64)
 def _fixed_offsets(bags, per):
     """The offsets of `bags` bags of `per` ids each (shared: never written)."""
-    return torch.arange(0, bags * per, per, dtype=torch.int64) if per > 0 else torch.zeros(bags, dtype=torch.int64)
+    out = np.arange(0, bags * per, per, dtype=np.int64) if per > 0 else np.zeros(bags, dtype=np.int64)
+    out.flags.writeable = False
+    return out
 
 
 def _int_tensor(x, where, what):
@@ -146,58 +133,49 @@ def _int_tensor(x, where, what):
     return x
 
 
+def _host(x):
+    """A tensor's values on the host as numpy (its own memory when it is there already)."""
+    return (x if x.device.type == "cpu" else x.cpu()).numpy()
+
+
 def _prepare(config, server_name, value):
-    """Checks one table's bags and puts them on the host as int64; ValueError / TypeError
-    naming the table and the problem."""
+    """Checks one table's bags' types and shapes (TypeError / ValueError naming the table) and
+    puts them on the host; their values are checked by _Batch (ValueError naming the table)."""
     where = f"table '{config.name}'"
     t = _Table(config, server_name, True)
-    weights = None
     if isinstance(value, torch.Tensor):
         ids = _int_tensor(value, where, "ids")
         if ids.dim() != 2:
             raise ValueError(f"{where}: ids without offsets must be 2-D [bags, ids per bag], not {tuple(ids.shape)}")
-        offsets = _fixed_offsets(*ids.shape)
         t.device = ids.device
-        ids = ids.to("cpu", torch.int64).reshape(-1)
-    else:
-        if not isinstance(value, (tuple, list)) or len(value) not in (2, 3):
-            raise TypeError(f"{where}: want (ids, offsets), (ids, offsets, per_sample_weights), Bags or 2-D ids, "
-                            f"not {type(value).__name__}")
-        ids = _int_tensor(value[0], where, "ids")
-        offsets = _int_tensor(value[1], where, "offsets")
-        weights = value[2] if len(value) == 3 else None
-        if ids.dim() != 1:
-            raise ValueError(f"{where}: ids with offsets must be 1-D, not {tuple(ids.shape)}")
-        if offsets.dim() != 1:
-            raise ValueError(f"{where}: offsets must be 1-D, not {tuple(offsets.shape)}")
-        t.device = ids.device
-        ids = ids.to("cpu", torch.int64).contiguous()
-        offsets = offsets.to("cpu", torch.int64).contiguous()
+        t.offsets = _fixed_offsets(*ids.shape)
+        t.ids = _host(ids).reshape(-1)
+        return t
+    if not isinstance(value, (tuple, list)) or len(value) not in (2, 3):
+        raise TypeError(f"{where}: want (ids, offsets), (ids, offsets, per_sample_weights), Bags or 2-D ids, "
+                        f"not {type(value).__name__}")
+    ids = _int_tensor(value[0], where, "ids")
+    offsets = _int_tensor(value[1], where, "offsets")
+    weights = value[2] if len(value) == 3 else None
+    if ids.dim() != 1:
+        raise ValueError(f"{where}: ids with offsets must be 1-D, not {tuple(ids.shape)}")
+    if offsets.dim() != 1:
+        raise ValueError(f"{where}: offsets must be 1-D, not {tuple(offsets.shape)}")
+    t.device = ids.device
+    t.ids, t.offsets = _host(ids), _host(offsets)
+    if weights is not None:
+        if config.pooling != "sum":
+            raise ValueError(f"{where}: per-sample weights need sum pooling, not {config.pooling}")
+        if not isinstance(weights, torch.Tensor) or not weights.is_floating_point():
+            raise TypeError(f"{where}: per_sample_weights must be a floating-point torch.Tensor")
         n = ids.numel()
-        if offsets.numel() > 0:
-            if int(offsets[0]) != 0:
-                raise ValueError(f"{where}: offsets must start at 0, not {int(offsets[0])}")
-            if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
-                b = int(torch.nonzero(offsets[1:] < offsets[:-1])[0]) + 1
-                raise ValueError(f"{where}: offsets must not decrease: offsets[{b}] = {int(offsets[b])} < "
-                                 f"offsets[{b - 1}] = {int(offsets[b - 1])}")
-            if int(offsets[-1]) > n:
-                raise ValueError(f"{where}: offsets run past the end of the ids: offsets[{offsets.numel() - 1}] = "
-                                 f"{int(offsets[-1])} > {n} ids")
-        elif n > 0:
-            raise ValueError(f"{where}: {n} ids but no offsets (no bags)")
-        if weights is not None:
-            if config.pooling != "sum":
-                raise ValueError(f"{where}: per-sample weights need sum pooling, not {config.pooling}")
-            if not isinstance(weights, torch.Tensor) or not weights.is_floating_point():
-                raise TypeError(f"{where}: per_sample_weights must be a floating-point torch.Tensor")
-            if tuple(weights.shape) != (n,):
-                raise ValueError(f"{where}: per_sample_weights has shape {tuple(weights.shape)}, want ({n},) like the "
-                                 "ids")
-            weights = weights.to("cpu", torch.float32)
-            if not bool(torch.isfinite(weights).all()):
-                raise ValueError(f"{where}: per_sample_weights hold NaN or Inf")
-    t.ids, t.offsets, t.weights = ids, offsets, weights
+        if tuple(weights.shape) != (n,):
+            raise ValueError(f"{where}: per_sample_weights has shape {tuple(weights.shape)}, want ({n},) like the "
+                             "ids")
+        if weights.requires_grad:
+            raise ValueError(f"{where}: per_sample_weights require a gradient, which ferry.torch does not compute: "
+                             "pass weights.detach()")
+        t.weights = _host(weights.to(torch.float32))
     return t
 
 
@@ -227,59 +205,54 @@ def _same_bags(seen, value):
     return all(_same_bags(a, b) for a, b in zip(seen, value))
 
 
-def _mark_used(pull, table, grad):
-    pull.used.add(table)
-
-
 class _Pull:
-    """The rows of one forward, in flight, written into each group's row buffer: one call for
-    the sync tables at the global step `want`, one for the async and ssp tables at this worker's
-    `clock` (the step is the ssp clock; async tables ignore it). After the wait, `served` is the
-    step the sync tables were served at; after the backward, `pushed`, and the tables whose
-    pooled output got a gradient (`used`)."""
+    """The rows of one forward's batch, in flight, written into the batch's row buffers: one call
+    for the sync tables at the global step `want`, one for the async and ssp tables at this
+    worker's `clock` (the step is the ssp clock; async tables ignore it). After the wait, `served`
+    is the step the sync tables were served at; after the backward, `pushed`."""
 
-    def __init__(self, module, groups, want, clock):
-        self.groups = groups
+    def __init__(self, module, batch, want, clock):
+        self.batch = batch
         self.want, self.clock = want, clock
-        self.rows = [torch.empty((g.num_rows, g.dim), dtype=torch.float32) for g in groups]
         self.handles = []
         self.served = want
         self.pushed = False
-        self.used = set()
         self.features = {}  # prefetch(): the features it was read ahead for
         entries = {True: [], False: []}
-        for g, rows in zip(groups, self.rows):
-            for t in g.tables:
-                entries[t.config.kind == "sync"].append((t.server_name, t.unique, rows[t.lo:t.hi].numpy()))
+        for t, unique, rows in zip(batch.tables, batch.unique, batch.bags.rows()):
+            entries[t.config.kind == "sync"].append((t.server_name, unique, rows))
         for sync, step in ((True, want), (False, clock)):
             if entries[sync]:
                 self.handles.append((sync, step, module._client.pull_sparse_tables(entries[sync], step, distinct=True)))
 
-    def reads(self, keys):
-        """Whether this pull reads the rows `keys` ([(table, distinct ids)]) name."""
-        mine = [(t.server_name, t.unique) for g in self.groups for t in g.tables]
-        return len(keys) == len(mine) and all(a[0] == b[0] and np.array_equal(a[1], b[1]) for a, b in zip(mine, keys))
+    def reads(self, batch):
+        """Whether this pull reads the rows `batch` needs: the same distinct ids of the same tables."""
+        mine = self.batch
+        return len(mine.tables) == len(batch.tables) and all(
+            a.server_name == b.server_name and np.array_equal(x, y)
+            for a, b, x, y in zip(mine.tables, batch.tables, mine.unique, batch.unique))
 
     def done(self):
         return all(h.done() for _, _, h in self.handles)
 
     def wait(self):
-        """Waits for every call; raises the first failure. Returns the row buffers."""
+        """Waits for every call; raises the first failure."""
         for sync, step, h in self.handles:
             h.wait()
             if sync:
                 self.served = h.version if h.version >= 0 else step
-        return self.rows
 
 
-class _Exchange(torch.autograd.Function):
-    """Forward: the row buffers of a pull (new tensors, written by the client). Backward: pushes
-    their gradients, every table in one call per step group."""
+class _Pool(torch.autograd.Function):
+    """Forward: every table's bags pooled from a pull's rows (one C++ call), one output per table.
+    Backward: the row gradients of the tables whose output the loss reached (a gradient that is
+    not None) in one C++ call, pushed in one call per step group."""
 
     @staticmethod
     def forward(ctx, anchor, module, pull):
+        ctx.set_materialize_grads(False)  # an output the loss did not reach gets None, not zeros
         ctx.module, ctx.pull = module, pull
-        return tuple(pull.rows)
+        return tuple(torch.from_numpy(a) for a in pull.batch.bags.pool())
 
     @staticmethod
     def backward(ctx, *grads):
@@ -313,7 +286,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                             init_scale=c.init_scale, seed=c.seed, skip_nonfinite_rows=c.skip_nonfinite_rows,
                             wire=c.wire, replicas_to_aggregate=c.replicas_to_aggregate, options=c.options)
         self._steps = _tables.Steps(self._session.restored_step if self._session.resume else 0)
-        self._anchor = torch.zeros((), requires_grad=True)  # lets autograd reach _Exchange.backward
+        self._anchor = torch.zeros((), requires_grad=True)  # lets autograd reach _Pool.backward
         self._pushes = []      # (handle, sync step it was tagged with or None) not yet waited for
         self._pending = None   # the pull of the training forward whose backward has not pushed
         self._ahead = collections.deque()  # pulls issued by prefetch(), oldest first
@@ -334,7 +307,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         checkpoint's if this worker died alone), and its ssp clock there."""
         if self._has_ssp:
             self._client.advance_clock(self._steps.clock, wait=True)
-        sync = [(self.prefix + n, _EMPTY_IDS.numpy(), np.empty((0, c.dim), np.float32))
+        sync = [(self.prefix + n, _NO_IDS, np.empty((0, c.dim), np.float32))
                 for n, c in self.configs.items() if c.kind == "sync"]
         if sync:
             h = self._client.pull_sparse_tables(sync, self._steps.want, distinct=True)
@@ -353,23 +326,20 @@ class EmbeddingBagCollection(torch.nn.Module):
         return self.prefix + table
 
     def _prepare_all(self, features):
-        """Checks every table's bags (before anything is sent) and groups the tables of this
-        forward; a sync table not given takes part with no ids, another is left out."""
+        """Checks every table's bags (before anything is sent) and deduplicates them: a _Batch. A
+        sync table not given takes part with no ids, another is left out."""
         if not isinstance(features, collections.abc.Mapping):
             raise TypeError(f"features must be a mapping from table name to bags, not {type(features).__name__}")
         unknown = [k for k in features if k not in self.configs]
         if unknown:
             raise ValueError(f"table '{unknown[0]}' is not in this collection (its tables: {', '.join(self.configs)})")
-        grouped = collections.OrderedDict()
+        tables = []
         for name, c in self.configs.items():
             if name in features:
-                t = _prepare(c, self.prefix + name, features[name])
+                tables.append(_prepare(c, self.prefix + name, features[name]))
             elif c.kind == "sync":
-                t = _Table(c, self.prefix + name, False)
-            else:
-                continue
-            grouped.setdefault((c.dim, c.pooling), []).append(t)
-        return [_Group(dim, pooling, tables) for (dim, pooling), tables in grouped.items()]
+                tables.append(_Table(c, self.prefix + name, False))
+        return _Batch(tables)
 
     def _settle(self):
         """Waits for the pushes sent; raises the first failure (after waiting for all). A sync
@@ -411,14 +381,14 @@ class EmbeddingBagCollection(torch.nn.Module):
         tables: the servers answer it once the step before has closed, so the rows are a pull's
         in its place. Async and ssp tables: they lack this worker's updates sent after the call
         (one step of staleness)."""
-        groups = self._prepare_all(features)
+        batch = self._prepare_all(features)
         want, clock = self._next_ask()
-        pull = _Pull(self, groups, want, clock)
+        pull = _Pull(self, batch, want, clock)
         pull.features = {k: _snapshot(v) for k, v in features.items()}  # to skip preparing them again
         self._ahead.append(pull)
 
     def _prepared_ahead(self, features):
-        """The groups prefetch() prepared, when the oldest read ahead was for these very features
+        """The batch prefetch() prepared, when the oldest read ahead was for these very features
         (the same tables, and ids, offsets and weights equal to what it saw, or the same tensors
         not written in place since): checking them is cheaper than preparing them again."""
         if not self._ahead or not isinstance(features, collections.abc.Mapping):
@@ -426,16 +396,15 @@ class EmbeddingBagCollection(torch.nn.Module):
         mine = self._ahead[0].features
         if mine.keys() != features.keys() or not all(_same_bags(mine[k], features[k]) for k in mine):
             return None
-        return self._ahead[0].groups
+        return self._ahead[0].batch
 
-    def _take_ahead(self, groups):
+    def _take_ahead(self, batch):
         """The pull read ahead for this forward's rows, if it asked for this step. Pulls read
         ahead for batches before it (never forwarded) are dropped; so is its own if it asked for
         another step (a forward whose backward never came shifts the steps by one); those after
         it stay for their forwards."""
-        keys = [(t.server_name, t.unique) for g in groups for t in g.tables]
         for i, pull in enumerate(self._ahead):
-            if not pull.reads(keys):
+            if not pull.reads(batch):
                 continue
             for _ in range(i + 1):
                 self._dropped.append(self._ahead.popleft())
@@ -445,7 +414,9 @@ class EmbeddingBagCollection(torch.nn.Module):
             self._dropped.pop()
             self.stats["pulls_ahead_dropped"] += i
             self.stats["pulls_taken_ahead"] += 1
-            pull.groups = groups  # this forward's bags (the same distinct ids, so the same rows)
+            if batch is not pull.batch:  # this forward's bags: the same distinct ids, so the same rows
+                batch.bags.take_rows(pull.batch.bags)
+                pull.batch = batch
             return pull
         return None
 
@@ -455,14 +426,14 @@ class EmbeddingBagCollection(torch.nn.Module):
         torch.no_grad() it only reads (evaluation), at the step the next training forward
         reads, and leaves rows read ahead alone."""
         train = torch.is_grad_enabled()
-        groups = (self._prepared_ahead(features) if train else None) or self._prepare_all(features)
+        batch = (self._prepared_ahead(features) if train else None) or self._prepare_all(features)
         t0 = time.perf_counter()
         if train and self._pending is not None:
             self._pending = None  # a training forward whose backward never came: superseded
-        pull = self._take_ahead(groups) if train else None
+        pull = self._take_ahead(batch) if train else None
         if pull is None:
             self.stats["pulls"] += 1
-            pull = _Pull(self, groups, self._steps.want, self._steps.clock)
+            pull = _Pull(self, batch, self._steps.want, self._steps.clock)
         try:
             self._settle()  # after the pull went: a push's reply and the rows travel together
             pull.wait()
@@ -476,27 +447,17 @@ class EmbeddingBagCollection(torch.nn.Module):
             self._drop_ahead()
         if train:
             self._pending = pull
-        rows = _Exchange.apply(self._anchor, self, pull) if train else pull.rows
-        out = {}
-        for g, r in zip(groups, rows):
-            whole = (F.embedding_bag(g.index, r, g.offsets, mode=g.pooling, per_sample_weights=g.weights)
-                     if sum(g.bags) else None)
-            start = 0
-            for t, bags in zip(g.tables, g.bags):
-                # One view per table (narrow, not split: a table whose output the loss does not
-                # reach gets no gradient at all, so its hook does not fire).
-                p = whole.narrow(0, start, bags) if whole is not None else torch.zeros((0, g.dim))
-                start += bags
-                if t.given:
-                    if train and p.requires_grad:  # marks the tables the loss reached: only they push
-                        p.register_hook(functools.partial(_mark_used, pull, t.server_name))
-                    out[t.config.name] = p.to(t.device) if t.device.type != "cpu" else p
-        return out
+            pooled = _Pool.apply(self._anchor, self, pull)
+        else:
+            pooled = [torch.from_numpy(a) for a in batch.bags.pool()]
+        return {t.config.name: (p.to(t.device) if t.device.type != "cpu" else p)
+                for t, p in zip(batch.tables, pooled) if t.given}
 
     def _push(self, pull, grads):
         """Backward: every table's row gradients in one call per step group, tagged with the step
-        the pull was served at (sync), its clock (ssp). A table the loss did not reach sends no
-        ids (a sync table must send, even nothing: its step closes with every worker's)."""
+        the pull was served at (sync), its clock (ssp). A table the loss did not reach (its grad
+        is None) sends no ids (a sync table must send, even nothing: its step closes with every
+        worker's)."""
         if pull.pushed:
             raise RuntimeError("ferry.torch: backward ran twice through one forward of an EmbeddingBagCollection; "
                                "its gradients were pushed once already (the servers refuse a second push of a step)")
@@ -506,16 +467,18 @@ class EmbeddingBagCollection(torch.nn.Module):
         pull.pushed = True
         self._pending = None
         t0 = time.perf_counter()
+        batch = pull.batch
+        # A gradient is read in place where its rows are contiguous (a column block of the
+        # gradient of a concatenation of the pooled outputs is).
+        rows = batch.bags.row_gradients([None if g is None else g.detach().to(_CPU, torch.float32).numpy()
+                                         for g in grads])
         entries = {True: [], False: []}
-        for g, grad in zip(pull.groups, grads):
+        for t, unique, grad in zip(batch.tables, batch.unique, rows):
+            sync = t.config.kind == "sync"
             if grad is not None:
-                grad = grad.detach().to("cpu", torch.float32).contiguous()
-            for t in g.tables:
-                sync = t.config.kind == "sync"
-                if grad is not None and t.server_name in pull.used:
-                    entries[sync].append((t.server_name, t.unique, grad[t.lo:t.hi].numpy()))
-                elif sync:
-                    entries[True].append((t.server_name, _EMPTY_IDS.numpy(), np.empty((0, t.config.dim), np.float32)))
+                entries[sync].append((t.server_name, unique, grad))
+            elif sync:
+                entries[True].append((t.server_name, _NO_IDS, np.empty((0, t.config.dim), np.float32)))
         if entries[True]:
             self._pushes.append((self._client.push_sparse_tables(entries[True], pull.served, distinct=True),
                                  pull.served))

@@ -13,6 +13,8 @@
 #                   sync: the same results)
 #   ctr_py_wide_1x1, ctr_cpp_wide_1x1  the same pair with a wider model and batch: embeddings of
 #                   64, a 512,256 tower, batch 2048 (more arithmetic per step, as much overhead)
+#   ctr_py_before_1x1  ctr_py_1x1 with the ferry package of the build BEFORE (a build folder, or
+#                   a copy of one with another ferry.torch): before and after in one run
 # Every process computes on one thread (torch --threads 1, ferry-trainer --blas-threads 1): the
 # two paths do the same arithmetic per step on the same cores.
 # CONFIGS picks configurations (default: all).
@@ -47,6 +49,8 @@ run() {  # CONFIG ROUND
     dlrm_1x1) launch 1 1 "$name" -- "$PY" examples/dlrm.py $PY_FLAGS --metrics-out "$metrics" ;;
     dlrm_2x2) launch 2 2 "$name" -- "$PY" examples/dlrm.py $PY_FLAGS --metrics-out "$metrics" ;;
     ctr_py_1x1) launch 1 1 "$name" -- "$PY" examples/dlrm.py --arch ctr $PY_FLAGS $SMALL --metrics-out "$metrics" ;;
+    ctr_py_before_1x1) BUILD=${BEFORE:?set BEFORE to the build to compare against} \
+                         launch 1 1 "$name" -- "$PY" examples/dlrm.py --arch ctr $PY_FLAGS $SMALL --metrics-out "$metrics" ;;
     ctr_cpp_1x1) launch 1 1 "$name" -- $CPP_FLAGS $DATA --emb-dim 16 --hidden 64,32 --metrics-out "$metrics" ;;
     ctr_py_prefetch_1x1) launch 1 1 "$name" -- "$PY" examples/dlrm.py --arch ctr --prefetch $PY_FLAGS $SMALL \
                            --metrics-out "$metrics" ;;
@@ -62,6 +66,7 @@ read -r -a CONFIGS <<< "${CONFIGS:-dlrm_local dlrm_1x1 dlrm_2x2 ctr_py_1x1 ctr_c
   echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
   echo "torch $("$PY" -c 'import torch; print(torch.__version__)')"
   echo "rounds $ROUNDS steps $STEPS configs ${CONFIGS[*]}"
+  [[ -z "${BEFORE:-}" ]] || echo "before $BEFORE: $(cat "$BEFORE/VERSION" 2>/dev/null || echo '?')"
 } > "$OUT/run.log"
 for ((round = 1; round <= ROUNDS; round++)); do
   for config in $(printf '%s\n' "${CONFIGS[@]}" | shuf); do

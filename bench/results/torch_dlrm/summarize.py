@@ -5,6 +5,7 @@ compute, in ms); then per round the ratios the text cites, as median (min-max) o
   ferry / local     dlrm_1x1 and dlrm_2x2 job examples/s over dlrm_local's in the same round
   cpp / py          ctr_cpp_1x1 examples/s over ctr_py_1x1's (the Python path's cost; aim <= 1.3),
                     and the same for the wide pair
+  after / before    ctr_py_1x1 over ctr_py_before_1x1 (the same run with another build's package)
 and the final test AUC of each configuration.
 
   /usr/bin/python3 bench/results/torch_dlrm/summarize.py bench/results/torch_dlrm
@@ -64,7 +65,8 @@ def main(out):
     print("ratios per round, median (min-max) over rounds:")
     for num, den in (("dlrm_1x1", "dlrm_local"), ("dlrm_2x2", "dlrm_local"), ("dlrm_2x2", "dlrm_1x1"),
                      ("ctr_cpp_1x1", "ctr_py_1x1"), ("ctr_cpp_1x1", "ctr_py_prefetch_1x1"),
-                     ("ctr_py_prefetch_1x1", "ctr_py_1x1"), ("ctr_cpp_wide_1x1", "ctr_py_wide_1x1")):
+                     ("ctr_py_prefetch_1x1", "ctr_py_1x1"), ("ctr_cpp_wide_1x1", "ctr_py_wide_1x1"),
+                     ("ctr_py_1x1", "ctr_py_before_1x1"), ("ctr_cpp_1x1", "ctr_py_before_1x1")):
         rounds = sorted(set(job.get(num, {})) & set(job.get(den, {})))
         if rounds:
             print(f"{num} / {den}: {med([job[num][r] / job[den][r] for r in rounds])}")

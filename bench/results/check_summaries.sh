@@ -47,6 +47,7 @@ same $R/processes/summary.txt $R/processes/summarize.py $R/processes/run.json
 same $R/pushpull16/summary.txt $R/pushpull16/summarize.py $R/pushpull16
 same $R/threads_decision/summary.txt $R/threads_decision/summarize.py $R/threads_decision
 same $R/torch_dlrm/prefetch/summary.txt $R/torch_dlrm/summarize.py $R/torch_dlrm/prefetch
+same $R/torch_dlrm/bags/summary.txt $R/torch_dlrm/summarize.py $R/torch_dlrm/bags
 same $R/transport/summary.txt $R/transport/summarize.py $R/transport
 runs $R/compression/summarize.py
 runs $R/criteo/summarize.py

@@ -111,7 +111,8 @@ TEST(TableBags, DistinctIdsComeInOrderOfFirstAppearance) {
 TEST(TableBags, RefusalsNameTheTableAndTheProblem) {
   const std::vector<std::pair<Case, std::string>> cases = {
       {{{1, 2}, {1}, {}, 2, false}, "table 'user': offsets must start at 0, not 1"},
-      {{{1, 2, 3}, {0, 2, 1}, {}, 2, false}, "table 'user': offsets must not decrease: offsets[2] = 1 < offsets[1] = 2"},
+      {{{1, 2, 3}, {0, 2, 1}, {}, 2, false},
+       "table 'user': offsets must not decrease: offsets[2] = 1 < offsets[1] = 2"},
       {{{1, 2}, {0, 3}, {}, 2, false}, "table 'user': offsets run past the end of the ids: offsets[1] = 3 > 2 ids"},
       {{{1, 2}, {}, {}, 2, false}, "table 'user': 2 ids but no offsets (no bags)"},
       {{{1, 2}, {0}, {1.0f, std::nanf("")}, 2, false}, "table 'user': per_sample_weights hold NaN or Inf"},

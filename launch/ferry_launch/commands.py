@@ -19,7 +19,7 @@ from .spec import Prepend
 # environment: every one of these is set, or removed from the environment it inherits.
 # (PYTHONPATH and CUDA_VISIBLE_DEVICES are set too where there is something to set.)
 PROGRAM_ENV = ("FERRY_SERVERS", "FERRY_RANK", "FERRY_NUM_WORKERS", "FERRY_RESUME",
-               "FERRY_CHECKPOINT_EVERY", "FERRY_CURVE_KEYS", "TF_CONFIG")
+               "FERRY_CHECKPOINT_EVERY", "FERRY_CURVE_KEYS", "FERRY_METRICS", "TF_CONFIG")
 
 
 def find_binary(bin_dir, name, subdir):
@@ -169,6 +169,9 @@ def _program_command(t, binaries, opts, servers, num_workers, tf_cluster, keys):
         env["FERRY_CHECKPOINT_EVERY"] = str(opts.checkpoint_every)
     if keys:
         env["FERRY_CURVE_KEYS"] = keys
+    metrics = _metrics_flag(t, opts)  # where a ferry-trainer would get --metrics ADDRESS:0
+    if metrics:
+        env["FERRY_METRICS"] = metrics[1]
     python = binaries.python_dir(t.via_ssh)
     if python:
         env["PYTHONPATH"] = Prepend(python)
@@ -191,7 +194,7 @@ def build_commands(cluster, binaries, opts, cards_for):
     place from its environment instead (PROGRAM_ENV): FERRY_SERVERS (the --servers value),
     FERRY_RANK, FERRY_NUM_WORKERS, TF_CONFIG (the same cluster, task {"type": "worker",
     "index": RANK}), FERRY_CHECKPOINT_EVERY (with --checkpoint-every), FERRY_CURVE_KEYS (with
-    CURVE), FERRY_RESUME=1 in resume_env (and env under --resume DIR); those not set are removed
+    CURVE), FERRY_METRICS (ADDRESS:0 where a ferry-trainer would get --metrics), FERRY_RESUME=1 in resume_env (and env under --resume DIR); those not set are removed
     from what it inherits. PYTHONPATH gets BIN_DIR/python in front when the build tree's package
     is there (Binaries.python_dir).
 

@@ -558,7 +558,7 @@ class LaunchTest(unittest.TestCase):
 # "resuming" and exits 0; "fail-1": worker 1 exits 3, the others wait for 60 s;
 # "tf-config": also records ferry.cluster_from_tf_config() (the build's module).
 PROGRAM_ENV = ["FERRY_SERVERS", "FERRY_RANK", "FERRY_NUM_WORKERS", "FERRY_RESUME",
-               "FERRY_CHECKPOINT_EVERY", "FERRY_CURVE_KEYS", "TF_CONFIG", "PYTHONPATH",
+               "FERRY_CHECKPOINT_EVERY", "FERRY_CURVE_KEYS", "FERRY_METRICS", "TF_CONFIG", "PYTHONPATH",
                "CUDA_VISIBLE_DEVICES"]
 WORKER_PROGRAM = textwrap.dedent(f"""\
     import json, os, signal, socket, sys, time
@@ -677,7 +677,7 @@ class WorkerProgramTest(unittest.TestCase):
             self.assertEqual(seen, {
                 "FERRY_SERVERS": want_servers, "FERRY_RANK": str(rank),
                 "FERRY_NUM_WORKERS": "3", "FERRY_RESUME": None, "FERRY_CHECKPOINT_EVERY": "7",
-                "FERRY_CURVE_KEYS": None,
+                "FERRY_CURVE_KEYS": None, "FERRY_METRICS": "127.0.0.1:0",
                 "PYTHONPATH": f"{os.path.join(bin_dir, 'python')}:/inherited/a:/inherited/b",
                 "CUDA_VISIBLE_DEVICES": str(rank % 2),
                 "reached": want_servers.split(","),
@@ -689,7 +689,7 @@ class WorkerProgramTest(unittest.TestCase):
             self.assertEqual([t.address for t in cluster.ps], ps)
             self.assertEqual([t.host for t in cluster.workers], ["127.0.0.1"] * 3)
             self.assertRegex(out, rf"started worker {rank} pid \d+: CUDA_VISIBLE_DEVICES="
-                                  rf"{rank % 2} FERRY_CHECKPOINT_EVERY=7 FERRY_NUM_WORKERS=3 "
+                                  rf"{rank % 2} FERRY_CHECKPOINT_EVERY=7 FERRY_METRICS=127.0.0.1:0 FERRY_NUM_WORKERS=3 "
                                   rf"FERRY_RANK={rank} FERRY_SERVERS={re.escape(want_servers)} "
                                   rf"PYTHONPATH=\S+ TF_CONFIG=\S+ "
                                   rf"{re.escape(shlex.join(self.command('ok')))}\n")
@@ -732,7 +732,7 @@ class WorkerProgramTest(unittest.TestCase):
         self.assertRegex(out, r"worker 1 \(pid \d+\) died \(exit status 3\); restarting it "
                               r"with FERRY_RESUME=1")
         for rank in range(2):
-            self.assertRegex(out, rf"restarted worker {rank} pid \d+: FERRY_NUM_WORKERS=2 "
+            self.assertRegex(out, rf"restarted worker {rank} pid \d+: FERRY_METRICS=127.0.0.1:0 FERRY_NUM_WORKERS=2 "
                                   rf"FERRY_RANK={rank} FERRY_RESUME=1 FERRY_SERVERS=\S+ "
                                   r"PYTHONPATH=\S+ TF_CONFIG=\S+ "
                                   rf"{re.escape(shlex.join(self.command('die-once')))}\n")
@@ -793,7 +793,7 @@ class WorkerProgramTest(unittest.TestCase):
                                "worker": ["127.0.0.1:7472", "127.0.0.1:7473"]},
                    "task": {"type": "worker", "index": 1}}
         self.assertIn(f"[worker 1] FERRY_CHECKPOINT_EVERY=50 FERRY_CURVE_KEYS={keys} "
-                      "FERRY_NUM_WORKERS=2 FERRY_RANK=1 FERRY_RESUME=1 "
+                      "FERRY_METRICS=127.0.0.1:0 FERRY_NUM_WORKERS=2 FERRY_RANK=1 FERRY_RESUME=1 "
                       "FERRY_SERVERS=tcp://127.0.0.1:7470,tcp://127.0.0.1:7471 "
                       f"TF_CONFIG={shlex.quote(json.dumps(cluster, separators=(',', ':')))} "
                       "/usr/bin/python3 train.py --epochs 3\n", out)
@@ -817,7 +817,7 @@ class WorkerProgramTest(unittest.TestCase):
         self.assertIn(f"ferry-launch: warning: the worker program python3 is {other}/python3, "
                       "not /usr/bin/python3", out)
         self.assertEqual(len([l for l in out.splitlines() if "warning" in l]), 1, out)
-        self.assertRegex(out, rf"\[worker 0\] FERRY_NUM_WORKERS=1 FERRY_RANK=0 "
+        self.assertRegex(out, rf"\[worker 0\] FERRY_METRICS=127.0.0.1:0 FERRY_NUM_WORKERS=1 FERRY_RANK=0 "
                               rf"FERRY_SERVERS=tcp://127.0.0.1:7470 PYTHONPATH="
                               rf"{re.escape(bin_dir)}/python\${{PYTHONPATH:\+:\$PYTHONPATH}} "
                               r"TF_CONFIG=\S+ python3 train.py --rank 9 --servers x\n")
@@ -1293,6 +1293,15 @@ class UsageErrorTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         for who in ("ps 0", "ps 1", "worker 0"):
             self.assertNotIn("--metrics", command_lines(out)[who])
+        # A worker program is told where in its environment (ferry.torch serves its page there).
+        program = ["--", "/usr/bin/python3", "train.py"]
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--gpus-per-host", "0"] + program)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("FERRY_METRICS=127.0.0.1:0 ", command_lines(out)["worker 0"])
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--gpus-per-host", "0",
+                                  "--metrics", "off"] + program)
+        self.assertEqual(rc, 0, out)
+        self.assertNotIn("FERRY_METRICS", command_lines(out)["worker 0"])
         rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--ps-arg=--metrics 9100"])
         self.assertEqual(rc, 2, out)
         self.assertIn("--ps-arg flag --metrics is set by the launcher", out)

@@ -8,6 +8,8 @@ _ms, _kib, ...), the worker rank and the table are labels (no digits or table na
 only tables that have staleness get the staleness histogram. `promtool check metrics` checks both
 pages when promtool is installed (build.sh installs prometheus); without it that test says it is
 skipped. The Grafana dashboard (launch/grafana/ferry.json) must query only names served here.
+A Python worker (ferry.torch, told FERRY_METRICS as ferry-launch tells it) serves the trainer's
+names under the same conventions, with its steps, examples and time on them.
 
 Needs FERRY_BUILD_DIR (the CMake build dir); ctest sets it. Run by hand:
   FERRY_BUILD_DIR=build python3 -m unittest -v test_metrics_scrape   (from tests/e2e/)
@@ -21,12 +23,13 @@ import queue
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import unittest
 import urllib.request
 
-from build_paths import PS_BIN, TRAINER_BIN
+from build_paths import BUILD_DIR, PS_BIN, TRAINER_BIN
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DASHBOARD = os.path.join(HERE, "..", "..", "launch", "grafana", "ferry.json")
@@ -37,11 +40,26 @@ TRAINER_ARGS = ["--device", "cpu", "--model", "ctr", "--ctr-train", "20000", "--
                 "--table", "ctr/emb*:consistency=async", "--blas-threads", "1", "--log-every", "1000000"]
 
 
+# A ferry.torch worker that trains until stopped (async tables: it waits for nobody), recording
+# each step on its metrics page.
+PYTHON_WORKER = """
+import torch
+import ferry.torch as ft
+session = ft.init()
+emb = ft.EmbeddingBagCollection([ft.EmbeddingBagConfig("emb", 4, consistency="async")], prefix="py/")
+head = ft.ServerParameters(torch.nn.Linear(4, 1), prefix="py/head/", consistency="async")
+for step in range(1, 10 ** 7):
+    loss = (head(emb({"emb": torch.randint(0, 100, (32, 2))})["emb"]) ** 2).mean()
+    loss.backward()
+    session.record(step, 32 * step, float(loss))
+"""
+
+
 class Process:
     """A child process whose output lines a thread collects; killed (after SIGTERM) by stop()."""
 
-    def __init__(self, argv):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    def __init__(self, argv, env=None):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines = queue.Queue()
         self.output = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -233,6 +251,54 @@ class MetricsScrapeTest(unittest.TestCase):
             r = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True, text=True,
                                timeout=60)
             self.assertEqual((r.returncode, r.stdout + r.stderr), (0, ""), f"{who}:\n{page}")
+
+    def test_a_python_worker_serves_the_trainers_names(self):
+        """ferry.torch with FERRY_METRICS: the families of ferry-trainer's page, the conventions,
+        promtool, and what it did: its steps and examples, its time by part adding up to its wall
+        time, the bytes its client moved."""
+        ps = Process([PS_BIN, "--bind", "tcp://127.0.0.1:0", "--compute-threads", "1", "--max-wait-s", "30"])
+        worker = None
+        try:
+            deadline = time.monotonic() + DEADLINE_S
+            endpoint = ps.wait_for(r"listening on (tcp://\S+)", deadline)
+            self.assertTrue(endpoint, "".join(ps.output))
+            env = dict(os.environ, FERRY_SERVERS=endpoint.group(1), FERRY_RANK="0", FERRY_NUM_WORKERS="1",
+                       FERRY_METRICS="127.0.0.1:0", PYTHONPATH=os.path.join(BUILD_DIR, "python"))
+            python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+            worker = Process([python, "-c", PYTHON_WORKER], env=env)
+            url = worker.wait_for(r"\[worker 0\] metrics at (http://\S+)", deadline)
+            self.assertTrue(url, "".join(worker.output))
+            while True:
+                page = scrape(url.group(1))
+                families, samples = parse(page)
+                step = [v for f, _, _, v, _ in samples if f == "ferry_trainer_step"]
+                if step and step[0] >= 5:
+                    break
+                self.assertLess(time.monotonic(), deadline, "the worker did no steps: " + "".join(worker.output))
+                self.assertIsNone(worker.proc.poll(), "".join(worker.output))
+                time.sleep(0.2)
+        finally:
+            if worker:
+                worker.stop()
+            ps.stop()
+        self.assertEqual(sorted(families), sorted(parse(self.trainer_page)[0]), page)
+        self.assertEqual(convention_problems(page, "worker", ["py/emb"]), [], page)
+
+        def value(name, **labels):
+            return [v for f, n, l, v, _ in samples if n == name and labels.items() <= l.items()]
+
+        step = value("ferry_trainer_step", worker="0")[0]
+        self.assertEqual(value("ferry_trainer_examples_total", worker="0")[0], 32 * step)
+        parts = {l["part"]: v for f, _, l, v, _ in samples if f == "ferry_trainer_time_seconds_total"}
+        self.assertEqual(sorted(parts), ["compute", "eval", "pull", "push", "wait"])
+        self.assertGreater(parts["pull"], 0)
+        self.assertGreater(parts["push"], 0)
+        self.assertGreater(value("ferry_trainer_sent_bytes_total", worker="0")[0], 0)
+        self.assertGreater(value("ferry_trainer_received_bytes_total", worker="0")[0], 0)
+        promtool = shutil.which("promtool")
+        if promtool is not None:
+            r = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True, text=True, timeout=60)
+            self.assertEqual((r.returncode, r.stdout + r.stderr), (0, ""), page)
 
     def test_the_dashboard_queries_only_served_names(self):
         with open(DASHBOARD) as f:

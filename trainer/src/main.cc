@@ -18,7 +18,7 @@
 #include "ferry/trainer/model_registry.h"
 #include "ferry/trainer/options.h"
 #include "ferry/trainer/trainer.h"
-#include "internal/trainer_metrics.h"
+#include "ferry/metrics/worker.h"
 
 namespace {
 
@@ -99,14 +99,18 @@ int main(int argc, char** argv) {
   }
 
   trainer::TrainHooks hooks;
-  std::unique_ptr<trainer::internal::TrainerMetrics> metrics;
+  std::unique_ptr<metrics::WorkerEndpoint> metrics;
   if (!options.metrics_bind.empty()) {
-    auto m = trainer::internal::TrainerMetrics::Start(options.metrics_bind, options.rank);
+    auto m = metrics::WorkerEndpoint::Start(options.metrics_bind, options.rank);
     if (!m.ok()) return Fail("--metrics", m.status());
     metrics = std::move(*m);
     std::printf("ferry-trainer rank %d: metrics at %s\n", options.rank, metrics->url().c_str());
     std::fflush(stdout);
-    hooks.on_step = [m = metrics.get()](const trainer::StepDone& step) { m->OnStep(step); };
+    hooks.on_step = [m = metrics.get()](const trainer::StepDone& s) {
+      m->Update({.step = s.step, .examples = s.examples, .loss = s.loss, .pull_s = s.times.pull_s,
+                 .push_s = s.times.push_s, .compute_s = s.times.compute_s, .wait_s = s.times.wait_s,
+                 .eval_s = s.times.eval_s, .bytes_sent = s.bytes_sent, .bytes_received = s.bytes_received});
+    };
   }
   if (!options.local && options.rank == 0) {
     static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");

@@ -33,6 +33,7 @@
 
 #include "ferry/client.h"
 #include "ferry/cluster.h"
+#include "ferry/metrics/worker.h"
 #include "ferry/nearest.h"
 #include "ferry/optimizers.h"
 #include "bags.h"
@@ -667,6 +668,15 @@ class PyClient {
     return *counters;
   }
 
+  // This client's own counters (ferry::ClientStats).
+  std::map<std::string, int64_t> Stats() {
+    const ferry::ClientStats st = client().stats();
+    return {{"requests", st.requests},
+            {"bytes_sent", st.bytes_sent},
+            {"bytes_received", st.bytes_received},
+            {"values_saturated", st.values_saturated}};
+  }
+
   void Close() {
     py::gil_scoped_release release;
     client_.reset();
@@ -714,6 +724,36 @@ class PyClient {
 
   std::unique_ptr<ferry::Client> client_;
   std::map<std::string, int64_t> dims_;  // declared tables: dim (0 for dense)
+};
+
+// ferry._ferry.WorkerMetrics: a Python worker's series for Prometheus, with the names and labels
+// ferry-trainer --metrics serves (ferry/metrics/worker.h), so one dashboard shows both kinds of
+// worker. ferry.torch's Session keeps one when FERRY_METRICS (or init(metrics=)) asks for it.
+class PyWorkerMetrics {
+ public:
+  PyWorkerMetrics(const std::string& bind, int rank) {
+    auto m = ferry::metrics::WorkerEndpoint::Start(bind, rank);
+    if (!m.ok()) Raise(m.status());
+    endpoint_ = std::move(*m);
+  }
+
+  void Update(int64_t step, int64_t examples, double loss, double pull_s, double push_s, double compute_s,
+              double wait_s, double eval_s, int64_t bytes_sent, int64_t bytes_received) {
+    if (!endpoint_) Raise(ferry::FailedPreconditionError("the metrics endpoint is closed"));
+    endpoint_->Update({.step = step, .examples = examples, .loss = loss, .pull_s = pull_s, .push_s = push_s,
+                       .compute_s = compute_s, .wait_s = wait_s, .eval_s = eval_s, .bytes_sent = bytes_sent,
+                       .bytes_received = bytes_received});
+  }
+
+  std::string Url() const { return endpoint_ ? endpoint_->url() : std::string(); }
+
+  void Close() {
+    py::gil_scoped_release release;  // waits for a scrape in flight, whose page needs no Python
+    endpoint_.reset();
+  }
+
+ private:
+  std::unique_ptr<ferry::metrics::WorkerEndpoint> endpoint_;
 };
 
 }  // namespace
@@ -820,6 +860,8 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("restored_step", &PyClient::restored_step,
                              "The step of the checkpoint the servers started from (0 if none).")
       .def("server_counters", &PyClient::ServerCounters, py::arg("server"))
+      .def("stats", &PyClient::Stats,
+           "This client's counters: requests (messages sent), bytes_sent, bytes_received, values_saturated.")
       .def("close", &PyClient::Close, "Closes the connections (without finish(): the servers log a worker that left)")
       .def(
           "__enter__", [](PyClient& c) -> PyClient& { return c; }, py::return_value_policy::reference)
@@ -872,6 +914,18 @@ PYBIND11_MODULE(_ferry, m) {
       .def("row_gradients", &PyBags::RowGradients, py::arg("grads"),
            "grads: per table the gradient of its pooled array (float32 [bags, dim]) or None; returns per table "
            "the gradient of its distinct rows (float32 [distinct, dim]) or None.");
+  py::class_<PyWorkerMetrics>(m, "WorkerMetrics",
+                              "WorkerMetrics(bind, rank): serves a worker's series for Prometheus at "
+                              "http://HOST:PORT/metrics (bind 'HOST:PORT' or 'PORT'; port 0 picks a free one), the "
+                              "names ferry-trainer --metrics serves; ferry.Error if it cannot listen.")
+      .def(py::init<const std::string&, int>(), py::arg("bind"), py::arg("rank"))
+      .def_property_readonly("url", &PyWorkerMetrics::Url)
+      .def("update", &PyWorkerMetrics::Update, py::kw_only(), py::arg("step"), py::arg("examples"), py::arg("loss"),
+           py::arg("pull_s"), py::arg("push_s"), py::arg("compute_s"), py::arg("wait_s") = 0.0,
+           py::arg("eval_s") = 0.0, py::arg("bytes_sent") = 0, py::arg("bytes_received") = 0,
+           "Sets what the page shows: steps done, examples processed, the last loss, seconds by part "
+           "(cumulative), the client's bytes.")
+      .def("close", &PyWorkerMetrics::Close, "Stops serving.");
   m.def("dedup", &Dedup, py::arg("tables"),
         "dedup([ids, ...]) -> ([distinct ids per table], rows): each table's distinct ids in order of first "
         "appearance, and for every id, in order, the row of its distinct id counted over all tables (table t's "

@@ -10,9 +10,10 @@ package re-exports it. ferry.torch puts Ferry's tables behind PyTorch modules (i
 python3-torch and is imported only when asked for).
 """
 
-from ._ferry import Client, Error, Handle, cluster_from_tf_config, optimizers, table_option_keys  # noqa: F401
+from ._ferry import (Client, Error, Handle, WorkerMetrics, cluster_from_tf_config, optimizers,  # noqa: F401
+                     table_option_keys)
 
 # Errors read as ferry.Error (the class lives in the extension).
 Error.__module__ = "ferry"
 
-__all__ = ["Client", "Error", "Handle", "cluster_from_tf_config", "optimizers", "table_option_keys"]
+__all__ = ["Client", "Error", "Handle", "WorkerMetrics", "cluster_from_tf_config", "optimizers", "table_option_keys"]

@@ -129,7 +129,7 @@ struct TrainerOptions {
   int64_t eval_every = 0;     // --eval-every N: evaluate every N steps (0 = only at the end)
   bool eval_each_epoch = false;  // --eval-every epoch: evaluate after every epoch (and at the end)
   std::string metrics_out;    // --metrics-out FILE: JSON lines (trainer.h); "{rank}" -> the rank
-  // --metrics [HOST:]PORT: this worker's series for Prometheus (trainer_metrics.h) at
+  // --metrics [HOST:]PORT: this worker's series for Prometheus (ferry/metrics/worker.h) at
   // http://HOST:PORT/metrics (port 0: a free one); empty: none.
   std::string metrics_bind;
   bool quiet = false;         // --quiet: no progress lines on stdout

@@ -4,7 +4,11 @@
 TF_CONFIG, or from its arguments), connects a `ferry.Client`, and makes the result the default
 `Session` of the modules of `ferry.torch`. It also prints the lines the launcher reads to follow
 a job (`[worker R] step T/TOTAL ...`, `[worker R] checkpoint of step S saved: ...`,
-`[worker R] resuming the job at step S of TOTAL`).
+`[worker R] resuming the job at step S of TOTAL`). With FERRY_METRICS (which ferry-launch sets
+where it gives ferry-trainer --metrics) or init(metrics=...), it serves the worker's series for
+Prometheus with the names ferry-trainer serves (ferry_trainer_step, ..._examples_total, ..._loss,
+..._time_seconds_total{part}, ..._sent_bytes_total, ...; `[worker R] metrics at URL` says where),
+updated by log_step() and record().
 
 Thread-safety: a Session may be used from several threads (its client is thread-safe); init()
 and default_session() are meant for the main thread.
@@ -24,6 +28,7 @@ ENV_NUM_WORKERS = "FERRY_NUM_WORKERS"
 ENV_RESUME = "FERRY_RESUME"
 ENV_CHECKPOINT_EVERY = "FERRY_CHECKPOINT_EVERY"
 ENV_CURVE_KEYS = "FERRY_CURVE_KEYS"
+ENV_METRICS = "FERRY_METRICS"
 
 _default = None
 
@@ -57,7 +62,7 @@ class Session:
     step of the checkpoint the servers started from; 0 if none), `checkpoint_every` (0: none
     asked for) and `start_step` (where this worker's loop begins; see there)."""
 
-    def __init__(self, client, *, resume=False, checkpoint_every=0, out=None):
+    def __init__(self, client, *, resume=False, checkpoint_every=0, out=None, metrics=None):
         self.client = client
         self.rank = client.rank
         self.num_workers = client.num_workers
@@ -68,6 +73,11 @@ class Session:
         self._out = out or sys.stdout
         self._modules = []  # the ferry.torch modules on this session, flushed before a checkpoint
         self._first_log = None  # (time, step, examples) of the first log_step
+        self._started = time.monotonic()
+        # metrics: "HOST:PORT" or "PORT" (0: a free port) to serve this worker's series on.
+        self.metrics = ferry.WorkerMetrics(str(metrics), self.rank) if metrics else None
+        if self.metrics is not None:
+            self.say(f"metrics at {self.metrics.url}")
 
     def _attach(self, module):
         self._modules.append(module)
@@ -104,6 +114,27 @@ class Session:
         if step > step0 and now > t0:
             parts.append("ETA " + _duration((now - t0) / (step - step0) * max(total - step, 0)))
         self.say(f"step {step}/{total} {' '.join(parts)}".rstrip())
+        self.record(step, examples, metrics.get("loss"))
+
+    def record(self, step, examples=None, loss=None):
+        """Updates the metrics page (if this session serves one): `step` steps done, `examples`
+        training examples processed (cumulative), `loss` the last step's. Time by part: pull is
+        the modules' waiting for rows, parameters and earlier pushes; push their sending;
+        compute the rest of the wall time since the session began (the model, the data, the
+        caller's own work); wait and eval are 0 (ferry-trainer's; a Python worker's waits for
+        other workers are in pull). log_step() calls it; call it each step for a finer page."""
+        if self.metrics is None:
+            return
+        pull = push = 0.0
+        for m in self._modules:
+            st = m.stats
+            pull += st.get("pull_s", 0.0) + st.get("exchange_wait_s", 0.0)
+            push += st.get("push_send_s", 0.0) + st.get("exchange_send_s", 0.0)
+        wall = time.monotonic() - self._started
+        c = self.client.stats()
+        self.metrics.update(step=int(step), examples=int(examples or 0), loss=float(loss or 0.0), pull_s=pull,
+                            push_s=push, compute_s=max(wall - pull - push, 0.0), bytes_sent=c["bytes_sent"],
+                            bytes_received=c["bytes_received"])
 
     def checkpoint_due(self, step):
         """Whether `step` is one the job checkpoints at (--checkpoint-every N: every N-th)."""
@@ -159,6 +190,8 @@ class Session:
         global _default
         for m in self._modules:
             m.flush(raise_errors=False)
+        if self.metrics is not None:
+            self.metrics.close()
         self.client.close()
         if _default is self:
             _default = None
@@ -171,14 +204,15 @@ class Session:
 
 
 def init(servers=None, rank=None, num_workers=None, *, request_timeout=360.0, connect_timeout=30.0,
-         curve_keys=None, heartbeat_timeout=5.0, env=None):
+         curve_keys=None, heartbeat_timeout=5.0, metrics=None, env=None):
     """Connects this worker to the job's servers and returns its Session (also the default one
     the modules of ferry.torch use).
 
     Where each setting comes from, first found wins: the argument; FERRY_SERVERS (endpoints,
     comma-separated), FERRY_RANK, FERRY_NUM_WORKERS, FERRY_CURVE_KEYS, FERRY_RESUME=1 and
     FERRY_CHECKPOINT_EVERY, as ferry-launch sets them for a worker program; TF_CONFIG (a worker
-    task). The timeouts are in seconds (ferry.Client's). ValueError if servers, rank or worker count cannot be found or are malformed;
+    task). metrics ("HOST:PORT", "PORT"; port 0: a free one) or FERRY_METRICS: serve this worker's
+    series for Prometheus there (see the module docstring). The timeouts are in seconds (ferry.Client's). ValueError if servers, rank or worker count cannot be found or are malformed;
     ferry.Error if a server does not answer within connect_timeout seconds."""
     global _default
     env = os.environ if env is None else env
@@ -208,7 +242,12 @@ def init(servers=None, rank=None, num_workers=None, *, request_timeout=360.0, co
     client = ferry.Client(list(servers), rank=rank, num_workers=num_workers, request_timeout=request_timeout,
                           connect_timeout=connect_timeout, curve_keys=curve_keys, heartbeat_timeout=heartbeat_timeout)
     every = _int_from(env, ENV_CHECKPOINT_EVERY, 0) or 0
-    _default = Session(client, resume=env.get(ENV_RESUME) == "1", checkpoint_every=every)
+    metrics = metrics if metrics is not None else env.get(ENV_METRICS)
+    try:
+        _default = Session(client, resume=env.get(ENV_RESUME) == "1", checkpoint_every=every, metrics=metrics)
+    except Exception:
+        client.close()
+        raise
     return _default
 
 

@@ -1,44 +1,41 @@
-#include "internal/trainer_metrics.h"
+#include "ferry/metrics/worker.h"
 
 #include <utility>
 
 #include "ferry/metrics/page.h"
 #include "ferry/metrics/process.h"
 
-namespace ferry::trainer::internal {
+namespace ferry::metrics {
 
-StatusOr<std::unique_ptr<TrainerMetrics>> TrainerMetrics::Start(const std::string& bind, int rank) {
-  std::unique_ptr<TrainerMetrics> m(new TrainerMetrics(rank));
-  auto http = metrics::HttpEndpoint::Start(bind, [p = m.get()] { return p->Render(); });
-  if (!http.ok()) return http.status().WithContext("ferry-trainer rank " + std::to_string(rank));
+StatusOr<std::unique_ptr<WorkerEndpoint>> WorkerEndpoint::Start(const std::string& bind, int rank) {
+  std::unique_ptr<WorkerEndpoint> m(new WorkerEndpoint(rank));
+  auto http = HttpEndpoint::Start(bind, [p = m.get()] { return p->Render(); });
+  if (!http.ok()) return http.status().WithContext("worker " + std::to_string(rank) + "'s metrics");
   m->http_ = std::move(*http);
   return m;
 }
 
-void TrainerMetrics::OnStep(const StepDone& step) {
+void WorkerEndpoint::Update(const WorkerProgress& progress) {
   MutexLock lock(&mu_);
-  last_ = step;
+  last_ = progress;
 }
 
-std::optional<std::string> TrainerMetrics::Render() {
-  StepDone s;
+std::optional<std::string> WorkerEndpoint::Render() {
+  WorkerProgress s;
   {
     MutexLock lock(&mu_);
     s = last_;
   }
-  const metrics::Labels worker = {{"worker", std::to_string(rank_)}};
-  metrics::Page page;
+  const Labels worker = {{"worker", std::to_string(rank_)}};
+  Page page;
   page.Gauge("ferry_trainer_step", "Steps this worker has done", worker, static_cast<double>(s.step));
   page.Counter("ferry_trainer_examples_total", "Training examples this worker has processed", worker,
                static_cast<double>(s.examples));
   page.Gauge("ferry_trainer_loss", "Mean training loss of this worker's last step", worker, s.loss);
-  const std::pair<const char*, double> parts[] = {{"pull", s.times.pull_s},
-                                                  {"push", s.times.push_s},
-                                                  {"compute", s.times.compute_s},
-                                                  {"wait", s.times.wait_s},
-                                                  {"eval", s.times.eval_s}};
+  const std::pair<const char*, double> parts[] = {
+      {"pull", s.pull_s}, {"push", s.push_s}, {"compute", s.compute_s}, {"wait", s.wait_s}, {"eval", s.eval_s}};
   for (const auto& [part, seconds] : parts) {
-    metrics::Labels labels = worker;
+    Labels labels = worker;
     labels.emplace_back("part", part);
     page.Counter("ferry_trainer_time_seconds_total",
                  "This worker's time by part: pull (transfer), push, compute, wait (held for other workers), "
@@ -49,8 +46,8 @@ std::optional<std::string> TrainerMetrics::Render() {
                static_cast<double>(s.bytes_sent));
   page.Counter("ferry_trainer_received_bytes_total", "Bytes this worker's client has received", worker,
                static_cast<double>(s.bytes_received));
-  metrics::AddProcessMetrics(page, worker);
+  AddProcessMetrics(page, worker);
   return page.Text();
 }
 
-}  // namespace ferry::trainer::internal
+}  // namespace ferry::metrics

@@ -114,7 +114,18 @@ struct LongWaits {
   }
 };
 
-TEST_F(Liveness, AStepWaitingForASlowWorkerIsReportedWhileItWaits) {
+// The first line holding `text`, waiting for it (bounded: 20 s); "" if none came.
+std::string AwaitLine(LongWaits& waits, const std::string& text) {
+  for (int i = 0; i < 200; ++i) {
+    for (const std::string& line : waits.Lines()) {
+      if (line.find(text) != std::string::npos) return line;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  return "";
+}
+
+TEST_F(Liveness, AStepWaitingForASlowWorkerIsReportedWhileItWaitsNamingTheWorker) {
   auto c = Servers(1);
   LongWaits waits;
   ClientOptions o = Options(kLiving);
@@ -125,18 +136,46 @@ TEST_F(Liveness, AStepWaitingForASlowWorkerIsReportedWhileItWaits) {
   std::vector<float> g(8, 1.0f), out(8);
   ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
   Handle pull = w0->PullDense("w", out, 1);  // held until worker 1 pushes step 0
-  // Worker 1 pushes once worker 0 has been told it waits (bounded: 20 s).
-  for (int i = 0; i < 200 && waits.Lines().empty(); ++i) std::this_thread::sleep_for(100ms);
+  // The server, asked what it holds the pull for (Waiting), names worker 1; once a line says so,
+  // worker 1 pushes.
+  const std::string named = AwaitLine(waits, "waits for the gradients of worker(s) 1");
   ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
   ASSERT_TRUE(pull.wait().ok());
-  const std::vector<std::string> lines = waits.Lines();
-  ASSERT_FALSE(lines.empty()) << "no notice in 20 s of waiting";
-  EXPECT_NE(lines[0].find("for server 0 (" + c.endpoints[0] + ") to answer PullDense (a sync pull waits for every "
-                          "worker's push of the step before"),
+  EXPECT_NE(named.find("for server 0 (" + c.endpoints[0] + ") to answer PullDense; it holds PullDense: table 'w' "
+                       "chunk 0 is at step 0 and waits for the gradients of worker(s) 1"),
             std::string::npos)
-      << lines[0];
-  EXPECT_EQ(lines[0].rfind("waiting ", 0), 0u) << lines[0];
-  EXPECT_NE(lines[0].find(" s (of 30) for server 0"), std::string::npos) << lines[0];
+      << "no line named the missing worker in 20 s; lines: " << testing::PrintToString(waits.Lines());
+  // Every line says how long out of how long, and a line before the server's answer came says
+  // what such a pull waits for.
+  for (const std::string& line : waits.Lines()) {
+    EXPECT_EQ(line.rfind("waiting ", 0), 0u) << line;
+    EXPECT_NE(line.find(" s (of 30) for server 0"), std::string::npos) << line;
+    if (line.find("; it holds ") == std::string::npos) {
+      EXPECT_NE(line.find("to answer PullDense (a sync pull waits for every worker's push of the step before"),
+                std::string::npos)
+          << line;
+    }
+  }
+}
+
+TEST_F(Liveness, ABarrierWaitingForAWorkerIsReportedNamingItAndTheCount) {
+  auto c = Servers(1);
+  LongWaits waits;
+  ClientOptions o = Options(kLiving);
+  waits.Watch(&o);
+  auto w0 = c.Connect(0, 2, o);
+  auto w1 = Worker(c, 1);
+  ASSERT_TRUE(w0 && w1);
+  std::thread late([&] {
+    AwaitLine(waits, "waits for worker(s) 1");
+    EXPECT_TRUE(w1->Barrier().ok());
+  });
+  EXPECT_TRUE(w0->Barrier().ok());
+  late.join();
+  const std::string named = AwaitLine(waits, "waits for worker(s) 1");
+  EXPECT_NE(named.find("to answer Barrier; it holds Barrier 0 waits for worker(s) 1 (1 of 2 arrived)"),
+            std::string::npos)
+      << "lines: " << testing::PrintToString(waits.Lines());
 }
 
 TEST_F(Liveness, AServerThatNeverAnswersIsReportedWhileConnectWaits) {

@@ -1125,16 +1125,21 @@ class ClientImpl final : public Client {
   }
 
   // Tells options_.on_long_wait, at most every long_wait_every, of the requests that have waited
-  // that long: one line per server and kind, for the one waiting longest.
+  // that long: one line per server and kind, for the one waiting longest. A server of protocol
+  // 1.8 or later is asked (Waiting) once such a request has waited half that long, and again
+  // each half period while it waits: the line then says what it holds this worker's requests for
+  // ("PullDense: table 'w' is at step 4 and waits for the gradients of worker(s) 1"), which
+  // names who is missing; otherwise (no answer yet, an older server) what such a kind waits for.
   void NoteLongWaits() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
     const auto every = options_.long_wait_every;
     if (!options_.on_long_wait || every.count() <= 0 || in_flight_.empty()) return;
     const auto now = SteadyClock::now();
+    AskWhyTheyWait(now, every / 2);
     if (now < next_wait_notice_) return;
     next_wait_notice_ = now + every;
     std::map<std::pair<int, Kind>, const Request*> oldest;
     for (const auto& [id, r] : in_flight_) {
-      if (now - r.sent < every) continue;
+      if (now - r.sent < every || r.kind == Kind::Waiting) continue;
       const Request*& o = oldest[{r.server, r.kind}];
       if (o == nullptr || r.sent < o->sent) o = &r;
     }
@@ -1142,9 +1147,64 @@ class ClientImpl final : public Client {
       return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count());
     };
     for (const auto& [key, r] : oldest) {
+      const Asked::Answer* answer = asked_[static_cast<size_t>(r->server)].Latest();
+      const bool told = answer != nullptr && answer->when > r->sent && !answer->text.empty();
       options_.on_long_wait("waiting " + seconds(now - r->sent) + " s (of " + seconds(r->deadline - r->sent) +
                             ") for " + ServerName(r->server) + " to answer " + std::string(wire::KindName(r->kind)) +
-                            WhyItWaits(r->kind));
+                            (told ? "; it holds " + answer->text : WhyItWaits(r->kind)));
+    }
+  }
+
+  // Sends Waiting to each server of protocol 1.8 or later that holds a request which has waited
+  // `after` for a step or for the other workers, unless one is in flight to it or went within
+  // `after`. The reply lands in asked_[server] (Latest()). Like a heartbeat it is the client's own
+  // request (no caller waits for it); it takes a slot beyond max_in_flight.
+  void AskWhyTheyWait(SteadyClock::time_point now, SteadyClock::duration after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    if (asked_.size() != sockets_.size()) asked_.resize(sockets_.size());
+    std::vector<bool> ask(sockets_.size(), false);
+    for (const auto& [id, r] : in_flight_) {
+      const wire::KindInfo* info = wire::FindKind(r.kind);
+      if (info != nullptr && (info->wait == wire::Wait::kStep || info->wait == wire::Wait::kAllWorkers) &&
+          now - r.sent >= after) {
+        ask[static_cast<size_t>(r.server)] = true;
+      }
+    }
+    for (size_t s = 0; s < ask.size(); ++s) {
+      Asked& a = asked_[s];
+      if (!ask[s] || server_minor_[s].load() < 8 || (a.op && !a.op->Answered()) || now - a.sent < after) continue;
+      a.sent = now;
+      if (a.pending && a.pending->done) a.last = std::move(a.pending);
+      a.pending = std::make_shared<Asked::Answer>();
+      flatbuffers::FlatBufferBuilder fbb(64);
+      auto h = BeginHeader(fbb, Kind::Waiting);
+      zmq::message_t header = FinishHeader(fbb, h);
+      const Header* verified = nullptr;
+      if (!wire::VerifyHeader(header, &verified).ok()) return;  // (our own header: also aligns it)
+      Request r;
+      r.id = verified->request_id();
+      r.server = static_cast<int>(s);
+      r.kind = Kind::Waiting;
+      r.frames.push_back(std::move(header));
+      r.on_reply = [answer = a.pending](const Header& reply, Frames& payload) -> Status {
+        FERRY_RETURN_IF_ERROR(ExpectFrames(payload, 0));
+        answer->text = reply.waiting() ? wire::Printable(reply.waiting()->string_view()) : "";
+        answer->when = SteadyClock::now();
+        answer->done = true;
+        return Status::Ok();
+      };
+      r.op = NewOp();
+      {
+        MutexLock lock(&r.op->mu);
+        r.op->pending = 1;
+      }
+      a.op = r.op;
+      r.sent = now;
+      r.deadline = now + options_.request_timeout;
+      {
+        MutexLock lock(&room_mu_);
+        ++outstanding_;  // Done frees it
+      }
+      SendNow(r);
     }
   }
 
@@ -1412,6 +1472,24 @@ class ClientImpl final : public Client {
   static constexpr std::chrono::milliseconds kMonitorEvery{100};
   SteadyClock::time_point last_monitor_check_ ABSL_GUARDED_BY(io_mu_){};
   SteadyClock::time_point next_wait_notice_ ABSL_GUARDED_BY(io_mu_){};
+  // Per server: the last Waiting request (AskWhyTheyWait) and its answer, which its reply writes
+  // (on the thread holding io_mu_, as every reply is handled).
+  struct Asked {
+    struct Answer {
+      bool done = false;
+      std::string text;  // what the server holds this worker's requests for ("": nothing)
+      SteadyClock::time_point when;
+    };
+    SteadyClock::time_point sent;
+    std::shared_ptr<Handle::State> op;      // the last request: in flight until Answered()
+    std::shared_ptr<Answer> pending, last;  // its answer (done once it came), the one before
+    // The newest answer, or nullptr.
+    const Answer* Latest() const {
+      if (pending && pending->done) return pending.get();
+      return last ? last.get() : nullptr;
+    }
+  };
+  std::vector<Asked> asked_ ABSL_GUARDED_BY(io_mu_);
   // Heartbeats: when each server was last sent anything, and when to look again.
   std::atomic<bool> heartbeats_on_{false};  // set once the handshake succeeded
   std::vector<SteadyClock::time_point> last_sent_ ABSL_GUARDED_BY(io_mu_);

@@ -40,6 +40,10 @@ class Collectives {
   // same rank enters them again).
   void Forget(int rank);
 
+  // What the collectives `rank` has entered wait for, one clause each: "Barrier 3 waits for
+  // worker(s) 1 (1 of 2 arrived)" (the Waiting request).
+  std::vector<std::string> Describe(int rank, int num_workers) const;
+
   // The element-wise sum, in the order given, of the values each request of an all-reduce carries.
   static std::vector<double> Sum(const std::vector<Request>& group);
 

@@ -37,6 +37,12 @@ class HeldPulls {
     }
   }
 
+  // Calls `look(const Request&)` for every held pull, oldest first.
+  template <typename Look>
+  void ForEach(Look&& look) const {
+    for (const auto& [seq, req] : pulls_) look(req);
+  }
+
   std::optional<Clock::time_point> NextDeadline() const { return deadlines_.Next(); }
   // Removes and returns the pulls whose deadline is at or before `now`, oldest deadline first.
   std::vector<Request> TakeExpired(Clock::time_point now);

@@ -218,6 +218,9 @@ class ServerImpl final : public Server {
   Status OnHello(Request& req);
   Status OnStats(Request& req);
   Status OnHeartbeat(Request&) { return Status::Ok(); }  // never answered: it only says the worker is alive
+  // Waiting (1.8): what this server holds the asking worker's requests for, one clause each
+  // (held pulls: WaitingOn; collectives: Collectives::Describe), answered at once.
+  Status OnWaiting(Request& req);
   // On an HTTP thread: asks the I/O thread for the page and waits for it (2 s at most: none).
   std::optional<std::string> MetricsPage();
   // On the I/O thread, after a wake-up: the page for every scrape waiting, from a snapshot of

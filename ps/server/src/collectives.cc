@@ -99,6 +99,21 @@ Collectives::Expired Collectives::Take(int64_t id, int num_workers) {
   return e;
 }
 
+std::vector<std::string> Collectives::Describe(int rank, int num_workers) const {
+  std::vector<std::string> out;
+  for (const auto& [id, arrived] : by_id_) {
+    if (std::none_of(arrived.begin(), arrived.end(), [&](const Request& r) { return r.h()->rank() == rank; })) {
+      continue;
+    }
+    std::string missing;
+    for (int w : Missing(arrived, num_workers)) missing += (missing.empty() ? "" : ", ") + std::to_string(w);
+    out.push_back(std::string(wire::KindName(arrived[0].h()->kind())) + " " + std::to_string(id) +
+                  " waits for worker(s) " + missing + " (" + std::to_string(arrived.size()) + " of " +
+                  std::to_string(num_workers) + " arrived)");
+  }
+  return out;
+}
+
 std::vector<Collectives::Expired> Collectives::TakeExpired(Clock::time_point now, int num_workers) {
   std::vector<Expired> expired;
   for (int64_t id : deadlines_.TakeDue(now)) expired.push_back(Take(id, num_workers));

@@ -214,6 +214,7 @@ ServerImpl::Handler ServerImpl::HandlerOf(Kind kind) {
       {Kind::Hello, &ServerImpl::OnHello},
       {Kind::Stats, &ServerImpl::OnStats},
       {Kind::Heartbeat, &ServerImpl::OnHeartbeat},
+      {Kind::Waiting, &ServerImpl::OnWaiting},
       {Kind::CreateTable, &ServerImpl::OnCreateTable},
       {Kind::PullDense, &ServerImpl::OnPullDense},
       {Kind::PushDense, &ServerImpl::OnPushDense},

@@ -1,4 +1,4 @@
-// Handlers of Hello (the handshake) and Stats, and the server's counters and metrics page.
+// Handlers of Hello (the handshake), Stats and Waiting, and the server's counters and metrics page.
 #include "internal/server_impl.h"
 
 #include <algorithm>
@@ -99,6 +99,26 @@ Status ServerImpl::OnStats(Request& req) {
   auto vec = fbb.CreateVector(cs);
   wire::HeaderBuilder b = BeginReply(fbb, Kind::Stats, req.h()->request_id());
   b.add_counters(vec);
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Send(req, wire::ToFrame(fbb));
+  return Status::Ok();
+}
+
+Status ServerImpl::OnWaiting(Request& req) {
+  const int rank = req.h()->rank();
+  std::vector<std::string> clauses;
+  held_.ForEach([&](const Request& r) {
+    if (r.h()->rank() != rank) return;
+    std::string clause = std::string(wire::KindName(r.h()->kind())) + ": " + WaitingOn(r).what;
+    if (std::find(clauses.begin(), clauses.end(), clause) == clauses.end()) clauses.push_back(std::move(clause));
+  });
+  for (std::string& c : collectives_.Describe(rank, workers_.count())) clauses.push_back(std::move(c));
+  std::string text;
+  for (const std::string& c : clauses) text += (text.empty() ? "" : "; ") + c;
+  flatbuffers::FlatBufferBuilder fbb(128 + text.size());
+  auto waiting = fbb.CreateString(text);
+  wire::HeaderBuilder b = BeginReply(fbb, Kind::Waiting, req.h()->request_id());
+  b.add_waiting(waiting);
   wire::FinishHeaderBuffer(fbb, b.Finish());
   Send(req, wire::ToFrame(fbb));
   return Status::Ok();

@@ -161,6 +161,48 @@ TEST_F(CheckpointRequests, AResumedJobMayChangeItsLearningRate) {
   }
 }
 
+// A resumed job may change a sparse table's row lifecycle settings too (admission, eviction, the
+// row bound), not whether it has one.
+TEST_F(CheckpointRequests, AResumedJobMayChangeItsRowLifecycle) {
+  TableSpec spec;
+  spec.name = "emb";
+  spec.type = TableType::kSparse;
+  spec.dim = 4;
+  spec.optimizer.type = OptimizerType::kSgd;
+  spec.optimizer.learning_rate = 1.0f;
+  spec.consistency = Consistency::kSync;
+  spec.init = InitType::kZeros;
+  spec.admit_after = 3;  // an id gets its row at its third push
+  const std::vector<float> g(4, 1.0f);
+  std::vector<float> out(4);
+  const std::vector<int64_t> id = {77};
+  {
+    auto c = LocalCluster::Start(1, false, WithFolder(dir_));
+    auto w = c.Connect(0, 1);
+    ASSERT_TRUE(w->Declare(spec).ok());
+    ASSERT_TRUE(w->PushSparse("emb", id, g, 0).wait().ok());
+    ASSERT_TRUE(w->PullSparse("emb", id, out, 1).wait(5s).ok());
+    EXPECT_EQ(out, std::vector<float>(4, 0.0f)) << "one push of three: no row";
+    ASSERT_TRUE(w->Checkpoint(1).ok());
+  }
+  ServerOptions ro = WithFolder(dir_, 1);
+  ro.restore = true;
+  auto c = LocalCluster::Start(1, false, ro);
+  auto w = c.Connect(0, 1);
+  TableSpec plain = spec;
+  plain.admit_after = 1;  // no lifecycle at all
+  const Status off = w->Declare(plain);
+  EXPECT_EQ(off.code(), StatusCode::kAlreadyExists) << off;
+  EXPECT_NE(off.message().find("table 'emb' cannot change its row lifecycle on -> off"), std::string::npos) << off;
+  TableSpec resumed = spec;
+  resumed.admit_after = 1;
+  resumed.max_rows = 1000;  // still a lifecycle: admission at the first push, and a row bound
+  ASSERT_TRUE(w->Declare(resumed).ok());
+  ASSERT_TRUE(w->PushSparse("emb", id, g, 1).wait().ok());
+  ASSERT_TRUE(w->PullSparse("emb", id, out, 2).wait(5s).ok());
+  EXPECT_EQ(out, std::vector<float>(4, -1.0f)) << "admitted at this push under the new settings";
+}
+
 TEST_F(CheckpointRequests, RefusalsSayWhy) {
   // A server without a folder.
   {

@@ -2,7 +2,8 @@
 // evict_after_steps, max_rows; tables.h): admission by a counting filter and by a deterministic
 // coin, age eviction by the incremental sweep, capacity eviction by sampled LRU (hot rows stay),
 // slot reuse, the memory budget (a full budget evicts instead of refusing; slots stay charged and
-// are given back with the shard), the counters, and a checkpoint of a shard that evicted rows.
+// are given back with the shard), the counters, a checkpoint of a shard that evicted rows, and new
+// settings when a job resumes.
 // Everything here is deterministic: the shards' samplers and coins are seeded by the spec.
 #include <cmath>
 #include <cstdint>
@@ -269,6 +270,49 @@ TEST(RowLifecycle, AFullMemoryBudgetEvictsInsteadOfRefusingAndTheShardGivesItBac
     EXPECT_THROW(other.FindOrCreate(1), BudgetExceeded);
   }
   EXPECT_EQ(budget.used(), 0) << "the shard gave its slots back";
+}
+
+// A resumed job's new settings (ChangeLifecycle, then the table's spec becomes them, as the
+// registry does): admission, the row bound and the filter's share of the budget follow them at
+// once; turning the lifecycle off, or a filter the budget has no room for, is refused and changes
+// nothing.
+TEST(RowLifecycle, ATableTakesNewLifecycleSettingsWhenItsJobResumes) {
+  TableSpec spec = Spec();
+  spec.admit_after = 3;
+  const int64_t filter_bytes = AdmissionFilter::Bytes(spec);
+  ASSERT_GT(filter_bytes, 0);
+  MemoryBudget budget(filter_bytes + 64 * SparseShard(spec, kTableId, 1).RowBytes());
+  ASSERT_TRUE(budget.Take(filter_bytes, "the filter").ok());  // as the registry charges it
+  SparseShard shard(spec, kTableId, 1, &budget);
+  Push(shard, {1});
+  Push(shard, {1});
+  EXPECT_FALSE(Held(shard, 1)) << "two pushes of three";
+
+  TableSpec off = spec;
+  off.admit_after = 1;
+  ASSERT_FALSE(off.has_lifecycle());
+  const Status refused = shard.ChangeLifecycle(off);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused;
+  TableSpec huge = spec;
+  huge.max_rows = int64_t{1} << 30;  // a 16 MiB filter: beyond this budget
+  const Status no_room = shard.ChangeLifecycle(huge);
+  EXPECT_EQ(no_room.code(), StatusCode::kResourceExhausted) << no_room;
+  EXPECT_NE(no_room.message().find("table 'emb': its admission filter"), std::string::npos) << no_room;
+  Push(shard, {1});
+  EXPECT_TRUE(Held(shard, 1)) << "the third push, counted by the filter kept";
+
+  TableSpec to = spec;
+  to.admit_after = 1;
+  to.max_rows = 2;
+  const int64_t used = budget.used();
+  ASSERT_TRUE(shard.ChangeLifecycle(to).ok());
+  spec = to;  // the Table's spec, which the shard reads
+  EXPECT_EQ(budget.used(), used - filter_bytes) << "the filter is gone, and its bytes given back";
+  Push(shard, {2});
+  EXPECT_TRUE(Held(shard, 2)) << "admitted at its first push";
+  Push(shard, {3});
+  EXPECT_EQ(shard.size(), 2u) << "max_rows 2: a new row takes an old one's place";
+  EXPECT_TRUE(Held(shard, 3));
 }
 
 TEST(RowLifecycle, ACheckpointHoldsTheLiveRowsOnlyAndRestoresThem) {

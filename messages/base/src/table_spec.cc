@@ -245,15 +245,20 @@ SpecChanges CompareSpecs(const TableSpec& a, const TableSpec& b) {
   fixed("init", std::string(InitName(a.init)), std::string(InitName(b.init)));
   fixed("init_scale", a.init_scale, b.init_scale);
   fixed("seed", a.seed, b.seed);
-  fixed("admit_after", a.admit_after, b.admit_after);
-  fixed("admit_probability", a.admit_probability, b.admit_probability);
-  fixed("evict_after_steps", a.evict_after_steps, b.evict_after_steps);
-  fixed("max_rows", a.max_rows, b.max_rows);
+  // A row lifecycle's settings change on resume; whether a table has one does not (its shard keeps
+  // per-row clocks only with one).
+  fixed("row lifecycle", std::string(a.has_lifecycle() ? "on" : "off"), std::string(b.has_lifecycle() ? "on" : "off"));
   setting("lr", o.learning_rate, p.learning_rate);
   for (const HyperParam& h : kHyperParams) setting(h.key, GetHyper(o, h), GetHyper(p, h));
   setting("wire", std::string(WireFormatName(a.wire)), std::string(WireFormatName(b.wire)));
   setting("topk", a.topk_ratio, b.topk_ratio);
   setting("skip_nonfinite_rows", a.nonfinite == NonFinite::kSkipRows, b.nonfinite == NonFinite::kSkipRows);
+  if (a.has_lifecycle() && b.has_lifecycle()) {
+    setting("admit_after", a.admit_after, b.admit_after);
+    setting("admit_probability", a.admit_probability, b.admit_probability);
+    setting("evict_after_steps", a.evict_after_steps, b.evict_after_steps);
+    setting("max_rows", a.max_rows, b.max_rows);
+  }
   return c;
 }
 
@@ -264,6 +269,12 @@ void TakeSettings(const TableSpec& from, TableSpec* into) {
   into->wire = from.wire;
   into->topk_ratio = from.topk_ratio;
   into->nonfinite = from.nonfinite;
+  if (into->has_lifecycle() && from.has_lifecycle()) {
+    into->admit_after = from.admit_after;
+    into->admit_probability = from.admit_probability;
+    into->evict_after_steps = from.evict_after_steps;
+    into->max_rows = from.max_rows;
+  }
 }
 
 namespace {

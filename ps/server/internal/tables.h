@@ -115,6 +115,14 @@ class SparseShard {
   // evicted to make room.
   // `over_budget_ok`: charge the budget even past its limit (see MemoryBudget::Force).
   RowIndex FindOrCreate(int64_t id, bool over_budget_ok = false);
+  // A resumed job's new lifecycle settings (`to`: admit_after, admit_probability,
+  // evict_after_steps, max_rows), before the owning Table's spec becomes `to`; the shard must
+  // have lifecycle settings before and after (CompareSpecs refuses turning them on or off). The
+  // admission filter is made anew when its size changes or admit_after goes above 1 (its counts
+  // start over) and dropped at admit_after 1, the memory budget charged or given the
+  // difference (RESOURCE_EXHAUSTED when it has no room: nothing changes); a lower max_rows takes
+  // effect as rows come (each new row evicts one while the table is at or above it).
+  Status ChangeLifecycle(const TableSpec& to);
   // The row that serves a pull of `id`: with lifecycle settings, its row (stamped with the clock)
   // or kNoRow when it has none (serve InitialRow); without, FindOrCreate(id).
   RowIndex FindForPull(int64_t id);
@@ -210,6 +218,7 @@ class SparseShard {
 
   // Lifecycle settings only.
   const bool lifecycle_;
+  int64_t ticks_per_step_ = 1;     // clock ticks a step: 1 for sync, the worker count otherwise
   int64_t evict_after_ticks_ = 0;  // evict_after_steps in clock ticks (0: never)
   std::vector<int64_t> ids_;       // per slot: its row's id, or for a free slot the next free one
   std::vector<int64_t> touch_;     // per slot: the clock when last pulled or pushed; kFree; | kPinned

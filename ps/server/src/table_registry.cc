@@ -51,7 +51,7 @@ StatusOr<std::unique_ptr<Table>> TableRegistry::Declare(TableSpec spec, uint64_t
     if (!changes.fixed.empty()) {
       return AlreadyExistsError("table '" + spec.name + "' cannot change its " + changes.fixed +
                                 " (a table keeps its shape, dimension, chunking, optimizer type, consistency, "
-                                "initialisation and row lifecycle for its life)");
+                                "initialisation, and whether it has a row lifecycle, for its life)");
     }
     if (restored == nullptr) {
       return AlreadyExistsError("table '" + spec.name + "' is declared with other settings: " + changes.settings +
@@ -63,6 +63,9 @@ StatusOr<std::unique_ptr<Table>> TableRegistry::Declare(TableSpec spec, uint64_t
     if (!(changed == spec)) {  // a field CompareSpecs does not know: refused whole
       return AlreadyExistsError("table '" + spec.name + "' is already declared as " + have->ToString() +
                                 "; the new declaration " + spec.ToString() + " conflicts with it");
+    }
+    if (restored->sparse && restored->spec.has_lifecycle()) {
+      FERRY_RETURN_IF_ERROR(restored->sparse->ChangeLifecycle(changed));
     }
     std::fprintf(stderr, "ferry-ps: table '%s' resumes with new settings: %s\n", wire::Printable(spec.name).c_str(),
                  changes.settings.c_str());

@@ -74,14 +74,37 @@ SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_worke
   sync.Reset(num_workers, /*sparse=*/true);
   if (!lifecycle_) return;
   // The clock ticks once a sync step, and once a worker's push otherwise.
-  const int64_t ticks_per_step = spec.consistency == Consistency::kSync ? 1 : std::max(1, num_workers);
-  if (__builtin_mul_overflow(spec.evict_after_steps, ticks_per_step, &evict_after_ticks_)) {
+  ticks_per_step_ = spec.consistency == Consistency::kSync ? 1 : std::max(1, num_workers);
+  if (__builtin_mul_overflow(spec.evict_after_steps, ticks_per_step_, &evict_after_ticks_)) {
     evict_after_ticks_ = INT64_MAX;
   }
   const uint64_t key = placement::Mix64(spec.seed ^ placement::Mix64(table_id));
   coin_key_ = placement::Mix64(key ^ 0xC014ull);
   random_ = placement::Mix64(key ^ 0xE71C7ull) | 1;
   if (spec.admit_after > 1) filter_ = std::make_unique<AdmissionFilter>(spec, table_id);
+}
+
+Status SparseShard::ChangeLifecycle(const TableSpec& to) {
+  if (!lifecycle_ || !to.has_lifecycle()) {
+    return FailedPreconditionError("sparse table '" + spec_.name + "': a row lifecycle is turned on or off only when "
+                                   "the table is made");
+  }
+  const int64_t had = AdmissionFilter::Bytes(spec_), will = AdmissionFilter::Bytes(to);
+  if (budget_ != nullptr && will > had) {
+    FERRY_RETURN_IF_ERROR(
+        budget_->Take(will - had, "table '" + spec_.name +
+                                      "': its admission filter for admit_after=" + std::to_string(to.admit_after)));
+  }
+  if (budget_ != nullptr && will < had) budget_->Give(had - will);
+  if (to.admit_after <= 1) {
+    filter_.reset();
+  } else if (filter_ == nullptr || will != had) {
+    filter_ = std::make_unique<AdmissionFilter>(to, table_id_);
+  }
+  if (__builtin_mul_overflow(to.evict_after_steps, ticks_per_step_, &evict_after_ticks_)) {
+    evict_after_ticks_ = INT64_MAX;
+  }
+  return Status::Ok();
 }
 
 SparseShard::~SparseShard() {

@@ -92,8 +92,9 @@ struct TableSpec {
 
 // How declaration `to` differs from `from`, field by field ("lr 0.1 -> 0.05, dim 16 -> 32"; ""
 // when they are equal). `settings`: the differences in the settings a resumed job may change (the
-// optimizer's hyperparameters, not its type; wire; topk; nonfinite); `fixed`: in the rest (name,
-// type, shape, dim, chunking, optimizer type, consistency, init, seed, row lifecycle).
+// optimizer's hyperparameters, not its type; wire; topk; nonfinite; a row lifecycle's settings,
+// between two specs that both have one); `fixed`: in the rest (name, type, shape, dim, chunking,
+// optimizer type, consistency, init, seed, whether it has a row lifecycle).
 struct SpecChanges {
   std::string settings, fixed;
 };

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
@@ -173,9 +175,22 @@ Status Recv(zmq::socket_t& socket, Frames* frames, size_t max_frames) {
   }
 }
 
-void TuneAllocatorForLargeMessages() {
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest allowed value on 64-bit
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+bool AllocatorTuningWanted(const char* ferry_malloc_tuning, const char* glibc_tunables) {
+  if (ferry_malloc_tuning != nullptr) {
+    const std::string_view v = ferry_malloc_tuning;
+    if (v == "off" || v == "0" || v == "no" || v == "false") return false;
+  }
+  return glibc_tunables == nullptr || std::string_view(glibc_tunables).find("glibc.malloc.") == std::string_view::npos;
+}
+
+bool TuneAllocatorForLargeMessages() {
+  static const bool tuned = [] {
+    if (!AllocatorTuningWanted(std::getenv("FERRY_MALLOC_TUNING"), std::getenv("GLIBC_TUNABLES"))) return false;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest allowed value on 64-bit
+    mallopt(M_TRIM_THRESHOLD, 128 << 20);
+    return true;
+  }();
+  return tuned;
 }
 
 std::string LastEndpoint(zmq::socket_t& socket) {

@@ -28,6 +28,9 @@ class ChildProcess {
     if (pipe(out) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
+      // The child keeps its own allocator settings: FERRY_MALLOC_TUNING=off (transport.h) is for
+      // the process measuring it (a benchmark's user program without the tuning).
+      unsetenv("FERRY_MALLOC_TUNING");
       dup2(out[1], STDOUT_FILENO);
       close(out[0]);
       close(out[1]);

@@ -1537,6 +1537,7 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.max_message_bytes < 4096) return InvalidArgumentError("max_message_bytes must be at least 4096");
   if (options.sparse_message_bytes < 0) return InvalidArgumentError("sparse_message_bytes must not be negative");
   if (options.max_in_flight < 1) return InvalidArgumentError("max_in_flight must be at least 1");
+  transport::TuneAllocatorForLargeMessages();  // once per process; FERRY_MALLOC_TUNING=off opts out
   for (const auto& e : options.servers) {
     if (e.starts_with("inproc://") && !options.context) {
       return InvalidArgumentError("server " + e + " is inproc://: pass the servers' Context in ClientOptions.context");

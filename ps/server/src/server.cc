@@ -290,6 +290,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
                                 std::to_string(options.num_servers) + ")");
   }
   if (options.max_message_bytes < 1024) return InvalidArgumentError("max_message_bytes must be at least 1024");
+  transport::TuneAllocatorForLargeMessages();  // once per process; FERRY_MALLOC_TUNING=off opts out
   if (options.compute_threads > 1024) {
     return InvalidArgumentError("compute_threads " + std::to_string(options.compute_threads) + " is above 1024");
   }

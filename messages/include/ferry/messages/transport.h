@@ -87,12 +87,19 @@ Status RecvNonBlocking(zmq::socket_t& socket, Frames* frames, bool* got, size_t 
 // when none came in time); frames past `max_frames` are dropped. For tests and tools.
 Status Recv(zmq::socket_t& socket, Frames* frames, size_t max_frames = 4097);
 
-// Process-wide malloc tuning for programs that move large messages (ferry-ps, ferry-trainer,
-// ferry-bench): keep freed buffers up to 32 MiB in the heap instead of returning them to the
-// kernel, so the next message reuses warm pages rather than faulting in fresh ones (on small VMs
-// a first touch costs ~10 us a page: bench/RESULTS.md). Called from main() only; a library
-// never changes process-wide allocator settings behind its host's back.
-void TuneAllocatorForLargeMessages();
+// Process-wide malloc tuning for programs that move large messages: freed buffers up to 32 MiB
+// stay in the heap instead of going back to the kernel (glibc's mmap threshold), so the next
+// message reuses warm pages rather than faulting in fresh ones (on small VMs a first touch costs
+// ~10 us a page: bench/RESULTS.md), and at most 128 MiB of free memory stays at the top of the
+// heap (the trim threshold: what one large message left is given back). Client::Connect and
+// Server::Start apply it, once per process, so a program on Ferry's libraries is fast without
+// knowing to; a program opts out with FERRY_MALLOC_TUNING=off in its environment, and one whose
+// GLIBC_TUNABLES sets a glibc.malloc tunable keeps its own settings. Returns whether the tuning
+// is in effect (applied now or before).
+bool TuneAllocatorForLargeMessages();
+// The decision above, from the two environment values (null: unset): false for
+// FERRY_MALLOC_TUNING "off", "0", "no" or "false", or a GLIBC_TUNABLES naming glibc.malloc.
+bool AllocatorTuningWanted(const char* ferry_malloc_tuning, const char* glibc_tunables);
 
 // A routing-id-free description of a zmq endpoint for error messages.
 std::string LastEndpoint(zmq::socket_t& socket);

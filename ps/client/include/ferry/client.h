@@ -163,6 +163,9 @@ struct ClientStats {
 
 class Client {
  public:
+  // Also tunes glibc's malloc for large messages, once per process, unless the program opts out
+  // with FERRY_MALLOC_TUNING=off or set glibc.malloc tunables itself (ferry/messages/transport.h,
+  // TuneAllocatorForLargeMessages; README, "Using the client library").
   static StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
   virtual ~Client() = default;  // fails what is still in flight with CANCELLED
 

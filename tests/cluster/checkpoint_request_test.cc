@@ -164,13 +164,7 @@ TEST_F(CheckpointRequests, AResumedJobMayChangeItsLearningRate) {
 // A resumed job may change a sparse table's row lifecycle settings too (admission, eviction, the
 // row bound), not whether it has one.
 TEST_F(CheckpointRequests, AResumedJobMayChangeItsRowLifecycle) {
-  TableSpec spec;
-  spec.name = "emb";
-  spec.type = TableType::kSparse;
-  spec.dim = 4;
-  spec.optimizer.type = OptimizerType::kSgd;
-  spec.optimizer.learning_rate = 1.0f;
-  spec.consistency = Consistency::kSync;
+  TableSpec spec = SgdSparseTable("emb", 4, Consistency::kSync);  // SGD at lr 1
   spec.init = InitType::kZeros;
   spec.admit_after = 3;  // an id gets its row at its third push
   const std::vector<float> g(4, 1.0f);

@@ -755,9 +755,14 @@ class DenseWorker {
     return client_->Declare(DenseSpec(elems));  // every worker declares; identical specs are accepted
   }
 
-  Status Call(DenseOp op, int64_t step) {
+  // fresh_out: the pulled values go into a new vector each call, as a user's program that writes
+  // `std::vector<float> out(n); client->PullDense(...)` does (its pages are the allocator's to
+  // make warm or cold), instead of one buffer reused.
+  Status Call(DenseOp op, int64_t step, bool fresh_out = false) {
+    std::vector<float> fresh;
+    if (fresh_out) fresh.resize(out_.size());
     const DenseIn in{kDenseTable, grad_};
-    const DenseOut out{kDenseTable, out_};
+    const DenseOut out{kDenseTable, fresh_out ? std::span<float>(fresh) : std::span<float>(out_)};
     Handle h;
     switch (op) {
       case DenseOp::kPush: h = client_->PushDense(std::span(&in, 1), step); break;
@@ -775,7 +780,7 @@ class DenseWorker {
 // One worker per benchmark thread; as many servers as workers (1s1w or 2s2w). `processes`: the
 // servers are ferry-ps processes (tcp), measured against raw round trips to another process.
 void BM_PsDense(benchmark::State& state, Baselines& baselines, SharedRun& run, DenseOp op, Net net, Size size,
-                bool processes = false) {
+                bool processes = false, bool fresh_out = false) {
   const bool lead = state.thread_index() == 0;
   // Before the servers start, so that they cannot disturb them (no-ops when raw/ ran already).
   const double raw = !lead       ? 0.0
@@ -787,14 +792,14 @@ void BM_PsDense(benchmark::State& state, Baselines& baselines, SharedRun& run, D
   Status st = cluster.ok() ? worker.Start(**cluster, state.thread_index(), state.threads(), size.bytes)
                            : cluster.status();
   int64_t step = 0;
-  for (int i = 0; st.ok() && i < WarmupCalls(size); ++i) st = worker.Call(op, step++);
+  for (int i = 0; st.ok() && i < WarmupCalls(size); ++i) st = worker.Call(op, step++, fresh_out);
   if (!st.ok()) Fail(state, st);
 
   LoopTimer timer;
   int64_t calls = 0;
   for (auto _ : state) {
     timer.IterationStart();
-    if (Status s = worker.Call(op, step++); !s.ok()) {
+    if (Status s = worker.Call(op, step++, fresh_out); !s.ok()) {
       Fail(state, s);
       break;
     }
@@ -1596,6 +1601,22 @@ void RegisterAll(Fixtures& f) {
           ->Unit(UnitFor(size.bytes));
     }
   }
+  // 2a'. the same pulls and push+pulls into a new output vector each call, as a user's program
+  // often writes them (issue 34: what the allocator's settings do to it)
+  for (DenseOp op : {DenseOp::kPull, DenseOp::kPushPull}) {
+    for (const Size& size : {kSizes[1], kSizes[2]}) {
+      SharedRun* run = f.runs.emplace_back(std::make_unique<SharedRun>(1)).get();
+      const std::string name = "ps_proc/" + OpName(op) + "_fresh_out/tcp/" + size.name + "/1s1w";
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [&f, run, op, size](benchmark::State& st) {
+                                     BM_PsDense(st, f.baselines, *run, op, Net::kTcp, size, /*processes=*/true,
+                                                /*fresh_out=*/true);
+                                   })
+          ->Iterations(size.iterations)
+          ->UseRealTime()
+          ->Unit(UnitFor(size.bytes));
+    }
+  }
   // 2b. what CURVE costs: push+pull over tcp with CURVE (compare ps/pushpull/tcp/ of the same size)
   for (const Size& size : kCurveSizes) {
     for (int workers : {1, 2}) {
@@ -1747,7 +1768,9 @@ int EchoProcessMain() {
 }  // namespace ferry::bench
 
 int main(int argc, char** argv) {
-  // As ferry-ps and ferry-trainer do: the servers and clients measured here live in this process.
+  // The servers and clients measured here live in this process, and the raw baselines' sockets
+  // too: they get the allocator settings Ferry's libraries give a process (FERRY_MALLOC_TUNING=off:
+  // none, as a program without Ferry's client had before the libraries applied them).
   ferry::transport::TuneAllocatorForLargeMessages();
   if (argc == 2 && std::string_view(argv[1]) == "--echo-process") return ferry::bench::EchoProcessMain();
   benchmark::Initialize(&argc, argv);

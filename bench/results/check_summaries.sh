@@ -48,6 +48,8 @@ same $R/pushpull16/summary.txt $R/pushpull16/summarize.py $R/pushpull16
 same $R/threads_decision/summary.txt $R/threads_decision/summarize.py $R/threads_decision
 same $R/torch_dlrm/prefetch/summary.txt $R/torch_dlrm/summarize.py $R/torch_dlrm/prefetch
 same $R/torch_dlrm/bags/summary.txt $R/torch_dlrm/summarize.py $R/torch_dlrm/bags
+same $R/malloc_tuning/summary.txt $R/malloc_tuning/summarize.py $R/malloc_tuning
+same $R/malloc_tuning/small/summary.txt $R/malloc_tuning/summarize.py $R/malloc_tuning/small
 same $R/transport/summary.txt $R/transport/summarize.py $R/transport
 runs $R/compression/summarize.py
 runs $R/criteo/summarize.py

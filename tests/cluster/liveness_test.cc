@@ -142,7 +142,7 @@ TEST_F(Liveness, AStepWaitingForASlowWorkerIsReportedWhileItWaitsNamingTheWorker
   ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
   ASSERT_TRUE(pull.wait().ok());
   EXPECT_NE(named.find("for server 0 (" + c.endpoints[0] + ") to answer PullDense; it holds PullDense: table 'w' "
-                       "chunk 0 is at step 0 and waits for the gradients of worker(s) 1"),
+                       "chunk 0 is at step 0 and waits for the gradients of worker(s) 1 (1 of 2 pushed)"),
             std::string::npos)
       << "no line named the missing worker in 20 s; lines: " << testing::PrintToString(waits.Lines());
   // Every line says how long out of how long, and a line before the server's answer came says

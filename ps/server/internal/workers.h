@@ -46,6 +46,9 @@ class Workers {
   // Whether a pull for `step` of a table (or chunk) at `version` may be served now.
   bool Ready(const TableSpec& spec, int64_t version, int64_t step) const;
 
+  // How many gradients a sync step needs to close (StepComplete): min(replicas_to_aggregate,
+  // workers that take part), or every worker that takes part.
+  int Quorum(const TableSpec& spec, const SyncSlots& sync) const;
   // The ranks still expected for a sync step ("none" if none): they take part and have not pushed it.
   std::string MissingRanks(const SyncSlots& sync) const;
   std::vector<int> Missing(const SyncSlots& sync) const;

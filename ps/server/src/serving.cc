@@ -175,7 +175,9 @@ ServerImpl::Waiting ServerImpl::WaitingOn(const Request& req, const std::vector<
     }
     const bool blocked = silent == nullptr || !workers_.CanCompleteWithout(t.spec, sync, *silent);
     return Waiting{"table '" + t.spec.name + "'" + part + " is at step " + std::to_string(version) +
-                       " and waits for the gradients of worker(s) " + workers_.MissingRanks(sync),
+                       " and waits for the gradients of worker(s) " + workers_.MissingRanks(sync) + " (" +
+                       std::to_string(sync.received) + " of " + std::to_string(workers_.Quorum(t.spec, sync)) +
+                       " pushed)",
                    blocked ? workers_.Missing(sync) : std::vector<int>{}};
   };
   if (h.kind() == Kind::PullSparse) {

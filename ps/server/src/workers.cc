@@ -65,6 +65,10 @@ bool Workers::StepComplete(const TableSpec& spec, const SyncSlots& sync) const {
   return sync.received >= Needed(spec, sync, count_, num_finished_, finished_);
 }
 
+int Workers::Quorum(const TableSpec& spec, const SyncSlots& sync) const {
+  return Needed(spec, sync, count_, num_finished_, finished_);
+}
+
 bool Workers::CanCompleteWithout(const TableSpec& spec, const SyncSlots& sync, const std::vector<int>& silent) const {
   int possible = sync.received;
   for (int r : Missing(sync)) possible += std::find(silent.begin(), silent.end(), r) == silent.end() ? 1 : 0;

@@ -1159,7 +1159,10 @@ class ClientImpl final : public Client {
   // `after` for a step or for the other workers, unless one is in flight to it or went within
   // `after`. The reply lands in asked_[server] (Latest()). Like a heartbeat it is the client's own
   // request (no caller waits for it); it takes a slot beyond max_in_flight.
+  // It looks at most every `after` / 4: Tick runs on every wake-up, a reply's too.
   void AskWhyTheyWait(SteadyClock::time_point now, SteadyClock::duration after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    if (now < next_ask_check_) return;
+    next_ask_check_ = now + after / 4;
     if (asked_.size() != sockets_.size()) asked_.resize(sockets_.size());
     std::vector<bool> ask(sockets_.size(), false);
     for (const auto& [id, r] : in_flight_) {
@@ -1490,6 +1493,7 @@ class ClientImpl final : public Client {
     }
   };
   std::vector<Asked> asked_ ABSL_GUARDED_BY(io_mu_);
+  SteadyClock::time_point next_ask_check_ ABSL_GUARDED_BY(io_mu_){};
   // Heartbeats: when each server was last sent anything, and when to look again.
   std::atomic<bool> heartbeats_on_{false};  // set once the handshake succeeded
   std::vector<SteadyClock::time_point> last_sent_ ABSL_GUARDED_BY(io_mu_);

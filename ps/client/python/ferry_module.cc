@@ -253,8 +253,10 @@ class PyBags {
     }
   }
 
-  py::list Distinct() const { return distinct_; }
-  py::list Rows() const { return rows_; }
+  // New lists of the arrays (the arrays themselves are shared): a caller that changes a list
+  // cannot put something other than this object's float32 buffers where Pool reads.
+  py::list Distinct() const { return Copy(distinct_); }
+  py::list Rows() const { return Copy(rows_); }
 
   // Takes the row buffers of `other`, which pulled the same distinct ids of the same tables (rows
   // read ahead for another forward's equal bags).
@@ -328,6 +330,12 @@ class PyBags {
   }
 
  private:
+  static py::list Copy(const py::list& from) {
+    py::list out;
+    for (const py::handle& item : from) out.append(item);
+    return out;
+  }
+
   // obj as a float32 array whose rows are each contiguous, with a non-negative row stride that is
   // a whole number of floats at least a row long: obj itself when it is one, else a C-contiguous
   // copy (a null array when obj is not numbers).

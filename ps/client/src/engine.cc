@@ -1,0 +1,707 @@
+// The client's I/O engine (engine.h): sockets, the I/O thread, requests in flight, and the
+// callers that drive the sockets while they wait.
+#include "engine.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include <absl/container/flat_hash_set.h>
+
+#include "ferry/messages/codec.h"
+#include "ferry/messages/event_loop.h"
+#include "ferry/messages/kinds.h"
+
+namespace ferry {
+
+using io::SteadyClock;
+
+// ---- Handle ----------------------------------------------------------------------------------
+
+namespace {
+// Reads the sockets on the calling thread until `op` is answered or `deadline` passes, unless
+// another caller already does so or the client is closing (then the caller waits to be told).
+void DriveUntilAnswered(Handle::State& op, SteadyClock::time_point deadline) {
+  io::IoGate& gate = *op.gate;
+  io::Engine* engine = nullptr;
+  {
+    MutexLock lock(&gate.mu);
+    if (gate.engine == nullptr || gate.driving) return;
+    gate.driving = true;
+    engine = gate.engine;
+  }
+  engine->Drive(op, deadline);
+  MutexLock lock(&gate.mu);
+  gate.driving = false;
+  gate.idle.SignalAll();
+}
+}  // namespace
+
+Status Handle::wait(std::chrono::milliseconds timeout) const {
+  if (!state_) return Status::Ok();
+  const auto deadline = SteadyClock::now() + timeout;
+  if (state_->gate && !state_->Answered()) DriveUntilAnswered(*state_, deadline);
+  {
+    MutexLock lock(&state_->mu);
+    while (state_->pending != 0) {
+      if (!state_->cv.WaitUntil(&state_->mu, deadline) && state_->pending != 0) {
+        return DeadlineExceededError("operation still in flight after " + std::to_string(timeout.count()) + " ms");
+      }
+    }
+  }
+  if (state_->lender && !state_->lender->WaitReturned(deadline)) {
+    return DeadlineExceededError("operation answered, but ZeroMQ still holds " +
+                                 std::to_string(state_->lender->outstanding()) +
+                                 " of its pushed buffers; wait again before reusing them");
+  }
+  MutexLock lock(&state_->mu);
+  return state_->status;
+}
+
+Status Handle::wait() const { return wait(std::chrono::hours(24 * 365)); }
+
+Served Handle::served() const {
+  if (!state_) return {};
+  MutexLock lock(&state_->mu);
+  return state_->served;
+}
+
+std::chrono::nanoseconds Handle::elapsed() const {
+  if (!state_) return std::chrono::nanoseconds(0);
+  MutexLock lock(&state_->mu);
+  if (state_->pending != 0 || state_->finished < state_->started) return std::chrono::nanoseconds(0);
+  return state_->finished - state_->started;
+}
+
+bool Handle::done() const {
+  if (!state_) return true;
+  MutexLock lock(&state_->mu);
+  return state_->pending == 0 && (!state_->lender || state_->lender->outstanding() == 0);
+}
+
+namespace io {
+
+Status ExpectFrames(const Frames& payload, size_t n) {
+  if (payload.size() == n) return Status::Ok();
+  return DataLossError("reply has " + std::to_string(payload.size()) + " payload frames, expected " +
+                       std::to_string(n));
+}
+
+Status ExpectBytes(const zmq::message_t& frame, size_t bytes) {
+  if (frame.size() == bytes) return Status::Ok();
+  return DataLossError("reply frame has " + std::to_string(frame.size()) + " bytes, expected " + std::to_string(bytes));
+}
+
+// ---- starting and stopping -------------------------------------------------------------------
+
+Engine::Engine(const ClientOptions& options, std::shared_ptr<Context> context)
+    : options_(options),
+      context_(std::move(context)),
+      server_minor_(options.servers.size()),
+      gate_(std::make_shared<IoGate>()) {
+  MutexLock lock(&gate_->mu);
+  gate_->engine = this;
+}
+
+Status Engine::Start() {
+  if (!waker_.ok() || !driver_waker_.ok()) return InternalError("cannot create an eventfd for the client's I/O");
+  {
+    MutexLock lock(&io_mu_);
+    sockets_.resize(options_.servers.size());
+    monitors_.resize(options_.servers.size());
+    handshaken_.resize(options_.servers.size());
+    for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
+  }
+  MutexLock lock(&stop_mu_);
+  thread_ = std::thread([this] { Loop(); });
+  return Status::Ok();
+}
+
+void Engine::StartHeartbeats() {
+  heartbeats_on_.store(HeartbeatEvery().count() > 0);
+  waker_.Notify();  // the I/O thread starts its heartbeat timer
+}
+
+void Engine::Stop() {
+  MutexLock stop(&stop_mu_);
+  stopping_.store(true);
+  {
+    // A caller driving the sockets leaves (it looks at stopping_ whenever it wakes); no other
+    // starts. Its operations, and everything else in flight, fail as the I/O thread ends (FailAll).
+    driver_waker_.Notify();
+    MutexLock lock(&gate_->mu);
+    gate_->engine = nullptr;
+    while (gate_->driving) gate_->idle.Wait(&gate_->mu);
+  }
+  {
+    MutexLock lock(&room_mu_);
+    room_cv_.SignalAll();
+  }
+  waker_.Notify();
+  if (thread_.joinable()) thread_.join();
+}
+
+ClientStats Engine::stats() const {
+  ClientStats s;
+  s.requests = requests_.load();
+  s.bytes_sent = bytes_sent_.load();
+  s.bytes_received = bytes_received_.load();
+  return s;
+}
+
+// ---- building and submitting -----------------------------------------------------------------
+
+wire::HeaderBuilder Engine::BeginHeader(flatbuffers::FlatBufferBuilder& fbb, Kind kind) {
+  wire::HeaderBuilder h(fbb);
+  h.add_major(wire::kMajor);
+  h.add_minor(wire::kMinor);
+  h.add_kind(kind);
+  h.add_rank(options_.rank);
+  h.add_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
+  return h;
+}
+
+zmq::message_t Engine::FinishHeader(flatbuffers::FlatBufferBuilder& fbb, wire::HeaderBuilder& h) {
+  wire::FinishHeaderBuffer(fbb, h.Finish());
+  return wire::ToFrame(fbb);
+}
+
+std::shared_ptr<Handle::State> Engine::NewOp() {
+  auto op = std::make_shared<Handle::State>();
+  op->gate = gate_;
+  return op;
+}
+
+Handle Engine::Failed(const std::shared_ptr<Handle::State>& op, const Status& s) {
+  op->Fail(s);
+  return Handle(op);
+}
+
+zmq::message_t Engine::Lend(const std::shared_ptr<Handle::State>& op, int server, const void* data, size_t size) {
+  if (options_.servers[static_cast<size_t>(server)].starts_with("inproc://")) return zmq::message_t(data, size);
+  if (!op->lender) op->lender = std::make_shared<transport::Lender>();
+  return transport::Borrow(data, size, op->lender);
+}
+
+void Engine::Submit(const std::shared_ptr<Handle::State>& op, int server, Kind kind, zmq::message_t header,
+                    Frames payload, OnReply on_reply, std::chrono::milliseconds timeout) {
+  const Header* h = nullptr;
+  if (Status s = wire::VerifyHeader(header, &h); !s.ok()) {  // our own header: also aligns it
+    op->Fail(InternalError("built an invalid header: " + s.ToString()));
+    return;
+  }
+  {
+    // Backpressure: wait for room rather than queue without bound.
+    MutexLock lock(&room_mu_);
+    const auto deadline = SteadyClock::now() + timeout;
+    while (outstanding_ >= options_.max_in_flight && !stopping_.load()) {
+      if (!room_cv_.WaitUntil(&room_mu_, deadline) && outstanding_ >= options_.max_in_flight && !stopping_.load()) {
+        op->Fail(ResourceExhaustedError(std::to_string(options_.max_in_flight) + " requests already in flight to " +
+                                        ServerName(server) + "; no room within the request timeout"));
+        return;
+      }
+    }
+    ++outstanding_;
+  }
+  Request r;
+  r.id = h->request_id();
+  r.server = server;
+  r.kind = kind;
+  r.frames.reserve(1 + payload.size());
+  r.frames.push_back(std::move(header));
+  for (auto& p : payload) r.frames.push_back(std::move(p));
+  r.on_reply = std::move(on_reply);
+  r.op = op;
+  r.sent = SteadyClock::now();
+  r.deadline = r.sent + timeout;
+  {
+    MutexLock lock(&op->mu);
+    ++op->pending;
+  }
+  MutexLock lock(&io_mu_);
+  if (dead_) return Done(r, dead_status_);
+  SendNow(r);
+  // Someone must read the reply: a caller driving the sockets does; otherwise the I/O thread,
+  // which is told to watch them if it does not (the caller may wait at once, and drive, or
+  // not; the I/O thread wakes while the request travels).
+  if (!driving_.load()) TellIoThread();
+}
+
+void Engine::SendNow(Request& r) {
+  const size_t server = static_cast<size_t>(r.server);
+  int64_t bytes = 0;
+  for (auto& f : r.frames) bytes += static_cast<int64_t>(f.size());
+  Status s = transport::Send(sockets_[server], r.frames, /*dontwait=*/true);
+  if (!s.ok() && !handshaken_[server]) {
+    // Nothing could be queued before the connection's handshake completed: the server may have
+    // closed it (a CURVE mismatch), and the monitor then says why. The request is in flight
+    // while the monitor's news is read, so that it fails with that reason (FailServer).
+    const uint64_t id = r.id;
+    in_flight_.emplace(id, std::move(r));
+    ReadMonitor(static_cast<int>(server));
+    auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) return;  // failed, with the monitor's reason
+    Request left = std::move(it->second);
+    in_flight_.erase(it);
+    Done(left, s.WithContext("sending " + std::string(wire::KindName(left.kind)) + " to " + ServerName(left.server)));
+  } else if (!s.ok()) {
+    Done(r, s.WithContext("sending " + std::string(wire::KindName(r.kind)) + " to " + ServerName(r.server)));
+  } else {
+    requests_.fetch_add(1, std::memory_order_relaxed);
+    bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+    if (server < last_sent_.size()) last_sent_[server] = SteadyClock::now();
+    deadlines_.Add(r.deadline, r.id);
+    const uint64_t id = r.id;
+    in_flight_.emplace(id, std::move(r));
+  }
+  // A send may have consumed the socket's signal that replies wait (ZMQ_FD is edge-like):
+  // read them now (this one's too, if it is already back), or no poll would wake for them.
+  Pump(server);
+}
+
+void Engine::TellIoThread() {
+  if (!io_watching_.load() && !io_told_.exchange(true)) waker_.Notify();
+}
+
+void Engine::Done(Request& r, const Status& s) {
+  r.op->Finish(s);
+  if (driving_.load() && std::this_thread::get_id() != driver_thread_) driver_waker_.Notify();
+  {
+    MutexLock lock(&room_mu_);
+    --outstanding_;
+  }
+  room_cv_.Signal();  // after the unlock: the woken submitter need not wait for the lock
+}
+
+void Engine::Drive(Handle::State& op, SteadyClock::time_point deadline) {
+  {
+    MutexLock lock(&io_mu_);
+    if (dead_) return;
+    driving_.store(true);
+    driver_thread_ = std::this_thread::get_id();
+  }
+  // No socket needs reading before the first poll: whoever used one last read it until it had
+  // nothing (Pump), which re-arms its ZMQ_FD.
+  std::vector<pollfd> fds;
+  while (true) {
+    int timeout_ms = 0;
+    {
+      MutexLock lock(&io_mu_);
+      if (!dead_) {
+        PumpFired(fds);
+        Tick();
+      }
+      const auto now = SteadyClock::now();
+      if (dead_ || op.Answered() || stopping_.load() || now >= deadline) break;
+      fds.clear();
+      fds.push_back({driver_waker_.fd(), POLLIN, 0});
+      AddSocketFds(&fds);
+      timeout_ms = PollTimeout(transport::Earliest(NextDeadline(), deadline), now);
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) > 0 && (fds[0].revents & POLLIN)) driver_waker_.Drain();
+  }
+  MutexLock lock(&io_mu_);
+  driving_.store(false);
+  // Replies for other operations are the I/O thread's again: it watches the sockets. (If it
+  // saw this caller driving, it stored io_watching_ false before it looked: seen here.)
+  if (!in_flight_.empty() || more_) TellIoThread();
+}
+
+std::string Engine::ServerName(int s) const {
+  return "server " + std::to_string(s) + " (" + options_.servers[static_cast<size_t>(s)] + ")";
+}
+
+Status Engine::OpenSocket(int s) {
+  FERRY_ASSIGN_OR_RETURN(zmq::socket_t sock,
+                         transport::MakeSocket(transport::Zmq(*context_), zmq::socket_type::dealer, 100000));
+  try {
+    if (const auto t = options_.heartbeat_timeout.count(); t > 0) {
+      sock.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(std::max<int64_t>(t / 4, 1)));
+      sock.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(t));
+      sock.set(zmq::sockopt::heartbeat_ttl, static_cast<int>(std::min<int64_t>(t, 6553500)));
+    }
+    if (options_.curve) {
+      const std::string server = curve::Decode(options_.curve->server_public);
+      const std::string pub = curve::Decode(options_.curve->client.public_key);
+      const std::string sec = curve::Decode(options_.curve->client.secret_key);
+      if (zmq_setsockopt(sock.handle(), ZMQ_CURVE_SERVERKEY, server.data(), server.size()) != 0 ||
+          zmq_setsockopt(sock.handle(), ZMQ_CURVE_PUBLICKEY, pub.data(), pub.size()) != 0 ||
+          zmq_setsockopt(sock.handle(), ZMQ_CURVE_SECRETKEY, sec.data(), sec.size()) != 0) {
+        throw zmq::error_t();
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    return InternalError("cannot set up the connection to " + ServerName(s) + ": " + e.what());
+  }
+  // Handshake failures too: a server that refuses this client's key (or speaks another
+  // mechanism) would otherwise look like one that never answers.
+  auto monitor = transport::Watch(transport::Zmq(*context_), sock,
+                                  ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                      ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+  if (!monitor.ok()) {
+    return InternalError("cannot watch the connection to " + ServerName(s) + ": " + monitor.status().message());
+  }
+  try {
+    sock.connect(options_.servers[static_cast<size_t>(s)]);
+  } catch (const zmq::error_t& e) {
+    return InvalidArgumentError("cannot connect to " + ServerName(s) + ": " + e.what());
+  }
+  // The old monitor first: the old socket's last events go nowhere.
+  monitors_[static_cast<size_t>(s)] = std::move(*monitor);
+  sockets_[static_cast<size_t>(s)] = std::move(sock);
+  handshaken_[static_cast<size_t>(s)] = false;
+  return Status::Ok();
+}
+
+// ---- the I/O thread --------------------------------------------------------------------------
+
+std::chrono::milliseconds Engine::HeartbeatEvery() const {
+  return options_.heartbeat_timeout.count() > 0 ? std::max(options_.heartbeat_timeout / 4, std::chrono::milliseconds(1))
+                                                : std::chrono::milliseconds(0);
+}
+
+void Engine::SendHeartbeats() {
+  if (!heartbeats_on_.load(std::memory_order_relaxed)) return;
+  const auto now = SteadyClock::now();
+  if (now < next_heartbeat_) return;
+  const auto every = HeartbeatEvery();
+  next_heartbeat_ = now + every;
+  if (last_sent_.size() != sockets_.size()) last_sent_.assign(sockets_.size(), SteadyClock::time_point{});
+  for (size_t s = 0; s < sockets_.size(); ++s) {
+    if (now - last_sent_[s] < every) continue;
+    flatbuffers::FlatBufferBuilder fbb(64);
+    wire::HeaderBuilder h(fbb);
+    h.add_major(wire::kMajor);
+    h.add_minor(wire::kMinor);
+    h.add_kind(Kind::Heartbeat);
+    h.add_rank(options_.rank);
+    wire::FinishHeaderBuffer(fbb, h.Finish());
+    Frames frames;
+    frames.push_back(wire::ToFrame(fbb));
+    // A full queue already carries traffic to that server: nothing is lost by dropping this.
+    if (transport::Send(sockets_[s], frames, /*dontwait=*/true).ok()) last_sent_[s] = now;
+    Pump(s);  // as after any send (SendNow)
+  }
+}
+
+void Engine::Loop() {
+  std::vector<pollfd> fds;
+  Status failed;
+  while (!stopping_.load()) {
+    int timeout_ms = 0;
+    fds.clear();
+    fds.push_back({waker_.fd(), POLLIN, 0});
+    io_told_.store(false);
+    io_watching_.store(false);
+    if (driving_.load()) {
+      // A caller reads the sockets and keeps the time while it waits; it tells this thread
+      // when it leaves with requests still in flight. Without taking io_mu_ (the caller
+      // needs it at once when its reply comes): wake for heartbeats only.
+      timeout_ms = heartbeats_on_.load() ? static_cast<int>(HeartbeatEvery().count()) : -1;
+    } else {
+      MutexLock lock(&io_mu_);
+      io_watching_.store(!driving_.load());
+      if (io_watching_.load()) AddSocketFds(&fds);
+      timeout_ms = PollTimeout(NextDeadline(), SteadyClock::now());
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
+      failed = InternalError(std::string("poll failed: ") + std::strerror(errno));
+      break;
+    }
+    if (fds[0].revents & POLLIN) waker_.Drain();
+    if (driving_.load()) continue;
+    MutexLock lock(&io_mu_);
+    if (driving_.load()) continue;
+    PumpFired(fds);
+    Tick();
+  }
+  MutexLock lock(&io_mu_);
+  FailAll(failed.ok() ? CancelledError("client closed")
+                      : InternalError("client I/O thread stopped: " + failed.message()));
+}
+
+void Engine::Tick() {
+  ExpireRequests();
+  CheckMonitors();
+  SendHeartbeats();
+  NoteLongWaits();
+}
+
+void Engine::NoteLongWaits() {
+  const auto every = options_.long_wait_every;
+  if (!options_.on_long_wait || every.count() <= 0 || in_flight_.empty()) return;
+  const auto now = SteadyClock::now();
+  AskWhyTheyWait(now, every / 2);
+  if (now < next_wait_notice_) return;
+  next_wait_notice_ = now + every;
+  std::map<std::pair<int, Kind>, const Request*> oldest;
+  for (const auto& [id, r] : in_flight_) {
+    if (now - r.sent < every || r.kind == Kind::Waiting) continue;
+    const Request*& o = oldest[{r.server, r.kind}];
+    if (o == nullptr || r.sent < o->sent) o = &r;
+  }
+  auto seconds = [](SteadyClock::duration d) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count());
+  };
+  for (const auto& [key, r] : oldest) {
+    const Asked::Answer* answer = asked_[static_cast<size_t>(r->server)].Latest();
+    const bool told = answer != nullptr && answer->when > r->sent && !answer->text.empty();
+    options_.on_long_wait("waiting " + seconds(now - r->sent) + " s (of " + seconds(r->deadline - r->sent) + ") for " +
+                          ServerName(r->server) + " to answer " + std::string(wire::KindName(r->kind)) +
+                          (told ? "; it holds " + answer->text : WhyItWaits(r->kind)));
+  }
+}
+
+void Engine::AskWhyTheyWait(SteadyClock::time_point now, SteadyClock::duration after) {
+  if (now < next_ask_check_) return;
+  next_ask_check_ = now + after / 4;
+  if (asked_.size() != sockets_.size()) asked_.resize(sockets_.size());
+  std::vector<bool> ask(sockets_.size(), false);
+  for (const auto& [id, r] : in_flight_) {
+    const wire::KindInfo* info = wire::FindKind(r.kind);
+    if (info != nullptr && (info->wait == wire::Wait::kStep || info->wait == wire::Wait::kAllWorkers) &&
+        now - r.sent >= after) {
+      ask[static_cast<size_t>(r.server)] = true;
+    }
+  }
+  for (size_t s = 0; s < ask.size(); ++s) {
+    Asked& a = asked_[s];
+    if (!ask[s] || server_minor_[s].load() < 8 || (a.op && !a.op->Answered()) || now - a.sent < after) continue;
+    a.sent = now;
+    if (a.pending && a.pending->done) a.last = std::move(a.pending);
+    a.pending = std::make_shared<Asked::Answer>();
+    flatbuffers::FlatBufferBuilder fbb(64);
+    auto h = BeginHeader(fbb, Kind::Waiting);
+    zmq::message_t header = FinishHeader(fbb, h);
+    const Header* verified = nullptr;
+    if (!wire::VerifyHeader(header, &verified).ok()) return;  // (our own header: also aligns it)
+    Request r;
+    r.id = verified->request_id();
+    r.server = static_cast<int>(s);
+    r.kind = Kind::Waiting;
+    r.frames.push_back(std::move(header));
+    r.on_reply = [answer = a.pending](const Header& reply, Frames& payload) -> Status {
+      FERRY_RETURN_IF_ERROR(ExpectFrames(payload, 0));
+      answer->text = reply.waiting() ? wire::Printable(reply.waiting()->string_view()) : "";
+      answer->when = SteadyClock::now();
+      answer->done = true;
+      return Status::Ok();
+    };
+    r.op = NewOp();
+    {
+      MutexLock lock(&r.op->mu);
+      r.op->pending = 1;
+    }
+    a.op = r.op;
+    r.sent = now;
+    r.deadline = now + options_.request_timeout;
+    {
+      MutexLock lock(&room_mu_);
+      ++outstanding_;  // Done frees it
+    }
+    SendNow(r);
+  }
+}
+
+std::string Engine::WhyItWaits(Kind kind) {
+  const wire::KindInfo* info = wire::FindKind(kind);
+  switch (info != nullptr ? info->wait : wire::Wait::kNothing) {
+    case wire::Wait::kServer: return " (is it running, and is this its address?)";
+    case wire::Wait::kStep:
+      return " (a sync pull waits for every worker's push of the step before, an ssp pull for the slowest "
+             "worker's clock)";
+    case wire::Wait::kAllWorkers: return " (it waits for every worker to arrive)";
+    case wire::Wait::kNothing: break;
+  }
+  return "";
+}
+
+std::optional<SteadyClock::time_point> Engine::NextDeadline() {
+  auto next = deadlines_.Next();
+  if (!in_flight_.empty()) next = transport::Earliest(next, last_monitor_check_ + kMonitorEvery);
+  if (heartbeats_on_.load(std::memory_order_relaxed)) next = transport::Earliest(next, next_heartbeat_);
+  return next;
+}
+
+int Engine::PollTimeout(std::optional<SteadyClock::time_point> next, SteadyClock::time_point now) const {
+  if (more_) return 0;
+  if (!next) return -1;
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(*next - now).count();
+  return static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30));
+}
+
+void Engine::AddSocketFds(std::vector<pollfd>* fds) {
+  for (auto& sock : sockets_) fds->push_back({sock.get(zmq::sockopt::fd), POLLIN, 0});
+}
+
+void Engine::PumpFired(const std::vector<pollfd>& fds) {
+  const bool all = more_;
+  more_ = false;
+  for (size_t s = 0; s < sockets_.size(); ++s) {
+    if (all || (s + 1 < fds.size() && (fds[s + 1].revents & POLLIN))) Pump(s);
+  }
+}
+
+void Engine::Pump(size_t s) {
+  for (int i = 0; i < transport::EventLoop::kBatch; ++i) {
+    bool got = false, truncated = false;
+    if (s >= sockets_.size() ||
+        !transport::RecvNonBlocking(sockets_[s], &pump_frames_, &got, wire::kMaxFrames + 1, &truncated).ok() || !got) {
+      return;
+    }
+    HandleReply(static_cast<int>(s), pump_frames_, truncated);
+  }
+  more_ = true;
+}
+
+void Engine::HandleReply(int server, Frames& frames, bool truncated) {
+  int64_t bytes = 0;
+  for (auto& f : frames) bytes += static_cast<int64_t>(f.size());
+  bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+  if (frames.empty()) return;
+  const Header* h = nullptr;
+  const Status verified = wire::VerifyHeader(frames[0], &h);
+  if (h == nullptr) return;  // not a reply we can match; dropped
+  auto it = in_flight_.find(h->request_id());
+  if (it == in_flight_.end() || it->second.server != server) return;  // late reply to a timed-out request
+  Request r = std::move(it->second);
+  in_flight_.erase(it);
+  deadlines_.Remove(r.deadline, r.id);
+  const std::string where = std::string(wire::KindName(r.kind)) + " on " + ServerName(server);
+  // A reply in another major version (wire.h): its id matched; say which versions differ.
+  if (!verified.ok()) return Done(r, verified.WithContext(where + ": the server's reply"));
+  if (truncated) return Done(r, DataLossError(where + ": reply has too many frames"));
+  if (h->kind() == Kind::Error) return Done(r, wire::ErrorStatus(*h).WithContext(where));
+  if (h->kind() != Kind::Reply || h->request_kind() != r.kind) {
+    return Done(r, DataLossError(where + ": unexpected reply kind " + std::string(wire::KindName(h->kind()))));
+  }
+  Frames payload;
+  for (size_t i = 1; i < frames.size(); ++i) payload.push_back(std::move(frames[i]));
+  r.op->Record(*h);
+  Status s = r.on_reply ? r.on_reply(*h, payload) : ExpectFrames(payload, 0);
+  Done(r, s.ok() ? s : s.WithContext(where));
+}
+
+void Engine::ExpireRequests() {
+  const auto now = SteadyClock::now();
+  std::vector<int> dead;
+  for (uint64_t id : deadlines_.TakeDue(now)) dead.push_back(in_flight_.at(id).server);
+  std::sort(dead.begin(), dead.end());
+  dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
+  for (int s : dead) {
+    FailServer(s, [&](const Request& r) {
+      return r.deadline <= now ? DeadlineExceededError(std::string(wire::KindName(r.kind)) + " got no reply from " +
+                                                       ServerName(s) + " in time (is it running and reachable?)")
+                               : UnavailableError(std::string(wire::KindName(r.kind)) + " abandoned: " + ServerName(s) +
+                                                  " stopped answering");
+    });
+  }
+}
+
+void Engine::CheckMonitors() {
+  const auto now = SteadyClock::now();
+  if (now - last_monitor_check_ < kMonitorEvery) return;
+  last_monitor_check_ = now;
+  for (int s = 0; s < num_servers(); ++s) ReadMonitor(s);
+}
+
+void Engine::ReadMonitor(int s) {
+  Frames frames;
+  for (int i = 0; i < 16; ++i) {
+    bool got = false, truncated = false;
+    if (!transport::RecvNonBlocking(monitors_[static_cast<size_t>(s)], &frames, &got, 4, &truncated).ok() || !got) {
+      return;
+    }
+    if (OnMonitorEvent(s, frames)) return;  // the socket and its monitor were rebuilt
+  }
+}
+
+bool Engine::OnMonitorEvent(int s, Frames& frames) {
+  const auto e = transport::ReadMonitorEvent(frames);
+  if (!e) return false;
+  const uint16_t event = e->event;
+  const uint32_t value = e->value;
+  if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+    const std::string why =
+        event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+            ? " refused this client's CURVE key (ZAP status " + std::to_string(value) +
+                  "): it is not one of the job's worker keys, or not worker " + std::to_string(options_.rank) + "'s"
+            : std::string(options_.curve ? " does not take CURVE (is it started without the job's keys?)"
+                                         : " requires CURVE: give this client the job's keys") +
+                  " (ZeroMQ handshake error " + std::to_string(value) + ")";
+    FailServer(s, [&](const Request& r) {
+      return PermissionDeniedError(std::string(wire::KindName(r.kind)) + " refused: " + ServerName(s) + why);
+    });
+    return true;
+  }
+  if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) handshaken_[static_cast<size_t>(s)] = true;
+  if (event != ZMQ_EVENT_DISCONNECTED) return false;
+  if (!handshaken_[static_cast<size_t>(s)]) {
+    // Closed before the handshake completed. A CURVE server drops a client whose first message it
+    // cannot open (one that has another public key for it than its own) and one that offers no
+    // CURVE at all; a killed server or another program on the port do so too, rarely.
+    FailServer(s, [&](const Request& r) {
+      const std::string what = std::string(wire::KindName(r.kind)) + " refused: " + ServerName(s) +
+                               " closed the connection during the handshake: ";
+      return options_.curve ? PermissionDeniedError(what +
+                                                    "the servers' public key this client has (server.pub) is not "
+                                                    "its key, or it does not use CURVE")
+                            : UnavailableError(what +
+                                               "does it require CURVE? (give this client the job's keys: "
+                                               "--curve-keys) Or it is at its connection limit (see its log), not a "
+                                               "Ferry server, or stopped");
+    });
+    return true;
+  }
+  const std::string why = options_.heartbeat_timeout.count() > 0
+                              ? " closed the connection or left heartbeats unanswered for " +
+                                    std::to_string(options_.heartbeat_timeout.count()) + " ms"
+                              : " closed the connection";
+  FailServer(s, [&](const Request& r) {
+    return UnavailableError(std::string(wire::KindName(r.kind)) + " abandoned: " + ServerName(s) + why +
+                            " (killed, hung, or unreachable?)");
+  });
+  return true;
+}
+
+template <typename Why>
+void Engine::FailServer(int s, Why&& why) {
+  absl::flat_hash_set<const Handle::State*> failed;
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (it->second.server != s) {
+      ++it;
+      continue;
+    }
+    failed.insert(it->second.op.get());
+    Done(it->second, why(it->second));
+    deadlines_.Remove(it->second.deadline, it->first);  // one not yet due
+    it = in_flight_.erase(it);
+  }
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (!failed.contains(it->second.op.get())) {
+      ++it;
+      continue;
+    }
+    Done(it->second, CancelledError(std::string(wire::KindName(it->second.kind)) + " on " +
+                                    ServerName(it->second.server) + " abandoned: another part failed"));
+    deadlines_.Remove(it->second.deadline, it->first);
+    it = in_flight_.erase(it);
+  }
+  Status st = OpenSocket(s);
+  if (!st.ok()) std::fprintf(stderr, "ferry client: %s\n", st.ToString().c_str());
+}
+
+void Engine::FailAll(const Status& s) {
+  for (auto& [id, r] : in_flight_) Done(r, s);
+  in_flight_.clear();
+  deadlines_ = {};
+  dead_ = true;
+  dead_status_ = s;
+  monitors_.clear();
+  sockets_.clear();  // closes (linger 0) and releases lent frames
+}
+}  // namespace io
+}  // namespace ferry

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -88,14 +89,14 @@ TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->pipeline, Pipeline::kNone);
   EXPECT_EQ(o->model, "ctr");
-  EXPECT_EQ(o->emb_dim, 8);
-  EXPECT_EQ(o->ctr_fields, 5);
-  EXPECT_EQ(o->ctr_vocab, 77);
-  EXPECT_EQ(o->ctr_dense, 0);
-  EXPECT_EQ(o->ctr_train, 1000);
-  EXPECT_EQ(o->ctr_test, 10);
-  EXPECT_DOUBLE_EQ(o->ctr_zipf, 1.3);
-  EXPECT_EQ(o->data_seed, 9u);
+  EXPECT_EQ(o->ctr().emb_dim, 8);
+  EXPECT_EQ(o->ctr().fields, 5);
+  EXPECT_EQ(o->ctr().vocab, 77);
+  EXPECT_EQ(o->ctr().dense, 0);
+  EXPECT_EQ(o->ctr().train, 1000);
+  EXPECT_EQ(o->ctr().test, 10);
+  EXPECT_DOUBLE_EQ(o->ctr().zipf, 1.3);
+  EXPECT_EQ(o->ctr().data_seed, 9u);
   EXPECT_EQ(o->accumulate, 3);
   EXPECT_EQ(o->backup_workers, 1);
   EXPECT_EQ(o->replicas_to_aggregate(), 3);
@@ -294,10 +295,14 @@ TEST(TrainerOptions, EveryOptimizerOfTheCatalogueIsTakenAndListed) {
 // a number outside a flag's range is refused with the range.
 TEST(TrainerOptions, TheFlagTableGivesDefaultsAndRanges) {
   const std::string usage = TrainerUsage();
-  for (const char* line : {"--batch B                 examples per worker per step (default 64)",
-                           "--hidden LIST             hidden layer widths, comma-separated (default 256,128)",
-                           "(default exchange)", "(default auto)", "--lr X                    learning rate (> 0) "
-                           "(default 0.1)"}) {
+  for (const char* line :
+       {"--batch B                 examples per worker per step (default 64)",
+        "--hidden LIST             hidden layer widths, comma-separated (default 256,128)", "(default exchange)",
+        "(default auto)",
+        "--lr X                    learning rate (> 0) "
+        "(default 0.1)",
+        "--ctr-vocab V             synthetic: ids per field (default 1000)",  // a model's own
+        "--data-dir DIR            the Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)"}) {
     EXPECT_NE(usage.find(line), std::string::npos) << line << "\n" << usage;
   }
   for (size_t at = 0, end; at < usage.size(); at = end + 1) {
@@ -307,7 +312,7 @@ TEST(TrainerOptions, TheFlagTableGivesDefaultsAndRanges) {
   }
   auto timeout = Parse({"--local", "--connect-timeout-s", "0"});
   EXPECT_EQ(timeout.status().message(), "--connect-timeout-s must be in (0, 86400], got 0");
-  auto zipf = Parse({"--local", "--ctr-zipf=-1"});
+  auto zipf = Parse({"--local", "--model", "ctr", "--ctr-zipf=-1"});
   EXPECT_EQ(zipf.status().message(), "--ctr-zipf must be > 0, got -1");
   auto batch = Parse({"--local", "--batch", "0"});
   EXPECT_EQ(batch.status().message(), "--batch: 0 is outside [1, 16777216]");
@@ -337,7 +342,24 @@ TEST(TrainerOptions, ModelsComeFromTheRegistryAndOwnTheirFlags) {
   EXPECT_EQ(mlp_with_ctr_flag.status().message(), "--ctr-vocab is a flag of --model ctr, and this run's model is mlp");
   auto ctr_with_mlp_flag = Parse({"--local", "--data-dir", "/tmp", "--model", "ctr"});
   EXPECT_EQ(ctr_with_mlp_flag.status().message(), "--data-dir is a flag of --model mlp, and this run's model is ctr");
-  EXPECT_TRUE(Parse({"--local", "--emb-dim", "8", "--model", "ctr"}).ok()) << "a model's flag may come before --model";
+  auto early = Parse({"--local", "--emb-dim", "8", "--model", "ctr"});
+  ASSERT_TRUE(early.ok()) << "a model's flag may come before --model: " << early.status();
+  EXPECT_EQ(early->ctr().emb_dim, 8);
+  auto last = Parse({"--local", "--model", "mlp", "--emb-dim", "4", "--model=ctr"});
+  ASSERT_TRUE(last.ok()) << "the last --model wins: " << last.status();
+  EXPECT_EQ(last->ctr().emb_dim, 4);
+  // A run holds its own model's options, and no other model's.
+  auto mlp = Parse({"--local"});
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  EXPECT_TRUE(std::holds_alternative<MlpModelOptions>(mlp->model_options));
+  EXPECT_TRUE(std::holds_alternative<CtrModelOptions>(early->model_options));
+  EXPECT_TRUE(Parse({"--local", "--model", "ctr", "--data-dir", "/tmp", "--help"}).ok()) << "--help skips the check";
+  TrainerOptions mixed;  // a program that selects a model by hand and forgets SetModel
+  mixed.local = true;
+  mixed.model = "ctr";
+  EXPECT_EQ(mixed.Validate().code(), StatusCode::kInternal) << mixed.Validate();
+  mixed.SetModel("ctr");
+  EXPECT_TRUE(mixed.Validate().ok()) << mixed.Validate();
   EXPECT_NE(usage.find("data, --model ctr only:"), std::string::npos);
 }
 

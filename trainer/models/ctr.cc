@@ -19,7 +19,7 @@ namespace {
 
 MlpConfig TowerConfig(const TrainerOptions& options, int fields, int dense) {
   MlpConfig c;
-  c.input = int64_t{fields} * options.emb_dim;
+  c.input = int64_t{fields} * options.ctr().emb_dim;
   c.side_input = dense;
   c.hidden = options.hidden;
   c.outputs = 1;
@@ -32,7 +32,7 @@ TableSpec EmbeddingSpec(const TrainerOptions& options, int f) {
   TableSpec s;
   s.name = "ctr/emb" + std::to_string(f);
   s.type = TableType::kSparse;
-  s.dim = options.emb_dim;
+  s.dim = options.ctr().emb_dim;
   s.optimizer = options.optimizer;
   s.consistency = options.consistency;
   s.staleness = options.consistency == Consistency::kSsp ? options.staleness : 0;
@@ -53,7 +53,7 @@ class CtrModel final : public Model {
     stream_ = data_->train_stream.get();
     fields_ = stream_ != nullptr ? data::kCriteoFields : t.num_fields;
     dense_ = stream_ != nullptr ? data::kCriteoDense : t.num_dense;
-    dim_ = options_.emb_dim;
+    dim_ = options_.ctr().emb_dim;
     if (fields_ < 1) return InvalidArgumentError("ctr: the data has no categorical field");
     if (stream_ == nullptr && t.empty()) return InvalidArgumentError("ctr: no training examples");
     if (!data_->test.empty() && (data_->test.num_fields != fields_ || data_->test.num_dense != dense_)) {
@@ -372,24 +372,26 @@ class CtrModel final : public Model {
 }  // namespace models
 
 std::vector<TableSpec> CtrTableSpecs(const TrainerOptions& options) {
-  const bool criteo = !options.criteo_train.empty();
-  const int fields = criteo ? data::kCriteoFields : options.ctr_fields;
-  std::vector<TableSpec> specs = models::Tower::Specs(
-      options, models::TowerConfig(options, fields, criteo ? data::kCriteoDense : options.ctr_dense));
+  const CtrModelOptions& ctr = options.ctr();
+  const bool criteo = !ctr.criteo_train.empty();
+  const int fields = criteo ? data::kCriteoFields : ctr.fields;
+  std::vector<TableSpec> specs =
+      models::Tower::Specs(options, models::TowerConfig(options, fields, criteo ? data::kCriteoDense : ctr.dense));
   for (int f = 0; f < fields; ++f) specs.push_back(models::EmbeddingSpec(options, f));
   return specs;
 }
 
 StatusOr<CtrData> LoadCtrData(const TrainerOptions& options) {
+  const CtrModelOptions& ctr = options.ctr();
   CtrData d;
-  if (!options.criteo_train.empty()) {
-    auto train_files = data::ExpandCriteoPaths(options.criteo_train);
+  if (!ctr.criteo_train.empty()) {
+    auto train_files = data::ExpandCriteoPaths(ctr.criteo_train);
     if (!train_files.ok()) return train_files.status().WithContext("--criteo-train");
-    auto test_files = data::ExpandCriteoPaths(options.criteo_test);
+    auto test_files = data::ExpandCriteoPaths(ctr.criteo_test);
     if (!test_files.ok()) return test_files.status().WithContext("--criteo-test");
     data::CriteoOptions co;
     co.shard = options.local ? data::ShardSpec{} : data::ShardSpec{options.rank, options.num_workers};
-    co.shard_by = options.criteo_shard;
+    co.shard_by = ctr.criteo_shard;
     FERRY_ASSIGN_OR_RETURN(auto train, data::CriteoReader::Open(*train_files, co));
     d.source = "Criteo files, streamed: this worker's " + std::to_string(train->files().size()) + " of " +
                std::to_string(train_files->size()) + " training file(s) (" + train->files()[0] +
@@ -417,28 +419,28 @@ StatusOr<CtrData> LoadCtrData(const TrainerOptions& options) {
                 " file(s), " + std::to_string(st.bad_lines) + " bad lines skipped";
     for (const auto& bad : st.first_bad_lines) d.source += "\n  " + bad.ToString();
     d.source += "\n";
-    if (d.test.empty()) return InvalidArgumentError(options.criteo_test + ": no usable test example");
+    if (d.test.empty()) return InvalidArgumentError(ctr.criteo_test + ": no usable test example");
     return d;
   }
   data::SyntheticCtrOptions so;
-  so.seed = options.data_seed;
-  so.vocab_sizes.assign(static_cast<size_t>(options.ctr_fields), options.ctr_vocab);
-  so.num_dense = options.ctr_dense;
-  so.zipf_exponent = options.ctr_zipf;
+  so.seed = ctr.data_seed;
+  so.vocab_sizes.assign(static_cast<size_t>(ctr.fields), ctr.vocab);
+  so.num_dense = ctr.dense;
+  so.zipf_exponent = ctr.zipf;
   FERRY_ASSIGN_OR_RETURN(data::SyntheticCtr gen, data::SyntheticCtr::Create(so));
-  gen.GenerateRange(0, options.ctr_train, &d.train, nullptr);
+  gen.GenerateRange(0, ctr.train, &d.train, nullptr);
   std::vector<float> true_probs;
-  gen.GenerateRange(options.ctr_train, options.ctr_test, &d.test, &true_probs);
+  gen.GenerateRange(ctr.train, ctr.test, &d.test, &true_probs);
   if (!d.test.empty()) {
     auto auc = data::ExactAuc(true_probs, d.test.labels);
     auto ll = data::LogLoss(true_probs, d.test.labels);
     if (auc.ok()) d.planted_auc = *auc;
     if (ll.ok()) d.planted_log_loss = *ll;
   }
-  d.source = "synthetic ctr data (seed " + std::to_string(options.data_seed) + "): " +
-             std::to_string(options.ctr_fields) + " fields x " + std::to_string(options.ctr_vocab) + " ids (Zipf " +
-             std::to_string(options.ctr_zipf).substr(0, 4) + "), " + std::to_string(options.ctr_dense) + " dense; " +
-             std::to_string(d.train.size()) + " train / " + std::to_string(d.test.size()) + " test examples";
+  d.source = "synthetic ctr data (seed " + std::to_string(ctr.data_seed) + "): " + std::to_string(ctr.fields) +
+             " fields x " + std::to_string(ctr.vocab) + " ids (Zipf " + std::to_string(ctr.zipf).substr(0, 4) + "), " +
+             std::to_string(ctr.dense) + " dense; " + std::to_string(d.train.size()) + " train / " +
+             std::to_string(d.test.size()) + " test examples";
   return d;
 }
 

@@ -10,8 +10,10 @@ namespace {
 
 StatusOr<LoadedData> LoadImages(const TrainerOptions& o) {
   LoadedData d;
-  FERRY_ASSIGN_OR_RETURN(data::ImageDataset train, data::LoadFashionMnist(data::FashionMnistSplit::kTrain, o.data_dir));
-  FERRY_ASSIGN_OR_RETURN(data::ImageDataset test, data::LoadFashionMnist(data::FashionMnistSplit::kTest, o.data_dir));
+  FERRY_ASSIGN_OR_RETURN(data::ImageDataset train,
+                         data::LoadFashionMnist(data::FashionMnistSplit::kTrain, o.mlp().data_dir));
+  FERRY_ASSIGN_OR_RETURN(data::ImageDataset test,
+                         data::LoadFashionMnist(data::FashionMnistSplit::kTest, o.mlp().data_dir));
   d.train = std::move(train);
   d.test = std::move(test);
   return d;
@@ -43,10 +45,12 @@ StatusOr<std::unique_ptr<Model>> CreateCtr(Device* device, const TrainerOptions&
 }
 
 const ModelInfo kModels[] = {
-    {"mlp", "an MLP classifier of Fashion-MNIST images (--data-dir)", ClassifierTableSpecs, LoadImages,
-     CreateImageClassifier},
-    {"ctr", "click-through prediction: an embedding table per categorical field, an MLP tower (synthetic data, "
-     "or Criteo files)", CtrTableSpecs, LoadCtr, CreateCtr},
+    {"mlp", "an MLP classifier of Fashion-MNIST images (--data-dir)", MlpModelOptions{}, ClassifierTableSpecs,
+     LoadImages, CreateImageClassifier},
+    {"ctr",
+     "click-through prediction: an embedding table per categorical field, an MLP tower (synthetic data, "
+     "or Criteo files)",
+     CtrModelOptions{}, CtrTableSpecs, LoadCtr, CreateCtr},
 };
 
 }  // namespace

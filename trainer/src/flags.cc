@@ -5,6 +5,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "ferry/cluster.h"
@@ -63,11 +64,36 @@ struct Flag {
       : name(name), arg(arg), group(group), help(help), set(set), show(show), model(model) {}
 };
 
+// A flag's field: a member of TrainerOptions, or of a model's options (options.h). The parser
+// refuses a model's flag in another model's run before it sets anything (ParseTrainerFlags).
+template <typename T>
+struct MemberOf;
+template <typename C, typename T>
+struct MemberOf<T C::*> {
+  using Class = C;
+  using Type = T;
+};
+template <auto M>
+using FieldType = typename MemberOf<decltype(M)>::Type;
+
+template <auto M>
+StatusOr<FieldType<M>*> Field(TrainerOptions& o, std::string_view flag) {
+  using C = typename MemberOf<decltype(M)>::Class;
+  if constexpr (std::is_same_v<C, TrainerOptions>) {
+    return &(o.*M);
+  } else {
+    C* part = std::get_if<C>(&o.model_options);
+    if (part == nullptr) return InternalError(std::string(flag) + " is another model's flag than --model " + o.model);
+    return &(part->*M);
+  }
+}
+
 template <auto M, int64_t Lo, int64_t Hi>
 Status Int(TrainerOptions& o, std::string_view flag, std::string_view value) {
   int64_t n = 0;
   FERRY_RETURN_IF_ERROR(ParseInt(flag, value, Lo, Hi, &n));
-  o.*M = static_cast<std::remove_reference_t<decltype(o.*M)>>(n);
+  FERRY_ASSIGN_OR_RETURN(FieldType<M> * field, Field<M>(o, flag));
+  *field = static_cast<FieldType<M>>(n);
   return Status::Ok();
 }
 
@@ -90,27 +116,36 @@ Status Real(TrainerOptions& o, std::string_view flag, std::string_view value) {
     os << ", got " << x;
     return InvalidArgumentError(os.str());
   }
-  o.*M = static_cast<std::remove_reference_t<decltype(o.*M)>>(x);
+  FERRY_ASSIGN_OR_RETURN(FieldType<M> * field, Field<M>(o, flag));
+  *field = static_cast<FieldType<M>>(x);
   return Status::Ok();
 }
 
 template <auto M>
 Status Text(TrainerOptions& o, std::string_view flag, std::string_view value) {
   if (value.empty()) return InvalidArgumentError(std::string(flag) + ": empty");
-  o.*M = std::string(value);
+  FERRY_ASSIGN_OR_RETURN(std::string * field, Field<M>(o, flag));
+  *field = std::string(value);
   return Status::Ok();
 }
 
 template <auto M, bool V>
-Status Switch(TrainerOptions& o, std::string_view, std::string_view) {
-  o.*M = V;
+Status Switch(TrainerOptions& o, std::string_view flag, std::string_view) {
+  FERRY_ASSIGN_OR_RETURN(bool* field, Field<M>(o, flag));
+  *field = V;
   return Status::Ok();
 }
 
+// The default: `o`'s, or (a model's field) that of the model's options as SetModel makes them.
 template <auto M>
 std::string Show(const TrainerOptions& o) {
+  using C = typename MemberOf<decltype(M)>::Class;
   std::ostringstream os;
-  os << o.*M;
+  if constexpr (std::is_same_v<C, TrainerOptions>) {
+    os << o.*M;
+  } else {
+    os << C{}.*M;
+  }
   return os.str();
 }
 
@@ -173,7 +208,14 @@ Status SetTable(TrainerOptions& o, std::string_view, std::string_view value) {
 Status SetCriteoShard(TrainerOptions& o, std::string_view, std::string_view value) {
   auto by = data::ParseCriteoShardBy(value);
   if (!by.ok()) return InvalidArgumentError("--criteo-shard: " + by.status().message());
-  o.criteo_shard = *by;
+  o.ctr().criteo_shard = *by;
+  return Status::Ok();
+}
+
+// --model is read before the other flags (ParseTrainerFlags: the last one wins), so that a
+// model's flags find its options whichever comes first; here it is only checked.
+Status SetModelFlag(TrainerOptions&, std::string_view flag, std::string_view value) {
+  if (value.empty()) return InvalidArgumentError(std::string(flag) + ": empty");
   return Status::Ok();
 }
 
@@ -232,6 +274,8 @@ std::string ShowHidden(const TrainerOptions& o) {
 }
 
 using O = TrainerOptions;
+using Mlp = MlpModelOptions;
+using Ctr = CtrModelOptions;
 constexpr int64_t kMaxCount = int64_t{1} << 34;
 
 const Flag kFlags[] = {
@@ -249,10 +293,10 @@ const Flag kFlags[] = {
     {"--device", "cuda|cpu|auto", "device", "where the model computes (auto: cuda if there is a GPU)", SetDevice,
      ShowDevice},
     {"--gpu", "N", "device", "the CUDA device ordinal", Int<&O::gpu, 0, 1023>, Show<&O::gpu>},
-    {"--model", "NAME", "model", "@MODELS@", Text<&O::model>, Show<&O::model>},
+    {"--model", "NAME", "model", "@MODELS@", SetModelFlag, Show<&O::model>},
     {"--hidden", "LIST", "model", "hidden layer widths, comma-separated", SetHidden, ShowHidden},
     {"--seed", "S", "model", "parameter initialisation and data shuffle", Int<&O::seed, 0, INT64_MAX>, Show<&O::seed>},
-    {"--emb-dim", "E", "model", "floats per embedding row", Int<&O::emb_dim, 1, 4096>, Show<&O::emb_dim>, "ctr"},
+    {"--emb-dim", "E", "model", "floats per embedding row", Int<&Ctr::emb_dim, 1, 4096>, Show<&Ctr::emb_dim>, "ctr"},
     {"--optimizer", "NAME", "optimizer", "the servers' optimizer for every table: @OPTIMIZERS@", SetOptimizer,
      ShowOptimizer},
     {"--lr", "X", "optimizer", "learning rate (> 0)", SetLr, ShowLr},
@@ -290,24 +334,24 @@ const Flag kFlags[] = {
      Show<&O::train_limit>},
     {"--test-limit", "N", "data", "evaluate on the first N test examples (0: all)", Int<&O::test_limit, 0, INT64_MAX>,
      Show<&O::test_limit>},
-    {"--data-dir", "DIR", "data", "the Fashion-MNIST folder", Text<&O::data_dir>, Show<&O::data_dir>, "mlp"},
-    {"--ctr-train", "N", "data", "synthetic: training examples", Int<&O::ctr_train, 1, kMaxCount>, Show<&O::ctr_train>,
+    {"--data-dir", "DIR", "data", "the Fashion-MNIST folder", Text<&Mlp::data_dir>, Show<&Mlp::data_dir>, "mlp"},
+    {"--ctr-train", "N", "data", "synthetic: training examples", Int<&Ctr::train, 1, kMaxCount>, Show<&Ctr::train>,
      "ctr"},
-    {"--ctr-test", "N", "data", "synthetic: test examples", Int<&O::ctr_test, 0, kMaxCount>, Show<&O::ctr_test>, "ctr"},
-    {"--ctr-fields", "F", "data", "synthetic: categorical fields", Int<&O::ctr_fields, 1, 1024>, Show<&O::ctr_fields>,
+    {"--ctr-test", "N", "data", "synthetic: test examples", Int<&Ctr::test, 0, kMaxCount>, Show<&Ctr::test>, "ctr"},
+    {"--ctr-fields", "F", "data", "synthetic: categorical fields", Int<&Ctr::fields, 1, 1024>, Show<&Ctr::fields>,
      "ctr"},
-    {"--ctr-vocab", "V", "data", "synthetic: ids per field", Int<&O::ctr_vocab, 1, int64_t{1} << 40>,
-     Show<&O::ctr_vocab>, "ctr"},
-    {"--ctr-dense", "D", "data", "synthetic: dense features", Int<&O::ctr_dense, 0, 4096>, Show<&O::ctr_dense>, "ctr"},
-    {"--ctr-zipf", "S", "data", "synthetic: the ids' Zipf exponent", Real<&O::ctr_zipf, 0, kNoBound, true>,
-     Show<&O::ctr_zipf>, "ctr"},
-    {"--data-seed", "S", "data", "synthetic: the data and its planted model", Int<&O::data_seed, 0, INT64_MAX>,
-     Show<&O::data_seed>, "ctr"},
+    {"--ctr-vocab", "V", "data", "synthetic: ids per field", Int<&Ctr::vocab, 1, int64_t{1} << 40>, Show<&Ctr::vocab>,
+     "ctr"},
+    {"--ctr-dense", "D", "data", "synthetic: dense features", Int<&Ctr::dense, 0, 4096>, Show<&Ctr::dense>, "ctr"},
+    {"--ctr-zipf", "S", "data", "synthetic: the ids' Zipf exponent", Real<&Ctr::zipf, 0, kNoBound, true>,
+     Show<&Ctr::zipf>, "ctr"},
+    {"--data-seed", "S", "data", "synthetic: the data and its planted model", Int<&Ctr::data_seed, 0, INT64_MAX>,
+     Show<&Ctr::data_seed>, "ctr"},
     {"--criteo-train", "LIST", "data",
      "Criteo TSV files (plain or .gz) and globs, comma-separated, e.g. "
      "'day_*.gz'; training streams them and needs --steps",
-     Text<&O::criteo_train>, nullptr, "ctr"},
-    {"--criteo-test", "LIST", "data", "the Criteo test files", Text<&O::criteo_test>, nullptr, "ctr"},
+     Text<&Ctr::criteo_train>, nullptr, "ctr"},
+    {"--criteo-test", "LIST", "data", "the Criteo test files", Text<&Ctr::criteo_test>, nullptr, "ctr"},
     {"--criteo-shard", "auto|file|line", "data",
      "how workers split the Criteo files (auto: by file when there are "
      "at least as many as workers)",
@@ -427,8 +471,17 @@ std::string TrainerUsage() {
 
 StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, const char* tf_config) {
   TrainerOptions o;
+  // The model first (the last --model wins), so that its options are there for its flags.
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--model" && i + 1 < argc) o.SetModel(argv[++i]);
+    if (arg.starts_with("--model=")) o.SetModel(arg.substr(8));
+    if (arg == "--help") o.help = true;
+  }
+  // A model's flag in another model's run is refused; with an unknown model (Validate refuses
+  // it) or --help, skipped.
+  const bool known_model = FindModel(o.model) != nullptr;
   bool saw_rank = false, saw_workers = false;
-  std::vector<const Flag*> model_flags;  // given flags that belong to one model
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     if (arg.substr(0, 2) != "--") return InvalidArgumentError("unexpected argument '" + std::string(arg) + "'");
@@ -448,18 +501,16 @@ StatusOr<TrainerOptions> ParseTrainerFlags(int argc, const char* const* argv, co
       if (i + 1 >= argc) return InvalidArgumentError(std::string(name) + " needs a value");
       value = argv[++i];
     }
+    if (!flag->model.empty() && flag->model != o.model) {
+      if (!known_model || o.help) continue;
+      return InvalidArgumentError(std::string(flag->name) + " is a flag of --model " + std::string(flag->model) +
+                                  ", and this run's model is " + o.model);
+    }
     FERRY_RETURN_IF_ERROR(flag->set(o, name, value));
-    if (!flag->model.empty()) model_flags.push_back(flag);
     saw_rank |= name == "--rank";
     saw_workers |= name == "--num-workers";
   }
   if (o.help) return o;
-  for (const Flag* f : model_flags) {
-    if (f->model != o.model) {
-      return InvalidArgumentError(std::string(f->name) + " is a flag of --model " + std::string(f->model) +
-                                  ", and this run's model is " + o.model);
-    }
-  }
   if (o.local && (saw_rank || saw_workers)) {
     return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
   }

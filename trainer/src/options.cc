@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
 #include <vector>
@@ -129,24 +130,53 @@ StatusOr<TableOverride> ParseTableOverride(std::string_view text) {
   return t;
 }
 
+namespace {
+// The options of model `M`, or an abort naming both models (a caller asked for another model's).
+template <typename M, typename Variant>
+auto& ModelPart(Variant& v, const std::string& model, const char* wanted) {
+  auto* part = std::get_if<M>(&v);
+  if (part == nullptr) {
+    std::fprintf(stderr, "ferry-trainer: the options of model %s asked for in a run of model %s\n", wanted,
+                 model.c_str());
+    std::abort();
+  }
+  return *part;
+}
+}  // namespace
+
+void TrainerOptions::SetModel(std::string_view name) {
+  model = std::string(name);
+  if (const ModelInfo* m = FindModel(name)) model_options = m->defaults;
+}
+
+MlpModelOptions& TrainerOptions::mlp() { return ModelPart<MlpModelOptions>(model_options, model, "mlp"); }
+const MlpModelOptions& TrainerOptions::mlp() const { return ModelPart<MlpModelOptions>(model_options, model, "mlp"); }
+CtrModelOptions& TrainerOptions::ctr() { return ModelPart<CtrModelOptions>(model_options, model, "ctr"); }
+const CtrModelOptions& TrainerOptions::ctr() const { return ModelPart<CtrModelOptions>(model_options, model, "ctr"); }
+
 Status TrainerOptions::Validate() const {
-  if (!FindModel(model)) {
-    return InvalidArgumentError("--model: '" + model + "' is unknown" + DidYouMean(model, ModelNames()) + " (known: " +
-                                JoinNames(ModelNames()) + ")");
+  const ModelInfo* info = FindModel(model);
+  if (!info) {
+    return InvalidArgumentError("--model: '" + model + "' is unknown" + DidYouMean(model, ModelNames()) +
+                                " (known: " + JoinNames(ModelNames()) + ")");
   }
-  if (model != "ctr" && (!criteo_train.empty() || !criteo_test.empty())) {
-    return InvalidArgumentError("--criteo-train/--criteo-test need --model ctr");
+  if (model_options.index() != info->defaults.index()) {
+    return InternalError("the options held are another model's than --model " + model + "'s (use SetModel)");
   }
-  if (criteo_test.empty() != criteo_train.empty()) {
-    return InvalidArgumentError("--criteo-train and --criteo-test go together");
-  }
-  if (!criteo_train.empty() && steps == 0) {
-    return InvalidArgumentError("--criteo-train needs --steps: the files are streamed, not counted first, and each "
-                                "worker passes over its own files or lines again at their end");
-  }
-  if (!criteo_train.empty() && eval_each_epoch) {
-    return InvalidArgumentError("--eval-every epoch with --criteo-train: a pass over streamed files ends at no step "
-                                "known in advance (and at different steps on different workers); give --eval-every N");
+  if (const auto* ctr = std::get_if<CtrModelOptions>(&model_options)) {
+    if (ctr->criteo_test.empty() != ctr->criteo_train.empty()) {
+      return InvalidArgumentError("--criteo-train and --criteo-test go together");
+    }
+    if (!ctr->criteo_train.empty() && steps == 0) {
+      return InvalidArgumentError(
+          "--criteo-train needs --steps: the files are streamed, not counted first, and each "
+          "worker passes over its own files or lines again at their end");
+    }
+    if (!ctr->criteo_train.empty() && eval_each_epoch) {
+      return InvalidArgumentError(
+          "--eval-every epoch with --criteo-train: a pass over streamed files ends at no step known in advance (and "
+          "at different steps on different workers); give --eval-every N");
+    }
   }
   if (backup_workers > 0) {
     if (consistency != Consistency::kSync) return InvalidArgumentError("--backup-workers needs --consistency sync");

@@ -146,9 +146,9 @@ TEST(Accumulate, KMicroBatchesMatchOneBatchOfKTimesTheSize) {
 // one epoch of batches of 128, 4,000 test examples.
 TrainerOptions AsyncCtr() {
   TrainerOptions base = test::CtrOptions(OptimizerType::kAdam, 0.01f, 0);
-  base.ctr_vocab = 100;
-  base.ctr_train = 40000;
-  base.ctr_test = 4000;
+  base.ctr().vocab = 100;
+  base.ctr().train = 40000;
+  base.ctr().test = 4000;
   base.hidden = {16};
   base.batch = 128;
   base.epochs = 1;
@@ -220,8 +220,8 @@ TEST(CtrAsyncPipeline, PrefetchPushByLayerGivesOneWorkerTheBitsOfTheWholePush) {
   TrainerOptions base = AsyncCtr();
   base.steps = 10;
   base.batch = 16;
-  base.ctr_train = 2000;
-  base.ctr_test = 64;
+  base.ctr().train = 2000;
+  base.ctr().test = 64;
   base.hidden = {4096, 16};
   base.pipeline = Pipeline::kPrefetch;
   auto data = LoadCtrData(base);
@@ -286,8 +286,8 @@ TEST(CtrTraining, LearnsFromStreamedCriteoFilesAndReportsBadLines) {
   write(train1, 2000, 3, false);
   write(test, 1000, 2, false);
   TrainerOptions o = test::CtrOptions(OptimizerType::kAdam, 0.01f, 0);
-  o.criteo_train = dir + "/criteo_train_*.tsv";
-  o.criteo_test = test;
+  o.ctr().criteo_train = dir + "/criteo_train_*.tsv";
+  o.ctr().criteo_test = test;
   o.batch = 64;
   o.steps = 150;  // 9600 examples: two passes over the 4000, and part of a third
   o.metrics_out = dir + "/criteo_metrics.jsonl";
@@ -324,7 +324,7 @@ TEST(CtrTraining, LearnsFromStreamedCriteoFilesAndReportsBadLines) {
   }
   EXPECT_EQ(passes, 2);
 
-  o.criteo_train = dir + "/no_such_file_*.tsv";
+  o.ctr().criteo_train = dir + "/no_such_file_*.tsv";
   auto missing = LoadCtrData(o);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
@@ -333,7 +333,7 @@ TEST(CtrTraining, LearnsFromStreamedCriteoFilesAndReportsBadLines) {
   // A file with no usable line fails the run at its first step, naming the file and the reason.
   const std::string junk = dir + "/criteo_junk.tsv";
   std::ofstream(junk) << "not a criteo line\n";
-  o.criteo_train = junk;
+  o.ctr().criteo_train = junk;
   o.metrics_out.clear();
   auto junk_data = LoadCtrData(o);
   ASSERT_TRUE(junk_data.ok()) << junk_data.status();
@@ -376,7 +376,7 @@ TEST(CtrTraining, HybridDenseSyncEmbeddingsAsync) {
   }
   std::printf("updates applied: sync %lld, hybrid %lld\n", static_cast<long long>(sync_updates),
               static_cast<long long>(hybrid_updates));
-  EXPECT_EQ(hybrid_updates - sync_updates, kSteps * base.ctr_fields);
+  EXPECT_EQ(hybrid_updates - sync_updates, kSteps * base.ctr().fields);
   EXPECT_EQ(hybrid[0].report->progress.pushes_used, kSteps);
 
   // A setting that names no table, or one that does not apply, is refused before training.

@@ -182,7 +182,7 @@ TEST_F(ResumeTest, SyncMlpStoppedAndResumedIntoThreeServersIsBitwiseTheUninterru
 
 TEST_F(ResumeTest, SyncCtrWithSparseTablesResumedIntoOneServerIsBitwiseTheUninterruptedRun) {
   TrainerOptions o = test::CtrOptions(OptimizerType::kAdagrad, 0.05f, 0);
-  o.ctr_test = 32;
+  o.ctr().test = 32;
   o.batch = 8;
   o.checkpoint_every = 5;
   o.blas_threads = 1;

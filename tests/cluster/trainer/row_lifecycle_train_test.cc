@@ -23,11 +23,11 @@ constexpr int64_t kMaxRows = 2000;  // per server and table
 
 TrainerOptions Options(uint64_t seed) {
   TrainerOptions o = test::CtrOptions(OptimizerType::kAdam, 0.01f, 0);
-  o.ctr_fields = kFields;
-  o.ctr_vocab = int64_t{1} << 40;
-  o.ctr_zipf = 1.1;
-  o.ctr_train = 2 * 128 * 400;  // 400 steps of 2 workers, one epoch: every example once
-  o.ctr_test = 10000;
+  o.ctr().fields = kFields;
+  o.ctr().vocab = int64_t{1} << 40;
+  o.ctr().zipf = 1.1;
+  o.ctr().train = 2 * 128 * 400;  // 400 steps of 2 workers, one epoch: every example once
+  o.ctr().test = 10000;
   o.hidden = {16};
   o.batch = 128;
   o.epochs = 1;

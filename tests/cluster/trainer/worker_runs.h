@@ -99,16 +99,16 @@ inline data::ImageDataset MakeImages(int64_t count, uint64_t seed) {
 // A small synthetic ctr job (3 fields of 40 ids, dim 4, 96 training examples), sync, CPU.
 inline TrainerOptions CtrOptions(OptimizerType opt, float lr, int64_t steps) {
   TrainerOptions o;
-  o.model = "ctr";
+  o.SetModel("ctr");
   o.device = DeviceKind::kCpu;
   o.hidden = {8};
-  o.emb_dim = 4;
-  o.ctr_fields = 3;
-  o.ctr_vocab = 40;
-  o.ctr_dense = 2;
-  o.ctr_train = 96;
-  o.ctr_test = 64;
-  o.data_seed = 5;
+  o.ctr().emb_dim = 4;
+  o.ctr().fields = 3;
+  o.ctr().vocab = 40;
+  o.ctr().dense = 2;
+  o.ctr().train = 96;
+  o.ctr().test = 64;
+  o.ctr().data_seed = 5;
   o.optimizer.type = opt;
   o.optimizer.learning_rate = lr;
   o.consistency = Consistency::kSync;

@@ -3,7 +3,7 @@
 // its data is loaded, and how it is built. --model, --help, the trainer, CheckSettings and
 // ferry-trainer's main read this table; a model's own flags say which model they belong to in
 // options.cc's flag table (a flag of another model is refused). Adding a model: its files under
-// trainer/models/ and a row in kModels (models/registry.cc).
+// trainer/models/, its options (ModelOptions, options.h) and a row in kModels (models/registry.cc).
 // Thread-safety: constant data.
 #pragma once
 
@@ -31,6 +31,7 @@ struct LoadedData {
 struct ModelInfo {
   std::string_view name;
   std::string_view summary;  // for --help
+  ModelOptions defaults;     // its own options (TrainerOptions::SetModel), at their defaults
   std::vector<TableSpec> (*plan_tables)(const TrainerOptions& options);
   StatusOr<LoadedData> (*load_data)(const TrainerOptions& options);
   StatusOr<std::unique_ptr<Model>> (*create)(Device* device, const TrainerOptions& options, const Datasets& data);

@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "ferry/data/criteo.h"
@@ -35,6 +37,33 @@ struct TableOverride {
   std::string ToString() const;  // as the flag was written
 };
 
+// What only the mlp model reads (--model mlp).
+struct MlpModelOptions {
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";  // --data-dir: the Fashion-MNIST files
+};
+
+// What only the ctr model reads (--model ctr): its embeddings, and its data: synthetic (default)
+// or Criteo TSV files.
+struct CtrModelOptions {
+  int64_t emb_dim = 16;     // --emb-dim E: floats per embedding row
+  int fields = 8;           // --ctr-fields F: categorical fields (synthetic)
+  int64_t vocab = 1000;     // --ctr-vocab V: ids per field (synthetic)
+  int dense = 4;            // --ctr-dense D: dense features (synthetic)
+  int64_t train = 1000000;  // --ctr-train N: synthetic training examples
+  int64_t test = 20000;     // --ctr-test N: synthetic test examples
+  double zipf = 1.1;        // --ctr-zipf S: Zipf exponent of the ids (synthetic)
+  uint64_t data_seed = 1;   // --data-seed S: the synthetic data and its planted model
+  // --criteo-train LIST: train on Criteo TSV files (plain or .gz; comma-separated paths and glob
+  // patterns, ExpandCriteoPaths), streamed: the run is sized by --steps, passing over them again
+  // at their end. --criteo-test LIST: evaluate on them (held in memory: cap with --test-limit).
+  std::string criteo_train;
+  std::string criteo_test;
+  data::CriteoShardBy criteo_shard = data::CriteoShardBy::kAuto;  // --criteo-shard auto|file|line
+};
+
+// One alternative per model of the registry (model_registry.h), in its order.
+using ModelOptions = std::variant<MlpModelOptions, CtrModelOptions>;
+
 struct TrainerOptions {
   // ---- Cluster ----
   std::vector<std::string> servers;  // --servers tcp://a,tcp://b (required unless --local)
@@ -48,25 +77,22 @@ struct TrainerOptions {
   int gpu = 0;                            // --gpu N (CUDA device ordinal)
 
   // ---- Model ----
-  std::string model = "mlp";                 // --model mlp|ctr
+  // The model (--model, one of ModelNames(), model_registry.h) and its own options, which only
+  // that model has: SetModel selects both. A run carries no other model's fields.
+  std::string model = "mlp";
+  ModelOptions model_options;                // the alternative of `model`
   std::vector<int64_t> hidden = {256, 128};  // --hidden 256,128 (empty list "": no hidden layer)
   uint64_t seed = 1;                         // --seed: parameter init and data shuffle
-  int64_t emb_dim = 16;                      // --emb-dim E (ctr): floats per embedding row
 
-  // ---- ctr data: synthetic (default) or Criteo TSV files ----
-  int ctr_fields = 8;                // --ctr-fields F: categorical fields (synthetic)
-  int64_t ctr_vocab = 1000;          // --ctr-vocab V: ids per field (synthetic)
-  int ctr_dense = 4;                 // --ctr-dense D: dense features (synthetic)
-  int64_t ctr_train = 1000000;       // --ctr-train N: synthetic training examples
-  int64_t ctr_test = 20000;          // --ctr-test N: synthetic test examples
-  double ctr_zipf = 1.1;             // --ctr-zipf S: Zipf exponent of the ids (synthetic)
-  uint64_t data_seed = 1;            // --data-seed S: the synthetic data and its planted model
-  // --criteo-train LIST: train on Criteo TSV files (plain or .gz; comma-separated paths and glob
-  // patterns, ExpandCriteoPaths), streamed: the run is sized by --steps, passing over them again
-  // at their end. --criteo-test LIST: evaluate on them (held in memory: cap with --test-limit).
-  std::string criteo_train;
-  std::string criteo_test;
-  data::CriteoShardBy criteo_shard = data::CriteoShardBy::kAuto;  // --criteo-shard auto|file|line
+  // Selects model `name` with its options at their defaults (an unknown name: the model's
+  // options stay, and Validate refuses the name).
+  void SetModel(std::string_view name);
+  // The options of the model selected; a caller that asks for another model's aborts (a bug:
+  // only that model's code asks).
+  MlpModelOptions& mlp();
+  const MlpModelOptions& mlp() const;
+  CtrModelOptions& ctr();
+  const CtrModelOptions& ctr() const;
 
   // ---- Optimization ----
   OptimizerSpec optimizer = [] {
@@ -97,13 +123,12 @@ struct TrainerOptions {
   }
 
   // ---- Data and schedule ----
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";  // --data-dir
-  int64_t batch = 64;         // --batch B: examples per worker per step
-  int64_t epochs = 1;         // --epochs E (ignored when --steps is given)
-  int64_t steps = 0;          // --steps N: total steps per worker; 0 = use --epochs
-  bool shuffle = true;        // --no-shuffle turns the per-epoch shuffle off
-  int64_t train_limit = 0;    // --train-limit N: use only the first N training examples (0 = all)
-  int64_t test_limit = 0;     // --test-limit N: evaluate on the first N test examples (0 = all)
+  int64_t batch = 64;       // --batch B: examples per worker per step
+  int64_t epochs = 1;       // --epochs E (ignored when --steps is given)
+  int64_t steps = 0;        // --steps N: total steps per worker; 0 = use --epochs
+  bool shuffle = true;      // --no-shuffle turns the per-epoch shuffle off
+  int64_t train_limit = 0;  // --train-limit N: use only the first N training examples (0 = all)
+  int64_t test_limit = 0;   // --test-limit N: evaluate on the first N test examples (0 = all)
 
   // ---- Checkpoints and resuming (the servers hold the checkpoint folder: ferry-ps --checkpoint-dir) ----
   // --checkpoint-every N: worker 0 asks the servers for a checkpoint every N steps of the job

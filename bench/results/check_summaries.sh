@@ -33,6 +33,9 @@ runs() {  # runs SCRIPT [ARGS...]: the script succeeds and prints something
 same $R/before_after/summary.txt $R/before_after/summarize.py $R/before_after
 same $R/before_after/focus/summary.txt $R/before_after/summarize.py $R/before_after/focus
 same $R/before_after_drive/summary.txt $R/before_after/summarize.py $R/before_after_drive
+same $R/client_engine/summary.txt $R/before_after/summarize.py $R/client_engine
+same $R/client_engine/focus/summary.txt $R/before_after/summarize.py $R/client_engine/focus
+same $R/client_engine/focus2/summary.txt $R/before_after/summarize.py $R/client_engine/focus2
 same $R/client_drive/summary.txt $R/client_drive/summarize.py $R/client_drive
 same $R/client_drive/run2/summary.txt $R/client_drive/summarize.py $R/client_drive/run2
 same $R/client_drive/no_notify/summary.txt $R/client_drive/summarize.py $R/client_drive/no_notify

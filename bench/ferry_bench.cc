@@ -173,7 +173,12 @@ constexpr Size kProcessSizes[] = {kSizes[0], kSizes[1], kSizes[2]};
 
 // Elements per chunk of a Ferry dense table of `elems` floats in these benchmarks: at least two
 // chunks, at most 1M floats (4 MiB) each, so that with two servers every size spreads over both.
-int64_t ChunkElems(int64_t elems) { return std::clamp<int64_t>(elems / 2, 1, int64_t{1} << 20); }
+// At most the library's default chunk (TableSpec::chunk_elems), as a user's table has, or
+// FERRY_BENCH_CHUNK_ELEMS (experiments with other chunk sizes).
+int64_t ChunkElems(int64_t elems) {
+  const char* cap = std::getenv("FERRY_BENCH_CHUNK_ELEMS");
+  return std::clamp<int64_t>(elems / 2, 1, cap != nullptr ? std::atoll(cap) : TableSpec().chunk_elems);
+}
 
 // Untimed calls before a timed loop: connections up, buffers faulted in, caches warm.
 int WarmupCalls(const Size& size) { return std::max(2, size.iterations / 10); }
@@ -619,6 +624,8 @@ StatusOr<std::unique_ptr<Client>> ConnectWorker(const PsCluster& cluster, int ra
   o.rank = rank;
   o.num_workers = num_workers;
   o.request_timeout = kRequestTimeout;
+  // FERRY_BENCH_MAX_MESSAGE_BYTES: the client's max_message_bytes (experiments with smaller pieces).
+  if (const char* m = std::getenv("FERRY_BENCH_MAX_MESSAGE_BYTES")) o.max_message_bytes = std::atoll(m);
   if (cluster.net == Net::kTcpCurve) o.curve = Keys().workers[static_cast<size_t>(rank)];
   return Client::Connect(std::move(o));
 }

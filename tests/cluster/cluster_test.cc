@@ -13,6 +13,7 @@
 
 #include <zmq_addon.hpp>
 
+#include "ferry/messages/placement.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "support/cluster.h"
@@ -360,6 +361,27 @@ TEST(Cluster, DeclarationIsIdempotentAndConflictsNameTheField) {
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
 }
 
+// A table keeps its chunking (a checkpoint's, the first declaration's): a worker that declares
+// it with other chunks takes the servers' and routes by them (1.9), so both workers' pushes and
+// pulls meet on the same chunks.
+TEST(Cluster, AWorkerTakesTheChunkingTheServersHold) {
+  auto c = LocalCluster::Start(2);
+  auto a = c.Connect(0, 2), b = c.Connect(1, 2);
+  TableSpec spec = SgdTable("w", 1000, Consistency::kAsync);
+  spec.chunk_elems = 100;
+  ASSERT_TRUE(a->Declare(spec).ok());
+  TableSpec other = spec;
+  other.chunk_elems = 30;
+  ASSERT_TRUE(b->Declare(other).ok());
+  std::vector<float> g(1000), p(1000);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i);
+  ASSERT_TRUE(b->PushDense("w", g, 0).wait(5s).ok());
+  ASSERT_TRUE(a->PushDense("w", g, 0).wait(5s).ok());
+  ASSERT_TRUE(b->PullDense("w", p, 0).wait(5s).ok());
+  const float lr = spec.optimizer.learning_rate;
+  for (size_t i = 0; i < p.size(); ++i) ASSERT_FLOAT_EQ(p[i], -2.0f * lr * g[i]) << i;
+}
+
 TEST(Cluster, BackupWorkersUseTheFirstKGradientsAndDropLateOnes) {
   auto c = LocalCluster::Start(1);
   TableSpec spec = SgdTable("w", 3, Consistency::kSync);
@@ -699,6 +721,51 @@ TEST(Cluster, LargeTensorsAreSplitIntoMessagesUnderTheLimit) {
   EXPECT_GT(w->stats().requests - before, 2);
   ASSERT_TRUE(w->PullDense("big", p, 0).wait().ok());
   for (size_t i = 0; i < p.size(); ++i) ASSERT_EQ(p[i], -g[i]) << i;
+}
+
+// A dense call goes to each server in pieces of about dense_message_bytes, cut between chunks
+// (the servers' in turns); the pieces give the same parameters as one message per server, for a
+// push, a push+pull and a pull, and 0 keeps one message per server.
+TEST(Cluster, DenseCallsTravelInPiecesOfAboutDenseMessageBytes) {
+  auto c = LocalCluster::Start(2);
+  TableSpec spec;
+  spec.name = "big";
+  spec.shape = {100000};
+  spec.chunk_elems = 10000;  // 40,000-byte chunks, 10 of them over the two servers
+  spec.optimizer.learning_rate = 1.0f;
+  std::vector<float> g(100000);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 997);
+  std::vector<std::vector<float>> results;
+  for (int64_t piece : {int64_t{0}, int64_t{80000}, int64_t{1}}) {
+    SCOPED_TRACE("dense_message_bytes " + std::to_string(piece));
+    ClientOptions o;
+    o.dense_message_bytes = piece;
+    auto w = c.Connect(0, 1, o);
+    spec.name = "big" + std::to_string(piece);
+    ASSERT_TRUE(w->Declare(spec).ok());
+    int servers_chunks[2] = {0, 0};
+    for (int64_t ch = 0; ch < spec.num_chunks(); ++ch)
+      ++servers_chunks[placement::ChunkServer(TableId(spec.name), ch, 2)];
+    // 0: one message per server; 80,000: two chunks a message; 1: one chunk a message.
+    auto messages = [&](int per) { return (servers_chunks[0] + per - 1) / per + (servers_chunks[1] + per - 1) / per; };
+    const int64_t expected = piece == 0 ? 2 : messages(piece == 80000 ? 2 : 1);
+    std::vector<float> p(g.size());
+    int64_t before = w->stats().requests;
+    ASSERT_TRUE(w->PushDense(spec.name, g, 0).wait().ok());
+    EXPECT_EQ(w->stats().requests - before, expected) << "a push";
+    before = w->stats().requests;
+    const DenseIn in{spec.name, g};
+    const DenseOut out{spec.name, p};
+    ASSERT_TRUE(w->PushPullDense(std::span<const DenseIn>(&in, 1), std::span<const DenseOut>(&out, 1), 1).wait().ok());
+    EXPECT_EQ(w->stats().requests - before, expected) << "a push+pull";
+    before = w->stats().requests;
+    ASSERT_TRUE(w->PullDense(spec.name, p, 2).wait().ok());
+    EXPECT_EQ(w->stats().requests - before, expected) << "a pull";
+    for (size_t i = 0; i < p.size(); ++i) ASSERT_EQ(p[i], -2.0f * g[i]) << i;
+    results.push_back(std::move(p));
+  }
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
 }
 
 TEST(Cluster, InFlightLimitAppliesBackpressureWithoutLosingWork) {

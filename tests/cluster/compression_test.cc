@@ -51,13 +51,19 @@ std::vector<float> Gaussian(size_t n, uint32_t seed) {
 // pairs. Sparse rows of a bf16 table halve too (their ids stay 8 bytes).
 TEST(Compression, BytesOnTheWireFallByTheExpectedFactor) {
   auto c = LocalCluster::Start(1);
-  auto w = c.Connect(0, 1);
+  ClientOptions one_message;  // one header a call: the bytes below are the values' and one header's
+  one_message.dense_message_bytes = 0;
+  auto w = c.Connect(0, 1, one_message);
   const int64_t n = 1 << 20;
   const float ratio = 0.01f;
-  const std::vector<TableSpec> specs = {SgdTable("t_f32", n, Consistency::kAsync),
-                                        Compressed(SgdTable("t_f16", n, Consistency::kAsync), WireFormat::kF16),
-                                        Compressed(SgdTable("t_b16", n, Consistency::kAsync), WireFormat::kBf16),
-                                        Compressed(SgdTable("t_top", n, Consistency::kAsync), WireFormat::kF32, ratio)};
+  auto table = [&](const char* name) {  // one chunk: top-k picks k of all n
+    TableSpec s = SgdTable(name, n, Consistency::kAsync);
+    s.chunk_elems = n;
+    return s;
+  };
+  const std::vector<TableSpec> specs = {table("t_f32"), Compressed(table("t_f16"), WireFormat::kF16),
+                                        Compressed(table("t_b16"), WireFormat::kBf16),
+                                        Compressed(table("t_top"), WireFormat::kF32, ratio)};
   const std::vector<float> g = Gaussian(static_cast<size_t>(n), kSeed);
   std::vector<float> out(static_cast<size_t>(n));
   std::map<std::string, std::pair<int64_t, int64_t>> bytes;  // sent by the push, received by the pull
@@ -88,7 +94,7 @@ TEST(Compression, BytesOnTheWireFallByTheExpectedFactor) {
   EXPECT_EQ(bytes["t_top"].second, f32_received) << "pulls of an f32 top-k table are unaffected";
 
   // A top-k table with fp16 values: (4 + 2)-byte pairs, and fp16 pulls.
-  ASSERT_TRUE(w->Declare(Compressed(SgdTable("t_tph", n, Consistency::kAsync), WireFormat::kF16, ratio)).ok());
+  ASSERT_TRUE(w->Declare(Compressed(table("t_tph"), WireFormat::kF16, ratio)).ok());
   ClientStats before = w->stats();
   ASSERT_TRUE(w->PushDense("t_tph", g, 0).wait(10s).ok());
   EXPECT_NEAR(w->stats().bytes_sent - before.bytes_sent, header + k * 6, 16);

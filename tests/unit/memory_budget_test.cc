@@ -75,6 +75,31 @@ TEST(MemoryBudget, DenseTablesAreChargedWhenDeclared) {
   EXPECT_EQ(r0.budget().used() + r1.budget().used(), int64_t{4} << 20);
 }
 
+// A dense table keeps its chunking for its life. A client of 1.9 (take_chunking) routes by the
+// chunking the reply names: its declaration that differs only there is the same declaration,
+// charged nothing more; an older client's is refused, naming the field.
+TEST(TableRegistry, ADenseTableKeepsItsChunkingAndA19ClientTakesIt) {
+  TableRegistry tables(0, 1, int64_t{64} << 20);
+  TableSpec w = Dense("w", 1000);
+  w.chunk_elems = 100;
+  ASSERT_TRUE(tables.Create(w, TableId(w.name), 1).ok());
+  const int64_t used = tables.budget().used();
+  TableSpec other = w;
+  other.chunk_elems = 30;
+  bool pending = false;
+  auto old = tables.Declare(other, TableId(w.name), 1, &pending, /*take_chunking=*/false);
+  EXPECT_EQ(old.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(old.status().message().find("cannot change its chunk_elems 100 -> 30"), std::string::npos) << old.status();
+  auto taken = tables.Declare(other, TableId(w.name), 1, &pending, /*take_chunking=*/true);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(*taken, nullptr) << "the table exists: nothing to build";
+  ASSERT_NE(tables.SpecOf(TableId(w.name)), nullptr);
+  EXPECT_EQ(tables.SpecOf(TableId(w.name))->chunk_elems, 100);
+  EXPECT_EQ(tables.budget().used(), used);
+  other.shape = {2000};  // anything else still conflicts
+  EXPECT_EQ(tables.Declare(other, TableId(w.name), 1, &pending, true).status().code(), StatusCode::kAlreadyExists);
+}
+
 TEST(MemoryBudget, SparseRowsAreChargedAsCreatedAndARefusalChangesNothing) {
   const TableSpec spec = Sparse("emb", 64);
   SparseShard probe(spec, TableId(spec.name), 1);

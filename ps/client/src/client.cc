@@ -119,17 +119,41 @@ class ClientImpl final : public Client {
       }
     }
     auto op = engine_.NewOp();
+    // Each server's chunking of the table (1.9: the reply's spec; -1: not said). A table that
+    // exists keeps its own (a checkpoint's, another worker's), which this client then routes by.
+    auto chunking = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(num_servers()), -1);
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(512);
       auto wspec = wire::SpecToWire(fbb, spec);
       auto h = engine_.BeginHeader(fbb, Kind::CreateTable);
       h.add_table_id(TableId(spec.name));
       h.add_spec(wspec);
-      engine_.Submit(op, s, Kind::CreateTable, engine_.FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
+      OnReply on_reply = [chunking, s](const Header& reply, Frames& payload) -> Status {
+        FERRY_RETURN_IF_ERROR(ExpectFrames(payload, 0));
+        if (reply.spec() != nullptr) (*chunking)[static_cast<size_t>(s)] = reply.spec()->chunk_elems();
+        return Status::Ok();
+      };
+      engine_.Submit(op, s, Kind::CreateTable, engine_.FinishHeader(fbb, h), {}, std::move(on_reply),
+                     options_.request_timeout);
     }
     FERRY_RETURN_IF_ERROR(Handle(op).wait());
+    TableSpec held = spec;
+    if (spec.type == TableType::kDense) {
+      for (int s = 0; s < num_servers(); ++s) {
+        const int64_t c = (*chunking)[static_cast<size_t>(s)];
+        if (c < 0 || c == held.chunk_elems) continue;
+        if (held.chunk_elems != spec.chunk_elems) {
+          return FailedPreconditionError("table '" + spec.name + "': the servers hold it in chunks of " +
+                                         std::to_string(held.chunk_elems) + " and " + std::to_string(c) +
+                                         " elements (server " + std::to_string(s) +
+                                         "): they do not belong to one job");
+        }
+        held.chunk_elems = c;
+      }
+      FERRY_RETURN_IF_ERROR(held.Validate().WithContext("table '" + spec.name + "' as the servers hold it"));
+    }
     MutexLock lock(&tables_mu_);
-    tables_[spec.name] = spec;
+    tables_[spec.name] = held;
     if (spec.topk_ratio > 0.0f && !residuals_.contains(spec.name)) {
       auto r = std::make_shared<Residual>();
       MutexLock rl(&r->mu);
@@ -163,12 +187,15 @@ class ClientImpl final : public Client {
     float topk_ratio;  // the table's top-k ratio (pushes; 0: off)
   };
 
-  // Splits tensors into chunks grouped per server, each group cut into messages of at most
-  // max_message_bytes.
+  // Splits tensors into chunks grouped per server, each group cut between chunks into messages
+  // of about dense_message_bytes (0: of at most max_message_bytes; never more).
   StatusOr<std::vector<std::vector<std::vector<ChunkRef>>>> Route(std::span<const std::string_view> names,
                                                                   std::span<const size_t> sizes) const {
     std::vector<std::vector<std::vector<ChunkRef>>> per_server(static_cast<size_t>(num_servers()));
     std::vector<int64_t> bytes(static_cast<size_t>(num_servers()), 0);
+    const int64_t cut = options_.dense_message_bytes > 0
+                            ? std::min(options_.dense_message_bytes, options_.max_message_bytes)
+                            : options_.max_message_bytes;
     for (size_t t = 0; t < names.size(); ++t) {
       FERRY_ASSIGN_OR_RETURN(TableSpec spec, Lookup(names[t], TableType::kDense));
       if (static_cast<int64_t>(sizes[t]) != spec.num_elements()) {
@@ -182,7 +209,7 @@ class ClientImpl final : public Client {
         const int64_t count = std::min(spec.chunk_elems, spec.num_elements() - offset);
         auto& msgs = per_server[static_cast<size_t>(s)];
         const int64_t b = count * static_cast<int64_t>(sizeof(float));
-        if (msgs.empty() || bytes[static_cast<size_t>(s)] + b > options_.max_message_bytes ||
+        if (msgs.empty() || bytes[static_cast<size_t>(s)] + b > cut ||
             msgs.back().size() + 1 >= wire::kMaxFrames) {
           msgs.emplace_back();
           bytes[static_cast<size_t>(s)] = 0;
@@ -251,8 +278,14 @@ class ClientImpl final : public Client {
     if (!routed.ok()) return engine_.Failed(op, routed.status());
     std::vector<std::span<float>> out_spans;
     for (const auto& o : outs) out_spans.push_back(o.data);
-    for (int s = 0; s < num_servers(); ++s) {
-      for (auto& chunks : (*routed)[static_cast<size_t>(s)]) {
+    // The servers' messages in turns (each server's first, then each one's second, ...), so that
+    // every server starts on its share while the rest travels.
+    size_t turns = 0;
+    for (const auto& msgs : *routed) turns = std::max(turns, msgs.size());
+    for (size_t m = 0; m < turns; ++m) {
+      for (int s = 0; s < num_servers(); ++s) {
+        if (m >= (*routed)[static_cast<size_t>(s)].size()) continue;
+        auto& chunks = (*routed)[static_cast<size_t>(s)][m];
         Frames payload;
         if (kind != Kind::PullDense) {
           for (const auto& c : chunks) {
@@ -689,6 +722,7 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   }
   if (options.max_message_bytes < 4096) return InvalidArgumentError("max_message_bytes must be at least 4096");
   if (options.sparse_message_bytes < 0) return InvalidArgumentError("sparse_message_bytes must not be negative");
+  if (options.dense_message_bytes < 0) return InvalidArgumentError("dense_message_bytes must not be negative");
   if (options.max_in_flight < 1) return InvalidArgumentError("max_in_flight must be at least 1");
   transport::TuneAllocatorForLargeMessages();  // once per process; FERRY_MALLOC_TUNING=off opts out
   for (const auto& e : options.servers) {

@@ -233,6 +233,9 @@ class ServerImpl final : public Server {
   // (table_builder.h) while this thread serves the others. Either way the request is answered
   // once the table is ready, and so is every declaration of it that arrives meanwhile.
   Status OnCreateTable(Request& req);
+  // The reply to a CreateTable: the table's spec as this server holds it (1.9), whose chunking a
+  // client of 1.9 routes by.
+  void ReplyDeclared(Request& req, const TableSpec& spec);
   // A resumed job declares the tables it checkpointed: a table the restored checkpoint lacks
   // belongs to another model (a ctr checkpoint resumed with --model mlp), which would otherwise
   // start afresh beside the restored tables, in silence.

@@ -47,7 +47,13 @@ class TableRegistry {
   //  Build makes the shard (any thread; it touches only `table` and the budget's atomic count).
   //  On failure (out of memory, cancelled) it gives the charge back.
   //  Adopt makes a built table this registry's; Forget drops a pending one whose Build failed.
-  StatusOr<std::unique_ptr<Table>> Declare(TableSpec spec, uint64_t claimed_id, int num_workers, bool* pending);
+  //  `take_chunking` (a client of 1.9 or later, which routes by the chunking the reply names): a
+  //  dense table that exists keeps its chunk_elems, and a declaration that differs only there
+  //  is the same declaration.
+  StatusOr<std::unique_ptr<Table>> Declare(TableSpec spec, uint64_t claimed_id, int num_workers, bool* pending,
+                                           bool take_chunking = false);
+  // The spec of table `id`, declared or pending; nullptr when neither.
+  const TableSpec* SpecOf(uint64_t id) const;
   Status Build(Table& table, int num_workers, const std::atomic<bool>* cancel = nullptr);
   void Adopt(std::unique_ptr<Table> table);
   void Forget(uint64_t id) { pending_.erase(id); }

@@ -22,8 +22,14 @@ Status TableRegistry::Create(TableSpec spec, uint64_t claimed_id, int num_worker
   return Status::Ok();
 }
 
+const TableSpec* TableRegistry::SpecOf(uint64_t id) const {
+  if (auto it = pending_.find(id); it != pending_.end()) return &it->second;
+  if (auto it = tables_.find(id); it != tables_.end()) return &it->second->spec;
+  return nullptr;
+}
+
 StatusOr<std::unique_ptr<Table>> TableRegistry::Declare(TableSpec spec, uint64_t claimed_id, int num_workers,
-                                                        bool* pending) {
+                                                        bool* pending, bool take_chunking) {
   *pending = false;
   const uint64_t id = TableId(spec.name);
   if (claimed_id != id) {
@@ -41,6 +47,10 @@ StatusOr<std::unique_ptr<Table>> TableRegistry::Declare(TableSpec spec, uint64_t
     if (have->name != spec.name) {
       return AlreadyExistsError("table names '" + have->name + "' and '" + spec.name +
                                 "' hash to the same id; rename one");
+    }
+    // Chunking is this server's layout: a client that reads it from the reply takes the table's.
+    if (take_chunking && have->type == TableType::kDense && spec.type == TableType::kDense) {
+      spec.chunk_elems = have->chunk_elems;
     }
     // The first declaration the restored table accepts closes its window for new settings.
     if (*have == spec) {

@@ -40,7 +40,10 @@ struct TableSpec {
   TableType type = TableType::kDense;
   std::vector<int64_t> shape;        // kDense: tensor shape (product = element count)
   int64_t dim = 0;                   // kSparse: floats per row
-  int64_t chunk_elems = 1 << 20;     // kDense: elements per chunk (4 MiB); spreads big tensors
+  // kDense: elements per chunk (1 MiB): a table's unit of placement over the servers, and of a
+  // dense call's pieces (ClientOptions::dense_message_bytes). A table that exists keeps its own:
+  // a client of 1.9 or later takes it from the servers when it declares the table.
+  int64_t chunk_elems = 1 << 18;
   OptimizerSpec optimizer;
   Consistency consistency = Consistency::kAsync;
   int32_t staleness = 0;             // kSsp: bound s (a pull at clock c waits for all >= c - s)

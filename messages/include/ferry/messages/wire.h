@@ -28,7 +28,7 @@ inline constexpr uint16_t kMajor = 1;
 // topk_ratio: 16-bit value frames, top-k frames of dense pushes); 1.7: the AdamW optimizer, and
 // OptimizerSpec's hyperparameters by key (`hyper`: the catalogue's weight_decay and later ones);
 // 1.8: Waiting (what a server holds a worker's requests for: the client's long-wait lines)
-inline constexpr uint16_t kMinor = 8;
+inline constexpr uint16_t kMinor = 9;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

@@ -57,6 +57,13 @@ struct ClientOptions {
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(5)};
   // Requests larger than this are split into several messages per server.
   int64_t max_message_bytes = int64_t{64} << 20;
+  // A dense call (PushDense, PullDense, PushPullDense) sends each server its chunks in messages
+  // of about this size, cut between chunks (a larger chunk goes alone), the servers' in turns and
+  // each sent as soon as it is built: a server checks and applies one while the next travels and
+  // the reply to the one before comes back, so a large call costs about its slowest part rather
+  // than their sum. 0: one message per server (up to max_message_bytes). bench/RESULTS.md
+  // ("Dense pieces") measures the size against the table's chunk size (TableSpec::chunk_elems).
+  int64_t dense_message_bytes = int64_t{1} << 20;
   // A sparse call (PullSparse / PushSparse of several tables) sends a server its tables in one
   // message, or, when its share is larger than this, in messages of about this size (cut between
   // tables), each sent as soon as it is built so that the server works on one while the next is

@@ -11,7 +11,8 @@ Status ServerImpl::OnCreateTable(Request& req) {
   FERRY_RETURN_IF_ERROR(wire::SpecFromWire(req.h()->spec(), &spec));
   FERRY_RETURN_IF_ERROR(CheckRestoredHolds(spec.name));
   bool pending = false;
-  auto declared = tables_.Declare(std::move(spec), req.h()->table_id(), workers_.count(), &pending);
+  auto declared = tables_.Declare(std::move(spec), req.h()->table_id(), workers_.count(), &pending,
+                                  /*take_chunking=*/req.h()->minor() >= 9);
   if (!declared.ok()) {
     if (declared.status().code() == StatusCode::kResourceExhausted)
       LogRateLimited(declared.status().message() + "; refused");
@@ -19,7 +20,7 @@ Status ServerImpl::OnCreateTable(Request& req) {
   }
   std::unique_ptr<ps::Table> table = std::move(*declared);
   if (table == nullptr && !pending) {
-    SendOk(req);
+    ReplyDeclared(req, *tables_.SpecOf(req.h()->table_id()));
     return Status::Ok();
   }
   if (table == nullptr) {  // being built: answered with it
@@ -35,8 +36,9 @@ Status ServerImpl::OnCreateTable(Request& req) {
       tables_.Forget(table->id);
       return s;
     }
+    const TableSpec made = table->spec;
     tables_.Adopt(std::move(table));
-    SendOk(req);
+    ReplyDeclared(req, made);
     return Status::Ok();
   }
   Building& b = builds_[table->id];
@@ -48,6 +50,15 @@ Status ServerImpl::OnCreateTable(Request& req) {
   builder_.Submit(b.table.get(), workers_.count());
   tables_being_created_.store(static_cast<int64_t>(builds_.size()), std::memory_order_relaxed);
   return Status::Ok();
+}
+
+void ServerImpl::ReplyDeclared(Request& req, const TableSpec& spec) {
+  flatbuffers::FlatBufferBuilder fbb(512);
+  auto wspec = wire::SpecToWire(fbb, spec);
+  wire::HeaderBuilder b = BeginReply(fbb, Kind::CreateTable, req.h()->request_id());
+  b.add_spec(wspec);
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Send(req, wire::ToFrame(fbb));
 }
 
 Status ServerImpl::CheckRestoredHolds(const std::string& name) const {
@@ -67,13 +78,14 @@ void ServerImpl::FinishBuilds() {
     Building b = std::move(it->second);
     builds_.erase(it);
     tables_being_created_.store(static_cast<int64_t>(builds_.size()), std::memory_order_relaxed);  // before replies
-    const std::string name = b.table->spec.name;
+    const TableSpec made = b.table->spec;
+    const std::string& name = made.name;
     const double seconds = std::chrono::duration<double>(Clock::now() - b.started).count();
     if (status.ok()) {
       tables_.Adopt(std::move(b.table));
       std::fprintf(stderr, "ferry-ps %d: created table '%s' (%lld MiB here) in %.1f s\n", options_.rank,
                    wire::Printable(name).c_str(), static_cast<long long>(b.bytes >> 20), seconds);
-      for (Request& r : b.waiting) SendOk(r);
+      for (Request& r : b.waiting) ReplyDeclared(r, made);
     } else {
       tables_.Forget(table->id);
       LogRateLimited("creating table '" + name + "' failed: " + status.message());

@@ -36,6 +36,9 @@ same $R/before_after_drive/summary.txt $R/before_after/summarize.py $R/before_af
 same $R/client_engine/summary.txt $R/before_after/summarize.py $R/client_engine
 same $R/client_engine/focus/summary.txt $R/before_after/summarize.py $R/client_engine/focus
 same $R/client_engine/focus2/summary.txt $R/before_after/summarize.py $R/client_engine/focus2
+same $R/dense_pieces/summary.txt $R/before_after/summarize.py $R/dense_pieces
+same $R/dense_pieces/vs_raw.txt $R/dense_pieces/vs_raw.py $R/dense_pieces
+same $R/dense_pieces/sizes/summary.txt $R/dense_pieces/sizes/summarize.py $R/dense_pieces/sizes
 same $R/client_drive/summary.txt $R/client_drive/summarize.py $R/client_drive
 same $R/client_drive/run2/summary.txt $R/client_drive/summarize.py $R/client_drive/run2
 same $R/client_drive/no_notify/summary.txt $R/client_drive/summarize.py $R/client_drive/no_notify

@@ -39,6 +39,10 @@ same $R/client_engine/focus2/summary.txt $R/before_after/summarize.py $R/client_
 same $R/dense_pieces/summary.txt $R/before_after/summarize.py $R/dense_pieces
 same $R/dense_pieces/vs_raw.txt $R/dense_pieces/vs_raw.py $R/dense_pieces
 same $R/dense_pieces/sizes/summary.txt $R/dense_pieces/sizes/summarize.py $R/dense_pieces/sizes
+same $R/dense_pieces/training/summary.txt $R/pipeline_ab/summarize.py $R/dense_pieces/training
+same $R/dense_pieces/training_mlp/summary.txt $R/dense_pieces/training_mlp/summarize.py $R/dense_pieces/training_mlp
+same $R/cpu_per_example/summary.txt $R/cpu_per_example/summarize.py $R/cpu_per_example
+same $R/cpu_per_example/batch256/summary.txt $R/cpu_per_example/summarize.py $R/cpu_per_example/batch256
 same $R/client_drive/summary.txt $R/client_drive/summarize.py $R/client_drive
 same $R/client_drive/run2/summary.txt $R/client_drive/summarize.py $R/client_drive/run2
 same $R/client_drive/no_notify/summary.txt $R/client_drive/summarize.py $R/client_drive/no_notify

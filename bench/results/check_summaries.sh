@@ -38,6 +38,8 @@ same $R/client_engine/focus/summary.txt $R/before_after/summarize.py $R/client_e
 same $R/client_engine/focus2/summary.txt $R/before_after/summarize.py $R/client_engine/focus2
 same $R/dense_pieces/summary.txt $R/before_after/summarize.py $R/dense_pieces
 same $R/dense_pieces/vs_raw.txt $R/dense_pieces/vs_raw.py $R/dense_pieces
+same $R/dense_pieces/run2/summary.txt $R/before_after/summarize.py $R/dense_pieces/run2
+same $R/dense_pieces/run2/vs_raw.txt $R/dense_pieces/vs_raw.py $R/dense_pieces/run2
 same $R/dense_pieces/sizes/summary.txt $R/dense_pieces/sizes/summarize.py $R/dense_pieces/sizes
 same $R/dense_pieces/training/summary.txt $R/pipeline_ab/summarize.py $R/dense_pieces/training
 same $R/dense_pieces/training_mlp/summary.txt $R/dense_pieces/training_mlp/summarize.py $R/dense_pieces/training_mlp

@@ -205,7 +205,10 @@ TEST_F(CudaKernelsTest, SoftmaxCrossEntropyMatchesCpu) {
   constexpr Tolerance kProbTol{1e-6f, 1e-5f};
   constexpr Tolerance kLossTol{1e-5f, 1e-5f};
   uint32_t seed = 4001;
-  for (int64_t classes : {1, 10, 1000}) {  // One warp, and a multi-warp block reduction.
+  // A warp per row up to 128 classes (one lane's share, several, the last such width), then a
+  // block per row (129; 1000: a multi-warp block reduction). 257 rows: the last block of 8 rows
+  // holds one.
+  for (int64_t classes : {1, 10, 100, 128, 129, 1000}) {
     SCOPED_TRACE("classes=" + std::to_string(classes));
     std::mt19937 rng = SeededRng("softmax_xent", seed++);
     const int64_t rows = 257;

@@ -996,8 +996,9 @@ class RecoveryTest(unittest.TestCase):
                                 "--log-dir", os.path.join(self.dir, "logs"), "--",
                                 "--stub-fail-rank", "1"], timeout=30)
         self.assertEqual(rc, 1, out)
-        self.assertEqual(len(re.findall(r"restarted worker 1 pid \d+: \S+ferry-trainer .* "
-                                        r"--num-workers 2 --metrics 127.0.0.1:0 --resume --stub-fail-rank 1\n", out)),
+        # On a machine with a GPU the command line starts with the card the worker is given.
+        self.assertEqual(len(re.findall(r"restarted worker 1 pid \d+: (?:CUDA_VISIBLE_DEVICES=\S+ )?"
+                                        r"\S+ferry-trainer .* --num-workers 2 --metrics 127.0.0.1:0 --resume --stub-fail-rank 1\n", out)),
                          2, out)
         self.assertRegex(out, r"FAILED: worker 1 \(pid \d+\) failed: exit status 3\n")
         self.assertIn("worker 1 is not restarted: --max-restarts 2 allows no more restarts",

@@ -726,6 +726,15 @@ class WorkerRun final : public TrainingRun {
               {"time", TimesJson(times)},
               {"comm_s", progress.comm_s}};
     AddBytes(f);
+    if (const DeviceTimes d = device_->times(); d.measured) {  // FERRY_DEVICE_TIMING on a GPU
+      f["device_time"] = {{"h2d_s", d.h2d_s},         {"compute_s", d.compute_s},
+                          {"d2h_s", d.d2h_s},         {"h2d_bytes", d.h2d_bytes},
+                          {"d2h_bytes", d.d2h_bytes}, {"pageable_bytes", d.pageable_bytes},
+                          {"ops", d.ops}};
+      Json by_op = Json::object();
+      for (const auto& [name, op] : d.by_op) by_op[name] = {{"s", op.s}, {"calls", op.calls}};
+      f["device_time"]["by_op"] = std::move(by_op);
+    }
     if (rank_ == 0) {
       f["staleness"] = std::move(staleness);
       if (report_.eval.count > 0) f["final"] = EvalJson(report_.eval, model_->is_binary());

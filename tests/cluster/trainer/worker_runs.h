@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <span>
 #include <thread>
 #include <vector>
@@ -35,8 +36,18 @@ inline TrainHooks Recorder(Trace* trace) {
 // Changes one worker's options and hooks before it runs (RunWorkers).
 using PerRank = std::function<void(int rank, TrainerOptions& options, TrainHooks& hooks)>;
 
+// The device a test's trainer runs on: the CUDA device when its options ask for one (the GPU tests
+// skip before that where there is none), else the CPU backend (whatever `device` says, so that the
+// training tests compute the same on a machine with a GPU).
+inline std::unique_ptr<Device> TestDevice(const TrainerOptions& o) {
+  if (o.device != DeviceKind::kCuda) return CreateCpuDevice();
+  auto dev = CreateDevice(DeviceKind::kCuda, o.gpu);
+  EXPECT_TRUE(dev.ok()) << dev.status();
+  return dev.ok() ? std::move(*dev) : nullptr;
+}
+
 // Runs `num_workers` trainers with `options` (servers, rank and num_workers set here; then
-// `per_rank`, if any) on the CPU device against `cluster`, one thread each, and waits for all.
+// `per_rank`, if any) on TestDevice against `cluster`, one thread each, and waits for all.
 // Progress lines go to `out`; the clients connect with `client_options`.
 inline std::vector<WorkerRun> RunWorkers(const ferry::test::LocalCluster& cluster, int num_workers,
                                          const TrainerOptions& options, const Datasets& data,
@@ -54,7 +65,8 @@ inline std::vector<WorkerRun> RunWorkers(const ferry::test::LocalCluster& cluste
       TrainHooks hooks = record ? Recorder(&run.trace) : TrainHooks{};
       if (per_rank) per_rank(rank, o, hooks);
       auto client = cluster.Connect(rank, num_workers, client_options);
-      auto device = CreateCpuDevice();
+      auto device = TestDevice(o);
+      if (device == nullptr) return;
       run.report = RunTraining(o, device.get(), client.get(), data, hooks, out);
     });
   }
@@ -122,7 +134,8 @@ inline TrainerOptions CtrOptions(OptimizerType opt, float lr, int64_t steps) {
 inline WorkerRun RunLocal(TrainerOptions options, const Datasets& data) {
   options.local = true;
   WorkerRun run;
-  auto device = CreateCpuDevice();
+  auto device = TestDevice(options);
+  if (device == nullptr) return run;
   run.report = RunTraining(options, device.get(), nullptr, data, Recorder(&run.trace), nullptr);
   return run;
 }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -65,6 +66,26 @@ class DeviceBuffer {
   FreeFn free_ = nullptr;
 };
 
+// The time a device spent on the work enqueued so far, by kind: each copy and each op timed on the
+// device itself, between two CUDA events around it, so the time from one call's end to the next
+// call's begin counts in none. A call's time starts at its begin event: where the device waits
+// there for the host to launch the call (small calls), that wait counts, and the figure measures
+// launches rather than kernels. Measured only by a CUDA device with timing on
+// (FERRY_DEVICE_TIMING=1 in its environment when it is created): an event pair per call costs the
+// host a few microseconds. Summed at each Synchronize().
+struct DeviceTimes {
+  bool measured = false;
+  double h2d_s = 0, d2h_s = 0, compute_s = 0;  // copies host->device, device->host; kernels and GEMMs
+  int64_t h2d_bytes = 0, d2h_bytes = 0;
+  int64_t pageable_bytes = 0;  // of those copies, the bytes whose host side was not pinned
+  int64_t ops = 0;             // calls timed
+  struct Op {
+    double s = 0;
+    int64_t calls = 0;
+  };
+  std::map<std::string, Op> by_op;  // the same time by call: "Gemm", "Dedup", "h2d", ...
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -83,6 +104,8 @@ class Device {
   virtual Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) = 0;
   // Waits for everything enqueued so far.
   virtual Status Synchronize() = 0;
+  // What the device has measured of its work up to the last Synchronize() (see DeviceTimes).
+  virtual DeviceTimes times() const { return {}; }
 
   // The ops of ferry/kernels.h, on device pointers (see there for what each computes).
   virtual Status Gemm(kernels::Transpose trans_a, kernels::Transpose trans_b, int64_t m, int64_t n,

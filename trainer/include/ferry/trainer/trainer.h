@@ -73,7 +73,9 @@
 //          max(compute_s, comm_s) / steps says how well a step hides its communication);
 //          worker 0 adds
 //          "staleness" {"k": updates applied k versions stale, summed over servers} and "final"
-//          (the last eval's fields); first_step (> 0: the step a --resume worker began at)
+//          (the last eval's fields); first_step (> 0: the step a --resume worker began at);
+//          with FERRY_DEVICE_TIMING=1 on a GPU, "device_time" (DeviceTimes: h2d_s, compute_s,
+//          d2h_s, h2d_bytes, d2h_bytes, pageable_bytes, ops, by_op {"Gemm": {s, calls}, ...})
 //   pass   (streamed Criteo files) a pass over this worker's files ended: pass (from 1),
 //          examples, bad_lines, files, bytes (of text read), first_bad_lines ["file:line: reason"]
 //   checkpoint  (worker 0, --checkpoint-every) step, ok; bytes (all shards), servers_paused_ms

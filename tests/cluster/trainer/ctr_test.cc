@@ -24,28 +24,8 @@
 namespace ferry::trainer {
 namespace {
 
-
-// Relative error with a floor of 1e-2 on the scale (zero-initialised biases).
-double MaxRel(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, std::abs(double{a[i]} - double{b[i]}) / std::max(std::abs(double{b[i]}), 1e-2));
-  }
-  return worst;
-}
-
-void ExpectTracesMatch(const test::Trace& got, const test::Trace& want, double tolerance) {
-  ASSERT_EQ(got.size(), want.size());
-  EXPECT_EQ(got[0], want[0]) << "the initial parameters differ";
-  double worst = 0;
-  for (size_t t = 0; t < want.size(); ++t) {
-    const double rel = MaxRel(got[t], want[t]);
-    worst = std::max(worst, rel);
-    EXPECT_LE(rel, tolerance) << "step " << t;
-  }
-  EXPECT_GT(MaxRel(want.back(), want.front()), 1e-3) << "the parameters did not move";
-  std::printf("max relative error over %zu steps: %.3g\n", want.size(), worst);
-}
+using test::ExpectTracesMatch;
+using test::MaxRel;
 
 class CtrSync : public testing::TestWithParam<OptimizerType> {};
 
@@ -97,29 +77,7 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, CtrSync, testing::Values(OptimizerType::kAd
 // layer then goes before the embeddings' backward, each part in messages of its own); sync
 // training gives the bits of the step sent whole.
 TEST(CtrSyncPipeline, PushByLayerGivesTheBitsOfTheWholePush) {
-  TrainerOptions base = test::CtrOptions(OptimizerType::kAdam, 0.01f, 8);
-  auto data = LoadCtrData(base);
-  ASSERT_TRUE(data.ok()) << data.status();
-  const Datasets ds{nullptr, nullptr, &*data};
-  base.batch = 4;
-  base.hidden = {4096, 16};
-  test::Trace traces[2];
-  int64_t messages[2] = {0, 0};
-  for (const bool by_layer : {false, true}) {
-    auto cluster = ferry::test::LocalCluster::Start(2);
-    TrainerOptions o = base;
-    o.push_by_layer = by_layer;
-    const auto worker = test::RunWorkers(cluster, 2, o, ds, /*record=*/true, nullptr, {}, ferry::test::NoHeartbeats());
-    ASSERT_TRUE(worker[0].report.ok()) << worker[0].report.status();
-    ASSERT_TRUE(worker[1].report.ok()) << worker[1].report.status();
-    EXPECT_EQ(worker[0].trace, worker[1].trace);
-    traces[by_layer ? 1 : 0] = worker[0].trace;
-    messages[by_layer ? 1 : 0] = test::ServerMessages(cluster);
-  }
-  ASSERT_EQ(traces[0].size(), 9u);
-  for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[0][t], traces[1][t]) << "step " << t;
-  EXPECT_GT(MaxRel(traces[0].back(), traces[0].front()), 1e-3) << "the parameters did not move";
-  EXPECT_GT(messages[1], messages[0]);
+  test::ExpectPushByLayerGivesTheBitsOfTheWholePush(DeviceKind::kCpu);
 }
 
 // --accumulate k with batch B pushes the mean gradient over kB examples: the same step as batch kB.

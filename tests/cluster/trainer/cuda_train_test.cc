@@ -29,29 +29,8 @@ namespace {
     std::printf("%s\n", choice.c_str());                                                               \
   } while (0)
 
-// Relative error with a floor of 1e-2 on the scale (zero-initialised biases).
-double MaxRel(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, std::abs(double{a[i]} - double{b[i]}) / std::max(std::abs(double{b[i]}), 1e-2));
-  }
-  return worst;
-}
-
-// The GPU's trace follows the CPU's within `tolerance` at every step, and training moved them.
-void ExpectNear(const test::Trace& gpu, const test::Trace& cpu, double tolerance) {
-  ASSERT_EQ(gpu.size(), cpu.size());
-  ASSERT_FALSE(cpu.empty());
-  EXPECT_EQ(gpu[0], cpu[0]) << "the initial parameters differ";
-  double worst = 0;
-  for (size_t t = 0; t < cpu.size(); ++t) {
-    const double rel = MaxRel(gpu[t], cpu[t]);
-    worst = std::max(worst, rel);
-    EXPECT_LE(rel, tolerance) << "step " << t;
-  }
-  EXPECT_GT(MaxRel(cpu.back(), cpu.front()), 1e-3) << "the parameters did not move";
-  std::printf("GPU against CPU: max relative error over %zu steps: %.3g\n", cpu.size(), worst);
-}
+using test::ExpectTracesMatch;
+using test::MaxRel;
 
 TrainerOptions OnDevice(TrainerOptions o, DeviceKind device) {
   o.device = device;
@@ -77,7 +56,7 @@ TEST(CudaTraining, MlpLocalFollowsTheCpuTwinAndRepeatsItsBits) {
   ASSERT_TRUE(cpu.report.ok()) << cpu.report.status();
   ASSERT_TRUE(gpu.report.ok()) << gpu.report.status();
   ASSERT_TRUE(again.report.ok()) << again.report.status();
-  ExpectNear(gpu.trace, cpu.trace, 1e-4);
+  ExpectTracesMatch(gpu.trace, cpu.trace, 1e-4);
   EXPECT_EQ(gpu.trace, again.trace) << "two GPU runs differ";
   EXPECT_EQ(gpu.report->eval.count, 64);
   EXPECT_NEAR(gpu.report->eval.loss, cpu.report->eval.loss, 1e-4);
@@ -104,7 +83,7 @@ TEST(CudaTraining, CtrSyncTwoWorkersOnOneGpuFollowTheCpuTwinAndRepeatTheirBits) 
     for (const test::WorkerRun& w : runs[i]) ASSERT_TRUE(w.report.ok()) << w.report.status();
     EXPECT_EQ(runs[i][0].trace, runs[i][1].trace) << "the workers of run " << i << " pulled different parameters";
   }
-  ExpectNear(runs[1][0].trace, runs[0][0].trace, 1e-4);
+  ExpectTracesMatch(runs[1][0].trace, runs[0][0].trace, 1e-4);
   EXPECT_EQ(runs[1][0].trace, runs[2][0].trace) << "two sync runs on the GPU differ";
   const EvalSummary& gpu = runs[1][0].report->eval;
   const EvalSummary& cpu = runs[0][0].report->eval;
@@ -118,27 +97,7 @@ TEST(CudaTraining, CtrSyncTwoWorkersOnOneGpuFollowTheCpuTwinAndRepeatTheirBits) 
 // training gives the bits of the step pushed whole on the same GPU.
 TEST(CudaTraining, PushByLayerOnTheGpuGivesTheBitsOfTheWholePush) {
   FERRY_SKIP_WITHOUT_GPU();
-  TrainerOptions base = test::CtrOptions(OptimizerType::kAdam, 0.01f, 8);
-  auto data = LoadCtrData(base);
-  ASSERT_TRUE(data.ok()) << data.status();
-  const Datasets ds{nullptr, nullptr, &*data};
-  base.batch = 4;
-  base.hidden = {4096, 16};
-  base.device = DeviceKind::kCuda;
-  test::Trace traces[2];
-  for (const bool by_layer : {false, true}) {
-    auto cluster = ferry::test::LocalCluster::Start(2);
-    TrainerOptions o = base;
-    o.push_by_layer = by_layer;
-    const auto worker = test::RunWorkers(cluster, 2, o, ds, /*record=*/true, nullptr, {}, ferry::test::NoHeartbeats());
-    ASSERT_TRUE(worker[0].report.ok()) << worker[0].report.status();
-    ASSERT_TRUE(worker[1].report.ok()) << worker[1].report.status();
-    EXPECT_EQ(worker[0].trace, worker[1].trace);
-    traces[by_layer ? 1 : 0] = worker[0].trace;
-  }
-  ASSERT_EQ(traces[0].size(), 9u);
-  for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[0][t], traces[1][t]) << "step " << t;
-  EXPECT_GT(MaxRel(traces[0].back(), traces[0].front()), 1e-3) << "the parameters did not move";
+  test::ExpectPushByLayerGivesTheBitsOfTheWholePush(DeviceKind::kCuda);
 }
 
 }  // namespace

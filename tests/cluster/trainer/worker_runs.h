@@ -2,6 +2,8 @@
 // --local reference, for the training tests.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -14,6 +16,7 @@
 #include "support/cluster.h"
 #include "ferry/data/fashion_mnist.h"
 #include "ferry/trainer/device.h"
+#include "ferry/trainer/models.h"
 #include "ferry/trainer/options.h"
 #include "ferry/trainer/trainer.h"
 
@@ -31,6 +34,31 @@ inline TrainHooks Recorder(Trace* trace) {
   TrainHooks hooks;
   hooks.on_params = [trace](int64_t, std::span<const float> p) { trace->emplace_back(p.begin(), p.end()); };
   return hooks;
+}
+
+// Relative error with a floor of 1e-2 on the scale (zero-initialised biases).
+inline double MaxRel(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(double{a[i]} - double{b[i]}) / std::max(std::abs(double{b[i]}), 1e-2));
+  }
+  return worst;
+}
+
+// `got` follows `want` within `tolerance` (MaxRel) at every step from the same initial parameters,
+// and training moved them.
+inline void ExpectTracesMatch(const Trace& got, const Trace& want, double tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(got[0], want[0]) << "the initial parameters differ";
+  double worst = 0;
+  for (size_t t = 0; t < want.size(); ++t) {
+    const double rel = MaxRel(got[t], want[t]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, tolerance) << "step " << t;
+  }
+  EXPECT_GT(MaxRel(want.back(), want.front()), 1e-3) << "the parameters did not move";
+  std::printf("max relative error over %zu steps: %.3g\n", want.size(), worst);
 }
 
 // Changes one worker's options and hooks before it runs (RunWorkers).
@@ -128,6 +156,36 @@ inline TrainerOptions CtrOptions(OptimizerType opt, float lr, int64_t steps) {
   o.seed = 11;
   o.log_every = 0;
   return o;
+}
+
+// --push-by-layer in sync: the ctr tower's layers (hidden 4096,16: the top two hold 256 KiB and go
+// first, the first layer then goes before the embeddings' backward, each part in messages of its
+// own) give, on `device`, the bits of the step sent whole, in more messages.
+inline void ExpectPushByLayerGivesTheBitsOfTheWholePush(DeviceKind device) {
+  TrainerOptions base = CtrOptions(OptimizerType::kAdam, 0.01f, 8);
+  auto data = LoadCtrData(base);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const Datasets ds{nullptr, nullptr, &*data};
+  base.batch = 4;
+  base.hidden = {4096, 16};
+  base.device = device;
+  Trace traces[2];
+  int64_t messages[2] = {0, 0};
+  for (const bool by_layer : {false, true}) {
+    auto cluster = ferry::test::LocalCluster::Start(2);
+    TrainerOptions o = base;
+    o.push_by_layer = by_layer;
+    const auto worker = RunWorkers(cluster, 2, o, ds, /*record=*/true, nullptr, {}, ferry::test::NoHeartbeats());
+    ASSERT_TRUE(worker[0].report.ok()) << worker[0].report.status();
+    ASSERT_TRUE(worker[1].report.ok()) << worker[1].report.status();
+    EXPECT_EQ(worker[0].trace, worker[1].trace);
+    traces[by_layer ? 1 : 0] = worker[0].trace;
+    messages[by_layer ? 1 : 0] = ServerMessages(cluster);
+  }
+  ASSERT_EQ(traces[0].size(), 9u);
+  for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[0][t], traces[1][t]) << "step " << t;
+  EXPECT_GT(MaxRel(traces[0].back(), traces[0].front()), 1e-3) << "the parameters did not move";
+  EXPECT_GT(messages[1], messages[0]);
 }
 
 // The --local reference run of `options`, recording its trace.

@@ -63,6 +63,10 @@ same $R/torch_dlrm/bags/summary.txt $R/torch_dlrm/summarize.py $R/torch_dlrm/bag
 same $R/malloc_tuning/summary.txt $R/malloc_tuning/summarize.py $R/malloc_tuning
 same $R/malloc_tuning/small/summary.txt $R/malloc_tuning/summarize.py $R/malloc_tuning/small
 same $R/transport/summary.txt $R/transport/summarize.py $R/transport
+same $R/gpu/h100_1/summary.txt bench/gpu/summarize.py $R/gpu/h100_1
+same $R/gpu/h100_2/summary.txt bench/gpu/summarize.py $R/gpu/h100_2
+same $R/gpu/h100_3/summary.txt bench/gpu/summarize.py $R/gpu/h100_3
+same $R/gpu/h200_4/summary.txt bench/gpu/summarize.py $R/gpu/h200_4
 runs $R/compression/summarize.py
 runs $R/criteo/summarize.py
 runs $R/criteo/read_ahead/summarize.py

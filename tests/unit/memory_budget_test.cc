@@ -3,10 +3,13 @@
 // allocated, with how much was asked and how much is left, and leaves everything as it was.
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "ferry/table_spec.h"
 #include "internal/memory_budget.h"
@@ -32,6 +35,101 @@ TableSpec Sparse(const std::string& name, int64_t dim) {
   spec.dim = dim;
   spec.optimizer.type = OptimizerType::kAdagrad;  // one state slot: 2 * dim floats a row
   return spec;
+}
+
+// A fake cgroup tree under a temporary directory: Write("sys/fs/cgroup/memory/a/x", "1") makes
+// the file and its folders.
+class FakeCgroups : public testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = std::filesystem::temp_directory_path() /
+            ("ferry-cgroup-test-" + std::to_string(::getpid()) + "-" +
+             testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(root_);
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+  void Write(const std::string& path, const std::string& text) {
+    const std::filesystem::path p = root_ / path;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << text << "\n";
+  }
+  int64_t Limit(const std::string& proc_cgroup, const std::string& mountinfo) {
+    return MemoryBudget::CgroupLimit(proc_cgroup, mountinfo, root_.string());
+  }
+  std::filesystem::path root_;
+};
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr char kV1None[] = "9223372036854771712";  // v1's "no limit"
+// A cgroup v1 machine (Slurm, older Kubernetes nodes): memory's own hierarchy.
+constexpr char kV1Mounts[] =
+    "25 1 0:23 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n"
+    "30 25 0:27 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:13 - cgroup cgroup rw,memory\n"
+    "31 25 0:28 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:14 - cgroup cgroup rw,cpu,cpuacct\n";
+constexpr char kV1Job[] = "12:memory:/slurm/uid_1000/job_5\n11:cpu,cpuacct:/slurm/uid_1000/job_5\n";
+
+// The case: a ferry-ps inside a v1 memory cgroup of 6 GiB on a bigger machine. The old
+// code read only the hierarchy's root (no limit) and took 80% of the machine.
+TEST_F(FakeCgroups, AV1LimitOnTheProcesssOwnCgroupCounts) {
+  Write("sys/fs/cgroup/memory/memory.limit_in_bytes", kV1None);
+  Write("sys/fs/cgroup/memory/slurm/memory.limit_in_bytes", kV1None);
+  Write("sys/fs/cgroup/memory/slurm/uid_1000/memory.limit_in_bytes", kV1None);
+  Write("sys/fs/cgroup/memory/slurm/uid_1000/job_5/memory.limit_in_bytes", std::to_string(6 * kGiB));
+  EXPECT_EQ(Limit(kV1Job, kV1Mounts), 6 * kGiB);
+}
+
+TEST_F(FakeCgroups, TheLowestLimitOfTheCgroupAndItsAncestorsCounts) {
+  Write("sys/fs/cgroup/memory/slurm/uid_1000/memory.limit_in_bytes", std::to_string(4 * kGiB));
+  Write("sys/fs/cgroup/memory/slurm/uid_1000/job_5/memory.limit_in_bytes", std::to_string(6 * kGiB));
+  EXPECT_EQ(Limit(kV1Job, kV1Mounts), 4 * kGiB);
+  // None anywhere: no limit.
+  Write("sys/fs/cgroup/memory/slurm/uid_1000/memory.limit_in_bytes", kV1None);
+  Write("sys/fs/cgroup/memory/slurm/uid_1000/job_5/memory.limit_in_bytes", kV1None);
+  EXPECT_EQ(Limit(kV1Job, kV1Mounts), 0);
+}
+
+TEST_F(FakeCgroups, V2ReadsMemoryMaxUpTheTree) {
+  const std::string mounts = "35 1 0:30 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n";
+  Write("sys/fs/cgroup/user.slice/memory.max", std::to_string(2 * kGiB));
+  Write("sys/fs/cgroup/user.slice/app.scope/memory.max", "max");
+  EXPECT_EQ(Limit("0::/user.slice/app.scope\n", mounts), 2 * kGiB);
+  Write("sys/fs/cgroup/user.slice/app.scope/memory.max", std::to_string(kGiB));
+  EXPECT_EQ(Limit("0::/user.slice/app.scope\n", mounts), kGiB);
+  // In a cgroup namespace the process's cgroup is "/": the mount's own file.
+  Write("sys/fs/cgroup/memory.max", std::to_string(3 * kGiB));
+  EXPECT_EQ(Limit("0::/\n", mounts), 3 * kGiB);
+}
+
+TEST_F(FakeCgroups, AHybridMachineTakesTheLowerOfV1AndV2) {
+  const std::string mounts = std::string(kV1Mounts) +
+                             "40 25 0:35 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw,nsdelegate\n";
+  Write("sys/fs/cgroup/memory/slurm/uid_1000/job_5/memory.limit_in_bytes", std::to_string(6 * kGiB));
+  Write("sys/fs/cgroup/unified/slurm/uid_1000/job_5/memory.max", std::to_string(5 * kGiB));
+  EXPECT_EQ(Limit(std::string(kV1Job) + "0::/slurm/uid_1000/job_5\n", mounts), 5 * kGiB);
+}
+
+// A container sees a bind mount of its own subtree: the mount's root is its cgroup's path.
+TEST_F(FakeCgroups, AMountOfASubtreeIsReadBelowItsRoot) {
+  const std::string mounts =
+      "50 40 0:27 /docker/abc /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n";
+  Write("sys/fs/cgroup/memory/memory.limit_in_bytes", std::to_string(8 * kGiB));
+  Write("sys/fs/cgroup/memory/child/memory.limit_in_bytes", std::to_string(7 * kGiB));
+  EXPECT_EQ(Limit("9:memory:/docker/abc/child\n", mounts), 7 * kGiB);
+  EXPECT_EQ(Limit("9:memory:/docker/abc\n", mounts), 8 * kGiB);
+  // A path outside the mount's root (another namespace's view): the mount itself.
+  EXPECT_EQ(Limit("9:memory:/elsewhere\n", mounts), 8 * kGiB);
+  // A mount point with a space, escaped by the kernel as \040.
+  Write("mnt/cg roup/memory.limit_in_bytes", std::to_string(kGiB));
+  EXPECT_EQ(Limit("9:memory:/\n", "60 1 0:27 / /mnt/cg\\040roup rw - cgroup cgroup rw,memory\n"), kGiB);
+}
+
+TEST_F(FakeCgroups, NoCgroupsOrGarbageMeanNoLimit) {
+  EXPECT_EQ(Limit("", ""), 0);
+  EXPECT_EQ(Limit("garbage\n::\n12:memory\n", "x y z\n - \n1 2 3 4 5 - cgroup\n"), 0);
+  Write("sys/fs/cgroup/memory/memory.limit_in_bytes", "not a number");
+  EXPECT_EQ(Limit("12:memory:relative/path\n", kV1Mounts), 0);  // a path without a leading '/' ends
+  // This machine's own files parse (whatever they hold).
+  EXPECT_GE(MemoryBudget::DefaultLimit(), 0);
 }
 
 TEST(MemoryBudget, TakesWhatFitsAndRefusesWhatDoesNot) {

@@ -35,6 +35,15 @@ class MemoryBudget {
   // 80% of the memory this process may use: the machine's, or its cgroup's limit if lower.
   static int64_t DefaultLimit();
 
+  // The memory limit of this process's cgroups, or 0 when none is set: the lowest memory.max
+  // (cgroup v2) or memory.limit_in_bytes (v1) of its own cgroup and every ancestor up to the
+  // hierarchy's mount, of every hierarchy that holds the memory controller. `proc_cgroup` and
+  // `mountinfo` are the texts of /proc/self/cgroup and /proc/self/mountinfo; `root` is prefixed
+  // to every path read ("" for the real files; a temporary tree in the tests). A process in a
+  // cgroup namespace sees its own cgroup as "/" and the mount's root as "/": it reads the mount.
+  static int64_t CgroupLimit(const std::string& proc_cgroup, const std::string& mountinfo,
+                             const std::string& root = "");
+
   int64_t limit() const { return limit_; }
   int64_t used() const { return used_.load(std::memory_order_relaxed); }
   // Charges refused so far.

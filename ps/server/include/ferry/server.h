@@ -61,8 +61,8 @@ struct ServerOptions {
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(2)};
   // The memory this server's tables may take: a dense shard is charged when it is declared, a
   // sparse row when it is created; what would go over is refused with RESOURCE_EXHAUSTED saying
-  // how much was asked and how much is left. 0: 80% of the machine's memory (or of this
-  // process's cgroup limit, if lower).
+  // how much was asked and how much is left. 0: 80% of the machine's memory, or of this
+  // process's cgroup limit if lower (v1 or v2: the lowest of its own cgroup and its ancestors).
   int64_t memory_budget_bytes = 0;
   // Workers in the job; 0: the first Hello says. A Hello that disagrees is refused. Required
   // with `restore` (the restored tables are made for the job's workers).

@@ -109,6 +109,18 @@ class CriteoStreamTest(unittest.TestCase):
         # And it learned: C1 sets 90% of the labels.
         self.assertGreater(large["final"]["auc"], 0.8)
 
+    def test_a_file_without_line_ends_ends_the_run_naming_it(self):
+        # /dev/zero has no line end: it was read past forever (the run hung until killed). Now
+        # the reader gives up after 64 times the longest line and the trainer exits, naming it.
+        write_files(self.tmp, 1, 200, seed=7, prefix="test_")
+        argv = [TRAINER_BIN, "--local", "--device", "cpu", "--model", "ctr", "--emb-dim", "4", "--hidden", "16",
+                "--steps", "10", "--batch", "64", "--criteo-train", "/dev/zero",
+                "--criteo-test", os.path.join(self.tmp, "test_0.gz"), "--blas-threads", "1"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        self.assertEqual(done.returncode, 1, done.stdout + done.stderr)
+        self.assertIn("/dev/zero: no line end in ", done.stderr)
+        self.assertIn("not text lines", done.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -481,6 +481,52 @@ TEST(CriteoTest, ALineOverTheLimitIsABadLineNotHeld) {
   }
 }
 
+// A line is read past up to 64 times the limit (LineReader::kReadPastLines), then the file is refused as
+// not text lines, naming it and the byte the line began at: /dev/zero would be read forever.
+TEST(CriteoTest, AFileWithoutLineEndsIsRefusedNotReadForever) {
+  constexpr int64_t kLimit = 4096;
+  const std::string head = Numbered(0) + "\n" + Numbered(1) + "\n";
+  const int64_t past = 64 * kLimit;  // LineReader::kReadPastLines (trainer/data/src/gz_file.h)
+  // Reads every batch; the first error ends it.
+  const auto read = [](CriteoReader& reader, std::vector<int>* seen) -> Status {
+    CtrBatch batch;
+    for (;;) {
+      StatusOr<int64_t> n = reader.ReadBatch(3, &batch);
+      if (!n.ok()) return n.status();
+      if (*n == 0) return Status::Ok();
+      for (int64_t k = 0; k < *n; ++k)
+        seen->push_back(static_cast<int>(std::lround(std::expm1(batch.dense_row(k)[0]))));
+    }
+  };
+  for (const int64_t run : {past - kLimit, past + 2 * kLimit}) {  // within the bound, then beyond it
+    TempFile file(".tsv");
+    WritePlain(file.path(), head + std::string(static_cast<size_t>(run), 'z') + "\n" + Numbered(2) + "\n");
+    CriteoOptions o;
+    o.read_buffer_bytes = 1024;
+    o.max_line_bytes = kLimit;
+    auto reader = CriteoReader::Open(file.path(), o);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    std::vector<int> seen;
+    const Status st = read(**reader, &seen);
+    if (run < past) {
+      EXPECT_TRUE(st.ok()) << st;
+      EXPECT_EQ(seen, (std::vector<int>{0, 1, 2}));
+    } else {
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+      EXPECT_THAT(st.message(), HasSubstr(file.path() + ": no line end in "));
+      EXPECT_THAT(st.message(), HasSubstr(" bytes from byte " + std::to_string(head.size()) + ","));
+    }
+  }
+  // The device itself, opened as ferry-trainer opens its files.
+  auto zero = CriteoReader::Open("/dev/zero", CriteoOptions{});
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  std::vector<int> seen;
+  const Status st = read(**zero, &seen);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), HasSubstr("/dev/zero: no line end in "));
+  EXPECT_TRUE(seen.empty());
+}
+
 TEST(CriteoTest, ExpandsListsAndGlobs) {
   TempDir dir;
   for (const char* name : {"day_2.gz", "day_0.gz", "day_1.gz", "other.tsv"}) WritePlain(dir / name, "");

@@ -128,10 +128,19 @@ StatusOr<bool> LineReader::Next(std::string_view* line, bool* too_long) {
       return true;
     }
     if (end_ - begin_ > max_line_) {
-      // No '\n' in more than max_line_ bytes: drop them and read on to the line's end.
+      // No '\n' in more than max_line_ bytes: drop them and read on to the line's end, but not
+      // forever: a file with no line ends (/dev/zero, a binary file) is not text lines.
+      if (!*too_long) line_start_ = consumed_;
       *too_long = true;
       consumed_ += end_ - begin_;
       begin_ = end_;
+      if (consumed_ - line_start_ > kReadPastLines * max_line_) {
+        return InvalidArgumentError(file_.path() + ": no line end in " + std::to_string(consumed_ - line_start_) +
+                                    " bytes from byte " + std::to_string(line_start_) + ", over " +
+                                    std::to_string(kReadPastLines) + " times the longest line (" +
+                                    std::to_string(max_line_) + " bytes): not text lines (a device such as "
+                                    "/dev/zero, or a binary file?)");
+      }
       FERRY_RETURN_IF_ERROR(Fill());
       scanned = begin_;
       continue;

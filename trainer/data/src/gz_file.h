@@ -52,9 +52,12 @@ class LineReader {
   LineReader(GzFile file, int64_t buffer_bytes, int64_t max_line_bytes = int64_t{1} << 20);
 
   // Sets *line to the next line without its '\n' and returns true, or returns false at the end.
-  // A line of more than max_line_bytes is read past, not kept: *too_long is set and *line empty.
-  // The view stays valid until the next call. Errors from the file are returned as they are.
+  // A line of more than max_line_bytes is read past, not kept: *too_long is set and *line empty;
+  // one with no end within kReadPastLines times max_line_bytes is INVALID_ARGUMENT naming the
+  // file and the byte it started at (a device such as /dev/zero would be read forever). The view
+  // stays valid until the next call. Errors from the file are returned as they are.
   StatusOr<bool> Next(std::string_view* line, bool* too_long);
+  static constexpr int64_t kReadPastLines = 64;
   Status Rewind();
 
   const std::string& path() const { return file_.path(); }
@@ -70,6 +73,7 @@ class LineReader {
   int64_t begin_ = 0;  // first unread byte
   int64_t end_ = 0;    // one past the last valid byte
   int64_t consumed_ = 0;
+  int64_t line_start_ = 0;  // where the line being read past began
   bool eof_ = false;
 };
 

@@ -202,6 +202,9 @@ def load_cluster(ap, opts):
                 text = f.read()
         except OSError as e:
             raise LaunchError(f"spec: cannot read {opts.spec}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise LaunchError(f"spec: {opts.spec} is not UTF-8 text (byte {e.start}: "
+                              f"{e.object[e.start:e.start + 1]!r})") from None
         return parse_spec(decode_spec(text, opts.spec))
     if opts.num_ps is None or opts.num_workers is None:
         ap.error("give --num-ps and --num-workers, or --spec FILE")

@@ -114,6 +114,9 @@ def decode_spec(text, what):
         return json.loads(text, object_pairs_hook=_reject_duplicate_keys)
     except json.JSONDecodeError as e:
         raise LaunchError(f"spec: {what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise LaunchError(f"spec: {what} nests its JSON too deeply (a spec is two or three "
+                          "levels: {\"ps\": [...], \"worker\": [...]})") from None
 
 
 def _check_tf_task(task, cluster):

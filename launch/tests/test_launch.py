@@ -1240,6 +1240,20 @@ class UsageErrorTest(unittest.TestCase):
                 self.assertIn("ferry-launch: error: spec:", out)
                 self.assertIn(want, out)
 
+
+    def test_a_spec_that_is_not_utf8_or_nests_too_deeply_is_an_error_not_a_traceback(self):
+        # Both printed a Python traceback (issue 35).
+        path = os.path.join(self.tmp.name, "spec.json")
+        for content, want in [(b'{"ps": ["\xff"], "worker": ["127.0.0.1"]}', "is not UTF-8 text (byte 9: b'\\xff')"),
+                              (b"[" * 100000, "nests its JSON too deeply")]:
+            with self.subTest(want=want):
+                with open(path, "wb") as f:
+                    f.write(content)
+                rc, out = run_in_process(["--spec", path, "--bin-dir", BUILD_DIR, "--dry-run"])
+                self.assertEqual(rc, 2, out)
+                self.assertIn("ferry-launch: error: spec: " + path, out)
+                self.assertIn(want, out)
+                self.assertNotIn("Traceback", out)
     def test_launcher_owned_trainer_flag_rejected(self):
         rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--",
                                 "--rank", "3"])

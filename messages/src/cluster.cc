@@ -2,6 +2,9 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <map>
+#include <string>
+#include <utility>
 
 #include <arpa/inet.h>
 
@@ -75,6 +78,18 @@ StatusOr<ClusterConfig> ParseTfConfig(std::string_view text) {
   if (ps.empty()) return Bad("cluster.ps", "no parameter servers listed (Ferry needs at least one)");
   if (chief.size() > 1) return Bad("cluster.chief", "lists " + std::to_string(chief.size()) + " tasks; at most one");
   if (chief.empty() && worker.empty()) return Bad("cluster", "no \"chief\" or \"worker\" tasks listed");
+  // Every task has its own address: two tasks at one "host:port" (a copy-paste slip) would make
+  // two servers bind one port, or a worker dial a server as another.
+  std::map<std::string, std::string> seen;  // address (without tcp://) -> where it was listed
+  for (const auto& [name, list] : {std::pair{"ps", &ps}, std::pair{"chief", &chief}, std::pair{"worker", &worker}}) {
+    for (size_t i = 0; i < list->size(); ++i) {
+      const std::string& entry = (*list)[i];
+      const std::string address = entry.starts_with("tcp://") ? entry.substr(6) : entry;
+      const std::string where = std::string("cluster.") + name + "[" + std::to_string(i) + "]";
+      const auto [it, added] = seen.emplace(address, where);
+      if (!added) return Bad(where, "'" + entry + "' is listed twice (also " + it->second + "): each task has its own");
+    }
+  }
   for (auto& [key, value] : cluster->items()) {
     if (key == "evaluator")
       return Bad("cluster.evaluator", "Ferry has no evaluator task (workers evaluate: --eval-every)");

@@ -75,6 +75,13 @@ TEST(TfConfig, RefusesWhatItCannotUseSayingWhere) {
       {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 1}})",
        "task.index: 1 is outside cluster.worker (1 entries)"},
       {R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": -1}})", "task.index: -1"},
+      // Each task at its own address (issue 35: two ps entries at one address were accepted).
+      {R"({"cluster": {"ps": ["a:1", "b:1", "a:1"], "worker": ["c:1"]}, "task": {"type": "worker", "index": 0}})",
+       "cluster.ps[2]: 'a:1' is listed twice (also cluster.ps[0])"},
+      {R"({"cluster": {"ps": ["a:1", "tcp://a:1"], "worker": ["c:1"]}, "task": {"type": "ps", "index": 0}})",
+       "cluster.ps[1]: 'tcp://a:1' is listed twice (also cluster.ps[0])"},
+      {R"({"cluster": {"ps": ["a:1"], "chief": ["c:1"], "worker": ["a:1"]}, "task": {"type": "chief", "index": 0}})",
+       "cluster.worker[0]: 'a:1' is listed twice (also cluster.ps[0])"},
   };
   for (const auto& [json, want] : cases) {
     auto c = ParseTfConfig(json);

@@ -6,13 +6,14 @@ manifests' JSON, to refuse early with a clear message. Layout (ferry-ps --checkp
 CURRENT (one line naming the newest manifest), MANIFEST-<20-digit step> (JSON: "step",
 "meaning", "shards": [{"file", "bytes", "crc32"}]) and the shard files. `ferry-ps --restore`
 tries the manifest CURRENT names, then the other manifests, newest step first, and takes the
-first that verifies; find_checkpoint() follows the same order, checking names and sizes (the
-servers also check every block's checksum).
+first that verifies; find_checkpoint() follows the same order, checking names, sizes and each
+shard file's CRC-32 against its manifest (the servers also check every block inside).
 """
 
 import json
 import os
 import re
+import zlib
 
 from .common import LaunchError
 
@@ -41,9 +42,20 @@ def _current(folder):
         return None
 
 
+def _crc32(path):
+    """zlib's CRC-32 of the whole file, read in 4 MiB pieces."""
+    crc = 0
+    with open(path, "rb") as f:
+        while True:
+            piece = f.read(4 << 20)
+            if not piece:
+                return crc
+            crc = zlib.crc32(piece, crc)
+
+
 def _check_manifest(folder, name):
-    """(step, None) when manifest `name` and its shard files are there with the sizes it
-    gives; (None, why not) otherwise."""
+    """(step, None) when manifest `name` and its shard files are there with the sizes and
+    CRC-32s it gives; (None, why not) otherwise. Sizes first: a short file costs no read."""
     try:
         with open(os.path.join(folder, name), encoding="utf-8") as f:
             data = json.load(f)
@@ -67,6 +79,17 @@ def _check_manifest(folder, name):
         want = s.get("bytes")
         if isinstance(want, int) and not isinstance(want, bool) and size != want:
             return None, f"{name}: shard file {file} has {size} bytes, the manifest says {want}"
+    for s in shards:
+        want = s.get("crc32")
+        if not isinstance(want, int) or isinstance(want, bool):
+            return None, f"{name}: shard file {s['file']} has no \"crc32\" in the manifest"
+        try:
+            got = _crc32(os.path.join(folder, s["file"]))
+        except OSError as e:
+            return None, f"{name}: shard file {s['file']}: cannot read it: {e.strerror}"
+        if got != want:
+            return None, (f"{name}: shard file {s['file']} is damaged: its CRC-32 is {got}, the "
+                          f"manifest says {want}")
     return step, None
 
 
@@ -77,7 +100,7 @@ def _entries_text(names):
 
 
 def find_checkpoint(folder, flag="--resume"):
-    """What `ferry-ps --restore` would start from, as far as names and sizes tell: the manifest
+    """What `ferry-ps --restore` would start from, as far as names, sizes and CRCs tell: the manifest
     CURRENT names, else the newest other MANIFEST-<step>. Returns (manifest name, step, passed
     over: [why each earlier candidate was skipped]). Raises LaunchError saying what the folder
     holds when there is none."""

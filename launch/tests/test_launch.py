@@ -29,6 +29,7 @@ import threading
 import time
 import unittest
 import unittest.mock
+import zlib
 
 from build_paths import BUILD_DIR, HERE, KEYS_BIN, LAUNCHER, PS_BIN, TRAINER_BIN
 
@@ -1049,7 +1050,8 @@ class CheckpointFlagsTest(unittest.TestCase):
            "--bin-dir", BUILD_DIR, "--dry-run"]
 
     def checkpoint(self, folder, step, shard_bytes=4, current=True):
-        """A fake checkpoint of one shard (names and sizes right; the launcher reads no more)."""
+        """A fake checkpoint of one shard (names, sizes and the file's CRC-32 right; the launcher
+        reads no more). The manifest says 4 bytes of b"x"; `shard_bytes` makes the file differ."""
         os.makedirs(folder, exist_ok=True)
         shard = f"step-{step:020d}-shard-00000-of-00001.ckpt"
         with open(os.path.join(folder, shard), "wb") as f:
@@ -1057,7 +1059,7 @@ class CheckpointFlagsTest(unittest.TestCase):
         manifest = f"MANIFEST-{step:020d}"
         with open(os.path.join(folder, manifest), "w") as f:
             json.dump({"format": 1, "step": step, "meaning": "sync", "shards": [
-                {"file": shard, "bytes": 4, "crc32": 0}]}, f)
+                {"file": shard, "bytes": 4, "crc32": zlib.crc32(b"xxxx")}]}, f)
         if current:
             with open(os.path.join(folder, "CURRENT"), "w") as f:
                 f.write(manifest + "\n")
@@ -1127,6 +1129,21 @@ class CheckpointFlagsTest(unittest.TestCase):
             ["MANIFEST-00000000000000000040: shard file "
              "step-00000000000000000040-shard-00000-of-00001.ckpt has 3 bytes, the manifest "
              "says 4"]))
+        # A byte changed, the size the same: the CRC-32 catches it, as the servers' check would
+        # (the launcher checked only sizes: issue 35). Each byte in turn.
+        for at in range(4):
+            with self.subTest(byte=at):
+                self.checkpoint(folder, 40)
+                path = os.path.join(folder, "step-00000000000000000040-shard-00000-of-00001.ckpt")
+                with open(path, "r+b") as f:
+                    f.seek(at)
+                    f.write(b"y")
+                self.assertEqual(fl.find_checkpoint(folder), (
+                    "MANIFEST-00000000000000000020", 20,
+                    ["MANIFEST-00000000000000000040: shard file "
+                     "step-00000000000000000040-shard-00000-of-00001.ckpt is damaged: its CRC-32 is "
+                     f"{zlib.crc32(b'x' * at + b'y' + b'x' * (3 - at))}, the manifest says {zlib.crc32(b'xxxx')}"]))
+        self.checkpoint(folder, 40, shard_bytes=3)
         # --checkpoint-dir: a folder that holds a checkpoint belongs to another job.
         rc, out = run_in_process(self.BASE + ["--checkpoint-dir", folder, "--log-dir",
                                               os.path.join(self.dir, "logs")])

@@ -196,10 +196,20 @@ class CudaDevice final : public Device {
   Status Time(Kind kind, const char* op, int64_t bytes, const void* host, Enqueue&& enqueue) {
     if (!timing_) return enqueue();
     FERRY_ASSIGN_OR_RETURN(cudaEvent_t begin, Event());
-    FERRY_ASSIGN_OR_RETURN(cudaEvent_t end, Event());
+    StatusOr<cudaEvent_t> made = Event();
+    if (!made.ok()) {
+      free_events_.push_back(begin);
+      return made.status();
+    }
+    const cudaEvent_t end = *made;
     pending_.push_back(Timed{begin, end, kind, op});
     FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(begin, stream_));
-    FERRY_RETURN_IF_ERROR(enqueue());
+    if (Status enqueued = enqueue(); !enqueued.ok()) {  // nothing to time: its events go back unread
+      pending_.pop_back();
+      free_events_.push_back(begin);
+      free_events_.push_back(end);
+      return enqueued;
+    }
     FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(end, stream_));
     if (kind == Kind::kCompute) return Status::Ok();
     (kind == Kind::kH2d ? times_.h2d_bytes : times_.d2h_bytes) += bytes;
@@ -229,7 +239,7 @@ class CudaDevice final : public Device {
       const cudaError_t err = cudaEventElapsedTime(&ms, t.begin, t.end);
       free_events_.push_back(t.begin);
       free_events_.push_back(t.end);
-      if (err != cudaSuccess) continue;  // a call that failed to enqueue left its events unrecorded
+      if (err != cudaSuccess) continue;  // its end event was never recorded (that record failed)
       const double s = ms / 1e3;
       ++times_.ops;
       DeviceTimes::Op& op = times_.by_op[t.op];

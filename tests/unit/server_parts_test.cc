@@ -9,6 +9,7 @@
 #include "ferry/messages/deadlines.h"
 #include "internal/collectives.h"
 #include "internal/held.h"
+#include "internal/pieces.h"
 #include "internal/request.h"
 #include "internal/sync.h"
 #include "internal/tables.h"
@@ -145,6 +146,83 @@ TEST(HeldPulls, ServeReadyKeepsArrivalOrderAndExpiryTakesOnlyWhatIsDue) {
   EXPECT_EQ(held.size(), 1u);
   EXPECT_EQ(held.TakeExpired(t0 + milliseconds(40)).size(), 1u);
   EXPECT_FALSE(held.NextDeadline().has_value());
+}
+
+// A piece of push call `call` from `rank`, as the server holds it.
+Request MakePiece(int rank, uint64_t call, uint32_t piece, uint32_t pieces) {
+  flatbuffers::FlatBufferBuilder fbb;
+  wire::HeaderBuilder b(fbb);
+  b.add_major(wire::kMajor);
+  b.add_minor(wire::kMinor);
+  b.add_kind(wire::Kind::PushDense);
+  b.add_rank(rank);
+  b.add_call(call);
+  b.add_piece(piece);
+  b.add_pieces(pieces);
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Request r;
+  r.header_frame = wire::ToFrame(fbb);
+  const wire::Header* h = nullptr;
+  EXPECT_TRUE(wire::VerifyHeader(r.header_frame, &h).ok());
+  r.verified = true;
+  return r;
+}
+
+// A call's pieces are admitted in order only, each chunk once among a worker's open calls; the
+// last piece completes the call, which Take hands over whole (claims released); expiry and a
+// worker's Hello take its open calls.
+TEST(HeldCalls, PiecesComeInOrderChunksOnceAndACallIsTakenWhole) {
+  HeldCalls calls;
+  const auto t0 = Clock::now();
+  const auto late = t0 + milliseconds(100);
+  EXPECT_EQ(calls.Admit(0, 7, 0, 1, late).code(), StatusCode::kInvalidArgument) << "one piece is no call in pieces";
+  EXPECT_EQ(calls.Admit(0, 7, 0, HeldCalls::kMaxPieces + 1, late).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(calls.Admit(0, 7, 3, 3, late).code(), StatusCode::kInvalidArgument) << "no piece 3 of 3";
+  EXPECT_EQ(calls.Admit(0, 7, 1, 3, late).code(), StatusCode::kInvalidArgument) << "piece 1 of a call not open";
+  EXPECT_EQ(calls.calls(), 0u);
+
+  ASSERT_TRUE(calls.Admit(0, 7, 0, 3, late).ok());
+  ASSERT_TRUE(calls.Claim(0, 7, 42, 0).ok());
+  EXPECT_FALSE(calls.Hold(MakePiece(0, 7, 0, 3)));
+  EXPECT_EQ(calls.Admit(0, 7, 0, 3, late).code(), StatusCode::kInvalidArgument) << "the call id is open already";
+  EXPECT_EQ(calls.Admit(0, 7, 2, 3, late).code(), StatusCode::kInvalidArgument) << "piece 2 before piece 1";
+  ASSERT_TRUE(calls.Admit(0, 7, 1, 3, late).ok());
+  EXPECT_EQ(calls.Claim(0, 7, 42, 0).code(), StatusCode::kAlreadyExists) << "chunk 0 of table 42 is held already";
+  ASSERT_TRUE(calls.Claim(0, 7, 42, 1).ok());
+  EXPECT_FALSE(calls.Hold(MakePiece(0, 7, 1, 3)));
+  // Another worker's call may carry the same chunks; this worker's other calls may not.
+  ASSERT_TRUE(calls.Admit(1, 7, 0, 2, t0 + milliseconds(50)).ok());
+  EXPECT_TRUE(calls.Claim(1, 7, 42, 0).ok());
+  EXPECT_FALSE(calls.Hold(MakePiece(1, 7, 0, 2)));
+  ASSERT_TRUE(calls.Admit(0, 8, 0, 2, late).ok());
+  EXPECT_EQ(calls.Claim(0, 8, 42, 1).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(calls.Take(0, 8)->held.size(), 0u) << "a call refused at its first piece holds nothing";
+  EXPECT_EQ(calls.size(), 3u);
+
+  ASSERT_TRUE(calls.Admit(0, 7, 2, 3, late).ok());
+  EXPECT_TRUE(calls.Hold(MakePiece(0, 7, 2, 3))) << "the last piece";
+  std::optional<HeldCalls::Call> c = calls.Take(0, 7);
+  ASSERT_TRUE(c.has_value());
+  ASSERT_EQ(c->held.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) EXPECT_EQ(c->held[i].h()->piece(), i);
+  EXPECT_EQ(calls.size(), 1u);
+  EXPECT_FALSE(calls.Take(0, 7).has_value());
+  // Its claims went with it.
+  ASSERT_TRUE(calls.Admit(0, 9, 0, 2, late).ok());
+  EXPECT_TRUE(calls.Claim(0, 9, 42, 0).ok());
+
+  // Worker 1's call expires first; a Hello of worker 0 takes its open call.
+  EXPECT_EQ(calls.NextDeadline(), t0 + milliseconds(50));
+  std::vector<HeldCalls::Call> expired = calls.TakeExpired(t0 + milliseconds(60));
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0].rank, 1);
+  EXPECT_EQ(expired[0].held.size(), 1u);
+  std::vector<HeldCalls::Call> hello = calls.TakeRank(0);
+  ASSERT_EQ(hello.size(), 1u);
+  EXPECT_EQ(hello[0].id, 9u);
+  EXPECT_EQ(calls.calls(), 0u);
+  EXPECT_EQ(calls.size(), 0u);
+  EXPECT_FALSE(calls.NextDeadline().has_value());
 }
 
 TEST(Collectives, AnAllReduceCompletesInRankOrderWithTheSum) {

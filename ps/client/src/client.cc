@@ -185,6 +185,7 @@ class ClientImpl final : public Client {
     size_t tensor;     // index into the call's tensor list
     WireFormat wire;   // the table's value format (1.6)
     float topk_ratio;  // the table's top-k ratio (pushes; 0: off)
+    bool sync;         // a sync table's: a push in pieces that has one is held until its last piece (1.10)
   };
 
   // Splits tensors into chunks grouped per server, each group cut between chunks into messages
@@ -214,14 +215,23 @@ class ClientImpl final : public Client {
           msgs.emplace_back();
           bytes[static_cast<size_t>(s)] = 0;
         }
-        msgs.back().push_back({id, c, offset, count, t, spec.wire, spec.topk_ratio});
+        msgs.back().push_back(
+            {id, c, offset, count, t, spec.wire, spec.topk_ratio, spec.consistency == Consistency::kSync});
         bytes[static_cast<size_t>(s)] += b;
       }
     }
     return per_server;
   }
 
-  zmq::message_t DenseHeader(Kind kind, const std::vector<ChunkRef>& chunks, int64_t step) {
+  // The pieces of a push call to one server (1.10): its id (0: not sent in pieces), and this
+  // message's place among them.
+  struct Piece {
+    uint64_t call = 0;
+    uint32_t piece = 0;
+    uint32_t pieces = 0;
+  };
+
+  zmq::message_t DenseHeader(Kind kind, const std::vector<ChunkRef>& chunks, int64_t step, Piece piece) {
     flatbuffers::FlatBufferBuilder fbb(128 + 24 * chunks.size());
     std::vector<wire::DenseSlice> slices;
     slices.reserve(chunks.size());
@@ -230,6 +240,11 @@ class ClientImpl final : public Client {
     auto h = engine_.BeginHeader(fbb, kind);
     h.add_step(step);
     h.add_slices(vec);
+    if (piece.call != 0) {
+      h.add_call(piece.call);
+      h.add_piece(piece.piece);
+      h.add_pieces(piece.pieces);
+    }
     return engine_.FinishHeader(fbb, h);
   }
 
@@ -280,8 +295,19 @@ class ClientImpl final : public Client {
     for (const auto& o : outs) out_spans.push_back(o.data);
     // The servers' messages in turns (each server's first, then each one's second, ...), so that
     // every server starts on its share while the rest travels.
+    // A push whose share of a server takes several messages and touches a sync table goes as one
+    // call in pieces, which that server applies whole once the last piece has verified (1.10).
     size_t turns = 0;
-    for (const auto& msgs : *routed) turns = std::max(turns, msgs.size());
+    std::vector<uint64_t> calls(routed->size(), 0);
+    for (size_t s = 0; s < routed->size(); ++s) {
+      const auto& msgs = (*routed)[s];
+      turns = std::max(turns, msgs.size());
+      if (kind == Kind::PullDense || msgs.size() < 2) continue;
+      const bool sync = std::any_of(msgs.begin(), msgs.end(), [](const auto& m) {
+        return std::any_of(m.begin(), m.end(), [](const ChunkRef& c) { return c.sync; });
+      });
+      if (sync) calls[s] = next_call_++;
+    }
     for (size_t m = 0; m < turns; ++m) {
       for (int s = 0; s < num_servers(); ++s) {
         if (m >= (*routed)[static_cast<size_t>(s)].size()) continue;
@@ -298,7 +324,9 @@ class ClientImpl final : public Client {
           }
         }
         OnReply on_reply = kind == Kind::PushDense ? OnReply() : ScatterDense(chunks, out_spans);
-        engine_.Submit(op, s, kind, DenseHeader(kind, chunks, step), std::move(payload), std::move(on_reply),
+        const Piece piece{calls[static_cast<size_t>(s)], static_cast<uint32_t>(m),
+                          static_cast<uint32_t>((*routed)[static_cast<size_t>(s)].size())};
+        engine_.Submit(op, s, kind, DenseHeader(kind, chunks, step, piece), std::move(payload), std::move(on_reply),
                        options_.request_timeout);
       }
     }
@@ -698,6 +726,7 @@ class ClientImpl final : public Client {
   std::atomic<int64_t> barrier_generation_{0};  // the next collective's id (server 0 says the first)
   std::atomic<int64_t> restored_step_{0};       // server 0's restored checkpoint step
   std::atomic<int64_t> values_saturated_{0};
+  std::atomic<uint64_t> next_call_{1};        // ids of push calls in pieces (1.10), never 0
   std::atomic<int64_t> first_collective_{0};  // server 0's next collective id at the handshake
 
   mutable Mutex tables_mu_;

@@ -40,6 +40,7 @@
 #include "internal/collectives.h"
 #include "internal/connections.h"
 #include "internal/held.h"
+#include "internal/pieces.h"
 #include "internal/request.h"
 #include "internal/server_metrics.h"
 #include "internal/table_builder.h"
@@ -77,6 +78,8 @@ enum Counter : int {
   kRankConflicts,
   kRepliesDropped,
   kWireValuesSaturated,
+  kPiecesHeld,
+  kPieceCallsRefused,
   kNumCounters
 };
 inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
@@ -84,7 +87,7 @@ inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker",
     "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused",
     "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped",
-    "wire_values_saturated"};
+    "wire_values_saturated", "pieces_held", "piece_calls_refused"};
 inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the server's and each table's
 // Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
 // bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
@@ -249,6 +252,21 @@ class ServerImpl final : public Server {
   Status OnPushDense(Request& req) { return PushDense(req, /*then_pull=*/false); }
   Status OnPushPullDense(Request& req) { return PushDense(req, /*then_pull=*/true); }
   Status PushDense(Request& req, bool then_pull);
+  // Everything a push must pass before any of it is applied: its slices resolve; (`values`) its
+  // frames decode (compressed tables) and hold no NaN or Inf; the sync preconditions. Fills
+  // `grads` with views of its frames (`scratch`: copies of frames not aligned for float).
+  Status CheckPush(Request& req, std::vector<ps::TableRegistry::SliceRef>* refs,
+                   std::vector<std::vector<float>>* scratch, std::vector<std::span<const float>>* grads,
+                   bool values = true);
+  // A checked push applied: its chunks updated (async, ssp) or its gradients held for their
+  // step (sync), then its reply, or (then_pull) its pull served or held.
+  void ApplyPush(Request& req, std::span<const ps::TableRegistry::SliceRef> refs,
+                 std::span<const std::span<const float>> grads, bool then_pull);
+  // A piece of a push call in pieces (1.10, pieces.h): checked and held; the call's last piece
+  // applies them all, in order, or a refused piece ends the call with none applied.
+  Status PushDensePiece(Request& req, bool then_pull);
+  // Answers every held piece of an ended call with `why`, naming the call.
+  void FailCall(ps::HeldCalls::Call c, const Status& why);
   // Compressed tables (1.6): each frame of the push becomes the float32 gradient it encodes,
   // checked (top-k indices) before anything of the push is used; from here on every frame is
   // float32. A frame that does not decode refuses the whole push, as a malformed message.
@@ -337,6 +355,7 @@ class ServerImpl final : public Server {
   ps::PeerLoad peer_load_;      // before held_ and collectives_: their requests' tokens point at it
   ps::HeldPulls held_;          // waiting pulls; with collectives_, at most options_.max_held
   ps::Collectives collectives_;
+  ps::HeldCalls calls_;  // push calls in pieces (1.10); their pieces count as held requests
   Clock::time_point last_liveness_check_{};
   Clock::time_point last_log_{};  // LogRateLimited
   int64_t logs_held_back_ = 0;

@@ -82,8 +82,10 @@ void ServerImpl::Loop() {
     AnswerMetrics();
   };
   h.next_deadline = [this] {
-    return transport::Earliest(transport::Earliest(held_.NextDeadline(), collectives_.NextDeadline()),
-                               transport::Earliest(NextLivenessCheck(), NextConnectionCheck()));
+    return transport::Earliest(
+        transport::Earliest(transport::Earliest(held_.NextDeadline(), collectives_.NextDeadline()),
+                            calls_.NextDeadline()),
+        transport::Earliest(NextLivenessCheck(), NextConnectionCheck()));
   };
   h.on_tick = [this] {
     try {

@@ -156,7 +156,7 @@ Status ServerImpl::RoomToHold(const Request& req) {
 }
 
 size_t ServerImpl::HeldCount() const {
-  size_t n = held_.size() + collectives_.size();
+  size_t n = held_.size() + collectives_.size() + calls_.size();
   for (const auto& [id, b] : builds_) n += b.waiting.size();
   return n;
 }
@@ -289,6 +289,13 @@ void ServerImpl::ExpireHeld() {
                                        std::to_string(r.pull_step) + " waited " + waited + " on server " +
                                        std::to_string(options_.rank) + ": " + WaitingOn(r).what +
                                        " (stopped, or fell behind?)"));
+  }
+  for (ps::HeldCalls::Call& c : calls_.TakeExpired(now)) {
+    Count(kHeldExpired, static_cast<int64_t>(c.held.size()));
+    Status why =
+        DeadlineExceededError(std::to_string(c.held.size()) + " of its " + std::to_string(c.pieces) +
+                              " pieces arrived within " + waited + " on server " + std::to_string(options_.rank));
+    FailCall(std::move(c), why);
   }
   for (auto& c : collectives_.TakeExpired(now, workers_.count())) {
     for (auto& r : c.arrived) {

@@ -27,8 +27,10 @@ inline constexpr uint16_t kMajor = 1;
 // per server), the row lifecycle fields of TableSpec; 1.6: compressed tables (TableSpec's wire and
 // topk_ratio: 16-bit value frames, top-k frames of dense pushes); 1.7: the AdamW optimizer, and
 // OptimizerSpec's hyperparameters by key (`hyper`: the catalogue's weight_decay and later ones);
-// 1.8: Waiting (what a server holds a worker's requests for: the client's long-wait lines)
-inline constexpr uint16_t kMinor = 9;
+// 1.8: Waiting (what a server holds a worker's requests for: the client's long-wait lines); 1.9:
+// dense calls in pieces, the CreateTable reply's spec; 1.10: a push call in pieces that touches a
+// sync table is applied whole (Header call, piece, pieces)
+inline constexpr uint16_t kMinor = 10;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

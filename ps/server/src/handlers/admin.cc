@@ -76,6 +76,9 @@ Status ServerImpl::OnHello(Request& req) {
   // one left waiting goes, so the new one can push its step and enter its collectives again.
   ForEachSyncUnit([&](ps::Table&, int64_t, int64_t, ps::SyncSlots& sync) { ps::DropGradient(sync, h.rank()); });
   collectives_.Forget(h.rank());
+  for (ps::HeldCalls::Call& c : calls_.TakeRank(h.rank())) {
+    FailCall(std::move(c), AbortedError("worker " + std::to_string(h.rank()) + " said Hello again (a new process)"));
+  }
   // The reply tells the client where the job is: the step of the checkpoint this server started
   // from, and (server 0) the id the next collective takes.
   flatbuffers::FlatBufferBuilder fbb(128);

@@ -10,30 +10,102 @@
 namespace ferry::ps {
 
 Status ServerImpl::PushDense(Request& req, bool then_pull) {
+  if (req.h()->call() != 0) return PushDensePiece(req, then_pull);
+  std::vector<ps::TableRegistry::SliceRef> refs;
+  std::vector<std::vector<float>> scratch;
+  std::vector<std::span<const float>> grads;
+  FERRY_RETURN_IF_ERROR(CheckPush(req, &refs, &scratch, &grads));
+  ApplyPush(req, refs, grads, then_pull);
+  return Status::Ok();
+}
+
+Status ServerImpl::CheckPush(Request& req, std::vector<ps::TableRegistry::SliceRef>* refs,
+                             std::vector<std::vector<float>>* scratch, std::vector<std::span<const float>>* grads,
+                             bool values) {
   const Header& h = *req.h();
   const int rank = h.rank();
-  std::vector<ps::TableRegistry::SliceRef> refs;
-  FERRY_RETURN_IF_ERROR(tables_.ResolveSlices(h, options_.max_message_bytes, &refs));
-  FERRY_RETURN_IF_ERROR(DecodePush(req, refs));
+  FERRY_RETURN_IF_ERROR(tables_.ResolveSlices(h, options_.max_message_bytes, refs));
+  if (values) FERRY_RETURN_IF_ERROR(DecodePush(req, *refs));
   // Check every slice before touching any of them: finite values, and the sync preconditions.
-  // The views (a copy only for a frame not aligned for float) serve the updates below too.
-  std::vector<std::vector<float>> scratch(refs.size());
-  std::vector<std::span<const float>> grads(refs.size());
-  for (size_t i = 0; i < refs.size(); ++i) {
-    const auto& r = refs[i];
-    grads[i] = View<float>(req.payload[i], scratch[i]);
-    if (const int64_t bad = ps::FirstNonFinite(grads[i]); bad >= 0) {
+  // The views (a copy only for a frame not aligned for float) serve the updates too.
+  scratch->assign(refs->size(), {});
+  grads->assign(refs->size(), {});
+  for (size_t i = 0; i < refs->size(); ++i) {
+    const auto& r = (*refs)[i];
+    (*grads)[i] = View<float>(req.payload[i], (*scratch)[i]);
+    if (!values) continue;
+    if (const int64_t bad = ps::FirstNonFinite((*grads)[i]); bad >= 0) {
       return RefuseNonFinite(*r.table, " chunk " + std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()),
                              "element " + std::to_string(bad), rank);
     }
+  }
+  for (const auto& r : *refs) {
     if (r.table->spec.consistency != Consistency::kSync) continue;
     FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(r.table->spec, r.chunk->sync, r.chunk->version, rank, h.step()));
   }
+  return Status::Ok();
+}
+
+Status ServerImpl::PushDensePiece(Request& req, bool then_pull) {
+  const Header& h = *req.h();
+  const int rank = h.rank();
+  const uint64_t call = h.call();
+  if (Status s = calls_.Admit(rank, call, h.piece(), h.pieces(), Clock::now() + options_.max_wait); !s.ok()) {
+    // A piece that does not fit its call (out of order, or the call's id used twice) ends it too.
+    if (auto open = calls_.Take(rank, call)) FailCall(std::move(*open), s);
+    return s;
+  }
+  std::vector<ps::TableRegistry::SliceRef> refs;
+  std::vector<std::vector<float>> scratch;
+  std::vector<std::span<const float>> grads;
+  Status s = CheckPush(req, &refs, &scratch, &grads);
+  for (size_t i = 0; s.ok() && i < refs.size(); ++i) {
+    s = calls_.Claim(rank, call, refs[i].table->id, h.slices()->Get(static_cast<uint32_t>(i))->chunk());
+  }
+  if (s.ok()) s = RoomToHold(req);
+  if (!s.ok()) {
+    // The call ends here: nothing of it is applied, and the pieces held are told why.
+    FailCall(*calls_.Take(rank, call), s);
+    return s;  // this piece's own answer
+  }
+  Count(kPiecesHeld);
+  req.held_by_peer = peer_load_.Acquire(req.peer());
+  if (!calls_.Hold(std::move(req))) return Status::Ok();
+  ps::HeldCalls::Call c = *calls_.Take(rank, call);
+  // Every piece verified as it arrived. The sync preconditions once more, for all of them, before
+  // any is applied: a step may have moved since the first piece came.
+  for (Request& r : c.held) {
+    if (Status again = CheckPush(r, &refs, &scratch, &grads, /*values=*/false); !again.ok()) {
+      FailCall(std::move(c), again);
+      return Status::Ok();
+    }
+  }
+  for (Request& r : c.held) {
+    (void)CheckPush(r, &refs, &scratch, &grads, /*values=*/false);  // the views of its frames; it passed above
+    r.held_by_peer = {};
+    ApplyPush(r, refs, grads, then_pull);
+  }
+  return Status::Ok();
+}
+
+void ServerImpl::FailCall(ps::HeldCalls::Call c, const Status& why) {
+  Count(kPieceCallsRefused);
+  for (Request& r : c.held) {
+    SendError(r, Status(why.code(), "piece " + std::to_string(r.h()->piece()) + " of " + std::to_string(c.pieces) +
+                                        " of call " + std::to_string(c.id) +
+                                        " was not applied, nor any of the call: " + why.message()));
+  }
+}
+
+void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::SliceRef> refs,
+                           std::span<const std::span<const float>> grads, bool then_pull) {
+  const Header& h = *req.h();
+  const int rank = h.rank();
   bool applied = false;
   wire::ReplyInfo info;
   const ps::Table* last = nullptr;
   for (size_t i = 0; i < refs.size(); ++i) {
-    auto& [t, c] = refs[i];
+    const auto& [t, c] = refs[i];
     if (t->spec.consistency == Consistency::kSync && h.step() < c->version) {
       Count(kLateGradientsDropped);
       ++info.dropped;
@@ -74,7 +146,6 @@ Status ServerImpl::PushDense(Request& req, bool then_pull) {
     HoldOrServe(std::move(req));
   }
   if (applied || then_pull) ServeHeld();
-  return Status::Ok();
 }
 
 Status ServerImpl::DecodePush(Request& req, std::span<const ps::TableRegistry::SliceRef> refs) {

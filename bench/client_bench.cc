@@ -3,11 +3,15 @@
 // other front ends of the same client with it: bench/python_vs_cpp.py runs this binary and the
 // Python module against the same ferry-ps, alternating, and records their ratios in RESULTS.md.
 //
-//   ferry-client-bench --servers=tcp://127.0.0.1:7470[,...] [--table-prefix=cpp_] [benchmark flags]
+//   ferry-client-bench --servers=tcp://127.0.0.1:7470[,...] [--table-prefix=cpp_]
+//                      [--rank=R --num-workers=W] [benchmark flags]
 //
-// Each benchmark is one operation, submitted and waited for: dense pull / push of 4 KiB, 1 MiB
-// and 16 MiB (tables of that many floats, default chunking), and sparse pull / push of 100,000
-// distinct ids of dim 16 (ids i * 7919 + 13, the same in every front end).
+// Each benchmark is one operation, submitted and waited for: dense pull / push / push+pull of
+// 4 KiB, 1 MiB and 16 MiB (tables of that many floats, default chunking), and sparse pull / push
+// of 100,000 distinct ids of dim 16 (ids i * 7919 + 13, the same in every front end), as a
+// caller who does not say they are distinct (deduplicated on every call) and one who does. Several
+// processes at once (bench/peer/run.sh) each take a rank of their own; every table is async, so
+// no worker waits for another.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -53,6 +57,19 @@ void BM_PushDense(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * state.range(0) * 4);
 }
 
+void BM_PushPullDense(benchmark::State& state) {
+  std::vector<float> grad(static_cast<size_t>(state.range(0)), 0.0f), out(grad.size());
+  const std::string table = DenseTable(state.range(0));
+  const ferry::DenseIn in{table, grad};
+  const ferry::DenseOut o{table, out};
+  for (auto _ : state) {
+    Check(state,
+          client->PushPullDense(std::span<const ferry::DenseIn>(&in, 1), std::span<const ferry::DenseOut>(&o, 1), 0)
+              .wait());
+  }
+  state.SetBytesProcessed(state.iterations() * state.range(0) * 4 * 2);
+}
+
 void BM_PullSparse(benchmark::State& state) {
   const std::vector<int64_t> ids = SparseIds();
   std::vector<float> rows(ids.size() * kDim);
@@ -67,16 +84,44 @@ void BM_PushSparse(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kSparseIds);
 }
 
+// The same ids, said to be distinct (SparseIds::kDistinct): no deduplication, and with one server
+// the caller's buffers travel as they are.
+void BM_PullSparseDistinct(benchmark::State& state) {
+  const std::vector<int64_t> ids = SparseIds();
+  std::vector<float> rows(ids.size() * kDim);
+  const std::string table = prefix + "sparse";
+  const ferry::SparseOut t{table, ids, rows};
+  for (auto _ : state) {
+    Check(state, client->PullSparse(std::span<const ferry::SparseOut>(&t, 1), 0, ferry::SparseIds::kDistinct).wait());
+  }
+  state.SetItemsProcessed(state.iterations() * kSparseIds);
+}
+
+void BM_PushSparseDistinct(benchmark::State& state) {
+  const std::vector<int64_t> ids = SparseIds();
+  std::vector<float> grads(ids.size() * kDim, 0.0f);
+  const std::string table = prefix + "sparse";
+  const ferry::SparseIn t{table, ids, grads};
+  for (auto _ : state) {
+    Check(state, client->PushSparse(std::span<const ferry::SparseIn>(&t, 1), 0, ferry::SparseIds::kDistinct).wait());
+  }
+  state.SetItemsProcessed(state.iterations() * kSparseIds);
+}
+
 // 4 KiB, 1 MiB, 16 MiB of floats.
 BENCHMARK(BM_PullDense)->Arg(1024)->Arg(262144)->Arg(4194304)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PushDense)->Arg(1024)->Arg(262144)->Arg(4194304)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PushPullDense)->Arg(1024)->Arg(262144)->Arg(4194304)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PullSparse)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PushSparse)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PullSparseDistinct)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PushSparseDistinct)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> servers;
+  int rank = 0, num_workers = 1;
   std::vector<char*> rest = {argv[0]};
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
@@ -88,6 +133,10 @@ int main(int argc, char** argv) {
         if (comma == std::string::npos) break;
         at = comma + 1;
       }
+    } else if (a.starts_with("--rank=")) {
+      rank = std::atoi(argv[i] + 7);
+    } else if (a.starts_with("--num-workers=")) {
+      num_workers = std::atoi(argv[i] + 14);
     } else if (a.starts_with("--table-prefix=")) {
       prefix = std::string(a.substr(15));
     } else {
@@ -103,6 +152,8 @@ int main(int argc, char** argv) {
   }
   ferry::ClientOptions o;
   o.servers = servers;
+  o.rank = rank;
+  o.num_workers = num_workers;
   auto c = ferry::Client::Connect(o);
   if (!c.ok()) {
     std::fprintf(stderr, "ferry-client-bench: %s\n", c.status().ToString().c_str());

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Ferry against ps-lite: the folder bench/peer/run.sh wrote, as text.
+
+Per operation and size: each arm's ms per call (per worker: with several workers, the mean of
+their times in a round), median (min-max) over the rounds; Ferry's speed over ps-lite's per round
+(ps-lite's ms over Ferry's: above 1, Ferry is faster), then its median (min-max); and each arm's
+share of raw ZeroMQ's payload rate, computed as bench/ferry_bench.cc computes `vs_raw` (which
+bench/results/dense_pieces/vs_raw.py reads): the call's payload bytes per second over those of
+raw_proc/tcp/<size> in the same round, where a push or a pull moves the tensor once, a push+pull
+and a raw round trip twice; with W workers, all workers' bytes over their mean time (ferry-bench's
+aggregate), against one raw pair. Sparse calls have no raw counterpart.
+Output depends on the folder's files only (bench/results/check_summaries.sh recomputes it).
+  /usr/bin/python3 bench/peer/summarize.py OUT
+"""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+SIZES = {1024: "4KiB", 262144: "1MiB", 4194304: "16MiB"}
+# (label, Google Benchmark name in both binaries, floats, times the tensor travels per call)
+OPS = ([(f"pull_dense/{SIZES[n]}", f"BM_PullDense/{n}/real_time", n, 1) for n in SIZES] +
+       [(f"push_dense/{SIZES[n]}", f"BM_PushDense/{n}/real_time", n, 1) for n in SIZES] +
+       [(f"pushpull_dense/{SIZES[n]}", f"BM_PushPullDense/{n}/real_time", n, 2) for n in SIZES] +
+       [("pull_sparse/100k_ids_dim16", "BM_PullSparse/real_time", None, 0),
+        ("push_sparse/100k_ids_dim16", "BM_PushSparse/real_time", None, 0),
+        ("pull_sparse_distinct/100k_ids_dim16", "BM_PullSparseDistinct/real_time", None, 0),
+        ("push_sparse_distinct/100k_ids_dim16", "BM_PushSparseDistinct/real_time", None, 0)])
+# ps-lite is always given its keys sorted and distinct (its API's contract): its one sparse call
+# is both rows' ps-lite side. Ferry's BM_PullSparse deduplicates the ids on every call (the
+# default, SparseIds::kMayRepeat); BM_PullSparseDistinct says they are distinct (kDistinct).
+PSLITE_NAME = {"BM_PullSparseDistinct/real_time": "BM_PullSparse/real_time",
+               "BM_PushSparseDistinct/real_time": "BM_PushSparse/real_time"}
+TO_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+FILE = re.compile(r"^(?P<arm>[a-z0-9_]+)-r(?P<round>[0-9]+)(?:-w(?P<worker>[0-9]+))?\.json$")
+
+
+def read_ms(path):
+    """{benchmark name: ms per iteration} of one Google Benchmark JSON file; failed runs left out."""
+    out = {}
+    for b in json.load(open(path))["benchmarks"]:
+        if b.get("error_occurred") or b.get("run_type", "iteration") != "iteration":
+            continue
+        out[b["name"].replace("/iterations:" + str(b["iterations"]), "")] = b["real_time"] * TO_MS[b["time_unit"]]
+    return out
+
+
+def load(folder, meta):
+    """times[arm][round][op label] = per-worker ms (mean of the workers, all of whom must have it);
+    raw[round][floats] = ms per raw round trip."""
+    files = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        m = FILE.match(os.path.basename(path))
+        if m:
+            files.setdefault((m["arm"], int(m["round"])), []).append(read_ms(path))
+    times, raw = {}, {}
+    for (arm, rnd), runs in sorted(files.items()):
+        if arm == "raw":
+            for n, size in SIZES.items():
+                if f"raw_proc/tcp/{size}/real_time" in runs[0]:
+                    raw.setdefault(rnd, {})[n] = runs[0][f"raw_proc/tcp/{size}/real_time"]
+            continue
+        for label, name, _, _ in OPS:
+            if arm == "pslite":
+                name = PSLITE_NAME.get(name, name)
+            got = [r[name] for r in runs if name in r]
+            if len(got) == meta["workers"]:
+                times.setdefault(arm, {}).setdefault(rnd, {})[label] = statistics.fmean(got)
+    return times, raw
+
+
+def cell(values, digits=3):
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def main(folder):
+    meta = json.load(open(os.path.join(folder, "meta.json")))
+    times, raw = load(folder, meta)
+    arms = [a for a in meta["arms"] if a != "raw"]
+    ferries = [a for a in arms if a != "pslite"]
+    rounds = range(1, meta["rounds"] + 1)
+    w = meta["workers"]
+    print(f"Ferry against ps-lite: {meta['servers']} server(s) and {w} worker(s) per system, "
+          f"{meta['rounds']} round(s), Google Benchmark min time {meta['min_time_s']:g} s, {meta['host_cores']} cores")
+    print(f"Ferry source {meta['ferry_source_head'][:12]}, ps-lite {meta['pslite_head'][:12]}; arms: "
+          + ", ".join(meta["arms"]))
+
+    def series(arm, label):
+        return [times[arm][r][label] for r in rounds if label in times.get(arm, {}).get(r, {})]
+
+    print()
+    print("ms per call (per worker), median (min-max) over rounds; raw: ms per round trip of one frame of that size")
+    print(f"{'operation':28s}" + "".join(f" {a:>24s}" for a in arms) + f" {'raw round trip':>24s}")
+    for label, _, n, _ in OPS:
+        raw_ms = [raw[r][n] for r in rounds if n is not None and n in raw.get(r, {})]
+        print(f"{label:28s}" + "".join(f" {cell(series(a, label)):>24s}" for a in arms) + f" {cell(raw_ms):>24s}")
+
+    pairs = [(f, "pslite") for f in ferries] + ([("ferry", ferries[1])] if len(ferries) > 1 else [])
+    for fast, slow in pairs:
+        print()
+        print(f"{fast} speed over {slow}'s ({slow} ms / {fast} ms; above 1: {fast} faster): median (min-max); per round")
+        for label, _, _, _ in OPS:
+            per = [times[slow][r][label] / times[fast][r][label] for r in rounds
+                   if label in times.get(slow, {}).get(r, {}) and label in times.get(fast, {}).get(r, {})]
+            print((f"{label:28s} {cell(per):>24s}   " + " ".join(f"{x:.3f}" for x in per)).rstrip())
+
+    print()
+    print("share of raw ZeroMQ's payload rate (raw_proc/tcp/<size> of the same round), median (min-max)")
+    print(f"{'operation':28s}" + "".join(f" {a:>24s}" for a in arms))
+    for label, _, n, moves in OPS:
+        if n is None:
+            continue
+        row = []
+        for a in arms:
+            shares = [w * moves * raw[r][n] / (2 * times[a][r][label]) for r in rounds
+                      if n in raw.get(r, {}) and label in times.get(a, {}).get(r, {})]
+            row.append(cell(shares))
+        print(f"{label:28s}" + "".join(f" {c:>24s}" for c in row))
+    missing = [f"{a}: {label}" for a in arms for label, _, _, _ in OPS if not series(a, label)]
+    if missing:
+        print()
+        print("not measured (absent from every round, or failed): " + "; ".join(missing))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])

@@ -24,7 +24,7 @@
 //                                    server's NaN/Inf check of a gradient against a plain read.
 //   opt/<optimizer>                  ps::ApplyUpdate on 16M elements, with `vs_stream` (triad)
 //                                    and `vs_axpy`.
-//   steps/pushpull/16MiB             what a 16 MiB push+pull does beside the transport (the
+//   steps/pushpull/{16MiB,1MiB}      what a dense push+pull does beside the transport (the
 //                                    server's check, update and reply, the client's copy), each
 //                                    step timed apart.
 //   codec/<format>/<n>               gradient compression (issue 17): encoding and decoding n
@@ -1440,8 +1440,14 @@ void BM_DenseSteps(benchmark::State& state, int64_t bytes) {
   opt.type = OptimizerType::kSgd;
   opt.learning_rate = 0.01f;
   std::vector<float> params(elems, 0.5f), grad(elems, 1e-3f), out(elems, 0.0f);
-  double check_s = 0, update_s = 0, reply_s = 0, copy_s = 0;
+  double check_s = 0, update_s = 0, reply_s = 0, copy_s = 0, by_chunk_s = 0, one_pass_s = 0;
   int64_t update = 1;
+  // As the server does it, a message (one chunk) at a time: the chunk's update, then its reply
+  // frame filled from the values the update left in cache (by_chunk); and the same with the
+  // update and the copy fused, 4096 floats at a time (one_pass: what a server that fills the
+  // reply in the update's own pass would do).
+  std::vector<float> chunked(elems, 0.5f), fused(elems, 0.5f);
+  constexpr size_t kBlock = 4096;
   LoopTimer timer;
   for (auto _ : state) {
     timer.IterationStart();
@@ -1466,11 +1472,36 @@ void BM_DenseSteps(benchmark::State& state, int64_t bytes) {
     benchmark::ClobberMemory();
     const auto t4 = SteadyClock::now();
     frames.clear();
+    const auto t5 = SteadyClock::now();
+    for (size_t at = 0; at < elems; at += chunk) {
+      const size_t n = std::min(chunk, elems - at);
+      ps::ApplyUpdate(opt, chunked.data() + at, grad.data() + at, nullptr, n, n, update - 1);
+      frames.emplace_back(n * sizeof(float));
+      std::memcpy(frames.back().data(), chunked.data() + at, n * sizeof(float));
+    }
+    benchmark::ClobberMemory();
+    const auto t6 = SteadyClock::now();
+    frames.clear();
+    for (size_t at = 0; at < elems; at += chunk) {
+      const size_t n = std::min(chunk, elems - at);
+      frames.emplace_back(n * sizeof(float));
+      auto* reply = static_cast<float*>(frames.back().data());
+      for (size_t b = 0; b < n; b += kBlock) {
+        const size_t m = std::min(kBlock, n - b);
+        ps::ApplyUpdate(opt, fused.data() + at + b, grad.data() + at + b, nullptr, m, n, update - 1);
+        std::memcpy(reply + b, fused.data() + at + b, m * sizeof(float));
+      }
+    }
+    benchmark::ClobberMemory();
+    const auto t7 = SteadyClock::now();
+    frames.clear();
     timer.IterationEnd();
     check_s += std::chrono::duration<double>(t1 - t0).count();
     update_s += std::chrono::duration<double>(t2 - t1).count();
     reply_s += std::chrono::duration<double>(t3 - t2).count();
     copy_s += std::chrono::duration<double>(t4 - t3).count();
+    by_chunk_s += std::chrono::duration<double>(t6 - t5).count();
+    one_pass_s += std::chrono::duration<double>(t7 - t6).count();
   }
   timer.Finish();
   const double n = static_cast<double>(state.iterations());
@@ -1478,6 +1509,8 @@ void BM_DenseSteps(benchmark::State& state, int64_t bytes) {
   state.counters["update_ms"] = 1e3 * update_s / n;
   state.counters["reply_ms"] = 1e3 * reply_s / n;
   state.counters["client_copy_ms"] = 1e3 * copy_s / n;
+  state.counters["by_chunk_ms"] = 1e3 * by_chunk_s / n;  // update, then reply, a chunk at a time
+  state.counters["one_pass_ms"] = 1e3 * one_pass_s / n;  // the same in one pass
   state.counters["faults_per_call"] = timer.faults() / n;
 }
 
@@ -1733,6 +1766,10 @@ void RegisterAll(Fixtures& f) {
   benchmark::RegisterBenchmark("steps/pushpull/16MiB",
                                [](benchmark::State& st) { BM_DenseSteps(st, int64_t{16} << 20); })
       ->Iterations(20)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("steps/pushpull/1MiB", [](benchmark::State& st) { BM_DenseSteps(st, int64_t{1} << 20); })
+      ->Iterations(300)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
   // 6. gradient compression: the codecs beside memcpy, then push+pull per wire format

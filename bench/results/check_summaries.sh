@@ -43,6 +43,12 @@ same $R/dense_pieces/run2/vs_raw.txt $R/dense_pieces/vs_raw.py $R/dense_pieces/r
 same $R/dense_pieces/sizes/summary.txt $R/dense_pieces/sizes/summarize.py $R/dense_pieces/sizes
 same $R/dense_pieces/training/summary.txt $R/pipeline_ab/summarize.py $R/dense_pieces/training
 same $R/dense_pieces/training_mlp/summary.txt $R/dense_pieces/training_mlp/summarize.py $R/dense_pieces/training_mlp
+same $R/one_pass/summary.txt $R/before_after/summarize.py $R/one_pass
+same $R/one_pass/vs_raw.txt $R/dense_pieces/vs_raw.py $R/one_pass
+same $R/one_pass/steps/summary.txt $R/one_pass/steps_summarize.py $R/one_pass
+same $R/peer_pslite/1x1/summary.txt bench/peer/summarize.py $R/peer_pslite/1x1
+same $R/peer_pslite/2x2/summary.txt bench/peer/summarize.py $R/peer_pslite/2x2
+same $R/sync_pieces/summary.txt $R/sync_pieces/summarize.py $R/sync_pieces
 same $R/cpu_per_example/summary.txt $R/cpu_per_example/summarize.py $R/cpu_per_example
 same $R/cpu_per_example/batch256/summary.txt $R/cpu_per_example/summarize.py $R/cpu_per_example/batch256
 same $R/client_drive/summary.txt $R/client_drive/summarize.py $R/client_drive

@@ -68,6 +68,8 @@ struct HeaderFields {
   const TableSpec* spec = nullptr;
   bool hello = false;
   std::vector<std::pair<std::string, uint64_t>> shards;
+  uint64_t call = 0;  // 1.10: a push call in pieces
+  uint32_t piece = 0, pieces = 0;
 };
 
 std::string Header(const HeaderFields& f) {
@@ -107,6 +109,11 @@ std::string Header(const HeaderFields& f) {
     b.add_heartbeat_ms(0);
   }
   if (!f.shards.empty()) b.add_shards(shards);
+  if (f.call != 0) {
+    b.add_call(f.call);
+    b.add_piece(f.piece);
+    b.add_pieces(f.pieces);
+  }
   wire::FinishHeaderBuffer(fbb, b.Finish());
   return Bytes(fbb);
 }
@@ -176,6 +183,19 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
   h = make(Kind::PushDense);
   h.slices = Slices(sync);
   add("push_dense_sync", h, Gradients(h.slices, 1.0f));
+  // 1.10: a sync push in pieces, its first and its last (of 2) each with one chunk.
+  const std::vector<wire::DenseSlice> sync_chunks = h.slices;
+  h.call = 9;
+  h.pieces = 2;
+  h.slices = {sync_chunks[0]};
+  add("push_dense_sync_piece_0", h, Gradients(h.slices, 1.0f));
+  h.piece = 1;
+  h.slices = {sync_chunks[1]};
+  add("push_dense_sync_piece_1", h, Gradients(h.slices, 1.0f));
+  h.kind = Kind::PushPullDense;
+  add("pushpull_dense_sync_piece_1", h, Gradients(h.slices, 1.0f));
+  h = make(Kind::PushDense);
+  h.slices = sync_chunks;
   h.kind = Kind::PullDense;
   h.step = 1;
   add("pull_dense_sync", h);

@@ -394,9 +394,20 @@ class ClientImpl final : public Client {
     if (distinct && S == 1) {  // nothing to group: the caller's buffers travel as they are
       mine[0].ids = ids;
     } else {
-      // Where each distinct id went: its server and its row there (only needed when ids repeat).
-      absl::flat_hash_map<int64_t, std::pair<int, int64_t>> where;
+      // Where each distinct id went, (server << kRowBits) | its row there (only needed when ids
+      // repeat). The table outgrows the caches for large calls: each id's slot is prefetched a
+      // few ids ahead, and the shares' ids and a pull's positions (one per id) are sized once.
+      // A push's summed rows are not: with many repeats that would reserve several times what
+      // they take.
+      constexpr int kRowBits = 40;
+      constexpr size_t kAhead = 8;
+      absl::flat_hash_map<int64_t, int64_t> where;
       if (!distinct) where.reserve(ids.size());
+      const size_t per_server = ids.size() / static_cast<size_t>(S) + ids.size() / (8 * static_cast<size_t>(S)) + 16;
+      for (auto& sh : mine) {
+        sh.own_ids.reserve(std::min(ids.size(), per_server));
+        if (!push) sh.positions.reserve(std::min(ids.size(), per_server));
+      }
       for (size_t p = 0; p < ids.size(); ++p) {
         int s = 0;
         int64_t row = 0;
@@ -405,12 +416,14 @@ class ClientImpl final : public Client {
           s = placement::IdServer(ids[p], S);
           row = static_cast<int64_t>(mine[static_cast<size_t>(s)].own_ids.size());
         } else {
-          auto [it, inserted] = where.try_emplace(ids[p]);
+          if (p + kAhead < ids.size()) where.prefetch(ids[p + kAhead]);
+          auto [it, inserted] = where.try_emplace(ids[p], 0);
           if (inserted) {
             const int to = placement::IdServer(ids[p], S);
-            it->second = {to, static_cast<int64_t>(mine[static_cast<size_t>(to)].own_ids.size())};
+            it->second = (int64_t{to} << kRowBits) | static_cast<int64_t>(mine[static_cast<size_t>(to)].own_ids.size());
           }
-          std::tie(s, row) = it->second;
+          s = static_cast<int>(it->second >> kRowBits);
+          row = it->second & ((int64_t{1} << kRowBits) - 1);
           first = inserted;
         }
         SparseShare& sh = mine[static_cast<size_t>(s)];

@@ -48,6 +48,7 @@ same $R/one_pass/vs_raw.txt $R/dense_pieces/vs_raw.py $R/one_pass
 same $R/one_pass/steps/summary.txt $R/one_pass/steps_summarize.py $R/one_pass
 same $R/peer_pslite/1x1/summary.txt bench/peer/summarize.py $R/peer_pslite/1x1
 same $R/peer_pslite/2x2/summary.txt bench/peer/summarize.py $R/peer_pslite/2x2
+same $R/peer_pslite/1x1_run2/summary.txt bench/peer/summarize.py $R/peer_pslite/1x1_run2
 same $R/sync_pieces/summary.txt $R/sync_pieces/summarize.py $R/sync_pieces
 same $R/sparse_dedup/client/summary.txt $R/before_after/summarize.py $R/sparse_dedup/client
 same $R/sparse_dedup/bench/summary.txt $R/before_after/summarize.py $R/sparse_dedup/bench

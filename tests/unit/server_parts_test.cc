@@ -1,6 +1,7 @@
 // The parts the server is built from, one at a time: expiry order (transport::Deadlines, shared
 // with the client), the job's workers (quorum, readiness), held pulls and collectives.
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,10 +21,10 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// A request as the server holds it: a verified header of `kind` from `rank`, with `values` as
-// its one payload frame (all-reduce) when given.
+// A request as the server holds it: a verified header of `kind` from `rank` (`more` adds fields),
+// with `values` as its one payload frame (all-reduce) when given.
 Request MakeRequest(wire::Kind kind, int rank, int64_t barrier_id = 0, std::vector<double> values = {},
-                    int64_t step = 0) {
+                    int64_t step = 0, const std::function<void(wire::HeaderBuilder&)>& more = {}) {
   flatbuffers::FlatBufferBuilder fbb;
   wire::HeaderBuilder b(fbb);
   b.add_major(wire::kMajor);
@@ -33,6 +34,7 @@ Request MakeRequest(wire::Kind kind, int rank, int64_t barrier_id = 0, std::vect
   b.add_step(step);
   b.add_barrier_id(barrier_id);
   b.add_num_ids(static_cast<int64_t>(values.size()));
+  if (more) more(b);
   wire::FinishHeaderBuffer(fbb, b.Finish());
   Request r;
   r.header_frame = wire::ToFrame(fbb);
@@ -150,22 +152,11 @@ TEST(HeldPulls, ServeReadyKeepsArrivalOrderAndExpiryTakesOnlyWhatIsDue) {
 
 // A piece of push call `call` from `rank`, as the server holds it.
 Request MakePiece(int rank, uint64_t call, uint32_t piece, uint32_t pieces) {
-  flatbuffers::FlatBufferBuilder fbb;
-  wire::HeaderBuilder b(fbb);
-  b.add_major(wire::kMajor);
-  b.add_minor(wire::kMinor);
-  b.add_kind(wire::Kind::PushDense);
-  b.add_rank(rank);
-  b.add_call(call);
-  b.add_piece(piece);
-  b.add_pieces(pieces);
-  wire::FinishHeaderBuffer(fbb, b.Finish());
-  Request r;
-  r.header_frame = wire::ToFrame(fbb);
-  const wire::Header* h = nullptr;
-  EXPECT_TRUE(wire::VerifyHeader(r.header_frame, &h).ok());
-  r.verified = true;
-  return r;
+  return MakeRequest(wire::Kind::PushDense, rank, 0, {}, 0, [&](wire::HeaderBuilder& b) {
+    b.add_call(call);
+    b.add_piece(piece);
+    b.add_pieces(pieces);
+  });
 }
 
 // A call's pieces are admitted in order only, each chunk once among a worker's open calls; the

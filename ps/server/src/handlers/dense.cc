@@ -73,17 +73,24 @@ Status ServerImpl::PushDensePiece(Request& req, bool then_pull) {
   if (!calls_.Hold(std::move(req))) return Status::Ok();
   ps::HeldCalls::Call c = *calls_.Take(rank, call);
   // Every piece verified as it arrived. The sync preconditions once more, for all of them, before
-  // any is applied: a step may have moved since the first piece came.
-  for (Request& r : c.held) {
-    if (Status again = CheckPush(r, &refs, &scratch, &grads, /*values=*/false); !again.ok()) {
+  // any is applied: a step may have moved since the first piece came. What this finds (slices,
+  // views of the frames) serves the updates.
+  struct Checked {
+    std::vector<ps::TableRegistry::SliceRef> refs;
+    std::vector<std::vector<float>> scratch;
+    std::vector<std::span<const float>> grads;
+  };
+  std::vector<Checked> checked(c.held.size());
+  for (size_t i = 0; i < c.held.size(); ++i) {
+    Checked& k = checked[i];
+    if (Status again = CheckPush(c.held[i], &k.refs, &k.scratch, &k.grads, /*values=*/false); !again.ok()) {
       FailCall(std::move(c), again);
       return Status::Ok();
     }
   }
-  for (Request& r : c.held) {
-    (void)CheckPush(r, &refs, &scratch, &grads, /*values=*/false);  // the views of its frames; it passed above
-    r.held_by_peer = {};
-    ApplyPush(r, refs, grads, then_pull);
+  for (size_t i = 0; i < c.held.size(); ++i) {
+    c.held[i].held_by_peer = {};
+    ApplyPush(c.held[i], checked[i].refs, checked[i].grads, then_pull);
   }
   return Status::Ok();
 }

@@ -60,7 +60,7 @@ Gathered Gather(std::vector<TableRegistry>& servers) {
     for (int64_t i = 0; i < (*w)->dense->num_chunks(); ++i) {
       if (const DenseChunk* c = (*w)->dense->chunk(i)) {
         EXPECT_EQ(g.chunk_params.count(i), 0u) << "chunk " << i << " on two servers";
-        g.chunk_params[i] = c->params;
+        g.chunk_params[i].assign(c->params.begin(), c->params.end());
         g.chunk_state[i] = c->state;
         g.chunk_version[i] = c->version;
       }

@@ -1,8 +1,12 @@
 // The parts the server is built from, one at a time: expiry order (transport::Deadlines, shared
 // with the client), the job's workers (quorum, readiness), held pulls and collectives.
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -13,7 +17,9 @@
 #include "internal/pieces.h"
 #include "internal/request.h"
 #include "internal/sync.h"
+#include "internal/shared_floats.h"
 #include "internal/tables.h"
+#include "internal/updates.h"
 #include "internal/workers.h"
 
 namespace ferry::ps {
@@ -328,6 +334,83 @@ TEST(Workers, TheConfiguredCountIsFixedBeforeAnyHello) {
   EXPECT_TRUE(w.Join(2, 3).ok());
   EXPECT_EQ(w.SetCount(3).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(Workers().SetCount(0).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(SharedFloats, AFrameSendsTheValuesThemselvesAndAWriteWhileItIsOutMovesTheChunk) {
+  SharedFloats v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(v.data()) % 64, 0u);
+  EXPECT_TRUE(v.Unique());
+  EXPECT_TRUE(v.PrepareWrite().empty());  // no frame out: written in place
+
+  const float* before = v.data();
+  std::optional<zmq::message_t> frame(v.Frame());
+  EXPECT_EQ(frame->data(), static_cast<const void*>(before));  // no copy
+  EXPECT_EQ(frame->size(), 1000 * sizeof(float));
+  EXPECT_FALSE(v.Unique());
+
+  // A write while the frame is out: the chunk moves to a new buffer; the frame keeps the old one.
+  SharedFloats old = v.PrepareWrite();
+  ASSERT_EQ(old.data(), before);
+  EXPECT_NE(v.data(), before);
+  EXPECT_TRUE(v.Unique());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = -1.0f;
+  EXPECT_EQ(static_cast<const float*>(frame->data())[999], 999.0f);
+  old = SharedFloats();  // the frame is the old buffer's last holder now
+  EXPECT_EQ(static_cast<const float*>(frame->data())[5], 5.0f);
+
+  // The frame released on another thread, as ZeroMQ's I/O thread does once it has sent it.
+  std::optional<zmq::message_t> second(v.Frame());
+  EXPECT_FALSE(v.Unique());
+  std::thread([&] {
+    frame.reset();
+    second.reset();
+  }).join();
+  EXPECT_TRUE(v.Unique());
+  EXPECT_TRUE(v.PrepareWrite().empty());
+
+  v.Assign(std::vector<float>{1.0f, 2.0f});
+  EXPECT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[1], 2.0f);
+  EXPECT_TRUE(SharedFloats().Frame().size() == 0);
+}
+
+// An update while a pull's reply still holds the chunk's values gives the bits of the update in
+// place, leaves the reply's values as they were, and the next update is in place again.
+TEST(SharedFloats, AnUpdateUnderAReplyInFlightGivesTheBitsOfOneInPlace) {
+  ThreadPool pool(2);
+  Updater updater(pool);
+  TableSpec spec;
+  spec.name = "w";
+  spec.type = TableType::kDense;
+  spec.shape = {3 * Updater::kGrain + 5};  // several ranges for the pool
+  spec.chunk_elems = spec.num_elements();
+  spec.optimizer.type = OptimizerType::kAdam;
+  spec.init = InitType::kUniform;
+  spec.init_scale = 0.1f;
+  DenseShard in_place(spec, 1, 0, 1, 1), shared(spec, 1, 0, 1, 1);
+  DenseChunk& a = *in_place.chunk(0);
+  DenseChunk& b = *shared.chunk(0);
+  ASSERT_EQ(a.params, b.params);
+  std::vector<float> grad(static_cast<size_t>(a.size));
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = std::sin(static_cast<float>(i)) * 1e-2f;
+
+  const std::vector<float> sent(b.params.begin(), b.params.end());
+  const zmq::message_t reply = b.params.Frame();
+  updater.ApplyDense(spec.optimizer, a, grad.data(), 1);
+  updater.ApplyDense(spec.optimizer, b, grad.data(), 1);
+  EXPECT_NE(static_cast<const void*>(b.params.data()), reply.data());  // moved
+  EXPECT_EQ(a.params, b.params);
+  EXPECT_EQ(a.state, b.state);
+  EXPECT_NE(a.params[1], sent[1]);
+  EXPECT_EQ(0, std::memcmp(reply.data(), sent.data(), sent.size() * sizeof(float)));  // as it was made
+
+  const float* now = b.params.data();
+  const float* grads[] = {grad.data(), grad.data()};
+  updater.ApplyDenseAverage(spec.optimizer, a, grads, 2);
+  updater.ApplyDenseAverage(spec.optimizer, b, grads, 2);
+  EXPECT_EQ(b.params.data(), now);  // nothing held it: in place
+  EXPECT_EQ(a.params, b.params);
 }
 
 }  // namespace

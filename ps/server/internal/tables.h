@@ -17,6 +17,7 @@
 #include "ferry/table_spec.h"
 #include "internal/memory_budget.h"
 #include "internal/row_lifecycle.h"
+#include "internal/shared_floats.h"
 #include "internal/table_metrics.h"
 #include "internal/thread_pool.h"
 
@@ -34,7 +35,7 @@ struct SyncSlots {
 struct DenseChunk {
   int64_t offset = 0;  // first element of the chunk in the flattened tensor
   int64_t size = 0;    // elements
-  std::vector<float> params;
+  SharedFloats params;         // shared with the pull replies that send them (copy-on-write)
   std::vector<float> state;  // StateSlots() arrays of `size` floats
   int64_t version = 0;       // updates applied
   std::vector<int64_t> last_pulled;  // per rank: version at that worker's last pull (staleness)

@@ -1,5 +1,6 @@
 // ps/server/internal/updates.h — the work on a shard's numbers: applying gradients with the
-// table's optimizer, and copying values out for a pull. Big chunks and batches of rows are
+// table's optimizer, and copying sparse rows out for a pull (a dense pull sends the chunk's values
+// without a copy: shared_floats.h). Big chunks and batches of rows are
 // shared with the compute pool; the I/O thread takes a share and waits for the rest.
 //
 // Thread-safety: one thread at a time (the server's I/O thread), like the pool it drives.
@@ -37,9 +38,6 @@ class Updater {
   // in the same order whatever the thread count.
   void ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::span<const float* const> grads, int64_t step);
 
-  // Copies for a pull: the values are copied because a later push may change them while ZeroMQ
-  // still sends.
-  void ReadDense(const DenseChunk& c, float* dst);
   // One table's rows of a pull: the rows of `ids` into `dst` (ids.size() x dim floats).
   struct RowRead {
     SparseShard* shard;

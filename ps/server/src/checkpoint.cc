@@ -582,7 +582,7 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int n
           return DataLossError("checkpoint " + ckpt.manifest + ": table '" + t.spec.name + "' chunk " +
                                std::to_string(i) + " has the wrong size");
         }
-        c->params = it->second.params;
+        c->params.Assign(it->second.params);
         c->state = it->second.state;
         c->version = it->second.version;
         std::fill(c->last_pulled.begin(), c->last_pulled.end(), c->version);

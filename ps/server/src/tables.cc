@@ -33,7 +33,7 @@ DenseShard::DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int n
     auto ch = std::make_unique<DenseChunk>();
     ch->offset = c * spec.chunk_elems;
     ch->size = std::min(spec.chunk_elems, n - ch->offset);
-    ch->params.resize(static_cast<size_t>(ch->size));
+    ch->params = SharedFloats(static_cast<size_t>(ch->size));
     InitDense(spec, table_id, ch->offset, ch->params.data(), ch->size);
     ch->state.resize(static_cast<size_t>(ch->size) * static_cast<size_t>(slots));
     InitState(spec.optimizer, ch->state.data(), static_cast<size_t>(ch->size));

@@ -12,10 +12,21 @@ namespace {
 // empty state has no element to point at (null + b is undefined behaviour).
 float* StateAt(DenseChunk& c, int64_t b) { return c.state.empty() ? nullptr : c.state.data() + b; }
 
+// [b, e) of `old` into the chunk's values, when PrepareWrite moved them to a new buffer.
+void CopyFrom(const SharedFloats& old, DenseChunk& c, int64_t b, int64_t e) {
+  if (old.empty()) return;
+  std::memcpy(c.params.data() + b, old.data() + b, static_cast<size_t>(e - b) * sizeof(float));
+}
+
 }  // namespace
 
+// The chunk's values are shared with pull replies still being sent: an update writes them in
+// place when no reply holds them, and otherwise into a new buffer, copying each range from the
+// old one just before updating it (the same pass, from cache).
 void Updater::ApplyDense(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step) {
+  const SharedFloats old = c.params.PrepareWrite();
   pool_.ParallelFor(c.size, kGrain, [&](int64_t b, int64_t e) {
+    CopyFrom(old, c, b, e);
     ApplyUpdate(opt, c.params.data() + b, grad + b, StateAt(c, b), static_cast<size_t>(e - b),
                 static_cast<size_t>(c.size), step);
   });
@@ -25,7 +36,9 @@ void Updater::ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::sp
                                 int64_t step) {
   const float k = static_cast<float>(grads.size());
   avg_.resize(static_cast<size_t>(c.size));
+  const SharedFloats old = c.params.PrepareWrite();
   pool_.ParallelFor(c.size, kGrain, [&](int64_t b, int64_t e) {
+    CopyFrom(old, c, b, e);
     for (int64_t i = b; i < e; ++i) {
       float s = 0.0f;
       for (const float* g : grads) s += g[i];
@@ -33,13 +46,6 @@ void Updater::ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::sp
     }
     ApplyUpdate(opt, c.params.data() + b, avg_.data() + b, StateAt(c, b), static_cast<size_t>(e - b),
                 static_cast<size_t>(c.size), step);
-  });
-}
-
-void Updater::ReadDense(const DenseChunk& c, float* dst) {
-  const float* src = c.params.data();
-  pool_.ParallelFor(c.size, kGrain, [&](int64_t b, int64_t e) {
-    std::memcpy(dst + b, src + b, static_cast<size_t>(e - b) * sizeof(float));
   });
 }
 

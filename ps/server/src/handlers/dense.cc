@@ -205,22 +205,19 @@ bool ServerImpl::TryServeDense(Request& req) {
   payload.reserve(refs.size());
   int64_t version = INT64_MAX;
   const ps::Table* last = nullptr;
-  std::vector<float> wide;
   for (auto& r : refs) {
     if (r.table != last) ++r.table->counters.pull_requests;  // a request's slices of one table count once
     last = r.table;
     r.table->counters.rows_pulled += r.chunk->size;
     const WireFormat w = r.table->spec.wire;
-    zmq::message_t frame(static_cast<size_t>(r.chunk->size * wire::ValueBytes(w)));
     if (w == WireFormat::kF32) {
-      updater_.ReadDense(*r.chunk, static_cast<float*>(frame.data()));
-    } else {  // 1.6: read as float32, sent in the table's 16-bit format
-      wide.resize(static_cast<size_t>(r.chunk->size));
-      updater_.ReadDense(*r.chunk, wide.data());
-      const int64_t saturated = wire::EncodeValues(w, wide.data(), r.chunk->size, frame.data());
+      payload.push_back(r.chunk->params.Frame());  // the values themselves, not a copy (shared_floats.h)
+    } else {  // 1.6: sent in the table's 16-bit format
+      zmq::message_t frame(static_cast<size_t>(r.chunk->size * wire::ValueBytes(w)));
+      const int64_t saturated = wire::EncodeValues(w, r.chunk->params.data(), r.chunk->size, frame.data());
       if (saturated > 0) CountSaturated(r.table->spec, saturated);
+      payload.push_back(std::move(frame));
     }
-    payload.push_back(std::move(frame));
     r.chunk->last_pulled[rank] = r.chunk->version;
     version = std::min(version, r.chunk->version);
   }

@@ -7,7 +7,8 @@
 //                      [--rank=R --num-workers=W] [benchmark flags]
 //
 // Each benchmark is one operation, submitted and waited for: dense pull / push / push+pull of
-// 4 KiB, 1 MiB and 16 MiB (tables of that many floats, default chunking), and sparse pull / push
+// 4 KiB, 1 MiB and 16 MiB (tables of that many floats, default chunking), the pull and push+pull
+// also with the values left where they arrived (PullDenseView), and sparse pull / push
 // of 100,000 distinct ids of dim 16 (ids i * 7919 + 13, the same in every front end), as a
 // caller who does not say they are distinct (deduplicated on every call) and one who does. Several
 // processes at once (bench/peer/run.sh) each take a rank of their own; every table is async, so
@@ -70,6 +71,25 @@ void BM_PushPullDense(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * state.range(0) * 4 * 2);
 }
 
+// The same pulls with the values left where they arrived (PullDenseView, PushPullDenseView): no
+// copy into a buffer of the caller's. Each call's values are dropped at the next call.
+void BM_PullDenseView(benchmark::State& state) {
+  const std::string table = DenseTable(state.range(0));
+  const std::string_view name = table;
+  std::shared_ptr<const ferry::PulledDense> values;
+  for (auto _ : state) Check(state, client->PullDenseView(std::span(&name, 1), 0, &values).wait());
+  state.SetBytesProcessed(state.iterations() * state.range(0) * 4);
+}
+
+void BM_PushPullDenseView(benchmark::State& state) {
+  std::vector<float> grad(static_cast<size_t>(state.range(0)), 0.0f);
+  const std::string table = DenseTable(state.range(0));
+  const ferry::DenseIn in{table, grad};
+  std::shared_ptr<const ferry::PulledDense> values;
+  for (auto _ : state) Check(state, client->PushPullDenseView(std::span(&in, 1), 0, &values).wait());
+  state.SetBytesProcessed(state.iterations() * state.range(0) * 4 * 2);
+}
+
 void BM_PullSparse(benchmark::State& state) {
   const std::vector<int64_t> ids = SparseIds();
   std::vector<float> rows(ids.size() * kDim);
@@ -112,6 +132,8 @@ void BM_PushSparseDistinct(benchmark::State& state) {
 BENCHMARK(BM_PullDense)->Arg(1024)->Arg(262144)->Arg(4194304)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PushDense)->Arg(1024)->Arg(262144)->Arg(4194304)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PushPullDense)->Arg(1024)->Arg(262144)->Arg(4194304)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PullDenseView)->Arg(1024)->Arg(262144)->Arg(4194304)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PushPullDenseView)->Arg(1024)->Arg(262144)->Arg(4194304)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PullSparse)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PushSparse)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PullSparseDistinct)->UseRealTime()->Unit(benchmark::kMicrosecond);

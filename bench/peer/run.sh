@@ -14,7 +14,7 @@
 #
 #   --pslite DIR       a ps-lite checkout built by its own instructions: DIR/include/ps/ps.h and
 #                      its library (DIR/build/libps.a from its Makefile, or libpslite.a / .so
-#                      from its CMake build in DIR/build)
+#                      from its CMake build in DIR/build); needed for the pslite arm only
 #   --ferry-build DIR  a Ferry build folder (bin/ferry-ps, bench/ferry-client-bench,
 #                      bench/ferry-bench); --ferry-build2 another, named NAME (default ferry2)
 #   --out DIR          where the results go: meta.json, ARM-rR-wI.json (Google Benchmark's JSON,
@@ -54,7 +54,6 @@ while [ $# -gt 0 ]; do
     *) die "unknown argument $1 (--help lists them)" ;;
   esac
 done
-[ -n "$pslite" ] || die "--pslite DIR is required"
 [ -n "$ferry" ] || die "--ferry-build DIR is required"
 [ -n "$out" ] || die "--out DIR is required"
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || die "--rounds must be a positive integer, not '$rounds'"
@@ -73,6 +72,9 @@ if [ -n "$only" ]; then
   arms=("${kept[@]}")
 fi
 has_arm() { [[ " ${arms[*]} " == *" $1 "* ]]; }
+if has_arm pslite; then
+  [ -n "$pslite" ] || die "--pslite DIR is required for the pslite arm (--arms without pslite runs the rest)"
+fi
 
 # Every process this script starts (each a `timeout`, which passes a TERM on to its command) and
 # each descriptor it reads a server's first line from; all stopped on exit.
@@ -130,31 +132,33 @@ fi
 "$ferry_bench" --benchmark_list_tests=true --benchmark_filter='^raw_proc/tcp/' 2>/dev/null | grep -q . ||
   die "$ferry_bench has no raw_proc/tcp/ benchmarks"
 
-# ps-lite, as its own Makefile or CMake leaves it; our adapter only is compiled here.
-[ -f "$pslite/include/ps/ps.h" ] ||
-  die "no ps-lite headers at $pslite/include/ps/ps.h: --pslite must be a ps-lite checkout; build ps-lite by its own instructions first"
-pslite_lib=
-for c in "$pslite/build/libps.a" "$pslite/build/libpslite.a" "$pslite/build/libpslite.so" \
-         "$pslite/lib/libps.a" "$pslite/lib/libpslite.a" "$pslite/lib/libpslite.so"; do
-  [ -f "$c" ] && { pslite_lib=$c; break; }
-done
-[ -n "$pslite_lib" ] ||
-  die "no built ps-lite library in $pslite (looked for build/libps.a, build/libpslite.{a,so}, lib/libps.a, lib/libpslite.{a,so}): build ps-lite by its own instructions first"
-pkg-config --exists absl_flat_hash_map benchmark ||
-  die "pkg-config finds no absl_flat_hash_map or benchmark (libabsl-dev, libbenchmark-dev): pslite_bench needs them"
-
 mkdir -p "$out/logs"
 out=$(cd "$out" && pwd)
-# ps-lite's dependencies where its Makefile put them (deps/), else the system's ZeroMQ and protobuf.
-deps=()
-[ -d "$pslite/deps/lib" ] && deps=(-L"$pslite/deps/lib" "-Wl,-rpath,$(cd "$pslite/deps/lib" && pwd)")
-here=$(cd "$(dirname "$0")" && pwd)
-echo "compiling $bindir/pslite_bench against $pslite_lib"
-# shellcheck disable=SC2046  # pkg-config's flags are words
-"${CXX:-c++}" -std=c++20 -O3 -g -DNDEBUG -Wall -Wextra -isystem "$pslite/include" \
-  "$here/pslite_bench.cc" -o "$bindir/pslite_bench" "$pslite_lib" "${deps[@]}" \
-  $(pkg-config --cflags --libs absl_flat_hash_map benchmark) -lzmq -lprotobuf-lite -pthread \
-  > "$out/logs/compile.log" 2>&1 || die "compiling pslite_bench failed: $out/logs/compile.log"
+pslite_lib=
+if has_arm pslite; then
+  # ps-lite, as its own Makefile or CMake leaves it; our adapter only is compiled here.
+  [ -f "$pslite/include/ps/ps.h" ] ||
+    die "no ps-lite headers at $pslite/include/ps/ps.h: --pslite must be a ps-lite checkout; build ps-lite by its own instructions first"
+  for c in "$pslite/build/libps.a" "$pslite/build/libpslite.a" "$pslite/build/libpslite.so" \
+           "$pslite/lib/libps.a" "$pslite/lib/libpslite.a" "$pslite/lib/libpslite.so"; do
+    [ -f "$c" ] && { pslite_lib=$c; break; }
+  done
+  [ -n "$pslite_lib" ] ||
+    die "no built ps-lite library in $pslite (looked for build/libps.a, build/libpslite.{a,so}, lib/libps.a, lib/libpslite.{a,so}): build ps-lite by its own instructions first"
+  pkg-config --exists absl_flat_hash_map benchmark ||
+    die "pkg-config finds no absl_flat_hash_map or benchmark (libabsl-dev, libbenchmark-dev): pslite_bench needs them"
+
+  # ps-lite's dependencies where its Makefile put them (deps/), else the system's ZeroMQ and protobuf.
+  deps=()
+  [ -d "$pslite/deps/lib" ] && deps=(-L"$pslite/deps/lib" "-Wl,-rpath,$(cd "$pslite/deps/lib" && pwd)")
+  here=$(cd "$(dirname "$0")" && pwd)
+  echo "compiling $bindir/pslite_bench against $pslite_lib"
+  # shellcheck disable=SC2046  # pkg-config's flags are words
+  "${CXX:-c++}" -std=c++20 -O3 -g -DNDEBUG -Wall -Wextra -isystem "$pslite/include" \
+    "$here/pslite_bench.cc" -o "$bindir/pslite_bench" "$pslite_lib" "${deps[@]}" \
+    $(pkg-config --cflags --libs absl_flat_hash_map benchmark) -lzmq -lprotobuf-lite -pthread \
+    > "$out/logs/compile.log" 2>&1 || die "compiling pslite_bench failed: $out/logs/compile.log"
+fi
 
 git_head() { git -C "$1" rev-parse HEAD 2>/dev/null || echo unknown; }
 ferry_src() { sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$1/CMakeCache.txt" 2>/dev/null || true; }

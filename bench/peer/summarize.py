@@ -24,6 +24,9 @@ SIZES = {1024: "4KiB", 262144: "1MiB", 4194304: "16MiB"}
 OPS = ([(f"pull_dense/{SIZES[n]}", f"BM_PullDense/{n}/real_time", n, 1) for n in SIZES] +
        [(f"push_dense/{SIZES[n]}", f"BM_PushDense/{n}/real_time", n, 1) for n in SIZES] +
        [(f"pushpull_dense/{SIZES[n]}", f"BM_PushPullDense/{n}/real_time", n, 2) for n in SIZES] +
+       # Ferry only (PullDenseView, PushPullDenseView): the values left where they arrived.
+       [(f"pull_dense_view/{SIZES[n]}", f"BM_PullDenseView/{n}/real_time", n, 1) for n in SIZES] +
+       [(f"pushpull_dense_view/{SIZES[n]}", f"BM_PushPullDenseView/{n}/real_time", n, 2) for n in SIZES] +
        [("pull_sparse/100k_ids_dim16", "BM_PullSparse/real_time", None, 0),
         ("push_sparse/100k_ids_dim16", "BM_PushSparse/real_time", None, 0),
         ("pull_sparse_distinct/100k_ids_dim16", "BM_PullSparseDistinct/real_time", None, 0),
@@ -92,10 +95,13 @@ def main(folder):
     def series(arm, label):
         return [times[arm][r][label] for r in rounds if label in times.get(arm, {}).get(r, {})]
 
+    # The operations some arm measured (a folder from before an operation existed has none of it).
+    ops = [op for op in OPS if any(series(a, op[0]) for a in arms)]
+
     print()
     print("ms per call (per worker), median (min-max) over rounds; raw: ms per round trip of one frame of that size")
     print(f"{'operation':28s}" + "".join(f" {a:>24s}" for a in arms) + f" {'raw round trip':>24s}")
-    for label, _, n, _ in OPS:
+    for label, _, n, _ in ops:
         raw_ms = [raw[r][n] for r in rounds if n is not None and n in raw.get(r, {})]
         print(f"{label:28s}" + "".join(f" {cell(series(a, label)):>24s}" for a in arms) + f" {cell(raw_ms):>24s}")
 
@@ -103,7 +109,7 @@ def main(folder):
     for fast, slow in pairs:
         print()
         print(f"{fast} speed over {slow}'s ({slow} ms / {fast} ms; above 1: {fast} faster): median (min-max); per round")
-        for label, _, _, _ in OPS:
+        for label, _, _, _ in ops:
             per = [times[slow][r][label] / times[fast][r][label] for r in rounds
                    if label in times.get(slow, {}).get(r, {}) and label in times.get(fast, {}).get(r, {})]
             print((f"{label:28s} {cell(per):>24s}   " + " ".join(f"{x:.3f}" for x in per)).rstrip())
@@ -111,7 +117,7 @@ def main(folder):
     print()
     print("share of raw ZeroMQ's payload rate (raw_proc/tcp/<size> of the same round), median (min-max)")
     print(f"{'operation':28s}" + "".join(f" {a:>24s}" for a in arms))
-    for label, _, n, moves in OPS:
+    for label, _, n, moves in ops:
         if n is None:
             continue
         row = []
@@ -120,7 +126,7 @@ def main(folder):
                       if n in raw.get(r, {}) and label in times.get(a, {}).get(r, {})]
             row.append(cell(shares))
         print(f"{label:28s}" + "".join(f" {c:>24s}" for c in row))
-    missing = [f"{a}: {label}" for a in arms for label, _, _, _ in OPS if not series(a, label)]
+    missing = [f"{a}: {label}" for a in arms for label, _, _, _ in ops if not series(a, label)]
     if missing:
         print()
         print("not measured (absent from every round, or failed): " + "; ".join(missing))

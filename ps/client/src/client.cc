@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 #include <thread>
@@ -22,6 +23,13 @@
 #include "ferry/messages/placement.h"
 
 namespace ferry {
+
+void PulledDense::CopyTo(size_t t, std::span<float> out) const {
+  for (const Piece& p : pieces(t)) {
+    std::memcpy(out.data() + p.offset, p.values.data(), p.values.size() * sizeof(float));
+  }
+}
+
 namespace {
 
 using io::ExpectBytes;
@@ -199,7 +207,7 @@ class ClientImpl final : public Client {
                             : options_.max_message_bytes;
     for (size_t t = 0; t < names.size(); ++t) {
       FERRY_ASSIGN_OR_RETURN(TableSpec spec, Lookup(names[t], TableType::kDense));
-      if (static_cast<int64_t>(sizes[t]) != spec.num_elements()) {
+      if (sizes[t] != kAnySize && static_cast<int64_t>(sizes[t]) != spec.num_elements()) {
         return InvalidArgumentError("table '" + spec.name + "' has " + std::to_string(spec.num_elements()) +
                                     " elements, the buffer has " + std::to_string(sizes[t]));
       }
@@ -222,6 +230,50 @@ class ClientImpl final : public Client {
     }
     return per_server;
   }
+
+  // Route's size for a tensor of a PullDenseView: the table's own, whatever it is.
+  static constexpr size_t kAnySize = ~size_t{0};
+
+  // A PullDenseView's values: the reply frames, each chunk's the piece of its tensor.
+  class PulledDenseImpl final : public PulledDense {
+   public:
+    // Room for a piece per chunk of each of `tensors` tensors, as Route placed them.
+    PulledDenseImpl(const std::vector<std::vector<std::vector<ChunkRef>>>& routed, size_t tensors)
+        : pieces_(tensors) {
+      for (const auto& msgs : routed) {
+        for (const auto& chunks : msgs) {
+          for (const ChunkRef& c : chunks) {
+            auto& p = pieces_[c.tensor];
+            if (p.size() <= static_cast<size_t>(c.chunk)) p.resize(static_cast<size_t>(c.chunk) + 1);
+            p[static_cast<size_t>(c.chunk)].offset = c.offset;
+          }
+        }
+      }
+    }
+    size_t size() const override { return pieces_.size(); }
+    std::span<const Piece> pieces(size_t t) const override { return pieces_.at(t); }
+
+    // Chunk `c`'s values, in `frame` (its size checked): kept as they came when they are float32
+    // and aligned for it, else decoded or copied into memory of this object's.
+    void Keep(const ChunkRef& c, zmq::message_t frame) {
+      const size_t n = static_cast<size_t>(c.count);
+      // Where it lives from now on: a small frame's bytes are inside the message itself.
+      const zmq::message_t& kept = frames_.emplace_back(std::move(frame));
+      const float* values = static_cast<const float*>(kept.data());
+      if (c.wire != WireFormat::kF32 || reinterpret_cast<uintptr_t>(kept.data()) % alignof(float) != 0) {
+        auto& own = owned_.emplace_back(n);
+        wire::DecodeValues(c.wire, kept.data(), c.count, own.data());
+        values = own.data();
+        frames_.pop_back();
+      }
+      pieces_[c.tensor][static_cast<size_t>(c.chunk)].values = {values, n};
+    }
+
+   private:
+    std::vector<std::vector<Piece>> pieces_;  // [tensor][chunk]
+    std::deque<zmq::message_t> frames_;        // what pieces_ point into (a deque's elements stay put)
+    std::deque<std::vector<float>> owned_;     // what the rest point into
+  };
 
   // The pieces of a push call to one server (1.10): its id (0: not sent in pieces), and this
   // message's place among them.
@@ -248,6 +300,19 @@ class ClientImpl final : public Client {
     return engine_.FinishHeader(fbb, h);
   }
 
+  // Keeps each reply frame where it arrived, as its chunk's piece of its tensor (PulledDenseImpl).
+  static OnReply KeepDense(std::vector<ChunkRef> chunks, std::shared_ptr<PulledDenseImpl> kept) {
+    return [chunks = std::move(chunks), kept = std::move(kept)](const Header&, Frames& payload) -> Status {
+      FERRY_RETURN_IF_ERROR(ExpectFrames(payload, chunks.size()));
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        FERRY_RETURN_IF_ERROR(
+            ExpectBytes(payload[i], static_cast<size_t>(chunks[i].count * wire::ValueBytes(chunks[i].wire))));
+      }
+      for (size_t i = 0; i < chunks.size(); ++i) kept->Keep(chunks[i], std::move(payload[i]));
+      return Status::Ok();
+    };
+  }
+
   // Copies each reply frame into its tensor's output span.
   static OnReply ScatterDense(std::vector<ChunkRef> chunks, std::vector<std::span<float>> outs) {
     return [chunks = std::move(chunks), outs = std::move(outs)](const Header&, Frames& payload) -> Status {
@@ -261,16 +326,23 @@ class ClientImpl final : public Client {
     };
   }
 
-  Handle DenseOp(Kind kind, std::span<const DenseIn> grads, std::span<const DenseOut> outs, int64_t step) {
+  // A dense call. With `view` (PullDenseView, PushPullDenseView) the pulled values are kept where
+  // they arrive instead of being copied into `outs` (then empty), and `view_tables` names the
+  // tables of a PullDenseView.
+  Handle DenseOp(Kind kind, std::span<const DenseIn> grads, std::span<const DenseOut> outs, int64_t step,
+                 std::span<const std::string_view> view_tables = {},
+                 std::shared_ptr<const PulledDense>* view = nullptr) {
     auto op = engine_.NewOp();
     std::vector<std::string_view> names;
     std::vector<size_t> sizes;
-    if (kind == Kind::PullDense) {
+    if (kind == Kind::PullDense && view != nullptr) {
+      for (const auto& t : view_tables) names.push_back(t), sizes.push_back(kAnySize);
+    } else if (kind == Kind::PullDense) {
       for (const auto& o : outs) names.push_back(o.table), sizes.push_back(o.data.size());
     } else {
       for (const auto& g : grads) names.push_back(g.table), sizes.push_back(g.data.size());
     }
-    if (kind == Kind::PushPullDense) {
+    if (kind == Kind::PushPullDense && view == nullptr) {
       if (outs.size() != grads.size())
         return engine_.Failed(op, InvalidArgumentError("PushPullDense: grads and outputs differ in count"));
       for (size_t t = 0; t < outs.size(); ++t) {
@@ -293,6 +365,11 @@ class ClientImpl final : public Client {
     if (!routed.ok()) return engine_.Failed(op, routed.status());
     std::vector<std::span<float>> out_spans;
     for (const auto& o : outs) out_spans.push_back(o.data);
+    std::shared_ptr<PulledDenseImpl> kept;
+    if (view != nullptr) {
+      kept = std::make_shared<PulledDenseImpl>(*routed, names.size());
+      *view = kept;
+    }
     // The servers' messages in turns (each server's first, then each one's second, ...), so that
     // every server starts on its share while the rest travels.
     // A push whose share of a server takes several messages and touches a sync table goes as one
@@ -323,7 +400,9 @@ class ClientImpl final : public Client {
             }
           }
         }
-        OnReply on_reply = kind == Kind::PushDense ? OnReply() : ScatterDense(chunks, out_spans);
+        OnReply on_reply = kind == Kind::PushDense ? OnReply()
+                           : kept != nullptr       ? KeepDense(chunks, kept)
+                                                   : ScatterDense(chunks, out_spans);
         const Piece piece{calls[static_cast<size_t>(s)], static_cast<uint32_t>(m),
                           static_cast<uint32_t>((*routed)[static_cast<size_t>(s)].size())};
         engine_.Submit(op, s, kind, DenseHeader(kind, chunks, step, piece), std::move(payload), std::move(on_reply),
@@ -356,6 +435,14 @@ class ClientImpl final : public Client {
 
   Handle PullDense(std::span<const DenseOut> tensors, int64_t step) override {
     return DenseOp(Kind::PullDense, {}, tensors, step);
+  }
+  Handle PullDenseView(std::span<const std::string_view> tables, int64_t step,
+                       std::shared_ptr<const PulledDense>* values) override {
+    return DenseOp(Kind::PullDense, {}, {}, step, tables, values);
+  }
+  Handle PushPullDenseView(std::span<const DenseIn> grads, int64_t step,
+                           std::shared_ptr<const PulledDense>* values) override {
+    return DenseOp(Kind::PushPullDense, grads, {}, step, {}, values);
   }
   Handle PushDense(std::span<const DenseIn> grads, int64_t step) override {
     return DenseOp(Kind::PushDense, grads, {}, step);

@@ -131,6 +131,33 @@ struct DenseIn {
   std::span<const float> data;
 };
 
+// A pull's values left where they arrived (PullDenseView, PushPullDenseView): nothing is copied
+// into a buffer of the caller's. Each tensor comes as the pieces its servers sent, one per chunk
+// (TableSpec::chunk_elems: a table of one chunk is one piece), each a span into a received
+// message that this object holds until it is destroyed. Values of a 16-bit wire format, and a
+// piece whose message is not aligned for float, are put in memory of its own first.
+// Thread-safety: filled while its Handle runs; once the Handle is done OK, read-only from any
+// thread. Before then, or after a failed Handle, its pieces may be missing (empty spans).
+class PulledDense {
+ public:
+  struct Piece {
+    int64_t offset = 0;  // its first element in the tensor
+    std::span<const float> values;
+  };
+  virtual ~PulledDense() = default;
+  // How many tensors: the call's, in the order it named them.
+  virtual size_t size() const = 0;
+  // Tensor `t`'s pieces in element order, which cover it.
+  virtual std::span<const Piece> pieces(size_t t) const = 0;
+  // Tensor `t` as one span when it came in one piece; empty otherwise.
+  std::span<const float> whole(size_t t) const {
+    const auto p = pieces(t);
+    return p.size() == 1 ? p[0].values : std::span<const float>();
+  }
+  // Copies tensor `t` into `out`, which holds its element count.
+  void CopyTo(size_t t, std::span<float> out) const;
+};
+
 // A sparse table's rows to pull: `rows` holds ids.size() * dim floats.
 struct SparseOut {
   std::string_view table;
@@ -196,6 +223,14 @@ class Client {
   // `grads` and `out` name the same tables in the same order. For ssp tables this also
   // advances this worker's clock to step + 1 on the servers involved.
   virtual Handle PushPullDense(std::span<const DenseIn> grads, std::span<const DenseOut> out, int64_t step) = 0;
+  // PullDense and PushPullDense without the copy into the caller's buffers: `*values` is set at
+  // once to an object that the replies fill with the values as they arrived (PulledDense). A
+  // caller that reads the values where they are (or moves them to a device) saves a pass over
+  // them; bench/RESULTS.md measures it against the copying calls.
+  virtual Handle PullDenseView(std::span<const std::string_view> tables, int64_t step,
+                               std::shared_ptr<const PulledDense>* values) = 0;
+  virtual Handle PushPullDenseView(std::span<const DenseIn> grads, int64_t step,
+                                   std::shared_ptr<const PulledDense>* values) = 0;
 
   // Sparse (embedding) tables: rows of `dim` floats by int64 id. All the tables of one call
   // travel together (protocol 1.5): one message per server, or, for a share larger than

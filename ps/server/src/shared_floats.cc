@@ -4,6 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include "ferry/messages/transport.h"
+
 namespace ferry::ps {
 
 SharedFloats::SharedFloats(size_t n) {
@@ -21,7 +23,12 @@ void SharedFloats::Release(Block* b) {
   ::operator delete(b, std::align_val_t{alignof(Block)});
 }
 
-void SharedFloats::ReleaseFrame(void*, void* hint) { Release(static_cast<Block*>(hint)); }
+// Called by ZeroMQ once it has sent the frame, on its own I/O thread (tcp, ipc), or by the
+// receiver's thread when it drops the message (inproc).
+void SharedFloats::ReleaseFrame(void*, void* hint) {
+  transport::internal::HandoffReceived();  // under TSan: the block came from the owner through ZeroMQ
+  Release(static_cast<Block*>(hint));
+}
 
 zmq::message_t SharedFloats::Frame() const {
   if (block_ == nullptr) return zmq::message_t();

@@ -134,6 +134,7 @@ fi
 
 mkdir -p "$out/logs"
 out=$(cd "$out" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
 pslite_lib=
 if has_arm pslite; then
   # ps-lite, as its own Makefile or CMake leaves it; our adapter only is compiled here.
@@ -151,7 +152,6 @@ if has_arm pslite; then
   # ps-lite's dependencies where its Makefile put them (deps/), else the system's ZeroMQ and protobuf.
   deps=()
   [ -d "$pslite/deps/lib" ] && deps=(-L"$pslite/deps/lib" "-Wl,-rpath,$(cd "$pslite/deps/lib" && pwd)")
-  here=$(cd "$(dirname "$0")" && pwd)
   echo "compiling $bindir/pslite_bench against $pslite_lib"
   # shellcheck disable=SC2046  # pkg-config's flags are words
   "${CXX:-c++}" -std=c++20 -O3 -g -DNDEBUG -Wall -Wextra -isystem "$pslite/include" \
@@ -163,14 +163,16 @@ fi
 git_head() { git -C "$1" rev-parse HEAD 2>/dev/null || echo unknown; }
 ferry_src() { sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$1/CMakeCache.txt" 2>/dev/null || true; }
 /usr/bin/python3 - "$out/meta.json" "$(IFS=,; echo "${arms[*]}")" "$rounds" "$min_time" "$servers" "$workers" "$ferry" \
-  "$(git_head "$(ferry_src "$ferry")")" "$ferry2" "$pslite" "$(git_head "$pslite")" "$pslite_lib" "$(nproc)" <<'EOF'
+  "$(git_head "$(ferry_src "$ferry")")" "$ferry2" "$pslite" "$([ -n "$pslite" ] && git_head "$pslite")" "$pslite_lib" \
+  "$(nproc)" "$([ -n "$ferry2" ] && git_head "$(ferry_src "$ferry2")")" <<'EOF'
 import json, sys
 (path, arms, rounds, min_time, servers, workers, ferry, ferry_head, ferry2, pslite, pslite_head, pslite_lib,
- cores) = sys.argv[1:]
+ cores, ferry2_head) = sys.argv[1:]
 json.dump({"arms": arms.split(","), "rounds": int(rounds),
            "min_time_s": float(min_time), "servers": int(servers), "workers": int(workers), "ferry_build": ferry,
            "ferry_source_head": ferry_head, "ferry2_build": ferry2, "pslite": pslite, "pslite_head": pslite_head,
-           "pslite_lib": pslite_lib, "host_cores": int(cores)}, open(path, "w"), indent=1)
+           "pslite_lib": pslite_lib, "host_cores": int(cores), "ferry2_source_head": ferry2_head},
+          open(path, "w"), indent=1)
 EOF
 
 # ---- the arms ------------------------------------------------------------------------------

@@ -87,10 +87,12 @@ def main(folder):
     ferries = [a for a in arms if a != "pslite"]
     rounds = range(1, meta["rounds"] + 1)
     w = meta["workers"]
-    print(f"Ferry against ps-lite: {meta['servers']} server(s) and {w} worker(s) per system, "
-          f"{meta['rounds']} round(s), Google Benchmark min time {meta['min_time_s']:g} s, {meta['host_cores']} cores")
-    print(f"Ferry source {meta['ferry_source_head'][:12]}, ps-lite {meta['pslite_head'][:12]}; arms: "
-          + ", ".join(meta["arms"]))
+    peer = "pslite" in arms
+    print(f"Ferry against {'ps-lite' if peer else 'raw ZeroMQ'}: {meta['servers']} server(s) and {w} worker(s) "
+          f"per system, {meta['rounds']} round(s), Google Benchmark min time {meta['min_time_s']:g} s, "
+          f"{meta['host_cores']} cores")
+    print(f"Ferry source {meta['ferry_source_head'][:12]}"
+          + (f", ps-lite {meta['pslite_head'][:12]}" if peer else "") + "; arms: " + ", ".join(meta["arms"]))
 
     def series(arm, label):
         return [times[arm][r][label] for r in rounds if label in times.get(arm, {}).get(r, {})]
@@ -105,14 +107,28 @@ def main(folder):
         raw_ms = [raw[r][n] for r in rounds if n is not None and n in raw.get(r, {})]
         print(f"{label:28s}" + "".join(f" {cell(series(a, label)):>24s}" for a in arms) + f" {cell(raw_ms):>24s}")
 
-    pairs = [(f, "pslite") for f in ferries] + ([("ferry", ferries[1])] if len(ferries) > 1 else [])
+    pairs = ([(f, "pslite") for f in ferries] if peer else []) + ([("ferry", ferries[1])] if len(ferries) > 1 else [])
     for fast, slow in pairs:
         print()
         print(f"{fast} speed over {slow}'s ({slow} ms / {fast} ms; above 1: {fast} faster): median (min-max); per round")
         for label, _, _, _ in ops:
             per = [times[slow][r][label] / times[fast][r][label] for r in rounds
                    if label in times.get(slow, {}).get(r, {}) and label in times.get(fast, {}).get(r, {})]
-            print((f"{label:28s} {cell(per):>24s}   " + " ".join(f"{x:.3f}" for x in per)).rstrip())
+            if per or slow == "pslite":  # an older Ferry lacks the newer calls: no row
+                print((f"{label:28s} {cell(per):>24s}   " + " ".join(f"{x:.3f}" for x in per)).rstrip())
+
+    # The same arm's calls with and without the copy into the caller's buffer, round by round.
+    views = [(label, label.replace("_view/", "/")) for label, _, _, _ in ops if "_view/" in label]
+    for a in ferries:
+        if not any(series(a, v) for v, _ in views):
+            continue
+        print()
+        print(f"{a}: the values left where they arrived over the copying call (copy ms / view ms; above 1: the view "
+              "is faster): median (min-max); per round")
+        for view, copy in views:
+            per = [times[a][r][copy] / times[a][r][view] for r in rounds
+                   if view in times.get(a, {}).get(r, {}) and copy in times.get(a, {}).get(r, {})]
+            print((f"{view:28s} {cell(per):>24s}   " + " ".join(f"{x:.3f}" for x in per)).rstrip())
 
     print()
     print("share of raw ZeroMQ's payload rate (raw_proc/tcp/<size> of the same round), median (min-max)")

@@ -82,6 +82,7 @@ def main():
     ap.add_argument("--bin", default="build/bin")
     ap.add_argument("--out", default="bench/results/cpu_per_example")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--first-round", type=int, default=1, help="the first round's number (more rounds, same folder)")
     ap.add_argument("--sizes", default="1,2,4")
     ap.add_argument("--steps-short", type=int, default=100)
     ap.add_argument("--steps-long", type=int, default=400)
@@ -101,7 +102,7 @@ def main():
             random.shuffle(order)
             for size, steps in order:
                 rec = run(args.bin, size, steps, common, log)
-                rec.update({"round": r + 1, "batch": args.batch, "load1": os.getloadavg()[0]})
+                rec.update({"round": args.first_round + r, "batch": args.batch, "load1": os.getloadavg()[0]})
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
                 print(json.dumps(rec), flush=True)

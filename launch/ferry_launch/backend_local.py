@@ -8,7 +8,7 @@ import signal
 import time
 
 from .commands import environ_for, remote_argv, resumed_with
-from .common import EXIT_FAILED, EXIT_OK, SETTLE_S, STOP_MARGIN_S, StartFailed
+from .common import EXIT_FAILED, EXIT_OK, SETTLE_S, STOP_MARGIN_S, WATCH_EVERY_S, StartFailed
 from .recovery import JobWatch, Recovery, summary
 from .supervise import (
     Child, Stream, Supervisor, cause_report, describe_status, reap_all, wait_for_servers)
@@ -27,6 +27,8 @@ class TaskProc:
         self.generation = generation  # which start of the whole job (a server death: +1)
         self.last_step = None  # the highest step its output reported (JobWatch, under its lock)
         self.cleaned = False   # its process group was killed after it was reaped
+        self.stopped_since = None  # when the launcher first found it stopped (state T), if it is
+        self.killed_stopped = None  # seconds it had been stopped when the launcher killed it
 
     @property
     def done(self):
@@ -53,7 +55,22 @@ class TaskProc:
         return f"{self.task.name} (pid {self.pid})"
 
     def describe_exit(self):
-        return describe_status(self.child.returncode, self.task.via_ssh)
+        how = describe_status(self.child.returncode, self.task.via_ssh)
+        if self.killed_stopped is not None:
+            how += f" from the launcher, after it had been stopped for {self.killed_stopped:.1f} s"
+        return how
+
+
+def process_state(pid):
+    """The state letter of a local process (/proc/PID/stat: R, S, D, T, t, Z, ...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    end = stat.rfind(b")")  # the command name may hold spaces and parentheses
+    fields = stat[end + 2:].split(b" ", 1) if end >= 0 else []
+    return fields[0].decode("ascii", "replace") if fields else None
 
 
 class Launcher(Supervisor):
@@ -230,6 +247,32 @@ class Launcher(Supervisor):
             self.pending.remove(r)
             self.say(r.unfinished(why), err=True)
 
+    def kill_stopped(self):
+        """Kills every current process of this machine that has been stopped (state T: SIGSTOP,
+        a job-control stop; not a debugger's stop, t) for --kill-stopped-after seconds: the
+        servers would soon give up on it and fail the others, who would then be restarted in
+        its place. Its death then restarts it like any other."""
+        if not self.opts.kill_stopped_after:
+            return
+        now = time.monotonic()
+        for p in list(self.current.values()):
+            if p.done or p.stopping or p.task.via_ssh:
+                continue
+            if process_state(p.pid) != "T":
+                p.stopped_since = None
+                continue
+            if p.stopped_since is None:
+                p.stopped_since = now
+                continue
+            stopped = now - p.stopped_since
+            if stopped < self.opts.kill_stopped_after or p.killed_stopped is not None:
+                continue
+            p.killed_stopped = stopped
+            self.say(f"{p.describe()} has been stopped (state T) for {stopped:.1f} s; killing it "
+                     "with SIGKILL, so that it restarts like a process that died and the others "
+                     "keep their place", err=True)
+            p.child.kill_group(signal.SIGKILL)
+
     # ---- deaths ----
 
     def on_death(self, p):
@@ -379,7 +422,11 @@ class Launcher(Supervisor):
             self.start(t)
         self.unfinished = {t.name for t in self.cluster.workers}
         while self.unfinished:
-            ev = self.next_event()
+            self.kill_stopped()  # a look at each process's state, between events or every WATCH_EVERY_S
+            try:
+                ev = self.next_event(timeout=WATCH_EVERY_S)
+            except queue.Empty:
+                continue
             if ev[0] == "resumed":
                 self.on_resumed(*ev[1:])
                 continue

@@ -11,8 +11,8 @@ from .backend_slurm import run_slurm
 from .commands import Binaries, build_commands, cards_here, resumed_with, visible_devices
 from .curve import exposure_warning, folder_for_commands, make_job_keys
 from .common import (
-    DEFAULT_BASE_PORT, DEFAULT_BIN_DIR, DEFAULT_MAX_RESTARTS, DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN,
-    DEFAULT_SSH, EXIT_OK, EXIT_USAGE, LaunchError, MAX_SECONDS, StopRequested)
+    DEFAULT_BASE_PORT, DEFAULT_BIN_DIR, DEFAULT_KILL_STOPPED_AFTER_S, DEFAULT_MAX_RESTARTS,
+    DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN, DEFAULT_SSH, EXIT_OK, EXIT_USAGE, LaunchError, MAX_SECONDS, StopRequested)
 from .hosts import is_local
 from .preflight import check_keys_on_ssh_hosts, preflight, program_warning
 from .progress import JobProgress
@@ -145,6 +145,12 @@ def parse_args(argv):
                     help="restarts allowed while the job runs: a worker that dies is restarted "
                          "alone; when a server dies, all restart from the last checkpoint; 0 "
                          "stops everything at the first death (default %(default)s)")
+    ap.add_argument("--kill-stopped-after", type=_seconds_arg(True), default=DEFAULT_KILL_STOPPED_AFTER_S,
+                    metavar="S",
+                    help="a process on this machine found stopped (state T: SIGSTOP, a job-control "
+                         "stop) for S seconds is killed with SIGKILL and restarted like one that "
+                         "died, so that the others keep their place; 0: never (default "
+                         "%(default)s; keep it below ferry-ps's --worker-timeout-s, 10)")
     ap.add_argument("--curve", action="store_true",
                     help="CURVE (ZeroMQ authentication and encryption): ferry-keys makes the "
                          "job's keys in LOG_DIR/keys, and every ferry-ps and ferry-trainer gets "

@@ -24,6 +24,12 @@ PROBE_INTERVAL_S = 0.1
 # it: a worker whose server is gone exits with an error): then all roll back together.
 DEFAULT_MAX_RESTARTS = 3
 SETTLE_S = 0.5
+# A process found stopped (state T: SIGSTOP, a job-control stop) for this long is killed and so
+# restarted like one that died (--kill-stopped-after): well inside ferry-ps's --worker-timeout-s
+# (10 s), after which a sync step's other workers would fail, and the trainers' heartbeat timeout
+# for a server (5 s). The launcher looks every WATCH_EVERY_S.
+DEFAULT_KILL_STOPPED_AFTER_S = 2.0
+WATCH_EVERY_S = 0.25
 # The largest value any seconds flag (--rendezvous-timeout, --grace, --ssh-timeout) accepts.
 MAX_SECONDS = 86400.0
 # Where the launcher script (Slurm tasks run it with --slurm-task) and the programs are, and the

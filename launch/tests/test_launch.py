@@ -961,6 +961,69 @@ class RecoveryTest(unittest.TestCase):
               f"{lost}, recovery {seconds:.2f} s", file=sys.stderr)
         self.assert_all_gone(out)
 
+    def test_stopped_worker_is_killed_and_restarted_alone(self):
+        # A worker stopped with SIGSTOP (hung, swapped out) would stall the sync step until the
+        # servers gave up on it and failed the other worker, which the launcher would then restart
+        # in its place, again and again. The launcher kills the stopped one instead; it restarts
+        # and the job ends with (about) the uninterrupted run's numbers.
+        want = self.baseline()
+        r = Run(self.args("logs"))
+        r.wait_for(r"^\[worker 0\] checkpoint of step 60 saved", 30)
+        victim = r.pids()["worker 1"]
+        os.kill(victim, signal.SIGSTOP)
+        rc = r.finish(90)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertRegex(out, rf"worker 1 \(pid {victim}\) has been stopped \(state T\) for [\d.]+ s; "
+                              "killing it with SIGKILL")
+        self.assertRegex(out, rf"recovery 1 of at most 3: worker 1 \(pid {victim}\) died \(killed by "
+                              r"SIGKILL from the launcher, after it had been stopped for [\d.]+ s\); "
+                              r"restarted worker 1 with --resume \(pid \d+\); it rejoined the job at step \d+")
+        # The healthy worker kept its place: it was neither restarted nor failed.
+        self.assertEqual([who for who, _ in all_pids(out)].count("worker 0"), 1, out)
+        self.assertNotIn("worker 0 (pid", out.split("has been stopped")[1].split("recovery summary")[0])
+        got = final_eval(out)
+        self.assertIsNotNone(got, out)
+        self.assertAlmostEqual(float(got[0]), float(want[0]), delta=0.002, msg=out)
+        self.assertAlmostEqual(float(got[1]), float(want[1]), delta=0.005, msg=out)
+        self.assert_all_gone(out)
+
+    def test_stopped_server_is_killed_and_all_restart_from_the_checkpoint(self):
+        # A server stopped with SIGSTOP: the workers would fail on their heartbeats and be
+        # restarted against a server that never answers. The launcher kills it: its death
+        # restarts every process from the checkpoint, and the job ends with the very numbers of
+        # the uninterrupted run.
+        want = self.baseline()
+        r = Run(self.args("logs"))
+        r.wait_for(r"^\[worker 0\] checkpoint of step 60 saved", 30)
+        victim = r.pids()["ps 0"]
+        os.kill(victim, signal.SIGSTOP)
+        rc = r.finish(90)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertRegex(out, rf"ps 0 \(pid {victim}\) has been stopped \(state T\) for [\d.]+ s; "
+                              "killing it with SIGKILL")
+        self.assertRegex(out, rf"recovery 1 of at most 3: ps 0 \(pid {victim}\) died \(killed by SIGKILL "
+                              r"from the launcher, after it had been stopped for [\d.]+ s\); restarted ps 0, "
+                              r"ps 1 with --restore")
+        self.assertEqual(final_eval(out), want, out)
+        self.assert_all_gone(out)
+
+    def test_no_kill_of_a_stopped_process_when_asked(self):
+        # --kill-stopped-after 0: the launcher leaves a stopped process alone (the test continues
+        # it after a while, and the job ends as usual).
+        r = Run(self.args("logs", extra=["--kill-stopped-after", "0"]))
+        r.wait_for(r"^\[worker 0\] step 20/200 ", 30)
+        victim = r.pids()["worker 1"]
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(3)
+        os.kill(victim, signal.SIGCONT)
+        rc = r.finish(90)
+        self.assertEqual(rc, 0, r.output)
+        self.assertNotIn("has been stopped", r.output)
+        self.assertNotIn("restart", r.output)
+        self.assert_all_gone(r.output)
+
     def test_launcher_killed_then_resume(self):
         want = self.baseline()
         r = Run(self.args("logs"))

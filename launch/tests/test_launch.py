@@ -1024,6 +1024,25 @@ class RecoveryTest(unittest.TestCase):
         self.assertNotIn("restart", r.output)
         self.assert_all_gone(r.output)
 
+    def test_diverging_job_ends_at_once_and_is_not_restarted(self):
+        # lr 1e30 blows the model up after one step; the servers refuse the NaN gradients. The
+        # job ends within seconds naming the refusal (the worker, the table), without a restart:
+        # one would compute the same gradient again.
+        training = [("1e30" if a == "0.001" else "sgd" if a == "adam" else a) for a in RECOVERY_TRAINING]
+        args = self.args("logs")
+        args = args[:args.index("--") + 1] + training
+        start = time.monotonic()
+        rc, out = run_launcher(args, timeout=60)
+        self.assertEqual(rc, 1, out)
+        self.assertLess(time.monotonic() - start, 60)
+        self.assertRegex(out, r"FAILED: worker \d \(pid \d+\) failed: exit status 2")
+        self.assertRegex(out, r"table 'mlp/\w+' chunk \d+: the gradient of worker \d holds NaN or Inf")
+        self.assertRegex(out, r"worker \d is not restarted: exit status 2 is the trainer's refusal of its "
+                              r"settings .* or the servers' refusal of its gradient")
+        self.assertNotIn("restarting it", out)
+        self.assertNotIn("DEADLINE_EXCEEDED", out)
+        self.assert_all_gone(out)
+
     def test_launcher_killed_then_resume(self):
         want = self.baseline()
         r = Run(self.args("logs"))

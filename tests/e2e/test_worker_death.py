@@ -188,6 +188,25 @@ class WorkerDeathTest(unittest.TestCase):
                 self.assertGreaterEqual(end["global_step"], steps - 1)
             self.assertIn("completes without worker(s) 2", job.server_output(0))
 
+    def test_a_diverging_sync_job_ends_at_once_naming_the_refused_gradient(self):
+        # lr 1e30: the first update blows the weights up, and the next gradients hold NaN, which
+        # the servers refuse. Each worker must end at once with that refusal (the worker, the
+        # table, the element), and exit 2: a restart would compute the same gradient again.
+        # Before, it sent its next pulls anyway and waited for a step that could not close, until
+        # the servers' --max-wait-s (300 s here) ended them with a timeout naming no cause.
+        with Job(self.tmp, 2, ["--max-wait-s", "300"]) as job:
+            args = MLP + ["--steps", "100", "--optimizer", "sgd", "--lr", "1e30"]
+            workers = [job.worker(r, 2, args) for r in range(2)]
+            for p, out, _ in workers:
+                rc = p.wait(timeout=DEADLINE_S)  # well inside the servers' 300 s
+                text = read(out)
+                self.assertEqual(rc, 2, text)
+                self.assertRegex(text, r"table 'mlp/\w+' chunk \d+: the gradient of worker \d holds NaN or Inf "
+                                       r"\(element \d+\)")
+                self.assertNotIn("DEADLINE_EXCEEDED", text)
+                self.assertNotIn("waiting", text)  # no long wait was ever reported
+            self.assertIn("holds NaN or Inf", job.server_output(0) + job.server_output(1))
+
 
 if __name__ == "__main__":
     unittest.main()

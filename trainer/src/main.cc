@@ -22,8 +22,9 @@
 
 namespace {
 
-// Exit statuses: 2 when the user's settings are refused (a restart would fail the same way: the
-// launcher never restarts it), 1 for other failures.
+// Exit statuses: 2 when the user's settings are refused, or a gradient (NaN or Inf: a diverged
+// model) is (a restart would fail the same way: the launcher never restarts it), 1 for other
+// failures.
 constexpr int kExitFailure = 1, kExitUsage = 2;
 
 int Fail(const char* what, const ferry::Status& s) {
@@ -122,7 +123,9 @@ int main(int argc, char** argv) {
   auto report = (*run)->Run();
   if (!report.ok()) {
     std::fprintf(stderr, "ferry-trainer: training: %s\n", report.status().ToString().c_str());
-    return kExitFailure;
+    // INVALID_ARGUMENT: the servers refused what this worker sent (a gradient holding NaN or Inf:
+    // the model diverged), which a restart would compute and send again.
+    return report.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
   }
   std::printf("done: %lld steps in %.2f s (%.0f examples/s on this worker)", static_cast<long long>(report->steps),
               report->wall_s, report->examples_per_sec);

@@ -52,7 +52,9 @@ class ServerStore final : public ParamStore {
       if (sync && s.version >= 0) served = served < 0 ? s.version : std::min(served, s.version);
       held = std::max(held, s.held);
     };
-    Status settled = SettleExchanges(dense, step, on_served);
+    // An exchange that failed (its push refused: a gradient holding NaN, say) ends the step here:
+    // the pulls below would wait for a sync step that cannot close without that push.
+    FERRY_RETURN_IF_ERROR(SettleExchanges(dense, step, on_served));
     // Rows read ahead for this step into these buffers are taken; a read ahead into buffers
     // this pull writes is waited for (and read again here).
     const bool take_sparse = MatchesSparseAhead(sparse, step);
@@ -82,7 +84,6 @@ class ServerStore final : public ParamStore {
     const Status pulled = WaitAll("pull", want, &comm, on_served);
     progress_.comm_s += comm;
     FERRY_RETURN_IF_ERROR(pulled);
-    FERRY_RETURN_IF_ERROR(settled);
     FERRY_RETURN_IF_ERROR(clock.WithContext("advancing the clock before step " + std::to_string(step)));
     progress_.pull_wait_s += std::chrono::duration<double>(held).count();
     // Sync: the servers answered once every sync table had reached `want`; a table served at a

@@ -169,6 +169,32 @@ class WorkerDeathTest(unittest.TestCase):
             self.assertEqual(ends[1]["first_step"], int(m.group(1)))
             self.assertEqual(ends[1]["steps"], steps - int(m.group(1)))
 
+    def test_a_worker_restarted_without_resume_is_told_so_and_nothing_waits_for_ever(self):
+        # Restarted by hand without --resume, worker 1 waits for the others at the job's start
+        # barrier, while worker 0's step waits for worker 1's gradient. Before, both waited out the
+        # servers' --max-wait-s (300 s). Server 0 sees the cycle and fails the barrier, saying to
+        # use --resume; worker 1 exits with that, and worker 0, whose step then lacks a gradient
+        # from a silent worker, fails naming it.
+        steps = 300
+        with Job(self.tmp, 2, ["--max-wait-s", "300"]) as job:
+            w0, out0, m0 = job.worker(0, 2, MLP + ["--steps", str(steps)])
+            w1, out1, m1 = job.worker(1, 2, MLP + ["--steps", str(steps)])
+            wait_for("worker 1 to train 40 steps", lambda: train_steps(m1) >= 40)
+            os.kill(w1.pid, signal.SIGKILL)
+            w1.wait(timeout=DEADLINE_S)
+            w1b, out1b, _ = job.worker(1, 2, MLP + ["--steps", str(steps)])  # no --resume
+            rc = w1b.wait(timeout=DEADLINE_S)
+            text = read(out1b)
+            self.assertNotEqual(rc, 0, text)
+            self.assertIn("FAILED_PRECONDITION", text)
+            self.assertRegex(text, r"Barrier \d+ on server 0: worker\(s\) 1 wait here, but worker 0's \w+ for step "
+                                   r"\d+ waits for their gradients")
+            self.assertIn("must be started with --resume", text)
+            self.assertNotEqual(w0.wait(timeout=DEADLINE_S), 0)
+            text0 = read(out0)
+            self.assertIn("worker 1 has sent nothing for", text0)
+            self.assertNotIn("DEADLINE_EXCEEDED", text + text0)
+
     def test_with_backup_workers_the_job_goes_on_without_a_killed_worker(self):
         # 3 workers, each step aggregates 2: worker 2 is killed and not restarted; the others
         # train on and finish, their closing barrier completing without it once it is silent.

@@ -56,12 +56,12 @@ class Collectives {
   std::optional<Clock::time_point> NextDeadline() const { return deadlines_.Next(); }
   // Removes and returns the collectives whose first arrival's deadline has passed.
   std::vector<Expired> TakeExpired(Clock::time_point now, int num_workers);
-  // Removes and returns the collectives for which `pred(kind, missing ranks)` is true.
+  // Removes and returns the collectives for which `pred(arrived requests, missing ranks)` is true.
   template <typename Pred>
   std::vector<Expired> TakeIf(int num_workers, Pred&& pred) {
     std::vector<int64_t> ids;
     for (const auto& [id, arrived] : by_id_) {
-      if (pred(arrived[0].h()->kind(), Missing(arrived, num_workers))) ids.push_back(id);
+      if (pred(arrived, Missing(arrived, num_workers))) ids.push_back(id);
     }
     std::vector<Expired> out;
     for (int64_t id : ids) {

@@ -197,6 +197,13 @@ class ServerImpl final : public Server {
   // collectives fail now, naming it. When every worker still training is silent, the job looks
   // gone: said once (the tables stay; a restarted job can go on with them).
   void CheckLiveness();
+  // A collective whose workers a held sync pull waits for (their gradients of the pull's step),
+  // while the pull's own worker is missing from the collective, cannot complete: the pull waits
+  // for them and they for it (a worker started without --resume into a job in progress waits at
+  // the job's start barrier). Once both have waited kDeadlockAfter, the collective fails with
+  // FAILED_PRECONDITION saying so, instead of both waiting for max_wait. Run by CheckLiveness.
+  static constexpr std::chrono::seconds kDeadlockAfter{2};
+  void FailDeadlockedCollectives(Clock::time_point now);
   void ExpireHeld();
 
   // ---- who may speak (peers.cc) --------------------------------------------------------------

@@ -213,11 +213,61 @@ std::optional<Clock::time_point> ServerImpl::NextLivenessCheck() const {
   return last_liveness_check_ + LivenessPeriod();
 }
 
+void ServerImpl::FailDeadlockedCollectives(Clock::time_point now) {
+  if (collectives_.size() == 0 || held_.size() == 0) return;
+  // Each held sync pull that has waited long enough: its worker, and the workers whose gradients it waits for.
+  struct Blocked {
+    int rank;
+    Waiting waiting;
+    const Request* req;
+  };
+  std::vector<Blocked> blocked;
+  held_.ForEach([&](const Request& r) {
+    if (now - r.wait_from < kDeadlockAfter) return;
+    Waiting w = WaitingOn(r);
+    if (!w.ranks.empty()) blocked.push_back({r.h()->rank(), std::move(w), &r});
+  });
+  if (blocked.empty()) return;
+  std::vector<std::string> whys;  // one for each collective taken, in the order TakeIf takes them
+  auto in = [](const std::vector<int>& ranks, int r) {
+    return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
+  };
+  auto taken = collectives_.TakeIf(workers_.count(), [&](const std::vector<Request>& arrived,
+                                                         const std::vector<int>& missing) {
+    if (now - arrived[0].arrived < kDeadlockAfter) return false;
+    for (const Blocked& b : blocked) {
+      if (!in(missing, b.rank)) continue;
+      const bool all_here = std::all_of(b.waiting.ranks.begin(), b.waiting.ranks.end(), [&](int r) {
+        return std::any_of(arrived.begin(), arrived.end(), [&](const Request& a) { return a.h()->rank() == r; });
+      });
+      if (!all_here) continue;
+      whys.push_back("worker " + std::to_string(b.rank) + "'s " + std::string(wire::KindName(b.req->h()->kind())) +
+            " for step " + std::to_string(b.req->pull_step) + " waits for their gradients (" + b.waiting.what +
+            "), and it is not here: neither can go on. A worker that joins a job in progress must be started with "
+            "--resume (it then rejoins at the job's step); started without, it waits for the others at the job's "
+            "start");
+      return true;
+    }
+    return false;
+  });
+  for (size_t i = 0; i < taken.size(); ++i) {
+    auto& c = taken[i];
+    std::string ranks;
+    for (const Request& r : c.arrived) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r.h()->rank());
+    const Status s = FailedPreconditionError(std::string(wire::KindName(c.arrived[0].h()->kind())) + " " +
+                                             std::to_string(c.id) + " on server " + std::to_string(options_.rank) +
+                                             ": worker(s) " + ranks + " wait here, but " + whys[i]);
+    LogRateLimited(s.message());
+    for (auto& r : c.arrived) SendError(r, s);
+  }
+}
+
 void ServerImpl::CheckLiveness() {
   const auto now = Clock::now();
   const auto next = NextLivenessCheck();
   if (!next || now < *next) return;
   last_liveness_check_ = now;
+  FailDeadlockedCollectives(now);
   const std::vector<int> silent = workers_.Silent(now, options_.worker_timeout);
   if (silent.empty()) {
     said_job_gone_ = false;
@@ -251,8 +301,9 @@ void ServerImpl::CheckLiveness() {
   auto all_silent = [&](const std::vector<int>& ranks) {
     return std::all_of(ranks.begin(), ranks.end(), [&](int r) { return first_silent({r}) >= 0; });
   };
-  auto taken = collectives_.TakeIf(workers_.count(), [&](Kind kind, const std::vector<int>& missing) {
-    return kind == Kind::Barrier ? all_silent(missing) : first_silent(missing) >= 0;
+  auto taken = collectives_.TakeIf(workers_.count(), [&](const std::vector<Request>& arrived,
+                                                         const std::vector<int>& missing) {
+    return arrived[0].h()->kind() == Kind::Barrier ? all_silent(missing) : first_silent(missing) >= 0;
   });
   for (auto& c : taken) {
     const bool barrier = c.arrived[0].h()->kind() == Kind::Barrier;

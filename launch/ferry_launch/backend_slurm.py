@@ -11,7 +11,8 @@ import time
 
 from . import common
 from .commands import Binaries, build_commands, passed_through
-from .curve import check_key_folder, exposure_warning, folder_for_commands, make_job_keys
+from .curve import (
+    check_key_folder, curve_by_default, exposure_warning, folder_for_commands, make_job_keys)
 from .common import (
     EXIT_FAILED, EXIT_OK, LAUNCHER_PATH, LaunchError, SRUN_LABEL_RE, SRUN_TASK_ERROR_RE,
     STOP_MARGIN_S, StartFailed, TASK_EXIT_RE, TASK_STARTED_RE)
@@ -246,6 +247,7 @@ def run_slurm(opts, console, signals, why):
     # Shown and checked here; each task rebuilds its own command on its node (where "auto"
     # means that node's CUDA_VISIBLE_DEVICES, else its nvidia-smi -L count).
     cards = [str(i) for i in range(explicit or 0)]
+    curve_note = curve_by_default(cluster, opts)
     build_commands(cluster, binaries, opts, lambda t: cards)
     warning = exposure_warning(cluster, opts)
     hosts = [t.host for t in cluster.tasks]
@@ -259,6 +261,8 @@ def run_slurm(opts, console, signals, why):
     console.say(f"Slurm backend ({why}): {len(cluster.ps)} ps + {len(cluster.workers)} workers "
                 f"on {len(used)} of {len(nodes)} nodes of SLURM_JOB_NODELIST={nodelist}; "
                 "ps r on node r mod K, worker w on node w mod K")
+    if curve_note:
+        console.say(curve_note)
     if opts.checkpoint_dir:
         console.say("Slurm backend: nothing is restarted (--max-restarts does not apply): a "
                     "process that dies ends the step; --resume DIR then continues the job from "

@@ -9,7 +9,7 @@ import sys
 from .backend_local import Launcher
 from .backend_slurm import run_slurm
 from .commands import Binaries, build_commands, cards_here, resumed_with, visible_devices
-from .curve import exposure_warning, folder_for_commands, make_job_keys
+from .curve import curve_by_default, exposure_warning, folder_for_commands, make_job_keys
 from .common import (
     DEFAULT_BASE_PORT, DEFAULT_BIN_DIR, DEFAULT_KILL_STOPPED_AFTER_S, DEFAULT_MAX_RESTARTS,
     DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN, DEFAULT_SSH, EXIT_OK, EXIT_USAGE, LaunchError, MAX_SECONDS, StopRequested)
@@ -145,8 +145,8 @@ def parse_args(argv):
                     help="restarts allowed while the job runs: a worker that dies is restarted "
                          "alone; when a server dies, all restart from the last checkpoint; 0 "
                          "stops everything at the first death (default %(default)s)")
-    ap.add_argument("--kill-stopped-after", type=_seconds_arg(True), default=DEFAULT_KILL_STOPPED_AFTER_S,
-                    metavar="S",
+    ap.add_argument("--kill-stopped-after", type=_seconds_arg(True),
+                    default=DEFAULT_KILL_STOPPED_AFTER_S, metavar="S",
                     help="a process on this machine found stopped (state T: SIGSTOP, a job-control "
                          "stop) for S seconds is killed with SIGKILL and restarted like one that "
                          "died, so that the others keep their place; 0: never (default "
@@ -156,6 +156,11 @@ def parse_args(argv):
                          "job's keys in LOG_DIR/keys, and every ferry-ps and ferry-trainer gets "
                          "--curve-keys with that folder (with processes on other hosts: a "
                          "--log-dir they see at the same path, else use --curve-keys)")
+    ap.add_argument("--no-curve", action="store_true",
+                    help="no CURVE, even where servers listen on addresses other machines can "
+                         "reach (a host name, an address other than loopback), where the "
+                         "launcher otherwise turns --curve on; it then warns that anyone who "
+                         "reaches the servers can read and change the model")
     ap.add_argument("--curve-keys", metavar="DIR",
                     help="CURVE with the keys in DIR (from ferry-keys DIR --workers N): every "
                          "ferry-ps and ferry-trainer gets --curve-keys DIR; each host needs the "
@@ -193,6 +198,9 @@ def parse_args(argv):
     if opts.curve and opts.curve_keys:
         ap.error("--curve and --curve-keys DIR are exclusive (--curve makes new keys for the "
                  "job; --curve-keys DIR uses the keys in DIR)")
+    if opts.no_curve and (opts.curve or opts.curve_keys):
+        ap.error("--no-curve and " + ("--curve" if opts.curve else "--curve-keys DIR")
+                 + " are exclusive")
     # The key folder every process gets (None: no CURVE). --curve: LOG_DIR/keys, set once the
     # log dir exists (curve.make_job_keys).
     opts.keys_dir = os.path.abspath(opts.curve_keys) if opts.curve_keys else None
@@ -259,8 +267,11 @@ def launch(ap, opts, console, signals):
     def cards_for(t):
         return there if t.via_ssh else here
 
+    curve_note = curve_by_default(cluster, opts)
     build_commands(cluster, binaries, opts, cards_for)
     warning = exposure_warning(cluster, opts)
+    if curve_note:
+        console.say(curve_note)
     ssh = shlex.split(opts.ssh)
     remote = [t for t in cluster.tasks if t.via_ssh]
     if remote and not ssh:

@@ -134,23 +134,50 @@ def make_job_keys(keys_tool, opts, num_workers, say):
     return folder
 
 
-def exposure_warning(cluster, opts):
-    """The warning for a job whose servers listen on an address other than loopback without
-    CURVE (a server at a host name binds 0.0.0.0: every interface), or None."""
-    if opts.keys_dir or opts.curve:
-        return None
+def exposed_servers(cluster):
+    """The servers that listen on an address other than loopback (a server at a host name binds
+    0.0.0.0: every interface), as "ps 0 at 10.0.0.1:7000", in rank order."""
     exposed = []
     for t in cluster.ps:
         address = bind_address(t.host)
         if not ipaddress.ip_address(address).is_loopback:
             every = " (every interface)" if address == "0.0.0.0" else ""
             exposed.append(f"{t.name} at {address}:{t.port}{every}")
+    return exposed
+
+
+def _shown(exposed):
+    return ", ".join(exposed[:SHOWN_SERVERS]) + (
+        f" and {len(exposed) - SHOWN_SERVERS} more" if len(exposed) > SHOWN_SERVERS else "")
+
+
+def curve_by_default(cluster, opts):
+    """CURVE is the default for a job whose servers other machines can reach: turns --curve on
+    (the launcher makes the job's keys) unless the job has keys already (--curve, --curve-keys)
+    or --no-curve says to run without. Returns the line that says so, or None. Call it before
+    the commands are built: they carry the key folder."""
+    if opts.curve or opts.keys_dir or opts.no_curve:
+        return None
+    exposed = exposed_servers(cluster)
     if not exposed:
         return None
-    shown = ", ".join(exposed[:SHOWN_SERVERS]) + (
-        f" and {len(exposed) - SHOWN_SERVERS} more" if len(exposed) > SHOWN_SERVERS else "")
+    opts.curve = True
+    return (f"servers listen on addresses other machines can reach ({_shown(exposed)}): CURVE is "
+            "on, with keys the launcher makes for the job (as --curve; --curve-keys DIR gives "
+            "them, --no-curve runs without)")
+
+
+def exposure_warning(cluster, opts):
+    """The warning for a job whose servers listen on an address other than loopback without
+    CURVE (--no-curve), or None."""
+    if opts.keys_dir or opts.curve:
+        return None
+    exposed = exposed_servers(cluster)
+    if not exposed:
+        return None
     ports = "that port" if len(exposed) == 1 else "those ports"
-    return (f"warning: servers listen without CURVE on addresses other machines can reach: "
-            f"{shown}. Anyone who can reach {ports} can read and change the model and stop the "
-            "job: pass --curve (the launcher makes the job's keys; or --curve-keys DIR), or "
-            "restrict the network so that only the job's hosts reach them (see launch/README.md)")
+    return (f"warning: --no-curve: servers listen without CURVE on addresses other machines can "
+            f"reach: {_shown(exposed)}. Anyone who can reach {ports} can read and change the model "
+            "and stop the job: leave CURVE on (without --no-curve the launcher makes the job's "
+            "keys), or restrict the network so that only the job's hosts reach them (see "
+            "launch/README.md)")

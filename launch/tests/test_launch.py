@@ -1927,7 +1927,7 @@ class NetnsTest(unittest.TestCase):
     def test_failing_remote_worker_stops_everything(self):
         bin_dir = make_stub_bin_dir(self.dir)
         r = Run(["--spec", self.spec(), "--ssh", self.ssh, "--bin-dir", bin_dir, "--grace", "1",
-                 "--max-restarts", "0", "--log-dir", os.path.join(self.dir, "logs"), "--",
+                 "--max-restarts", "0", "--log-dir", os.path.join(self.dir, "logs"), "--no-curve", "--",
                  "--stub-fail-rank", "1", "--stub-ignore-term"])
         rc = r.finish(60)
         out = r.output
@@ -2450,44 +2450,70 @@ class CurveTest(unittest.TestCase):
         _, opts = fl.cli.parse_args(args)
         fl.curve.check_key_folder(keys, fl.spec.cluster_from_flags(opts).tasks, 2)
 
-    def test_exposure_warning(self):
+    def test_curve_is_the_default_where_servers_are_exposed(self):
+        # Servers other machines can reach (a host name binds every interface; an address other
+        # than loopback) get CURVE without being asked: the launcher makes the job's keys, and
+        # every command gets the folder. --no-curve runs without it, with a warning.
         dry = ["--num-workers", "1", "--gpus-per-host", "0", "--bin-dir", BUILD_DIR, "--dry-run"]
         spec = os.path.join(self.dir, "spec.json")
         with open(spec, "w") as f:
             json.dump({"ps": ["10.0.0.1:7000", "127.0.0.1:7001"], "worker": ["127.0.0.1"]}, f)
-        warned = {
+        exposed = {
             "host name": (["--num-ps", "2", "--host", "node5"] + dry,
                           "ps 0 at 0.0.0.0:7470 (every interface), ps 1 at 0.0.0.0:7471 (every "
-                          "interface). Anyone who can reach those ports"),
-            "address": (["--spec", spec] + dry[2:],
-                        "ps 0 at 10.0.0.1:7000. Anyone who can reach that port"),
+                          "interface)", "those ports"),
+            "address": (["--spec", spec] + dry[2:], "ps 0 at 10.0.0.1:7000", "that port"),
         }
-        for what, (args, where) in warned.items():
+        for what, (args, where, ports) in exposed.items():
             with self.subTest(what=what):
                 rc, out, err = run_in_process_split(args)
                 self.assertEqual(rc, 0, out + err)
+                self.assertIn(f"ferry-launch: servers listen on addresses other machines can reach "
+                              f"({where}): CURVE is on, with keys the launcher makes for the job (as "
+                              "--curve; --curve-keys DIR gives them, --no-curve runs without)\n", out)
+                self.assertIn("--curve: ", out)  # the keys it would make
+                for cmd in command_lines(out).values():
+                    self.assertIn(f"--curve-keys {os.path.join('LOG_DIR', 'keys')}", cmd)
+                self.assertNotIn("warning", out + err)
+                rc, out, err = run_in_process_split(args + ["--no-curve"])
+                self.assertEqual(rc, 0, out + err)
                 self.assertEqual(err.count("warning"), 1, err)
-                self.assertIn("ferry-launch: warning: servers listen without CURVE on addresses "
-                              f"other machines can reach: {where} can read and change the model "
-                              "and stop the job: pass --curve (the launcher makes the job's keys; "
-                              "or --curve-keys DIR), or restrict the network so that only the "
-                              "job's hosts reach them (see launch/README.md)\n", err)
-                self.assertNotIn("warning", out)
+                self.assertIn("ferry-launch: warning: --no-curve: servers listen without CURVE on "
+                              f"addresses other machines can reach: {where}. Anyone who can reach "
+                              f"{ports} can read and change the model and stop the job: leave CURVE "
+                              "on (without --no-curve the launcher makes the job's keys), or restrict "
+                              "the network so that only the job's hosts reach them (see "
+                              "launch/README.md)\n", err)
+                self.assertNotIn("--curve-keys", out)
                 for curve in (["--curve"], ["--curve-keys", os.path.join(self.dir, "keys")]):
                     rc, out, err = run_in_process_split(args + curve)
                     self.assertEqual(rc, 0, out + err)
                     self.assertNotIn("warning", out + err)
-        for host in ("127.0.0.1", "localhost", "127.0.0.5"):  # loopback only: no warning
+                    self.assertNotIn("CURVE is on", out)
+        for host in ("127.0.0.1", "localhost", "127.0.0.5"):  # loopback only: no CURVE, no warning
             rc, out, err = run_in_process_split(["--num-ps", "2", "--host", host] + dry)
             self.assertEqual(rc, 0, out + err)
             self.assertNotIn("warning", out + err)
+            self.assertNotIn("--curve", out)
         # Slurm: nodes by name bind 0.0.0.0.
-        for nodes, warns in (("gpu[1-2]", True), ("127.0.0.[1-2]", False)):
-            rc, out, err = run_in_process_split(
-                ["--num-ps", "2"] + dry, env={"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": nodes})
+        for nodes, exposed_nodes in (("gpu[1-2]", True), ("127.0.0.[1-2]", False)):
+            env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": nodes}
+            rc, out, err = run_in_process_split(["--num-ps", "2"] + dry, env=env)
             self.assertEqual(rc, 0, out + err)
-            self.assertEqual(err.count("warning: servers listen without CURVE"), int(warns), err)
-        # A real start (preflight and the run stubbed out): said once, before anything starts.
+            self.assertEqual(out.count("CURVE is on"), int(exposed_nodes), out)
+            self.assertEqual("--curve-keys" in out, exposed_nodes, out)
+            self.assertNotIn("warning", err)
+            rc, out, err = run_in_process_split(["--num-ps", "2", "--no-curve"] + dry, env=env)
+            self.assertEqual(rc, 0, out + err)
+            self.assertEqual(err.count("warning: --no-curve: servers listen without CURVE"), int(exposed_nodes),
+                             err)
+        for flags, other in ((["--no-curve", "--curve"], "--curve"),
+                             (["--no-curve", "--curve-keys", self.dir], "--curve-keys DIR")):
+            rc, out, err = run_in_process_split(["--num-ps", "1"] + flags + dry)
+            self.assertEqual(rc, 2, out + err)
+            self.assertIn(f"--no-curve and {other} are exclusive", err)
+        # A real start (preflight and the run stubbed out): the warning is said once, before
+        # anything starts.
         fl = load_launcher_module()
         calls = []
 
@@ -2499,10 +2525,10 @@ class CurveTest(unittest.TestCase):
         with unittest.mock.patch.object(fl.cli, "preflight", lambda *a: calls.append("preflight")), \
                 unittest.mock.patch.object(fl.cli.Launcher, "run", fake_run):
             rc, out, err = run_in_process_split(["--num-ps", "1", "--num-workers", "1", "--host",
-                                                 "node5", "--gpus-per-host", "0"], merged=True)
+                                                 "node5", "--gpus-per-host", "0", "--no-curve"], merged=True)
             self.assertEqual((rc, calls), (0, ["preflight", "run"]), out)
             self.assertEqual(out.count("warning"), 1, out)
-            self.assertLess(out.index("warning: servers listen without CURVE"),
+            self.assertLess(out.index("warning: --no-curve: servers listen without CURVE"),
                             out.index("FAKE RUN"))
             rc, out, _ = run_in_process_split(["--num-ps", "1", "--num-workers", "1", "--host",
                                                "node5", "--gpus-per-host", "0", "--curve-keys",

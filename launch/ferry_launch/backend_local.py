@@ -288,8 +288,9 @@ class Launcher(Supervisor):
                 whose = ("a usage error (ferry-trainer and Python's argparse exit 2 for bad "
                          "arguments)" if self.opts.worker_command else
                          "the trainer's refusal of its settings (a bad flag, --table, a table "
-                         "the servers refuse) or the servers' refusal of its gradient (NaN or "
-                         "Inf: the model diverged, and a restart would compute it again)")
+                         "the servers refuse), the servers' refusal of its gradient (NaN or "
+                         "Inf: the model diverged, and a restart would compute it again), or its "
+                         "stop after --max-checkpoint-failures checkpoints in a row failed")
                 return self.give_up(p, what, f"{p.task.name} is not restarted: exit status "
                                              f"{USAGE_EXIT} is {whose}; a restart would fail "
                                              "the same way")

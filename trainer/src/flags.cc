@@ -375,6 +375,10 @@ const Flag kFlags[] = {
      "the same every S seconds and at the job's end (0: never; SIGUSR1 to "
      "worker 0: one now)",
      Real<&O::checkpoint_every_s, 0, kNoBound>, Show<&O::checkpoint_every_s>},
+    {"--max-checkpoint-failures", "N", "recovery",
+     "after N checkpoints in a row fail, worker 0 stops the job with the cause (0: it warns "
+     "and trains on)",
+     Int<&O::max_checkpoint_failures, 0, INT64_MAX / 2>, Show<&O::max_checkpoint_failures>},
     {"--resume", "", "recovery",
      "continue the job the servers hold, at their step (servers started from a "
      "checkpoint, or a restarted worker)",

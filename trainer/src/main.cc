@@ -23,8 +23,8 @@
 namespace {
 
 // Exit statuses: 2 when the user's settings are refused, or a gradient (NaN or Inf: a diverged
-// model) is (a restart would fail the same way: the launcher never restarts it), 1 for other
-// failures.
+// model) is, or the job stops after --max-checkpoint-failures (a restart would fail the same way:
+// the launcher never restarts it), 1 for other failures.
 constexpr int kExitFailure = 1, kExitUsage = 2;
 
 int Fail(const char* what, const ferry::Status& s) {
@@ -124,8 +124,11 @@ int main(int argc, char** argv) {
   if (!report.ok()) {
     std::fprintf(stderr, "ferry-trainer: training: %s\n", report.status().ToString().c_str());
     // INVALID_ARGUMENT: the servers refused what this worker sent (a gradient holding NaN or Inf:
-    // the model diverged), which a restart would compute and send again.
-    return report.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
+    // the model diverged), which a restart would compute and send again. ABORTED: the trainer
+    // stopped the job by its own policy (--max-checkpoint-failures), which a restart would meet
+    // again until its cause is mended.
+    const StatusCode code = report.status().code();
+    return code == StatusCode::kInvalidArgument || code == StatusCode::kAborted ? kExitUsage : kExitFailure;
   }
   std::printf("done: %lld steps in %.2f s (%.0f examples/s on this worker)", static_cast<long long>(report->steps),
               report->wall_s, report->examples_per_sec);

@@ -353,6 +353,7 @@ class WorkerRun final : public TrainingRun {
     const bool requested = hooks_.checkpoint_requested && hooks_.checkpoint_requested();
     if (!Checkpointing() && !requested && !ckpt_) return Status::Ok();
     CommitCheckpoint(/*wait=*/false);
+    FERRY_RETURN_IF_ERROR(ckpt_stop_);
     const bool due =
         (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) ||
         (options_.checkpoint_every_s > 0 && Seconds(ckpt_last_time_, Clock::now()) >= options_.checkpoint_every_s);
@@ -361,6 +362,7 @@ class WorkerRun final : public TrainingRun {
       const Clock::time_point w0 = Clock::now();
       const int64_t previous = ckpt_->step;
       CommitCheckpoint(/*wait=*/true);
+      FERRY_RETURN_IF_ERROR(ckpt_stop_);
       const double waited = Seconds(w0, Clock::now());
       if (waited > 0.1) {
         char line[200];
@@ -386,7 +388,8 @@ class WorkerRun final : public TrainingRun {
   }
 
   // Commits the checkpoint in flight once every server has written its shard (with `wait`, waits
-  // for that). A checkpoint that fails is reported and training goes on: the previous one stands.
+  // for that). A checkpoint that fails is reported and training goes on: the previous one stands;
+  // after --max-checkpoint-failures in a row, ckpt_stop_ holds why the job stops.
   void CommitCheckpoint(bool wait) {
     if (!ckpt_ || (!wait && !ckpt_->handle.done())) return;
     Status s = ckpt_->handle.wait();
@@ -401,6 +404,7 @@ class WorkerRun final : public TrainingRun {
       f["servers_paused_ms"] = static_cast<double>(paused.count()) / 1e3;
       f["saved_within_s"] = took;
       ++report_.checkpoints;
+      ckpt_failed_in_row_.clear();
       char line[160];
       std::snprintf(line, sizeof line,
                     "checkpoint of step %lld saved: %.1f MB from %zu server(s), serving paused at most %.1f ms",
@@ -412,6 +416,16 @@ class WorkerRun final : public TrainingRun {
       ++report_.checkpoints_failed;
       Say("warning: the checkpoint of step " + std::to_string(ckpt_->step) + " was not saved (" + s.ToString() +
           "); training goes on, the previous checkpoint stands");
+      ckpt_failed_in_row_.push_back(ckpt_->step);
+      const auto n = static_cast<int64_t>(ckpt_failed_in_row_.size());
+      if (options_.max_checkpoint_failures > 0 && n >= options_.max_checkpoint_failures) {
+        std::string steps;
+        for (int64_t f : ckpt_failed_in_row_) steps += (steps.empty() ? "" : ", ") + std::to_string(f);
+        ckpt_stop_ = AbortedError(std::to_string(n) + " checkpoints in a row failed (steps " + steps +
+                                  "): the job stops rather than train on without one (--max-checkpoint-failures " +
+                                  std::to_string(options_.max_checkpoint_failures) +
+                                  "; 0 trains on). The last failure: " + s.ToString());
+      }
     }
     Event("checkpoint", std::move(f));
     ckpt_.reset();
@@ -843,6 +857,8 @@ class WorkerRun final : public TrainingRun {
   int64_t t0_ = 0;  // the step this worker began at (> 0: --resume)
 
   std::optional<PendingCheckpoint> ckpt_;  // worker 0's checkpoint in flight (--checkpoint-every)
+  std::vector<int64_t> ckpt_failed_in_row_;  // the steps of the checkpoints that failed since the last saved
+  Status ckpt_stop_;  // set once --max-checkpoint-failures in a row failed: the job stops with it
   int64_t ckpt_last_ = -1;  // the last step checkpointed (or resumed from); -1: none yet
   Clock::time_point ckpt_last_time_;  // when it was asked for (or training began)
 

@@ -67,6 +67,13 @@ ShardImage SnapshotShard(const TableRegistry& tables);
 // `step` into `dir` (created if missing). Returns what the manifest must list for it.
 StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_servers, int64_t step, ShardImage image);
 
+// Before server `rank` writes its shard of a new checkpoint into `dir`: removes its own shard
+// files of the checkpoints that the new one's commit will remove (all but the newest keep - 1),
+// so that a disk that holds `keep` checkpoints always has room for the next one (their manifests
+// go with that commit). With keep 1 nothing is removed: the only checkpoint goes once the new one
+// is saved. Returns the steps of the shards it removed (errors are ignored: the commit retries).
+std::vector<int64_t> MakeRoom(const std::string& dir, int rank, int keep);
+
 // SnapshotShard, then WriteShardImage.
 StatusOr<ShardFile> WriteShard(const std::string& dir, int rank, int num_servers, int64_t step,
                                const TableRegistry& tables);

@@ -74,14 +74,21 @@ class AtomicFile {
     return Status::Ok();
   }
   // fsync, close, rename, fsync the folder: after this the file is durable under its name.
+  // A failure leaves no temporary file behind (a full disk keeps no half-written checkpoint).
   Status Commit() {
     if (::fsync(fd_) != 0) return Errno("cannot fsync", tmp_);
     if (::close(fd_) != 0) {
       fd_ = -1;
-      return Errno("cannot close", tmp_);
+      Status s = Errno("cannot close", tmp_);
+      ::unlink(tmp_.c_str());
+      return s;
     }
     fd_ = -1;
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) return Errno("cannot rename into place", path_);
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      Status s = Errno("cannot rename into place", path_);
+      ::unlink(tmp_.c_str());
+      return s;
+    }
     const std::string dir = fs::path(path_).parent_path().string();
     const int d = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (d < 0) return Errno("cannot open folder", dir);
@@ -106,6 +113,19 @@ uint32_t BlockCrc(uint32_t kind, uint64_t len, uint32_t payload_crc) {
 }
 uint32_t BlockCrc(uint32_t kind, uint64_t len, const void* payload) {
   return BlockCrc(kind, len, Crc(0, payload, static_cast<size_t>(len)));
+}
+
+// The checkpoints' manifests in `dir` (MANIFEST-<zero-padded step>), newest first; none if the
+// folder cannot be read.
+std::vector<std::string> ManifestsNewestFirst(const std::string& dir) {
+  std::vector<std::string> manifests;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with("MANIFEST-") && !n.ends_with(".tmp")) manifests.push_back(n);
+  }
+  std::sort(manifests.rbegin(), manifests.rend());  // zero-padded steps: newest first
+  return manifests;
 }
 
 // Every file of one checkpoint starts with the same prefix (so old ones are removed by it).
@@ -476,21 +496,34 @@ Status WriteManifest(const std::string& dir, int64_t step, const std::vector<Sha
   FERRY_RETURN_IF_ERROR(current.Write(line.data(), line.size()));
   FERRY_RETURN_IF_ERROR(current.Commit());
   // Keep the newest `keep` manifests and the shard files they name; remove the rest.
-  std::vector<std::string> manifests;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string n = e.path().filename().string();
-    if (n.starts_with("MANIFEST-") && !n.ends_with(".tmp")) manifests.push_back(n);
-  }
-  std::sort(manifests.rbegin(), manifests.rend());  // zero-padded steps: newest first
+  const std::vector<std::string> manifests = ManifestsNewestFirst(dir);
   for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < manifests.size(); ++i) {
     const std::string prefix = "step-" + manifests[i].substr(9) + "-";  // the same zero-padded step
     std::error_code ec;
     fs::remove(fs::path(dir) / manifests[i], ec);
-    for (const auto& e : fs::directory_iterator(dir)) {
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
       if (e.path().filename().string().starts_with(prefix)) fs::remove(e.path(), ec);
     }
   }
   return Status::Ok();
+}
+
+std::vector<int64_t> MakeRoom(const std::string& dir, int rank, int keep) {
+  std::vector<int64_t> removed;
+  if (keep < 2) return removed;
+  const std::vector<std::string> manifests = ManifestsNewestFirst(dir);
+  char mine[32];
+  std::snprintf(mine, sizeof mine, "shard-%05d-of-", rank);
+  for (size_t i = static_cast<size_t>(keep - 1); i < manifests.size(); ++i) {
+    const std::string prefix = "step-" + manifests[i].substr(9) + "-" + mine;
+    std::error_code ec;
+    bool any = false;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      if (e.path().filename().string().starts_with(prefix)) any = fs::remove(e.path(), ec) || any;
+    }
+    if (any) removed.push_back(std::strtoll(manifests[i].c_str() + 9, nullptr, 10));
+  }
+  return removed;
 }
 
 StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir, std::vector<std::string>* skipped) {

@@ -38,6 +38,12 @@ Status ServerImpl::OnCheckpoint(Request& req) {
   const uint64_t id = req.h()->request_id();
   RunFileJob(std::move(req), "the checkpoint of step " + std::to_string(step),
              [this, step, id, snapshot_us, image = std::move(image)]() mutable -> StatusOr<zmq::message_t> {
+               // Room first: the shards of the checkpoints this one's commit will remove.
+               for (int64_t old : ps::MakeRoom(options_.checkpoint_dir, options_.rank, options_.keep_checkpoints)) {
+                 std::printf("ferry-ps %d: removed its shard of the checkpoint of step %lld to make room (it keeps "
+                             "%d)\n",
+                             options_.rank, static_cast<long long>(old), options_.keep_checkpoints);
+               }
                const auto w0 = Clock::now();
                FERRY_ASSIGN_OR_RETURN(ps::ShardFile f,
                                       ps::WriteShardImage(options_.checkpoint_dir, options_.rank, options_.num_servers,

@@ -136,6 +136,10 @@ struct TrainerOptions {
   int64_t checkpoint_every = 0;
   // --checkpoint-every-s S: ... and when S seconds have passed since the last one (0: never).
   double checkpoint_every_s = 0;
+  // --max-checkpoint-failures N: after N checkpoints in a row fail (a full disk, a folder gone),
+  // worker 0 stops the job with the last one's cause (exit status 2: a restart would fail the
+  // same way); 0: it warns and trains on without checkpoints.
+  int64_t max_checkpoint_failures = 3;
   // --resume: continue the job the servers hold (restored from a checkpoint, or running, for a
   // restarted worker) instead of starting one: begin at the servers' step (sync: the global step;
   // async/ssp: the step of the checkpoint they restored), at that step's place in this worker's

@@ -25,7 +25,8 @@ std::vector<float> Gradient(size_t n, float scale) {
 
 std::vector<float> Whole(const PulledDense& v, size_t t, size_t n) {
   std::vector<float> out(n, std::nanf(""));
-  v.CopyTo(t, out);
+  const Status s = v.CopyTo(t, out);
+  EXPECT_TRUE(s.ok()) << s;
   return out;
 }
 
@@ -66,6 +67,8 @@ void ViewsGiveTheBitsOfCopies(bool tcp) {
   EXPECT_EQ(at, 1000);
   EXPECT_TRUE(v->whole(1).empty());
   EXPECT_EQ(Whole(*v, 1, 1000), want);
+  std::vector<float> short_buffer(999);
+  EXPECT_EQ(v->CopyTo(1, short_buffer).code(), StatusCode::kInvalidArgument);
 
   // Push+pull: the view of one table against the copy of its twin, same gradients.
   const DenseIn in{"big", g}, in_twin{"big_twin", g};
@@ -143,6 +146,7 @@ TEST(DenseView, AnUnknownTableFailsTheCallAndSaysWhich) {
   const Status s = w->PullDenseView(std::span(&name, 1), 0, &v).wait(5s);
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
   EXPECT_NE(s.message().find("nope"), std::string::npos) << s;
+  EXPECT_EQ(v, nullptr);
 }
 
 }  // namespace

@@ -24,10 +24,23 @@
 
 namespace ferry {
 
-void PulledDense::CopyTo(size_t t, std::span<float> out) const {
+Status PulledDense::CopyTo(size_t t, std::span<float> out) const {
+  size_t at = 0;
+  for (const Piece& p : pieces(t)) {
+    if (static_cast<size_t>(p.offset) != at || p.values.empty()) {
+      return InvalidArgumentError("tensor " + std::to_string(t) + " lacks its piece at element " + std::to_string(at) +
+                                  " (was its pull done and OK?)");
+    }
+    at += p.values.size();
+  }
+  if (at != out.size()) {
+    return InvalidArgumentError("tensor " + std::to_string(t) + " has " + std::to_string(at) +
+                                " elements, the buffer " + std::to_string(out.size()));
+  }
   for (const Piece& p : pieces(t)) {
     std::memcpy(out.data() + p.offset, p.values.data(), p.values.size() * sizeof(float));
   }
+  return Status::Ok();
 }
 
 namespace {

@@ -154,8 +154,9 @@ class PulledDense {
     const auto p = pieces(t);
     return p.size() == 1 ? p[0].values : std::span<const float>();
   }
-  // Copies tensor `t` into `out`, which holds its element count.
-  void CopyTo(size_t t, std::span<float> out) const;
+  // Copies tensor `t` into `out`; INVALID_ARGUMENT (nothing copied) unless `out` holds the
+  // tensor's element count, or the pieces do not cover it (the Handle failed, or is not done).
+  [[nodiscard]] Status CopyTo(size_t t, std::span<float> out) const;
 };
 
 // A sparse table's rows to pull: `rows` holds ids.size() * dim floats.
@@ -224,7 +225,8 @@ class Client {
   // advances this worker's clock to step + 1 on the servers involved.
   virtual Handle PushPullDense(std::span<const DenseIn> grads, std::span<const DenseOut> out, int64_t step) = 0;
   // PullDense and PushPullDense without the copy into the caller's buffers: `*values` is set at
-  // once to an object that the replies fill with the values as they arrived (PulledDense). A
+  // once to an object that the replies fill with the values as they arrived (PulledDense; null
+  // when the call fails before anything is sent, an unknown table say: its Handle says why). A
   // caller that reads the values where they are (or moves them to a device) saves a pass over
   // them; bench/RESULTS.md measures it against the copying calls.
   virtual Handle PullDenseView(std::span<const std::string_view> tables, int64_t step,

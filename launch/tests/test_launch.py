@@ -961,21 +961,27 @@ class RecoveryTest(unittest.TestCase):
               f"{lost}, recovery {seconds:.2f} s", file=sys.stderr)
         self.assert_all_gone(out)
 
+    def stop_after_step_60_checkpoint(self, who):
+        """Runs the job, SIGSTOPs `who` once step 60 is checkpointed, and checks that the job ends
+        well and the launcher said it killed the stopped process: (uninterrupted result, pid, log)."""
+        want = self.baseline()
+        r = Run(self.args("logs"))
+        r.wait_for(r"^\[worker 0\] checkpoint of step 60 saved", 30)
+        victim = r.pids()[who]
+        os.kill(victim, signal.SIGSTOP)
+        rc = r.finish(90)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertRegex(out, rf"{who} \(pid {victim}\) has been stopped \(state T\) for [\d.]+ s; "
+                              "killing it with SIGKILL")
+        return want, victim, out
+
     def test_stopped_worker_is_killed_and_restarted_alone(self):
         # A worker stopped with SIGSTOP (hung, swapped out) would stall the sync step until the
         # servers gave up on it and failed the other worker, which the launcher would then restart
         # in its place, again and again. The launcher kills the stopped one instead; it restarts
         # and the job ends with (about) the uninterrupted run's numbers.
-        want = self.baseline()
-        r = Run(self.args("logs"))
-        r.wait_for(r"^\[worker 0\] checkpoint of step 60 saved", 30)
-        victim = r.pids()["worker 1"]
-        os.kill(victim, signal.SIGSTOP)
-        rc = r.finish(90)
-        out = r.output
-        self.assertEqual(rc, 0, out)
-        self.assertRegex(out, rf"worker 1 \(pid {victim}\) has been stopped \(state T\) for [\d.]+ s; "
-                              "killing it with SIGKILL")
+        want, victim, out = self.stop_after_step_60_checkpoint("worker 1")
         self.assertRegex(out, rf"recovery 1 of at most 3: worker 1 \(pid {victim}\) died \(killed by "
                               r"SIGKILL from the launcher, after it had been stopped for [\d.]+ s\); "
                               r"restarted worker 1 with --resume \(pid \d+\); it rejoined the job at step \d+")
@@ -993,16 +999,7 @@ class RecoveryTest(unittest.TestCase):
         # restarted against a server that never answers. The launcher kills it: its death
         # restarts every process from the checkpoint, and the job ends with the very numbers of
         # the uninterrupted run.
-        want = self.baseline()
-        r = Run(self.args("logs"))
-        r.wait_for(r"^\[worker 0\] checkpoint of step 60 saved", 30)
-        victim = r.pids()["ps 0"]
-        os.kill(victim, signal.SIGSTOP)
-        rc = r.finish(90)
-        out = r.output
-        self.assertEqual(rc, 0, out)
-        self.assertRegex(out, rf"ps 0 \(pid {victim}\) has been stopped \(state T\) for [\d.]+ s; "
-                              "killing it with SIGKILL")
+        want, victim, out = self.stop_after_step_60_checkpoint("ps 0")
         self.assertRegex(out, rf"recovery 1 of at most 3: ps 0 \(pid {victim}\) died \(killed by SIGKILL "
                               r"from the launcher, after it had been stopped for [\d.]+ s\); restarted ps 0, "
                               r"ps 1 with --restore")

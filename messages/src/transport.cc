@@ -1,9 +1,11 @@
 #include "ferry/messages/transport.h"
 
 #include <malloc.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -191,6 +193,22 @@ bool TuneAllocatorForLargeMessages() {
     return true;
   }();
   return tuned;
+}
+
+int64_t ResidentBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1;
+  long long pages = 0, resident = -1;
+  if (std::fscanf(f, "%lld %lld", &pages, &resident) != 2) resident = -1;
+  std::fclose(f);
+  return resident < 0 ? -1 : resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+int64_t GiveFreeMemoryBack() {
+  const int64_t before = ResidentBytes();
+  malloc_trim(0);
+  const int64_t after = ResidentBytes();
+  return before < 0 || after < 0 ? 0 : std::max<int64_t>(before - after, 0);
 }
 
 std::string LastEndpoint(zmq::socket_t& socket) {

@@ -113,6 +113,17 @@ def train_steps(metrics):
     return step
 
 
+def start_two_and_kill_worker_1(job, steps):
+    """Starts workers 0 and 1 on the MLP and SIGKILLs worker 1 once it has trained 40 steps:
+    worker 0's (process, output, metrics) and worker 1's last train step."""
+    w0, out0, m0 = job.worker(0, 2, MLP + ["--steps", str(steps)])
+    w1, _, m1 = job.worker(1, 2, MLP + ["--steps", str(steps)])
+    wait_for("worker 1 to train 40 steps", lambda: train_steps(m1) >= 40)
+    os.kill(w1.pid, signal.SIGKILL)
+    w1.wait(timeout=DEADLINE_S)
+    return (w0, out0, m0), train_steps(m1)
+
+
 @unittest.skipUnless(os.path.exists(PS_BIN) and os.path.exists(TRAINER_BIN), "ferry-ps / ferry-trainer not built")
 class WorkerDeathTest(unittest.TestCase):
     def setUp(self):
@@ -146,15 +157,10 @@ class WorkerDeathTest(unittest.TestCase):
         # restarted process rejoins at the global step, and the job ends with both at its last step.
         steps = 300
         with Job(self.tmp, 2, ["--worker-timeout-s", "30"]) as job:
-            w0, out0, m0 = job.worker(0, 2, MLP + ["--steps", str(steps)])
-            w1, out1, m1 = job.worker(1, 2, MLP + ["--steps", str(steps)])
-            wait_for("worker 1 to train 40 steps", lambda: train_steps(m1) >= 40)
-            os.kill(w1.pid, signal.SIGKILL)
-            w1.wait(timeout=DEADLINE_S)
+            (w0, out0, m0), last_event = start_two_and_kill_worker_1(job, steps)
             # A train event for step s (counted from 1) follows the gradient of global step s - 1
             # into ZeroMQ's queue, which the SIGKILL may empty before it is sent; the step before it
             # had closed (its values were that gradient's input), so the job is at s - 1 at least.
-            last_event = train_steps(m1)
             self.assertLess(train_steps(m0), steps, "the job must not be over yet: the survivor waits for the dead")
             w1b, out1b, m1b = job.worker(1, 2, MLP + ["--steps", str(steps), "--resume"])
             for p, out in ((w0, out0), (w1b, out1b)):
@@ -181,11 +187,7 @@ class WorkerDeathTest(unittest.TestCase):
         # from a silent worker, fails naming it.
         steps = 300
         with Job(self.tmp, 2, ["--max-wait-s", "300"]) as job:
-            w0, out0, m0 = job.worker(0, 2, MLP + ["--steps", str(steps)])
-            w1, out1, m1 = job.worker(1, 2, MLP + ["--steps", str(steps)])
-            wait_for("worker 1 to train 40 steps", lambda: train_steps(m1) >= 40)
-            os.kill(w1.pid, signal.SIGKILL)
-            w1.wait(timeout=DEADLINE_S)
+            (w0, out0, m0), _ = start_two_and_kill_worker_1(job, steps)
             w1b, out1b, _ = job.worker(1, 2, MLP + ["--steps", str(steps)])  # no --resume
             rc = w1b.wait(timeout=DEADLINE_S)
             text = read(out1b)

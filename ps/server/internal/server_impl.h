@@ -219,6 +219,11 @@ class ServerImpl final : public Server {
   // One event of the ROUTER socket's monitor: [uint16 event, uint32 value][endpoint].
   void OnMonitorEvent(Frames& frames);
   std::optional<Clock::time_point> NextConnectionCheck() const;
+  // The heap's free memory back to the system (transport::GiveFreeMemoryBack) a second after a
+  // refused message of 1 MiB or more (or of too many frames): its memory has no use to come. At
+  // most once in 5 s (a trim walks every free chunk: an attacker cannot keep the thread at it).
+  void NoteRefused(int64_t bytes, bool truncated, Clock::time_point now);
+  void CheckHeap(Clock::time_point now);
   // Closes the connections whose time is up (connections.h): refused ones after their grace,
   // idle ones.
   void CheckConnections();
@@ -364,6 +369,8 @@ class ServerImpl final : public Server {
   ps::Collectives collectives_;
   ps::HeldCalls calls_;  // push calls in pieces (1.10); their pieces count as held requests
   Clock::time_point last_liveness_check_{};
+  std::optional<Clock::time_point> next_heap_check_;  // NoteRefused
+  Clock::time_point last_heap_trim_{};
   Clock::time_point last_log_{};  // LogRateLimited
   int64_t logs_held_back_ = 0;
   bool said_job_gone_ = false;  // since the workers last fell silent

@@ -2,6 +2,7 @@
 // (admitted up to max_connections, closed when idle), and which connection speaks for a worker.
 #include "internal/server_impl.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace ferry::ps {
@@ -100,6 +101,22 @@ void ServerImpl::CheckConnections() {
     if (c.idle) Count(kConnectionsIdleClosed);
     LogRateLimited("closing a connection " + c.why);
     ps::CloseConnection(c.fd);
+  }
+}
+
+void ServerImpl::NoteRefused(int64_t bytes, bool truncated, Clock::time_point now) {
+  if ((!truncated && bytes < (int64_t{1} << 20)) || next_heap_check_) return;
+  // A second on, once the message is freed; 5 s after the last trim at the earliest.
+  next_heap_check_ = std::max(now + std::chrono::seconds(1), last_heap_trim_ + std::chrono::seconds(5));
+}
+
+void ServerImpl::CheckHeap(Clock::time_point now) {
+  if (!next_heap_check_ || now < *next_heap_check_) return;
+  next_heap_check_.reset();
+  last_heap_trim_ = now;
+  if (const int64_t returned = transport::GiveFreeMemoryBack(); returned >= (int64_t{16} << 20)) {
+    LogRateLimited("gave " + std::to_string(returned >> 20) +
+                   " MiB of freed memory back to the system (large messages were refused)");
   }
 }
 

@@ -85,13 +85,14 @@ void ServerImpl::Loop() {
     return transport::Earliest(
         transport::Earliest(transport::Earliest(held_.NextDeadline(), collectives_.NextDeadline()),
                             calls_.NextDeadline()),
-        transport::Earliest(NextLivenessCheck(), NextConnectionCheck()));
+        transport::Earliest(transport::Earliest(NextLivenessCheck(), NextConnectionCheck()), next_heap_check_));
   };
   h.on_tick = [this] {
     try {
       ExpireHeld();
       CheckLiveness();
       CheckConnections();
+      CheckHeap(Clock::now());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ferry-ps %d: %s while expiring held requests; continuing\n", options_.rank, e.what());
     }
@@ -121,6 +122,7 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
   // A malformed message: counted, logged (rate-limited, naming the peer) and answered.
   auto bad = [&](const Status& s) {
     Count(kBadMessages);
+    NoteRefused(bytes, truncated, req.arrived);
     LogRateLimited("refused a message from " + connections_.PeerOf(req.fd) + ": " + s.message());
     SendError(req, s);
   };

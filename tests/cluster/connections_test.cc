@@ -2,15 +2,25 @@
 // one live connection per worker rank, a cap on how many are open (a worker beyond it is told
 // why), and idle connections closed without harm to real clients.
 #include <chrono>
+#include <cstring>
+#include <string>
 #include <thread>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <zmq.hpp>
 
+#include "ferry/curve.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "support/cluster.h"
+#include "support/temp_dir.h"
 
 namespace ferry::test {
 namespace {
@@ -188,6 +198,60 @@ TEST(Connections, BeyondTheCapAWorkerIsToldWhyAndTheConnectionCloses) {
   ASSERT_TRUE(w1.ok()) << w1.status().ToString();
   EXPECT_TRUE((*w1)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
 }
+
+// Bare TCP connections that never send a byte (no ZMTP greeting; with CURVE, no handshake, as a
+// peer without a key) beyond the cap cannot lock the job's workers out: before, once the cap
+// was full every new connection was refused, a worker's too (5,000 keyless connections locked a
+// CURVE job's valid keys out). Now the oldest silent one is closed to make room.
+void SilentConnectionsCannotLockAWorkerOut(bool with_curve) {
+  TempDir tmp{"connections"};
+  ServerOptions so;
+  so.max_connections = 8;
+  ClientOptions wo;
+  if (with_curve) {
+    if (!curve::Available()) GTEST_SKIP() << "this libzmq was built without CURVE";
+    const std::string keys = tmp.path().string() + "/keys";
+    ASSERT_TRUE(curve::WriteJobKeys(keys, 1).ok());
+    auto server_keys = curve::LoadServerKeys(keys);
+    auto client_keys = curve::LoadClientKeys(keys, 0);
+    ASSERT_TRUE(server_keys.ok() && client_keys.ok());
+    so.curve = *server_keys;
+    wo.curve = *client_keys;
+  }
+  auto c = LocalCluster::Start(1, /*tcp=*/true, so);
+  const std::string& ep = c.endpoints[0];
+  const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
+  std::vector<int> silent;
+  for (int i = 0; i < 40; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+    silent.push_back(fd);
+  }
+  // The server has seen them all (bounded wait): 8 admitted, the rest made room or were refused.
+  auto counter = [&](const char* name) { return c.servers[0]->stats().counters[name]; };
+  for (int i = 0; i < 1000 && counter("connections_idle_closed") + counter("connections_refused") < 32; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_GE(counter("connections_idle_closed"), 32) << "the silent connections did not make room for newer ones";
+  ClientOptions o = Worker(c, 0, 1);
+  o.curve = wo.curve;
+  auto w = Client::Connect(o);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE((*w)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
+  const std::vector<float> grad = {1, 1, 1, 1};
+  EXPECT_TRUE((*w)->PushDense("w", grad, 0).wait().ok());
+  EXPECT_EQ(Pull(**w), std::vector<float>(4, -1.0f));
+  EXPECT_LE(counter("connections_open"), 8 + 64) << "the cap, and the refused ones being told so";
+  for (int fd : silent) ::close(fd);
+}
+
+TEST(Connections, SilentConnectionsCannotLockAWorkerOut) { SilentConnectionsCannotLockAWorkerOut(false); }
+TEST(Connections, SilentConnectionsCannotLockAWorkerOutWithCurve) { SilentConnectionsCannotLockAWorkerOut(true); }
 
 // A connection that speaks for no worker and says nothing is closed after idle_timeout; a
 // worker's connection is never closed for idleness (there is one per rank: they cannot pile up),

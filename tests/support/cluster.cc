@@ -35,7 +35,7 @@ LocalCluster LocalCluster::Start(int num_servers, bool tcp, ServerOptions base) 
     o.bind = tcp ? "tcp://127.0.0.1:0" : "inproc://ferry-test-" + std::to_string(id) + "-ps" + std::to_string(s);
     o.rank = s;
     o.num_servers = num_servers;
-    o.context = c.context;
+    if (!o.curve) o.context = c.context;  // a CURVE server has its own (for its ZAP handler)
     if (o.compute_threads < 0) o.compute_threads = 1;  // unless a test asks: 0 is none
     auto server = Server::Start(o);
     EXPECT_TRUE(server.ok()) << server.status();

@@ -2,9 +2,13 @@
 // monitor reports them (tcp:// and ipc://; inproc:// peers have none and are not tracked): how
 // many are open, which worker rank each speaks for, and which must be closed.
 //
-//  - A cap: a connection accepted beyond `max_connections` is refused. It is kept for a short
-//    grace (at most kMaxRefusing such at once) so that its first request can be answered with
-//    the reason, then closed.
+//  - A cap: a connection accepted beyond `max_connections` makes room by closing the oldest
+//    connection that has not sent a message yet (with CURVE: not finished its handshake, or a
+//    peer without a key, which never can); only when every admitted connection has spoken is the
+//    new one refused. A refused one is kept for a short grace (at most kMaxRefusing such at once)
+//    so that its first request can be answered with the reason, then closed. So connections that
+//    say nothing (a flood of bare TCP connections) cannot lock the job's workers out: a worker
+//    speaks within milliseconds of connecting, and its client reconnects if it was closed first.
 //  - Idle connections: one that speaks for no worker, has sent nothing for `idle_timeout` and has
 //    no request waiting on this server is closed (a Ferry client reconnects by itself when it
 //    next sends). A worker's connection is not: there is one per rank, they cannot pile up, and
@@ -29,8 +33,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -51,10 +57,15 @@ class Connections {
       : max_(max_connections), idle_timeout_(idle_timeout) {}
 
   enum class Admit { kYes, kRefuseLater, kRefuseNow };
-  // ACCEPTED: a new connection from `peer` (its address, for logs). kRefuseLater: over the cap,
-  // kept for kRefuseGrace to be told why; kRefuseNow: over the cap and too many are being told
-  // already: close it at once.
-  Admit Accepted(int fd, std::string peer, Clock::time_point now);
+  // ACCEPTED: a new connection from `peer` (its address, for logs). kYes: admitted; at the cap,
+  // `*evicted` is then the silent connection closed to make room (its fd and why, for the caller
+  // to close and log; fd -1: none). kRefuseLater: over the cap, kept for kRefuseGrace to be told
+  // why; kRefuseNow: over the cap and too many are being told already: close it at once.
+  struct Evicted {
+    int fd = -1;
+    std::string why;
+  };
+  Admit Accepted(int fd, std::string peer, Clock::time_point now, Evicted* evicted);
 
   struct Closed {
     std::string peer;
@@ -100,7 +111,7 @@ class Connections {
     return it == conns_.end() ? "an unknown connection" : it->second.peer;
   }
   size_t open() const { return conns_.size(); }
-  size_t admitted() const { return conns_.size() - refusing_; }
+  size_t admitted() const { return conns_.size() - refusing_ - evicting_; }
   size_t max_connections() const { return max_; }
 
  private:
@@ -110,10 +121,14 @@ class Connections {
     Clock::time_point accepted, heard;
     int rank = -1;
     bool refused = false;
-    bool closing = false;  // handed out by Due: not handed out again
+    bool spoke = false;    // sent a message (Heard)
+    bool evicted = false;  // closed to make room (Accepted): no longer admitted
+    bool closing = false;  // handed out by Due or evicted: not handed out again
   };
   // The connection that owns `rank`, if any.
   Conn* Owner(int rank, int* owner_fd);
+  // The oldest admitted connection that has not spoken, taken off unheard_; -1 if none.
+  int TakeOldestSilent();
   std::string Describe(const Conn& c, Clock::time_point now) const;
 
   const size_t max_;
@@ -121,6 +136,11 @@ class Connections {
   absl::flat_hash_map<int, Conn> conns_;  // by descriptor
   absl::flat_hash_map<int, int> rank_owner_;  // rank -> descriptor
   size_t refusing_ = 0;  // conns_ with refused set
+  size_t evicting_ = 0;  // conns_ with evicted set
+  // Admitted connections in the order they came, while they may not have spoken: (fd, accepted).
+  // Entries of connections that spoke, closed, or whose descriptor was reused are dropped when
+  // met (and all of them once they outnumber the open connections twice).
+  std::deque<std::pair<int, Clock::time_point>> unheard_;
 };
 
 // Socket helpers for the connections ZeroMQ owns (the descriptors it reports).

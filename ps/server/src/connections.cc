@@ -10,26 +10,58 @@
 
 namespace ferry::ps {
 
-Connections::Admit Connections::Accepted(int fd, std::string peer, Clock::time_point now) {
+Connections::Admit Connections::Accepted(int fd, std::string peer, Clock::time_point now, Evicted* evicted) {
   // A descriptor still in the table was closed without a DISCONNECTED we saw (ZeroMQ reports
   // every engine that ends; this is a guard): the new connection replaces it.
   Disconnected(fd, now);
+  evicted->fd = -1;
   Conn c;
   c.peer = std::move(peer);
   c.accepted = c.heard = now;
   Admit verdict = Admit::kYes;
   if (admitted() >= max_) {
-    if (refusing_ >= kMaxRefusing) {
+    if (const int victim = TakeOldestSilent(); victim >= 0) {
+      Conn& v = conns_.at(victim);
+      v.evicted = v.closing = true;
+      ++evicting_;
+      evicted->fd = victim;
+      evicted->why = Describe(v, now) + " that has sent nothing, to make room for a new one (the limit: " +
+                     "--max-connections " + std::to_string(max_) + ")";
+    } else if (refusing_ >= kMaxRefusing) {
       verdict = Admit::kRefuseNow;
       c.closing = true;
     } else {
       verdict = Admit::kRefuseLater;
     }
-    c.refused = true;
-    ++refusing_;
+    if (verdict != Admit::kYes) {
+      c.refused = true;
+      ++refusing_;
+    }
+  }
+  if (verdict == Admit::kYes) {
+    if (unheard_.size() >= 2 * conns_.size() + 64) {
+      std::erase_if(unheard_, [&](const auto& e) {
+        auto it = conns_.find(e.first);
+        return it == conns_.end() || it->second.accepted != e.second || it->second.spoke || it->second.closing;
+      });
+    }
+    unheard_.emplace_back(fd, now);
   }
   conns_.emplace(fd, std::move(c));
   return verdict;
+}
+
+int Connections::TakeOldestSilent() {
+  while (!unheard_.empty()) {
+    const auto [fd, accepted] = unheard_.front();
+    unheard_.pop_front();
+    auto it = conns_.find(fd);
+    if (it != conns_.end() && it->second.accepted == accepted && !it->second.spoke && !it->second.closing &&
+        !it->second.refused) {
+      return fd;
+    }
+  }
+  return -1;
 }
 
 std::optional<Connections::Closed> Connections::Disconnected(int fd, Clock::time_point now) {
@@ -41,6 +73,7 @@ std::optional<Connections::Closed> Connections::Disconnected(int fd, Clock::time
     if (auto o = rank_owner_.find(c.rank); o != rank_owner_.end() && o->second == fd) rank_owner_.erase(o);
   }
   if (c.refused) --refusing_;
+  if (c.evicted) --evicting_;
   conns_.erase(it);
   return out;
 }
@@ -51,6 +84,7 @@ Status Connections::Heard(int fd, std::string_view routing, Clock::time_point no
   if (it == conns_.end()) return Status::Ok();
   Conn& c = it->second;
   c.heard = now;
+  c.spoke = true;
   if (c.routing != routing) c.routing.assign(routing.data(), routing.size());
   if (!c.refused) return Status::Ok();
   return ResourceExhaustedError("this server has " + std::to_string(admitted()) +

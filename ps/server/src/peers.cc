@@ -62,7 +62,13 @@ void ServerImpl::OnMonitorEvent(Frames& frames) {
   const auto now = Clock::now();
   if (e->event == ZMQ_EVENT_ACCEPTED) {
     std::string peer = ps::PeerName(fd);
-    const auto admit = connections_.Accepted(fd, peer, now);
+    ps::Connections::Evicted evicted;
+    const auto admit = connections_.Accepted(fd, peer, now, &evicted);
+    if (evicted.fd >= 0) {
+      Count(kConnectionsIdleClosed);
+      LogRateLimited("closing a connection: " + evicted.why);
+      ps::CloseConnection(evicted.fd);
+    }
     if (admit != ps::Connections::Admit::kYes) {
       Count(kConnectionsRefused);
       LogRateLimited("refused a connection from " + peer + ": " + std::to_string(connections_.admitted()) +

@@ -1006,5 +1006,42 @@ TEST(Cluster, TablesAndRowsBeyondTheMemoryBudgetAreRefused) {
   EXPECT_TRUE(w->Declare(small).ok());
 }
 
+// The payloads of requests the server holds while they wait have a bound beside the tables'
+// budget, a quarter of it: an all-reduce's values count until every worker has sent its own
+// (before, held payloads were bounded by nothing, and enough of them outgrew any budget). Once
+// the collective completes they are free again; one that would go past the bound is refused,
+// saying so.
+TEST(Cluster, HeldPayloadsHaveABound) {
+  ServerOptions so;
+  so.memory_budget_bytes = int64_t{64} << 20;  // held payloads: 16 MiB
+  auto c = LocalCluster::Start(1, false, so);
+  auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+  auto counter = [&](const char* name) { return c.servers[0]->stats().counters[name]; };
+  EXPECT_EQ(counter("held_payload_limit_bytes"), int64_t{16} << 20);
+  const std::vector<double> six_mib((size_t{6} << 20) / sizeof(double), 1.0);
+  StatusOr<std::vector<double>> sum0 = InternalError("not run");
+  std::thread t0([&] { sum0 = w0->AllReduceSum(six_mib); });
+  for (int i = 0; i < 1000 && counter("held_payload_bytes") == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(counter("held_payload_bytes"), int64_t{6} << 20) << "worker 0's values, held for worker 1's";
+  const auto sum1 = w1->AllReduceSum(six_mib);
+  t0.join();
+  ASSERT_TRUE(sum0.ok()) << sum0.status();
+  ASSERT_TRUE(sum1.ok()) << sum1.status();
+  EXPECT_EQ(*sum0, std::vector<double>(six_mib.size(), 2.0));
+  EXPECT_EQ(*sum1, *sum0);
+  EXPECT_EQ(counter("held_payload_bytes"), 0) << "the collective is over: nothing of it is held";
+  // 20 MiB of values would go past the bound: refused at once, naming what.
+  const std::vector<double> twenty_mib((size_t{20} << 20) / sizeof(double), 1.0);
+  const auto too_big = w0->AllReduceSum(twenty_mib);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), StatusCode::kResourceExhausted) << too_big.status();
+  EXPECT_NE(too_big.status().message().find("holding this AllReduce's payload (20.0 MiB) while it waits would put "
+                                            "what server 0 holds past its bound"),
+            std::string::npos)
+      << too_big.status();
+  EXPECT_GE(counter("held_refused"), 1);
+  EXPECT_EQ(counter("held_payload_bytes"), 0);
+}
+
 }  // namespace
 }  // namespace ferry::test

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "ferry/status.h"
 
@@ -67,6 +68,34 @@ class MemoryBudget {
   const int64_t limit_;
   std::atomic<int64_t> used_{0};
   std::atomic<int64_t> refusals_{0};
+};
+
+// Bytes charged to a budget for as long as this object lives (it moves with what holds them):
+// a held request's payload, against the server's bound on those (ServerImpl::RoomToHold).
+class BudgetCharge {
+ public:
+  BudgetCharge() = default;
+  BudgetCharge(MemoryBudget* budget, int64_t bytes) : budget_(budget), bytes_(bytes) {}
+  BudgetCharge(BudgetCharge&& o) noexcept : budget_(std::exchange(o.budget_, nullptr)), bytes_(o.bytes_) {}
+  BudgetCharge& operator=(BudgetCharge&& o) noexcept {
+    if (this != &o) {
+      Release();
+      budget_ = std::exchange(o.budget_, nullptr);
+      bytes_ = o.bytes_;
+    }
+    return *this;
+  }
+  BudgetCharge(const BudgetCharge&) = delete;
+  BudgetCharge& operator=(const BudgetCharge&) = delete;
+  ~BudgetCharge() { Release(); }
+
+ private:
+  void Release() {
+    if (budget_ != nullptr) budget_->Give(bytes_);
+    budget_ = nullptr;
+  }
+  MemoryBudget* budget_ = nullptr;
+  int64_t bytes_ = 0;
 };
 
 }  // namespace ferry::ps

@@ -13,6 +13,7 @@
 
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
+#include "internal/memory_budget.h"
 #include "internal/peer_load.h"
 
 namespace ferry::ps {
@@ -44,6 +45,7 @@ struct Request {
   int64_t pull_step = 0;  // the step/clock the (held) pull is for
   wire::ReplyInfo info;   // PushPullDense: what its push did, reported with the pull's reply
   PeerLoad::Token held_by_peer;  // while held: counts against its connection's share
+  BudgetCharge held_bytes;       // while held: its payload, charged to the memory budget
 
   std::string_view peer() const { return {routing.data<char>(), routing.size()}; }
 

@@ -178,7 +178,7 @@ class ServerImpl final : public Server {
   void HoldOrServe(Request req);
   // Whether `req` may wait here: the server's room (max_held) and its connection's share of it
   // (max_held_per_peer), so that one peer cannot fill the room for the others.
-  Status RoomToHold(const Request& req);
+  Status RoomToHold(Request& req);
   // Waiting requests: held pulls, collectives, and declarations of tables being built (few).
   size_t HeldCount() const;
   void ServeHeld();
@@ -363,6 +363,9 @@ class ServerImpl final : public Server {
   // Everything below, to the counters, is owned by the I/O thread.
   ps::Updater updater_;  // uses pool_
   ps::TableRegistry tables_;
+  // The payloads of requests held while they wait (RoomToHold): at most a quarter of the tables'
+  // budget besides it.
+  ps::MemoryBudget held_payloads_{std::max<int64_t>(tables_.budget().limit() / 4, 1)};
   ps::Workers workers_;
   ps::PeerLoad peer_load_;      // before held_ and collectives_: their requests' tokens point at it
   ps::HeldPulls held_;          // waiting pulls; with collectives_, at most options_.max_held

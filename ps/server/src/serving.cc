@@ -137,7 +137,7 @@ void ServerImpl::HoldOrServe(Request req) {
   held_.Hold(std::move(req), Clock::now() + options_.max_wait);
 }
 
-Status ServerImpl::RoomToHold(const Request& req) {
+Status ServerImpl::RoomToHold(Request& req) {
   if (HeldCount() >= options_.max_held) {
     Count(kHeldRefused);
     return ResourceExhaustedError("server " + std::to_string(options_.rank) + " holds " +
@@ -151,6 +151,26 @@ Status ServerImpl::RoomToHold(const Request& req) {
                                   std::to_string(options_.rank) +
                                   " already, the most one connection may (max_held_per_peer); wait for some to be "
                                   "answered");
+  }
+  // Its payload stays in memory while it waits: charged to the held payloads' bound until it is
+  // answered (apart from the tables' budget, which a sparse table may fill by design).
+  int64_t bytes = 0;
+  for (const auto& f : req.payload) bytes += static_cast<int64_t>(f.size());
+  if (bytes > 0) {
+    if (!held_payloads_.TryTake(bytes)) {
+      Count(kHeldRefused);
+      auto mib = [](int64_t b) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+        return std::string(buf);
+      };
+      return ResourceExhaustedError("holding this " + std::string(wire::KindName(req.h()->kind())) + "'s payload (" +
+                                    mib(bytes) + ") while it waits would put what server " +
+                                    std::to_string(options_.rank) + " holds past its bound (a quarter of "
+                                    "--memory-budget-mb): " + mib(held_payloads_.used()) + " of " +
+                                    mib(held_payloads_.limit()) + " held");
+    }
+    req.held_bytes = ps::BudgetCharge(&held_payloads_, bytes);
   }
   return Status::Ok();
 }

@@ -27,6 +27,8 @@ ServerStats ServerImpl::stats() const {
   s.counters["memory_budget_refused"] = budget.refusals();
   s.counters["memory_budget_bytes"] = budget.limit();
   s.counters["memory_budget_used_bytes"] = budget.used();
+  s.counters["held_payload_bytes"] = held_payloads_.used();
+  s.counters["held_payload_limit_bytes"] = held_payloads_.limit();
   s.counters["connections_open"] = connections_open_.load(std::memory_order_relaxed);
   s.counters["tables_being_created"] = tables_being_created_.load(std::memory_order_relaxed);
   s.counters["compute_threads"] = pool_.helpers();  // a level: the helper threads it runs

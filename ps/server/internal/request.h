@@ -45,7 +45,7 @@ struct Request {
   int64_t pull_step = 0;  // the step/clock the (held) pull is for
   wire::ReplyInfo info;   // PushPullDense: what its push did, reported with the pull's reply
   PeerLoad::Token held_by_peer;  // while held: counts against its connection's share
-  BudgetCharge held_bytes;       // while held: its payload, charged to the memory budget
+  BudgetCharge held_bytes;       // while held: its payload, charged to the held payloads' bound
 
   std::string_view peer() const { return {routing.data<char>(), routing.size()}; }
 

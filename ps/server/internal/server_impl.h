@@ -364,7 +364,7 @@ class ServerImpl final : public Server {
   ps::Updater updater_;  // uses pool_
   ps::TableRegistry tables_;
   // The payloads of requests held while they wait (RoomToHold): at most a quarter of the tables'
-  // budget besides it.
+  // budget, beside it.
   ps::MemoryBudget held_payloads_{std::max<int64_t>(tables_.budget().limit() / 4, 1)};
   ps::Workers workers_;
   ps::PeerLoad peer_load_;      // before held_ and collectives_: their requests' tokens point at it

@@ -12,7 +12,8 @@ from .commands import Binaries, build_commands, cards_here, resumed_with, visibl
 from .curve import curve_by_default, exposure_warning, folder_for_commands, make_job_keys
 from .common import (
     DEFAULT_BASE_PORT, DEFAULT_BIN_DIR, DEFAULT_KILL_STOPPED_AFTER_S, DEFAULT_MAX_RESTARTS,
-    DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN, DEFAULT_SSH, EXIT_OK, EXIT_USAGE, LaunchError, MAX_SECONDS, StopRequested)
+    DEFAULT_RENDEZVOUS_TIMEOUT_S, DEFAULT_SRUN, DEFAULT_SSH, EXIT_OK, EXIT_USAGE, LaunchError,
+    MAX_SECONDS, StopRequested)
 from .hosts import is_local
 from .preflight import check_keys_on_ssh_hosts, preflight, program_warning
 from .progress import JobProgress

@@ -17,6 +17,9 @@
 
 namespace ferry::ps {
 
+// `bytes` in MiB for messages: "12.5 MiB".
+std::string Mib(int64_t bytes);
+
 // Thrown where a row would go over the budget (inside code whose out-of-memory path is
 // std::bad_alloc, which it keeps exception-safe); what() says what was asked and what is left.
 class BudgetExceeded : public std::bad_alloc {

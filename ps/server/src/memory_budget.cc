@@ -11,13 +11,14 @@
 #include <vector>
 
 namespace ferry::ps {
-namespace {
 
 std::string Mib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
   return buf;
 }
+
+namespace {
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);

@@ -159,16 +159,11 @@ Status ServerImpl::RoomToHold(Request& req) {
   if (bytes > 0) {
     if (!held_payloads_.TryTake(bytes)) {
       Count(kHeldRefused);
-      auto mib = [](int64_t b) {
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
-        return std::string(buf);
-      };
       return ResourceExhaustedError("holding this " + std::string(wire::KindName(req.h()->kind())) + "'s payload (" +
-                                    mib(bytes) + ") while it waits would put what server " +
+                                    ps::Mib(bytes) + ") while it waits would put what server " +
                                     std::to_string(options_.rank) + " holds past its bound (a quarter of "
-                                    "--memory-budget-mb): " + mib(held_payloads_.used()) + " of " +
-                                    mib(held_payloads_.limit()) + " held");
+                                    "--memory-budget-mb): " + ps::Mib(held_payloads_.used()) + " of " +
+                                    ps::Mib(held_payloads_.limit()) + " held");
     }
     req.held_bytes = ps::BudgetCharge(&held_payloads_, bytes);
   }

@@ -94,12 +94,16 @@ class Launcher(Supervisor):
         self.recoveries = []  # Recovery, in order
         self.pending = []     # the recoveries still waiting for "resuming" lines
         self.unfinished = set()  # names of the workers that have not exited 0
+        self.starts = collections.Counter()  # by task name: how often it was started
 
     # ---- starting and stopping ----
 
     def start(self, task, restart=None):
-        """Starts task; restart ("restart N") runs its resume_argv and continues its log."""
-        argv, changes = task.command(resumed=bool(restart))
+        """Starts task; restart ("restart N") runs its resume_argv and continues its log. A
+        worker's restart carries its start number (Task.command's incarnation)."""
+        incarnation = self.starts[task.name]
+        self.starts[task.name] += 1
+        argv, changes = task.command(resumed=bool(restart), incarnation=incarnation)
         text = task.command_text(argv, changes)
         with self.signals.held():  # never lose track of a pid between fork and bookkeeping
             stream = Stream(task.name, os.path.join(self.opts.log_dir,

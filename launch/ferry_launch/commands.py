@@ -19,7 +19,8 @@ from .spec import Prepend
 # environment: every one of these is set, or removed from the environment it inherits.
 # (PYTHONPATH and CUDA_VISIBLE_DEVICES are set too where there is something to set.)
 PROGRAM_ENV = ("FERRY_SERVERS", "FERRY_RANK", "FERRY_NUM_WORKERS", "FERRY_RESUME",
-               "FERRY_CHECKPOINT_EVERY", "FERRY_CURVE_KEYS", "FERRY_METRICS", "TF_CONFIG")
+               "FERRY_CHECKPOINT_EVERY", "FERRY_CURVE_KEYS", "FERRY_METRICS", "FERRY_INCARNATION",
+               "TF_CONFIG")
 
 
 def find_binary(bin_dir, name, subdir):
@@ -153,6 +154,7 @@ def _trainer_command(t, binaries, opts, servers, num_workers, curve):
     t.resume_argv = t.argv + ["--resume"] + list(opts.trainer_args)
     t.argv = (t.resume_argv if opts.resume else t.argv + list(opts.trainer_args))
     t.env, t.resume_env = {}, {}
+    t.incarnation_via = "flag"
 
 
 def _program_command(t, binaries, opts, servers, num_workers, tf_cluster, keys):
@@ -177,6 +179,7 @@ def _program_command(t, binaries, opts, servers, num_workers, tf_cluster, keys):
         env["PYTHONPATH"] = Prepend(python)
     t.resume_env = dict(env, FERRY_RESUME="1")
     t.env = t.resume_env if opts.resume else env
+    t.incarnation_via = "env"
 
 
 def build_commands(cluster, binaries, opts, cards_for):
@@ -194,7 +197,7 @@ def build_commands(cluster, binaries, opts, cards_for):
     place from its environment instead (PROGRAM_ENV): FERRY_SERVERS (the --servers value),
     FERRY_RANK, FERRY_NUM_WORKERS, TF_CONFIG (the same cluster, task {"type": "worker",
     "index": RANK}), FERRY_CHECKPOINT_EVERY (with --checkpoint-every), FERRY_CURVE_KEYS (with
-    CURVE), FERRY_METRICS (ADDRESS:0 where a ferry-trainer would get --metrics), FERRY_RESUME=1 in resume_env (and env under --resume DIR); those not set are removed
+    CURVE), FERRY_METRICS (ADDRESS:0 where a ferry-trainer would get --metrics), FERRY_RESUME=1 in resume_env (and env under --resume DIR), FERRY_INCARNATION (a restart's number, where a ferry-trainer gets --incarnation N: Task.command); those not set are removed
     from what it inherits. PYTHONPATH gets BIN_DIR/python in front when the build tree's package
     is there (Binaries.python_dir).
 

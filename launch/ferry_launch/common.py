@@ -54,6 +54,7 @@ else:
 # Flags the launcher owns: a user may not pass them to the trainer after "--", nor to ferry-ps
 # with --ps-arg (flag -> what to use instead).
 LAUNCHER_OWNED_TRAINER_FLAGS = {"--servers": None, "--rank": None, "--num-workers": None,
+                                "--incarnation": None,
                                 "--local": None, "--checkpoint-every": "--checkpoint-every",
                                 "--resume": "--resume DIR",
                                 "--curve-keys": "--curve or --curve-keys DIR",

@@ -36,6 +36,9 @@ class Task:
         self.resume_argv = None  # set by build_commands: argv to continue the job (restarts)
         self.env = {}         # set by build_commands: changes to the inherited environment
         self.resume_env = {}  # set by build_commands: the same for resume_argv
+        # set by build_commands for a worker: how a start tells the process which start of its
+        # rank it is ("flag": --incarnation N; "env": FERRY_INCARNATION=N; None: not told)
+        self.incarnation_via = None
 
     @property
     def name(self):
@@ -45,10 +48,17 @@ class Task:
     def address(self):
         return f"{self.host}:{self.port}"
 
-    def command(self, resumed=False):
+    def command(self, resumed=False, incarnation=0):
         """(argv, env) of a start of this task: the first start, or with resumed the one that
-        continues the job (a restart)."""
-        return (self.resume_argv, self.resume_env) if resumed else (self.argv, self.env)
+        continues the job (a restart). A worker's start number `incarnation` (0: the first) goes
+        with it when not 0: the servers give its rank to the highest at once, even while an
+        earlier start's connection looks alive, and refuse that one from then on."""
+        argv, env = (self.resume_argv, self.resume_env) if resumed else (self.argv, self.env)
+        if incarnation and self.incarnation_via == "flag":
+            argv = argv + ["--incarnation", str(incarnation)]
+        elif incarnation and self.incarnation_via == "env":
+            env = dict(env, FERRY_INCARNATION=str(incarnation))
+        return argv, env
 
     def command_text(self, argv=None, env=None):
         """A command (argv, env; default the first start's) as a shell line: VAR=value ...

@@ -559,7 +559,7 @@ class LaunchTest(unittest.TestCase):
 # "resuming" and exits 0; "fail-1": worker 1 exits 3, the others wait for 60 s;
 # "tf-config": also records ferry.cluster_from_tf_config() (the build's module).
 PROGRAM_ENV = ["FERRY_SERVERS", "FERRY_RANK", "FERRY_NUM_WORKERS", "FERRY_RESUME",
-               "FERRY_CHECKPOINT_EVERY", "FERRY_CURVE_KEYS", "FERRY_METRICS", "TF_CONFIG", "PYTHONPATH",
+               "FERRY_CHECKPOINT_EVERY", "FERRY_CURVE_KEYS", "FERRY_METRICS", "FERRY_INCARNATION", "TF_CONFIG", "PYTHONPATH",
                "CUDA_VISIBLE_DEVICES"]
 WORKER_PROGRAM = textwrap.dedent(f"""\
     import json, os, signal, socket, sys, time
@@ -663,7 +663,7 @@ class WorkerProgramTest(unittest.TestCase):
                                 "--checkpoint-every", "7", "--"] + self.command("ok"),
                                timeout=60, env={"PYTHONPATH": "/inherited/a:/inherited/b",
                                                 "FERRY_RESUME": "1", "FERRY_CURVE_KEYS": "/k",
-                                                "TF_CONFIG": "{}"})
+                                                "FERRY_INCARNATION": "7", "TF_CONFIG": "{}"})
         self.assertEqual(rc, 0, out)
         servers = listening(out)
         self.assertEqual(sorted(servers), ["ps 0", "ps 1"], out)
@@ -678,7 +678,7 @@ class WorkerProgramTest(unittest.TestCase):
             self.assertEqual(seen, {
                 "FERRY_SERVERS": want_servers, "FERRY_RANK": str(rank),
                 "FERRY_NUM_WORKERS": "3", "FERRY_RESUME": None, "FERRY_CHECKPOINT_EVERY": "7",
-                "FERRY_CURVE_KEYS": None, "FERRY_METRICS": "127.0.0.1:0",
+                "FERRY_CURVE_KEYS": None, "FERRY_METRICS": "127.0.0.1:0", "FERRY_INCARNATION": None,
                 "PYTHONPATH": f"{os.path.join(bin_dir, 'python')}:/inherited/a:/inherited/b",
                 "CUDA_VISIBLE_DEVICES": str(rank % 2),
                 "reached": want_servers.split(","),
@@ -733,12 +733,15 @@ class WorkerProgramTest(unittest.TestCase):
         self.assertRegex(out, r"worker 1 \(pid \d+\) died \(exit status 3\); restarting it "
                               r"with FERRY_RESUME=1")
         for rank in range(2):
-            self.assertRegex(out, rf"restarted worker {rank} pid \d+: FERRY_METRICS=127.0.0.1:0 FERRY_NUM_WORKERS=2 "
+            # Its start number, by which the servers give the rank to the restarted process.
+            self.assertRegex(out, rf"restarted worker {rank} pid \d+: FERRY_INCARNATION=1 FERRY_METRICS=127.0.0.1:0 "
+                                  r"FERRY_NUM_WORKERS=2 "
                                   rf"FERRY_RANK={rank} FERRY_RESUME=1 FERRY_SERVERS=\S+ "
                                   r"PYTHONPATH=\S+ TF_CONFIG=\S+ "
                                   rf"{re.escape(shlex.join(self.command('die-once')))}\n")
             starts = program_starts(self.out, rank)
             self.assertEqual([s["FERRY_RESUME"] for s in starts], [None, "1"], out)
+            self.assertEqual([s["FERRY_INCARNATION"] for s in starts], [None, "1"], out)
             self.assertEqual(starts[0]["TF_CONFIG"], starts[1]["TF_CONFIG"])
             self.assertRegex(out, rf"recovery \d of at most 3: worker {rank} \(pid \d+\) died .*; "
                                   rf"restarted worker {rank} with FERRY_RESUME=1 \(pid \d+\); it "
@@ -1077,9 +1080,12 @@ class RecoveryTest(unittest.TestCase):
                                 "--stub-fail-rank", "1"], timeout=30)
         self.assertEqual(rc, 1, out)
         # On a machine with a GPU the command line starts with the card the worker is given.
-        self.assertEqual(len(re.findall(r"restarted worker 1 pid \d+: (?:CUDA_VISIBLE_DEVICES=\S+ )?"
-                                        r"\S+ferry-trainer .* --num-workers 2 --metrics 127.0.0.1:0 --resume --stub-fail-rank 1\n", out)),
-                         2, out)
+        # Each restart carries the worker's start number: the servers give the rank to it.
+        for incarnation in (1, 2):
+            self.assertEqual(len(re.findall(r"restarted worker 1 pid \d+: (?:CUDA_VISIBLE_DEVICES=\S+ )?"
+                                            r"\S+ferry-trainer .* --num-workers 2 --metrics 127.0.0.1:0 --resume "
+                                            rf"--stub-fail-rank 1 --incarnation {incarnation}\n", out)),
+                             1, out)
         self.assertRegex(out, r"FAILED: worker 1 \(pid \d+\) failed: exit status 3\n")
         self.assertIn("worker 1 is not restarted: --max-restarts 2 allows no more restarts",
                       out)
@@ -1601,7 +1607,7 @@ class SshBackendTest(unittest.TestCase):
         self.assertRegex(out, r"worker 1 on node-b \(ssh pid \d+\) died \(exit status 3\); "
                               "restarting it with --resume")
         self.assertRegex(out, r"restarted worker 1 on node-b \(ssh pid \d+\): \S+ferry-trainer "
-                              r".* --num-workers 2 --resume --stub-fail-rank 1\n")
+                              r".* --num-workers 2 --resume --stub-fail-rank 1 --incarnation 1\n")
         runs = re.findall(r"\[worker 1\] stub trainer rank 1 pid (\d+) args (.*)", out)
         self.assertEqual(len(runs), 2, out)
         self.assertNotIn("'--resume'", runs[0][1])
@@ -1626,8 +1632,8 @@ class SshBackendTest(unittest.TestCase):
                                 out_dir, "die-once"], timeout=60,
                                env={"PYTHONPATH": "/remote/lib", "FERRY_RESUME": "1"})
         self.assertEqual(rc, 0, out)
-        self.assertRegex(out, r"restarted worker 1 on node-b \(ssh pid \d+\): FERRY_NUM_WORKERS=2 "
-                              r"FERRY_RANK=1 FERRY_RESUME=1 ")
+        self.assertRegex(out, r"restarted worker 1 on node-b \(ssh pid \d+\): FERRY_INCARNATION=1 "
+                              r"FERRY_NUM_WORKERS=2 FERRY_RANK=1 FERRY_RESUME=1 ")
         starts = program_starts(out_dir, 1)
         self.assertEqual([s["FERRY_RESUME"] for s in starts], [None, "1"], out)
         self.assertEqual(starts[0]["FERRY_SERVERS"], f"tcp://127.0.0.1:{port}")

@@ -151,6 +151,59 @@ TEST(Connections, ASecondConnectionForALiveWorkerIsRefused) {
   EXPECT_EQ(Pull(**next), std::vector<float>(4, -2.0f));
 }
 
+// A restarted worker (ferry-launch counts the starts: ClientOptions::incarnation) takes its rank
+// over at once, though its predecessor's connection is open and heard from (a stopped process
+// whose connection has not closed, a host cut off); from then on every request of the
+// predecessor, and any later Hello of its incarnation, is refused and changes nothing.
+TEST(Connections, ALaterIncarnationTakesTheRankOverAndFencesTheEarlierOne) {
+  auto c = LocalCluster::Start(1, /*tcp=*/true);
+  auto first = Client::Connect(Worker(c, 0, 1));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE((*first)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
+  const std::vector<float> ones = {1, 1, 1, 1};
+  ASSERT_TRUE((*first)->PushDense("w", ones, 0).wait().ok());
+
+  // The same incarnation is refused while the first is alive (what a restart met before).
+  ClientOptions same = Worker(c, 0, 1);
+  same.connect_timeout = 1s;
+  auto twin = Client::Connect(same);
+  ASSERT_FALSE(twin.ok());
+  EXPECT_EQ(twin.status().code(), StatusCode::kAlreadyExists) << twin.status().ToString();
+
+  ClientOptions restarted = Worker(c, 0, 1);
+  restarted.incarnation = 1;
+  restarted.connect_timeout = 1s;  // no waiting for the first to go silent (heartbeats every 1.25 s)
+  auto next = Client::Connect(restarted);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  ASSERT_TRUE((*next)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
+  EXPECT_EQ(Pull(**next), std::vector<float>(4, -1.0f));
+
+  // The first process's requests are refused, naming its successor, and change nothing.
+  const Status fenced = (*first)->PushDense("w", ones, 0).wait();
+  EXPECT_EQ(fenced.code(), StatusCode::kFailedPrecondition) << fenced.ToString();
+  EXPECT_NE(fenced.message().find("worker 0's process of incarnation 0 was replaced by its incarnation 1"),
+            std::string::npos)
+      << fenced.ToString();
+  std::vector<float> v(4);
+  EXPECT_EQ((*first)->PullDense("w", v, 0).wait().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Pull(**next), std::vector<float>(4, -1.0f)) << "a fenced push changed the table";
+  ASSERT_TRUE((*next)->PushDense("w", ones, 0).wait().ok());
+  EXPECT_EQ(Pull(**next), std::vector<float>(4, -2.0f));
+
+  // Once the successor is gone too, the earlier incarnation still cannot come back (a raw Hello,
+  // as a stopped process that resumes would send), but a later one can.
+  next->reset();
+  zmq::socket_t raw = Raw(c);
+  const Status old_hello = Ask(raw, wire::Kind::Hello, 0, [](wire::HeaderBuilder& b) { HelloFields(b, 1, 0); });
+  EXPECT_EQ(old_hello.code(), StatusCode::kFailedPrecondition) << old_hello.ToString();
+  restarted.incarnation = 2;
+  auto third = Client::Connect(restarted);
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  ASSERT_TRUE((*third)->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
+  EXPECT_EQ(Pull(**third), std::vector<float>(4, -2.0f));
+  EXPECT_GE(c.servers[0]->stats().counters["rank_conflicts"], 4);
+}
+
 // An owner that stopped talking (a stopped or cut-off worker whose connection has not closed)
 // hands the rank over once it has been silent for twice its heartbeat promise.
 TEST(Connections, ASilentOwnerHandsTheRankOver) {

@@ -285,6 +285,10 @@ const Flag kFlags[] = {
      SetServers},
     {"--rank", "R", "cluster", "this worker's rank, in [0, --num-workers)", Int<&O::rank, 0, 1 << 20>, Show<&O::rank>},
     {"--num-workers", "M", "cluster", "workers in the job", Int<&O::num_workers, 1, 1 << 20>, Show<&O::num_workers>},
+    {"--incarnation", "N", "cluster",
+     "which start of this worker rank this process is: 0, then one more at each restart (ferry-launch "
+     "passes it); the servers give the rank to the highest at once and refuse earlier ones",
+     Int<&O::incarnation, 0, UINT32_MAX>, Show<&O::incarnation>},
     {"--local", "", "cluster", "one process, no servers: the optimizer runs in the trainer", Switch<&O::local, true>},
     {"--connect-timeout-s", "S", "cluster",
      "how long to wait for every server's answer at the start; a wait longer "

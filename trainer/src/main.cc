@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
     co.servers = options.servers;
     co.rank = options.rank;
     co.num_workers = options.num_workers;
+    co.incarnation = options.incarnation;
     co.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1000));
     // No wait is silent: a step held for a missing worker, a server that does not answer.
     const int rank = options.rank;

@@ -359,11 +359,13 @@ class PyBags {
 class PyClient {
  public:
   PyClient(std::vector<std::string> servers, int rank, int num_workers, double request_timeout, double connect_timeout,
-           std::optional<std::string> curve_keys, double heartbeat_timeout, double long_wait_every) {
+           std::optional<std::string> curve_keys, double heartbeat_timeout, double long_wait_every,
+           uint32_t incarnation) {
     ferry::ClientOptions o;
     o.servers = std::move(servers);
     o.rank = rank;
     o.num_workers = num_workers;
+    o.incarnation = incarnation;
     o.request_timeout = Millis(request_timeout, "request_timeout");
     o.connect_timeout = Millis(connect_timeout, "connect_timeout");
     o.heartbeat_timeout = Millis(heartbeat_timeout, "heartbeat_timeout");
@@ -391,7 +393,7 @@ class PyClient {
 
   static std::unique_ptr<PyClient> FromTfConfig(double request_timeout, double connect_timeout,
                                                 std::optional<std::string> curve_keys, double heartbeat_timeout,
-                                                double long_wait_every) {
+                                                double long_wait_every, uint32_t incarnation) {
     auto cluster = ferry::ClusterFromEnvironment();
     Check(cluster.status());
     if (!*cluster) Raise(ferry::NotFoundError("TF_CONFIG is not set"));
@@ -401,7 +403,7 @@ class PyClient {
                                            ", not a worker"));
     }
     return std::make_unique<PyClient>(c.servers, c.rank, c.num_workers, request_timeout, connect_timeout,
-                                      std::move(curve_keys), heartbeat_timeout, long_wait_every);
+                                      std::move(curve_keys), heartbeat_timeout, long_wait_every, incarnation);
   }
 
   int rank() { return client().rank(); }
@@ -794,19 +796,22 @@ PYBIND11_MODULE(_ferry, m) {
       "the table's gradients and values travel (2 bytes a value for fp16 and bf16; the servers keep float32; needs "
       "servers of protocol 1.6)";
   py::class_<PyClient>(m, "Client")
-      .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>, double, double>(),
+      .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>, double, double,
+                    uint32_t>(),
            py::arg("servers"), py::arg("rank") = 0, py::arg("num_workers") = 1, py::arg("request_timeout") = 360.0,
            py::arg("connect_timeout") = 30.0, py::arg("curve_keys") = py::none(), py::arg("heartbeat_timeout") = 5.0,
-           py::arg("long_wait_every") = 5.0,
+           py::arg("long_wait_every") = 5.0, py::arg("incarnation") = 0,
            "Connects to every server (endpoints like tcp://host:7470, in server-rank order). curve_keys: the "
            "job's CURVE key folder (ferry-keys writes one), needed when the servers run with --curve-keys. "
            "heartbeat_timeout: seconds a server may stay silent before its requests fail with UNAVAILABLE (0: "
            "no heartbeats; a closed connection is still noticed). long_wait_every: a request that has waited "
            "this long for its reply is reported on stderr every as long ('ferry: worker 0 waiting 10 s (of 360) "
-           "for server 1 (...) to answer PullDense (...)'); 0: silent.")
+           "for server 1 (...) to answer PullDense (...)'); 0: silent. incarnation: which start of this worker's "
+           "rank this process is (0, then one more per restart; ferry-launch sets FERRY_INCARNATION): the servers "
+           "give the rank to the highest at once and refuse an earlier one's requests.")
       .def_static("from_tf_config", &PyClient::FromTfConfig, py::arg("request_timeout") = 360.0,
                   py::arg("connect_timeout") = 30.0, py::arg("curve_keys") = py::none(),
-                  py::arg("heartbeat_timeout") = 5.0, py::arg("long_wait_every") = 5.0,
+                  py::arg("heartbeat_timeout") = 5.0, py::arg("long_wait_every") = 5.0, py::arg("incarnation") = 0,
                   "Connects as the worker TF_CONFIG describes (see the README).")
       .def_property_readonly("rank", &PyClient::rank)
       .def_property_readonly("num_workers", &PyClient::num_workers)

@@ -160,6 +160,7 @@ wire::HeaderBuilder Engine::BeginHeader(flatbuffers::FlatBufferBuilder& fbb, Kin
   h.add_minor(wire::kMinor);
   h.add_kind(kind);
   h.add_rank(options_.rank);
+  h.add_incarnation(options_.incarnation);  // (not on the wire while 0, FlatBuffers' default)
   h.add_request_id(next_request_id_.fetch_add(1, std::memory_order_relaxed));
   return h;
 }

@@ -16,7 +16,8 @@
 //  - One live connection per worker rank: a rank belongs to the connection it last spoke from. A
 //    message for that rank from another connection is refused while the owner is open and has
 //    been heard within `stale_after` (twice the worker's heartbeat promise); a closed or silent
-//    owner hands the rank over. Without CURVE this is what stops a peer from speaking for a
+//    owner hands the rank over, and so does any owner when a later incarnation of the worker
+//    says Hello (its restarted process: Workers::CheckIncarnation then refuses the old one). Without CURVE this is what stops a peer from speaking for a
 //    worker that is alive; with CURVE the key already binds the rank.
 //
 // Connections are keyed by their file descriptor, as ZeroMQ gives it in the monitor's ACCEPTED
@@ -85,9 +86,11 @@ class Connections {
   // Connection `fd` speaks for worker `rank`. Refused (ALREADY_EXISTS, saying which connection
   // has the rank) while another connection that is open owns it and was heard within
   // `stale_after` (0: for as long as it is open), unless `owner_closed(owner_fd)` says its peer
-  // has closed it already (ZeroMQ has not reported it yet). Otherwise the rank is this one's.
+  // has closed it already (ZeroMQ has not reported it yet), or `take_over` (the Hello of a later
+  // incarnation of the worker: its predecessor was replaced, alive or not). Otherwise the rank is
+  // this one's.
   template <typename OwnerClosed>
-  Status Claim(int fd, int rank, Clock::time_point now, std::chrono::milliseconds stale_after,
+  Status Claim(int fd, int rank, Clock::time_point now, std::chrono::milliseconds stale_after, bool take_over,
                OwnerClosed&& owner_closed);
 
   // The connections to close now, each with why (for the log): refused ones whose grace is over,
@@ -156,14 +159,14 @@ void CloseConnection(int fd);
 
 template <typename OwnerClosed>
 Status Connections::Claim(int fd, int rank, Clock::time_point now, std::chrono::milliseconds stale_after,
-                          OwnerClosed&& owner_closed) {
+                          bool take_over, OwnerClosed&& owner_closed) {
   auto self = conns_.find(fd);
   if (fd < 0 || self == conns_.end()) return Status::Ok();  // inproc, or not reported: untracked
   if (self->second.rank == rank) return Status::Ok();
   int owner_fd = -1;
   if (Conn* owner = Owner(rank, &owner_fd)) {
     const bool silent = stale_after.count() > 0 && now - owner->heard > stale_after;
-    if (!silent && !owner_closed(owner_fd)) {
+    if (!take_over && !silent && !owner_closed(owner_fd)) {
       return AlreadyExistsError("worker " + std::to_string(rank) + " is connected already, " + Describe(*owner, now) +
                                 "; a second connection for that rank is refused while the first is alive (two "
                                 "processes started as worker " + std::to_string(rank) +

@@ -213,8 +213,12 @@ class ServerImpl final : public Server {
   // worker's rank as its user id (every message of the connection carries it); any other key is
   // refused, counted and logged, and its peer never gets to send a message.
   void OnZapRequest(Frames& frames);
-  // The request's connection speaks for `rank`: refused while another live one does.
-  Status ClaimRank(const Request& req, int rank);
+  // The request's connection speaks for `rank`: refused while another live one does, unless
+  // `take_over` (the Hello of a later incarnation of the worker).
+  Status ClaimRank(const Request& req, int rank, bool take_over = false);
+  // The request comes from the rank's current incarnation, or a later one (Workers); a replaced
+  // process's request is refused, counted as a rank conflict and logged.
+  Status CheckIncarnation(const Request& req, int rank);
   void DrainMonitor();
   // One event of the ROUTER socket's monitor: [uint16 event, uint32 value][endpoint].
   void OnMonitorEvent(Frames& frames);

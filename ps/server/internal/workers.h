@@ -27,9 +27,20 @@ class Workers {
 
   // Fixes the count before any Hello (the server's configuration says it).
   Status SetCount(int num_workers);
-  // A Hello from `rank` of a job of `num_workers`: fixes the count on the first one, refuses one
-  // that disagrees with it, and makes `rank` take part (again).
-  Status Join(int rank, int num_workers);
+  // A Hello from `rank` of a job of `num_workers`, sent by its process of `incarnation`: fixes the
+  // count on the first one, refuses one that disagrees with it, and makes `rank` take part
+  // (again), with `incarnation` as the rank's (CheckIncarnation has passed).
+  Status Join(int rank, int num_workers, uint32_t incarnation = 0);
+
+  // Incarnations (protocol 1.11). A launcher numbers the processes it starts for a rank: 0, then
+  // 1, 2, ... at each restart (ClientOptions::incarnation; 0 for a program that does not say).
+  // The highest a Hello has brought is the rank's. A request from a lower one comes from a
+  // process that was replaced (a stopped or cut-off predecessor that came back): refused with
+  // FAILED_PRECONDITION, so that it can change nothing of the job its successor now takes part in.
+  uint32_t incarnation(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < incarnations_.size() ? incarnations_[static_cast<size_t>(rank)] : 0;
+  }
+  Status CheckIncarnation(int rank, uint32_t incarnation) const;
   // The worker has ended its training: it is no longer waited for.
   void Finish(int rank) { SetFinished(rank, true); }
 
@@ -88,6 +99,7 @@ class Workers {
   std::vector<bool> finished_;   // per rank: sent Finish (and no Hello since)
   int num_finished_ = 0;         // the true entries of finished_
   std::vector<int64_t> clocks_;  // per rank (ssp)
+  std::vector<uint32_t> incarnations_;  // per rank: the highest incarnation a Hello brought
   std::vector<int64_t> promised_ms_;     // per rank: its heartbeat promise (0: none)
   std::vector<Clock::time_point> heard_;  // per rank: when it last sent anything
 };

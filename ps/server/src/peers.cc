@@ -29,9 +29,9 @@ void ServerImpl::OnZapRequest(Frames& frames) {
   transport::Send(sockets_[kZap], reply).IgnoreError();
 }
 
-Status ServerImpl::ClaimRank(const Request& req, int rank) {
+Status ServerImpl::ClaimRank(const Request& req, int rank, bool take_over) {
   const auto stale_after = 2 * workers_.promised(rank);
-  auto claim = [&] { return connections_.Claim(req.fd, rank, req.arrived, stale_after, ps::PeerClosed); };
+  auto claim = [&] { return connections_.Claim(req.fd, rank, req.arrived, stale_after, take_over, ps::PeerClosed); };
   Status s = claim();
   if (!s.ok()) {
     // Before refusing: what ZeroMQ has reported since (the owner may be gone already).
@@ -41,6 +41,16 @@ Status ServerImpl::ClaimRank(const Request& req, int rank) {
   if (!s.ok()) {
     Count(kRankConflicts);
     LogRateLimited("refused a request for worker " + std::to_string(rank) + ": " + s.message());
+  }
+  return s;
+}
+
+Status ServerImpl::CheckIncarnation(const Request& req, int rank) {
+  Status s = workers_.CheckIncarnation(rank, req.h()->incarnation());
+  if (!s.ok()) {
+    Count(kRankConflicts);
+    LogRateLimited("refused a " + std::string(wire::KindName(req.h()->kind())) + " from " +
+                   connections_.PeerOf(req.fd) + ": " + s.message());
   }
   return s;
 }

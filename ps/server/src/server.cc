@@ -199,6 +199,7 @@ Status ServerImpl::Dispatch(Request& req) {
   if (h.step() < 0 || h.step() > ps::kMaxStep) {
     return InvalidArgumentError("step " + std::to_string(h.step()) + " is outside [0, 2^62]");
   }
+  FERRY_RETURN_IF_ERROR(CheckIncarnation(req, h.rank()));
   FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank()));
   workers_.Heard(h.rank(), req.arrived);
   if (handle == nullptr) {

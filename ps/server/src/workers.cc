@@ -13,11 +13,22 @@ Status Workers::SetCount(int num_workers) {
   clocks_.assign(static_cast<size_t>(count_), 0);
   finished_.assign(static_cast<size_t>(count_), false);
   promised_ms_.assign(static_cast<size_t>(count_), 0);
+  incarnations_.assign(static_cast<size_t>(count_), 0);
   heard_.assign(static_cast<size_t>(count_), Clock::time_point{});
   return Status::Ok();
 }
 
-Status Workers::Join(int rank, int num_workers) {
+Status Workers::CheckIncarnation(int rank, uint32_t incarnation) const {
+  const uint32_t have = this->incarnation(rank);
+  if (incarnation >= have) return Status::Ok();
+  return FailedPreconditionError("worker " + std::to_string(rank) + "'s process of incarnation " +
+                                 std::to_string(incarnation) + " was replaced by its incarnation " +
+                                 std::to_string(have) +
+                                 " (restarted while this one was stopped or cut off?): this process can no longer "
+                                 "speak for the worker and should exit");
+}
+
+Status Workers::Join(int rank, int num_workers, uint32_t incarnation) {
   if (num_workers <= 0 || num_workers > 65536) {
     return InvalidArgumentError("num_workers " + std::to_string(num_workers) + " is outside [1, 65536]");
   }
@@ -33,6 +44,8 @@ Status Workers::Join(int rank, int num_workers) {
   if (count_ == 0) FERRY_RETURN_IF_ERROR(SetCount(num_workers));
   // A worker that connects (again) takes part in the sync quorum (again).
   SetFinished(rank, false);
+  auto& have = incarnations_[static_cast<size_t>(rank)];
+  have = std::max(have, incarnation);
   return Status::Ok();
 }
 

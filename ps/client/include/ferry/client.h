@@ -38,6 +38,14 @@ struct ClientOptions {
   std::vector<std::string> servers;  // one endpoint per server, in server-rank order
   int rank = 0;                      // this worker's rank in [0, num_workers)
   int num_workers = 1;               // workers in the job
+  // This process's incarnation of its rank: 0 for the first process started as the worker, then
+  // one more at each restart (ferry-launch passes --incarnation / FERRY_INCARNATION). The servers
+  // give the rank to the highest incarnation that has said Hello, at once, even while an earlier
+  // one's connection looks alive (a stopped or cut-off predecessor), and refuse every later
+  // request of an earlier one with FAILED_PRECONDITION. Leave it 0 where nothing counts the
+  // restarts: the rank then goes to a new connection once the old one has closed, or has sent
+  // nothing for twice its ping interval (heartbeat_timeout / 2), Connect() asking meanwhile.
+  uint32_t incarnation = 0;
   // Longest the handshake with every server may take in Connect().
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
   // Told about long waits, so that no wait is silent: every `long_wait_every` while requests

@@ -55,11 +55,24 @@ Status ServerImpl::OnHello(Request& req) {
         std::to_string(h.num_servers()) + " at " + endpoint_ + ", but this is server rank " +
         std::to_string(options_.rank) + " of " + std::to_string(options_.num_servers));
   }
-  // Before Join: a Hello refused for speaking for a live worker changes nothing of it.
+  // Before Join: a Hello refused for speaking for a live worker, or from a replaced incarnation
+  // of it, changes nothing of it. A later incarnation takes the rank over from whichever
+  // connection has it: the launcher restarted the worker, so its predecessor is gone or fenced.
   const int num_workers = workers_.count() > 0 ? workers_.count() : h.num_workers();
-  if (h.rank() >= 0 && h.rank() < num_workers) FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank()));
+  bool took_over = false;
+  const uint32_t was = workers_.incarnation(h.rank());
+  if (h.rank() >= 0 && h.rank() < num_workers) {
+    FERRY_RETURN_IF_ERROR(CheckIncarnation(req, h.rank()));
+    took_over = h.incarnation() > was;
+    FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank(), took_over));
+  }
   const bool count_from_worker = workers_.count() == 0;  // no --num-workers, no worker yet
-  FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers()));
+  FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers(), h.incarnation()));
+  if (took_over) {
+    LogRateLimited("worker " + std::to_string(h.rank()) + " says Hello as its incarnation " +
+                   std::to_string(h.incarnation()) + " (was " + std::to_string(was) + ") from " +
+                   connections_.PeerOf(req.fd) + ": the rank is its; requests of earlier incarnations are refused");
+  }
   if (count_from_worker) {
     std::fprintf(stderr,
                  "ferry-ps %d: the job has %d worker%s, as worker %d (the first to connect) says; without "

@@ -69,6 +69,9 @@ struct TrainerOptions {
   std::vector<std::string> servers;  // --servers tcp://a,tcp://b (required unless --local)
   int rank = 0;                      // --rank R, in [0, num_workers)
   int num_workers = 1;               // --num-workers M
+  // --incarnation N: which start of this worker's rank this process is (ferry-launch counts its
+  // restarts); the servers give the rank to the highest (ClientOptions::incarnation).
+  uint32_t incarnation = 0;
   bool local = false;                // --local: one process, local optimizer, no servers
   std::string cluster_source;        // where servers/rank/num_workers came from when not flags
 

@@ -29,6 +29,7 @@ ENV_RESUME = "FERRY_RESUME"
 ENV_CHECKPOINT_EVERY = "FERRY_CHECKPOINT_EVERY"
 ENV_CURVE_KEYS = "FERRY_CURVE_KEYS"
 ENV_METRICS = "FERRY_METRICS"
+ENV_INCARNATION = "FERRY_INCARNATION"
 
 _default = None
 
@@ -209,8 +210,9 @@ def init(servers=None, rank=None, num_workers=None, *, request_timeout=360.0, co
     the modules of ferry.torch use).
 
     Where each setting comes from, first found wins: the argument; FERRY_SERVERS (endpoints,
-    comma-separated), FERRY_RANK, FERRY_NUM_WORKERS, FERRY_CURVE_KEYS, FERRY_RESUME=1 and
-    FERRY_CHECKPOINT_EVERY, as ferry-launch sets them for a worker program; TF_CONFIG (a worker
+    comma-separated), FERRY_RANK, FERRY_NUM_WORKERS, FERRY_CURVE_KEYS, FERRY_RESUME=1,
+    FERRY_CHECKPOINT_EVERY and FERRY_INCARNATION (which start of the rank this process is: the
+    servers give the rank to the highest), as ferry-launch sets them for a worker program; TF_CONFIG (a worker
     task). metrics ("HOST:PORT", "PORT"; port 0: a free one) or FERRY_METRICS: serve this worker's
     series for Prometheus there (see the module docstring). The timeouts are in seconds (ferry.Client's). ValueError if servers, rank or worker count cannot be found or are malformed;
     ferry.Error if a server does not answer within connect_timeout seconds."""
@@ -240,7 +242,8 @@ def init(servers=None, rank=None, num_workers=None, *, request_timeout=360.0, co
         raise ValueError(f"ferry.torch.init: rank {rank} is not in [0, {num_workers})")
     curve_keys = curve_keys if curve_keys is not None else env.get(ENV_CURVE_KEYS)
     client = ferry.Client(list(servers), rank=rank, num_workers=num_workers, request_timeout=request_timeout,
-                          connect_timeout=connect_timeout, curve_keys=curve_keys, heartbeat_timeout=heartbeat_timeout)
+                          connect_timeout=connect_timeout, curve_keys=curve_keys, heartbeat_timeout=heartbeat_timeout,
+                          incarnation=_int_from(env, ENV_INCARNATION, 0) or 0)
     every = _int_from(env, ENV_CHECKPOINT_EVERY, 0) or 0
     metrics = metrics if metrics is not None else env.get(ENV_METRICS)
     try:

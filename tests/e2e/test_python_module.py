@@ -204,6 +204,26 @@ class PythonModuleTest(unittest.TestCase):
             self.assertIn("refused: DEADLINE_EXCEEDED", p.stdout, p.stderr)
             self.assertNotIn("waiting", p.stderr)
 
+    def test_a_later_incarnation_takes_the_rank_over(self):
+        # A later start of worker 0 (ferry-launch numbers them) takes the rank over at once from
+        # a client that is alive; that one is refused from then on, and the rank's steps carry
+        # over to its successor (where a restarted async worker resumes).
+        with Servers(1) as s:
+            c = ferry.Client(s.endpoints)
+            try:
+                c.declare_dense("v", (2,))
+                self.assertEqual(c.worker_step, 0)
+                c.push_dense("v", np.ones(2, np.float32), step=6).wait()
+                with ferry.Client(s.endpoints, connect_timeout=1, incarnation=1) as successor:
+                    self.assertEqual(successor.worker_step, 7)
+                    with self.assertRaises(ferry.Error) as e:
+                        c.push_dense("v", np.ones(2, np.float32), step=7).wait()
+                    self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
+                    self.assertIn("worker 0's process of incarnation 0 was replaced by its incarnation 1",
+                                  str(e.exception))
+            finally:
+                c.close()  # not finish(): the replaced process may no longer speak for worker 0
+
     def test_errors_carry_the_servers_text_and_code(self):
         with Servers(1) as s:
             with ferry.Client(s.endpoints) as c:

@@ -192,6 +192,7 @@ class WorkerRun final : public TrainingRun {
   StatusOr<TrainReport> Run() override {
     FERRY_ASSIGN_OR_RETURN(t0_, StartStep());
     report_.first_step = t0_;
+    if (eval_from_ < 0) eval_from_ = t0_;
     // Evaluations fall on the job's steps: every eval_every (or steps_per_epoch) of them. The
     // job's step is this worker's t, except in sync mode with backup workers, where a worker
     // that fell behind moves to the global step: job_t is then the step after the one it last
@@ -199,11 +200,20 @@ class WorkerRun final : public TrainingRun {
     const int64_t eval_period =
         options_.eval_every > 0 ? options_.eval_every : options_.eval_each_epoch ? plan_.steps_per_epoch : 0;
     int64_t last_eval = t0_ > 0 ? t0_ - 1 : 0;
+    // Async/ssp: each worker evaluates (a collective of all of them) once at every multiple of
+    // the period from eval_from_ on, so that workers resumed at their own, different steps enter
+    // the same evaluations: one that resumed past a multiple evaluates for it at once.
+    int64_t next_eval = eval_period > 0 ? (std::max<int64_t>(eval_from_, 1) + eval_period - 1) / eval_period * eval_period : 0;
     for (int64_t t = t0_; t < plan_.total_steps; ++t) {
       const int64_t job_t = t == t0_ ? t0_ : sync_servers_ ? JobStep() + 1 : t;
-      if (eval_period > 0 && job_t < plan_.total_steps && job_t / eval_period > last_eval / eval_period) {
+      if (eval_period > 0 && sync_servers_ && job_t < plan_.total_steps &&
+          job_t / eval_period > last_eval / eval_period) {
         FERRY_RETURN_IF_ERROR(Evaluate(job_t));
         last_eval = job_t;
+      }
+      while (eval_period > 0 && !sync_servers_ && next_eval <= job_t && next_eval < plan_.total_steps) {
+        FERRY_RETURN_IF_ERROR(Evaluate(next_eval));
+        next_eval += eval_period;
       }
       FERRY_ASSIGN_OR_RETURN(const bool stepped, Step(t));
       if (!stepped) break;
@@ -305,18 +315,28 @@ class WorkerRun final : public TrainingRun {
   }
 
   // The step this worker begins at: 0, or with --resume the step of the job the servers hold
-  // (sync: the global step, which a pull reports at once; async/ssp: the step of the checkpoint
-  // the servers restored, to which an ssp worker first moves its clock). Epoch, position and
-  // shuffle of this worker's data follow from the step alone (LoadBatch).
+  // (sync: the global step, which a pull reports at once; async/ssp: this worker's own, as the
+  // servers know it: the steps of its predecessor's pushes they took, or what the checkpoint they
+  // restored recorded for it (servers before 1.11: the checkpoint's step, worker 0's); an ssp
+  // worker first moves its clock there). Epoch, position and shuffle of this worker's data follow
+  // from the step alone (LoadBatch), so a resumed worker neither repeats nor skips its examples
+  // beyond the steps its servers lost.
   StatusOr<int64_t> StartStep() {
     if (!options_.resume) return int64_t{0};
     int64_t step = 0;
+    bool own = false;
     if (sync_servers_) {
       StepTimes& times = report_.times;
       const double waited_before = PullWait();
       FERRY_RETURN_IF_ERROR(model_->Pull(*store_, 0).WithContext("reading the servers' global step"));
       lap_.Split(&times.pull_s, &times.wait_s, PullWait() - waited_before);
       step = store_->progress().step;
+    } else if (client_->worker_step() >= 0) {
+      step = std::min(client_->worker_step(), plan_.total_steps);
+      own = true;
+      // Restored from a checkpoint (the whole job resumes): evaluations go on from its step, where
+      // worker 0 resumes; a worker rejoining a running job evaluates from its own.
+      if (client_->worker_step_restored()) eval_from_ = client_->restored_step();
     } else {
       step = client_->restored_step();
     }
@@ -324,7 +344,10 @@ class WorkerRun final : public TrainingRun {
     // so each worker first moves its own to the step it resumes at.
     if (any_ssp_ && step > 0) FERRY_RETURN_IF_ERROR(store_->EndStep(step - 1));
     ckpt_last_ = step;  // that step's checkpoint is the one resumed from, or comes at the next multiple
+    // "of its own": the step counts this worker's steps (async/ssp), not the job's (ferry-launch
+    // reads it to count the steps a recovery lost).
     Say("resuming the job at step " + std::to_string(step) + " of " + std::to_string(plan_.total_steps) +
+        (own ? " of its own" : "") +
         (plan_.streamed ? std::string()
                         : " (epoch " + std::to_string(step / plan_.steps_per_epoch + 1) + ", step " +
                               std::to_string(step % plan_.steps_per_epoch) + " of it)"));
@@ -596,9 +619,12 @@ class WorkerRun final : public TrainingRun {
     lap_.Split(&times.pull_s, &times.wait_s, PullWait() - waited_before);
     // A resumed worker waits for no one: the others may be training already (a restarted
     // worker). Unless the job has not begun: no collective has ended and it is at step 0 (a
-    // worker that died before the others passed the start barrier), where it joins them there.
+    // worker that died before the others passed the start barrier), where it joins them there;
+    // not an async worker restored at step 0 of its own (worker 0 resumes past it).
     if (t != t0_) return Status::Ok();
-    if (options_.resume && (t0_ != 0 || client_ == nullptr || client_->first_collective() != 0)) return Status::Ok();
+    if (options_.resume && (t0_ != 0 || client_ == nullptr || client_->first_collective() != 0 ||
+                            client_->worker_step_restored()))
+      return Status::Ok();
     if (client_ != nullptr) {
       FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for every worker to connect"));
       lap_.To(&times.wait_s);
@@ -855,6 +881,7 @@ class WorkerRun final : public TrainingRun {
   TrainReport report_;
 
   int64_t t0_ = 0;  // the step this worker began at (> 0: --resume)
+  int64_t eval_from_ = -1;  // async/ssp: evaluations at the period's multiples from here (-1: t0_)
 
   std::optional<PendingCheckpoint> ckpt_;  // worker 0's checkpoint in flight (--checkpoint-every)
   std::vector<int64_t> ckpt_failed_in_row_;  // the steps of the checkpoints that failed since the last saved

@@ -410,6 +410,7 @@ class PyClient {
   int num_workers() { return client().num_workers(); }
   int num_servers() { return client().num_servers(); }
   int64_t restored_step() { return client().restored_step(); }
+  int64_t worker_step() { return client().worker_step(); }
 
   void DeclareDense(const std::string& name, std::vector<int64_t> shape, const std::string& optimizer, float lr,
                     const std::string& consistency, const std::string& init, float init_scale, uint64_t seed,
@@ -872,6 +873,10 @@ PYBIND11_MODULE(_ferry, m) {
            "For sync tables `step` must be the global step every server is at.")
       .def_property_readonly("restored_step", &PyClient::restored_step,
                              "The step of the checkpoint the servers started from (0 if none).")
+      .def_property_readonly("worker_step", &PyClient::worker_step,
+                             "The steps this worker's rank has done as the servers knew at the handshake (its "
+                             "predecessor's pushes they took, or the restored checkpoint's record of it; the lowest "
+                             "over servers): where a restarted async worker resumes. -1 if a server is older than 1.11.")
       .def("server_counters", &PyClient::ServerCounters, py::arg("server"))
       .def("stats", &PyClient::Stats,
            "This client's counters: requests (messages sent), bytes_sent, bytes_received, values_saturated.")

@@ -267,6 +267,10 @@ int64_t ferry_restored_step(const ferry_client* client) {
   return client != nullptr && client->client ? client->client->restored_step() : 0;
 }
 
+int64_t ferry_worker_step(const ferry_client* client) {
+  return client != nullptr && client->client ? client->client->worker_step() : -1;
+}
+
 }  // extern "C"
 
 namespace {

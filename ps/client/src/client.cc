@@ -89,6 +89,8 @@ class ClientImpl final : public Client {
   // continues the sequence the others are in).
   Status Handshake() {
     auto op = engine_.NewOp();
+    lowest_worker_step_.store(INT64_MAX);
+    some_step_not_restored_.store(false);
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(128);
       auto h = engine_.BeginHeader(fbb, Kind::Hello);
@@ -98,6 +100,11 @@ class ClientImpl final : public Client {
       h.add_heartbeat_ms(engine_.HeartbeatEvery().count());
       OnReply on_reply = [this, s](const Header& reply, Frames&) -> Status {
         engine_.set_minor(s, reply.minor());
+        // The lowest over servers; -1 (a server before 1.11) wins.
+        int64_t low = lowest_worker_step_.load();
+        while (reply.worker_step() < low && !lowest_worker_step_.compare_exchange_weak(low, reply.worker_step())) {
+        }
+        if (!reply.worker_step_restored()) some_step_not_restored_.store(true);
         if (s == 0) {
           restored_step_.store(reply.version());
           first_collective_.store(reply.next_collective());
@@ -772,6 +779,11 @@ class ClientImpl final : public Client {
   }
 
   int64_t restored_step() const override { return restored_step_.load(); }
+  bool worker_step_restored() const override { return worker_step() >= 0 && !some_step_not_restored_.load(); }
+  int64_t worker_step() const override {
+    const int64_t low = lowest_worker_step_.load();
+    return low == INT64_MAX ? -1 : low;
+  }
   int64_t first_collective() const override { return first_collective_.load(); }
 
   Handle SaveCheckpoint(int64_t step, std::span<CheckpointShard> shards) override {
@@ -838,6 +850,8 @@ class ClientImpl final : public Client {
   io::Engine engine_;                           // after options_, which it reads
   std::atomic<int64_t> barrier_generation_{0};  // the next collective's id (server 0 says the first)
   std::atomic<int64_t> restored_step_{0};       // server 0's restored checkpoint step
+  std::atomic<int64_t> lowest_worker_step_{INT64_MAX};  // worker_step(): the lowest the servers said
+  std::atomic<bool> some_step_not_restored_{false};      // a server's worker_step was not the checkpoint's
   std::atomic<int64_t> values_saturated_{0};
   std::atomic<uint64_t> next_call_{1};        // ids of push calls in pieces (1.10), never 0
   std::atomic<int64_t> first_collective_{0};  // server 0's next collective id at the handshake

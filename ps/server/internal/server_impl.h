@@ -101,7 +101,8 @@ class ServerImpl final : public Server {
   // `monitor`: receives `socket`'s ACCEPTED and DISCONNECTED events. `zap`: with CURVE, the
   // socket bound at ZeroMQ's ZAP endpoint that this server's handshakes ask; empty otherwise.
   ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket, zmq::socket_t monitor,
-             zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables, int64_t restored_step);
+             zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables, int64_t restored_step,
+             const std::vector<int64_t>& restored_worker_steps = {});
   ~ServerImpl() override { Stop(); }
 
   std::string endpoint() const override { return endpoint_; }
@@ -359,6 +360,9 @@ class ServerImpl final : public Server {
   absl::flat_hash_map<std::string, int> worker_keys_;  // CURVE: raw public key -> worker rank
   const std::string endpoint_;
   const int64_t restored_step_;  // -1: started empty
+  // The steps each worker had done when this server last saved a checkpoint (OnCheckpoint), for
+  // its manifest (server 0's OnCommitCheckpoint): (step of the checkpoint, Workers::done).
+  std::pair<int64_t, std::vector<int64_t>> saved_worker_steps_{-1, {}};
   std::vector<std::string> restored_tables_;  // the names of the tables restored, sorted
   transport::Waker waker_;
   std::atomic<bool> stopping_{false};

@@ -6,6 +6,7 @@
 // Thread-safety: none; the server's I/O thread owns it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -41,6 +42,24 @@ class Workers {
     return rank >= 0 && static_cast<size_t>(rank) < incarnations_.size() ? incarnations_[static_cast<size_t>(rank)] : 0;
   }
   Status CheckIncarnation(int rank, uint32_t incarnation) const;
+
+  // Steps each worker has done as this server has seen them (protocol 1.11): one more than the
+  // highest step of a push from the rank that this server took (async: the worker's own step
+  // count; sync: the global step), or what a restored checkpoint recorded. A worker restarted
+  // alone, or after the servers restored a checkpoint, resumes there (the Hello reply's
+  // worker_step): an async job's workers each at their own step, not worker 0's.
+  void Did(int rank, int64_t step) {
+    auto& d = done_[static_cast<size_t>(rank)];
+    d = std::max(d, step + 1);
+    pushed_[static_cast<size_t>(rank)] = true;
+  }
+  int64_t done(int rank) const { return done_[static_cast<size_t>(rank)]; }
+  // Whether a push of `rank` was taken since this server started.
+  bool pushed(int rank) const { return pushed_[static_cast<size_t>(rank)]; }
+  const std::vector<int64_t>& done() const { return done_; }
+  // After a restore (the count is set): `per_rank` if it has one entry per worker, else `step` for
+  // every worker (a checkpoint of format 1 before 1.11, or of another worker count).
+  void SetDone(const std::vector<int64_t>& per_rank, int64_t step);
   // The worker has ended its training: it is no longer waited for.
   void Finish(int rank) { SetFinished(rank, true); }
 
@@ -100,6 +119,8 @@ class Workers {
   int num_finished_ = 0;         // the true entries of finished_
   std::vector<int64_t> clocks_;  // per rank (ssp)
   std::vector<uint32_t> incarnations_;  // per rank: the highest incarnation a Hello brought
+  std::vector<int64_t> done_;            // per rank: steps done (Did)
+  std::vector<bool> pushed_;             // per rank: Did since this server started
   std::vector<int64_t> promised_ms_;     // per rank: its heartbeat promise (0: none)
   std::vector<Clock::time_point> heard_;  // per rank: when it last sent anything
 };

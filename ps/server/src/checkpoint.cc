@@ -309,6 +309,15 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
     }
     out.step = j.at("step").get<int64_t>();
     out.meaning = j.at("meaning").get<std::string>();
+    if (j.contains("worker_steps")) {
+      for (const auto& w : j.at("worker_steps")) {
+        const int64_t done = w.get<int64_t>();
+        if (done < 0 || done > (int64_t{1} << 62)) {
+          return DataLossError(name + ": worker_steps holds " + std::to_string(done) + ", outside [0, 2^62]");
+        }
+        out.worker_steps.push_back(done);
+      }
+    }
     for (const auto& s : j.at("shards")) {
       shards.push_back({s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>()});
     }
@@ -477,11 +486,12 @@ Status CheckShardList(int64_t step, const std::vector<ShardFile>& shards) {
 }
 
 Status WriteManifest(const std::string& dir, int64_t step, const std::vector<ShardFile>& shards,
-                     const std::string& meaning, int keep) {
+                     const std::string& meaning, int keep, const std::vector<int64_t>& worker_steps) {
   nlohmann::ordered_json j;
   j["format"] = kCheckpointFormat;
   j["step"] = step;
   j["meaning"] = meaning;
+  if (!worker_steps.empty()) j["worker_steps"] = worker_steps;
   j["shards"] = nlohmann::ordered_json::array();
   for (const auto& s : shards) j["shards"].push_back({{"file", s.name}, {"bytes", s.bytes}, {"crc32", s.crc32}});
   const std::string text = j.dump(1) + "\n";

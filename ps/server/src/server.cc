@@ -22,7 +22,7 @@ namespace ferry::ps {
 
 ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket,
                        zmq::socket_t monitor, zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables,
-                       int64_t restored_step)
+                       int64_t restored_step, const std::vector<int64_t>& restored_worker_steps)
     : options_(std::move(options)),
       context_(std::move(context)),
       sockets_{std::move(socket), std::move(monitor), std::move(zap)},
@@ -33,6 +33,7 @@ ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, 
       tables_(std::move(tables)),
       connections_(options_.max_connections, options_.idle_timeout) {
   if (options_.num_workers > 0) workers_.SetCount(options_.num_workers).IgnoreError();  // checked in Start
+  if (restored_step_ >= 0) workers_.SetDone(restored_worker_steps, restored_step_);  // (a restore has the count)
   tables_.ForEach([&](const ps::Table& t) { restored_tables_.push_back(t.spec.name); });
   std::ranges::sort(restored_tables_);
   if (options_.curve) {
@@ -205,7 +206,15 @@ Status ServerImpl::Dispatch(Request& req) {
   if (handle == nullptr) {
     return InvalidArgumentError("a server does not accept " + std::string(wire::KindName(h.kind())) + " messages");
   }
-  return (this->*handle)(req);
+  const int rank = h.rank();
+  const int64_t step = h.step();
+  const Kind kind = h.kind();  // (req may be moved from: a held request)
+  FERRY_RETURN_IF_ERROR((this->*handle)(req));
+  if (kind == Kind::PushDense || kind == Kind::PushPullDense || kind == Kind::PushSparse ||
+      kind == Kind::PushSparseTables) {
+    workers_.Did(rank, step);  // taken (applied, aggregated or held for its step)
+  }
+  return Status::Ok();
 }
 
 // One row per kind a server takes; what each kind is, and which are taken before Hello:
@@ -312,6 +321,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.max_connections == 0) options.max_connections = DefaultMaxConnections();
   ps::TableRegistry tables(options.rank, options.num_servers, options.memory_budget_bytes);
   int64_t restored_step = -1;
+  std::vector<int64_t> restored_worker_steps;
   if (options.restore) {
     const std::string who = "ferry-ps rank " + std::to_string(options.rank);
     if (options.checkpoint_dir.empty()) return InvalidArgumentError(who + ": restore needs a checkpoint folder");
@@ -328,6 +338,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
       return ResourceExhaustedError(who + ": restoring " + ckpt->manifest + ": " + e.what());
     }
     restored_step = ckpt->step;
+    restored_worker_steps = ckpt->worker_steps;
   }
   auto context = options.context ? options.context : Context::Create(1);
   if (!transport::Waker().ok()) return InternalError("cannot create an eventfd (file descriptors exhausted?)");
@@ -362,7 +373,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   }
   auto server = std::make_unique<ps::ServerImpl>(std::move(options), std::move(context), std::move(socket),
                                                 std::move(monitor), std::move(zap), endpoint, std::move(tables),
-                                                restored_step);
+                                                restored_step, restored_worker_steps);
   FERRY_RETURN_IF_ERROR(server->StartMetrics());
   return std::unique_ptr<Server>(std::move(server));
 }

@@ -14,8 +14,18 @@ Status Workers::SetCount(int num_workers) {
   finished_.assign(static_cast<size_t>(count_), false);
   promised_ms_.assign(static_cast<size_t>(count_), 0);
   incarnations_.assign(static_cast<size_t>(count_), 0);
+  done_.assign(static_cast<size_t>(count_), 0);
+  pushed_.assign(static_cast<size_t>(count_), false);
   heard_.assign(static_cast<size_t>(count_), Clock::time_point{});
   return Status::Ok();
+}
+
+void Workers::SetDone(const std::vector<int64_t>& per_rank, int64_t step) {
+  if (per_rank.size() == done_.size()) {
+    done_ = per_rank;
+  } else {
+    done_.assign(done_.size(), std::max<int64_t>(step, 0));
+  }
 }
 
 Status Workers::CheckIncarnation(int rank, uint32_t incarnation) const {

@@ -216,6 +216,48 @@ TEST_F(ResumeTest, AsyncWorkersResumeAtTheRestoredCheckpointsStep) {
   ResumeTo(o, data, dir, 2, 2, 12, 20);
 }
 
+// Async: each worker counts its own steps, so a checkpoint records every worker's (as server 0
+// had taken their pushes when it saved), and each resumes at its own: a worker that was behind
+// worker 0 does not skip the examples between, nor one ahead repeat them. Before protocol 1.11
+// every worker resumed at the checkpoint's step, worker 0's. Evaluations (a collective of both)
+// every 6 steps go on from the checkpoint's step for both, wherever each resumed.
+TEST_F(ResumeTest, AsyncWorkersEachResumeAtTheirOwnStep) {
+  const data::ImageDataset train = test::MakeImages(64, 99), test_set = test::MakeImages(16, 5);
+  const Datasets data{&train, &test_set};
+  TrainerOptions o = SmallMlp(30);
+  o.consistency = Consistency::kAsync;
+  o.checkpoint_every = 5;
+  o.eval_every = 6;
+  o.straggler_rank = 1;  // worker 1 falls behind worker 0 (100 ms a step) between evaluations
+  o.straggler_delay_ms = 100;
+  const fs::path dir = root_ / "own";
+  {
+    auto cluster = Servers(2, dir, 2, false);
+    ExpectAllOk(test::RunWorkers(cluster, 2, o, data));
+  }
+  // The job "died" after its checkpoint of step 10: what came after never happened.
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with("MANIFEST-") && std::stoll(n.substr(9)) > 10) fs::remove(e.path());
+  }
+  const ps::CheckpointData ckpt = Final(dir);
+  ASSERT_EQ(ckpt.step, 10);
+  ASSERT_EQ(ckpt.worker_steps.size(), 2u);
+  EXPECT_EQ(ckpt.worker_steps[0], 10) << "worker 0 asks after its pull of step 10, before its push";
+  EXPECT_LT(ckpt.worker_steps[1], 10) << "worker 1 was behind";
+  o.resume = true;
+  o.straggler_rank = -1;
+  auto cluster = Servers(2, dir, 2, true);
+  auto runs = test::RunWorkers(cluster, 2, o, data);
+  ExpectAllOk(runs);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[r].report->first_step, ckpt.worker_steps[r]) << "worker " << r;
+    EXPECT_EQ(runs[r].report->steps, 30 - ckpt.worker_steps[r]) << "worker " << r;
+  }
+  // The final checkpoint comes after every worker has finished: all at 30.
+  EXPECT_EQ(Final(dir).worker_steps, std::vector<int64_t>({30, 30}));
+}
+
 // Per-table consistency (--table): the ctr tower sync, its embeddings ssp:1. Resumed, the
 // workers move their ssp clocks to the restored step too (a restored server's start at 0), or
 // their first pull of an embedding table would wait for clocks no one moves, until max_wait.

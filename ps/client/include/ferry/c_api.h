@@ -148,6 +148,9 @@ ferry_code ferry_finish(ferry_client* client);
 ferry_code ferry_checkpoint(ferry_client* client, int64_t step);
 /* The step of the checkpoint the servers started from (ferry-ps --restore); 0 if none. */
 int64_t ferry_restored_step(const ferry_client* client);
+/* The steps this worker's rank has done as the servers knew at the handshake (protocol 1.11;
+ * Client::worker_step): where a restarted async worker resumes. -1 if a server is older. */
+int64_t ferry_worker_step(const ferry_client* client);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -306,6 +306,16 @@ class Client {
   // The step of the checkpoint the servers started from (ferry-ps --restore), as server 0 said
   // in the handshake; 0 when they started empty.
   virtual int64_t restored_step() const = 0;
+  // How many steps this worker's rank has done, as the servers knew at the handshake (protocol
+  // 1.11): one more than the highest step of its pushes they took (a predecessor's, for a
+  // restarted worker), or what the checkpoint they restored recorded for it; the lowest over
+  // the servers. Where a restarted async or ssp worker resumes (its own step count, not worker
+  // 0's). -1 if a server is older than 1.11.
+  virtual int64_t worker_step() const = 0;
+  // Whether worker_step() is, on every server, what the checkpoint they restored recorded (the
+  // rank pushed nothing since): the whole job resumes from that checkpoint, every worker at its
+  // own step; otherwise this worker rejoins a job that goes on.
+  virtual bool worker_step_restored() const = 0;
   // The id this client's first Barrier or AllReduceSum takes, as server 0 said in the
   // handshake: 0 in a new job; more for a client that joins a job in progress (a restarted
   // worker continues the sequence the others are in).

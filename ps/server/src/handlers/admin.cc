@@ -100,6 +100,8 @@ Status ServerImpl::OnHello(Request& req) {
   wire::HeaderBuilder b = BeginReply(fbb, Kind::Hello, h.request_id());
   b.add_version(std::max<int64_t>(restored_step_, 0));
   b.add_next_collective(collectives_.next_id());
+  b.add_worker_step(workers_.done(h.rank()));
+  b.add_worker_step_restored(restored_step_ >= 0 && !workers_.pushed(h.rank()));
   wire::FinishHeaderBuffer(fbb, b.Finish());
   Send(req, wire::ToFrame(fbb));
   return Status::Ok();

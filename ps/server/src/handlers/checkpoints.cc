@@ -34,6 +34,7 @@ Status ServerImpl::OnCheckpoint(Request& req) {
   }
   const auto t0 = Clock::now();
   ps::ShardImage image = ps::SnapshotShard(tables_);
+  saved_worker_steps_ = {step, workers_.done()};  // what the image holds of each worker's steps
   const int64_t snapshot_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
   const uint64_t id = req.h()->request_id();
   RunFileJob(std::move(req), "the checkpoint of step " + std::to_string(step),
@@ -89,8 +90,9 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
   const int64_t step = h.step();
   const uint64_t id = h.request_id();
   RunFileJob(std::move(req), "the manifest of step " + std::to_string(step),
-             [this, step, id, shards = std::move(shards),
-              meaning = CheckpointMeaning(step)]() -> StatusOr<zmq::message_t> {
+             [this, step, id, shards = std::move(shards), meaning = CheckpointMeaning(step),
+              worker_steps = saved_worker_steps_.first == step ? saved_worker_steps_.second
+                                                               : std::vector<int64_t>()]() -> StatusOr<zmq::message_t> {
                // Each shard must be on disk as its server reported it.
                for (const auto& f : shards) {
                  const std::string path = options_.checkpoint_dir + "/" + f.name;
@@ -104,7 +106,8 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
                  }
                }
                FERRY_RETURN_IF_ERROR(
-                   ps::WriteManifest(options_.checkpoint_dir, step, shards, meaning, options_.keep_checkpoints));
+                   ps::WriteManifest(options_.checkpoint_dir, step, shards, meaning, options_.keep_checkpoints,
+                                     worker_steps));
                return wire::MakeReply(id, Kind::CommitCheckpoint, step);
              });
   return Status::Ok();

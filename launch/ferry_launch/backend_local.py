@@ -237,19 +237,21 @@ class Launcher(Supervisor):
             except queue.Empty:
                 return None
 
-    def on_resumed(self, p, step, when):
+    def on_resumed(self, p, step, when, own=False):
         if self.current.get(p.task.name) is not p:
             return
         for r in list(self.pending):
-            if r.resumed(p.task.name, step, when):
+            if r.resumed(p.task.name, step, when, own):
                 self.pending.remove(r)
                 self.say(r.report(self.opts.max_restarts))
 
-    def supersede(self, which, why):
-        """Recoveries still pending that a new death makes moot: reported as not complete."""
+    def supersede(self, which, why, new):
+        """Recoveries still pending that a new death makes moot: reported as not complete; the
+        new recovery (restarting the same workers) counts their steps lost (Recovery.inherit)."""
         for r in [r for r in self.pending if which(r)]:
             self.pending.remove(r)
-            self.say(r.unfinished(why), err=True)
+            new.inherit(r)
+            self.say(r.unfinished(why, counted_later=True), err=True)
 
     def kill_stopped(self):
         """Kills every current process of this machine that has been stopped (state T: SIGSTOP,
@@ -324,15 +326,14 @@ class Launcher(Supervisor):
                                 "restarts")
         noticed = p.child.ended_at or time.monotonic()
         how = p.describe_exit()
-        before = self.watch.last_step([p])
         p.child.join_output()
-        self.supersede(lambda r: p.task.name in r.waiting, f"{p.task.name} died again")
         n = len(self.recoveries) + 1
         resumed = resumed_with(self.opts)
+        r = Recovery(n, "worker", p.describe(), how, f"{p.task.name} with {resumed}", noticed,
+                     self.watch.last_steps([p]), [p.task.name])
+        self.supersede(lambda old: p.task.name in old.waiting, f"{p.task.name} died again", r)
         self.say(f"{p.describe()} died ({how}); restarting it with {resumed}: it rejoins the job "
                  f"at the servers' step (restart {n} of at most {self.opts.max_restarts})")
-        r = Recovery(n, "worker", p.describe(), how, f"{p.task.name} with {resumed}", noticed,
-                     before, [p.task.name])
         self.recoveries.append(r)  # first: a signal during the start still reports it
         self.pending.append(r)
         new = self.start(p.task, restart=f"restart {n}")
@@ -358,18 +359,19 @@ class Launcher(Supervisor):
                                 "restarts")
         noticed = p.child.ended_at or time.monotonic()
         how = p.describe_exit()
-        before = self.watch.last_step([q for q in self.procs if q.task.role == "worker"
-                                       and q.generation == self.generation])
+        workers = [q for q in self.procs if q.task.role == "worker" and q.generation == self.generation]
+        before = dict.fromkeys((t.name for t in self.cluster.workers), None)
+        before.update(self.watch.last_steps(workers))
         n = len(self.recoveries) + 1
         resumed = resumed_with(self.opts)
-        self.supersede(lambda r: True, f"{p.task.name} died")
-        self.say(f"{p.describe()} died ({how}); restarting every process from the newest "
-                 f"checkpoint (step {checkpoint} or later): servers with --restore, workers "
-                 f"with {resumed} (restart {n} of at most {self.opts.max_restarts})")
         restarted = (f"{', '.join(t.name for t in self.cluster.ps)} with --restore and "
                      f"{', '.join(t.name for t in self.cluster.workers)} with {resumed}")
         r = Recovery(n, "server", p.describe(), how, restarted, noticed, before,
                      [t.name for t in self.cluster.workers])
+        self.supersede(lambda old: True, f"{p.task.name} died", r)
+        self.say(f"{p.describe()} died ({how}); restarting every process from the newest "
+                 f"checkpoint (step {checkpoint} or later): servers with --restore, workers "
+                 f"with {resumed} (restart {n} of at most {self.opts.max_restarts})")
         self.recoveries.append(r)  # first: a signal during the restart still reports it
         self.pending.append(r)
         self.stop(list(self.current.values()), f"{p.task.name} died; all restart from the "

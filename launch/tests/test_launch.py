@@ -930,16 +930,22 @@ class RecoveryTest(unittest.TestCase):
               f"recovery {seconds:.2f} s", file=sys.stderr)
         self.assert_all_gone(out)
 
-    def test_server_killed_all_restart_from_the_checkpoint(self):
-        want = self.baseline()
-        r = Run(self.args("logs"))
+    def kill_ps_1_after_step_60_checkpoint(self, argv, then=None):
+        """Runs the job (argv: the launcher's), SIGKILLs ps 1 once step 60 is checkpointed (and a
+        line `then` has come), and checks that the job ends well: (pid killed, output)."""
+        r = Run(argv)
         r.wait_for(r"^\[worker 0\] checkpoint of step 60 saved", 30)
-        r.wait_for(r"^\[worker \d\] step 70/200 ", 30)
+        if then:
+            r.wait_for(then, 30)
         victim = r.pids()["ps 1"]
         os.kill(victim, signal.SIGKILL)
         rc = r.finish(60)
-        out = r.output
-        self.assertEqual(rc, 0, out)
+        self.assertEqual(rc, 0, r.output)
+        return victim, r.output
+
+    def test_server_killed_all_restart_from_the_checkpoint(self):
+        want = self.baseline()
+        victim, out = self.kill_ps_1_after_step_60_checkpoint(self.args("logs"), then=r"^\[worker \d\] step 70/200 ")
         m = re.search(rf"recovery 1 of at most 3: ps 1 \(pid {victim}\) died \(killed by "
                       r"SIGKILL\); restarted ps 0, ps 1 with --restore and worker 0, worker 1 "
                       r"with --resume; the job resumed at step (\d+), the step of the checkpoint "
@@ -962,6 +968,33 @@ class RecoveryTest(unittest.TestCase):
         self.assertEqual(final_eval(out), want, out)
         print(f"\n  server SIGKILL: resumed at step {step}, last reported {before}, steps lost "
               f"{lost}, recovery {seconds:.2f} s", file=sys.stderr)
+        self.assert_all_gone(out)
+
+    def test_async_server_killed_each_worker_resumes_at_its_own_step(self):
+        # Async: each worker counts its own steps (worker 1 is slowed down); the checkpoint
+        # records both (worker_steps in its manifest), each resumes at its own, and the steps
+        # lost are each one's since then. Before protocol 1.11 both resumed at the checkpoint's
+        # step, worker 0's, and the launcher counted worker 1's step less worker 0's as lost.
+        victim, out = self.kill_ps_1_after_step_60_checkpoint(
+            self.args("logs", extra=["--ps-arg", "--keep-checkpoints 20"]) + ["--consistency", "async"])
+        m = re.search(rf"recovery 1 of at most 3: ps 1 \(pid {victim}\) died \(killed by SIGKILL\); .*; "
+                      r"each worker resumed at its own step in the checkpoint restored \(the lowest: \d+\); "
+                      r"steps lost: (\d+), of the workers' own steps \(each worker's last step reported before "
+                      r"the death -> the step it resumed at: worker 0 (\d+) -> (\d+), worker 1 (\d+|\(none\)) -> "
+                      r"(\d+)\)", out)
+        self.assertTrue(m, out)
+        lost, b0, s0, s1 = (int(g) for g in m.group(1, 2, 3, 5))
+        b1 = int(m.group(4)) if m.group(4) != "(none)" else s1  # worker 1 had reported no step
+        self.assertGreaterEqual(s0, 60)
+        self.assertEqual(s0 % 20, 0)  # worker 0 asks for the checkpoints: its step is the checkpoint's
+        self.assertEqual(lost, max(0, b0 - s0) + max(0, b1 - s1))
+        self.assertIn(f"[worker 0] resuming the job at step {s0} of 200 of its own", out)
+        self.assertIn(f"[worker 1] resuming the job at step {s1} of 200 of its own", out)
+        with open(os.path.join(self.dir, "ckpt", f"MANIFEST-{s0:020d}")) as f:
+            self.assertEqual(json.load(f)["worker_steps"], [s0, s1])
+        self.assertIn(f"steps lost: {lost} (async/ssp: in the workers' own steps)", out)
+        print(f"\n  async server SIGKILL: worker 0 {b0} -> {s0}, worker 1 {b1} -> {s1}, steps lost {lost}",
+              file=sys.stderr)
         self.assert_all_gone(out)
 
     def stop_after_step_60_checkpoint(self, who):
@@ -1285,6 +1318,81 @@ class JobProgressTest(unittest.TestCase):
                                     "mean loss 0.2500, ETA 1m20s")  # 10 steps in 10 s, 80 to go
         p.line("[worker 1] step 20/100 loss 0.25")     # the slowest did not move: no line
         self.assertEqual(len(lines), 3)
+
+
+class RecoveryAccountingTest(unittest.TestCase):
+    """The steps a recovery lost, from the workers' lines (no processes)."""
+
+    def setUp(self):
+        load_launcher_module()
+        from ferry_launch.recovery import JobWatch, Recovery, summary
+        self.JobWatch, self.Recovery, self.summary = JobWatch, Recovery, summary
+
+    def test_async_workers_each_lose_their_own_steps(self):
+        # Worker 0 was at 180 and worker 1 at 1500 when a server died; the checkpoint had
+        # worker 0 at 100 and worker 1 at 1230. Before, this read "steps lost: 1400" (worker 1's
+        # step less worker 0's checkpoint step).
+        r = self.Recovery(1, "server", "ps 0 (pid 7)", "killed by SIGKILL", "everything", 10.0,
+                          {"worker 0": 180, "worker 1": 1500}, ["worker 0", "worker 1"])
+        self.assertFalse(r.resumed("worker 1", 1230, 11.0, own=True))
+        self.assertTrue(r.resumed("worker 0", 100, 12.5, own=True))
+        self.assertEqual(r.lost, 80 + 270)
+        line = r.report(3)
+        self.assertIn("steps lost: 350, of the workers' own steps (each worker's last step reported "
+                      "before the death -> the step it resumed at: worker 0 180 -> 100, worker 1 "
+                      "1500 -> 1230)", line)
+        self.assertIn("each worker resumed at its own step in the checkpoint restored (the lowest: 100)",
+                      line)
+        self.assertIn("recovery time 2.50 s", line)
+        self.assertIn("steps lost: 350 (async/ssp: in the workers' own steps)", self.summary([r], 3))
+
+    def test_sync_workers_lose_the_global_steps_since_the_checkpoint(self):
+        r = self.Recovery(1, "server", "ps 1", "killed by SIGKILL", "everything", 0.0,
+                          {"worker 0": 70, "worker 1": 69}, ["worker 0", "worker 1"])
+        r.resumed("worker 0", 60, 1.0)
+        r.resumed("worker 1", 60, 1.0)
+        self.assertEqual(r.lost, 10)
+        self.assertIn("the job resumed at step 60, the step of the checkpoint restored; steps lost: 10 "
+                      "(last step a worker reported before the death: 70)", r.report(3))
+        alone = self.Recovery(2, "worker", "worker 1", "killed by SIGKILL", "worker 1", 0.0,
+                              {"worker 1": 50}, ["worker 1"])
+        alone.resumed("worker 1", 53, 0.5)
+        self.assertEqual(alone.lost, 0)  # it rejoined at the global step
+
+    def test_a_recovery_cut_short_is_counted_by_the_next(self):
+        # A server died, and another before any worker said where it resumed: the first
+        # recovery's loss was dropped ("steps lost: 0 ... 1 not complete").
+        first = self.Recovery(1, "server", "ps 0", "killed by SIGKILL", "everything", 0.0,
+                              {"worker 0": 220, "worker 1": 960}, ["worker 0", "worker 1"])
+        second = self.Recovery(2, "server", "ps 1", "killed by SIGKILL", "everything", 1.0,
+                               {"worker 0": None, "worker 1": None}, ["worker 0", "worker 1"])
+        second.inherit(first)
+        self.assertIn("not complete (ps 1 died; no 'resuming the job' line from worker 0, worker 1); "
+                      "its steps lost are counted by the next recovery", first.unfinished("ps 1 died", True))
+        second.resumed("worker 0", 200, 2.0, own=True)
+        second.resumed("worker 1", 900, 2.0, own=True)
+        self.assertEqual(second.lost, 20 + 60)
+        self.assertIn("steps lost: 80 (async/ssp: in the workers' own steps); recovery time 1.00 s in all "
+                      "(1.00 s); 1 not complete", self.summary([first, second], 3))
+
+    def test_the_resuming_line_says_whose_steps(self):
+        import queue
+
+        class Task:
+            role, name = "worker", "worker 1"
+
+        class Proc:
+            task, last_step = Task(), None
+
+        events = queue.Queue()
+        watch, p = self.JobWatch(events), Proc()
+        watch.see(p, "[worker 1] resuming the job at step 1230 of 1500 of its own (epoch 3, step 30 of it)")
+        kind, proc, step, _, own = events.get_nowait()
+        self.assertEqual((kind, proc, step, own), ("resumed", p, 1230, True))
+        watch.see(p, "[worker 1] resuming the job at step 60 of 100 (epoch 1, step 60 of it)")
+        kind, proc, step, _, own = events.get_nowait()
+        self.assertEqual((step, own), (60, False))
+        self.assertEqual(watch.last_steps([p]), {"worker 1": 1230})
 
 
 class UsageErrorTest(unittest.TestCase):

@@ -1010,6 +1010,12 @@ class RecoveryTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertRegex(out, rf"{who} \(pid {victim}\) has been stopped \(state T\) for [\d.]+ s; "
                               "killing it with SIGKILL")
+        # What the stop cost the job: the time it was stopped, then the recovery's.
+        stopped = re.search(r"has been stopped \(state T\) for ([\d.]+) s", out).group(1)
+        recovery = re.search(r"steps lost: (\d+).*recovery time ([\d.]+) s", out)
+        self.assertIsNotNone(recovery, out)
+        print(f"\n  {who} SIGSTOP: killed after {stopped} s stopped; steps lost {recovery.group(1)}, "
+              f"recovery {recovery.group(2)} s", file=sys.stderr)
         return want, victim, out
 
     def test_stopped_worker_is_killed_and_restarted_alone(self):

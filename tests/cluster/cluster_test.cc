@@ -1041,6 +1041,19 @@ TEST(Cluster, HeldPayloadsHaveABound) {
       << too_big.status();
   EXPECT_GE(counter("held_refused"), 1);
   EXPECT_EQ(counter("held_payload_bytes"), 0);
+  // One connection may hold its share of the bound, the bound over the job's 2 workers: 10 MiB
+  // of values would fit the bound but not worker 0's share of it (8 MiB), so that one peer
+  // cannot take the room the other workers' parts of a step need. (Before the share, it was
+  // held, and worker 1's part then refused.)
+  const std::vector<double> ten_mib((size_t{10} << 20) / sizeof(double), 1.0);
+  const auto past_share = w0->AllReduceSum(ten_mib);
+  ASSERT_FALSE(past_share.ok());
+  EXPECT_EQ(past_share.status().code(), StatusCode::kResourceExhausted) << past_share.status();
+  EXPECT_NE(past_share.status().message().find("past its share of the held payloads' bound (8.0 MiB: 16.0 MiB over 2 "
+                                               "workers)"),
+            std::string::npos)
+      << past_share.status();
+  EXPECT_EQ(counter("held_payload_bytes"), 0);  // (6 MiB each, within the share, were held above)
 }
 
 }  // namespace

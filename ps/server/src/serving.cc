@@ -132,7 +132,6 @@ void ServerImpl::HoldOrServe(Request req) {
   if (TryServe(req)) return;
   if (Status s = RoomToHold(req); !s.ok()) return SendError(req, s);
   Count(kPullsHeld);
-  req.held_by_peer = peer_load_.Acquire(req.peer());
   req.held = true;
   held_.Hold(std::move(req), Clock::now() + options_.max_wait);
 }
@@ -165,8 +164,25 @@ Status ServerImpl::RoomToHold(Request& req) {
                                     "--memory-budget-mb): " + ps::Mib(held_payloads_.used()) + " of " +
                                     ps::Mib(held_payloads_.limit()) + " held");
     }
+    // One connection's share: the bound over the job's workers, so that each can hold its
+    // part of a step (an all-reduce's values, its push pieces) whatever another peer holds.
+    const int64_t share = held_payloads_.limit() / std::max(1, workers_.count());
+    if (const int64_t mine = peer_load_.held_bytes(req.peer()); mine + bytes > share) {
+      held_payloads_.Give(bytes);
+      Count(kHeldRefused);
+      LogRateLimited("a connection of worker " + std::to_string(req.h()->rank()) + " holds " + ps::Mib(mine) +
+                     " of payloads waiting, the most one connection may hold is " + ps::Mib(share) + "; refused " +
+                     ps::Mib(bytes) + " more");
+      return ResourceExhaustedError("holding this " + std::string(wire::KindName(req.h()->kind())) + "'s payload (" +
+                                    ps::Mib(bytes) + ") while it waits would put what this connection holds on " +
+                                    "server " + std::to_string(options_.rank) + " (" + ps::Mib(mine) +
+                                    ") past its share of the held payloads' bound (" + ps::Mib(share) + ": " +
+                                    ps::Mib(held_payloads_.limit()) + " over " + std::to_string(workers_.count()) +
+                                    " workers)");
+    }
     req.held_bytes = ps::BudgetCharge(&held_payloads_, bytes);
   }
+  req.held_by_peer = peer_load_.Acquire(req.peer(), bytes);
   return Status::Ok();
 }
 

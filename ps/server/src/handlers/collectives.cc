@@ -26,7 +26,6 @@ Status ServerImpl::OnFinish(Request& req) {
 Status ServerImpl::OnCollective(Request& req) {
   FERRY_RETURN_IF_ERROR(collectives_.CheckEntry(req));
   FERRY_RETURN_IF_ERROR(RoomToHold(req));
-  req.held_by_peer = peer_load_.Acquire(req.peer());
   req.held = true;
   std::vector<Request> group = collectives_.Enter(std::move(req), Clock::now() + options_.max_wait, workers_.count());
   if (group.empty()) return Status::Ok();

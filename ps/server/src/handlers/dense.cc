@@ -69,7 +69,6 @@ Status ServerImpl::PushDensePiece(Request& req, bool then_pull) {
     return s;  // this piece's own answer
   }
   Count(kPiecesHeld);
-  req.held_by_peer = peer_load_.Acquire(req.peer());
   if (!calls_.Hold(std::move(req))) return Status::Ok();
   ps::HeldCalls::Call c = *calls_.Take(rank, call);
   // Every piece verified as it arrived. The sync preconditions once more, for all of them, before

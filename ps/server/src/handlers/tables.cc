@@ -25,7 +25,6 @@ Status ServerImpl::OnCreateTable(Request& req) {
   }
   if (table == nullptr) {  // being built: answered with it
     FERRY_RETURN_IF_ERROR(RoomToHold(req));
-    req.held_by_peer = peer_load_.Acquire(req.peer());
     req.held = true;
     builds_[req.h()->table_id()].waiting.push_back(std::move(req));
     return Status::Ok();

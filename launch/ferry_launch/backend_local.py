@@ -247,8 +247,16 @@ class Launcher(Supervisor):
 
     def supersede(self, which, why, new):
         """Recoveries still pending that a new death makes moot: reported as not complete; the
-        new recovery (restarting the same workers) counts their steps lost (Recovery.inherit)."""
+        new recovery (restarting the same workers) counts their steps lost (Recovery.inherit).
+        A worker that died again while a recovery of several still awaits the others leaves it
+        pending for them, and only its own steps go to the new one."""
         for r in [r for r in self.pending if which(r)]:
+            if new.kind == "worker" and len(r.waiting) > 1:
+                name = next(iter(new.waiting))
+                new.inherit(r, only=name)
+                r.waiting.discard(name)
+                r.before.pop(name, None)
+                continue
             self.pending.remove(r)
             new.inherit(r)
             self.say(r.unfinished(why, counted_later=True), err=True)

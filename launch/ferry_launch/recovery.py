@@ -89,10 +89,10 @@ class Recovery:
         self.own = False    # a resumed step counts the worker's own steps
         self.done_at = None
 
-    def inherit(self, superseded):
-        """Takes, for each worker superseded restarted but never heard resume, its step from
-        before superseded's death (where this recovery has none)."""
-        for name in superseded.waiting:
+    def inherit(self, superseded, only=None):
+        """Takes, for each worker superseded restarted but never heard resume (only: that one),
+        its step from before superseded's death (where this recovery has none)."""
+        for name in ([only] if only else superseded.waiting):
             if self.before.get(name) is None and superseded.before.get(name) is not None:
                 self.before[name] = superseded.before[name]
 

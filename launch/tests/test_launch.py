@@ -1381,6 +1381,31 @@ class RecoveryAccountingTest(unittest.TestCase):
         self.assertIn("steps lost: 80 (async/ssp: in the workers' own steps); recovery time 1.00 s in all "
                       "(1.00 s); 1 not complete", self.summary([first, second], 3))
 
+    def test_a_worker_dying_again_leaves_the_others_recovery_pending(self):
+        # A server died (both workers restarted), then worker 1 died again before it said where
+        # it resumed: worker 0's resume still completes the first recovery, and worker 1's loss
+        # goes to its own.
+        from ferry_launch.backend_local import Launcher
+        first = self.Recovery(1, "server", "ps 0", "killed by SIGKILL", "everything", 0.0,
+                              {"worker 0": 80, "worker 1": 90}, ["worker 0", "worker 1"])
+        again = self.Recovery(2, "worker", "worker 1", "killed by SIGKILL", "worker 1", 1.0,
+                              {"worker 1": None}, ["worker 1"])
+        said = []
+
+        class Fake:  # what Launcher.supersede uses of the launcher
+            pending = [first]
+
+            def say(self, text, err=False):
+                said.append(text)
+
+        fake = Fake()
+        Launcher.supersede(fake, lambda old: "worker 1" in old.waiting, "worker 1 died again", again)
+        self.assertEqual((fake.pending, said), ([first], []))  # still awaits worker 0
+        self.assertTrue(first.resumed("worker 0", 60, 2.0, own=True))
+        self.assertEqual(first.lost, 20)
+        self.assertTrue(again.resumed("worker 1", 70, 3.0, own=True))
+        self.assertEqual(again.lost, 20)
+
     def test_the_resuming_line_says_whose_steps(self):
         import queue
 

@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
 
   /* Checkpoints: these servers were started without a checkpoint folder, and say so. */
   CHECK(ferry_restored_step(client) == 0);
-  CHECK(ferry_worker_step(client) == 0); /* as of its handshake, before its first push */
+  CHECK(ferry_worker_step(client) >= 0); /* servers of 1.11 say (0 unless rank 0 pushed before it connected) */
   CHECK(ferry_worker_step(NULL) == -1);
   EXPECT_ERROR(ferry_checkpoint(client, 0), FERRY_FAILED_PRECONDITION, "--checkpoint-dir");
   EXPECT_ERROR(ferry_checkpoint(NULL, 0), FERRY_INVALID_ARGUMENT, "client is NULL");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "support/cluster.h"
 #include "support/temp_dir.h"
@@ -324,6 +325,39 @@ TEST_F(CheckpointRequests, ARestartedWorkerPushesTheStepItsDeadProcessHadPushed)
   ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
   ASSERT_TRUE(w0->PullDense("w", out, 1).wait(5s).ok());
   EXPECT_EQ(out, std::vector<float>(12, -1.0f));
+}
+
+// A worker's steps (protocol 1.11) come from the servers that hold what it pushes: of 3 servers,
+// the two that hold nothing of this async table know nothing of its steps, and neither a
+// restarted worker nor the checkpoint takes their ignorance for step 0.
+TEST_F(CheckpointRequests, AWorkersStepsComeFromTheServersThatHoldWhatItPushes) {
+  std::vector<int64_t> recorded;
+  {
+    auto c = LocalCluster::Start(3, false, WithFolder(dir_, 1));
+    auto w0 = c.Connect(0, 1);
+    EXPECT_EQ(w0->worker_step(), 0) << "no server knows a step: it has pushed nothing";
+    ASSERT_TRUE(w0->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());  // one chunk: on one server
+    const std::vector<float> g(4, 1.0f);
+    for (int step = 0; step < 5; ++step) ASSERT_TRUE(w0->PushDense("w", g, step).wait().ok());
+    ClientOptions next;
+    next.incarnation = 1;
+    auto restarted = c.Connect(0, 1, next);
+    EXPECT_EQ(restarted->worker_step(), 5);
+    EXPECT_FALSE(restarted->worker_step_restored());
+    ASSERT_TRUE(restarted->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
+    ASSERT_TRUE(restarted->PushDense("w", g, 5).wait().ok());
+    ASSERT_TRUE(restarted->Checkpoint(6).ok());
+    std::ifstream in(dir_ / "MANIFEST-00000000000000000006");
+    ASSERT_TRUE(in);
+    recorded = nlohmann::json::parse(in).at("worker_steps").get<std::vector<int64_t>>();
+  }
+  EXPECT_EQ(recorded, std::vector<int64_t>({6}));
+  ServerOptions ro = WithFolder(dir_, 1);
+  ro.restore = true;
+  auto restored = LocalCluster::Start(2, false, ro);
+  auto w0 = restored.Connect(0, 1);
+  EXPECT_EQ(w0->worker_step(), 6);
+  EXPECT_TRUE(w0->worker_step_restored());
 }
 
 }  // namespace

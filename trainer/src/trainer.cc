@@ -192,7 +192,6 @@ class WorkerRun final : public TrainingRun {
   StatusOr<TrainReport> Run() override {
     FERRY_ASSIGN_OR_RETURN(t0_, StartStep());
     report_.first_step = t0_;
-    if (eval_from_ < 0) eval_from_ = t0_;
     // Evaluations fall on the job's steps: every eval_every (or steps_per_epoch) of them. The
     // job's step is this worker's t, except in sync mode with backup workers, where a worker
     // that fell behind moves to the global step: job_t is then the step after the one it last
@@ -200,20 +199,11 @@ class WorkerRun final : public TrainingRun {
     const int64_t eval_period =
         options_.eval_every > 0 ? options_.eval_every : options_.eval_each_epoch ? plan_.steps_per_epoch : 0;
     int64_t last_eval = t0_ > 0 ? t0_ - 1 : 0;
-    // Async/ssp: each worker evaluates (a collective of all of them) once at every multiple of
-    // the period from eval_from_ on, so that workers resumed at their own, different steps enter
-    // the same evaluations: one that resumed past a multiple evaluates for it at once.
-    int64_t next_eval = eval_period > 0 ? (std::max<int64_t>(eval_from_, 1) + eval_period - 1) / eval_period * eval_period : 0;
     for (int64_t t = t0_; t < plan_.total_steps; ++t) {
       const int64_t job_t = t == t0_ ? t0_ : sync_servers_ ? JobStep() + 1 : t;
-      if (eval_period > 0 && sync_servers_ && job_t < plan_.total_steps &&
-          job_t / eval_period > last_eval / eval_period) {
+      if (eval_period > 0 && job_t < plan_.total_steps && job_t / eval_period > last_eval / eval_period) {
         FERRY_RETURN_IF_ERROR(Evaluate(job_t));
         last_eval = job_t;
-      }
-      while (eval_period > 0 && !sync_servers_ && next_eval <= job_t && next_eval < plan_.total_steps) {
-        FERRY_RETURN_IF_ERROR(Evaluate(next_eval));
-        next_eval += eval_period;
       }
       FERRY_ASSIGN_OR_RETURN(const bool stepped, Step(t));
       if (!stepped) break;
@@ -334,9 +324,6 @@ class WorkerRun final : public TrainingRun {
     } else if (client_->worker_step() >= 0) {
       step = std::min(client_->worker_step(), plan_.total_steps);
       own = true;
-      // Restored from a checkpoint (the whole job resumes): evaluations go on from its step, where
-      // worker 0 resumes; a worker rejoining a running job evaluates from its own.
-      if (client_->worker_step_restored()) eval_from_ = client_->restored_step();
     } else {
       step = client_->restored_step();
     }
@@ -623,7 +610,7 @@ class WorkerRun final : public TrainingRun {
     // not an async worker restored at step 0 of its own (worker 0 resumes past it).
     if (t != t0_) return Status::Ok();
     if (options_.resume && (t0_ != 0 || client_ == nullptr || client_->first_collective() != 0 ||
-                            client_->worker_step_restored()))
+                            (!sync_servers_ && client_->worker_step_restored())))
       return Status::Ok();
     if (client_ != nullptr) {
       FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for every worker to connect"));
@@ -881,7 +868,6 @@ class WorkerRun final : public TrainingRun {
   TrainReport report_;
 
   int64_t t0_ = 0;  // the step this worker began at (> 0: --resume)
-  int64_t eval_from_ = -1;  // async/ssp: evaluations at the period's multiples from here (-1: t0_)
 
   std::optional<PendingCheckpoint> ckpt_;  // worker 0's checkpoint in flight (--checkpoint-every)
   std::vector<int64_t> ckpt_failed_in_row_;  // the steps of the checkpoints that failed since the last saved

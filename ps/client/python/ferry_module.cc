@@ -876,7 +876,8 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("worker_step", &PyClient::worker_step,
                              "The steps this worker's rank has done as the servers knew at the handshake (its "
                              "predecessor's pushes they took, or the restored checkpoint's record of it; the lowest "
-                             "over servers): where a restarted async worker resumes. -1 if a server is older than 1.11.")
+                             "over the servers that know; 0 if none does): where a restarted async worker resumes. -1 "
+                             "if a server is older than 1.11.")
       .def("server_counters", &PyClient::ServerCounters, py::arg("server"))
       .def("stats", &PyClient::Stats,
            "This client's counters: requests (messages sent), bytes_sent, bytes_received, values_saturated.")

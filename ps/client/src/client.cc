@@ -91,6 +91,7 @@ class ClientImpl final : public Client {
     auto op = engine_.NewOp();
     lowest_worker_step_.store(INT64_MAX);
     some_step_not_restored_.store(false);
+    some_server_before_1_11_.store(false);
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(128);
       auto h = engine_.BeginHeader(fbb, Kind::Hello);
@@ -100,11 +101,14 @@ class ClientImpl final : public Client {
       h.add_heartbeat_ms(engine_.HeartbeatEvery().count());
       OnReply on_reply = [this, s](const Header& reply, Frames&) -> Status {
         engine_.set_minor(s, reply.minor());
-        // The lowest over servers; -1 (a server before 1.11) wins.
-        int64_t low = lowest_worker_step_.load();
-        while (reply.worker_step() < low && !lowest_worker_step_.compare_exchange_weak(low, reply.worker_step())) {
+        // The lowest over the servers that know (-1: this one does not, or is before 1.11).
+        if (reply.minor() < 11) some_server_before_1_11_.store(true);
+        if (const int64_t known = reply.worker_step(); known >= 0) {
+          int64_t low = lowest_worker_step_.load();
+          while (known < low && !lowest_worker_step_.compare_exchange_weak(low, known)) {
+          }
+          if (!reply.worker_step_restored()) some_step_not_restored_.store(true);
         }
-        if (!reply.worker_step_restored()) some_step_not_restored_.store(true);
         if (s == 0) {
           restored_step_.store(reply.version());
           first_collective_.store(reply.next_collective());
@@ -779,10 +783,15 @@ class ClientImpl final : public Client {
   }
 
   int64_t restored_step() const override { return restored_step_.load(); }
-  bool worker_step_restored() const override { return worker_step() >= 0 && !some_step_not_restored_.load(); }
+  bool worker_step_restored() const override {
+    return lowest_worker_step_.load() != INT64_MAX && !some_step_not_restored_.load();
+  }
   int64_t worker_step() const override {
     const int64_t low = lowest_worker_step_.load();
-    return low == INT64_MAX ? -1 : low;
+    if (low != INT64_MAX) return low;
+    // No server knows a step of this rank: it pushed nothing (every step pushes to some server),
+    // unless a server is too old to say.
+    return some_server_before_1_11_.load() ? -1 : 0;
   }
   int64_t first_collective() const override { return first_collective_.load(); }
 
@@ -802,7 +811,8 @@ class ClientImpl final : public Client {
           return DataLossError("Checkpoint reply does not name one shard file");
         }
         const auto* f = reply.shards()->Get(0);
-        *out = {f->file()->str(), f->bytes(), f->crc32(), std::chrono::microseconds(reply.snapshot_us())};
+        *out = {f->file()->str(), f->bytes(), f->crc32(), std::chrono::microseconds(reply.snapshot_us()), {}};
+        if (reply.worker_steps()) out->worker_steps.assign(reply.worker_steps()->begin(), reply.worker_steps()->end());
         return Status::Ok();
       };
       engine_.Submit(op, s, Kind::Checkpoint, engine_.FinishHeader(fbb, h), {}, std::move(on_reply),
@@ -818,9 +828,25 @@ class ClientImpl final : public Client {
     for (const auto& f : shards)
       files.push_back(wire::CreateShardFile(fbb, fbb.CreateString(f.file), f.bytes, f.crc32));
     auto vec = fbb.CreateVector(files);
+    // Each worker's steps: the lowest a server knew (one that holds nothing a worker pushes knew
+    // none), -1 where none knew; none at all from servers before 1.11.
+    std::vector<int64_t> steps;
+    for (const auto& f : shards) {
+      if (steps.size() < f.worker_steps.size()) steps.resize(f.worker_steps.size(), -1);
+      for (size_t r = 0; r < f.worker_steps.size(); ++r) {
+        const int64_t w = f.worker_steps[r];
+        if (w >= 0 && (steps[r] < 0 || w < steps[r])) steps[r] = w;
+      }
+    }
+    // A worker every step of which pushes to some server, and that no server knows a step of,
+    // has pushed nothing: it has done 0 steps.
+    for (int64_t& w : steps) w = std::max<int64_t>(w, 0);
+    flatbuffers::Offset<flatbuffers::Vector<int64_t>> steps_vec;
+    if (!steps.empty()) steps_vec = fbb.CreateVector(steps);
     auto h = engine_.BeginHeader(fbb, Kind::CommitCheckpoint);
     h.add_step(step);
     h.add_shards(vec);
+    if (!steps.empty()) h.add_worker_steps(steps_vec);
     engine_.Submit(op, 0, Kind::CommitCheckpoint, engine_.FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
     return Handle(op).wait();
   }
@@ -852,6 +878,7 @@ class ClientImpl final : public Client {
   std::atomic<int64_t> restored_step_{0};       // server 0's restored checkpoint step
   std::atomic<int64_t> lowest_worker_step_{INT64_MAX};  // worker_step(): the lowest the servers said
   std::atomic<bool> some_step_not_restored_{false};      // a server's worker_step was not the checkpoint's
+  std::atomic<bool> some_server_before_1_11_{false};     // a server said no worker_step at all
   std::atomic<int64_t> values_saturated_{0};
   std::atomic<uint64_t> next_call_{1};        // ids of push calls in pieces (1.10), never 0
   std::atomic<int64_t> first_collective_{0};  // server 0's next collective id at the handshake

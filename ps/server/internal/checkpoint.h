@@ -85,8 +85,9 @@ Status CheckShardList(int64_t step, const std::vector<ShardFile>& shards);
 // Writes MANIFEST-<step> naming `shards` (one per server, in rank order), then points CURRENT at
 // it, each atomically; then removes the checkpoints of `dir` beyond the newest `keep`.
 // `meaning`: what the cut is ("sync: every server at global step 120"; "async: ...").
-// `worker_steps`: the steps each worker had done, by rank, as server 0 saw them when it saved
-// (Workers::done; empty: not written). A worker resumes at its own.
+// `worker_steps`: the steps each worker had done, by rank, as the servers knew them when they
+// saved (the lowest any server knew; -1: none knew; empty: not written). A worker resumes at its
+// own.
 Status WriteManifest(const std::string& dir, int64_t step, const std::vector<ShardFile>& shards,
                      const std::string& meaning, int keep, const std::vector<int64_t>& worker_steps = {});
 
@@ -96,7 +97,7 @@ struct CheckpointData {
   int num_servers = 0;
   std::string manifest;  // the manifest it came from
   std::string meaning;
-  std::vector<int64_t> worker_steps;  // by rank (WriteManifest); empty in a manifest without them
+  std::vector<int64_t> worker_steps;  // by rank, -1 unknown (WriteManifest); empty in a manifest without them
   struct Chunk {
     int64_t version = 0;
     std::vector<float> params, state;

@@ -17,8 +17,9 @@
 //    message for that rank from another connection is refused while the owner is open and has
 //    been heard within `stale_after` (twice the worker's heartbeat promise); a closed or silent
 //    owner hands the rank over, and so does any owner when a later incarnation of the worker
-//    says Hello (its restarted process: Workers::CheckIncarnation then refuses the old one). Without CURVE this is what stops a peer from speaking for a
-//    worker that is alive; with CURVE the key already binds the rank.
+//    says Hello (its restarted process: Workers::CheckIncarnation then refuses the old one).
+//    Without CURVE this is what stops a peer from speaking for a worker that is alive; with CURVE
+//    the key already binds the rank.
 //
 // Connections are keyed by their file descriptor, as ZeroMQ gives it in the monitor's ACCEPTED
 // and DISCONNECTED events and on every received frame (ZMQ_SRCFD). ZeroMQ reports a connection's

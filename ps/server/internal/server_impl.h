@@ -178,7 +178,9 @@ class ServerImpl final : public Server {
   bool TryServe(Request& req);
   void HoldOrServe(Request req);
   // Whether `req` may wait here: the server's room (max_held) and its connection's share of it
-  // (max_held_per_peer), so that one peer cannot fill the room for the others.
+  // (max_held_per_peer), and room for its payload in the held payloads' bound and in its
+  // connection's share of that (the bound over the job's workers), so that one peer cannot fill
+  // either for the others. If so, charges them to `req` (held_by_peer, held_bytes) until it goes.
   Status RoomToHold(Request& req);
   // Waiting requests: held pulls, collectives, and declarations of tables being built (few).
   size_t HeldCount() const;
@@ -360,9 +362,6 @@ class ServerImpl final : public Server {
   absl::flat_hash_map<std::string, int> worker_keys_;  // CURVE: raw public key -> worker rank
   const std::string endpoint_;
   const int64_t restored_step_;  // -1: started empty
-  // The steps each worker had done when this server last saved a checkpoint (OnCheckpoint), for
-  // its manifest (server 0's OnCommitCheckpoint): (step of the checkpoint, Workers::done).
-  std::pair<int64_t, std::vector<int64_t>> saved_worker_steps_{-1, {}};
   std::vector<std::string> restored_tables_;  // the names of the tables restored, sorted
   transport::Waker waker_;
   std::atomic<bool> stopping_{false};

@@ -32,6 +32,8 @@ class Workers {
   // count on the first one, refuses one that disagrees with it, and makes `rank` take part
   // (again), with `incarnation` as the rank's (CheckIncarnation has passed).
   Status Join(int rank, int num_workers, uint32_t incarnation = 0);
+  // What Join would refuse, changing nothing.
+  Status CheckJoin(int rank, int num_workers) const;
 
   // Incarnations (protocol 1.11). A launcher numbers the processes it starts for a rank: 0, then
   // 1, 2, ... at each restart (ClientOptions::incarnation; 0 for a program that does not say).
@@ -43,22 +45,29 @@ class Workers {
   }
   Status CheckIncarnation(int rank, uint32_t incarnation) const;
 
-  // Steps each worker has done as this server has seen them (protocol 1.11): one more than the
+  // Steps each worker has done as this server knows them (protocol 1.11): one more than the
   // highest step of a push from the rank that this server took (async: the worker's own step
   // count; sync: the global step), or what a restored checkpoint recorded. A worker restarted
   // alone, or after the servers restored a checkpoint, resumes there (the Hello reply's
-  // worker_step): an async job's workers each at their own step, not worker 0's.
+  // worker_step): an async job's workers each at their own step, not worker 0's. A server that
+  // holds nothing a worker pushes knows nothing of its steps (-1), and is not counted.
   void Did(int rank, int64_t step) {
     auto& d = done_[static_cast<size_t>(rank)];
     d = std::max(d, step + 1);
     pushed_[static_cast<size_t>(rank)] = true;
+    known_[static_cast<size_t>(rank)] = true;
   }
-  int64_t done(int rank) const { return done_[static_cast<size_t>(rank)]; }
+  // -1: unknown (no push of the rank taken, no restored record).
+  int64_t done(int rank) const {
+    return known_[static_cast<size_t>(rank)] ? done_[static_cast<size_t>(rank)] : -1;
+  }
+  // Every rank's done(), for a checkpoint.
+  std::vector<int64_t> KnownDone() const;
   // Whether a push of `rank` was taken since this server started.
   bool pushed(int rank) const { return pushed_[static_cast<size_t>(rank)]; }
-  const std::vector<int64_t>& done() const { return done_; }
-  // After a restore (the count is set): `per_rank` if it has one entry per worker, else `step` for
-  // every worker (a checkpoint of format 1 before 1.11, or of another worker count).
+  // After a restore (the count is set): the checkpoint's record `per_rank` where it has one
+  // entry per worker and knows the rank (>= 0), else `step` (a checkpoint before 1.11, of another
+  // worker count, or whose servers knew nothing of that worker).
   void SetDone(const std::vector<int64_t>& per_rank, int64_t step);
   // The worker has ended its training: it is no longer waited for.
   void Finish(int rank) { SetFinished(rank, true); }
@@ -121,6 +130,7 @@ class Workers {
   std::vector<uint32_t> incarnations_;  // per rank: the highest incarnation a Hello brought
   std::vector<int64_t> done_;            // per rank: steps done (Did)
   std::vector<bool> pushed_;             // per rank: Did since this server started
+  std::vector<bool> known_;              // per rank: done_ holds something (Did, or SetDone)
   std::vector<int64_t> promised_ms_;     // per rank: its heartbeat promise (0: none)
   std::vector<Clock::time_point> heard_;  // per rank: when it last sent anything
 };

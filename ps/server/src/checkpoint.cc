@@ -310,12 +310,13 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
     out.step = j.at("step").get<int64_t>();
     out.meaning = j.at("meaning").get<std::string>();
     if (j.contains("worker_steps")) {
-      for (const auto& w : j.at("worker_steps")) {
-        const int64_t done = w.get<int64_t>();
-        if (done < 0 || done > (int64_t{1} << 62)) {
-          return DataLossError(name + ": worker_steps holds " + std::to_string(done) + ", outside [0, 2^62]");
+      const auto& steps = j.at("worker_steps");
+      if (!steps.is_array()) return DataLossError(name + ": worker_steps is not a list");
+      for (const auto& w : steps) {
+        if (!w.is_number_integer() || w.get<int64_t>() < -1 || w.get<int64_t>() > (int64_t{1} << 62)) {
+          return DataLossError(name + ": worker_steps holds " + w.dump() + ", not an integer in [-1, 2^62]");
         }
-        out.worker_steps.push_back(done);
+        out.worker_steps.push_back(w.get<int64_t>());
       }
     }
     for (const auto& s : j.at("shards")) {

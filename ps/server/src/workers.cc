@@ -16,16 +16,24 @@ Status Workers::SetCount(int num_workers) {
   incarnations_.assign(static_cast<size_t>(count_), 0);
   done_.assign(static_cast<size_t>(count_), 0);
   pushed_.assign(static_cast<size_t>(count_), false);
+  known_.assign(static_cast<size_t>(count_), false);
   heard_.assign(static_cast<size_t>(count_), Clock::time_point{});
   return Status::Ok();
 }
 
 void Workers::SetDone(const std::vector<int64_t>& per_rank, int64_t step) {
-  if (per_rank.size() == done_.size()) {
-    done_ = per_rank;
-  } else {
-    done_.assign(done_.size(), std::max<int64_t>(step, 0));
+  for (size_t r = 0; r < done_.size(); ++r) {
+    done_[r] = per_rank.size() == done_.size() && per_rank[r] >= 0 ? per_rank[r] : std::max<int64_t>(step, 0);
   }
+  known_.assign(done_.size(), true);
+}
+
+std::vector<int64_t> Workers::KnownDone() const {
+  std::vector<int64_t> out(done_.size(), -1);
+  for (size_t r = 0; r < done_.size(); ++r) {
+    if (known_[r]) out[r] = done_[r];
+  }
+  return out;
 }
 
 Status Workers::CheckIncarnation(int rank, uint32_t incarnation) const {
@@ -38,7 +46,7 @@ Status Workers::CheckIncarnation(int rank, uint32_t incarnation) const {
                                  "speak for the worker and should exit");
 }
 
-Status Workers::Join(int rank, int num_workers, uint32_t incarnation) {
+Status Workers::CheckJoin(int rank, int num_workers) const {
   if (num_workers <= 0 || num_workers > 65536) {
     return InvalidArgumentError("num_workers " + std::to_string(num_workers) + " is outside [1, 65536]");
   }
@@ -51,6 +59,11 @@ Status Workers::Join(int rank, int num_workers, uint32_t incarnation) {
                                    std::to_string(num_workers) + " workers, but it has " + std::to_string(count_) +
                                    " (the server's --num-workers, or the first worker to connect, said so)");
   }
+  return Status::Ok();
+}
+
+Status Workers::Join(int rank, int num_workers, uint32_t incarnation) {
+  FERRY_RETURN_IF_ERROR(CheckJoin(rank, num_workers));
   if (count_ == 0) FERRY_RETURN_IF_ERROR(SetCount(num_workers));
   // A worker that connects (again) takes part in the sync quorum (again).
   SetFinished(rank, false);

@@ -193,6 +193,11 @@ struct CheckpointShard {
   // How long the server stopped serving to copy its tables; the write itself happens while it
   // serves.
   std::chrono::microseconds paused{0};
+  // By worker rank, the steps each worker had done as the server knew them when it saved (-1:
+  // it knew none of that worker's; empty: a server before 1.11). CommitCheckpoint records the
+  // lowest any server knew in the manifest (0 where none knew: the worker had pushed nothing):
+  // where each async/ssp worker resumes.
+  std::vector<int64_t> worker_steps;
 };
 
 struct ClientStats {
@@ -308,9 +313,10 @@ class Client {
   virtual int64_t restored_step() const = 0;
   // How many steps this worker's rank has done, as the servers knew at the handshake (protocol
   // 1.11): one more than the highest step of its pushes they took (a predecessor's, for a
-  // restarted worker), or what the checkpoint they restored recorded for it; the lowest over
-  // the servers. Where a restarted async or ssp worker resumes (its own step count, not worker
-  // 0's). -1 if a server is older than 1.11.
+  // restarted worker), or what the checkpoint they restored recorded for it; the lowest over the
+  // servers that know (one that holds nothing this worker pushes does not); 0 if none knows (the
+  // rank pushed nothing: each of its steps pushes to some server). Where a restarted async or ssp
+  // worker resumes (its own step count, not worker 0's). -1 if a server is older than 1.11.
   virtual int64_t worker_step() const = 0;
   // Whether worker_step() is, on every server, what the checkpoint they restored recorded (the
   // rank pushed nothing since): the whole job resumes from that checkpoint, every worker at its

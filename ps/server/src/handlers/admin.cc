@@ -62,6 +62,7 @@ Status ServerImpl::OnHello(Request& req) {
   bool took_over = false;
   const uint32_t was = workers_.incarnation(h.rank());
   if (h.rank() >= 0 && h.rank() < num_workers) {
+    FERRY_RETURN_IF_ERROR(workers_.CheckJoin(h.rank(), h.num_workers()));  // (a bad Hello takes nothing over)
     FERRY_RETURN_IF_ERROR(CheckIncarnation(req, h.rank()));
     took_over = h.incarnation() > was;
     FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank(), took_over));

@@ -34,11 +34,11 @@ Status ServerImpl::OnCheckpoint(Request& req) {
   }
   const auto t0 = Clock::now();
   ps::ShardImage image = ps::SnapshotShard(tables_);
-  saved_worker_steps_ = {step, workers_.done()};  // what the image holds of each worker's steps
   const int64_t snapshot_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
   const uint64_t id = req.h()->request_id();
   RunFileJob(std::move(req), "the checkpoint of step " + std::to_string(step),
-             [this, step, id, snapshot_us, image = std::move(image)]() mutable -> StatusOr<zmq::message_t> {
+             [this, step, id, snapshot_us, image = std::move(image),
+              worker_steps = workers_.KnownDone()]() mutable -> StatusOr<zmq::message_t> {
                // Room first: the shards of the checkpoints this one's commit will remove.
                for (int64_t old : ps::MakeRoom(options_.checkpoint_dir, options_.rank, options_.keep_checkpoints)) {
                  std::printf("ferry-ps %d: removed its shard of the checkpoint of step %lld to make room (it keeps "
@@ -59,9 +59,11 @@ Status ServerImpl::OnCheckpoint(Request& req) {
                std::vector<flatbuffers::Offset<wire::ShardFile>> files = {
                    wire::CreateShardFile(fbb, fbb.CreateString(f.name), f.bytes, f.crc32)};
                auto vec = fbb.CreateVector(files);
+               auto steps = fbb.CreateVector(worker_steps);  // what the image holds of each worker's steps
                wire::HeaderBuilder b = BeginReply(fbb, Kind::Checkpoint, id);
                b.add_version(step);
                b.add_shards(vec);
+               b.add_worker_steps(steps);
                b.add_snapshot_us(snapshot_us);
                wire::FinishHeaderBuffer(fbb, b.Finish());
                return wire::ToFrame(fbb);
@@ -87,12 +89,21 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
     for (const auto* f : *h.shards()) shards.push_back({f->file() ? f->file()->str() : "", f->bytes(), f->crc32()});
   }
   FERRY_RETURN_IF_ERROR(ps::CheckShardList(h.step(), shards));
+  std::vector<int64_t> worker_steps;  // (none from a 1.10 client: the manifest has none)
+  if (h.worker_steps()) {
+    if (h.worker_steps()->size() > 65536) return InvalidArgumentError("worker_steps has more than 65536 entries");
+    for (const int64_t w : *h.worker_steps()) {
+      if (w < -1 || w > ps::kMaxStep) {
+        return InvalidArgumentError("worker_steps holds " + std::to_string(w) + ", outside [-1, 2^62]");
+      }
+      worker_steps.push_back(w);
+    }
+  }
   const int64_t step = h.step();
   const uint64_t id = h.request_id();
   RunFileJob(std::move(req), "the manifest of step " + std::to_string(step),
              [this, step, id, shards = std::move(shards), meaning = CheckpointMeaning(step),
-              worker_steps = saved_worker_steps_.first == step ? saved_worker_steps_.second
-                                                               : std::vector<int64_t>()]() -> StatusOr<zmq::message_t> {
+              worker_steps = std::move(worker_steps)]() -> StatusOr<zmq::message_t> {
                // Each shard must be on disk as its server reported it.
                for (const auto& f : shards) {
                  const std::string path = options_.checkpoint_dir + "/" + f.name;

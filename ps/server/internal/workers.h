@@ -55,11 +55,10 @@ class Workers {
     auto& d = done_[static_cast<size_t>(rank)];
     d = std::max(d, step + 1);
     pushed_[static_cast<size_t>(rank)] = true;
-    known_[static_cast<size_t>(rank)] = true;
   }
   // -1: unknown (no push of the rank taken, no restored record).
   int64_t done(int rank) const {
-    return known_[static_cast<size_t>(rank)] ? done_[static_cast<size_t>(rank)] : -1;
+    return restored_ || pushed_[static_cast<size_t>(rank)] ? done_[static_cast<size_t>(rank)] : -1;
   }
   // Every rank's done(), for a checkpoint.
   std::vector<int64_t> KnownDone() const;
@@ -130,7 +129,7 @@ class Workers {
   std::vector<uint32_t> incarnations_;  // per rank: the highest incarnation a Hello brought
   std::vector<int64_t> done_;            // per rank: steps done (Did)
   std::vector<bool> pushed_;             // per rank: Did since this server started
-  std::vector<bool> known_;              // per rank: done_ holds something (Did, or SetDone)
+  bool restored_ = false;                // SetDone: every rank's done_ holds the checkpoint's record
   std::vector<int64_t> promised_ms_;     // per rank: its heartbeat promise (0: none)
   std::vector<Clock::time_point> heard_;  // per rank: when it last sent anything
 };

@@ -16,7 +16,6 @@ Status Workers::SetCount(int num_workers) {
   incarnations_.assign(static_cast<size_t>(count_), 0);
   done_.assign(static_cast<size_t>(count_), 0);
   pushed_.assign(static_cast<size_t>(count_), false);
-  known_.assign(static_cast<size_t>(count_), false);
   heard_.assign(static_cast<size_t>(count_), Clock::time_point{});
   return Status::Ok();
 }
@@ -25,14 +24,12 @@ void Workers::SetDone(const std::vector<int64_t>& per_rank, int64_t step) {
   for (size_t r = 0; r < done_.size(); ++r) {
     done_[r] = per_rank.size() == done_.size() && per_rank[r] >= 0 ? per_rank[r] : std::max<int64_t>(step, 0);
   }
-  known_.assign(done_.size(), true);
+  restored_ = true;
 }
 
 std::vector<int64_t> Workers::KnownDone() const {
-  std::vector<int64_t> out(done_.size(), -1);
-  for (size_t r = 0; r < done_.size(); ++r) {
-    if (known_[r]) out[r] = done_[r];
-  }
+  std::vector<int64_t> out(done_.size());
+  for (size_t r = 0; r < done_.size(); ++r) out[r] = done(static_cast<int>(r));
   return out;
 }
 

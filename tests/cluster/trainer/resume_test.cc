@@ -37,6 +37,14 @@ TrainerOptions SmallMlp(int64_t steps) {
   return o;
 }
 
+// SmallMlp, async, with a checkpoint every 5 steps.
+TrainerOptions AsyncMlp(int64_t steps) {
+  TrainerOptions o = SmallMlp(steps);
+  o.consistency = Consistency::kAsync;
+  o.checkpoint_every = 5;
+  return o;
+}
+
 class ResumeTest : public testing::Test {
  protected:
 
@@ -201,9 +209,7 @@ TEST_F(ResumeTest, SyncCtrWithSparseTablesResumedIntoOneServerIsBitwiseTheUninte
 TEST_F(ResumeTest, AsyncWorkersResumeAtTheRestoredCheckpointsStep) {
   const data::ImageDataset train = test::MakeImages(64, 99);
   const Datasets data{&train, nullptr};
-  TrainerOptions o = SmallMlp(12);
-  o.consistency = Consistency::kAsync;
-  o.checkpoint_every = 5;
+  TrainerOptions o = AsyncMlp(12);
   const fs::path dir = root_ / "async";
   {
     auto cluster = Servers(2, dir, 2, false);
@@ -225,9 +231,7 @@ TEST_F(ResumeTest, AsyncWorkersResumeAtTheRestoredCheckpointsStep) {
 TEST_F(ResumeTest, AsyncWorkersEachResumeAtTheirOwnStep) {
   const data::ImageDataset train = test::MakeImages(64, 99);
   const Datasets data{&train, nullptr};
-  TrainerOptions o = SmallMlp(30);
-  o.consistency = Consistency::kAsync;
-  o.checkpoint_every = 5;
+  TrainerOptions o = AsyncMlp(30);
   o.straggler_rank = 1;  // worker 1 falls behind worker 0 (100 ms a step)
   o.straggler_delay_ms = 100;
   const fs::path dir = root_ / "own";

@@ -186,7 +186,9 @@ class WorkerDeathTest(unittest.TestCase):
         # use --resume; worker 1 exits with that, and worker 0, whose step then lacks a gradient
         # from a silent worker, fails naming it.
         steps = 300
-        with Job(self.tmp, 2, ["--max-wait-s", "300"]) as job:
+        # Worker 0 gives up on the killed worker 1 after 20 s (not the default 10): the restarted
+        # one must be up before that, and a start-up on a loaded machine can take longer than 10 s.
+        with Job(self.tmp, 2, ["--max-wait-s", "300", "--worker-timeout-s", "20"]) as job:
             (w0, out0, m0), _ = start_two_and_kill_worker_1(job, steps)
             w1b, out1b, _ = job.worker(1, 2, MLP + ["--steps", str(steps)])  # no --resume
             rc = w1b.wait(timeout=DEADLINE_S)

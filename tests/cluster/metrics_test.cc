@@ -9,7 +9,9 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <random>
 #include <sstream>
@@ -19,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ferry/metrics/http.h"
 #include "internal/table_metrics.h"
 #include "support/cluster.h"
 
@@ -248,6 +251,61 @@ TEST(Metrics, AHeldPullIsTimedByItsWaitAndSyncTablesHaveNoStaleness) {
   EXPECT_EQ(s["ferry_gradients_used_total{server=\"0\",worker=\"0\"}"], 1);
   EXPECT_EQ(s["ferry_gradients_used_total{server=\"0\",worker=\"1\"}"], 1);
   EXPECT_EQ(s["ferry_pulls_held_total{server=\"0\"}"], 1);
+}
+
+// Slow clients from one address (a slowloris: 300 connections from 127.0.0.2 that each send a
+// request line, then a header line now and then, never the end) cannot keep the page from a
+// scraper at another address: one address holds at most kPerAddress connections and the rest are
+// closed (issue 35). Before, the endpoint took them all (up to its limit of about 1,020; 2,000
+// kept the page away for as long as they dripped).
+TEST(Metrics, SlowClientsFromOneAddressCannotKeepThePageFromAScraper) {
+  ServerOptions so;
+  so.metrics_bind = "127.0.0.1:0";
+  so.bind = "tcp://127.0.0.1:0";
+  auto server = Server::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = PortOf((*server)->metrics_url());
+  sockaddr_in to{}, from{};
+  to.sin_family = from.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  from.sin_addr.s_addr = htonl(0x7f000002);  // 127.0.0.2, port picked by the kernel
+  std::vector<int> slow;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    slow.push_back(fd);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from), 0) << std::strerror(errno);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to), 0) << std::strerror(errno);
+    const std::string start = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    ::send(fd, start.data(), start.size(), MSG_NOSIGNAL);
+  }
+  // Each round: every slow client drips a header line; those the endpoint closed see the end.
+  auto still_open = [&] {
+    int open = 0;
+    for (int fd : slow) {
+      const std::string drip = "X-Slow: 1\r\n";
+      char c;
+      if (::send(fd, drip.data(), drip.size(), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) continue;
+      const ssize_t n = ::recv(fd, &c, 1, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) ++open;
+    }
+    return open;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  int open = still_open();
+  while (open > static_cast<int>(metrics::HttpEndpoint::kPerAddress) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    open = still_open();
+  }
+  EXPECT_LE(open, static_cast<int>(metrics::HttpEndpoint::kPerAddress));
+  for (int round = 0; round < 3; ++round) {  // the page, while the slow ones go on dripping
+    const auto [status, page] = HttpGet(port, "/metrics");
+    EXPECT_EQ(status, "HTTP/1.1 200 OK") << "round " << round;
+    EXPECT_NE(page.find("ferry_messages_total"), std::string::npos) << "round " << round;
+    still_open();
+  }
+  for (int fd : slow) ::close(fd);
 }
 
 TEST(Metrics, ABindThatCannotBeHadFailsStartNamingIt) {

@@ -80,12 +80,16 @@ StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::string& b
   std::unique_ptr<HttpEndpoint> http(new HttpEndpoint());
   http->ctx_ = std::make_unique<Context>();
   http->ctx_->render = std::move(render);
-  // Two threads of libmicrohttpd's own (default stacks), each with its own poll loop.
+  // Two threads of libmicrohttpd's own (default stacks), each with its own poll loop. A client
+  // that says nothing for kIdleSeconds is closed; one address holds at most kPerAddress
+  // connections (more are closed at once), so that slow or idle clients from one host (a
+  // slowloris) cannot take the kConnections from a scraper elsewhere.
   const unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (address.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-  http->ctx_->daemon =
-      MHD_start_daemon(flags, 0, nullptr, nullptr, &Serve, &http->ctx_->render, MHD_OPTION_SOCK_ADDR,
-                       reinterpret_cast<sockaddr*>(&address), MHD_OPTION_THREAD_POOL_SIZE, 2u,
-                       MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+  http->ctx_->daemon = MHD_start_daemon(
+      flags, 0, nullptr, nullptr, &Serve, &http->ctx_->render, MHD_OPTION_SOCK_ADDR,
+      reinterpret_cast<sockaddr*>(&address), MHD_OPTION_THREAD_POOL_SIZE, 2u, MHD_OPTION_CONNECTION_TIMEOUT,
+      kIdleSeconds, MHD_OPTION_CONNECTION_LIMIT, kConnections, MHD_OPTION_PER_IP_CONNECTION_LIMIT, kPerAddress,
+      MHD_OPTION_END);
   if (http->ctx_->daemon == nullptr) return refused("the address is in use or not this machine's");
   const MHD_DaemonInfo* info = MHD_get_daemon_info(http->ctx_->daemon, MHD_DAEMON_INFO_BIND_PORT);
   if (info == nullptr || info->port == 0) return refused("no port bound");

@@ -19,6 +19,14 @@ class HttpEndpoint {
  public:
   using Render = std::function<std::optional<std::string>()>;
 
+  // Bounds on clients: a connection silent this long is closed; the endpoint keeps at most
+  // kConnections open, at most kPerAddress of them from one address (a Prometheus scraper needs
+  // one). A slow client from many addresses can still fill kConnections: put the endpoint on
+  // loopback or a trusted network (README, "Security").
+  static constexpr unsigned kIdleSeconds = 10;
+  static constexpr unsigned kConnections = 256;
+  static constexpr unsigned kPerAddress = 8;
+
   // Listens on `bind` ("PORT" or "HOST:PORT"; port 0 picks a free one). UNAVAILABLE naming
   // `bind` and the reason when it cannot.
   static StatusOr<std::unique_ptr<HttpEndpoint>> Start(const std::string& bind, Render render);

@@ -18,6 +18,7 @@
 #include "ferry/messages/wire.h"
 #include "support/cluster.h"
 #include "support/scenarios.h"
+#include "support/temp_dir.h"
 
 namespace ferry::test {
 namespace {
@@ -334,6 +335,86 @@ TEST(Cluster, GradientsHoldingNaNOrInfAreRefusedOrTheirRowsSkipped) {
   }
   EXPECT_EQ(refused, 2);
   EXPECT_EQ(skipped, 1);
+}
+
+// A finite gradient whose update would not be finite (issue 35: a gradient of 3e38, or lr 3e38,
+// made weights -inf, and FTRL NaN, without a word): the elements keep their values, the push that
+// carried the update is refused naming the table and the element, and the table takes no more
+// pushes nor checkpoints (a diverged model). Async and sync, dense and sparse.
+TEST(Cluster, AnUpdateThatWouldNotBeFiniteIsRefusedAndTheTableTakesNoMorePushes) {
+  TempDir tmp("overflow");
+  ServerOptions base;
+  base.checkpoint_dir = tmp.path().string();
+  auto c = LocalCluster::Start(2, false, base);
+  auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+  auto has = [](const Status& st, const std::string& text) {
+    return st.code() == StatusCode::kInvalidArgument && st.message().find(text) != std::string::npos;
+  };
+
+  // Async dense, lr 3e38 (the issue's): element 6's gradient of 2 would make it -inf.
+  TableSpec d = SgdTable("d", 10, Consistency::kAsync);
+  d.chunk_elems = 4;
+  d.optimizer.learning_rate = 3e38f;
+  ASSERT_TRUE(w0->Declare(d).ok());
+  ASSERT_TRUE(w1->Declare(d).ok());
+  std::vector<float> g(10, 0.0f), out(10);
+  g[0] = 1e-38f;
+  g[6] = 2.0f;
+  Status s = w0->PushDense("d", g, 0).wait();
+  EXPECT_TRUE(has(s, "table 'd' diverged: worker 0's push: the update of element 6 would not be finite (sgd, lr "
+                     "3e+38; it is 0, its gradient 2)"))
+      << s;
+  EXPECT_TRUE(has(s, "kept those elements' values and optimizer state, applied the rest of the update")) << s;
+  ASSERT_TRUE(w0->PullDense("d", out, 0).wait().ok());
+  std::vector<float> want(10, 0.0f);
+  want[0] = 0.0f - 3e38f * 1e-38f;  // the rest of the update was applied
+  EXPECT_EQ(out, want);
+  g.assign(10, 0.0f);
+  s = w1->PushDense("d", g, 0).wait();  // from now on: refused, naming the first refusal
+  EXPECT_TRUE(has(s, "table 'd' diverged (worker 0's push: the update of element 6")) << s;
+  EXPECT_TRUE(has(s, "refuses every push to it and every checkpoint")) << s;
+  s = w0->Checkpoint(0);
+  EXPECT_TRUE(has(s, "table 'd' diverged")) << s;
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "CURRENT"));
+
+  // Sync dense: each worker's 3e38 is finite, their sum is not. The push that closes the step
+  // is refused; the other worker's next push is.
+  TableSpec sy = SgdTable("s", 6, Consistency::kSync);
+  ASSERT_TRUE(w0->Declare(sy).ok());
+  ASSERT_TRUE(w1->Declare(sy).ok());
+  std::vector<float> big(6, 3e38f), back(6);
+  ASSERT_TRUE(w0->PushDense("s", big, 0).wait().ok());
+  s = w1->PushDense("s", big, 0).wait();
+  EXPECT_TRUE(has(s, "table 's' diverged: sync step 0: the update")) << s;
+  EXPECT_TRUE(has(s, "its gradient inf)")) << s;
+  ASSERT_TRUE(w0->PullDense("s", back, 1).wait().ok());
+  EXPECT_EQ(back, std::vector<float>(6, 0.0f));
+  s = w0->PushDense("s", back, 1).wait();
+  EXPECT_TRUE(has(s, "table 's' diverged (sync step 0")) << s;
+
+  // Async sparse, adam: g^2 of 3e38 fills its second moment with inf. Only that element is kept.
+  TableSpec e;
+  e.name = "e";
+  e.type = TableType::kSparse;
+  e.dim = 2;
+  e.optimizer.type = OptimizerType::kAdam;
+  e.consistency = Consistency::kAsync;
+  ASSERT_TRUE(w0->Declare(e).ok());
+  ASSERT_TRUE(w1->Declare(e).ok());
+  const int64_t ids[2] = {4, 9};
+  std::vector<float> before(4), rows = {1, 1, 1, 3e38f}, after(4);
+  ASSERT_TRUE(w1->PullSparse("e", ids, before, 0).wait().ok());
+  s = w1->PushSparse("e", ids, rows, 0).wait();
+  EXPECT_TRUE(has(s, "table 'e' diverged: worker 1's push: the update of id 9 element 1 would not be finite (adam, "
+                     "lr 0.01; it is "))
+      << s;
+  ASSERT_TRUE(w1->PullSparse("e", ids, after, 0).wait().ok());
+  EXPECT_EQ(after[3], before[3]);
+  for (int i = 0; i < 3; ++i) EXPECT_NE(after[static_cast<size_t>(i)], before[static_cast<size_t>(i)]) << i;
+
+  int64_t refused = 0;
+  for (const auto& server : c.servers) refused += server->stats().counters.at("nonfinite_updates_refused");
+  EXPECT_EQ(refused, 1 + 6 + 1);
 }
 
 TEST(Cluster, DeclarationIsIdempotentAndConflictsNameTheField) {

@@ -278,6 +278,34 @@ class PythonModuleTest(unittest.TestCase):
             np.testing.assert_array_equal(c.pull_sparse("strict", ids).wait(), [[0, 0], [0, 0]])
             c.close()
 
+    def test_an_update_that_would_not_be_finite_is_refused_and_the_table_takes_no_more(self):
+        # Issue 35: a finite gradient whose update overflows (FTRL's n += g^2 with g = 3e38) made
+        # NaN weights without a word. Now a real ferry-ps keeps that element, refuses the push
+        # naming the table and element, and then every push to the table and every checkpoint.
+        with tempfile.TemporaryDirectory(prefix="ferry-py-overflow-") as d:
+            with Servers(1, extra_args=["--checkpoint-dir", d, "--num-workers", "1"]) as s:
+                c = ferry.Client(s.endpoints, rank=0, num_workers=1)
+                c.declare_sparse("f", 2, optimizer="ftrl", lr=0.1)
+                ids = np.array([1, 2], np.int64)
+                before = c.pull_sparse("f", ids).wait()
+                g = np.array([[1, 1], [1, 3e38]], np.float32)
+                with self.assertRaises(ferry.Error) as e:
+                    c.push_sparse("f", ids, g).wait()
+                self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+                self.assertIn("table 'f' diverged: worker 0's push: the update of id 2 element 1 would not be "
+                              "finite (ftrl, lr 0.1; it is 0, its gradient 3.00000001e+38)", str(e.exception))
+                after = c.pull_sparse("f", ids).wait()
+                self.assertTrue(np.isfinite(after).all(), after)
+                self.assertEqual(after[1, 1], before[1, 1])
+                with self.assertRaises(ferry.Error) as e:
+                    c.push_sparse("f", ids, np.ones((2, 2), np.float32)).wait()
+                self.assertIn("refuses every push to it and every checkpoint", str(e.exception))
+                with self.assertRaises(ferry.Error) as e:
+                    c.checkpoint(0)
+                self.assertIn("table 'f' diverged", str(e.exception))
+                self.assertFalse(os.path.exists(os.path.join(d, "CURRENT")))
+                c.close()
+
     def test_a_checkpoint_and_servers_restored_from_it(self):
         with tempfile.TemporaryDirectory(prefix="ferry-py-ckpt-") as d:
             folder = ["--checkpoint-dir", d, "--num-workers", "1"]

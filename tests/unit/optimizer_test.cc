@@ -1,5 +1,6 @@
 // The server-side optimizers against values computed by hand.
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -275,6 +276,55 @@ TEST(OptimizerCatalogue, StateSlotsStartAtTheirHyperparameter) {
   o.type = OptimizerType::kAdamW;
   InitState(o, state.data(), 3);
   EXPECT_EQ(state, (std::vector<float>(6, 0.0f)));
+}
+
+// A finite gradient whose update would not be finite (3e38 times lr 1e3; 3e38 squared in the
+// accumulators of adagrad, adam and ftrl): every optimizer keeps that element's value and state
+// exactly, says which element it was, and gives every other element what an update of it alone
+// gives, bit for bit.
+TEST(Optimizer, AnUpdateThatWouldNotBeFiniteKeepsTheElementAndNamesIt) {
+  constexpr size_t n = 37;  // past a vector's width, with a tail
+  for (const OptimizerInfo& info : kOptimizers) {
+    SCOPED_TRACE(std::string(info.name));
+    OptimizerSpec o = Spec(info.type, 1e3f);
+    const size_t slots = static_cast<size_t>(StateSlots(info.type));
+    std::vector<float> p(n), g(n), state(slots * n);
+    for (size_t i = 0; i < n; ++i) {
+      p[i] = 0.25f * static_cast<float>(i) - 3.0f;
+      g[i] = 0.01f * static_cast<float>(i % 7) - 0.02f;
+    }
+    InitState(o, state.data(), n);
+    for (int step = 1; step <= 2; ++step) ApplyUpdate(o, p.data(), g.data(), state.data(), n, n, step);
+    const std::vector<float> p0 = p, state0 = state;
+    g[21] = 3e38f;
+    g[30] = -3e38f;
+    const NotFinite nf = ApplyUpdateChecked(o, p.data(), g.data(), state.data(), n, n, 3);
+    EXPECT_EQ(nf.count, 2);
+    EXPECT_EQ(nf.first, 21);
+    EXPECT_TRUE(nf.exact);
+    EXPECT_EQ(nf.value, p0[21]);
+    EXPECT_EQ(nf.grad, 3e38f);
+    for (size_t i = 0; i < n; ++i) {
+      float want = p0[i];
+      std::vector<float> s(slots);
+      for (size_t k = 0; k < slots; ++k) s[k] = state0[k * n + i];
+      const int64_t kept = ApplyUpdate(o, &want, &g[i], s.data(), 1, 1, 3);
+      EXPECT_EQ(kept, i == 21 || i == 30 ? 1 : 0) << "element " << i;
+      EXPECT_EQ(p[i], want) << "element " << i;
+      EXPECT_TRUE(std::isfinite(p[i])) << "element " << i;
+      for (size_t k = 0; k < slots; ++k) {
+        EXPECT_EQ(state[k * n + i], s[k]) << "element " << i << " slot " << k;
+        EXPECT_TRUE(std::isfinite(state[k * n + i])) << "element " << i << " slot " << k;
+      }
+    }
+    EXPECT_EQ(DescribeNotFinite(o, nf, "element 21"),
+              "the updates of 2 elements, the first element 21, would not be finite (" + std::string(info.name) +
+                  ", lr 1000; it is " + [&] {
+                    char b[40];
+                    std::snprintf(b, sizeof b, "%.9g", static_cast<double>(p0[21]));
+                    return std::string(b);
+                  }() + ", its gradient 3.00000001e+38)");
+  }
 }
 
 // The README's optimizer table is the catalogue's: adding an optimizer fails here until the

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "ferry/nearest.h"
@@ -161,79 +162,132 @@ std::string OptimizerMarkdownTable() {
 
 // ---- The update rules (see the header for the formulas). ----
 namespace optimizer_rules {
+namespace {
 
-void Sgd(const OptimizerSpec& opt, float* __restrict params, const float* __restrict grad, float*, size_t n, size_t,
-         int64_t) {
-  const float lr = opt.learning_rate;
-  for (size_t i = 0; i < n; ++i) params[i] -= lr * grad[i];
-}
+// Every rule computes an element's new value and state, then writes them only when all are
+// finite (|x| <= FLT_MAX fails for NaN and Inf): an element whose update would not be finite
+// keeps its value and state, and is counted. Selects, not branches, so the loops still vectorize.
+constexpr float kMax = std::numeric_limits<float>::max();
 
-void Momentum(const OptimizerSpec& opt, float* __restrict params, const float* __restrict grad,
-              float* __restrict state, size_t n, size_t, int64_t) {
-  float* __restrict v = state;
-  const float lr = opt.learning_rate, mu = opt.momentum;
-  if (opt.nesterov) {
-    for (size_t i = 0; i < n; ++i) {
-      v[i] = mu * v[i] + grad[i];
-      params[i] -= lr * (grad[i] + mu * v[i]);
-    }
-  } else {
-    for (size_t i = 0; i < n; ++i) {
-      v[i] = mu * v[i] + grad[i];
-      params[i] -= lr * v[i];
-    }
-  }
-}
+// The rules are built twice on x86-64 with GCC, for AVX2 and for the baseline, and the loader picks
+// one (target_clones): AVX2 without FMA, so both give the same bits. With the file built with
+// -fno-math-errno (CMakeLists.txt) std::sqrt vectorizes too; bench/RESULTS.md "Checked updates".
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
+#define FERRY_RULE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FERRY_RULE_CLONES
+#endif
+inline bool Finite(float x) { return std::fabs(x) <= kMax; }
 
-void Adagrad(const OptimizerSpec& opt, float* __restrict params, const float* __restrict grad,
-             float* __restrict state, size_t n, size_t, int64_t) {
-  float* __restrict a = state;
-  const float lr = opt.learning_rate, eps = opt.epsilon;
-  for (size_t i = 0; i < n; ++i) {
-    a[i] += grad[i] * grad[i];
-    params[i] -= lr * grad[i] / (std::sqrt(a[i]) + eps);
-  }
-}
-
-void Adam(const OptimizerSpec& opt, float* __restrict params, const float* __restrict grad, float* __restrict state,
-          size_t n, size_t slot_stride, int64_t step) {
+// Adam's loop, after weight decay (AdamW) by `keep` when `decay`.
+template <bool decay>
+FERRY_RULE_CLONES int64_t AdamRule(const OptimizerSpec& opt, float* __restrict params,
+                                   const float* __restrict grad, float* __restrict state, size_t n,
+                                   size_t slot_stride, int64_t step, float keep) {
   float* __restrict m = state;
   float* __restrict v = state + slot_stride;
   const float b1 = opt.beta1, b2 = opt.beta2, eps = opt.epsilon;
   const double t = static_cast<double>(step < 1 ? 1 : step);
   const float lr_t = static_cast<float>(opt.learning_rate * std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)) /
                                         (1.0 - std::pow(static_cast<double>(b1), t)));
+  uint32_t refused = 0;  // n < 2^32
   for (size_t i = 0; i < n; ++i) {
-    m[i] = b1 * m[i] + (1.0f - b1) * grad[i];
-    v[i] = b2 * v[i] + (1.0f - b2) * grad[i] * grad[i];
-    params[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+    const float p0 = decay ? params[i] * keep : params[i];
+    const float m1 = b1 * m[i] + (1.0f - b1) * grad[i];
+    const float v1 = b2 * v[i] + (1.0f - b2) * grad[i] * grad[i];
+    const float p1 = p0 - lr_t * m1 / (std::sqrt(v1) + eps);
+    const bool ok = Finite(p1) & Finite(m1) & Finite(v1);
+    params[i] = ok ? p1 : params[i];
+    m[i] = ok ? m1 : m[i];
+    v[i] = ok ? v1 : v[i];
+    refused += static_cast<uint32_t>(!ok);
   }
+  return refused;
 }
 
-void AdamW(const OptimizerSpec& opt, float* __restrict params, const float* __restrict grad,
-           float* __restrict state, size_t n, size_t slot_stride, int64_t step) {
-  if (opt.weight_decay != 0.0f) {
-    const float keep = 1.0f - opt.learning_rate * opt.weight_decay;
-    for (size_t i = 0; i < n; ++i) params[i] *= keep;
+}  // namespace
+
+FERRY_RULE_CLONES int64_t Sgd(const OptimizerSpec& opt, float* __restrict params, const float* __restrict grad,
+                              float*, size_t n, size_t, int64_t) {
+  const float lr = opt.learning_rate;
+  uint32_t refused = 0;  // n < 2^32
+  for (size_t i = 0; i < n; ++i) {
+    const float p1 = params[i] - lr * grad[i];
+    const bool ok = Finite(p1);
+    params[i] = ok ? p1 : params[i];
+    refused += static_cast<uint32_t>(!ok);
   }
-  Adam(opt, params, grad, state, n, slot_stride, step);
+  return refused;
 }
 
-void Ftrl(const OptimizerSpec& opt, float* __restrict params, const float* __restrict grad, float* __restrict state,
-          size_t n, size_t slot_stride, int64_t) {
+FERRY_RULE_CLONES int64_t Momentum(const OptimizerSpec& opt, float* __restrict params,
+                                   const float* __restrict grad, float* __restrict state, size_t n, size_t,
+                                   int64_t) {
+  float* __restrict v = state;
+  const float lr = opt.learning_rate, mu = opt.momentum;
+  const bool nesterov = opt.nesterov;
+  uint32_t refused = 0;  // n < 2^32
+  for (size_t i = 0; i < n; ++i) {
+    const float v1 = mu * v[i] + grad[i];
+    const float p1 = params[i] - lr * (nesterov ? grad[i] + mu * v1 : v1);
+    const bool ok = Finite(p1) & Finite(v1);
+    params[i] = ok ? p1 : params[i];
+    v[i] = ok ? v1 : v[i];
+    refused += static_cast<uint32_t>(!ok);
+  }
+  return refused;
+}
+
+FERRY_RULE_CLONES int64_t Adagrad(const OptimizerSpec& opt, float* __restrict params,
+                                  const float* __restrict grad, float* __restrict state, size_t n, size_t, int64_t) {
+  float* __restrict a = state;
+  const float lr = opt.learning_rate, eps = opt.epsilon;
+  uint32_t refused = 0;  // n < 2^32
+  for (size_t i = 0; i < n; ++i) {
+    const float a1 = a[i] + grad[i] * grad[i];
+    const float p1 = params[i] - lr * grad[i] / (std::sqrt(a1) + eps);
+    const bool ok = Finite(p1) & Finite(a1);
+    params[i] = ok ? p1 : params[i];
+    a[i] = ok ? a1 : a[i];
+    refused += static_cast<uint32_t>(!ok);
+  }
+  return refused;
+}
+
+int64_t Adam(const OptimizerSpec& opt, float* params, const float* grad, float* state, size_t n, size_t slot_stride,
+             int64_t step) {
+  return AdamRule<false>(opt, params, grad, state, n, slot_stride, step, 1.0f);
+}
+
+int64_t AdamW(const OptimizerSpec& opt, float* params, const float* grad, float* state, size_t n, size_t slot_stride,
+              int64_t step) {
+  if (opt.weight_decay == 0.0f) return AdamRule<false>(opt, params, grad, state, n, slot_stride, step, 1.0f);
+  const float keep = 1.0f - opt.learning_rate * opt.weight_decay;
+  return AdamRule<true>(opt, params, grad, state, n, slot_stride, step, keep);
+}
+
+FERRY_RULE_CLONES int64_t Ftrl(const OptimizerSpec& opt, float* __restrict params, const float* __restrict grad,
+                               float* __restrict state, size_t n, size_t slot_stride, int64_t) {
   float* __restrict z = state;
   float* __restrict acc = state + slot_stride;
   const float l1 = opt.l1, l2 = opt.l2, beta = opt.beta, inv_alpha = 1.0f / opt.learning_rate;
+  uint32_t refused = 0;  // n < 2^32
   for (size_t i = 0; i < n; ++i) {
     const float g = grad[i];
     const float n_new = acc[i] + g * g;
     const float sqrt_new = std::sqrt(n_new);
     const float sigma = (sqrt_new - std::sqrt(acc[i])) * inv_alpha;
-    z[i] += g - sigma * params[i];
-    acc[i] = n_new;
-    const float zi = z[i];
-    params[i] = std::fabs(zi) <= l1 ? 0.0f : -(zi - std::copysign(l1, zi)) / ((beta + sqrt_new) * inv_alpha + l2);
+    const float z1 = z[i] + (g - sigma * params[i]);
+    const float p1 =
+        std::fabs(z1) <= l1 ? 0.0f : -(z1 - std::copysign(l1, z1)) / ((beta + sqrt_new) * inv_alpha + l2);
+    const bool ok = Finite(p1) & Finite(z1) & Finite(n_new);
+    params[i] = ok ? p1 : params[i];
+    z[i] = ok ? z1 : z[i];
+    acc[i] = ok ? n_new : acc[i];
+    refused += static_cast<uint32_t>(!ok);
   }
+  return refused;
 }
 
 std::string_view AdagradRefuses(const OptimizerSpec& o) {

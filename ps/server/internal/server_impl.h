@@ -80,6 +80,7 @@ enum Counter : int {
   kWireValuesSaturated,
   kPiecesHeld,
   kPieceCallsRefused,
+  kNonFiniteUpdatesRefused,
   kNumCounters
 };
 inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
@@ -87,7 +88,7 @@ inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker",
     "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused",
     "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped",
-    "wire_values_saturated", "pieces_held", "piece_calls_refused"};
+    "wire_values_saturated", "pieces_held", "piece_calls_refused", "nonfinite_updates_refused"};
 inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the server's and each table's
 // Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
 // bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
@@ -170,8 +171,17 @@ class ServerImpl final : public Server {
       }
     });
   }
-  void CloseSyncStep(const ps::Table& t, ps::DenseChunk& c);
-  void CloseSyncStep(ps::SparseShard& shard);
+  // Closes the step of a sync unit; an update that would not be finite marks the table diverged
+  // (NotFiniteUpdate), and the error is returned for the request that closed it.
+  Status CloseSyncStep(ps::Table& t, ps::DenseChunk& c);
+  Status CloseSyncStep(ps::Table& t);
+  // An update of `t` whose result would not have been finite in the elements `nf` names (they
+  // kept their values; `offset`: the chunk's first element, 0 for sparse rows): counted
+  // (nonfinite_updates_refused), logged, the table marked diverged. `whose`: "worker 1's push", "the
+  // sync step 12". The error for the request that carried it.
+  Status NotFiniteUpdate(ps::Table& t, const ps::NotFinite& nf, int64_t offset, const std::string& whose);
+  // The refusal of a push to (or a checkpoint of) a table marked diverged; OK for the others.
+  Status Diverged(const ps::Table& t) const;
 
   // Serves a pull whose condition holds; false when it must keep waiting. Tables cannot be
   // dropped, so the slices resolved on arrival still resolve.

@@ -32,8 +32,9 @@ bool DropGradient(SyncSlots& sync, int rank);
 
 // Closes the current step: applies the average of the held gradients, moves the version on and
 // empties the slots for `num_workers`. Sparse rows are summed per id, ids first seen in rank
-// order, and each row updated once.
-void CloseSyncStep(Updater& updater, const TableSpec& spec, DenseChunk& c, int num_workers);
-void CloseSyncStep(Updater& updater, SparseShard& shard, int num_workers);
+// order, and each row updated once. Returns the elements whose update would not have been finite,
+// which kept their values (Updater).
+NotFinite CloseSyncStep(Updater& updater, const TableSpec& spec, DenseChunk& c, int num_workers);
+NotFinite CloseSyncStep(Updater& updater, SparseShard& shard, int num_workers);
 
 }  // namespace ferry::ps

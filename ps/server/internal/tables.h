@@ -9,12 +9,14 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
 #include <zmq.hpp>
 
 #include "ferry/table_spec.h"
+#include "internal/optimizer.h"
 #include "internal/memory_budget.h"
 #include "internal/row_lifecycle.h"
 #include "internal/shared_floats.h"
@@ -147,9 +149,11 @@ class SparseShard {
   // row counting its own updates. Every row is found or created before any is updated, so
   // running out of memory leaves no update half-applied. A repeated id is applied in order.
   // With lifecycle settings, rows not admitted are skipped ((*rows)[i] = kNoRow), and the age
-  // sweep follows. `rows` is scratch.
-  void ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows,
-                 bool over_budget_ok = false);
+  // sweep follows. `rows` is scratch. An element whose update would not be finite keeps its value
+  // and state (ApplyUpdate); what was refused is returned, `first` its element in the row of `id`
+  // (a row none of whose elements took the update does not count it in its steps).
+  NotFinite ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows,
+                      bool over_budget_ok = false);
   float* row(RowIndex index) { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
   const float* row(RowIndex index) const { return &blocks_[index / block_rows_][(index % block_rows_) * row_floats_]; }
   int64_t steps(RowIndex index) const { return steps_[index]; }
@@ -203,6 +207,8 @@ class SparseShard {
   Room EvictOne(int pushes);
   void Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* total);
   void SweepAged(int64_t slots);
+  // One row's update (ApplyRows), its refusals merged into `refused`.
+  void UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused);
   uint64_t NextRandom();
 
   const TableSpec& spec_;  // the owning Table's spec (Tables live behind unique_ptr and never move)
@@ -242,6 +248,10 @@ struct Table {
   // Restored from a checkpoint and not declared since: its first declaration may change its
   // settings (CompareSpecs' `settings`: a resumed job's new learning rate, ...).
   bool settings_open = false;
+  // Set when an update of it would have made an element not finite (finite gradients
+  // overflowing: the model diverged): what the first such update was. From then on every push to
+  // the table, and every checkpoint, is refused with it (ServerImpl::Diverged).
+  std::string diverged;
 };
 
 }  // namespace ferry::ps

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "ferry/mutex.h"
 #include "ferry/table_spec.h"
 #include "internal/tables.h"
 #include "internal/thread_pool.h"
@@ -27,16 +28,20 @@ class Updater {
   // was 1.305 behind on 1 MiB pushes).
   static constexpr int64_t kGrain = 1 << 18;
 
-  // One gradient of the whole chunk, as the chunk's update number `step` (1-based).
-  void ApplyDense(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step);
+  // One gradient of the whole chunk, as the chunk's update number `step` (1-based). Elements whose
+  // update would not be finite keep their value and state: returned, `first` an index in the chunk.
+  NotFinite ApplyDense(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step);
   // One gradient row per id (see SparseShard::ApplyRows).
-  void ApplyRows(SparseShard& shard, std::span<const int64_t> ids, const float* grads, bool over_budget_ok = false) {
-    shard.ApplyRows(ids, grads, &rows_, over_budget_ok);
+  NotFinite ApplyRows(SparseShard& shard, std::span<const int64_t> ids, const float* grads,
+                      bool over_budget_ok = false) {
+    return shard.ApplyRows(ids, grads, &rows_, over_budget_ok);
   }
   // The sum of `grads[k][i]` over k, divided by grads.size(), applied as update `step`: a sync
   // step's gradients added in the order given (rank order), so every run adds the same numbers
   // in the same order whatever the thread count.
-  void ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::span<const float* const> grads, int64_t step);
+  // What was refused as ApplyDense says.
+  NotFinite ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::span<const float* const> grads,
+                              int64_t step);
 
   // One table's rows of a pull: the rows of `ids` into `dst` (ids.size() x dim floats).
   struct RowRead {
@@ -56,7 +61,11 @@ class Updater {
   }
 
  private:
+  // Merges a range's refusals (first: relative to `begin`) into `into`, from any pool thread.
+  void Refused(NotFinite nf, int64_t begin, NotFinite* into);
+
   ThreadPool& pool_;
+  Mutex refused_mu_;  // Refused's
   std::vector<float> avg_;     // scratch for ApplyDenseAverage
   std::vector<RowIndex> rows_;  // scratch for row indices
   std::vector<size_t> starts_;  // scratch: ReadRows' first position of each table in rows_

@@ -43,9 +43,9 @@ class LocalTablesImpl final : public LocalTables {
 
   Status ApplyDense(std::string_view table, std::span<const float> grad, int64_t step) override {
     FERRY_ASSIGN_OR_RETURN(Entry * t, FindDense(table, grad.size()));
-    ApplyUpdate(t->spec.optimizer, t->params.data(), grad.data(), t->state.data(), t->params.size(),
-                t->params.size(), step);
-    return Status::Ok();
+    const NotFinite nf = ApplyUpdateChecked(t->spec.optimizer, t->params.data(), grad.data(), t->state.data(),
+                                            t->params.size(), t->params.size(), step);
+    return Refused(*t, nf, "element " + std::to_string(nf.first));
   }
 
   Status ReadRows(std::string_view table, std::span<const int64_t> ids, std::span<float> rows) override {
@@ -65,8 +65,8 @@ class LocalTablesImpl final : public LocalTables {
 
   Status ApplyRows(std::string_view table, std::span<const int64_t> ids, std::span<const float> grads) override {
     FERRY_ASSIGN_OR_RETURN(Entry * t, FindSparse(table, ids.size(), grads.size(), "update"));
-    t->sparse->ApplyRows(ids, grads.data(), &rows_);
-    return Status::Ok();
+    const NotFinite nf = t->sparse->ApplyRows(ids, grads.data(), &rows_);
+    return Refused(*t, nf, "id " + std::to_string(nf.id) + " element " + std::to_string(nf.first));
   }
 
  private:
@@ -84,6 +84,16 @@ class LocalTablesImpl final : public LocalTables {
                                   (type == TableType::kDense ? "sparse, not dense" : "dense, not sparse"));
     }
     return it->second.get();
+  }
+
+  // An update that refused elements whose result would not be finite (they kept their values): the
+  // model diverged, which ends the run (INVALID_ARGUMENT, like a refused gradient on a server).
+  static Status Refused(const Entry& t, const NotFinite& nf, const std::string& element) {
+    if (!nf.any()) return Status::Ok();
+    return InvalidArgumentError("table '" + t.spec.name +
+                                "' diverged: " + DescribeNotFinite(t.spec.optimizer, nf, element) +
+                                "; those elements kept their values and optimizer state (lower the learning rate or "
+                                "clip the gradients)");
   }
 
   StatusOr<Entry*> FindDense(std::string_view name, size_t elements) {

@@ -76,6 +76,8 @@ constexpr Series kSeries[] = {
     {"rank_conflicts", "ferry_rank_conflicts_total", true,
      "Requests refused for speaking for a worker rank another live connection holds"},
     {"replies_dropped", "ferry_replies_dropped_total", true, "Replies dropped: their peer had too many unread"},
+    {"nonfinite_updates_refused", "ferry_nonfinite_updates_refused_total", true,
+     "Elements whose update would not have been finite (finite gradients overflowing), kept as they were"},
     {"wire_values_saturated", "ferry_wire_values_saturated_total", true,
      "Pulled values beyond a 16-bit table format's range, sent as its largest"},
     {"pieces_held", "ferry_pieces_held_total", true,

@@ -112,14 +112,43 @@ void ServerImpl::LogRateLimited(const std::string& line) {
   logs_held_back_ = 0;
 }
 
-void ServerImpl::CloseSyncStep(const ps::Table& t, ps::DenseChunk& c) {
-  ps::CloseSyncStep(updater_, t.spec, c, workers_.count());
+Status ServerImpl::CloseSyncStep(ps::Table& t, ps::DenseChunk& c) {
+  const int64_t step = c.version;
+  const ps::NotFinite refused = ps::CloseSyncStep(updater_, t.spec, c, workers_.count());
   Count(kUpdatesApplied);
+  if (!refused.any()) [[likely]] return Status::Ok();
+  return NotFiniteUpdate(t, refused, c.offset, "sync step " + std::to_string(step));
 }
 
-void ServerImpl::CloseSyncStep(ps::SparseShard& shard) {
-  ps::CloseSyncStep(updater_, shard, workers_.count());
+Status ServerImpl::CloseSyncStep(ps::Table& t) {
+  const int64_t step = t.sparse->version;
+  const ps::NotFinite refused = ps::CloseSyncStep(updater_, *t.sparse, workers_.count());
   Count(kUpdatesApplied);
+  if (!refused.any()) [[likely]] return Status::Ok();
+  return NotFiniteUpdate(t, refused, 0, "sync step " + std::to_string(step));
+}
+
+Status ServerImpl::NotFiniteUpdate(ps::Table& t, const ps::NotFinite& nf, int64_t offset, const std::string& whose) {
+  Count(kNonFiniteUpdatesRefused, nf.count);
+  const std::string element = nf.id >= 0 ? "id " + std::to_string(nf.id) + " element " + std::to_string(nf.first)
+                                         : "element " + std::to_string(offset + nf.first);
+  const std::string what = whose + ": " + ps::DescribeNotFinite(t.spec.optimizer, nf, element);
+  if (t.diverged.empty()) t.diverged = what;
+  LogRateLimited("table '" + t.spec.name + "' diverged: " + what +
+                 "; those elements kept their values, and the table takes no more pushes");
+  return InvalidArgumentError("table '" + t.spec.name + "' diverged: " + what + ": server " +
+                              std::to_string(options_.rank) +
+                              " kept those elements' values and optimizer state, applied the rest of the update, and "
+                              "refuses every later push to the table (lower the learning rate or clip the gradients, "
+                              "then resume from a checkpoint)");
+}
+
+Status ServerImpl::Diverged(const ps::Table& t) const {
+  if (t.diverged.empty()) [[likely]] return Status::Ok();
+  return InvalidArgumentError("table '" + t.spec.name + "' diverged (" + t.diverged + "): server " +
+                              std::to_string(options_.rank) +
+                              " refuses every push to it and every checkpoint (lower the learning rate or clip the "
+                              "gradients, then resume from a checkpoint)");
 }
 
 bool ServerImpl::TryServe(Request& req) {

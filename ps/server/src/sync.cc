@@ -40,18 +40,19 @@ bool DropGradient(SyncSlots& sync, int rank) {
   return true;
 }
 
-void CloseSyncStep(Updater& updater, const TableSpec& spec, DenseChunk& c, int num_workers) {
+NotFinite CloseSyncStep(Updater& updater, const TableSpec& spec, DenseChunk& c, int num_workers) {
   std::vector<const float*> grads;
   std::vector<std::vector<float>> scratch(c.sync.by_rank.size());
   for (size_t r = 0; r < c.sync.by_rank.size(); ++r) {
     if (c.sync.by_rank[r]) grads.push_back(View<float>(*c.sync.by_rank[r], scratch[r]).data());
   }
-  updater.ApplyDenseAverage(spec.optimizer, c, grads, c.version + 1);
+  const NotFinite refused = updater.ApplyDenseAverage(spec.optimizer, c, grads, c.version + 1);
   ++c.version;
   c.sync.Reset(num_workers, /*sparse=*/false);
+  return refused;
 }
 
-void CloseSyncStep(Updater& updater, SparseShard& shard, int num_workers) {
+NotFinite CloseSyncStep(Updater& updater, SparseShard& shard, int num_workers) {
   const int64_t dim = shard.dim();
   absl::flat_hash_map<int64_t, uint32_t> slot_of;
   std::vector<int64_t> ids;
@@ -78,9 +79,10 @@ void CloseSyncStep(Updater& updater, SparseShard& shard, int num_workers) {
   for (float& v : sum) v /= kf;
   // Every push of the step was checked against the memory budget when it came; the step they
   // make is applied whole even if together they go past it (by at most the other workers' new rows).
-  updater.ApplyRows(shard, ids, sum.data(), /*over_budget_ok=*/true);
+  const NotFinite refused = updater.ApplyRows(shard, ids, sum.data(), /*over_budget_ok=*/true);
   ++shard.version;
   shard.sync.Reset(num_workers, /*sparse=*/true);
+  return refused;
 }
 
 }  // namespace ferry::ps

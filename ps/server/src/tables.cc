@@ -314,10 +314,11 @@ void SparseShard::SweepAged(int64_t count) {
   }
 }
 
-void SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows,
-                            bool over_budget_ok) {
+NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows,
+                                 bool over_budget_ok) {
   rows->resize(ids.size());
   const size_t dim = static_cast<size_t>(dim_);
+  NotFinite refused;
   if (!lifecycle_) {
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i + kPrefetchAhead < ids.size()) Prefetch(ids[i + kPrefetchAhead]);
@@ -325,10 +326,9 @@ void SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grads, st
     }
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i + kPrefetchAhead < ids.size()) __builtin_prefetch(row((*rows)[i + kPrefetchAhead]));
-      const RowIndex r = (*rows)[i];
-      ApplyUpdate(spec_.optimizer, row(r), grads + i * dim, state(r), dim, dim, ++steps_[r]);
+      UpdateRow(ids[i], (*rows)[i], grads + i * dim, &refused);
     }
-    return;
+    return refused;
   }
   ++clock_;
   {
@@ -366,10 +366,20 @@ void SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grads, st
     for (size_t i = 0; i < ids.size(); ++i) {
       const RowIndex r = (*rows)[i];
       if (r == kNoRow) continue;
-      ApplyUpdate(spec_.optimizer, row(r), grads + i * dim, state(r), dim, dim, ++steps_[r]);
+      UpdateRow(ids[i], r, grads + i * dim, &refused);
     }
   }
   SweepAged(kSweepSlots + 2 * static_cast<int64_t>(ids.size()));
+  return refused;
+}
+
+void SparseShard::UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused) {
+  const size_t dim = static_cast<size_t>(dim_);
+  NotFinite nf = ApplyUpdateChecked(spec_.optimizer, row(r), grad, state(r), dim, dim, ++steps_[r]);
+  if (!nf.any()) [[likely]] return;
+  if (nf.count == dim_) --steps_[r];  // no element took this update
+  nf.id = id;
+  refused->Merge(nf);
 }
 
 }  // namespace ferry::ps

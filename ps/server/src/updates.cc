@@ -23,20 +23,31 @@ void CopyFrom(const SharedFloats& old, DenseChunk& c, int64_t b, int64_t e) {
 // The chunk's values are shared with pull replies still being sent: an update writes them in
 // place when no reply holds them, and otherwise into a new buffer, copying each range from the
 // old one just before updating it (the same pass, from cache).
-void Updater::ApplyDense(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step) {
-  const SharedFloats old = c.params.PrepareWrite();
-  pool_.ParallelFor(c.size, kGrain, [&](int64_t b, int64_t e) {
-    CopyFrom(old, c, b, e);
-    ApplyUpdate(opt, c.params.data() + b, grad + b, StateAt(c, b), static_cast<size_t>(e - b),
-                static_cast<size_t>(c.size), step);
-  });
+void Updater::Refused(NotFinite nf, int64_t begin, NotFinite* into) {
+  if (!nf.any()) [[likely]] return;
+  nf.first += begin;
+  MutexLock lock(&refused_mu_);
+  into->Merge(nf);
 }
 
-void Updater::ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::span<const float* const> grads,
-                                int64_t step) {
+NotFinite Updater::ApplyDense(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step) {
+  const SharedFloats old = c.params.PrepareWrite();
+  NotFinite refused;
+  pool_.ParallelFor(c.size, kGrain, [&](int64_t b, int64_t e) {
+    CopyFrom(old, c, b, e);
+    Refused(ApplyUpdateChecked(opt, c.params.data() + b, grad + b, StateAt(c, b), static_cast<size_t>(e - b),
+                               static_cast<size_t>(c.size), step),
+            b, &refused);
+  });
+  return refused;
+}
+
+NotFinite Updater::ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::span<const float* const> grads,
+                                     int64_t step) {
   const float k = static_cast<float>(grads.size());
   avg_.resize(static_cast<size_t>(c.size));
   const SharedFloats old = c.params.PrepareWrite();
+  NotFinite refused;
   pool_.ParallelFor(c.size, kGrain, [&](int64_t b, int64_t e) {
     CopyFrom(old, c, b, e);
     for (int64_t i = b; i < e; ++i) {
@@ -44,9 +55,11 @@ void Updater::ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::sp
       for (const float* g : grads) s += g[i];
       avg_[static_cast<size_t>(i)] = s / k;
     }
-    ApplyUpdate(opt, c.params.data() + b, avg_.data() + b, StateAt(c, b), static_cast<size_t>(e - b),
-                static_cast<size_t>(c.size), step);
+    Refused(ApplyUpdateChecked(opt, c.params.data() + b, avg_.data() + b, StateAt(c, b), static_cast<size_t>(e - b),
+                               static_cast<size_t>(c.size), step),
+            b, &refused);
   });
+  return refused;
 }
 
 void Updater::ReadRows(std::span<const RowRead> reads) {

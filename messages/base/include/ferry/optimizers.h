@@ -92,8 +92,11 @@ struct StateSlot {
 
 // Applies one update to params[0, n). Slot k of the state of params[i] is state[k * slot_stride + i]
 // (slot_stride >= n; a sub-range of a chunk passes the chunk's size). `step`: the 1-based update count.
-using UpdateFn = void (*)(const OptimizerSpec& opt, float* params, const float* grad, float* state, size_t n,
-                          size_t slot_stride, int64_t step);
+// An element whose new value or state would not be finite (finite inputs overflowing: a gradient of
+// 3e38, lr = 3e38, g^2 past FLT_MAX) keeps its value and state; returns how many did. n < 2^32
+// (ps::ApplyUpdate splits larger ranges).
+using UpdateFn = int64_t (*)(const OptimizerSpec& opt, float* params, const float* grad, float* state, size_t n,
+                             size_t slot_stride, int64_t step);
 
 struct OptimizerInfo {
   OptimizerType type;
@@ -107,12 +110,12 @@ struct OptimizerInfo {
 };
 
 namespace optimizer_rules {
-void Sgd(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
-void Momentum(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
-void Adagrad(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
-void Adam(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
-void Ftrl(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
-void AdamW(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
+int64_t Sgd(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
+int64_t Momentum(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
+int64_t Adagrad(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
+int64_t Adam(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
+int64_t Ftrl(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
+int64_t AdamW(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
 std::string_view AdagradRefuses(const OptimizerSpec& o);  // needs initial_accumulator or epsilon > 0
 std::string_view FtrlRefuses(const OptimizerSpec& o);     // needs lr (alpha) > 0
 

@@ -20,6 +20,11 @@ Status ServerImpl::CheckpointPossible() const {
 Status ServerImpl::OnCheckpoint(Request& req) {
   const int64_t step = req.h()->step();
   FERRY_RETURN_IF_ERROR(CheckpointPossible());
+  Status diverged = Status::Ok();  // the model has diverged: a checkpoint would hold it
+  tables_.ForEach([&](const ps::Table& t) {
+    if (diverged.ok()) diverged = Diverged(t);
+  });
+  FERRY_RETURN_IF_ERROR(diverged);
   // A sync checkpoint is a cut at one global step: every sync unit here must be at `step`.
   std::string off;
   ForEachSyncUnit([&](ps::Table& t, int64_t chunk, int64_t version, ps::SyncSlots&) {

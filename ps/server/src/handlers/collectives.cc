@@ -15,8 +15,9 @@ Status ServerImpl::OnFinish(Request& req) {
   workers_.Finish(req.h()->rank());
   ForEachSyncUnit([this](ps::Table& t, int64_t chunk, int64_t, ps::SyncSlots& sync) {
     if (!workers_.StepComplete(t.spec, sync)) return;
-    if (chunk < 0) return CloseSyncStep(*t.sparse);
-    CloseSyncStep(t, *t.dense->chunk(chunk));
+    // An update that would not be finite marks its table diverged; this worker is leaving, and
+    // the others are refused at their next push.
+    (void)(chunk < 0 ? CloseSyncStep(t) : CloseSyncStep(t, *t.dense->chunk(chunk)));
   });
   SendOk(req);
   ServeHeld();

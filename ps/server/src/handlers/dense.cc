@@ -40,6 +40,7 @@ Status ServerImpl::CheckPush(Request& req, std::vector<ps::TableRegistry::SliceR
     }
   }
   for (const auto& r : *refs) {
+    FERRY_RETURN_IF_ERROR(Diverged(*r.table));
     if (r.table->spec.consistency != Consistency::kSync) continue;
     FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(r.table->spec, r.chunk->sync, r.chunk->version, rank, h.step()));
   }
@@ -108,6 +109,7 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
   const Header& h = *req.h();
   const int rank = h.rank();
   bool applied = false;
+  Status refused = Status::Ok();  // an update that would not be finite (the first)
   wire::ReplyInfo info;
   const ps::Table* last = nullptr;
   for (size_t i = 0; i < refs.size(); ++i) {
@@ -125,20 +127,25 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
       ++info.used;
       ps::HoldGradient(c->sync, rank, std::move(req.payload[i]));
       if (workers_.StepComplete(t->spec, c->sync)) {
-        CloseSyncStep(*t, *c);
+        if (Status s = CloseSyncStep(*t, *c); refused.ok()) refused = s;
         applied = true;
       }
     } else {
       ++info.used;
       RecordStaleness(*t, c->version - c->last_pulled[static_cast<size_t>(rank)]);
-      updater_.ApplyDense(t->spec.optimizer, *c, grads[i].data(), c->version + 1);
+      const ps::NotFinite nf = updater_.ApplyDense(t->spec.optimizer, *c, grads[i].data(), c->version + 1);
       ++c->version;
       Count(kUpdatesApplied);
       applied = true;
+      if (nf.any() && refused.ok()) {
+        refused = NotFiniteUpdate(*t, nf, c->offset, "worker " + std::to_string(rank) + "'s push");
+      }
     }
   }
   CountPush(rank, info.used, info.dropped);
-  if (!then_pull) {
+  if (!refused.ok()) {
+    SendError(req, refused);
+  } else if (!then_pull) {
     info.version = INT64_MAX;
     for (const auto& r : refs) info.version = std::min(info.version, r.chunk->version);
     Send(req, wire::MakeReply(h.request_id(), h.kind(), info));

@@ -61,12 +61,14 @@ Status ServerImpl::OnPushSparse(Request& req) {
       ids[i] = View<int64_t>(pl[parts[i].ids_frame], id_scratch[i]);
       grads[i] = View<float>(pl[parts[i].grads_frame], g_scratch[i]);
     }
+    FERRY_RETURN_IF_ERROR(Diverged(t));
     if (t.spec.consistency == Consistency::kSync) {
       FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(t.spec, t.sparse->sync, t.sparse->version, rank, h.step()));
     }
   }
   FERRY_RETURN_IF_ERROR(RoomForRows(parts, ids));
   int64_t used = 0, dropped = 0, version = INT64_MAX;
+  Status refused = Status::Ok();  // an update that would not be finite (the first)
   for (size_t i = 0; i < n; ++i) {
     ps::Table& t = *parts[i].table;
     ps::SparseShard& shard = *t.sparse;
@@ -80,12 +82,17 @@ Status ServerImpl::OnPushSparse(Request& req) {
       }
       ps::HoldGradient(shard.sync, rank, std::move(req.payload[parts[i].ids_frame]),
                        std::move(req.payload[parts[i].grads_frame]));
-      if (workers_.StepComplete(t.spec, shard.sync)) CloseSyncStep(shard);
+      if (workers_.StepComplete(t.spec, shard.sync)) {
+        if (Status s = CloseSyncStep(t); refused.ok()) refused = s;
+      }
     } else {
       RecordStaleness(t, shard.version - shard.last_pulled[static_cast<size_t>(rank)]);
-      updater_.ApplyRows(shard, ids[i], grads[i].data());
+      const ps::NotFinite nf = updater_.ApplyRows(shard, ids[i], grads[i].data());
       ++shard.version;
       Count(kUpdatesApplied);
+      if (nf.any() && refused.ok()) {
+        refused = NotFiniteUpdate(t, nf, 0, "worker " + std::to_string(rank) + "'s push");
+      }
     }
     ++used;
     ++t.counters.push_requests;
@@ -93,7 +100,11 @@ Status ServerImpl::OnPushSparse(Request& req) {
     version = std::min(version, shard.version);
   }
   CountPush(rank, used, dropped);
-  Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = version, .used = used, .dropped = dropped}));
+  if (!refused.ok()) {
+    SendError(req, refused);
+  } else {
+    Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = version, .used = used, .dropped = dropped}));
+  }
   ServeHeld();
   return Status::Ok();
 }

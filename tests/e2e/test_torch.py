@@ -10,6 +10,7 @@ from tests/e2e/:  FERRY_BUILD_DIR=../../build /usr/bin/python3 -m unittest -v te
 """
 
 import contextlib
+import io
 import math
 import os
 import signal
@@ -499,6 +500,33 @@ class StepsTest(unittest.TestCase):
                 ebc.flush()
                 self.assertEqual(ebc.step, 5 + len(batches))
                 self.assertEqual(late_drops(ses), 0)
+            finally:
+                ses.close()
+
+    def test_a_restarted_async_worker_resumes_at_its_own_step(self):
+        # Async tables count this worker's own steps: a worker restarted alone (the servers alive,
+        # no checkpoint) resumes at the steps of its own the servers took (Client.worker_step), and
+        # says so as the launcher reads it. Before, it began again at step 0 (restored_step).
+        cfg = [ft.EmbeddingBagConfig("a", 4, consistency="async")]
+        b = {"a": torch.tensor([[1], [2]])}
+        with Servers(1, max_wait_s=20) as s:
+            ses = self.session(s)
+            ebc = ft.EmbeddingBagCollection(cfg, prefix="own/")
+            dense = ft.ServerParameters(torch.nn.Linear(2, 1), session=ses, prefix="own-d/", consistency="async")
+            for _ in range(7):
+                (ebc(b)["a"].sum() + dense(torch.ones(1, 2)).sum()).backward()
+            ebc.flush()
+            dense.flush()
+            ses.close()
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):  # the session's lines
+                ses = ft.init(s.endpoints, 0, 1, request_timeout=60, env={"FERRY_RESUME": "1"})
+            try:
+                ebc = ft.EmbeddingBagCollection(cfg, prefix="own/")
+                dense = ft.ServerParameters(torch.nn.Linear(2, 1), session=ses, prefix="own-d/", consistency="async")
+                self.assertEqual((ses.worker_step, ebc.step, ses.start_step), (7, 7, 7))
+                ses.resuming(ses.start_step, 20)
+                self.assertIn("[worker 0] resuming the job at step 7 of 20 of its own", out.getvalue())
             finally:
                 ses.close()
 

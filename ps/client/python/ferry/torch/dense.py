@@ -94,7 +94,8 @@ class ServerParameters(torch.nn.Module):
                             init=t_init, init_scale=float(scale), seed=int(seed),
                             replicas_to_aggregate=int(replicas_to_aggregate),
                             options={k: float(v) for k, v in options.items()}, wire=wire)
-        self._steps = _tables.Steps(self._session.restored_step if self._session.resume else 0)
+        self.own_steps = _tables.kind_of(consistency) != "sync"  # async, ssp: this worker's steps
+        self._steps = _tables.Steps(self._session._resume_step(self.own_steps))
         self._exchange = None   # (handle, tag) of the push+pull in flight (the handle keeps its arrays)
         self._pulled = False    # the module holds the values of a pull
         self._queued = False    # the end-of-backward callback is queued for this backward

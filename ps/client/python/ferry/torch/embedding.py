@@ -285,7 +285,8 @@ class EmbeddingBagCollection(torch.nn.Module):
                             dim=c.dim, optimizer=c.optimizer, lr=c.lr, consistency=c.consistency, init=c.init,
                             init_scale=c.init_scale, seed=c.seed, skip_nonfinite_rows=c.skip_nonfinite_rows,
                             wire=c.wire, replicas_to_aggregate=c.replicas_to_aggregate, options=c.options)
-        self._steps = _tables.Steps(self._session.restored_step if self._session.resume else 0)
+        self.own_steps = all(c.kind != "sync" for c in self.configs.values())  # async, ssp: its own
+        self._steps = _tables.Steps(self._session._resume_step(self.own_steps))
         self._anchor = torch.zeros((), requires_grad=True)  # lets autograd reach _Pool.backward
         self._pushes = []      # (handle, sync step it was tagged with or None) not yet waited for
         self._pending = None   # the pull of the training forward whose backward has not pushed

@@ -60,8 +60,10 @@ def _duration(seconds):
 class Session:
     """One worker's connection to the job: `client` (a ferry.Client), `rank`, `num_workers`,
     `num_servers`, `resume` (True for a worker the launcher restarted), `restored_step` (the
-    step of the checkpoint the servers started from; 0 if none), `checkpoint_every` (0: none
-    asked for) and `start_step` (where this worker's loop begins; see there)."""
+    step of the checkpoint the servers started from; 0 if none), `worker_step` (this worker's own
+    steps as the servers knew them: its predecessor's pushes they took, or the checkpoint's
+    record of this rank; -1 if a server is older than 1.11), `checkpoint_every` (0: none asked
+    for) and `start_step` (where this worker's loop begins; see there)."""
 
     def __init__(self, client, *, resume=False, checkpoint_every=0, out=None, metrics=None):
         self.client = client
@@ -70,6 +72,7 @@ class Session:
         self.num_servers = client.num_servers
         self.resume = bool(resume)
         self.restored_step = client.restored_step
+        self.worker_step = client.worker_step
         self.checkpoint_every = int(checkpoint_every or 0)
         self._out = out or sys.stdout
         self._modules = []  # the ferry.torch modules on this session, flushed before a checkpoint
@@ -83,23 +86,44 @@ class Session:
     def _attach(self, module):
         self._modules.append(module)
 
+    def _resume_step(self, own):
+        """The step a module of a restarted worker starts from: for one without sync tables
+        (`own`: async and ssp count this worker's own steps) this worker's own step as the
+        servers knew it, so that it neither does again nor skips steps of its own; else the
+        restored checkpoint's (a sync table's first pull then moves it to the job's step); 0 in a
+        new job."""
+        if not self.resume:
+            return 0
+        return self.worker_step if own and self.worker_step >= 0 else self.restored_step
+
+    @property
+    def own_steps(self):
+        """True when every module of this worker is async or ssp: its steps are its own, not the
+        job's global step."""
+        return bool(self._modules) and all(m.own_steps for m in self._modules)
+
     @property
     def start_step(self):
         """Where this worker's training loop begins: 0 in a new job. For a worker the launcher
         restarted (resume), the step its modules joined the job at: a sync table's global step
-        (the servers' step now, which is past the checkpoint's when this worker died alone), else
-        the restored checkpoint's step. Read it after making the modules."""
+        (the servers' step now, which is past the checkpoint's when this worker died alone); for
+        async and ssp modules this worker's own step (worker_step); with none, the restored
+        checkpoint's step. Read it after making the modules."""
         if not self.resume:
             return 0
-        return max([self.restored_step] + [m.joined_at for m in self._modules])
+        if not self._modules:
+            return self.restored_step
+        return max(m.joined_at for m in self._modules)
 
     def say(self, text):
         """Prints one line prefixed with this worker, as the launcher expects."""
         print(f"[worker {self.rank}] {text}", file=self._out, flush=True)
 
     def resuming(self, step, total):
-        """Tells the launcher this (restarted) worker joins the job at `step` of `total`."""
-        self.say(f"resuming the job at step {step} of {total}")
+        """Tells the launcher this (restarted) worker joins the job at `step` of `total` ("of its
+        own" when its modules count their own steps: the launcher then counts what this worker
+        lost by its own step)."""
+        self.say(f"resuming the job at step {step} of {total}" + (" of its own" if self.own_steps else ""))
 
     def log_step(self, step, total, examples=None, **metrics):
         """A progress line: `[worker R] step T/TOTAL k v ... [N examples/s] ETA D` (the launcher

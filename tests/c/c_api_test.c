@@ -4,6 +4,8 @@
  *
  *   c_api_test tcp://127.0.0.1:PORT0 tcp://127.0.0.1:PORT1   (tests/e2e/test_c_api.py runs it)
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,6 +184,22 @@ int main(int argc, char** argv) {
   CHECK(ferry_wait(h, -1) == FERRY_OK);
   ferry_handle_free(h);
   CHECK(hv[0] == -1.0f && hv[1] == 3.0f && hv[2] == -0.0999755859375f && hv[3] == -2.0f);
+
+  /* A restart under ferry-launch: FERRY_INCARNATION=N (the launcher's count of this rank's starts)
+   * makes the new process take the rank over at once, while the earlier one is still connected,
+   * which is refused from then on. A value that is not such a count is refused. */
+  ferry_client* again = NULL;
+  setenv("FERRY_INCARNATION", "one", 1);
+  EXPECT_ERROR(ferry_connect(servers, num_servers, 0, 1, 20000, &again), FERRY_INVALID_ARGUMENT,
+               "FERRY_INCARNATION is 'one'");
+  setenv("FERRY_INCARNATION", "1", 1);
+  CHECK(ferry_connect(servers, num_servers, 0, 1, 20000, &again) == FERRY_OK);
+  unsetenv("FERRY_INCARNATION");
+  if (again != NULL) {
+    EXPECT_ERROR(ferry_barrier(client), FERRY_FAILED_PRECONDITION, "replaced by its incarnation 1");
+    CHECK(ferry_barrier(again) == FERRY_OK);
+    ferry_close(again);
+  }
 
   ferry_spec_free(half);
   ferry_spec_free(w);

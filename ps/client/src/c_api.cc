@@ -3,7 +3,10 @@
 // exception crossing into C.
 #include "ferry/c_api.h"
 
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <span>
@@ -75,6 +78,17 @@ bool Null(const void* p, const char* call, const char* what, ferry_code* code) {
 ferry_code ConnectWith(ferry::ClientOptions o, int64_t request_timeout_ms, ferry_client** out) {
   if (request_timeout_ms < 0)
     return Invalid("ferry_connect: request_timeout_ms " + std::to_string(request_timeout_ms) + " < 0");
+  // ferry-launch numbers a worker program's starts in FERRY_INCARNATION (ClientOptions::incarnation).
+  if (const char* text = std::getenv("FERRY_INCARNATION"); text != nullptr && *text != '\0') {
+    uint32_t n = 0;
+    const char* end = text + std::strlen(text);
+    const auto [at, ec] = std::from_chars(text, end, n);
+    if (ec != std::errc() || at != end) {
+      return Invalid("ferry_connect: FERRY_INCARNATION is '" + std::string(text) +
+                     "', not a count of this rank's starts in [0, 4294967295]");
+    }
+    o.incarnation = n;
+  }
   if (request_timeout_ms > 0) o.request_timeout = std::chrono::milliseconds(request_timeout_ms);
   auto c = ferry::Client::Connect(std::move(o));
   if (!c.ok()) return Fail(c.status());

@@ -85,7 +85,10 @@ ferry_code ferry_spec_set_wire(ferry_table_spec* spec, const char* wire);
 
 /* Connects to every server (endpoints like "tcp://host:7470", in server-rank order) as worker
  * `rank` of `num_workers`, handshaking with each. request_timeout_ms: the longest any request
- * waits for its reply (0: the C++ default, 6 minutes). */
+ * waits for its reply (0: the C++ default, 6 minutes). Every ferry_connect* reads
+ * FERRY_INCARNATION from the environment when set (ferry-launch numbers a restarted worker's
+ * starts there; ClientOptions::incarnation): a later start takes the rank over at once, even
+ * while an earlier one still looks alive, and the earlier one is refused from then on. */
 ferry_code ferry_connect(const char* const* servers, size_t num_servers, int rank, int num_workers,
                          int64_t request_timeout_ms, ferry_client** out);
 /* ferry_connect with CURVE: authenticates as worker `rank` with the keys in `curve_keys_dir`, a

@@ -412,9 +412,58 @@ TEST(Cluster, AnUpdateThatWouldNotBeFiniteIsRefusedAndTheTableTakesNoMorePushes)
   EXPECT_EQ(after[3], before[3]);
   for (int i = 0; i < 3; ++i) EXPECT_NE(after[static_cast<size_t>(i)], before[static_cast<size_t>(i)]) << i;
 
+  // Sync sparse: two finite rows of one id sum past FLT_MAX; the other id's row is applied.
+  TableSpec ss = e;
+  ss.name = std::string("ss");  // not a literal: GCC 12 warns falsely (-Wrestrict) at -O3
+  ss.optimizer.type = OptimizerType::kSgd;
+  ss.optimizer.learning_rate = 1.0f;
+  ss.consistency = Consistency::kSync;
+  ASSERT_TRUE(w0->Declare(ss).ok());
+  ASSERT_TRUE(w1->Declare(ss).ok());
+  const int64_t one[1] = {7};
+  std::vector<float> hot = {3e38f, 1}, sums(2);
+  ASSERT_TRUE(w0->PushSparse("ss", one, hot, 0).wait().ok());
+  s = w1->PushSparse("ss", one, hot, 0).wait();
+  EXPECT_TRUE(has(s, "table 'ss' diverged: sync step 0: the update of id 7 element 0 would not be finite (sgd, lr "
+                     "1; it is 0, its gradient inf)"))
+      << s;
+  ASSERT_TRUE(w0->PullSparse("ss", one, sums, 1).wait().ok());
+  EXPECT_EQ(sums, (std::vector<float>{0, -1}));
+
+  // One push that overflows in two tables held by one server: both are marked, both counted; the
+  // reply names the first.
+  std::string second = "a2";
+  for (int k = 3; placement::ChunkServer(TableId(second), 0, 2) != placement::ChunkServer(TableId("a1"), 0, 2); ++k) {
+    second = "a" + std::to_string(k);
+  }
+  TableSpec a1 = SgdTable("a1", 2, Consistency::kAsync), a2 = SgdTable(second, 2, Consistency::kAsync);
+  a1.optimizer.learning_rate = a2.optimizer.learning_rate = 3e38f;
+  for (auto* w : {w0.get(), w1.get()}) {
+    ASSERT_TRUE(w->Declare(a1).ok());
+    ASSERT_TRUE(w->Declare(a2).ok());
+  }
+  const std::vector<float> two(2, 2.0f);
+  const DenseIn both[2] = {{"a1", two}, {second, two}};
+  s = w0->PushDense(both, 0).wait();
+  EXPECT_TRUE(has(s, "table 'a1' diverged: worker 0's push: the updates of 2 elements")) << s;
+  for (const std::string& name : {std::string("a1"), second}) {
+    s = w1->PushDense(name, two, 0).wait();
+    EXPECT_TRUE(has(s, "table '" + name + "' diverged (worker 0's push")) << name << ": " << s;
+  }
+
+  // A sync step closed by a worker's Finish (it leaves without pushing): its Finish is told.
+  TableSpec fin = SgdTable("fin", 1, Consistency::kSync);
+  fin.optimizer.learning_rate = 10.0f;
+  ASSERT_TRUE(w0->Declare(fin).ok());
+  ASSERT_TRUE(w1->Declare(fin).ok());
+  const std::vector<float> huge(1, 3e38f);
+  ASSERT_TRUE(w0->PushDense("fin", huge, 0).wait().ok());
+  s = w1->Finish();
+  EXPECT_TRUE(has(s, "table 'fin' diverged: sync step 0: the update of element 0 would not be finite")) << s;
+
   int64_t refused = 0;
   for (const auto& server : c.servers) refused += server->stats().counters.at("nonfinite_updates_refused");
-  EXPECT_EQ(refused, 1 + 6 + 1);
+  EXPECT_EQ(refused, 1 + 6 + 1 + 1 + 2 + 2 + 1);
 }
 
 TEST(Cluster, DeclarationIsIdempotentAndConflictsNameTheField) {

@@ -1,6 +1,8 @@
 // The server-side optimizers against values computed by hand.
+#include <bit>
 #include <cmath>
 #include <cstdio>
+#include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -264,6 +266,12 @@ TEST(OptimizerCatalogue, OutOfRangeHyperparametersAreRefusedNamingOptimizerAndKe
   adagrad.epsilon = 0.0f;
   EXPECT_NE(ValidateOptimizer(adagrad).message().find("adagrad needs initial_accumulator > 0 or epsilon > 0"),
             std::string::npos);
+  for (OptimizerType type : {OptimizerType::kAdam, OptimizerType::kAdamW}) {
+    OptimizerSpec adam;
+    adam.type = type;
+    adam.epsilon = 0.0f;  // 0 / (sqrt(0) + 0) for an element whose gradients were all 0
+    EXPECT_NE(ValidateOptimizer(adam).message().find("needs epsilon > 0"), std::string::npos);
+  }
 }
 
 TEST(OptimizerCatalogue, StateSlotsStartAtTheirHyperparameter) {
@@ -276,6 +284,103 @@ TEST(OptimizerCatalogue, StateSlotsStartAtTheirHyperparameter) {
   o.type = OptimizerType::kAdamW;
   InitState(o, state.data(), 3);
   EXPECT_EQ(state, (std::vector<float>(6, 0.0f)));
+}
+
+// The rules as they were before they checked their results (d937474), written out plainly: for
+// finite results every rule must give these bits, whichever clone the loader picked (the sync
+// mode's bitwise repeatability rests on it). Random values across magnitudes, denormals and
+// zeros, 4 steps, n not a multiple of a vector's width.
+namespace reference {
+void Update(const OptimizerSpec& o, float* p, const float* g, float* s, size_t n, size_t stride, int64_t step) {
+  switch (o.type) {
+    case OptimizerType::kSgd:
+      for (size_t i = 0; i < n; ++i) p[i] -= o.learning_rate * g[i];
+      return;
+    case OptimizerType::kMomentum:
+      for (size_t i = 0; i < n; ++i) {
+        s[i] = o.momentum * s[i] + g[i];
+        p[i] -= o.learning_rate * (o.nesterov ? g[i] + o.momentum * s[i] : s[i]);
+      }
+      return;
+    case OptimizerType::kAdagrad:
+      for (size_t i = 0; i < n; ++i) {
+        s[i] += g[i] * g[i];
+        p[i] -= o.learning_rate * g[i] / (std::sqrt(s[i]) + o.epsilon);
+      }
+      return;
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW: {
+      if (o.type == OptimizerType::kAdamW && o.weight_decay != 0.0f) {
+        const float keep = 1.0f - o.learning_rate * o.weight_decay;
+        for (size_t i = 0; i < n; ++i) p[i] *= keep;
+      }
+      float* m = s;
+      float* v = s + stride;
+      const double t = static_cast<double>(step < 1 ? 1 : step);
+      const float lr_t = static_cast<float>(o.learning_rate * std::sqrt(1.0 - std::pow(double{o.beta2}, t)) /
+                                            (1.0 - std::pow(double{o.beta1}, t)));
+      for (size_t i = 0; i < n; ++i) {
+        m[i] = o.beta1 * m[i] + (1.0f - o.beta1) * g[i];
+        v[i] = o.beta2 * v[i] + (1.0f - o.beta2) * g[i] * g[i];
+        p[i] -= lr_t * m[i] / (std::sqrt(v[i]) + o.epsilon);
+      }
+      return;
+    }
+    case OptimizerType::kFtrl: {
+      float* z = s;
+      float* acc = s + stride;
+      const float inv_alpha = 1.0f / o.learning_rate;
+      for (size_t i = 0; i < n; ++i) {
+        const float n_new = acc[i] + g[i] * g[i];
+        const float sqrt_new = std::sqrt(n_new);
+        const float sigma = (sqrt_new - std::sqrt(acc[i])) * inv_alpha;
+        z[i] += g[i] - sigma * p[i];
+        acc[i] = n_new;
+        p[i] = std::fabs(z[i]) <= o.l1 ? 0.0f
+                                       : -(z[i] - std::copysign(o.l1, z[i])) / ((o.beta + sqrt_new) * inv_alpha + o.l2);
+      }
+      return;
+    }
+  }
+}
+}  // namespace reference
+
+TEST(Optimizer, FiniteResultsAreTheBitsOfTheRulesBeforeTheyWereChecked) {
+  constexpr size_t n = 1003;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-40, 8);
+  auto value = [&] {
+    const int e = exponent(rng);
+    return e == -40 ? 0.0f : std::ldexp(unit(rng), e);  // zeros, denormals' neighbours, up to 2^8
+  };
+  for (const OptimizerInfo& info : kOptimizers) {
+    for (const bool nesterov : {false, true}) {
+      if (nesterov && info.type != OptimizerType::kMomentum) continue;
+      SCOPED_TRACE(std::string(info.name) + (nesterov ? " nesterov" : ""));
+      OptimizerSpec o = Spec(info.type, 0.05f);
+      o.nesterov = nesterov;
+      o.l1 = 0.01f;
+      o.l2 = 0.001f;
+      const size_t slots = static_cast<size_t>(StateSlots(info.type));
+      std::vector<float> p(n), state(slots * n);
+      for (float& x : p) x = value();
+      InitState(o, state.data(), n);
+      std::vector<float> rp = p, rstate = state;
+      for (int64_t step = 1; step <= 4; ++step) {
+        std::vector<float> g(n);
+        for (float& x : g) x = value();
+        EXPECT_EQ(ApplyUpdate(o, p.data(), g.data(), state.data(), n, n, step), 0);
+        reference::Update(o, rp.data(), g.data(), rstate.data(), n, n, step);
+      }
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(p[i]), std::bit_cast<uint32_t>(rp[i])) << "element " << i;
+      }
+      for (size_t i = 0; i < slots * n; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(state[i]), std::bit_cast<uint32_t>(rstate[i])) << "state " << i;
+      }
+    }
+  }
 }
 
 // A finite gradient whose update would not be finite (3e38 times lr 1e3; 3e38 squared in the

@@ -169,11 +169,12 @@ namespace {
 // keeps its value and state, and is counted. Selects, not branches, so the loops still vectorize.
 constexpr float kMax = std::numeric_limits<float>::max();
 
-// The rules are built twice on x86-64 with GCC, for AVX2 and for the baseline, and the loader picks
-// one (target_clones): AVX2 without FMA, so both give the same bits. With the file built with
-// -fno-math-errno (CMakeLists.txt) std::sqrt vectorizes too; bench/RESULTS.md "Checked updates".
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__SANITIZE_THREAD__)
+// The rules are built twice on x86-64 with GCC and glibc (ifunc), for AVX2 and for the baseline,
+// and the loader picks one (target_clones). The file is built with -ffp-contract=off (no FMA:
+// both clones, and any -march, give the same bits) and -fno-math-errno (std::sqrt vectorizes):
+// CMakeLists.txt; bench/RESULTS.md, "What each feature costs", measures them.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define FERRY_RULE_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define FERRY_RULE_CLONES
@@ -292,6 +293,11 @@ FERRY_RULE_CLONES int64_t Ftrl(const OptimizerSpec& opt, float* __restrict param
 
 std::string_view AdagradRefuses(const OptimizerSpec& o) {
   return o.initial_accumulator > 0.0f || o.epsilon > 0.0f ? "" : "needs initial_accumulator > 0 or epsilon > 0";
+}
+
+std::string_view AdamRefuses(const OptimizerSpec& o) {
+  // m / (sqrt(v) + 0) is 0 / 0 for an element whose gradients have all been 0.
+  return o.epsilon > 0.0f ? "" : "needs epsilon > 0 (an element whose gradients were all 0 would divide 0 by 0)";
 }
 
 std::string_view FtrlRefuses(const OptimizerSpec& o) {

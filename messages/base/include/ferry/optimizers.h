@@ -118,6 +118,7 @@ int64_t Ftrl(const OptimizerSpec&, float*, const float*, float*, size_t, size_t,
 int64_t AdamW(const OptimizerSpec&, float*, const float*, float*, size_t, size_t, int64_t);
 std::string_view AdagradRefuses(const OptimizerSpec& o);  // needs initial_accumulator or epsilon > 0
 std::string_view FtrlRefuses(const OptimizerSpec& o);     // needs lr (alpha) > 0
+std::string_view AdamRefuses(const OptimizerSpec& o);     // needs epsilon > 0
 
 inline constexpr std::string_view kMomentumUses[] = {"momentum", "nesterov"};
 inline constexpr std::string_view kAdagradUses[] = {"initial_accumulator", "epsilon"};
@@ -139,11 +140,11 @@ inline constexpr OptimizerInfo kOptimizers[] = {
     {OptimizerType::kAdagrad, "adagrad", "per-coordinate lr / sqrt(sum of g^2)", optimizer_rules::kAdagradUses,
      optimizer_rules::kAdagradSlots, &optimizer_rules::Adagrad, &optimizer_rules::AdagradRefuses},
     {OptimizerType::kAdam, "adam", "bias-corrected first and second moments", optimizer_rules::kAdamUses,
-     optimizer_rules::kAdamSlots, &optimizer_rules::Adam},
+     optimizer_rules::kAdamSlots, &optimizer_rules::Adam, &optimizer_rules::AdamRefuses},
     {OptimizerType::kFtrl, "ftrl", "FTRL-Proximal, sparse weights (lr is its alpha)", optimizer_rules::kFtrlUses,
      optimizer_rules::kFtrlSlots, &optimizer_rules::Ftrl, &optimizer_rules::FtrlRefuses},
     {OptimizerType::kAdamW, "adamw", "adam with decoupled weight decay", optimizer_rules::kAdamWUses,
-     optimizer_rules::kAdamSlots, &optimizer_rules::AdamW},
+     optimizer_rules::kAdamSlots, &optimizer_rules::AdamW, &optimizer_rules::AdamRefuses},
 };
 
 inline constexpr size_t kNumOptimizers = std::size(kOptimizers);

@@ -13,13 +13,19 @@ Status ServerImpl::OnClock(Request& req) {
 
 Status ServerImpl::OnFinish(Request& req) {
   workers_.Finish(req.h()->rank());
-  ForEachSyncUnit([this](ps::Table& t, int64_t chunk, int64_t, ps::SyncSlots& sync) {
+  Status refused = Status::Ok();
+  ForEachSyncUnit([&](ps::Table& t, int64_t chunk, int64_t, ps::SyncSlots& sync) {
     if (!workers_.StepComplete(t.spec, sync)) return;
-    // An update that would not be finite marks its table diverged; this worker is leaving, and
-    // the others are refused at their next push.
-    (void)(chunk < 0 ? CloseSyncStep(t) : CloseSyncStep(t, *t.dense->chunk(chunk)));
+    // An update that would not be finite marks its table diverged, and this worker's Finish,
+    // the request that closed the step, is told (its job must not end as if trained).
+    Status s = chunk < 0 ? CloseSyncStep(t) : CloseSyncStep(t, *t.dense->chunk(chunk));
+    if (refused.ok()) refused = std::move(s);
   });
-  SendOk(req);
+  if (refused.ok()) {
+    SendOk(req);
+  } else {
+    SendError(req, refused);
+  }
   ServeHeld();
   return Status::Ok();
 }

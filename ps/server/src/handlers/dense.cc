@@ -137,8 +137,9 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
       ++c->version;
       Count(kUpdatesApplied);
       applied = true;
-      if (nf.any() && refused.ok()) {
-        refused = NotFiniteUpdate(*t, nf, c->offset, "worker " + std::to_string(rank) + "'s push");
+      if (nf.any()) {  // every table's refusal is noted; the reply names the first
+        Status s = NotFiniteUpdate(*t, nf, c->offset, "worker " + std::to_string(rank) + "'s push");
+        if (refused.ok()) refused = std::move(s);
       }
     }
   }

@@ -90,8 +90,9 @@ Status ServerImpl::OnPushSparse(Request& req) {
       const ps::NotFinite nf = updater_.ApplyRows(shard, ids[i], grads[i].data());
       ++shard.version;
       Count(kUpdatesApplied);
-      if (nf.any() && refused.ok()) {
-        refused = NotFiniteUpdate(t, nf, 0, "worker " + std::to_string(rank) + "'s push");
+      if (nf.any()) {  // every table's refusal is noted; the reply names the first
+        Status s = NotFiniteUpdate(t, nf, 0, "worker " + std::to_string(rank) + "'s push");
+        if (refused.ok()) refused = std::move(s);
       }
     }
     ++used;

@@ -22,7 +22,7 @@ class HttpEndpoint {
   // Bounds on clients: a connection silent this long is closed; the endpoint keeps at most
   // kConnections open, at most kPerAddress of them from one address (a Prometheus scraper needs
   // one). A slow client from many addresses can still fill kConnections: put the endpoint on
-  // loopback or a trusted network (README, "Security").
+  // loopback or a trusted network (README, "Seeing the tables: metrics for Prometheus").
   static constexpr unsigned kIdleSeconds = 10;
   static constexpr unsigned kConnections = 256;
   static constexpr unsigned kPerAddress = 8;

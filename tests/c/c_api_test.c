@@ -3,6 +3,9 @@
  * errors arriving as a code plus the text (a server's own refusal included).
  *
  *   c_api_test tcp://127.0.0.1:PORT0 tcp://127.0.0.1:PORT1   (tests/e2e/test_c_api.py runs it)
+ *
+ * It ends by restarting worker 0 (FERRY_INCARNATION=1), after which the servers refuse worker 0's
+ * incarnation 0: give it servers of its own.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 

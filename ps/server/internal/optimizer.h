@@ -46,6 +46,10 @@ struct NotFinite {
 // copy (only then: the common case costs ApplyUpdate's own check, bench/ferry_bench.cc `opt/`).
 NotFinite ApplyUpdateChecked(const OptimizerSpec& opt, float* params, const float* grad, float* state, size_t n,
                              size_t slot_stride, int64_t step);
+// Its second half, for a caller that called ApplyUpdate itself (a sparse row's update, where the
+// call's cost counts): which of params[0, n) the update that refused `refused` elements refused.
+NotFinite LocateNotFinite(const OptimizerSpec& opt, const float* params, const float* grad, const float* state,
+                          size_t n, size_t slot_stride, int64_t step, int64_t refused);
 
 // A clause about `nf` (non-empty) for an error: "the update of <element> would not be finite (sgd,
 // lr 0.01; it is 1.5, its gradient 3e+38)". `element` names element `nf.first` ("chunk 3 element 17",

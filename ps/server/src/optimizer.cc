@@ -43,6 +43,9 @@ int64_t Dispatch(const OptimizerSpec& opt, float* params, const float* grad, flo
 int64_t ApplyUpdate(const OptimizerSpec& opt, float* params, const float* grad, float* state, size_t n,
                     size_t slot_stride, int64_t step) {
   constexpr size_t kMost = size_t{1} << 31;  // a rule counts its refusals in 32 bits
+  if (n <= kMost) [[likely]] {  // one call (a tail call: a sparse row's update is this)
+    return Dispatch(opt, params, grad, state, n, slot_stride, step, std::make_index_sequence<kNumOptimizers>());
+  }
   int64_t refused = 0;
   for (size_t b = 0; b < n; b += kMost) {
     refused += Dispatch(opt, params + b, grad + b, state == nullptr ? nullptr : state + b, std::min(kMost, n - b),
@@ -60,9 +63,15 @@ void NotFinite::Merge(const NotFinite& o) {
 
 NotFinite ApplyUpdateChecked(const OptimizerSpec& opt, float* params, const float* grad, float* state, size_t n,
                              size_t slot_stride, int64_t step) {
+  const int64_t refused = ApplyUpdate(opt, params, grad, state, n, slot_stride, step);
+  if (refused == 0) [[likely]] return NotFinite{};
+  return LocateNotFinite(opt, params, grad, state, n, slot_stride, step, refused);
+}
+
+NotFinite LocateNotFinite(const OptimizerSpec& opt, const float* params, const float* grad, const float* state,
+                          size_t n, size_t slot_stride, int64_t step, int64_t refused) {
   NotFinite nf;
-  nf.count = ApplyUpdate(opt, params, grad, state, n, slot_stride, step);
-  if (nf.count == 0) [[likely]] return nf;
+  nf.count = refused;
   // Which ones: the refused elements kept their value and state, so the same update of each alone,
   // on a copy, is refused again. An element updated already may be refused too if updated twice:
   // `exact` only when no more are found than were refused.

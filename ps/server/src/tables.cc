@@ -375,8 +375,9 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
 
 void SparseShard::UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused) {
   const size_t dim = static_cast<size_t>(dim_);
-  NotFinite nf = ApplyUpdateChecked(spec_.optimizer, row(r), grad, state(r), dim, dim, ++steps_[r]);
-  if (!nf.any()) [[likely]] return;
+  const int64_t kept = ApplyUpdate(spec_.optimizer, row(r), grad, state(r), dim, dim, ++steps_[r]);
+  if (kept == 0) [[likely]] return;
+  NotFinite nf = LocateNotFinite(spec_.optimizer, row(r), grad, state(r), dim, dim, steps_[r], kept);
   if (nf.count == dim_) --steps_[r];  // no element took this update
   nf.id = id;
   refused->Merge(nf);

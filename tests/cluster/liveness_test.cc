@@ -5,6 +5,7 @@
 // Finish (its I/O thread, which sends the heartbeats, is gone), as a killed process's would.
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <string>
@@ -272,6 +273,46 @@ TEST_F(Liveness, WithBackupWorkersAStepThatCanCloseWithoutTheDeadIsWaitedFor) {
   ASSERT_TRUE(w[1]->PushDense("w", g, 0).wait().ok());
   EXPECT_TRUE(pull.wait().ok());
   EXPECT_EQ(c.servers[0]->stats().counters.at("failed_for_silent_worker"), 1);  // the probe's
+}
+
+// A process of worker 1 restarted into a sync job in progress that starts over (StartBarrier,
+// protocol 1.12), while worker 0 trains: worker 0 may be held on another server, waiting there
+// for worker 1's gradient, where this server cannot see it (a SIGKILL between worker 1's pushes
+// to two servers). Its start fails within seconds saying to resume, instead of both waiting for
+// the servers' max wait. A plain Barrier in the same place is a meeting like any other: waited for.
+TEST_F(Liveness, AStartWhileAnotherWorkerTrainsFailsSayingToResume) {
+  auto c = Servers(1);
+  // Worker 0 pings every 500 ms: the server hears it after worker 1's start came.
+  auto w0 = Worker(c, 0, 2s);
+  std::vector<float> g(8, 1.0f);
+  {
+    auto w1 = Worker(c, 1, kDying);
+    ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
+    ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
+  }  // worker 1 dies after step 0; worker 0 trains on (it computes, or waits on another server)
+  {
+    auto w1 = Worker(c, 1, kDying);
+    std::atomic<bool> returned{false};
+    Status s1;
+    std::thread t([&] {
+      s1 = w1->Barrier();  // collective 0, as worker 0's next
+      returned = true;
+    });
+    std::this_thread::sleep_for(3s);  // past the 2 s after which the server fails a start
+    EXPECT_FALSE(returned.load()) << s1;
+    EXPECT_TRUE(w0->Barrier().ok());
+    t.join();
+    EXPECT_TRUE(s1.ok()) << s1;
+  }
+  auto w1 = Worker(c, 1);
+  const Status s = w1->StartBarrier();  // collective 1: worker 0 will come to it, but not to start
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("Barrier 1 on server 0: worker(s) 1 wait here, but worker 1 waits at the job's start, "
+                             "and worker 0 is training already (it pushed to this server since it connected, and "
+                             "was heard from since): it will not come to the start. A worker that joins a job in "
+                             "progress must be started with --resume"),
+            std::string::npos)
+      << s;
 }
 
 TEST_F(Liveness, AWorkerThatPromisedNoHeartbeatsIsNeverCalledSilent) {

@@ -613,7 +613,7 @@ class WorkerRun final : public TrainingRun {
                             (!sync_servers_ && client_->worker_step_restored())))
       return Status::Ok();
     if (client_ != nullptr) {
-      FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for every worker to connect"));
+      FERRY_RETURN_IF_ERROR(client_->StartBarrier().WithContext("waiting for every worker to connect"));
       lap_.To(&times.wait_s);
     }
     if (sync_servers_ && store_->progress().first_served > 0) {

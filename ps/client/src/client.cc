@@ -752,11 +752,14 @@ class ClientImpl final : public Client {
 
   Status Finish() override { return ToEveryServer(Kind::Finish, 0).wait(); }
 
-  Status Barrier() override {
+  Status Barrier() override { return EnterBarrier(false); }
+  Status StartBarrier() override { return EnterBarrier(true); }
+  Status EnterBarrier(bool start) {
     auto op = engine_.NewOp();
     flatbuffers::FlatBufferBuilder fbb(96);
     auto h = engine_.BeginHeader(fbb, Kind::Barrier);
     h.add_barrier_id(barrier_generation_.fetch_add(1));
+    if (start) h.add_start(true);
     engine_.Submit(op, 0, Kind::Barrier, engine_.FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
     return Handle(op).wait();
   }

@@ -55,6 +55,11 @@ class Workers {
     auto& d = done_[static_cast<size_t>(rank)];
     d = std::max(d, step + 1);
     pushed_[static_cast<size_t>(rank)] = true;
+    trained_[static_cast<size_t>(rank)] = true;
+  }
+  // Whether `rank` is training: it pushed (Did) since its last Hello (Join), and has not finished.
+  bool training(int rank) const {
+    return trained_[static_cast<size_t>(rank)] && !finished_[static_cast<size_t>(rank)];
   }
   // -1: unknown (no push of the rank taken, no restored record).
   int64_t done(int rank) const {
@@ -113,6 +118,7 @@ class Workers {
   std::vector<int> Silent(Clock::time_point now, std::chrono::milliseconds timeout) const;
   // How long `rank` has been silent, and whether every worker still training is (the job is gone).
   Clock::duration SilentFor(int rank, Clock::time_point now) const { return now - heard_[static_cast<size_t>(rank)]; }
+  Clock::time_point heard(int rank) const { return heard_[static_cast<size_t>(rank)]; }
   bool AllSilent(const std::vector<int>& silent) const {
     return !silent.empty() && static_cast<int>(silent.size()) == count_ - num_finished_;
   }
@@ -129,6 +135,7 @@ class Workers {
   std::vector<uint32_t> incarnations_;  // per rank: the highest incarnation a Hello brought
   std::vector<int64_t> done_;            // per rank: steps done (Did)
   std::vector<bool> pushed_;             // per rank: Did since this server started
+  std::vector<bool> trained_;            // per rank: Did since its last Join
   bool restored_ = false;                // SetDone: every rank's done_ holds the checkpoint's record
   std::vector<int64_t> promised_ms_;     // per rank: its heartbeat promise (0: none)
   std::vector<Clock::time_point> heard_;  // per rank: when it last sent anything

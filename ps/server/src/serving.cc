@@ -273,8 +273,12 @@ std::optional<Clock::time_point> ServerImpl::NextLivenessCheck() const {
   return last_liveness_check_ + LivenessPeriod();
 }
 
+constexpr const char* kStartedWithoutResume =
+    "A worker that joins a job in progress must be started with --resume (it then rejoins at the job's step); "
+    "started without, it waits for the others at the job's start";
+
 void ServerImpl::FailDeadlockedCollectives(Clock::time_point now) {
-  if (collectives_.size() == 0 || held_.size() == 0) return;
+  if (collectives_.size() == 0) return;
   // Each held sync pull that has waited long enough: its worker, and the workers whose gradients it waits for.
   struct Blocked {
     int rank;
@@ -287,7 +291,6 @@ void ServerImpl::FailDeadlockedCollectives(Clock::time_point now) {
     Waiting w = WaitingOn(r);
     if (!w.ranks.empty()) blocked.push_back({r.h()->rank(), std::move(w), &r});
   });
-  if (blocked.empty()) return;
   std::vector<std::string> whys;  // one for each collective taken, in the order TakeIf takes them
   auto in = [](const std::vector<int>& ranks, int r) {
     return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
@@ -303,10 +306,24 @@ void ServerImpl::FailDeadlockedCollectives(Clock::time_point now) {
       if (!all_here) continue;
       whys.push_back("worker " + std::to_string(b.rank) + "'s " + std::string(wire::KindName(b.req->h()->kind())) +
             " for step " + std::to_string(b.req->pull_step) + " waits for their gradients (" + b.waiting.what +
-            "), and it is not here: neither can go on. A worker that joins a job in progress must be started with "
-            "--resume (it then rejoins at the job's step); started without, it waits for the others at the job's "
-            "start");
+            "), and it is not here: neither can go on. " + kStartedWithoutResume);
       return true;
+    }
+    // A worker at the job's start (protocol 1.12) that has pushed nothing since its Hello, while
+    // one missing here has pushed since its own and was heard from after the start came: that
+    // one is training (it may wait for this one's gradient on another server, out of this
+    // server's sight), and will never come to a start.
+    for (const Request& a : arrived) {
+      const int r = a.h()->rank();
+      if (!a.h()->start() || workers_.training(r)) continue;
+      for (int w : missing) {
+        if (!workers_.training(w) || workers_.heard(w) <= a.arrived) continue;
+        whys.push_back("worker " + std::to_string(r) + " waits at the job's start, and worker " + std::to_string(w) +
+                       " is training already (it pushed to this server since it connected, and was heard from "
+                       "since): it will not come to the start. " +
+                       kStartedWithoutResume);
+        return true;
+      }
     }
     return false;
   });

@@ -16,6 +16,7 @@ Status Workers::SetCount(int num_workers) {
   incarnations_.assign(static_cast<size_t>(count_), 0);
   done_.assign(static_cast<size_t>(count_), 0);
   pushed_.assign(static_cast<size_t>(count_), false);
+  trained_.assign(static_cast<size_t>(count_), false);
   heard_.assign(static_cast<size_t>(count_), Clock::time_point{});
   return Status::Ok();
 }
@@ -64,6 +65,7 @@ Status Workers::Join(int rank, int num_workers, uint32_t incarnation) {
   if (count_ == 0) FERRY_RETURN_IF_ERROR(SetCount(num_workers));
   // A worker that connects (again) takes part in the sync quorum (again).
   SetFinished(rank, false);
+  trained_[static_cast<size_t>(rank)] = false;  // this process has pushed nothing yet
   auto& have = incarnations_[static_cast<size_t>(rank)];
   have = std::max(have, incarnation);
   return Status::Ok();

@@ -30,8 +30,10 @@ inline constexpr uint16_t kMajor = 1;
 // 1.8: Waiting (what a server holds a worker's requests for: the client's long-wait lines); 1.9:
 // dense calls in pieces, the CreateTable reply's spec; 1.10: a push call in pieces that touches a
 // sync table is applied whole (Header call, piece, pieces); 1.11: the worker process's incarnation
-// (Header incarnation), by which a restarted worker takes its rank over from its predecessor
-inline constexpr uint16_t kMinor = 11;
+// (Header incarnation), by which a restarted worker takes its rank over from its predecessor;
+// 1.12: a Barrier that starts the job (Header start), which server 0 refuses while another worker
+// is training already
+inline constexpr uint16_t kMinor = 12;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

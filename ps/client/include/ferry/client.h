@@ -285,6 +285,13 @@ class Client {
   virtual Status Finish() = 0;
   // Waits until every worker has entered the barrier (bounded by the request timeout).
   virtual Status Barrier() = 0;
+  // The job's start: a Barrier that also says this worker has not trained yet (it begins at
+  // step 0 of its data). Server 0 (protocol 1.12) refuses it with FAILED_PRECONDITION, once it
+  // has waited 2 s, when another worker that is missing from it has pushed since it connected
+  // and has been heard from since this one arrived: that worker is training, and will not come
+  // to a start. A process restarted into a job in progress must rejoin at the job's step
+  // instead (ferry-trainer --resume). A server before 1.12 takes it as a Barrier.
+  virtual Status StartBarrier() = 0;
   // A barrier that also adds up: every worker passes the same number of values and gets back
   // their element-wise sum over all workers, added in rank order on server 0 (so every worker,
   // and every run, gets the same bits). Barriers and AllReduceSums share one sequence: every

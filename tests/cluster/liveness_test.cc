@@ -313,6 +313,11 @@ TEST_F(Liveness, AStartWhileAnotherWorkerTrainsFailsSayingToResume) {
                              "progress must be started with --resume"),
             std::string::npos)
       << s;
+  // Worker 0's next collective was that one: it hears at once that it is over (before, it began
+  // it again alone and waited for max_wait).
+  const Status s0 = w0->Barrier();
+  EXPECT_EQ(s0.code(), StatusCode::kFailedPrecondition) << s0;
+  EXPECT_NE(s0.message().find("Barrier 1 has ended without worker 0"), std::string::npos) << s0;
 }
 
 TEST_F(Liveness, AWorkerThatPromisedNoHeartbeatsIsNeverCalledSilent) {

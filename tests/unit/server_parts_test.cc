@@ -259,6 +259,16 @@ TEST(Collectives, ExpiryNamesTheRanksThatNeverCame) {
   EXPECT_EQ(expired[0].missing, "0, 3");
   EXPECT_EQ(c.size(), 1u);
   EXPECT_EQ(c.NextDeadline(), t0 + milliseconds(30));
+  // A rank that never came to collective 3 comes now: it is over, and the others are past it.
+  // Before, it began collective 3 again, which no one else would enter, and waited for max_wait.
+  const Status late = c.CheckEntry(MakeRequest(wire::Kind::Barrier, 3, 3));
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition) << late;
+  EXPECT_NE(late.message().find("Barrier 3 has ended without worker 3 (it failed or expired, or completed while that "
+                                "worker was silent): the other workers are at collective 4"),
+            std::string::npos)
+      << late;
+  EXPECT_TRUE(c.CheckEntry(MakeRequest(wire::Kind::Barrier, 3, 4)).ok());  // still waiting: it may come
+  EXPECT_TRUE(c.CheckEntry(MakeRequest(wire::Kind::Barrier, 3, 5)).ok());
 }
 
 TEST(Collectives, ARestartedRankReentersWhereTheJobIs) {

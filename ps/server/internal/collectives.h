@@ -24,8 +24,8 @@ class Collectives {
   size_t size() const { return waiting_; }
 
   // Whether `req` (a Barrier or AllReduce) may join its collective: refused when its rank has
-  // entered already, or when it disagrees with the first arrival (kind, number of values), for
-  // the workers would never complete it.
+  // entered already, when it disagrees with the first arrival (kind, number of values), or when
+  // the collective has ended without it (below next_id()), for the workers would never complete it.
   Status CheckEntry(const Request& req) const;
 
   // Adds `req` (checked) to its collective, to wait until `deadline`. When it completes one of

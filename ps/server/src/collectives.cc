@@ -7,7 +7,15 @@ namespace ferry::ps {
 Status Collectives::CheckEntry(const Request& req) const {
   const int64_t id = req.h()->barrier_id();
   auto it = by_id_.find(id);
-  if (it == by_id_.end()) return Status::Ok();
+  if (it == by_id_.end()) {
+    if (id >= next_id_) return Status::Ok();
+    // Ended without this rank: no other worker will come to it (they are past it).
+    return FailedPreconditionError(std::string(wire::KindName(req.h()->kind())) + " " + std::to_string(id) +
+                                   " has ended without worker " + std::to_string(req.h()->rank()) +
+                                   " (it failed or expired, or completed while that worker was silent): the other "
+                                   "workers are at collective " +
+                                   std::to_string(next_id_) + " and will not come to it");
+  }
   const std::vector<Request>& arrived = it->second;
   for (const auto& r : arrived) {
     if (r.h()->rank() == req.h()->rank()) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "ferry/table_spec.h"
 
@@ -55,5 +56,8 @@ NotFinite LocateNotFinite(const OptimizerSpec& opt, const float* params, const f
 // lr 0.01; it is 1.5, its gradient 3e+38)". `element` names element `nf.first` ("chunk 3 element 17",
 // "id 42 element 5").
 std::string DescribeNotFinite(const OptimizerSpec& opt, const NotFinite& nf, const std::string& element);
+
+// What a user does about a table that diverged, for its errors.
+inline constexpr std::string_view kDivergedAdvice = "lower the learning rate or clip the gradients";
 
 }  // namespace ferry::ps

@@ -92,8 +92,8 @@ class LocalTablesImpl final : public LocalTables {
     if (!nf.any()) return Status::Ok();
     return InvalidArgumentError("table '" + t.spec.name +
                                 "' diverged: " + DescribeNotFinite(t.spec.optimizer, nf, element) +
-                                "; those elements kept their values and optimizer state (lower the learning rate or "
-                                "clip the gradients)");
+                                "; those elements kept their values and optimizer state (" +
+                                std::string(kDivergedAdvice) + ")");
   }
 
   StatusOr<Entry*> FindDense(std::string_view name, size_t elements) {

@@ -139,16 +139,16 @@ Status ServerImpl::NotFiniteUpdate(ps::Table& t, const ps::NotFinite& nf, int64_
   return InvalidArgumentError("table '" + t.spec.name + "' diverged: " + what + ": server " +
                               std::to_string(options_.rank) +
                               " kept those elements' values and optimizer state, applied the rest of the update, and "
-                              "refuses every later push to the table (lower the learning rate or clip the gradients, "
-                              "then resume from a checkpoint)");
+                              "refuses every later push to the table (" + std::string(ps::kDivergedAdvice) +
+                              ", then resume from a checkpoint)");
 }
 
 Status ServerImpl::Diverged(const ps::Table& t) const {
   if (t.diverged.empty()) [[likely]] return Status::Ok();
   return InvalidArgumentError("table '" + t.spec.name + "' diverged (" + t.diverged + "): server " +
                               std::to_string(options_.rank) +
-                              " refuses every push to it and every checkpoint (lower the learning rate or clip the "
-                              "gradients, then resume from a checkpoint)");
+                              " refuses every push to it and every checkpoint (" + std::string(ps::kDivergedAdvice) +
+                              ", then resume from a checkpoint)");
 }
 
 bool ServerImpl::TryServe(Request& req) {

@@ -9,11 +9,22 @@
 //                                       sparse: OUT.ids.npy (int64, n) and OUT.rows.npy (float32,
 //                                       n x dim), ids ascending; --state adds the optimizer's state,
 //                                       OUT.state.npy: (slots, shape) dense, (slots, n, dim) sparse
+//   ferry-ckpt export DIR TABLE OUT --since S [--step N] [--state]
+//                                       what changed in TABLE after step S: from the checkpoint
+//                                       of S (still kept) to CURRENT's (or N's), bit for bit
+//                                       sparse: OUT.ids.npy, OUT.rows.npy (rows new or changed;
+//                                       --state: or whose optimizer state changed, OUT.state.npy)
+//                                       and OUT.deleted.npy (int64: ids no longer saved: evicted)
+//                                       dense: OUT.ranges.npy (int64, k x 2: [begin, end) of the
+//                                       flat element indices of each changed chunk) and
+//                                       OUT.values.npy (float32, their values in that order);
+//                                       --state: OUT.state.npy (slots, elements of the ranges)
 //
 // Exit status: 0 done, 1 no usable checkpoint or an I/O error, 2 bad usage or unknown table.
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <string_view>
@@ -27,8 +38,10 @@ namespace {
 using ferry::ps::CheckpointData;
 
 int Usage() {
-  std::fputs("usage: ferry-ckpt list DIR [--step N]\n       ferry-ckpt dump DIR TABLE OUT [--step N] [--state]\n",
-             stderr);
+  std::fputs(
+      "usage: ferry-ckpt list DIR [--step N]\n       ferry-ckpt dump DIR TABLE OUT [--step N] [--state]\n"
+      "       ferry-ckpt export DIR TABLE OUT --since S [--step N] [--state]\n",
+      stderr);
   return 2;
 }
 
@@ -175,22 +188,147 @@ int Dump(const CheckpointData& c, std::string_view name, const std::string& out,
   return 2;
 }
 
+const CheckpointData::Table* FindTable(const CheckpointData& c, std::string_view name) {
+  for (const auto& [id, t] : c.tables) {
+    if (t.spec.name == name) return &t;
+  }
+  return nullptr;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b, size_t n) {
+  return a.size() >= n && b.size() >= n && std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0;
+}
+
+// Dense: each chunk whose parameters (with `state`: or optimizer state) differ from `base`'s, or
+// that `base` lacks, as a range of the flat element indices with its values.
+int ExportDense(const CheckpointData::Table& t, const CheckpointData::Table* base, const std::string& out,
+                bool state) {
+  const size_t slots = static_cast<size_t>(ferry::ps::StateSlots(t.spec.optimizer.type));
+  std::vector<int64_t> ranges;
+  std::vector<float> values;
+  std::vector<std::vector<float>> slot_values(state ? slots : 0);
+  int64_t at = 0, changed = 0;
+  for (const auto& [index, chunk] : t.chunks) {
+    const size_t size = chunk.params.size();
+    const CheckpointData::Chunk* before = nullptr;
+    if (base != nullptr) {
+      auto it = base->chunks.find(index);
+      if (it != base->chunks.end()) before = &it->second;
+    }
+    const bool same =
+        before != nullptr && before->params.size() == size && SameBits(before->params, chunk.params, size) &&
+        (!state ||
+         (before->state.size() == chunk.state.size() && SameBits(before->state, chunk.state, chunk.state.size())));
+    if (!same) {
+      if (chunk.state.size() != size * slots) {
+        std::fprintf(stderr, "ferry-ckpt: table '%s': chunk %lld's state has %zu values, not %zu\n",
+                     t.spec.name.c_str(), static_cast<long long>(index), chunk.state.size(), size * slots);
+        return 1;
+      }
+      ranges.push_back(at);
+      ranges.push_back(at + static_cast<int64_t>(size));
+      values.insert(values.end(), chunk.params.begin(), chunk.params.end());
+      for (size_t k = 0; k < slot_values.size(); ++k) {
+        const auto from = chunk.state.begin() + static_cast<std::ptrdiff_t>(k * size);
+        slot_values[k].insert(slot_values[k].end(), from, from + static_cast<std::ptrdiff_t>(size));
+      }
+      changed += static_cast<int64_t>(size);
+    }
+    at += static_cast<int64_t>(size);
+  }
+  std::printf("%zu of %zu chunk(s) changed: %lld of %lld values\n", ranges.size() / 2, t.chunks.size(),
+              static_cast<long long>(changed), static_cast<long long>(at));
+  const int64_t k = static_cast<int64_t>(ranges.size() / 2);
+  if (!WriteNpy(out + ".ranges.npy", "<i8", {k, 2}, ranges.data(), ranges.size() * sizeof(int64_t)) ||
+      !WriteNpy(out + ".values.npy", "<f4", {changed}, values.data(), values.size() * sizeof(float))) {
+    return 1;
+  }
+  if (!state) return 0;
+  std::vector<float> all;
+  for (const auto& v : slot_values) all.insert(all.end(), v.begin(), v.end());
+  return WriteNpy(out + ".state.npy", "<f4", {static_cast<int64_t>(slots), changed}, all.data(),
+                  all.size() * sizeof(float))
+             ? 0
+             : 1;
+}
+
+// Sparse: the rows `t` saves whose values (with `state`: or optimizer state) differ from `base`'s
+// or that `base` lacks, and the ids `base` saved that `t` does not (evicted, or back at their
+// initial values: a row never updated is not saved).
+int ExportSparse(const CheckpointData::Table& t, const CheckpointData::Table* base, const std::string& out,
+                 bool state) {
+  const size_t dim = static_cast<size_t>(t.spec.dim),
+               slots = static_cast<size_t>(ferry::ps::StateSlots(t.spec.optimizer.type));
+  const size_t compared = state ? dim * (1 + slots) : dim;
+  CheckpointData::Table changed_rows;
+  changed_rows.spec = t.spec;
+  for (const auto& [row_id, row] : t.rows) {
+    if (base != nullptr) {
+      auto it = base->rows.find(row_id);
+      if (it != base->rows.end() && SameBits(it->second.values, row.values, compared)) continue;
+    }
+    changed_rows.rows.emplace(row_id, row);
+  }
+  std::vector<int64_t> deleted;
+  if (base != nullptr) {
+    for (const auto& [row_id, row] : base->rows) {
+      if (!t.rows.contains(row_id)) deleted.push_back(row_id);
+    }
+  }
+  std::printf("%zu of %zu row(s) new or changed, %zu deleted\n", changed_rows.rows.size(), t.rows.size(),
+              deleted.size());
+  const int rc = DumpSparse(changed_rows, out, state);
+  if (rc != 0) return rc;
+  return WriteNpy(out + ".deleted.npy", "<i8", {static_cast<int64_t>(deleted.size())}, deleted.data(),
+                  deleted.size() * sizeof(int64_t))
+             ? 0
+             : 1;
+}
+
+int Export(const CheckpointData& base, const CheckpointData& c, std::string_view name, const std::string& out,
+           bool state) {
+  const CheckpointData::Table* t = FindTable(c, name);
+  if (t == nullptr) {
+    std::fprintf(stderr, "ferry-ckpt: no table '%.*s' in %s\n", static_cast<int>(name.size()), name.data(),
+                 c.manifest.c_str());
+    return 2;
+  }
+  const CheckpointData::Table* before = FindTable(base, name);
+  if (before != nullptr && (before->spec.type != t->spec.type || before->spec.dim != t->spec.dim ||
+                            before->spec.shape != t->spec.shape ||
+                            before->spec.optimizer.type != t->spec.optimizer.type)) {
+    std::fprintf(stderr,
+                 "ferry-ckpt: table '%s' is declared otherwise in %s (%s) than in %s (%s): no changes can be "
+                 "taken from one to the other\n",
+                 t->spec.name.c_str(), base.manifest.c_str(), before->spec.ToString().c_str(), c.manifest.c_str(),
+                 t->spec.ToString().c_str());
+    return 2;
+  }
+  std::printf("table '%s': what changed after step %lld (%s) up to step %lld (%s)%s\n", t->spec.name.c_str(),
+              static_cast<long long>(base.step), base.manifest.c_str(), static_cast<long long>(c.step),
+              c.manifest.c_str(), before == nullptr ? "; it is not in the first: all of it" : "");
+  if (state && ferry::ps::StateSlots(t->spec.optimizer.type) == 0) state = false;
+  return t->spec.type == ferry::TableType::kDense ? ExportDense(*t, before, out, state)
+                                                   : ExportSparse(*t, before, out, state);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string_view> args;
-  int64_t step = -1;
+  int64_t step = -1, since = -1;
   bool state = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--state") {
       state = true;
-    } else if (a == "--step") {
+    } else if (a == "--step" || a == "--since") {
       if (i + 1 >= argc) return Usage();
       const std::string_view v = argv[++i];
-      const auto [end, err] = std::from_chars(v.data(), v.data() + v.size(), step);
-      if (err != std::errc() || end != v.data() + v.size() || step < 0) {
-        std::fprintf(stderr, "ferry-ckpt: --step '%s' is not a step (a whole number >= 0)\n", argv[i]);
+      int64_t& into = a == "--step" ? step : since;
+      const auto [end, err] = std::from_chars(v.data(), v.data() + v.size(), into);
+      if (err != std::errc() || end != v.data() + v.size() || into < 0) {
+        std::fprintf(stderr, "ferry-ckpt: %s '%s' is not a step (a whole number >= 0)\n", argv[i - 1], argv[i]);
         return 2;
       }
     } else if (a.starts_with("--")) {
@@ -202,7 +340,10 @@ int main(int argc, char** argv) {
   }
   if (args.empty()) return Usage();
   const std::string_view cmd = args[0];
-  if (!((cmd == "list" && args.size() == 2 && !state) || (cmd == "dump" && args.size() == 4))) return Usage();
+  if (!((cmd == "list" && args.size() == 2 && !state && since < 0) ||
+        (cmd == "dump" && args.size() == 4 && since < 0) || (cmd == "export" && args.size() == 4 && since >= 0))) {
+    return Usage();
+  }
   const std::string dir(args[1]);
   auto kept = ferry::ps::ListCheckpoints(dir);
   if (!kept.ok()) {
@@ -216,5 +357,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ferry-ckpt: %s\n", c.status().message().c_str());
     return c.status().code() == ferry::StatusCode::kNotFound && step >= 0 ? 2 : 1;
   }
-  return cmd == "list" ? List(*kept, *c) : Dump(*c, args[2], std::string(args[3]), state);
+  if (cmd == "list") return List(*kept, *c);
+  if (cmd == "dump") return Dump(*c, args[2], std::string(args[3]), state);
+  if (since > c->step) {
+    std::fprintf(stderr, "ferry-ckpt: --since %lld is after the checkpoint exported (step %lld)\n",
+                 static_cast<long long>(since), static_cast<long long>(c->step));
+    return 2;
+  }
+  // The changes are taken against the checkpoint of `since` itself: it must still be kept.
+  auto base = ferry::ps::ReadCheckpointAt(dir, since);
+  if (!base.ok()) {
+    std::fprintf(stderr, "ferry-ckpt: --since %lld: %s\n", static_cast<long long>(since),
+                 base.status().message().c_str());
+    return base.status().code() == ferry::StatusCode::kNotFound ? 2 : 1;
+  }
+  return Export(*base, *c, args[2], std::string(args[3]), state);
 }

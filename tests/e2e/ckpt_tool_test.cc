@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -330,17 +331,47 @@ TEST(CkptTool, ExportsWhatChangedSinceAnEarlierCheckpoint) {
   std::tie(rc, out) = Shell("/usr/bin/python3 " + (dir / "check_export.py").string() + " " + d);
   EXPECT_EQ(rc, 0) << out;
 
+  // Step 30 saved with other chunks (as a job restored with another chunk size saves): the same
+  // values as step 20 but element 13, compared element by element.
+  {
+    TableRegistry rechunked(0, 1);
+    TableSpec w8 = w;
+    w8.chunk_elems = 8;  // chunks [0, 8) [8, 16) [16, 20)
+    ASSERT_TRUE(rechunked.Create(w8, TableId("w"), 1).ok());
+    Table* t8 = *rechunked.Find(TableId("w"), TableType::kDense);
+    std::vector<float> flat, flat_state;
+    for (int64_t i = 0; i < wt->dense->num_chunks(); ++i) {
+      const DenseChunk& c = *wt->dense->chunk(i);
+      flat.insert(flat.end(), c.params.begin(), c.params.end());
+      flat_state.insert(flat_state.end(), c.state.begin(), c.state.end());  // adagrad: one slot
+    }
+    flat[13] = 1.25f;
+    for (int64_t i = 0, at = 0; i < t8->dense->num_chunks(); ++i) {
+      DenseChunk& c = *t8->dense->chunk(i);
+      std::copy_n(flat.begin() + at, c.params.size(), c.params.begin());
+      std::copy_n(flat_state.begin() + at, c.state.size(), c.state.begin());
+      at += static_cast<int64_t>(c.params.size());
+    }
+    auto shard = WriteShard(d, 0, 1, 30, rechunked);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    ASSERT_TRUE(WriteManifest(d, 30, {*shard}, "sync", 3).ok());
+  }
+  std::tie(rc, out) = Shell(tool + " export " + d + " w " + d + "/w30 --since 20 --state");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("1 of 3 chunk(s) changed: 8 of 20 values"), std::string::npos) << out;
+
   // Bad requests: a step not kept, a step after the checkpoint, export without --since.
   std::tie(rc, out) = Shell(tool + " export " + d + " emb " + d + "/x --since 15");
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("--since 15: no checkpoint of step 15 in " + d + " (it keeps steps 10, 20)"), std::string::npos)
+  EXPECT_NE(out.find("--since 15: no checkpoint of step 15 in " + d + " (it keeps steps 10, 20, 30)"),
+            std::string::npos)
       << out;
   std::tie(rc, out) = Shell(tool + " export " + d + " emb " + d + "/x --since 10 --step 10");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("0 of 6 row(s) new or changed, 0 deleted"), std::string::npos) << out;
-  std::tie(rc, out) = Shell(tool + " export " + d + " emb " + d + "/x --since 30");
+  std::tie(rc, out) = Shell(tool + " export " + d + " emb " + d + "/x --since 40");
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("--since 30 is after the checkpoint exported (step 20)"), std::string::npos) << out;
+  EXPECT_NE(out.find("--since 40 is after the checkpoint exported (step 30)"), std::string::npos) << out;
   std::tie(rc, out) = Shell(tool + " export " + d + " emb " + d + "/x");
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("usage"), std::string::npos) << out;

@@ -199,54 +199,76 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b, size_t n
   return a.size() >= n && b.size() >= n && std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0;
 }
 
-// Dense: each chunk whose parameters (with `state`: or optimizer state) differ from `base`'s, or
-// that `base` lacks, as a range of the flat element indices with its values.
+// A dense table's values and each optimizer slot's, flat in element order; false when its
+// chunks do not hold every element once (with state of their size).
+bool Flatten(const CheckpointData::Table& t, size_t slots, std::vector<float>* params,
+             std::vector<std::vector<float>>* state) {
+  const size_t n = static_cast<size_t>(t.spec.num_elements());
+  state->assign(slots, {});
+  for (const auto& [index, chunk] : t.chunks) {
+    const size_t size = chunk.params.size();
+    if (chunk.state.size() != size * slots || params->size() + size > n) return false;
+    params->insert(params->end(), chunk.params.begin(), chunk.params.end());
+    for (size_t k = 0; k < slots; ++k) {
+      const auto from = chunk.state.begin() + static_cast<std::ptrdiff_t>(k * size);
+      (*state)[k].insert((*state)[k].end(), from, from + static_cast<std::ptrdiff_t>(size));
+    }
+  }
+  return params->size() == n;
+}
+
+// Dense: each chunk whose parameters (with `state`: or optimizer state) differ from the same
+// elements of `base` (compared by element, so a base saved with other chunks compares too), as
+// a range of the flat element indices with its values; every chunk when `base` lacks the table.
 int ExportDense(const CheckpointData::Table& t, const CheckpointData::Table* base, const std::string& out,
                 bool state) {
   const size_t slots = static_cast<size_t>(ferry::ps::StateSlots(t.spec.optimizer.type));
+  std::vector<float> now, before;
+  std::vector<std::vector<float>> now_state, before_state;
+  if (!Flatten(t, slots, &now, &now_state)) {
+    std::fprintf(stderr, "ferry-ckpt: table '%s': its chunks do not hold its %lld values once each\n",
+                 t.spec.name.c_str(), static_cast<long long>(t.spec.num_elements()));
+    return 1;
+  }
+  if (base != nullptr && !Flatten(*base, slots, &before, &before_state)) {
+    std::fprintf(stderr, "ferry-ckpt: table '%s' of the checkpoint of --since: its chunks do not hold its values "
+                 "once each\n", t.spec.name.c_str());
+    return 1;
+  }
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b, size_t at, size_t size) {
+    return std::memcmp(a.data() + at, b.data() + at, size * sizeof(float)) == 0;
+  };
   std::vector<int64_t> ranges;
   std::vector<float> values;
   std::vector<std::vector<float>> slot_values(state ? slots : 0);
-  int64_t at = 0, changed = 0;
+  size_t at = 0, changed = 0;
   for (const auto& [index, chunk] : t.chunks) {
     const size_t size = chunk.params.size();
-    const CheckpointData::Chunk* before = nullptr;
-    if (base != nullptr) {
-      auto it = base->chunks.find(index);
-      if (it != base->chunks.end()) before = &it->second;
-    }
-    const bool same =
-        before != nullptr && before->params.size() == size && SameBits(before->params, chunk.params, size) &&
-        (!state ||
-         (before->state.size() == chunk.state.size() && SameBits(before->state, chunk.state, chunk.state.size())));
-    if (!same) {
-      if (chunk.state.size() != size * slots) {
-        std::fprintf(stderr, "ferry-ckpt: table '%s': chunk %lld's state has %zu values, not %zu\n",
-                     t.spec.name.c_str(), static_cast<long long>(index), chunk.state.size(), size * slots);
-        return 1;
-      }
-      ranges.push_back(at);
-      ranges.push_back(at + static_cast<int64_t>(size));
+    bool unchanged = base != nullptr && same(now, before, at, size);
+    for (size_t k = 0; unchanged && state && k < slots; ++k) unchanged = same(now_state[k], before_state[k], at, size);
+    if (!unchanged) {
+      ranges.push_back(static_cast<int64_t>(at));
+      ranges.push_back(static_cast<int64_t>(at + size));
       values.insert(values.end(), chunk.params.begin(), chunk.params.end());
       for (size_t k = 0; k < slot_values.size(); ++k) {
-        const auto from = chunk.state.begin() + static_cast<std::ptrdiff_t>(k * size);
+        const auto from = now_state[k].begin() + static_cast<std::ptrdiff_t>(at);
         slot_values[k].insert(slot_values[k].end(), from, from + static_cast<std::ptrdiff_t>(size));
       }
-      changed += static_cast<int64_t>(size);
+      changed += size;
     }
-    at += static_cast<int64_t>(size);
+    at += size;
   }
-  std::printf("%zu of %zu chunk(s) changed: %lld of %lld values\n", ranges.size() / 2, t.chunks.size(),
-              static_cast<long long>(changed), static_cast<long long>(at));
+  std::printf("%zu of %zu chunk(s) changed: %zu of %zu values\n", ranges.size() / 2, t.chunks.size(), changed, at);
   const int64_t k = static_cast<int64_t>(ranges.size() / 2);
   if (!WriteNpy(out + ".ranges.npy", "<i8", {k, 2}, ranges.data(), ranges.size() * sizeof(int64_t)) ||
-      !WriteNpy(out + ".values.npy", "<f4", {changed}, values.data(), values.size() * sizeof(float))) {
+      !WriteNpy(out + ".values.npy", "<f4", {static_cast<int64_t>(changed)}, values.data(),
+                values.size() * sizeof(float))) {
     return 1;
   }
   if (!state) return 0;
   std::vector<float> all;
   for (const auto& v : slot_values) all.insert(all.end(), v.begin(), v.end());
-  return WriteNpy(out + ".state.npy", "<f4", {static_cast<int64_t>(slots), changed}, all.data(),
+  return WriteNpy(out + ".state.npy", "<f4", {static_cast<int64_t>(slots), static_cast<int64_t>(changed)}, all.data(),
                   all.size() * sizeof(float))
              ? 0
              : 1;

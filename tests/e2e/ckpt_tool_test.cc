@@ -45,6 +45,25 @@ std::vector<T> ReadRaw(const fs::path& path) {
   return out;
 }
 
+// The tables these tests save: dense "w", 4 x 5 in chunks of 6 ([0, 6) [6, 12) [12, 18) [18, 20)),
+// and sparse "emb" of `dim`.
+TableSpec WSpec(OptimizerType optimizer, const std::string& name = "w") {
+  TableSpec w;
+  w.name = name;  // not a literal: GCC 12 warns falsely (-Wrestrict) on assigning one at -O3
+  w.shape = {4, 5};
+  w.chunk_elems = 6;
+  w.optimizer.type = optimizer;
+  return w;
+}
+TableSpec EmbSpec(int64_t dim, OptimizerType optimizer, const std::string& name = "emb") {
+  TableSpec emb;
+  emb.name = name;
+  emb.type = TableType::kSparse;
+  emb.dim = dim;
+  emb.optimizer.type = optimizer;
+  return emb;
+}
+
 TEST(CkptTool, ListsTablesAndDumpsThemForNumpy) {
   if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "Debian's python3 with python3-numpy is needed to read the .npy files back";
@@ -53,15 +72,8 @@ TEST(CkptTool, ListsTablesAndDumpsThemForNumpy) {
   const fs::path dir = tmp.path();
   fs::remove_all(dir);  // the checkpoint writer makes it
   TableRegistry tables(0, 1);
-  TableSpec w;
-  w.name = "w";
-  w.shape = {4, 5};
-  w.chunk_elems = 6;
-  TableSpec emb;
-  emb.name = "emb";
-  emb.type = TableType::kSparse;
-  emb.dim = 3;
-  emb.optimizer.type = OptimizerType::kAdagrad;  // rows carry state too; only the values are dumped
+  const TableSpec w = WSpec(OptimizerType::kSgd);
+  const TableSpec emb = EmbSpec(3, OptimizerType::kAdagrad);  // rows carry state too; only the values are dumped
   ASSERT_TRUE(tables.Create(w, TableId("w"), 1).ok());
   ASSERT_TRUE(tables.Create(emb, TableId("emb"), 1).ok());
   std::vector<float> want_w;
@@ -139,16 +151,8 @@ TEST(CkptTool, PicksAnyCheckpointKeptAndDumpsOptimizerState) {
   const fs::path dir = tmp.path();
   fs::remove_all(dir);
   TableRegistry tables(0, 1);
-  TableSpec w;
-  w.name = "w";
-  w.shape = {4, 5};
-  w.chunk_elems = 6;
-  w.optimizer.type = OptimizerType::kAdam;  // 2 slots
-  TableSpec emb;
-  emb.name = "emb";
-  emb.type = TableType::kSparse;
-  emb.dim = 3;
-  emb.optimizer.type = OptimizerType::kAdagrad;  // 1 slot
+  const TableSpec w = WSpec(OptimizerType::kAdam);          // 2 slots
+  const TableSpec emb = EmbSpec(3, OptimizerType::kAdagrad);  // 1 slot
   ASSERT_TRUE(tables.Create(w, TableId("w"), 1).ok());
   ASSERT_TRUE(tables.Create(emb, TableId("emb"), 1).ok());
   Table* wt = *tables.Find(TableId("w"), TableType::kDense);
@@ -233,16 +237,8 @@ TEST(CkptTool, ExportsWhatChangedSinceAnEarlierCheckpoint) {
   const fs::path dir = tmp.path();
   fs::remove_all(dir);
   TableRegistry tables(0, 1);
-  TableSpec w;
-  w.name = "w";
-  w.shape = {4, 5};
-  w.chunk_elems = 6;  // chunks [0, 6) [6, 12) [12, 18) [18, 20)
-  w.optimizer.type = OptimizerType::kAdagrad;
-  TableSpec emb;
-  emb.name = "emb";
-  emb.type = TableType::kSparse;
-  emb.dim = 2;
-  emb.optimizer.type = OptimizerType::kAdagrad;  // a row: 2 values, 2 accumulators
+  const TableSpec w = WSpec(OptimizerType::kAdagrad);
+  const TableSpec emb = EmbSpec(2, OptimizerType::kAdagrad);  // a row: 2 values, 2 accumulators
   ASSERT_TRUE(tables.Create(w, TableId("w"), 1).ok());
   ASSERT_TRUE(tables.Create(emb, TableId("emb"), 1).ok());
   Table* wt = *tables.Find(TableId("w"), TableType::kDense);

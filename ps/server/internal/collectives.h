@@ -39,6 +39,15 @@ class Collectives {
   // Forgets `rank`'s entries in collectives still waiting (its process died; a new one of the
   // same rank enters them again).
   void Forget(int rank);
+  // Takes `rank`'s entry out of collective `id` (nothing if it has none), to be answered by the
+  // caller: the others go on waiting in it, and a collective left empty is forgotten without
+  // ending (next_id() stays), so the rank's next process enters it again.
+  std::optional<Request> Withdraw(int64_t id, int rank);
+  // Calls fn(id, arrived requests, missing ranks) for each collective waiting.
+  template <typename Fn>
+  void ForEach(int num_workers, Fn&& fn) const {
+    for (const auto& [id, arrived] : by_id_) fn(id, arrived, Missing(arrived, num_workers));
+  }
 
   // What the collectives `rank` has entered wait for, one clause each: "Barrier 3 waits for
   // worker(s) 1 (1 of 2 arrived)" (the Waiting request).
@@ -74,6 +83,10 @@ class Collectives {
  private:
   // Removes the collective `id` (its deadline already removed or taken), naming who never came.
   Expired Take(int64_t id, int num_workers);
+  // Removes the entries of `it`'s collective for which pred(request) holds, keeping its deadline
+  // that of its first arrival left, and the collective if none is; returns them. `it` moves on.
+  template <typename Pred>
+  std::vector<Request> RemoveFrom(std::map<int64_t, std::vector<Request>>::iterator& it, Pred&& pred);
   static std::vector<int> Missing(const std::vector<Request>& arrived, int num_workers);
 
   std::map<int64_t, std::vector<Request>> by_id_;

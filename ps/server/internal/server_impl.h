@@ -213,12 +213,13 @@ class ServerImpl final : public Server {
   // A collective whose workers a held sync pull waits for (their gradients of the pull's step),
   // while the pull's own worker is missing from the collective, cannot complete: the pull waits
   // for them and they for it (a worker started without --resume into a job in progress waits at
-  // the job's start barrier). Once both have waited kDeadlockAfter, the collective fails with
-  // FAILED_PRECONDITION saying so, instead of both waiting for max_wait. Likewise a collective
-  // that a worker entered as the job's start (Barrier `start`, 1.12; it pushed nothing since its
-  // Hello) while a worker missing from it is training (pushed since its Hello, heard from since
-  // the start came): it may wait for the first one's gradient on another server, where this one
-  // cannot see it, and never comes to a start. Run by CheckLiveness.
+  // the job's start barrier). Likewise a collective that a worker entered as the job's start
+  // (Barrier `start`, 1.12; it pushed nothing since its Hello) while a worker missing from it is
+  // training (pushed since its Hello, heard from since the start came): it may wait for the
+  // first one's gradient on another server, where this one cannot see it, and never comes to a
+  // start. Once they have waited kDeadlockAfter, the workers that hold it up (those the pull
+  // waits for; the one at the start) are withdrawn from it with FAILED_PRECONDITION saying so,
+  // instead of everyone waiting for max_wait; the others wait on. Run by CheckLiveness.
   static constexpr std::chrono::seconds kDeadlockAfter{2};
   void FailDeadlockedCollectives(Clock::time_point now);
   void ExpireHeld();

@@ -8,7 +8,8 @@ Status Collectives::CheckEntry(const Request& req) const {
   const int64_t id = req.h()->barrier_id();
   auto it = by_id_.find(id);
   if (it == by_id_.end()) {
-    if (id >= next_id_) return Status::Ok();
+    // (A client before 1.3 was not told next_collective: its ids begin at 0 whatever ended.)
+    if (id >= next_id_ || req.h()->minor() < 3) return Status::Ok();
     // Ended without this rank: no other worker will come to it (they are past it).
     return FailedPreconditionError(std::string(wire::KindName(req.h()->kind())) + " " + std::to_string(id) +
                                    " has ended without worker " + std::to_string(req.h()->rank()) +
@@ -53,26 +54,41 @@ std::vector<Request> Collectives::Enter(Request req, Clock::time_point deadline,
   return group;
 }
 
+template <typename Pred>
+std::vector<Request> Collectives::RemoveFrom(std::map<int64_t, std::vector<Request>>::iterator& it, Pred&& pred) {
+  std::vector<Request>& arrived = it->second;
+  const Clock::time_point first_deadline = arrived[0].deadline;
+  std::vector<Request> removed, kept;
+  for (Request& r : arrived) (pred(r) ? removed : kept).push_back(std::move(r));
+  arrived = std::move(kept);
+  waiting_ -= removed.size();
+  if (removed.empty()) {
+    ++it;
+    return removed;
+  }
+  // The collective's deadline is its first arrival's: re-key it when that one went.
+  deadlines_.Remove(first_deadline, it->first);
+  if (arrived.empty()) {
+    it = by_id_.erase(it);
+  } else {
+    deadlines_.Add(arrived[0].deadline, it->first);
+    ++it;
+  }
+  return removed;
+}
+
 void Collectives::Forget(int rank) {
   for (auto it = by_id_.begin(); it != by_id_.end();) {
-    std::vector<Request>& arrived = it->second;
-    const size_t before = arrived.size();
-    const Clock::time_point first_deadline = arrived[0].deadline;
-    std::erase_if(arrived, [rank](const Request& r) { return r.h()->rank() == rank; });
-    waiting_ -= before - arrived.size();
-    if (arrived.size() == before) {
-      ++it;
-      continue;
-    }
-    // The collective's deadline is its first arrival's: re-key it when that one went.
-    deadlines_.Remove(first_deadline, it->first);
-    if (arrived.empty()) {
-      it = by_id_.erase(it);
-    } else {
-      deadlines_.Add(arrived[0].deadline, it->first);
-      ++it;
-    }
+    RemoveFrom(it, [rank](const Request& r) { return r.h()->rank() == rank; });
   }
+}
+
+std::optional<Request> Collectives::Withdraw(int64_t id, int rank) {
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return std::nullopt;
+  std::vector<Request> removed = RemoveFrom(it, [rank](const Request& r) { return r.h()->rank() == rank; });
+  if (removed.empty()) return std::nullopt;
+  return std::move(removed[0]);
 }
 
 std::vector<double> Collectives::Sum(const std::vector<Request>& group) {

@@ -291,51 +291,69 @@ void ServerImpl::FailDeadlockedCollectives(Clock::time_point now) {
     Waiting w = WaitingOn(r);
     if (!w.ranks.empty()) blocked.push_back({r.h()->rank(), std::move(w), &r});
   });
-  std::vector<std::string> whys;  // one for each collective taken, in the order TakeIf takes them
+  // The entries to refuse: only the workers that hold the others up, not everyone in the
+  // collective (a finished worker at the closing barrier did nothing wrong); the collective
+  // goes on waiting for the rest, and the refused ones' next processes enter it again.
+  struct Refusal {
+    int64_t id;
+    int rank;
+    std::string why;
+  };
+  std::vector<Refusal> refusals;
   auto in = [](const std::vector<int>& ranks, int r) {
     return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
   };
-  auto taken = collectives_.TakeIf(workers_.count(), [&](const std::vector<Request>& arrived,
-                                                         const std::vector<int>& missing) {
-    if (now - arrived[0].arrived < kDeadlockAfter) return false;
-    for (const Blocked& b : blocked) {
-      if (!in(missing, b.rank)) continue;
-      const bool all_here = std::all_of(b.waiting.ranks.begin(), b.waiting.ranks.end(), [&](int r) {
-        return std::any_of(arrived.begin(), arrived.end(), [&](const Request& a) { return a.h()->rank() == r; });
-      });
-      if (!all_here) continue;
-      whys.push_back("worker " + std::to_string(b.rank) + "'s " + std::string(wire::KindName(b.req->h()->kind())) +
-            " for step " + std::to_string(b.req->pull_step) + " waits for their gradients (" + b.waiting.what +
-            "), and it is not here: neither can go on. " + kStartedWithoutResume);
-      return true;
+  auto refuse = [&](int64_t id, int rank, std::string why) {
+    for (const Refusal& r : refusals) {
+      if (r.id == id && r.rank == rank) return;
     }
+    refusals.push_back({id, rank, std::move(why)});
+  };
+  collectives_.ForEach(workers_.count(), [&](int64_t id, const std::vector<Request>& arrived,
+                                             const std::vector<int>& missing) {
     // A worker at the job's start (protocol 1.12) that has pushed nothing since its Hello, while
     // one missing here has pushed since its own and was heard from after the start came: that
     // one is training (it may wait for this one's gradient on another server, out of this
     // server's sight), and will never come to a start.
     for (const Request& a : arrived) {
       const int r = a.h()->rank();
-      if (!a.h()->start() || workers_.training(r)) continue;
+      if (now - a.arrived < kDeadlockAfter || !a.h()->start() || workers_.training(r)) continue;
       for (int w : missing) {
         if (!workers_.training(w) || workers_.heard(w) <= a.arrived) continue;
-        whys.push_back("worker " + std::to_string(r) + " waits at the job's start, and worker " + std::to_string(w) +
-                       " is training already (it pushed to this server since it connected, and was heard from "
-                       "since): it will not come to the start. " +
-                       kStartedWithoutResume);
-        return true;
+        refuse(id, r,
+               "worker " + std::to_string(r) + " waits at the job's start, and worker " + std::to_string(w) +
+                   " is training already (it pushed to this server since it connected, and was heard from since): "
+                   "it will not come to the start. " +
+                   kStartedWithoutResume);
+        break;
       }
     }
-    return false;
+    // A held sync pull of a worker missing here waits for the gradients of workers that are all
+    // here: those are refused.
+    for (const Blocked& b : blocked) {
+      if (!in(missing, b.rank)) continue;
+      auto here = [&](int r) {
+        return std::any_of(arrived.begin(), arrived.end(), [&](const Request& a) {
+          return a.h()->rank() == r && now - a.arrived >= kDeadlockAfter;
+        });
+      };
+      if (!std::all_of(b.waiting.ranks.begin(), b.waiting.ranks.end(), here)) continue;
+      for (int r : b.waiting.ranks) {
+        refuse(id, r,
+               "worker " + std::to_string(b.rank) + "'s " + std::string(wire::KindName(b.req->h()->kind())) +
+                   " for step " + std::to_string(b.req->pull_step) + " waits for their gradients (" +
+                   b.waiting.what + "), and it is not here: neither can go on. " + kStartedWithoutResume);
+      }
+    }
   });
-  for (size_t i = 0; i < taken.size(); ++i) {
-    auto& c = taken[i];
-    std::string ranks;
-    for (const Request& r : c.arrived) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r.h()->rank());
-    const Status s = FailedPreconditionError(std::string(wire::KindName(c.arrived[0].h()->kind())) + " " +
-                                             std::to_string(c.id) + " on server " + std::to_string(options_.rank) +
-                                             ": worker(s) " + ranks + " wait here, but " + whys[i]);
+  for (Refusal& f : refusals) {
+    std::optional<Request> r = collectives_.Withdraw(f.id, f.rank);
+    if (!r) continue;
+    const Status s = FailedPreconditionError(std::string(wire::KindName(r->h()->kind())) + " " +
+                                             std::to_string(f.id) + " on server " + std::to_string(options_.rank) +
+                                             ": worker(s) " + std::to_string(f.rank) + " wait here, but " + f.why);
     LogRateLimited(s.message());
-    for (auto& r : c.arrived) SendError(r, s);
+    SendError(*r, s);
   }
 }
 

@@ -20,7 +20,8 @@
 //                                       OUT.values.npy (float32, their values in that order);
 //                                       --state: OUT.state.npy (slots, elements of the ranges)
 //
-// Exit status: 0 done, 1 no usable checkpoint or an I/O error, 2 bad usage or unknown table.
+// Exit status: 0 done, 1 no usable checkpoint or an I/O error, 2 bad usage, an unknown table, or
+// (export) a --since step not kept or after the checkpoint exported, or a table declared otherwise.
 #include <algorithm>
 #include <charconv>
 #include <cstdio>

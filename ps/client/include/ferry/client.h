@@ -290,7 +290,8 @@ class Client {
   // has waited 2 s, when another worker that is missing from it has pushed since it connected
   // and has been heard from since this one arrived: that worker is training, and will not come
   // to a start. A process restarted into a job in progress must rejoin at the job's step
-  // instead (ferry-trainer --resume). A server before 1.12 takes it as a Barrier.
+  // instead (ferry-trainer --resume), and enters the job's next collective with Barrier. A
+  // server before 1.12 takes it as a Barrier.
   virtual Status StartBarrier() = 0;
   // A barrier that also adds up: every worker passes the same number of values and gets back
   // their element-wise sum over all workers, added in rank order on server 0 (so every worker,

@@ -331,8 +331,9 @@ class Client {
   // own step; otherwise this worker rejoins a job that goes on.
   virtual bool worker_step_restored() const = 0;
   // The id this client's first Barrier or AllReduceSum takes, as server 0 said in the
-  // handshake: 0 in a new job; more for a client that joins a job in progress (a restarted
-  // worker continues the sequence the others are in).
+  // handshake: 0 on servers where no collective has ended (a new job on fresh servers); more for
+  // a client that joins a job in progress (a restarted worker continues the sequence the others
+  // are in), or on servers an earlier job used.
   virtual int64_t first_collective() const = 0;
 
   // One server's counters (messages, bad_messages, staleness_<k>, ...).

@@ -330,7 +330,7 @@ void RunRotated(int round, const std::vector<std::function<void()>>& variants) {
 void BM_Pause(benchmark::State& state, const ShardCase& c) {
   auto built = BuildShard(c);
   if (!built.ok()) return Fail(state, built.status());
-  const ps::TableRegistry& tables = **built;
+  ps::TableRegistry& tables = **built;
   const std::vector<std::span<const char>> spans = DataSpans(tables);
   const size_t data_bytes = TotalBytes(spans);
   std::vector<char> warm(data_bytes);  // value-initialised: every page faulted in
@@ -446,7 +446,7 @@ void BM_Pause(benchmark::State& state, const ShardCase& c) {
 void BM_Write(benchmark::State& state, const ShardCase& c) {
   auto built = BuildShard(c);
   if (!built.ok()) return Fail(state, built.status());
-  const ps::TableRegistry& tables = **built;
+  ps::TableRegistry& tables = **built;
   const std::string dir = RunDir() + "/write-" + c.name;
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -4,7 +4,8 @@ starts.
 The servers write, verify and restore checkpoints; the launcher only reads names, CURRENT and the
 manifests' JSON, to refuse early with a clear message. Layout (ferry-ps --checkpoint-dir):
 CURRENT (one line naming the newest manifest), MANIFEST-<20-digit step> (JSON: "step",
-"meaning", "shards": [{"file", "bytes", "crc32"}]) and the shard files. `ferry-ps --restore`
+"meaning", "shards": [{"file", "bytes", "crc32"}], a delta shard with its chain in "base": [...])
+and the shard files. `ferry-ps --restore`
 tries the manifest CURRENT names, then the other manifests, newest step first, and takes the
 first that verifies; find_checkpoint() follows the same order, checking names, sizes and each
 shard file's CRC-32 against its manifest (the servers also check every block inside).
@@ -68,6 +69,15 @@ def _check_manifest(folder, name):
     if isinstance(step, bool) or not isinstance(step, int) or not isinstance(shards, list) \
             or not shards:
         return None, f"{name}: no \"step\" or no \"shards\" in it"
+    # A delta shard (format 2) lists its chain in "base": those files are checked alike.
+    files = []
+    for s in shards:
+        base = s.get("base", []) if isinstance(s, dict) else []
+        if not isinstance(base, list):
+            return None, f"{name}: a shard's \"base\" is not a list of files"
+        files.extend(base)
+        files.append(s)
+    shards = files
     for s in shards:
         file = s.get("file") if isinstance(s, dict) else None
         if not isinstance(file, str) or not file or "/" in file:

@@ -1267,7 +1267,25 @@ class CheckpointFlagsTest(unittest.TestCase):
                     ["MANIFEST-00000000000000000040: shard file "
                      "step-00000000000000000040-shard-00000-of-00001.ckpt is damaged: its CRC-32 is "
                      f"{zlib.crc32(b'x' * at + b'y' + b'x' * (3 - at))}, the manifest says {zlib.crc32(b'xxxx')}"]))
+        # A delta (format 2) needs its chain: a missing or damaged base file passes it over.
+        self.checkpoint(folder, 60)
+        with open(os.path.join(folder, "MANIFEST-00000000000000000060"), "w") as f:
+            json.dump({"format": 2, "step": 60, "meaning": "sync", "shards": [
+                {"file": "step-00000000000000000060-shard-00000-of-00001.ckpt", "bytes": 4,
+                 "crc32": zlib.crc32(b"xxxx"), "base": [
+                     {"file": "step-00000000000000000020-shard-00000-of-00001.ckpt", "bytes": 4,
+                      "crc32": zlib.crc32(b"xxxx")},
+                     {"file": "step-00000000000000000050-shard-00000-of-00001.ckpt", "bytes": 4,
+                      "crc32": zlib.crc32(b"xxxx")}]}]}, f)
+        self.assertEqual(fl.find_checkpoint(folder)[2][0],
+                         "MANIFEST-00000000000000000060: shard file "
+                         "step-00000000000000000050-shard-00000-of-00001.ckpt is missing")
+        with open(os.path.join(folder, "step-00000000000000000050-shard-00000-of-00001.ckpt"),
+                  "wb") as f:
+            f.write(b"xxxx")
+        self.assertEqual(fl.find_checkpoint(folder), ("MANIFEST-00000000000000000060", 60, []))
         self.checkpoint(folder, 40, shard_bytes=3)
+        os.remove(os.path.join(folder, "MANIFEST-00000000000000000060"))
         # --checkpoint-dir: a folder that holds a checkpoint belongs to another job.
         rc, out = run_in_process(self.BASE + ["--checkpoint-dir", folder, "--log-dir",
                                               os.path.join(self.dir, "logs")])

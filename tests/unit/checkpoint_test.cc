@@ -2,6 +2,7 @@
 // written by two servers, restored into 1, 3 and 2 with every parameter, optimizer slot, row
 // step count and version bitwise equal; every single-byte corruption, a truncation, a missing
 // manifest or CURRENT refused with the file named, and the previous good checkpoint used.
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -262,6 +263,288 @@ TEST_F(CheckpointTest, KeepsTheNewestK) {
   auto ckpt = ReadCheckpoint(dir_.string());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   EXPECT_EQ(ckpt->step, 3);
+}
+
+// ---- delta checkpoints ----
+
+TableSpec Life() {  // a sparse table with a row lifecycle: rows get evicted, so deltas record deletions
+  TableSpec s;
+  s.name = "life";
+  s.type = TableType::kSparse;
+  s.dim = 2;
+  s.optimizer.type = OptimizerType::kMomentum;
+  s.max_rows = 12;  // per server
+  return s;
+}
+
+// What a checkpoint of the servers' tables must hold: every table's chunks and updated rows.
+struct Held {
+  std::map<uint64_t, std::map<int64_t, std::pair<int64_t, std::vector<float>>>> chunks;  // version, params+state
+  std::map<uint64_t, std::map<int64_t, std::pair<int64_t, std::vector<float>>>> rows;    // steps, values
+  std::map<uint64_t, int64_t> sparse_version;
+  bool operator==(const Held&) const = default;
+};
+
+Held Live(std::vector<TableRegistry>& servers) {
+  Held h;
+  for (auto& reg : servers) {
+    reg.ForEach([&](const Table& t) {
+      if (t.dense) {
+        for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+          if (const DenseChunk* c = t.dense->chunk(i)) {
+            std::vector<float> v(c->params.begin(), c->params.end());
+            v.insert(v.end(), c->state.begin(), c->state.end());
+            h.chunks[t.id][i] = {c->version, v};
+          }
+        }
+        return;
+      }
+      const SparseShard& s = *t.sparse;
+      s.ForEachRow([&](int64_t id, RowIndex r) {
+        if (s.steps(r) > 0) h.rows[t.id][id] = {s.steps(r), std::vector<float>(s.row(r), s.row(r) + s.row_floats())};
+      });
+      h.sparse_version[t.id] = std::max(h.sparse_version[t.id], s.version);
+    });
+  }
+  return h;
+}
+
+Held Read(const CheckpointData& c) {
+  Held h;
+  for (const auto& [id, t] : c.tables) {
+    for (const auto& [i, chunk] : t.chunks) {
+      std::vector<float> v = chunk.params;
+      v.insert(v.end(), chunk.state.begin(), chunk.state.end());
+      h.chunks[id][i] = {chunk.version, v};
+    }
+    for (const auto& [row, r] : t.rows) h.rows[id][row] = {r.steps, r.values};
+    if (t.spec.type == TableType::kSparse) h.sparse_version[id] = t.sparse_version;
+  }
+  return h;
+}
+
+class DeltaCheckpointTest : public CheckpointTest {
+ protected:
+  void SetUp() override {
+    CheckpointTest::SetUp();
+    for (auto& reg : servers_) ASSERT_TRUE(reg.Create(Life(), TableId("life"), 2).ok());
+  }
+
+  // Both servers write `step`: full when `delta` is false, else a delta over what each wrote
+  // last; then the manifest, each shard with its chain as server 0 finds it.
+  void SaveStep(int64_t step, bool delta, int keep = 100) {
+    std::vector<ShardFile> shards;
+    for (int r = 0; r < 2; ++r) {
+      const DeltaOf of{last_step_, last_[static_cast<size_t>(r)]};
+      auto f = WriteShard(dir_.string(), r, 2, step, servers_[static_cast<size_t>(r)], delta ? &of : nullptr,
+                          /*track=*/true);
+      ASSERT_TRUE(f.ok()) << f.status();
+      last_[static_cast<size_t>(r)] = *f;
+      auto chained = WithChain(dir_.string(), *f);
+      ASSERT_TRUE(chained.ok()) << chained.status();
+      shards.push_back(*chained);
+    }
+    last_step_ = step;
+    ASSERT_TRUE(WriteManifest(dir_.string(), step, shards, "sync", keep).ok());
+    held_[step] = Live(servers_);
+  }
+
+  // Changes a few rows and chunks as training does: dense chunks updated (version + 1), sparse
+  // rows pushed (new ones made), the lifecycle table pushed past max_rows (rows evicted).
+  void Train(int round) {
+    for (size_t r = 0; r < servers_.size(); ++r) {
+      TableRegistry& reg = servers_[r];
+      Table* w = *reg.Find(TableId("w"), TableType::kDense);
+      if (DenseChunk* c = w->dense->chunk(round % 5)) {
+        for (size_t k = 0; k < c->params.size(); ++k) c->params[k] += 0.5f * static_cast<float>(round + 1);
+        ++c->version;
+      }
+      std::vector<RowIndex> scratch;
+      SparseShard& emb = *(*reg.Find(TableId("emb"), TableType::kSparse))->sparse;
+      std::vector<int64_t> ids;
+      for (int64_t id = round * 7; id < round * 7 + 40; id += 5) {
+        if (placement::IdServer(id, 2) == static_cast<int>(r)) ids.push_back(id);
+      }
+      std::vector<float> grads(ids.size() * 3, 0.25f * static_cast<float>(round + 1));
+      emb.ApplyRows(ids, grads.data(), &scratch);
+      ++emb.version;
+      SparseShard& life = *(*reg.Find(TableId("life"), TableType::kSparse))->sparse;
+      ids.clear();
+      for (int64_t id = round * 9; id < round * 9 + 30; ++id) {
+        if (placement::IdServer(id, 2) == static_cast<int>(r)) ids.push_back(id);
+      }
+      grads.assign(ids.size() * 2, 1.0f + static_cast<float>(round));
+      life.ApplyRows(ids, grads.data(), &scratch);
+      ++life.version;
+    }
+  }
+
+  std::array<ShardFile, 2> last_;
+  int64_t last_step_ = -1;
+  std::map<int64_t, Held> held_;
+};
+
+TEST_F(DeltaCheckpointTest, AChainOfDeltasReadsBackAsTheTablesWereAtEachStep) {
+  SaveStep(10, /*delta=*/false);
+  Train(1);
+  SaveStep(20, /*delta=*/true);
+  Train(2);
+  Train(3);
+  SaveStep(30, /*delta=*/true);
+  SaveStep(40, /*delta=*/true);  // nothing changed: a delta of no rows
+  int64_t evicted = 0;
+  for (auto& reg : servers_) {
+    evicted += (*reg.Find(TableId("life"), TableType::kSparse))->sparse->lifecycle().evicted_capacity;
+  }
+  EXPECT_GT(evicted, 0) << "the test must evict rows, so that deltas record deletions";
+  for (int64_t step : {10, 20, 30, 40}) {
+    auto ckpt = ReadCheckpointAt(dir_.string(), step);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    EXPECT_TRUE(Read(*ckpt) == held_[step]) << "step " << step;
+  }
+  // The deltas hold only what changed: each smaller than the full shard by far.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_LT(fs::file_size(Shard(20, r)) * 2, fs::file_size(Shard(10, r)));
+    EXPECT_LT(fs::file_size(Shard(40, r)) * 4, fs::file_size(Shard(10, r)));
+  }
+  // The manifest names each delta's chain, full shard first.
+  nlohmann::json m;
+  std::ifstream(dir_ / "MANIFEST-00000000000000000030") >> m;
+  EXPECT_EQ(m["format"], 2);
+  ASSERT_EQ(m["shards"][1]["base"].size(), 2u);
+  EXPECT_EQ(m["shards"][1]["base"][0]["file"], Shard(10, 1).filename().string());
+  EXPECT_EQ(m["shards"][1]["base"][1]["file"], Shard(20, 1).filename().string());
+  // Restored into three servers from the chain: the tables of step 40, placed anew.
+  auto ckpt = ReadCheckpoint(dir_.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->step, 40);
+  std::vector<TableRegistry> three;
+  for (int r = 0; r < 3; ++r) {
+    three.emplace_back(r, 3);
+    ASSERT_TRUE(RestoreShard(*ckpt, r, 3, 2, &three.back()).ok());
+  }
+  EXPECT_TRUE(Live(three) == held_[40]);
+}
+
+TEST_F(DeltaCheckpointTest, AFullShardAfterDeltasStartsANewChainAndTheOldOneGoes) {
+  SaveStep(10, false, /*keep=*/1);
+  Train(1);
+  SaveStep(20, true, 1);
+  Train(2);
+  SaveStep(30, true, 1);
+  // keep 1: the newest checkpoint and its chain stay, with the manifests of the chain's steps
+  // (their files are all kept anyway: each is a point to fall back to).
+  for (int64_t step : {10, 20, 30}) {
+    EXPECT_TRUE(fs::exists(Shard(step, 0))) << step;
+    EXPECT_TRUE(fs::exists(dir_ / ("MANIFEST-000000000000000000" + std::to_string(step)))) << step;
+  }
+  // MakeRoom before a server's next shard (keep 2) removes nothing the newest chain needs.
+  EXPECT_TRUE(MakeRoom(dir_.string(), 0, 2).empty());
+  Train(3);
+  SaveStep(40, false, 1);
+  for (int64_t step : {10, 20, 30}) {
+    EXPECT_FALSE(fs::exists(Shard(step, 0))) << step;
+    EXPECT_FALSE(fs::exists(dir_ / ("MANIFEST-000000000000000000" + std::to_string(step)))) << step;
+  }
+  auto ckpt = ReadCheckpoint(dir_.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_TRUE(Read(*ckpt) == held_[40]);
+  // The next delta goes over the new full shard.
+  Train(4);
+  SaveStep(50, true, 1);
+  ckpt = ReadCheckpoint(dir_.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_TRUE(Read(*ckpt) == held_[50]);
+}
+
+// Every byte of a delta flipped in turn, with the manifest updated to match (so only the file's
+// own checks can catch it): never read as good; the whole chain before it is used instead.
+TEST_F(DeltaCheckpointTest, EveryFlippedByteOfADeltaIsCaught) {
+  SaveStep(10, false);
+  Train(1);
+  SaveStep(20, true);
+  Train(2);
+  SaveStep(30, true);
+  const fs::path shard = Shard(20, 1);
+  std::string bytes;
+  {
+    std::ifstream in(shard, std::ios::binary);
+    bytes.assign((std::istreambuf_iterator<char>(in)), {});
+  }
+  const fs::path manifest = dir_ / "MANIFEST-00000000000000000020";
+  nlohmann::json m;
+  std::ifstream(manifest) >> m;
+  ASSERT_LT(bytes.size(), 20000u);  // keeps the loop short
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string bad = bytes;
+    bad[i] = static_cast<char>(bad[i] ^ 0x41);
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << bad;
+    nlohmann::json mm = m;
+    mm["shards"][1]["crc32"] = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(bad.data()), bad.size()));
+    std::ofstream(manifest, std::ios::trunc) << mm.dump();
+    auto at20 = ReadCheckpointAt(dir_.string(), 20);
+    ASSERT_FALSE(at20.ok()) << "byte " << i << " flipped, yet the delta of step 20 was read as good";
+    EXPECT_NE(at20.status().message().find(shard.string()), std::string::npos) << "byte " << i << ": "
+                                                                              << at20.status();
+  }
+  std::ofstream(manifest, std::ios::trunc) << m.dump();
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << std::string(bytes).replace(100, 1, "?");
+  // Step 30 needs step 20's delta (its CRC in 30's manifest no longer matches): the newest
+  // whole chain is step 10's.
+  std::vector<std::string> skipped;
+  auto ckpt = ReadCheckpoint(dir_.string(), &skipped);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->step, 10);
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_NE(skipped[0].find(shard.string()), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[1].find(shard.string()), std::string::npos) << skipped[1];
+}
+
+TEST_F(DeltaCheckpointTest, AChainWithAMissingMiddleDeltaRestoresTheNewestWholePrefix) {
+  SaveStep(10, false);
+  Train(1);
+  SaveStep(20, true);
+  Train(2);
+  SaveStep(30, true);
+  Train(3);
+  SaveStep(40, true);
+  fs::remove(Shard(30, 0));
+  std::vector<std::string> skipped;
+  auto ckpt = ReadCheckpoint(dir_.string(), &skipped);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->step, 20);
+  EXPECT_TRUE(Read(*ckpt) == held_[20]);
+  ASSERT_EQ(skipped.size(), 2u);  // steps 40 and 30, each naming the missing file
+  for (const auto& why : skipped) {
+    EXPECT_NE(why.find(Shard(30, 0).string() + ": cannot open"), std::string::npos) << why;
+  }
+}
+
+TEST_F(DeltaCheckpointTest, ADeltaOverAShardNoCheckpointListsIsRefusedAtCommit) {
+  SaveStep(10, false);
+  Train(1);
+  // Server 0 wrote its shard of step 20, but step 20 was never committed (another server failed).
+  const DeltaOf of{10, last_[0]};
+  auto orphan = WriteShard(dir_.string(), 0, 2, 20, servers_[0], &of, true);
+  ASSERT_TRUE(orphan.ok()) << orphan.status();
+  const DeltaOf over_orphan{20, *orphan};
+  auto f = WriteShard(dir_.string(), 0, 2, 30, servers_[0], &over_orphan, true);
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto chained = WithChain(dir_.string(), *f);
+  ASSERT_FALSE(chained.ok());
+  EXPECT_EQ(chained.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(chained.status().message().find("checkpoint of step 20 cannot be read"), std::string::npos)
+      << chained.status();
+  // A delta whose chain in the manifest is not the one its file names is refused on reading.
+  std::ofstream(dir_ / "MANIFEST-00000000000000000030")
+      << nlohmann::json{{"format", 2}, {"step", 30}, {"meaning", "sync"},
+                        {"shards", {{{"file", f->name}, {"bytes", f->bytes}, {"crc32", f->crc32},
+                                     {"base", {{{"file", last_[0].name}, {"bytes", last_[0].bytes},
+                                                {"crc32", last_[0].crc32}}}}}}}}
+             .dump();
+  auto read = ReadCheckpointAt(dir_.string(), 30);
+  ASSERT_FALSE(read.ok());
+  EXPECT_NE(read.status().message().find("a delta of " + orphan->name), std::string::npos) << read.status();
 }
 
 }  // namespace

@@ -808,6 +808,7 @@ class ClientImpl final : public Client {
       flatbuffers::FlatBufferBuilder fbb(96);
       auto h = engine_.BeginHeader(fbb, Kind::Checkpoint);
       h.add_step(step);
+      h.add_previous_step(last_committed_.load());  // a server may write a delta over it
       CheckpointShard* out = &shards[static_cast<size_t>(s)];
       OnReply on_reply = [out](const Header& reply, Frames&) -> Status {
         if (!reply.shards() || reply.shards()->size() != 1 || !reply.shards()->Get(0)->file()) {
@@ -851,7 +852,9 @@ class ClientImpl final : public Client {
     h.add_shards(vec);
     if (!steps.empty()) h.add_worker_steps(steps_vec);
     engine_.Submit(op, 0, Kind::CommitCheckpoint, engine_.FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
-    return Handle(op).wait();
+    Status s = Handle(op).wait();
+    if (s.ok()) last_committed_.store(step);
+    return s;
   }
 
   StatusOr<std::map<std::string, int64_t>> ServerCounters(int server) override {
@@ -885,6 +888,7 @@ class ClientImpl final : public Client {
   std::atomic<int64_t> values_saturated_{0};
   std::atomic<uint64_t> next_call_{1};        // ids of push calls in pieces (1.10), never 0
   std::atomic<int64_t> first_collective_{0};  // server 0's next collective id at the handshake
+  std::atomic<int64_t> last_committed_{-1};   // the step of the newest checkpoint this client committed
 
   mutable Mutex tables_mu_;
   std::unordered_map<std::string, TableSpec> tables_ ABSL_GUARDED_BY(tables_mu_);

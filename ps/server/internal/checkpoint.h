@@ -22,13 +22,23 @@
 
 namespace ferry::ps {
 
-inline constexpr uint32_t kCheckpointFormat = 1;
+inline constexpr uint32_t kCheckpointFormat = 1;       // a full shard, and a manifest of full shards
+inline constexpr uint32_t kCheckpointDeltaFormat = 2;  // a delta shard, and a manifest naming one
 
 // One server's shard file as the manifest lists it.
 struct ShardFile {
   std::string name;  // file name inside the checkpoint folder
   uint64_t bytes = 0;
   uint32_t crc32 = 0;  // of the whole file
+  // A delta shard's chain: the files it is applied over, oldest (a full shard) first, the last
+  // the one it is a delta of. Empty for a full shard.
+  std::vector<ShardFile> base;
+};
+
+// A delta shard's predecessor: the shard file of the same server it records the changes since.
+struct DeltaOf {
+  int64_t step = -1;
+  ShardFile file;  // (its base is not used here)
 };
 
 // A server's shard of every table serialized in memory: the bytes of its shard file. Taking it
@@ -61,7 +71,16 @@ struct ShardImage {
 };
 
 // Copies every table of `tables` into an image (throws std::bad_alloc when memory is short).
-ShardImage SnapshotShard(const TableRegistry& tables);
+// With `delta`: only what changed since the snapshot that wrote `delta->file` (the dense chunks
+// whose version moved, the sparse rows noted by SparseShard::TrackChanges, the ids evicted
+// since), as a delta shard (format 2); a table not tracked yet (new since) is copied whole.
+// `track`: (every snapshot of a server that writes deltas) starts or restarts the count of
+// changes, which the next delta takes.
+ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta = nullptr, bool track = false);
+
+// About the bytes a delta snapshot of `tables` would take now (an upper bound for sparse rows):
+// what a server weighs against its chain's full shard before writing a delta.
+uint64_t DeltaBytes(const TableRegistry& tables);
 
 // Fills in the image's checksums and writes it as server `rank` of `num_servers`'s shard of
 // `step` into `dir` (created if missing). Returns what the manifest must list for it.
@@ -70,20 +89,29 @@ StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_se
 // Before server `rank` writes its shard of a new checkpoint into `dir`: removes its own shard
 // files of the checkpoints that the new one's commit will remove (all but the newest keep - 1),
 // so that a disk that holds `keep` checkpoints always has room for the next one (their manifests
-// go with that commit). With keep 1 nothing is removed: the only checkpoint goes once the new one
-// is saved. Returns the steps of the shards it removed (errors are ignored: the commit retries).
+// go with that commit), except files the chains of the checkpoints kept need. With keep 1 nothing
+// is removed: the only checkpoint goes once the new one is saved. Returns the steps of the shards
+// it removed (errors are ignored: the commit retries).
 std::vector<int64_t> MakeRoom(const std::string& dir, int rank, int keep);
 
 // SnapshotShard, then WriteShardImage.
 StatusOr<ShardFile> WriteShard(const std::string& dir, int rank, int num_servers, int64_t step,
-                               const TableRegistry& tables);
+                               TableRegistry& tables, const DeltaOf* delta = nullptr, bool track = false);
+
+// `shard` (in `dir`) with its chain filled in: nothing for a full shard; for a delta, the chain of
+// the file its first block names as its predecessor, as the manifest of that file's step lists
+// it, then that file. FailedPrecondition when no checkpoint lists the predecessor with the size
+// and CRC the delta records; DataLoss when the shard's first block does not verify.
+StatusOr<ShardFile> WithChain(const std::string& dir, ShardFile shard);
 
 // InvalidArgument unless `shards` are the files a checkpoint of `step` by shards.size() servers
 // must have, in server order (a manifest names only files its own servers wrote).
 Status CheckShardList(int64_t step, const std::vector<ShardFile>& shards);
 
-// Writes MANIFEST-<step> naming `shards` (one per server, in rank order), then points CURRENT at
-// it, each atomically; then removes the checkpoints of `dir` beyond the newest `keep`.
+// Writes MANIFEST-<step> naming `shards` (one per server, in rank order, each with its chain),
+// then points CURRENT at it, each atomically; then removes the checkpoints of `dir` beyond the
+// newest `keep`, except the files their chains need (and the manifests all of whose files those
+// are: the earlier checkpoints of a kept chain stay restorable).
 // `meaning`: what the cut is ("sync: every server at global step 120"; "async: ...").
 // `worker_steps`: the steps each worker had done, by rank, as the servers knew them when they
 // saved (the lowest any server knew; -1: none knew; empty: not written). A worker resumes at its
@@ -115,8 +143,9 @@ struct CheckpointData {
   std::map<uint64_t, Table> tables;  // by table id
 };
 
-// Reads the checkpoint CURRENT names, verifying every file; if it does not verify, the newest
-// older manifest that does. The error (when none verifies) names each file tried and what is
+// Reads the checkpoint CURRENT names, verifying every file (a delta shard's whole chain, each
+// link against the one before); if it does not verify, the newest older manifest that does. The
+// error (when none verifies) names each file tried and what is
 // wrong with it; `skipped` (optional) gets the same for the checkpoints passed over.
 StatusOr<CheckpointData> ReadCheckpoint(const std::string& dir, std::vector<std::string>* skipped = nullptr);
 

@@ -37,6 +37,7 @@
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "ferry/metrics/http.h"
+#include "internal/checkpoint.h"
 #include "internal/collectives.h"
 #include "internal/connections.h"
 #include "internal/held.h"
@@ -438,6 +439,16 @@ class ServerImpl final : public Server {
   std::thread job_thread_;
   Mutex job_mu_;
   std::optional<StatusOr<zmq::message_t>> job_done_ ABSL_GUARDED_BY(job_mu_);
+  // This process's newest shard on disk, which a delta checkpoint may follow (written by the
+  // file job once durable; step -1 while a checkpoint is being written, or after one failed).
+  struct SavedShard {
+    int64_t step = -1;
+    ps::ShardFile file;
+    int deltas = 0;            // written since the last full shard
+    uint64_t base_bytes = 0;   // the last full shard's
+    uint64_t chain_bytes = 0;  // the deltas' since
+  };
+  SavedShard saved_ ABSL_GUARDED_BY(job_mu_);
 
   // Last: starts after everything above is built. Joined only under stop_mu_.
   std::thread thread_ ABSL_GUARDED_BY(stop_mu_);

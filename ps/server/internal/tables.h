@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 #include <zmq.hpp>
 
 #include "ferry/table_spec.h"
@@ -40,6 +41,7 @@ struct DenseChunk {
   SharedFloats params;         // shared with the pull replies that send them (copy-on-write)
   std::vector<float> state;  // StateSlots() arrays of `size` floats
   int64_t version = 0;       // updates applied
+  int64_t saved_version = -1;  // version when the last checkpoint copied it (-1: none has): a delta takes it if changed
   std::vector<int64_t> last_pulled;  // per rank: version at that worker's last pull (staleness)
   SyncSlots sync;
 };
@@ -181,6 +183,22 @@ class SparseShard {
   }
   bool has_lifecycle() const { return lifecycle_; }
   const RowLifecycleCounts& lifecycle() const { return counts_; }
+
+  // What changed since the last checkpoint, for delta checkpoints (messages/CHECKPOINT.md). Off
+  // until TrackChanges (the first checkpoint of a server that writes deltas turns it on); from
+  // then on each row a push reaches is noted once (before any row of the push is updated: no
+  // half-applied push on running out of memory), and the id of each row evicted with updates.
+  // TakeChanges hands both over and starts counting anew. Costs 1 byte a slot and 16 bytes a
+  // row changed between checkpoints, not charged to the memory budget.
+  struct Changes {
+    std::vector<std::pair<int64_t, RowIndex>> rows;  // rows with updates noted since, in no particular order
+    std::vector<int64_t> deleted;                     // ids evicted since with updates, ascending
+  };
+  void TrackChanges() { track_ = true; }
+  bool tracking() const { return track_; }
+  Changes TakeChanges();
+  // At least the rows TakeChanges would give now (rows noted, some maybe evicted since).
+  size_t ChangedRowsBound() const { return changed_list_.size(); }
   int64_t clock() const { return clock_; }
 
   int64_t version = 0;  // pushes applied to this shard
@@ -207,6 +225,8 @@ class SparseShard {
   Room EvictOne(int pushes);
   void Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* total);
   void SweepAged(int64_t slots);
+  // TrackChanges: notes row `r` of `id` as changed (once until TakeChanges).
+  void NoteChanged(int64_t id, RowIndex r);
   // One row's update (ApplyRows), its refusals merged into `refused`.
   void UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused);
   uint64_t NextRandom();
@@ -222,6 +242,10 @@ class SparseShard {
   size_t index_reserved_ = 0;  // index_ holds this many ids without growing (FindOrCreate)
   std::vector<std::unique_ptr<float[]>> blocks_;
   std::vector<int64_t> steps_;  // per slot: updates applied to its row
+  bool track_ = false;          // TrackChanges
+  std::vector<uint8_t> changed_;  // per slot (grown as noted): its row was noted since TakeChanges
+  std::vector<std::pair<int64_t, RowIndex>> changed_list_;  // (id, slot) of each noted row
+  absl::flat_hash_set<int64_t> deleted_;  // ids evicted with updates since TakeChanges
 
   // Lifecycle settings only.
   const bool lifecycle_;

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <set>
 #include <span>
 #include <sstream>
 
@@ -30,7 +32,9 @@ constexpr int64_t kRowsPerBlock = 65536;
 // 3 GiB): a corrupt length cannot make the reader allocate more.
 constexpr uint64_t kMaxBlockBytes = uint64_t{4} << 30;
 
-enum BlockKind : uint32_t { kEnd = 0, kTable = 1, kDenseChunk = 2, kSparseRows = 3 };
+enum BlockKind : uint32_t { kEnd = 0, kTable = 1, kDenseChunk = 2, kSparseRows = 3, kPrevious = 4, kDeleted = 5 };
+// A delta's first block names its predecessor in at most this many bytes (WithChain reads no more).
+constexpr uint64_t kMaxPreviousBlock = 4096;
 
 uint32_t Crc(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const Bytef*>(data);
@@ -179,7 +183,35 @@ class Reader {
   std::string where_;
 };
 
-Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* out) {
+// One shard file read back: its tables, and for a delta what it is a delta of and the ids it
+// deletes.
+struct FileData {
+  CheckpointData data;
+  std::optional<DeltaOf> previous;                   // a delta's predecessor (format 2)
+  std::map<uint64_t, std::vector<int64_t>> deleted;  // a delta's ids no longer held, by table
+};
+
+// A kPrevious payload: i64 step, u64 bytes, u32 crc32, u32 zero, u64 n, n bytes of file name.
+Status ParsePrevious(Reader& r, const std::string& where, DeltaOf* out) {
+  uint64_t n = 0;
+  uint32_t zero = 0;
+  std::vector<char> name;
+  FERRY_RETURN_IF_ERROR(r.Get(&out->step));
+  FERRY_RETURN_IF_ERROR(r.Get(&out->file.bytes));
+  FERRY_RETURN_IF_ERROR(r.Get(&out->file.crc32));
+  FERRY_RETURN_IF_ERROR(r.Get(&zero));
+  FERRY_RETURN_IF_ERROR(r.Get(&n));
+  FERRY_RETURN_IF_ERROR(r.GetArray(&name, n));
+  FERRY_RETURN_IF_ERROR(r.Done());
+  out->file.name.assign(name.begin(), name.end());
+  if (zero != 0 || out->step < 0 || out->file.name.empty() || out->file.name.find('/') != std::string::npos) {
+    return DataLossError(where + ": the predecessor it names is not a shard file of a step");
+  }
+  return Status::Ok();
+}
+
+Status ReadShard(const fs::path& path, const ShardFile& listed, FileData* file) {
+  CheckpointData* out = &file->data;
   const std::string name = path.string();
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFoundError(name + ": cannot open (" + std::strerror(errno) + ")");
@@ -196,10 +228,12 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* 
   std::memcpy(&format, all.data() + 8, 4);
   std::memcpy(&reserved, all.data() + 12, 4);
   if (reserved != 0) return DataLossError(name + ": header bytes 12-15 are not zero");
-  if (format != kCheckpointFormat) {
+  if (format != kCheckpointFormat && format != kCheckpointDeltaFormat) {
     return FailedPreconditionError(name + ": format " + std::to_string(format) + ", this build reads " +
-                                   std::to_string(kCheckpointFormat));
+                                   std::to_string(kCheckpointFormat) + " and " +
+                                   std::to_string(kCheckpointDeltaFormat));
   }
+  const bool delta = format == kCheckpointDeltaFormat;
   size_t at = 16;
   int blocks = 0;
   while (true) {
@@ -218,6 +252,16 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* 
     at += static_cast<size_t>(len);
     ++blocks;
     Reader r(payload, where);
+    // A delta's first block, and only it, names its predecessor.
+    if (delta && blocks == 1 && kind != kPrevious) {
+      return DataLossError(where + ": a delta shard must begin with the block naming its predecessor");
+    }
+    if (kind == kPrevious) {
+      if (!delta || blocks != 1) return DataLossError(where + ": a predecessor block outside a delta's first block");
+      file->previous.emplace();
+      FERRY_RETURN_IF_ERROR(ParsePrevious(r, where, &*file->previous));
+      continue;
+    }
     if (kind == kEnd) {
       int64_t count = 0;
       FERRY_RETURN_IF_ERROR(r.Get(&count));
@@ -229,7 +273,19 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* 
     uint64_t table_id = 0;
     FERRY_RETURN_IF_ERROR(r.Get(&table_id));
     auto& t = out->tables[table_id];
-    if (kind == kTable) {
+    if (kind == kDeleted) {
+      if (!delta) return DataLossError(where + ": a deletion block in a full shard");
+      uint64_t n = 0;
+      std::vector<int64_t> ids;
+      FERRY_RETURN_IF_ERROR(r.Get(&n));
+      FERRY_RETURN_IF_ERROR(r.GetArray(&ids, n));
+      FERRY_RETURN_IF_ERROR(r.Done());
+      auto& deleted = file->deleted[table_id];
+      for (const int64_t id : ids) {
+        if (!deleted.empty() && id <= deleted.back()) return DataLossError(where + ": deleted ids out of order");
+        deleted.push_back(id);
+      }
+    } else if (kind == kTable) {
       uint64_t n = 0;
       std::vector<char> spec_bytes;
       FERRY_RETURN_IF_ERROR(r.Get(&n));
@@ -289,8 +345,30 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, CheckpointData* 
   }
 }
 
-// Reads and verifies one manifest and every shard it names.
-StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& manifest) {
+// A manifest's JSON, checked for shape (its files are not opened).
+struct Manifest {
+  uint32_t format = 0;
+  int64_t step = 0;
+  std::string meaning;
+  std::vector<int64_t> worker_steps;
+  std::vector<ShardFile> shards;  // with their chains
+};
+
+StatusOr<ShardFile> ShardEntry(const nlohmann::json& s, const std::string& where, bool chain) {
+  ShardFile f{s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>(), {}};
+  if (f.name.empty() || f.name.find('/') != std::string::npos)
+    return DataLossError(where + ": shard name '" + f.name + "' is not a file name");
+  if (!chain || !s.contains("base")) return f;
+  if (!s.at("base").is_array() || s.at("base").empty())
+    return DataLossError(where + ": the chain of " + f.name + " is not a list of files");
+  for (const auto& b : s.at("base")) {
+    FERRY_ASSIGN_OR_RETURN(ShardFile link, ShardEntry(b, where, /*chain=*/false));
+    f.base.push_back(std::move(link));
+  }
+  return f;
+}
+
+StatusOr<Manifest> ParseManifest(const fs::path& dir, const std::string& manifest) {
   const std::string name = (dir / manifest).string();
   std::ifstream in(dir / manifest);
   if (!in) return NotFoundError(name + ": cannot open");
@@ -300,12 +378,13 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
   } catch (const nlohmann::json::exception& e) {
     return DataLossError(name + ": not JSON (" + e.what() + ")");
   }
-  CheckpointData out;
-  std::vector<ShardFile> shards;
+  Manifest out;
   try {
-    if (j.at("format").get<uint32_t>() != kCheckpointFormat) {
+    out.format = j.at("format").get<uint32_t>();
+    if (out.format != kCheckpointFormat && out.format != kCheckpointDeltaFormat) {
       return FailedPreconditionError(name + ": format " + j.at("format").dump() + ", this build reads " +
-                                     std::to_string(kCheckpointFormat));
+                                     std::to_string(kCheckpointFormat) + " and " +
+                                     std::to_string(kCheckpointDeltaFormat));
     }
     out.step = j.at("step").get<int64_t>();
     out.meaning = j.at("meaning").get<std::string>();
@@ -320,17 +399,102 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
       }
     }
     for (const auto& s : j.at("shards")) {
-      shards.push_back({s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>()});
+      FERRY_ASSIGN_OR_RETURN(ShardFile f, ShardEntry(s, name, out.format == kCheckpointDeltaFormat));
+      out.shards.push_back(std::move(f));
     }
   } catch (const nlohmann::json::exception& e) {
     return DataLossError(name + ": " + e.what());
   }
-  if (shards.empty()) return DataLossError(name + ": lists no shard");
-  out.num_servers = static_cast<int>(shards.size());
+  if (out.shards.empty()) return DataLossError(name + ": lists no shard");
+  return out;
+}
+
+// Every file a manifest's checkpoint needs: its shards and their chains.
+void AddFiles(const Manifest& m, std::set<std::string>* files) {
+  for (const auto& s : m.shards) {
+    files->insert(s.name);
+    for (const auto& b : s.base) files->insert(b.name);
+  }
+}
+
+// Adds `from` (one server's shard, or one shard's chain applied) to `into`, which holds the
+// other servers' shards: no chunk or id may come twice, and a table is declared alike.
+Status Merge(CheckpointData&& from, CheckpointData* into, const std::string& where) {
+  for (auto& [id, t] : from.tables) {
+    auto& to = into->tables[id];
+    if (!to.spec.name.empty() && !t.spec.name.empty() && !(to.spec == t.spec)) {
+      return DataLossError(where + ": table '" + t.spec.name + "' differs from another shard's declaration");
+    }
+    if (to.spec.name.empty()) to.spec = std::move(t.spec);
+    to.chunks.merge(t.chunks);
+    if (!t.chunks.empty()) {
+      return DataLossError(where + ": table '" + to.spec.name + "' chunk " + std::to_string(t.chunks.begin()->first) +
+                           " twice");
+    }
+    to.rows.merge(t.rows);
+    if (!t.rows.empty()) {
+      return DataLossError(where + ": table '" + to.spec.name + "' id " + std::to_string(t.rows.begin()->first) +
+                           " twice");
+    }
+    to.sparse_version = std::max(to.sparse_version, t.sparse_version);
+  }
+  return Status::Ok();
+}
+
+// One server's shard as its chain leaves it: the full file, then each delta in order (a dense
+// chunk replaced, a sparse table's deleted ids removed and its changed rows put in).
+StatusOr<CheckpointData> ReadChain(const fs::path& dir, const ShardFile& shard) {
+  std::vector<const ShardFile*> files;
+  for (const auto& b : shard.base) files.push_back(&b);
+  files.push_back(&shard);
+  CheckpointData acc;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const ShardFile& f = *files[i];
+    FileData d;
+    FERRY_RETURN_IF_ERROR(ReadShard(dir / f.name, f, &d));
+    const std::string name = (dir / f.name).string();
+    if (i == 0) {
+      if (d.previous) {
+        return DataLossError(name + ": a delta (of " + d.previous->file.name + "), where its chain needs a full shard");
+      }
+      acc = std::move(d.data);
+      continue;
+    }
+    const ShardFile& before = *files[i - 1];
+    if (!d.previous) return DataLossError(name + ": a full shard where its chain needs a delta of " + before.name);
+    if (d.previous->file.name != before.name || d.previous->file.bytes != before.bytes ||
+        d.previous->file.crc32 != before.crc32) {
+      return DataLossError(name + ": a delta of " + d.previous->file.name + " (" +
+                           std::to_string(d.previous->file.bytes) + " bytes), where its chain has " + before.name +
+                           " (" + std::to_string(before.bytes) + " bytes) before it");
+    }
+    for (auto& [id, t] : d.data.tables) {
+      auto& to = acc.tables[id];
+      if (!t.spec.name.empty()) to.spec = std::move(t.spec);
+      for (auto& [index, chunk] : t.chunks) to.chunks.insert_or_assign(index, std::move(chunk));
+      if (auto del = d.deleted.find(id); del != d.deleted.end()) {
+        for (const int64_t row : del->second) to.rows.erase(row);
+      }
+      for (auto& [row, values] : t.rows) to.rows.insert_or_assign(row, std::move(values));
+      if (to.spec.type == TableType::kSparse) to.sparse_version = t.sparse_version;
+    }
+  }
+  return acc;
+}
+
+// Reads and verifies one manifest and every shard it names (a delta with its whole chain).
+StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& manifest) {
+  const std::string name = (dir / manifest).string();
+  FERRY_ASSIGN_OR_RETURN(Manifest m, ParseManifest(dir, manifest));
+  CheckpointData out;
+  out.step = m.step;
+  out.meaning = std::move(m.meaning);
+  out.worker_steps = std::move(m.worker_steps);
+  out.num_servers = static_cast<int>(m.shards.size());
   out.manifest = manifest;
-  for (const auto& s : shards) {
-    if (s.name.find('/') != std::string::npos) return DataLossError(name + ": shard name '" + s.name + "' is a path");
-    FERRY_RETURN_IF_ERROR(ReadShard(dir / s.name, s, &out));
+  for (const auto& s : m.shards) {
+    FERRY_ASSIGN_OR_RETURN(CheckpointData shard, ReadChain(dir, s));
+    FERRY_RETURN_IF_ERROR(Merge(std::move(shard), &out, (dir / s.name).string()));
   }
   for (const auto& [id, t] : out.tables) {
     if (t.spec.name.empty()) return DataLossError(name + ": table id " + std::to_string(id) + " has data but no spec");
@@ -340,23 +504,89 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
 
 }  // namespace
 
-ShardImage SnapshotShard(const TableRegistry& tables) {
-  ShardImage image;
-  // Sizes first, so the image is allocated once (a large shard is copied at memory speed).
-  size_t total = 16 + 16 + sizeof(int64_t);
+namespace {
+
+// What one table puts in a snapshot.
+struct TablePart {
+  const Table* table = nullptr;
+  std::vector<int64_t> chunks;                      // dense: the chunks copied
+  std::vector<std::pair<int64_t, RowIndex>> rows;  // sparse: the rows copied, by id
+  std::vector<int64_t> deleted;                     // sparse, delta: ids held at the predecessor, not now
+};
+
+TablePart Select(Table& t, bool delta, bool track) {
+  TablePart p;
+  p.table = &t;
+  if (t.dense) {
+    for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+      DenseChunk* c = t.dense->chunk(i);
+      if (c == nullptr) continue;
+      if (!delta || c->version != c->saved_version) p.chunks.push_back(i);
+      c->saved_version = c->version;
+    }
+    return p;
+  }
+  SparseShard& s = *t.sparse;
+  if (delta && s.tracking()) {
+    SparseShard::Changes changes = s.TakeChanges();
+    p.rows = std::move(changes.rows);
+    p.deleted = std::move(changes.deleted);
+  } else {
+    // Rows never updated are left out: they hold their initial values, which a pull makes again
+    // bit for bit. So a sync checkpoint of step t holds the same rows whichever workers had
+    // pulled step t's new ids (creating them) when it was taken.
+    if (s.tracking()) s.TakeChanges();  // counted anew from this full copy
+    p.rows.reserve(s.size());
+    s.ForEachRow([&](int64_t id, RowIndex r) {
+      if (s.steps(r) > 0) p.rows.emplace_back(id, r);
+    });
+    if (track) s.TrackChanges();
+  }
+  std::sort(p.rows.begin(), p.rows.end());  // the same rows give the same file
+  return p;
+}
+
+}  // namespace
+
+uint64_t DeltaBytes(const TableRegistry& tables) {
+  uint64_t total = 0;
   tables.ForEach([&](const Table& t) {
-    total += 16 + 2 * sizeof(uint64_t) + 512 + t.spec.name.size();
     if (t.dense) {
       for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
-        if (const DenseChunk* c = t.dense->chunk(i))
-          total += 16 + 40 + (c->params.size() + c->state.size()) * sizeof(float);
+        const DenseChunk* c = t.dense->chunk(i);
+        if (c != nullptr && c->version != c->saved_version)
+          total += (c->params.size() + c->state.size()) * sizeof(float) + 56;
       }
-    } else {
-      const size_t n = t.sparse->size();
+      return;
+    }
+    const SparseShard& s = *t.sparse;
+    const uint64_t rows = s.tracking() ? s.ChangedRowsBound() : s.size();
+    total += rows * (16 + static_cast<uint64_t>(s.row_floats()) * sizeof(float));
+  });
+  return total;
+}
+
+ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta, bool track) {
+  ShardImage image;
+  std::vector<TablePart> parts;
+  tables.ForEach([&](Table& t) { parts.push_back(Select(t, delta != nullptr, track)); });
+  // Sizes first, so the image is allocated once (a large shard is copied at memory speed).
+  size_t total = 16 + 16 + sizeof(int64_t);
+  if (delta) total += 16 + 40 + delta->file.name.size();
+  for (const TablePart& p : parts) {
+    const Table& t = *p.table;
+    total += 16 + 2 * sizeof(uint64_t) + 512 + t.spec.name.size();
+    for (const int64_t i : p.chunks) {
+      const DenseChunk* c = t.dense->chunk(i);
+      total += 16 + 40 + (c->params.size() + c->state.size()) * sizeof(float);
+    }
+    if (t.sparse) {
+      const size_t n = p.rows.size();
       total += (n / kRowsPerBlock + 1) * (16 + 32) +
                n * (2 * sizeof(int64_t) + static_cast<size_t>(t.sparse->row_floats()) * sizeof(float));
+      total += (p.deleted.size() / kRowsPerBlock + 1) * (16 + 16) + p.deleted.size() * sizeof(int64_t);
     }
-  });
+  }
   auto& out = image.bytes;
   out.reserve(total);
   auto put = [&](const void* p, size_t n) {
@@ -376,10 +606,21 @@ ShardImage SnapshotShard(const TableRegistry& tables) {
     const uint64_t len = out.size() - image.blocks.back() - 16;
     std::memcpy(out.data() + image.blocks.back() + 8, &len, sizeof len);
   };
-  const uint32_t header[2] = {kCheckpointFormat, 0};
+  const uint32_t header[2] = {delta ? kCheckpointDeltaFormat : kCheckpointFormat, 0};
   put(kMagic, sizeof kMagic);
   put(header, sizeof header);
-  tables.ForEach([&](const Table& t) {
+  if (delta) {
+    begin_block(kPrevious);
+    put64(int64_t{delta->step});
+    put64(uint64_t{delta->file.bytes});
+    const uint32_t crc_and_zero[2] = {delta->file.crc32, 0};
+    put(crc_and_zero, sizeof crc_and_zero);
+    put64(uint64_t{delta->file.name.size()});
+    put(delta->file.name.data(), delta->file.name.size());
+    end_block();
+  }
+  for (const TablePart& p : parts) {
+    const Table& t = *p.table;
     flatbuffers::FlatBufferBuilder fbb(256);
     fbb.Finish(wire::SpecToWire(fbb, t.spec));
     begin_block(kTable);
@@ -387,47 +628,43 @@ ShardImage SnapshotShard(const TableRegistry& tables) {
     put64(uint64_t{fbb.GetSize()});
     put(fbb.GetBufferPointer(), fbb.GetSize());
     end_block();
-    if (t.dense) {
-      for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
-        const DenseChunk* c = t.dense->chunk(i);
-        if (c == nullptr) continue;
-        begin_block(kDenseChunk);
-        put64(uint64_t{t.id});
-        put64(int64_t{i});
-        put64(int64_t{c->size});
-        put64(int64_t{c->version});
-        put64(uint64_t{c->state.size()});
-        put(c->params.data(), c->params.size() * sizeof(float));
-        put(c->state.data(), c->state.size() * sizeof(float));
-        end_block();
-      }
-      return;
+    for (const int64_t i : p.chunks) {
+      const DenseChunk* c = t.dense->chunk(i);
+      begin_block(kDenseChunk);
+      put64(uint64_t{t.id});
+      put64(int64_t{i});
+      put64(int64_t{c->size});
+      put64(int64_t{c->version});
+      put64(uint64_t{c->state.size()});
+      put(c->params.data(), c->params.size() * sizeof(float));
+      put(c->state.data(), c->state.size() * sizeof(float));
+      end_block();
     }
+    if (!t.sparse) continue;
     const SparseShard& s = *t.sparse;
-    std::vector<std::pair<int64_t, RowIndex>> rows;
-    rows.reserve(s.size());
-    // Rows never updated are left out: they hold their initial values, which a pull makes again
-    // bit for bit. So a sync checkpoint of step t holds the same rows whichever workers had
-    // pulled step t's new ids (creating them) when it was taken.
-    s.ForEachRow([&](int64_t id, RowIndex r) {
-      if (s.steps(r) > 0) rows.emplace_back(id, r);
-    });
-    std::sort(rows.begin(), rows.end());  // the same rows give the same file
+    for (size_t b = 0; b < p.deleted.size(); b += kRowsPerBlock) {
+      const size_t e = std::min(p.deleted.size(), b + kRowsPerBlock);
+      begin_block(kDeleted);
+      put64(uint64_t{t.id});
+      put64(uint64_t{e - b});
+      put(p.deleted.data() + b, (e - b) * sizeof(int64_t));
+      end_block();
+    }
     const size_t row_bytes = static_cast<size_t>(s.row_floats()) * sizeof(float);
-    for (size_t b = 0; b < rows.size() || b == 0; b += kRowsPerBlock) {
-      const size_t e = std::min(rows.size(), b + kRowsPerBlock);
+    for (size_t b = 0; b < p.rows.size() || b == 0; b += kRowsPerBlock) {
+      const size_t e = std::min(p.rows.size(), b + kRowsPerBlock);
       begin_block(kSparseRows);
       put64(uint64_t{t.id});
       put64(int64_t{s.version});
       put64(int64_t{s.row_floats()});
       put64(uint64_t{e - b});
-      for (size_t i = b; i < e; ++i) put64(int64_t{rows[i].first});
-      for (size_t i = b; i < e; ++i) put64(int64_t{s.steps(rows[i].second)});
-      for (size_t i = b; i < e; ++i) put(s.row(rows[i].second), row_bytes);
+      for (size_t i = b; i < e; ++i) put64(int64_t{p.rows[i].first});
+      for (size_t i = b; i < e; ++i) put64(int64_t{s.steps(p.rows[i].second)});
+      for (size_t i = b; i < e; ++i) put(s.row(p.rows[i].second), row_bytes);
       end_block();
-      if (rows.empty()) break;
+      if (p.rows.empty()) break;
     }
-  });
+  }
   const int64_t blocks = static_cast<int64_t>(image.blocks.size());
   begin_block(kEnd);
   put64(blocks);
@@ -457,7 +694,7 @@ StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_se
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return InternalError("cannot create " + dir + ": " + ec.message());
-  ShardFile out{ShardName(step, rank, num_servers), 0, 0};
+  ShardFile out{ShardName(step, rank, num_servers), 0, 0, {}};
   AtomicFile f((fs::path(dir) / out.name).string());
   FERRY_RETURN_IF_ERROR(f.Open());
   FERRY_RETURN_IF_ERROR(f.Write(bytes.data(), bytes.size()));
@@ -468,8 +705,8 @@ StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_se
 }
 
 StatusOr<ShardFile> WriteShard(const std::string& dir, int rank, int num_servers, int64_t step,
-                               const TableRegistry& tables) {
-  return WriteShardImage(dir, rank, num_servers, step, SnapshotShard(tables));
+                               TableRegistry& tables, const DeltaOf* delta, bool track) {
+  return WriteShardImage(dir, rank, num_servers, step, SnapshotShard(tables, delta, track));
 }
 
 Status CheckShardList(int64_t step, const std::vector<ShardFile>& shards) {
@@ -486,15 +723,72 @@ Status CheckShardList(int64_t step, const std::vector<ShardFile>& shards) {
   return Status::Ok();
 }
 
+StatusOr<ShardFile> WithChain(const std::string& dir, ShardFile shard) {
+  const std::string name = (fs::path(dir) / shard.name).string();
+  std::ifstream in(fs::path(dir) / shard.name, std::ios::binary);
+  if (!in) return FailedPreconditionError(name + ": cannot open (" + std::strerror(errno) + ")");
+  char head[32];
+  if (!in.read(head, sizeof head)) return DataLossError(name + ": shorter than a shard's header");
+  uint32_t format = 0;
+  std::memcpy(&format, head + 8, 4);
+  if (std::memcmp(head, kMagic, 8) != 0) return DataLossError(name + ": not a Ferry checkpoint shard");
+  shard.base.clear();
+  if (format != kCheckpointDeltaFormat) return shard;  // a full shard (ReadShard checks the rest)
+  uint32_t kind = 0, crc = 0;
+  uint64_t len = 0;
+  std::memcpy(&kind, head + 16, 4);
+  std::memcpy(&crc, head + 20, 4);
+  std::memcpy(&len, head + 24, 8);
+  if (kind != kPrevious || len > kMaxPreviousBlock) {
+    return DataLossError(name + ": a delta shard whose first block does not name its predecessor");
+  }
+  std::vector<char> payload(static_cast<size_t>(len));
+  if (!in.read(payload.data(), static_cast<std::streamsize>(len)) || BlockCrc(kind, len, payload.data()) != crc) {
+    return DataLossError(name + ": the block naming its predecessor does not verify");
+  }
+  Reader r(payload, name + " block 0");
+  DeltaOf previous;
+  FERRY_RETURN_IF_ERROR(ParsePrevious(r, name + " block 0", &previous));
+  const std::string listing = ManifestName(previous.step);
+  auto m = ParseManifest(dir, listing);
+  if (!m.ok()) {
+    return FailedPreconditionError(name + " is a delta of " + previous.file.name + ", but the checkpoint of step " +
+                                   std::to_string(previous.step) + " cannot be read: " + m.status().message());
+  }
+  for (const ShardFile& s : m->shards) {
+    if (s.name != previous.file.name) continue;
+    if (s.bytes != previous.file.bytes || s.crc32 != previous.file.crc32) break;
+    shard.base = s.base;
+    ShardFile link = s;
+    link.base.clear();
+    shard.base.push_back(std::move(link));
+    return shard;
+  }
+  return FailedPreconditionError(name + " is a delta of " + previous.file.name + " (" +
+                                 std::to_string(previous.file.bytes) + " bytes), which " + listing +
+                                 " does not list as such");
+}
+
 Status WriteManifest(const std::string& dir, int64_t step, const std::vector<ShardFile>& shards,
                      const std::string& meaning, int keep, const std::vector<int64_t>& worker_steps) {
+  const bool chains = std::ranges::any_of(shards, [](const ShardFile& s) { return !s.base.empty(); });
+  auto entry = [](const ShardFile& s) {
+    return nlohmann::ordered_json{{"file", s.name}, {"bytes", s.bytes}, {"crc32", s.crc32}};
+  };
   nlohmann::ordered_json j;
-  j["format"] = kCheckpointFormat;
+  j["format"] = chains ? kCheckpointDeltaFormat : kCheckpointFormat;
   j["step"] = step;
   j["meaning"] = meaning;
   if (!worker_steps.empty()) j["worker_steps"] = worker_steps;
   j["shards"] = nlohmann::ordered_json::array();
-  for (const auto& s : shards) j["shards"].push_back({{"file", s.name}, {"bytes", s.bytes}, {"crc32", s.crc32}});
+  for (const auto& s : shards) {
+    nlohmann::ordered_json e = entry(s);
+    if (!s.base.empty()) {
+      e["base"] = nlohmann::ordered_json::array();
+      for (const auto& b : s.base) e["base"].push_back(entry(b));
+    }
+    j["shards"].push_back(std::move(e));
+  }
   const std::string text = j.dump(1) + "\n";
   const std::string manifest = ManifestName(step);
   AtomicFile m((fs::path(dir) / manifest).string());
@@ -506,14 +800,26 @@ Status WriteManifest(const std::string& dir, int64_t step, const std::vector<Sha
   const std::string line = manifest + "\n";
   FERRY_RETURN_IF_ERROR(current.Write(line.data(), line.size()));
   FERRY_RETURN_IF_ERROR(current.Commit());
-  // Keep the newest `keep` manifests and the shard files they name; remove the rest.
+  // Keep the newest `keep` manifests and the files their chains need; remove the rest (a
+  // manifest all of whose files are needed stays: an earlier point of a kept chain).
   const std::vector<std::string> manifests = ManifestsNewestFirst(dir);
-  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < manifests.size(); ++i) {
+  const size_t kept = std::min(manifests.size(), static_cast<size_t>(std::max(keep, 1)));
+  std::set<std::string> needed;
+  for (size_t i = 0; i < kept; ++i) {
+    auto k = ParseManifest(dir, manifests[i]);
+    if (!k.ok()) return Status::Ok();  // its chain is unknown: remove nothing it might need
+    AddFiles(*k, &needed);
+  }
+  for (size_t i = kept; i < manifests.size(); ++i) {
+    std::set<std::string> files;
+    if (auto old = ParseManifest(dir, manifests[i]); old.ok()) AddFiles(*old, &files);
+    if (!files.empty() && std::ranges::includes(needed, files)) continue;
     const std::string prefix = "step-" + manifests[i].substr(9) + "-";  // the same zero-padded step
     std::error_code ec;
     fs::remove(fs::path(dir) / manifests[i], ec);
     for (const auto& e : fs::directory_iterator(dir, ec)) {
-      if (e.path().filename().string().starts_with(prefix)) fs::remove(e.path(), ec);
+      const std::string n = e.path().filename().string();
+      if (n.starts_with(prefix) && !needed.contains(n)) fs::remove(e.path(), ec);
     }
   }
   return Status::Ok();
@@ -523,6 +829,12 @@ std::vector<int64_t> MakeRoom(const std::string& dir, int rank, int keep) {
   std::vector<int64_t> removed;
   if (keep < 2) return removed;
   const std::vector<std::string> manifests = ManifestsNewestFirst(dir);
+  std::set<std::string> needed;  // by the chains of the checkpoints the next commit keeps
+  for (size_t i = 0; i < manifests.size() && i < static_cast<size_t>(keep - 1); ++i) {
+    auto k = ParseManifest(dir, manifests[i]);
+    if (!k.ok()) return removed;  // its chain is unknown: remove nothing it might need
+    AddFiles(*k, &needed);
+  }
   char mine[32];
   std::snprintf(mine, sizeof mine, "shard-%05d-of-", rank);
   for (size_t i = static_cast<size_t>(keep - 1); i < manifests.size(); ++i) {
@@ -530,7 +842,8 @@ std::vector<int64_t> MakeRoom(const std::string& dir, int rank, int keep) {
     std::error_code ec;
     bool any = false;
     for (const auto& e : fs::directory_iterator(dir, ec)) {
-      if (e.path().filename().string().starts_with(prefix)) any = fs::remove(e.path(), ec) || any;
+      const std::string n = e.path().filename().string();
+      if (n.starts_with(prefix) && !needed.contains(n)) any = fs::remove(e.path(), ec) || any;
     }
     if (any) removed.push_back(std::strtoll(manifests[i].c_str() + 9, nullptr, 10));
   }

@@ -2,6 +2,7 @@
 //
 //   ferry-ps --bind tcp://0.0.0.0:7000 --rank 0 --num-servers 2
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -24,7 +25,8 @@ void Usage(std::FILE* out) {
   std::fputs(
       "usage: ferry-ps --bind ENDPOINT [--rank R] [--num-servers N] [--num-workers W]\n"
       "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S] [--worker-timeout-s S]\n"
-      "                [--checkpoint-dir DIR [--keep-checkpoints K] [--restore]] [--curve-keys DIR]\n"
+      "                [--checkpoint-dir DIR [--keep-checkpoints K] [--checkpoint-deltas D]\n"
+      "                [--checkpoint-delta-share F] [--restore]] [--curve-keys DIR]\n"
       "                [--max-held-per-peer N] [--memory-budget-mb M] [--max-connections N]\n"
       "                [--idle-timeout-s S] [--metrics [HOST:]PORT]\n"
       "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
@@ -45,6 +47,10 @@ void Usage(std::FILE* out) {
       "                     every server of the job must see the same folder\n"
       "  --keep-checkpoints the newest K checkpoints are kept (default 3); with K >= 2 a server removes its\n"
       "                     shard of the oldest before writing a new one, so a disk that holds K has room\n"
+      "  --checkpoint-deltas after a full checkpoint, up to D in a row write only what changed since the one\n"
+      "                     before (a chain a restore applies in order), then a full one (default 0: all full)\n"
+      "  --checkpoint-delta-share  a full checkpoint instead once the chain's deltas would pass F times its\n"
+      "                     full shard's bytes (default 0.5)\n"
       "  --restore          start from the newest checkpoint in --checkpoint-dir that verifies (for\n"
       "                     any number of servers; needs --num-workers); fails if there is none\n"
       "  --memory-budget-mb memory the tables may take; declaring a table or creating sparse rows\n"
@@ -105,6 +111,7 @@ int main(int argc, char** argv) {
     constexpr std::string_view kValueFlags[] = {"--bind", "--rank", "--num-servers", "--compute-threads",
                                                 "--max-message-mb", "--max-wait-s", "--num-workers",
                                                 "--checkpoint-dir", "--keep-checkpoints", "--worker-timeout-s",
+                                                "--checkpoint-deltas", "--checkpoint-delta-share",
                                                 "--curve-keys", "--max-held-per-peer", "--memory-budget-mb",
                                                 "--max-connections", "--idle-timeout-s", "--metrics"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
@@ -163,6 +170,18 @@ int main(int argc, char** argv) {
     } else if (flag == "--keep-checkpoints") {
       if (!ParseInt(flag, value, 1, 1000000, &v)) return 2;
       options.keep_checkpoints = static_cast<int>(v);
+    } else if (flag == "--checkpoint-deltas") {
+      if (!ParseInt(flag, value, 0, 1000000, &v)) return 2;
+      options.checkpoint_deltas = static_cast<int>(v);
+    } else if (flag == "--checkpoint-delta-share") {
+      char* end = nullptr;
+      errno = 0;
+      const double f = std::strtod(value, &end);
+      if (*value == '\0' || *end != '\0' || errno != 0 || !(f > 0.0 && f <= 100.0)) {
+        std::fprintf(stderr, "ferry-ps: --checkpoint-delta-share must be a number in (0, 100], not '%s'\n", value);
+        return 2;
+      }
+      options.checkpoint_delta_share = f;
     } else if (flag == "--memory-budget-mb") {
       if (!ParseInt(flag, value, 1, int64_t{1} << 30, &v)) return 2;
       options.memory_budget_bytes = v << 20;

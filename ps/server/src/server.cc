@@ -315,6 +315,10 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     return InvalidArgumentError("num_workers " + std::to_string(options.num_workers) + " is outside [0, 65536]");
   }
   if (options.keep_checkpoints < 1) return InvalidArgumentError("keep_checkpoints must be at least 1");
+  if (options.checkpoint_deltas < 0) return InvalidArgumentError("checkpoint_deltas must be >= 0");
+  if (!(options.checkpoint_delta_share > 0.0 && options.checkpoint_delta_share <= 100.0)) {
+    return InvalidArgumentError("checkpoint_delta_share must be in (0, 100]");
+  }
   if (options.curve) FERRY_RETURN_IF_ERROR(CheckCurveOptions(&options));
   if (options.memory_budget_bytes < 0) return InvalidArgumentError("memory_budget_bytes must be >= 0");
   if (options.idle_timeout.count() < 0) return InvalidArgumentError("idle_timeout must be >= 0");

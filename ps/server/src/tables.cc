@@ -290,6 +290,10 @@ SparseShard::Room SparseShard::EvictOne(int pushes) {
 }
 
 void SparseShard::Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* total) {
+  if (track_) {  // first: it may throw (std::bad_alloc), and then nothing has changed
+    if (steps_[slot] > 0) deleted_.insert(ids_[slot]);
+    if (slot < changed_.size()) changed_[slot] = 0;
+  }
   index_.erase(ids_[slot]);  // never throws (it leaves a deleted slot: see ReserveOneMore)
   ids_[slot] = static_cast<int64_t>(free_head_);
   touch_[slot] = kFree;
@@ -323,6 +327,7 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i + kPrefetchAhead < ids.size()) Prefetch(ids[i + kPrefetchAhead]);
       (*rows)[i] = FindOrCreate(ids[i], over_budget_ok);
+      if (track_) [[unlikely]] NoteChanged(ids[i], (*rows)[i]);
     }
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i + kPrefetchAhead < ids.size()) __builtin_prefetch(row((*rows)[i + kPrefetchAhead]));
@@ -362,6 +367,7 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
       }
       (*rows)[i] = r;
       unpin.n = i + 1;
+      if (r != kNoRow && track_) [[unlikely]] NoteChanged(ids[i], r);
     }
     for (size_t i = 0; i < ids.size(); ++i) {
       const RowIndex r = (*rows)[i];
@@ -371,6 +377,31 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
   }
   SweepAged(kSweepSlots + 2 * static_cast<int64_t>(ids.size()));
   return refused;
+}
+
+void SparseShard::NoteChanged(int64_t id, RowIndex r) {
+  if (r < changed_.size() && changed_[r]) return;
+  // Both can throw (std::bad_alloc) before anything changes; both grow geometrically.
+  if (changed_list_.size() == changed_list_.capacity()) changed_list_.reserve(2 * changed_list_.size() + 64);
+  if (r >= changed_.size()) changed_.resize(steps_.size());
+  changed_[r] = 1;
+  changed_list_.emplace_back(id, r);
+}
+
+SparseShard::Changes SparseShard::TakeChanges() {
+  Changes out;
+  out.rows.reserve(changed_list_.size());
+  for (const auto& [id, r] : changed_list_) {
+    if (r >= changed_.size() || !changed_[r]) continue;  // taken already, or evicted since
+    if (lifecycle_ && ids_[r] != id) continue;  // evicted, its slot now another id's (noted apart)
+    changed_[r] = 0;
+    if (steps_[r] > 0) out.rows.emplace_back(id, r);  // (a push refused whole changed nothing)
+  }
+  changed_list_.clear();
+  out.deleted.assign(deleted_.begin(), deleted_.end());
+  std::sort(out.deleted.begin(), out.deleted.end());
+  deleted_.clear();
+  return out;
 }
 
 void SparseShard::UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused) {

@@ -11,9 +11,12 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "ferry/trainer/models.h"
 #include "internal/checkpoint.h"
@@ -50,9 +53,13 @@ class ResumeTest : public testing::Test {
 
   // Servers that write checkpoints into `dir` (and start from its newest one with `restore`).
   // `max_wait`: how long a held pull may wait (a test of one that should not wait shortens it).
+  // `deltas`: ServerOptions::checkpoint_deltas (delta checkpoints).
   static ferry::test::LocalCluster Servers(int n, const fs::path& dir, int num_workers, bool restore,
-                                           std::chrono::milliseconds max_wait = ServerOptions().max_wait) {
+                                           std::chrono::milliseconds max_wait = ServerOptions().max_wait,
+                                           int deltas = 0) {
     ServerOptions so;
+    so.checkpoint_deltas = deltas;
+    so.checkpoint_delta_share = 100;  // (the test's tables change whole between checkpoints)
     so.compute_threads = 1;
     so.checkpoint_dir = dir.string();
     so.num_workers = num_workers;
@@ -125,10 +132,12 @@ class ResumeTest : public testing::Test {
   // Runs the job uninterrupted for `steps` on `servers_before` servers, and again stopped after
   // `stop_at` steps, then restored into `servers_after` servers from the checkpoint of
   // `resume_from` (newer ones are deleted: the job "died" after writing it) and resumed to
-  // `steps`; returns the two final checkpoints.
+  // `steps`; returns the two final checkpoints. The stopped and resumed runs' servers write
+  // `deltas` delta checkpoints after each full one.
   std::pair<ps::CheckpointData, ps::CheckpointData> StopAndResume(TrainerOptions o, const Datasets& data, int workers,
                                                                   int servers_before, int servers_after, int64_t steps,
-                                                                  int64_t stop_at, int64_t resume_from) {
+                                                                  int64_t stop_at, int64_t resume_from,
+                                                                  int deltas = 0) {
     const fs::path whole = root_ / "whole", cut = root_ / "cut";
     o.steps = steps;
     {
@@ -139,7 +148,7 @@ class ResumeTest : public testing::Test {
     }
     o.steps = stop_at;
     {
-      auto cluster = Servers(servers_before, cut, workers, false);
+      auto cluster = Servers(servers_before, cut, workers, false, ServerOptions().max_wait, deltas);
       ExpectAllOk(test::RunWorkers(cluster, workers, o, data));
     }
     // The job died after its checkpoint of `resume_from`: what came after never happened.
@@ -150,7 +159,7 @@ class ResumeTest : public testing::Test {
     o.steps = steps;
     o.resume = true;
     {
-      auto cluster = Servers(servers_after, cut, workers, true);
+      auto cluster = Servers(servers_after, cut, workers, true, ServerOptions().max_wait, deltas);
       for (const auto& s : cluster.servers) EXPECT_EQ(s->restored_step(), resume_from);
       auto runs = test::RunWorkers(cluster, workers, o, data);
       ExpectAllOk(runs);
@@ -203,6 +212,30 @@ TEST_F(ResumeTest, SyncCtrWithSparseTablesResumedIntoOneServerIsBitwiseTheUninte
   size_t sparse_rows = 0;
   for (const auto& [id, t] : whole.tables) sparse_rows += t.rows.size();
   EXPECT_GT(sparse_rows, 0u) << "the ctr model has sparse tables";
+  ExpectSameTables(whole, resumed);
+}
+
+// Delta checkpoints: every 2 steps, 3 deltas after each full one, so step 8 is the third delta
+// over step 2's full shards; restored from that chain into 3 servers (which write a new chain)
+// and resumed, the job ends with the bits of the uninterrupted run without deltas.
+TEST_F(ResumeTest, SyncCtrResumedFromAChainOfDeltasIsBitwiseTheUninterruptedRun) {
+  TrainerOptions o = test::CtrOptions(OptimizerType::kAdam, 0.02f, 0);
+  o.ctr().test = 32;
+  o.batch = 8;
+  o.checkpoint_every = 2;
+  o.blas_threads = 1;
+  auto ctr = LoadCtrData(o);
+  ASSERT_TRUE(ctr.ok()) << ctr.status();
+  Datasets data;
+  data.ctr = &*ctr;
+  auto [whole, resumed] = StopAndResume(o, data, /*workers=*/2, /*servers_before=*/2, /*servers_after=*/3,
+                                        /*steps=*/14, /*stop_at=*/11, /*resume_from=*/8, /*deltas=*/3);
+  nlohmann::json m;
+  std::ifstream(root_ / "cut" / "MANIFEST-00000000000000000008") >> m;
+  EXPECT_EQ(m["format"], 2) << m.dump();
+  ASSERT_EQ(m["shards"][0]["base"].size(), 3u) << m.dump();  // steps 2 (full), 4, 6
+  EXPECT_NE(m["shards"][0]["base"][0]["file"].get<std::string>().find("step-00000000000000000002-"),
+            std::string::npos);
   ExpectSameTables(whole, resumed);
 }
 

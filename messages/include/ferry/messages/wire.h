@@ -32,8 +32,9 @@ inline constexpr uint16_t kMajor = 1;
 // sync table is applied whole (Header call, piece, pieces); 1.11: the worker process's incarnation
 // (Header incarnation), by which a restarted worker takes its rank over from its predecessor;
 // 1.12: a Barrier that starts the job (Header start), which server 0 refuses while another worker
-// is training already
-inline constexpr uint16_t kMinor = 12;
+// is training already; 1.13: Checkpoint's previous_step, by which a server may save only what
+// changed since the checkpoint the client committed last (a delta shard)
+inline constexpr uint16_t kMinor = 13;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

@@ -307,7 +307,9 @@ class Client {
   // pull for `step` and before its push for it (with backup workers the step may close without
   // it: the servers then refuse with FAILED_PRECONDITION, and a later step will do). A server
   // writes one checkpoint at a time (UNAVAILABLE while busy). CommitCheckpoint then has server 0
-  // write the manifest naming the shards: the checkpoint exists once it returns OK.
+  // write the manifest naming the shards: the checkpoint exists once it returns OK. Servers
+  // started with --checkpoint-deltas may write only what changed since the newest checkpoint
+  // this client committed (SaveCheckpoint names its step; a new client has committed none).
   virtual Handle SaveCheckpoint(int64_t step, std::span<CheckpointShard> shards) = 0;
   virtual Status CommitCheckpoint(int64_t step, std::span<const CheckpointShard> shards) = 0;
   // SaveCheckpoint, then CommitCheckpoint; waits for both.

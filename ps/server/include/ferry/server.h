@@ -73,6 +73,15 @@ struct ServerOptions {
   std::string checkpoint_dir;
   // Checkpoints kept in checkpoint_dir: the newest this many; older ones are removed.
   int keep_checkpoints = 3;
+  // Delta checkpoints (messages/CHECKPOINT.md): after a full shard, up to this many checkpoints
+  // in a row write only the dense chunks and sparse rows changed since the one before (and the
+  // ids evicted), then a full shard again; 0: every checkpoint writes every row. A delta is
+  // written only over this process's own previous shard, when the checkpoint the client
+  // committed last is that one (Checkpoint's previous_step).
+  int checkpoint_deltas = 0;
+  // A full shard instead of a delta once the deltas since the last full shard, this one
+  // included, would pass this share of the full shard's bytes.
+  double checkpoint_delta_share = 0.5;
   // Start from the newest checkpoint in checkpoint_dir that verifies, re-placed for this server's
   // rank and the server count (which may differ from the one that wrote it). Start fails, naming
   // what is wrong with each, if none does.

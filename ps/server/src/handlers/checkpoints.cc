@@ -38,11 +38,25 @@ Status ServerImpl::OnCheckpoint(Request& req) {
                                    "pull for that step and before their push of it");
   }
   const auto t0 = Clock::now();
-  ps::ShardImage image = ps::SnapshotShard(tables_);
+  // A delta of this process's previous shard when the client committed that checkpoint last, the
+  // chain is short enough, and what changed is a small enough share of a full shard.
+  const bool deltas = options_.checkpoint_deltas > 0;
+  const int64_t previous = req.h()->previous_step();
+  std::optional<ps::DeltaOf> delta;
+  {
+    MutexLock lock(&job_mu_);
+    if (deltas && previous >= 0 && previous == saved_.step && saved_.deltas < options_.checkpoint_deltas &&
+        static_cast<double>(saved_.chain_bytes + ps::DeltaBytes(tables_)) <=
+            options_.checkpoint_delta_share * static_cast<double>(saved_.base_bytes)) {
+      delta = ps::DeltaOf{saved_.step, saved_.file};
+    }
+    saved_.step = -1;  // until this one is on disk: the changes counted so far go into it
+  }
+  ps::ShardImage image = ps::SnapshotShard(tables_, delta ? &*delta : nullptr, deltas);
   const int64_t snapshot_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
   const uint64_t id = req.h()->request_id();
   RunFileJob(std::move(req), "the checkpoint of step " + std::to_string(step),
-             [this, step, id, snapshot_us, image = std::move(image),
+             [this, step, id, snapshot_us, delta, image = std::move(image),
               worker_steps = workers_.KnownDone()]() mutable -> StatusOr<zmq::message_t> {
                // Room first: the shards of the checkpoints this one's commit will remove.
                for (int64_t old : ps::MakeRoom(options_.checkpoint_dir, options_.rank, options_.keep_checkpoints)) {
@@ -56,8 +70,21 @@ Status ServerImpl::OnCheckpoint(Request& req) {
                                                           step, std::move(image)));
                const double write_s = std::chrono::duration<double>(Clock::now() - w0).count();
                Count(kCheckpointsSaved);
-               std::printf("ferry-ps %d: checkpoint of step %lld: %s, %.1f MB in %.3f s (serving paused %.1f ms)\n",
-                           options_.rank, static_cast<long long>(step), f.name.c_str(),
+               {
+                 MutexLock lock(&job_mu_);
+                 saved_.step = step;
+                 saved_.file = f;
+                 if (delta) {
+                   ++saved_.deltas;
+                   saved_.chain_bytes += f.bytes;
+                 } else {
+                   saved_ = {step, f, 0, f.bytes, 0};
+                 }
+               }
+               const std::string kind = delta ? "a delta of step " + std::to_string(delta->step) : "full";
+               std::printf("ferry-ps %d: checkpoint of step %lld: %s (%s), %.1f MB in %.3f s (serving paused %.1f "
+                           "ms)\n",
+                           options_.rank, static_cast<long long>(step), f.name.c_str(), kind.c_str(),
                            static_cast<double>(f.bytes) / 1e6, write_s, static_cast<double>(snapshot_us) / 1e3);
                std::fflush(stdout);
                flatbuffers::FlatBufferBuilder fbb(256);
@@ -91,7 +118,7 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
   FERRY_RETURN_IF_ERROR(CheckpointPossible());
   std::vector<ps::ShardFile> shards;
   if (h.shards()) {
-    for (const auto* f : *h.shards()) shards.push_back({f->file() ? f->file()->str() : "", f->bytes(), f->crc32()});
+    for (const auto* f : *h.shards()) shards.push_back({f->file() ? f->file()->str() : "", f->bytes(), f->crc32(), {}});
   }
   FERRY_RETURN_IF_ERROR(ps::CheckShardList(h.step(), shards));
   std::vector<int64_t> worker_steps;  // (none from a 1.10 client: the manifest has none)
@@ -108,7 +135,7 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
   const uint64_t id = h.request_id();
   RunFileJob(std::move(req), "the manifest of step " + std::to_string(step),
              [this, step, id, shards = std::move(shards), meaning = CheckpointMeaning(step),
-              worker_steps = std::move(worker_steps)]() -> StatusOr<zmq::message_t> {
+              worker_steps = std::move(worker_steps)]() mutable -> StatusOr<zmq::message_t> {
                // Each shard must be on disk as its server reported it.
                for (const auto& f : shards) {
                  const std::string path = options_.checkpoint_dir + "/" + f.name;
@@ -120,6 +147,10 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
                                                   std::to_string(f.bytes)) +
                                                   ": do all servers share the checkpoint folder?");
                  }
+               }
+               // A delta shard's manifest entry names its chain (from the file's first block).
+               for (auto& f : shards) {
+                 FERRY_ASSIGN_OR_RETURN(f, ps::WithChain(options_.checkpoint_dir, std::move(f)));
                }
                FERRY_RETURN_IF_ERROR(
                    ps::WriteManifest(options_.checkpoint_dir, step, shards, meaning, options_.keep_checkpoints,

@@ -970,6 +970,28 @@ class RecoveryTest(unittest.TestCase):
               f"{lost}, recovery {seconds:.2f} s", file=sys.stderr)
         self.assert_all_gone(out)
 
+    def test_server_killed_restarts_from_a_chain_of_delta_checkpoints(self):
+        # The servers write a full checkpoint and then deltas (--checkpoint-deltas 3; the MLP's
+        # every chunk changes each step, so --checkpoint-delta-share 100 lets deltas be as large
+        # as a full one); ps 1 is killed after step 60's, a delta over steps 20 and 40: every
+        # process restarts from that chain, and the job ends with the uninterrupted run's numbers.
+        want = self.baseline()
+        victim, out = self.kill_ps_1_after_step_60_checkpoint(
+            self.args("logs", extra=["--ps-arg", "--checkpoint-deltas 3 --checkpoint-delta-share 100"]),
+            then=r"^\[worker \d\] step 70/200 ")
+        for rank in (0, 1):
+            self.assertRegex(out, rf"\[ps {rank}\] ferry-ps {rank}: checkpoint of step 60: \S+ \(a delta of step "
+                                  r"40\)")
+        m = re.search(rf"recovery 1 of at most 3: ps 1 \(pid {victim}\) died .*; the job resumed at step "
+                      r"(\d+), the step of the checkpoint restored", out)
+        self.assertTrue(m, out)
+        step = int(m.group(1))
+        self.assertIn(step, (60, 80), out)  # 80: a delta over 20, 40, 60, if saved before the kill
+        for rank in (0, 1):
+            self.assertIn(f"[ps {rank}] ferry-ps rank {rank}: restored the checkpoint of step {step} from", out)
+        self.assertEqual(final_eval(out), want, out)
+        self.assert_all_gone(out)
+
     def test_async_server_killed_each_worker_resumes_at_its_own_step(self):
         # Async: each worker counts its own steps (worker 1 is slowed down); the checkpoint
         # records both (worker_steps in its manifest), each resumes at its own, and the steps

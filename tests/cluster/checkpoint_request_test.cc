@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "ferry/messages/placement.h"
 #include "support/cluster.h"
 #include "support/temp_dir.h"
 
@@ -358,6 +359,120 @@ TEST_F(CheckpointRequests, AWorkersStepsComeFromTheServersThatHoldWhatItPushes) 
   auto w0 = restored.Connect(0, 1);
   EXPECT_EQ(w0->worker_step(), 6);
   EXPECT_TRUE(w0->worker_step_restored());
+}
+
+// Servers with --checkpoint-deltas: the client's second checkpoint is a delta over its first;
+// the same step asked for again is saved whole (a delta would overwrite the file it is a delta
+// of); a delta follows again.
+TEST_F(CheckpointRequests, DeltasFollowTheCheckpointTheClientCommitted) {
+  ServerOptions o = WithFolder(dir_, 1);
+  o.checkpoint_deltas = 3;
+  auto c = LocalCluster::Start(2, false, o);
+  auto w = c.Connect(0, 1);
+  ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
+  std::vector<int64_t> ids(1000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
+  ASSERT_TRUE(w->PushSparse("e", ids, std::vector<float>(2000, 1.0f), 0).wait().ok());
+  const auto format = [&](int step) {
+    std::ifstream in(dir_ / ("MANIFEST-0000000000000000000" + std::to_string(step)));
+    return nlohmann::json::parse(in).at("format").get<int>();
+  };
+  ASSERT_TRUE(w->Checkpoint(1).ok());
+  EXPECT_EQ(format(1), 1);
+  const std::vector<int64_t> few = {3, 4};
+  ASSERT_TRUE(w->PushSparse("e", few, std::vector<float>(4, 1.0f), 1).wait().ok());
+  ASSERT_TRUE(w->Checkpoint(2).ok());
+  EXPECT_EQ(format(2), 2);
+  ASSERT_TRUE(w->PushSparse("e", few, std::vector<float>(4, 1.0f), 2).wait().ok());
+  ASSERT_TRUE(w->Checkpoint(2).ok());  // the same step again
+  EXPECT_EQ(format(2), 1);
+  ASSERT_TRUE(w->PushSparse("e", few, std::vector<float>(4, 1.0f), 3).wait().ok());
+  ASSERT_TRUE(w->Checkpoint(4).ok());
+  EXPECT_EQ(format(4), 2);
+  std::vector<float> rows(4);
+  ASSERT_TRUE(w->PullSparse("e", few, rows, 4).wait(5s).ok());
+  EXPECT_EQ(rows, std::vector<float>(4, -4.0f));
+  for (int step : {4, 2}) {  // the chain 2 (the second, full), 4; then 2 alone
+    ServerOptions ro = WithFolder(dir_, 1);
+    ro.restore = true;
+    if (step == 2) fs::remove(dir_ / "MANIFEST-00000000000000000004");
+    auto restored = LocalCluster::Start(3, false, ro);
+    auto r = restored.Connect(0, 1);
+    ASSERT_TRUE(r->Declare(SgdSparseTable("e", 2)).ok());
+    ASSERT_TRUE(r->PullSparse("e", few, rows, 0).wait(5s).ok());
+    EXPECT_EQ(rows, std::vector<float>(4, step == 4 ? -4.0f : -3.0f)) << "restored step " << step;
+  }
+}
+
+// Exactly once across a restore (async): a checkpoint is no cut of a worker's steps, for each
+// server saves when it gets the request, so one server can hold a worker's push of step 5 that
+// another has not taken. The worker resumes at the lowest step any server knew (5) and pushes step
+// 5 again: the server that held it skips that push for what it held (counted), the other applies
+// it, so every step counts once on every chunk and row, also when the servers are re-placed.
+TEST_F(CheckpointRequests, AnAsyncPushReplayedAfterARestoreCountsOnceWhereTheCheckpointHeldIt) {
+  // Two one-chunk tables, on different servers of 2; a sparse table's rows on both.
+  std::string on0, on1;
+  for (int k = 0; on0.empty() || on1.empty(); ++k) {
+    const std::string name = "t" + std::to_string(k);
+    (placement::ChunkServer(TableId(name), 0, 2) == 0 ? on0 : on1) = name;
+  }
+  std::vector<int64_t> ids0, ids1;  // sparse ids on server 0 and on server 1
+  for (int64_t id = 0; ids0.size() < 3 || ids1.size() < 3; ++id) {
+    (placement::IdServer(id, 2) == 0 ? ids0 : ids1).push_back(id);
+  }
+  const std::vector<float> g(4, 1.0f);
+  std::vector<float> a(4), b(4), r0(6), r1(6);
+  {
+    auto c = LocalCluster::Start(2, false, WithFolder(dir_, 1));
+    auto w = c.Connect(0, 1);
+    for (const auto& name : {on0, on1}) ASSERT_TRUE(w->Declare(SgdTable(name, 4, Consistency::kAsync)).ok());
+    ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
+    const std::vector<float> rows(6, 1.0f);
+    for (int step = 0; step < 5; ++step) {
+      ASSERT_TRUE(w->PushDense(on0, g, step).wait().ok());
+      ASSERT_TRUE(w->PushDense(on1, g, step).wait().ok());
+      ASSERT_TRUE(w->PushSparse("e", ids0, rows, step).wait().ok());
+      ASSERT_TRUE(w->PushSparse("e", ids1, rows, step).wait().ok());
+    }
+    // Step 5 reached server 0 only when the checkpoint was taken.
+    ASSERT_TRUE(w->PushDense(on0, g, 5).wait().ok());
+    ASSERT_TRUE(w->PushSparse("e", ids0, rows, 5).wait().ok());
+    ASSERT_TRUE(w->Checkpoint(6).ok());
+    ASSERT_TRUE(w->PullDense(on0, a, 6).wait(5s).ok());
+    ASSERT_TRUE(w->PullDense(on1, b, 6).wait(5s).ok());
+    EXPECT_EQ(a, std::vector<float>(4, -6.0f));
+    EXPECT_EQ(b, std::vector<float>(4, -5.0f));
+  }
+  for (const int servers : {2, 3}) {
+    ServerOptions ro = WithFolder(dir_, 1);
+    ro.restore = true;
+    auto c = LocalCluster::Start(servers, false, ro);
+    auto w = c.Connect(0, 1);
+    ASSERT_EQ(w->worker_step(), 5) << "the worker resumes at the lowest step a server knew";
+    for (const auto& name : {on0, on1}) ASSERT_TRUE(w->Declare(SgdTable(name, 4, Consistency::kAsync)).ok());
+    ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
+    // The replay of step 5, whole: counted once everywhere.
+    const std::vector<float> rows(6, 1.0f);
+    ASSERT_TRUE(w->PushDense(on0, g, 5).wait().ok());
+    ASSERT_TRUE(w->PushDense(on1, g, 5).wait().ok());
+    ASSERT_TRUE(w->PushSparse("e", ids0, rows, 5).wait().ok());
+    ASSERT_TRUE(w->PushSparse("e", ids1, rows, 5).wait().ok());
+    ASSERT_TRUE(w->PullDense(on0, a, 6).wait(5s).ok());
+    ASSERT_TRUE(w->PullDense(on1, b, 6).wait(5s).ok());
+    ASSERT_TRUE(w->PullSparse("e", ids0, r0, 6).wait(5s).ok());
+    ASSERT_TRUE(w->PullSparse("e", ids1, r1, 6).wait(5s).ok());
+    EXPECT_EQ(a, std::vector<float>(4, -6.0f)) << servers << " servers: server 0's step 5 applied twice";
+    EXPECT_EQ(b, std::vector<float>(4, -6.0f)) << servers << " servers";
+    EXPECT_EQ(r0, std::vector<float>(6, -6.0f)) << servers << " servers: server 0's rows of step 5 applied twice";
+    EXPECT_EQ(r1, std::vector<float>(6, -6.0f)) << servers << " servers";
+    int64_t skipped = 0;
+    for (const auto& s : c.servers) skipped += s->stats().counters["replayed_updates_skipped"];
+    EXPECT_EQ(skipped, 1 + 3) << "server 0's chunk and its 3 rows";
+    // The next step is no replay: applied everywhere.
+    ASSERT_TRUE(w->PushDense(on0, g, 6).wait().ok());
+    ASSERT_TRUE(w->PullDense(on0, a, 7).wait(5s).ok());
+    EXPECT_EQ(a, std::vector<float>(4, -7.0f));
+  }
 }
 
 }  // namespace

@@ -332,11 +332,13 @@ class DeltaCheckpointTest : public CheckpointTest {
 
   // Both servers write `step`: full when `delta` is false, else a delta over what each wrote
   // last; then the manifest, each shard with its chain as server 0 finds it.
-  void SaveStep(int64_t step, bool delta, int keep = 100) {
+  // `full_rank`: that server writes a full shard all the same (servers at other points of their chains).
+  void SaveStep(int64_t step, bool delta, int keep = 100, int full_rank = -1) {
     std::vector<ShardFile> shards;
     for (int r = 0; r < 2; ++r) {
       const DeltaOf of{last_step_, last_[static_cast<size_t>(r)]};
-      auto f = WriteShard(dir_.string(), r, 2, step, servers_[static_cast<size_t>(r)], delta ? &of : nullptr,
+      const bool as_delta = delta && r != full_rank;
+      auto f = WriteShard(dir_.string(), r, 2, step, servers_[static_cast<size_t>(r)], as_delta ? &of : nullptr,
                           /*track=*/true);
       ASSERT_TRUE(f.ok()) << f.status();
       last_[static_cast<size_t>(r)] = *f;
@@ -455,6 +457,73 @@ TEST_F(DeltaCheckpointTest, AFullShardAfterDeltasStartsANewChainAndTheOldOneGoes
   ckpt = ReadCheckpoint(dir_.string());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   EXPECT_TRUE(Read(*ckpt) == held_[50]);
+}
+
+// A table whose rows churn through its max_rows evicts more ids between two checkpoints than
+// the count of changes keeps (2 x slots + 1024): the count gives up, and the delta holds the table
+// whole, marked so, which replaces the chain's rows on reading.
+TEST_F(DeltaCheckpointTest, ATableWhoseRowsChurnIsHeldWholeInTheDelta) {
+  SaveStep(10, false);
+  Train(1);
+  SaveStep(20, true);
+  for (auto& reg : servers_) {
+    SparseShard& life = *(*reg.Find(TableId("life"), TableType::kSparse))->sparse;
+    std::vector<RowIndex> scratch;
+    for (int64_t id = 100000; id < 103000; ++id) {
+      const std::vector<int64_t> one = {id};
+      const std::vector<float> g = {0.5f, 0.25f};
+      life.ApplyRows(one, g.data(), &scratch);
+    }
+    EXPECT_FALSE(life.changes_complete()) << "3000 ids through 12 rows: the count must give up";
+  }
+  Train(2);
+  SaveStep(30, true);
+  const auto bytes = [&](int64_t step) {
+    uint64_t n = 0;
+    for (int r = 0; r < 2; ++r) n += fs::file_size(Shard(step, r));
+    return n;
+  };
+  EXPECT_LT(bytes(30), bytes(10)) << "the other tables are still deltas";
+  for (int64_t step : {20, 30}) {
+    auto ckpt = ReadCheckpointAt(dir_.string(), step);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    EXPECT_TRUE(Read(*ckpt) == held_[step]) << "step " << step;
+  }
+  Train(3);  // and the count starts again after it
+  SaveStep(40, true);
+  auto ckpt = ReadCheckpointAt(dir_.string(), 40);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_TRUE(Read(*ckpt) == held_[40]);
+}
+
+// Servers at different points of their chains (server 1 wrote a full shard at 20): keeping one
+// checkpoint, each commit removes every shard file of an earlier step that no kept chain needs, so
+// nothing is left behind when the chains end; a step saved again is not a delta over itself.
+TEST_F(DeltaCheckpointTest, NoShardFileOutlivesTheChainsThatNeedIt) {
+  SaveStep(10, false, 1);
+  Train(1);
+  SaveStep(20, true, 1, /*full_rank=*/1);
+  Train(2);
+  SaveStep(30, true, 1);
+  EXPECT_TRUE(fs::exists(Shard(10, 0)));   // server 0's chain: 10, 20, 30
+  EXPECT_FALSE(fs::exists(Shard(10, 1)));  // server 1's: 20, 30
+  ASSERT_TRUE(ReadCheckpoint(dir_.string()).ok());
+  Train(3);
+  SaveStep(40, false, 1);
+  Train(4);
+  SaveStep(50, false, 1);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir_)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"CURRENT", "MANIFEST-00000000000000000050",
+                                            Shard(50, 0).filename().string(), Shard(50, 1).filename().string()}));
+  // A delta written over a file of its own name (its step saved again) is refused at commit.
+  const DeltaOf self{50, last_[0]};
+  auto again = WriteShard(dir_.string(), 0, 2, 50, servers_[0], &self, true);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto chained = WithChain(dir_.string(), *again);
+  ASSERT_FALSE(chained.ok());
+  EXPECT_NE(chained.status().message().find("a delta of its own name"), std::string::npos) << chained.status();
 }
 
 // Every byte of a delta flipped in turn, with the manifest updated to match (so only the file's

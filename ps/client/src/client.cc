@@ -92,6 +92,7 @@ class ClientImpl final : public Client {
     lowest_worker_step_.store(INT64_MAX);
     some_step_not_restored_.store(false);
     some_server_before_1_11_.store(false);
+    some_server_before_1_13_.store(false);
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(128);
       auto h = engine_.BeginHeader(fbb, Kind::Hello);
@@ -103,6 +104,7 @@ class ClientImpl final : public Client {
         engine_.set_minor(s, reply.minor());
         // The lowest over the servers that know (-1: this one does not, or is before 1.11).
         if (reply.minor() < 11) some_server_before_1_11_.store(true);
+        if (reply.minor() < 13) some_server_before_1_13_.store(true);
         if (const int64_t known = reply.worker_step(); known >= 0) {
           int64_t low = lowest_worker_step_.load();
           while (known < low && !lowest_worker_step_.compare_exchange_weak(low, known)) {
@@ -808,7 +810,8 @@ class ClientImpl final : public Client {
       flatbuffers::FlatBufferBuilder fbb(96);
       auto h = engine_.BeginHeader(fbb, Kind::Checkpoint);
       h.add_step(step);
-      h.add_previous_step(last_committed_.load());  // a server may write a delta over it
+      // A server may write a delta over it, if server 0 records chains in manifests (1.13).
+      h.add_previous_step(some_server_before_1_13_.load() ? -1 : last_committed_.load());
       CheckpointShard* out = &shards[static_cast<size_t>(s)];
       OnReply on_reply = [out](const Header& reply, Frames&) -> Status {
         if (!reply.shards() || reply.shards()->size() != 1 || !reply.shards()->Get(0)->file()) {
@@ -829,8 +832,12 @@ class ClientImpl final : public Client {
     auto op = engine_.NewOp();
     flatbuffers::FlatBufferBuilder fbb(128 + 96 * shards.size());
     std::vector<flatbuffers::Offset<wire::ShardFile>> files;
-    for (const auto& f : shards)
-      files.push_back(wire::CreateShardFile(fbb, fbb.CreateString(f.file), f.bytes, f.crc32));
+    for (const auto& f : shards) {  // with what each server knew of the workers' steps (1.13)
+      auto name = fbb.CreateString(f.file);
+      flatbuffers::Offset<flatbuffers::Vector<int64_t>> steps;
+      if (!f.worker_steps.empty()) steps = fbb.CreateVector(f.worker_steps);
+      files.push_back(wire::CreateShardFile(fbb, name, f.bytes, f.crc32, steps));
+    }
     auto vec = fbb.CreateVector(files);
     // Each worker's steps: the lowest a server knew (one that holds nothing a worker pushes knew
     // none), -1 where none knew; none at all from servers before 1.11.
@@ -885,6 +892,7 @@ class ClientImpl final : public Client {
   std::atomic<int64_t> lowest_worker_step_{INT64_MAX};  // worker_step(): the lowest the servers said
   std::atomic<bool> some_step_not_restored_{false};      // a server's worker_step was not the checkpoint's
   std::atomic<bool> some_server_before_1_11_{false};     // a server said no worker_step at all
+  std::atomic<bool> some_server_before_1_13_{false};     // a server that writes no delta chains into manifests
   std::atomic<int64_t> values_saturated_{0};
   std::atomic<uint64_t> next_call_{1};        // ids of push calls in pieces (1.10), never 0
   std::atomic<int64_t> first_collective_{0};  // server 0's next collective id at the handshake

@@ -33,6 +33,10 @@ struct ShardFile {
   // A delta shard's chain: the files it is applied over, oldest (a full shard) first, the last
   // the one it is a delta of. Empty for a full shard.
   std::vector<ShardFile> base;
+  // By worker rank, the steps each worker had done as this shard's server knew them when it
+  // saved (-1: none known; empty: not recorded). A restore skips a replayed async/ssp push of a
+  // step this server had taken already, for what this server held (RestoreShard).
+  std::vector<int64_t> worker_steps;
 };
 
 // A delta shard's predecessor: the shard file of the same server it records the changes since.
@@ -126,6 +130,9 @@ struct CheckpointData {
   std::string manifest;  // the manifest it came from
   std::string meaning;
   std::vector<int64_t> worker_steps;  // by rank, -1 unknown (WriteManifest); empty in a manifest without them
+  // By the rank of the server that wrote each shard: its own record of the workers' steps
+  // (ShardFile::worker_steps); an empty entry where the manifest has none.
+  std::vector<std::vector<int64_t>> shard_worker_steps;
   struct Chunk {
     int64_t version = 0;
     std::vector<float> params, state;
@@ -162,7 +169,10 @@ StatusOr<KeptCheckpoints> ListCheckpoints(const std::string& dir);
 StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step);
 
 // Declares every table of `ckpt` in `tables` (server `rank` of `num_servers`, a job of
-// `num_workers`) and fills in the chunks and rows that placement gives this server.
+// `num_workers`) and fills in the chunks and rows that placement gives this server. An async or
+// ssp table whose shards recorded their own workers' steps gets replay floors (Table::replay):
+// a worker resumes at the lowest step any server knew, and a push it replays is skipped for the
+// chunks and rows whose server at the checkpoint had taken that step already.
 Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int num_workers, TableRegistry* tables);
 
 }  // namespace ferry::ps

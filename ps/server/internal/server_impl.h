@@ -82,6 +82,7 @@ enum Counter : int {
   kPiecesHeld,
   kPieceCallsRefused,
   kNonFiniteUpdatesRefused,
+  kReplayedUpdatesSkipped,
   kNumCounters
 };
 inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
@@ -89,7 +90,8 @@ inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "pulls_held", "held_expired", "bytes_in", "bytes_out", "checkpoints_saved", "failed_for_silent_worker",
     "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused",
     "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped",
-    "wire_values_saturated", "pieces_held", "piece_calls_refused", "nonfinite_updates_refused"};
+    "wire_values_saturated", "pieces_held", "piece_calls_refused", "nonfinite_updates_refused",
+    "replayed_updates_skipped"};
 inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the server's and each table's
 // Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
 // bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
@@ -330,6 +332,11 @@ class ServerImpl final : public Server {
   // otherwise RESOURCE_EXHAUSTED saying how many, how much and how much is left (counted,
   // logged), before any row is made.
   Status RoomForRows(std::span<const SparsePart> parts, std::span<const std::span<const int64_t>> ids);
+  // An async/ssp push of `step` by `rank` to table `t` after a restore: leaves out the rows whose
+  // server at the checkpoint had taken that step of that worker (Table::replay), counted; the
+  // kept rows go to the scratch vectors, which `ids` and `grads` then view.
+  void SkipReplayedRows(const ps::Table& t, int64_t step, int rank, std::span<const int64_t>* ids,
+                        std::span<const float>* grads, std::vector<int64_t>* id_scratch, std::vector<float>* g_scratch);
   // nonfinite=skip_rows: replaces the id and gradient frames of a sparse push with its rows that
   // are all finite; the others are counted, logged and dropped.
   void DropNonFiniteRows(const ps::Table& t, std::span<const int64_t> ids, std::span<const float> grads, int rank,

@@ -44,6 +44,8 @@ struct DenseChunk {
   int64_t saved_version = -1;  // version when the last checkpoint copied it (-1: none has): a delta takes it if changed
   std::vector<int64_t> last_pulled;  // per rank: version at that worker's last pull (staleness)
   SyncSlots sync;
+  // Restored: the server that held it at the checkpoint, for its replay floors (Table::replay); -1: none.
+  int replay_owner = -1;
 };
 
 // A table's creation given up because the server is stopping.
@@ -188,14 +190,19 @@ class SparseShard {
   // until TrackChanges (the first checkpoint of a server that writes deltas turns it on); from
   // then on each row a push reaches is noted once (before any row of the push is updated: no
   // half-applied push on running out of memory), and the id of each row evicted with updates.
-  // TakeChanges hands both over and starts counting anew. Costs 1 byte a slot and 16 bytes a
-  // row changed between checkpoints, not charged to the memory budget.
+  // TakeChanges hands both over and starts counting anew. Costs 1 byte a slot, 16 bytes a row
+  // noted (compacted to the rows still held when the list passes twice the slots) and an entry a
+  // deleted id, not charged to the memory budget. Past 2 x slots + 1024 deleted ids (a table
+  // whose rows churn through its max_rows), or when recording one runs out of memory, the count
+  // gives up until TakeChanges: `complete` is then false, and the table is copied whole.
   struct Changes {
     std::vector<std::pair<int64_t, RowIndex>> rows;  // rows with updates noted since, in no particular order
     std::vector<int64_t> deleted;                     // ids evicted since with updates, ascending
+    bool complete = true;                             // false: gave up (rows and deleted are empty)
   };
   void TrackChanges() { track_ = true; }
   bool tracking() const { return track_; }
+  bool changes_complete() const { return !overflow_; }
   Changes TakeChanges();
   // At least the rows TakeChanges would give now (rows noted, some maybe evicted since).
   size_t ChangedRowsBound() const { return changed_list_.size(); }
@@ -227,6 +234,8 @@ class SparseShard {
   void SweepAged(int64_t slots);
   // TrackChanges: notes row `r` of `id` as changed (once until TakeChanges).
   void NoteChanged(int64_t id, RowIndex r);
+  // The count of changes gives up until TakeChanges (its memory freed).
+  void GiveUpChanges();
   // One row's update (ApplyRows), its refusals merged into `refused`.
   void UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused);
   uint64_t NextRandom();
@@ -243,6 +252,7 @@ class SparseShard {
   std::vector<std::unique_ptr<float[]>> blocks_;
   std::vector<int64_t> steps_;  // per slot: updates applied to its row
   bool track_ = false;          // TrackChanges
+  bool overflow_ = false;       // the count of changes gave up (Changes::complete)
   std::vector<uint8_t> changed_;  // per slot (grown as noted): its row was noted since TakeChanges
   std::vector<std::pair<int64_t, RowIndex>> changed_list_;  // (id, slot) of each noted row
   absl::flat_hash_set<int64_t> deleted_;  // ids evicted with updates since TakeChanges
@@ -272,6 +282,21 @@ struct Table {
   // Restored from a checkpoint and not declared since: its first declaration may change its
   // settings (CompareSpecs' `settings`: a resumed job's new learning rate, ...).
   bool settings_open = false;
+  // Exactly-once replay after a restore (async and ssp tables; RestoreShard): by the rank of
+  // the server that held a chunk or row at the checkpoint (of `servers`), by worker rank, the
+  // steps that server had taken of that worker. A push of worker w at step s < floor is a
+  // replay of a push that server had applied: skipped for those chunks and rows. `until[w]`: the
+  // highest floor of w (no push at or past it is a replay).
+  struct Replay {
+    int servers = 0;
+    std::vector<std::vector<int64_t>> floors;
+    std::vector<int64_t> until;
+    int64_t Floor(int owner, int rank) const {
+      const auto& f = floors[static_cast<size_t>(owner)];
+      return static_cast<size_t>(rank) < f.size() ? f[static_cast<size_t>(rank)] : -1;
+    }
+  };
+  std::optional<Replay> replay;
   // Set when an update of it would have made an element not finite (finite gradients
   // overflowing: the model diverged): what the first such update was. From then on every push to
   // the table, and every checkpoint, is refused with it (ServerImpl::Diverged).

@@ -32,7 +32,15 @@ constexpr int64_t kRowsPerBlock = 65536;
 // 3 GiB): a corrupt length cannot make the reader allocate more.
 constexpr uint64_t kMaxBlockBytes = uint64_t{4} << 30;
 
-enum BlockKind : uint32_t { kEnd = 0, kTable = 1, kDenseChunk = 2, kSparseRows = 3, kPrevious = 4, kDeleted = 5 };
+enum BlockKind : uint32_t {
+  kEnd = 0,
+  kTable = 1,
+  kDenseChunk = 2,
+  kSparseRows = 3,
+  kPrevious = 4,  // format 2
+  kDeleted = 5,   // format 2
+  kWhole = 6,     // format 2: a sparse table's rows in this delta replace all of the chain's
+};
 // A delta's first block names its predecessor in at most this many bytes (WithChain reads no more).
 constexpr uint64_t kMaxPreviousBlock = 4096;
 
@@ -189,6 +197,7 @@ struct FileData {
   CheckpointData data;
   std::optional<DeltaOf> previous;                   // a delta's predecessor (format 2)
   std::map<uint64_t, std::vector<int64_t>> deleted;  // a delta's ids no longer held, by table
+  std::set<uint64_t> whole;                          // a delta's sparse tables held whole
 };
 
 // A kPrevious payload: i64 step, u64 bytes, u32 crc32, u32 zero, u64 n, n bytes of file name.
@@ -273,7 +282,11 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, FileData* file) 
     uint64_t table_id = 0;
     FERRY_RETURN_IF_ERROR(r.Get(&table_id));
     auto& t = out->tables[table_id];
-    if (kind == kDeleted) {
+    if (kind == kWhole) {
+      if (!delta) return DataLossError(where + ": a whole-table block in a full shard");
+      FERRY_RETURN_IF_ERROR(r.Done());
+      file->whole.insert(table_id);
+    } else if (kind == kDeleted) {
       if (!delta) return DataLossError(where + ": a deletion block in a full shard");
       uint64_t n = 0;
       std::vector<int64_t> ids;
@@ -354,15 +367,32 @@ struct Manifest {
   std::vector<ShardFile> shards;  // with their chains
 };
 
-StatusOr<ShardFile> ShardEntry(const nlohmann::json& s, const std::string& where, bool chain) {
-  ShardFile f{s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>(), {}};
+// A list of workers' steps (integers in [-1, 2^62]) named `what`.
+Status ParseSteps(const nlohmann::json& steps, const std::string& where, const char* what, std::vector<int64_t>* out) {
+  if (!steps.is_array()) return DataLossError(where + ": " + what + " is not a list");
+  for (const auto& w : steps) {
+    if (!w.is_number_integer() || w.get<int64_t>() < -1 || w.get<int64_t>() > (int64_t{1} << 62)) {
+      return DataLossError(where + ": " + what + " holds " + w.dump() + ", not an integer in [-1, 2^62]");
+    }
+    out->push_back(w.get<int64_t>());
+  }
+  return Status::Ok();
+}
+
+// A shard's entry; `top`: one of the manifest's shards (with its chain and its server's record
+// of the workers' steps), not a link of a chain.
+StatusOr<ShardFile> ShardEntry(const nlohmann::json& s, const std::string& where, bool chain, bool top = true) {
+  ShardFile f{s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>(), {}, {}};
   if (f.name.empty() || f.name.find('/') != std::string::npos)
     return DataLossError(where + ": shard name '" + f.name + "' is not a file name");
+  if (top && s.contains("worker_steps")) {
+    FERRY_RETURN_IF_ERROR(ParseSteps(s.at("worker_steps"), where, "a shard's worker_steps", &f.worker_steps));
+  }
   if (!chain || !s.contains("base")) return f;
   if (!s.at("base").is_array() || s.at("base").empty())
     return DataLossError(where + ": the chain of " + f.name + " is not a list of files");
   for (const auto& b : s.at("base")) {
-    FERRY_ASSIGN_OR_RETURN(ShardFile link, ShardEntry(b, where, /*chain=*/false));
+    FERRY_ASSIGN_OR_RETURN(ShardFile link, ShardEntry(b, where, /*chain=*/false, /*top=*/false));
     f.base.push_back(std::move(link));
   }
   return f;
@@ -389,14 +419,7 @@ StatusOr<Manifest> ParseManifest(const fs::path& dir, const std::string& manifes
     out.step = j.at("step").get<int64_t>();
     out.meaning = j.at("meaning").get<std::string>();
     if (j.contains("worker_steps")) {
-      const auto& steps = j.at("worker_steps");
-      if (!steps.is_array()) return DataLossError(name + ": worker_steps is not a list");
-      for (const auto& w : steps) {
-        if (!w.is_number_integer() || w.get<int64_t>() < -1 || w.get<int64_t>() > (int64_t{1} << 62)) {
-          return DataLossError(name + ": worker_steps holds " + w.dump() + ", not an integer in [-1, 2^62]");
-        }
-        out.worker_steps.push_back(w.get<int64_t>());
-      }
+      FERRY_RETURN_IF_ERROR(ParseSteps(j.at("worker_steps"), name, "worker_steps", &out.worker_steps));
     }
     for (const auto& s : j.at("shards")) {
       FERRY_ASSIGN_OR_RETURN(ShardFile f, ShardEntry(s, name, out.format == kCheckpointDeltaFormat));
@@ -472,6 +495,7 @@ StatusOr<CheckpointData> ReadChain(const fs::path& dir, const ShardFile& shard) 
       auto& to = acc.tables[id];
       if (!t.spec.name.empty()) to.spec = std::move(t.spec);
       for (auto& [index, chunk] : t.chunks) to.chunks.insert_or_assign(index, std::move(chunk));
+      if (d.whole.contains(id)) to.rows.clear();  // held whole in this delta
       if (auto del = d.deleted.find(id); del != d.deleted.end()) {
         for (const int64_t row : del->second) to.rows.erase(row);
       }
@@ -493,6 +517,7 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
   out.num_servers = static_cast<int>(m.shards.size());
   out.manifest = manifest;
   for (const auto& s : m.shards) {
+    out.shard_worker_steps.push_back(s.worker_steps);
     FERRY_ASSIGN_OR_RETURN(CheckpointData shard, ReadChain(dir, s));
     FERRY_RETURN_IF_ERROR(Merge(std::move(shard), &out, (dir / s.name).string()));
   }
@@ -512,6 +537,7 @@ struct TablePart {
   std::vector<int64_t> chunks;                      // dense: the chunks copied
   std::vector<std::pair<int64_t, RowIndex>> rows;  // sparse: the rows copied, by id
   std::vector<int64_t> deleted;                     // sparse, delta: ids held at the predecessor, not now
+  bool whole = false;                               // sparse, delta: copied whole (no count of changes)
 };
 
 TablePart Select(Table& t, bool delta, bool track) {
@@ -527,15 +553,18 @@ TablePart Select(Table& t, bool delta, bool track) {
     return p;
   }
   SparseShard& s = *t.sparse;
-  if (delta && s.tracking()) {
-    SparseShard::Changes changes = s.TakeChanges();
+  SparseShard::Changes changes;
+  if (s.tracking()) changes = s.TakeChanges();  // (a full copy starts the count anew too)
+  if (delta && s.tracking() && changes.complete) {
     p.rows = std::move(changes.rows);
     p.deleted = std::move(changes.deleted);
   } else {
+    // A delta copies whole a table not counted since its predecessor: new since, or whose count
+    // gave up (SparseShard::Changes::complete).
+    p.whole = delta;
     // Rows never updated are left out: they hold their initial values, which a pull makes again
     // bit for bit. So a sync checkpoint of step t holds the same rows whichever workers had
     // pulled step t's new ids (creating them) when it was taken.
-    if (s.tracking()) s.TakeChanges();  // counted anew from this full copy
     p.rows.reserve(s.size());
     s.ForEachRow([&](int64_t id, RowIndex r) {
       if (s.steps(r) > 0) p.rows.emplace_back(id, r);
@@ -560,7 +589,7 @@ uint64_t DeltaBytes(const TableRegistry& tables) {
       return;
     }
     const SparseShard& s = *t.sparse;
-    const uint64_t rows = s.tracking() ? s.ChangedRowsBound() : s.size();
+    const uint64_t rows = s.tracking() && s.changes_complete() ? s.ChangedRowsBound() : s.size();
     total += rows * (16 + static_cast<uint64_t>(s.row_floats()) * sizeof(float));
   });
   return total;
@@ -575,7 +604,7 @@ ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta, bool track
   if (delta) total += 16 + 40 + delta->file.name.size();
   for (const TablePart& p : parts) {
     const Table& t = *p.table;
-    total += 16 + 2 * sizeof(uint64_t) + 512 + t.spec.name.size();
+    total += 16 + 2 * sizeof(uint64_t) + 512 + t.spec.name.size() + 24;
     for (const int64_t i : p.chunks) {
       const DenseChunk* c = t.dense->chunk(i);
       total += 16 + 40 + (c->params.size() + c->state.size()) * sizeof(float);
@@ -642,6 +671,11 @@ ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta, bool track
     }
     if (!t.sparse) continue;
     const SparseShard& s = *t.sparse;
+    if (p.whole) {
+      begin_block(kWhole);
+      put64(uint64_t{t.id});
+      end_block();
+    }
     for (size_t b = 0; b < p.deleted.size(); b += kRowsPerBlock) {
       const size_t e = std::min(p.deleted.size(), b + kRowsPerBlock);
       begin_block(kDeleted);
@@ -694,7 +728,7 @@ StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_se
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return InternalError("cannot create " + dir + ": " + ec.message());
-  ShardFile out{ShardName(step, rank, num_servers), 0, 0, {}};
+  ShardFile out{ShardName(step, rank, num_servers), 0, 0, {}, {}};
   AtomicFile f((fs::path(dir) / out.name).string());
   FERRY_RETURN_IF_ERROR(f.Open());
   FERRY_RETURN_IF_ERROR(f.Write(bytes.data(), bytes.size()));
@@ -755,6 +789,10 @@ StatusOr<ShardFile> WithChain(const std::string& dir, ShardFile shard) {
     return FailedPreconditionError(name + " is a delta of " + previous.file.name + ", but the checkpoint of step " +
                                    std::to_string(previous.step) + " cannot be read: " + m.status().message());
   }
+  if (previous.file.name == shard.name) {
+    return FailedPreconditionError(name + " is a delta of its own name (its step saved again over the file it was "
+                                   "written over)");
+  }
   for (const ShardFile& s : m->shards) {
     if (s.name != previous.file.name) continue;
     if (s.bytes != previous.file.bytes || s.crc32 != previous.file.crc32) break;
@@ -783,6 +821,7 @@ Status WriteManifest(const std::string& dir, int64_t step, const std::vector<Sha
   j["shards"] = nlohmann::ordered_json::array();
   for (const auto& s : shards) {
     nlohmann::ordered_json e = entry(s);
+    if (!s.worker_steps.empty()) e["worker_steps"] = s.worker_steps;
     if (!s.base.empty()) {
       e["base"] = nlohmann::ordered_json::array();
       for (const auto& b : s.base) e["base"].push_back(entry(b));
@@ -814,13 +853,20 @@ Status WriteManifest(const std::string& dir, int64_t step, const std::vector<Sha
     std::set<std::string> files;
     if (auto old = ParseManifest(dir, manifests[i]); old.ok()) AddFiles(*old, &files);
     if (!files.empty() && std::ranges::includes(needed, files)) continue;
-    const std::string prefix = "step-" + manifests[i].substr(9) + "-";  // the same zero-padded step
     std::error_code ec;
     fs::remove(fs::path(dir) / manifests[i], ec);
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string n = e.path().filename().string();
-      if (n.starts_with(prefix) && !needed.contains(n)) fs::remove(e.path(), ec);
-    }
+  }
+  // Then every shard file of an earlier step that no kept checkpoint needs: those of the removed
+  // manifests, a chain's files left when the manifests naming them went (its servers at other
+  // points of their chains), and the shards of checkpoints never committed. (No shard of a later
+  // step is being written: the next checkpoint is asked for once this commit is done.)
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    int64_t of = -1;
+    if (n.size() < 26 || !n.starts_with("step-") || n[25] != '-' || n.ends_with(".tmp") || needed.contains(n)) continue;
+    const auto [end, err] = std::from_chars(n.data() + 5, n.data() + 25, of);
+    if (err == std::errc() && end == n.data() + 25 && of < step) fs::remove(e.path(), ec);
   }
   return Status::Ok();
 }
@@ -920,11 +966,42 @@ StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step) 
   return ReadManifest(dir, ManifestName(step));
 }
 
+namespace {
+
+// The replay floors of an async/ssp table restored from `ckpt` (Table::Replay): none where no
+// shard recorded its workers' steps for this job's workers, or none is above the step the
+// workers resume at (the manifest's, the lowest any server knew).
+std::optional<Table::Replay> ReplayOf(const CheckpointData& ckpt, int num_workers) {
+  if (static_cast<int>(ckpt.shard_worker_steps.size()) != ckpt.num_servers) return std::nullopt;
+  Table::Replay replay;
+  replay.servers = ckpt.num_servers;
+  replay.until.assign(static_cast<size_t>(num_workers), -1);
+  bool any = false;
+  for (const auto& steps : ckpt.shard_worker_steps) {
+    if (steps.size() != static_cast<size_t>(num_workers)) {
+      replay.floors.emplace_back();
+      continue;
+    }
+    for (size_t w = 0; w < steps.size(); ++w) {
+      const int64_t resume = w < ckpt.worker_steps.size() ? ckpt.worker_steps[w] : ckpt.step;
+      any = any || steps[w] > resume;
+      replay.until[w] = std::max(replay.until[w], steps[w]);
+    }
+    replay.floors.push_back(steps);
+  }
+  if (!any) return std::nullopt;
+  return replay;
+}
+
+}  // namespace
+
 Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int num_workers, TableRegistry* tables) {
+  const std::optional<Table::Replay> replay = ReplayOf(ckpt, num_workers);
   for (const auto& [id, t] : ckpt.tables) {
     FERRY_RETURN_IF_ERROR(tables->Create(t.spec, id, num_workers));
     FERRY_ASSIGN_OR_RETURN(Table * restored, tables->Find(id, t.spec.type));
     restored->settings_open = true;
+    if (t.spec.consistency != Consistency::kSync) restored->replay = replay;
     if (t.spec.type == TableType::kDense) {
       FERRY_ASSIGN_OR_RETURN(Table * table, tables->Find(id, TableType::kDense));
       for (int64_t i = 0; i < table->dense->num_chunks(); ++i) {
@@ -943,6 +1020,7 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int n
         c->state = it->second.state;
         c->version = it->second.version;
         std::fill(c->last_pulled.begin(), c->last_pulled.end(), c->version);
+        c->replay_owner = placement::ChunkServer(id, i, ckpt.num_servers);
       }
     } else {
       FERRY_ASSIGN_OR_RETURN(Table * table, tables->Find(id, TableType::kSparse));

@@ -84,6 +84,8 @@ constexpr Series kSeries[] = {
      "Pieces of push calls in pieces held until their call's last piece verified"},
     {"piece_calls_refused", "ferry_piece_calls_refused_total", true,
      "Push calls in pieces refused whole: none of their pieces applied"},
+    {"replayed_updates_skipped", "ferry_replayed_updates_skipped_total", true,
+     "Parts of async and ssp pushes replayed after a restore, skipped: the restored checkpoint held them"},
     {"memory_budget_refused", "ferry_memory_budget_refused_total", true,
      "Requests refused because their new rows or tables did not fit in the memory budget"},
     {"memory_budget_bytes", "ferry_memory_budget_bytes", false, "The memory budget for the tables"},

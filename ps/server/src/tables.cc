@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <memory>
+#include <new>
 #include <string>
 
 #include <absl/container/flat_hash_set.h>
@@ -290,9 +291,16 @@ SparseShard::Room SparseShard::EvictOne(int pushes) {
 }
 
 void SparseShard::Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* total) {
-  if (track_) {  // first: it may throw (std::bad_alloc), and then nothing has changed
-    if (steps_[slot] > 0) deleted_.insert(ids_[slot]);
+  if (track_ && !overflow_) {
     if (slot < changed_.size()) changed_[slot] = 0;
+    if (steps_[slot] > 0) {
+      try {
+        deleted_.insert(ids_[slot]);
+      } catch (const std::bad_alloc&) {
+        GiveUpChanges();  // (an eviction never fails: the next checkpoint copies the table whole)
+      }
+      if (deleted_.size() > 2 * steps_.size() + 1024) GiveUpChanges();
+    }
   }
   index_.erase(ids_[slot]);  // never throws (it leaves a deleted slot: see ReserveOneMore)
   ids_[slot] = static_cast<int64_t>(free_head_);
@@ -379,8 +387,25 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
   return refused;
 }
 
+void SparseShard::GiveUpChanges() {
+  overflow_ = true;
+  std::vector<std::pair<int64_t, RowIndex>>().swap(changed_list_);
+  absl::flat_hash_set<int64_t>().swap(deleted_);
+  std::fill(changed_.begin(), changed_.end(), uint8_t{0});
+}
+
 void SparseShard::NoteChanged(int64_t id, RowIndex r) {
-  if (r < changed_.size() && changed_[r]) return;
+  if (overflow_ || (r < changed_.size() && changed_[r])) return;
+  if (changed_list_.size() > 2 * steps_.size() + 1024) {
+    // Slots evicted and reused left entries behind: keep one of each row still noted (marked 2
+    // while kept, so a row noted twice is kept once).
+    std::erase_if(changed_list_, [&](const std::pair<int64_t, RowIndex>& e) {
+      const bool stale = changed_[e.second] != 1 || (lifecycle_ && ids_[e.second] != e.first);
+      if (!stale) changed_[e.second] = 2;
+      return stale;
+    });
+    for (const auto& e : changed_list_) changed_[e.second] = 1;
+  }
   // Both can throw (std::bad_alloc) before anything changes; both grow geometrically.
   if (changed_list_.size() == changed_list_.capacity()) changed_list_.reserve(2 * changed_list_.size() + 64);
   if (r >= changed_.size()) changed_.resize(steps_.size());
@@ -390,6 +415,11 @@ void SparseShard::NoteChanged(int64_t id, RowIndex r) {
 
 SparseShard::Changes SparseShard::TakeChanges() {
   Changes out;
+  if (overflow_) {
+    overflow_ = false;
+    out.complete = false;
+    return out;
+  }
   out.rows.reserve(changed_list_.size());
   for (const auto& [id, r] : changed_list_) {
     if (r >= changed_.size() || !changed_[r]) continue;  // taken already, or evicted since

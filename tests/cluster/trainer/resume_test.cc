@@ -40,6 +40,16 @@ TrainerOptions SmallMlp(int64_t steps) {
   return o;
 }
 
+// The ctr model on a small dataset (batch 8, 32 test examples), sync, one BLAS thread.
+TrainerOptions SmallCtr(OptimizerType optimizer, float lr, int64_t checkpoint_every) {
+  TrainerOptions o = test::CtrOptions(optimizer, lr, 0);
+  o.ctr().test = 32;
+  o.batch = 8;
+  o.checkpoint_every = checkpoint_every;
+  o.blas_threads = 1;
+  return o;
+}
+
 // SmallMlp, async, with a checkpoint every 5 steps.
 TrainerOptions AsyncMlp(int64_t steps) {
   TrainerOptions o = SmallMlp(steps);
@@ -198,11 +208,7 @@ TEST_F(ResumeTest, SyncMlpStoppedAndResumedIntoThreeServersIsBitwiseTheUninterru
 }
 
 TEST_F(ResumeTest, SyncCtrWithSparseTablesResumedIntoOneServerIsBitwiseTheUninterruptedRun) {
-  TrainerOptions o = test::CtrOptions(OptimizerType::kAdagrad, 0.05f, 0);
-  o.ctr().test = 32;
-  o.batch = 8;
-  o.checkpoint_every = 5;
-  o.blas_threads = 1;
+  const TrainerOptions o = SmallCtr(OptimizerType::kAdagrad, 0.05f, /*checkpoint_every=*/5);
   auto ctr = LoadCtrData(o);
   ASSERT_TRUE(ctr.ok()) << ctr.status();
   Datasets data;
@@ -219,11 +225,7 @@ TEST_F(ResumeTest, SyncCtrWithSparseTablesResumedIntoOneServerIsBitwiseTheUninte
 // over step 2's full shards; restored from that chain into 3 servers (which write a new chain)
 // and resumed, the job ends with the bits of the uninterrupted run without deltas.
 TEST_F(ResumeTest, SyncCtrResumedFromAChainOfDeltasIsBitwiseTheUninterruptedRun) {
-  TrainerOptions o = test::CtrOptions(OptimizerType::kAdam, 0.02f, 0);
-  o.ctr().test = 32;
-  o.batch = 8;
-  o.checkpoint_every = 2;
-  o.blas_threads = 1;
+  const TrainerOptions o = SmallCtr(OptimizerType::kAdam, 0.02f, /*checkpoint_every=*/2);
   auto ctr = LoadCtrData(o);
   ASSERT_TRUE(ctr.ok()) << ctr.status();
   Datasets data;

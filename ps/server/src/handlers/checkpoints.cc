@@ -45,7 +45,9 @@ Status ServerImpl::OnCheckpoint(Request& req) {
   std::optional<ps::DeltaOf> delta;
   {
     MutexLock lock(&job_mu_);
-    if (deltas && previous >= 0 && previous == saved_.step && saved_.deltas < options_.checkpoint_deltas &&
+    // (A step saved again is no delta: it would overwrite the very file it is a delta of.)
+    if (deltas && previous >= 0 && previous == saved_.step && step > previous &&
+        saved_.deltas < options_.checkpoint_deltas &&
         static_cast<double>(saved_.chain_bytes + ps::DeltaBytes(tables_)) <=
             options_.checkpoint_delta_share * static_cast<double>(saved_.base_bytes)) {
       delta = ps::DeltaOf{saved_.step, saved_.file};
@@ -118,7 +120,21 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
   FERRY_RETURN_IF_ERROR(CheckpointPossible());
   std::vector<ps::ShardFile> shards;
   if (h.shards()) {
-    for (const auto* f : *h.shards()) shards.push_back({f->file() ? f->file()->str() : "", f->bytes(), f->crc32(), {}});
+    for (const auto* f : *h.shards()) {
+      ps::ShardFile file{f->file() ? f->file()->str() : "", f->bytes(), f->crc32(), {}, {}};
+      if (f->worker_steps()) {  // 1.13: what its server knew of each worker's steps
+        if (f->worker_steps()->size() > 65536) {
+          return InvalidArgumentError("a shard's worker_steps has more than 65536 entries");
+        }
+        for (const int64_t w : *f->worker_steps()) {
+          if (w < -1 || w > ps::kMaxStep) {
+            return InvalidArgumentError("a shard's worker_steps holds " + std::to_string(w) + ", outside [-1, 2^62]");
+          }
+          file.worker_steps.push_back(w);
+        }
+      }
+      shards.push_back(std::move(file));
+    }
   }
   FERRY_RETURN_IF_ERROR(ps::CheckShardList(h.step(), shards));
   std::vector<int64_t> worker_steps;  // (none from a 1.10 client: the manifest has none)

@@ -130,6 +130,9 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
         if (Status s = CloseSyncStep(*t, *c); refused.ok()) refused = s;
         applied = true;
       }
+    } else if (t->replay && c->replay_owner >= 0 && h.step() < t->replay->Floor(c->replay_owner, rank)) {
+      ++info.used;  // a replay after a restore: the checkpoint holds this step's update already
+      Count(kReplayedUpdatesSkipped);
     } else {
       ++info.used;
       RecordStaleness(*t, c->version - c->last_pulled[static_cast<size_t>(rank)]);

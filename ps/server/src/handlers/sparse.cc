@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ferry/messages/codec.h"
+#include "ferry/messages/placement.h"
 #include "internal/finite.h"
 #include "internal/sync.h"
 
@@ -87,6 +88,7 @@ Status ServerImpl::OnPushSparse(Request& req) {
       }
     } else {
       RecordStaleness(t, shard.version - shard.last_pulled[static_cast<size_t>(rank)]);
+      SkipReplayedRows(t, h.step(), rank, &ids[i], &grads[i], &id_scratch[i], &g_scratch[i]);
       const ps::NotFinite nf = updater_.ApplyRows(shard, ids[i], grads[i].data());
       ++shard.version;
       Count(kUpdatesApplied);
@@ -108,6 +110,31 @@ Status ServerImpl::OnPushSparse(Request& req) {
   }
   ServeHeld();
   return Status::Ok();
+}
+
+void ServerImpl::SkipReplayedRows(const ps::Table& t, int64_t step, int rank, std::span<const int64_t>* ids,
+                                  std::span<const float>* grads, std::vector<int64_t>* id_scratch,
+                                  std::vector<float>* g_scratch) {
+  if (!t.replay || step >= t.replay->until[static_cast<size_t>(rank)]) [[likely]] return;
+  const ps::Table::Replay& r = *t.replay;
+  const size_t dim = static_cast<size_t>(t.spec.dim);
+  std::vector<int64_t> kept_ids;
+  std::vector<float> kept;
+  for (size_t i = 0; i < ids->size(); ++i) {
+    const int64_t id = (*ids)[i];
+    if (step < r.Floor(placement::IdServer(id, r.servers), rank)) {
+      Count(kReplayedUpdatesSkipped);
+      continue;
+    }
+    kept_ids.push_back(id);
+    kept.insert(kept.end(), grads->begin() + static_cast<std::ptrdiff_t>(i * dim),
+                grads->begin() + static_cast<std::ptrdiff_t>((i + 1) * dim));
+  }
+  if (kept_ids.size() == ids->size()) return;
+  *id_scratch = std::move(kept_ids);
+  *g_scratch = std::move(kept);
+  *ids = *id_scratch;
+  *grads = *g_scratch;
 }
 
 Status ServerImpl::RoomForRows(std::span<const SparsePart> parts, std::span<const std::span<const int64_t>> ids) {

@@ -424,6 +424,33 @@ TEST(TrainerOptions, PlannedCtrTablesAreTheBuiltModelsTables) {
   EXPECT_EQ(planned.size(), 8u);  // w0, w0s, b0, w1, b1 and the 3 fields' embeddings
 }
 
+// --audit-examples: the ctr model counts every example it trains on in ctr/audit (the planned
+// tables include it); sync is refused (a step averages the workers' gradients).
+TEST(TrainerOptions, AuditExamplesAddsTheCountingTableAndNeedsAsyncSspOrLocal) {
+  auto o = Parse({"--local", "--model", "ctr", "--ctr-fields", "3", "--ctr-dense", "2", "--ctr-train", "64",
+                  "--ctr-test", "16", "--hidden", "4", "--emb-dim", "5", "--audit-examples"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->ctr().audit_examples);
+  auto data = LoadCtrData(*o);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto device = CreateDevice(DeviceKind::kCpu, 0);
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto model = CreateCtrModel(device->get(), *o, &*data);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<TableSpec> built = (*model)->TableSpecs(), planned = CtrTableSpecs(*o);
+  ASSERT_EQ(built.size(), planned.size());
+  EXPECT_EQ(planned.back().name, "ctr/audit");
+  EXPECT_EQ(planned.back().dim, 1);
+  EXPECT_EQ(built.back().ToString(), planned.back().ToString());
+  auto sync = Parse({"--servers", "tcp://a:1", "--model", "ctr", "--consistency", "sync", "--audit-examples"});
+  ASSERT_FALSE(sync.ok());
+  EXPECT_NE(sync.status().message().find("--audit-examples counts with async, ssp or --local"), std::string::npos)
+      << sync.status();
+  EXPECT_TRUE(Parse({"--servers", "tcp://a:1", "--model", "ctr", "--consistency", "async", "--audit-examples"}).ok());
+  auto mlp = Parse({"--local", "--audit-examples"});  // the mlp model has no such flag
+  EXPECT_FALSE(mlp.ok());
+}
+
 TEST(TrainerOptions, EveryFlagInTheUsageIsKnown) {
   const std::string usage = TrainerUsage();
   int flags = 0;

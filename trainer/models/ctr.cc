@@ -11,6 +11,7 @@
 #include "ferry/data/metrics.h"
 #include "ferry/data/synthetic_ctr.h"
 #include "ferry/kernels.h"
+#include "ferry/messages/placement.h"
 #include "models/tower.h"
 
 namespace ferry::trainer {
@@ -41,6 +42,32 @@ TableSpec EmbeddingSpec(const TrainerOptions& options, int f) {
   s.init_scale = 0.05f;
   s.seed = options.seed;
   return s;
+}
+
+// --audit-examples: the table that counts the examples trained on (options.h).
+TableSpec AuditSpec(const TrainerOptions& options) {
+  TableSpec s;
+  s.name = "ctr/audit";
+  s.type = TableType::kSparse;
+  s.dim = 1;
+  s.optimizer.type = OptimizerType::kSgd;
+  s.optimizer.learning_rate = 1.0f;
+  s.consistency = options.consistency;
+  s.staleness = options.consistency == Consistency::kSsp ? options.staleness : 0;
+  s.init = InitType::kZeros;
+  return s;
+}
+
+// An example's audit key: a hash of its label, dense features and ids (non-negative).
+int64_t AuditKey(const data::CtrBatch& set, int64_t i) {
+  uint64_t h = placement::Mix64(0xA0D17ull ^ (set.labels[static_cast<size_t>(i)] == 1.0f ? 1u : 0u));
+  for (const float v : set.dense_row(i)) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    h = placement::Mix64(h ^ bits);
+  }
+  for (const int64_t id : set.id_row(i)) h = placement::Mix64(h ^ static_cast<uint64_t>(id));
+  return static_cast<int64_t>(h >> 1);
 }
 
 class CtrModel final : public Model {
@@ -110,6 +137,7 @@ class CtrModel final : public Model {
   std::vector<TableSpec> TableSpecs() const override {
     std::vector<TableSpec> all = tower_.specs;
     all.insert(all.end(), emb_specs_.begin(), emb_specs_.end());
+    if (options_.ctr().audit_examples) all.push_back(AuditSpec(options_));
     return all;
   }
   int64_t train_size() const override { return stream_ != nullptr ? kStreamed : data_->train.size(); }
@@ -199,6 +227,17 @@ class CtrModel final : public Model {
       sparse_pushes_.push_back(SparseIn{emb_specs_[static_cast<size_t>(f)].name, ids,
                                         grads.subspan(at, ids.size() * static_cast<size_t>(dim_))});
     }
+    if (options_.ctr().audit_examples) {  // each example of the batch counted once on the servers
+      std::span<const int64_t> audit_ids = cur().audit_ids;
+      std::span<const float> audit_grads = cur().audit_grads;
+      if (copy != nullptr) {
+        copy->audit_ids.assign(audit_ids.begin(), audit_ids.end());
+        copy->audit_grads.assign(audit_grads.begin(), audit_grads.end());
+        audit_ids = copy->audit_ids;
+        audit_grads = copy->audit_grads;
+      }
+      sparse_pushes_.push_back(SparseIn{kAuditTable, audit_ids, audit_grads});
+    }
     return tower_.Push(store, sparse_pushes_, step);
   }
 
@@ -251,6 +290,9 @@ class CtrModel final : public Model {
     std::vector<int64_t> base;                     // field f's rows start at base[f] in the combined table
     std::vector<SparseOut> pulls;                  // every field's rows, into emb_host
     int64_t rows = 0;
+    // --audit-examples: the batch's distinct example keys, ascending, and -(times each is in it).
+    std::vector<int64_t> audit_ids;
+    std::vector<float> audit_grads;
   };
   Batch& cur() { return batches_[cur_]; }
   const Batch& cur() const { return batches_[cur_]; }
@@ -330,6 +372,21 @@ class CtrModel final : public Model {
                                                    u.size() * static_cast<size_t>(dim_))});
     }
     b.rows = rows;
+    if (options_.ctr().audit_examples) {
+      b.audit_ids.clear();
+      b.audit_grads.clear();
+      std::vector<int64_t> keys(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) keys[static_cast<size_t>(r)] = AuditKey(set, indices[static_cast<size_t>(r)]);
+      std::sort(keys.begin(), keys.end());
+      for (const int64_t k : keys) {
+        if (!b.audit_ids.empty() && b.audit_ids.back() == k) {
+          b.audit_grads.back() -= 1.0f;
+        } else {
+          b.audit_ids.push_back(k);
+          b.audit_grads.push_back(-1.0f);
+        }
+      }
+    }
     if (load_next_) {
       next_loaded_ = true;
       return Status::Ok();
@@ -359,7 +416,10 @@ class CtrModel final : public Model {
   struct PushCopy {
     std::vector<int64_t> ids;
     std::vector<float> grads;
+    std::vector<int64_t> audit_ids;
+    std::vector<float> audit_grads;
   };
+  static constexpr char kAuditTable[] = "ctr/audit";
   PushCopy push_copies_[2];
   DeviceBuffer emb_dev_, emb_grad_dev_, emb_grad_host_, index_dev_, offsets_dev_, dense_dev_, labels_dev_, pooled_dev_,
       dpooled_dev_, probs_dev_, probs_host_, row_loss_dev_, mean_loss_dev_, mean_loss_host_, dlogits_dev_;
@@ -378,6 +438,7 @@ std::vector<TableSpec> CtrTableSpecs(const TrainerOptions& options) {
   std::vector<TableSpec> specs =
       models::Tower::Specs(options, models::TowerConfig(options, fields, criteo ? data::kCriteoDense : ctr.dense));
   for (int f = 0; f < fields; ++f) specs.push_back(models::EmbeddingSpec(options, f));
+  if (ctr.audit_examples) specs.push_back(models::AuditSpec(options));
   return specs;
 }
 

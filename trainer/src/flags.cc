@@ -356,6 +356,10 @@ const Flag kFlags[] = {
      "'day_*.gz'; training streams them and needs --steps",
      Text<&Ctr::criteo_train>, nullptr, "ctr"},
     {"--criteo-test", "LIST", "data", "the Criteo test files", Text<&Ctr::criteo_test>, nullptr, "ctr"},
+    {"--audit-examples", "", "data",
+     "count every example trained on in the sparse table ctr/audit (async, ssp, --local), to check that a resumed "
+     "job neither repeats nor skips one",
+     Switch<&Ctr::audit_examples, true>, nullptr, "ctr"},
     {"--criteo-shard", "auto|file|line", "data",
      "how workers split the Criteo files (auto: by file when there are "
      "at least as many as workers)",

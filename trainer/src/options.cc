@@ -172,6 +172,11 @@ Status TrainerOptions::Validate() const {
           "--criteo-train needs --steps: the files are streamed, not counted first, and each "
           "worker passes over its own files or lines again at their end");
     }
+    if (ctr->audit_examples && consistency == Consistency::kSync && !local) {
+      return InvalidArgumentError(
+          "--audit-examples counts with async, ssp or --local: a sync step averages the workers' gradients, so a "
+          "row would hold its count divided by the workers that pushed that step");
+    }
     if (!ctr->criteo_train.empty() && eval_each_epoch) {
       return InvalidArgumentError(
           "--eval-every epoch with --criteo-train: a pass over streamed files ends at no step known in advance (and "

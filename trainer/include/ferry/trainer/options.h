@@ -59,6 +59,13 @@ struct CtrModelOptions {
   std::string criteo_train;
   std::string criteo_test;
   data::CriteoShardBy criteo_shard = data::CriteoShardBy::kAuto;  // --criteo-shard auto|file|line
+  // --audit-examples: counts on the servers every example the job trains on, in the sparse table
+  // "ctr/audit" (one row of one float per distinct example, keyed by a hash of its label,
+  // features and ids; each step pushes -n to the row of an example met n times in it, SGD at
+  // learning rate 1): a checkpoint's row is then how often the job trained on that example, to
+  // check that a resumed job neither repeats nor skips one. Async, ssp and --local (sync averages
+  // the workers' gradients).
+  bool audit_examples = false;
 };
 
 // One alternative per model of the registry (model_registry.h), in its order.

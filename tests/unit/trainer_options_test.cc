@@ -407,18 +407,25 @@ TEST(TrainerOptions, CheckSettingsRefusesTheUsersSettingsWithoutData) {
 }
 
 // The tables CheckSettings plans are those the built model declares.
+// The tables of the ctr model built (on the CPU) from `o` and its data.
+void BuiltCtrTables(const TrainerOptions& o, std::vector<TableSpec>* specs) {
+  auto data = LoadCtrData(o);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto device = CreateDevice(DeviceKind::kCpu, 0);
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto model = CreateCtrModel(device->get(), o, &*data);
+  ASSERT_TRUE(model.ok()) << model.status();
+  *specs = (*model)->TableSpecs();
+}
+
 TEST(TrainerOptions, PlannedCtrTablesAreTheBuiltModelsTables) {
   auto o = Parse({"--local", "--model", "ctr", "--ctr-fields", "3", "--ctr-dense", "2", "--ctr-train", "64",
                   "--ctr-test", "16", "--hidden", "4", "--emb-dim", "5", "--optimizer", "adam"});
   ASSERT_TRUE(o.ok()) << o.status();
-  auto data = LoadCtrData(*o);
-  ASSERT_TRUE(data.ok()) << data.status();
-  auto device = CreateDevice(DeviceKind::kCpu, 0);
-  ASSERT_TRUE(device.ok()) << device.status();
-  auto model = CreateCtrModel(device->get(), *o, &*data);
-  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<TableSpec> built_specs;
+  ASSERT_NO_FATAL_FAILURE(BuiltCtrTables(*o, &built_specs));
   std::vector<std::string> built, planned;
-  for (const TableSpec& s : (*model)->TableSpecs()) built.push_back(s.ToString());
+  for (const TableSpec& s : built_specs) built.push_back(s.ToString());
   for (const TableSpec& s : CtrTableSpecs(*o)) planned.push_back(s.ToString());
   EXPECT_EQ(planned, built);
   EXPECT_EQ(planned.size(), 8u);  // w0, w0s, b0, w1, b1 and the 3 fields' embeddings
@@ -431,13 +438,10 @@ TEST(TrainerOptions, AuditExamplesAddsTheCountingTableAndNeedsAsyncSspOrLocal) {
                   "--ctr-test", "16", "--hidden", "4", "--emb-dim", "5", "--audit-examples"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->ctr().audit_examples);
-  auto data = LoadCtrData(*o);
-  ASSERT_TRUE(data.ok()) << data.status();
-  auto device = CreateDevice(DeviceKind::kCpu, 0);
-  ASSERT_TRUE(device.ok()) << device.status();
-  auto model = CreateCtrModel(device->get(), *o, &*data);
-  ASSERT_TRUE(model.ok()) << model.status();
-  const std::vector<TableSpec> built = (*model)->TableSpecs(), planned = CtrTableSpecs(*o);
+  std::vector<TableSpec> built_specs;
+  ASSERT_NO_FATAL_FAILURE(BuiltCtrTables(*o, &built_specs));
+  const std::vector<TableSpec>& built = built_specs;
+  const std::vector<TableSpec> planned = CtrTableSpecs(*o);
   ASSERT_EQ(built.size(), planned.size());
   EXPECT_EQ(planned.back().name, "ctr/audit");
   EXPECT_EQ(planned.back().dim, 1);

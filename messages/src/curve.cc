@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string_view>
 
 #include <zmq.h>
@@ -166,6 +167,7 @@ std::string KeypairText(const std::string& who, const CurveKeypair& keys) {
 }
 
 std::string WorkerKeyName(int rank) { return "worker-" + std::to_string(rank) + ".key"; }
+std::string ReaderKeyName(int rank) { return "reader-" + std::to_string(rank) + ".key"; }
 
 }  // namespace
 
@@ -224,15 +226,20 @@ std::string Encode(const std::string& raw) {
   return z85;
 }
 
-Status WriteJobKeys(const std::string& dir, int num_workers) {
+Status WriteJobKeys(const std::string& dir, int num_workers, int num_readers) {
   if (num_workers < 1 || num_workers > 65536) {
     return InvalidArgumentError("a job has 1 to 65536 workers, not " + std::to_string(num_workers));
+  }
+  if (num_readers < 0 || num_readers > 65536) {
+    return InvalidArgumentError("a job has 0 to 65536 readers, not " + std::to_string(num_readers));
   }
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return UnavailableError(Errno("cannot create " + dir));
   struct stat st {};
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return InvalidArgumentError(dir + " is not a folder");
   std::vector<std::string> names = {"server.key", "server.pub", "workers.pub"};
   for (int r = 0; r < num_workers; ++r) names.push_back(WorkerKeyName(r));
+  if (num_readers > 0) names.push_back("readers.pub");
+  for (int r = 0; r < num_readers; ++r) names.push_back(ReaderKeyName(r));
   for (const auto& name : names) {
     if (access((dir + "/" + name).c_str(), F_OK) == 0) {
       return AlreadyExistsError(dir + "/" + name + " exists: keys are never overwritten (use a new folder)");
@@ -250,6 +257,17 @@ Status WriteJobKeys(const std::string& dir, int num_workers) {
     list += std::to_string(r) + " " + worker.public_key + "\n";
   }
   FERRY_RETURN_IF_ERROR(WriteKeyFile(dir, "workers.pub", list));
+  if (num_readers > 0) {
+    std::string readers =
+        "# Ferry CURVE public keys of the job's readers: RANK KEY. Servers let these read (the change feed, Stats)"
+        " and nothing else.\n";
+    for (int r = 0; r < num_readers; ++r) {
+      FERRY_ASSIGN_OR_RETURN(CurveKeypair reader, NewKeypair());
+      FERRY_RETURN_IF_ERROR(WriteKeyFile(dir, ReaderKeyName(r), KeypairText("reader " + std::to_string(r), reader)));
+      readers += std::to_string(r) + " " + reader.public_key + "\n";
+    }
+    FERRY_RETURN_IF_ERROR(WriteKeyFile(dir, "readers.pub", readers));
+  }
   const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     fsync(dfd);
@@ -258,10 +276,11 @@ Status WriteJobKeys(const std::string& dir, int num_workers) {
   return Status::Ok();
 }
 
-StatusOr<CurveServerKeys> LoadServerKeys(const std::string& dir) {
-  CurveServerKeys keys;
-  FERRY_ASSIGN_OR_RETURN(keys.server, ReadKeypairFile(dir + "/server.key"));
-  const std::string path = dir + "/workers.pub";
+namespace {
+
+// Reads a "RANK KEY" list (workers.pub, readers.pub) of `who` ("worker", "reader"): ranks 0 to
+// n - 1, each once, each key once.
+StatusOr<std::vector<std::string>> ReadKeyList(const std::string& path, const std::string& who) {
   FERRY_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, /*secret=*/false));
   std::map<int, std::string> by_rank;
   std::map<std::string, int> by_key;
@@ -279,24 +298,48 @@ StatusOr<CurveServerKeys> LoadServerKeys(const std::string& dir) {
     if (rank_text.empty() || rank > 65535)
       return InvalidArgumentError(where + ": rank '" + rank_text + "' is not in [0, 65535]");
     FERRY_RETURN_IF_ERROR(CheckPublicKey(key, where));
-    if (by_rank.contains(rank)) return InvalidArgumentError(where + ": worker " + rank_text + " listed twice");
+    if (by_rank.contains(rank)) return InvalidArgumentError(where + ": " + who + " " + rank_text + " listed twice");
     if (auto it = by_key.find(key); it != by_key.end()) {
-      return InvalidArgumentError(where + ": workers " + std::to_string(it->second) + " and " + rank_text +
-                                  " have the same key (a key must name one worker)");
+      return InvalidArgumentError(where + ": " + who + "s " + std::to_string(it->second) + " and " + rank_text +
+                                  " have the same key (a key must name one " + who + ")");
     }
     by_rank[rank] = key;
     by_key[key] = rank;
   }
-  if (by_rank.empty()) return InvalidArgumentError(path + ": lists no worker");
+  if (by_rank.empty()) return InvalidArgumentError(path + ": lists no " + who);
+  std::vector<std::string> keys;
   for (int r = 0; r < static_cast<int>(by_rank.size()); ++r) {
     if (!by_rank.contains(r)) {
-      return InvalidArgumentError(path + ": lists " + std::to_string(by_rank.size()) + " workers but not worker " +
-                                  std::to_string(r) + " (want ranks 0 to " + std::to_string(by_rank.size() - 1) + ")");
+      return InvalidArgumentError(path + ": lists " + std::to_string(by_rank.size()) + " " + who + "s but not " + who +
+                                  " " + std::to_string(r) + " (want ranks 0 to " + std::to_string(by_rank.size() - 1) +
+                                  ")");
     }
-    keys.workers.push_back(by_rank[r]);
+    keys.push_back(by_rank[r]);
   }
-  if (by_key.contains(keys.server.public_key)) {
+  return keys;
+}
+
+}  // namespace
+
+StatusOr<CurveServerKeys> LoadServerKeys(const std::string& dir) {
+  CurveServerKeys keys;
+  FERRY_ASSIGN_OR_RETURN(keys.server, ReadKeypairFile(dir + "/server.key"));
+  const std::string path = dir + "/workers.pub";
+  FERRY_ASSIGN_OR_RETURN(keys.workers, ReadKeyList(path, "worker"));
+  const std::set<std::string> workers(keys.workers.begin(), keys.workers.end());
+  if (workers.contains(keys.server.public_key)) {
     return InvalidArgumentError(path + ": a worker has the servers' key (" + dir + "/server.key)");
+  }
+  // Readers (optional): keys that may read and nothing else.
+  const std::string readers = dir + "/readers.pub";
+  if (access(readers.c_str(), F_OK) == 0) {
+    FERRY_ASSIGN_OR_RETURN(keys.readers, ReadKeyList(readers, "reader"));
+    for (size_t r = 0; r < keys.readers.size(); ++r) {
+      if (workers.contains(keys.readers[r]) || keys.readers[r] == keys.server.public_key) {
+        return InvalidArgumentError(readers + ": reader " + std::to_string(r) +
+                                    " has a worker's or the servers' key (a reader's key must be its own)");
+      }
+    }
   }
   return keys;
 }
@@ -306,6 +349,14 @@ StatusOr<CurveClientKeys> LoadClientKeys(const std::string& dir, int rank) {
   CurveClientKeys keys;
   FERRY_ASSIGN_OR_RETURN(keys.server_public, ReadPublicFile(dir + "/server.pub"));
   FERRY_ASSIGN_OR_RETURN(keys.client, ReadKeypairFile(dir + "/" + WorkerKeyName(rank)));
+  return keys;
+}
+
+StatusOr<CurveClientKeys> LoadReaderKeys(const std::string& dir, int rank) {
+  if (rank < 0) return InvalidArgumentError("reader rank " + std::to_string(rank) + " is negative");
+  CurveClientKeys keys;
+  FERRY_ASSIGN_OR_RETURN(keys.server_public, ReadPublicFile(dir + "/server.pub"));
+  FERRY_ASSIGN_OR_RETURN(keys.client, ReadKeypairFile(dir + "/" + ReaderKeyName(rank)));
   return keys;
 }
 

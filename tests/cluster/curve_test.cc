@@ -12,6 +12,7 @@
 
 #include "ferry/client.h"
 #include "ferry/curve.h"
+#include "ferry/feed.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "ferry/server.h"
@@ -36,7 +37,7 @@ class Curve : public testing::Test {
   void SetUp() override {
     if (!curve::Available()) GTEST_SKIP() << "this libzmq was built without CURVE";
     keys_ = root_ + "/keys";
-    ASSERT_TRUE(curve::WriteJobKeys(keys_, 2).ok());
+    ASSERT_TRUE(curve::WriteJobKeys(keys_, 2, /*num_readers=*/1).ok());
     auto server_keys = curve::LoadServerKeys(keys_);
     ASSERT_TRUE(server_keys.ok()) << server_keys.status();
     for (int r = 0; r < 2; ++r) {
@@ -172,6 +173,46 @@ TEST_F(Curve, AWorkersKeySpeaksForItsRankAlone) {
   EXPECT_NE(c.status().message().find("CURVE key is worker 1's; it cannot speak for worker 0"), std::string::npos)
       << c.status();
   EXPECT_GE(Counter(0, "permission_denied"), 1);
+}
+
+// A reader's key (ferry-keys --readers) follows the change feed, and can say nothing else: its
+// Hello as a worker is refused, naming why; a feed with no key gets nothing.
+TEST_F(Curve, AReaderKeyReadsTheChangeFeedAndNothingElse) {
+  auto w0 = Worker(0);
+  ASSERT_TRUE(w0);
+  ASSERT_TRUE(w0->Declare(Table("a", Consistency::kAsync)).ok());
+  std::vector<float> grad(16, 1.0f), now(16);
+  ASSERT_TRUE(w0->PushDense("a", grad, 0).wait().ok());
+  ASSERT_TRUE(w0->PullDense("a", now, 1).wait().ok());
+  auto reader = curve::LoadReaderKeys(keys_, 0);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  FeedOptions fo;
+  fo.servers = endpoints_;
+  fo.curve = *reader;
+  auto feed = ChangeFeed::Connect(fo);
+  ASSERT_TRUE(feed.ok()) << feed.status();
+  TableChanges c;
+  ASSERT_TRUE((*feed)->Poll("a", &c).ok());
+  TableCopy copy;
+  ASSERT_TRUE(copy.Apply(c, 2).ok());
+  EXPECT_EQ(copy.dense(), now);
+
+  ClientOptions o = Options(0);
+  o.curve = *reader;
+  auto as_worker = Client::Connect(o);
+  ASSERT_FALSE(as_worker.ok());
+  EXPECT_EQ(as_worker.status().code(), StatusCode::kPermissionDenied) << as_worker.status();
+  EXPECT_NE(as_worker.status().message().find("reader 0's: a reader may read"), std::string::npos)
+      << as_worker.status();
+
+  fo.curve.reset();
+  fo.request_timeout = 1500ms;
+  auto keyless = ChangeFeed::Connect(fo);
+  ASSERT_TRUE(keyless.ok());
+  EXPECT_FALSE((*keyless)->Poll("a", &c).ok());
+  std::vector<float> after(16);
+  ASSERT_TRUE(w0->PullDense("a", after, 1).wait().ok());
+  EXPECT_EQ(after, now);  // nothing the reader did changed the table
 }
 
 // Raw sockets, as an attacker would use them: valid Ferry requests (create a table, push, pull,

@@ -8,6 +8,9 @@
 //   server.pub     its public key: what a worker needs to know it talks to the job's servers
 //   workers.pub    one line per worker, "RANK PUBLIC-KEY": the keys the servers accept
 //   worker-R.key   worker R's keypair
+//   readers.pub    (optional: ferry-keys --readers) one line per reader, "RANK PUBLIC-KEY": keys the
+//                  servers let read (the change feed, Stats) and nothing else
+//   reader-R.key   reader R's keypair
 // A server reads server.key and workers.pub; worker R reads server.pub and worker-R.key, so a
 // multi-host job copies each host only what it runs. Keys are ZeroMQ's Z85 text (40 characters).
 //
@@ -30,6 +33,7 @@ struct CurveKeypair {
 struct CurveServerKeys {
   CurveKeypair server;
   std::vector<std::string> workers;
+  std::vector<std::string> readers;  // keys that may only read (index = reader rank); may be empty
 };
 
 // What a client (worker `rank`) needs: the servers' public key and its own keypair.
@@ -58,7 +62,8 @@ std::string Encode(const std::string& raw);
 // Writes a new key folder for a job of `num_workers` workers (see above). The folder is created
 // (mode 0700; its parent must exist) or must be empty of key files: existing keys are never
 // overwritten. Files are written owner-only, fsynced, then renamed into place.
-Status WriteJobKeys(const std::string& dir, int num_workers);
+// With `num_readers` > 0, also reader keys (readers.pub, reader-R.key).
+Status WriteJobKeys(const std::string& dir, int num_workers, int num_readers = 0);
 
 // Reads a server's keys from a job's key folder. A secret-key file that group or others may read
 // is refused (chmod 600 it), as is a malformed line, a key that does not decode, a keypair whose
@@ -66,6 +71,8 @@ Status WriteJobKeys(const std::string& dir, int num_workers);
 StatusOr<CurveServerKeys> LoadServerKeys(const std::string& dir);
 // Reads worker `rank`'s keys from a job's key folder, with the same checks.
 StatusOr<CurveClientKeys> LoadClientKeys(const std::string& dir, int rank);
+// Reads reader `rank`'s keys (server.pub, reader-R.key), for a ChangeFeed (ferry/feed.h).
+StatusOr<CurveClientKeys> LoadReaderKeys(const std::string& dir, int rank);
 
 }  // namespace curve
 }  // namespace ferry

@@ -83,6 +83,8 @@ enum Counter : int {
   kPieceCallsRefused,
   kNonFiniteUpdatesRefused,
   kReplayedUpdatesSkipped,
+  kFeedPages,
+  kFeedRowsSent,
   kNumCounters
 };
 inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
@@ -91,7 +93,7 @@ inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused",
     "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped",
     "wire_values_saturated", "pieces_held", "piece_calls_refused", "nonfinite_updates_refused",
-    "replayed_updates_skipped"};
+    "replayed_updates_skipped", "feed_pages", "feed_rows_sent"};
 inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the server's and each table's
 // Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
 // bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
@@ -261,6 +263,9 @@ class ServerImpl final : public Server {
   // Waiting (1.8): what this server holds the asking worker's requests for, one clause each
   // (held pulls: WaitingOn; collectives: Collectives::Describe), answered at once.
   Status OnWaiting(Request& req);
+  // Changes (protocol 1.14, PROTOCOL.md "The change feed"): one page of a reader's round over a
+  // table's rows (sparse) or chunks (dense) changed after its cursor (handlers/feed.cc).
+  Status OnChanges(Request& req);
   // On an HTTP thread: asks the I/O thread for the page and waits for it (2 s at most: none).
   std::optional<std::string> MetricsPage();
   // On the I/O thread, after a wake-up: the page for every scrape waiting, from a snapshot of
@@ -383,6 +388,7 @@ class ServerImpl final : public Server {
   static constexpr size_t kMain = 0, kMonitor = 1, kZap = 2;
   std::array<zmq::socket_t, 3> sockets_;
   absl::flat_hash_map<std::string, int> worker_keys_;  // CURVE: raw public key -> worker rank
+  absl::flat_hash_map<std::string, int> reader_keys_;  // CURVE: raw public key -> reader rank (read only)
   const std::string endpoint_;
   const int64_t restored_step_;  // -1: started empty
   std::vector<std::string> restored_tables_;  // the names of the tables restored, sorted

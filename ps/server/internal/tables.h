@@ -46,6 +46,7 @@ struct DenseChunk {
   SyncSlots sync;
   // Restored: the server that held it at the checkpoint, for its replay floors (Table::replay); -1: none.
   int replay_owner = -1;
+  int64_t feed_seq = 0;  // the change feed: its shard's feed_clock when it last changed (ServerImpl stamps it)
 };
 
 // A table's creation given up because the server is stopping.
@@ -67,6 +68,10 @@ class DenseShard {
   const DenseChunk* chunk(int64_t index) const { return const_cast<DenseShard*>(this)->chunk(index); }
   int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
   int64_t held_chunks() const { return held_; }
+
+  // The change feed (PROTOCOL.md, "The change feed"): rounds cut so far. A chunk updated is
+  // stamped with it (DenseChunk::feed_seq), so a round cut at c sends the chunks stamped after c.
+  int64_t feed_clock = 0;
 
  private:
   std::vector<std::unique_ptr<DenseChunk>> chunks_;  // indexed by chunk; null where not held
@@ -177,7 +182,8 @@ class SparseShard {
   // What one row costs the memory budget: its floats, its update count, its index entry, and
   // with lifecycle settings its id and clock stamp.
   int64_t RowBytes() const {
-    return row_floats_ * static_cast<int64_t>(sizeof(float)) + 24 + (lifecycle_ ? 16 : 0);
+    return row_floats_ * static_cast<int64_t>(sizeof(float)) + 24 + (lifecycle_ ? 16 : 0) +
+           (feed_ ? FeedRowBytes() : 0);
   }
   // What the shard holds: its slots, and its admission filter (charged when the table was declared).
   int64_t HeldBytes() const {
@@ -208,6 +214,31 @@ class SparseShard {
   size_t ChangedRowsBound() const { return changed_list_.size(); }
   int64_t clock() const { return clock_; }
 
+  // The change feed (PROTOCOL.md, "The change feed"): off until a reader's first Changes request
+  // (StartFeed). From then on every row made or updated is stamped with the feed's clock (the
+  // rounds cut so far), and every row evicted is logged with it, so a round cut at c sends the
+  // rows stamped after c and the ids evicted after c. Costs FeedRowBytes() a slot, charged to the
+  // memory budget (RESOURCE_EXHAUSTED, nothing changed, when it has no room), and 16 bytes an
+  // eviction logged: the log keeps at most max(kFeedLogMin, slots) entries, dropping its oldest
+  // half when full (a cursor from before what it still holds gets a full round).
+  static constexpr uint64_t kFeedBlock = 1024;    // slots per entry of the feed's block index
+  static constexpr size_t kFeedLogMin = 4096;
+  Status StartFeed();
+  bool feeding() const { return feed_ != nullptr; }
+  int64_t FeedRowBytes() const { return lifecycle_ ? 8 : 16; }
+  // The feed's clock now; Cut() returns it and moves it on (a round's cut).
+  int64_t feed_clock() const { return feed_->clock; }
+  int64_t Cut() { return feed_->clock++; }
+  // A cursor below this needs a full round: the evictions after it are no longer all logged.
+  int64_t feed_log_floor() const { return feed_->log_floor; }
+  // Appends the rows stamped after `after` (ids, and dim values each) from slot `from` on, until
+  // `max_rows` rows or `max_slots` slots are looked at; returns the slot to go on from, 0 when
+  // the scan reached the end. Rows of every slot below the returned one were looked at.
+  uint64_t ScanChanged(int64_t after, uint64_t from, size_t max_rows, uint64_t max_slots, std::vector<int64_t>* ids,
+                       std::vector<float>* values) const;
+  // The ids evicted after `after`, in order of eviction (an id may repeat).
+  void EvictedSince(int64_t after, std::vector<int64_t>* ids) const;
+
   int64_t version = 0;  // pushes applied to this shard
   std::vector<int64_t> last_pulled;
   SyncSlots sync;
@@ -236,6 +267,14 @@ class SparseShard {
   void NoteChanged(int64_t id, RowIndex r);
   // The count of changes gives up until TakeChanges (its memory freed).
   void GiveUpChanges();
+  // The feed's stamp of slot `r`, made or updated (the feed's arrays hold it already).
+  void FeedStamp(RowIndex r, int64_t id) {
+    feed_->seq[r] = feed_->clock;
+    feed_->block_max[r / kFeedBlock] = feed_->clock;
+    if (!lifecycle_) feed_->ids[r] = id;
+  }
+  // Sizes the feed's per-slot arrays for `slots` slots (may throw std::bad_alloc).
+  void FeedGrow(size_t slots);
   // One row's update (ApplyRows), its refusals merged into `refused`.
   void UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused);
   uint64_t NextRandom();
@@ -256,6 +295,15 @@ class SparseShard {
   std::vector<uint8_t> changed_;  // per slot (grown as noted): its row was noted since TakeChanges
   std::vector<std::pair<int64_t, RowIndex>> changed_list_;  // (id, slot) of each noted row
   absl::flat_hash_set<int64_t> deleted_;  // ids evicted with updates since TakeChanges
+  struct Feed {
+    int64_t clock = 0;                 // rounds cut
+    std::vector<int64_t> seq;          // per slot: the clock when its row was last made or updated
+    std::vector<int64_t> block_max;    // per kFeedBlock slots: the highest seq among them
+    std::vector<int64_t> ids;          // per slot: its row's id (tables without lifecycle settings)
+    std::vector<std::pair<int64_t, int64_t>> evicted;  // (clock, id) of each eviction, oldest first
+    int64_t log_floor = -1;            // evictions at or before this clock may be missing from the log
+  };
+  std::unique_ptr<Feed> feed_;  // StartFeed
 
   // Lifecycle settings only.
   const bool lifecycle_;
@@ -301,6 +349,9 @@ struct Table {
   // overflowing: the model diverged): what the first such update was. From then on every push to
   // the table, and every checkpoint, is refused with it (ServerImpl::Diverged).
   std::string diverged;
+  // The change feed's epoch of this table on this server (0 until a reader first asks): a reader's
+  // cursor of another epoch (another process) gets everything.
+  uint64_t feed_epoch = 0;
 };
 
 }  // namespace ferry::ps

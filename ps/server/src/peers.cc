@@ -9,13 +9,16 @@ namespace ferry::ps {
 
 void ServerImpl::OnZapRequest(Frames& frames) {
   auto text = [&](size_t i) { return i < frames.size() ? frames[i].to_string() : std::string(); };
-  std::string code = "400", status = "not one of this job's worker keys", user;
-  int rank = -1;
+  std::string code = "400", status = "not one of this job's worker or reader keys", user;
+  int rank = -1, reader = -1;
   if (frames.size() >= 7 && text(5) == "CURVE") {
     if (auto it = worker_keys_.find(text(6)); it != worker_keys_.end()) rank = it->second;
+    if (auto it = reader_keys_.find(text(6)); it != reader_keys_.end()) reader = it->second;
   }
   if (rank >= 0) {
     code = "200", status = "OK", user = std::to_string(rank);
+  } else if (reader >= 0) {
+    code = "200", status = "OK", user = "reader-" + std::to_string(reader);  // KeyRank: -2 - reader
   } else {
     Count(kCurveRefused);
     const std::string key = frames.size() >= 7 ? curve::Encode(text(6)) : std::string();

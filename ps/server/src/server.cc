@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include <sys/resource.h>
@@ -39,6 +40,9 @@ ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, 
   if (options_.curve) {
     for (size_t r = 0; r < options_.curve->workers.size(); ++r) {
       worker_keys_[curve::Decode(options_.curve->workers[r])] = static_cast<int>(r);
+    }
+    for (size_t r = 0; r < options_.curve->readers.size(); ++r) {
+      reader_keys_[curve::Decode(options_.curve->readers[r])] = static_cast<int>(r);
     }
   }
   for (auto& c : counters_) c.store(0);
@@ -175,10 +179,20 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
 
 int ServerImpl::KeyRank(zmq::message_t& frame) {
   const char* user = zmq_msg_gets(frame.handle(), "User-Id");
-  return user != nullptr && *user != '\0' ? std::atoi(user) : -1;
+  if (user == nullptr || *user == '\0') return -1;
+  if (std::strncmp(user, "reader-", 7) == 0) return -2 - std::atoi(user + 7);  // OnZapRequest's reader keys
+  return std::atoi(user);
 }
 
 Status ServerImpl::CheckKeyRank(const Request& req, int key_rank) {
+  // Reading (the change feed, Stats) changes nothing: any of the job's keys may, a reader's too.
+  const Kind kind = req.h()->kind();
+  if (kind == Kind::Changes || kind == Kind::Stats) return Status::Ok();
+  if (key_rank <= -2) {
+    return PermissionDeniedError("this connection's CURVE key is reader " + std::to_string(-2 - key_rank) +
+                                 "'s: a reader may read (Changes, Stats) and nothing else, not send " +
+                                 std::string(wire::KindName(kind)));
+  }
   if (key_rank != req.h()->rank()) {
     return PermissionDeniedError("this connection's CURVE key is worker " +
                                  (key_rank >= 0 ? std::to_string(key_rank) : std::string("?")) +
@@ -229,6 +243,7 @@ ServerImpl::Handler ServerImpl::HandlerOf(Kind kind) {
       {Kind::Stats, &ServerImpl::OnStats},
       {Kind::Heartbeat, &ServerImpl::OnHeartbeat},
       {Kind::Waiting, &ServerImpl::OnWaiting},
+      {Kind::Changes, &ServerImpl::OnChanges},
       {Kind::CreateTable, &ServerImpl::OnCreateTable},
       {Kind::PullDense, &ServerImpl::OnPullDense},
       {Kind::PushDense, &ServerImpl::OnPushDense},
@@ -286,6 +301,10 @@ Status CheckCurveOptions(ServerOptions* options) {
   if (workers.empty()) return InvalidArgumentError(who + ": no worker keys");
   for (size_t r = 0; r < workers.size(); ++r) {
     FERRY_RETURN_IF_ERROR(curve::CheckPublicKey(workers[r], who + " key of worker " + std::to_string(r)));
+  }
+  for (size_t r = 0; r < options->curve->readers.size(); ++r) {
+    FERRY_RETURN_IF_ERROR(
+        curve::CheckPublicKey(options->curve->readers[r], who + " key of reader " + std::to_string(r)));
   }
   const int n = static_cast<int>(workers.size());
   if (options->num_workers == 0) options->num_workers = n;

@@ -115,6 +115,7 @@ void ServerImpl::LogRateLimited(const std::string& line) {
 Status ServerImpl::CloseSyncStep(ps::Table& t, ps::DenseChunk& c) {
   const int64_t step = c.version;
   const ps::NotFinite refused = ps::CloseSyncStep(updater_, t.spec, c, workers_.count());
+  c.feed_seq = t.dense->feed_clock;
   Count(kUpdatesApplied);
   if (!refused.any()) [[likely]] return Status::Ok();
   return NotFiniteUpdate(t, refused, c.offset, "sync step " + std::to_string(step));

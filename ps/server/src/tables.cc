@@ -223,6 +223,7 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
     blocks_.push_back(std::make_unique_for_overwrite<float[]>(static_cast<size_t>(row_floats_ * block_rows_)));
   }
   ReserveOneMore();
+  if (feed_ != nullptr) FeedGrow(index + 1);
   if (!reuse) {
     // One more slot in each per-slot array, all or none.
     steps_.push_back(0);
@@ -247,6 +248,7 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
   }
   InitSparseRow(spec_, table_id_, id, row(index));
   InitState(spec_.optimizer, state(index), static_cast<size_t>(dim_));
+  if (feed_ != nullptr) [[unlikely]] FeedStamp(index, id);
   refund.budget = nullptr;  // the row exists: it keeps its charge
   return index;
 }
@@ -302,6 +304,22 @@ void SparseShard::Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* t
       if (deleted_.size() > 2 * steps_.size() + 1024) GiveUpChanges();
     }
   }
+  if (feed_ != nullptr) [[unlikely]] {
+    auto& log = feed_->evicted;
+    try {
+      if (log.size() >= std::max(kFeedLogMin, steps_.size())) {
+        // Full: the oldest half goes (a reader from before it gets a full round).
+        const size_t drop = log.size() / 2;
+        feed_->log_floor = log[drop - 1].first;
+        log.erase(log.begin(), log.begin() + static_cast<std::ptrdiff_t>(drop));
+      }
+      log.emplace_back(feed_->clock, ids_[slot]);
+    } catch (const std::bad_alloc&) {
+      // An eviction never fails: the log starts over, and every reader gets a full round.
+      feed_->log_floor = feed_->clock;
+      std::vector<std::pair<int64_t, int64_t>>().swap(log);
+    }
+  }
   index_.erase(ids_[slot]);  // never throws (it leaves a deleted slot: see ReserveOneMore)
   ids_[slot] = static_cast<int64_t>(free_head_);
   touch_[slot] = kFree;
@@ -336,6 +354,7 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
       if (i + kPrefetchAhead < ids.size()) Prefetch(ids[i + kPrefetchAhead]);
       (*rows)[i] = FindOrCreate(ids[i], over_budget_ok);
       if (track_) [[unlikely]] NoteChanged(ids[i], (*rows)[i]);
+      if (feed_ != nullptr) [[unlikely]] FeedStamp((*rows)[i], ids[i]);
     }
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i + kPrefetchAhead < ids.size()) __builtin_prefetch(row((*rows)[i + kPrefetchAhead]));
@@ -376,6 +395,7 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
       (*rows)[i] = r;
       unpin.n = i + 1;
       if (r != kNoRow && track_) [[unlikely]] NoteChanged(ids[i], r);
+      if (r != kNoRow && feed_ != nullptr) [[unlikely]] FeedStamp(r, ids[i]);
     }
     for (size_t i = 0; i < ids.size(); ++i) {
       const RowIndex r = (*rows)[i];
@@ -432,6 +452,71 @@ SparseShard::Changes SparseShard::TakeChanges() {
   std::sort(out.deleted.begin(), out.deleted.end());
   deleted_.clear();
   return out;
+}
+
+Status SparseShard::StartFeed() {
+  if (feed_ != nullptr) return Status::Ok();
+  const int64_t bytes = FeedRowBytes() * static_cast<int64_t>(steps_.size());
+  if (budget_ != nullptr) {
+    FERRY_RETURN_IF_ERROR(budget_->Take(bytes, "the change feed of sparse table '" + spec_.name + "' (" +
+                                                   std::to_string(FeedRowBytes()) + " bytes a row)"));
+  }
+  try {
+    auto feed = std::make_unique<Feed>();
+    feed->seq.assign(steps_.size(), 0);
+    feed->block_max.assign((steps_.size() + kFeedBlock - 1) / kFeedBlock, 0);
+    if (!lifecycle_) {
+      feed->ids.assign(steps_.size(), 0);
+      for (const auto& [id, r] : index_) feed->ids[r] = id;
+    }
+    feed_ = std::move(feed);
+  } catch (const std::bad_alloc&) {
+    if (budget_ != nullptr) budget_->Give(bytes);
+    return ResourceExhaustedError("out of memory starting the change feed of sparse table '" + spec_.name + "'");
+  }
+  return Status::Ok();
+}
+
+void SparseShard::FeedGrow(size_t slots) {
+  if (feed_->seq.size() >= slots) return;
+  const size_t want = std::max(slots, 2 * feed_->seq.size());
+  feed_->seq.reserve(want);
+  feed_->block_max.reserve((want + kFeedBlock - 1) / kFeedBlock);
+  if (!lifecycle_) feed_->ids.reserve(want);
+  // Reserved: nothing below throws.
+  feed_->seq.resize(slots, 0);
+  feed_->block_max.resize((slots + kFeedBlock - 1) / kFeedBlock, 0);
+  if (!lifecycle_) feed_->ids.resize(slots, 0);
+}
+
+uint64_t SparseShard::ScanChanged(int64_t after, uint64_t from, size_t max_rows, uint64_t max_slots,
+                                  std::vector<int64_t>* ids, std::vector<float>* values) const {
+  const uint64_t slots = steps_.size();
+  const size_t dim = static_cast<size_t>(dim_);
+  uint64_t s = from;
+  const uint64_t end = slots - std::min(slots, from) > max_slots ? from + max_slots : slots;
+  size_t found = 0;
+  while (s < end && found < max_rows) {
+    if (s % kFeedBlock == 0 && feed_->block_max[s / kFeedBlock] <= after) {
+      s += kFeedBlock;  // nothing in this block changed after the cursor
+      continue;
+    }
+    if (feed_->seq[s] > after && (!lifecycle_ || touch_[s] != kFree)) {
+      ids->push_back(lifecycle_ ? ids_[s] : feed_->ids[s]);
+      const float* r = row(s);
+      values->insert(values->end(), r, r + dim);
+      ++found;
+    }
+    ++s;
+  }
+  return s >= slots ? 0 : s;
+}
+
+void SparseShard::EvictedSince(int64_t after, std::vector<int64_t>* ids) const {
+  const auto& log = feed_->evicted;
+  auto it = std::upper_bound(log.begin(), log.end(), after,
+                             [](int64_t a, const std::pair<int64_t, int64_t>& e) { return a < e.first; });
+  for (; it != log.end(); ++it) ids->push_back(it->second);
 }
 
 void SparseShard::UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused) {

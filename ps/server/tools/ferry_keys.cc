@@ -1,6 +1,6 @@
 // ferry-keys: writes a new CURVE key folder for a job (ferry/curve.h says what is in it).
 //
-//   ferry-keys DIR --workers N
+//   ferry-keys DIR --workers N [--readers M]
 //
 // Then: ferry-ps --curve-keys DIR ...; ferry-trainer --curve-keys DIR ... (or ferry-launch --curve,
 // which runs this for you). Every file is owner-only; copy each host only what it runs.
@@ -15,11 +15,14 @@ namespace {
 
 void Usage(std::FILE* out) {
   std::fputs(
-      "usage: ferry-keys DIR --workers N\n"
+      "usage: ferry-keys DIR --workers N [--readers M]\n"
       "  Writes a new CURVE key folder for a job of N workers into DIR (created, mode 0700; existing\n"
       "  keys are never overwritten): server.key and server.pub (the servers' keypair and its public\n"
       "  half), worker-R.key for each worker R, and workers.pub (the keys the servers accept).\n"
-      "  Servers need server.key and workers.pub; worker R needs server.pub and worker-R.key.\n",
+      "  Servers need server.key and workers.pub; worker R needs server.pub and worker-R.key.\n"
+      "  --readers M also writes reader-R.key for M readers and readers.pub: keys the servers let\n"
+      "  read (the change feed, ferry/feed.h; Stats) and nothing else. A reader needs server.pub and\n"
+      "  its reader-R.key; servers given readers.pub beside workers.pub accept them.\n",
       out);
 }
 
@@ -28,6 +31,7 @@ void Usage(std::FILE* out) {
 int main(int argc, char** argv) {
   std::string dir;
   long long workers = 0;
+  long long readers = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -45,6 +49,17 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "ferry-keys: --workers expects an integer in [1, 65536], got '%s'\n", argv[i]);
         return 2;
       }
+    } else if (arg == "--readers") {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "ferry-keys: --readers needs a value\n");
+        return 2;
+      }
+      char* end = nullptr;
+      readers = std::strtoll(argv[++i], &end, 10);
+      if (end == argv[i] || *end != '\0' || readers < 0 || readers > 65536) {
+        std::fprintf(stderr, "ferry-keys: --readers expects an integer in [0, 65536], got '%s'\n", argv[i]);
+        return 2;
+      }
     } else if (arg.starts_with("-")) {
       std::fprintf(stderr, "ferry-keys: unknown flag %s\n", argv[i]);
       Usage(stderr);
@@ -60,10 +75,12 @@ int main(int argc, char** argv) {
     Usage(stderr);
     return 2;
   }
-  if (const ferry::Status s = ferry::curve::WriteJobKeys(dir, static_cast<int>(workers)); !s.ok()) {
+  const ferry::Status s = ferry::curve::WriteJobKeys(dir, static_cast<int>(workers), static_cast<int>(readers));
+  if (!s.ok()) {
     std::fprintf(stderr, "ferry-keys: %s\n", s.message().c_str());
     return 2;
   }
-  std::printf("ferry-keys: wrote the keys of a job of %lld worker(s) to %s\n", workers, dir.c_str());
+  std::printf("ferry-keys: wrote the keys of a job of %lld worker(s) and %lld reader(s) to %s\n", workers, readers,
+              dir.c_str());
   return 0;
 }

@@ -77,6 +77,7 @@ inline constexpr KindInfo kKinds[] = {
   {Kind::PullSparseTables,  5, Route::kWorker,      Payload::kTablesIds,         true,  Wait::kStep},
   {Kind::PushSparseTables,  5, Route::kWorker,      Payload::kTablesIdsAndRows,  true,  Wait::kNothing},
   {Kind::Waiting,           8, Route::kWorker,      Payload::kNone,              false, Wait::kNothing},
+  {Kind::Changes,          14, Route::kBeforeHello, Payload::kNone,              false, Wait::kNothing},
   {Kind::Reply,             0, Route::kReply,       Payload::kUnchecked,         false, Wait::kNothing},
   {Kind::Error,             0, Route::kReply,       Payload::kUnchecked,         false, Wait::kNothing},
 };

@@ -138,6 +138,7 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
       RecordStaleness(*t, c->version - c->last_pulled[static_cast<size_t>(rank)]);
       const ps::NotFinite nf = updater_.ApplyDense(t->spec.optimizer, *c, grads[i].data(), c->version + 1);
       ++c->version;
+      c->feed_seq = t->dense->feed_clock;
       Count(kUpdatesApplied);
       applied = true;
       if (nf.any()) {  // every table's refusal is noted; the reply names the first

@@ -1,0 +1,197 @@
+// bench/feed_bench.cc — what the change feed (ferry/feed.h) costs training, and how stale its copy
+// is (issue 36). Two servers (in this process, tcp on 127.0.0.1) hold a sparse SGD table of --rows
+// rows of dim 16; one async worker pushes batches of 4096 ids drawn Zipf (s = 1.1) over the rows,
+// as fast as it can, each step also pushing -1 to a marker row (its values count the steps
+// applied). Modes, alternating within each round in an order that rotates: "off" (no reader),
+// "every-100ms" (a reader polls the table every 100 ms into a TableCopy), "continuous" (a reader
+// polls back to back). Per mode: the worker's steps/s, and the copy's staleness sampled at the end
+// of every poll: the age of the oldest step the servers had acknowledged that the copy lacks
+// (0 when it lacks none), from the marker row. Reader, worker and servers share the machine's
+// cores, so "the cost" includes the reader's own CPU.
+//
+//   ferry-feed-bench [--rows N] [--seconds S] [--rounds R] > results.json
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ferry/client.h"
+#include "ferry/feed.h"
+#include "ferry/server.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+constexpr int64_t kDim = 16;
+constexpr int kBatch = 4096;
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(std::min<double>(static_cast<double>(v.size() - 1), p * static_cast<double>(v.size())))];
+}
+
+// Zipf(s) over [0, n) by inverting the cumulative weights (precomputed once).
+class Zipf {
+ public:
+  Zipf(int64_t n, double s) : cdf_(static_cast<size_t>(n)) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) cdf_[static_cast<size_t>(i)] = sum += 1.0 / std::pow(static_cast<double>(i + 1), s);
+    for (double& c : cdf_) c /= sum;
+  }
+  int64_t operator()(std::mt19937_64& g) const {
+    const double u = std::uniform_real_distribution<double>(0, 1)(g);
+    return static_cast<int64_t>(std::lower_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin());
+  }
+
+ private:
+  std::vector<double> cdf_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t rows = 1'000'000;
+  double seconds = 5;
+  int rounds = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--rows") rows = std::atoll(argv[i + 1]);
+    else if (flag == "--seconds") seconds = std::atof(argv[i + 1]);
+    else if (flag == "--rounds") rounds = std::atoi(argv[i + 1]);
+    else return std::fprintf(stderr, "usage: ferry-feed-bench [--rows N] [--seconds S] [--rounds R]\n"), 2;
+  }
+  std::vector<std::unique_ptr<ferry::Server>> servers;
+  std::vector<std::string> endpoints;
+  for (int r = 0; r < 2; ++r) {
+    ferry::ServerOptions so;
+    so.bind = "tcp://127.0.0.1:0";
+    so.rank = r;
+    so.num_servers = 2;
+    so.num_workers = 1;
+    auto s = ferry::Server::Start(so);
+    if (!s.ok()) return std::fprintf(stderr, "%s\n", s.status().message().c_str()), 1;
+    endpoints.push_back((*s)->endpoint());
+    servers.push_back(std::move(*s));
+  }
+  ferry::ClientOptions co;
+  co.servers = endpoints;
+  auto client = ferry::Client::Connect(co);
+  if (!client.ok()) return std::fprintf(stderr, "%s\n", client.status().message().c_str()), 1;
+  ferry::Client& c = **client;
+  ferry::TableSpec spec;
+  spec.name = "emb";
+  spec.type = ferry::TableType::kSparse;
+  spec.dim = kDim;
+  spec.consistency = ferry::Consistency::kAsync;
+  spec.optimizer.learning_rate = 1.0f;
+  if (!c.Declare(spec).ok()) return 1;
+  const int64_t marker = rows;  // outside the Zipf range
+  {
+    std::vector<int64_t> ids;
+    std::vector<float> g;
+    for (int64_t b = 0; b < rows; b += 65536) {  // every row made first: the table has its size
+      ids.clear();
+      for (int64_t i = b; i < std::min(rows, b + 65536); ++i) ids.push_back(i);
+      g.assign(ids.size() * kDim, 0.001f);
+      if (!c.PushSparse("emb", ids, g, 0).wait().ok()) return 1;
+    }
+  }
+  const Zipf zipf(rows, 1.1);
+  std::mt19937_64 gen(1);
+  int64_t marker_steps = 0;
+  Json out;
+  out["rows"] = rows;
+  out["dim"] = kDim;
+  out["batch"] = kBatch;
+  out["seconds"] = seconds;
+  const char* modes[] = {"off", "every-100ms", "continuous"};
+  for (int round = 0; round < rounds; ++round) {
+    for (int k = 0; k < 3; ++k) {
+      const std::string mode = modes[(k + round) % 3];
+      std::atomic<bool> stop{false};
+      std::mutex mu;
+      std::vector<Clock::time_point> acked;  // acked[k]: when the marker's (k+1)th step was acknowledged
+      acked.reserve(1 << 16);
+      std::vector<double> stale;
+      int64_t polls = 0;
+      std::thread reader;
+      if (mode != "off") {
+        reader = std::thread([&] {
+          ferry::FeedOptions fo;
+          fo.servers = endpoints;
+          auto feed = ferry::ChangeFeed::Connect(fo);
+          if (!feed.ok()) return;
+          ferry::TableCopy copy;
+          while (!stop.load()) {
+            ferry::TableChanges ch;
+            if (!(*feed)->Poll("emb", &ch).ok() || !copy.Apply(ch, 2).ok()) return;
+            const Clock::time_point t = Clock::now();
+            const float* m = copy.row(marker);
+            const int64_t seen = m == nullptr ? 0 : static_cast<int64_t>(-m[0]);
+            {
+              std::lock_guard<std::mutex> lock(mu);
+              const int64_t first = marker_steps - static_cast<int64_t>(acked.size());  // steps before this mode
+              const int64_t missing = seen - first;  // the copy lacks acked[missing] on
+              if (polls > 0) {  // (the first poll copies the whole table)
+                stale.push_back(missing >= 0 && missing < static_cast<int64_t>(acked.size())
+                                    ? std::chrono::duration<double>(t - acked[static_cast<size_t>(missing)]).count()
+                                    : 0.0);
+              }
+            }
+            ++polls;
+            if (mode == "every-100ms") std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          }
+        });
+      }
+      std::vector<int64_t> ids(kBatch);
+      std::vector<float> g(kBatch * kDim);
+      const std::vector<int64_t> mid = {marker};
+      const std::vector<float> mg(kDim, -1.0f);
+      int64_t steps = 0;
+      const Clock::time_point t0 = Clock::now();
+      while (std::chrono::duration<double>(Clock::now() - t0).count() < seconds) {
+        for (auto& id : ids) id = zipf(gen);
+        for (auto& v : g) v = std::uniform_real_distribution<float>(-0.01f, 0.01f)(gen);
+        // The batch, then the marker (acknowledged after the batch: its count is a lower bound).
+        if (!c.PushSparse("emb", ids, g, steps).wait().ok()) return 1;
+        if (!c.PushSparse("emb", mid, mg, steps).wait().ok()) return 1;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          acked.push_back(Clock::now());
+          ++marker_steps;
+        }
+        ++steps;
+      }
+      const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+      stop = true;
+      if (reader.joinable()) reader.join();
+      Json r;
+      r["round"] = round;
+      r["mode"] = mode;
+      r["steps_per_s"] = static_cast<double>(steps) / elapsed;
+      r["polls"] = polls;
+      r["staleness_p50_s"] = Percentile(stale, 0.5);
+      r["staleness_p99_s"] = Percentile(stale, 0.99);
+      r["staleness_max_s"] = stale.empty() ? 0.0 : *std::max_element(stale.begin(), stale.end());
+      std::fprintf(stderr, "round %d %-12s %8.1f steps/s  polls %5lld  staleness p50 %.3f s p99 %.3f s max %.3f s\n",
+                   round, mode.c_str(), static_cast<double>(steps) / elapsed, static_cast<long long>(polls),
+                   r["staleness_p50_s"].get<double>(), r["staleness_p99_s"].get<double>(),
+                   r["staleness_max_s"].get<double>());
+      out["runs"].push_back(r);
+    }
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}

@@ -1,7 +1,8 @@
 // The change feed (ferry/feed.h, PROTOCOL.md "The change feed"): a reader polls while workers
 // train, applies each round to a TableCopy, and once training stops the copy is the servers'
 // tables bit for bit: rows made, changed and evicted during rounds in progress, pages cut small,
-// dense chunks and sparse rows. The copy is checked against pulls of every id the workers pushed.
+// dense chunks and sparse rows. The copy is checked against pulls of every id the workers pushed;
+// after every Poll it holds each step acknowledged before the Poll began (the staleness bound).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -32,11 +33,16 @@ FeedOptions FeedOf(const LocalCluster& cluster, int64_t page_bytes) {
   return o;
 }
 
+// A step's own id, pushed by that step alone (outside every id_range): a Poll begun after the
+// step's push was acknowledged must bring it.
+constexpr int64_t kStepIds = int64_t{1} << 40;
+
 // Pushes `steps` steps of gradients to the dense table `dense` (n floats) and the sparse table
-// `sparse` (dim floats a row, ids drawn from [0, id_range), skewed), as an async worker does;
-// returns every id pushed.
+// `sparse` (dim floats a row, ids drawn from [0, id_range), skewed, and kStepIds + step), as an
+// async worker does, counting in `*acked` the steps whose sparse push was acknowledged; returns
+// every id pushed.
 std::set<int64_t> Train(Client& c, const std::string& dense, int64_t n, const std::string& sparse, int64_t dim,
-                        int64_t id_range, int steps, uint64_t seed) {
+                        int64_t id_range, int steps, uint64_t seed, std::atomic<int64_t>* acked) {
   std::mt19937_64 gen(seed);
   std::set<int64_t> pushed;
   std::vector<float> grad(static_cast<size_t>(n));
@@ -48,10 +54,12 @@ std::set<int64_t> Train(Client& c, const std::string& dense, int64_t n, const st
     }
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    ids.push_back(kStepIds + step);
     std::vector<float> rows(ids.size() * static_cast<size_t>(dim));
     for (float& v : rows) v = std::uniform_real_distribution<float>(-1, 1)(gen);
     for (float& v : grad) v = std::uniform_real_distribution<float>(-1, 1)(gen);
     EXPECT_TRUE(c.PushSparse(sparse, ids, rows, step).wait().ok());
+    acked->fetch_add(1);
     if (step % 2 == 0) {
       EXPECT_TRUE(c.PushDense(dense, grad, step).wait().ok());
     }
@@ -100,18 +108,22 @@ TEST(ChangeFeed, ACopyFollowingAsyncTrainingIsTheServersTablesBitForBitOnceTrain
   ASSERT_TRUE(feed.ok()) << feed.status();
   TableCopy rows, weights;
   std::atomic<bool> done{false};
+  std::atomic<int64_t> acked{0};
   std::set<int64_t> pushed;
   std::thread train([&] {
-    pushed = Train(*worker, "w", 1000, "emb", 8, 5000, 300, 7);
+    pushed = Train(*worker, "w", 1000, "emb", 8, 5000, 300, 7, &acked);
     done = true;
   });
   int rounds = 0;
+  int64_t late = 0;  // steps acknowledged before a Poll began that the copy lacked after it
   bool finished_before = false;
   while (!finished_before) {
     finished_before = done.load();  // one more round after training stopped: it holds everything
+    const int64_t before = acked.load();
     TableChanges c;
     ASSERT_TRUE((*feed)->Poll("emb", &c).ok());
     ASSERT_TRUE(rows.Apply(c, (*feed)->num_servers()).ok());
+    for (int64_t k = 0; k < before; ++k) late += rows.row(kStepIds + k) == nullptr;
     if (rounds == 0) {
       EXPECT_EQ(c.full_servers.size(), static_cast<size_t>(kServers));  // the first round: everything
     } else {
@@ -124,6 +136,7 @@ TEST(ChangeFeed, ACopyFollowingAsyncTrainingIsTheServersTablesBitForBitOnceTrain
   }
   train.join();
   EXPECT_GE(rounds, 2);
+  EXPECT_EQ(late, 0);  // the bound: a round holds every update acknowledged before it began
   const size_t held = ExpectCopyIsTheServers(*worker, "emb", 8, pushed, rows);
   EXPECT_EQ(held, pushed.size());  // no lifecycle: every id pushed has a row
   std::vector<float> w(1000);
@@ -136,7 +149,7 @@ TEST(ChangeFeed, ACopyFollowingAsyncTrainingIsTheServersTablesBitForBitOnceTrain
   ASSERT_TRUE((*feed)->Poll("w", &idle).ok());
   EXPECT_TRUE(idle.ranges.empty());
   int64_t pages = 0;
-  for (int s = 0; s < kServers; ++s) pages += cluster.servers[static_cast<size_t>(s)]->stats().counters.at("feed_pages");
+  for (const auto& server : cluster.servers) pages += server->stats().counters.at("feed_pages");
   EXPECT_GT(pages, 2 * kServers * rounds);  // rounds of many pages
 }
 
@@ -153,9 +166,10 @@ TEST(ChangeFeed, RowsEvictedWhileFollowingLeaveTheCopy) {
   ASSERT_TRUE(feed.ok()) << feed.status();
   TableCopy rows;
   std::atomic<bool> done{false};
+  std::atomic<int64_t> acked{0};
   std::set<int64_t> pushed;
   std::thread train([&] {
-    pushed = Train(*worker, "w", 100, "emb", 4, 1000, 200, 11);
+    pushed = Train(*worker, "w", 100, "emb", 4, 1000, 200, 11, &acked);
     done = true;
   });
   size_t deleted = 0;

@@ -370,6 +370,57 @@ class PythonModuleTest(unittest.TestCase):
             self.assertEqual(e.exception.code, "NOT_FOUND")
             self.assertIn("curve_keys: cannot open " + os.path.join(tmp, "nowhere", "server.pub"), str(e.exception))
 
+    def test_a_reader_key_keeps_a_serving_copy_through_the_change_feed(self):
+        # ferry.ChangeFeed with a reader's key (ferry-keys --readers): a copy kept from polls equals
+        # the servers' tables bit for bit, and ferry-follow (the C++ example) follows the same table.
+        with tempfile.TemporaryDirectory() as tmp:
+            keys = os.path.join(tmp, "keys")
+            subprocess.run([os.path.join(BUILD_DIR, "bin", "ferry-keys"), keys, "--workers", "1", "--readers", "1"],
+                           check=True, capture_output=True, timeout=30)
+            with Servers(2, extra_args=["--curve-keys", keys]) as s:
+                with ferry.Client(s.endpoints, rank=0, num_workers=1, curve_keys=keys) as c:
+                    c.declare_sparse("emb", 4, optimizer="adagrad", lr=0.1)
+                    c.declare_dense("w", (10,), optimizer="sgd", lr=1.0, options={"chunk_elems": 4})
+                    feed = ferry.ChangeFeed(s.endpoints, curve_keys=keys, reader=0)
+                    self.assertEqual(feed.num_servers, 2)
+                    rng = np.random.default_rng(3)
+                    copy, w = {}, np.zeros(10, np.float32)
+                    pushed = set()
+                    for rnd in range(3):
+                        for step in range(5):
+                            ids = np.unique(rng.integers(0, 200, size=20))
+                            c.push_sparse("emb", ids, rng.normal(size=(len(ids), 4)).astype(np.float32)).wait()
+                            pushed.update(int(i) for i in ids)
+                        c.push_dense("w", np.full(10, rnd + 1, np.float32)).wait()
+                        changes = feed.poll("emb")
+                        self.assertEqual(changes["type"], "sparse")
+                        self.assertEqual(changes["full_servers"], [0, 1] if rnd == 0 else [])
+                        for i in changes["deleted"]:
+                            copy.pop(int(i), None)
+                        for i, row in zip(changes["ids"], changes["rows"]):
+                            copy[int(i)] = row.copy()
+                        dense = feed.poll("w")
+                        self.assertEqual(dense["shape"], [10])
+                        at = 0
+                        for begin, end in dense["ranges"]:
+                            w[begin:end] = dense["values"][at:at + end - begin]
+                            at += end - begin
+                    self.assertEqual(set(copy), pushed)
+                    ids = np.array(sorted(copy), np.int64)
+                    rows = c.pull_sparse("emb", ids).wait()
+                    np.testing.assert_array_equal(rows, np.stack([copy[int(i)] for i in ids]))
+                    pulled = np.empty(10, np.float32)
+                    c.pull_dense("w", pulled).wait()
+                    np.testing.assert_array_equal(w, pulled)
+                    self.assertEqual(set(ferry.id_server(ids, 2).tolist()), {0, 1})
+                    follow = subprocess.run(
+                        [os.path.join(BUILD_DIR, "bin", "ferry-follow"), "--servers", ",".join(s.endpoints),
+                         "--table", "emb", "--rounds", "2", "--every-ms", "10", "--curve-keys", keys, "--reader", "0"],
+                        capture_output=True, text=True, timeout=60)
+                    self.assertEqual(follow.returncode, 0, follow.stderr)
+                    self.assertIn(f"round 2: 0 rows changed, 0 deleted, 0 server(s) sent all; the copy holds "
+                                  f"{len(pushed)} rows", follow.stdout)
+
     def test_a_with_block_finishes_on_a_normal_exit_and_only_closes_on_an_exception(self):
         with LoggedServers(1) as s:
             # Worker 0 leaves its block normally: it finishes, so the server does not log it as

@@ -32,6 +32,8 @@
 #include <vector>
 
 #include "ferry/client.h"
+#include "ferry/feed.h"
+#include "ferry/messages/placement.h"
 #include "ferry/cluster.h"
 #include "ferry/metrics/worker.h"
 #include "ferry/nearest.h"
@@ -767,6 +769,72 @@ class PyWorkerMetrics {
   std::unique_ptr<ferry::metrics::WorkerEndpoint> endpoint_;
 };
 
+// The change feed (ferry/feed.h): a reader's polls as numpy arrays.
+class PyChangeFeed {
+ public:
+  PyChangeFeed(std::vector<std::string> servers, std::optional<std::string> curve_keys, int reader,
+               double request_timeout, int64_t page_bytes) {
+    ferry::FeedOptions o;
+    o.servers = std::move(servers);
+    o.request_timeout = Millis(request_timeout, "request_timeout");
+    if (page_bytes < 0) throw py::value_error("page_bytes must be >= 0");
+    o.page_bytes = page_bytes;
+    if (curve_keys && !curve_keys->empty()) {
+      auto keys = ferry::curve::LoadReaderKeys(*curve_keys, reader);
+      if (!keys.ok()) Raise(keys.status().WithContext("curve_keys"));
+      o.curve = std::move(*keys);
+    }
+    auto f = ferry::ChangeFeed::Connect(std::move(o));
+    if (!f.ok()) Raise(f.status());
+    feed_ = std::move(*f);
+  }
+
+  int num_servers() const { return feed_->num_servers(); }
+
+  py::dict Poll(const std::string& table) {
+    ferry::TableChanges c;
+    ferry::Status s;
+    {
+      py::gil_scoped_release release;
+      s = feed_->Poll(table, &c);
+    }
+    Check(s);
+    auto ints = [](const std::vector<int64_t>& v) {
+      py::array_t<int64_t> a(static_cast<py::ssize_t>(v.size()));
+      if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(int64_t));
+      return a;
+    };
+    py::dict out;
+    out["table"] = c.spec.name;
+    out["full_servers"] = c.full_servers;
+    out["pages"] = c.pages;
+    if (c.spec.type == ferry::TableType::kSparse) {
+      out["type"] = "sparse";
+      out["deleted"] = ints(c.deleted);
+      out["ids"] = ints(c.ids);
+      py::array_t<float> rows({static_cast<py::ssize_t>(c.ids.size()), static_cast<py::ssize_t>(c.spec.dim)});
+      if (!c.rows.empty()) std::memcpy(rows.mutable_data(), c.rows.data(), c.rows.size() * sizeof(float));
+      out["rows"] = rows;
+    } else {
+      out["type"] = "dense";
+      out["shape"] = c.spec.shape;
+      py::array_t<int64_t> ranges({static_cast<py::ssize_t>(c.ranges.size()), py::ssize_t{2}});
+      for (size_t i = 0; i < c.ranges.size(); ++i) {
+        ranges.mutable_at(static_cast<py::ssize_t>(i), 0) = c.ranges[i].begin;
+        ranges.mutable_at(static_cast<py::ssize_t>(i), 1) = c.ranges[i].end;
+      }
+      out["ranges"] = ranges;
+      py::array_t<float> values(static_cast<py::ssize_t>(c.values.size()));
+      if (!c.values.empty()) std::memcpy(values.mutable_data(), c.values.data(), c.values.size() * sizeof(float));
+      out["values"] = values;
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<ferry::ChangeFeed> feed_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_ferry, m) {
@@ -892,6 +960,33 @@ PYBIND11_MODULE(_ferry, m) {
           "A normal exit calls finish() then close(); an exit by exception only close(), so the servers log a "
           "worker that left without finishing.");
 
+  py::class_<PyChangeFeed>(m, "ChangeFeed",
+                           "The change feed (README, 'Serving a table as it trains'): a reader that is no worker "
+                           "follows tables as a job trains them.")
+      .def(py::init<std::vector<std::string>, std::optional<std::string>, int, double, int64_t>(), py::arg("servers"),
+           py::kw_only(), py::arg("curve_keys") = py::none(), py::arg("reader") = 0, py::arg("request_timeout") = 30.0,
+           py::arg("page_bytes") = 0,
+           "servers: every server's endpoint, in rank order. curve_keys: the job's key folder, for reader `reader`'s "
+           "key (ferry-keys --readers): the servers let it read and nothing else. request_timeout: seconds one page "
+           "may take. page_bytes: about the most value bytes a page carries (0: the servers' 4 MiB).")
+      .def_property_readonly("num_servers", &PyChangeFeed::num_servers)
+      .def("poll", &PyChangeFeed::Poll, py::arg("table"),
+           "One round over every server: what changed in `table` since this feed's previous poll of it (the first: "
+           "everything), as a dict. Sparse: ids (int64), rows (float32 [n, dim]), deleted (int64: evicted since; "
+           "apply first). Dense: shape, ranges (int64 [k, 2]: [begin, end) of the flattened tensor), values "
+           "(float32, the ranges' values in order). full_servers: servers that sent all they hold (drop what you "
+           "hold from them first: ferry.id_server). pages: replies it took.");
+  m.def(
+      "id_server",
+      [](const py::object& obj, int num_servers) {
+        if (num_servers < 1) throw py::value_error("num_servers must be >= 1");
+        const IdsIn ids = IntegerArray(obj, "id_server: ids");
+        py::array_t<int32_t> out(ids.size());
+        int32_t* o = out.mutable_data();
+        for (py::ssize_t i = 0; i < ids.size(); ++i) o[i] = ferry::placement::IdServer(ids.data()[i], num_servers);
+        return out;
+      },
+      py::arg("ids"), py::arg("num_servers"), "The server each sparse id lives on (int32), as the servers place them.");
   m.def(
       "optimizers",
       [] {

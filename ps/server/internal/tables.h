@@ -232,7 +232,8 @@ class SparseShard {
   // A cursor below this needs a full round: the evictions after it are no longer all logged.
   int64_t feed_log_floor() const { return feed_->log_floor; }
   // Appends the rows stamped after `after` (ids, and dim values each) from slot `from` on, until
-  // `max_rows` rows or `max_slots` slots are looked at; returns the slot to go on from, 0 when
+  // `max_rows` rows are found or `max_slots` units of work are done (a slot looked at, or a block
+  // of kFeedBlock slots passed over as unchanged, is one); returns the slot to go on from, 0 when
   // the scan reached the end. Rows of every slot below the returned one were looked at.
   uint64_t ScanChanged(int64_t after, uint64_t from, size_t max_rows, uint64_t max_slots, std::vector<int64_t>* ids,
                        std::vector<float>* values) const;

@@ -494,9 +494,10 @@ uint64_t SparseShard::ScanChanged(int64_t after, uint64_t from, size_t max_rows,
   const uint64_t slots = steps_.size();
   const size_t dim = static_cast<size_t>(dim_);
   uint64_t s = from;
-  const uint64_t end = slots - std::min(slots, from) > max_slots ? from + max_slots : slots;
+  uint64_t work = 0;  // slots looked at, and blocks passed over (one each)
   size_t found = 0;
-  while (s < end && found < max_rows) {
+  while (s < slots && found < max_rows && work < max_slots) {
+    ++work;
     if (s % kFeedBlock == 0 && feed_->block_max[s / kFeedBlock] <= after) {
       s += kFeedBlock;  // nothing in this block changed after the cursor
       continue;

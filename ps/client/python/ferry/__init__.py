@@ -6,14 +6,16 @@
     rows = c.pull_sparse("emb", np.array([3, 9, 3]), step=0).wait()
 
 The client itself is the extension module ferry._ferry (pybind11, over the C++ client); this
-package re-exports it. ferry.torch puts Ferry's tables behind PyTorch modules (it needs
+package re-exports it. ferry.ChangeFeed follows tables as a job trains them (a serving copy).
+ferry.torch puts Ferry's tables behind PyTorch modules (it needs
 python3-torch and is imported only when asked for).
 """
 
-from ._ferry import (Client, Error, Handle, WorkerMetrics, cluster_from_tf_config, optimizers,  # noqa: F401
-                     table_option_keys)
+from ._ferry import (ChangeFeed, Client, Error, Handle, WorkerMetrics, cluster_from_tf_config, id_server,  # noqa: F401
+                     optimizers, table_option_keys)
 
 # Errors read as ferry.Error (the class lives in the extension).
 Error.__module__ = "ferry"
 
-__all__ = ["Client", "Error", "Handle", "WorkerMetrics", "cluster_from_tf_config", "optimizers", "table_option_keys"]
+__all__ = ["ChangeFeed", "Client", "Error", "Handle", "WorkerMetrics", "cluster_from_tf_config", "id_server",
+           "optimizers", "table_option_keys"]

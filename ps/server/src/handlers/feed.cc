@@ -13,7 +13,8 @@
 namespace ferry::ps {
 namespace {
 
-// Slots one page looks at, at most (about a millisecond of the I/O thread).
+// Slots one page looks at, at most (about a millisecond of the I/O thread); a block of
+// SparseShard::kFeedBlock slots passed over as unchanged counts as one.
 constexpr uint64_t kFeedScanSlots = uint64_t{1} << 20;
 constexpr int64_t kFeedDefaultBytes = int64_t{4} << 20;
 // Dense chunks one page sends, at most (a message has at most wire::kMaxFrames frames).

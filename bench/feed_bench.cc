@@ -5,8 +5,10 @@
 // applied). Modes, alternating within each round in an order that rotates: "off" (no reader),
 // "every-1000ms" and "every-100ms" (a reader polls the table into a TableCopy, then sleeps that
 // long), "continuous" (a reader polls back to back). Per mode: the worker's steps/s, and the
-// copy's staleness sampled at the end of every poll: the age of the oldest step the servers had
-// acknowledged that the copy lacks (0 when it lacks none), from the marker row. The reader's copy
+// copy's staleness: the age of the oldest step the servers had acknowledged that the copy lacks
+// (0 when it lacks none), from the marker row, right after each poll, and just before each poll's
+// end (the poll before's staleness plus the time between them: the copy does not change between
+// polls while the worker goes on), which is the most a serving copy lags. The reader's copy
 // is loaded once before the modes (timed: the initial load) and followed from then on. Reader,
 // worker and servers share the machine's cores, so "the cost" includes the reader's own CPU.
 //
@@ -149,25 +151,32 @@ int main(int argc, char** argv) {
       std::mutex mu;
       std::vector<Clock::time_point> acked;  // acked[k]: when the marker's (k+1)th step was acknowledged
       acked.reserve(1 << 16);
-      std::vector<double> stale;
+      std::vector<double> stale;  // right after each poll
+      std::vector<double> peak;   // just before each poll's end: the one before's staleness + the time between
+      std::vector<double> poll_s;  // each poll's time, Poll and Apply
       int64_t polls = 0;
       std::thread reader;
       if (mode != "off") {
         reader = std::thread([&] {
+          Clock::time_point last_end{};
           while (!stop.load()) {
             ferry::TableChanges ch;
+            const Clock::time_point begin = Clock::now();
             if (!(*feed)->Poll("emb", &ch).ok() || !copy.Apply(ch, 2).ok()) return;
             const Clock::time_point t = Clock::now();
+            poll_s.push_back(std::chrono::duration<double>(t - begin).count());
             const float* m = copy.row(marker);
             const int64_t seen = m == nullptr ? 0 : static_cast<int64_t>(m[0]);  // SGD at 1 of -1: +1 a step
             {
               std::lock_guard<std::mutex> lock(mu);
               const int64_t first = marker_steps - static_cast<int64_t>(acked.size());  // steps before this mode
               const int64_t missing = seen - first;  // the copy lacks acked[missing] on
+              if (!stale.empty()) peak.push_back(stale.back() + std::chrono::duration<double>(t - last_end).count());
               stale.push_back(missing >= 0 && missing < static_cast<int64_t>(acked.size())
                                   ? std::chrono::duration<double>(t - acked[static_cast<size_t>(missing)]).count()
                                   : 0.0);
             }
+            last_end = t;
             ++polls;
             if (mode == "every-100ms") std::this_thread::sleep_for(std::chrono::milliseconds(100));
             if (mode == "every-1000ms") std::this_thread::sleep_for(std::chrono::milliseconds(1000));
@@ -204,10 +213,18 @@ int main(int argc, char** argv) {
       r["staleness_p50_s"] = Percentile(stale, 0.5);
       r["staleness_p99_s"] = Percentile(stale, 0.99);
       r["staleness_max_s"] = stale.empty() ? 0.0 : *std::max_element(stale.begin(), stale.end());
-      std::fprintf(stderr, "round %d %-12s %8.1f steps/s  polls %5lld  staleness p50 %.3f s p99 %.3f s max %.3f s\n",
+      r["peak_staleness_p50_s"] = Percentile(peak, 0.5);
+      r["peak_staleness_p99_s"] = Percentile(peak, 0.99);
+      r["peak_staleness_max_s"] = peak.empty() ? 0.0 : *std::max_element(peak.begin(), peak.end());
+      r["poll_p50_s"] = Percentile(poll_s, 0.5);
+      r["poll_p99_s"] = Percentile(poll_s, 0.99);
+      std::fprintf(stderr,
+                   "round %d %-12s %8.1f steps/s  polls %5lld (p50 %.3f s)  staleness after a poll p50 %.3f s max %.3f "
+                   "s, before one p50 %.3f s max %.3f s\n",
                    round, mode.c_str(), static_cast<double>(steps) / elapsed, static_cast<long long>(polls),
-                   r["staleness_p50_s"].get<double>(), r["staleness_p99_s"].get<double>(),
-                   r["staleness_max_s"].get<double>());
+                   r["poll_p50_s"].get<double>(), r["staleness_p50_s"].get<double>(),
+                   r["staleness_max_s"].get<double>(), r["peak_staleness_p50_s"].get<double>(),
+                   r["peak_staleness_max_s"].get<double>());
       out["runs"].push_back(r);
     }
   }

@@ -10,7 +10,8 @@
 // end (the poll before's staleness plus the time between them: the copy does not change between
 // polls while the worker goes on), which is the most a serving copy lags. The reader's copy
 // is loaded once before the modes (timed: the initial load) and followed from then on. Reader,
-// worker and servers share the machine's cores, so "the cost" includes the reader's own CPU.
+// worker and servers share the machine's cores, so "the cost" includes the reader's own CPU: the
+// process's CPU time and the reader thread's are recorded per run.
 //
 //   ferry-feed-bench [--rows N] [--seconds S] [--rounds R] > results.json
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <random>
 #include <string>
@@ -43,6 +45,17 @@ double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
   return v[static_cast<size_t>(std::min<double>(static_cast<double>(v.size() - 1), p * static_cast<double>(v.size())))];
+}
+
+double ProcessCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 // Zipf(s) over [0, n) by inverting the cumulative weights (precomputed once).
@@ -155,6 +168,8 @@ int main(int argc, char** argv) {
       std::vector<double> peak;   // just before each poll's end: the one before's staleness + the time between
       std::vector<double> poll_s;  // each poll's time, Poll and Apply
       int64_t polls = 0;
+      double reader_cpu_s = 0;  // the reader thread's own CPU time
+      const double process_cpu0 = ProcessCpuSeconds();
       std::thread reader;
       if (mode != "off") {
         reader = std::thread([&] {
@@ -181,6 +196,7 @@ int main(int argc, char** argv) {
             if (mode == "every-100ms") std::this_thread::sleep_for(std::chrono::milliseconds(100));
             if (mode == "every-1000ms") std::this_thread::sleep_for(std::chrono::milliseconds(1000));
           }
+          reader_cpu_s = ThreadCpuSeconds();
         });
       }
       std::vector<int64_t> ids(kBatch);
@@ -203,6 +219,7 @@ int main(int argc, char** argv) {
         ++steps;
       }
       const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+      const double process_cpu_s = ProcessCpuSeconds() - process_cpu0;
       stop = true;
       if (reader.joinable()) reader.join();
       Json r;
@@ -216,6 +233,8 @@ int main(int argc, char** argv) {
       r["peak_staleness_p50_s"] = Percentile(peak, 0.5);
       r["peak_staleness_p99_s"] = Percentile(peak, 0.99);
       r["peak_staleness_max_s"] = peak.empty() ? 0.0 : *std::max_element(peak.begin(), peak.end());
+      r["process_cpu_s"] = process_cpu_s;  // servers, worker and reader, over the run's seconds
+      r["reader_cpu_s"] = reader_cpu_s;    // (to the stop: a poll after it adds a little)
       r["poll_p50_s"] = Percentile(poll_s, 0.5);
       r["poll_p99_s"] = Percentile(poll_s, 0.99);
       std::fprintf(stderr,

@@ -475,5 +475,62 @@ TEST_F(CheckpointRequests, AnAsyncPushReplayedAfterARestoreCountsOnceWhereTheChe
   }
 }
 
+// A worker restarted alone (the servers live on): its new process (a later incarnation) resumes
+// at the lowest step any server knew and pushes that step again; a server that had taken it skips
+// it, part by part (a dense chunk, a server's share of a sparse table), and one that had not
+// applies it.
+TEST_F(CheckpointRequests, AnAsyncWorkerRestartedAloneIsAppliedOnceWhereAServerTookItsStep) {
+  std::string on0, on1;
+  for (int k = 0; on0.empty() || on1.empty(); ++k) {
+    const std::string name = "t" + std::to_string(k);
+    (placement::ChunkServer(TableId(name), 0, 2) == 0 ? on0 : on1) = name;
+  }
+  std::vector<int64_t> ids0, ids1;  // sparse ids on server 0 and on server 1
+  for (int64_t id = 0; ids0.size() < 3 || ids1.size() < 3; ++id) {
+    (placement::IdServer(id, 2) == 0 ? ids0 : ids1).push_back(id);
+  }
+  const std::vector<float> g(4, 1.0f), rows(6, 1.0f);
+  auto c = LocalCluster::Start(2);
+  auto declare = [&](Client& w) {
+    for (const auto& name : {on0, on1}) ASSERT_TRUE(w.Declare(SgdTable(name, 4, Consistency::kAsync)).ok());
+    ASSERT_TRUE(w.Declare(SgdSparseTable("e", 2)).ok());
+  };
+  auto step = [&](Client& w, int s, bool server1_too) {
+    ASSERT_TRUE(w.PushDense(on0, g, s).wait().ok());
+    ASSERT_TRUE(w.PushSparse("e", ids0, rows, s).wait().ok());
+    if (!server1_too) return;
+    ASSERT_TRUE(w.PushDense(on1, g, s).wait().ok());
+    ASSERT_TRUE(w.PushSparse("e", ids1, rows, s).wait().ok());
+  };
+  {
+    auto w = c.Connect(0, 1);
+    declare(*w);
+    for (int s = 0; s < 5; ++s) step(*w, s, true);
+    step(*w, 5, false);  // the process dies with step 5 taken by server 0 alone
+  }
+  ClientOptions next;
+  next.incarnation = 1;  // the launcher's restart
+  auto w = c.Connect(0, 1, next);
+  ASSERT_EQ(w->worker_step(), 5) << "the worker resumes at the lowest step a server knew";
+  declare(*w);
+  step(*w, 5, true);  // the replay of step 5, whole
+  std::vector<float> a(4), b(4), r0(6), r1(6);
+  ASSERT_TRUE(w->PullDense(on0, a, 6).wait(5s).ok());
+  ASSERT_TRUE(w->PullDense(on1, b, 6).wait(5s).ok());
+  ASSERT_TRUE(w->PullSparse("e", ids0, r0, 6).wait(5s).ok());
+  ASSERT_TRUE(w->PullSparse("e", ids1, r1, 6).wait(5s).ok());
+  EXPECT_EQ(a, std::vector<float>(4, -6.0f)) << "server 0's step 5 applied twice";
+  EXPECT_EQ(b, std::vector<float>(4, -6.0f));
+  EXPECT_EQ(r0, std::vector<float>(6, -6.0f)) << "server 0's rows of step 5 applied twice";
+  EXPECT_EQ(r1, std::vector<float>(6, -6.0f));
+  EXPECT_EQ(c.servers[0]->stats().counters["replayed_updates_skipped"], 2) << "server 0's chunk and its rows";
+  EXPECT_EQ(c.servers[1]->stats().counters["replayed_updates_skipped"], 0);
+  // The next step is no replay; nor is a second push of one step (async takes both).
+  step(*w, 6, true);
+  ASSERT_TRUE(w->PushDense(on0, g, 6).wait().ok());
+  ASSERT_TRUE(w->PullDense(on0, a, 7).wait(5s).ok());
+  EXPECT_EQ(a, std::vector<float>(4, -8.0f));
+}
+
 }  // namespace
 }  // namespace ferry::test

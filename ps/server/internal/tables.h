@@ -3,6 +3,7 @@
 // I/O thread owns them; compute helpers only touch disjoint ranges during ParallelFor).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -35,6 +36,30 @@ struct SyncSlots {
   void Reset(int num_workers, bool sparse);
 };
 
+// Exactly once across a worker's restart (async and ssp tables): by worker rank, one more than the
+// highest step of its pushes this part (a dense chunk, or a server's shard of a sparse table)
+// applied, and the step below which a push of that rank replays its predecessor's: set when a
+// later incarnation of the rank says Hello (ServerImpl::OnHello), so the restarted worker, which
+// resumes at the lowest step any server knew, is not applied twice where a server had taken it.
+struct StepsTaken {
+  std::vector<int64_t> taken;
+  std::vector<int64_t> floor;
+  void Took(int rank, int64_t step) {
+    const size_t r = static_cast<size_t>(rank);
+    if (r >= taken.size()) taken.resize(r + 1, 0);
+    taken[r] = std::max(taken[r], step + 1);
+  }
+  bool Replayed(int rank, int64_t step) const {
+    const size_t r = static_cast<size_t>(rank);
+    return r < floor.size() && step < floor[r];
+  }
+  void Restarted(int rank) {
+    const size_t r = static_cast<size_t>(rank);
+    if (r >= floor.size()) floor.resize(r + 1, 0);
+    floor[r] = r < taken.size() ? taken[r] : 0;
+  }
+};
+
 struct DenseChunk {
   int64_t offset = 0;  // first element of the chunk in the flattened tensor
   int64_t size = 0;    // elements
@@ -47,6 +72,7 @@ struct DenseChunk {
   // Restored: the server that held it at the checkpoint, for its replay floors (Table::replay); -1: none.
   int replay_owner = -1;
   int64_t feed_seq = 0;  // the change feed: its shard's feed_clock when it last changed (ServerImpl stamps it)
+  StepsTaken steps_taken;  // async and ssp pushes
 };
 
 // A table's creation given up because the server is stopping.
@@ -243,6 +269,7 @@ class SparseShard {
   int64_t version = 0;  // pushes applied to this shard
   std::vector<int64_t> last_pulled;
   SyncSlots sync;
+  StepsTaken steps_taken;  // async and ssp pushes
 
  private:
   static constexpr int64_t kPinned = int64_t{1} << 62;  // touch_: a row of the ApplyRows in progress

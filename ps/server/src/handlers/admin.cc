@@ -70,6 +70,17 @@ Status ServerImpl::OnHello(Request& req) {
   const bool count_from_worker = workers_.count() == 0;  // no --num-workers, no worker yet
   FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers(), h.incarnation()));
   if (took_over) {
+    // The new process resumes at the lowest step any server knew: what this server took of its
+    // predecessor's later steps is not applied again (ps::StepsTaken).
+    tables_.ForEach([&](ps::Table& t) {
+      if (t.spec.consistency == Consistency::kSync) return;
+      if (t.sparse) t.sparse->steps_taken.Restarted(h.rank());
+      if (t.dense) {
+        for (int64_t c = 0; c < t.dense->num_chunks(); ++c) {
+          if (ps::DenseChunk* chunk = t.dense->chunk(c)) chunk->steps_taken.Restarted(h.rank());
+        }
+      }
+    });
     LogRateLimited("worker " + std::to_string(h.rank()) + " says Hello as its incarnation " +
                    std::to_string(h.incarnation()) + " (was " + std::to_string(was) + ") from " +
                    connections_.PeerOf(req.fd) + ": the rank is its; requests of earlier incarnations are refused");

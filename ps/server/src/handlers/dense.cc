@@ -130,8 +130,11 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
         if (Status s = CloseSyncStep(*t, *c); refused.ok()) refused = s;
         applied = true;
       }
-    } else if (t->replay && c->replay_owner >= 0 && h.step() < t->replay->Floor(c->replay_owner, rank)) {
-      ++info.used;  // a replay after a restore: the checkpoint holds this step's update already
+    } else if ((t->replay && c->replay_owner >= 0 && h.step() < t->replay->Floor(c->replay_owner, rank)) ||
+               c->steps_taken.Replayed(rank, h.step())) {
+      // A replay, after a restore (the checkpoint holds this step's update already) or of the
+      // worker's predecessor process (this chunk took this step of it already).
+      ++info.used;
       Count(kReplayedUpdatesSkipped);
     } else {
       ++info.used;
@@ -139,6 +142,7 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
       const ps::NotFinite nf = updater_.ApplyDense(t->spec.optimizer, *c, grads[i].data(), c->version + 1);
       ++c->version;
       c->feed_seq = t->dense->feed_clock;
+      c->steps_taken.Took(rank, h.step());
       Count(kUpdatesApplied);
       applied = true;
       if (nf.any()) {  // every table's refusal is noted; the reply names the first

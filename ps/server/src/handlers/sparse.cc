@@ -86,11 +86,14 @@ Status ServerImpl::OnPushSparse(Request& req) {
       if (workers_.StepComplete(t.spec, shard.sync)) {
         if (Status s = CloseSyncStep(t); refused.ok()) refused = s;
       }
+    } else if (shard.steps_taken.Replayed(rank, h.step())) {
+      Count(kReplayedUpdatesSkipped);  // the worker's predecessor's push of this step was applied here
     } else {
       RecordStaleness(t, shard.version - shard.last_pulled[static_cast<size_t>(rank)]);
       SkipReplayedRows(t, h.step(), rank, &ids[i], &grads[i], &id_scratch[i], &g_scratch[i]);
       const ps::NotFinite nf = updater_.ApplyRows(shard, ids[i], grads[i].data());
       ++shard.version;
+      shard.steps_taken.Took(rank, h.step());
       Count(kUpdatesApplied);
       if (nf.any()) {  // every table's refusal is noted; the reply names the first
         Status s = NotFiniteUpdate(t, nf, 0, "worker " + std::to_string(rank) + "'s push");

@@ -157,6 +157,10 @@ def parse_args(argv):
                          "job's keys in LOG_DIR/keys, and every ferry-ps and ferry-trainer gets "
                          "--curve-keys with that folder (with processes on other hosts: a "
                          "--log-dir they see at the same path, else use --curve-keys)")
+    ap.add_argument("--readers", type=int, default=0, metavar="M",
+                    help="with --curve: also make M reader keys (LOG_DIR/keys/reader-R.key): keys "
+                         "the servers let follow the change feed (ferry-follow --curve-keys DIR "
+                         "--reader R, ferry.ChangeFeed) and nothing else (default 0)")
     ap.add_argument("--no-curve", action="store_true",
                     help="no CURVE, even where servers listen on addresses other machines can "
                          "reach (a host name, an address other than loopback), where the "
@@ -199,6 +203,13 @@ def parse_args(argv):
     if opts.curve and opts.curve_keys:
         ap.error("--curve and --curve-keys DIR are exclusive (--curve makes new keys for the "
                  "job; --curve-keys DIR uses the keys in DIR)")
+    if opts.readers < 0 or opts.readers > 65536:
+        ap.error(f"argument --readers: expects an integer in [0, 65536], got {opts.readers}")
+    if opts.readers and (opts.no_curve or opts.curve_keys):
+        ap.error("--readers makes reader keys with the job's keys: it goes with --curve (or the "
+                 "CURVE the launcher turns on by itself), not with " +
+                 ("--no-curve" if opts.no_curve else "--curve-keys DIR (make them with ferry-keys "
+                                                    "DIR --workers N --readers M)"))
     if opts.no_curve and (opts.curve or opts.curve_keys):
         ap.error("--no-curve and " + ("--curve" if opts.curve else "--curve-keys DIR")
                  + " are exclusive")

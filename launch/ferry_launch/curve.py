@@ -7,6 +7,8 @@ A key folder (ferry-keys DIR --workers N; every file owner-only, the folder too)
   workers.pub   the worker keys servers accept read by every server
   server.pub    the servers' public key       read by every worker
   worker-R.key  worker R's keypair            read by worker R
+  readers.pub   (--readers M) the reader keys servers accept for the change feed alone
+  reader-R.key  reader R's keypair            for a reader (ferry-follow, ferry.ChangeFeed)
 ferry-ps and ferry-trainer refuse a secret key (*.key) with any permission for group or others;
 the launcher checks the same before anything starts, to say so once and early.
 """
@@ -25,7 +27,7 @@ from .supervise import _die_with_launcher, describe_status
 KEYS_SUBDIR = "keys"           # --curve: the job's keys go to LOG_DIR/keys
 KEYS_TIMEOUT_S = 60.0          # ferry-keys makes N+1 keypairs: well under a second for any N
 SHOWN_SERVERS = 4              # servers named in the exposure warning, at most
-_KEY_FILE_RE = re.compile(r"^(?:server\.key|server\.pub|workers\.pub|worker-\d+\.key)$")
+_KEY_FILE_RE = re.compile(r"^(?:server\.key|server\.pub|workers\.pub|worker-\d+\.key|readers\.pub|reader-\d+\.key)$")
 _WHAT = {"server.key": "the servers' keypair, read by every server",
          "workers.pub": "the worker keys the servers accept, read by every server",
          "server.pub": "the servers' public key, read by every worker"}
@@ -114,6 +116,8 @@ def make_job_keys(keys_tool, opts, num_workers, say):
         if stale:
             say(f"--curve: removed the keys an earlier run left in {folder}")
     argv = [keys_tool, folder, "--workers", str(num_workers)]
+    if getattr(opts, "readers", 0):
+        argv += ["--readers", str(opts.readers)]  # read-only keys for the change feed
     try:
         r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                            timeout=KEYS_TIMEOUT_S, preexec_fn=_die_with_launcher(signal.SIGKILL))

@@ -2523,6 +2523,9 @@ STUB_KEYS = textwrap.dedent(f"""\
         sys.exit("ferry-keys: failing on purpose")
     folder, n = argv[0], int(argv[argv.index("--workers") + 1])
     names = ["server.key", "server.pub", "workers.pub"] + [f"worker-{{r}}.key" for r in range(n)]
+    if "--readers" in argv:
+        m = int(argv[argv.index("--readers") + 1])
+        names += ["readers.pub"] + [f"reader-{{r}}.key" for r in range(m)]
     if not os.path.isdir(folder):
         os.mkdir(folder, 0o700)
     if any(os.path.exists(os.path.join(folder, x)) for x in names):
@@ -2808,6 +2811,25 @@ class CurveTest(unittest.TestCase):
                 self.assertEqual(key_folders(shlex.split(line)), [keys], line)
         self.assertNotIn("warning", out)
         self.assert_stubs_gone(out)
+
+    def test_curve_readers_makes_read_only_keys_beside_the_jobs(self):
+        bin_dir = self.stub_bins()
+        rc, out = run_launcher(["--num-ps", "1", "--num-workers", "2", "--base-port", "0",
+                                "--gpus-per-host", "0", "--grace", "1", "--bin-dir", bin_dir,
+                                "--log-dir", os.path.join(self.dir, "logs"), "--curve", "--readers", "2"],
+                               timeout=30, env={"FERRY_STUB_KEYS_LOG": os.path.join(
+                                   self.dir, "ferry-keys-calls")})
+        self.assertEqual(rc, 0, out)
+        keys = os.path.join(self.dir, "logs", "keys")
+        self.assertEqual(self.keys_log(), [[keys, "--workers", "2", "--readers", "2"]])
+        self.assertEqual(sorted(os.listdir(keys)),
+                         sorted(KEY_FILES_2 + ["readers.pub", "reader-0.key", "reader-1.key"]))
+        self.assert_stubs_gone(out)
+        for bad, why in ((["--no-curve"], "not with --no-curve"), (["--readers", "-1"], "in [0, 65536]")):
+            rc, out = run_launcher(["--num-ps", "1", "--num-workers", "1", "--bin-dir", bin_dir, "--readers", "1"]
+                                   + bad, timeout=30)
+            self.assertEqual(rc, 2, out)
+            self.assertIn(why, out)
 
     def test_curve_replaces_an_earlier_runs_keys(self):
         bin_dir = self.stub_bins()

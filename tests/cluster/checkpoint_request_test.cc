@@ -509,7 +509,8 @@ TEST_F(CheckpointRequests, AnAsyncWorkerRestartedAloneIsAppliedOnceWhereAServerT
     step(*w, 5, false);  // the process dies with step 5 taken by server 0 alone
   }
   ClientOptions next;
-  next.incarnation = 1;  // the launcher's restart
+  next.incarnation = 1;  // the launcher's restart,
+  next.resumes = true;   // with --resume: it starts at worker_step()
   auto w = c.Connect(0, 1, next);
   ASSERT_EQ(w->worker_step(), 5) << "the worker resumes at the lowest step a server knew";
   declare(*w);

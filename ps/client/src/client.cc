@@ -100,6 +100,7 @@ class ClientImpl final : public Client {
       h.add_num_servers(num_servers());
       h.add_server_rank(s);
       h.add_heartbeat_ms(engine_.HeartbeatEvery().count());
+      if (options_.resumes) h.add_resumes(true);
       OnReply on_reply = [this, s](const Header& reply, Frames&) -> Status {
         engine_.set_minor(s, reply.minor());
         // The lowest over the servers that know (-1: this one does not, or is before 1.11).

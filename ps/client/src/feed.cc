@@ -213,8 +213,11 @@ class FeedImpl final : public ChangeFeed {
       const int64_t per = got.chunk_elems > 0 ? got.chunk_elems : total;
       for (size_t i = 0; i < k; ++i) {
         const wire::DenseSlice* sl = slices->Get(static_cast<flatbuffers::uoffset_t>(i));
+        if (per <= 0 || sl->chunk() < 0 || sl->chunk() >= (total + per - 1) / per) {
+          return DataLossError("chunk " + std::to_string(sl->chunk()) + " of a dense page is not the table's");
+        }
         const int64_t begin = sl->chunk() * per;
-        if (sl->chunk() < 0 || begin >= total || sl->count() != std::min(per, total - begin) ||
+        if (sl->count() != std::min(per, total - begin) ||
             frames[i + 1].size() != static_cast<size_t>(sl->count()) * 4) {
           return DataLossError("chunk " + std::to_string(sl->chunk()) + " of a dense page does not fit the table");
         }
@@ -283,15 +286,34 @@ Status TableCopy::Apply(const TableChanges& c, int num_servers) {
     return InvalidArgumentError("changes of table '" + c.spec.name + "' applied to a copy of '" + m.spec->name +
                                 "', or of another shape");
   }
-  if (!m.spec) {
-    m.spec = c.spec;
-    if (c.spec.type == TableType::kDense) {
-      int64_t total = 1;
-      for (int64_t d : c.spec.shape) total *= d;
-      m.values.assign(static_cast<size_t>(total), 0.0f);
+  const size_t dim = static_cast<size_t>(c.spec.dim);
+  int64_t elements = 1;  // dense
+  for (int64_t d : c.spec.shape) elements *= d;
+  // Checked whole before anything changes (a TableChanges a program built itself may be wrong).
+  if (c.spec.type == TableType::kSparse) {
+    if (c.rows.size() != c.ids.size() * dim) {
+      return InvalidArgumentError("changes of '" + c.spec.name + "': " + std::to_string(c.rows.size()) +
+                                  " row values for " + std::to_string(c.ids.size()) + " ids of dim " +
+                                  std::to_string(dim));
+    }
+  } else {
+    size_t total = 0;
+    for (const TableChanges::Range& r : c.ranges) {
+      if (r.begin < 0 || r.begin > r.end || r.end > elements) {
+        return InvalidArgumentError("changes of '" + c.spec.name + "': range [" + std::to_string(r.begin) + ", " +
+                                    std::to_string(r.end) + ") is not within the tensor");
+      }
+      total += static_cast<size_t>(r.end - r.begin);
+    }
+    if (total != c.values.size()) {
+      return InvalidArgumentError("changes of '" + c.spec.name + "': " + std::to_string(c.values.size()) +
+                                  " values for ranges of " + std::to_string(total));
     }
   }
-  const size_t dim = static_cast<size_t>(c.spec.dim);
+  if (!m.spec) {
+    m.spec = c.spec;
+    if (c.spec.type == TableType::kDense) m.values.assign(static_cast<size_t>(elements), 0.0f);
+  }
   auto erase = [&](int64_t id) {
     if (auto it = m.slot.find(id); it != m.slot.end()) {
       m.free.push_back(it->second);

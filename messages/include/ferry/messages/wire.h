@@ -34,7 +34,8 @@ inline constexpr uint16_t kMajor = 1;
 // 1.12: a Barrier that starts the job (Header start), which server 0 refuses while another worker
 // is training already; 1.13: Checkpoint's previous_step, by which a server may save only what
 // changed since the checkpoint the client committed last (a delta shard); 1.14: Changes (the change
-// feed: a reader's rows and chunks changed since a cursor)
+// feed: a reader's rows and chunks changed since a cursor), and Hello's `resumes` (a restarted
+// worker's replayed async steps are skipped where a server had taken them)
 inline constexpr uint16_t kMinor = 14;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;

@@ -46,6 +46,13 @@ struct ClientOptions {
   // restarts: the rank then goes to a new connection once the old one has closed, or has sent
   // nothing for twice its ping interval (heartbeat_timeout / 2), Connect() asking meanwhile.
   uint32_t incarnation = 0;
+  // This process resumes its rank's training where the servers say (worker_step()), its
+  // predecessor dead (ferry-trainer --resume sets it): each server then skips this worker's async
+  // and ssp pushes of steps it had taken of the rank already, part by part (a dense chunk, its
+  // share of a sparse table), so a step the dead process pushed to some servers is applied once
+  // everywhere. Only for a program that counts its steps and resumes at worker_step(): one that
+  // pushes step 0 again and again must leave it false. Servers before 1.14 ignore it.
+  bool resumes = false;
   // Longest the handshake with every server may take in Connect().
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
   // Told about long waits, so that no wait is silent: every `long_wait_every` while requests

@@ -69,7 +69,7 @@ Status ServerImpl::OnHello(Request& req) {
   }
   const bool count_from_worker = workers_.count() == 0;  // no --num-workers, no worker yet
   FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers(), h.incarnation()));
-  if (took_over) {
+  if (h.resumes() && h.rank() >= 0 && h.rank() < workers_.count()) {
     // The new process resumes at the lowest step any server knew: what this server took of its
     // predecessor's later steps is not applied again (ps::StepsTaken).
     tables_.ForEach([&](ps::Table& t) {
@@ -81,6 +81,8 @@ Status ServerImpl::OnHello(Request& req) {
         }
       }
     });
+  }
+  if (took_over) {
     LogRateLimited("worker " + std::to_string(h.rank()) + " says Hello as its incarnation " +
                    std::to_string(h.incarnation()) + " (was " + std::to_string(was) + ") from " +
                    connections_.PeerOf(req.fd) + ": the rank is its; requests of earlier incarnations are refused");

@@ -21,8 +21,9 @@ constexpr int64_t kFeedDefaultBytes = int64_t{4} << 20;
 constexpr int64_t kFeedMaxChunks = 1024;
 
 uint64_t NewEpoch() {
-  static std::mt19937_64 gen{std::random_device{}() ^
-                             static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
+  // One generator a thread: in-process servers' I/O threads start feeds at once.
+  thread_local std::mt19937_64 gen{std::random_device{}() ^
+                                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
   uint64_t e = 0;
   while (e == 0) e = gen();
   return e;

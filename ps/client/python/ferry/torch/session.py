@@ -265,13 +265,14 @@ def init(servers=None, rank=None, num_workers=None, *, request_timeout=360.0, co
     if not 0 <= rank < num_workers:
         raise ValueError(f"ferry.torch.init: rank {rank} is not in [0, {num_workers})")
     curve_keys = curve_keys if curve_keys is not None else env.get(ENV_CURVE_KEYS)
+    resume = env.get(ENV_RESUME) == "1"
     client = ferry.Client(list(servers), rank=rank, num_workers=num_workers, request_timeout=request_timeout,
                           connect_timeout=connect_timeout, curve_keys=curve_keys, heartbeat_timeout=heartbeat_timeout,
-                          incarnation=_int_from(env, ENV_INCARNATION, 0) or 0)
+                          incarnation=_int_from(env, ENV_INCARNATION, 0) or 0, resumes=resume)
     every = _int_from(env, ENV_CHECKPOINT_EVERY, 0) or 0
     metrics = metrics if metrics is not None else env.get(ENV_METRICS)
     try:
-        _default = Session(client, resume=env.get(ENV_RESUME) == "1", checkpoint_every=every, metrics=metrics)
+        _default = Session(client, resume=resume, checkpoint_every=every, metrics=metrics)
     except Exception:
         client.close()
         raise

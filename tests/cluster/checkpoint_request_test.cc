@@ -409,17 +409,26 @@ TEST_F(CheckpointRequests, DeltasFollowTheCheckpointTheClientCommitted) {
 // another has not taken. The worker resumes at the lowest step any server knew (5) and pushes step
 // 5 again: the server that held it skips that push for what it held (counted), the other applies
 // it, so every step counts once on every chunk and row, also when the servers are re-placed.
+// Two one-chunk tables on different servers of 2, and 3 sparse ids on each.
+struct TwoServerParts {
+  std::string on0, on1;              // dense tables whose one chunk is on server 0, on server 1
+  std::vector<int64_t> ids0, ids1;   // sparse ids on server 0, on server 1
+  TwoServerParts() {
+    for (int k = 0; on0.empty() || on1.empty(); ++k) {
+      const std::string name = "t" + std::to_string(k);
+      (placement::ChunkServer(TableId(name), 0, 2) == 0 ? on0 : on1) = name;
+    }
+    for (int64_t id = 0; ids0.size() < 3 || ids1.size() < 3; ++id) {
+      (placement::IdServer(id, 2) == 0 ? ids0 : ids1).push_back(id);
+    }
+  }
+};
+
 TEST_F(CheckpointRequests, AnAsyncPushReplayedAfterARestoreCountsOnceWhereTheCheckpointHeldIt) {
   // Two one-chunk tables, on different servers of 2; a sparse table's rows on both.
-  std::string on0, on1;
-  for (int k = 0; on0.empty() || on1.empty(); ++k) {
-    const std::string name = "t" + std::to_string(k);
-    (placement::ChunkServer(TableId(name), 0, 2) == 0 ? on0 : on1) = name;
-  }
-  std::vector<int64_t> ids0, ids1;  // sparse ids on server 0 and on server 1
-  for (int64_t id = 0; ids0.size() < 3 || ids1.size() < 3; ++id) {
-    (placement::IdServer(id, 2) == 0 ? ids0 : ids1).push_back(id);
-  }
+  const TwoServerParts parts;
+  const std::string &on0 = parts.on0, &on1 = parts.on1;
+  const std::vector<int64_t> &ids0 = parts.ids0, &ids1 = parts.ids1;
   const std::vector<float> g(4, 1.0f);
   std::vector<float> a(4), b(4), r0(6), r1(6);
   {
@@ -480,15 +489,9 @@ TEST_F(CheckpointRequests, AnAsyncPushReplayedAfterARestoreCountsOnceWhereTheChe
 // it, part by part (a dense chunk, a server's share of a sparse table), and one that had not
 // applies it.
 TEST_F(CheckpointRequests, AnAsyncWorkerRestartedAloneIsAppliedOnceWhereAServerTookItsStep) {
-  std::string on0, on1;
-  for (int k = 0; on0.empty() || on1.empty(); ++k) {
-    const std::string name = "t" + std::to_string(k);
-    (placement::ChunkServer(TableId(name), 0, 2) == 0 ? on0 : on1) = name;
-  }
-  std::vector<int64_t> ids0, ids1;  // sparse ids on server 0 and on server 1
-  for (int64_t id = 0; ids0.size() < 3 || ids1.size() < 3; ++id) {
-    (placement::IdServer(id, 2) == 0 ? ids0 : ids1).push_back(id);
-  }
+  const TwoServerParts parts;
+  const std::string &on0 = parts.on0, &on1 = parts.on1;
+  const std::vector<int64_t> &ids0 = parts.ids0, &ids1 = parts.ids1;
   const std::vector<float> g(4, 1.0f), rows(6, 1.0f);
   auto c = LocalCluster::Start(2);
   auto declare = [&](Client& w) {

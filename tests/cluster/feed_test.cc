@@ -107,6 +107,18 @@ TEST(ChangeFeed, ACopyFollowingAsyncTrainingIsTheServersTablesBitForBitOnceTrain
   auto feed = ChangeFeed::Connect(FeedOf(cluster, 128));
   ASSERT_TRUE(feed.ok()) << feed.status();
   TableCopy rows, weights;
+  int64_t pages = 0;  // as the feed counted them
+  auto poll = [&](const std::string& table, TableCopy* copy) {
+    TableChanges c;
+    const Status s = (*feed)->Poll(table, &c);
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(copy->Apply(c, (*feed)->num_servers()).ok());
+    pages += c.pages;
+    return c;
+  };
+  // The first round, before training: every server sends all it has (nothing yet).
+  EXPECT_EQ(poll("emb", &rows).full_servers.size(), static_cast<size_t>(kServers));
+  EXPECT_EQ(poll("w", &weights).full_servers.size(), static_cast<size_t>(kServers));
   std::atomic<bool> done{false};
   std::atomic<int64_t> acked{0};
   std::set<int64_t> pushed;
@@ -114,28 +126,16 @@ TEST(ChangeFeed, ACopyFollowingAsyncTrainingIsTheServersTablesBitForBitOnceTrain
     pushed = Train(*worker, "w", 1000, "emb", 8, 5000, 300, 7, &acked);
     done = true;
   });
-  int rounds = 0;
   int64_t late = 0;  // steps acknowledged before a Poll began that the copy lacked after it
   bool finished_before = false;
   while (!finished_before) {
     finished_before = done.load();  // one more round after training stopped: it holds everything
     const int64_t before = acked.load();
-    TableChanges c;
-    ASSERT_TRUE((*feed)->Poll("emb", &c).ok());
-    ASSERT_TRUE(rows.Apply(c, (*feed)->num_servers()).ok());
+    EXPECT_TRUE(poll("emb", &rows).full_servers.empty());
     for (int64_t k = 0; k < before; ++k) late += rows.row(kStepIds + k) == nullptr;
-    if (rounds == 0) {
-      EXPECT_EQ(c.full_servers.size(), static_cast<size_t>(kServers));  // the first round: everything
-    } else {
-      EXPECT_TRUE(c.full_servers.empty());
-    }
-    TableChanges d;
-    ASSERT_TRUE((*feed)->Poll("w", &d).ok());
-    ASSERT_TRUE(weights.Apply(d, (*feed)->num_servers()).ok());
-    ++rounds;
+    EXPECT_TRUE(poll("w", &weights).full_servers.empty());
   }
   train.join();
-  EXPECT_GE(rounds, 2);
   EXPECT_EQ(late, 0);  // the bound: a round holds every update acknowledged before it began
   const size_t held = ExpectCopyIsTheServers(*worker, "emb", 8, pushed, rows);
   EXPECT_EQ(held, pushed.size());  // no lifecycle: every id pushed has a row
@@ -143,14 +143,13 @@ TEST(ChangeFeed, ACopyFollowingAsyncTrainingIsTheServersTablesBitForBitOnceTrain
   ASSERT_TRUE(worker->PullDense("w", w, 0).wait().ok());
   EXPECT_EQ(std::memcmp(w.data(), weights.dense().data(), w.size() * sizeof(float)), 0);
   // Nothing changed since: a round brings nothing.
-  TableChanges idle;
-  ASSERT_TRUE((*feed)->Poll("emb", &idle).ok());
-  EXPECT_TRUE(idle.ids.empty() && idle.deleted.empty());
-  ASSERT_TRUE((*feed)->Poll("w", &idle).ok());
-  EXPECT_TRUE(idle.ranges.empty());
-  int64_t pages = 0;
-  for (const auto& server : cluster.servers) pages += server->stats().counters.at("feed_pages");
-  EXPECT_GT(pages, 2 * kServers * rounds);  // rounds of many pages
+  const TableChanges idle_rows = poll("emb", &rows);
+  EXPECT_TRUE(idle_rows.ids.empty() && idle_rows.deleted.empty());
+  EXPECT_TRUE(poll("w", &weights).ranges.empty());
+  int64_t served = 0;
+  for (const auto& server : cluster.servers) served += server->stats().counters.at("feed_pages");
+  EXPECT_EQ(served, pages);  // every page the servers counted reached the feed, and no other
+  EXPECT_GT(pages, 2 * kServers * 2);  // (pages of 4 rows: the rounds took many)
 }
 
 TEST(ChangeFeed, RowsEvictedWhileFollowingLeaveTheCopy) {
@@ -165,6 +164,17 @@ TEST(ChangeFeed, RowsEvictedWhileFollowingLeaveTheCopy) {
   auto feed = ChangeFeed::Connect(FeedOf(cluster, 256));
   ASSERT_TRUE(feed.ok()) << feed.status();
   TableCopy rows;
+  size_t deleted = 0, refilled = 0;
+  auto poll = [&] {
+    TableChanges c;
+    const Status s = (*feed)->Poll("emb", &c);
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(rows.Apply(c, (*feed)->num_servers()).ok());
+    deleted += c.deleted.size();
+    refilled += c.full_servers.size();
+  };
+  poll();  // before training: every server sends all (nothing yet)
+  refilled = 0;
   std::atomic<bool> done{false};
   std::atomic<int64_t> acked{0};
   std::set<int64_t> pushed;
@@ -172,17 +182,15 @@ TEST(ChangeFeed, RowsEvictedWhileFollowingLeaveTheCopy) {
     pushed = Train(*worker, "w", 100, "emb", 4, 1000, 200, 11, &acked);
     done = true;
   });
-  size_t deleted = 0;
   bool finished_before = false;
   while (!finished_before) {
     finished_before = done.load();
-    TableChanges c;
-    ASSERT_TRUE((*feed)->Poll("emb", &c).ok());
-    ASSERT_TRUE(rows.Apply(c, (*feed)->num_servers()).ok());
-    deleted += c.deleted.size();
+    poll();
   }
   train.join();
-  EXPECT_GT(deleted, 0u);
+  // Evictions reached the copy as deletions, or (a reader that fell behind the eviction log, on a
+  // loaded machine) as a server's full round.
+  EXPECT_GT(deleted + refilled, 0u);
   const size_t held = ExpectCopyIsTheServers(*worker, "emb", 4, pushed, rows);
   EXPECT_LE(held, static_cast<size_t>(40 * kServers));
   EXPECT_GT(held, 0u);
@@ -195,7 +203,11 @@ TEST(ChangeFeed, AnUndeclaredTableIsRefusedNamingTheServer) {
   TableChanges c;
   const Status s = (*feed)->Poll("nothing", &c);
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
-  EXPECT_NE(s.message().find("server 0"), std::string::npos) << s;
+  // (whichever server answered first)
+  EXPECT_TRUE(s.message().find("server 0 (" + cluster.endpoints[0] + ")") != std::string::npos ||
+              s.message().find("server 1 (" + cluster.endpoints[1] + ")") != std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("table 'nothing'"), std::string::npos) << s;
 }
 
 }  // namespace

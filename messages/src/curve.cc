@@ -250,23 +250,25 @@ Status WriteJobKeys(const std::string& dir, int num_workers, int num_readers) {
   FERRY_RETURN_IF_ERROR(WriteKeyFile(
       dir, "server.pub",
       "# Ferry CURVE public key of the job's servers (ZeroMQ Z85).\npublic-key = " + server.public_key + "\n"));
-  std::string list = "# Ferry CURVE public keys of the job's workers: RANK KEY. Servers accept these alone.\n";
-  for (int r = 0; r < num_workers; ++r) {
-    FERRY_ASSIGN_OR_RETURN(CurveKeypair worker, NewKeypair());
-    FERRY_RETURN_IF_ERROR(WriteKeyFile(dir, WorkerKeyName(r), KeypairText("worker " + std::to_string(r), worker)));
-    list += std::to_string(r) + " " + worker.public_key + "\n";
-  }
-  FERRY_RETURN_IF_ERROR(WriteKeyFile(dir, "workers.pub", list));
-  if (num_readers > 0) {
-    std::string readers =
-        "# Ferry CURVE public keys of the job's readers: RANK KEY. Servers let these read (the change feed, Stats)"
-        " and nothing else.\n";
-    for (int r = 0; r < num_readers; ++r) {
-      FERRY_ASSIGN_OR_RETURN(CurveKeypair reader, NewKeypair());
-      FERRY_RETURN_IF_ERROR(WriteKeyFile(dir, ReaderKeyName(r), KeypairText("reader " + std::to_string(r), reader)));
-      readers += std::to_string(r) + " " + reader.public_key + "\n";
+  // `n` keypairs of `who` ("worker", "reader") in files named by `file`, and their public keys
+  // listed in `list_name` after `header`.
+  auto keypairs = [&](int n, const std::string& who, std::string (*file)(int), const std::string& list_name,
+                      const std::string& header) -> Status {
+    std::string list = header;
+    for (int r = 0; r < n; ++r) {
+      FERRY_ASSIGN_OR_RETURN(CurveKeypair keys, NewKeypair());
+      FERRY_RETURN_IF_ERROR(WriteKeyFile(dir, file(r), KeypairText(who + " " + std::to_string(r), keys)));
+      list += std::to_string(r) + " " + keys.public_key + "\n";
     }
-    FERRY_RETURN_IF_ERROR(WriteKeyFile(dir, "readers.pub", readers));
+    return WriteKeyFile(dir, list_name, list);
+  };
+  FERRY_RETURN_IF_ERROR(keypairs(num_workers, "worker", WorkerKeyName, "workers.pub",
+                                 "# Ferry CURVE public keys of the job's workers: RANK KEY. Servers accept these "
+                                 "alone.\n"));
+  if (num_readers > 0) {
+    FERRY_RETURN_IF_ERROR(keypairs(num_readers, "reader", ReaderKeyName, "readers.pub",
+                                   "# Ferry CURVE public keys of the job's readers: RANK KEY. Servers let these read "
+                                   "(the change feed, Stats) and nothing else.\n"));
   }
   const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
@@ -350,6 +352,22 @@ StatusOr<CurveClientKeys> LoadClientKeys(const std::string& dir, int rank) {
   FERRY_ASSIGN_OR_RETURN(keys.server_public, ReadPublicFile(dir + "/server.pub"));
   FERRY_ASSIGN_OR_RETURN(keys.client, ReadKeypairFile(dir + "/" + WorkerKeyName(rank)));
   return keys;
+}
+
+Status SetClientKeys(void* zmq_socket, const CurveClientKeys& keys) {
+  const std::string server = Decode(keys.server_public);
+  const std::string pub = Decode(keys.client.public_key);
+  const std::string sec = Decode(keys.client.secret_key);
+  if (server.empty() || pub.empty() || sec.empty()) {
+    return InvalidArgumentError("a CURVE key does not decode (curve::LoadClientKeys or LoadReaderKeys reads them)");
+  }
+  for (const auto& [option, key] : {std::pair{ZMQ_CURVE_SERVERKEY, &server}, std::pair{ZMQ_CURVE_PUBLICKEY, &pub},
+                                    std::pair{ZMQ_CURVE_SECRETKEY, &sec}}) {
+    if (zmq_setsockopt(zmq_socket, option, key->data(), key->size()) != 0) {
+      return InternalError(std::string("cannot set the socket's CURVE keys: ") + zmq_strerror(zmq_errno()));
+    }
+  }
+  return Status::Ok();
 }
 
 StatusOr<CurveClientKeys> LoadReaderKeys(const std::string& dir, int rank) {

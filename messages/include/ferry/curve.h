@@ -74,5 +74,10 @@ StatusOr<CurveClientKeys> LoadClientKeys(const std::string& dir, int rank);
 // Reads reader `rank`'s keys (server.pub, reader-R.key), for a ChangeFeed (ferry/feed.h).
 StatusOr<CurveClientKeys> LoadReaderKeys(const std::string& dir, int rank);
 
+// Makes a ZeroMQ socket (`zmq_socket`: its handle, before it connects) a CURVE client with `keys`:
+// the servers' public key and its own keypair. INVALID_ARGUMENT when a key does not decode,
+// INTERNAL when libzmq refuses one.
+Status SetClientKeys(void* zmq_socket, const CurveClientKeys& keys);
+
 }  // namespace curve
 }  // namespace ferry

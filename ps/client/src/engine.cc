@@ -324,18 +324,13 @@ Status Engine::OpenSocket(int s) {
       sock.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(t));
       sock.set(zmq::sockopt::heartbeat_ttl, static_cast<int>(std::min<int64_t>(t, 6553500)));
     }
-    if (options_.curve) {
-      const std::string server = curve::Decode(options_.curve->server_public);
-      const std::string pub = curve::Decode(options_.curve->client.public_key);
-      const std::string sec = curve::Decode(options_.curve->client.secret_key);
-      if (zmq_setsockopt(sock.handle(), ZMQ_CURVE_SERVERKEY, server.data(), server.size()) != 0 ||
-          zmq_setsockopt(sock.handle(), ZMQ_CURVE_PUBLICKEY, pub.data(), pub.size()) != 0 ||
-          zmq_setsockopt(sock.handle(), ZMQ_CURVE_SECRETKEY, sec.data(), sec.size()) != 0) {
-        throw zmq::error_t();
-      }
-    }
   } catch (const zmq::error_t& e) {
     return InternalError("cannot set up the connection to " + ServerName(s) + ": " + e.what());
+  }
+  if (options_.curve) {
+    if (const Status keys = curve::SetClientKeys(sock.handle(), *options_.curve); !keys.ok()) {
+      return InternalError("cannot set up the connection to " + ServerName(s) + ": " + keys.message());
+    }
   }
   // Handshake failures too: a server that refuses this client's key (or speaks another
   // mechanism) would otherwise look like one that never answers.

@@ -233,20 +233,10 @@ class FeedImpl final : public ChangeFeed {
   StatusOr<zmq::socket_t> OpenSocket(int s) {
     FERRY_ASSIGN_OR_RETURN(zmq::socket_t sock,
                            transport::MakeSocket(transport::Zmq(*options_.context), zmq::socket_type::dealer));
+    if (options_.curve) {
+      FERRY_RETURN_IF_ERROR(curve::SetClientKeys(sock.handle(), *options_.curve).WithContext("change feed"));
+    }
     try {
-      if (options_.curve) {
-        const std::string server = curve::Decode(options_.curve->server_public);
-        const std::string pub = curve::Decode(options_.curve->client.public_key);
-        const std::string sec = curve::Decode(options_.curve->client.secret_key);
-        if (server.empty() || pub.empty() || sec.empty()) {
-          return InvalidArgumentError("the change feed's CURVE keys do not decode (curve::LoadReaderKeys reads them)");
-        }
-        if (zmq_setsockopt(sock.handle(), ZMQ_CURVE_SERVERKEY, server.data(), server.size()) != 0 ||
-            zmq_setsockopt(sock.handle(), ZMQ_CURVE_PUBLICKEY, pub.data(), pub.size()) != 0 ||
-            zmq_setsockopt(sock.handle(), ZMQ_CURVE_SECRETKEY, sec.data(), sec.size()) != 0) {
-          throw zmq::error_t();
-        }
-      }
       sock.connect(options_.servers[static_cast<size_t>(s)]);
     } catch (const zmq::error_t& e) {
       return InvalidArgumentError("change feed: cannot connect to " + ServerName(s) + ": " + e.what());

@@ -38,9 +38,9 @@ struct SyncSlots {
 
 // Exactly once across a worker's restart (async and ssp tables): by worker rank, one more than the
 // highest step of its pushes this part (a dense chunk, or a server's shard of a sparse table)
-// applied, and the step below which a push of that rank replays its predecessor's: set when a
-// later incarnation of the rank says Hello (ServerImpl::OnHello), so the restarted worker, which
-// resumes at the lowest step any server knew, is not applied twice where a server had taken it.
+// applied, and the step below which a push of that rank replays its predecessor's: set by a Hello
+// that says it `resumes` (ServerImpl::OnHello), so the restarted worker, which resumes at the
+// lowest step any server knew, is not applied twice where a server had taken it.
 struct StepsTaken {
   std::vector<int64_t> taken;
   std::vector<int64_t> floor;
@@ -258,10 +258,10 @@ class SparseShard {
   // A cursor below this needs a full round: the evictions after it are no longer all logged.
   int64_t feed_log_floor() const { return feed_->log_floor; }
   // Appends the rows stamped after `after` (ids, and dim values each) from slot `from` on, until
-  // `max_rows` rows are found or `max_slots` units of work are done (a slot looked at, or a block
+  // `max_rows` rows are found or `max_work` units of work are done (a slot looked at, or a block
   // of kFeedBlock slots passed over as unchanged, is one); returns the slot to go on from, 0 when
   // the scan reached the end. Rows of every slot below the returned one were looked at.
-  uint64_t ScanChanged(int64_t after, uint64_t from, size_t max_rows, uint64_t max_slots, std::vector<int64_t>* ids,
+  uint64_t ScanChanged(int64_t after, uint64_t from, size_t max_rows, uint64_t max_work, std::vector<int64_t>* ids,
                        std::vector<float>* values) const;
   // The ids evicted after `after`, in order of eviction (an id may repeat).
   void EvictedSince(int64_t after, std::vector<int64_t>* ids) const;

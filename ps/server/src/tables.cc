@@ -489,14 +489,14 @@ void SparseShard::FeedGrow(size_t slots) {
   if (!lifecycle_) feed_->ids.resize(slots, 0);
 }
 
-uint64_t SparseShard::ScanChanged(int64_t after, uint64_t from, size_t max_rows, uint64_t max_slots,
+uint64_t SparseShard::ScanChanged(int64_t after, uint64_t from, size_t max_rows, uint64_t max_work,
                                   std::vector<int64_t>* ids, std::vector<float>* values) const {
   const uint64_t slots = steps_.size();
   const size_t dim = static_cast<size_t>(dim_);
   uint64_t s = from;
   uint64_t work = 0;  // slots looked at, and blocks passed over (one each)
   size_t found = 0;
-  while (s < slots && found < max_rows && work < max_slots) {
+  while (s < slots && found < max_rows && work < max_work) {
     ++work;
     if (s % kFeedBlock == 0 && feed_->block_max[s / kFeedBlock] <= after) {
       s += kFeedBlock;  // nothing in this block changed after the cursor

@@ -38,28 +38,26 @@ int main(int argc, char** argv) {
       Usage(stdout);
       return 0;
     }
+    // A count flag's value: false (said why) when missing or outside [low, 65536].
+    auto count = [&](long long low, long long* out) {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "ferry-keys: %s needs a value\n", argv[i]);
+        return false;
+      }
+      char* end = nullptr;
+      *out = std::strtoll(argv[i + 1], &end, 10);
+      if (end == argv[i + 1] || *end != '\0' || *out < low || *out > 65536) {
+        std::fprintf(stderr, "ferry-keys: %s expects an integer in [%lld, 65536], got '%s'\n", argv[i], low,
+                     argv[i + 1]);
+        return false;
+      }
+      ++i;
+      return true;
+    };
     if (arg == "--workers") {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "ferry-keys: --workers needs a value\n");
-        return 2;
-      }
-      char* end = nullptr;
-      workers = std::strtoll(argv[++i], &end, 10);
-      if (end == argv[i] || *end != '\0' || workers < 1 || workers > 65536) {
-        std::fprintf(stderr, "ferry-keys: --workers expects an integer in [1, 65536], got '%s'\n", argv[i]);
-        return 2;
-      }
+      if (!count(1, &workers)) return 2;
     } else if (arg == "--readers") {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "ferry-keys: --readers needs a value\n");
-        return 2;
-      }
-      char* end = nullptr;
-      readers = std::strtoll(argv[++i], &end, 10);
-      if (end == argv[i] || *end != '\0' || readers < 0 || readers > 65536) {
-        std::fprintf(stderr, "ferry-keys: --readers expects an integer in [0, 65536], got '%s'\n", argv[i]);
-        return 2;
-      }
+      if (!count(0, &readers)) return 2;
     } else if (arg.starts_with("-")) {
       std::fprintf(stderr, "ferry-keys: unknown flag %s\n", argv[i]);
       Usage(stderr);

@@ -1,8 +1,8 @@
 // Handler of Changes: the change feed (PROTOCOL.md, "The change feed"). A reader follows a table
 // in rounds: a round's first page (position 0) cuts the table's feed clock, and its pages send
 // what changed after the reader's cursor, scanning the table's rows (sparse) or chunks (dense) in
-// slot order, each page a bounded piece of work on the I/O thread (kFeedScanSlots slots looked
-// at, about max_bytes of values), so training pauses no longer than one page's copy. The next
+// slot order, each page a bounded piece of work on the I/O thread (kFeedScanWork units of work,
+// about max_bytes of values), so training pauses no longer than one page's copy. The next
 // round asks from the cut: whatever changed while a round was under way is sent again then.
 #include <chrono>
 #include <cstring>
@@ -13,9 +13,9 @@
 namespace ferry::ps {
 namespace {
 
-// Slots one page looks at, at most (about a millisecond of the I/O thread); a block of
-// SparseShard::kFeedBlock slots passed over as unchanged counts as one.
-constexpr uint64_t kFeedScanSlots = uint64_t{1} << 20;
+// Units of work one sparse page does, at most (about a millisecond of the I/O thread): a slot
+// looked at, or a block of SparseShard::kFeedBlock slots passed over as unchanged.
+constexpr uint64_t kFeedScanWork = uint64_t{1} << 20;
 constexpr int64_t kFeedDefaultBytes = int64_t{4} << 20;
 // Dense chunks one page sends, at most (a message has at most wire::kMaxFrames frames).
 constexpr int64_t kFeedMaxChunks = 1024;
@@ -80,7 +80,7 @@ Status ServerImpl::OnChanges(Request& req) {
     std::vector<int64_t> ids, deleted;
     std::vector<float> values;
     next = static_cast<int64_t>(
-        shard.ScanChanged(cursor, static_cast<uint64_t>(position), max_rows, kFeedScanSlots, &ids, &values));
+        shard.ScanChanged(cursor, static_cast<uint64_t>(position), max_rows, kFeedScanWork, &ids, &values));
     if (position == 0 && cursor >= 0) shard.EvictedSince(cursor, &deleted);
     sent = static_cast<int64_t>(ids.size());
     // (an empty frame for an empty list: nothing to hand over)

@@ -258,6 +258,12 @@ void Fail(benchmark::State& state, const Status& s) {
 
 // ---- raw ZeroMQ round trip ---------------------------------------------------------------------
 
+// What a raw call moves: the payload there and back (the round trip every raw/ case measures), or
+// one way with an empty reply (kUp: what a push moves) or an empty request (kDown: a pull's). A
+// one-way call's header frame is kOneWayHeaderBytes: the sequence, then the bytes to send back.
+enum class RawShape { kEcho, kUp, kDown };
+constexpr size_t kOneWayHeaderBytes = 16;
+
 // The far end of the raw round trip: a ROUTER socket on its own thread that sends every message
 // straight back to its sender, frames untouched (ZeroMQ moves them, nothing is copied here).
 class EchoServer {
@@ -309,12 +315,36 @@ class EchoServer {
         bool got = false, truncated = false;
         if (!transport::RecvNonBlocking(socket_, &frames, &got, kEchoMaxFrames, &truncated).ok() || !got) break;
         if (truncated) continue;  // not ours; the client then fails on its timeout
+        if (frames.size() >= 2 && frames[1].size() == kOneWayHeaderBytes) {
+          ReplyOneWay(frames);
+          continue;
+        }
         transport::Send(socket_, frames).IgnoreError();  // every frame back as it came
       }
     }
   }
 
+  // A one-way call (RawShape::kUp or kDown): the header frame holds the sequence and how many
+  // bytes to send back. The payload that came is dropped; the reply is [routing id][header] and,
+  // if asked for, one frame of that many bytes lent from a buffer kept for the size (no copy:
+  // what a Ferry server's zero-copy pull reply does).
+  void ReplyOneWay(Frames& frames) {
+    int64_t reply_bytes = 0;
+    std::memcpy(&reply_bytes, static_cast<const std::byte*>(frames[1].data()) + 8, sizeof reply_bytes);
+    if (reply_bytes < 0 || reply_bytes > kMaxReplyBytes) return;  // not ours
+    frames.resize(2);
+    if (reply_bytes > 0) {
+      auto& buffer = replies_[reply_bytes];
+      if (buffer.empty()) buffer.assign(static_cast<size_t>(reply_bytes), std::byte{0xa5});
+      frames.emplace_back(buffer.data(), buffer.size(), nullptr, nullptr);  // constant: never freed by ZeroMQ
+    }
+    transport::Send(socket_, frames).IgnoreError();
+  }
+
+  static constexpr int64_t kMaxReplyBytes = int64_t{64} << 20;
+
   BindAddress bind_;           // first member: the ipc file goes after the socket closed
+  std::map<int64_t, std::vector<std::byte>> replies_;  // by size; outlive the context (lent to it)
   zmq::context_t context_{1};  // outlives the socket
   zmq::socket_t socket_;       // the loop thread's once it runs
   std::string endpoint_;
@@ -332,7 +362,11 @@ struct RawCase {
   int iterations;
   int warmup;
   bool process = false;  // the echo server in a process of its own (ferry-bench --echo-process)
+  RawShape shape = RawShape::kEcho;
 };
+
+// Payload bytes a call of `c` moves: twice the payload for a round trip, once one way.
+double MovedBytes(const RawCase& c) { return (c.shape == RawShape::kEcho ? 2.0 : 1.0) * static_cast<double>(c.bytes); }
 
 // One payload frame: the transport's own ceiling.
 RawCase OneFrame(Net net, const Size& size) {
@@ -342,6 +376,18 @@ RawCase OneFrame(Net net, const Size& size) {
 RawCase OneFrameProcess(const Size& size) {
   return {std::string("raw_proc/tcp/") + size.name, Net::kTcp, size.bytes, size.bytes, size.iterations,
           WarmupCalls(size), /*process=*/true};
+}
+// One payload frame one way (kUp: the request carries it, the reply is empty; kDown: the other way
+// round) to an echo process: the ceiling of ps_proc/'s pushes and pulls, which move the same bytes.
+RawCase OneWayProcess(const Size& size, RawShape shape) {
+  return {std::string(shape == RawShape::kUp ? "raw_proc_up/tcp/" : "raw_proc_down/tcp/") + size.name,
+          Net::kTcp,
+          size.bytes,
+          size.bytes,
+          size.iterations,
+          WarmupCalls(size),
+          /*process=*/true,
+          shape};
 }
 // Frames of the chunk size a Ferry table of that many bytes has here: what the PS puts on the wire.
 RawCase Chunked(Net net, const Size& size) {
@@ -362,8 +408,8 @@ class RawRoundTrip {
  public:
   // `process`: the echo server runs in a child process (tcp only), as a ferry-ps would.
   static StatusOr<std::unique_ptr<RawRoundTrip>> Start(Net net, int64_t bytes, int64_t frame_bytes,
-                                                       bool process = false) {
-    std::unique_ptr<RawRoundTrip> rt(new RawRoundTrip(bytes, frame_bytes));
+                                                       bool process = false, RawShape shape = RawShape::kEcho) {
+    std::unique_ptr<RawRoundTrip> rt(new RawRoundTrip(bytes, frame_bytes, shape));
     std::string endpoint;
     if (process) {
       rt->child_ = std::make_unique<test::ChildProcess>("/proc/self/exe",
@@ -388,25 +434,32 @@ class RawRoundTrip {
   Status Once() {
     ++sequence_;
     Frames out;
-    out.emplace_back(&sequence_, sizeof sequence_);  // a small header frame (copied, like Ferry's)
-    for (size_t at = 0; at < payload_.size(); at += frame_bytes_) {
+    // A small header frame (copied, like Ferry's): the sequence, and for a one-way call the bytes
+    // to send back.
+    const int64_t header[2] = {static_cast<int64_t>(sequence_),
+                               shape_ == RawShape::kDown ? static_cast<int64_t>(payload_.size()) : 0};
+    const size_t header_bytes = shape_ == RawShape::kEcho ? sizeof sequence_ : kOneWayHeaderBytes;
+    out.emplace_back(header, header_bytes);
+    for (size_t at = 0; shape_ != RawShape::kDown && at < payload_.size(); at += frame_bytes_) {
       out.push_back(transport::Borrow(payload_.data() + at, std::min(frame_bytes_, payload_.size() - at), lender_));
     }
     FERRY_RETURN_IF_ERROR(transport::Send(socket_, out));
     try {
-      zmq::message_t header;
-      if (!socket_.recv(header)) return DeadlineExceededError("raw round trip: no echo in time");
-      if (header.size() != sizeof sequence_ || std::memcmp(header.data(), &sequence_, sizeof sequence_) != 0) {
+      zmq::message_t reply;
+      if (!socket_.recv(reply)) return DeadlineExceededError("raw round trip: no echo in time");
+      if (reply.size() != header_bytes || std::memcmp(reply.data(), header, header_bytes) != 0) {
         return DataLossError("raw round trip: the echo's header differs from what was sent");
       }
       size_t received = 0;
-      for (bool more = header.more(); more;) {
+      for (bool more = reply.more(); more;) {
         zmq::message_t frame;
         if (!socket_.recv(frame)) return DataLossError("raw round trip: echo cut short");
         received += frame.size();
         more = frame.more();
       }
-      if (received != payload_.size()) return DataLossError("raw round trip: the echo's payload differs in size");
+      if (received != (shape_ == RawShape::kUp ? 0 : payload_.size())) {
+        return DataLossError("raw round trip: the echo's payload differs in size");
+      }
     } catch (const zmq::error_t& e) {
       return UnavailableError(std::string("raw round trip: recv: ") + e.what());
     }
@@ -420,13 +473,16 @@ class RawRoundTrip {
   RawRoundTrip& operator=(const RawRoundTrip&) = delete;
 
  private:
-  RawRoundTrip(int64_t bytes, int64_t frame_bytes)
-      : payload_(static_cast<size_t>(bytes), std::byte{0x5a}), frame_bytes_(static_cast<size_t>(frame_bytes)) {}
+  RawRoundTrip(int64_t bytes, int64_t frame_bytes, RawShape shape)
+      : payload_(static_cast<size_t>(bytes), std::byte{0x5a}),
+        frame_bytes_(static_cast<size_t>(frame_bytes)),
+        shape_(shape) {}
 
   std::unique_ptr<EchoServer> server_;
   std::unique_ptr<test::ChildProcess> child_;  // or the echo server's process
   std::vector<std::byte> payload_;  // lent to ZeroMQ; declared before context_ so it outlives it
   size_t frame_bytes_;
+  RawShape shape_;
   std::shared_ptr<transport::Lender> lender_ = std::make_shared<transport::Lender>();
   zmq::context_t context_{1};  // the client's own, as a separate process would have
   zmq::socket_t socket_;
@@ -435,12 +491,12 @@ class RawRoundTrip {
 
 // Payload bytes per second of `c.iterations` raw round trips (after a warm-up).
 StatusOr<double> MeasureRawRate(const RawCase& c) {
-  FERRY_ASSIGN_OR_RETURN(auto rt, RawRoundTrip::Start(c.net, c.bytes, c.frame_bytes, c.process));
+  FERRY_ASSIGN_OR_RETURN(auto rt, RawRoundTrip::Start(c.net, c.bytes, c.frame_bytes, c.process, c.shape));
   for (int i = 0; i < c.warmup; ++i) FERRY_RETURN_IF_ERROR(rt->Once());
   const auto start = SteadyClock::now();
   for (int i = 0; i < c.iterations; ++i) FERRY_RETURN_IF_ERROR(rt->Once());
   const double seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
-  return 2.0 * static_cast<double>(c.bytes) * c.iterations / seconds;
+  return MovedBytes(c) * c.iterations / seconds;
 }
 
 // ---- memory bandwidth --------------------------------------------------------------------------
@@ -543,10 +599,11 @@ class Baselines {
   std::vector<double> axpy_;                        // guarded by mu_
 };
 
-// Counters: `bytes_per_second` (2 x size per round trip), `faults_per_call` (page faults of the
-// process per round trip: fresh receive buffers; see RESULTS.md for what they cost here).
+// Counters: `bytes_per_second` (the payload moved: 2 x size per round trip, size one way),
+// `faults_per_call` (page faults of the process per round trip: fresh receive buffers; see
+// RESULTS.md for what they cost here).
 void BM_Raw(benchmark::State& state, Baselines& baselines, const RawCase& c) {
-  auto rt = RawRoundTrip::Start(c.net, c.bytes, c.frame_bytes, c.process);
+  auto rt = RawRoundTrip::Start(c.net, c.bytes, c.frame_bytes, c.process, c.shape);
   Status st = rt.status();
   for (int i = 0; st.ok() && i < c.warmup; ++i) st = (*rt)->Once();
   if (!st.ok()) Fail(state, st);
@@ -563,7 +620,7 @@ void BM_Raw(benchmark::State& state, Baselines& baselines, const RawCase& c) {
   }
   timer.Finish();
   if (state.error_occurred() || calls == 0) return;
-  const double bytes = 2.0 * static_cast<double>(c.bytes) * static_cast<double>(calls);  // there and back
+  const double bytes = MovedBytes(c) * static_cast<double>(calls);
   state.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
   state.counters["faults_per_call"] = timer.faults() / static_cast<double>(calls);
   baselines.AddRaw(c, bytes / timer.seconds());
@@ -626,6 +683,8 @@ StatusOr<std::unique_ptr<Client>> ConnectWorker(const PsCluster& cluster, int ra
   o.request_timeout = kRequestTimeout;
   // FERRY_BENCH_MAX_MESSAGE_BYTES: the client's max_message_bytes (experiments with smaller pieces).
   if (const char* m = std::getenv("FERRY_BENCH_MAX_MESSAGE_BYTES")) o.max_message_bytes = std::atoll(m);
+  // FERRY_BENCH_DENSE_MESSAGE_BYTES: the client's dense_message_bytes (the size of a dense call's pieces).
+  if (const char* m = std::getenv("FERRY_BENCH_DENSE_MESSAGE_BYTES")) o.dense_message_bytes = std::atoll(m);
   if (cluster.net == Net::kTcpCurve) o.curve = Keys().workers[static_cast<size_t>(rank)];
   return Client::Connect(std::move(o));
 }
@@ -707,7 +766,7 @@ class SharedRun {
 // times, as Google Benchmark averages their real times), `vs_raw` and `vs_raw_chunked` (that rate
 // over the raw baselines) and `faults_per_call` (process page faults per call, all workers).
 void ReportAggregate(benchmark::State& state, const std::vector<SharedRun::ThreadResult>& results, double raw,
-                     double raw_chunked) {
+                     double raw_chunked, double raw_same_bytes = 0) {
   double bytes = 0, seconds = 0, calls = 0;
   for (const auto& r : results) bytes += r.bytes, seconds += r.seconds, calls += r.calls;
   seconds /= static_cast<double>(results.size());
@@ -715,6 +774,7 @@ void ReportAggregate(benchmark::State& state, const std::vector<SharedRun::Threa
   state.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
   if (raw > 0) state.counters["vs_raw"] = bytes / seconds / raw;
   if (raw_chunked > 0) state.counters["vs_raw_chunked"] = bytes / seconds / raw_chunked;
+  if (raw_same_bytes > 0) state.counters["vs_raw_same_bytes"] = bytes / seconds / raw_same_bytes;
   state.counters["faults_per_call"] = results[0].faults / calls;
 }
 
@@ -765,6 +825,18 @@ class DenseWorker {
   // fresh_out: the pulled values go into a new vector each call, as a user's program that writes
   // `std::vector<float> out(n); client->PullDense(...)` does (its pages are the allocator's to
   // make warm or cold), instead of one buffer reused.
+  // The pull and push+pull with the values left where they arrived (PullDenseView,
+  // PushPullDenseView); a push is the same call either way.
+  Status CallView(DenseOp op, int64_t step) {
+    if (op == DenseOp::kPush) return Call(op, step);
+    const std::string_view table = kDenseTable;
+    const DenseIn in{kDenseTable, grad_};
+    std::shared_ptr<const PulledDense> values;
+    Handle h = op == DenseOp::kPull ? client_->PullDenseView(std::span(&table, 1), step, &values)
+                                    : client_->PushPullDenseView(std::span(&in, 1), step, &values);
+    return h.wait(kWaitTimeout);
+  }
+
   Status Call(DenseOp op, int64_t step, bool fresh_out = false) {
     std::vector<float> fresh;
     if (fresh_out) fresh.resize(out_.size());
@@ -794,6 +866,11 @@ void BM_PsDense(benchmark::State& state, Baselines& baselines, SharedRun& run, D
                      : processes ? baselines.RawRate(OneFrameProcess(size))
                                  : baselines.RawRate(OneFrame(net, size));
   const double raw_chunked = lead && !processes ? baselines.RawRate(Chunked(net, size)) : 0.0;
+  // Against raw ZeroMQ moving the bytes this call moves: a push's one way, a pull's the other.
+  const double raw_same_bytes = !lead || !processes ? 0.0
+                                : op == DenseOp::kPush ? baselines.RawRate(OneWayProcess(size, RawShape::kUp))
+                                : op == DenseOp::kPull ? baselines.RawRate(OneWayProcess(size, RawShape::kDown))
+                                                       : raw;
   auto cluster = run.Enter(state, net, /*num_servers=*/state.threads(), processes);
   DenseWorker worker;
   Status st = cluster.ok() ? worker.Start(**cluster, state.thread_index(), state.threads(), size.bytes)
@@ -816,7 +893,64 @@ void BM_PsDense(benchmark::State& state, Baselines& baselines, SharedRun& run, D
   timer.Finish();
   const auto results = run.Leave(state, {PayloadBytes(op, size.bytes) * static_cast<double>(calls), timer.seconds(),
                                          static_cast<double>(calls), timer.faults()});
-  if (lead && !state.error_occurred()) ReportAggregate(state, results, raw, raw_chunked);
+  if (lead && !state.error_occurred()) ReportAggregate(state, results, raw, raw_chunked, raw_same_bytes);
+}
+
+// Ferry and raw ZeroMQ moving the same bytes, paired call by call (issue 34): one ferry-ps process
+// and one echo process, and in each iteration one Ferry call and one raw call of the same shape (a
+// push: the tensor one way and an empty reply; a pull: the other way; a push+pull: both), in
+// alternating order. On a shared VM whose speed drifts by tens of percent within seconds, pairs
+// taken microseconds apart see the same machine, where separate benchmarks do not. Counters: the
+// median ms of each (`ferry_ms`, `raw_ms`), `vs_raw_same_bytes` = raw_ms / ferry_ms (the share of
+// raw's rate), and the median and quartiles of the per-pair ratio (`pair_*`).
+void BM_PsPaired(benchmark::State& state, DenseOp op, Size size, bool view) {
+  const RawShape shape = op == DenseOp::kPush   ? RawShape::kUp
+                         : op == DenseOp::kPull ? RawShape::kDown
+                                                : RawShape::kEcho;
+  auto raw = RawRoundTrip::Start(Net::kTcp, size.bytes, size.bytes, /*process=*/true, shape);
+  SharedRun run(1);
+  auto cluster = run.Enter(state, Net::kTcp, /*num_servers=*/1, /*processes=*/true);
+  DenseWorker worker;
+  Status st = !raw.ok() ? raw.status() : !cluster.ok() ? cluster.status() : worker.Start(**cluster, 0, 1, size.bytes);
+  int64_t step = 0;
+  auto ferry_call = [&] { return view ? worker.CallView(op, step++) : worker.Call(op, step++); };
+  for (int i = 0; st.ok() && i < WarmupCalls(size); ++i) {
+    st = ferry_call();
+    if (st.ok()) st = (*raw)->Once();
+  }
+  if (!st.ok()) Fail(state, st);
+  std::vector<double> ferry_ms, raw_ms;
+  for (auto _ : state) {
+    if (state.error_occurred()) break;
+    const bool ferry_first = (ferry_ms.size() & 1) == 0;
+    double ms[2] = {0, 0};  // ferry, raw
+    for (int k = 0; k < 2; ++k) {
+      const bool ferry = (k == 0) == ferry_first;
+      const auto start = SteadyClock::now();
+      Status s = ferry ? ferry_call() : (*raw)->Once();
+      ms[ferry ? 0 : 1] = std::chrono::duration<double, std::milli>(SteadyClock::now() - start).count();
+      if (!s.ok()) {
+        Fail(state, s);
+        break;
+      }
+    }
+    ferry_ms.push_back(ms[0]);
+    raw_ms.push_back(ms[1]);
+  }
+  run.Leave(state, {});
+  if (state.error_occurred() || ferry_ms.empty()) return;
+  std::vector<double> ratio(ferry_ms.size());
+  for (size_t i = 0; i < ratio.size(); ++i) ratio[i] = raw_ms[i] / ferry_ms[i];
+  auto quantile = [](std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+  };
+  state.counters["ferry_ms"] = quantile(ferry_ms, 0.5);
+  state.counters["raw_ms"] = quantile(raw_ms, 0.5);
+  state.counters["vs_raw_same_bytes"] = quantile(raw_ms, 0.5) / quantile(ferry_ms, 0.5);
+  state.counters["pair_p25"] = quantile(ratio, 0.25);
+  state.counters["pair_median"] = quantile(ratio, 0.5);
+  state.counters["pair_p75"] = quantile(ratio, 0.75);
 }
 
 // ---- many small tensors ------------------------------------------------------------------------
@@ -1598,6 +1732,9 @@ void RegisterAll(Fixtures& f) {
   raw_cases.push_back(SmallFrames());
   raw_cases.push_back(SmallPacked());
   for (const Size& size : kProcessSizes) raw_cases.push_back(OneFrameProcess(size));
+  for (RawShape shape : {RawShape::kUp, RawShape::kDown}) {
+    for (const Size& size : kProcessSizes) raw_cases.push_back(OneWayProcess(size, shape));
+  }
   for (const Size& size : kCurveSizes) raw_cases.push_back(OneFrame(Net::kTcpCurve, size));
   for (const Size& size : kCurveSizes) raw_cases.push_back(Chunked(Net::kTcpCurve, size));
   for (const RawCase& c : raw_cases) {
@@ -1639,6 +1776,21 @@ void RegisterAll(Fixtures& f) {
           ->Iterations(size.iterations)
           ->UseRealTime()
           ->Unit(UnitFor(size.bytes));
+    }
+  }
+  // 2a+. the same, paired call by call with raw ZeroMQ moving the same bytes (BM_PsPaired)
+  for (DenseOp op : {DenseOp::kPush, DenseOp::kPull, DenseOp::kPushPull}) {
+    for (const Size& size : kProcessSizes) {
+      for (bool view : {false, true}) {
+        if (view && op == DenseOp::kPush) continue;
+        const std::string name = "ps_paired/" + OpName(op) + (view ? "_view" : "") + "/tcp/" + size.name + "/1s1w";
+        // Five times ps_proc/'s calls: the pairs' median needs many.
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [op, size, view](benchmark::State& st) { BM_PsPaired(st, op, size, view); })
+            ->Iterations(5 * size.iterations)
+            ->UseRealTime()
+            ->Unit(UnitFor(size.bytes));
+      }
     }
   }
   // 2a'. the same pulls and push+pulls into a new output vector each call, as a user's program

@@ -7,7 +7,9 @@
 #   LABEL2   the same with a second Ferry build (optional; an older commit, say)
 #   pslite   a ps-lite scheduler, S servers and W workers, all pslite_bench
 #   raw      ferry-bench's raw_proc/tcp/ benchmarks: raw ZeroMQ round trips of one frame of 4 KiB,
-#            1 MiB and 16 MiB between two processes (the limit; always one pair)
+#            1 MiB and 16 MiB between two processes (the limit; always one pair), and
+#            raw_proc_up/ and raw_proc_down/: the same frame one way with an empty reply (what a
+#            push moves) or after an empty request (what a pull moves)
 #
 #   bench/peer/run.sh --pslite DIR --ferry-build DIR [--ferry-build2 DIR [--label2 NAME]]
 #                     --out DIR [--rounds N] [--min-time S] [--servers S] [--workers W] [--arms A,B]
@@ -256,7 +258,7 @@ run_pslite() {
 
 run_raw() {
   local r=$1
-  timeout -k 5 "$limit" "$ferry_bench" --benchmark_filter='^raw_proc/tcp/' "${bench_flags[@]}" \
+  timeout -k 5 "$limit" "$ferry_bench" --benchmark_filter='^raw_proc(_up|_down)?/tcp/' "${bench_flags[@]}" \
     --benchmark_out="$out/raw-r$r.json" > "$out/logs/raw-r$r.log" 2>&1 &
   pids+=($!)
   wait_all raw $!

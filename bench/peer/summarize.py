@@ -8,7 +8,10 @@ share of raw ZeroMQ's payload rate, computed as bench/ferry_bench.cc computes `v
 bench/results/dense_pieces/vs_raw.py reads): the call's payload bytes per second over those of
 raw_proc/tcp/<size> in the same round, where a push or a pull moves the tensor once, a push+pull
 and a raw round trip twice; with W workers, all workers' bytes over their mean time (ferry-bench's
-aggregate), against one raw pair. Sparse calls have no raw counterpart.
+aggregate), against one raw pair. Then the share of raw ZeroMQ moving the same bytes: a push over
+raw_proc_up/tcp/<size> (the frame one way, an empty reply), a pull over raw_proc_down/tcp/<size>
+(an empty request, the frame back), a push+pull over the round trip (folders from before
+raw_proc_up/ and raw_proc_down/ existed have no such table). Sparse calls have no raw counterpart.
 Output depends on the folder's files only (bench/results/check_summaries.sh recomputes it).
   /usr/bin/python3 bench/peer/summarize.py OUT
 """
@@ -52,18 +55,23 @@ def read_ms(path):
 
 def load(folder, meta):
     """times[arm][round][op label] = per-worker ms (mean of the workers, all of whom must have it);
-    raw[round][floats] = ms per raw round trip."""
+    raw[round][floats] = ms per raw round trip; one_way[round][(direction, floats)] = ms per raw
+    one-way call, direction "up" or "down"."""
     files = {}
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         m = FILE.match(os.path.basename(path))
         if m:
             files.setdefault((m["arm"], int(m["round"])), []).append(read_ms(path))
-    times, raw = {}, {}
+    times, raw, one_way = {}, {}, {}
     for (arm, rnd), runs in sorted(files.items()):
         if arm == "raw":
             for n, size in SIZES.items():
                 if f"raw_proc/tcp/{size}/real_time" in runs[0]:
                     raw.setdefault(rnd, {})[n] = runs[0][f"raw_proc/tcp/{size}/real_time"]
+                for direction in ("up", "down"):
+                    name = f"raw_proc_{direction}/tcp/{size}/real_time"
+                    if name in runs[0]:
+                        one_way.setdefault(rnd, {})[(direction, n)] = runs[0][name]
             continue
         for label, name, _, _ in OPS:
             if arm == "pslite":
@@ -71,7 +79,7 @@ def load(folder, meta):
             got = [r[name] for r in runs if name in r]
             if len(got) == meta["workers"]:
                 times.setdefault(arm, {}).setdefault(rnd, {})[label] = statistics.fmean(got)
-    return times, raw
+    return times, raw, one_way
 
 
 def cell(values, digits=3):
@@ -82,7 +90,7 @@ def cell(values, digits=3):
 
 def main(folder):
     meta = json.load(open(os.path.join(folder, "meta.json")))
-    times, raw = load(folder, meta)
+    times, raw, one_way = load(folder, meta)
     arms = [a for a in meta["arms"] if a != "raw"]
     ferries = [a for a in arms if a != "pslite"]
     rounds = range(1, meta["rounds"] + 1)
@@ -142,6 +150,33 @@ def main(folder):
                       if n in raw.get(r, {}) and label in times.get(a, {}).get(r, {})]
             row.append(cell(shares))
         print(f"{label:28s}" + "".join(f" {c:>24s}" for c in row))
+    # The yardstick that moves what the call moves (a push one way, a pull the other way).
+    def same_bytes_ms(label, n, r):
+        if label.startswith("push_dense/"):
+            return one_way.get(r, {}).get(("up", n))
+        if label.startswith("pull_dense"):
+            return one_way.get(r, {}).get(("down", n))
+        return raw.get(r, {}).get(n)
+
+    if one_way:
+        print()
+        print("share of raw ZeroMQ moving the same bytes (a push: raw_proc_up/tcp/<size>, the frame one way and an "
+              "empty reply; a pull: raw_proc_down/tcp/<size>; a push+pull: the round trip), median (min-max)")
+        print(f"{'operation':28s}" + "".join(f" {a:>24s}" for a in arms))
+        for label, _, n, _ in ops:
+            if n is None:
+                continue
+            row = []
+            for a in arms:
+                shares = [w * same_bytes_ms(label, n, r) / times[a][r][label] for r in rounds
+                          if same_bytes_ms(label, n, r) is not None and label in times.get(a, {}).get(r, {})]
+                row.append(cell(shares))
+            print(f"{label:28s}" + "".join(f" {c:>24s}" for c in row))
+        print(f"{'raw one way, ms per call':28s}")
+        for direction in ("up", "down"):
+            for n, size in SIZES.items():
+                ms = [one_way[r][(direction, n)] for r in rounds if (direction, n) in one_way.get(r, {})]
+                print(f"  {direction + ' ' + size:26s} {cell(ms):>24s}")
     missing = [f"{a}: {label}" for a in arms for label, _, _, _ in ops if not series(a, label)]
     if missing:
         print()

@@ -4,8 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <limits>
-#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -423,107 +421,6 @@ TEST(SharedFloats, AnUpdateUnderAReplyInFlightGivesTheBitsOfOneInPlace) {
   updater.ApplyDenseAverage(spec.optimizer, b, grads, 2);
   EXPECT_EQ(b.params.data(), now);  // nothing held it: in place
   EXPECT_EQ(a.params, b.params);
-}
-
-// Three Adam chunks of 10,000 elements (blocks of Updater::kVerifiedBlock and a tail) on one
-// server, twice: the same values.
-struct TwoShards {
-  TableSpec spec;
-  std::unique_ptr<DenseShard> a, b;
-  TwoShards() {
-    spec.name = "w";
-    spec.type = TableType::kDense;
-    spec.shape = {30000};
-    spec.chunk_elems = 10000;
-    spec.optimizer.type = OptimizerType::kAdam;
-    spec.init = InitType::kUniform;
-    spec.init_scale = 0.1f;
-    a = std::make_unique<DenseShard>(spec, 1, 0, 1, 1);
-    b = std::make_unique<DenseShard>(spec, 1, 0, 1, 1);
-  }
-  static std::vector<float> Grad(int64_t n, int salt) {
-    std::vector<float> g(static_cast<size_t>(n));
-    for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(static_cast<float>(i + 7 * salt)) * 1e-2f;
-    return g;
-  }
-  // Every chunk's values and state, bit for bit.
-  static std::vector<std::vector<float>> Snapshot(DenseShard& s) {
-    std::vector<std::vector<float>> out;
-    for (int64_t k = 0; k < 3; ++k) {
-      out.emplace_back(s.chunk(k)->params.begin(), s.chunk(k)->params.end());
-      out.push_back(s.chunk(k)->state);
-    }
-    return out;
-  }
-};
-
-// The update that checks each block as it goes gives the bits of ApplyDense, values and state.
-TEST(Updater, AVerifiedUpdateGivesTheBitsOfApplyDense) {
-  ThreadPool pool(1);
-  Updater updater(pool);
-  TwoShards t;
-  for (int step = 1; step <= 2; ++step) {
-    updater.BeginVerified();
-    for (int64_t k = 0; k < 3; ++k) {
-      const auto g = TwoShards::Grad(10000, static_cast<int>(k) + step);
-      EXPECT_FALSE(updater.ApplyDense(t.spec.optimizer, *t.a->chunk(k), g.data(), step).any());
-      NotFinite refused;
-      EXPECT_EQ(updater.ApplyDenseVerified(t.spec.optimizer, *t.b->chunk(k), g.data(), step, &refused), -1);
-      EXPECT_FALSE(refused.any());
-    }
-  }
-  const auto a = TwoShards::Snapshot(*t.a);
-  EXPECT_EQ(a, TwoShards::Snapshot(*t.b));
-  EXPECT_NE(a[0][1], 0.0f);
-}
-
-// A NaN or Inf anywhere in a push puts back every chunk it changed before, values and state bit
-// for bit, whether the chunk was updated in place or moved to a new buffer under a reply in flight.
-TEST(Updater, ANonFiniteGradientPutsBackEveryChunkOfThePush) {
-  ThreadPool pool(1);
-  Updater updater(pool);
-  TwoShards t;
-  DenseShard& s = *t.b;
-  updater.BeginVerified();  // one update first, so that the optimizer state is not all zeros
-  for (int64_t k = 0; k < 3; ++k) {
-    const auto g = TwoShards::Grad(10000, static_cast<int>(k));
-    NotFinite refused;
-    ASSERT_EQ(updater.ApplyDenseVerified(t.spec.optimizer, *s.chunk(k), g.data(), 1, &refused), -1);
-  }
-  const auto before = TwoShards::Snapshot(s);
-  const zmq::message_t reply = s.chunk(1)->params.Frame();  // chunk 1 moves when updated
-  struct Case {
-    int64_t chunk, element;
-    float value;
-  };
-  for (const Case c : {Case{2, 9000, std::numeric_limits<float>::quiet_NaN()},
-                       Case{1, 4096, std::numeric_limits<float>::infinity()}, Case{0, 0, -INFINITY}}) {
-    updater.BeginVerified();
-    int64_t bad = -1;
-    for (int64_t k = 0; k <= c.chunk; ++k) {
-      auto g = TwoShards::Grad(10000, 5);
-      if (k == c.chunk) g[static_cast<size_t>(c.element)] = c.value;
-      NotFinite refused;
-      bad = updater.ApplyDenseVerified(t.spec.optimizer, *s.chunk(k), g.data(), 2, &refused);
-      if (k < c.chunk) ASSERT_EQ(bad, -1);
-    }
-    EXPECT_EQ(bad, c.element) << "chunk " << c.chunk;
-    EXPECT_EQ(TwoShards::Snapshot(s), before) << "chunk " << c.chunk << " element " << c.element;
-  }
-  EXPECT_EQ(static_cast<const void*>(s.chunk(1)->params.data()), reply.data());  // its buffer back
-}
-
-TEST(Updater, VerifiedUpdatesTakeChunksUpToTheGrainAndPushesUpToTheBound) {
-  DenseChunk small, large, state;
-  small.size = Updater::kGrain;
-  large.size = Updater::kGrain + 1;
-  EXPECT_TRUE(Updater::Verifiable(std::vector<const DenseChunk*>{&small}));
-  EXPECT_FALSE(Updater::Verifiable(std::vector<const DenseChunk*>{&small, &large}));
-  state.size = Updater::kGrain;
-  state.state.resize(static_cast<size_t>(Updater::kMaxVerifiedFloats - 2 * Updater::kGrain + 1));
-  EXPECT_FALSE(Updater::Verifiable(std::vector<const DenseChunk*>{&small, &state}));
-  state.state.pop_back();
-  EXPECT_TRUE(Updater::Verifiable(std::vector<const DenseChunk*>{&small, &state}));
 }
 
 }  // namespace

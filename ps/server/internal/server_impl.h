@@ -297,27 +297,13 @@ class ServerImpl final : public Server {
   // Everything a push must pass before any of it is applied: its slices resolve; (`values`) its
   // frames decode (compressed tables) and hold no NaN or Inf; the sync preconditions. Fills
   // `grads` with views of its frames (`scratch`: copies of frames not aligned for float).
-  // With `verified` (a plain push, not a piece): the slices that will update an async or ssp
-  // chunk are marked there and left unchecked for NaN and Inf when Updater::Verifiable takes them
-  // (ApplyVerified checks them as it updates).
   Status CheckPush(Request& req, std::vector<ps::TableRegistry::SliceRef>* refs,
                    std::vector<std::vector<float>>* scratch, std::vector<std::span<const float>>* grads,
-                   bool values = true, std::vector<char>* verified = nullptr);
-  // Whether slice `r` of a push by `rank` at `step` updates its chunk now (async or ssp, and not a
-  // replay of a step the chunk has: ApplyPush skips those).
-  bool UpdatesNow(const ps::TableRegistry::SliceRef& r, int rank, int64_t step) const;
-  // The `verified` slices' updates, each gradient checked as it is applied: on a NaN or Inf
-  // nothing of them stays applied and the push is refused as CheckPush refuses it. `refused`:
-  // each slice's updates that would not be finite.
-  Status ApplyVerified(Request& req, std::span<const ps::TableRegistry::SliceRef> refs,
-                       std::span<const std::span<const float>> grads, std::span<const char> verified,
-                       std::vector<ps::NotFinite>* refused);
+                   bool values = true);
   // A checked push applied: its chunks updated (async, ssp) or its gradients held for their
-  // step (sync), then its reply, or (then_pull) its pull served or held. `verified` slices were
-  // updated already by ApplyVerified, with `refused` what it refused.
+  // step (sync), then its reply, or (then_pull) its pull served or held.
   void ApplyPush(Request& req, std::span<const ps::TableRegistry::SliceRef> refs,
-                 std::span<const std::span<const float>> grads, bool then_pull, std::span<const char> verified = {},
-                 std::span<const ps::NotFinite> refused = {});
+                 std::span<const std::span<const float>> grads, bool then_pull);
   // A piece of a push call in pieces (1.10, pieces.h): checked and held; the call's last piece
   // applies them all, in order, or a refused piece ends the call with none applied.
   Status PushDensePiece(Request& req, bool then_pull);

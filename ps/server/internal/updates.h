@@ -31,25 +31,6 @@ class Updater {
   // One gradient of the whole chunk, as the chunk's update number `step` (1-based). Elements whose
   // update would not be finite keep their value and state: returned, `first` an index in the chunk.
   NotFinite ApplyDense(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step);
-  // A push's async gradients applied only if all of them are finite, each read once (issue 34:
-  // the server's NaN/Inf check was a pass of its own over the gradient, and on this machine's
-  // two cores that pass cost a 1 MiB push about as much as the update; bench/results/paired).
-  // Each block of kVerifiedBlock floats is checked, the values and state it changes are saved,
-  // and it is updated while in cache. A non-finite gradient puts back everything changed since
-  // BeginVerified, bit for bit. Only for chunks of at most kGrain floats (the pool would not split
-  // them), and for at most kMaxVerifiedFloats of values and state a push (what it saves): a push
-  // beyond that is checked whole first and then updated with ApplyDense.
-  static constexpr int64_t kVerifiedBlock = 4096;
-  static constexpr int64_t kMaxVerifiedFloats = int64_t{4} << 20;  // 16 MiB saved at most
-  // Whether ApplyDenseVerified takes a push that changes these chunks.
-  static bool Verifiable(std::span<const DenseChunk* const> chunks);
-  // Forgets the saved values of the push before.
-  void BeginVerified();
-  // As ApplyDense (the refused updates in *refused), but only after `grad`'s every element proved
-  // finite. Returns the index of the first NaN or Inf of `grad` (-1: none); then everything this
-  // push changed is put back already (this chunk and those before it since BeginVerified).
-  int64_t ApplyDenseVerified(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step,
-                             NotFinite* refused);
   // One gradient row per id (see SparseShard::ApplyRows).
   NotFinite ApplyRows(SparseShard& shard, std::span<const int64_t> ids, const float* grads,
                       bool over_budget_ok = false) {
@@ -83,21 +64,7 @@ class Updater {
   // Merges a range's refusals (first: relative to `begin`) into `into`, from any pool thread.
   void Refused(NotFinite nf, int64_t begin, NotFinite* into);
 
-  // Puts back what ApplyDenseVerified changed since BeginVerified, the last chunk's first
-  // `done` elements.
-  void UndoVerified(int64_t done);
-
-  // A chunk changed by ApplyDenseVerified: its values before the push (`old`, when the update
-  // moved it to a new buffer; else in undo_ from `at`), then its state, in undo_.
-  struct Changed {
-    DenseChunk* chunk;
-    SharedFloats old;
-    size_t at;
-  };
-
   ThreadPool& pool_;
-  std::vector<Changed> changed_;  // since BeginVerified
-  std::vector<float> undo_;       // their saved values and state
   Mutex refused_mu_;  // Refused's
   std::vector<float> avg_;     // scratch for ApplyDenseAverage
   std::vector<RowIndex> rows_;  // scratch for row indices

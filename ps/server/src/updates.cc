@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "internal/finite.h"
 #include "internal/optimizer.h"
 
 namespace ferry::ps {
@@ -41,76 +40,6 @@ NotFinite Updater::ApplyDense(const OptimizerSpec& opt, DenseChunk& c, const flo
             b, &refused);
   });
   return refused;
-}
-
-bool Updater::Verifiable(std::span<const DenseChunk* const> chunks) {
-  int64_t floats = 0;
-  for (const DenseChunk* c : chunks) {
-    if (c->size > kGrain) return false;
-    floats += c->size + static_cast<int64_t>(c->state.size());
-  }
-  return floats <= kMaxVerifiedFloats;
-}
-
-void Updater::BeginVerified() {
-  changed_.clear();
-  undo_.clear();
-}
-
-int64_t Updater::ApplyDenseVerified(const OptimizerSpec& opt, DenseChunk& c, const float* grad, int64_t step,
-                                    NotFinite* refused) {
-  const int64_t n = c.size;
-  const size_t slots = c.state.size() / static_cast<size_t>(std::max<int64_t>(n, 1));
-  SharedFloats old = c.params.PrepareWrite();
-  const bool in_place = old.empty();
-  const size_t at = undo_.size();
-  undo_.resize(at + static_cast<size_t>(n) * (slots + (in_place ? 1 : 0)));
-  changed_.push_back({&c, std::move(old), at});
-  const SharedFloats& from = changed_.back().old;
-  float* saved = undo_.data() + at;
-  for (int64_t b = 0; b < n; b += kVerifiedBlock) {
-    const int64_t e = std::min(n, b + kVerifiedBlock);
-    const size_t len = static_cast<size_t>(e - b);
-    if (const int64_t bad = FirstNonFinite(std::span<const float>(grad + b, len)); bad >= 0) {
-      UndoVerified(b);
-      return b + bad;
-    }
-    float* params = c.params.data() + b;
-    if (in_place) {
-      std::memcpy(saved + b, params, len * sizeof(float));
-    } else {
-      std::memcpy(params, from.data() + b, len * sizeof(float));
-    }
-    for (size_t k = 0; k < slots; ++k) {
-      const size_t s = k * static_cast<size_t>(n) + static_cast<size_t>(b);
-      std::memcpy(saved + (in_place ? static_cast<size_t>(n) : 0) + s, c.state.data() + s, len * sizeof(float));
-    }
-    NotFinite nf = ApplyUpdateChecked(opt, params, grad + b, StateAt(c, b), len, static_cast<size_t>(n), step);
-    if (nf.any()) {
-      nf.first += b;
-      refused->Merge(nf);
-    }
-  }
-  return -1;
-}
-
-void Updater::UndoVerified(int64_t done) {
-  for (size_t i = changed_.size(); i-- > 0;) {
-    Changed& ch = changed_[i];
-    DenseChunk& c = *ch.chunk;
-    const size_t n = static_cast<size_t>(c.size);
-    const size_t upto = i + 1 == changed_.size() ? static_cast<size_t>(done) : n;
-    const size_t slots = c.state.size() / std::max<size_t>(n, 1);
-    const float* saved = undo_.data() + ch.at;
-    if (ch.old.empty()) {
-      std::memcpy(c.params.data(), saved, upto * sizeof(float));
-      saved += n;
-    } else {
-      c.params = std::move(ch.old);  // the buffer before the push, which the update only read
-    }
-    for (size_t k = 0; k < slots; ++k) std::memcpy(c.state.data() + k * n, saved + k * n, upto * sizeof(float));
-  }
-  changed_.clear();
 }
 
 NotFinite Updater::ApplyDenseAverage(const OptimizerSpec& opt, DenseChunk& c, std::span<const float* const> grads,

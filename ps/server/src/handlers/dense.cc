@@ -14,66 +14,26 @@ Status ServerImpl::PushDense(Request& req, bool then_pull) {
   std::vector<ps::TableRegistry::SliceRef> refs;
   std::vector<std::vector<float>> scratch;
   std::vector<std::span<const float>> grads;
-  std::vector<char> verified;
-  std::vector<ps::NotFinite> refused;
-  FERRY_RETURN_IF_ERROR(CheckPush(req, &refs, &scratch, &grads, /*values=*/true, &verified));
-  FERRY_RETURN_IF_ERROR(ApplyVerified(req, refs, grads, verified, &refused));
-  ApplyPush(req, refs, grads, then_pull, verified, refused);
-  return Status::Ok();
-}
-
-bool ServerImpl::UpdatesNow(const ps::TableRegistry::SliceRef& r, int rank, int64_t step) const {
-  const auto& [t, c] = r;
-  if (t->spec.consistency == Consistency::kSync) return false;
-  const bool restored_replay = t->replay && c->replay_owner >= 0 && step < t->replay->Floor(c->replay_owner, rank);
-  return !restored_replay && !c->steps_taken.Replayed(rank, step);
-}
-
-Status ServerImpl::ApplyVerified(Request& req, std::span<const ps::TableRegistry::SliceRef> refs,
-                                 std::span<const std::span<const float>> grads, std::span<const char> verified,
-                                 std::vector<ps::NotFinite>* refused) {
-  refused->assign(refs.size(), {});
-  updater_.BeginVerified();
-  for (size_t i = 0; i < refs.size(); ++i) {
-    if (!verified[i]) continue;
-    const auto& [t, c] = refs[i];
-    const int64_t bad = updater_.ApplyDenseVerified(t->spec.optimizer, *c, grads[i].data(), c->version + 1,
-                                                    &(*refused)[i]);
-    if (bad >= 0) {
-      const Header& h = *req.h();
-      return RefuseNonFinite(*t, " chunk " + std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()),
-                             "element " + std::to_string(bad), h.rank());
-    }
-  }
+  FERRY_RETURN_IF_ERROR(CheckPush(req, &refs, &scratch, &grads));
+  ApplyPush(req, refs, grads, then_pull);
   return Status::Ok();
 }
 
 Status ServerImpl::CheckPush(Request& req, std::vector<ps::TableRegistry::SliceRef>* refs,
                              std::vector<std::vector<float>>* scratch, std::vector<std::span<const float>>* grads,
-                             bool values, std::vector<char>* verified) {
+                             bool values) {
   const Header& h = *req.h();
   const int rank = h.rank();
   FERRY_RETURN_IF_ERROR(tables_.ResolveSlices(h, options_.max_message_bytes, refs));
   if (values) FERRY_RETURN_IF_ERROR(DecodePush(req, *refs));
-  if (verified != nullptr) {
-    verified->assign(refs->size(), 0);
-    std::vector<const ps::DenseChunk*> chunks;
-    for (size_t i = 0; i < refs->size(); ++i) {
-      if (!UpdatesNow((*refs)[i], rank, h.step())) continue;
-      (*verified)[i] = 1;
-      chunks.push_back((*refs)[i].chunk);
-    }
-    if (!ps::Updater::Verifiable(chunks)) verified->assign(refs->size(), 0);
-  }
-  // Check every slice before touching any of them: finite values (those of `verified` slices as
-  // they are applied), and the sync preconditions. The views (a copy only for a frame not aligned
-  // for float) serve the updates too.
+  // Check every slice before touching any of them: finite values, and the sync preconditions.
+  // The views (a copy only for a frame not aligned for float) serve the updates too.
   scratch->assign(refs->size(), {});
   grads->assign(refs->size(), {});
   for (size_t i = 0; i < refs->size(); ++i) {
     const auto& r = (*refs)[i];
     (*grads)[i] = View<float>(req.payload[i], (*scratch)[i]);
-    if (!values || (verified != nullptr && (*verified)[i])) continue;
+    if (!values) continue;
     if (const int64_t bad = ps::FirstNonFinite((*grads)[i]); bad >= 0) {
       return RefuseNonFinite(*r.table, " chunk " + std::to_string(h.slices()->Get(static_cast<uint32_t>(i))->chunk()),
                              "element " + std::to_string(bad), rank);
@@ -145,8 +105,7 @@ void ServerImpl::FailCall(ps::HeldCalls::Call c, const Status& why) {
 }
 
 void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::SliceRef> refs,
-                           std::span<const std::span<const float>> grads, bool then_pull,
-                           std::span<const char> verified, std::span<const ps::NotFinite> verified_refused) {
+                           std::span<const std::span<const float>> grads, bool then_pull) {
   const Header& h = *req.h();
   const int rank = h.rank();
   bool applied = false;
@@ -171,7 +130,8 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
         if (Status s = CloseSyncStep(*t, *c); refused.ok()) refused = s;
         applied = true;
       }
-    } else if (!UpdatesNow(refs[i], rank, h.step())) {
+    } else if ((t->replay && c->replay_owner >= 0 && h.step() < t->replay->Floor(c->replay_owner, rank)) ||
+               c->steps_taken.Replayed(rank, h.step())) {
       // A replay, after a restore (the checkpoint holds this step's update already) or of the
       // worker's predecessor process (this chunk took this step of it already).
       ++info.used;
@@ -179,9 +139,7 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
     } else {
       ++info.used;
       RecordStaleness(*t, c->version - c->last_pulled[static_cast<size_t>(rank)]);
-      const ps::NotFinite nf = !verified.empty() && verified[i]
-                                   ? verified_refused[i]
-                                   : updater_.ApplyDense(t->spec.optimizer, *c, grads[i].data(), c->version + 1);
+      const ps::NotFinite nf = updater_.ApplyDense(t->spec.optimizer, *c, grads[i].data(), c->version + 1);
       ++c->version;
       c->feed_seq = t->dense->feed_clock;
       c->steps_taken.Took(rank, h.step());

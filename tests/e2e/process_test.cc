@@ -5,9 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -117,6 +120,65 @@ Status HeldPullAfter(Processes& p, std::chrono::milliseconds heartbeat, const st
   if (pull.done()) return InternalError("the pull was not held");
   hurt(*p.ps[1]);
   return pull.wait(std::chrono::seconds(30));
+}
+
+// A connection that closes and the next one, on the descriptor it freed, saying Hello before the
+// server has looked at ZeroMQ's events again (it looks every 250 ms, and when a descriptor it does
+// not know speaks): the Hello must bind the rank to the new connection, not to the closed one's
+// record, which the late DISCONNECTED would then take away with the rank (issue 35: the server
+// "forgot a worker's live connection", and a second holder of the rank was taken). Each round:
+// worker 1 connects and leaves, worker 0 connects at once, and once the server has looked again
+// a second worker 0 must be refused as the rank's connection is alive. Worker 2 keeps the
+// server's thread busy with 32 MiB pushes in 1 MiB messages meanwhile, four at a time, so that a
+// Hello and the events of the connection before it wait together (the loop reads up to 256
+// messages before it reads events). A race: before the fix some rounds lost it (see the commit).
+TEST(Processes, AWorkerOnADescriptorJustFreedKeepsItsRank) {
+  Processes p(1);
+  ASSERT_TRUE(p.ok());
+  auto worker = [&](int rank, std::chrono::milliseconds connect_timeout) {
+    ClientOptions o;
+    o.servers = p.address.endpoints;
+    o.rank = rank;
+    o.num_workers = 3;
+    o.connect_timeout = connect_timeout;
+    o.request_timeout = std::chrono::seconds(30);
+    return Client::Connect(o);
+  };
+  auto busy = worker(2, std::chrono::seconds(10));
+  ASSERT_TRUE(busy.ok()) << busy.status().ToString();
+  TableSpec big;
+  big.name = "big";
+  big.shape = {int64_t{8} << 20};
+  big.consistency = Consistency::kAsync;
+  ASSERT_TRUE((*busy)->Declare(big).ok());
+  std::atomic<bool> stop{false};
+  std::thread pusher([&] {
+    std::vector<float> grad(size_t{8} << 20, 1e-3f);
+    std::deque<Handle> in_flight;  // four pushes at a time: the server always has a message to read
+    for (int64_t step = 0; !stop.load(); ++step) {
+      in_flight.push_back((*busy)->PushDense("big", grad, step));
+      if (in_flight.size() < 4) continue;
+      if (!in_flight.front().wait().ok()) return;
+      in_flight.pop_front();
+    }
+    for (Handle& h : in_flight) (void)h.wait();
+  });
+  for (int round = 0; round < 12; ++round) {
+    auto leaving = worker(1, std::chrono::seconds(10));
+    ASSERT_TRUE(leaving.ok()) << leaving.status().ToString();
+    usleep(300000);  // the server has looked at its events since: worker 1's connection is known
+    leaving->reset();
+    auto w0 = worker(0, std::chrono::seconds(10));  // on the descriptor worker 1's freed, most likely
+    ASSERT_TRUE(w0.ok()) << w0.status().ToString();
+    usleep(600000);  // the server has looked at its events again: worker 1's DISCONNECTED among them
+    auto twin = worker(0, std::chrono::milliseconds(500));
+    EXPECT_FALSE(twin.ok()) << "round " << round << ": a second worker 0 was taken while the first is connected";
+    if (!twin.ok()) {
+      EXPECT_EQ(twin.status().code(), StatusCode::kAlreadyExists) << twin.status().ToString();
+    }
+  }
+  stop.store(true);
+  pusher.join();
 }
 
 TEST(Processes, AKilledServerFailsTheRequestsInFlightToItAtOnce) {

@@ -108,6 +108,13 @@ class Connections {
   std::vector<ToClose> Due(Clock::time_point now, Held&& held);
 
   bool Tracks(int fd) const { return conns_.contains(fd); }
+  // Whether `fd` is tracked and has spoken with ZeroMQ routing id `routing`: a message of that
+  // connection. False for one that has not spoken yet, and for a descriptor reused by a new
+  // connection before the old one's DISCONNECTED was read.
+  bool Knows(int fd, std::string_view routing) const {
+    auto it = conns_.find(fd);
+    return it != conns_.end() && it->second.spoke && it->second.routing == routing;
+  }
   // The peer of connection `fd` as recorded when it was accepted, for logs.
   std::string PeerOf(int fd) const {
     if (fd < 0) return "an in-process peer";

@@ -120,8 +120,12 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
   // messages afresh, without the descriptor.
   req.fd = zmq_msg_get(frames[frames.size() > 1 ? 1 : 0].handle(), ZMQ_SRCFD);
   // A connection not seen yet: the events ZeroMQ reported before its first message, ACCEPTED
-  // among them (connections.h). Known ones need no look: this stays off the common path.
-  if (req.fd >= 0 && !connections_.Tracks(req.fd)) DrainMonitor();
+  // among them (connections.h). Known ones need no look: this stays off the common path. A
+  // descriptor known under another routing id is a new connection on a descriptor freed by one
+  // whose DISCONNECTED is still unread (the loop reads messages before events): without the look
+  // its Hello would bind a rank to the old connection's record, and that DISCONNECTED would then
+  // take the rank's live connection away with it.
+  if (req.fd >= 0 && !connections_.Knows(req.fd, req.peer())) DrainMonitor();
   // A connection refused for the cap gets only that refusal, once its request can be named.
   const Status refused = connections_.Heard(req.fd, req.peer(), req.arrived);
   // A malformed message: counted, logged (rate-limited, naming the peer) and answered.

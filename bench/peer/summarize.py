@@ -138,18 +138,25 @@ def main(folder):
                    if view in times.get(a, {}).get(r, {}) and copy in times.get(a, {}).get(r, {})]
             print((f"{view:28s} {cell(per):>24s}   " + " ".join(f"{x:.3f}" for x in per)).rstrip())
 
-    print()
-    print("share of raw ZeroMQ's payload rate (raw_proc/tcp/<size> of the same round), median (min-max)")
-    print(f"{'operation':28s}" + "".join(f" {a:>24s}" for a in arms))
-    for label, _, n, moves in ops:
-        if n is None:
-            continue
-        row = []
-        for a in arms:
-            shares = [w * moves * raw[r][n] / (2 * times[a][r][label]) for r in rounds
-                      if n in raw.get(r, {}) and label in times.get(a, {}).get(r, {})]
-            row.append(cell(shares))
-        print(f"{label:28s}" + "".join(f" {c:>24s}" for c in row))
+    def share_table(title, share):
+        """A row per dense operation: each arm's share(arm, label, n, moves, round) over the rounds
+        (None: not measured that round)."""
+        print()
+        print(title)
+        print(f"{'operation':28s}" + "".join(f" {a:>24s}" for a in arms))
+        for label, _, n, moves in ops:
+            if n is None:
+                continue
+            row = []
+            for a in arms:
+                got = [share(a, label, n, moves, r) for r in rounds if label in times.get(a, {}).get(r, {})]
+                row.append(cell([x for x in got if x is not None]))
+            print(f"{label:28s}" + "".join(f" {c:>24s}" for c in row))
+
+    share_table("share of raw ZeroMQ's payload rate (raw_proc/tcp/<size> of the same round), median (min-max)",
+                lambda a, label, n, moves, r: (w * moves * raw[r][n] / (2 * times[a][r][label])
+                                               if n in raw.get(r, {}) else None))
+
     # The yardstick that moves what the call moves (a push one way, a pull the other way).
     def same_bytes_ms(label, n, r):
         if label.startswith("push_dense/"):
@@ -159,19 +166,10 @@ def main(folder):
         return raw.get(r, {}).get(n)
 
     if one_way:
-        print()
-        print("share of raw ZeroMQ moving the same bytes (a push: raw_proc_up/tcp/<size>, the frame one way and an "
-              "empty reply; a pull: raw_proc_down/tcp/<size>; a push+pull: the round trip), median (min-max)")
-        print(f"{'operation':28s}" + "".join(f" {a:>24s}" for a in arms))
-        for label, _, n, _ in ops:
-            if n is None:
-                continue
-            row = []
-            for a in arms:
-                shares = [w * same_bytes_ms(label, n, r) / times[a][r][label] for r in rounds
-                          if same_bytes_ms(label, n, r) is not None and label in times.get(a, {}).get(r, {})]
-                row.append(cell(shares))
-            print(f"{label:28s}" + "".join(f" {c:>24s}" for c in row))
+        share_table("share of raw ZeroMQ moving the same bytes (a push: raw_proc_up/tcp/<size>, the frame one way and "
+                    "an empty reply; a pull: raw_proc_down/tcp/<size>; a push+pull: the round trip), median (min-max)",
+                    lambda a, label, n, moves, r: (w * same_bytes_ms(label, n, r) / times[a][r][label]
+                                                   if same_bytes_ms(label, n, r) is not None else None))
         print(f"{'raw one way, ms per call':28s}")
         for direction in ("up", "down"):
             for n, size in SIZES.items():

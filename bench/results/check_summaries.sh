@@ -56,6 +56,7 @@ same $R/zero_copy/cpu_per_example/after/summary.txt $R/cpu_per_example/summarize
 same $R/zero_copy/cpu_per_example/before/summary.txt $R/cpu_per_example/summarize.py $R/zero_copy/cpu_per_example/before
 same $R/paired/summary.txt $R/paired/summarize.py $R/paired
 same $R/verified/summary.txt $R/verified/summarize.py $R/verified
+same $R/paired/2x2/summary.txt bench/peer/summarize.py $R/paired/2x2
 same $R/sync_pieces/summary.txt $R/sync_pieces/summarize.py $R/sync_pieces
 same $R/sparse_dedup/client/summary.txt $R/before_after/summarize.py $R/sparse_dedup/client
 same $R/sparse_dedup/bench/summary.txt $R/before_after/summarize.py $R/sparse_dedup/bench

@@ -791,6 +791,12 @@ std::string OpName(DenseOp op) {
   return "?";
 }
 
+// The raw call that moves what `op` moves: a push's tensor one way, a pull's the other, a
+// push+pull's both.
+RawShape ShapeOf(DenseOp op) {
+  return op == DenseOp::kPush ? RawShape::kUp : op == DenseOp::kPull ? RawShape::kDown : RawShape::kEcho;
+}
+
 // Payload bytes one call moves: a push or a pull carries the tensor once, a push+pull twice.
 double PayloadBytes(DenseOp op, int64_t bytes) {
   return static_cast<double>(op == DenseOp::kPushPull ? 2 * bytes : bytes);
@@ -825,18 +831,6 @@ class DenseWorker {
   // fresh_out: the pulled values go into a new vector each call, as a user's program that writes
   // `std::vector<float> out(n); client->PullDense(...)` does (its pages are the allocator's to
   // make warm or cold), instead of one buffer reused.
-  // The pull and push+pull with the values left where they arrived (PullDenseView,
-  // PushPullDenseView); a push is the same call either way.
-  Status CallView(DenseOp op, int64_t step) {
-    if (op == DenseOp::kPush) return Call(op, step);
-    const std::string_view table = kDenseTable;
-    const DenseIn in{kDenseTable, grad_};
-    std::shared_ptr<const PulledDense> values;
-    Handle h = op == DenseOp::kPull ? client_->PullDenseView(std::span(&table, 1), step, &values)
-                                    : client_->PushPullDenseView(std::span(&in, 1), step, &values);
-    return h.wait(kWaitTimeout);
-  }
-
   Status Call(DenseOp op, int64_t step, bool fresh_out = false) {
     std::vector<float> fresh;
     if (fresh_out) fresh.resize(out_.size());
@@ -848,6 +842,18 @@ class DenseWorker {
       case DenseOp::kPull: h = client_->PullDense(std::span(&out, 1), step); break;
       case DenseOp::kPushPull: h = client_->PushPullDense(std::span(&in, 1), std::span(&out, 1), step); break;
     }
+    return h.wait(kWaitTimeout);
+  }
+
+  // The pull and push+pull with the values left where they arrived (PullDenseView,
+  // PushPullDenseView); a push is the same call either way.
+  Status CallView(DenseOp op, int64_t step) {
+    if (op == DenseOp::kPush) return Call(op, step);
+    const std::string_view table = kDenseTable;
+    const DenseIn in{kDenseTable, grad_};
+    std::shared_ptr<const PulledDense> values;
+    Handle h = op == DenseOp::kPull ? client_->PullDenseView(std::span(&table, 1), step, &values)
+                                    : client_->PushPullDenseView(std::span(&in, 1), step, &values);
     return h.wait(kWaitTimeout);
   }
 
@@ -867,10 +873,9 @@ void BM_PsDense(benchmark::State& state, Baselines& baselines, SharedRun& run, D
                                  : baselines.RawRate(OneFrame(net, size));
   const double raw_chunked = lead && !processes ? baselines.RawRate(Chunked(net, size)) : 0.0;
   // Against raw ZeroMQ moving the bytes this call moves: a push's one way, a pull's the other.
-  const double raw_same_bytes = !lead || !processes ? 0.0
-                                : op == DenseOp::kPush ? baselines.RawRate(OneWayProcess(size, RawShape::kUp))
-                                : op == DenseOp::kPull ? baselines.RawRate(OneWayProcess(size, RawShape::kDown))
-                                                       : raw;
+  const double raw_same_bytes = !lead || !processes             ? 0.0
+                                : op == DenseOp::kPushPull ? raw
+                                                           : baselines.RawRate(OneWayProcess(size, ShapeOf(op)));
   auto cluster = run.Enter(state, net, /*num_servers=*/state.threads(), processes);
   DenseWorker worker;
   Status st = cluster.ok() ? worker.Start(**cluster, state.thread_index(), state.threads(), size.bytes)
@@ -904,12 +909,8 @@ void BM_PsDense(benchmark::State& state, Baselines& baselines, SharedRun& run, D
 // median ms of each (`ferry_ms`, `raw_ms`), `vs_raw_same_bytes` = raw_ms / ferry_ms (the share of
 // raw's rate), and the median and quartiles of the per-pair ratio (`pair_*`).
 void BM_PsPaired(benchmark::State& state, DenseOp op, Size size, bool view) {
-  const RawShape shape = op == DenseOp::kPush   ? RawShape::kUp
-                         : op == DenseOp::kPull ? RawShape::kDown
-                                                : RawShape::kEcho;
-  auto raw = RawRoundTrip::Start(Net::kTcp, size.bytes, size.bytes, /*process=*/true, shape);
-  SharedRun run(1);
-  auto cluster = run.Enter(state, Net::kTcp, /*num_servers=*/1, /*processes=*/true);
+  auto raw = RawRoundTrip::Start(Net::kTcp, size.bytes, size.bytes, /*process=*/true, ShapeOf(op));
+  auto cluster = StartCluster(Net::kTcp, /*num_servers=*/1, /*processes=*/true);
   DenseWorker worker;
   Status st = !raw.ok() ? raw.status() : !cluster.ok() ? cluster.status() : worker.Start(**cluster, 0, 1, size.bytes);
   int64_t step = 0;
@@ -937,7 +938,6 @@ void BM_PsPaired(benchmark::State& state, DenseOp op, Size size, bool view) {
     ferry_ms.push_back(ms[0]);
     raw_ms.push_back(ms[1]);
   }
-  run.Leave(state, {});
   if (state.error_occurred() || ferry_ms.empty()) return;
   std::vector<double> ratio(ferry_ms.size());
   for (size_t i = 0; i < ratio.size(); ++i) ratio[i] = raw_ms[i] / ferry_ms[i];

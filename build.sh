@@ -30,7 +30,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ pkg-config
           libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
-          libabsl-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev libmicrohttpd-dev prometheus-cpp-dev prometheus
+          libabsl-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev librocksdb-dev libmicrohttpd-dev prometheus-cpp-dev prometheus
           dataset-fashion-mnist python3 python3-dev python3-numpy python3-torch pybind11-dev
           python3-setuptools python3-wheel python3-pip python3-venv gnuplot-nox clang libclang-rt-dev
           stress-ng)

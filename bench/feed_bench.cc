@@ -33,8 +33,11 @@
 #include "ferry/client.h"
 #include "ferry/feed.h"
 #include "ferry/server.h"
+#include "zipf.h"
 
 namespace {
+
+using ferry::bench::Zipf;
 
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
@@ -57,23 +60,6 @@ double ThreadCpuSeconds() {
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
-
-// Zipf(s) over [0, n) by inverting the cumulative weights (precomputed once).
-class Zipf {
- public:
-  Zipf(int64_t n, double s) : cdf_(static_cast<size_t>(n)) {
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) cdf_[static_cast<size_t>(i)] = sum += 1.0 / std::pow(static_cast<double>(i + 1), s);
-    for (double& c : cdf_) c /= sum;
-  }
-  int64_t operator()(std::mt19937_64& g) const {
-    const double u = std::uniform_real_distribution<double>(0, 1)(g);
-    return static_cast<int64_t>(std::lower_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin());
-  }
-
- private:
-  std::vector<double> cdf_;
-};
 
 }  // namespace
 

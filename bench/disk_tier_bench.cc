@@ -1,0 +1,305 @@
+// bench/disk_tier_bench.cc — the disk tier's store (ps/server/internal/disk_tier.h, issue 37)
+// against its limits, in one run: lookups of batches of ids read from the store with O_DIRECT
+// (what a row that is not in RAM costs: the disk, no page cache), beside the disk's own random
+// 4 KiB read rate in the same folder (fio, O_DIRECT, synchronous reads: one job, as one thread
+// reading the store; two jobs, as two), and the RAM-only table's lookups (SparseShard::Find and a
+// copy of the row, as a pull serves it).
+//
+// The table: --rows rows of dim --dim with Adam (3 x dim floats a row, and 8 bytes of steps), ids
+// spread over 63 bits like hashed features, written in batches of 10,000 and compacted (the store
+// as a long-running server's settles). Streams: ids uniform over the rows, and Zipf (s = 1.1) with
+// the ranks scattered over the ids; batches of --batch ids drawn before the timing. The block
+// cache is --cache-mb (index and filter blocks in it). Two stores hold the rows: data blocks as
+// RocksDB lays them (DiskTier's default; arms "disk/") and padded to 4 KiB pages
+// ("disk_aligned/"), so the choice is measured in the same run. Reader threads: 1, 2 and 8 (a
+// pool of synchronous readers keeps several reads in flight), fio jobs likewise.
+//
+// Each round runs every arm for --seconds, in an order that rotates from round to round; a round's
+// figures go to stderr, and stdout gets JSON with every round and the medians. Needs fio on PATH
+// (Debian: fio). Files go into a fresh folder under --dir (default /var/tmp), removed at the end.
+//
+//   ferry-disk-bench [--rows N] [--dim D] [--batch B] [--seconds S] [--rounds R] [--dir PATH]
+//                    [--cache-mb M] > results.json
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ferry/table_spec.h"
+#include "internal/disk_tier.h"
+#include "internal/optimizer.h"
+#include "internal/tables.h"
+#include "zipf.h"
+
+namespace ferry::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+constexpr uint64_t kTable = 1;
+
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.empty() ? 0.0 : v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Row k's id: spread over 63 bits (SplitMix64's finaliser), distinct for distinct k.
+int64_t IdOf(int64_t k) {
+  uint64_t z = static_cast<uint64_t>(k) + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<int64_t>((z ^ (z >> 31)) >> 1);
+}
+
+struct Flags {
+  int64_t rows = 2'000'000;
+  int64_t dim = 16;
+  int64_t batch = 512;
+  double seconds = 3;
+  int rounds = 3;
+  std::string dir = "/var/tmp";
+  int64_t cache_mb = 8;
+};
+
+// Runs `lookup(thread, batch index)` on `threads` threads for `seconds`; returns ids per second.
+double TimeLookups(int threads, double seconds, int64_t batch, const std::function<void(int, size_t)>& lookup) {
+  std::atomic<int64_t> batches{0};
+  std::vector<std::thread> pool;
+  const auto t0 = Clock::now();
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      size_t i = static_cast<size_t>(t) * 7919;
+      int64_t n = 0;
+      while (Since(t0) < seconds) lookup(t, i++), ++n;
+      batches.fetch_add(n);
+    });
+  }
+  for (auto& th : pool) th.join();
+  return static_cast<double>(batches.load() * batch) / Since(t0);
+}
+
+// fio's random 4 KiB O_DIRECT synchronous reads of `file` for `seconds`, `jobs` jobs: IOPS.
+double FioIops(const std::string& file, int64_t bytes, int jobs, double seconds) {
+  const std::string cmd = "fio --name=disk --filename=" + file + " --size=" + std::to_string(bytes) +
+                          " --rw=randread --bs=4k --direct=1 --ioengine=psync --iodepth=1 --numjobs=" +
+                          std::to_string(jobs) + " --group_reporting --time_based --runtime=" +
+                          std::to_string(static_cast<int>(seconds + 0.5)) + " --output-format=json 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return 0;
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  if (::pclose(p) != 0) {
+    std::fprintf(stderr, "fio failed (is it installed? Debian: apt-get install fio)\n");
+    std::exit(1);
+  }
+  const size_t brace = out.find('{');
+  const Json j = Json::parse(out.substr(brace == std::string::npos ? 0 : brace));
+  return j["jobs"][0]["read"]["iops"].get<double>();
+}
+
+int Run(const Flags& f) {
+  const fs::path dir = fs::path(f.dir) / ("ferry-disk-bench-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  TableSpec spec;
+  spec.name = "emb";
+  spec.type = TableType::kSparse;
+  spec.dim = f.dim;
+  spec.optimizer.type = OptimizerType::kAdam;
+  const int64_t row_floats = f.dim * (1 + ps::StateSlots(spec.optimizer.type));
+
+  // The RAM-only table and the store hold the same rows.
+  std::fprintf(stderr, "building %lld rows of %lld floats in RAM and on disk (%s)\n", static_cast<long long>(f.rows),
+               static_cast<long long>(row_floats), dir.c_str());
+  ps::SparseShard ram(spec, kTable, 1);
+  // One store per block layout (DiskTier::Options::align_blocks), each with its own block cache.
+  const std::vector<std::pair<std::string, bool>> layouts = {{"unaligned", false}, {"aligned", true}};
+  std::vector<std::unique_ptr<ps::DiskTier>> tiers;
+  for (const auto& [name, align] : layouts) {
+    ps::DiskTier::Options o;
+    o.path = (dir / name).string();
+    o.block_cache_bytes = f.cache_mb << 20;
+    o.direct_reads = true;
+    o.align_blocks = align;
+    std::unique_ptr<ps::DiskTier> tier;
+    Status s = ps::DiskTier::Open(o, &tier);
+    if (s.ok()) s = tier->AddTable(kTable, spec.name, row_floats);
+    if (!s.ok()) return std::fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+    tiers.push_back(std::move(tier));
+  }
+  const auto build0 = Clock::now();
+  constexpr int64_t kWriteBatch = 10'000;
+  std::vector<int64_t> ids, steps;
+  std::vector<float> rows;
+  for (int64_t k0 = 0; k0 < f.rows; k0 += kWriteBatch) {
+    ids.clear();
+    steps.clear();
+    rows.clear();
+    for (int64_t k = k0; k < std::min(f.rows, k0 + kWriteBatch); ++k) {
+      const int64_t id = IdOf(k);
+      const ps::RowIndex r = ram.FindOrCreate(id);
+      float* row = ram.row(r);
+      for (int64_t e = 0; e < row_floats; ++e) row[e] = static_cast<float>(k) + 0.25f * static_cast<float>(e);
+      ids.push_back(id);
+      steps.push_back(k);
+      rows.insert(rows.end(), row, row + row_floats);
+    }
+    for (auto& tier : tiers) {
+      if (Status s = tier->Write(kTable, ids, steps, rows.data()); !s.ok()) {
+        return std::fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+      }
+    }
+  }
+  std::vector<int64_t> store_bytes_of;
+  for (auto& tier : tiers) {
+    if (Status s = tier->Compact(); !s.ok()) return std::fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+    store_bytes_of.push_back(tier->FileBytes(kTable));
+  }
+  const double build_s = Since(build0);
+  const int64_t store_bytes = store_bytes_of[0];
+  std::fprintf(stderr, "built in %.1f s: %.1f MiB of table files (unaligned), %.1f MiB (aligned)\n", build_s,
+               static_cast<double>(store_bytes_of[0]) / (1 << 20), static_cast<double>(store_bytes_of[1]) / (1 << 20));
+
+  // The id streams, drawn before any timing.
+  std::mt19937_64 g(2026);
+  const Zipf zipf(f.rows, 1.1);
+  const size_t kBatches = 2048;
+  std::map<std::string, std::vector<int64_t>> streams;
+  for (const char* dist : {"uniform", "zipf1.1"}) {
+    auto& v = streams[dist];
+    v.resize(kBatches * static_cast<size_t>(f.batch));
+    std::uniform_int_distribution<int64_t> uni(0, f.rows - 1);
+    for (auto& id : v) id = IdOf(std::string(dist) == "uniform" ? uni(g) : zipf(g));
+  }
+
+  // A file of the store's size for fio, laid out once.
+  const std::string fio_file = (dir / "fio.dat").string();
+  FioIops(fio_file, store_bytes, 1, 1);
+
+  struct Arm {
+    std::string name;
+    std::function<double()> run;  // ids (or reads) per second
+  };
+  std::vector<Arm> arms;
+  for (int jobs : {1, 2, 8}) {
+    arms.push_back({"fio_randread_4k/j" + std::to_string(jobs), [&, jobs] { return FioIops(fio_file, store_bytes, jobs, f.seconds); }});
+  }
+  for (const char* dist : {"uniform", "zipf1.1"}) {
+    const std::vector<int64_t>& stream = streams[dist];
+    auto batch_ids = [&stream, &f, kBatches](size_t i) {
+      return std::span<const int64_t>(stream.data() + (i % kBatches) * static_cast<size_t>(f.batch), static_cast<size_t>(f.batch));
+    };
+    arms.push_back({std::string("ram/") + dist + "/t1", [&, batch_ids] {
+                      std::vector<float> out(static_cast<size_t>(f.batch * row_floats));
+                      return TimeLookups(1, f.seconds, f.batch, [&](int, size_t i) {
+                        const auto b = batch_ids(i);
+                        for (size_t k = 0; k < b.size(); ++k) {
+                          const ps::RowIndex r = ram.Find(b[k]);
+                          std::memcpy(&out[k * static_cast<size_t>(row_floats)], ram.row(r), static_cast<size_t>(row_floats) * 4);
+                        }
+                      });
+                    }});
+    for (size_t v = 0; v < tiers.size(); ++v)
+    for (int threads : {1, 2, 8}) {
+      ps::DiskTier* tier = tiers[v].get();
+      const std::string layout = v == 0 ? "" : "_" + layouts[v].first;
+      arms.push_back({"disk" + layout + "/" + dist + "/t" + std::to_string(threads), [&, batch_ids, threads, tier] {
+                        const auto n = static_cast<size_t>(threads);
+                        std::vector<std::vector<float>> out(n, std::vector<float>(static_cast<size_t>(f.batch * row_floats)));
+                        std::vector<std::vector<int64_t>> st(n, std::vector<int64_t>(static_cast<size_t>(f.batch)));
+                        std::vector<std::vector<bool>> found(n);
+                        std::atomic<int64_t> missing{0};
+                        const double rate = TimeLookups(threads, f.seconds, f.batch, [&](int t, size_t i) {
+                          const auto b = batch_ids(i);
+                          const auto tt = static_cast<size_t>(t);
+                          Status s = tier->Read(kTable, b, out[tt].data(), st[tt].data(), &found[tt]);
+                          if (!s.ok()) std::fprintf(stderr, "%s\n", s.ToString().c_str()), std::exit(1);
+                          missing += std::count(found[tt].begin(), found[tt].end(), false);
+                        });
+                        if (missing.load() != 0) std::fprintf(stderr, "%lld ids not found\n", static_cast<long long>(missing.load())), std::exit(1);
+                        return rate;
+                      }});
+    }
+  }
+
+  Json out;
+  out["machine_cores"] = std::thread::hardware_concurrency();
+  out["rows"] = f.rows;
+  out["dim"] = f.dim;
+  out["row_bytes"] = row_floats * 4 + 8;
+  out["batch"] = f.batch;
+  out["seconds"] = f.seconds;
+  out["cache_mb"] = f.cache_mb;
+  out["store_file_bytes"] = store_bytes;
+  out["build_seconds"] = build_s;
+  std::map<std::string, std::vector<double>> per_arm;
+  for (int round = 0; round < f.rounds; ++round) {
+    for (size_t k = 0; k < arms.size(); ++k) {
+      const Arm& arm = arms[(k + static_cast<size_t>(round)) % arms.size()];
+      const double rate = arm.run();
+      per_arm[arm.name].push_back(rate);
+      std::fprintf(stderr, "round %d %-28s %12.0f /s\n", round, arm.name.c_str(), rate);
+    }
+  }
+  for (const auto& [name, v] : per_arm) {
+    out["arms"][name]["per_round"] = v;
+    out["arms"][name]["median"] = Median(v);
+  }
+  out["store_file_bytes_aligned"] = store_bytes_of[1];
+  const ps::DiskTier::Stats st = tiers[0]->stats();
+  out["store_reads"] = st.reads;
+  out["store_read_us_log2_buckets"] = st.read_us;
+  std::printf("%s\n", out.dump(1).c_str());
+  tiers.clear();
+  fs::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+}  // namespace ferry::bench
+
+int main(int argc, char** argv) {
+  ferry::bench::Flags f;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) return std::fprintf(stderr, "%s needs a value\n", flag.c_str()), 2;
+    const char* v = argv[i + 1];
+    if (flag == "--rows") f.rows = std::atoll(v);
+    else if (flag == "--dim") f.dim = std::atoll(v);
+    else if (flag == "--batch") f.batch = std::atoll(v);
+    else if (flag == "--seconds") f.seconds = std::atof(v);
+    else if (flag == "--rounds") f.rounds = std::atoi(v);
+    else if (flag == "--dir") f.dir = v;
+    else if (flag == "--cache-mb") f.cache_mb = std::atoll(v);
+    else {
+      return std::fprintf(stderr,
+                          "usage: ferry-disk-bench [--rows N] [--dim D] [--batch B] [--seconds S] [--rounds R] "
+                          "[--dir PATH] [--cache-mb M]\n"),
+             2;
+    }
+  }
+  if (f.rows < 1 || f.dim < 1 || f.batch < 1 || f.seconds <= 0 || f.rounds < 1 || f.cache_mb < 0) {
+    return std::fprintf(stderr, "every flag must be positive\n"), 2;
+  }
+  return ferry::bench::Run(f);
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""The disk tier's store against its limits (bench/results/disk_tier/run.json from
+bench/disk_tier_bench.cc): each arm's median lookups per second over the rounds, as a share of the
+disk's random 4 KiB reads with the same number of threads (fio, O_DIRECT, synchronous: the most a
+thread reading the store one block at a time can get), and the RAM-only table's lookups against the
+store's.
+    summarize.py run.json
+"""
+import json
+import sys
+
+
+def main(path):
+    d = json.load(open(path))
+    arms = d["arms"]
+    med = {name: a["median"] for name, a in arms.items()}
+    print(f"rows {d['rows']:,} of {d['row_bytes']} bytes (dim {d['dim']}, Adam), batches of {d['batch']} ids, "
+          f"{d['store_file_bytes'] / 2**20:.1f} MiB of table files, block cache {d['cache_mb']} MiB, "
+          f"{len(next(iter(arms.values()))['per_round'])} rounds of {d['seconds']} s")
+    print()
+    print(f"{'arm':<26} {'median /s':>12} {'min /s':>12} {'max /s':>12} {'vs disk':>8} {'RAM / it':>9}")
+    for name in sorted(med):
+        rounds = arms[name]["per_round"]
+        kind, *rest = name.split("/")
+        vs_disk = ram_over = ""
+        if kind.startswith("disk"):
+            dist, threads = rest
+            jobs = threads.replace("t", "j")
+            vs_disk = f"{med[name] / med['fio_randread_4k/' + jobs]:.3f}"
+            ram_over = f"{med['ram/' + dist + '/t1'] / med[name]:.0f}x"
+        print(f"{name:<26} {med[name]:>12,.0f} {min(rounds):>12,.0f} {max(rounds):>12,.0f} {vs_disk:>8} {ram_over:>9}")
+
+    # What a RAM tier of a share of the rows could give: the hit rate of the frequency-optimal cache
+    # (the most probable rows), and the lookups/s it implies when a hit costs the RAM table's
+    # lookup and a miss a cold read at the store's uniform rate with one reader (a model from this
+    # run's medians, not a measurement).
+    n, s_exp = d["rows"], 1.1
+    weights = [1.0 / (k + 1) ** s_exp for k in range(n)]
+    total = sum(weights)
+    print()
+    print("RAM tier share   ideal hit rate (uniform, zipf1.1)   modelled lookups/s, 1 reader (uniform, zipf1.1)")
+    for share in (1.0, 0.1, 0.01):
+        top = int(n * share)
+        hits = {"uniform": share, "zipf1.1": sum(weights[:top]) / total}
+        rate = {dist: 1.0 / (h / med[f"ram/{dist}/t1"] + (1 - h) / med["disk/uniform/t1"]) for dist, h in hits.items()}
+        print(f"{share:>14.0%}   {hits['uniform']:>14.4f} {hits['zipf1.1']:>8.4f}"
+              f"            {rate['uniform']:>18,.0f} {rate['zipf1.1']:>10,.0f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -100,10 +100,11 @@ double TimeLookups(int threads, double seconds, int64_t batch, const std::functi
 
 // fio's random 4 KiB O_DIRECT synchronous reads of `file` for `seconds`, `jobs` jobs: IOPS.
 double FioIops(const std::string& file, int64_t bytes, int jobs, double seconds) {
-  const std::string cmd = "fio --name=disk --filename=" + file + " --size=" + std::to_string(bytes) +
-                          " --rw=randread --bs=4k --direct=1 --ioengine=psync --iodepth=1 --numjobs=" +
-                          std::to_string(jobs) + " --group_reporting --time_based --runtime=" +
-                          std::to_string(static_cast<int>(seconds + 0.5)) + " --output-format=json 2>/dev/null";
+  const std::string cmd =
+      "fio --name=disk --filename=" + file + " --size=" + std::to_string(bytes) +
+      " --rw=randread --bs=4k --direct=1 --ioengine=psync --iodepth=1 --numjobs=" + std::to_string(jobs) +
+      " --group_reporting --time_based --runtime=" + std::to_string(static_cast<int>(seconds + 0.5)) +
+      " --output-format=json 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return 0;
   std::string out;
@@ -202,12 +203,14 @@ int Run(const Flags& f) {
   };
   std::vector<Arm> arms;
   for (int jobs : {1, 2, 8}) {
-    arms.push_back({"fio_randread_4k/j" + std::to_string(jobs), [&, jobs] { return FioIops(fio_file, store_bytes, jobs, f.seconds); }});
+    arms.push_back({"fio_randread_4k/j" + std::to_string(jobs),
+                    [&, jobs] { return FioIops(fio_file, store_bytes, jobs, f.seconds); }});
   }
   for (const char* dist : {"uniform", "zipf1.1"}) {
     const std::vector<int64_t>& stream = streams[dist];
     auto batch_ids = [&stream, &f, kBatches](size_t i) {
-      return std::span<const int64_t>(stream.data() + (i % kBatches) * static_cast<size_t>(f.batch), static_cast<size_t>(f.batch));
+      return std::span<const int64_t>(stream.data() + (i % kBatches) * static_cast<size_t>(f.batch),
+                                      static_cast<size_t>(f.batch));
     };
     arms.push_back({std::string("ram/") + dist + "/t1", [&, batch_ids] {
                       std::vector<float> out(static_cast<size_t>(f.batch * row_floats));
@@ -215,31 +218,34 @@ int Run(const Flags& f) {
                         const auto b = batch_ids(i);
                         for (size_t k = 0; k < b.size(); ++k) {
                           const ps::RowIndex r = ram.Find(b[k]);
-                          std::memcpy(&out[k * static_cast<size_t>(row_floats)], ram.row(r), static_cast<size_t>(row_floats) * 4);
+                          std::memcpy(&out[k * static_cast<size_t>(row_floats)], ram.row(r),
+                                      static_cast<size_t>(row_floats) * 4);
                         }
                       });
                     }});
     for (size_t v = 0; v < tiers.size(); ++v)
-    for (int threads : {1, 2, 8}) {
-      ps::DiskTier* tier = tiers[v].get();
-      const std::string layout = v == 0 ? "" : "_" + layouts[v].first;
-      arms.push_back({"disk" + layout + "/" + dist + "/t" + std::to_string(threads), [&, batch_ids, threads, tier] {
-                        const auto n = static_cast<size_t>(threads);
-                        std::vector<std::vector<float>> out(n, std::vector<float>(static_cast<size_t>(f.batch * row_floats)));
-                        std::vector<std::vector<int64_t>> st(n, std::vector<int64_t>(static_cast<size_t>(f.batch)));
-                        std::vector<std::vector<bool>> found(n);
-                        std::atomic<int64_t> missing{0};
-                        const double rate = TimeLookups(threads, f.seconds, f.batch, [&](int t, size_t i) {
-                          const auto b = batch_ids(i);
-                          const auto tt = static_cast<size_t>(t);
-                          Status s = tier->Read(kTable, b, out[tt].data(), st[tt].data(), &found[tt]);
-                          if (!s.ok()) std::fprintf(stderr, "%s\n", s.ToString().c_str()), std::exit(1);
-                          missing += std::count(found[tt].begin(), found[tt].end(), false);
-                        });
-                        if (missing.load() != 0) std::fprintf(stderr, "%lld ids not found\n", static_cast<long long>(missing.load())), std::exit(1);
-                        return rate;
-                      }});
-    }
+      for (int threads : {1, 2, 8}) {
+        ps::DiskTier* tier = tiers[v].get();
+        const std::string layout = v == 0 ? "" : "_" + layouts[v].first;
+        arms.push_back(
+            {"disk" + layout + "/" + dist + "/t" + std::to_string(threads), [&, batch_ids, threads, tier] {
+               const auto n = static_cast<size_t>(threads);
+               std::vector<std::vector<float>> out(n, std::vector<float>(static_cast<size_t>(f.batch * row_floats)));
+               std::vector<std::vector<int64_t>> st(n, std::vector<int64_t>(static_cast<size_t>(f.batch)));
+               std::vector<std::vector<bool>> found(n);
+               std::atomic<int64_t> missing{0};
+               const double rate = TimeLookups(threads, f.seconds, f.batch, [&](int t, size_t i) {
+                 const auto b = batch_ids(i);
+                 const auto tt = static_cast<size_t>(t);
+                 Status s = tier->Read(kTable, b, out[tt].data(), st[tt].data(), &found[tt]);
+                 if (!s.ok()) std::fprintf(stderr, "%s\n", s.ToString().c_str()), std::exit(1);
+                 missing += std::count(found[tt].begin(), found[tt].end(), false);
+               });
+               if (missing.load() != 0)
+                 std::fprintf(stderr, "%lld ids not found\n", static_cast<long long>(missing.load())), std::exit(1);
+               return rate;
+             }});
+      }
   }
 
   Json out;

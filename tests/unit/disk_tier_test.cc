@@ -17,13 +17,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <set>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
+#include "ferry/table_spec.h"
 #include "internal/disk_tier.h"
+#include "internal/init.h"
+#include "internal/tables.h"
 #include "support/temp_dir.h"
 
 namespace ferry::ps {
@@ -254,6 +259,57 @@ TEST(DiskTier, ACorruptFileIsDataLossNeverAWrongRow) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// ---- A shard with the tier ------------------------------------------------------------------
+
+constexpr uint64_t kShardTable = 0x37;
+constexpr int64_t kDim = 4;
+
+TableSpec ShardSpec(int64_t max_rows, int64_t evict_after_steps = 0) {
+  TableSpec s;
+  s.name = "emb";
+  s.type = TableType::kSparse;
+  s.dim = kDim;
+  s.optimizer.type = OptimizerType::kAdam;  // two state slots that must travel with the row
+  s.optimizer.learning_rate = 0.01f;
+  s.consistency = Consistency::kSync;
+  s.init = InitType::kUniform;
+  s.init_scale = 0.1f;
+  s.seed = 11;
+  s.max_rows = max_rows;
+  s.evict_after_steps = evict_after_steps;
+  return s;
+}
+
+// What a pull of `ids` serves from `shard` (promoting first when it has a disk).
+std::vector<float> PullRows(SparseShard& shard, const std::vector<int64_t>& ids) {
+  shard.PromoteForPull(ids);
+  std::vector<float> out(ids.size() * kDim);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (const RowIndex r = shard.FindForPull(ids[i]); r != kNoRow) {
+      std::memcpy(&out[i * kDim], shard.row(r), kDim * sizeof(float));
+    } else {
+      shard.InitialRow(ids[i], &out[i * kDim]);
+    }
+  }
+  return out;
+}
+
+// Every row of the shard, RAM and disk, by id: (steps, floats).
+std::map<int64_t, std::pair<int64_t, std::vector<float>>> AllRows(SparseShard& shard, DiskTier* disk) {
+  std::map<int64_t, std::pair<int64_t, std::vector<float>>> rows;
+  if (disk != nullptr) {
+    Status s = disk->ForEachRow(kShardTable, [&](int64_t id, int64_t steps, const float* row) {
+      rows[id] = {steps, std::vector<float>(row, row + shard.row_floats())};
+      return Status::Ok();
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  shard.ForEachRow([&](int64_t id, RowIndex r) {  // RAM shadows the disk
+    rows[id] = {shard.steps(r), std::vector<float>(shard.row(r), shard.row(r) + shard.row_floats())};
+  });
+  return rows;
+}
+
 // The full disk's writer, in a fresh process (RocksDB's background threads do not survive a
 // fork): the store on the 1 MiB tmpfs of FERRY_DISK_TIER_FULL; what it says goes to stdout.
 int FullDiskChild(const char* mnt) {
@@ -270,6 +326,13 @@ int FullDiskChild(const char* mnt) {
   if (Status s = tier->AddTable(kTable, "emb", kFloats); !s.ok()) return say("add: " + s.ToString(), 1);
   const std::vector<int64_t> first = {1, 2, 3};
   if (Status s = WriteIds(*tier, first); !s.ok()) return say("first write: " + s.ToString(), 1);
+  // A shard whose RAM tier of 4 rows is full before the disk fills.
+  const TableSpec spec = ShardSpec(/*max_rows=*/4);
+  SparseShard shard(spec, kShardTable, 1);
+  if (Status s = shard.AttachDisk(tier.get()); !s.ok()) return say("attach: " + s.ToString(), 1);
+  std::vector<RowIndex> scratch;
+  std::vector<float> grads(3 * kDim, 1.0f);
+  shard.ApplyRows(std::vector<int64_t>{11, 12, 13, 14}, grads.data(), &scratch);
   Status failed;
   for (int64_t batch = 0; batch < 400 && failed.ok(); ++batch) {
     std::vector<int64_t> ids;
@@ -284,6 +347,20 @@ int FullDiskChild(const char* mnt) {
   const int64_t n = ReadAndCheck(*tier, first, &s);
   if (!s.ok() || n != 3 || ::testing::Test::HasFailure()) {
     return say("the rows written before the disk filled: " + s.ToString() + ", found " + std::to_string(n), 1);
+  }
+  // A push that must demote a row to make room fails with the disk's error, before any update.
+  const auto before = AllRows(shard, nullptr);
+  try {
+    shard.ApplyRows(std::vector<int64_t>{11, 12, 15}, grads.data(), &scratch);
+    return say("a push that needed a demotion went through on a full disk", 1);
+  } catch (const DiskTierError& e) {
+    if (e.status().code() != StatusCode::kResourceExhausted ||
+        e.status().message().find("table 'emb'") == std::string::npos) {
+      return say("the demotion's error: " + e.status().ToString(), 1);
+    }
+  }
+  if (AllRows(shard, nullptr) != before || shard.Find(15) != kNoRow) {
+    return say("the refused push changed the shard", 1);
   }
   return say(failed.ToString(), 0);
 }
@@ -381,6 +458,135 @@ TEST(DiskTier, KeysSortAsIds) {
     EXPECT_LT(std::memcmp(a.data(), b.data(), 8), 0) << ids[i] << " " << ids[i + 1];
     EXPECT_EQ(ids[i], DiskTier::IdOfKey(a.data()));
   }
+}
+
+
+TEST(DiskTierShard, ARamTierOf40RowsGivesTheBitsOfEverythingInRam) {
+  test::TempDir dir("disk-tier");
+  std::unique_ptr<DiskTier> disk;
+  DiskTier::Options o;
+  o.path = (dir.path() / "store").string();
+  ASSERT_TRUE(DiskTier::Open(o, &disk).ok());
+  const TableSpec tiered_spec = ShardSpec(/*max_rows=*/40), ram_spec = ShardSpec(0);
+  SparseShard tiered(tiered_spec, kShardTable, 1), ram(ram_spec, kShardTable, 1);
+  ASSERT_TRUE(tiered.AttachDisk(disk.get()).ok());
+
+  std::mt19937_64 g(37);
+  std::uniform_int_distribution<int64_t> any(0, 599);
+  std::uniform_real_distribution<float> grad(-1.0f, 1.0f);
+  std::vector<RowIndex> scratch;
+  std::set<int64_t> pushed;
+  for (int step = 0; step < 300; ++step) {
+    std::vector<int64_t> ids;
+    for (int k = 0; k < 16; ++k) ids.push_back(step % 3 == 0 ? any(g) % 30 : any(g));  // a hot set, and the rest
+    ids.push_back(ids.front());  // a repeated id: applied twice, in order
+    const auto a = PullRows(tiered, ids), b = PullRows(ram, ids);
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "step " << step;
+    std::vector<float> grads(ids.size() * kDim);
+    for (float& x : grads) x = grad(g);
+    tiered.ApplyRows(ids, grads.data(), &scratch);
+    ram.ApplyRows(ids, grads.data(), &scratch);
+    pushed.insert(ids.begin(), ids.end());
+    ASSERT_LE(tiered.size(), 40u) << "step " << step;
+  }
+  EXPECT_GT(tiered.lifecycle().demoted, 1000);
+  EXPECT_GT(tiered.lifecycle().promoted, 1000);
+  EXPECT_EQ(0, tiered.lifecycle().evicted_capacity);
+  EXPECT_EQ(0, tiered.lifecycle().not_admitted);
+
+  // Every row pushed is held, in one tier or the other, with the bits and update count of the
+  // shard that kept everything in RAM (which also made rows for pulls only: compare those pushed).
+  auto got = AllRows(tiered, disk.get()), want = AllRows(ram, nullptr);
+  EXPECT_EQ(pushed.size(), got.size());
+  for (int64_t id : pushed) {
+    ASSERT_TRUE(got.count(id)) << "id " << id << " was lost";
+    EXPECT_EQ(want[id].first, got[id].first) << "id " << id;
+    EXPECT_EQ(0, std::memcmp(want[id].second.data(), got[id].second.data(), want[id].second.size() * sizeof(float)))
+        << "id " << id;
+  }
+}
+
+TEST(DiskTierShard, APushOfMoreColdIdsThanTheRamTierHoldsChangesNothing) {
+  test::TempDir dir("disk-tier");
+  std::unique_ptr<DiskTier> disk;
+  DiskTier::Options o;
+  o.path = (dir.path() / "store").string();
+  ASSERT_TRUE(DiskTier::Open(o, &disk).ok());
+  const TableSpec spec = ShardSpec(/*max_rows=*/8);
+  SparseShard shard(spec, kShardTable, 1);
+  ASSERT_TRUE(shard.AttachDisk(disk.get()).ok());
+  std::vector<RowIndex> scratch;
+  std::vector<int64_t> first;
+  for (int64_t id = 0; id < 20; ++id) first.push_back(id);
+  for (size_t k = 0; k < first.size(); k += 4) {  // 20 rows made 4 at a time: 12 of them on disk
+    std::vector<int64_t> four(first.begin() + static_cast<std::ptrdiff_t>(k),
+                              first.begin() + static_cast<std::ptrdiff_t>(k + 4));
+    std::vector<float> grads(four.size() * kDim, 0.5f);
+    shard.ApplyRows(four, grads.data(), &scratch);
+  }
+  const auto before = AllRows(shard, disk.get());
+  ASSERT_EQ(20u, before.size());
+  std::vector<float> grads(first.size() * kDim, 1.0f);
+  try {
+    shard.ApplyRows(first, grads.data(), &scratch);
+    FAIL() << "20 distinct ids in one push went through a RAM tier of 8 rows";
+  } catch (const BudgetExceeded& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("max_rows=8")) << e.what();
+  }
+  EXPECT_EQ(before, AllRows(shard, disk.get())) << "a refused push changed rows";
+  // And the shard goes on: a push that fits is applied.
+  shard.ApplyRows(std::vector<int64_t>{3, 17}, grads.data(), &scratch);
+  const auto after = AllRows(shard, disk.get());
+  EXPECT_EQ(20u, after.size());
+  EXPECT_EQ(before.at(3).first + 1, after.at(3).first);
+  EXPECT_EQ(before.at(17).first + 1, after.at(17).first);
+}
+
+TEST(DiskTierShard, AnIdAgedOutStartsAnewNotFromItsStaleCopy) {
+  test::TempDir dir("disk-tier");
+  std::unique_ptr<DiskTier> disk;
+  DiskTier::Options o;
+  o.path = (dir.path() / "store").string();
+  ASSERT_TRUE(DiskTier::Open(o, &disk).ok());
+  const TableSpec spec = ShardSpec(/*max_rows=*/3, /*evict_after_steps=*/3);
+  SparseShard shard(spec, kShardTable, 1);
+  ASSERT_TRUE(shard.AttachDisk(disk.get()).ok());
+  std::vector<RowIndex> scratch;
+  std::vector<float> grads(2 * kDim, 1.0f);
+  auto push = [&](std::vector<int64_t> ids) { shard.ApplyRows(ids, grads.data(), &scratch); };
+  push({1});
+  push({2, 3});
+  push({4});  // row 1, the least recently touched, demoted
+  ASSERT_EQ(1, shard.lifecycle().demoted);
+  ASSERT_EQ(kNoRow, shard.Find(1));
+  push({1});  // promoted (another row demoted): its stale copy stays on disk
+  ASSERT_EQ(1, shard.lifecycle().promoted);
+  ASSERT_NE(kNoRow, shard.Find(1));
+  for (int k = 0; k < 8; ++k) push({50});  // the others age out of RAM
+  ASSERT_EQ(kNoRow, shard.Find(1)) << "row 1 was not aged out";
+  EXPECT_GT(shard.lifecycle().evicted_age, 0);
+  const auto pulled = PullRows(shard, {1});
+  std::vector<float> initial(kDim);
+  shard.InitialRow(1, initial.data());
+  EXPECT_EQ(0, std::memcmp(initial.data(), pulled.data(), kDim * sizeof(float))) << "an aged-out row came back";
+  EXPECT_EQ(1, shard.lifecycle().promoted);
+}
+
+TEST(DiskTierShard, NeedsLifecycleSettingsAndNoFeed) {
+  test::TempDir dir("disk-tier");
+  std::unique_ptr<DiskTier> disk;
+  DiskTier::Options o;
+  o.path = (dir.path() / "store").string();
+  ASSERT_TRUE(DiskTier::Open(o, &disk).ok());
+  const TableSpec plain = ShardSpec(0), tiered = ShardSpec(4);
+  SparseShard a(plain, kShardTable, 1);
+  EXPECT_EQ(StatusCode::kFailedPrecondition, a.AttachDisk(disk.get()).code());
+  SparseShard b(tiered, kShardTable, 1);
+  ASSERT_TRUE(b.StartFeed().ok());
+  EXPECT_EQ(StatusCode::kFailedPrecondition, b.AttachDisk(disk.get()).code());
+  SparseShard c(tiered, kShardTable + 1, 1);
+  ASSERT_TRUE(c.AttachDisk(disk.get()).ok());
+  EXPECT_EQ(StatusCode::kFailedPrecondition, c.StartFeed().code());
 }
 
 }  // namespace

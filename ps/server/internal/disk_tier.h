@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -38,15 +39,26 @@ class DB;
 
 namespace ferry::ps {
 
+// Thrown where a row must go to the store and cannot (inside code whose failure path is an
+// exception, as BudgetExceeded): status() says what failed and where.
+class DiskTierError : public std::runtime_error {
+ public:
+  explicit DiskTierError(Status s) : std::runtime_error(s.ToString()), status_(std::move(s)) {}
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
 class DiskTier {
  public:
   struct Options {
-    std::string path;                            // the store's folder: created if missing
+    std::string path;  // the store's folder: created if missing
     // RocksDB's block cache, index and filter blocks included; 0: none (every read goes to the files).
     int64_t block_cache_bytes = int64_t{64} << 20;
     int64_t write_buffer_bytes = int64_t{16} << 20;  // per table: rows written gather in RAM up to this
-    bool direct_reads = false;  // read with O_DIRECT: no page cache (what a cold row costs)
-    int bloom_bits_per_key = 10;  // a lookup of an id not on disk rarely reads a block
+    bool direct_reads = false;                       // read with O_DIRECT: no page cache (what a cold row costs)
+    int bloom_bits_per_key = 10;                     // a lookup of an id not on disk rarely reads a block
     // Data blocks padded to 4 KiB pages, so that a row's block is one aligned page read rather
     // than two. Off: on the VM of bench/results/disk_tier it gained nothing beyond noise and its
     // files are 4% larger.
@@ -55,12 +67,12 @@ class DiskTier {
 
   // What the store did, summed over its tables.
   struct Stats {
-    static constexpr int kLatencyBuckets = 24;  // bucket b: reads of [2^(b-1), 2^b) us; 0: under 1 us
-    int64_t reads = 0;          // Read calls
-    int64_t rows_asked = 0;     // ids they looked up
-    int64_t rows_found = 0;     // of which were on disk
-    int64_t rows_written = 0;   // rows Write stored
-    int64_t rows_erased = 0;    // ids Erase removed
+    static constexpr int kLatencyBuckets = 24;       // bucket b: reads of [2^(b-1), 2^b) us; 0: under 1 us
+    int64_t reads = 0;                               // Read calls
+    int64_t rows_asked = 0;                          // ids they looked up
+    int64_t rows_found = 0;                          // of which were on disk
+    int64_t rows_written = 0;                        // rows Write stored
+    int64_t rows_erased = 0;                         // ids Erase removed
     std::array<int64_t, kLatencyBuckets> read_us{};  // each Read call's time
   };
 

@@ -21,11 +21,13 @@ struct RowLifecycleCounts {
   int64_t not_admitted = 0;      // pushed rows counted, not stored: not admitted yet, or no room
   int64_t evicted_age = 0;       // rows untouched for evict_after_steps
   int64_t evicted_capacity = 0;  // rows given up for a new one: max_rows, or the memory budget
+  int64_t demoted = 0;           // with a disk tier: rows written to disk to make room (not lost)
+  int64_t promoted = 0;          // with a disk tier: rows read back from disk into RAM
 };
 
 // The same, summed over a server's tables.
 struct RowLifecycleTotals {
-  std::atomic<int64_t> admitted{0}, not_admitted{0}, evicted_age{0}, evicted_capacity{0};
+  std::atomic<int64_t> admitted{0}, not_admitted{0}, evicted_age{0}, evicted_capacity{0}, demoted{0}, promoted{0};
 };
 
 // A count-min sketch of pushes per id (of every id pushed to the shard, with a row or not): kDepth

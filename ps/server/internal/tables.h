@@ -18,6 +18,7 @@
 #include <zmq.hpp>
 
 #include "ferry/table_spec.h"
+#include "internal/disk_tier.h"
 #include "internal/optimizer.h"
 #include "internal/memory_budget.h"
 #include "internal/row_lifecycle.h"
@@ -134,6 +135,17 @@ inline constexpr RowIndex kNoRow = ~RowIndex{0};
 //  - an evicted row's slot goes on a free list and is reused by the next new row. A slot stays
 //    charged to the memory budget (its memory stays allocated), so the budget's count remains the
 //    truth; a table under max_rows never holds more than max_rows slots.
+//
+// The disk tier (issue 37; AttachDisk, a table with lifecycle settings): a row that would be
+// evicted to make room (max_rows, or the memory budget) is written to the store first, with its
+// optimizer state and update count (demoted), so no row is lost; a row that is not in RAM but on
+// disk is read back and made a row again (promoted) before a push updates it (ApplyRows, which
+// reads the push's cold ids in one batch) or a pull serves it (PromoteForPull first). A promoted
+// row's copy stays on disk, stale and shadowed by the RAM row: the next demotion overwrites it,
+// and an age eviction erases it (an id aged out starts anew, as without the tier). Reads and
+// writes are synchronous on the calling thread in this slice. Checkpoints, delta checkpoints and
+// the change feed do not see the disk rows yet: AttachDisk refuses a shard that feeds or tracks
+// changes, and the servers do not attach a store yet.
 class SparseShard {
  public:
   static constexpr int kEvictionSample = 8;   // live rows looked at for one victim
@@ -161,6 +173,16 @@ class SparseShard {
   // difference (RESOURCE_EXHAUSTED when it has no room: nothing changes); a lower max_rows takes
   // effect as rows come (each new row evicts one while the table is at or above it).
   Status ChangeLifecycle(const TableSpec& to);
+  // Puts the rows of this table into `disk` (which must outlive the shard) from now on: adds the
+  // table to it. FAILED_PRECONDITION without lifecycle settings, or when the shard feeds or
+  // tracks changes.
+  Status AttachDisk(DiskTier* disk);
+  bool has_disk() const { return disk_ != nullptr; }
+  // Before a pull of `ids` is served by FindForPull: the ids without a row in RAM that are on disk
+  // are promoted (one batched read). Throws DiskTierError when the read fails, BudgetExceeded when
+  // the RAM tier has no room (every row in use by this call: the call names more distinct cold
+  // ids than max_rows). Nothing is promoted without a disk.
+  void PromoteForPull(std::span<const int64_t> ids);
   // The row that serves a pull of `id`: with lifecycle settings, its row (stamped with the clock)
   // or kNoRow when it has none (serve InitialRow); without, FindOrCreate(id).
   RowIndex FindForPull(int64_t id);
@@ -184,7 +206,9 @@ class SparseShard {
   // row counting its own updates. Every row is found or created before any is updated, so
   // running out of memory leaves no update half-applied. A repeated id is applied in order.
   // With lifecycle settings, rows not admitted are skipped ((*rows)[i] = kNoRow), and the age
-  // sweep follows. `rows` is scratch. An element whose update would not be finite keeps its value
+  // sweep follows. With a disk, the push's ids on disk are promoted first (their updates then
+  // apply to their rows; throws DiskTierError or BudgetExceeded as PromoteForPull, before any
+  // update). `rows` is scratch. An element whose update would not be finite keeps its value
   // and state (ApplyUpdate); what was refused is returned, `first` its element in the row of `id`
   // (a row none of whose elements took the update does not count it in its steps).
   NotFinite ApplyRows(std::span<const int64_t> ids, const float* grads, std::vector<RowIndex>* rows,
@@ -303,6 +327,16 @@ class SparseShard {
   }
   // Sizes the feed's per-slot arrays for `slots` slots (may throw std::bad_alloc).
   void FeedGrow(size_t slots);
+  // With a disk: pins the rows of `ids` in RAM, then promotes the ids without a row in RAM that
+  // are on disk (one batched read; each distinct id once), pinned too; every row pinned is
+  // appended to `made` (the caller unpins them, however it leaves).
+  void PromoteCold(std::span<const int64_t> ids, bool over_budget_ok, std::vector<RowIndex>* made);
+  // Stamps the rows of `made` with the clock (unpins them).
+  void Unpin(const std::vector<RowIndex>& made) {
+    for (RowIndex r : made) touch_[r] = clock_;
+  }
+  // With a disk: writes the row of `slot` to it before the slot is given up (throws DiskTierError).
+  void Demote(RowIndex slot);
   // One row's update (ApplyRows), its refusals merged into `refused`.
   void UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused);
   uint64_t NextRandom();
@@ -347,6 +381,14 @@ class SparseShard {
   uint64_t sweep_cursor_ = 0;
   std::unique_ptr<AdmissionFilter> filter_;  // admit_after > 1
   RowLifecycleCounts counts_;
+
+  // The disk tier (AttachDisk).
+  DiskTier* disk_ = nullptr;
+  absl::flat_hash_set<int64_t> shadowed_;  // ids in RAM whose stale copy is still on disk (promoted)
+  std::vector<int64_t> cold_ids_, cold_steps_;  // PromoteCold's scratch
+  std::vector<float> cold_rows_;
+  std::vector<bool> cold_found_;
+  std::vector<RowIndex> made_;  // ApplyRows' promoted rows
 };
 
 struct Table {

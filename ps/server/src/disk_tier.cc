@@ -37,13 +37,15 @@ Status PrepareFolder(const std::string& path) {
   for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) entries.push_back(it->path());
   if (ec) return UnavailableError("disk tier " + path + ": cannot list the folder: " + ec.message());
   if (!entries.empty() && !ours) {
-    return FailedPreconditionError("disk tier " + path + ": the folder holds files that are not a Ferry disk tier's ('" +
-                                   entries.front().filename().string() +
-                                   "'): give --disk-tier-dir an empty or new folder");
+    return FailedPreconditionError(
+        "disk tier " + path + ": the folder holds files that are not a Ferry disk tier's ('" +
+        entries.front().filename().string() + "'): give --disk-tier-dir an empty or new folder");
   }
   for (const fs::path& p : entries) {
     fs::remove_all(p, ec);
-    if (ec) return UnavailableError("disk tier " + path + ": cannot remove the earlier store's " + p.string() + ": " + ec.message());
+    if (ec)
+      return UnavailableError("disk tier " + path + ": cannot remove the earlier store's " + p.string() + ": " +
+                              ec.message());
   }
   std::ofstream marker(fs::path(path) / kMarker);
   marker << "A Ferry server's disk tier: rows of sparse tables, wiped when a server opens it.\n";
@@ -87,7 +89,8 @@ Status DiskTier::Open(const Options& options, std::unique_ptr<DiskTier>* out) {
     table.no_block_cache = true;
   }
   table.block_align = options.align_blocks;
-  if (options.bloom_bits_per_key > 0) table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(options.bloom_bits_per_key));
+  if (options.bloom_bits_per_key > 0)
+    table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(options.bloom_bits_per_key));
   rocksdb::Options o;
   o.create_if_missing = true;
   o.paranoid_checks = true;
@@ -154,7 +157,8 @@ Status DiskTier::AddTable(uint64_t table_id, const std::string& table, int64_t r
 Status DiskTier::DropTable(uint64_t table_id) {
   MutexLock lock(&mu_);
   auto it = std::find_if(tables_.begin(), tables_.end(), [&](const auto& e) { return e.first == table_id; });
-  if (it == tables_.end()) return NotFoundError("disk tier " + options_.path + ": no table of id " + std::to_string(table_id));
+  if (it == tables_.end())
+    return NotFoundError("disk tier " + options_.path + ": no table of id " + std::to_string(table_id));
   rocksdb::Status s = db_->DropColumnFamily(it->second->cf);
   if (!s.ok()) return Wrap(&s, it->second.get(), "dropping its column family");
   db_->DestroyColumnFamilyHandle(it->second->cf);
@@ -162,12 +166,14 @@ Status DiskTier::DropTable(uint64_t table_id) {
   return Status::Ok();
 }
 
-Status DiskTier::Write(uint64_t table_id, std::span<const int64_t> ids, std::span<const int64_t> steps, const float* rows) {
+Status DiskTier::Write(uint64_t table_id, std::span<const int64_t> ids, std::span<const int64_t> steps,
+                       const float* rows) {
   Status found;
   Table* t = Find(table_id, &found);
   if (t == nullptr) return found;
-  if (steps.size() != ids.size()) return InvalidArgumentError("disk tier: Write of " + std::to_string(ids.size()) +
-                                                               " ids with " + std::to_string(steps.size()) + " steps");
+  if (steps.size() != ids.size())
+    return InvalidArgumentError("disk tier: Write of " + std::to_string(ids.size()) + " ids with " +
+                                std::to_string(steps.size()) + " steps");
   const size_t row_bytes = static_cast<size_t>(t->row_floats) * sizeof(float);
   rocksdb::WriteBatch batch;
   std::string value(kStepsBytes + row_bytes, '\0');
@@ -190,8 +196,9 @@ Status DiskTier::Write(uint64_t table_id, std::span<const int64_t> ids, std::spa
 Status DiskTier::Decode(const Table& t, int64_t id, const char* data, size_t size, int64_t* steps, float* row) const {
   const size_t row_bytes = static_cast<size_t>(t.row_floats) * sizeof(float);
   if (size != kStepsBytes + row_bytes) {
-    return DataLossError("disk tier " + options_.path + ", table '" + t.name + "': the row of id " + std::to_string(id) +
-                         " holds " + std::to_string(size) + " bytes, not " + std::to_string(kStepsBytes + row_bytes));
+    return DataLossError("disk tier " + options_.path + ", table '" + t.name + "': the row of id " +
+                         std::to_string(id) + " holds " + std::to_string(size) + " bytes, not " +
+                         std::to_string(kStepsBytes + row_bytes));
   }
   uint64_t st = 0;
   for (size_t b = 0; b < kStepsBytes; ++b) st |= static_cast<uint64_t>(static_cast<unsigned char>(data[b])) << (8 * b);
@@ -227,7 +234,8 @@ Status DiskTier::Read(uint64_t table_id, std::span<const int64_t> ids, float* ro
       result = Wrap(&statuses[i], t, "reading the row of id " + std::to_string(ids[i]));
       break;
     }
-    result = Decode(*t, ids[i], values[i].data(), values[i].size(), &steps[i], rows + i * static_cast<size_t>(t->row_floats));
+    result = Decode(*t, ids[i], values[i].data(), values[i].size(), &steps[i],
+                    rows + i * static_cast<size_t>(t->row_floats));
     if (result.ok()) {
       (*found)[i] = true;
       ++hits;

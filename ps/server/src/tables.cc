@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -135,6 +136,74 @@ RowIndex SparseShard::FindForPull(int64_t id) {
   const RowIndex r = Find(id);
   if (r != kNoRow && (touch_[r] & kPinned) == 0) touch_[r] = clock_;
   return r;
+}
+
+Status SparseShard::AttachDisk(DiskTier* disk) {
+  if (!lifecycle_) {
+    return FailedPreconditionError("sparse table '" + spec_.name +
+                                   "': a disk tier needs row lifecycle settings (max_rows: the rows its RAM tier "
+                                   "holds on each server)");
+  }
+  if (feed_ != nullptr || track_) {
+    return FailedPreconditionError("sparse table '" + spec_.name +
+                                   "': the disk tier does not work with the change feed or delta checkpoints yet");
+  }
+  FERRY_RETURN_IF_ERROR(disk->AddTable(table_id_, spec_.name, row_floats_));
+  disk_ = disk;
+  return Status::Ok();
+}
+
+void SparseShard::PromoteForPull(std::span<const int64_t> ids) {
+  if (disk_ == nullptr) return;
+  std::vector<RowIndex> made;
+  struct Guard {
+    SparseShard* shard;
+    std::vector<RowIndex>* made;
+    ~Guard() { shard->Unpin(*made); }
+  } guard{this, &made};
+  PromoteCold(ids, /*over_budget_ok=*/false, &made);
+}
+
+void SparseShard::PromoteCold(std::span<const int64_t> ids, bool over_budget_ok, std::vector<RowIndex>* made) {
+  // The request's rows in RAM are pinned first: making room for a cold row must not demote one of
+  // them (the request would then miss it).
+  cold_ids_.clear();
+  made->reserve(made->size() + ids.size());
+  for (int64_t id : ids) {
+    if (const RowIndex r = Find(id); r == kNoRow) {
+      cold_ids_.push_back(id);
+    } else if ((touch_[r] & kPinned) == 0) {
+      touch_[r] = clock_ | kPinned;
+      made->push_back(r);
+    }
+  }
+  if (cold_ids_.empty()) return;
+  std::sort(cold_ids_.begin(), cold_ids_.end());
+  cold_ids_.erase(std::unique(cold_ids_.begin(), cold_ids_.end()), cold_ids_.end());
+  const size_t n = cold_ids_.size(), floats = static_cast<size_t>(row_floats_);
+  cold_rows_.resize(n * floats);
+  cold_steps_.resize(n);
+  if (Status s = disk_->Read(table_id_, cold_ids_, cold_rows_.data(), cold_steps_.data(), &cold_found_); !s.ok()) {
+    throw DiskTierError(s);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!cold_found_[i]) continue;
+    shadowed_.reserve(shadowed_.size() + 1);  // (may throw: before the row is made)
+    const RowIndex r = MakeRow(cold_ids_[i], over_budget_ok, /*drop_if_no_room=*/false);
+    std::memcpy(row(r), &cold_rows_[i * floats], floats * sizeof(float));
+    steps_[r] = cold_steps_[i];
+    touch_[r] = clock_ | kPinned;
+    made->push_back(r);
+    shadowed_.insert(cold_ids_[i]);
+    ++counts_.promoted;
+    if (totals_ != nullptr) totals_->promoted.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void SparseShard::Demote(RowIndex slot) {
+  const int64_t id = ids_[slot], steps = steps_[slot];
+  if (Status s = disk_->Write(table_id_, {&id, 1}, {&steps, 1}, row(slot)); !s.ok()) throw DiskTierError(s);
+  shadowed_.erase(id);  // its copy on disk is the row now
 }
 
 void SparseShard::ReserveOneMore() {
@@ -285,7 +354,19 @@ SparseShard::Room SparseShard::EvictOne(int pushes) {
     ++seen;
     if (best == kNoRow || t < touch_[best] || (t == touch_[best] && steps_[s] < steps_[best])) best = s;
   }
+  if (best == kNoRow && disk_ != nullptr) {
+    // With a disk a row is never dropped for want of a victim the sample missed: the first row in
+    // no use by this request, if any.
+    for (RowIndex s = 0; s < slots && best == kNoRow; ++s) {
+      if (touch_[s] >= 0 && (touch_[s] & kPinned) == 0) best = s;
+    }
+  }
   if (best == kNoRow) return Room::kNoVictim;
+  if (disk_ != nullptr) {  // demoted, not lost; no admission comparison
+    Demote(best);
+    Evict(best, &counts_.demoted, totals_ ? &totals_->demoted : nullptr);
+    return Room::kMade;
+  }
   if (filter_ != nullptr && pushes != kAlwaysWins && filter_->Estimate(ids_[best]) >= pushes)
     return Room::kVictimHotter;
   Evict(best, &counts_.evicted_capacity, totals_ ? &totals_->evicted_capacity : nullptr);
@@ -339,6 +420,13 @@ void SparseShard::SweepAged(int64_t count) {
     const RowIndex s = sweep_cursor_++;
     const int64_t t = touch_[s];
     if (t >= 0 && (t & kPinned) == 0 && t < oldest_kept) {
+      if (disk_ != nullptr && shadowed_.contains(ids_[s])) {
+        // Its stale copy goes too, or a later promotion would bring back old values. A failed
+        // erase keeps the row (the next write to the disk reports the failure).
+        const int64_t id = ids_[s];
+        if (!disk_->Erase(table_id_, {&id, 1}).ok()) continue;
+        shadowed_.erase(id);
+      }
       Evict(s, &counts_.evicted_age, totals_ ? &totals_->evicted_age : nullptr);
     }
   }
@@ -363,6 +451,12 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
     return refused;
   }
   ++clock_;
+  made_.clear();
+  struct UnpinMade {
+    SparseShard* shard;
+    ~UnpinMade() { shard->Unpin(shard->made_); }
+  } unpin_made{this};
+  if (disk_ != nullptr) PromoteCold(ids, over_budget_ok, &made_);
   {
     // The rows found or made so far are pinned (no victim of a later new row), and stamped with
     // the clock when done, however this block is left.
@@ -456,6 +550,10 @@ SparseShard::Changes SparseShard::TakeChanges() {
 
 Status SparseShard::StartFeed() {
   if (feed_ != nullptr) return Status::Ok();
+  if (disk_ != nullptr) {
+    return FailedPreconditionError("sparse table '" + spec_.name +
+                                   "': the change feed does not follow a table with a disk tier yet");
+  }
   const int64_t bytes = FeedRowBytes() * static_cast<int64_t>(steps_.size());
   if (budget_ != nullptr) {
     FERRY_RETURN_IF_ERROR(budget_->Take(bytes, "the change feed of sparse table '" + spec_.name + "' (" +

@@ -18,8 +18,10 @@
 // figures go to stderr, and stdout gets JSON with every round and the medians. Needs fio on PATH
 // (Debian: fio). Files go into a fresh folder under --dir (default /var/tmp), removed at the end.
 //
+// --mode shard measures the tier in the shard instead (RunShard, below).
+//
 //   ferry-disk-bench [--rows N] [--dim D] [--batch B] [--seconds S] [--rounds R] [--dir PATH]
-//                    [--cache-mb M] > results.json
+//                    [--cache-mb M] [--mode store|shard] > results.json
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,6 +81,7 @@ struct Flags {
   int rounds = 3;
   std::string dir = "/var/tmp";
   int64_t cache_mb = 8;
+  std::string mode = "store";  // "store": the store against fio; "shard": shards with the tier
 };
 
 // Runs `lookup(thread, batch index)` on `threads` threads for `seconds`; returns ids per second.
@@ -281,6 +284,181 @@ int Run(const Flags& f) {
   return 0;
 }
 
+// --mode shard: the tier in the shard (SparseShard::AttachDisk), one thread, as a server's I/O
+// thread would use it in this slice (reads and writes synchronous). Every one of --rows ids is
+// pushed once (async Adam), into a shard that keeps everything in RAM ("ram"), one with max_rows =
+// --rows and no disk ("ram_max_rows": the lifecycle's bookkeeping alone), and into shards
+// whose RAM tier holds 100%, 10% and 1% of the rows (max_rows), each with its own store (O_DIRECT
+// reads, --cache-mb block cache), compacted; then training steps on batches of --batch Zipf
+// (s = 1.1) ids: a pull (PromoteForPull, then each row copied or its initial values) and a push of
+// the same ids (ApplyRows; the lifecycle's clock, which orders rows by recency, counts pushes),
+// after a warm-up in which each RAM tier turns over twice. Counted per arm: ids/s (of the
+// batches), and rows promoted per id (the RAM tier's misses).
+int RunShard(const Flags& f) {
+  const fs::path dir = fs::path(f.dir) / ("ferry-disk-shard-bench-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  TableSpec base;
+  base.name = "emb";
+  base.type = TableType::kSparse;
+  base.dim = f.dim;
+  base.optimizer.type = OptimizerType::kAdam;
+  base.init = InitType::kUniform;
+  base.init_scale = 0.05f;
+  struct Tiered {
+    std::string name;
+    TableSpec spec;  // outlives the shard
+    std::unique_ptr<ps::DiskTier> disk;
+    std::unique_ptr<ps::SparseShard> shard;
+  };
+  std::vector<std::unique_ptr<Tiered>> shards;
+  {
+    auto ram = std::make_unique<Tiered>();
+    ram->name = "ram";
+    ram->spec = base;
+    ram->shard = std::make_unique<ps::SparseShard>(ram->spec, kTable, 1);
+    shards.push_back(std::move(ram));
+  }
+  {
+    // The same lifecycle settings without a disk: what the tier's own work costs at 100%.
+    auto capped = std::make_unique<Tiered>();
+    capped->name = "ram_max_rows";
+    capped->spec = base;
+    capped->spec.max_rows = f.rows;
+    capped->shard = std::make_unique<ps::SparseShard>(capped->spec, kTable, 1);
+    shards.push_back(std::move(capped));
+  }
+  for (const auto& [name, share] :
+       std::vector<std::pair<std::string, double>>{{"tier100", 1.0}, {"tier10", 0.1}, {"tier1", 0.01}}) {
+    auto t = std::make_unique<Tiered>();
+    t->name = name;
+    t->spec = base;
+    t->spec.max_rows = std::max<int64_t>(f.batch * 2, static_cast<int64_t>(static_cast<double>(f.rows) * share));
+    ps::DiskTier::Options o;
+    o.path = (dir / name).string();
+    o.block_cache_bytes = f.cache_mb << 20;
+    o.direct_reads = true;
+    Status s = ps::DiskTier::Open(o, &t->disk);
+    t->shard = std::make_unique<ps::SparseShard>(t->spec, kTable, 1);
+    if (s.ok()) s = t->shard->AttachDisk(t->disk.get());
+    if (!s.ok()) return std::fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+    shards.push_back(std::move(t));
+  }
+  const auto build0 = Clock::now();
+  std::vector<ps::RowIndex> scratch;
+  std::vector<float> grads(static_cast<size_t>(f.batch * f.dim), 0.001f);
+  std::vector<int64_t> ids;
+  for (int64_t k0 = 0; k0 < f.rows; k0 += f.batch) {
+    ids.clear();
+    for (int64_t k = k0; k < std::min(f.rows, k0 + f.batch); ++k) ids.push_back(IdOf(k));
+    for (auto& t : shards) t->shard->ApplyRows(ids, grads.data(), &scratch);
+  }
+  for (auto& t : shards) {
+    if (t->disk == nullptr) continue;
+    if (Status s = t->disk->Compact(); !s.ok()) return std::fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+  }
+  const double build_s = Since(build0);
+  std::fprintf(stderr, "built %lld rows in each shard in %.1f s\n", static_cast<long long>(f.rows), build_s);
+
+  std::mt19937_64 g(2026);
+  const Zipf zipf(f.rows, 1.1);
+  const size_t kBatches = 8192;  // 4M ids at 512: the tiers' arms never wrap round
+  std::vector<int64_t> stream(kBatches * static_cast<size_t>(f.batch));
+  for (auto& id : stream) id = IdOf(zipf(g));
+  auto batch_ids = [&](size_t i) {
+    return std::span<const int64_t>(stream.data() + (i % kBatches) * static_cast<size_t>(f.batch),
+                                    static_cast<size_t>(f.batch));
+  };
+  struct Arm {
+    std::string name;
+    std::function<double()> run;
+    ps::SparseShard* shard;
+  };
+  std::vector<Arm> arms;
+  std::vector<float> out(static_cast<size_t>(f.batch * f.dim));
+  // Each shard goes on through the stream where it stopped (warm-up included), so a round does
+  // not replay the batches its RAM tier has just seen (the stream repeats after kBatches).
+  std::map<ps::SparseShard*, size_t> cursor;
+  for (auto& t : shards) {
+    ps::SparseShard* shard = t->shard.get();
+    arms.push_back({"step/" + t->name,
+                    [&, shard] {
+                      return TimeLookups(1, f.seconds, f.batch, [&](int, size_t) {
+                        const auto b = batch_ids(cursor[shard]++);
+                        shard->PromoteForPull(b);
+                        for (size_t k = 0; k < b.size(); ++k) {
+                          // (as the server's pull does: the index slots a few ids ahead)
+                          if (k + ps::SparseShard::kPrefetchAhead < b.size()) {
+                            shard->Prefetch(b[k + ps::SparseShard::kPrefetchAhead]);
+                          }
+                          float* to = &out[k * static_cast<size_t>(f.dim)];
+                          if (const ps::RowIndex r = shard->FindForPull(b[k]); r != ps::kNoRow) {
+                            std::memcpy(to, shard->row(r), static_cast<size_t>(f.dim) * sizeof(float));
+                          } else {
+                            shard->InitialRow(b[k], to);
+                          }
+                        }
+                        shard->ApplyRows(b, grads.data(), &scratch);
+                      });
+                    },
+                    shard});
+  }
+
+  // Warm-up: each shard's RAM tier turns over twice (2 x max_rows ids of the stream; the ram
+  // shard as long as the largest), so the rounds see the tier settled, not its first misses.
+  double warm_s = 0;
+  for (auto& t : shards) {
+    const int64_t ids_to_go = 2 * (t->spec.max_rows > 0 ? t->spec.max_rows : f.rows);
+    const auto w0 = Clock::now();
+    size_t& i = cursor[t->shard.get()];
+    for (; static_cast<int64_t>(i) * f.batch < ids_to_go; ++i) {
+      t->shard->PromoteForPull(batch_ids(i));
+      t->shard->ApplyRows(batch_ids(i), grads.data(), &scratch);
+    }
+    warm_s += Since(w0);
+  }
+  std::fprintf(stderr, "warmed up in %.1f s\n", warm_s);
+
+  Json j;
+  j["mode"] = "shard";
+  j["warm_up_seconds"] = warm_s;
+  j["machine_cores"] = std::thread::hardware_concurrency();
+  j["rows"] = f.rows;
+  j["dim"] = f.dim;
+  j["batch"] = f.batch;
+  j["seconds"] = f.seconds;
+  j["cache_mb"] = f.cache_mb;
+  j["build_seconds"] = build_s;
+  for (auto& t : shards) j["max_rows"][t->name] = t->spec.max_rows;
+  std::map<std::string, std::vector<double>> rate, promoted_per_id;
+  for (int round = 0; round < f.rounds; ++round) {
+    for (size_t k = 0; k < arms.size(); ++k) {
+      const Arm& arm = arms[(k + static_cast<size_t>(round)) % arms.size()];
+      const int64_t promoted0 = arm.shard->lifecycle().promoted;
+      const auto t0 = Clock::now();
+      const double r = arm.run();
+      const double ids_done = r * Since(t0);
+      rate[arm.name].push_back(r);
+      promoted_per_id[arm.name].push_back(static_cast<double>(arm.shard->lifecycle().promoted - promoted0) / ids_done);
+      std::fprintf(stderr, "round %d %-16s %12.0f ids/s, %.4f rows promoted an id\n", round, arm.name.c_str(), r,
+                   promoted_per_id[arm.name].back());
+    }
+  }
+  for (const auto& [name, v] : rate) {
+    j["arms"][name]["per_round"] = v;
+    j["arms"][name]["median"] = Median(v);
+    j["arms"][name]["promoted_per_id"] = promoted_per_id[name];
+  }
+  for (auto& t : shards) {
+    j["lifecycle"][t->name] = {{"demoted", t->shard->lifecycle().demoted},
+                               {"promoted", t->shard->lifecycle().promoted},
+                               {"rows_in_ram", t->shard->size()}};
+  }
+  std::printf("%s\n", j.dump(1).c_str());
+  shards.clear();
+  fs::remove_all(dir);
+  return 0;
+}
+
 }  // namespace
 }  // namespace ferry::bench
 
@@ -297,15 +475,17 @@ int main(int argc, char** argv) {
     else if (flag == "--rounds") f.rounds = std::atoi(v);
     else if (flag == "--dir") f.dir = v;
     else if (flag == "--cache-mb") f.cache_mb = std::atoll(v);
+    else if (flag == "--mode") f.mode = v;
     else {
       return std::fprintf(stderr,
                           "usage: ferry-disk-bench [--rows N] [--dim D] [--batch B] [--seconds S] [--rounds R] "
-                          "[--dir PATH] [--cache-mb M]\n"),
+                          "[--dir PATH] [--cache-mb M] [--mode store|shard]\n"),
              2;
     }
   }
   if (f.rows < 1 || f.dim < 1 || f.batch < 1 || f.seconds <= 0 || f.rounds < 1 || f.cache_mb < 0) {
     return std::fprintf(stderr, "every flag must be positive\n"), 2;
   }
-  return ferry::bench::Run(f);
+  if (f.mode != "store" && f.mode != "shard") return std::fprintf(stderr, "--mode is store or shard\n"), 2;
+  return f.mode == "shard" ? ferry::bench::RunShard(f) : ferry::bench::Run(f);
 }

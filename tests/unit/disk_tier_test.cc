@@ -49,6 +49,9 @@ std::vector<float> RowOf(int64_t id) {
   return row;
 }
 
+// Row id's update count: distinct per id (wrapping, as INT64_MIN's would overflow).
+int64_t StepsOf(int64_t id) { return static_cast<int64_t>(static_cast<uint64_t>(id) * 3 + 1); }
+
 std::unique_ptr<DiskTier> OpenTier(const fs::path& dir, int64_t cache = int64_t{8} << 20) {
   DiskTier::Options o;
   o.path = dir.string();
@@ -69,7 +72,7 @@ Status WriteIds(DiskTier& tier, const std::vector<int64_t>& ids) {
   for (int64_t id : ids) {
     auto r = RowOf(id);
     rows.insert(rows.end(), r.begin(), r.end());
-    steps.push_back(id * 3 + 1);
+    steps.push_back(StepsOf(id));
   }
   return tier.Write(kTable, ids, steps, rows.data());
 }
@@ -87,7 +90,7 @@ int64_t ReadAndCheck(DiskTier& tier, const std::vector<int64_t>& ids, Status* s)
     ++n;
     const auto want = RowOf(ids[i]);
     EXPECT_EQ(0, std::memcmp(want.data(), &rows[i * kFloats], kFloats * sizeof(float))) << "id " << ids[i];
-    EXPECT_EQ(ids[i] * 3 + 1, steps[i]) << "id " << ids[i];
+    EXPECT_EQ(StepsOf(ids[i]), steps[i]) << "id " << ids[i];
   }
   return n;
 }
@@ -331,7 +334,7 @@ int FullDiskChild(const char* mnt) {
   SparseShard shard(spec, kShardTable, 1);
   if (Status s = shard.AttachDisk(tier.get()); !s.ok()) return say("attach: " + s.ToString(), 1);
   std::vector<RowIndex> scratch;
-  std::vector<float> grads(3 * kDim, 1.0f);
+  std::vector<float> grads(4 * kDim, 1.0f);
   shard.ApplyRows(std::vector<int64_t>{11, 12, 13, 14}, grads.data(), &scratch);
   Status failed;
   for (int64_t batch = 0; batch < 400 && failed.ok(); ++batch) {

@@ -165,19 +165,21 @@ void SparseShard::PromoteForPull(std::span<const int64_t> ids) {
 }
 
 void SparseShard::PromoteCold(std::span<const int64_t> ids, bool over_budget_ok, std::vector<RowIndex>* made) {
+  cold_ids_.clear();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i + kPrefetchAhead < ids.size()) Prefetch(ids[i + kPrefetchAhead]);
+    if (Find(ids[i]) == kNoRow) cold_ids_.push_back(ids[i]);
+  }
+  if (cold_ids_.empty()) return;
   // The request's rows in RAM are pinned first: making room for a cold row must not demote one of
   // them (the request would then miss it).
-  cold_ids_.clear();
   made->reserve(made->size() + ids.size());
   for (int64_t id : ids) {
-    if (const RowIndex r = Find(id); r == kNoRow) {
-      cold_ids_.push_back(id);
-    } else if ((touch_[r] & kPinned) == 0) {
+    if (const RowIndex r = Find(id); r != kNoRow && (touch_[r] & kPinned) == 0) {
       touch_[r] = clock_ | kPinned;
       made->push_back(r);
     }
   }
-  if (cold_ids_.empty()) return;
   std::sort(cold_ids_.begin(), cold_ids_.end());
   cold_ids_.erase(std::unique(cold_ids_.begin(), cold_ids_.end()), cold_ids_.end());
   const size_t n = cold_ids_.size(), floats = static_cast<size_t>(row_floats_);

@@ -10,8 +10,44 @@ import json
 import sys
 
 
+def median(v):
+    v = sorted(v)
+    m = len(v) // 2
+    return v[m] if len(v) % 2 else 0.5 * (v[m - 1] + v[m])
+
+
+def zipf_top_mass(n, s, k):
+    """The probability mass of the k most probable of n Zipf(s) ranks: the hit rate of the
+    frequency-optimal cache of k rows."""
+    weights = [1.0 / (r + 1) ** s for r in range(n)]
+    return sum(weights[:k]) / sum(weights)
+
+
+def shard_mode(d):
+    """--mode shard: training steps (pull + push of a batch) on shards with the tier."""
+    arms = d["arms"]
+    med = {name: a["median"] for name, a in arms.items()}
+    print(f"rows {d['rows']:,} of dim {d['dim']} (Adam), steps of {d['batch']} Zipf 1.1 ids (a pull and a push), "
+          f"block cache {d['cache_mb']} MiB, {len(next(iter(arms.values()))['per_round'])} rounds of {d['seconds']} s")
+    print()
+    print(f"{'arm':<20} {'max_rows':>10} {'ids/s':>12} {'min':>12} {'max':>12} {'vs ram':>7} {'vs cap':>7}"
+          f" {'miss/id':>8} {'ideal':>7} {'miss/ideal':>10}")
+    for name in sorted(med, key=lambda n: -med[n]):
+        kind = name.split("/", 1)[1]
+        rounds = arms[name]["per_round"]
+        max_rows = d["max_rows"].get(kind, 0)
+        miss = median(arms[name]["promoted_per_id"])
+        ideal = 1 - zipf_top_mass(d["rows"], 1.1, max_rows) if kind.startswith("tier") else 0.0
+        ratio = f"{miss / ideal:.2f}" if ideal > 0 else ""
+        print(f"{name:<20} {max_rows:>10,} {med[name]:>12,.0f} {min(rounds):>12,.0f} {max(rounds):>12,.0f}"
+              f" {med[name] / med['step/ram']:>7.3f} {med[name] / med['step/ram_max_rows']:>7.3f}"
+              f" {miss:>8.4f} {ideal:>7.4f} {ratio:>10}")
+
+
 def main(path):
     d = json.load(open(path))
+    if d.get("mode") == "shard":
+        return shard_mode(d)
     arms = d["arms"]
     med = {name: a["median"] for name, a in arms.items()}
     print(f"rows {d['rows']:,} of {d['row_bytes']} bytes (dim {d['dim']}, Adam), batches of {d['batch']} ids, "
@@ -34,14 +70,12 @@ def main(path):
     # (the most probable rows), and the lookups/s it implies when a hit costs the RAM table's
     # lookup and a miss a cold read at the store's uniform rate with one reader (a model from this
     # run's medians, not a measurement).
-    n, s_exp = d["rows"], 1.1
-    weights = [1.0 / (k + 1) ** s_exp for k in range(n)]
-    total = sum(weights)
+    n = d["rows"]
     print()
     print("RAM tier share   ideal hit rate (uniform, zipf1.1)   modelled lookups/s, 1 reader (uniform, zipf1.1)")
     for share in (1.0, 0.1, 0.01):
         top = int(n * share)
-        hits = {"uniform": share, "zipf1.1": sum(weights[:top]) / total}
+        hits = {"uniform": share, "zipf1.1": zipf_top_mass(n, 1.1, top)}
         rate = {dist: 1.0 / (h / med[f"ram/{dist}/t1"] + (1 - h) / med["disk/uniform/t1"]) for dist, h in hits.items()}
         print(f"{share:>14.0%}   {hits['uniform']:>14.4f} {hits['zipf1.1']:>8.4f}"
               f"            {rate['uniform']:>18,.0f} {rate['zipf1.1']:>10,.0f}")

@@ -122,14 +122,20 @@ double FioIops(const std::string& file, int64_t bytes, int jobs, double seconds)
   return j["jobs"][0]["read"]["iops"].get<double>();
 }
 
-int Run(const Flags& f) {
-  const fs::path dir = fs::path(f.dir) / ("ferry-disk-bench-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+// The benches' table: sparse, --dim, Adam (two state slots travel with each row).
+TableSpec BenchSpec(const Flags& f) {
   TableSpec spec;
   spec.name = "emb";
   spec.type = TableType::kSparse;
   spec.dim = f.dim;
   spec.optimizer.type = OptimizerType::kAdam;
+  return spec;
+}
+
+int Run(const Flags& f) {
+  const fs::path dir = fs::path(f.dir) / ("ferry-disk-bench-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const TableSpec spec = BenchSpec(f);
   const int64_t row_floats = f.dim * (1 + ps::StateSlots(spec.optimizer.type));
 
   // The RAM-only table and the store hold the same rows.
@@ -297,11 +303,7 @@ int Run(const Flags& f) {
 int RunShard(const Flags& f) {
   const fs::path dir = fs::path(f.dir) / ("ferry-disk-shard-bench-" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  TableSpec base;
-  base.name = "emb";
-  base.type = TableType::kSparse;
-  base.dim = f.dim;
-  base.optimizer.type = OptimizerType::kAdam;
+  TableSpec base = BenchSpec(f);
   base.init = InitType::kUniform;
   base.init_scale = 0.05f;
   struct Tiered {

@@ -52,15 +52,22 @@ std::vector<float> RowOf(int64_t id) {
 // Row id's update count: distinct per id (wrapping, as INT64_MIN's would overflow).
 int64_t StepsOf(int64_t id) { return static_cast<int64_t>(static_cast<uint64_t>(id) * 3 + 1); }
 
-std::unique_ptr<DiskTier> OpenTier(const fs::path& dir, int64_t cache = int64_t{8} << 20) {
+// A store in `dir` (null on failure, which the test reports).
+std::unique_ptr<DiskTier> OpenStore(const fs::path& dir, int64_t cache = int64_t{8} << 20) {
   DiskTier::Options o;
   o.path = dir.string();
   o.block_cache_bytes = cache;
   std::unique_ptr<DiskTier> tier;
   Status s = DiskTier::Open(o, &tier);
   EXPECT_TRUE(s.ok()) << s;
+  return tier;
+}
+
+// A store with the table kTable.
+std::unique_ptr<DiskTier> OpenTier(const fs::path& dir, int64_t cache = int64_t{8} << 20) {
+  std::unique_ptr<DiskTier> tier = OpenStore(dir, cache);
   if (tier) {
-    s = tier->AddTable(kTable, "emb", kFloats);
+    Status s = tier->AddTable(kTable, "emb", kFloats);
     EXPECT_TRUE(s.ok()) << s;
   }
   return tier;
@@ -466,10 +473,8 @@ TEST(DiskTier, KeysSortAsIds) {
 
 TEST(DiskTierShard, ARamTierOf40RowsGivesTheBitsOfEverythingInRam) {
   test::TempDir dir("disk-tier");
-  std::unique_ptr<DiskTier> disk;
-  DiskTier::Options o;
-  o.path = (dir.path() / "store").string();
-  ASSERT_TRUE(DiskTier::Open(o, &disk).ok());
+  std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store");
+  ASSERT_TRUE(disk);
   const TableSpec tiered_spec = ShardSpec(/*max_rows=*/40), ram_spec = ShardSpec(0);
   SparseShard tiered(tiered_spec, kShardTable, 1), ram(ram_spec, kShardTable, 1);
   ASSERT_TRUE(tiered.AttachDisk(disk.get()).ok());
@@ -511,10 +516,8 @@ TEST(DiskTierShard, ARamTierOf40RowsGivesTheBitsOfEverythingInRam) {
 
 TEST(DiskTierShard, APushOfMoreColdIdsThanTheRamTierHoldsChangesNothing) {
   test::TempDir dir("disk-tier");
-  std::unique_ptr<DiskTier> disk;
-  DiskTier::Options o;
-  o.path = (dir.path() / "store").string();
-  ASSERT_TRUE(DiskTier::Open(o, &disk).ok());
+  std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store");
+  ASSERT_TRUE(disk);
   const TableSpec spec = ShardSpec(/*max_rows=*/8);
   SparseShard shard(spec, kShardTable, 1);
   ASSERT_TRUE(shard.AttachDisk(disk.get()).ok());
@@ -547,10 +550,8 @@ TEST(DiskTierShard, APushOfMoreColdIdsThanTheRamTierHoldsChangesNothing) {
 
 TEST(DiskTierShard, AnIdAgedOutStartsAnewNotFromItsStaleCopy) {
   test::TempDir dir("disk-tier");
-  std::unique_ptr<DiskTier> disk;
-  DiskTier::Options o;
-  o.path = (dir.path() / "store").string();
-  ASSERT_TRUE(DiskTier::Open(o, &disk).ok());
+  std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store");
+  ASSERT_TRUE(disk);
   const TableSpec spec = ShardSpec(/*max_rows=*/3, /*evict_after_steps=*/3);
   SparseShard shard(spec, kShardTable, 1);
   ASSERT_TRUE(shard.AttachDisk(disk.get()).ok());
@@ -577,10 +578,8 @@ TEST(DiskTierShard, AnIdAgedOutStartsAnewNotFromItsStaleCopy) {
 
 TEST(DiskTierShard, NeedsLifecycleSettingsAndNoFeed) {
   test::TempDir dir("disk-tier");
-  std::unique_ptr<DiskTier> disk;
-  DiskTier::Options o;
-  o.path = (dir.path() / "store").string();
-  ASSERT_TRUE(DiskTier::Open(o, &disk).ok());
+  std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store");
+  ASSERT_TRUE(disk);
   const TableSpec plain = ShardSpec(0), tiered = ShardSpec(4);
   SparseShard a(plain, kShardTable, 1);
   EXPECT_EQ(StatusCode::kFailedPrecondition, a.AttachDisk(disk.get()).code());

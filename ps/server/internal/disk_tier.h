@@ -138,6 +138,8 @@ class DiskTier {
   Status Wrap(const void* rocksdb_status, const Table* t, const std::string& what) const;
   // One row's decoding, with its size checked: DATA_LOSS naming the id.
   Status Decode(const Table& t, int64_t id, const char* data, size_t size, int64_t* steps, float* row) const;
+  // RocksDB's integer property `name` of the table's column family; 0 when unknown.
+  int64_t IntProperty(uint64_t table_id, const char* name);
   using RowFn = void (*)(void* fn, int64_t id, int64_t steps, const float* row, Status* s);
   Status Scan(uint64_t table_id, void* fn, RowFn call);
 

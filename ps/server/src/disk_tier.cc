@@ -296,21 +296,17 @@ Status DiskTier::Scan(uint64_t table_id, void* fn, RowFn call) {
   return Status::Ok();
 }
 
-int64_t DiskTier::EstimatedRows(uint64_t table_id) {
+int64_t DiskTier::IntProperty(uint64_t table_id, const char* name) {
   Status missing;
   Table* t = Find(table_id, &missing);
   uint64_t n = 0;
-  if (t == nullptr || !db_->GetIntProperty(t->cf, "rocksdb.estimate-num-keys", &n)) return 0;
+  if (t == nullptr || !db_->GetIntProperty(t->cf, name, &n)) return 0;
   return static_cast<int64_t>(n);
 }
 
-int64_t DiskTier::FileBytes(uint64_t table_id) {
-  Status missing;
-  Table* t = Find(table_id, &missing);
-  uint64_t n = 0;
-  if (t == nullptr || !db_->GetIntProperty(t->cf, "rocksdb.total-sst-files-size", &n)) return 0;
-  return static_cast<int64_t>(n);
-}
+int64_t DiskTier::EstimatedRows(uint64_t table_id) { return IntProperty(table_id, "rocksdb.estimate-num-keys"); }
+
+int64_t DiskTier::FileBytes(uint64_t table_id) { return IntProperty(table_id, "rocksdb.total-sst-files-size"); }
 
 Status DiskTier::Checkpoint(const std::string& dir) {
   rocksdb::Checkpoint* raw = nullptr;

@@ -222,6 +222,7 @@ def slurm_task_argv(cluster, binaries, opts):
             + (["--checkpoint-every", str(opts.checkpoint_every)] if opts.checkpoint_every
                else [])
             + (["--curve-keys", folder_for_commands(opts)] if folder_for_commands(opts) else [])
+            + (["--disk-tier-dir", opts.disk_tier_dir] if getattr(opts, "disk_tier_dir", None) else [])
             + ["--"] + passed_through(opts))
 
 

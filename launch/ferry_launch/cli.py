@@ -138,6 +138,11 @@ def parse_args(argv):
     ap.add_argument("--checkpoint-every", type=_count_arg(1), metavar="N",
                     help="passed to every trainer: worker 0 asks for a checkpoint every N steps "
                          "and at the end (needs --checkpoint-dir or --resume)")
+    ap.add_argument("--disk-tier-dir", metavar="DIR",
+                    help="the disk tier's folder (tables declared with disk_tier, e.g. --table "
+                         "'ctr/emb*:max_rows=N,disk_tier=1'): ferry-ps rank R gets --disk-tier-dir "
+                         "DIR/server-R, on its own host's local disk (an SSD; emptied when the "
+                         "server starts: checkpoints keep the rows, not this folder)")
     ap.add_argument("--resume", metavar="DIR",
                     help="restart a job from its newest checkpoint in DIR: as --checkpoint-dir "
                          "DIR, plus --restore to every ferry-ps and --resume to every trainer")
@@ -186,12 +191,14 @@ def parse_args(argv):
         opts.ps_args = [word for text in opts.ps_arg for word in shlex.split(text)]
     except ValueError as e:
         ap.error(f"argument --ps-arg: {e}")
-    for flag in ("checkpoint_dir", "resume", "curve_keys"):
+    for flag in ("checkpoint_dir", "resume", "curve_keys", "disk_tier_dir"):
         if getattr(opts, flag) == "":
             ap.error(f"argument --{flag.replace('_', '-')}: empty folder name")
     if opts.resume and opts.checkpoint_dir:
         ap.error("--resume DIR and --checkpoint-dir are exclusive (the resumed job goes on "
                  "writing its checkpoints in DIR)")
+    if opts.disk_tier_dir:
+        opts.disk_tier_dir = os.path.abspath(opts.disk_tier_dir)
     if opts.resume:  # from here on, the job's checkpoint folder
         opts.resume = opts.checkpoint_dir = os.path.abspath(opts.resume)
     elif opts.checkpoint_dir:

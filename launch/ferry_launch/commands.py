@@ -136,6 +136,8 @@ def _server_commands(cluster, binaries, opts, curve):
                 "--num-servers", str(len(cluster.ps)),
                 "--compute-threads", str(opts.ps_threads)]
         base += _metrics_flag(t, opts) + ckpt + curve
+        if getattr(opts, "disk_tier_dir", None):  # each server a store of its own
+            base += ["--disk-tier-dir", os.path.join(opts.disk_tier_dir, f"server-{t.rank}")]
         # Restarted after a server died (or the whole job under --resume): from the newest
         # checkpoint. Without a folder a server cannot be restarted.
         t.resume_argv = base + ["--restore"] + list(opts.ps_args) if folder else None

@@ -63,7 +63,8 @@ LAUNCHER_OWNED_PS_FLAGS = {"--bind": None, "--rank": None, "--num-servers": None
                            "--num-workers": None, "--compute-threads": "--ps-threads",
                            "--checkpoint-dir": "--checkpoint-dir", "--restore": "--resume DIR",
                            "--curve-keys": "--curve or --curve-keys DIR",
-                           "--metrics": "--metrics loopback|all|off"}
+                           "--metrics": "--metrics loopback|all|off",
+                           "--disk-tier-dir": "--disk-tier-dir"}
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

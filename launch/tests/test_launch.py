@@ -1618,6 +1618,25 @@ class UsageErrorTest(unittest.TestCase):
         rc, out = run_in_process(base + ["--grace", "0", "--rendezvous-timeout", "0.5"])
         self.assertEqual(rc, 0, out)
 
+    def test_each_server_gets_a_disk_tier_folder_of_its_own(self):
+        rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--base-port", "7470",
+                                  "--gpus-per-host", "0", "--dry-run", "--disk-tier-dir", "rel/tier",
+                                  "--", "--steps", "5"])
+        self.assertEqual(rc, 0, out)
+        cmds = command_lines(out)
+        for rank in (0, 1):
+            want = f"--disk-tier-dir {os.path.abspath('rel/tier')}/server-{rank}"
+            self.assertTrue(cmds[f"ps {rank}"].endswith(want), cmds[f"ps {rank}"])
+        self.assertNotIn("--disk-tier-dir", cmds["worker 0"])
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run",
+                                  "--ps-arg=--disk-tier-dir /tmp/x"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--ps-arg flag --disk-tier-dir is set by the launcher; remove it (use "
+                      "--disk-tier-dir)", out)
+        rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--disk-tier-dir="])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("argument --disk-tier-dir: empty folder name", out)
+
     def test_ps_args_go_to_every_server(self):
         rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--base-port", "7470",
                                   "--gpus-per-host", "0", "--dry-run", "--ps-arg",

@@ -177,7 +177,7 @@ static_assert(OptimizerSpec::VT_HYPER == 4 + 2 * 11, "schema OptimizerSpec ids a
 // TableSpec: schema ids 0..18.
 constexpr auto kCreateTable = &CreateTableSpec;
 static_assert(std::is_aggregate_v<ferry::TableSpec>);
-static_assert(kSchemaFields<kCreateTable> == 19, "TableSpec in ferry.fbs changed: update this file");
+static_assert(kSchemaFields<kCreateTable> == 20, "TableSpec in ferry.fbs changed: update this file");
 static_assert(AggregateFieldCount<ferry::TableSpec>() == kSchemaFields<kCreateTable>,
               "ferry::TableSpec and the schema's TableSpec have different field counts");
 using T = ferry::TableSpec;
@@ -203,7 +203,8 @@ static_assert(std::is_same_v<SchemaField<kCreateTable, 15>, decltype(T::evict_af
 static_assert(std::is_same_v<SchemaField<kCreateTable, 16>, decltype(T::max_rows)>);
 static_assert(std::is_same_v<SchemaField<kCreateTable, 17>, WireFormat>);
 static_assert(std::is_same_v<SchemaField<kCreateTable, 18>, decltype(T::topk_ratio)>);
-static_assert(TableSpec::VT_TOPK_RATIO == 4 + 2 * 18, "schema TableSpec ids are not 0..18");
+static_assert(std::is_same_v<SchemaField<kCreateTable, 19>, decltype(T::disk_tier)>);
+static_assert(TableSpec::VT_DISK_TIER == 4 + 2 * 19, "schema TableSpec ids are not 0..19");
 
 }  // namespace
 }  // namespace ferry::wire

@@ -318,7 +318,7 @@ flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& 
                          static_cast<ConsistencyType>(s.consistency), s.staleness, s.replicas_to_aggregate,
                          static_cast<InitType>(s.init), s.init_scale, s.seed, static_cast<NonFinite>(s.nonfinite),
                          s.admit_after, s.admit_probability, s.evict_after_steps, s.max_rows,
-                         static_cast<wire::WireFormat>(s.wire), s.topk_ratio);
+                         static_cast<wire::WireFormat>(s.wire), s.topk_ratio, s.disk_tier);
 }
 
 Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
@@ -357,6 +357,7 @@ Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
   s.max_rows = in->max_rows();
   s.wire = static_cast<ferry::WireFormat>(in->wire());
   s.topk_ratio = in->topk_ratio();
+  s.disk_tier = in->disk_tier();
   FERRY_RETURN_IF_ERROR(s.Validate());
   *out = std::move(s);
   return Status::Ok();

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <sstream>
@@ -204,6 +205,59 @@ TEST(Metrics, RowLifecycleCountersAreOnThePageAndInStats) {
   EXPECT_EQ(counters.at("rows_not_admitted"), 221);
   EXPECT_EQ(counters.at("rows_evicted_age"), 100);
   EXPECT_EQ(counters.at("rows_evicted_capacity"), 250);
+}
+
+TEST(Metrics, DiskTierCountersAreOnThePageAndInStats) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ferry-metrics-disk-tier-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ServerOptions so;
+  so.metrics_bind = "127.0.0.1:0";
+  so.disk_tier_dir = dir.string();
+  {
+    auto c = LocalCluster::Start(1, /*tcp=*/true, so);
+    const int port = PortOf(c.servers[0]->metrics_url());
+    auto w = c.Connect(0, 1);
+    TableSpec emb;
+    emb.name = "emb";
+    emb.type = TableType::kSparse;
+    emb.dim = 4;
+    emb.consistency = Consistency::kAsync;
+    emb.max_rows = 10;
+    emb.disk_tier = true;
+    emb.optimizer.type = OptimizerType::kSgd;
+    emb.optimizer.learning_rate = 1.0f;  // a row pushed once with 1s holds -1s
+    ASSERT_TRUE(w->Declare(emb).ok());
+    // 30 rows pushed one at a time through a RAM tier of 10: each push of a new id looks for it
+    // on disk first (30 reads, none found), and from the 11th on demotes a row; then a pull of
+    // the first 10 ids reads back (promotes) those of them on disk, in one read.
+    std::vector<int64_t> ids;
+    for (int64_t id = 0; id < 30; ++id) ids.push_back(id);
+    std::vector<float> grads(4, 1.0f), rows(10 * 4);
+    for (int64_t id : ids) ASSERT_TRUE(w->PushSparse("emb", {&id, 1}, grads, 0).wait().ok());
+    ASSERT_TRUE(w->PullSparse("emb", std::span(ids).first(10), rows, 0).wait().ok());
+    for (float v : rows) EXPECT_EQ(-1.0f, v);
+    auto s = Samples(HttpGet(port, "/metrics").second);
+    const std::string t = "{server=\"0\",table=\"emb\"}", server = "{server=\"0\"}";
+    const double demoted = s["ferry_table_rows_demoted_total" + t], promoted = s["ferry_table_rows_promoted_total" + t];
+    EXPECT_EQ(demoted, 20 + promoted);  // each promotion into the full tier demotes another row
+    EXPECT_GE(promoted, 5);
+    EXPECT_EQ(s["ferry_table_rows" + t], 10);
+    EXPECT_GE(s["ferry_table_disk_rows" + t], 20);
+    EXPECT_EQ(1u, s.count("ferry_table_disk_bytes" + t));  // (0 here: the rows are still in the write buffer)
+    EXPECT_EQ(s["ferry_disk_tier_reads_total" + server], 31);
+    EXPECT_EQ(s["ferry_disk_tier_rows_asked_total" + server], 30 + promoted);
+    EXPECT_EQ(s["ferry_disk_tier_rows_found_total" + server], promoted);
+    EXPECT_EQ(s["ferry_disk_tier_rows_written_total" + server], demoted);
+    EXPECT_EQ(s["ferry_disk_tier_errors_total" + server], 0);
+    EXPECT_EQ(s["ferry_disk_tier_read_seconds_count" + server], 31);
+    EXPECT_EQ(s["ferry_disk_tier_read_seconds_bucket{server=\"0\",le=\"+Inf\"}"], 31);
+    const auto counters = c.servers[0]->stats().counters;
+    EXPECT_EQ(counters.at("rows_demoted"), demoted);
+    EXPECT_EQ(counters.at("rows_promoted"), promoted);
+    EXPECT_EQ(counters.at("disk_tier_reads"), 31);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A pull held for its sync step: its wait is timed apart from its service; a sync table has no

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -17,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "internal/checkpoint.h"
+#include "internal/disk_tier.h"
 #include "internal/table_registry.h"
 #include "support/temp_dir.h"
 
@@ -140,6 +143,62 @@ TEST(CkptTool, ListsTablesAndDumpsThemForNumpy) {
   std::tie(rc, out) = Shell(tool + " list " + dir.string());
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("no usable checkpoint in " + dir.string()), std::string::npos) << out;
+}
+
+// A table with a disk tier: list and dump take the rows of both tiers (the RAM tier's in the
+// shard, the rest from the checkpoint's copy of the store).
+TEST(CkptTool, DumpsBothTiersOfATableWithADiskTier) {
+  test::TempDir tmp("ckpt-tool");
+  const fs::path dir = tmp.path() / "ckpt";
+  std::unique_ptr<DiskTier> store;
+  ASSERT_TRUE(DiskTier::Open({.path = (tmp.path() / "store").string()}, &store).ok());
+  TableRegistry tables(0, 1);
+  tables.SetDiskTier(store.get());
+  TableSpec emb = EmbSpec(2, OptimizerType::kSgd);
+  emb.max_rows = 5;
+  emb.disk_tier = true;
+  ASSERT_TRUE(tables.Create(emb, TableId("emb"), 1).ok());
+  SparseShard& s = *(*tables.Find(TableId("emb"), TableType::kSparse))->sparse;
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < 40; ++id) ids.push_back(id);
+  std::vector<float> grads(ids.size() * 2);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i);
+  std::vector<RowIndex> scratch;
+  for (size_t k = 0; k < ids.size(); k += 4) {  // 4 at a time through a RAM tier of 5: 35 rows on disk
+    s.ApplyRows(std::span(ids).subspan(k, 4), grads.data() + k * 2, &scratch);
+  }
+  ASSERT_EQ(5u, s.size());
+  auto shard = WriteShard(dir.string(), 0, 1, 7, tables);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_TRUE(WriteManifest(dir.string(), 7, {*shard}, "sync: every server at step 7", 2).ok());
+
+  const std::string tool = FERRY_CKPT_PATH;
+  auto [rc, out] = Shell(tool + " list " + dir.string());
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("emb                      sparse 40 rows of dim 2"), std::string::npos) << out;
+  std::tie(rc, out) = Shell(tool + " dump " + dir.string() + " emb " + (tmp.path() / "emb").string());
+  ASSERT_EQ(rc, 0) << out;
+  // The .npy files end with the raw arrays: ids ascending, and the rows as the shard and the store
+  // hold them (each row in one of the two).
+  const auto npy_ids = ReadRaw<int64_t>(tmp.path() / "emb.ids.npy");
+  ASSERT_GE(npy_ids.size(), 40u);
+  EXPECT_EQ(ids, std::vector<int64_t>(npy_ids.end() - 40, npy_ids.end()));
+  const auto npy_rows = ReadRaw<float>(tmp.path() / "emb.rows.npy");
+  ASSERT_GE(npy_rows.size(), 80u);
+  std::vector<float> want;
+  for (int64_t id : ids) {
+    std::vector<float> row(2);
+    std::vector<int64_t> steps(1);
+    std::vector<bool> found;
+    if (const RowIndex r = s.Find(id); r != kNoRow) {
+      row.assign(s.row(r), s.row(r) + 2);
+    } else {
+      ASSERT_TRUE(store->Read(TableId("emb"), {&id, 1}, row.data(), steps.data(), &found).ok());
+      ASSERT_TRUE(found[0]) << id;
+    }
+    want.insert(want.end(), row.begin(), row.end());
+  }
+  EXPECT_EQ(want, std::vector<float>(npy_rows.end() - 80, npy_rows.end()));
 }
 
 // --step picks any checkpoint kept; --state dumps the optimizer's state beside the parameters.

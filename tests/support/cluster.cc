@@ -37,6 +37,7 @@ LocalCluster LocalCluster::Start(int num_servers, bool tcp, ServerOptions base) 
     o.num_servers = num_servers;
     if (!o.curve) o.context = c.context;  // a CURVE server has its own (for its ZAP handler)
     if (o.compute_threads < 0) o.compute_threads = 1;  // unless a test asks: 0 is none
+    if (!o.disk_tier_dir.empty()) o.disk_tier_dir += "/server-" + std::to_string(s);  // a store each
     auto server = Server::Start(o);
     EXPECT_TRUE(server.ok()) << server.status();
     if (!server.ok()) return c;

@@ -3,13 +3,17 @@
 // scans, dropping a table; an earlier store is wiped and a folder of other files refused; a file
 // corrupted byte by byte gives DATA_LOSS naming the table and the file, never a wrong row; a full
 // disk gives RESOURCE_EXHAUSTED and the rows written before it still read back; a checkpoint by
-// hard links holds the rows.
+// hard links holds the rows. The tier in a shard gives the bits of a shard that keeps every row
+// in RAM. A server's checkpoint holds the rows of both tiers (the store's copy by hard links) and
+// restores them into any number of servers; a copy missing a file or with a byte changed is not
+// used (the older checkpoint is), naming the file.
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -26,8 +30,11 @@
 #include <rocksdb/db.h>
 
 #include "ferry/table_spec.h"
+#include "ferry/messages/placement.h"
+#include "internal/checkpoint.h"
 #include "internal/disk_tier.h"
 #include "internal/init.h"
+#include "internal/table_registry.h"
 #include "internal/tables.h"
 #include "support/temp_dir.h"
 
@@ -514,38 +521,46 @@ TEST(DiskTierShard, ARamTierOf40RowsGivesTheBitsOfEverythingInRam) {
   }
 }
 
-TEST(DiskTierShard, APushOfMoreColdIdsThanTheRamTierHoldsChangesNothing) {
+TEST(DiskTierShard, ACallOfMoreRowsThanTheRamTierHoldsTakesThemAllAndTheTierShrinksBack) {
   test::TempDir dir("disk-tier");
   std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store");
   ASSERT_TRUE(disk);
-  const TableSpec spec = ShardSpec(/*max_rows=*/8);
-  SparseShard shard(spec, kShardTable, 1);
+  const TableSpec tiered_spec = ShardSpec(/*max_rows=*/8), ram_spec = ShardSpec(0);
+  SparseShard shard(tiered_spec, kShardTable, 1), ram(ram_spec, kShardTable, 1);
   ASSERT_TRUE(shard.AttachDisk(disk.get()).ok());
   std::vector<RowIndex> scratch;
-  std::vector<int64_t> first;
-  for (int64_t id = 0; id < 20; ++id) first.push_back(id);
-  for (size_t k = 0; k < first.size(); k += 4) {  // 20 rows made 4 at a time: 12 of them on disk
-    std::vector<int64_t> four(first.begin() + static_cast<std::ptrdiff_t>(k),
-                              first.begin() + static_cast<std::ptrdiff_t>(k + 4));
-    std::vector<float> grads(four.size() * kDim, 0.5f);
-    shard.ApplyRows(four, grads.data(), &scratch);
+  auto push = [&](const std::vector<int64_t>& ids, float g) {
+    std::vector<float> grads(ids.size() * kDim, g);
+    shard.ApplyRows(ids, grads.data(), &scratch);
+    ram.ApplyRows(ids, grads.data(), &scratch);
+  };
+  std::vector<int64_t> twenty, thirty;
+  for (int64_t id = 0; id < 20; ++id) twenty.push_back(id);
+  for (int64_t id = 0; id < 30; ++id) thirty.push_back(id);
+  for (size_t k = 0; k < twenty.size(); k += 4) {  // 20 rows made 4 at a time: 12 of them on disk
+    push({twenty.begin() + static_cast<std::ptrdiff_t>(k), twenty.begin() + static_cast<std::ptrdiff_t>(k + 4)}, 0.5f);
   }
-  const auto before = AllRows(shard, disk.get());
-  ASSERT_EQ(20u, before.size());
-  std::vector<float> grads(first.size() * kDim, 1.0f);
-  try {
-    shard.ApplyRows(first, grads.data(), &scratch);
-    FAIL() << "20 distinct ids in one push went through a RAM tier of 8 rows";
-  } catch (const BudgetExceeded& e) {
-    EXPECT_NE(std::string::npos, std::string(e.what()).find("max_rows=8")) << e.what();
+  ASSERT_EQ(8u, shard.size());
+  // A push of 30 distinct ids (12 cold, 8 in RAM, 10 new) through a RAM tier of 8 rows: every
+  // update applied (a sync step is applied whole), the tier above max_rows until the next call.
+  push(thirty, 1.0f);
+  EXPECT_EQ(30u, shard.size());
+  EXPECT_EQ(0, shard.lifecycle().not_admitted);
+  // A pull of 30 ids, 10 of them cold: the pull first demotes the tier to 8 rows, then serves all.
+  std::vector<int64_t> pull = thirty;
+  for (int64_t id = 100; id < 110; ++id) pull.push_back(id);  // never pushed: initial values
+  const auto a = PullRows(shard, pull), b = PullRows(ram, pull);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  push({3, 17}, 0.25f);
+  EXPECT_EQ(8u, shard.size());
+  const auto got = AllRows(shard, disk.get()), want = AllRows(ram, nullptr);
+  EXPECT_EQ(30u, got.size());
+  for (const auto& [id, row] : got) {
+    ASSERT_TRUE(want.count(id)) << id;
+    EXPECT_EQ(want.at(id).first, row.first) << "id " << id;
+    EXPECT_EQ(0, std::memcmp(want.at(id).second.data(), row.second.data(), row.second.size() * sizeof(float)))
+        << "id " << id;
   }
-  EXPECT_EQ(before, AllRows(shard, disk.get())) << "a refused push changed rows";
-  // And the shard goes on: a push that fits is applied.
-  shard.ApplyRows(std::vector<int64_t>{3, 17}, grads.data(), &scratch);
-  const auto after = AllRows(shard, disk.get());
-  EXPECT_EQ(20u, after.size());
-  EXPECT_EQ(before.at(3).first + 1, after.at(3).first);
-  EXPECT_EQ(before.at(17).first + 1, after.at(17).first);
 }
 
 TEST(DiskTierShard, AnIdAgedOutStartsAnewNotFromItsStaleCopy) {
@@ -589,6 +604,213 @@ TEST(DiskTierShard, NeedsLifecycleSettingsAndNoFeed) {
   SparseShard c(tiered, kShardTable + 1, 1);
   ASSERT_TRUE(c.AttachDisk(disk.get()).ok());
   EXPECT_EQ(StatusCode::kFailedPrecondition, c.StartFeed().code());
+}
+
+// ---- Checkpoints of a table with a disk tier ----------------------------------------------------
+
+TableSpec TieredSpec(int64_t max_rows) {
+  TableSpec s = ShardSpec(max_rows);
+  s.disk_tier = true;
+  return s;
+}
+
+// A server's tables (rank of n) with a store of their own in `dir`.
+struct TieredServer {
+  TieredServer(const fs::path& dir, int rank, int n) : registry(rank, n) {
+    store = OpenStore(dir / ("store-" + std::to_string(rank) + "-of-" + std::to_string(n)));
+    if (store) registry.SetDiskTier(store.get());
+  }
+  std::unique_ptr<DiskTier> store;
+  TableRegistry registry;
+  // Server 0 of 1's table "emb" with a RAM tier of 20 rows and the disk tier.
+  bool DeclareTable() {
+    if (!store) return false;
+    Status s = registry.Create(TieredSpec(20), TableId("emb"), 1);
+    EXPECT_TRUE(s.ok()) << s;
+    return s.ok();
+  }
+  SparseShard& shard() { return *registry.Find(TableId("emb"), TableType::kSparse).value()->sparse; }
+  // Every row of the table, both tiers: (steps, floats) by id.
+  std::map<int64_t, std::pair<int64_t, std::vector<float>>> Rows() {
+    std::map<int64_t, std::pair<int64_t, std::vector<float>>> rows;
+    Status s = store->ForEachRow(TableId("emb"), [&](int64_t id, int64_t steps, const float* row) {
+      rows[id] = {steps, std::vector<float>(row, row + shard().row_floats())};
+      return Status::Ok();
+    });
+    EXPECT_TRUE(s.ok()) << s;
+    shard().ForEachRow([&](int64_t id, RowIndex r) {
+      rows[id] = {shard().steps(r), std::vector<float>(shard().row(r), shard().row(r) + shard().row_floats())};
+    });
+    return rows;
+  }
+};
+
+// Pushes of 40 rounds of 15 ids of [0, 400) (and pulls of 10 between them), into a RAM tier of
+// 20 rows: most rows on disk, some promoted back, stale copies shadowed.
+void Train(TieredServer& server, uint64_t seed, int rounds = 40) {
+  std::mt19937_64 g(seed);
+  std::uniform_int_distribution<int64_t> any(0, 399);
+  std::vector<RowIndex> scratch;
+  for (int k = 0; k < rounds; ++k) {
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 15; ++i) ids.push_back(any(g));
+    std::vector<float> grads(ids.size() * kDim);
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * static_cast<float>((i * 7 + k) % 13) - 0.06f;
+    server.shard().ApplyRows(ids, grads.data(), &scratch);
+    PullRows(server.shard(), std::vector<int64_t>(ids.begin(), ids.begin() + 10));
+  }
+}
+
+// Server 0 of 1 saves its shard of `step` into `dir` and commits it.
+void Save(TieredServer& server, const fs::path& dir, int64_t step, int keep = 3) {
+  auto f = WriteShard(dir.string(), 0, 1, step, server.registry);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(WriteManifest(dir.string(), step, {*f}, "sync: step " + std::to_string(step), keep).ok());
+}
+
+TEST(DiskTierCheckpoint, HoldsBothTiersByHardLinksAndRestoresIntoAnyServerCount) {
+  test::TempDir dir("disk-tier-ckpt");
+  TieredServer server(dir.path(), 0, 1);
+  ASSERT_TRUE(server.DeclareTable());
+  Train(server, 1);
+  const auto want = server.Rows();
+  ASSERT_GT(want.size(), 200u);
+  ASSERT_GT(server.shard().lifecycle().promoted, 0);
+  const fs::path ckpt = dir.path() / "ckpt";
+  Save(server, ckpt, 40);
+  // The copy's table files are the store's own, linked: nothing was copied.
+  const fs::path copy = ckpt / "step-00000000000000000040-shard-00000-of-00001.ckpt.disk";
+  int linked = 0;
+  for (const auto& e : fs::directory_iterator(copy)) {
+    if (e.path().extension() == ".sst") {
+      EXPECT_GE(fs::hard_link_count(e.path()), 2u) << e.path();
+      ++linked;
+    }
+  }
+  EXPECT_GT(linked, 0);
+  Train(server, 2);  // the live store moves on; the checkpoint does not
+  ASSERT_NE(want, server.Rows());
+
+  auto data = ReadCheckpoint(ckpt.string());
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_LT(data->tables.at(TableId("emb")).rows.size(), want.size()) << "the RAM tier's rows only";
+  for (int n : {1, 3}) {
+    std::map<int64_t, std::pair<int64_t, std::vector<float>>> got;
+    for (int r = 0; r < n; ++r) {
+      TieredServer restored(dir.path() / ("restore-" + std::to_string(n)), r, n);
+      ASSERT_TRUE(restored.store);
+      ASSERT_TRUE(RestoreShard(*data, r, n, 1, &restored.registry).ok());
+      EXPECT_LE(restored.shard().size(), 20u);
+      // A restored row is in one tier: no stale copy on disk under a RAM row (the shard would not
+      // know to erase it when the id ages out).
+      std::vector<int64_t> in_ram;
+      restored.shard().ForEachRow([&](int64_t id, RowIndex) { in_ram.push_back(id); });
+      std::vector<float> rows(in_ram.size() * restored.shard().row_floats());
+      std::vector<int64_t> steps(in_ram.size());
+      std::vector<bool> found;
+      ASSERT_TRUE(restored.store->Read(TableId("emb"), in_ram, rows.data(), steps.data(), &found).ok());
+      EXPECT_EQ(0, std::count(found.begin(), found.end(), true)) << "rows in RAM with a copy on disk";
+      for (auto& [id, row] : restored.Rows()) {
+        EXPECT_EQ(r, placement::IdServer(id, n)) << "id " << id << " restored on the wrong server";
+        EXPECT_TRUE(got.emplace(id, std::move(row)).second) << "id " << id << " twice";
+      }
+    }
+    EXPECT_EQ(want, got) << "restored into " << n << " servers";
+  }
+  // A server without a store cannot restore it, and says so.
+  TableRegistry plain(0, 1);
+  Status s = RestoreShard(*data, 0, 1, 1, &plain);
+  EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s;
+  EXPECT_NE(std::string::npos, s.message().find("--disk-tier-dir")) << s;
+}
+
+TEST(DiskTierCheckpoint, ACopyMissingAFileOrWithAByteChangedIsPassedOverForTheOlderCheckpoint) {
+  test::TempDir dir("disk-tier-ckpt");
+  TieredServer server(dir.path(), 0, 1);
+  ASSERT_TRUE(server.DeclareTable());
+  const fs::path ckpt = dir.path() / "ckpt";
+  Train(server, 1);
+  Save(server, ckpt, 10);
+  const auto older = server.Rows();
+  Train(server, 2);
+  Save(server, ckpt, 20);
+  const fs::path copy = ckpt / "step-00000000000000000020-shard-00000-of-00001.ckpt.disk";
+  std::vector<fs::path> tables;
+  for (const auto& e : fs::directory_iterator(copy)) {
+    if (e.path().extension() == ".sst") tables.push_back(e.path());
+  }
+  ASSERT_FALSE(tables.empty());
+  std::sort(tables.begin(), tables.end());
+  auto restored_rows = [&](const CheckpointData& data) {
+    TieredServer restored(dir.path() / ("restore-" + std::to_string(data.step)), 0, 1);
+    EXPECT_TRUE(RestoreShard(data, 0, 1, 1, &restored.registry).ok());
+    return restored.Rows();
+  };
+
+  // A byte of a table file changed (a copy of the file: the store's own is the same inode).
+  const fs::path victim = tables.back();
+  const fs::path saved = dir.path() / "saved.sst";
+  fs::copy_file(victim, saved);
+  fs::remove(victim);
+  fs::copy_file(saved, victim);
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(100);
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
+  }
+  std::vector<std::string> skipped;
+  auto data = ReadCheckpoint(ckpt.string(), &skipped);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(10, data->step);
+  ASSERT_EQ(1u, skipped.size());
+  EXPECT_NE(std::string::npos, skipped[0].find(victim.filename().string())) << skipped[0];
+  EXPECT_EQ(older, restored_rows(*data));
+
+  // The file missing.
+  fs::remove(victim);
+  skipped.clear();
+  data = ReadCheckpoint(ckpt.string(), &skipped);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(10, data->step);
+  ASSERT_EQ(1u, skipped.size());
+  EXPECT_NE(std::string::npos, skipped[0].find(victim.string() + ": missing")) << skipped[0];
+
+  // Put back whole, the newer checkpoint verifies again.
+  fs::copy_file(saved, victim);
+  data = ReadCheckpoint(ckpt.string());
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(20, data->step);
+}
+
+TEST(DiskTierCheckpoint, OldCheckpointsTakeTheirCopiesOfTheStoreWithThem) {
+  test::TempDir dir("disk-tier-ckpt");
+  TieredServer server(dir.path(), 0, 1);
+  ASSERT_TRUE(server.DeclareTable());
+  const fs::path ckpt = dir.path() / "ckpt";
+  for (int64_t step = 1; step <= 4; ++step) {
+    Train(server, static_cast<uint64_t>(step), 5);
+    Save(server, ckpt, step, /*keep=*/2);
+  }
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(ckpt)) names.insert(e.path().filename().string());
+  EXPECT_EQ((std::set<std::string>{"CURRENT", "MANIFEST-00000000000000000003", "MANIFEST-00000000000000000004",
+                                   "step-00000000000000000003-shard-00000-of-00001.ckpt",
+                                   "step-00000000000000000003-shard-00000-of-00001.ckpt.disk",
+                                   "step-00000000000000000004-shard-00000-of-00001.ckpt",
+                                   "step-00000000000000000004-shard-00000-of-00001.ckpt.disk"}),
+            names);
+  // A step saved again replaces its copy.
+  Train(server, 9, 5);
+  Save(server, ckpt, 4, /*keep=*/2);
+  auto data = ReadCheckpoint(ckpt.string());
+  ASSERT_TRUE(data.ok()) << data.status();
+  TieredServer restored(dir.path() / "restore", 0, 1);
+  ASSERT_TRUE(RestoreShard(*data, 0, 1, 1, &restored.registry).ok());
+  EXPECT_EQ(server.Rows(), restored.Rows());
 }
 
 }  // namespace

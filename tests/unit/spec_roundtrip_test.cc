@@ -70,6 +70,7 @@ TableSpec SparseWithEveryField() {
   s.admit_probability = 0.25f;
   s.evict_after_steps = 100;
   s.max_rows = 5000;
+  s.disk_tier = true;
   s.wire = WireFormat::kBf16;
   return s;
 }
@@ -114,6 +115,7 @@ void ExpectSameFields(const TableSpec& back, const TableSpec& spec) {
   EXPECT_EQ(back.max_rows, spec.max_rows);
   EXPECT_EQ(back.wire, spec.wire);
   EXPECT_EQ(back.topk_ratio, spec.topk_ratio);
+  EXPECT_EQ(back.disk_tier, spec.disk_tier);
   EXPECT_TRUE(back == spec) << "a field not listed above differs";
 }
 
@@ -193,6 +195,32 @@ TEST(SpecRoundTrip, FixturesLeaveNoFieldAtADefault) {
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.max_rows; }, cpp.max_rows, w->max_rows(), a, b));
   EXPECT_TRUE(covered([&](const TableSpec& t) { return u8(t.wire); }, u8(cpp.wire), u8(w->wire()), a, b));
   EXPECT_TRUE(covered([](const TableSpec& t) { return t.topk_ratio; }, cpp.topk_ratio, w->topk_ratio(), a, b));
+  EXPECT_TRUE(covered([](const TableSpec& t) { return t.disk_tier; }, cpp.disk_tier, w->disk_tier(), a, b));
+}
+
+TEST(SpecRoundTrip, ADiskTierIsForSparseTablesWithMaxRowsAndForLife) {
+  TableSpec t = SparseWithEveryField();
+  t.disk_tier = false;
+  ASSERT_TRUE(SetSpecOption(&t, "disk_tier", 1).ok());
+  EXPECT_TRUE(t.disk_tier);
+  EXPECT_TRUE(t.Validate().ok()) << t.Validate();
+  EXPECT_NE(t.ToString().find("max_rows=5000 disk_tier=1"), std::string::npos) << t.ToString();
+  EXPECT_FALSE(SetSpecOption(&t, "disk_tier", 0.5).ok());
+  EXPECT_FALSE(SetSpecOption(&t, "disk_tier", 2).ok());
+  TableSpec unbounded = t;
+  unbounded.max_rows = 0;
+  Status s = unbounded.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("disk_tier is for sparse tables with max_rows"), std::string::npos) << s;
+  TableSpec dense = DenseWithEveryField();
+  dense.disk_tier = true;
+  EXPECT_EQ(dense.Validate().code(), StatusCode::kInvalidArgument);
+  // A resumed job may not turn it on or off (its rows would be lost, or have nowhere to go).
+  TableSpec off = t;
+  off.disk_tier = false;
+  const SpecChanges c = CompareSpecs(t, off);
+  EXPECT_NE(c.fixed.find("disk_tier 1 -> 0"), std::string::npos) << c.fixed;
+  EXPECT_TRUE(c.settings.empty()) << c.settings;
 }
 
 TEST(SpecRoundTrip, RowLifecycleSettingsAreCheckedAndForSparseTablesOnly) {

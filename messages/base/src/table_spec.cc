@@ -77,6 +77,9 @@ Status TableSpec::Validate() const {
   if (has_lifecycle() && type != TableType::kSparse) {
     return bad("admit_after, admit_probability, evict_after_steps and max_rows are for sparse tables");
   }
+  if (disk_tier && (type != TableType::kSparse || max_rows <= 0)) {
+    return bad("disk_tier is for sparse tables with max_rows (the rows of its RAM tier on each server)");
+  }
   if (static_cast<uint8_t>(wire) > static_cast<uint8_t>(WireFormat::kBf16)) {
     return bad("unknown wire format " + std::to_string(static_cast<int>(wire)) + " (known: f32, fp16, bf16)");
   }
@@ -131,6 +134,7 @@ std::string TableSpec::ToString() const {
   if (admit_probability != 1.0f) os << " admit_probability=" << admit_probability;
   if (evict_after_steps != 0) os << " evict_after_steps=" << evict_after_steps;
   if (max_rows != 0) os << " max_rows=" << max_rows;
+  if (disk_tier) os << " disk_tier=1";
   if (wire != WireFormat::kF32) os << " wire=" << WireFormatName(wire);
   if (topk_ratio != 0.0f) os << " topk=" << topk_ratio;
   os << "}";
@@ -248,6 +252,7 @@ SpecChanges CompareSpecs(const TableSpec& a, const TableSpec& b) {
   // A row lifecycle's settings change on resume; whether a table has one does not (its shard keeps
   // per-row clocks only with one).
   fixed("row lifecycle", std::string(a.has_lifecycle() ? "on" : "off"), std::string(b.has_lifecycle() ? "on" : "off"));
+  fixed("disk_tier", a.disk_tier, b.disk_tier);
   setting("lr", o.learning_rate, p.learning_rate);
   for (const HyperParam& h : kHyperParams) setting(h.key, GetHyper(o, h), GetHyper(p, h));
   setting("wire", std::string(WireFormatName(a.wire)), std::string(WireFormatName(b.wire)));
@@ -282,7 +287,7 @@ namespace {
 // The keys SetSpecOption takes besides the optimizer's hyperparameters.
 constexpr std::string_view kTableKeys[] = {"chunk_elems", "replicas_to_aggregate", "skip_nonfinite_rows",
                                            "admit_after", "admit_probability", "evict_after_steps", "max_rows",
-                                           "topk"};
+                                           "disk_tier", "topk"};
 
 constexpr auto kSpecOptionKeys = [] {
   std::array<std::string_view, std::size(kHyperParams) + std::size(kTableKeys)> keys{};
@@ -327,6 +332,9 @@ Status SetSpecOption(TableSpec* spec, std::string_view k, double value) {
   } else if (k == "max_rows") {
     if (!whole(0, int64_t{1} << 40)) return invalid("must be a whole number in [0, 2^40] (0: no bound)");
     s.max_rows = static_cast<int64_t>(value);
+  } else if (k == "disk_tier") {
+    if (!whole(0, 1)) return invalid("must be 0 or 1");
+    s.disk_tier = value != 0;
   } else if (k == "topk") {
     if (!(value == 0 || (value > 0 && value <= 1))) return invalid("must be in (0, 1] (0: off)");
     s.topk_ratio = f;

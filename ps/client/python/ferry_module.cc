@@ -861,7 +861,8 @@ PYBIND11_MODULE(_ferry, m) {
       "is its alpha); consistency: sync, async or ssp:S; init: zeros, uniform, normal or constant (with "
       "init_scale); options: the optimizer's other hyperparameters by name (" +
       ferry::JoinNames(ferry::HyperParamKeys()) + "), chunk_elems, a sparse table's row lifecycle (admit_after, "
-      "admit_probability, evict_after_steps, max_rows), and a dense table's topk (each pushed chunk sends only its "
+      "admit_probability, evict_after_steps, max_rows; with max_rows, disk_tier=1 keeps the rows beyond it on the "
+      "servers' disks), and a dense table's topk (each pushed chunk sends only its "
       "ceil(topk * n) largest elements; the rest is kept and added to the next push); wire: f32, fp16 or bf16, how "
       "the table's gradients and values travel (2 bytes a value for fp16 and bf16; the servers keep float32; needs "
       "servers of protocol 1.6)";

@@ -153,6 +153,17 @@ class ClientImpl final : public Client {
             "upgrade the servers");
       }
     }
+    // A server before 1.15 would not see disk_tier: it would keep max_rows rows and drop the rest.
+    if (spec.disk_tier) {
+      for (int s = 0; s < num_servers(); ++s) {
+        const int minor = engine_.minor(s);
+        if (minor >= 15) continue;
+        return FailedPreconditionError("table '" + spec.name + "' is declared with disk_tier, but server " +
+                                       std::to_string(s) + " speaks protocol 1." + std::to_string(minor) +
+                                       ", which has no disk tier and would evict the rows beyond max_rows (it "
+                                       "needs 1.15); upgrade the servers");
+      }
+    }
     auto op = engine_.NewOp();
     // Each server's chunking of the table (1.9: the reply's spec; -1: not said). A table that
     // exists keeps its own (a checkpoint's, another worker's), which this client then routes by.

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <utility>
@@ -74,13 +75,30 @@ struct ShardImage {
   std::vector<size_t> blocks;  // where each block starts in `bytes`
 };
 
+// The disk tier's part of a shard (messages/CHECKPOINT.md, "The disk tier"): a copy of the
+// server's store made by hard links (DiskTier::Checkpoint) in a folder beside the shard file, named
+// after it, and the files it holds, which the shard lists with their sizes.
+struct DiskStoreCopy {
+  std::string folder;                                   // inside the checkpoint folder: <shard file>.disk
+  std::vector<std::pair<std::string, uint64_t>> files;  // its files and their sizes, by name
+};
+
+// Copies the store of `tables` (their DiskTier) for server `rank`'s shard of `step`, in `dir`
+// (made if missing): a folder of the same step and rank left before (a step saved again, or a
+// copy cut short) is removed first. Nothing is copied through RAM where the file system allows
+// hard links; the rows the store holds in RAM are flushed to files first.
+StatusOr<DiskStoreCopy> CopyDiskTier(DiskTier& disk, const std::string& dir, int rank, int num_servers, int64_t step);
+
 // Copies every table of `tables` into an image (throws std::bad_alloc when memory is short).
 // With `delta`: only what changed since the snapshot that wrote `delta->file` (the dense chunks
 // whose version moved, the sparse rows noted by SparseShard::TrackChanges, the ids evicted
 // since), as a delta shard (format 2); a table not tracked yet (new since) is copied whole.
 // `track`: (every snapshot of a server that writes deltas) starts or restarts the count of
-// changes, which the next delta takes.
-ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta = nullptr, bool track = false);
+// changes, which the next delta takes. A table with a disk tier: the RAM tier's rows, and a block
+// naming `disk` (required then), whose copy of the store holds the rest (a table with a disk tier
+// is never tracked: it is copied whole, so such a server writes no deltas).
+ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta = nullptr, bool track = false,
+                         const DiskStoreCopy* disk = nullptr);
 
 // About the bytes a delta snapshot of `tables` would take now (an upper bound for sparse rows):
 // what a server weighs against its chain's full shard before writing a delta.
@@ -146,9 +164,19 @@ struct CheckpointData {
     std::map<int64_t, Chunk> chunks;  // dense: by chunk index
     std::map<int64_t, Row> rows;      // sparse: by id
     int64_t sparse_version = 0;       // sparse: the highest version of the shards that wrote it
+    // Sparse, with a disk tier: the copies of the stores (absolute paths, verified) that hold the
+    // rows beyond the RAM tiers, one per server that wrote the checkpoint; a row of `rows` shadows
+    // its id's stale copy there (ForEachDiskRow).
+    std::vector<std::string> disk_stores;
   };
   std::map<uint64_t, Table> tables;  // by table id
 };
+
+// Calls fn(id, steps, row floats) for each row of table `t` (id `table_id`) held in its disk
+// stores and not in t.rows (the RAM tiers' rows, which are the newer); stops at fn's first error.
+// Rows are read from the files, a few at a time: nothing is held in RAM but the row at hand.
+Status ForEachDiskRow(const CheckpointData::Table& t, uint64_t table_id,
+                      const std::function<Status(int64_t id, int64_t steps, const float* row)>& fn);
 
 // Reads the checkpoint CURRENT names, verifying every file (a delta shard's whole chain, each
 // link against the one before); if it does not verify, the newest older manifest that does. The

@@ -79,6 +79,13 @@ class DiskTier {
   // Opens the store at options.path, empty (see the top of the file). FAILED_PRECONDITION when
   // the folder holds files that are not a Ferry disk tier's; UNAVAILABLE when RocksDB cannot open.
   static Status Open(const Options& options, std::unique_ptr<DiskTier>* out);
+  // Opens a copy Checkpoint wrote, read-only and as it is (nothing wiped), with no block cache:
+  // AddTable then finds a table's column family in it (NOT_FOUND when it has none) instead of
+  // making one; Write, Erase and Checkpoint are refused. DATA_LOSS when RocksDB finds it
+  // incomplete or corrupt (its text names the file).
+  static Status OpenReadOnly(const std::string& dir, std::unique_ptr<DiskTier>* out);
+  // Reads every block of every file of the store and checks its checksum.
+  Status VerifyChecksums();
   ~DiskTier();
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
@@ -149,6 +156,8 @@ class DiskTier {
   Mutex mu_;  // guards tables_ (the handles themselves are thread-safe)
   std::vector<std::pair<uint64_t, std::unique_ptr<Table>>> tables_ ABSL_GUARDED_BY(mu_);
   rocksdb::ColumnFamilyHandle* default_cf_ = nullptr;
+  bool read_only_ = false;                               // OpenReadOnly
+  std::vector<rocksdb::ColumnFamilyHandle*> unclaimed_;  // OpenReadOnly: handles no AddTable took yet
   std::atomic<int64_t> reads_{0}, rows_asked_{0}, rows_found_{0}, rows_written_{0}, rows_erased_{0};
   std::array<std::atomic<int64_t>, Stats::kLatencyBuckets> read_us_{};
 };

@@ -85,6 +85,7 @@ enum Counter : int {
   kReplayedUpdatesSkipped,
   kFeedPages,
   kFeedRowsSent,
+  kDiskTierErrors,
   kNumCounters
 };
 inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
@@ -93,7 +94,7 @@ inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused",
     "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped",
     "wire_values_saturated", "pieces_held", "piece_calls_refused", "nonfinite_updates_refused",
-    "replayed_updates_skipped", "feed_pages", "feed_rows_sent"};
+    "replayed_updates_skipped", "feed_pages", "feed_rows_sent", "disk_tier_errors"};
 inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the server's and each table's
 // Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
 // bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
@@ -108,7 +109,7 @@ class ServerImpl final : public Server {
   // socket bound at ZeroMQ's ZAP endpoint that this server's handshakes ask; empty otherwise.
   ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket, zmq::socket_t monitor,
              zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables, int64_t restored_step,
-             const std::vector<int64_t>& restored_worker_steps = {});
+             const std::vector<int64_t>& restored_worker_steps = {}, std::unique_ptr<ps::DiskTier> disk_tier = nullptr);
   ~ServerImpl() override { Stop(); }
 
   std::string endpoint() const override { return endpoint_; }
@@ -187,6 +188,9 @@ class ServerImpl final : public Server {
   Status NotFiniteUpdate(ps::Table& t, const ps::NotFinite& nf, int64_t offset, const std::string& whose);
   // The refusal of a push to (or a checkpoint of) a table marked diverged; OK for the others.
   Status Diverged(const ps::Table& t) const;
+  // The refusal of anything of a table whose disk tier failed a sync step (Table::disk_failed);
+  // OK for the others. Diverged includes it.
+  Status DiskFailed(const ps::Table& t) const;
 
   // Serves a pull whose condition holds; false when it must keep waiting. Tables cannot be
   // dropped, so the slices resolved on arrival still resolve.
@@ -398,6 +402,7 @@ class ServerImpl final : public Server {
 
   // Everything below, to the counters, is owned by the I/O thread.
   ps::Updater updater_;  // uses pool_
+  std::unique_ptr<ps::DiskTier> disk_tier_;  // --disk-tier-dir (the tables' shards use it: declared before them)
   ps::TableRegistry tables_;
   // The payloads of requests held while they wait (RoomToHold): at most a quarter of the tables'
   // budget, beside it.

@@ -15,6 +15,7 @@
 #include "ferry/messages/wire.h"
 #include "ferry/metrics/page.h"
 #include "ferry/server.h"
+#include "internal/disk_tier.h"
 #include "internal/table_metrics.h"
 
 namespace ferry::ps {
@@ -45,8 +46,10 @@ class RequestLatencies {
 // rows_pulled,rows_pushed,rows_admitted,rows_not_admitted,rows_evicted_age,
 // rows_evicted_capacity}_total, ferry_table_staleness_versions (a histogram, le="0".."63","+Inf";
 // tables with has_staleness only) and ferry_table_hot_id_pulls{id="..."} (gauges: the top ids of
-// sparse tables).
+// sparse tables). With a disk tier: its tables' ferry_table_rows_{demoted,promoted}_total and
+// ferry_table_disk_{rows,bytes}, and the store's `disk` counts: ferry_disk_tier_*_total and
+// ferry_disk_tier_read_seconds (a histogram of its batched reads).
 std::string ServerMetricsText(int rank, const ServerStats& stats, const RequestLatencies& latencies,
-                              const std::vector<TableMetrics>& tables);
+                              const std::vector<TableMetrics>& tables, const DiskTier::Stats* disk = nullptr);
 
 }  // namespace ferry::ps

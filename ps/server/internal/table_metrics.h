@@ -60,6 +60,9 @@ struct TableMetrics {
   int64_t bytes = 0;  // what they take (values and optimizer state; sparse: slots and admission filter)
   TableCounters counters;
   RowLifecycleCounts lifecycle;  // sparse tables with lifecycle settings
+  bool disk_tier = false;        // sparse tables with a disk tier: the two below are set
+  int64_t disk_rows = 0;         // rows in its store (RocksDB's estimate: stale copies of promoted rows count)
+  int64_t disk_bytes = 0;        // bytes of its store's files
 };
 
 }  // namespace ferry::ps

@@ -32,6 +32,11 @@ class TableRegistry {
         budget_(std::make_unique<MemoryBudget>(memory_budget)),
         lifecycle_(std::make_unique<RowLifecycleTotals>()) {}
 
+  // The store where tables declared with disk_tier keep their rows beyond max_rows (must outlive
+  // the registry); without one such tables are refused (FAILED_PRECONDITION).
+  void SetDiskTier(DiskTier* disk) { disk_ = disk; }
+  DiskTier* disk_tier() const { return disk_; }
+
   // Declares `spec` under `claimed_id` (which must be the hash of its name) for a job of
   // `num_workers`. Declaring the same spec again is a no-op; a different spec under the same
   // name or id is AlreadyExists. ResourceExhausted when the shard would go over the memory
@@ -98,6 +103,7 @@ class TableRegistry {
   const int num_servers_;
   std::unique_ptr<MemoryBudget> budget_;  // behind a pointer: shards keep its address across moves
   std::unique_ptr<RowLifecycleTotals> lifecycle_;  // likewise
+  DiskTier* disk_ = nullptr;                       // SetDiskTier
   std::unordered_map<uint64_t, std::unique_ptr<Table>> tables_;
   std::unordered_map<uint64_t, TableSpec> pending_;  // declared, being built
 };

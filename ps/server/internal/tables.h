@@ -142,10 +142,12 @@ inline constexpr RowIndex kNoRow = ~RowIndex{0};
 // disk is read back and made a row again (promoted) before a push updates it (ApplyRows, which
 // reads the push's cold ids in one batch) or a pull serves it (PromoteForPull first). A promoted
 // row's copy stays on disk, stale and shadowed by the RAM row: the next demotion overwrites it,
-// and an age eviction erases it (an id aged out starts anew, as without the tier). Reads and
-// writes are synchronous on the calling thread in this slice. Checkpoints, delta checkpoints and
-// the change feed do not see the disk rows yet: AttachDisk refuses a shard that feeds or tracks
-// changes, and the servers do not attach a store yet.
+// and an age eviction erases it (an id aged out starts anew, as without the tier). No row of a
+// call is ever dropped for want of room: a call that names more rows than max_rows holds them
+// all, and the next call first demotes the RAM tier back to max_rows (ShrinkToMaxRows). Reads and
+// writes are synchronous on the calling thread. A checkpoint copies the RAM tier's rows and the
+// store (checkpoint.h, CopyDiskTier); delta checkpoints and the change feed do not follow such a
+// shard: AttachDisk refuses a shard that feeds or tracks changes, and StartFeed a shard with a disk.
 class SparseShard {
  public:
   static constexpr int kEvictionSample = 8;   // live rows looked at for one victim
@@ -179,9 +181,10 @@ class SparseShard {
   Status AttachDisk(DiskTier* disk);
   bool has_disk() const { return disk_ != nullptr; }
   // Before a pull of `ids` is served by FindForPull: the ids without a row in RAM that are on disk
-  // are promoted (one batched read). Throws DiskTierError when the read fails, BudgetExceeded when
-  // the RAM tier has no room (every row in use by this call: the call names more distinct cold
-  // ids than max_rows). Nothing is promoted without a disk.
+  // are promoted (one batched read). A call that names more rows than max_rows takes them all:
+  // the RAM tier holds more than max_rows until the next call (a pull or push) demotes the rows
+  // beyond it. Throws DiskTierError when the disk fails, BudgetExceeded when the memory budget
+  // has no room. Nothing is promoted without a disk.
   void PromoteForPull(std::span<const int64_t> ids);
   // The row that serves a pull of `id`: with lifecycle settings, its row (stamped with the clock)
   // or kNoRow when it has none (serve InitialRow); without, FindOrCreate(id).
@@ -337,6 +340,9 @@ class SparseShard {
   }
   // With a disk: writes the row of `slot` to it before the slot is given up (throws DiskTierError).
   void Demote(RowIndex slot);
+  // With a disk: demotes rows until the RAM tier holds max_rows (a call that used more rows than
+  // max_rows left it above; nothing is pinned between calls). Throws DiskTierError.
+  void ShrinkToMaxRows();
   // One row's update (ApplyRows), its refusals merged into `refused`.
   void UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused);
   uint64_t NextRandom();
@@ -419,6 +425,10 @@ struct Table {
   // overflowing: the model diverged): what the first such update was. From then on every push to
   // the table, and every checkpoint, is refused with it (ServerImpl::Diverged).
   std::string diverged;
+  // Set when a sync step of its disk tier could not be applied (the disk failed: full, or a read
+  // error): what failed. From then on its pushes, pulls and checkpoints are refused with it (the
+  // step's gradients cannot be applied later, and a pull would wait for a step that never comes).
+  std::string disk_failed;
   // The change feed's epoch of this table on this server (0 until a reader first asks): a reader's
   // cursor of another epoch (another process) gets everything.
   uint64_t feed_epoch = 0;

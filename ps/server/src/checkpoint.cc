@@ -15,11 +15,13 @@
 #include <set>
 #include <span>
 #include <sstream>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
 #include "ferry/messages/placement.h"
 #include "ferry/messages/wire.h"
+#include "internal/optimizer.h"
 
 namespace ferry::ps {
 namespace {
@@ -37,10 +39,13 @@ enum BlockKind : uint32_t {
   kTable = 1,
   kDenseChunk = 2,
   kSparseRows = 3,
-  kPrevious = 4,  // format 2
-  kDeleted = 5,   // format 2
-  kWhole = 6,     // format 2: a sparse table's rows in this delta replace all of the chain's
+  kPrevious = 4,   // format 2
+  kDeleted = 5,    // format 2
+  kWhole = 6,      // format 2: a sparse table's rows in this delta replace all of the chain's
+  kDiskStore = 7,  // a sparse table with a disk tier: the copy of the store holding its other rows
 };
+// A disk store block lists at most this many files (a store of a few TB has a few thousand).
+constexpr uint64_t kMaxStoreFiles = uint64_t{1} << 20;
 // A delta's first block names its predecessor in at most this many bytes (WithChain reads no more).
 constexpr uint64_t kMaxPreviousBlock = 4096;
 
@@ -153,6 +158,14 @@ std::string ShardName(int64_t step, int rank, int num_servers) {
   return StepPrefix(step) + buf;
 }
 
+// The folder of a shard's copy of its server's disk tier store: the shard file's name + ".disk".
+std::string DiskFolderName(const std::string& shard) { return shard + ".disk"; }
+
+// Whether `name` in a checkpoint folder is one of `needed`'s files, or the store copy of one.
+bool Needed(const std::set<std::string>& needed, const std::string& name) {
+  return needed.contains(name) || (name.ends_with(".disk") && needed.contains(name.substr(0, name.size() - 5)));
+}
+
 std::string ManifestName(int64_t step) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "MANIFEST-%020lld", static_cast<long long>(step));
@@ -198,7 +211,57 @@ struct FileData {
   std::optional<DeltaOf> previous;                   // a delta's predecessor (format 2)
   std::map<uint64_t, std::vector<int64_t>> deleted;  // a delta's ids no longer held, by table
   std::set<uint64_t> whole;                          // a delta's sparse tables held whole
+  std::set<std::string> verified;                    // the store copies its blocks name, verified
 };
+
+// A kDiskStore payload (after the table id): u64 n, n bytes of the folder's name; u64 files;
+// per file u64 bytes, u64 m, m bytes of its name. The folder must be the shard's own
+// (DiskFolderName), every file in it with the size listed, and RocksDB must find every block's
+// checksum right (read whole, once per folder).
+Status ParseDiskStore(Reader& r, const fs::path& shard, const std::string& where, FileData* file,
+                      std::string* folder_path) {
+  uint64_t n = 0, files = 0;
+  std::vector<char> folder;
+  FERRY_RETURN_IF_ERROR(r.Get(&n));
+  FERRY_RETURN_IF_ERROR(r.GetArray(&folder, n));
+  FERRY_RETURN_IF_ERROR(r.Get(&files));
+  const std::string name(folder.begin(), folder.end());
+  if (name != DiskFolderName(shard.filename().string())) {
+    return DataLossError(where + ": names the disk tier store '" + name + "', not this shard's");
+  }
+  if (files == 0 || files > kMaxStoreFiles) return DataLossError(where + ": lists " + std::to_string(files) + " files");
+  const fs::path dir = shard.parent_path() / name;
+  std::vector<std::pair<std::string, uint64_t>> listed;
+  for (uint64_t i = 0; i < files; ++i) {
+    uint64_t bytes = 0, m = 0;
+    std::vector<char> f;
+    FERRY_RETURN_IF_ERROR(r.Get(&bytes));
+    FERRY_RETURN_IF_ERROR(r.Get(&m));
+    FERRY_RETURN_IF_ERROR(r.GetArray(&f, m));
+    std::string fname(f.begin(), f.end());
+    if (fname.empty() || fname.find('/') != std::string::npos || fname == "." || fname == "..") {
+      return DataLossError(where + ": a store file named '" + fname + "'");
+    }
+    listed.emplace_back(std::move(fname), bytes);
+  }
+  FERRY_RETURN_IF_ERROR(r.Done());
+  *folder_path = dir.string();
+  if (file->verified.contains(name)) return Status::Ok();
+  for (const auto& [fname, bytes] : listed) {
+    std::error_code ec;
+    const uint64_t have = fs::file_size(dir / fname, ec);
+    if (ec) return DataLossError((dir / fname).string() + ": missing (" + ec.message() + "), the shard lists it");
+    if (have != bytes) {
+      return DataLossError((dir / fname).string() + ": " + std::to_string(have) + " bytes, the shard lists " +
+                           std::to_string(bytes));
+    }
+  }
+  std::unique_ptr<DiskTier> store;
+  FERRY_RETURN_IF_ERROR(DiskTier::OpenReadOnly(dir.string(), &store));
+  FERRY_RETURN_IF_ERROR(store->VerifyChecksums());
+  file->verified.insert(name);
+  return Status::Ok();
+}
 
 // A kPrevious payload: i64 step, u64 bytes, u32 crc32, u32 zero, u64 n, n bytes of file name.
 Status ParsePrevious(Reader& r, const std::string& where, DeltaOf* out) {
@@ -282,7 +345,12 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, FileData* file) 
     uint64_t table_id = 0;
     FERRY_RETURN_IF_ERROR(r.Get(&table_id));
     auto& t = out->tables[table_id];
-    if (kind == kWhole) {
+    if (kind == kDiskStore) {
+      std::string folder;
+      FERRY_RETURN_IF_ERROR(ParseDiskStore(r, path, where, file, &folder));
+      if (!t.spec.disk_tier) return DataLossError(where + ": a disk tier store for a table without one");
+      t.disk_stores.push_back(std::move(folder));
+    } else if (kind == kWhole) {
       if (!delta) return DataLossError(where + ": a whole-table block in a full shard");
       FERRY_RETURN_IF_ERROR(r.Done());
       file->whole.insert(table_id);
@@ -460,6 +528,7 @@ Status Merge(CheckpointData&& from, CheckpointData* into, const std::string& whe
                            " twice");
     }
     to.sparse_version = std::max(to.sparse_version, t.sparse_version);
+    to.disk_stores.insert(to.disk_stores.end(), t.disk_stores.begin(), t.disk_stores.end());
   }
   return Status::Ok();
 }
@@ -495,7 +564,8 @@ StatusOr<CheckpointData> ReadChain(const fs::path& dir, const ShardFile& shard) 
       auto& to = acc.tables[id];
       if (!t.spec.name.empty()) to.spec = std::move(t.spec);
       for (auto& [index, chunk] : t.chunks) to.chunks.insert_or_assign(index, std::move(chunk));
-      if (d.whole.contains(id)) to.rows.clear();  // held whole in this delta
+      if (d.whole.contains(id)) to.rows.clear(), to.disk_stores.clear();  // held whole in this delta
+      if (!t.disk_stores.empty()) to.disk_stores = std::move(t.disk_stores);
       if (auto del = d.deleted.find(id); del != d.deleted.end()) {
         for (const int64_t row : del->second) to.rows.erase(row);
       }
@@ -569,7 +639,7 @@ TablePart Select(Table& t, bool delta, bool track) {
     s.ForEachRow([&](int64_t id, RowIndex r) {
       if (s.steps(r) > 0) p.rows.emplace_back(id, r);
     });
-    if (track) s.TrackChanges();
+    if (track && !s.has_disk()) s.TrackChanges();  // (a table with a disk tier is always copied whole)
   }
   std::sort(p.rows.begin(), p.rows.end());  // the same rows give the same file
   return p;
@@ -595,7 +665,7 @@ uint64_t DeltaBytes(const TableRegistry& tables) {
   return total;
 }
 
-ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta, bool track) {
+ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta, bool track, const DiskStoreCopy* disk) {
   ShardImage image;
   std::vector<TablePart> parts;
   tables.ForEach([&](Table& t) { parts.push_back(Select(t, delta != nullptr, track)); });
@@ -614,6 +684,10 @@ ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta, bool track
       total += (n / kRowsPerBlock + 1) * (16 + 32) +
                n * (2 * sizeof(int64_t) + static_cast<size_t>(t.sparse->row_floats()) * sizeof(float));
       total += (p.deleted.size() / kRowsPerBlock + 1) * (16 + 16) + p.deleted.size() * sizeof(int64_t);
+      if (t.sparse->has_disk() && disk != nullptr) {
+        total += 16 + 24 + disk->folder.size();
+        for (const auto& [name, bytes] : disk->files) total += 16 + name.size();
+      }
     }
   }
   auto& out = image.bytes;
@@ -698,6 +772,20 @@ ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta, bool track
       end_block();
       if (p.rows.empty()) break;
     }
+    if (s.has_disk()) {
+      if (disk == nullptr) throw std::logic_error("SnapshotShard: a table with a disk tier and no copy of its store");
+      begin_block(kDiskStore);
+      put64(uint64_t{t.id});
+      put64(uint64_t{disk->folder.size()});
+      put(disk->folder.data(), disk->folder.size());
+      put64(uint64_t{disk->files.size()});
+      for (const auto& [name, bytes] : disk->files) {
+        put64(uint64_t{bytes});
+        put64(uint64_t{name.size()});
+        put(name.data(), name.size());
+      }
+      end_block();
+    }
   }
   const int64_t blocks = static_cast<int64_t>(image.blocks.size());
   begin_block(kEnd);
@@ -738,9 +826,58 @@ StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_se
   return out;
 }
 
+StatusOr<DiskStoreCopy> CopyDiskTier(DiskTier& disk, const std::string& dir, int rank, int num_servers, int64_t step) {
+  DiskStoreCopy copy;
+  copy.folder = DiskFolderName(ShardName(step, rank, num_servers));
+  const fs::path path = fs::path(dir) / copy.folder;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return InternalError("cannot create the checkpoint folder " + dir + ": " + ec.message());
+  // RocksDB builds its copy in <path>.tmp and renames it: both must be free.
+  for (const fs::path& p : {path, fs::path(path.string() + ".tmp")}) {
+    fs::remove_all(p, ec);
+    if (ec) return InternalError("cannot remove " + p.string() + ", left by an earlier checkpoint: " + ec.message());
+  }
+  if (Status s = disk.Checkpoint(path.string()); !s.ok()) {
+    fs::remove_all(path, ec);
+    return s;
+  }
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    const uint64_t bytes = it->file_size(ec);
+    if (ec) break;
+    copy.files.emplace_back(it->path().filename().string(), bytes);
+  }
+  if (ec) return InternalError("cannot list the disk tier's copy " + path.string() + ": " + ec.message());
+  std::sort(copy.files.begin(), copy.files.end());
+  return copy;
+}
+
 StatusOr<ShardFile> WriteShard(const std::string& dir, int rank, int num_servers, int64_t step,
                                TableRegistry& tables, const DeltaOf* delta, bool track) {
-  return WriteShardImage(dir, rank, num_servers, step, SnapshotShard(tables, delta, track));
+  bool disk_tables = false;
+  tables.ForEach([&](const Table& t) { disk_tables = disk_tables || (t.sparse && t.sparse->has_disk()); });
+  std::optional<DiskStoreCopy> copy;
+  if (disk_tables) {
+    FERRY_ASSIGN_OR_RETURN(copy, CopyDiskTier(*tables.disk_tier(), dir, rank, num_servers, step));
+  }
+  return WriteShardImage(dir, rank, num_servers, step, SnapshotShard(tables, delta, track, copy ? &*copy : nullptr));
+}
+
+Status ForEachDiskRow(const CheckpointData::Table& t, uint64_t table_id,
+                      const std::function<Status(int64_t id, int64_t steps, const float* row)>& fn) {
+  const int64_t row_floats = t.spec.dim * (1 + StateSlots(t.spec.optimizer.type));
+  for (const std::string& dir : t.disk_stores) {
+    std::unique_ptr<DiskTier> store;
+    FERRY_RETURN_IF_ERROR(DiskTier::OpenReadOnly(dir, &store));
+    Status s = store->AddTable(table_id, t.spec.name, row_floats);
+    if (s.code() == StatusCode::kNotFound) continue;  // that server had no row of it on disk
+    FERRY_RETURN_IF_ERROR(s);
+    FERRY_RETURN_IF_ERROR(store->ForEachRow(table_id, [&](int64_t id, int64_t steps, const float* row) {
+      if (t.rows.contains(id)) return Status::Ok();  // its RAM row at the checkpoint is the newer
+      return fn(id, steps, row);
+    }));
+  }
+  return Status::Ok();
 }
 
 Status CheckShardList(int64_t step, const std::vector<ShardFile>& shards) {
@@ -864,9 +1001,9 @@ Status WriteManifest(const std::string& dir, int64_t step, const std::vector<Sha
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
     int64_t of = -1;
-    if (n.size() < 26 || !n.starts_with("step-") || n[25] != '-' || n.ends_with(".tmp") || needed.contains(n)) continue;
+    if (n.size() < 26 || !n.starts_with("step-") || n[25] != '-' || n.ends_with(".tmp") || Needed(needed, n)) continue;
     const auto [end, err] = std::from_chars(n.data() + 5, n.data() + 25, of);
-    if (err == std::errc() && end == n.data() + 25 && of < step) fs::remove(e.path(), ec);
+    if (err == std::errc() && end == n.data() + 25 && of < step) fs::remove_all(e.path(), ec);
   }
   return Status::Ok();
 }
@@ -889,7 +1026,7 @@ std::vector<int64_t> MakeRoom(const std::string& dir, int rank, int keep) {
     bool any = false;
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string n = e.path().filename().string();
-      if (n.starts_with(prefix) && !needed.contains(n)) any = fs::remove(e.path(), ec) || any;
+      if (n.starts_with(prefix) && !Needed(needed, n)) any = fs::remove_all(e.path(), ec) > 0 || any;
     }
     if (any) removed.push_back(std::strtoll(manifests[i].c_str() + 9, nullptr, 10));
   }
@@ -1037,6 +1174,27 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int n
       }
       s.version = t.sparse_version;
       std::fill(s.last_pulled.begin(), s.last_pulled.end(), s.version);
+      // The rows beyond the RAM tiers go from the checkpoint's copies of the stores into this
+      // server's store (its own ids), in batches: never more than a batch in RAM.
+      if (!t.disk_stores.empty()) {
+        DiskTier* disk = tables->disk_tier();  // Create refused the table without one
+        constexpr size_t kBatch = 4096;
+        std::vector<int64_t> ids, steps;
+        std::vector<float> rows;
+        auto flush = [&]() -> Status {
+          Status w = ids.empty() ? Status::Ok() : disk->Write(id, ids, steps, rows.data());
+          ids.clear(), steps.clear(), rows.clear();
+          return w;
+        };
+        FERRY_RETURN_IF_ERROR(ForEachDiskRow(t, id, [&](int64_t row_id, int64_t row_steps, const float* row) {
+          if (placement::IdServer(row_id, num_servers) != rank) return Status::Ok();
+          ids.push_back(row_id);
+          steps.push_back(row_steps);
+          rows.insert(rows.end(), row, row + s.row_floats());
+          return ids.size() < kBatch ? Status::Ok() : flush();
+        }));
+        FERRY_RETURN_IF_ERROR(flush());
+      }
     }
   }
   return Status::Ok();

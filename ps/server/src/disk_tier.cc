@@ -108,6 +108,47 @@ Status DiskTier::Open(const Options& options, std::unique_ptr<DiskTier>* out) {
   return Status::Ok();
 }
 
+Status DiskTier::OpenReadOnly(const std::string& dir, std::unique_ptr<DiskTier>* out) {
+  Options options;
+  options.path = dir;
+  options.block_cache_bytes = 0;
+  std::unique_ptr<DiskTier> tier(new DiskTier(options));
+  tier->read_only_ = true;
+  rocksdb::Options o;
+  o.paranoid_checks = true;
+  o.create_if_missing = false;
+  o.max_open_files = 64;
+  rocksdb::BlockBasedTableOptions table;
+  table.no_block_cache = true;
+  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  std::vector<std::string> names;
+  rocksdb::Status s = rocksdb::DB::ListColumnFamilies(o, dir, &names);
+  if (!s.ok()) {
+    if (s.IsIOError() || s.IsNotFound()) s = rocksdb::Status::Corruption(s.ToString());  // a copy incomplete
+    return tier->Wrap(&s, nullptr, "opening a checkpoint's copy of the store");
+  }
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
+  for (const std::string& n : names) cfs.emplace_back(n, rocksdb::ColumnFamilyOptions(o));
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  s = rocksdb::DB::OpenForReadOnly(o, dir, cfs, &handles, &db);
+  if (!s.ok()) {
+    if (s.IsIOError() || s.IsNotFound()) s = rocksdb::Status::Corruption(s.ToString());
+    return tier->Wrap(&s, nullptr, "opening a checkpoint's copy of the store");
+  }
+  tier->db_.reset(db);
+  tier->default_cf_ = db->DefaultColumnFamily();
+  tier->unclaimed_ = std::move(handles);
+  *out = std::move(tier);
+  return Status::Ok();
+}
+
+Status DiskTier::VerifyChecksums() {
+  rocksdb::Status s = db_->VerifyChecksum();
+  if (!s.ok()) return Wrap(&s, nullptr, "verifying its files' checksums");
+  return Status::Ok();
+}
+
 DiskTier::DiskTier(Options options) : options_(std::move(options)) {}
 
 DiskTier::~DiskTier() {
@@ -115,6 +156,8 @@ DiskTier::~DiskTier() {
   MutexLock lock(&mu_);
   for (auto& [id, t] : tables_) db_->DestroyColumnFamilyHandle(t->cf);
   tables_.clear();
+  for (rocksdb::ColumnFamilyHandle* h : unclaimed_) db_->DestroyColumnFamilyHandle(h);
+  unclaimed_.clear();
   db_->Close().PermitUncheckedError();
 }
 
@@ -147,6 +190,17 @@ Status DiskTier::AddTable(uint64_t table_id, const std::string& table, int64_t r
   auto t = std::make_unique<Table>();
   t->name = table;
   t->row_floats = row_floats;
+  if (read_only_) {
+    auto it = std::find_if(unclaimed_.begin(), unclaimed_.end(),
+                           [&](rocksdb::ColumnFamilyHandle* h) { return h->GetName() == ColumnFamilyName(table_id); });
+    if (it == unclaimed_.end()) {
+      return NotFoundError("disk tier " + options_.path + ": holds no rows of table '" + table + "'");
+    }
+    t->cf = *it;
+    unclaimed_.erase(it);
+    tables_.emplace_back(table_id, std::move(t));
+    return Status::Ok();
+  }
   rocksdb::ColumnFamilyOptions cfo(db_->GetOptions(default_cf_));
   rocksdb::Status s = db_->CreateColumnFamily(cfo, ColumnFamilyName(table_id), &t->cf);
   if (!s.ok()) return Wrap(&s, t.get(), "creating its column family");

@@ -20,6 +20,9 @@ class LocalTablesImpl final : public LocalTables {
     if (tables_.count(s.name) != 0) return AlreadyExistsError("table '" + s.name + "' declared twice");
     auto t = std::make_unique<Entry>();
     t->spec = s;
+    // A disk tier keeps every row, the ones beyond max_rows on disk; in one process every row
+    // stays in RAM instead, which gives the same values (the row lifecycle stays on, unbounded).
+    if (s.disk_tier) t->spec.max_rows = int64_t{1} << 40;
     const uint64_t id = TableId(s.name);
     if (s.type == TableType::kDense) {
       const int64_t n = s.num_elements();

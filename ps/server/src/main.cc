@@ -28,7 +28,8 @@ void Usage(std::FILE* out) {
       "                [--checkpoint-dir DIR [--keep-checkpoints K] [--checkpoint-deltas D]\n"
       "                [--checkpoint-delta-share F] [--restore]] [--curve-keys DIR]\n"
       "                [--max-held-per-peer N] [--memory-budget-mb M] [--max-connections N]\n"
-      "                [--idle-timeout-s S] [--metrics [HOST:]PORT]\n"
+      "                [--idle-timeout-s S] [--metrics [HOST:]PORT] [--disk-tier-dir DIR\n"
+      "                [--disk-tier-cache-mb M]]\n"
       "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
       "                     (default tcp://127.0.0.1:7000); HOST: an IP address, an interface (eth0),\n"
       "                     * or 0.0.0.0 for all, localhost for 127.0.0.1 (not another host name)\n"
@@ -58,6 +59,11 @@ void Usage(std::FILE* out) {
       "                     cgroup's limit if lower: v1 or v2, its own cgroup and its ancestors);\n"
       "                     a quarter of it more bounds the payloads of requests held while they\n"
       "                     wait (all-reduce values, pieces of pushes)\n"
+      "  --disk-tier-dir    a folder on local disk (an SSD) of this server's own for the disk tier:\n"
+      "                     the rows of tables declared with disk_tier beyond their max_rows live\n"
+      "                     there instead of being evicted (made if missing; emptied at start if an\n"
+      "                     earlier ferry-ps left it; a folder holding other files is refused)\n"
+      "  --disk-tier-cache-mb  the disk tier's block cache (default 64)\n"
       "  --max-held-per-peer  requests one connection may have waiting (held pulls, barriers) at\n"
       "                     once; more are refused (default 4096)\n"
       "  --max-connections  connections open at once; one beyond closes the oldest that has sent\n"
@@ -113,7 +119,8 @@ int main(int argc, char** argv) {
                                                 "--checkpoint-dir", "--keep-checkpoints", "--worker-timeout-s",
                                                 "--checkpoint-deltas", "--checkpoint-delta-share",
                                                 "--curve-keys", "--max-held-per-peer", "--memory-budget-mb",
-                                                "--max-connections", "--idle-timeout-s", "--metrics"};
+                                                "--max-connections", "--idle-timeout-s", "--metrics",
+                                                "--disk-tier-dir", "--disk-tier-cache-mb"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
       constexpr std::string_view kOtherFlags[] = {"--help", "--restore"};
       std::vector<std::string_view> known(std::begin(kValueFlags), std::end(kValueFlags));
@@ -185,6 +192,11 @@ int main(int argc, char** argv) {
     } else if (flag == "--memory-budget-mb") {
       if (!ParseInt(flag, value, 1, int64_t{1} << 30, &v)) return 2;
       options.memory_budget_bytes = v << 20;
+    } else if (flag == "--disk-tier-dir") {
+      options.disk_tier_dir = value;
+    } else if (flag == "--disk-tier-cache-mb") {
+      if (!ParseInt(flag, value, 0, int64_t{1} << 30, &v)) return 2;
+      options.disk_tier_cache_bytes = v << 20;
     } else if (flag == "--max-held-per-peer") {
       if (!ParseInt(flag, value, 1, 1 << 20, &v)) return 2;
       options.max_held_per_peer = static_cast<size_t>(v);

@@ -23,7 +23,8 @@ namespace ferry::ps {
 
 ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket,
                        zmq::socket_t monitor, zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables,
-                       int64_t restored_step, const std::vector<int64_t>& restored_worker_steps)
+                       int64_t restored_step, const std::vector<int64_t>& restored_worker_steps,
+                       std::unique_ptr<ps::DiskTier> disk_tier)
     : options_(std::move(options)),
       context_(std::move(context)),
       sockets_{std::move(socket), std::move(monitor), std::move(zap)},
@@ -31,6 +32,7 @@ ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, 
       restored_step_(restored_step),
       pool_(options_.compute_threads),
       updater_(pool_),
+      disk_tier_(std::move(disk_tier)),
       tables_(std::move(tables)),
       connections_(options_.max_connections, options_.idle_timeout) {
   if (options_.num_workers > 0) workers_.SetCount(options_.num_workers).IgnoreError();  // checked in Start
@@ -173,6 +175,10 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
   } catch (const ps::BudgetExceeded& e) {
     LogRateLimited(std::string(e.what()) + "; refused");
     s = ResourceExhaustedError("server " + std::to_string(options_.rank) + ": " + e.what());
+  } catch (const ps::DiskTierError& e) {  // thrown before anything of its table changed
+    Count(kDiskTierErrors);
+    LogRateLimited(e.status().ToString() + "; refused");
+    s = e.status();
   } catch (const std::bad_alloc&) {
     s = ResourceExhaustedError("server " + std::to_string(options_.rank) + " ran out of memory serving this request");
   } catch (const zmq::error_t& e) {
@@ -347,6 +353,16 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.idle_timeout.count() < 0) return InvalidArgumentError("idle_timeout must be >= 0");
   if (options.max_connections == 0) options.max_connections = DefaultMaxConnections();
   ps::TableRegistry tables(options.rank, options.num_servers, options.memory_budget_bytes);
+  std::unique_ptr<ps::DiskTier> disk_tier;
+  if (!options.disk_tier_dir.empty()) {
+    if (options.disk_tier_cache_bytes < 0) return InvalidArgumentError("disk_tier_cache_bytes must be >= 0");
+    ps::DiskTier::Options o;
+    o.path = options.disk_tier_dir;
+    o.block_cache_bytes = options.disk_tier_cache_bytes;
+    FERRY_RETURN_IF_ERROR(ps::DiskTier::Open(o, &disk_tier)
+                              .WithContext("ferry-ps rank " + std::to_string(options.rank) + ": --disk-tier-dir"));
+    tables.SetDiskTier(disk_tier.get());
+  }
   int64_t restored_step = -1;
   std::vector<int64_t> restored_worker_steps;
   if (options.restore) {
@@ -363,6 +379,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
                                 .WithContext(who + ": restoring " + ckpt->manifest));
     } catch (const ps::BudgetExceeded& e) {
       return ResourceExhaustedError(who + ": restoring " + ckpt->manifest + ": " + e.what());
+    } catch (const ps::DiskTierError& e) {
+      return e.status().WithContext(who + ": restoring " + ckpt->manifest);
     }
     restored_step = ckpt->step;
     restored_worker_steps = ckpt->worker_steps;
@@ -400,7 +418,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   }
   auto server = std::make_unique<ps::ServerImpl>(std::move(options), std::move(context), std::move(socket),
                                                 std::move(monitor), std::move(zap), endpoint, std::move(tables),
-                                                restored_step, restored_worker_steps);
+                                                restored_step, restored_worker_steps, std::move(disk_tier));
   FERRY_RETURN_IF_ERROR(server->StartMetrics());
   return std::unique_ptr<Server>(std::move(server));
 }

@@ -1,5 +1,6 @@
 #include "internal/server_metrics.h"
 
+#include <cmath>
 #include <limits>
 #include <string_view>
 
@@ -104,6 +105,19 @@ constexpr Series kSeries[] = {
     {"rows_not_admitted", "", true, ""},
     {"rows_evicted_age", "", true, ""},
     {"rows_evicted_capacity", "", true, ""},
+    {"rows_demoted", "", true, ""},
+    {"rows_promoted", "", true, ""},
+    {"disk_tier_errors", "ferry_disk_tier_errors_total", true,
+     "Requests refused because the disk tier's store failed (full, a read error, a corrupt file)"},
+    {"disk_tier_reads", "ferry_disk_tier_reads_total", true,
+     "Batched reads of the disk tier's store (a pull's or push's rows not in RAM)"},
+    {"disk_tier_rows_asked", "ferry_disk_tier_rows_asked_total", true, "Ids looked up in the disk tier's store"},
+    {"disk_tier_rows_found", "ferry_disk_tier_rows_found_total", true,
+     "Ids looked up in the disk tier's store and found there (promoted to RAM)"},
+    {"disk_tier_rows_written", "ferry_disk_tier_rows_written_total", true,
+     "Rows written to the disk tier's store (demoted from RAM)"},
+    {"disk_tier_rows_erased", "ferry_disk_tier_rows_erased_total", true,
+     "Stale rows erased from the disk tier's store (their id aged out of RAM)"},
 };
 
 // Per worker: "<prefix><rank>" counters (only where non-zero) as one series labelled worker.
@@ -181,6 +195,19 @@ void AddTableMetrics(metrics::Page& page, const metrics::Labels& server, const s
                    labels_of(t), std::move(h));
   }
   for (const TableMetrics& t : tables) {
+    if (!t.disk_tier) continue;
+    page.Counter("ferry_table_rows_demoted_total", "Rows written to the disk tier to make room in RAM (not lost)",
+                 labels_of(t), static_cast<double>(t.lifecycle.demoted));
+    page.Counter("ferry_table_rows_promoted_total",
+                 "Rows read back from the disk tier into RAM for a pull or push (RAM tier misses)", labels_of(t),
+                 static_cast<double>(t.lifecycle.promoted));
+    page.Gauge("ferry_table_disk_rows",
+               "Rows of the table in the disk tier's store (an estimate; stale copies of promoted rows count)",
+               labels_of(t), static_cast<double>(t.disk_rows));
+    page.Gauge("ferry_table_disk_bytes", "Bytes of the table's files in the disk tier's store", labels_of(t),
+               static_cast<double>(t.disk_bytes));
+  }
+  for (const TableMetrics& t : tables) {
     if (!t.sparse) continue;
     for (const auto& [id, pulls] : t.counters.hot.Top(kHotSlots)) {
       metrics::Labels l = labels_of(t);
@@ -192,10 +219,28 @@ void AddTableMetrics(metrics::Page& page, const metrics::Labels& server, const s
   }
 }
 
+// The disk tier's read latencies (DiskTier::Stats::read_us: bucket b holds reads of [2^(b-1), 2^b) us).
+void AddDiskTierMetrics(metrics::Page& page, const metrics::Labels& server, const DiskTier::Stats& disk) {
+  prometheus::ClientMetric::Histogram h;
+  double sum_us = 0;
+  for (int b = 0; b < DiskTier::Stats::kLatencyBuckets; ++b) {
+    const int64_t n = disk.read_us[static_cast<size_t>(b)];
+    h.sample_count += static_cast<uint64_t>(n);
+    // A read is counted at its bucket's middle (the sum is an estimate, the buckets exact).
+    sum_us += static_cast<double>(n) * (b == 0 ? 0.5 : 0.75 * std::ldexp(1.0, b));
+    const bool last = b + 1 == DiskTier::Stats::kLatencyBuckets;
+    h.bucket.push_back({h.sample_count, last ? std::numeric_limits<double>::infinity() : std::ldexp(1.0, b) * 1e-6});
+  }
+  h.sample_sum = sum_us * 1e-6;
+  page.Histogram("ferry_disk_tier_read_seconds",
+                 "Time of each batched read of the disk tier's store (the rows a pull or push needed from disk)",
+                 server, std::move(h));
+}
+
 }  // namespace
 
 std::string ServerMetricsText(int rank, const ServerStats& stats, const RequestLatencies& latencies,
-                              const std::vector<TableMetrics>& tables) {
+                              const std::vector<TableMetrics>& tables, const DiskTier::Stats* disk) {
   const metrics::Labels server = {{"server", std::to_string(rank)}};
   metrics::Page page;
   for (const auto& [name, value] : stats.counters) {
@@ -225,6 +270,7 @@ std::string ServerMetricsText(int rank, const ServerStats& stats, const RequestL
   latencies.AddTo(page, server);
   metrics::AddProcessMetrics(page, server);
   AddTableMetrics(page, server, tables);
+  if (disk != nullptr) AddDiskTierMetrics(page, server, *disk);
   return page.Text();
 }
 

@@ -123,7 +123,15 @@ Status ServerImpl::CloseSyncStep(ps::Table& t, ps::DenseChunk& c) {
 
 Status ServerImpl::CloseSyncStep(ps::Table& t) {
   const int64_t step = t.sparse->version;
-  const ps::NotFinite refused = ps::CloseSyncStep(updater_, *t.sparse, workers_.count());
+  ps::NotFinite refused;
+  try {
+    refused = ps::CloseSyncStep(updater_, *t.sparse, workers_.count());
+  } catch (const ps::DiskTierError& e) {  // before any update: the step is not applied
+    t.disk_failed = "sync step " + std::to_string(step) + ": " + e.status().ToString();
+    t.sparse->sync.Reset(workers_.count(), /*sparse=*/true);
+    LogRateLimited("table '" + t.spec.name + "': " + t.disk_failed + "; the table takes no more pushes or pulls");
+    return DiskFailed(t);
+  }
   Count(kUpdatesApplied);
   if (!refused.any()) [[likely]] return Status::Ok();
   return NotFiniteUpdate(t, refused, 0, "sync step " + std::to_string(step));
@@ -144,7 +152,16 @@ Status ServerImpl::NotFiniteUpdate(ps::Table& t, const ps::NotFinite& nf, int64_
                               ", then resume from a checkpoint)");
 }
 
+Status ServerImpl::DiskFailed(const ps::Table& t) const {
+  if (t.disk_failed.empty()) [[likely]] return Status::Ok();
+  return UnavailableError("table '" + t.spec.name + "': its disk tier failed (" + t.disk_failed + "): server " +
+                          std::to_string(options_.rank) +
+                          " could not apply that step and refuses every push, pull and checkpoint of the table "
+                          "(free or mend the disk of --disk-tier-dir, then resume from a checkpoint)");
+}
+
 Status ServerImpl::Diverged(const ps::Table& t) const {
+  FERRY_RETURN_IF_ERROR(DiskFailed(t));
   if (t.diverged.empty()) [[likely]] return Status::Ok();
   return InvalidArgumentError("table '" + t.spec.name + "' diverged (" + t.diverged + "): server " +
                               std::to_string(options_.rank) +

@@ -88,6 +88,12 @@ StatusOr<std::unique_ptr<Table>> TableRegistry::Declare(TableSpec spec, uint64_t
                                 std::to_string(spec.replicas_to_aggregate) + " exceeds the job's " +
                                 std::to_string(num_workers) + " workers");
   }
+  if (spec.disk_tier && disk_ == nullptr) {
+    return FailedPreconditionError("table '" + spec.name + "' is declared with disk_tier, but server " +
+                                   std::to_string(rank_) +
+                                   " has no disk tier: start ferry-ps with --disk-tier-dir (ferry-launch: "
+                                   "--disk-tier-dir), or declare the table without disk_tier");
+  }
   auto table = std::make_unique<Table>();
   table->spec = std::move(spec);
   table->id = id;
@@ -109,6 +115,13 @@ Status TableRegistry::Build(Table& table, int num_workers, const std::atomic<boo
       table.dense = std::make_unique<DenseShard>(table.spec, table.id, rank_, num_servers_, num_workers, cancel);
     } else {
       table.sparse = std::make_unique<SparseShard>(table.spec, table.id, num_workers, budget_.get(), lifecycle_.get());
+      if (table.spec.disk_tier) {
+        if (Status s = table.sparse->AttachDisk(disk_); !s.ok()) {
+          table.sparse.reset();
+          budget_->Give(BuildBytes(table));
+          return s;
+        }
+      }
     }
   } catch (const std::bad_alloc&) {
     budget_->Give(BuildBytes(table));

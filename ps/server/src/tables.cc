@@ -153,8 +153,15 @@ Status SparseShard::AttachDisk(DiskTier* disk) {
   return Status::Ok();
 }
 
+void SparseShard::ShrinkToMaxRows() {
+  while (static_cast<int64_t>(index_.size()) > spec_.max_rows && spec_.max_rows > 0) {
+    if (EvictOne(kAlwaysWins) != Room::kMade) return;
+  }
+}
+
 void SparseShard::PromoteForPull(std::span<const int64_t> ids) {
   if (disk_ == nullptr) return;
+  ShrinkToMaxRows();
   std::vector<RowIndex> made;
   struct Guard {
     SparseShard* shard;
@@ -248,6 +255,9 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
       case Room::kMade: break;
       case Room::kVictimHotter: return kNoRow;
       case Room::kNoVictim:
+        // With a disk every row of this call is kept: the RAM tier goes past max_rows for it, and
+        // ShrinkToMaxRows takes it back down at the next call.
+        if (disk_ != nullptr) break;
         return no_room("sparse table '" + spec_.name + "' holds max_rows=" + std::to_string(spec_.max_rows) +
                        " rows on this server, every one in use by this request");
     }
@@ -458,7 +468,10 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
     SparseShard* shard;
     ~UnpinMade() { shard->Unpin(shard->made_); }
   } unpin_made{this};
-  if (disk_ != nullptr) PromoteCold(ids, over_budget_ok, &made_);
+  if (disk_ != nullptr) {
+    ShrinkToMaxRows();
+    PromoteCold(ids, over_budget_ok, &made_);
+  }
   {
     // The rows found or made so far are pinned (no victim of a later new row), and stamped with
     // the clock when done, however this block is left.

@@ -78,6 +78,9 @@ void Updater::ReadRows(std::span<const RowRead> reads) {
     }
   };
   constexpr size_t ahead = SparseShard::kPrefetchAhead;
+  // A disk tier's rows of these ids come back to RAM first (each read names a table of its own:
+  // promoting one's rows never demotes another's).
+  for (const RowRead& r : reads) r.shard->PromoteForPull(r.ids);
   // Existing rows of tables without lifecycle settings are looked up in parallel (a lookup in a
   // table larger than the cache waits on memory: prefetched a few ids ahead). Tables with them
   // stamp every row a pull touches, so theirs are found serially below.

@@ -189,6 +189,26 @@ int Dump(const CheckpointData& c, std::string_view name, const std::string& out,
   return 2;
 }
 
+// The rows of tables with a disk tier held in the checkpoint's copies of the servers' stores,
+// put with the others (so every command sees both tiers); false, said, when a copy cannot be read.
+bool FoldDiskRows(CheckpointData* c) {
+  for (auto& [id, t] : c->tables) {
+    std::vector<std::pair<int64_t, CheckpointData::Row>> more;
+    const size_t floats = static_cast<size_t>(t.spec.dim * (1 + ferry::ps::StateSlots(t.spec.optimizer.type)));
+    ferry::Status s = ferry::ps::ForEachDiskRow(t, id, [&](int64_t row_id, int64_t steps, const float* row) {
+      more.push_back({row_id, CheckpointData::Row{steps, std::vector<float>(row, row + floats)}});
+      return ferry::Status::Ok();
+    });
+    if (!s.ok()) {
+      std::fprintf(stderr, "ferry-ckpt: table '%s': %s\n", t.spec.name.c_str(), s.message().c_str());
+      return false;
+    }
+    for (auto& [row_id, row] : more) t.rows.emplace(row_id, std::move(row));
+    t.disk_stores.clear();
+  }
+  return true;
+}
+
 const CheckpointData::Table* FindTable(const CheckpointData& c, std::string_view name) {
   for (const auto& [id, t] : c.tables) {
     if (t.spec.name == name) return &t;
@@ -380,6 +400,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ferry-ckpt: %s\n", c.status().message().c_str());
     return c.status().code() == ferry::StatusCode::kNotFound && step >= 0 ? 2 : 1;
   }
+  if (!FoldDiskRows(&*c)) return 1;
   if (cmd == "list") return List(*kept, *c);
   if (cmd == "dump") return Dump(*c, args[2], std::string(args[3]), state);
   if (since > c->step) {
@@ -394,5 +415,6 @@ int main(int argc, char** argv) {
                  base.status().message().c_str());
     return base.status().code() == ferry::StatusCode::kNotFound ? 2 : 1;
   }
+  if (!FoldDiskRows(&*base)) return 1;
   return Export(*base, *c, args[2], std::string(args[3]), state);
 }

@@ -68,6 +68,11 @@ struct TableSpec {
   // Rows one server may hold of this table (0: no bound); a new row over it replaces the least
   // recently used of a sample of rows. The server's memory budget bounds it as well.
   int64_t max_rows = 0;
+  // The disk tier (sparse tables with max_rows; README, "The disk tier"): a row that the RAM tier
+  // (max_rows rows a server) has no room for is written to the server's store on local disk
+  // (ferry-ps --disk-tier-dir) instead of being evicted, and read back when pulled or pushed, so
+  // no row is lost. A table keeps it for its life.
+  bool disk_tier = false;
 
   // Gradient compression (issue 17). `wire`: the element format of the table's pushed gradients
   // and pulled values. `topk_ratio` (dense tables, (0, 1]; 0: off): each pushed chunk of n
@@ -110,8 +115,8 @@ Status ParseConsistency(std::string_view text, Consistency* consistency, int32_t
 // Sets one of the spec's numeric options by name: an optimizer hyperparameter (kHyperParams in
 // ferry/optimizers.h: "momentum", "nesterov" (0 or 1), "beta1", ...), "chunk_elems",
 // "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1), and the row lifecycle's "admit_after",
-// "admit_probability", "evict_after_steps", "max_rows", and gradient compression's "topk"
-// (topk_ratio: 0, or in (0, 1]). For the C and Python APIs and --table.
+// "admit_probability", "evict_after_steps", "max_rows", the disk tier's "disk_tier" (0 or 1), and
+// gradient compression's "topk" (topk_ratio: 0, or in (0, 1]). For the C and Python APIs and --table.
 // An unknown key is refused naming the nearest known one and listing them all.
 Status SetSpecOption(TableSpec* spec, std::string_view key, double value);
 // The keys SetSpecOption takes, in that order.

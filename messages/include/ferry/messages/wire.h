@@ -35,8 +35,9 @@ inline constexpr uint16_t kMajor = 1;
 // is training already; 1.13: Checkpoint's previous_step, by which a server may save only what
 // changed since the checkpoint the client committed last (a delta shard); 1.14: Changes (the change
 // feed: a reader's rows and chunks changed since a cursor), and Hello's `resumes` (a restarted
-// worker's replayed async steps are skipped where a server had taken them)
-inline constexpr uint16_t kMinor = 14;
+// worker's replayed async steps are skipped where a server had taken them); 1.15: TableSpec's
+// disk_tier (a sparse table whose rows beyond max_rows go to the server's disk, not away)
+inline constexpr uint16_t kMinor = 15;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

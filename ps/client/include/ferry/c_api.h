@@ -72,7 +72,8 @@ ferry_code ferry_spec_set_init(ferry_table_spec* spec, const char* init, float s
  * "beta1", "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta", "weight_decay"),
  * "chunk_elems", "replicas_to_aggregate", "skip_nonfinite_rows" (0 or 1, sparse tables: a pushed
  * row holding NaN or Inf is dropped instead of the whole push being refused), and a sparse table's row lifecycle:
- * "admit_after", "admit_probability", "evict_after_steps", "max_rows" (README, "Row lifecycle"), and gradient
+ * "admit_after", "admit_probability", "evict_after_steps", "max_rows" (README, "Row lifecycle"), "disk_tier" (0 or
+ * 1, with max_rows: the rows beyond it kept on the servers' disks; README, "The disk tier"), and gradient
  * compression's "topk" (dense tables: each pushed chunk sends only its ceil(topk * n) largest elements, the rest
  * kept by the client and added to the next push; 0: off, else in (0, 1]; README, "Wire formats"). */
 ferry_code ferry_spec_set(ferry_table_spec* spec, const char* key, double value);

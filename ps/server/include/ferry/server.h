@@ -64,6 +64,14 @@ struct ServerOptions {
   // how much was asked and how much is left. 0: 80% of the machine's memory, or of this
   // process's cgroup limit if lower (v1 or v2: the lowest of its own cgroup and its ancestors).
   int64_t memory_budget_bytes = 0;
+  // The disk tier's store (README, "The disk tier"): a folder on local disk (an SSD) of this
+  // server's own, where the sparse tables declared with disk_tier keep the rows their RAM tier
+  // (max_rows) has no room for. Made if missing; a folder an earlier ferry-ps left is emptied
+  // (the store is not durable: checkpoints are), and one holding anything else is refused.
+  // Empty: tables with disk_tier are refused.
+  std::string disk_tier_dir;
+  // The store's block cache (RocksDB's: its index and filter blocks, and recently read rows).
+  int64_t disk_tier_cache_bytes = int64_t{64} << 20;
   // Workers in the job; 0: the first Hello says. A Hello that disagrees is refused. Required
   // with `restore` (the restored tables are made for the job's workers).
   int num_workers = 0;

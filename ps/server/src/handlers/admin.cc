@@ -38,6 +38,16 @@ ServerStats ServerImpl::stats() const {
   s.counters["rows_not_admitted"] = rows.not_admitted.load(std::memory_order_relaxed);
   s.counters["rows_evicted_age"] = rows.evicted_age.load(std::memory_order_relaxed);
   s.counters["rows_evicted_capacity"] = rows.evicted_capacity.load(std::memory_order_relaxed);
+  s.counters["rows_demoted"] = rows.demoted.load(std::memory_order_relaxed);
+  s.counters["rows_promoted"] = rows.promoted.load(std::memory_order_relaxed);
+  if (disk_tier_) {  // the store's own counts (its atomics: any thread)
+    const ps::DiskTier::Stats d = disk_tier_->stats();
+    s.counters["disk_tier_reads"] = d.reads;
+    s.counters["disk_tier_rows_asked"] = d.rows_asked;
+    s.counters["disk_tier_rows_found"] = d.rows_found;
+    s.counters["disk_tier_rows_written"] = d.rows_written;
+    s.counters["disk_tier_rows_erased"] = d.rows_erased;
+  }
   // Per worker, only where non-zero: a job of many workers keeps its Stats reply small.
   MutexLock lock(&by_rank_mu_);
   for (size_t r = 0; r < used_by_rank_.size(); ++r) {
@@ -188,6 +198,11 @@ void ServerImpl::AnswerMetrics() {
       m.rows = static_cast<int64_t>(t.sparse->size());
       m.bytes = t.sparse->HeldBytes();
       m.lifecycle = t.sparse->lifecycle();
+      if (t.sparse->has_disk()) {
+        m.disk_tier = true;
+        m.disk_rows = disk_tier_->EstimatedRows(t.id);
+        m.disk_bytes = disk_tier_->FileBytes(t.id);
+      }
     } else if (t.dense) {
       for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
         if (const ps::DenseChunk* c = t.dense->chunk(i)) {
@@ -200,7 +215,9 @@ void ServerImpl::AnswerMetrics() {
     tables.push_back(std::move(m));
   });
   std::sort(tables.begin(), tables.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  std::string page = ps::ServerMetricsText(options_.rank, stats(), latencies_, tables);
+  std::optional<ps::DiskTier::Stats> disk;
+  if (disk_tier_) disk = disk_tier_->stats();
+  std::string page = ps::ServerMetricsText(options_.rank, stats(), latencies_, tables, disk ? &*disk : nullptr);
   MutexLock lock(&metrics_mu_);
   metrics_page_ = std::move(page);
   metrics_answered_ = asked;

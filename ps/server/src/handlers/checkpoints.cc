@@ -21,8 +21,10 @@ Status ServerImpl::OnCheckpoint(Request& req) {
   const int64_t step = req.h()->step();
   FERRY_RETURN_IF_ERROR(CheckpointPossible());
   Status diverged = Status::Ok();  // the model has diverged: a checkpoint would hold it
+  bool disk_tables = false;
   tables_.ForEach([&](const ps::Table& t) {
     if (diverged.ok()) diverged = Diverged(t);
+    disk_tables = disk_tables || (t.sparse && t.sparse->has_disk());
   });
   FERRY_RETURN_IF_ERROR(diverged);
   // A sync checkpoint is a cut at one global step: every sync unit here must be at `step`.
@@ -39,8 +41,10 @@ Status ServerImpl::OnCheckpoint(Request& req) {
   }
   const auto t0 = Clock::now();
   // A delta of this process's previous shard when the client committed that checkpoint last, the
-  // chain is short enough, and what changed is a small enough share of a full shard.
-  const bool deltas = options_.checkpoint_deltas > 0;
+  // chain is short enough, and what changed is a small enough share of a full shard. A server with
+  // a disk tier writes full shards: such a table is copied whole (its RAM tier, and its store by
+  // hard links), which is what a delta would hold of it.
+  const bool deltas = options_.checkpoint_deltas > 0 && !disk_tables;
   const int64_t previous = req.h()->previous_step();
   std::optional<ps::DeltaOf> delta;
   {
@@ -54,7 +58,15 @@ Status ServerImpl::OnCheckpoint(Request& req) {
     }
     saved_.step = -1;  // until this one is on disk: the changes counted so far go into it
   }
-  ps::ShardImage image = ps::SnapshotShard(tables_, delta ? &*delta : nullptr, deltas);
+  // The store is copied in the same pause as the RAM tiers (a consistent cut): its rows in RAM
+  // are flushed to a file, and its files linked into the checkpoint folder.
+  std::optional<ps::DiskStoreCopy> disk;
+  if (disk_tables) {
+    auto copy = ps::CopyDiskTier(*disk_tier_, options_.checkpoint_dir, options_.rank, options_.num_servers, step);
+    if (!copy.ok()) return copy.status().WithContext(Who() + ": the checkpoint of step " + std::to_string(step));
+    disk = std::move(*copy);
+  }
+  ps::ShardImage image = ps::SnapshotShard(tables_, delta ? &*delta : nullptr, deltas, disk ? &*disk : nullptr);
   const int64_t snapshot_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
   const uint64_t id = req.h()->request_id();
   RunFileJob(std::move(req), "the checkpoint of step " + std::to_string(step),

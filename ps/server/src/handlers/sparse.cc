@@ -226,6 +226,7 @@ bool ServerImpl::TryServeSparse(Request& req) {
   auto parts = SparseParts(h);  // tables cannot be dropped: what resolved on arrival still does
   if (!parts.ok()) return SendError(req, parts.status()), true;
   for (const SparsePart& p : *parts) {
+    if (Status s = DiskFailed(*p.table); !s.ok()) return SendError(req, s), true;
     if (!workers_.Ready(p.table->spec, p.table->sparse->version, req.pull_step)) return false;
   }
   req.released = Clock::now();
@@ -253,7 +254,15 @@ bool ServerImpl::TryServeSparse(Request& req) {
     }
     reads.push_back({&shard, ids[i], dst});
   }
-  updater_.ReadRows(reads);
+  try {
+    updater_.ReadRows(reads);  // with a disk tier, its rows on disk are read back first
+  } catch (const ps::DiskTierError& e) {
+    Count(kDiskTierErrors);
+    LogRateLimited(e.status().ToString() + "; a pull refused");
+    return SendError(req, e.status()), true;
+  } catch (const ps::BudgetExceeded& e) {
+    return SendError(req, ResourceExhaustedError("server " + std::to_string(options_.rank) + ": " + e.what())), true;
+  }
   for (size_t i = 0; i < n; ++i) {
     const WireFormat w = (*parts)[i].table->spec.wire;
     if (w == WireFormat::kF32) continue;

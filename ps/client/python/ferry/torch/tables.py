@@ -5,7 +5,8 @@ a group of tables' steps.
 Defaults (as ferry-trainer's): optimizer sgd, lr 0.1, consistency sync, wire f32. The other
 keys, as in --table (ferry.table_option_keys()): the optimizer's hyperparameters (ferry.optimizers()
 lists each optimizer's), admit_after, admit_probability, evict_after_steps, max_rows (a sparse
-table's row lifecycle), topk and chunk_elems (dense).
+table's row lifecycle), disk_tier (with max_rows: the rows beyond it on the servers' disks), topk
+and chunk_elems (dense).
 """
 
 import ferry

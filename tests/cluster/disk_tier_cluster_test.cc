@@ -1,0 +1,135 @@
+// A server's disk tier (ServerOptions::disk_tier_dir) against a damaged disk: a byte of the store's
+// table file changed under a running server makes the pulls that need the rows there fail with
+// DATA_LOSS naming the table and the file, never serve a wrong row, while rows elsewhere go on
+// being served; and a checkpoint whose copy of the store is damaged is passed over at restore for
+// the older one that verifies.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "support/cluster.h"
+#include "support/temp_dir.h"
+
+namespace ferry::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kDim = 4;
+
+TableSpec Emb() {
+  TableSpec t = SgdSparseTable("emb", kDim, Consistency::kAsync);  // SGD at lr 1 from zeros
+  t.max_rows = 10;
+  t.disk_tier = true;
+  return t;
+}
+
+// The table files (.sst) of a store or a copy of one, by name.
+std::vector<fs::path> TableFiles(const fs::path& dir) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".sst") out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Changes the byte at `at` of `file` in place (the file's inode: a running store reads it).
+void FlipByte(const fs::path& file, std::streamoff at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f.good()) << file;
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(at);
+  f.write(&c, 1);
+  ASSERT_TRUE(f.good()) << file;
+}
+
+// Pushes ids [from, to) once each with gradient 1 (each row then holds -1s).
+void PushOnce(Client& w, int64_t from, int64_t to) {
+  std::vector<float> grad(kDim, 1.0f);
+  for (int64_t id = from; id < to; ++id) ASSERT_TRUE(w.PushSparse("emb", {&id, 1}, grad, 0).wait().ok()) << id;
+}
+
+TEST(DiskTierServer, ADamagedStoreFileFailsThePullsThatNeedItNamingTableAndFileAndServesNothingWrong) {
+  TempDir dir("disk-tier-server");
+  ServerOptions so;
+  so.disk_tier_dir = (dir.path() / "tier").string();
+  so.disk_tier_cache_bytes = 0;  // every read of a row on disk goes to the file
+  so.checkpoint_dir = (dir.path() / "ckpt").string();
+  auto c = LocalCluster::Start(1, /*tcp=*/false, so);
+  ASSERT_EQ(1u, c.servers.size());
+  auto w = c.Connect(0, 1);
+  ASSERT_TRUE(w->Declare(Emb()).ok());
+  PushOnce(*w, 0, 200);                // 190 rows demoted to the store
+  ASSERT_TRUE(w->Checkpoint(1).ok());  // (which writes them into a table file)
+  const std::vector<fs::path> files = TableFiles(dir.path() / "tier" / "server-0");
+  ASSERT_EQ(1u, files.size());
+  FlipByte(files[0], 100);  // inside the first data block: the smallest ids
+
+  std::vector<int64_t> cold = {0, 1, 2, 3};
+  std::vector<float> rows(cold.size() * kDim, 7.0f);
+  Status s = w->PullSparse("emb", cold, rows, 0).wait();
+  EXPECT_EQ(StatusCode::kDataLoss, s.code()) << s;
+  EXPECT_NE(std::string::npos, s.message().find("table 'emb'")) << s;
+  EXPECT_NE(std::string::npos, s.message().find(files[0].filename().string())) << s;
+  for (float v : rows) EXPECT_EQ(7.0f, v) << "a failed pull wrote values";
+  // A push that needs those rows fails the same way and changes nothing.
+  std::vector<float> grad(cold.size() * kDim, 1.0f);
+  s = w->PushSparse("emb", cold, grad, 0).wait();
+  EXPECT_EQ(StatusCode::kDataLoss, s.code()) << s;
+  // The rows in RAM are served as before.
+  std::vector<int64_t> hot = {195, 196, 197, 198, 199};
+  std::vector<float> hot_rows(hot.size() * kDim);
+  ASSERT_TRUE(w->PullSparse("emb", hot, hot_rows, 0).wait().ok());
+  for (float v : hot_rows) EXPECT_EQ(-1.0f, v);
+  EXPECT_GE(c.servers[0]->stats().counters.at("disk_tier_errors"), 2);
+}
+
+TEST(DiskTierServer, ARestoreUsesTheOlderCheckpointWhenTheNewerCopyOfTheStoreIsDamaged) {
+  TempDir dir("disk-tier-server");
+  ServerOptions so;
+  so.disk_tier_dir = (dir.path() / "tier").string();
+  so.checkpoint_dir = (dir.path() / "ckpt").string();
+  so.num_workers = 1;
+  {
+    auto c = LocalCluster::Start(1, /*tcp=*/false, so);
+    auto w = c.Connect(0, 1);
+    ASSERT_TRUE(w->Declare(Emb()).ok());
+    PushOnce(*w, 0, 100);
+    ASSERT_TRUE(w->Checkpoint(1).ok());
+    PushOnce(*w, 0, 100);  // every row -2
+    ASSERT_TRUE(w->Checkpoint(2).ok());
+  }
+  // The two copies share (link) the table files the store had at both checkpoints: damage one
+  // that only the newer copy has.
+  const fs::path newer = dir.path() / "ckpt" / "step-00000000000000000002-shard-00000-of-00001.ckpt.disk",
+                 older = dir.path() / "ckpt" / "step-00000000000000000001-shard-00000-of-00001.ckpt.disk";
+  std::vector<fs::path> only_newer;
+  for (const fs::path& f : TableFiles(newer)) {
+    if (!fs::exists(older / f.filename())) only_newer.push_back(f);
+  }
+  ASSERT_FALSE(only_newer.empty());
+  FlipByte(only_newer.back(), 100);
+
+  so.restore = true;
+  auto c = LocalCluster::Start(1, /*tcp=*/false, so);
+  ASSERT_EQ(1u, c.servers.size());
+  EXPECT_EQ(1, c.servers[0]->restored_step());
+  auto w = c.Connect(0, 1);
+  ASSERT_TRUE(w->Declare(Emb()).ok());
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < 100; ++id) ids.push_back(id);
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE(w->PullSparse("emb", ids, rows, 0).wait().ok());
+  for (float v : rows) EXPECT_EQ(-1.0f, v) << "not the rows of step 1";
+}
+
+}  // namespace
+}  // namespace ferry::test

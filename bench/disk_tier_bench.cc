@@ -21,7 +21,7 @@
 // --mode shard measures the tier in the shard instead (RunShard, below).
 //
 //   ferry-disk-bench [--rows N] [--dim D] [--batch B] [--seconds S] [--rounds R] [--dir PATH]
-//                    [--cache-mb M] [--mode store|shard] > results.json
+//                    [--cache-mb M] [--mode store|shard] [--ids zipf1.1|uniform] > results.json
 #include <unistd.h>
 
 #include <algorithm>
@@ -82,6 +82,7 @@ struct Flags {
   std::string dir = "/var/tmp";
   int64_t cache_mb = 8;
   std::string mode = "store";  // "store": the store against fio; "shard": shards with the tier
+  std::string ids = "zipf1.1";  // --mode shard: the steps' ids, "zipf1.1" or "uniform" over the rows
 };
 
 // Runs `lookup(thread, batch index)` on `threads` threads for `seconds`; returns ids per second.
@@ -295,8 +296,8 @@ int Run(const Flags& f) {
 // pushed once (async Adam), into a shard that keeps everything in RAM ("ram"), one with max_rows =
 // --rows and no disk ("ram_max_rows": the lifecycle's bookkeeping alone), and into shards
 // whose RAM tier holds 100%, 10% and 1% of the rows (max_rows), each with its own store (O_DIRECT
-// reads, --cache-mb block cache), compacted; then training steps on batches of --batch Zipf
-// (s = 1.1) ids: a pull (PromoteForPull, then each row copied or its initial values) and a push of
+// reads, --cache-mb block cache), compacted; then training steps on batches of --batch ids (--ids:
+// Zipf, s = 1.1, or uniform over the rows): a pull (PromoteForPull, then each row copied or its initial values) and a push of
 // the same ids (ApplyRows; the lifecycle's clock, which orders rows by recency, counts pushes),
 // after a warm-up in which each RAM tier turns over twice. Counted per arm: ids/s (of the
 // batches), and rows promoted per id (the RAM tier's misses).
@@ -360,12 +361,21 @@ int RunShard(const Flags& f) {
   }
   const double build_s = Since(build0);
   std::fprintf(stderr, "built %lld rows in each shard in %.1f s\n", static_cast<long long>(f.rows), build_s);
+  // The disk's own random 4 KiB reads (fio, one synchronous job) on a file of the 10% tier's store
+  // size in the same folder: what the tier's cold reads, one at a time on one thread, can reach.
+  int64_t fio_bytes = 0;
+  for (auto& t : shards) {
+    if (t->name == "tier10") fio_bytes = std::max<int64_t>(t->disk->FileBytes(kTable), int64_t{64} << 20);
+  }
+  const std::string fio_file = (dir / "fio.dat").string();
+  FioIops(fio_file, fio_bytes, 1, 1);  // lays the file out
 
   std::mt19937_64 g(2026);
   const Zipf zipf(f.rows, 1.1);
+  std::uniform_int_distribution<int64_t> uniform(0, f.rows - 1);
   const size_t kBatches = 8192;  // 4M ids at 512: the tiers' arms never wrap round
   std::vector<int64_t> stream(kBatches * static_cast<size_t>(f.batch));
-  for (auto& id : stream) id = IdOf(zipf(g));
+  for (auto& id : stream) id = IdOf(f.ids == "uniform" ? uniform(g) : zipf(g));
   auto batch_ids = [&](size_t i) {
     return std::span<const int64_t>(stream.data() + (i % kBatches) * static_cast<size_t>(f.batch),
                                     static_cast<size_t>(f.batch));
@@ -405,6 +415,8 @@ int RunShard(const Flags& f) {
                     shard});
   }
 
+  arms.push_back({"fio_randread_4k/j1", [&] { return FioIops(fio_file, fio_bytes, 1, f.seconds); }, nullptr});
+
   // Warm-up: each shard's RAM tier turns over twice (2 x max_rows ids of the stream; the ram
   // shard as long as the largest), so the rounds see the tier settled, not its first misses.
   double warm_s = 0;
@@ -422,6 +434,7 @@ int RunShard(const Flags& f) {
 
   Json j;
   j["mode"] = "shard";
+  j["ids"] = f.ids;
   j["warm_up_seconds"] = warm_s;
   j["machine_cores"] = std::thread::hardware_concurrency();
   j["rows"] = f.rows;
@@ -430,17 +443,19 @@ int RunShard(const Flags& f) {
   j["seconds"] = f.seconds;
   j["cache_mb"] = f.cache_mb;
   j["build_seconds"] = build_s;
+  j["fio_file_bytes"] = fio_bytes;
   for (auto& t : shards) j["max_rows"][t->name] = t->spec.max_rows;
   std::map<std::string, std::vector<double>> rate, promoted_per_id;
   for (int round = 0; round < f.rounds; ++round) {
     for (size_t k = 0; k < arms.size(); ++k) {
       const Arm& arm = arms[(k + static_cast<size_t>(round)) % arms.size()];
-      const int64_t promoted0 = arm.shard->lifecycle().promoted;
+      const int64_t promoted0 = arm.shard ? arm.shard->lifecycle().promoted : 0;
       const auto t0 = Clock::now();
       const double r = arm.run();
       const double ids_done = r * Since(t0);
       rate[arm.name].push_back(r);
-      promoted_per_id[arm.name].push_back(static_cast<double>(arm.shard->lifecycle().promoted - promoted0) / ids_done);
+      promoted_per_id[arm.name].push_back(
+          arm.shard ? static_cast<double>(arm.shard->lifecycle().promoted - promoted0) / ids_done : 0.0);
       std::fprintf(stderr, "round %d %-16s %12.0f ids/s, %.4f rows promoted an id\n", round, arm.name.c_str(), r,
                    promoted_per_id[arm.name].back());
     }
@@ -478,10 +493,11 @@ int main(int argc, char** argv) {
     else if (flag == "--dir") f.dir = v;
     else if (flag == "--cache-mb") f.cache_mb = std::atoll(v);
     else if (flag == "--mode") f.mode = v;
+    else if (flag == "--ids") f.ids = v;
     else {
       return std::fprintf(stderr,
                           "usage: ferry-disk-bench [--rows N] [--dim D] [--batch B] [--seconds S] [--rounds R] "
-                          "[--dir PATH] [--cache-mb M] [--mode store|shard]\n"),
+                          "[--dir PATH] [--cache-mb M] [--mode store|shard] [--ids zipf1.1|uniform]\n"),
              2;
     }
   }
@@ -489,5 +505,6 @@ int main(int argc, char** argv) {
     return std::fprintf(stderr, "every flag must be positive\n"), 2;
   }
   if (f.mode != "store" && f.mode != "shard") return std::fprintf(stderr, "--mode is store or shard\n"), 2;
+  if (f.ids != "zipf1.1" && f.ids != "uniform") return std::fprintf(stderr, "--ids is zipf1.1 or uniform\n"), 2;
   return f.mode == "shard" ? ferry::bench::RunShard(f) : ferry::bench::Run(f);
 }

@@ -84,6 +84,10 @@ same $R/disk_tier/summary-1.txt $R/disk_tier/summarize.py $R/disk_tier/run-1.jso
 same $R/disk_tier/summary-2.txt $R/disk_tier/summarize.py $R/disk_tier/run-2.json
 same $R/disk_tier/summary-shard-1.txt $R/disk_tier/summarize.py $R/disk_tier/run-shard-1.json
 same $R/disk_tier/summary-shard-2.txt $R/disk_tier/summarize.py $R/disk_tier/run-shard-2.json
+same $R/disk_tier/summary-shard-3.txt $R/disk_tier/summarize.py $R/disk_tier/run-shard-3.json
+same $R/disk_tier/summary-shard-4.txt $R/disk_tier/summarize.py $R/disk_tier/run-shard-4.json
+same $R/disk_tier/summary-shard-uniform-1.txt $R/disk_tier/summarize.py $R/disk_tier/run-shard-uniform-1.json
+same $R/disk_tier/summary-shard-uniform-2.txt $R/disk_tier/summarize.py $R/disk_tier/run-shard-uniform-2.json
 same $R/disk_tier/summary-cost-1.txt $R/disk_tier/summarize_cost.py $R/disk_tier/cost-1 10
 same $R/disk_tier/summary-cost-2.txt $R/disk_tier/summarize_cost.py $R/disk_tier/cost-2 10
 same $R/gpu/h100_1/summary.txt bench/gpu/summarize.py $R/gpu/h100_1

@@ -56,7 +56,7 @@ class DiskTier {
     std::string path;  // the store's folder: created if missing
     // RocksDB's block cache, index and filter blocks included; 0: none (every read goes to the files).
     int64_t block_cache_bytes = int64_t{64} << 20;
-    int64_t write_buffer_bytes = int64_t{16} << 20;  // per table: rows written gather in RAM up to this
+    int64_t write_buffer_bytes = int64_t{16} << 20;  // all tables: rows written gather in RAM up to this
     bool direct_reads = false;                       // read with O_DIRECT: no page cache (what a cold row costs)
     int bloom_bits_per_key = 10;                     // a lookup of an id not on disk rarely reads a block
     // Data blocks padded to 4 KiB pages, so that a row's block is one aligned page read rather

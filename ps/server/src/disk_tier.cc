@@ -99,6 +99,9 @@ Status DiskTier::Open(const Options& options, std::unique_ptr<DiskTier>* out) {
   o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   o.max_background_jobs = 2;
   o.write_buffer_size = static_cast<size_t>(std::max<int64_t>(options.write_buffer_bytes, 1 << 20));
+  // The bound holds for all tables together: past it RocksDB writes a table's buffer to a file, so a
+  // server with many tables does not hold a buffer's worth of rows for each.
+  o.db_write_buffer_size = o.write_buffer_size;
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(o, options.path, &db);
   if (!s.ok()) return tier->Wrap(&s, nullptr, "opening the store");

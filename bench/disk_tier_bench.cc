@@ -297,8 +297,9 @@ int Run(const Flags& f) {
 // --rows and no disk ("ram_max_rows": the lifecycle's bookkeeping alone), and into shards
 // whose RAM tier holds 100%, 10% and 1% of the rows (max_rows), each with its own store (O_DIRECT
 // reads, --cache-mb block cache), compacted; then training steps on batches of --batch ids (--ids:
-// Zipf, s = 1.1, or uniform over the rows): a pull (PromoteForPull, then each row copied or its initial values) and a push of
-// the same ids (ApplyRows; the lifecycle's clock, which orders rows by recency, counts pushes),
+// Zipf, s = 1.1, or uniform over the rows): a pull (PromoteForPull, then each row copied or its
+// initial values) and a push of the same ids (ApplyRows; the lifecycle's clock, which orders rows
+// by recency, counts pushes),
 // after a warm-up in which each RAM tier turns over twice. Counted per arm: ids/s (of the
 // batches), and rows promoted per id (the RAM tier's misses).
 int RunShard(const Flags& f) {

@@ -109,8 +109,15 @@ TEST(DiskTierServer, ARestoreUsesTheOlderCheckpointWhenTheNewerCopyOfTheStoreIsD
   }
   // The two copies share (link) the table files the store had at both checkpoints: damage one
   // that only the newer copy has.
-  const fs::path newer = dir.path() / "ckpt" / "step-00000000000000000002-shard-00000-of-00001.ckpt.disk",
-                 older = dir.path() / "ckpt" / "step-00000000000000000001-shard-00000-of-00001.ckpt.disk";
+  auto copy_of = [&](const std::string& shard) {
+    for (const auto& e : fs::directory_iterator(dir.path() / "ckpt")) {
+      if (e.path().filename().string().starts_with(shard + ".disk.")) return e.path();
+    }
+    ADD_FAILURE() << "no copy of the store beside " << shard;
+    return fs::path();
+  };
+  const fs::path newer = copy_of("step-00000000000000000002-shard-00000-of-00001.ckpt"),
+                 older = copy_of("step-00000000000000000001-shard-00000-of-00001.ckpt");
   std::vector<fs::path> only_newer;
   for (const fs::path& f : TableFiles(newer)) {
     if (!fs::exists(older / f.filename())) only_newer.push_back(f);
@@ -129,6 +136,21 @@ TEST(DiskTierServer, ARestoreUsesTheOlderCheckpointWhenTheNewerCopyOfTheStoreIsD
   std::vector<float> rows(ids.size() * kDim);
   ASSERT_TRUE(w->PullSparse("emb", ids, rows, 0).wait().ok());
   for (float v : rows) EXPECT_EQ(-1.0f, v) << "not the rows of step 1";
+}
+
+TEST(DiskTierServer, ACheckpointFolderInsideTheStoreFolderIsRefusedAtStart) {
+  TempDir dir("disk-tier-server");
+  ServerOptions so;
+  so.bind = "tcp://127.0.0.1:0";
+  so.disk_tier_dir = (dir.path() / "tier").string();
+  so.checkpoint_dir = (dir.path() / "tier" / "ckpt").string();  // emptied with the store at every start
+  auto server = Server::Start(so);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(StatusCode::kInvalidArgument, server.status().code());
+  EXPECT_NE(std::string::npos, server.status().message().find("overlap")) << server.status();
+  so.checkpoint_dir = (dir.path() / "ckpt").string();
+  server = Server::Start(so);
+  EXPECT_TRUE(server.ok()) << server.status();
 }
 
 }  // namespace

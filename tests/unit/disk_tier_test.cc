@@ -661,6 +661,17 @@ void Train(TieredServer& server, uint64_t seed, int rounds = 40) {
   }
 }
 
+// The copies of the store beside server 0 of 1's shard of `step` (<shard>.disk.<generation>).
+std::vector<fs::path> CopiesOf(const fs::path& ckpt, int64_t step) {
+  char shard[64];
+  std::snprintf(shard, sizeof shard, "step-%020lld-shard-00000-of-00001.ckpt.disk.", static_cast<long long>(step));
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(ckpt)) {
+    if (e.path().filename().string().starts_with(shard)) out.push_back(e.path());
+  }
+  return out;
+}
+
 // Server 0 of 1 saves its shard of `step` into `dir` and commits it.
 void Save(TieredServer& server, const fs::path& dir, int64_t step, int keep = 3) {
   auto f = WriteShard(dir.string(), 0, 1, step, server.registry);
@@ -679,7 +690,8 @@ TEST(DiskTierCheckpoint, HoldsBothTiersByHardLinksAndRestoresIntoAnyServerCount)
   const fs::path ckpt = dir.path() / "ckpt";
   Save(server, ckpt, 40);
   // The copy's table files are the store's own, linked: nothing was copied.
-  const fs::path copy = ckpt / "step-00000000000000000040-shard-00000-of-00001.ckpt.disk";
+  ASSERT_EQ(1u, CopiesOf(ckpt, 40).size());
+  const fs::path copy = CopiesOf(ckpt, 40)[0];
   int linked = 0;
   for (const auto& e : fs::directory_iterator(copy)) {
     if (e.path().extension() == ".sst") {
@@ -734,7 +746,8 @@ TEST(DiskTierCheckpoint, ACopyMissingAFileOrWithAByteChangedIsPassedOverForTheOl
   const auto older = server.Rows();
   Train(server, 2);
   Save(server, ckpt, 20);
-  const fs::path copy = ckpt / "step-00000000000000000020-shard-00000-of-00001.ckpt.disk";
+  ASSERT_EQ(1u, CopiesOf(ckpt, 20).size());
+  const fs::path copy = CopiesOf(ckpt, 20)[0];
   std::vector<fs::path> tables;
   for (const auto& e : fs::directory_iterator(copy)) {
     if (e.path().extension() == ".sst") tables.push_back(e.path());
@@ -796,16 +809,24 @@ TEST(DiskTierCheckpoint, OldCheckpointsTakeTheirCopiesOfTheStoreWithThem) {
     Save(server, ckpt, step, /*keep=*/2);
   }
   std::set<std::string> names;
-  for (const auto& e : fs::directory_iterator(ckpt)) names.insert(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(ckpt)) {
+    const std::string n = e.path().filename().string();
+    names.insert(n.substr(0, n.find(".disk.") == std::string::npos ? n.size() : n.find(".disk.") + 5));
+  }
   EXPECT_EQ((std::set<std::string>{"CURRENT", "MANIFEST-00000000000000000003", "MANIFEST-00000000000000000004",
                                    "step-00000000000000000003-shard-00000-of-00001.ckpt",
                                    "step-00000000000000000003-shard-00000-of-00001.ckpt.disk",
                                    "step-00000000000000000004-shard-00000-of-00001.ckpt",
                                    "step-00000000000000000004-shard-00000-of-00001.ckpt.disk"}),
             names);
-  // A step saved again replaces its copy.
+  EXPECT_EQ(1u, CopiesOf(ckpt, 3).size());
+  // A step saved again: the new copy is made beside the one the committed shard names, which
+  // goes once the new shard is in place.
+  const fs::path before = CopiesOf(ckpt, 4).at(0);
   Train(server, 9, 5);
   Save(server, ckpt, 4, /*keep=*/2);
+  ASSERT_EQ(1u, CopiesOf(ckpt, 4).size());
+  EXPECT_NE(before, CopiesOf(ckpt, 4)[0]);
   auto data = ReadCheckpoint(ckpt.string());
   ASSERT_TRUE(data.ok()) << data.status();
   TieredServer restored(dir.path() / "restore", 0, 1);

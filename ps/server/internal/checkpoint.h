@@ -77,16 +77,17 @@ struct ShardImage {
 
 // The disk tier's part of a shard (messages/CHECKPOINT.md, "The disk tier"): a copy of the
 // server's store made by hard links (DiskTier::Checkpoint) in a folder beside the shard file, named
-// after it, and the files it holds, which the shard lists with their sizes.
+// after it and a generation of its own, and the files it holds, which the shard lists with their
+// sizes.
 struct DiskStoreCopy {
-  std::string folder;                                   // inside the checkpoint folder: <shard file>.disk
+  std::string folder;                                   // inside the checkpoint folder: <shard file>.disk.<gen>
   std::vector<std::pair<std::string, uint64_t>> files;  // its files and their sizes, by name
 };
 
 // Copies the store of `tables` (their DiskTier) for server `rank`'s shard of `step`, in `dir`
-// (made if missing): a folder of the same step and rank left before (a step saved again, or a
-// copy cut short) is removed first. Nothing is copied through RAM where the file system allows
-// hard links; the rows the store holds in RAM are flushed to files first.
+// (made if missing), into a folder of a new generation: an earlier save's copy of the same step
+// stays until the new shard is in place (RemoveOtherDiskCopies). Nothing is copied through RAM
+// where the file system allows hard links; the rows the store holds in RAM are flushed first.
 StatusOr<DiskStoreCopy> CopyDiskTier(DiskTier& disk, const std::string& dir, int rank, int num_servers, int64_t step);
 
 // Copies every table of `tables` into an image (throws std::bad_alloc when memory is short).
@@ -114,7 +115,12 @@ StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_se
 // go with that commit), except files the chains of the checkpoints kept need. With keep 1 nothing
 // is removed: the only checkpoint goes once the new one is saved. Returns the steps of the shards
 // it removed (errors are ignored: the commit retries).
-std::vector<int64_t> MakeRoom(const std::string& dir, int rank, int keep);
+// `spare`: a name not to remove (the copy of the disk tier store the shard being written names).
+std::vector<int64_t> MakeRoom(const std::string& dir, int rank, int keep, const std::string& spare = "");
+
+// Once `shard` is in place (renamed over any earlier file of the same step): removes the other
+// copies of the disk tier store beside it than `keep` (those of an earlier save of the step).
+void RemoveOtherDiskCopies(const std::string& dir, const std::string& shard, const std::string& keep);
 
 // SnapshotShard, then WriteShardImage.
 StatusOr<ShardFile> WriteShard(const std::string& dir, int rank, int num_servers, int64_t step,

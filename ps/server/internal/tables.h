@@ -391,6 +391,7 @@ class SparseShard {
   // The disk tier (AttachDisk).
   DiskTier* disk_ = nullptr;
   absl::flat_hash_set<int64_t> shadowed_;  // ids in RAM whose stale copy is still on disk (promoted)
+  bool all_pinned_ = false;  // EvictOne found every row pinned (by the call in progress): no victim till it ends
   std::vector<int64_t> cold_ids_, cold_steps_;  // PromoteCold's scratch
   std::vector<float> cold_rows_;
   std::vector<bool> cold_found_;

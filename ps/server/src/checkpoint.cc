@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -158,12 +159,20 @@ std::string ShardName(int64_t step, int rank, int num_servers) {
   return StepPrefix(step) + buf;
 }
 
-// The folder of a shard's copy of its server's disk tier store: the shard file's name + ".disk".
-std::string DiskFolderName(const std::string& shard) { return shard + ".disk"; }
+// The folders of a shard's copies of its server's disk tier store begin with the shard file's name
+// and ".disk."; each save's copy has a name of its own (a generation after that), so saving a
+// step again never touches the copy the committed shard names until the new shard is in place.
+std::string DiskFolderPrefix(const std::string& shard) { return shard + ".disk."; }
 
-// Whether `name` in a checkpoint folder is one of `needed`'s files, or the store copy of one.
+// The shard file a store copy's folder belongs to ("" for any other name).
+std::string ShardOfDiskFolder(const std::string& name) {
+  const size_t at = name.find(".ckpt.disk.");
+  return at == std::string::npos ? std::string() : name.substr(0, at + 5);
+}
+
+// Whether `name` in a checkpoint folder is one of `needed`'s files, or a store copy of one.
 bool Needed(const std::set<std::string>& needed, const std::string& name) {
-  return needed.contains(name) || (name.ends_with(".disk") && needed.contains(name.substr(0, name.size() - 5)));
+  return needed.contains(name) || needed.contains(ShardOfDiskFolder(name));
 }
 
 std::string ManifestName(int64_t step) {
@@ -226,8 +235,10 @@ Status ParseDiskStore(Reader& r, const fs::path& shard, const std::string& where
   FERRY_RETURN_IF_ERROR(r.GetArray(&folder, n));
   FERRY_RETURN_IF_ERROR(r.Get(&files));
   const std::string name(folder.begin(), folder.end());
-  if (name != DiskFolderName(shard.filename().string())) {
-    return DataLossError(where + ": names the disk tier store '" + name + "', not this shard's");
+  const std::string prefix = DiskFolderPrefix(shard.filename().string());
+  if (!name.starts_with(prefix) || name.size() == prefix.size() ||
+      name.find_first_not_of("0123456789abcdef", prefix.size()) != std::string::npos) {
+    return DataLossError(where + ": names the disk tier store '" + name + "', not one of this shard's");
   }
   if (files == 0 || files > kMaxStoreFiles) return DataLossError(where + ": lists " + std::to_string(files) + " files");
   const fs::path dir = shard.parent_path() / name;
@@ -340,6 +351,11 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, FileData* file) 
       if (count != blocks - 1)
         return DataLossError(where + ": the end block counts " + std::to_string(count) + " blocks");
       if (at != all.size()) return DataLossError(where + ": bytes after the end block");
+      for (const auto& [id, t] : out->tables) {
+        if (!delta && t.spec.disk_tier && t.disk_stores.empty()) {
+          return DataLossError(name + ": table '" + t.spec.name + "' has a disk tier and no copy of its store");
+        }
+      }
       return r.Done();
     }
     uint64_t table_id = 0;
@@ -828,7 +844,10 @@ StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_se
 
 StatusOr<DiskStoreCopy> CopyDiskTier(DiskTier& disk, const std::string& dir, int rank, int num_servers, int64_t step) {
   DiskStoreCopy copy;
-  copy.folder = DiskFolderName(ShardName(step, rank, num_servers));
+  char gen[32];
+  std::snprintf(gen, sizeof gen, "%016llx",
+                static_cast<unsigned long long>(std::chrono::system_clock::now().time_since_epoch().count()));
+  copy.folder = DiskFolderPrefix(ShardName(step, rank, num_servers)) + gen;
   const fs::path path = fs::path(dir) / copy.folder;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -860,7 +879,9 @@ StatusOr<ShardFile> WriteShard(const std::string& dir, int rank, int num_servers
   if (disk_tables) {
     FERRY_ASSIGN_OR_RETURN(copy, CopyDiskTier(*tables.disk_tier(), dir, rank, num_servers, step));
   }
-  return WriteShardImage(dir, rank, num_servers, step, SnapshotShard(tables, delta, track, copy ? &*copy : nullptr));
+  auto f = WriteShardImage(dir, rank, num_servers, step, SnapshotShard(tables, delta, track, copy ? &*copy : nullptr));
+  if (f.ok()) RemoveOtherDiskCopies(dir, f->name, copy ? copy->folder : std::string());
+  return f;
 }
 
 Status ForEachDiskRow(const CheckpointData::Table& t, uint64_t table_id,
@@ -1008,7 +1029,18 @@ Status WriteManifest(const std::string& dir, int64_t step, const std::vector<Sha
   return Status::Ok();
 }
 
-std::vector<int64_t> MakeRoom(const std::string& dir, int rank, int keep) {
+void RemoveOtherDiskCopies(const std::string& dir, const std::string& shard, const std::string& keep) {
+  const std::string prefix = DiskFolderPrefix(shard);
+  std::error_code ec;
+  std::vector<fs::path> old;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with(prefix) && n != keep) old.push_back(e.path());
+  }
+  for (const fs::path& p : old) fs::remove_all(p, ec);
+}
+
+std::vector<int64_t> MakeRoom(const std::string& dir, int rank, int keep, const std::string& spare) {
   std::vector<int64_t> removed;
   if (keep < 2) return removed;
   const std::vector<std::string> manifests = ManifestsNewestFirst(dir);
@@ -1026,7 +1058,7 @@ std::vector<int64_t> MakeRoom(const std::string& dir, int rank, int keep) {
     bool any = false;
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string n = e.path().filename().string();
-      if (n.starts_with(prefix) && !Needed(needed, n)) any = fs::remove_all(e.path(), ec) > 0 || any;
+      if (n.starts_with(prefix) && !Needed(needed, n) && n != spare) any = fs::remove_all(e.path(), ec) > 0 || any;
     }
     if (any) removed.push_back(std::strtoll(manifests[i].c_str() + 9, nullptr, 10));
   }

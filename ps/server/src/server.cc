@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include "ferry/curve.h"
 #include "ferry/messages/deadlines.h"
@@ -20,6 +22,43 @@
 #include "internal/checkpoint.h"
 
 namespace ferry::ps {
+namespace {
+
+// --disk-tier-dir is emptied at every start: the checkpoint folder must not lie inside it (nor it
+// inside the checkpoint folder). A checkpoint folder on another file system works, but its
+// copies of the store are then copies, not links: said once, at start.
+Status CheckDiskTierDir(const ServerOptions& options) {
+  if (options.checkpoint_dir.empty()) return Status::Ok();
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path tier = fs::weakly_canonical(options.disk_tier_dir, ec),
+                 ckpt = fs::weakly_canonical(options.checkpoint_dir, ec);
+  auto inside = [](const fs::path& a, const fs::path& b) {  // a within b (or b itself)
+    auto [end, _] = std::mismatch(b.begin(), b.end(), a.begin(), a.end());
+    return end == b.end();
+  };
+  if (inside(ckpt, tier) || inside(tier, ckpt)) {
+    return InvalidArgumentError(
+        "ferry-ps rank " + std::to_string(options.rank) + ": --checkpoint-dir " + options.checkpoint_dir +
+        " and --disk-tier-dir " + options.disk_tier_dir +
+        " overlap; the disk tier's folder is emptied at every start: give them separate folders");
+  }
+  struct stat a {
+  }, b{};
+  fs::path probe = ckpt;
+  while (!probe.empty() && ::stat(probe.c_str(), &b) != 0) probe = probe.parent_path();
+  fs::path tier_probe = tier;
+  while (!tier_probe.empty() && ::stat(tier_probe.c_str(), &a) != 0) tier_probe = tier_probe.parent_path();
+  if (!probe.empty() && !tier_probe.empty() && a.st_dev != b.st_dev) {
+    std::fprintf(stderr,
+                 "ferry-ps %d: --checkpoint-dir %s is on another file system than --disk-tier-dir %s: each "
+                 "checkpoint copies the store's files (the server serves nothing meanwhile) instead of linking them\n",
+                 options.rank, options.checkpoint_dir.c_str(), options.disk_tier_dir.c_str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket,
                        zmq::socket_t monitor, zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables,
@@ -352,10 +391,11 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.memory_budget_bytes < 0) return InvalidArgumentError("memory_budget_bytes must be >= 0");
   if (options.idle_timeout.count() < 0) return InvalidArgumentError("idle_timeout must be >= 0");
   if (options.max_connections == 0) options.max_connections = DefaultMaxConnections();
+  std::unique_ptr<ps::DiskTier> disk_tier;  // before the tables: their shards point to it
   ps::TableRegistry tables(options.rank, options.num_servers, options.memory_budget_bytes);
-  std::unique_ptr<ps::DiskTier> disk_tier;
   if (!options.disk_tier_dir.empty()) {
     if (options.disk_tier_cache_bytes < 0) return InvalidArgumentError("disk_tier_cache_bytes must be >= 0");
+    FERRY_RETURN_IF_ERROR(ps::CheckDiskTierDir(options));
     ps::DiskTier::Options o;
     o.path = options.disk_tier_dir;
     o.block_cache_bytes = options.disk_tier_cache_bytes;

@@ -128,6 +128,7 @@ void SparseShard::InitialRow(int64_t id, float* out) const {
 
 RowIndex SparseShard::FindOrCreate(int64_t id, bool over_budget_ok) {
   if (const RowIndex r = Find(id); r != kNoRow) return r;
+  all_pinned_ = false;  // (a call of its own: nothing is pinned)
   return MakeRow(id, over_budget_ok, /*drop_if_no_room=*/false);
 }
 
@@ -161,6 +162,7 @@ void SparseShard::ShrinkToMaxRows() {
 
 void SparseShard::PromoteForPull(std::span<const int64_t> ids) {
   if (disk_ == nullptr) return;
+  all_pinned_ = false;
   ShrinkToMaxRows();
   std::vector<RowIndex> made;
   struct Guard {
@@ -366,12 +368,15 @@ SparseShard::Room SparseShard::EvictOne(int pushes) {
     ++seen;
     if (best == kNoRow || t < touch_[best] || (t == touch_[best] && steps_[s] < steps_[best])) best = s;
   }
-  if (best == kNoRow && disk_ != nullptr) {
+  if (best == kNoRow && disk_ != nullptr && !all_pinned_) {
     // With a disk a row is never dropped for want of a victim the sample missed: the first row in
-    // no use by this request, if any.
+    // no use by this request, if any. None: every row is pinned until the call ends, so the
+    // call's later rows need not look again (a call of many more rows than max_rows would
+    // otherwise scan the table once for each).
     for (RowIndex s = 0; s < slots && best == kNoRow; ++s) {
       if (touch_[s] >= 0 && (touch_[s] & kPinned) == 0) best = s;
     }
+    all_pinned_ = best == kNoRow;
   }
   if (best == kNoRow) return Room::kNoVictim;
   if (disk_ != nullptr) {  // demoted, not lost; no admission comparison
@@ -464,6 +469,7 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
   }
   ++clock_;
   made_.clear();
+  all_pinned_ = false;
   struct UnpinMade {
     SparseShard* shard;
     ~UnpinMade() { shard->Unpin(shard->made_); }

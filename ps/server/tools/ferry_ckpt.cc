@@ -98,8 +98,19 @@ int List(const ferry::ps::KeptCheckpoints& kept, const CheckpointData& c) {
       std::printf("  %-24s dense  %s (%zu chunks)  %s\n", t.spec.name.c_str(), shape.c_str(), t.chunks.size(),
                   t.spec.ToString().c_str());
     } else {
-      std::printf("  %-24s sparse %zu rows of dim %lld  %s\n", t.spec.name.c_str(), t.rows.size(),
-                  static_cast<long long>(t.spec.dim), t.spec.ToString().c_str());
+      // A disk tier's rows are counted as they stream by, not held.
+      size_t on_disk = 0;
+      ferry::Status s = ferry::ps::ForEachDiskRow(t, id, [&](int64_t, int64_t, const float*) {
+        ++on_disk;
+        return ferry::Status::Ok();
+      });
+      if (!s.ok()) {
+        std::fprintf(stderr, "ferry-ckpt: table '%s': %s\n", t.spec.name.c_str(), s.message().c_str());
+        return 1;
+      }
+      const std::string disk = t.disk_stores.empty() ? "" : " (" + std::to_string(on_disk) + " of them on disk)";
+      std::printf("  %-24s sparse %zu rows of dim %lld%s  %s\n", t.spec.name.c_str(), t.rows.size() + on_disk,
+                  static_cast<long long>(t.spec.dim), disk.c_str(), t.spec.ToString().c_str());
     }
   }
   return 0;
@@ -400,8 +411,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ferry-ckpt: %s\n", c.status().message().c_str());
     return c.status().code() == ferry::StatusCode::kNotFound && step >= 0 ? 2 : 1;
   }
-  if (!FoldDiskRows(&*c)) return 1;
   if (cmd == "list") return List(*kept, *c);
+  // dump and export write whole tables: a disk tier's rows are read into RAM with the others.
+  if (!FoldDiskRows(&*c)) return 1;
   if (cmd == "dump") return Dump(*c, args[2], std::string(args[3]), state);
   if (since > c->step) {
     std::fprintf(stderr, "ferry-ckpt: --since %lld is after the checkpoint exported (step %lld)\n",

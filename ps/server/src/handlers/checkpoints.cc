@@ -71,9 +71,11 @@ Status ServerImpl::OnCheckpoint(Request& req) {
   const uint64_t id = req.h()->request_id();
   RunFileJob(std::move(req), "the checkpoint of step " + std::to_string(step),
              [this, step, id, snapshot_us, delta, image = std::move(image),
+              disk_folder = disk ? disk->folder : std::string(),
               worker_steps = workers_.KnownDone()]() mutable -> StatusOr<zmq::message_t> {
                // Room first: the shards of the checkpoints this one's commit will remove.
-               for (int64_t old : ps::MakeRoom(options_.checkpoint_dir, options_.rank, options_.keep_checkpoints)) {
+               for (int64_t old :
+                    ps::MakeRoom(options_.checkpoint_dir, options_.rank, options_.keep_checkpoints, disk_folder)) {
                  std::printf("ferry-ps %d: removed its shard of the checkpoint of step %lld to make room (it keeps "
                              "%d)\n",
                              options_.rank, static_cast<long long>(old), options_.keep_checkpoints);
@@ -82,6 +84,8 @@ Status ServerImpl::OnCheckpoint(Request& req) {
                FERRY_ASSIGN_OR_RETURN(ps::ShardFile f,
                                       ps::WriteShardImage(options_.checkpoint_dir, options_.rank, options_.num_servers,
                                                           step, std::move(image)));
+               // The shard in place names this copy alone: an earlier save's of the step goes.
+               if (!disk_folder.empty()) ps::RemoveOtherDiskCopies(options_.checkpoint_dir, f.name, disk_folder);
                const double write_s = std::chrono::duration<double>(Clock::now() - w0).count();
                Count(kCheckpointsSaved);
                {

@@ -91,7 +91,20 @@ Status ServerImpl::OnPushSparse(Request& req) {
     } else {
       RecordStaleness(t, shard.version - shard.last_pulled[static_cast<size_t>(rank)]);
       SkipReplayedRows(t, h.step(), rank, &ids[i], &grads[i], &id_scratch[i], &g_scratch[i]);
-      const ps::NotFinite nf = updater_.ApplyRows(shard, ids[i], grads[i].data());
+      ps::NotFinite nf;
+      try {
+        nf = updater_.ApplyRows(shard, ids[i], grads[i].data());
+      } catch (const ps::DiskTierError& e) {
+        // Thrown before any row of this table changed. The push's other tables are applied (each
+        // table's update is its own, as async pushes are), and the reply names this failure.
+        Count(kDiskTierErrors);
+        LogRateLimited(e.status().ToString() + "; worker " + std::to_string(rank) + "'s push to it refused");
+        if (refused.ok()) refused = e.status();
+        continue;
+      } catch (const ps::BudgetExceeded& e) {
+        if (refused.ok()) refused = ResourceExhaustedError("server " + std::to_string(options_.rank) + ": " + e.what());
+        continue;
+      }
       ++shard.version;
       shard.steps_taken.Took(rank, h.step());
       Count(kUpdatesApplied);

@@ -1210,11 +1210,12 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int n
       // server's store (its own ids), in batches: never more than a batch in RAM.
       if (!t.disk_stores.empty()) {
         DiskTier* disk = tables->disk_tier();  // Create refused the table without one
+        const uint64_t table_id = id;          // (a lambda may not capture a structured binding)
         constexpr size_t kBatch = 4096;
         std::vector<int64_t> ids, steps;
         std::vector<float> rows;
         auto flush = [&]() -> Status {
-          Status w = ids.empty() ? Status::Ok() : disk->Write(id, ids, steps, rows.data());
+          Status w = ids.empty() ? Status::Ok() : disk->Write(table_id, ids, steps, rows.data());
           ids.clear(), steps.clear(), rows.clear();
           return w;
         };

@@ -158,8 +158,9 @@ AllTables ReadAll(const fs::path& dir, int64_t* step) {
       rows[chunk] = {ch.version, std::move(v)};
     }
     for (const auto& [row_id, row] : t.rows) rows[row_id] = {row.steps, row.values};
+    const size_t floats = static_cast<size_t>(t.spec.dim * 3);  // Adam
     Status s = ps::ForEachDiskRow(t, id, [&](int64_t row_id, int64_t steps, const float* row) {
-      rows[row_id] = {steps, std::vector<float>(row, row + static_cast<size_t>(t.spec.dim * 3))};  // Adam
+      rows[row_id] = {steps, std::vector<float>(row, row + floats)};
       return Status::Ok();
     });
     EXPECT_TRUE(s.ok()) << s;

@@ -54,9 +54,9 @@ TrainerOptions BaseOptions() {
 }
 
 // Trains 2 workers on 2 in-process servers with `o`; the loss must halve and the test accuracy
-// pass 0.7 (chance is 0.1).
+// pass `min_accuracy` (chance is 0.1).
 void ExpectTwoWorkersLearn(const TrainerOptions& o, const data::ImageDataset* train, const data::ImageDataset* test,
-                           const std::string& label) {
+                           const std::string& label, double min_accuracy = 0.7) {
   ServerOptions so;
   so.compute_threads = 1;
   auto cluster = ferry::test::LocalCluster::Start(2, false, so);
@@ -67,7 +67,7 @@ void ExpectTwoWorkersLearn(const TrainerOptions& o, const data::ImageDataset* tr
   std::printf("%s: %lld steps x 2 workers x batch 32 in %.2f s: loss %.3f -> %.3f, test accuracy %.4f\n",
               label.c_str(), static_cast<long long>(r.steps), r.wall_s, r.first_loss, r.last_loss, r.eval.accuracy);
   EXPECT_LT(r.last_loss, 0.5 * r.first_loss);
-  EXPECT_GT(r.eval.accuracy, 0.7);
+  EXPECT_GT(r.eval.accuracy, min_accuracy);
 }
 
 TEST_P(FashionMnistTraining, TwoWorkersLearn) {
@@ -79,7 +79,12 @@ TEST_P(FashionMnistTraining, TwoWorkersLearn) {
   ASSERT_TRUE(ParseConsistency(mode, &o.consistency, &o.staleness).ok());
   if (GetParam().ends_with("+none")) o.pipeline = Pipeline::kNone;
   if (GetParam().ends_with("+prefetch")) o.pipeline = Pipeline::kPrefetch;
-  ExpectTwoWorkersLearn(o, train_, test_, GetParam());
+  // Async and ssp read values that other steps have not reached yet, and prefetching reads them a
+  // step earlier still: where the 300th step lands varies with the timing. 16 runs of each on a
+  // loaded 2-core machine: async 0.8074-0.8290, ssp:2 0.8052-0.8274, async+prefetch
+  // 0.7376-0.8078, ssp:2+prefetch 0.7576-0.8222; under AddressSanitizer one ssp:2+prefetch run
+  // gave 0.6918. Sync runs are the same whatever the timing (0.7 as before).
+  ExpectTwoWorkersLearn(o, train_, test_, GetParam(), o.consistency == Consistency::kSync ? 0.7 : 0.6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Consistency, FashionMnistTraining,

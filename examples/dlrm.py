@@ -73,7 +73,16 @@ def parse_args(argv=None):
     ap.add_argument("--dense-dir", help="hybrid mode: where worker 0 saves the MLPs at each checkpoint (needed "
                                         "with ferry-launch --checkpoint-every)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu",
+                    help="where the model computes: cpu, cuda or cuda:N (the batches are moved there; the servers' "
+                         "rows and parameters travel through the host)")
     args = ap.parse_args(argv)
+    try:
+        args.device = torch.device(args.device)
+    except RuntimeError as e:
+        ap.error(f"--device {args.device}: {e}")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: torch sees no CUDA GPU here (torch.cuda.is_available() is False)")
     if int(args.bottom.split(",")[-1]) != args.emb_dim:
         ap.error(f"--bottom {args.bottom}: its last width must be --emb-dim {args.emb_dim} (the dot interaction)")
     return args
@@ -164,15 +173,22 @@ def make_tower(bottom_widths, top_widths):
     return Tower(None if bottom_widths is None else mlp(bottom_widths, True), mlp(top_widths, False))
 
 
-def evaluate(model, test, batch=4096):
+def to_device(batch, device):
+    """A batch's tensors on `device` (the same dict on the CPU)."""
+    if device.type == "cpu":
+        return batch
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def evaluate(model, test, device, batch=4096):
     """(auc, logloss) of the model on the test tensors."""
     from ferry import _data
     model.eval()
     probs = []
     with torch.no_grad():
         for lo in range(0, test["labels"].numel(), batch):
-            part = {k: v[lo:lo + batch] for k, v in test.items()}
-            probs.append(torch.sigmoid(model(part["dense"], features_of(part, model.fields))))
+            part = to_device({k: v[lo:lo + batch] for k, v in test.items()}, device)
+            probs.append(torch.sigmoid(model(part["dense"], features_of(part, model.fields))).cpu())
     model.train()
     p = torch.cat(probs).numpy()
     labels = test["labels"].numpy()
@@ -235,10 +251,10 @@ def main(argv=None):
     bottom_w, top_w = dense_widths(args, num_dense, fields)
 
     # The model.
-    tower = make_tower(*dense_widths(args, num_dense, fields))
+    tower = make_tower(*dense_widths(args, num_dense, fields)).to(args.device)
     if args.mode == "local":
         vocab = args.hash_buckets * num_fields if args.criteo_train else args.ctr_vocab * num_fields
-        emb = LocalBags(fields, vocab, args.emb_dim)
+        emb = LocalBags(fields, vocab, args.emb_dim).to(args.device)
     else:
         emb = ft.EmbeddingBagCollection(
             [ft.EmbeddingBagConfig(f, args.emb_dim, optimizer=args.optimizer, lr=args.lr,
@@ -252,7 +268,7 @@ def main(argv=None):
                 raise SystemExit("dlrm: --mode hybrid with checkpoints needs --dense-dir (the MLPs live on the "
                                  "workers, not in the servers' checkpoint)")
             session.init_process_group("gloo")
-            tower = torch.nn.parallel.DistributedDataParallel(tower)
+            tower = torch.nn.parallel.DistributedDataParallel(tower)  # gloo reduces CUDA tensors too
     model = DLRM(emb, tower, fields)
     # The workers' optimizer: everything (local), the MLPs (hybrid); --lr and --dense-lr as the
     # servers use them.
@@ -293,11 +309,14 @@ def main(argv=None):
     batches = iter(train)
     for _ in range(start):
         next(batches)
+    # Moved to the device before a Prefetcher sees them: its bags are then the forward's own.
+    batches = (to_device(b, args.device) for b in batches)
     if args.prefetch and args.mode != "local":
         batches = iter(ft.Prefetcher(batches, emb, lambda b: features_of(b, fields)))
     clock = Clock([emb, tower])
     record("start", mode=args.mode, arch=args.arch, workers=workers, batch=args.batch, steps=args.steps, start=start,
-           consistency=args.consistency, prefetch=args.prefetch, threads=torch.get_num_threads())
+           consistency=args.consistency, prefetch=args.prefetch, threads=torch.get_num_threads(),
+           device=str(args.device))
     t_run = time.perf_counter()
     window = {"pull_s": 0.0, "push_s": 0.0, "compute_s": 0.0, "loss": 0.0, "n": 0}
     totals = {"pull_s": 0.0, "push_s": 0.0, "compute_s": 0.0}
@@ -319,7 +338,7 @@ def main(argv=None):
         for k in totals:
             totals[k] += split[k]
             window[k] += split[k]
-        window["loss"] += float(loss)
+        window["loss"] += float(loss)  # on a GPU, this waits for the step's work
         window["n"] += 1
         if step % args.log_every == 0 or step == args.steps:
             n = window.pop("n")
@@ -331,7 +350,7 @@ def main(argv=None):
             record("train", step=step, **line)
             window = {"pull_s": 0.0, "push_s": 0.0, "compute_s": 0.0, "loss": 0.0, "n": 0}
         if args.eval_every and step % args.eval_every == 0 and step < args.steps and rank == 0 and test:
-            auc, ll = evaluate(model, test)
+            auc, ll = evaluate(model, test, args.device)
             record("eval", step=step, auc=auc, logloss=ll)
     train_s = time.perf_counter() - t_run
     ran = step - start
@@ -352,7 +371,7 @@ def main(argv=None):
         if rank != 0:
             session.finish()
     if rank == 0 and test:
-        auc, ll = evaluate(model, test)
+        auc, ll = evaluate(model, test, args.device)
         end.update(auc=auc, logloss=ll)
         if "true_probs" in test:
             from ferry import _data

@@ -15,7 +15,9 @@
 #
 # Usage: bench/gpu/run.sh [BUILD_DIR] [OUT_DIR]
 #   MLP_EPOCHS (2), CTR_STEPS (1500), TEST_TIMEOUT_S (240): the sizes of the runs;
-#   MORE_SEEDS ("2 3"), SKIP_BENCH (0), RUN_ALL_TESTS (1): what runs.
+#   MORE_SEEDS ("2 3"), SKIP_BENCH (0), MLP (1: the MLP runs, which need Fashion-MNIST), RUN_ALL_TESTS (1):
+#   what runs. BUILD_DIR may be a bench/gpu/pack.sh folder's build/ (its lib/ beside it is then
+#   put on LD_LIBRARY_PATH; without CMake's files there, the tests run without ctest).
 #   PYTHON (python3): the interpreter for the launcher and the summary (standard library only).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,6 +25,9 @@ BUILD=$(cd "${1:-$REPO/build}" && pwd)
 OUT=${2:-$REPO/bench/results/gpu/runs/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
+if [[ -d $BUILD/../lib && -d $BUILD/../pylink ]]; then  # a pack.sh folder
+  export LD_LIBRARY_PATH=$(cd "$BUILD/../lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 say() { echo "[gpu] $*" | tee -a "$OUT/log.txt"; }
 
 if ! nvidia-smi -L > "$OUT/nvidia-smi.txt" 2>&1; then
@@ -33,8 +38,8 @@ nvidia-smi >> "$OUT/nvidia-smi.txt" 2>&1
 say "$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader)"
 say "commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?'), build $BUILD, out $OUT"
 
-# 1. The CUDA tests (without ctest, the three programs that hold them).
-if command -v ctest > /dev/null; then
+# 1. The CUDA tests (without ctest, or CMake's files, the three programs that hold them).
+if command -v ctest > /dev/null && [[ -f $BUILD/CTestTestfile.cmake ]]; then
   timeout 300 ctest --test-dir "$BUILD" -R 'Cuda|cuda' -j 4 --output-on-failure -V > "$OUT/ctest_cuda.txt" 2>&1
   say "CUDA tests (exit $?): $(grep -E 'tests passed|tests failed' "$OUT/ctest_cuda.txt")"
 else
@@ -66,22 +71,24 @@ train() {  # NAME WORKERS DEVICE TIMING FLAGS...
     --device "$device" --metrics-out "$OUT/$name/metrics{rank}.jsonl" "$@" > "$OUT/$name.txt" 2>&1
   say "$name: exit $?, $((SECONDS - start)) s"
 }
-train mlp_gpu_2w 2 cuda 1 "${MLP[@]}" --seed 1
-train mlp_gpu_2w_again 2 cuda 0 "${MLP[@]}" --seed 1
-train mlp_cpu_2w 2 cpu 0 "${MLP[@]}" --seed 1
-for seed in ${MORE_SEEDS-2 3}; do  # other initialisations: how far apart runs of one device land
-  train "mlp_gpu_2w_seed$seed" 2 cuda 0 "${MLP[@]}" --seed "$seed"
-  train "mlp_cpu_2w_seed$seed" 2 cpu 0 "${MLP[@]}" --seed "$seed"
-done
-train mlp_gpu_2w_bylayer 2 cuda 1 "${MLP[@]}" --seed 1 --push-by-layer
-train mlp_gpu_1w 1 cuda 1 "${MLP[@]}" --seed 1
+if [[ ${MLP:-1} == 1 ]]; then
+  train mlp_gpu_2w 2 cuda 1 "${MLP[@]}" --seed 1
+  train mlp_gpu_2w_again 2 cuda 0 "${MLP[@]}" --seed 1
+  train mlp_cpu_2w 2 cpu 0 "${MLP[@]}" --seed 1
+  for seed in ${MORE_SEEDS-2 3}; do  # other initialisations: how far apart runs of one device land
+    train "mlp_gpu_2w_seed$seed" 2 cuda 0 "${MLP[@]}" --seed "$seed"
+    train "mlp_cpu_2w_seed$seed" 2 cpu 0 "${MLP[@]}" --seed "$seed"
+  done
+  train mlp_gpu_2w_bylayer 2 cuda 1 "${MLP[@]}" --seed 1 --push-by-layer
+  train mlp_gpu_1w 1 cuda 1 "${MLP[@]}" --seed 1
+fi
 train ctr_gpu_2w 2 cuda 1 "${CTR[@]}"
 train ctr_gpu_2w_again 2 cuda 0 "${CTR[@]}"
 train ctr_cpu_2w 2 cpu 0 "${CTR[@]}"
 train ctr_gpu_1w 1 cuda 1 "${CTR[@]}"
 
 # 4. Everything else, with the GPU visible.
-if [[ "${RUN_ALL_TESTS:-1}" == 1 ]] && command -v ctest > /dev/null; then
+if [[ "${RUN_ALL_TESTS:-1}" == 1 ]] && command -v ctest > /dev/null && [[ -f $BUILD/CTestTestfile.cmake ]]; then
   timeout "${TEST_TIMEOUT_S:-240}" ctest --test-dir "$BUILD" -E 'Cuda|cuda' -j "$(nproc)" --timeout 200 \
     > "$OUT/ctest_all.txt" 2>&1
   say "the other tests (exit $?): $(grep -E 'tests passed|tests failed' "$OUT/ctest_all.txt")"

@@ -116,22 +116,41 @@ def dense_rows(p):
     return p if p.dim() >= 2 else p.view(1, -1)
 
 
-class Worker:
-    """One ferry.torch worker: its session, embedding bags and server-held linear layer."""
+def to_device(value, device):
+    """A batch's tensors (nested in tuples and dicts) on `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    return tuple(to_device(v, device) for v in value)
 
-    def __init__(self, endpoints, rank, workers, optimizer, lr, prefix, consistency="sync", **options):
+
+class Worker:
+    """One ferry.torch worker: its session, embedding bags and server-held linear layer, the
+    linear layer and the batches on `device` (test_torch_gpu.py: a GPU)."""
+
+    def __init__(self, endpoints, rank, workers, optimizer, lr, prefix, consistency="sync", device="cpu", **options):
         self.session = ft.init(endpoints, rank, workers, request_timeout=60)
         cfgs = [ft.EmbeddingBagConfig(n, d, pooling=p, optimizer=optimizer, lr=lr, consistency=consistency,
                                       init="uniform", init_scale=0.5, seed=3, **options) for n, d, p in TABLES]
         self.ebc = ft.EmbeddingBagCollection(cfgs, session=self.session, prefix=prefix)
-        self.linear = ft.ServerParameters(torch.nn.Linear(DENSE_IN, 1), session=self.session,
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())  # as tensors name it
+        self.linear = ft.ServerParameters(torch.nn.Linear(DENSE_IN, 1).to(self.device), session=self.session,
                                           prefix=prefix + "dense/", optimizer=optimizer, lr=lr,
                                           consistency=consistency, **options)
 
     def step(self, feats, x, y):
-        loss = torch.nn.functional.mse_loss(model_out(self.ebc(feats), x, self.linear), y)
+        if self.device.type != "cpu":
+            feats, x, y = to_device((feats, x, y), self.device)
+        pooled = self.ebc(feats)
+        for n, v in pooled.items():
+            if v.device != self.device:
+                raise AssertionError(f"table {n}'s pooled output is on {v.device}, its ids on {self.device}")
+        loss = torch.nn.functional.mse_loss(model_out(pooled, x, self.linear), y)
         loss.backward()
-        return float(loss)
+        return loss.item()
 
     def values(self):
         """The servers' tables now: every row of each table and the dense parameters."""

@@ -337,6 +337,7 @@ int RunShard(const Flags& f) {
     t->name = name;
     t->spec = base;
     t->spec.max_rows = std::max<int64_t>(f.batch * 2, static_cast<int64_t>(static_cast<double>(f.rows) * share));
+    t->spec.disk_tier = true;
     ps::DiskTier::Options o;
     o.path = (dir / name).string();
     o.block_cache_bytes = f.cache_mb << 20;

@@ -94,6 +94,8 @@ same $R/gpu/h100_1/summary.txt bench/gpu/summarize.py $R/gpu/h100_1
 same $R/gpu/h100_2/summary.txt bench/gpu/summarize.py $R/gpu/h100_2
 same $R/gpu/h100_3/summary.txt bench/gpu/summarize.py $R/gpu/h100_3
 same $R/gpu/h200_4/summary.txt bench/gpu/summarize.py $R/gpu/h200_4
+same $R/disk_tier/summary-victims-zipf.txt $R/disk_tier/summarize_victims.py $R/disk_tier/victims-zipf
+same $R/disk_tier/summary-victims-uniform.txt $R/disk_tier/summarize_victims.py $R/disk_tier/victims-uniform
 same $R/gpu/h200_5/run/summary.txt bench/gpu/summarize.py $R/gpu/h200_5/run
 same $R/gpu/h200_5/torch/summary.txt bench/gpu/summarize_torch.py $R/gpu/h200_5/torch
 runs $R/compression/summarize.py

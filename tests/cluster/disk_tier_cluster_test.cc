@@ -67,13 +67,15 @@ TEST(DiskTierServer, ADamagedStoreFileFailsThePullsThatNeedItNamingTableAndFileA
   ASSERT_EQ(1u, c.servers.size());
   auto w = c.Connect(0, 1);
   ASSERT_TRUE(w->Declare(Emb()).ok());
-  PushOnce(*w, 0, 200);                // 190 rows demoted to the store
+  // Rows 0-9 fill the RAM tier; each later row, pushed no more often than them, goes on probation
+  // and is demoted to the store by the next push: 10-198 on disk.
+  PushOnce(*w, 0, 200);
   ASSERT_TRUE(w->Checkpoint(1).ok());  // (which writes them into a table file)
   const std::vector<fs::path> files = TableFiles(dir.path() / "tier" / "server-0");
   ASSERT_EQ(1u, files.size());
   FlipByte(files[0], 100);  // inside the first data block: the smallest ids
 
-  std::vector<int64_t> cold = {0, 1, 2, 3};
+  std::vector<int64_t> cold = {10, 11, 12, 13};
   std::vector<float> rows(cold.size() * kDim, 7.0f);
   Status s = w->PullSparse("emb", cold, rows, 0).wait();
   EXPECT_EQ(StatusCode::kDataLoss, s.code()) << s;
@@ -85,7 +87,7 @@ TEST(DiskTierServer, ADamagedStoreFileFailsThePullsThatNeedItNamingTableAndFileA
   s = w->PushSparse("emb", cold, grad, 0).wait();
   EXPECT_EQ(StatusCode::kDataLoss, s.code()) << s;
   // The rows in RAM are served as before.
-  std::vector<int64_t> hot = {195, 196, 197, 198, 199};
+  std::vector<int64_t> hot = {0, 1, 2, 3, 4};
   std::vector<float> hot_rows(hot.size() * kDim);
   ASSERT_TRUE(w->PullSparse("emb", hot, hot_rows, 0).wait().ok());
   for (float v : hot_rows) EXPECT_EQ(-1.0f, v);

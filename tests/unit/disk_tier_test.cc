@@ -294,6 +294,7 @@ TableSpec ShardSpec(int64_t max_rows, int64_t evict_after_steps = 0) {
   s.seed = 11;
   s.max_rows = max_rows;
   s.evict_after_steps = evict_after_steps;
+  s.disk_tier = max_rows > 0;  // (ShardSpec(0): the shard with every row in RAM)
   return s;
 }
 
@@ -365,10 +366,13 @@ int FullDiskChild(const char* mnt) {
   if (!s.ok() || n != 3 || ::testing::Test::HasFailure()) {
     return say("the rows written before the disk filled: " + s.ToString() + ", found " + std::to_string(n), 1);
   }
-  // A push that must demote a row to make room fails with the disk's error, before any update.
+  // A push of a new row writes nothing (pushed no more often than any row in RAM, it is on
+  // probation beside them); the next call, which must write it to the store to demote it, fails
+  // with the disk's error, before any update.
+  shard.ApplyRows(std::vector<int64_t>{11, 12, 15}, grads.data(), &scratch);
   const auto before = AllRows(shard, nullptr);
   try {
-    shard.ApplyRows(std::vector<int64_t>{11, 12, 15}, grads.data(), &scratch);
+    shard.ApplyRows(std::vector<int64_t>{11, 12}, grads.data(), &scratch);
     return say("a push that needed a demotion went through on a full disk", 1);
   } catch (const DiskTierError& e) {
     if (e.status().code() != StatusCode::kResourceExhausted ||
@@ -376,7 +380,7 @@ int FullDiskChild(const char* mnt) {
       return say("the demotion's error: " + e.status().ToString(), 1);
     }
   }
-  if (AllRows(shard, nullptr) != before || shard.Find(15) != kNoRow) {
+  if (AllRows(shard, nullptr) != before || shard.Find(15) == kNoRow) {
     return say("the refused push changed the shard", 1);
   }
   return say(failed.ToString(), 0);
@@ -502,7 +506,8 @@ TEST(DiskTierShard, ARamTierOf40RowsGivesTheBitsOfEverythingInRam) {
     tiered.ApplyRows(ids, grads.data(), &scratch);
     ram.ApplyRows(ids, grads.data(), &scratch);
     pushed.insert(ids.begin(), ids.end());
-    ASSERT_LE(tiered.size(), 40u) << "step " << step;
+    // The RAM tier, and the rows of the last call on probation beside it.
+    ASSERT_LE(tiered.size(), 40u + ids.size()) << "step " << step;
   }
   EXPECT_GT(tiered.lifecycle().demoted, 1000);
   EXPECT_GT(tiered.lifecycle().promoted, 1000);
@@ -537,22 +542,26 @@ TEST(DiskTierShard, ACallOfMoreRowsThanTheRamTierHoldsTakesThemAllAndTheTierShri
   std::vector<int64_t> twenty, thirty;
   for (int64_t id = 0; id < 20; ++id) twenty.push_back(id);
   for (int64_t id = 0; id < 30; ++id) thirty.push_back(id);
-  for (size_t k = 0; k < twenty.size(); k += 4) {  // 20 rows made 4 at a time: 12 of them on disk
+  // 20 rows made 4 at a time: the first 8 fill the RAM tier, and each later 4, pushed no more
+  // often than the rows in RAM, are on probation beside them until the next call demotes them:
+  // rows 8-15 on disk, 16-19 on probation.
+  for (size_t k = 0; k < twenty.size(); k += 4) {
     push({twenty.begin() + static_cast<std::ptrdiff_t>(k), twenty.begin() + static_cast<std::ptrdiff_t>(k + 4)}, 0.5f);
   }
-  ASSERT_EQ(8u, shard.size());
-  // A push of 30 distinct ids (12 cold, 8 in RAM, 10 new) through a RAM tier of 8 rows: every
+  ASSERT_EQ(12u, shard.size());
+  ASSERT_EQ(8, shard.lifecycle().demoted);
+  // A push of 30 distinct ids (8 cold, 12 in RAM, 10 new) through a RAM tier of 8 rows: every
   // update applied (a sync step is applied whole), the tier above max_rows until the next call.
   push(thirty, 1.0f);
   EXPECT_EQ(30u, shard.size());
   EXPECT_EQ(0, shard.lifecycle().not_admitted);
-  // A pull of 30 ids, 10 of them cold: the pull first demotes the tier to 8 rows, then serves all.
+  // A pull of 40 ids, the 30 above and 10 never pushed: every row it names stays, none is read.
   std::vector<int64_t> pull = thirty;
   for (int64_t id = 100; id < 110; ++id) pull.push_back(id);  // never pushed: initial values
   const auto a = PullRows(shard, pull), b = PullRows(ram, pull);
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
-  push({3, 17}, 0.25f);
-  EXPECT_EQ(8u, shard.size());
+  push({3, 17}, 0.25f);  // the rows on probation it does not name are demoted first
+  EXPECT_EQ(9u, shard.size());
   const auto got = AllRows(shard, disk.get()), want = AllRows(ram, nullptr);
   EXPECT_EQ(30u, got.size());
   for (const auto& [id, row] : got) {
@@ -574,13 +583,16 @@ TEST(DiskTierShard, AnIdAgedOutStartsAnewNotFromItsStaleCopy) {
   std::vector<float> grads(2 * kDim, 1.0f);
   auto push = [&](std::vector<int64_t> ids) { shard.ApplyRows(ids, grads.data(), &scratch); };
   push({1});
-  push({2, 3});
-  push({4});  // row 1, the least recently touched, demoted
-  ASSERT_EQ(1, shard.lifecycle().demoted);
+  push({2, 3});                           // the RAM tier of 3 rows full
+  for (int k = 0; k < 3; ++k) push({4});  // row 4, no more pushed than them at first: on probation
+  push({2, 3});                           // row 4 demoted (the call does not name it)
+  push({4});                              // promoted, more pushed than row 1 (the least): row 1 demoted
   ASSERT_EQ(kNoRow, shard.Find(1));
-  push({1});  // promoted (another row demoted): its stale copy stays on disk
-  ASSERT_EQ(1, shard.lifecycle().promoted);
+  for (int k = 0; k < 2; ++k) push({1});  // promoted onto probation, pushed again
+  push({2});                              // row 1 demoted again
+  push({1});  // promoted, now pushed more often than row 3: a row of the RAM tier, its stale copy on disk
   ASSERT_NE(kNoRow, shard.Find(1));
+  const int64_t promoted = shard.lifecycle().promoted;
   for (int k = 0; k < 8; ++k) push({50});  // the others age out of RAM
   ASSERT_EQ(kNoRow, shard.Find(1)) << "row 1 was not aged out";
   EXPECT_GT(shard.lifecycle().evicted_age, 0);
@@ -588,7 +600,29 @@ TEST(DiskTierShard, AnIdAgedOutStartsAnewNotFromItsStaleCopy) {
   std::vector<float> initial(kDim);
   shard.InitialRow(1, initial.data());
   EXPECT_EQ(0, std::memcmp(initial.data(), pulled.data(), kDim * sizeof(float))) << "an aged-out row came back";
-  EXPECT_EQ(1, shard.lifecycle().promoted);
+  EXPECT_EQ(promoted, shard.lifecycle().promoted);
+}
+
+// The RAM tier keeps the most pushed rows (the filter's counts), not the most recent: 16 rows
+// pushed 10 times stay in a tier of 64 while 2,000 rows pushed once each pass through it, where
+// the least recently touched rows would have gone after 48 of them.
+TEST(DiskTierShard, TheRamTierKeepsTheMostPushedRowsThroughAStreamOfRowsPushedOnce) {
+  test::TempDir dir("disk-tier");
+  std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store");
+  ASSERT_TRUE(disk);
+  const TableSpec spec = ShardSpec(/*max_rows=*/64);
+  SparseShard shard(spec, kShardTable, 1);
+  ASSERT_TRUE(shard.AttachDisk(disk.get()).ok());
+  std::vector<RowIndex> scratch;
+  std::vector<float> grads(16 * kDim, 0.5f);
+  std::vector<int64_t> hot;
+  for (int64_t id = 100000; id < 100016; ++id) hot.push_back(id);
+  for (int k = 0; k < 10; ++k) shard.ApplyRows(hot, grads.data(), &scratch);
+  for (int64_t id = 0; id < 2000; ++id) shard.ApplyRows(std::vector<int64_t>{id}, grads.data(), &scratch);
+  EXPECT_GT(shard.lifecycle().demoted, 1900);
+  for (int64_t id : hot) EXPECT_NE(kNoRow, shard.Find(id)) << "row " << id << " was demoted";
+  shard.ApplyRows(hot, grads.data(), &scratch);
+  EXPECT_EQ(0, shard.lifecycle().promoted);  // every one in RAM
 }
 
 TEST(DiskTierShard, NeedsLifecycleSettingsAndNoFeed) {

@@ -45,7 +45,10 @@ class AdmissionFilter {
   // A filter for `spec`'s shard: width = 16 x max_rows rounded up to a power of two, within
   // [2^16, 2^22] counters a row (2^20 when max_rows is 0): 256 KiB to 16 MiB.
   AdmissionFilter(const TableSpec& spec, uint64_t table_id);
-  // The bytes a filter for `spec` takes; 0 when the spec admits at the first push (no filter).
+  // Whether a shard of `spec` keeps a filter: to admit rows (admit_after > 1), or to choose the
+  // rows its disk tier's RAM keeps (disk_tier: the least pushed of a sample is demoted).
+  static bool Wanted(const TableSpec& spec);
+  // The bytes a filter for `spec` takes; 0 when the spec wants none.
   static int64_t Bytes(const TableSpec& spec);
 
   // Counts one more push of `id`; returns its estimated pushes (1..kMaxCount).

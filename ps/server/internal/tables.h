@@ -148,6 +148,13 @@ inline constexpr RowIndex kNoRow = ~RowIndex{0};
 // writes are synchronous on the calling thread. A checkpoint copies the RAM tier's rows and the
 // store (checkpoint.h, CopyDiskTier); delta checkpoints and the change feed do not follow such a
 // shard: AttachDisk refuses a shard that feeds or tracks changes, and StartFeed a shard with a disk.
+// Which rows stay in RAM (TinyLFU's rule): such a shard keeps an AdmissionFilter of its pushes
+// (admitting every row when admit_after <= 1). Its victim is the least pushed of the sample, ties
+// to the least recently touched, and a row made or promoted takes the victim's place only if the
+// filter counts more pushes of it (a promoted row's earlier pushes; a new row's, this one
+// included); otherwise it is made beyond max_rows, on probation: used from RAM until an ApplyRows
+// neither names it nor finds it touched since the step before, which demotes it. So a stream of
+// rows pushed once passes through without taking the place of recurring ones.
 class SparseShard {
  public:
   static constexpr int kEvictionSample = 8;   // live rows looked at for one victim
@@ -341,8 +348,14 @@ class SparseShard {
   // With a disk: writes the row of `slot` to it before the slot is given up (throws DiskTierError).
   void Demote(RowIndex slot);
   // With a disk: demotes rows until the RAM tier holds max_rows (a call that used more rows than
-  // max_rows left it above; nothing is pinned between calls). Throws DiskTierError.
+  // max_rows left it above; nothing is pinned between calls), beside the rows on probation.
+  // Throws DiskTierError.
   void ShrinkToMaxRows();
+  // With a disk, at the start of ApplyRows: demotes the rows on probation (brought into RAM by
+  // an earlier call although no more pushed than the victim they would have replaced) that the
+  // call does not name (`ids`) and that were not touched since the step before (the clock
+  // ticks_per_step_ ago): a row a step's pulls promoted stays for its push. Throws DiskTierError.
+  void DemoteProbation(std::span<const int64_t> ids);
   // One row's update (ApplyRows), its refusals merged into `refused`.
   void UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused);
   uint64_t NextRandom();
@@ -385,7 +398,7 @@ class SparseShard {
   uint64_t coin_key_ = 0;
   uint64_t random_ = 0;            // the victim sampler's state
   uint64_t sweep_cursor_ = 0;
-  std::unique_ptr<AdmissionFilter> filter_;  // admit_after > 1
+  std::unique_ptr<AdmissionFilter> filter_;  // admit_after > 1, or a disk tier (AdmissionFilter::Wanted)
   RowLifecycleCounts counts_;
 
   // The disk tier (AttachDisk).
@@ -396,6 +409,12 @@ class SparseShard {
   std::vector<float> cold_rows_;
   std::vector<bool> cold_found_;
   std::vector<RowIndex> made_;  // ApplyRows' promoted rows
+  // The ids of the rows on probation: made beyond max_rows because the filter counts no more
+  // pushes of them than of the victim they would have replaced (DemoteProbation). Never a victim;
+  // Evict takes an id out.
+  absl::flat_hash_set<int64_t> probation_;
+  absl::flat_hash_set<int64_t> call_ids_;  // DemoteProbation's scratch
+  std::vector<int64_t> leaving_;           // DemoteProbation's scratch
 };
 
 struct Table {

@@ -22,7 +22,10 @@ class LocalTablesImpl final : public LocalTables {
     t->spec = s;
     // A disk tier keeps every row, the ones beyond max_rows on disk; in one process every row
     // stays in RAM instead, which gives the same values (the row lifecycle stays on, unbounded).
-    if (s.disk_tier) t->spec.max_rows = int64_t{1} << 40;
+    if (s.disk_tier) {
+      t->spec.max_rows = int64_t{1} << 40;
+      t->spec.disk_tier = false;  // (nor does it keep the disk tier's filter of pushes)
+    }
     const uint64_t id = TableId(s.name);
     if (s.type == TableType::kDense) {
       const int64_t n = s.num_elements();

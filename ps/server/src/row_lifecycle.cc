@@ -15,9 +15,11 @@ int64_t AdmissionFilter::Width(const TableSpec& spec) {
   return static_cast<int64_t>(std::bit_ceil(want));
 }
 
-int64_t AdmissionFilter::Bytes(const TableSpec& spec) {
-  return spec.type == TableType::kSparse && spec.admit_after > 1 ? kDepth * Width(spec) : 0;
+bool AdmissionFilter::Wanted(const TableSpec& spec) {
+  return spec.type == TableType::kSparse && (spec.admit_after > 1 || spec.disk_tier);
 }
+
+int64_t AdmissionFilter::Bytes(const TableSpec& spec) { return Wanted(spec) ? kDepth * Width(spec) : 0; }
 
 AdmissionFilter::AdmissionFilter(const TableSpec& spec, uint64_t table_id)
     : width_(Width(spec)),

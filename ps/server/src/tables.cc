@@ -83,7 +83,7 @@ SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_worke
   const uint64_t key = placement::Mix64(spec.seed ^ placement::Mix64(table_id));
   coin_key_ = placement::Mix64(key ^ 0xC014ull);
   random_ = placement::Mix64(key ^ 0xE71C7ull) | 1;
-  if (spec.admit_after > 1) filter_ = std::make_unique<AdmissionFilter>(spec, table_id);
+  if (AdmissionFilter::Wanted(spec)) filter_ = std::make_unique<AdmissionFilter>(spec, table_id);
 }
 
 Status SparseShard::ChangeLifecycle(const TableSpec& to) {
@@ -98,7 +98,7 @@ Status SparseShard::ChangeLifecycle(const TableSpec& to) {
                                       "': its admission filter for admit_after=" + std::to_string(to.admit_after)));
   }
   if (budget_ != nullptr && will < had) budget_->Give(had - will);
-  if (to.admit_after <= 1) {
+  if (!AdmissionFilter::Wanted(to)) {
     filter_.reset();
   } else if (filter_ == nullptr || will != had) {
     filter_ = std::make_unique<AdmissionFilter>(to, table_id_);
@@ -149,14 +149,35 @@ Status SparseShard::AttachDisk(DiskTier* disk) {
     return FailedPreconditionError("sparse table '" + spec_.name +
                                    "': the disk tier does not work with the change feed or delta checkpoints yet");
   }
+  if (!spec_.disk_tier || filter_ == nullptr) {  // (its filter of pushes chooses what RAM keeps)
+    return FailedPreconditionError("sparse table '" + spec_.name + "': a disk tier needs a spec with disk_tier set");
+  }
   FERRY_RETURN_IF_ERROR(disk->AddTable(table_id_, spec_.name, row_floats_));
   disk_ = disk;
   return Status::Ok();
 }
 
 void SparseShard::ShrinkToMaxRows() {
-  while (static_cast<int64_t>(index_.size()) > spec_.max_rows && spec_.max_rows > 0) {
+  while (spec_.max_rows > 0 &&
+         static_cast<int64_t>(index_.size()) - static_cast<int64_t>(probation_.size()) > spec_.max_rows) {
     if (EvictOne(kAlwaysWins) != Room::kMade) return;
+  }
+}
+
+void SparseShard::DemoteProbation(std::span<const int64_t> ids) {
+  if (probation_.empty()) return;
+  call_ids_.clear();
+  call_ids_.insert(ids.begin(), ids.end());
+  leaving_.clear();
+  for (int64_t id : probation_) {
+    // Kept while this call names it or it was touched since the step before (sync: by this
+    // step's pulls; async and ssp: within the last push of each worker).
+    if (!call_ids_.contains(id) && touch_[Find(id)] <= clock_ - ticks_per_step_) leaving_.push_back(id);
+  }
+  for (int64_t id : leaving_) {
+    const RowIndex slot = Find(id);  // (on probation: in RAM)
+    Demote(slot);                    // (throws: the rest stay on probation, in RAM)
+    Evict(slot, &counts_.demoted, totals_ ? &totals_->demoted : nullptr);  // takes it off probation
   }
 }
 
@@ -200,7 +221,9 @@ void SparseShard::PromoteCold(std::span<const int64_t> ids, bool over_budget_ok,
   for (size_t i = 0; i < n; ++i) {
     if (!cold_found_[i]) continue;
     shadowed_.reserve(shadowed_.size() + 1);  // (may throw: before the row is made)
-    const RowIndex r = MakeRow(cold_ids_[i], over_budget_ok, /*drop_if_no_room=*/false);
+    // It takes a victim's place only if pushed more often (else it goes on probation).
+    const int pushes = filter_ != nullptr ? filter_->Estimate(cold_ids_[i]) : kAlwaysWins;
+    const RowIndex r = MakeRow(cold_ids_[i], over_budget_ok, /*drop_if_no_room=*/false, pushes);
     std::memcpy(row(r), &cold_rows_[i * floats], floats * sizeof(float));
     steps_[r] = cold_steps_[i];
     touch_[r] = clock_ | kPinned;
@@ -252,10 +275,15 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
     if (drop_if_no_room) return kNoRow;
     throw BudgetExceeded(why);
   };
+  bool on_probation = false;
   if (lifecycle_ && spec_.max_rows > 0 && static_cast<int64_t>(index_.size()) >= spec_.max_rows) {
     switch (EvictOne(pushes)) {
       case Room::kMade: break;
-      case Room::kVictimHotter: return kNoRow;
+      case Room::kVictimHotter:
+        if (disk_ == nullptr) return kNoRow;
+        probation_.reserve(probation_.size() + 1);  // (may throw: before the row is made)
+        on_probation = true;
+        break;
       case Room::kNoVictim:
         // With a disk every row of this call is kept: the RAM tier goes past max_rows for it, and
         // ShrinkToMaxRows takes it back down at the next call.
@@ -279,8 +307,8 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
       charged = budget_;
     } else if (budget_->used() <= budget_->limit() - RowBytes() && budget_->TryTake(RowBytes())) {
       charged = budget_;
-    } else if (const Room room = EvictOne(pushes); room == Room::kVictimHotter) {
-      return kNoRow;
+    } else if (const Room room = EvictOne(disk_ != nullptr ? kAlwaysWins : pushes); room == Room::kVictimHotter) {
+      return kNoRow;  // (with a disk the budget's limit takes any victim)
     } else if (room == Room::kMade) {
       // its slot is free now
     } else if (over_budget_ok) {
@@ -332,6 +360,7 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
   InitSparseRow(spec_, table_id_, id, row(index));
   InitState(spec_.optimizer, state(index), static_cast<size_t>(dim_));
   if (feed_ != nullptr) [[unlikely]] FeedStamp(index, id);
+  if (on_probation) probation_.insert(id);  // (reserved above: cannot throw)
   refund.budget = nullptr;  // the row exists: it keeps its charge
   return index;
 }
@@ -339,7 +368,7 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
 int SparseShard::Admit(int64_t id) {
   ++sightings_;
   const int pushes = filter_ != nullptr ? filter_->Add(id) : kAlwaysWins;
-  if (pushes < spec_.admit_after) return 0;
+  if (pushes < spec_.admit_after) return 0;  // (admit_after <= 1 with a disk tier's filter: admitted)
   if (spec_.admit_probability < 1.0f) {
     // A coin from (seed, table, id, sightings so far): the same pushes in the same order (a sync
     // job) admit the same ids.
@@ -360,12 +389,23 @@ SparseShard::Room SparseShard::EvictOne(int pushes) {
   const uint64_t slots = steps_.size();
   if (slots == 0) return Room::kNoVictim;
   RowIndex best = kNoRow;
-  int seen = 0;
+  int seen = 0, best_pushes = 0;
   for (int draw = 0; draw < kEvictionDraws && seen < kEvictionSample; ++draw) {
     const RowIndex s = NextRandom() % slots;
     const int64_t t = touch_[s];
     if (t < 0 || (t & kPinned) != 0) continue;  // free, or in use by this ApplyRows
+    if (!probation_.empty() && probation_.contains(ids_[s])) continue;  // demoted by DemoteProbation
     ++seen;
+    if (disk_ != nullptr && filter_ != nullptr) {
+      // With a disk tier the RAM keeps the most pushed rows (the filter's estimate; TinyLFU's
+      // frequency): the least pushed of the sample goes, ties to the least recently touched.
+      const int f = filter_->Estimate(ids_[s]);
+      if (best == kNoRow || f < best_pushes || (f == best_pushes && t < touch_[best])) {
+        best = s;
+        best_pushes = f;
+      }
+      continue;
+    }
     if (best == kNoRow || t < touch_[best] || (t == touch_[best] && steps_[s] < steps_[best])) best = s;
   }
   if (best == kNoRow && disk_ != nullptr && !all_pinned_) {
@@ -379,7 +419,11 @@ SparseShard::Room SparseShard::EvictOne(int pushes) {
     all_pinned_ = best == kNoRow;
   }
   if (best == kNoRow) return Room::kNoVictim;
-  if (disk_ != nullptr) {  // demoted, not lost; no admission comparison
+  if (disk_ != nullptr) {  // demoted, not lost
+    // The newcomer must have been pushed more often than the victim (it then goes on probation).
+    if (filter_ != nullptr && pushes != kAlwaysWins && filter_->Estimate(ids_[best]) >= pushes) {
+      return Room::kVictimHotter;
+    }
     Demote(best);
     Evict(best, &counts_.demoted, totals_ ? &totals_->demoted : nullptr);
     return Room::kMade;
@@ -418,6 +462,7 @@ void SparseShard::Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* t
       std::vector<std::pair<int64_t, int64_t>>().swap(log);
     }
   }
+  if (!probation_.empty()) probation_.erase(ids_[slot]);
   index_.erase(ids_[slot]);  // never throws (it leaves a deleted slot: see ReserveOneMore)
   ids_[slot] = static_cast<int64_t>(free_head_);
   touch_[slot] = kFree;
@@ -475,6 +520,7 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
     ~UnpinMade() { shard->Unpin(shard->made_); }
   } unpin_made{this};
   if (disk_ != nullptr) {
+    DemoteProbation(ids);
     ShrinkToMaxRows();
     PromoteCold(ids, over_budget_ok, &made_);
   }

@@ -83,7 +83,10 @@ TEST(DiskTierTraining, ASyncCtrJobWithMostRowsOnDiskGivesTheBitsOfOneWithEveryRo
   const int64_t row_bytes = 4 * 3 * 4 + 24 + 16;  // dim 4 with Adam's two slots; count, index; id, clock
   // (At least 4 MiB: a quarter of the budget, shared by the workers, bounds what requests held
   // while they wait may carry, and the evaluation's all-reduce of 0.3 MiB waits for both workers.)
-  const int64_t tables_bytes = kFields * (kRamRows + 256) * row_bytes + (int64_t{64} << 10);
+  // And each table's filter of pushes, which chooses the rows its RAM tier keeps: 4 x 2^16
+  // one-byte counters (the least AdmissionFilter makes).
+  const int64_t filter_bytes = 4 * (int64_t{1} << 16);
+  const int64_t tables_bytes = kFields * ((kRamRows + 256) * row_bytes + filter_bytes) + (int64_t{64} << 10);
   server.memory_budget_bytes = std::max(tables_bytes, int64_t{4} << 20);
   const JobRun disk = Train(tiered, ds, server);
   ASSERT_EQ(2u, disk.workers.size());

@@ -28,11 +28,11 @@ from build_paths import PS_BIN, TRAINER_BIN
 from test_sync_cluster import run_workers
 
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
-LIMIT = 64 << 20        # each server's cgroup: its whole memory, the program's own included
+LIMIT = 72 << 20        # each server's cgroup: its whole memory, the program's own included
 FIELDS, DIM = 8, 256    # the ctr model's tables and their rows: 256 floats + Adam's 2 x 256 state
-STEPS, BATCH = 300, 256
+STEPS, BATCH = 330, 256
 ROW_BYTES = 3 * DIM * 4  # a row's value and optimizer state alone, without any index
-RAM_ROWS = 512          # the RAM tier: rows per server and table
+RAM_ROWS = 256          # the RAM tier: rows per server and table (and rows on probation beside it)
 
 CTR = ["--model", "ctr", "--optimizer", "adam", "--lr", "0.01", "--batch", str(BATCH), "--ctr-fields", str(FIELDS),
        "--emb-dim", str(DIM), "--ctr-vocab", str(1 << 40), "--ctr-zipf", "1.1", "--ctr-train", str(2 * BATCH * STEPS),

@@ -625,6 +625,27 @@ TEST(DiskTierShard, TheRamTierKeepsTheMostPushedRowsThroughAStreamOfRowsPushedOn
   EXPECT_EQ(0, shard.lifecycle().promoted);  // every one in RAM
 }
 
+// Pulls alone (an evaluation) do not let rows on probation pile up: past max(max_rows / 8, twice
+// the pull's ids) of them, a pull demotes those it does not name.
+TEST(DiskTierShard, PullsAloneKeepTheRowsOnProbationWithinMaxRows) {
+  test::TempDir dir("disk-tier");
+  std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store");
+  ASSERT_TRUE(disk);
+  const TableSpec spec = ShardSpec(/*max_rows=*/16);
+  SparseShard shard(spec, kShardTable, 1);
+  ASSERT_TRUE(shard.AttachDisk(disk.get()).ok());
+  std::vector<RowIndex> scratch;
+  std::vector<float> grads(kDim, 0.5f);
+  for (int64_t id = 0; id < 400; ++id) shard.ApplyRows(std::vector<int64_t>{id}, grads.data(), &scratch);
+  for (int64_t from = 16; from < 400; from += 8) {  // 8 cold rows a pull, each onto probation
+    std::vector<int64_t> ids;
+    for (int64_t id = from; id < from + 8; ++id) ids.push_back(id);
+    const auto rows = PullRows(shard, ids);
+    ASSERT_LE(shard.size(), 16u + 2u * 8u + 8u) << "after pulling " << from;
+  }
+  EXPECT_GT(shard.lifecycle().promoted, 300);
+}
+
 TEST(DiskTierShard, NeedsLifecycleSettingsAndNoFeed) {
   test::TempDir dir("disk-tier");
   std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store");

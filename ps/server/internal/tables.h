@@ -152,9 +152,10 @@ inline constexpr RowIndex kNoRow = ~RowIndex{0};
 // (admitting every row when admit_after <= 1). Its victim is the least pushed of the sample, ties
 // to the least recently touched, and a row made or promoted takes the victim's place only if the
 // filter counts more pushes of it (a promoted row's earlier pushes; a new row's, this one
-// included); otherwise it is made beyond max_rows, on probation: used from RAM until an ApplyRows
-// neither names it nor finds it touched since the step before, which demotes it. So a stream of
-// rows pushed once passes through without taking the place of recurring ones.
+// included); otherwise it is made beside the tier, on probation: used from RAM, never a victim,
+// until an ApplyRows that does not name it demotes it (DemoteProbation; pulls alone demote them
+// past max_rows / 8 of them). So a stream of rows pushed once passes through without taking the
+// place of recurring ones.
 class SparseShard {
  public:
   static constexpr int kEvictionSample = 8;   // live rows looked at for one victim
@@ -190,8 +191,9 @@ class SparseShard {
   // Before a pull of `ids` is served by FindForPull: the ids without a row in RAM that are on disk
   // are promoted (one batched read). A call that names more rows than max_rows takes them all:
   // the RAM tier holds more than max_rows until the next call (a pull or push) demotes the rows
-  // beyond it. Throws DiskTierError when the disk fails, BudgetExceeded when the memory budget
-  // has no room. Nothing is promoted without a disk.
+  // beyond it; rows promoted onto probation stay beside it (DemoteProbation). Throws
+  // DiskTierError when the disk fails, BudgetExceeded when the memory budget has no room. Nothing
+  // is promoted without a disk.
   void PromoteForPull(std::span<const int64_t> ids);
   // The row that serves a pull of `id`: with lifecycle settings, its row (stamped with the clock)
   // or kNoRow when it has none (serve InitialRow); without, FindOrCreate(id).
@@ -351,11 +353,14 @@ class SparseShard {
   // max_rows left it above; nothing is pinned between calls), beside the rows on probation.
   // Throws DiskTierError.
   void ShrinkToMaxRows();
-  // With a disk, at the start of ApplyRows: demotes the rows on probation (brought into RAM by
-  // an earlier call although no more pushed than the victim they would have replaced) that the
-  // call does not name (`ids`) and that were not touched since the step before (the clock
-  // ticks_per_step_ ago): a row a step's pulls promoted stays for its push. Throws DiskTierError.
-  void DemoteProbation(std::span<const int64_t> ids);
+  // With a disk: demotes the rows on probation (brought into RAM by an earlier call although no
+  // more pushed than the victim they would have replaced) that the call does not name (`ids`),
+  // in id order. `keep_recent` (ApplyRows) keeps those touched within the last ticks_per_step_ - 1
+  // clock ticks (async and ssp: another worker's push between a worker's pull and its own);
+  // PromoteForPull calls it, without, once more than max(max_rows / 8, twice the pull's ids) rows
+  // are on probation. Throws
+  // DiskTierError (the rows not yet demoted stay on probation).
+  void DemoteProbation(std::span<const int64_t> ids, bool keep_recent);
   // One row's update (ApplyRows), its refusals merged into `refused`.
   void UpdateRow(int64_t id, RowIndex r, const float* grad, NotFinite* refused);
   uint64_t NextRandom();

@@ -164,16 +164,19 @@ void SparseShard::ShrinkToMaxRows() {
   }
 }
 
-void SparseShard::DemoteProbation(std::span<const int64_t> ids) {
+void SparseShard::DemoteProbation(std::span<const int64_t> ids, bool keep_recent) {
   if (probation_.empty()) return;
   call_ids_.clear();
   call_ids_.insert(ids.begin(), ids.end());
   leaving_.clear();
   for (int64_t id : probation_) {
-    // Kept while this call names it or it was touched since the step before (sync: by this
-    // step's pulls; async and ssp: within the last push of each worker).
-    if (!call_ids_.contains(id) && touch_[Find(id)] <= clock_ - ticks_per_step_) leaving_.push_back(id);
+    // Kept while this call names it, or (async and ssp, whose clock ticks a worker's push) it was
+    // touched within the last ticks_per_step_ - 1 pushes: another worker's push between a
+    // worker's pull and its own push does not take its rows. (Sync: the step's push names them.)
+    if (call_ids_.contains(id) || (keep_recent && touch_[Find(id)] > clock_ - ticks_per_step_)) continue;
+    leaving_.push_back(id);
   }
+  std::sort(leaving_.begin(), leaving_.end());  // an order of its own, not the hash set's
   for (int64_t id : leaving_) {
     const RowIndex slot = Find(id);  // (on probation: in RAM)
     Demote(slot);                    // (throws: the rest stay on probation, in RAM)
@@ -184,6 +187,11 @@ void SparseShard::DemoteProbation(std::span<const int64_t> ids) {
 void SparseShard::PromoteForPull(std::span<const int64_t> ids) {
   if (disk_ == nullptr) return;
   all_pinned_ = false;
+  // Pulls alone (an evaluation, a table only read) do not tick the clock: past max_rows / 8 rows
+  // on probation, or twice this pull's ids if more (the other workers' pulls of a step), those
+  // this pull does not name are demoted.
+  const int64_t cap = std::max<int64_t>(spec_.max_rows / 8, 2 * static_cast<int64_t>(ids.size()));
+  if (static_cast<int64_t>(probation_.size()) > cap) DemoteProbation(ids, /*keep_recent=*/false);
   ShrinkToMaxRows();
   std::vector<RowIndex> made;
   struct Guard {
@@ -276,7 +284,9 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
     throw BudgetExceeded(why);
   };
   bool on_probation = false;
-  if (lifecycle_ && spec_.max_rows > 0 && static_cast<int64_t>(index_.size()) >= spec_.max_rows) {
+  // (Rows on probation are beside the tier: a new row may take a free place in it.)
+  if (lifecycle_ && spec_.max_rows > 0 &&
+      static_cast<int64_t>(index_.size()) - static_cast<int64_t>(probation_.size()) >= spec_.max_rows) {
     switch (EvictOne(pushes)) {
       case Room::kMade: break;
       case Room::kVictimHotter:
@@ -310,7 +320,7 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
     } else if (const Room room = EvictOne(disk_ != nullptr ? kAlwaysWins : pushes); room == Room::kVictimHotter) {
       return kNoRow;  // (with a disk the budget's limit takes any victim)
     } else if (room == Room::kMade) {
-      // its slot is free now
+      on_probation = false;  // its slot is free now: the row takes the victim's place
     } else if (over_budget_ok) {
       budget_->Force(RowBytes());
       charged = budget_;
@@ -413,8 +423,10 @@ SparseShard::Room SparseShard::EvictOne(int pushes) {
     // no use by this request, if any. None: every row is pinned until the call ends, so the
     // call's later rows need not look again (a call of many more rows than max_rows would
     // otherwise scan the table once for each).
-    for (RowIndex s = 0; s < slots && best == kNoRow; ++s) {
-      if (touch_[s] >= 0 && (touch_[s] & kPinned) == 0) best = s;
+    for (int pass = probation_.empty() ? 1 : 0; pass < 2 && best == kNoRow; ++pass) {  // (probation rows last)
+      for (RowIndex s = 0; s < slots && best == kNoRow; ++s) {
+        if (touch_[s] >= 0 && (touch_[s] & kPinned) == 0 && (pass == 1 || !probation_.contains(ids_[s]))) best = s;
+      }
     }
     all_pinned_ = best == kNoRow;
   }
@@ -520,7 +532,7 @@ NotFinite SparseShard::ApplyRows(std::span<const int64_t> ids, const float* grad
     ~UnpinMade() { shard->Unpin(shard->made_); }
   } unpin_made{this};
   if (disk_ != nullptr) {
-    DemoteProbation(ids);
+    DemoteProbation(ids, /*keep_recent=*/true);
     ShrinkToMaxRows();
     PromoteCold(ids, over_budget_ok, &made_);
   }

@@ -25,7 +25,7 @@ import unittest
 import urllib.request
 
 from build_paths import PS_BIN, TRAINER_BIN
-from test_sync_cluster import run_workers
+from test_sync_cluster import Servers, run_workers
 
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
 LIMIT = 72 << 20        # each server's cgroup: its whole memory, the program's own included
@@ -55,7 +55,7 @@ def why_no_cgroups():
     return None
 
 
-class LimitedServers:
+class LimitedServers(Servers):
     """ferry-ps processes on 127.0.0.1, each in a memory cgroup of its own limited to `limit`
     bytes (None: no cgroup), with Prometheus metrics; stopped and their cgroups removed on exit."""
 
@@ -92,12 +92,6 @@ class LimitedServers:
             self.stop()
             raise
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
     def scrape(self, r):
         """Server r's metrics: {name{labels}: value}."""
         with urllib.request.urlopen(self.metrics[r], timeout=30) as resp:
@@ -114,16 +108,7 @@ class LimitedServers:
             return f.read()
 
     def stop(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            p.stdout.close()
+        super().stop()  # the processes (SIGKILL after SIGTERM), then their cgroups
         for group in self.groups:
             for _ in range(50):  # the cgroup empties once its process is reaped
                 try:

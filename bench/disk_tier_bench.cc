@@ -18,10 +18,12 @@
 // figures go to stderr, and stdout gets JSON with every round and the medians. Needs fio on PATH
 // (Debian: fio). Files go into a fresh folder under --dir (default /var/tmp), removed at the end.
 //
-// --mode shard measures the tier in the shard instead (RunShard, below).
+// --mode shard measures the tier in the shard instead (RunShard, below); --mode server the tier
+// in a running server with several workers (RunServer).
 //
 //   ferry-disk-bench [--rows N] [--dim D] [--batch B] [--seconds S] [--rounds R] [--dir PATH]
-//                    [--cache-mb M] [--mode store|shard] [--ids zipf1.1|uniform] > results.json
+//                    [--cache-mb M] [--mode store|shard|server] [--ids zipf1.1|uniform]
+//                    [--workers W] > results.json
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +44,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ferry/client.h"
+#include "ferry/server.h"
 #include "ferry/table_spec.h"
 #include "internal/disk_tier.h"
 #include "internal/optimizer.h"
@@ -83,6 +87,7 @@ struct Flags {
   int64_t cache_mb = 8;
   std::string mode = "store";  // "store": the store against fio; "shard": shards with the tier
   std::string ids = "zipf1.1";  // --mode shard: the steps' ids, "zipf1.1" or "uniform" over the rows
+  int workers = 4;              // --mode server: workers taking steps at once
 };
 
 // Runs `lookup(thread, batch index)` on `threads` threads for `seconds`; returns ids per second.
@@ -478,6 +483,200 @@ int RunShard(const Flags& f) {
   return 0;
 }
 
+// --mode server: the tier in running servers (ferry-ps's library, in this process, on loopback
+// TCP), --workers workers (threads, a Client each, as separate worker processes would) taking
+// async training steps at once on one table of --rows rows of dim --dim with Adam whose RAM tier
+// holds 10% of them: a pull of --batch ids (--ids) and a push of the same ids, each waited for.
+// Two servers, each with its own store (O_DIRECT reads, --cache-mb block cache), filled alike:
+// "inline" reads the rows not in RAM on its I/O thread (disk_tier_readers 0: every version before
+// the disk readers), "readers4" has 4 disk readers (the default). The arms alternate, their order
+// rotating by round, after a warm-up in which each RAM tier turns over twice; beside them the
+// disk's own random 4 KiB reads (fio, O_DIRECT, synchronous) with 1 and 4 jobs in the same folder.
+// Counted per arm: steps' ids/s, rows read back from disk per id (the RAM tier's misses) and per
+// second, the rows the I/O thread read itself, and requests held for the disk readers.
+int RunServer(const Flags& f) {
+  const fs::path dir = fs::path(f.dir) / ("ferry-disk-server-bench-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  TableSpec spec = BenchSpec(f);
+  spec.init = InitType::kUniform;
+  spec.init_scale = 0.05f;
+  spec.consistency = Consistency::kAsync;
+  spec.max_rows = std::max<int64_t>(f.batch * 2, f.rows / 10);
+  spec.disk_tier = true;
+  struct Arm {
+    std::string name;
+    int readers = 0;
+    std::unique_ptr<Server> server;
+    std::vector<std::unique_ptr<Client>> workers;
+    size_t cursor = 0;  // batches of the stream taken (warm-up included)
+  };
+  std::vector<std::unique_ptr<Arm>> arms;
+  for (const auto& [name, readers] : std::vector<std::pair<std::string, int>>{{"inline", 0}, {"readers4", 4}}) {
+    auto a = std::make_unique<Arm>();
+    a->name = name;
+    a->readers = readers;
+    ServerOptions so;
+    so.bind = "tcp://127.0.0.1:0";
+    so.disk_tier_dir = (dir / name).string();
+    so.disk_tier_cache_bytes = f.cache_mb << 20;
+    so.disk_tier_direct_reads = true;
+    so.disk_tier_readers = readers;
+    so.num_workers = f.workers;
+    auto server = Server::Start(so);
+    if (!server.ok()) return std::fprintf(stderr, "%s\n", server.status().ToString().c_str()), 1;
+    a->server = std::move(*server);
+    for (int r = 0; r < f.workers; ++r) {
+      ClientOptions o;
+      o.servers = {a->server->endpoint()};
+      o.rank = r;
+      o.num_workers = f.workers;
+      auto c = Client::Connect(o);
+      Status s = c.ok() ? (*c)->Declare(spec) : c.status();
+      if (!s.ok()) return std::fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+      a->workers.push_back(std::move(*c));
+    }
+    arms.push_back(std::move(a));
+  }
+  // Every row pushed once (batches of 4,096), so that 90% of them are on disk.
+  const auto build0 = Clock::now();
+  {
+    const int64_t fill = 4096;
+    std::vector<float> g(static_cast<size_t>(fill * f.dim), 0.001f);
+    std::vector<int64_t> ids;
+    for (int64_t k0 = 0; k0 < f.rows; k0 += fill) {
+      ids.clear();
+      for (int64_t k = k0; k < std::min(f.rows, k0 + fill); ++k) ids.push_back(IdOf(k));
+      for (auto& a : arms) {
+        std::span<const float> grads(g.data(), ids.size() * static_cast<size_t>(f.dim));
+        if (Status s = a->workers[0]->PushSparse("emb", ids, grads, 0).wait(); !s.ok()) {
+          return std::fprintf(stderr, "filling: %s\n", s.ToString().c_str()), 1;
+        }
+      }
+    }
+  }
+  const double build_s = Since(build0);
+  std::fprintf(stderr, "built %lld rows in each server in %.1f s\n", static_cast<long long>(f.rows), build_s);
+
+  std::mt19937_64 gen(2026);
+  const Zipf zipf(f.rows, 1.1);
+  std::uniform_int_distribution<int64_t> uniform(0, f.rows - 1);
+  const size_t kBatches = 8192;
+  std::vector<int64_t> stream(kBatches * static_cast<size_t>(f.batch));
+  for (auto& id : stream) id = IdOf(f.ids == "uniform" ? uniform(gen) : zipf(gen));
+  auto batch_ids = [&](size_t i) {
+    return std::span<const int64_t>(stream.data() + (i % kBatches) * static_cast<size_t>(f.batch),
+                                    static_cast<size_t>(f.batch));
+  };
+  // Steps by every worker of `a` at once, for `seconds` (or, with `batches` > 0, that many
+  // batches in all): ids/s.
+  auto steps = [&](Arm& a, double seconds, int64_t batches) {
+    std::atomic<size_t> next{a.cursor};
+    const size_t last = batches > 0 ? a.cursor + static_cast<size_t>(batches) : SIZE_MAX;
+    std::atomic<int64_t> done{0};
+    std::atomic<bool> failed{false};
+    std::vector<std::thread> pool;
+    const auto t0 = Clock::now();
+    for (int w = 0; w < f.workers; ++w) {
+      pool.emplace_back([&, w] {
+        std::vector<float> out(static_cast<size_t>(f.batch * f.dim));
+        std::vector<float> g(static_cast<size_t>(f.batch * f.dim), 0.001f);
+        for (;;) {
+          if (batches == 0 && Since(t0) >= seconds) break;
+          const size_t i = next.fetch_add(1);
+          if (i >= last) break;
+          const auto ids = batch_ids(i);
+          Status s = a.workers[static_cast<size_t>(w)]->PullSparse("emb", ids, out, 0).wait();
+          if (s.ok()) s = a.workers[static_cast<size_t>(w)]->PushSparse("emb", ids, g, 0).wait();
+          if (!s.ok()) {
+            std::fprintf(stderr, "%s: %s\n", a.name.c_str(), s.ToString().c_str());
+            failed = true;
+            break;
+          }
+          done.fetch_add(1);
+        }
+      });
+    }
+    for (auto& t : pool) t.join();
+    a.cursor = std::min(next.load(), last);
+    if (failed) std::exit(1);
+    return static_cast<double>(done.load() * f.batch) / Since(t0);
+  };
+  double warm_s = 0;
+  for (auto& a : arms) {
+    const auto w0 = Clock::now();
+    steps(*a, 0, 2 * spec.max_rows / f.batch + 1);
+    warm_s += Since(w0);
+  }
+  std::fprintf(stderr, "warmed up in %.1f s\n", warm_s);
+  int64_t fio_bytes = std::max<int64_t>(int64_t{64} << 20, f.rows * (f.dim * 3 * 4 + 24));
+  const std::string fio_file = (dir / "fio.dat").string();
+  FioIops(fio_file, fio_bytes, 1, 1);  // lays the file out
+
+  auto counter = [](const Arm& a, const char* name) {
+    const auto c = a.server->stats().counters;
+    auto it = c.find(name);
+    return it == c.end() ? int64_t{0} : it->second;
+  };
+  Json j;
+  j["mode"] = "server";
+  j["ids"] = f.ids;
+  j["workers"] = f.workers;
+  j["machine_cores"] = std::thread::hardware_concurrency();
+  j["rows"] = f.rows;
+  j["dim"] = f.dim;
+  j["batch"] = f.batch;
+  j["seconds"] = f.seconds;
+  j["cache_mb"] = f.cache_mb;
+  j["max_rows"] = spec.max_rows;
+  j["build_seconds"] = build_s;
+  j["warm_up_seconds"] = warm_s;
+  j["fio_file_bytes"] = fio_bytes;
+  std::vector<std::string> order;
+  for (auto& a : arms) order.push_back(a->name);
+  order.push_back("fio_randread_4k/j1");
+  order.push_back("fio_randread_4k/j4");
+  std::map<std::string, std::vector<double>> rate, promoted_per_id, inline_rows, held;
+  for (int round = 0; round < f.rounds; ++round) {
+    for (size_t k = 0; k < order.size(); ++k) {
+      const std::string& name = order[(k + static_cast<size_t>(round)) % order.size()];
+      if (name.starts_with("fio")) {
+        rate[name].push_back(FioIops(fio_file, fio_bytes, name.ends_with("j1") ? 1 : 4, f.seconds));
+        std::fprintf(stderr, "round %d %-20s %10.0f IOPS\n", round, name.c_str(), rate[name].back());
+        continue;
+      }
+      Arm& a = **std::find_if(arms.begin(), arms.end(), [&](const auto& x) { return x->name == name; });
+      const int64_t p0 = counter(a, "rows_promoted"), i0 = counter(a, "disk_tier_rows_read_inline"),
+                    h0 = counter(a, "disk_tier_requests_held");
+      const auto t0 = Clock::now();
+      const double r = steps(a, f.seconds, 0);
+      const double ids_done = r * Since(t0);
+      rate[name].push_back(r);
+      promoted_per_id[name].push_back(static_cast<double>(counter(a, "rows_promoted") - p0) / ids_done);
+      inline_rows[name].push_back(static_cast<double>(counter(a, "disk_tier_rows_read_inline") - i0));
+      held[name].push_back(static_cast<double>(counter(a, "disk_tier_requests_held") - h0));
+      std::fprintf(stderr, "round %d %-20s %10.0f ids/s, %.4f rows promoted an id, %.0f rows read inline\n", round,
+                   name.c_str(), r, promoted_per_id[name].back(), inline_rows[name].back());
+    }
+  }
+  for (const auto& [name, v] : rate) {
+    j["arms"][name]["per_round"] = v;
+    j["arms"][name]["median"] = Median(v);
+    if (name.starts_with("fio")) continue;
+    j["arms"][name]["promoted_per_id"] = promoted_per_id[name];
+    j["arms"][name]["rows_read_inline"] = inline_rows[name];
+    j["arms"][name]["requests_held_for_disk"] = held[name];
+  }
+  for (auto& a : arms) {
+    for (auto& w : a->workers) w->Finish().IgnoreError();
+    a->workers.clear();
+    a->server->Stop();
+  }
+  arms.clear();
+  std::printf("%s\n", j.dump(1).c_str());
+  fs::remove_all(dir);
+  return 0;
+}
+
 }  // namespace
 }  // namespace ferry::bench
 
@@ -496,17 +695,22 @@ int main(int argc, char** argv) {
     else if (flag == "--cache-mb") f.cache_mb = std::atoll(v);
     else if (flag == "--mode") f.mode = v;
     else if (flag == "--ids") f.ids = v;
+    else if (flag == "--workers") f.workers = std::atoi(v);
     else {
       return std::fprintf(stderr,
                           "usage: ferry-disk-bench [--rows N] [--dim D] [--batch B] [--seconds S] [--rounds R] "
-                          "[--dir PATH] [--cache-mb M] [--mode store|shard] [--ids zipf1.1|uniform]\n"),
+                          "[--dir PATH] [--cache-mb M] [--mode store|shard|server] [--ids zipf1.1|uniform] "
+                          "[--workers W]\n"),
              2;
     }
   }
-  if (f.rows < 1 || f.dim < 1 || f.batch < 1 || f.seconds <= 0 || f.rounds < 1 || f.cache_mb < 0) {
+  if (f.rows < 1 || f.dim < 1 || f.batch < 1 || f.seconds <= 0 || f.rounds < 1 || f.cache_mb < 0 || f.workers < 1) {
     return std::fprintf(stderr, "every flag must be positive\n"), 2;
   }
-  if (f.mode != "store" && f.mode != "shard") return std::fprintf(stderr, "--mode is store or shard\n"), 2;
+  if (f.mode != "store" && f.mode != "shard" && f.mode != "server") {
+    return std::fprintf(stderr, "--mode is store, shard or server\n"), 2;
+  }
   if (f.ids != "zipf1.1" && f.ids != "uniform") return std::fprintf(stderr, "--ids is zipf1.1 or uniform\n"), 2;
+  if (f.mode == "server") return ferry::bench::RunServer(f);
   return f.mode == "shard" ? ferry::bench::RunShard(f) : ferry::bench::Run(f);
 }

@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/cluster.h"
@@ -92,6 +94,74 @@ TEST(DiskTierServer, ADamagedStoreFileFailsThePullsThatNeedItNamingTableAndFileA
   ASSERT_TRUE(w->PullSparse("emb", hot, hot_rows, 0).wait().ok());
   for (float v : hot_rows) EXPECT_EQ(-1.0f, v);
   EXPECT_GE(c.servers[0]->stats().counters.at("disk_tier_errors"), 2);
+}
+
+// The I/O thread never waits for the disk: on a disk whose every read takes 3 s, a pull of rows on
+// disk waits for them while the server answers another worker's pulls (a plain table's, and rows
+// of the same table in RAM) at once; and a connection's requests keep their order: a pull sent
+// after a push that waits for the disk sees that push. No row is looked up on the I/O thread.
+TEST(DiskTierServer, ARequestWaitingForTheDiskHoldsUpNeitherOtherWorkersNorItsOwnConnectionsOrder) {
+  TempDir dir("disk-tier-server");
+  ServerOptions so;
+  so.disk_tier_dir = (dir.path() / "tier").string();
+  so.disk_tier_read_delay = std::chrono::milliseconds(3000);  // (new ids: the cache's filters say absent)
+  so.checkpoint_dir = (dir.path() / "ckpt").string();
+  auto c = LocalCluster::Start(1, /*tcp=*/false, so);
+  ASSERT_EQ(1u, c.servers.size());
+  auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+  ASSERT_TRUE(w0->Declare(Emb()).ok());
+  ASSERT_TRUE(w1->Declare(Emb()).ok());
+  TableSpec plain = SgdSparseTable("plain", kDim, Consistency::kAsync);
+  ASSERT_TRUE(w0->Declare(plain).ok());
+  ASSERT_TRUE(w1->Declare(plain).ok());
+  TableSpec emb2 = Emb();
+  emb2.name = "emb2";
+  ASSERT_TRUE(w0->Declare(emb2).ok());
+  ASSERT_TRUE(w1->Declare(emb2).ok());
+  PushOnce(*w0, 0, 200);  // 10-198 on disk, as above
+  for (int64_t id = 0; id < 200; ++id) {
+    std::vector<float> grad(kDim, 1.0f);
+    ASSERT_TRUE(w0->PushSparse("emb2", {&id, 1}, grad, 0).wait().ok()) << id;
+  }
+  ASSERT_TRUE(w0->Checkpoint(1).ok());  // (in table files, not in the cache: read from disk from now on)
+  auto stat = [&](const char* name) { return c.servers[0]->stats().counters.at(name); };
+  const int64_t held_before = stat("disk_tier_requests_held");
+  auto wait_held = [&](int64_t n) {  // until the server holds `n` more requests for the disk (10 s at most)
+    for (int k = 0; k < 1000 && stat("disk_tier_requests_held") < held_before + n; ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return stat("disk_tier_requests_held") >= held_before + n;
+  };
+
+  std::vector<int64_t> cold = {10, 11, 12, 13};
+  std::vector<float> rows(cold.size() * kDim, 7.0f);
+  Handle slow = w0->PullSparse("emb", cold, rows, 0);
+  ASSERT_TRUE(wait_held(1)) << "the pull of rows on disk was not held for the disk readers";
+  std::vector<int64_t> hot = {0, 1, 2, 3};
+  std::vector<float> hot_rows(hot.size() * kDim), plain_rows(hot.size() * kDim);
+  ASSERT_TRUE(w1->PullSparse("plain", hot, plain_rows, 0).wait().ok());
+  ASSERT_TRUE(w1->PullSparse("emb", hot, hot_rows, 0).wait().ok());
+  EXPECT_EQ(1, stat("disk_tier_requests_waiting")) << "the other worker's pulls waited for the disk";
+  for (float v : hot_rows) EXPECT_EQ(-1.0f, v);
+  ASSERT_TRUE(slow.wait().ok());
+  for (float v : rows) EXPECT_EQ(-1.0f, v);
+
+  // One connection: a push naming a row on disk (20) and one in RAM (0), then at once a pull of
+  // the row in RAM: the pull is answered after the push, with its update (-1 - 1). (emb2: its
+  // files' blocks are not in the cache, as emb's read above may be.)
+  std::vector<int64_t> both = {20, 0};
+  std::vector<float> grad(both.size() * kDim, 1.0f);
+  Handle push = w0->PushSparse("emb2", both, grad, 0);
+  std::vector<int64_t> zero = {0};
+  std::vector<float> zero_row(kDim);
+  Handle pull = w0->PullSparse("emb2", zero, zero_row, 0);
+  ASSERT_TRUE(push.wait().ok());
+  ASSERT_TRUE(pull.wait().ok());
+  for (float v : zero_row) EXPECT_EQ(-2.0f, v) << "the pull overtook the push before it";
+  EXPECT_GE(stat("disk_tier_requests_held"), held_before + 3);  // the push, and the pull behind it
+  EXPECT_EQ(0, stat("disk_tier_rows_read_inline"));
+  EXPECT_GE(stat("disk_tier_rows_read_ahead"), 5);
+  EXPECT_EQ(0, stat("disk_tier_requests_waiting"));
 }
 
 TEST(DiskTierServer, ARestoreUsesTheOlderCheckpointWhenTheNewerCopyOfTheStoreIsDamaged) {

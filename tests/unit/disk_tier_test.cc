@@ -472,6 +472,55 @@ TEST(DiskTier, ACheckpointHoldsTheRowsByHardLinks) {
   for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
 }
 
+// A look without I/O (what the server's I/O thread does before handing a read to the disk
+// readers) finds the rows in RocksDB's write buffers and block cache, never calls a row that is on
+// disk absent, and leaves to Read what needs the disk.
+TEST(DiskTier, ReadCachedNeverCallsARowOnDiskAbsentAndLeavesTheDiskToRead) {
+  test::TempDir dir("disk-tier");
+  auto tier = OpenTier(dir.path() / "store", /*cache=*/64 << 10);  // 64 KiB, about 1 MiB of rows
+  ASSERT_TRUE(tier);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 20000; ++i) ids.push_back(i * 3);
+  ASSERT_TRUE(WriteIds(*tier, ids).ok());
+  std::vector<int64_t> ask = {0, 3, 1, 5997, -5};  // 1 and -5 were never written
+  auto look = [&](std::vector<DiskTier::Lookup>* state) {
+    std::vector<float> rows(ask.size() * kFloats);
+    std::vector<int64_t> steps(ask.size());
+    Status s = tier->ReadCached(kTable, ask, rows.data(), steps.data(), state);
+    ASSERT_TRUE(s.ok()) << s;
+    for (size_t i = 0; i < ask.size(); ++i) {
+      if ((*state)[i] != DiskTier::Lookup::kFound) continue;
+      const auto want = RowOf(ask[i]);
+      EXPECT_EQ(0, std::memcmp(want.data(), &rows[i * kFloats], kFloats * sizeof(float))) << ask[i];
+      EXPECT_EQ(StepsOf(ask[i]), steps[i]) << ask[i];
+    }
+  };
+  using L = DiskTier::Lookup;
+  std::vector<L> state;
+  look(&state);  // in the write buffer: all answered
+  EXPECT_EQ((std::vector<L>{L::kFound, L::kFound, L::kAbsent, L::kFound, L::kAbsent}), state);
+  ASSERT_TRUE(tier->Compact().ok());  // in a table file now
+  Status s;
+  std::vector<int64_t> others(ids.begin() + 10000, ids.end());
+  EXPECT_EQ(10000, ReadAndCheck(*tier, others, &s));  // the cache then holds other blocks than ask's
+  ASSERT_TRUE(s.ok()) << s;
+  look(&state);
+  for (size_t i : {0u, 1u, 3u}) EXPECT_EQ(L::kNeedsDisk, state[i]) << "id " << ask[i];
+  for (size_t i : {2u, 4u}) EXPECT_NE(L::kFound, state[i]) << "id " << ask[i];
+  EXPECT_EQ(3, ReadAndCheck(*tier, ask, &s));  // what Read then finds, its blocks now in the cache
+  ASSERT_TRUE(s.ok()) << s;
+  look(&state);
+  EXPECT_EQ((std::vector<L>{L::kFound, L::kFound, L::kAbsent, L::kFound, L::kAbsent}), state);
+  // Without a block cache nothing is known without I/O.
+  auto bare = OpenTier(dir.path() / "bare", /*cache=*/0);
+  ASSERT_TRUE(bare);
+  ASSERT_TRUE(WriteIds(*bare, ids).ok());
+  std::vector<float> rows(ask.size() * kFloats);
+  std::vector<int64_t> steps(ask.size());
+  ASSERT_TRUE(bare->ReadCached(kTable, ask, rows.data(), steps.data(), &state).ok());
+  EXPECT_EQ(std::vector<L>(ask.size(), L::kNeedsDisk), state);
+}
+
 TEST(DiskTier, KeysSortAsIds) {
   const int64_t ids[] = {INT64_MIN, -5, -1, 0, 1, 2, 255, 256, INT64_MAX};
   for (size_t i = 0; i + 1 < std::size(ids); ++i) {
@@ -644,6 +693,72 @@ TEST(DiskTierShard, PullsAloneKeepTheRowsOnProbationWithinMaxRows) {
     ASSERT_LE(shard.size(), 16u + 2u * 8u + 8u) << "after pulling " << from;
   }
   EXPECT_GT(shard.lifecycle().promoted, 300);
+}
+
+// Rows read ahead on another thread (the server's disk readers) give the bits of a shard with
+// every row in RAM, although other calls promote, update and demote the same rows while the reads
+// run: what such a write changed under a read is not kept, and a write after the read drops it.
+TEST(DiskTierShard, RowsReadAheadGiveTheBitsOfEverythingInRamThoughWritesRaceTheReads) {
+  test::TempDir dir("disk-tier");
+  std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store", /*cache=*/0);  // every id to the reader
+  ASSERT_TRUE(disk);
+  const TableSpec tiered_spec = ShardSpec(/*max_rows=*/20), ram_spec = ShardSpec(0);
+  SparseShard tiered(tiered_spec, kShardTable, 1), ram(ram_spec, kShardTable, 1);
+  ASSERT_TRUE(tiered.AttachDisk(disk.get()).ok());
+  std::mt19937_64 g(41);
+  std::uniform_int_distribution<int64_t> any(0, 199);
+  std::uniform_real_distribution<float> grad(-1.0f, 1.0f);
+  std::vector<RowIndex> scratch;
+  auto push = [&](const std::vector<int64_t>& ids) {
+    std::vector<float> grads(ids.size() * kDim);
+    for (float& x : grads) x = grad(g);
+    tiered.ApplyRows(ids, grads.data(), &scratch);
+    ram.ApplyRows(ids, grads.data(), &scratch);
+  };
+  auto some = [&](int n) {
+    std::vector<int64_t> ids;
+    for (int k = 0; k < n; ++k) ids.push_back(any(g));
+    return ids;
+  };
+  for (int k = 0; k < 30; ++k) push(some(12));  // most of [0, 200) on disk
+  const int64_t inline_before = tiered.read_inline();
+  int64_t read_ahead = 0;
+  for (int step = 0; step < 200; ++step) {
+    const std::vector<int64_t> ids = some(10);
+    // What the I/O thread does: look without I/O, hand the rest to a reader.
+    std::vector<int64_t> need;
+    ASSERT_TRUE(tiered.ColdForReadAhead(ids, &need).ok());
+    const uint64_t mark = tiered.BeginReadAhead();
+    std::vector<float> rows(need.size() * static_cast<size_t>(tiered.row_floats()));
+    std::vector<int64_t> steps(need.size());
+    std::vector<bool> found;
+    ASSERT_TRUE(disk->Read(kShardTable, need, rows.data(), steps.data(), &found).ok());
+    // Before the read is back, other requests' pushes (half of them naming its ids) promote,
+    // update and demote rows it read.
+    for (int k = 0; k < 2; ++k) {
+      std::vector<int64_t> other = some(6);
+      if (k == 0) other.insert(other.end(), ids.begin(), ids.begin() + 3);
+      push(other);
+    }
+    tiered.EndReadAhead(mark, need, rows.data(), steps.data(), found, /*ok=*/true);
+    read_ahead += static_cast<int64_t>(need.size());
+    if (step % 2 == 0) {
+      push(ids);
+    } else {
+      const auto a = PullRows(tiered, ids), b = PullRows(ram, ids);
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "step " << step;
+    }
+  }
+  auto got = AllRows(tiered, disk.get()), want = AllRows(ram, nullptr);
+  for (const auto& [id, row] : got) {
+    ASSERT_TRUE(want.count(id)) << id;
+    EXPECT_EQ(want[id].first, row.first) << "id " << id;
+    EXPECT_EQ(0, std::memcmp(want[id].second.data(), row.second.data(), row.second.size() * sizeof(float)))
+        << "id " << id;
+  }
+  EXPECT_GT(read_ahead, 200);
+  // The read-ahead served calls (the racing pushes read on their own, as nothing read ahead for them).
+  EXPECT_GT(tiered.lifecycle().promoted - (tiered.read_inline() - inline_before), 100);
 }
 
 TEST(DiskTierShard, NeedsLifecycleSettingsAndNoFeed) {

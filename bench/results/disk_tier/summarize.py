@@ -59,10 +59,44 @@ def shard_mode(d):
             print(f"{name:<20} rows read back {med[name] * miss:>10,.0f} /s: {med[name] * miss / iops:.3f} of the disk's reads")
 
 
+def server_mode(d):
+    """--mode server: workers' training steps on servers with the tier, the I/O thread reading
+    cold rows itself ("inline") against disk readers ("readersN")."""
+    arms = dict(d["arms"])
+    fio = {name: median(arms.pop(name)["per_round"]) for name in list(arms) if name.startswith("fio")}
+    med = {name: a["median"] for name, a in arms.items()}
+    ids = d.get("ids", "zipf1.1")
+    named = "Zipf 1.1" if ids == "zipf1.1" else "uniform"
+    rounds = len(next(iter(arms.values()))["per_round"])
+    print(f"{d['workers']} workers, rows {d['rows']:,} of dim {d['dim']} (Adam), RAM tier {d['max_rows']:,} rows, "
+          f"steps of {d['batch']} {named} ids (a pull and a push), block cache {d['cache_mb']} MiB, "
+          f"{rounds} rounds of {d['seconds']} s")
+    print()
+    print(f"{'arm':<10} {'ids/s':>10} {'min':>10} {'max':>10} {'vs inline':>9} {'miss/id':>8} {'rows read/s':>11}"
+          f" {'fio':>6} {'vs fio':>7} {'inline rows':>11} {'held':>8}")
+    for name in sorted(med, key=lambda n: -med[n]):
+        per = arms[name]["per_round"]
+        miss = median(arms[name]["promoted_per_id"])
+        jobs = 1 if name == "inline" else int(name.replace("readers", ""))
+        limit = fio.get(f"fio_randread_4k/j{jobs}")
+        read_rate = med[name] * miss
+        vs_fio = f"{read_rate / limit:.3f}" if limit else ""
+        print(f"{name:<10} {med[name]:>10,.0f} {min(per):>10,.0f} {max(per):>10,.0f} {med[name] / med['inline']:>9.3f}"
+              f" {miss:>8.4f} {read_rate:>11,.0f} {'j' + str(jobs):>6} {vs_fio:>7}"
+              f" {median(arms[name]['rows_read_inline']):>11,.0f} {median(arms[name]['requests_held_for_disk']):>8,.0f}")
+    print()
+    print("per round, readers / inline: " + ", ".join(
+        f"{r / i:.3f}" for r, i in zip(arms["readers4"]["per_round"], arms["inline"]["per_round"])))
+    print("the disk, fio random 4 KiB reads (O_DIRECT, synchronous, the same rounds): " +
+          ", ".join(f"{name.split('/')[1]} {v:,.0f} IOPS" for name, v in sorted(fio.items())))
+
+
 def main(path):
     d = json.load(open(path))
     if d.get("mode") == "shard":
         return shard_mode(d)
+    if d.get("mode") == "server":
+        return server_mode(d)
     arms = d["arms"]
     med = {name: a["median"] for name, a in arms.items()}
     print(f"rows {d['rows']:,} of {d['row_bytes']} bytes (dim {d['dim']}, Adam), batches of {d['batch']} ids, "

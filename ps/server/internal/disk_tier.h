@@ -20,6 +20,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -63,14 +64,16 @@ class DiskTier {
     // than two. Off: on the VM of bench/results/disk_tier it gained nothing beyond noise and its
     // files are 4% larger.
     bool align_blocks = false;
+    // For tests: each Read waits this long first (a slow disk). ReadCached does not.
+    std::chrono::milliseconds read_delay{0};
   };
 
   // What the store did, summed over its tables.
   struct Stats {
     static constexpr int kLatencyBuckets = 24;       // bucket b: reads of [2^(b-1), 2^b) us; 0: under 1 us
     int64_t reads = 0;                               // Read calls
-    int64_t rows_asked = 0;                          // ids they looked up
-    int64_t rows_found = 0;                          // of which were on disk
+    int64_t rows_asked = 0;                          // ids they (and ReadCached) looked up
+    int64_t rows_found = 0;                          // of which were in the store
     int64_t rows_written = 0;                        // rows Write stored
     int64_t rows_erased = 0;                         // ids Erase removed
     std::array<int64_t, kLatencyBuckets> read_us{};  // each Read call's time
@@ -104,6 +107,15 @@ class DiskTier {
   // Looks up `ids` (one batched lookup): for each found[i] is set, and when true, steps[i] and the
   // row at rows[i * row_floats] are filled. A row of the wrong size is DATA_LOSS.
   Status Read(uint64_t table_id, std::span<const int64_t> ids, float* rows, int64_t* steps, std::vector<bool>* found);
+  // Read without I/O (RocksDB's block cache tier): the rows in its write buffers or block cache
+  // are read, and the ids it can tell are not on disk (its bloom filters in the cache) are
+  // absent; what needs a read of the disk is left to Read. For each id, state[i] says which;
+  // a found row fills steps[i] and rows[i * row_floats]. The ids it answers count in stats()'s
+  // rows_asked and rows_found, not in its reads or their latency. A store without
+  // a block cache knows nothing without I/O (RocksDB would read its files): every id needs the disk.
+  enum class Lookup : uint8_t { kAbsent, kFound, kNeedsDisk };
+  Status ReadCached(uint64_t table_id, std::span<const int64_t> ids, float* rows, int64_t* steps,
+                    std::vector<Lookup>* state);
   // Removes `ids` (present or not): their rows went back to RAM.
   Status Erase(uint64_t table_id, std::span<const int64_t> ids);
   // Calls fn(id, steps, row) for each row of the table, ids ascending; stops at fn's first error.
@@ -143,6 +155,9 @@ class DiskTier {
   Table* Find(uint64_t table_id, Status* s);
   // RocksDB's status as ours: "disk tier <path>, table '<name>': <what> failed: <RocksDB's text>".
   Status Wrap(const void* rocksdb_status, const Table* t, const std::string& what) const;
+  // Read and ReadCached: one MultiGet with `cached_only`; state as ReadCached's.
+  Status MultiGet(uint64_t table_id, std::span<const int64_t> ids, bool cached_only, float* rows, int64_t* steps,
+                  std::vector<Lookup>* state, int64_t* found);
   // One row's decoding, with its size checked: DATA_LOSS naming the id.
   Status Decode(const Table& t, int64_t id, const char* data, size_t size, int64_t* steps, float* row) const;
   // RocksDB's integer property `name` of the table's column family; 0 when unknown.

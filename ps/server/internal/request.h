@@ -43,6 +43,7 @@ struct Request {
   bool held = false;
   Clock::time_point released;
   int64_t pull_step = 0;  // the step/clock the (held) pull is for
+  bool read_ahead = false;  // its rows on disk were read ahead (it waited for them; disk_reads.cc)
   wire::ReplyInfo info;   // PushPullDense: what its push did, reported with the pull's reply
   PeerLoad::Token held_by_peer;  // while held: counts against its connection's share
   BudgetCharge held_bytes;       // while held: its payload, charged to the held payloads' bound

@@ -22,6 +22,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -40,6 +41,7 @@
 #include "internal/checkpoint.h"
 #include "internal/collectives.h"
 #include "internal/connections.h"
+#include "internal/disk_readers.h"
 #include "internal/held.h"
 #include "internal/pieces.h"
 #include "internal/request.h"
@@ -86,6 +88,9 @@ enum Counter : int {
   kFeedPages,
   kFeedRowsSent,
   kDiskTierErrors,
+  kDiskTierRequestsHeld,
+  kDiskTierRowsReadAhead,
+  kDiskTierIoThreadWaits,
   kNumCounters
 };
 inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
@@ -94,7 +99,8 @@ inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "nonfinite_pushes_refused", "nonfinite_rows_skipped", "curve_refused", "permission_denied", "held_refused",
     "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped",
     "wire_values_saturated", "pieces_held", "piece_calls_refused", "nonfinite_updates_refused",
-    "replayed_updates_skipped", "feed_pages", "feed_rows_sent", "disk_tier_errors"};
+    "replayed_updates_skipped", "feed_pages", "feed_rows_sent", "disk_tier_errors",
+    "disk_tier_requests_held", "disk_tier_rows_read_ahead", "disk_tier_io_thread_waits"};
 inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the server's and each table's
 // Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
 // bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
@@ -356,6 +362,29 @@ class ServerImpl final : public Server {
   // Serves a sparse pull once every table it reads is ready; false while one is not.
   bool TryServeSparse(Request& req);
 
+  // ---- waiting for the disk tier's rows (disk_reads.cc) --------------------------------------
+  //
+  // The I/O thread never waits for the disk (README, "Embedding tables larger than memory"): a
+  // sparse pull or push whose rows are on disk is held while the disk readers read them
+  // (SparseShard's read-ahead), and the server serves the other requests meanwhile. Requests of one
+  // connection stay in order: a request from a connection with one held waits behind it (a pull
+  // after a push sees the push). At most kMaxDiskWaits requests and kMaxDiskWaitBytes of their
+  // payloads wait; beyond, the I/O thread waits for a read to end (counted:
+  // disk_tier_io_thread_waits). A request read ahead for is dispatched again, as it came.
+
+  static constexpr size_t kMaxDiskWaits = 1024;
+  static constexpr int64_t kMaxDiskWaitBytes = int64_t{256} << 20;
+  // Whether `req` waits (taken: moved from): its rows on disk being read, or behind its
+  // connection's requests that wait. Called by Dispatch once the request may be served.
+  bool WaitForDisk(Request& req);
+  // On the I/O thread, after a wake-up: keeps the rows read, and dispatches the requests whose
+  // reads are done, in order of arrival per connection.
+  void FinishDiskReads();
+  // A request that waited too long for the disk (10 s) is said, at most once in 10 s.
+  void CheckDiskWaits(Clock::time_point now);
+  // Dispatch, answering its failure (HandleMessage's end; a request that waited, again).
+  void DispatchAndAnswer(Request& req);
+
   // ---- clocks, finishing, collectives (handlers/collectives.cc) ------------------------------
 
   Status OnClock(Request& req);
@@ -430,6 +459,19 @@ class ServerImpl final : public Server {
   absl::flat_hash_map<uint64_t, Building> builds_;
   std::atomic<int64_t> tables_being_created_{0};
   ps::TableBuilder builder_{&tables_, [this] { waker_.Notify(); }};
+  // The disk tier's readers (with disk_tier_ only), and the requests waiting for them, in order of
+  // arrival; after tables_ (their jobs point at its shards): stopped first.
+  std::unique_ptr<ps::DiskReaders> readers_;
+  struct DiskWait {
+    Request req;
+    int pending = 0;  // its reads not done
+    int64_t bytes = 0;
+  };
+  std::deque<std::unique_ptr<DiskWait>> disk_waits_;
+  absl::flat_hash_map<std::string, int> disk_waits_by_peer_;
+  int64_t disk_wait_bytes_ = 0;
+  Clock::time_point disk_wait_said_{};
+  std::atomic<int64_t> disk_waiting_{0};  // disk_waits_.size(), for stats() from any thread
   Clock::time_point last_connection_check_{};
   std::atomic<int64_t> connections_open_{0};  // connections_.open(), for stats() from any thread
 

@@ -195,6 +195,28 @@ class SparseShard {
   // DiskTierError when the disk fails, BudgetExceeded when the memory budget has no room. Nothing
   // is promoted without a disk.
   void PromoteForPull(std::span<const int64_t> ids);
+  // Reading ahead (with a disk; the server's disk readers, so that its I/O thread never waits for
+  // the disk): the rows a call will need from disk are read on other threads before the call, and
+  // kept here ("read ahead") until PromoteCold uses them. A kept row is always the store's current
+  // row: every write or erase of an id drops what was read ahead of it, and a read that raced
+  // with a write of an id keeps nothing of it (EndReadAhead). At most max(max_rows, 1024) rows of
+  // the table are kept (beside the memory budget); one more lets them all go (those of requests
+  // refused, or late: never used). A row PromoteCold needs and finds no read of, it reads on its
+  // own thread (counted: read_inline).
+  //
+  // The distinct ids of `ids` a call would read from disk (neither in RAM nor read ahead), after
+  // a look without I/O (DiskTier::ReadCached): what that finds, or knows to be absent, is kept as
+  // read ahead; the rest, which need a read of the disk, go to `need`. A failed look keeps
+  // nothing and returns its error (the call then meets it).
+  Status ColdForReadAhead(std::span<const int64_t> ids, std::vector<int64_t>* need);
+  // A read of the disk on another thread begins (returned: its mark, for EndReadAhead) or ends:
+  // its rows (`found`, `steps`, `rows` as DiskTier::Read's; `ok` false: a failed read, nothing
+  // kept) are kept, except ids in RAM now and ids written or erased since it began.
+  uint64_t BeginReadAhead();
+  void EndReadAhead(uint64_t mark, std::span<const int64_t> ids, const float* rows, const int64_t* steps,
+                    const std::vector<bool>& found, bool ok);
+  int64_t read_ahead_rows() const { return static_cast<int64_t>(ahead_.size()); }
+  int64_t read_inline() const { return read_inline_; }
   // The row that serves a pull of `id`: with lifecycle settings, its row (stamped with the clock)
   // or kNoRow when it has none (serve InitialRow); without, FindOrCreate(id).
   RowIndex FindForPull(int64_t id);
@@ -418,6 +440,23 @@ class SparseShard {
   // pushes of them than of the victim they would have replaced (DemoteProbation). Never a victim;
   // Evict takes an id out.
   absl::flat_hash_set<int64_t> probation_;
+  // Reading ahead: rows read for calls to come, by id (row null: not on disk). Every write and
+  // erase of the store drops its id's; while reads are in flight (reads_in_flight_), it is also
+  // logged (mark, id) so that EndReadAhead leaves out what changed under a read.
+  struct ReadAhead {
+    int64_t steps = 0;
+    std::unique_ptr<float[]> row;
+  };
+  absl::flat_hash_map<int64_t, ReadAhead> ahead_;
+  int64_t reads_in_flight_ = 0;
+  uint64_t write_mark_ = 0;  // writes and erases of the store
+  std::vector<std::pair<uint64_t, int64_t>> written_;
+  int64_t read_inline_ = 0;  // rows PromoteCold looked up on disk itself (none read ahead)
+  // A write or erase of `id`'s row in the store: drops what was read ahead of it (see ahead_).
+  void Wrote(int64_t id);
+  size_t MaxReadAhead() const { return static_cast<size_t>(std::max<int64_t>(spec_.max_rows, 1024)); }
+  // Keeps the row of `id` as read ahead (row null: absent).
+  void KeepReadAhead(int64_t id, int64_t steps, const float* row);
   absl::flat_hash_set<int64_t> call_ids_;  // DemoteProbation's scratch
   std::vector<int64_t> leaving_;           // DemoteProbation's scratch
 };

@@ -29,7 +29,7 @@ void Usage(std::FILE* out) {
       "                [--checkpoint-delta-share F] [--restore]] [--curve-keys DIR]\n"
       "                [--max-held-per-peer N] [--memory-budget-mb M] [--max-connections N]\n"
       "                [--idle-timeout-s S] [--metrics [HOST:]PORT] [--disk-tier-dir DIR\n"
-      "                [--disk-tier-cache-mb M]]\n"
+      "                [--disk-tier-cache-mb M] [--disk-tier-readers N]]\n"
       "  --bind             tcp://HOST:PORT (PORT 0..65535; 0 or * picks a free one), ipc://PATH\n"
       "                     (default tcp://127.0.0.1:7000); HOST: an IP address, an interface (eth0),\n"
       "                     * or 0.0.0.0 for all, localhost for 127.0.0.1 (not another host name)\n"
@@ -64,6 +64,8 @@ void Usage(std::FILE* out) {
       "                     there instead of being evicted (made if missing; emptied at start if an\n"
       "                     earlier ferry-ps left it; a folder holding other files is refused)\n"
       "  --disk-tier-cache-mb  the disk tier's block cache (default 64)\n"
+      "  --disk-tier-readers  threads reading the disk tier's rows for requests while the server\n"
+      "                     serves others (default 4; 0: the I/O thread reads, serving nothing meanwhile)\n"
       "  --max-held-per-peer  requests one connection may have waiting (held pulls, barriers) at\n"
       "                     once; more are refused (default 4096)\n"
       "  --max-connections  connections open at once; one beyond closes the oldest that has sent\n"
@@ -120,7 +122,8 @@ int main(int argc, char** argv) {
                                                 "--checkpoint-deltas", "--checkpoint-delta-share",
                                                 "--curve-keys", "--max-held-per-peer", "--memory-budget-mb",
                                                 "--max-connections", "--idle-timeout-s", "--metrics",
-                                                "--disk-tier-dir", "--disk-tier-cache-mb"};
+                                                "--disk-tier-dir", "--disk-tier-cache-mb",
+                                                "--disk-tier-readers"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
       constexpr std::string_view kOtherFlags[] = {"--help", "--restore"};
       std::vector<std::string_view> known(std::begin(kValueFlags), std::end(kValueFlags));
@@ -197,6 +200,9 @@ int main(int argc, char** argv) {
     } else if (flag == "--disk-tier-cache-mb") {
       if (!ParseInt(flag, value, 0, int64_t{1} << 30, &v)) return 2;
       options.disk_tier_cache_bytes = v << 20;
+    } else if (flag == "--disk-tier-readers") {
+      if (!ParseInt(flag, value, 0, 64, &v)) return 2;
+      options.disk_tier_readers = static_cast<int>(v);
     } else if (flag == "--max-held-per-peer") {
       if (!ParseInt(flag, value, 1, 1 << 20, &v)) return 2;
       options.max_held_per_peer = static_cast<size_t>(v);

@@ -88,6 +88,9 @@ ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, 
   }
   for (auto& c : counters_) c.store(0);
   for (auto& b : staleness_) b.store(0);
+  if (disk_tier_ && options_.disk_tier_readers > 0) {
+    readers_ = std::make_unique<ps::DiskReaders>(options_.disk_tier_readers, [this] { waker_.Notify(); });
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -125,6 +128,7 @@ void ServerImpl::Loop() {
   h.on_wake = [this] {
     FinishFileJob();
     FinishBuilds();
+    FinishDiskReads();
     AnswerMetrics();
   };
   h.next_deadline = [this] {
@@ -139,6 +143,7 @@ void ServerImpl::Loop() {
       CheckLiveness();
       CheckConnections();
       CheckHeap(Clock::now());
+      CheckDiskWaits(Clock::now());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ferry-ps %d: %s while expiring held requests; continuing\n", options_.rank, e.what());
     }
@@ -209,6 +214,11 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
     return t ? wire::TableCoding{t->spec.wire, t->spec.topk_ratio} : wire::TableCoding{};
   });
   if (!s.ok()) return bad(s.WithContext(std::string(wire::KindName(req.h()->kind()))));
+  DispatchAndAnswer(req);
+}
+
+void ServerImpl::DispatchAndAnswer(Request& req) {
+  Status s;
   try {
     s = Dispatch(req);
   } catch (const ps::BudgetExceeded& e) {
@@ -269,6 +279,7 @@ Status ServerImpl::Dispatch(Request& req) {
   if (handle == nullptr) {
     return InvalidArgumentError("a server does not accept " + std::string(wire::KindName(h.kind())) + " messages");
   }
+  if (readers_ != nullptr && !req.read_ahead && WaitForDisk(req)) return Status::Ok();  // (taken: it waits)
   const int rank = h.rank();
   const int64_t step = h.step();
   const Kind kind = h.kind();  // (req may be moved from: a held request)
@@ -399,6 +410,12 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     ps::DiskTier::Options o;
     o.path = options.disk_tier_dir;
     o.block_cache_bytes = options.disk_tier_cache_bytes;
+    o.read_delay = options.disk_tier_read_delay;
+    o.direct_reads = options.disk_tier_direct_reads;
+    if (options.disk_tier_readers < 0 || options.disk_tier_readers > 64) {
+      return InvalidArgumentError("disk_tier_readers must be in [0, 64], not " +
+                                  std::to_string(options.disk_tier_readers));
+    }
     FERRY_RETURN_IF_ERROR(ps::DiskTier::Open(o, &disk_tier)
                               .WithContext("ferry-ps rank " + std::to_string(options.rank) + ": --disk-tier-dir"));
     tables.SetDiskTier(disk_tier.get());

@@ -118,6 +118,16 @@ constexpr Series kSeries[] = {
      "Rows written to the disk tier's store (demoted from RAM)"},
     {"disk_tier_rows_erased", "ferry_disk_tier_rows_erased_total", true,
      "Stale rows erased from the disk tier's store (their id aged out of RAM)"},
+    {"disk_tier_requests_held", "ferry_disk_tier_requests_held_total", true,
+     "Requests held while the disk tier's readers read their rows (or behind such a request of their connection)"},
+    {"disk_tier_rows_read_ahead", "ferry_disk_tier_rows_read_ahead_total", true,
+     "Ids the disk tier's readers looked up on disk for held requests"},
+    {"disk_tier_rows_read_inline", "ferry_disk_tier_rows_read_inline_total", true,
+     "Ids the I/O thread looked up on disk itself, serving nothing meanwhile (none read ahead for them)"},
+    {"disk_tier_io_thread_waits", "ferry_disk_tier_io_thread_waits_total", true,
+     "Times the I/O thread waited for a disk read: the requests held for the disk were at their bound"},
+    {"disk_tier_requests_waiting", "ferry_disk_tier_requests_waiting", false,
+     "Requests held now while the disk tier's readers read their rows"},
 };
 
 // Per worker: "<prefix><rank>" counters (only where non-zero) as one series labelled worker.

@@ -223,8 +223,41 @@ void SparseShard::PromoteCold(std::span<const int64_t> ids, bool over_budget_ok,
   const size_t n = cold_ids_.size(), floats = static_cast<size_t>(row_floats_);
   cold_rows_.resize(n * floats);
   cold_steps_.resize(n);
-  if (Status s = disk_->Read(table_id_, cold_ids_, cold_rows_.data(), cold_steps_.data(), &cold_found_); !s.ok()) {
-    throw DiskTierError(s);
+  cold_found_.assign(n, false);
+  // What was read ahead first (used up here); the rest from the disk, on this thread.
+  std::vector<size_t> unread;
+  for (size_t i = 0; i < n; ++i) {
+    auto it = ahead_.empty() ? ahead_.end() : ahead_.find(cold_ids_[i]);
+    if (it == ahead_.end()) {
+      unread.push_back(i);
+      continue;
+    }
+    if (it->second.row != nullptr) {
+      cold_found_[i] = true;
+      cold_steps_[i] = it->second.steps;
+      std::memcpy(&cold_rows_[i * floats], it->second.row.get(), floats * sizeof(float));
+    }
+    ahead_.erase(it);
+  }
+  if (!unread.empty()) {
+    std::vector<int64_t> ids_left(unread.size()), steps_left(unread.size());
+    std::vector<float> rows_left(unread.size() * floats);
+    std::vector<bool> found_left;
+    for (size_t k = 0; k < unread.size(); ++k) ids_left[k] = cold_ids_[unread[k]];
+    if (Status s = disk_->Read(table_id_, ids_left, rows_left.data(), steps_left.data(), &found_left); !s.ok()) {
+      throw DiskTierError(s);
+    }
+    read_inline_ += static_cast<int64_t>(unread.size());
+    if (totals_ != nullptr) {
+      totals_->read_inline.fetch_add(static_cast<int64_t>(unread.size()), std::memory_order_relaxed);
+    }
+    for (size_t k = 0; k < unread.size(); ++k) {
+      if (!found_left[k]) continue;
+      const size_t i = unread[k];
+      cold_found_[i] = true;
+      cold_steps_[i] = steps_left[k];
+      std::memcpy(&cold_rows_[i * floats], &rows_left[k * floats], floats * sizeof(float));
+    }
   }
   for (size_t i = 0; i < n; ++i) {
     if (!cold_found_[i]) continue;
@@ -244,8 +277,74 @@ void SparseShard::PromoteCold(std::span<const int64_t> ids, bool over_budget_ok,
 
 void SparseShard::Demote(RowIndex slot) {
   const int64_t id = ids_[slot], steps = steps_[slot];
+  Wrote(id);  // (before the write: a failed one may have changed the store's row)
   if (Status s = disk_->Write(table_id_, {&id, 1}, {&steps, 1}, row(slot)); !s.ok()) throw DiskTierError(s);
   shadowed_.erase(id);  // its copy on disk is the row now
+}
+
+void SparseShard::Wrote(int64_t id) {
+  ++write_mark_;
+  if (!ahead_.empty()) ahead_.erase(id);
+  if (reads_in_flight_ > 0) written_.emplace_back(write_mark_, id);
+}
+
+void SparseShard::KeepReadAhead(int64_t id, int64_t steps, const float* row) {
+  // Full: what was read for requests that never used it (refused, or late) is let go, all of it.
+  if (ahead_.size() >= MaxReadAhead() && !ahead_.contains(id)) ahead_.clear();
+  ReadAhead& a = ahead_[id];
+  a.steps = steps;
+  if (row == nullptr) {
+    a.row.reset();
+    return;
+  }
+  a.row = std::make_unique<float[]>(static_cast<size_t>(row_floats_));
+  std::memcpy(a.row.get(), row, static_cast<size_t>(row_floats_) * sizeof(float));
+}
+
+Status SparseShard::ColdForReadAhead(std::span<const int64_t> ids, std::vector<int64_t>* need) {
+  need->clear();
+  if (disk_ == nullptr) return Status::Ok();
+  std::vector<int64_t> cold;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i + kPrefetchAhead < ids.size()) Prefetch(ids[i + kPrefetchAhead]);
+    if (Find(ids[i]) == kNoRow && (ahead_.empty() || !ahead_.contains(ids[i]))) cold.push_back(ids[i]);
+  }
+  if (cold.empty()) return Status::Ok();
+  std::sort(cold.begin(), cold.end());
+  cold.erase(std::unique(cold.begin(), cold.end()), cold.end());
+  const size_t floats = static_cast<size_t>(row_floats_);
+  std::vector<float> rows(cold.size() * floats);
+  std::vector<int64_t> steps(cold.size());
+  std::vector<DiskTier::Lookup> state;
+  FERRY_RETURN_IF_ERROR(disk_->ReadCached(table_id_, cold, rows.data(), steps.data(), &state));
+  for (size_t i = 0; i < cold.size(); ++i) {
+    switch (state[i]) {
+      case DiskTier::Lookup::kNeedsDisk: need->push_back(cold[i]); break;
+      case DiskTier::Lookup::kFound: KeepReadAhead(cold[i], steps[i], &rows[i * floats]); break;
+      case DiskTier::Lookup::kAbsent: KeepReadAhead(cold[i], 0, nullptr); break;
+    }
+  }
+  return Status::Ok();
+}
+
+uint64_t SparseShard::BeginReadAhead() {
+  ++reads_in_flight_;
+  return write_mark_;
+}
+
+void SparseShard::EndReadAhead(uint64_t mark, std::span<const int64_t> ids, const float* rows, const int64_t* steps,
+                               const std::vector<bool>& found, bool ok) {
+  if (ok) {
+    absl::flat_hash_set<int64_t> changed;  // written or erased while the read ran
+    for (const auto& [m, id] : written_) {
+      if (m > mark) changed.insert(id);
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (Find(ids[i]) != kNoRow || changed.contains(ids[i])) continue;
+      KeepReadAhead(ids[i], steps[i], found[i] ? rows + i * static_cast<size_t>(row_floats_) : nullptr);
+    }
+  }
+  if (--reads_in_flight_ == 0) written_.clear();
 }
 
 void SparseShard::ReserveOneMore() {
@@ -498,6 +597,7 @@ void SparseShard::SweepAged(int64_t count) {
         // Its stale copy goes too, or a later promotion would bring back old values. A failed
         // erase keeps the row (the next write to the disk reports the failure).
         const int64_t id = ids_[s];
+        Wrote(id);
         if (!disk_->Erase(table_id_, {&id, 1}).ok()) continue;
         shadowed_.erase(id);
       }

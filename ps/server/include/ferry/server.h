@@ -72,6 +72,15 @@ struct ServerOptions {
   std::string disk_tier_dir;
   // The store's block cache (RocksDB's: its index and filter blocks, and recently read rows).
   int64_t disk_tier_cache_bytes = int64_t{64} << 20;
+  // Threads that read the disk tier's rows for requests while the server serves others (a request
+  // that needs rows on disk waits for them; the I/O thread never waits for the disk). 0 to 64; 0:
+  // the I/O thread reads them itself, serving nothing meanwhile.
+  int disk_tier_readers = 4;
+  // Read the store with O_DIRECT: its rows do not go through the page cache (which a memory
+  // cgroup counts against the process's limit), only through its block cache.
+  bool disk_tier_direct_reads = false;
+  // For tests: each read of rows on disk first waits this long (a slow disk).
+  std::chrono::milliseconds disk_tier_read_delay{0};
   // Workers in the job; 0: the first Hello says. A Hello that disagrees is refused. Required
   // with `restore` (the restored tables are made for the job's workers).
   int num_workers = 0;

@@ -55,6 +55,7 @@ class DiskReaders {
   bool WaitForDone(std::chrono::milliseconds timeout);
   // Jobs submitted and not yet taken back.
   int64_t in_flight() const;
+  size_t threads() const { return threads_.size(); }
 
  private:
   void Read();

@@ -369,11 +369,13 @@ class ServerImpl final : public Server {
   // (SparseShard's read-ahead), and the server serves the other requests meanwhile. Requests of one
   // connection stay in order: a request from a connection with one held waits behind it (a pull
   // after a push sees the push). At most kMaxDiskWaits requests and kMaxDiskWaitBytes of their
-  // payloads wait; beyond, the I/O thread waits for a read to end (counted:
+  // payloads and the rows being read for them wait; beyond, the I/O thread waits for a read to end (counted:
   // disk_tier_io_thread_waits). A request read ahead for is dispatched again, as it came.
 
   static constexpr size_t kMaxDiskWaits = 1024;
   static constexpr int64_t kMaxDiskWaitBytes = int64_t{256} << 20;
+  // A request's ids to read from disk go to the readers in up to one piece each, of at least this many.
+  static constexpr size_t kMinReadPiece = 8;
   // Whether `req` waits (taken: moved from): its rows on disk being read, or behind its
   // connection's requests that wait. Called by Dispatch once the request may be served.
   bool WaitForDisk(Request& req);

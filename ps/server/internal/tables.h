@@ -7,6 +7,8 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -441,16 +443,17 @@ class SparseShard {
   // Evict takes an id out.
   absl::flat_hash_set<int64_t> probation_;
   // Reading ahead: rows read for calls to come, by id (row null: not on disk). Every write and
-  // erase of the store drops its id's; while reads are in flight (reads_in_flight_), it is also
-  // logged (mark, id) so that EndReadAhead leaves out what changed under a read.
+  // erase of the store drops its id's; while reads are in flight (marks_in_flight_), it is also
+  // logged (mark, id), in mark order, so that EndReadAhead leaves out what changed under a read;
+  // the log keeps only what a read in flight may need (marks after the oldest one's).
   struct ReadAhead {
     int64_t steps = 0;
     std::unique_ptr<float[]> row;
   };
   absl::flat_hash_map<int64_t, ReadAhead> ahead_;
-  int64_t reads_in_flight_ = 0;
-  uint64_t write_mark_ = 0;  // writes and erases of the store
-  std::vector<std::pair<uint64_t, int64_t>> written_;
+  std::map<uint64_t, int> marks_in_flight_;  // BeginReadAhead's marks not ended yet: how many each
+  uint64_t write_mark_ = 0;                   // writes and erases of the store
+  std::deque<std::pair<uint64_t, int64_t>> written_;
   int64_t read_inline_ = 0;  // rows PromoteCold looked up on disk itself (none read ahead)
   // A write or erase of `id`'s row in the store: drops what was read ahead of it (see ahead_).
   void Wrote(int64_t id);

@@ -1,5 +1,6 @@
 // Requests waiting for the disk tier's rows (server_impl.h, "waiting for the disk tier's rows").
 #include <algorithm>
+#include <cstdio>
 
 #include "absl/container/flat_hash_set.h"
 #include "internal/server_impl.h"
@@ -23,45 +24,73 @@ bool ServerImpl::WaitForDisk(Request& req) {
         if (!shard.has_disk()) continue;
         std::vector<int64_t> scratch;
         const std::span<const int64_t> ids = View<int64_t>(req.payload[p.ids_frame], scratch);
-        auto job = std::make_unique<ps::DiskReaders::Job>();
+        std::vector<int64_t> need;
         // A failed look is met again, and answered, by the handler.
-        if (!shard.ColdForReadAhead(ids, &job->ids).ok() || job->ids.empty()) continue;
-        job->disk = disk_tier_.get();
-        job->table_id = p.table->id;
-        job->row_floats = shard.row_floats();
-        job->shard = &shard;
-        jobs.push_back(std::move(job));
+        if (!shard.ColdForReadAhead(ids, &need).ok() || need.empty()) continue;
+        // In as many pieces as there are readers (of kMinReadPiece ids at least), so that even one
+        // request keeps several reads of the disk in flight.
+        const size_t pieces = std::clamp<size_t>(need.size() / kMinReadPiece, 1, readers_->threads());
+        const size_t per = (need.size() + pieces - 1) / pieces;
+        for (size_t from = 0; from < need.size(); from += per) {
+          auto job = std::make_unique<ps::DiskReaders::Job>();
+          job->ids.assign(need.begin() + static_cast<std::ptrdiff_t>(from),
+                          need.begin() + static_cast<std::ptrdiff_t>(std::min(need.size(), from + per)));
+          job->disk = disk_tier_.get();
+          job->table_id = p.table->id;
+          job->row_floats = shard.row_floats();
+          job->shard = &shard;
+          jobs.push_back(std::move(job));
+        }
       }
     }
   }
   if (jobs.empty() && !behind()) return false;
-  int64_t bytes = 0;
+  // What it holds while it waits: its payload and the rows read for it.
+  int64_t bytes = 0, rows = 0;
   for (const auto& f : req.payload) bytes += static_cast<int64_t>(f.size());
+  for (const auto& job : jobs) {
+    rows += static_cast<int64_t>(job->ids.size());
+    bytes += static_cast<int64_t>(job->ids.size()) * (job->row_floats * static_cast<int64_t>(sizeof(float)) + 16);
+  }
   // At the bound, this thread waits for reads to end (and serves what waited for them).
-  while (!disk_waits_.empty() &&
-         (disk_waits_.size() >= kMaxDiskWaits || disk_wait_bytes_ + bytes > kMaxDiskWaitBytes)) {
+  if (!disk_waits_.empty() &&
+      (disk_waits_.size() >= kMaxDiskWaits || disk_wait_bytes_ + bytes > kMaxDiskWaitBytes)) {
     Count(kDiskTierIoThreadWaits);
-    readers_->WaitForDone(std::chrono::milliseconds(100));
-    FinishDiskReads();
+    while (!disk_waits_.empty() &&
+           (disk_waits_.size() >= kMaxDiskWaits || disk_wait_bytes_ + bytes > kMaxDiskWaitBytes)) {
+      readers_->WaitForDone(std::chrono::milliseconds(100));
+      FinishDiskReads();
+    }
   }
   if (jobs.empty() && !behind()) return false;
+  // Its place first (what may throw), then its reads: a read submitted always has its waiter.
+  const std::string peer(req.peer());
   auto wait = std::make_unique<DiskWait>();
-  wait->pending = static_cast<int>(jobs.size());
+  DiskWait* waiting = wait.get();
   wait->bytes = bytes;
-  int64_t rows = 0;
-  for (auto& job : jobs) {
-    job->mark = job->shard->BeginReadAhead();
-    job->owner = wait.get();
-    rows += static_cast<int64_t>(job->ids.size());
-    readers_->Submit(std::move(job));
-  }
-  Count(kDiskTierRequestsHeld);
-  Count(kDiskTierRowsReadAhead, rows);
-  ++disk_waits_by_peer_[std::string(req.peer())];
-  disk_wait_bytes_ += bytes;
   wait->req = std::move(req);
   disk_waits_.push_back(std::move(wait));
+  ++disk_waits_by_peer_[peer];
+  disk_wait_bytes_ += bytes;
   disk_waiting_.store(static_cast<int64_t>(disk_waits_.size()), std::memory_order_relaxed);
+  Count(kDiskTierRequestsHeld);
+  Count(kDiskTierRowsReadAhead, rows);
+  for (auto& job : jobs) {
+    ps::SparseShard* shard = job->shard;
+    const uint64_t mark = shard->BeginReadAhead();
+    job->mark = mark;
+    job->owner = waiting;
+    try {
+      readers_->Submit(std::move(job));
+    } catch (...) {  // (out of memory: the request reads what it lacks on this thread)
+      shard->EndReadAhead(mark, {}, nullptr, nullptr, {}, /*ok=*/false);
+      continue;
+    }
+    ++waiting->pending;
+  }
+  // Behind its connection's request only, or its reads could not be submitted: served as soon as
+  // nothing of its connection is before it (no read of its own will wake the loop for it).
+  if (waiting->pending == 0) FinishDiskReads();
   return true;
 }
 
@@ -86,8 +115,14 @@ void ServerImpl::FinishDiskReads() {
     it = disk_waits_.erase(it);
     if (auto p = disk_waits_by_peer_.find(peer); --p->second == 0) disk_waits_by_peer_.erase(p);
     disk_wait_bytes_ -= ready->bytes;
+    disk_waiting_.store(static_cast<int64_t>(disk_waits_.size()), std::memory_order_relaxed);  // (before its reply)
     ready->req.read_ahead = true;
-    DispatchAndAnswer(ready->req);  // (never waits again: disk_waits_ is not changed under this loop)
+    try {
+      DispatchAndAnswer(ready->req);  // (never waits again: disk_waits_ is not changed under this loop)
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ferry-ps %d: %s while serving a request that waited for the disk; continuing\n",
+                   options_.rank, e.what());
+    }
   }
   disk_waiting_.store(static_cast<int64_t>(disk_waits_.size()), std::memory_order_relaxed);
 }

@@ -274,8 +274,11 @@ Status ServerImpl::Dispatch(Request& req) {
     return InvalidArgumentError("step " + std::to_string(h.step()) + " is outside [0, 2^62]");
   }
   FERRY_RETURN_IF_ERROR(CheckIncarnation(req, h.rank()));
-  FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank()));
-  workers_.Heard(h.rank(), req.arrived);
+  if (!req.read_ahead) {  // (a request that waited for the disk did both on arrival: its descriptor
+                          // may be another connection's now, and its arrival older than what was heard since)
+    FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank()));
+    workers_.Heard(h.rank(), req.arrived);
+  }
   if (handle == nullptr) {
     return InvalidArgumentError("a server does not accept " + std::string(wire::KindName(h.kind())) + " messages");
   }

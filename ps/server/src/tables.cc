@@ -285,7 +285,7 @@ void SparseShard::Demote(RowIndex slot) {
 void SparseShard::Wrote(int64_t id) {
   ++write_mark_;
   if (!ahead_.empty()) ahead_.erase(id);
-  if (reads_in_flight_ > 0) written_.emplace_back(write_mark_, id);
+  if (!marks_in_flight_.empty()) written_.emplace_back(write_mark_, id);
 }
 
 void SparseShard::KeepReadAhead(int64_t id, int64_t steps, const float* row) {
@@ -328,23 +328,25 @@ Status SparseShard::ColdForReadAhead(std::span<const int64_t> ids, std::vector<i
 }
 
 uint64_t SparseShard::BeginReadAhead() {
-  ++reads_in_flight_;
+  ++marks_in_flight_[write_mark_];
   return write_mark_;
 }
 
 void SparseShard::EndReadAhead(uint64_t mark, std::span<const int64_t> ids, const float* rows, const int64_t* steps,
                                const std::vector<bool>& found, bool ok) {
   if (ok) {
-    absl::flat_hash_set<int64_t> changed;  // written or erased while the read ran
-    for (const auto& [m, id] : written_) {
-      if (m > mark) changed.insert(id);
-    }
+    absl::flat_hash_set<int64_t> changed;  // written or erased while the read ran: marks after its
+    auto after = std::upper_bound(written_.begin(), written_.end(), std::pair<uint64_t, int64_t>(mark, INT64_MAX));
+    for (; after != written_.end(); ++after) changed.insert(after->second);
     for (size_t i = 0; i < ids.size(); ++i) {
       if (Find(ids[i]) != kNoRow || changed.contains(ids[i])) continue;
       KeepReadAhead(ids[i], steps[i], found[i] ? rows + i * static_cast<size_t>(row_floats_) : nullptr);
     }
   }
-  if (--reads_in_flight_ == 0) written_.clear();
+  if (auto m = marks_in_flight_.find(mark); m != marks_in_flight_.end() && --m->second == 0) marks_in_flight_.erase(m);
+  // What no read in flight began before is of no more use.
+  const uint64_t oldest = marks_in_flight_.empty() ? UINT64_MAX : marks_in_flight_.begin()->first;
+  while (!written_.empty() && written_.front().first <= oldest) written_.pop_front();
 }
 
 void SparseShard::ReserveOneMore() {

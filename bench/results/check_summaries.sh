@@ -88,6 +88,9 @@ same $R/disk_tier/summary-shard-3.txt $R/disk_tier/summarize.py $R/disk_tier/run
 same $R/disk_tier/summary-shard-4.txt $R/disk_tier/summarize.py $R/disk_tier/run-shard-4.json
 same $R/disk_tier/summary-shard-uniform-1.txt $R/disk_tier/summarize.py $R/disk_tier/run-shard-uniform-1.json
 same $R/disk_tier/summary-shard-uniform-2.txt $R/disk_tier/summarize.py $R/disk_tier/run-shard-uniform-2.json
+for n in server-1 server-2 server-3 server-4 server-w1-1 server-w1-2 server-uniform-1; do
+  same $R/disk_tier/summary-$n.txt $R/disk_tier/summarize.py $R/disk_tier/run-$n.json
+done
 same $R/disk_tier/summary-cost-1.txt $R/disk_tier/summarize_cost.py $R/disk_tier/cost-1 10
 same $R/disk_tier/summary-cost-2.txt $R/disk_tier/summarize_cost.py $R/disk_tier/cost-2 10
 same $R/gpu/h100_1/summary.txt bench/gpu/summarize.py $R/gpu/h100_1

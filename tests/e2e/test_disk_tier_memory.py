@@ -123,6 +123,11 @@ def table_sum(metrics, name):
     return sum(v for k, v in metrics.items() if k.startswith(name + "{") and 'table="ctr/emb' in k)
 
 
+def server_sum(metrics, name):
+    """A per-server metric (one series)."""
+    return sum(v for k, v in metrics.items() if k.startswith(name + "{"))
+
+
 NO_CGROUPS = why_no_cgroups()
 
 
@@ -175,7 +180,10 @@ class DiskTierUnderAMemoryLimitTest(unittest.TestCase):
                   f"run ({table_sum(m, 'ferry_table_disk_bytes') / 2**20:.0f} MiB of files); {ram + disk:.0f} rows x {ROW_BYTES} B = {(ram + disk) * ROW_BYTES / 2**20:.0f} MiB of values "
                   f"and state under a limit of {limits[r] / 2**20:.0f} MiB; peak {peaks[r] / 2**20:.1f} MiB, "
                   f"the limit met {failcnt[r]} times; at the end rss {int(stat[r]['rss']) / 2**20:.1f} MiB, page cache "
-                  f"{int(stat[r]['cache']) / 2**20:.1f} MiB", flush=True)
+                  f"{int(stat[r]['cache']) / 2**20:.1f} MiB; rows read for requests by the disk readers "
+                  f"{server_sum(m, 'ferry_disk_tier_rows_read_ahead_total'):.0f}, by the I/O thread "
+                  f"{server_sum(m, 'ferry_disk_tier_rows_read_inline_total'):.0f}, kept at the end "
+                  f"{server_sum(m, 'ferry_disk_tier_rows_kept'):.0f}", flush=True)
             self.assertEqual(limits[r], LIMIT)
             self.assertLessEqual(peaks[r], LIMIT)
             self.assertEqual(evicted, 0, f"server {r} evicted rows")

@@ -1,6 +1,7 @@
 #!/bin/bash
 # The disk tier's store against the disk and the RAM-only table (bench/disk_tier_bench.cc; RESULTS.md,
-# "The disk tier"; `--mode shard` for the tier in the shard). Writes run-N.json (the bench's JSON), run-N.log (its rounds), meta-N.txt (machine,
+# "The disk tier"; `--mode shard` for the tier in the shard, `--mode server` for servers with and
+# without disk readers). Writes run-N.json (the bench's JSON), run-N.log (its rounds), meta-N.txt (machine,
 # commit, command) and summary-N.txt (summarize.py's ratios) here, N=${RUN:-1}.
 #   RUN=2 bench/results/disk_tier/run.sh [BUILD_DIR] [ferry-disk-bench flags...]   (from the repository root)
 set -euo pipefail

@@ -30,6 +30,8 @@ struct RowLifecycleTotals {
   std::atomic<int64_t> admitted{0}, not_admitted{0}, evicted_age{0}, evicted_capacity{0}, demoted{0}, promoted{0};
   // Disk tier: ids looked up on disk by the calling thread itself (SparseShard::read_inline).
   std::atomic<int64_t> read_inline{0};
+  // Disk tier: rows read ahead and kept for requests not yet served (SparseShard::read_ahead_rows), a level.
+  std::atomic<int64_t> read_ahead_kept{0};
 };
 
 // A count-min sketch of pushes per id (of every id pushed to the shard, with a row or not): kDepth

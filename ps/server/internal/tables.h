@@ -460,6 +460,13 @@ class SparseShard {
   size_t MaxReadAhead() const { return static_cast<size_t>(std::max<int64_t>(spec_.max_rows, 1024)); }
   // Keeps the row of `id` as read ahead (row null: absent).
   void KeepReadAhead(int64_t id, int64_t steps, const float* row);
+  // Brings totals_->read_ahead_kept up to date with ahead_'s size.
+  void CountKept() {
+    if (totals_ == nullptr || static_cast<int64_t>(ahead_.size()) == ahead_counted_) return;
+    totals_->read_ahead_kept.fetch_add(static_cast<int64_t>(ahead_.size()) - ahead_counted_, std::memory_order_relaxed);
+    ahead_counted_ = static_cast<int64_t>(ahead_.size());
+  }
+  int64_t ahead_counted_ = 0;
   absl::flat_hash_set<int64_t> call_ids_;  // DemoteProbation's scratch
   std::vector<int64_t> leaving_;           // DemoteProbation's scratch
 };

@@ -39,6 +39,11 @@ bool ServerImpl::WaitForDisk(Request& req) {
           job->table_id = p.table->id;
           job->row_floats = shard.row_floats();
           job->shard = &shard;
+          // Its buffers made here, by this thread's allocator: a reader's own would keep their
+          // memory (glibc gives each thread an arena of its own, trimmed only past 1 GiB here).
+          job->rows.resize(job->ids.size() * static_cast<size_t>(job->row_floats));
+          job->steps.resize(job->ids.size());
+          job->found.assign(job->ids.size(), false);
           jobs.push_back(std::move(job));
         }
       }

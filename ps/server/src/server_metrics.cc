@@ -128,6 +128,8 @@ constexpr Series kSeries[] = {
      "Times the I/O thread waited for a disk read: the requests held for the disk were at their bound"},
     {"disk_tier_requests_waiting", "ferry_disk_tier_requests_waiting", false,
      "Requests held now while the disk tier's readers read their rows"},
+    {"disk_tier_rows_kept", "ferry_disk_tier_rows_kept", false,
+     "Rows read from the disk tier's store for requests not yet served, kept beside the memory budget"},
 };
 
 // Per worker: "<prefix><rank>" counters (only where non-zero) as one series labelled worker.

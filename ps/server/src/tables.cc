@@ -110,6 +110,8 @@ Status SparseShard::ChangeLifecycle(const TableSpec& to) {
 }
 
 SparseShard::~SparseShard() {
+  ahead_.clear();
+  CountKept();
   if (budget_ != nullptr) budget_->Give(RowBytes() * static_cast<int64_t>(steps_.size()));
 }
 
@@ -239,6 +241,7 @@ void SparseShard::PromoteCold(std::span<const int64_t> ids, bool over_budget_ok,
     }
     ahead_.erase(it);
   }
+  CountKept();
   if (!unread.empty()) {
     std::vector<int64_t> ids_left(unread.size()), steps_left(unread.size());
     std::vector<float> rows_left(unread.size() * floats);
@@ -284,7 +287,7 @@ void SparseShard::Demote(RowIndex slot) {
 
 void SparseShard::Wrote(int64_t id) {
   ++write_mark_;
-  if (!ahead_.empty()) ahead_.erase(id);
+  if (!ahead_.empty() && ahead_.erase(id) > 0) CountKept();
   if (!marks_in_flight_.empty()) written_.emplace_back(write_mark_, id);
 }
 
@@ -324,6 +327,7 @@ Status SparseShard::ColdForReadAhead(std::span<const int64_t> ids, std::vector<i
       case DiskTier::Lookup::kAbsent: KeepReadAhead(cold[i], 0, nullptr); break;
     }
   }
+  CountKept();
   return Status::Ok();
 }
 
@@ -342,6 +346,7 @@ void SparseShard::EndReadAhead(uint64_t mark, std::span<const int64_t> ids, cons
       if (Find(ids[i]) != kNoRow || changed.contains(ids[i])) continue;
       KeepReadAhead(ids[i], steps[i], found[i] ? rows + i * static_cast<size_t>(row_floats_) : nullptr);
     }
+    CountKept();
   }
   if (auto m = marks_in_flight_.find(mark); m != marks_in_flight_.end() && --m->second == 0) marks_in_flight_.erase(m);
   // What no read in flight began before is of no more use.

@@ -49,6 +49,7 @@ ServerStats ServerImpl::stats() const {
     s.counters["disk_tier_rows_erased"] = d.rows_erased;
     s.counters["disk_tier_rows_read_inline"] = rows.read_inline.load(std::memory_order_relaxed);
     s.counters["disk_tier_requests_waiting"] = disk_waiting_.load(std::memory_order_relaxed);
+    s.counters["disk_tier_rows_kept"] = rows.read_ahead_kept.load(std::memory_order_relaxed);
   }
   // Per worker, only where non-zero: a job of many workers keeps its Stats reply small.
   MutexLock lock(&by_rank_mu_);

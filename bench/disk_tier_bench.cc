@@ -128,6 +128,24 @@ double FioIops(const std::string& file, int64_t bytes, int jobs, double seconds)
   return j["jobs"][0]["read"]["iops"].get<double>();
 }
 
+// What every mode's JSON opens with: the mode, the flags it ran with, the machine, and the build
+// and warm-up times.
+Json RunHeader(const Flags& f, double build_s, double warm_s, int64_t fio_bytes) {
+  Json j;
+  j["mode"] = f.mode;
+  j["ids"] = f.ids;
+  j["machine_cores"] = std::thread::hardware_concurrency();
+  j["rows"] = f.rows;
+  j["dim"] = f.dim;
+  j["batch"] = f.batch;
+  j["seconds"] = f.seconds;
+  j["cache_mb"] = f.cache_mb;
+  j["build_seconds"] = build_s;
+  j["warm_up_seconds"] = warm_s;
+  j["fio_file_bytes"] = fio_bytes;
+  return j;
+}
+
 // The benches' table: sparse, --dim, Adam (two state slots travel with each row).
 TableSpec BenchSpec(const Flags& f) {
   TableSpec spec;
@@ -439,18 +457,7 @@ int RunShard(const Flags& f) {
   }
   std::fprintf(stderr, "warmed up in %.1f s\n", warm_s);
 
-  Json j;
-  j["mode"] = "shard";
-  j["ids"] = f.ids;
-  j["warm_up_seconds"] = warm_s;
-  j["machine_cores"] = std::thread::hardware_concurrency();
-  j["rows"] = f.rows;
-  j["dim"] = f.dim;
-  j["batch"] = f.batch;
-  j["seconds"] = f.seconds;
-  j["cache_mb"] = f.cache_mb;
-  j["build_seconds"] = build_s;
-  j["fio_file_bytes"] = fio_bytes;
+  Json j = RunHeader(f, build_s, warm_s, fio_bytes);
   for (auto& t : shards) j["max_rows"][t->name] = t->spec.max_rows;
   std::map<std::string, std::vector<double>> rate, promoted_per_id;
   for (int round = 0; round < f.rounds; ++round) {
@@ -617,20 +624,9 @@ int RunServer(const Flags& f) {
     auto it = c.find(name);
     return it == c.end() ? int64_t{0} : it->second;
   };
-  Json j;
-  j["mode"] = "server";
-  j["ids"] = f.ids;
+  Json j = RunHeader(f, build_s, warm_s, fio_bytes);
   j["workers"] = f.workers;
-  j["machine_cores"] = std::thread::hardware_concurrency();
-  j["rows"] = f.rows;
-  j["dim"] = f.dim;
-  j["batch"] = f.batch;
-  j["seconds"] = f.seconds;
-  j["cache_mb"] = f.cache_mb;
   j["max_rows"] = spec.max_rows;
-  j["build_seconds"] = build_s;
-  j["warm_up_seconds"] = warm_s;
-  j["fio_file_bytes"] = fio_bytes;
   std::vector<std::string> order;
   for (auto& a : arms) order.push_back(a->name);
   order.push_back("fio_randread_4k/j1");

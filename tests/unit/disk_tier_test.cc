@@ -299,6 +299,22 @@ TableSpec ShardSpec(int64_t max_rows, int64_t evict_after_steps = 0) {
 }
 
 // What a pull of `ids` serves from `shard` (promoting first when it has a disk).
+// A shard of ShardSpec(max_rows, evict_after_steps) with the tier, in a store of its own.
+struct TieredShard {
+  explicit TieredShard(int64_t max_rows, int64_t evict_after_steps = 0)
+      : dir("disk-tier"),
+        disk(OpenStore(dir.path() / "store")),
+        spec(ShardSpec(max_rows, evict_after_steps)),
+        shard(spec, kShardTable, 1) {
+    attached = disk != nullptr && shard.AttachDisk(disk.get()).ok();
+  }
+  test::TempDir dir;
+  std::unique_ptr<DiskTier> disk;
+  const TableSpec spec;  // (before the shard, which keeps a reference)
+  SparseShard shard;
+  bool attached = false;
+};
+
 std::vector<float> PullRows(SparseShard& shard, const std::vector<int64_t>& ids) {
   shard.PromoteForPull(ids);
   std::vector<float> out(ids.size() * kDim);
@@ -622,12 +638,9 @@ TEST(DiskTierShard, ACallOfMoreRowsThanTheRamTierHoldsTakesThemAllAndTheTierShri
 }
 
 TEST(DiskTierShard, AnIdAgedOutStartsAnewNotFromItsStaleCopy) {
-  test::TempDir dir("disk-tier");
-  std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store");
-  ASSERT_TRUE(disk);
-  const TableSpec spec = ShardSpec(/*max_rows=*/3, /*evict_after_steps=*/3);
-  SparseShard shard(spec, kShardTable, 1);
-  ASSERT_TRUE(shard.AttachDisk(disk.get()).ok());
+  TieredShard tiered(/*max_rows=*/3, /*evict_after_steps=*/3);
+  ASSERT_TRUE(tiered.attached);
+  SparseShard& shard = tiered.shard;
   std::vector<RowIndex> scratch;
   std::vector<float> grads(2 * kDim, 1.0f);
   auto push = [&](std::vector<int64_t> ids) { shard.ApplyRows(ids, grads.data(), &scratch); };
@@ -656,12 +669,9 @@ TEST(DiskTierShard, AnIdAgedOutStartsAnewNotFromItsStaleCopy) {
 // pushed 10 times stay in a tier of 64 while 2,000 rows pushed once each pass through it, where
 // the least recently touched rows would have gone after 48 of them.
 TEST(DiskTierShard, TheRamTierKeepsTheMostPushedRowsThroughAStreamOfRowsPushedOnce) {
-  test::TempDir dir("disk-tier");
-  std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store");
-  ASSERT_TRUE(disk);
-  const TableSpec spec = ShardSpec(/*max_rows=*/64);
-  SparseShard shard(spec, kShardTable, 1);
-  ASSERT_TRUE(shard.AttachDisk(disk.get()).ok());
+  TieredShard tiered(/*max_rows=*/64);
+  ASSERT_TRUE(tiered.attached);
+  SparseShard& shard = tiered.shard;
   std::vector<RowIndex> scratch;
   std::vector<float> grads(16 * kDim, 0.5f);
   std::vector<int64_t> hot;
@@ -677,12 +687,9 @@ TEST(DiskTierShard, TheRamTierKeepsTheMostPushedRowsThroughAStreamOfRowsPushedOn
 // Pulls alone (an evaluation) do not let rows on probation pile up: past max(max_rows / 8, twice
 // the pull's ids) of them, a pull demotes those it does not name.
 TEST(DiskTierShard, PullsAloneKeepTheRowsOnProbationWithinMaxRows) {
-  test::TempDir dir("disk-tier");
-  std::unique_ptr<DiskTier> disk = OpenStore(dir.path() / "store");
-  ASSERT_TRUE(disk);
-  const TableSpec spec = ShardSpec(/*max_rows=*/16);
-  SparseShard shard(spec, kShardTable, 1);
-  ASSERT_TRUE(shard.AttachDisk(disk.get()).ok());
+  TieredShard tiered(/*max_rows=*/16);
+  ASSERT_TRUE(tiered.attached);
+  SparseShard& shard = tiered.shard;
   std::vector<RowIndex> scratch;
   std::vector<float> grads(kDim, 0.5f);
   for (int64_t id = 0; id < 400; ++id) shard.ApplyRows(std::vector<int64_t>{id}, grads.data(), &scratch);
@@ -721,7 +728,7 @@ TEST(DiskTierShard, RowsReadAheadGiveTheBitsOfEverythingInRamThoughWritesRaceThe
     return ids;
   };
   for (int k = 0; k < 30; ++k) push(some(12));  // most of [0, 200) on disk
-  const int64_t inline_before = tiered.read_inline();
+  const int64_t inline_before = tiered.lifecycle().read_inline;
   int64_t read_ahead = 0;
   for (int step = 0; step < 200; ++step) {
     const std::vector<int64_t> ids = some(10);
@@ -758,7 +765,7 @@ TEST(DiskTierShard, RowsReadAheadGiveTheBitsOfEverythingInRamThoughWritesRaceThe
   }
   EXPECT_GT(read_ahead, 200);
   // The read-ahead served calls (the racing pushes read on their own, as nothing read ahead for them).
-  EXPECT_GT(tiered.lifecycle().promoted - (tiered.read_inline() - inline_before), 100);
+  EXPECT_GT(tiered.lifecycle().promoted - (tiered.lifecycle().read_inline - inline_before), 100);
 }
 
 TEST(DiskTierShard, NeedsLifecycleSettingsAndNoFeed) {

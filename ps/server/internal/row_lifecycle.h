@@ -23,6 +23,7 @@ struct RowLifecycleCounts {
   int64_t evicted_capacity = 0;  // rows given up for a new one: max_rows, or the memory budget
   int64_t demoted = 0;           // with a disk tier: rows written to disk to make room (not lost)
   int64_t promoted = 0;          // with a disk tier: rows read back from disk into RAM
+  int64_t read_inline = 0;       // with a disk tier: ids looked up on disk by the calling thread (none read ahead)
 };
 
 // The same, summed over a server's tables.
@@ -30,7 +31,7 @@ struct RowLifecycleTotals {
   std::atomic<int64_t> admitted{0}, not_admitted{0}, evicted_age{0}, evicted_capacity{0}, demoted{0}, promoted{0};
   // Disk tier: ids looked up on disk by the calling thread itself (SparseShard::read_inline).
   std::atomic<int64_t> read_inline{0};
-  // Disk tier: rows read ahead and kept for requests not yet served (SparseShard::read_ahead_rows), a level.
+  // Disk tier: rows read ahead and kept for requests not yet served (SparseShard's), a level.
   std::atomic<int64_t> read_ahead_kept{0};
 };
 

@@ -204,7 +204,7 @@ class SparseShard {
   // with a write of an id keeps nothing of it (EndReadAhead). At most max(max_rows, 1024) rows of
   // the table are kept (beside the memory budget); one more lets them all go (those of requests
   // refused, or late: never used). A row PromoteCold needs and finds no read of, it reads on its
-  // own thread (counted: read_inline).
+  // own thread (counted: lifecycle().read_inline).
   //
   // The distinct ids of `ids` a call would read from disk (neither in RAM nor read ahead), after
   // a look without I/O (DiskTier::ReadCached): what that finds, or knows to be absent, is kept as
@@ -217,8 +217,6 @@ class SparseShard {
   uint64_t BeginReadAhead();
   void EndReadAhead(uint64_t mark, std::span<const int64_t> ids, const float* rows, const int64_t* steps,
                     const std::vector<bool>& found, bool ok);
-  int64_t read_ahead_rows() const { return static_cast<int64_t>(ahead_.size()); }
-  int64_t read_inline() const { return read_inline_; }
   // The row that serves a pull of `id`: with lifecycle settings, its row (stamped with the clock)
   // or kNoRow when it has none (serve InitialRow); without, FindOrCreate(id).
   RowIndex FindForPull(int64_t id);
@@ -454,7 +452,6 @@ class SparseShard {
   std::map<uint64_t, int> marks_in_flight_;  // BeginReadAhead's marks not ended yet: how many each
   uint64_t write_mark_ = 0;                   // writes and erases of the store
   std::deque<std::pair<uint64_t, int64_t>> written_;
-  int64_t read_inline_ = 0;  // rows PromoteCold looked up on disk itself (none read ahead)
   // A write or erase of `id`'s row in the store: drops what was read ahead of it (see ahead_).
   void Wrote(int64_t id);
   size_t MaxReadAhead() const { return static_cast<size_t>(std::max<int64_t>(spec_.max_rows, 1024)); }

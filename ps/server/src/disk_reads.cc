@@ -129,7 +129,6 @@ void ServerImpl::FinishDiskReads() {
                    options_.rank, e.what());
     }
   }
-  disk_waiting_.store(static_cast<int64_t>(disk_waits_.size()), std::memory_order_relaxed);
 }
 
 void ServerImpl::CheckDiskWaits(Clock::time_point now) {

@@ -242,17 +242,17 @@ void SparseShard::PromoteCold(std::span<const int64_t> ids, bool over_budget_ok,
     ahead_.erase(it);
   }
   CountKept();
-  if (!unread.empty()) {
+  if (unread.size() == n) {  // nothing read ahead (no readers): straight into the buffers
+    if (Status s = disk_->Read(table_id_, cold_ids_, cold_rows_.data(), cold_steps_.data(), &cold_found_); !s.ok()) {
+      throw DiskTierError(s);
+    }
+  } else if (!unread.empty()) {
     std::vector<int64_t> ids_left(unread.size()), steps_left(unread.size());
     std::vector<float> rows_left(unread.size() * floats);
     std::vector<bool> found_left;
     for (size_t k = 0; k < unread.size(); ++k) ids_left[k] = cold_ids_[unread[k]];
     if (Status s = disk_->Read(table_id_, ids_left, rows_left.data(), steps_left.data(), &found_left); !s.ok()) {
       throw DiskTierError(s);
-    }
-    read_inline_ += static_cast<int64_t>(unread.size());
-    if (totals_ != nullptr) {
-      totals_->read_inline.fetch_add(static_cast<int64_t>(unread.size()), std::memory_order_relaxed);
     }
     for (size_t k = 0; k < unread.size(); ++k) {
       if (!found_left[k]) continue;
@@ -262,6 +262,9 @@ void SparseShard::PromoteCold(std::span<const int64_t> ids, bool over_budget_ok,
       std::memcpy(&cold_rows_[i * floats], &rows_left[k * floats], floats * sizeof(float));
     }
   }
+  const auto read_here = static_cast<int64_t>(unread.size());  // (read on this thread)
+  counts_.read_inline += read_here;
+  if (totals_ != nullptr) totals_->read_inline.fetch_add(read_here, std::memory_order_relaxed);
   for (size_t i = 0; i < n; ++i) {
     if (!cold_found_[i]) continue;
     shadowed_.reserve(shadowed_.size() + 1);  // (may throw: before the row is made)

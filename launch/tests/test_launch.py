@@ -2395,6 +2395,7 @@ class SlurmTest(unittest.TestCase):
         with open(self.srun_args) as f:
             self.assertEqual(json.load(f)["cmd"][-4:], [sys.executable, program, out_dir, "ok"])
         servers = listening(out)
+        self.assertEqual(sorted(servers), ["ps 0", "ps 1"], out)
         for rank in range(2):
             seen = program_starts(out_dir, rank)[0]
             self.assertEqual(seen["FERRY_SERVERS"], f"{servers['ps 0']},{servers['ps 1']}")

@@ -104,10 +104,12 @@ void ServerImpl::LogRateLimited(const std::string& line) {
     ++logs_held_back_;
     return;
   }
-  std::fprintf(stderr, "ferry-ps %d: %s", options_.rank, wire::Printable(line).c_str());
-  if (logs_held_back_ > 0)
-    std::fprintf(stderr, " (and %lld similar line(s) held back)", static_cast<long long>(logs_held_back_));
-  std::fputc('\n', stderr);
+  // One write of the whole line: the main thread prints to stdout on the same pipe (a launcher's
+  // task merges them), and a line written in pieces let "listening on" land inside this one.
+  std::string text = "ferry-ps " + std::to_string(options_.rank) + ": " + wire::Printable(line);
+  if (logs_held_back_ > 0) text += " (and " + std::to_string(logs_held_back_) + " similar line(s) held back)";
+  text += '\n';
+  std::fwrite(text.data(), 1, text.size(), stderr);
   last_log_ = now;
   logs_held_back_ = 0;
 }

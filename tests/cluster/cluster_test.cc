@@ -782,6 +782,25 @@ TEST(Cluster, UnreachableServerIsAClearErrorNotAHang) {
   EXPECT_NE(c.status().message().find("tcp://127.0.0.1:9"), std::string::npos) << c.status();
 }
 
+// Placement spreads ids and chunks over 5,040 slots: a cluster of more servers could not give each
+// one, and is refused on both sides before anything connects.
+TEST(Cluster, MoreServersThanPlacementSlotsAreRefused) {
+  ServerOptions s;
+  s.bind = "inproc://too-many-servers";
+  s.num_servers = placement::kSlots + 1;
+  s.rank = 0;
+  auto server = Server::Start(s);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(server.status().message().find("num_servers 5041 is above 5040"), std::string::npos) << server.status();
+  ClientOptions o;
+  o.servers.assign(static_cast<size_t>(placement::kSlots) + 1, "tcp://127.0.0.1:9");
+  auto c = Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("names 5041 servers"), std::string::npos) << c.status();
+}
+
 // compute_threads 0 means no helper thread: the I/O thread does every update and read itself,
 // with the same results bit for bit as a server with helpers (large dense chunks and sparse reads
 // are what the helpers share). -1, the default, is one per core, minus one.

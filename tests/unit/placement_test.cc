@@ -1,5 +1,7 @@
 // Placement is stable (fixed values, independent of process and build) and balanced; table
 // specs validate and parse.
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -42,6 +44,109 @@ TEST(Placement, SparseIdsBalanced) {
   // Sequential ids (the common case for vocabularies) must still spread evenly.
   for (int64_t id = 0; id < n; ++id) ++load[static_cast<size_t>(placement::IdServer(id, servers))];
   for (int64_t l : load) EXPECT_NEAR(static_cast<double>(l), n / servers, 0.01 * n / servers);
+}
+
+TEST(Placement, TheFirstMapKeepsTheRuleOfProtocol115ForServerCountsDividingTheSlots) {
+  // Before slots (1.15 and earlier): an id on server mix64(id) mod S, chunk c of table t on
+  // (mix64(t) mod S + c) mod S. A job of such a count keeps every row and chunk where it was.
+  for (int servers : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16, 20, 24, 48}) {
+    ASSERT_EQ(placement::kSlots % servers, 0) << servers;
+    const placement::Placement first = placement::Placement::First(servers);
+    for (int64_t id = -1000; id < 20000; id += 7) {
+      const uint64_t h = placement::Mix64(static_cast<uint64_t>(id));
+      const int old_rule = static_cast<int>(h % static_cast<uint64_t>(servers));
+      ASSERT_EQ(placement::IdServer(id, servers), old_rule) << id;
+      ASSERT_EQ(first.IdServer(id), old_rule) << id;
+    }
+    for (const char* name : {"w", "emb/user", "dense_0"}) {
+      const uint64_t t = TableId(name);
+      for (int64_t c : {0, 1, 2, 5039, 5040, 5041, 123456789}) {
+        const int old_rule = static_cast<int>((placement::Mix64(t) % static_cast<uint64_t>(servers) +
+                                               static_cast<uint64_t>(c)) % static_cast<uint64_t>(servers));
+        ASSERT_EQ(placement::ChunkServer(t, c, servers), old_rule) << name << " chunk " << c;
+        ASSERT_EQ(first.ChunkServer(t, c), old_rule) << name << " chunk " << c;
+      }
+    }
+  }
+}
+
+TEST(Placement, TheFirstMapOfAnyCountIsTheFreeFunctionsAndBalancedToASlot) {
+  for (int servers : {11, 13, 17, 100, 5040}) {
+    const placement::Placement first = placement::Placement::First(servers);
+    EXPECT_EQ(first.version(), 1u);
+    for (int64_t id = 0; id < 5000; ++id) ASSERT_EQ(first.IdServer(id), placement::IdServer(id, servers));
+    for (int64_t c = 0; c < 300; ++c) ASSERT_EQ(first.ChunkServer(7, c), placement::ChunkServer(7, c, servers));
+    int lo = placement::kSlots, hi = 0;
+    for (int r = 0; r < servers; ++r) lo = std::min(lo, first.SlotsOf(r)), hi = std::max(hi, first.SlotsOf(r));
+    EXPECT_LE(hi - lo, 1) << servers;
+  }
+}
+
+// Rows of `n` sequential ids whose server differs between a and b, over n.
+double RowsMoved(const placement::Placement& a, const placement::Placement& b, int64_t n) {
+  int64_t moved = 0;
+  for (int64_t id = 0; id < n; ++id) moved += a.IdServer(id) != b.IdServer(id);
+  return static_cast<double>(moved) / static_cast<double>(n);
+}
+
+TEST(Placement, AServerAddedTakesItsShareFromTheOthersAndNothingElseMoves) {
+  placement::Placement p = placement::Placement::First(1);
+  for (int servers = 1; servers < 24; ++servers) {
+    const placement::Placement next = p.Grow();
+    EXPECT_EQ(next.version(), p.version() + 1);
+    ASSERT_EQ(next.num_servers(), servers + 1);
+    // Every slot that moved went to the new server; it got its fair share, the others kept the
+    // floor or the ceiling of theirs.
+    for (int s = 0; s < placement::kSlots; ++s) {
+      if (next.SlotServer(s) != p.SlotServer(s)) ASSERT_EQ(next.SlotServer(s), servers) << "slot " << s;
+    }
+    const int moved = placement::Placement::SlotsMoved(p, next);
+    EXPECT_EQ(moved, next.SlotsOf(servers));
+    EXPECT_EQ(moved, placement::kSlots / (servers + 1));
+    int lo = placement::kSlots, hi = 0;
+    for (int r = 0; r <= servers; ++r) lo = std::min(lo, next.SlotsOf(r)), hi = std::max(hi, next.SlotsOf(r));
+    EXPECT_LE(hi - lo, 1) << servers + 1 << " servers";
+    // Rows: about 1/(S+1) of them move (the ideal), not the S/(S+1) a rule of "mod S" moves.
+    const double rows = RowsMoved(p, next, 200000);
+    EXPECT_NEAR(rows * (servers + 1), 1.0, 0.05) << servers << " -> " << servers + 1 << ": " << rows;
+    p = next;
+  }
+}
+
+TEST(Placement, AServerDrainedGivesItsSlotsToTheLeastLoadedAndNothingElseMoves) {
+  const placement::Placement four = placement::Placement::First(4);
+  placement::Placement three;
+  std::string why;
+  ASSERT_TRUE(four.Drain(1, &three, &why)) << why;
+  EXPECT_EQ(three.version(), 2u);
+  EXPECT_EQ(three.SlotsOf(1), 0);
+  EXPECT_EQ(three.ActiveServers(), 3);
+  EXPECT_EQ(three.num_servers(), 4);  // the ranks stay; rank 1 owns nothing
+  for (int s = 0; s < placement::kSlots; ++s) {
+    if (four.SlotServer(s) != 1) ASSERT_EQ(three.SlotServer(s), four.SlotServer(s)) << "slot " << s;
+  }
+  EXPECT_EQ(placement::Placement::SlotsMoved(four, three), placement::kSlots / 4);
+  EXPECT_EQ(three.SlotsOf(0), placement::kSlots / 3);
+  EXPECT_EQ(three.SlotsOf(2), placement::kSlots / 3);
+  EXPECT_EQ(three.SlotsOf(3), placement::kSlots / 3);
+  EXPECT_NEAR(RowsMoved(four, three, 200000) * 4, 1.0, 0.05);
+  for (int64_t id = 0; id < 10000; ++id) ASSERT_NE(three.IdServer(id), 1);
+  // Grown again, the new rank (4) takes a fair share; rank 1 stays empty.
+  const placement::Placement back = three.Grow();
+  EXPECT_EQ(back.num_servers(), 5);
+  EXPECT_EQ(back.SlotsOf(1), 0);
+  EXPECT_EQ(back.SlotsOf(4), placement::kSlots / 4);
+  EXPECT_NEAR(RowsMoved(three, back, 200000) * 4, 1.0, 0.05);
+  // Refused: a rank that owns nothing, one out of range, the last one with slots.
+  placement::Placement untouched = three;
+  EXPECT_FALSE(three.Drain(1, &untouched, &why));
+  EXPECT_NE(why.find("server 1 owns no slot of placement version 2"), std::string::npos) << why;
+  EXPECT_FALSE(three.Drain(7, &untouched, &why));
+  EXPECT_FALSE(three.Drain(-1, &untouched, &why));
+  EXPECT_EQ(untouched.version(), three.version());
+  placement::Placement one = placement::Placement::First(1);
+  EXPECT_FALSE(one.Drain(0, &untouched, &why));
+  EXPECT_NE(why.find("the last one"), std::string::npos) << why;
 }
 
 TEST(Placement, InitialValuesIndependentOfServerCount) {

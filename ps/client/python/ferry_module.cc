@@ -983,7 +983,9 @@ PYBIND11_MODULE(_ferry, m) {
   m.def(
       "id_server",
       [](const py::object& obj, int num_servers) {
-        if (num_servers < 1) throw py::value_error("num_servers must be >= 1");
+        if (num_servers < 1 || num_servers > ferry::placement::kSlots) {
+          throw py::value_error("num_servers must be in [1, " + std::to_string(ferry::placement::kSlots) + "]");
+        }
         const IdsIn ids = IntegerArray(obj, "id_server: ids");
         py::array_t<int32_t> out(ids.size());
         int32_t* o = out.mutable_data();

@@ -926,6 +926,10 @@ class ClientImpl final : public Client {
 
 StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.servers.empty()) return InvalidArgumentError("ClientOptions.servers is empty: name at least one server");
+  if (options.servers.size() > static_cast<size_t>(placement::kSlots)) {
+    return InvalidArgumentError("ClientOptions.servers names " + std::to_string(options.servers.size()) +
+                                " servers, more than the placement's " + std::to_string(placement::kSlots) + " slots");
+  }
   if (options.num_workers < 1 || options.rank < 0 || options.rank >= options.num_workers) {
     return InvalidArgumentError("worker rank " + std::to_string(options.rank) + " is outside [0, " +
                                 std::to_string(options.num_workers) + ")");

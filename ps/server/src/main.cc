@@ -15,6 +15,7 @@
 
 #include "ferry/cluster.h"
 #include "ferry/server.h"
+#include "ferry/messages/placement.h"
 #include "ferry/messages/transport.h"
 #include "ferry/nearest.h"
 #include "internal/bind_endpoint.h"
@@ -150,7 +151,7 @@ int main(int argc, char** argv) {
       if (!ParseInt(flag, value, 0, 65535, &v)) return 2;
       options.rank = static_cast<int>(v);
     } else if (flag == "--num-servers") {
-      if (!ParseInt(flag, value, 1, 65536, &v)) return 2;
+      if (!ParseInt(flag, value, 1, ferry::placement::kSlots, &v)) return 2;
       options.num_servers = static_cast<int>(v);
     } else if (flag == "--compute-threads") {
       if (std::string_view(value) == "auto") {

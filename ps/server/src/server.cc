@@ -17,6 +17,7 @@
 #include "ferry/messages/deadlines.h"
 #include "ferry/messages/event_loop.h"
 #include "ferry/messages/kinds.h"
+#include "ferry/messages/placement.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "internal/checkpoint.h"
@@ -384,6 +385,10 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.num_servers < 1 || options.rank < 0 || options.rank >= options.num_servers) {
     return InvalidArgumentError("server rank " + std::to_string(options.rank) + " is outside [0, " +
                                 std::to_string(options.num_servers) + ")");
+  }
+  if (options.num_servers > placement::kSlots) {
+    return InvalidArgumentError("num_servers " + std::to_string(options.num_servers) + " is above " +
+                                std::to_string(placement::kSlots) + " (the placement's slots: each server needs one)");
   }
   if (options.max_message_bytes < 1024) return InvalidArgumentError("max_message_bytes must be at least 1024");
   transport::TuneAllocatorForLargeMessages();  // once per process; FERRY_MALLOC_TUNING=off opts out

@@ -1,9 +1,21 @@
 // ferry/messages/placement.h — which server holds what. Both sides compute it; the server
 // checks every chunk and id it receives against it, so a client with a different cluster view is
 // refused instead of silently writing to the wrong shard.
+//
+// Ids and chunks hash to one of kSlots slots, and slots belong to servers. A job's first map gives
+// slot s to server s mod S: since kSlots is a multiple of every S up to 10 (and of 12, 14, 15, 16,
+// 18, 20, 21, 24, 28, ...), that is exactly the rule of protocol 1.15 and before (an id on server
+// mix64(id) mod S, chunk c of table t on (mix64(t) + c) mod S) for those server counts. A server
+// set that changes moves whole slots (Placement::Grow and Drain): adding a server to S moves
+// about 1/(S + 1) of the rows and chunks, removing one about 1/S, where a rule of "mod S" would
+// move nearly all of them.
+//
+// Thread-safety: pure functions; a Placement is a value (const use from any thread).
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace ferry::placement {
 
@@ -15,18 +27,65 @@ inline uint64_t Mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Dense chunk -> server: a stable hash of the table picks where chunk 0 lives, the following
-// chunks go round-robin from there. Stable, and balanced to within one chunk per server (a pure
-// per-chunk hash would pile the two chunks of a small table onto one server half the time).
-inline int ChunkServer(uint64_t table_id, int64_t chunk, int num_servers) {
-  const uint64_t first = Mix64(table_id) % static_cast<uint64_t>(num_servers);
-  return static_cast<int>((first + static_cast<uint64_t>(chunk)) % static_cast<uint64_t>(num_servers));
+// 7! = 5040: divisible by 1..10, so the first map of up to 10 servers (and many counts beyond)
+// spreads whole rounds of slots, and a modulo by this constant compiles to a multiply.
+inline constexpr int kSlots = 5040;
+
+// The slot of sparse id `id` (independent of the table, so a row keeps its slot whatever else is
+// declared).
+inline int IdSlot(int64_t id) { return static_cast<int>(Mix64(static_cast<uint64_t>(id)) % kSlots); }
+
+// The slot of dense chunk `chunk` of table `table_id`: a stable hash of the table picks chunk 0's
+// slot, the following chunks take the following slots, so that under the first map they go
+// round-robin over the servers (a pure per-chunk hash would pile the two chunks of a small table
+// onto one server half the time).
+inline int ChunkSlot(uint64_t table_id, int64_t chunk) {
+  return static_cast<int>((Mix64(table_id) % kSlots + static_cast<uint64_t>(chunk) % kSlots) % kSlots);
 }
 
-// Sparse id -> server: a stable hash of the id (independent of the table, so a row keeps its
-// server whatever else is declared).
-inline int IdServer(int64_t id, int num_servers) {
-  return static_cast<int>(Mix64(static_cast<uint64_t>(id)) % static_cast<uint64_t>(num_servers));
+// Under the first map of `num_servers` servers (a job whose server set has not changed).
+inline int IdServer(int64_t id, int num_servers) { return IdSlot(id) % num_servers; }
+inline int ChunkServer(uint64_t table_id, int64_t chunk, int num_servers) {
+  return ChunkSlot(table_id, chunk) % num_servers;
 }
+
+// A map of slots to servers, with the version that names it. Servers are ranks 0..size()-1; a
+// rank drained of every slot stays a rank that owns nothing (the ranks of the others do not move).
+class Placement {
+ public:
+  // The first map of `num_servers` servers (version 1): slot s on server s mod num_servers.
+  // num_servers in [1, kSlots].
+  static Placement First(int num_servers);
+
+  uint64_t version() const { return version_; }
+  int num_servers() const { return static_cast<int>(slots_of_.size()); }  // ranks, drained ones too
+  int SlotServer(int slot) const { return owner_[static_cast<size_t>(slot)]; }
+  int IdServer(int64_t id) const { return owner_[static_cast<size_t>(IdSlot(id))]; }
+  int ChunkServer(uint64_t table_id, int64_t chunk) const {
+    return owner_[static_cast<size_t>(ChunkSlot(table_id, chunk))];
+  }
+  // How many slots server `rank` owns.
+  int SlotsOf(int rank) const { return slots_of_[static_cast<size_t>(rank)]; }
+  // The servers that own at least one slot.
+  int ActiveServers() const;
+
+  // The next version with one more server, rank num_servers(): it takes kSlots / (active + 1)
+  // slots (rounded so that every active server ends with the floor or the ceiling of the fair
+  // share), each from a server above its new share, spread over the ring of slots. Nothing else
+  // moves.
+  Placement Grow() const;
+  // The next version without server `rank`'s slots: each goes to the active server with the
+  // fewest (the lowest rank among equals). Nothing else moves. INVALID for the last active server
+  // or a rank that owns nothing: returns false and leaves *out alone, with the reason in *why.
+  bool Drain(int rank, Placement* out, std::string* why) const;
+
+  // The slots whose server differs between a and b (any two versions).
+  static int SlotsMoved(const Placement& a, const Placement& b);
+
+ private:
+  uint64_t version_ = 0;
+  std::vector<int> owner_;     // kSlots entries: the server of each slot
+  std::vector<int> slots_of_;  // per rank: how many slots it owns
+};
 
 }  // namespace ferry::placement

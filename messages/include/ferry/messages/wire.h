@@ -36,8 +36,10 @@ inline constexpr uint16_t kMajor = 1;
 // changed since the checkpoint the client committed last (a delta shard); 1.14: Changes (the change
 // feed: a reader's rows and chunks changed since a cursor), and Hello's `resumes` (a restarted
 // worker's replayed async steps are skipped where a server had taken them); 1.15: TableSpec's
-// disk_tier (a sparse table whose rows beyond max_rows go to the server's disk, not away)
-inline constexpr uint16_t kMinor = 15;
+// disk_tier (a sparse table whose rows beyond max_rows go to the server's disk, not away); 1.16: ids
+// and chunks placed by slots (ferry/messages/placement.h; the same servers as before for counts
+// that divide 5,040, other servers for 11, 13, 17, ...)
+inline constexpr uint16_t kMinor = 16;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

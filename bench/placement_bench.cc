@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
   }
   std::printf("ids %lld (random 64-bit), dense chunks %zu (1,000 tables of 1-64), slots %d\n\n",
               static_cast<long long>(n), chunks.size(), ferry::placement::kSlots);
-  std::printf("%-10s %8s %10s %8s %10s %10s %11s\n", "change", "ideal", "rows", "/ideal", "chunks", "mod S", "max load");
+  std::printf("%-10s %8s %10s %8s %10s %10s %11s\n", "change", "ideal", "rows", "/ideal", "chunks", "mod S",
+              "max load");
   Placement p = Placement::First(1);
   for (int s = 1; s < max_servers; ++s) {
     const Placement next = p.Grow();

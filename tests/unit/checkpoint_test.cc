@@ -160,7 +160,7 @@ TEST_F(CheckpointTest, RestoresBitwiseIntoOneThreeAndTwoServers) {
     std::vector<TableRegistry> restored;
     for (int r = 0; r < n; ++r) {
       restored.emplace_back(r, n);
-      ASSERT_TRUE(RestoreShard(*ckpt, r, n, 2, &restored.back()).ok());
+      ASSERT_TRUE(RestoreShard(*ckpt, r, 2, &restored.back()).ok());
     }
     const Gathered after = Gather(restored);
     EXPECT_EQ(after.chunk_params.size(), 5u);
@@ -423,7 +423,7 @@ TEST_F(DeltaCheckpointTest, AChainOfDeltasReadsBackAsTheTablesWereAtEachStep) {
   std::vector<TableRegistry> three;
   for (int r = 0; r < 3; ++r) {
     three.emplace_back(r, 3);
-    ASSERT_TRUE(RestoreShard(*ckpt, r, 3, 2, &three.back()).ok());
+    ASSERT_TRUE(RestoreShard(*ckpt, r, 2, &three.back()).ok());
   }
   EXPECT_TRUE(Live(three) == held_[40]);
 }

@@ -888,7 +888,7 @@ TEST(DiskTierCheckpoint, HoldsBothTiersByHardLinksAndRestoresIntoAnyServerCount)
     for (int r = 0; r < n; ++r) {
       TieredServer restored(dir.path() / ("restore-" + std::to_string(n)), r, n);
       ASSERT_TRUE(restored.store);
-      ASSERT_TRUE(RestoreShard(*data, r, n, 1, &restored.registry).ok());
+      ASSERT_TRUE(RestoreShard(*data, r, 1, &restored.registry).ok());
       EXPECT_LE(restored.shard().size(), 20u);
       // A restored row is in one tier: no stale copy on disk under a RAM row (the shard would not
       // know to erase it when the id ages out).
@@ -908,7 +908,7 @@ TEST(DiskTierCheckpoint, HoldsBothTiersByHardLinksAndRestoresIntoAnyServerCount)
   }
   // A server without a store cannot restore it, and says so.
   TableRegistry plain(0, 1);
-  Status s = RestoreShard(*data, 0, 1, 1, &plain);
+  Status s = RestoreShard(*data, 0, 1, &plain);
   EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s;
   EXPECT_NE(std::string::npos, s.message().find("--disk-tier-dir")) << s;
 }
@@ -933,7 +933,7 @@ TEST(DiskTierCheckpoint, ACopyMissingAFileOrWithAByteChangedIsPassedOverForTheOl
   std::sort(tables.begin(), tables.end());
   auto restored_rows = [&](const CheckpointData& data) {
     TieredServer restored(dir.path() / ("restore-" + std::to_string(data.step)), 0, 1);
-    EXPECT_TRUE(RestoreShard(data, 0, 1, 1, &restored.registry).ok());
+    EXPECT_TRUE(RestoreShard(data, 0, 1, &restored.registry).ok());
     return restored.Rows();
   };
 
@@ -1007,7 +1007,7 @@ TEST(DiskTierCheckpoint, OldCheckpointsTakeTheirCopiesOfTheStoreWithThem) {
   auto data = ReadCheckpoint(ckpt.string());
   ASSERT_TRUE(data.ok()) << data.status();
   TieredServer restored(dir.path() / "restore", 0, 1);
-  ASSERT_TRUE(RestoreShard(*data, 0, 1, 1, &restored.registry).ok());
+  ASSERT_TRUE(RestoreShard(*data, 0, 1, &restored.registry).ok());
   EXPECT_EQ(server.Rows(), restored.Rows());
 }
 

@@ -340,7 +340,7 @@ TEST(RowLifecycle, ACheckpointHoldsTheLiveRowsOnlyAndRestoresThem) {
   EXPECT_EQ(saved, live) << "evicted rows and free slots are not saved";
 
   TableRegistry back(0, 1);
-  ASSERT_TRUE(RestoreShard(*ckpt, 0, 1, 1, &back).ok());
+  ASSERT_TRUE(RestoreShard(*ckpt, 0, 1, &back).ok());
   SparseShard& restored = *(*back.Find(TableId(spec.name), TableType::kSparse))->sparse;
   EXPECT_EQ(restored.size(), live.size());
   for (int64_t id : live) EXPECT_EQ(Pulled(restored, id), Pulled(shard, id)) << "id " << id;

@@ -398,7 +398,8 @@ TEST(SharedFloats, AnUpdateUnderAReplyInFlightGivesTheBitsOfOneInPlace) {
   spec.optimizer.type = OptimizerType::kAdam;
   spec.init = InitType::kUniform;
   spec.init_scale = 0.1f;
-  DenseShard in_place(spec, 1, 0, 1, 1), shared(spec, 1, 0, 1, 1);
+  const placement::Placement one = placement::Placement::First(1);
+  DenseShard in_place(spec, 1, 0, one, 1), shared(spec, 1, 0, one, 1);
   DenseChunk& a = *in_place.chunk(0);
   DenseChunk& b = *shared.chunk(0);
   ASSERT_EQ(a.params, b.params);

@@ -56,7 +56,9 @@ using wire::Kind;
 class ClientImpl final : public Client {
  public:
   ClientImpl(ClientOptions options, std::shared_ptr<Context> context)
-      : options_(std::move(options)), engine_(options_, std::move(context)) {}
+      : options_(std::move(options)),
+        engine_(options_, std::move(context)),
+        placement_(placement::Placement::First(static_cast<int>(options_.servers.size()))) {}
 
   // The engine stops first: replies read on its thread call into this object.
   ~ClientImpl() override { engine_.Stop(); }
@@ -251,7 +253,7 @@ class ClientImpl final : public Client {
       }
       const uint64_t id = TableId(spec.name);
       for (int64_t c = 0; c < spec.num_chunks(); ++c) {
-        const int s = placement::ChunkServer(id, c, num_servers());
+        const int s = placement_.ChunkServer(id, c);
         const int64_t offset = c * spec.chunk_elems;
         const int64_t count = std::min(spec.chunk_elems, spec.num_elements() - offset);
         auto& msgs = per_server[static_cast<size_t>(s)];
@@ -538,13 +540,13 @@ class ClientImpl final : public Client {
         int64_t row = 0;
         bool first = true;
         if (distinct) {
-          s = placement::IdServer(ids[p], S);
+          s = placement_.IdServer(ids[p]);
           row = static_cast<int64_t>(mine[static_cast<size_t>(s)].own_ids.size());
         } else {
           if (p + kAhead < ids.size()) where.prefetch(ids[p + kAhead]);
           auto [it, inserted] = where.try_emplace(ids[p], 0);
           if (inserted) {
-            const int to = placement::IdServer(ids[p], S);
+            const int to = placement_.IdServer(ids[p]);
             it->second = (int64_t{to} << kRowBits) | static_cast<int64_t>(mine[static_cast<size_t>(to)].own_ids.size());
           }
           s = static_cast<int>(it->second >> kRowBits);
@@ -899,6 +901,7 @@ class ClientImpl final : public Client {
  private:
   const ClientOptions options_;
   io::Engine engine_;                           // after options_, which it reads
+  const placement::Placement placement_;        // which server holds each chunk and id
   std::atomic<int64_t> barrier_generation_{0};  // the next collective's id (server 0 says the first)
   std::atomic<int64_t> restored_step_{0};       // server 0's restored checkpoint step
   std::atomic<int64_t> lowest_worker_step_{INT64_MAX};  // worker_step(): the lowest the servers said

@@ -202,11 +202,11 @@ StatusOr<KeptCheckpoints> ListCheckpoints(const std::string& dir);
 // fallback to another. NotFound, naming the steps kept, when `dir` has none of that step.
 StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step);
 
-// Declares every table of `ckpt` in `tables` (server `rank` of `num_servers`, a job of
-// `num_workers`) and fills in the chunks and rows that placement gives this server. An async or
+// Declares every table of `ckpt` in `tables` (server `rank`, a job of `num_workers`) and fills
+// in the chunks and rows that the registry's placement gives this server. An async or
 // ssp table whose shards recorded their own workers' steps gets replay floors (Table::replay):
 // a worker resumes at the lowest step any server knew, and a push it replays is skipped for the
 // chunks and rows whose server at the checkpoint had taken that step already.
-Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int num_workers, TableRegistry* tables);
+Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, TableRegistry* tables);
 
 }  // namespace ferry::ps

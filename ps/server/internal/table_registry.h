@@ -17,6 +17,7 @@
 #include "ferry/messages/wire.h"
 #include "ferry/status.h"
 #include "ferry/table_spec.h"
+#include "ferry/messages/placement.h"
 #include "internal/memory_budget.h"
 #include "internal/row_lifecycle.h"
 #include "internal/tables.h"
@@ -25,10 +26,11 @@ namespace ferry::ps {
 
 class TableRegistry {
  public:
+  // Server `rank` of a job of `num_servers` (placed by their first map, placement.h).
   // `memory_budget`: the bytes this server's tables may take (0: MemoryBudget::DefaultLimit()).
   TableRegistry(int rank, int num_servers, int64_t memory_budget = 0)
       : rank_(rank),
-        num_servers_(num_servers),
+        placement_(placement::Placement::First(num_servers)),
         budget_(std::make_unique<MemoryBudget>(memory_budget)),
         lifecycle_(std::make_unique<RowLifecycleTotals>()) {}
 
@@ -36,6 +38,7 @@ class TableRegistry {
   // the registry); without one such tables are refused (FAILED_PRECONDITION).
   void SetDiskTier(DiskTier* disk) { disk_ = disk; }
   DiskTier* disk_tier() const { return disk_; }
+  const placement::Placement& placement() const { return placement_; }
 
   // Declares `spec` under `claimed_id` (which must be the hash of its name) for a job of
   // `num_workers`. Declaring the same spec again is a no-op; a different spec under the same
@@ -100,7 +103,7 @@ class TableRegistry {
 
  private:
   const int rank_;
-  const int num_servers_;
+  const placement::Placement placement_;  // which server holds each chunk and id
   std::unique_ptr<MemoryBudget> budget_;  // behind a pointer: shards keep its address across moves
   std::unique_ptr<RowLifecycleTotals> lifecycle_;  // likewise
   DiskTier* disk_ = nullptr;                       // SetDiskTier

@@ -19,6 +19,7 @@
 #include <absl/container/flat_hash_set.h>
 #include <zmq.hpp>
 
+#include "ferry/messages/placement.h"
 #include "ferry/table_spec.h"
 #include "internal/disk_tier.h"
 #include "internal/optimizer.h"
@@ -87,11 +88,11 @@ class DenseShard {
  public:
   // Allocates and initialises the chunks that `placement` assigns to server `rank`. Throws
   // Cancelled if `cancel` becomes true on the way (looked at between chunks).
-  DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers,
-             const std::atomic<bool>* cancel = nullptr);
+  DenseShard(const TableSpec& spec, uint64_t table_id, int rank, const placement::Placement& placement,
+             int num_workers, const std::atomic<bool>* cancel = nullptr);
   // The bytes the chunks of `spec` held by server `rank` take (parameters and optimizer state),
   // computed before anything is allocated.
-  static int64_t HeldBytes(const TableSpec& spec, uint64_t table_id, int rank, int num_servers);
+  static int64_t HeldBytes(const TableSpec& spec, uint64_t table_id, int rank, const placement::Placement& placement);
   // nullptr when `chunk` is out of range or not held here.
   DenseChunk* chunk(int64_t index);
   const DenseChunk* chunk(int64_t index) const { return const_cast<DenseShard*>(this)->chunk(index); }

@@ -1164,7 +1164,7 @@ std::optional<Table::Replay> ReplayOf(const CheckpointData& ckpt, int num_worker
 
 }  // namespace
 
-Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int num_workers, TableRegistry* tables) {
+Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, TableRegistry* tables) {
   const std::optional<Table::Replay> replay = ReplayOf(ckpt, num_workers);
   for (const auto& [id, t] : ckpt.tables) {
     FERRY_RETURN_IF_ERROR(tables->Create(t.spec, id, num_workers));
@@ -1195,7 +1195,7 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int n
       FERRY_ASSIGN_OR_RETURN(Table * table, tables->Find(id, TableType::kSparse));
       SparseShard& s = *table->sparse;
       for (const auto& [row_id, row] : t.rows) {
-        if (placement::IdServer(row_id, num_servers) != rank) continue;
+        if (tables->placement().IdServer(row_id) != rank) continue;
         if (static_cast<int64_t>(row.values.size()) != s.row_floats()) {
           return DataLossError("checkpoint " + ckpt.manifest + ": table '" + t.spec.name + "' id " +
                                std::to_string(row_id) + " has the wrong width");
@@ -1220,7 +1220,7 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_servers, int n
           return w;
         };
         FERRY_RETURN_IF_ERROR(ForEachDiskRow(t, id, [&](int64_t row_id, int64_t row_steps, const float* row) {
-          if (placement::IdServer(row_id, num_servers) != rank) return Status::Ok();
+          if (tables->placement().IdServer(row_id) != rank) return Status::Ok();
           ids.push_back(row_id);
           steps.push_back(row_steps);
           rows.insert(rows.end(), row, row + s.row_floats());

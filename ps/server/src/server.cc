@@ -440,7 +440,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     if (!ckpt.ok()) return ckpt.status().WithContext(who);
     for (const auto& s : skipped) std::fprintf(stderr, "%s: passed over a checkpoint: %s\n", who.c_str(), s.c_str());
     try {
-      FERRY_RETURN_IF_ERROR(ps::RestoreShard(*ckpt, options.rank, options.num_servers, options.num_workers, &tables)
+      FERRY_RETURN_IF_ERROR(ps::RestoreShard(*ckpt, options.rank, options.num_workers, &tables)
                                 .WithContext(who + ": restoring " + ckpt->manifest));
     } catch (const ps::BudgetExceeded& e) {
       return ResourceExhaustedError(who + ": restoring " + ckpt->manifest + ": " + e.what());

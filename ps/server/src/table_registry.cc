@@ -105,14 +105,14 @@ StatusOr<std::unique_ptr<Table>> TableRegistry::Declare(TableSpec spec, uint64_t
 }
 
 int64_t TableRegistry::BuildBytes(const Table& table) const {
-  return table.spec.type == TableType::kDense ? DenseShard::HeldBytes(table.spec, table.id, rank_, num_servers_)
+  return table.spec.type == TableType::kDense ? DenseShard::HeldBytes(table.spec, table.id, rank_, placement_)
                                               : AdmissionFilter::Bytes(table.spec);
 }
 
 Status TableRegistry::Build(Table& table, int num_workers, const std::atomic<bool>* cancel) {
   try {
     if (table.spec.type == TableType::kDense) {
-      table.dense = std::make_unique<DenseShard>(table.spec, table.id, rank_, num_servers_, num_workers, cancel);
+      table.dense = std::make_unique<DenseShard>(table.spec, table.id, rank_, placement_, num_workers, cancel);
     } else {
       table.sparse = std::make_unique<SparseShard>(table.spec, table.id, num_workers, budget_.get(), lifecycle_.get());
       if (table.spec.disk_tier) {
@@ -179,7 +179,7 @@ Status TableRegistry::ResolveSlices(const wire::Header& h, int64_t max_reply_byt
       }
       return FailedPreconditionError(
           "table '" + t->spec.name + "' chunk " + std::to_string(sl->chunk()) + " belongs to server " +
-          std::to_string(placement::ChunkServer(t->id, sl->chunk(), num_servers_)) + ", not " +
+          std::to_string(placement_.ChunkServer(t->id, sl->chunk())) + ", not " +
           std::to_string(rank_) + ": client and server disagree on the cluster");
     }
     if (sl->count() != c->size) {
@@ -197,9 +197,9 @@ Status TableRegistry::ResolveSlices(const wire::Header& h, int64_t max_reply_byt
 }
 
 Status TableRegistry::CheckIds(const Table& t, std::span<const int64_t> ids) const {
-  if (num_servers_ == 1) return Status::Ok();
+  if (placement_.SlotsOf(rank_) == placement::kSlots) return Status::Ok();  // every id is here
   for (int64_t id : ids) {
-    const int owner = placement::IdServer(id, num_servers_);
+    const int owner = placement_.IdServer(id);
     if (owner != rank_) {
       return FailedPreconditionError("table '" + t.spec.name + "': id " + std::to_string(id) + " belongs to server " +
                                      std::to_string(owner) + ", not " + std::to_string(rank_) +

@@ -23,14 +23,14 @@ void SyncSlots::Reset(int num_workers, bool sparse) {
   received = 0;
 }
 
-DenseShard::DenseShard(const TableSpec& spec, uint64_t table_id, int rank, int num_servers, int num_workers,
-                       const std::atomic<bool>* cancel) {
+DenseShard::DenseShard(const TableSpec& spec, uint64_t table_id, int rank, const placement::Placement& placement,
+                       int num_workers, const std::atomic<bool>* cancel) {
   const int64_t n = spec.num_elements();
   const int64_t count = spec.num_chunks();
   const int slots = StateSlots(spec.optimizer.type);
   chunks_.resize(static_cast<size_t>(count));
   for (int64_t c = 0; c < count; ++c) {
-    if (placement::ChunkServer(table_id, c, num_servers) != rank) continue;
+    if (placement.ChunkServer(table_id, c) != rank) continue;
     if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) throw Cancelled();
     auto ch = std::make_unique<DenseChunk>();
     ch->offset = c * spec.chunk_elems;
@@ -51,12 +51,13 @@ DenseChunk* DenseShard::chunk(int64_t index) {
   return chunks_[static_cast<size_t>(index)].get();
 }
 
-int64_t DenseShard::HeldBytes(const TableSpec& spec, uint64_t table_id, int rank, int num_servers) {
+int64_t DenseShard::HeldBytes(const TableSpec& spec, uint64_t table_id, int rank,
+                              const placement::Placement& placement) {
   const int64_t n = spec.num_elements();
   const int64_t floats_per_elem = 1 + StateSlots(spec.optimizer.type);
   int64_t held = 0;
   for (int64_t c = 0; c < spec.num_chunks(); ++c) {
-    if (placement::ChunkServer(table_id, c, num_servers) != rank) continue;
+    if (placement.ChunkServer(table_id, c) != rank) continue;
     held += std::min(spec.chunk_elems, n - c * spec.chunk_elems);
   }
   return held * floats_per_elem * static_cast<int64_t>(sizeof(float));

@@ -177,7 +177,6 @@ constexpr Size kProcessSizes[] = {kSizes[0], kSizes[1], kSizes[2]};
 // FERRY_BENCH_CHUNK_ELEMS (experiments with other chunk sizes).
 int64_t ChunkElems(int64_t elems) {
   const char* cap = std::getenv("FERRY_BENCH_CHUNK_ELEMS");
-  if (std::getenv("FERRY_BENCH_ONE_CHUNK")) return elems;
   return std::clamp<int64_t>(elems / 2, 1, cap != nullptr ? std::atoll(cap) : TableSpec().chunk_elems);
 }
 

@@ -96,14 +96,31 @@ int main(int argc, char** argv) {
               static_cast<long long>(n), chunks.size(), ferry::placement::kSlots);
   std::printf("%-10s %8s %10s %8s %10s %10s %11s\n", "change", "ideal", "rows", "/ideal", "chunks", "mod S",
               "max load");
+  // Grown one server at a time from one; then a job that starts with S and adds one.
   Placement p = Placement::First(1);
   for (int s = 1; s < max_servers; ++s) {
-    const Placement next = p.Grow();
+    const Placement next = p.Grow().value();
     const Moved m = Compare(ids, chunks, p, next);
     const double ideal = 1.0 / (s + 1);
     std::printf("%3d -> %-3d %8.4f %10.4f %8.3f %10.4f %10.4f %11.4f\n", s, s + 1, ideal, m.rows, m.rows / ideal,
                 m.chunks, ModuloMoved(ids, s, s + 1), m.max_load);
     p = next;
+  }
+  std::printf("\n%-10s %8s %10s %8s %10s %10s %11s %12s\n", "first map", "ideal", "rows", "/ideal", "chunks", "mod S",
+              "max load", "S+1 chunks");
+  for (int s = 2; s <= max_servers; ++s) {
+    const Placement first = Placement::First(s);
+    const Placement next = first.Grow().value();
+    const Moved m = Compare(ids, chunks, first, next);
+    const double ideal = 1.0 / (s + 1);
+    // A table of S+1 chunks: the most of them on one server, the worst of 1,000 tables.
+    int most = 0;
+    for (uint64_t t = 0; t < 1000; ++t) {
+      std::vector<int> on(static_cast<size_t>(s) + 1, 0);
+      for (int64_t c = 0; c <= s; ++c) most = std::max(most, ++on[static_cast<size_t>(next.ChunkServer(Mix64(t), c))]);
+    }
+    std::printf("%3d -> %-3d %8.4f %10.4f %8.3f %10.4f %10.4f %11.4f %12d\n", s, s + 1, ideal, m.rows, m.rows / ideal,
+                m.chunks, ModuloMoved(ids, s, s + 1), m.max_load, most);
   }
   // Drains from the first map of S: rank 0, the middle rank, the last.
   std::printf("\n%-16s %8s %10s %8s %10s %10s %11s\n", "drain", "ideal", "rows", "/ideal", "chunks", "mod S",
@@ -113,12 +130,12 @@ int main(int argc, char** argv) {
     std::vector<int> ranks = {0, s / 2, s - 1};
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
     for (int rank : ranks) {
-      Placement next;
-      std::string why;
-      if (!first.Drain(rank, &next, &why)) {
-        std::fprintf(stderr, "ferry-placement-bench: %s\n", why.c_str());
+      auto drained = first.Drain(rank);
+      if (!drained.ok()) {
+        std::fprintf(stderr, "ferry-placement-bench: %s\n", drained.status().ToString().c_str());
         return 1;
       }
+      const Placement next = *drained;
       const Moved m = Compare(ids, chunks, first, next);
       const double ideal = 1.0 / s;
       std::printf("%3d -> %-3d rank %-2d %8.4f %10.4f %8.3f %10.4f %10.4f %11.4f\n", s, s - 1, rank, ideal, m.rows,

@@ -8,6 +8,9 @@ import socket
 from .common import DEFAULT_BASE_PORT, LaunchError
 from .hosts import _HOST_RE, canonical_host, is_local
 
+# ferry/messages/placement.h's kSlots: a job of more servers would leave some without a slot.
+MAX_SERVERS = 5040
+
 
 class Prepend:
     """An environment value that goes in front of the variable's inherited value, as in a path
@@ -174,6 +177,9 @@ def parse_spec(data):
             raise LaunchError(f"spec: missing field '{prefix}{role}'")
         if not isinstance(data[role], list) or not data[role]:
             raise LaunchError(f"spec: field '{prefix}{role}' must be a non-empty list")
+    if len(data["ps"]) > MAX_SERVERS:
+        raise LaunchError(f"spec: field '{prefix}ps' lists {len(data['ps'])} servers; at most {MAX_SERVERS} "
+                          "(the placement's slots: each server needs one)")
     if task is not None:
         _check_tf_task(task, data)
 
@@ -228,6 +234,9 @@ def ps_ports(base_port, hosts, source):
 def cluster_from_flags(opts):
     if opts.num_ps < 1 or opts.num_workers < 1:
         raise LaunchError("--num-ps and --num-workers must be at least 1")
+    if opts.num_ps > MAX_SERVERS:
+        raise LaunchError(f"--num-ps {opts.num_ps}: at most {MAX_SERVERS} servers (the placement's slots: "
+                          "each server needs one)")
     if not _HOST_RE.match(opts.host):
         raise LaunchError(f"--host '{opts.host}': not a host name or address")
     ports = ps_ports(opts.base_port, [opts.host] * opts.num_ps, "--host")
@@ -240,6 +249,9 @@ def cluster_from_nodes(nodes, num_ps, num_workers, base_port):
     """The placement rule of the Slurm backend: ps r on nodes[r mod K] and worker w on
     nodes[w mod K] (K nodes, both round-robin from the first node); ps r listens on
     base_port + r (unique in the job, so servers sharing a node never collide)."""
+    if num_ps > MAX_SERVERS:
+        raise LaunchError(f"--num-ps {num_ps}: at most {MAX_SERVERS} servers (the placement's slots: "
+                          "each server needs one)")
     if num_ps < 1 or num_workers < 1:
         raise LaunchError("--num-ps and --num-workers must be at least 1")
     k = len(nodes)

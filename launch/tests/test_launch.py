@@ -1577,6 +1577,8 @@ class UsageErrorTest(unittest.TestCase):
              "field 'task.index' must be an integer 0..0 (an entry of 'cluster.worker'), got 1"),
             ({"cluster": {"ps": ["127.0.0.1:7000"], "worker": ["a"]},
               "task": {"type": "ps", "index": 0, "trial": 1}}, "unknown field 'task.trial'"),
+            ({"ps": [f"127.0.0.1:{1 + i}" for i in range(5041)], "worker": ["127.0.0.1"]},
+             "field 'ps' lists 5041 servers; at most 5040"),
         ]
         for spec, want in cases:
             with self.subTest(want=want):
@@ -1584,6 +1586,12 @@ class UsageErrorTest(unittest.TestCase):
                 self.assertIn("ferry-launch: error: spec:", out)
                 self.assertIn(want, out)
 
+
+    def test_more_servers_than_placement_slots_are_refused(self):
+        rc, out = run_in_process(["--num-ps", "5041", "--num-workers", "1", "--bin-dir", BUILD_DIR,
+                                  "--base-port", "0", "--dry-run"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--num-ps 5041: at most 5040 servers", out)
 
     def test_a_spec_that_is_not_utf8_or_nests_too_deeply_is_an_error_not_a_traceback(self):
         # Both printed a Python traceback (issue 35).

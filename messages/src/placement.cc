@@ -24,12 +24,16 @@ int Placement::ActiveServers() const {
   return static_cast<int>(std::count_if(slots_of_.begin(), slots_of_.end(), [](int n) { return n > 0; }));
 }
 
-Placement Placement::Grow() const {
+StatusOr<Placement> Placement::Grow() const {
+  const int active = ActiveServers() + 1;
+  if (active > kSlots) {
+    return FailedPreconditionError("placement version " + std::to_string(version_) + " gives each of its " +
+                                   std::to_string(kSlots) + " slots a server of its own: no server can be added");
+  }
   Placement next = *this;
   ++next.version_;
   const int added = num_servers();
   next.slots_of_.push_back(0);
-  const int active = ActiveServers() + 1;
   // Fair shares: every active server ends with kSlots / active slots, the first kSlots % active
   // of them (the most loaded now, then the lowest ranks) with one more. The new server is last
   // among equals, so it takes the floor.
@@ -40,39 +44,45 @@ Placement Placement::Grow() const {
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     return slots_of_[static_cast<size_t>(a)] > slots_of_[static_cast<size_t>(b)];
   });
-  order.push_back(added);
-  std::vector<int> share(static_cast<size_t>(added) + 1, 0);
+  std::vector<int> give(static_cast<size_t>(added), 0);
+  int total = 0;
   for (size_t i = 0; i < order.size(); ++i) {
-    share[static_cast<size_t>(order[i])] = kSlots / active + (static_cast<int>(i) < kSlots % active ? 1 : 0);
+    const int share = kSlots / active + (static_cast<int>(i) < kSlots % active ? 1 : 0);
+    const int r = order[i];
+    give[static_cast<size_t>(r)] = std::max(0, slots_of_[static_cast<size_t>(r)] - share);
+    total += give[static_cast<size_t>(r)];
   }
-  // Each donor gives its excess, taken evenly along its own slots (so that the slots a table's
-  // consecutive chunks hash to stay spread over the servers).
-  for (int r = 0; r < added; ++r) {
-    const int give = slots_of_[static_cast<size_t>(r)] - share[static_cast<size_t>(r)];
-    if (give <= 0) continue;
-    std::vector<int> mine;
-    mine.reserve(static_cast<size_t>(slots_of_[static_cast<size_t>(r)]));
-    for (int s = 0; s < kSlots; ++s) {
-      if (owner_[static_cast<size_t>(s)] == r) mine.push_back(s);
-    }
-    for (int i = 0; i < give; ++i) {
-      const size_t pick = (static_cast<size_t>(2 * i + 1) * mine.size()) / (2 * static_cast<size_t>(give));
-      next.owner_[static_cast<size_t>(mine[pick])] = added;
-    }
-    next.slots_of_[static_cast<size_t>(r)] -= give;
-    next.slots_of_[static_cast<size_t>(added)] += give;
+  // Around the ring once at an even pace (one slot in kSlots / total), each taken from its owner
+  // while that owner has some to give; a pass after takes what the pace passed over. Taking each
+  // donor's slots at an even pace along its own list would not do: in a first map every donor
+  // gives the same count, so all would pick the same places and the new server would get runs of
+  // consecutive slots (a table's consecutive chunks all on it).
+  auto take = [&](int s) {
+    int& left = give[static_cast<size_t>(owner_[static_cast<size_t>(s)])];
+    if (left == 0 || next.owner_[static_cast<size_t>(s)] == added) return false;
+    --left;
+    --next.slots_of_[static_cast<size_t>(owner_[static_cast<size_t>(s)])];
+    next.owner_[static_cast<size_t>(s)] = added;
+    ++next.slots_of_[static_cast<size_t>(added)];
+    return true;
+  };
+  int64_t pace = kSlots / 2;  // in units of 1/kSlots of a slot: take one each time it passes kSlots
+  for (int s = 0; s < kSlots; ++s) {
+    pace += total;
+    if (pace >= kSlots && take(s)) pace -= kSlots;
   }
+  for (int s = 0; s < kSlots && next.slots_of_[static_cast<size_t>(added)] < total; ++s) take(s);
   return next;
 }
 
-bool Placement::Drain(int rank, Placement* out, std::string* why) const {
+StatusOr<Placement> Placement::Drain(int rank) const {
   if (rank < 0 || rank >= num_servers() || slots_of_[static_cast<size_t>(rank)] == 0) {
-    *why = "server " + std::to_string(rank) + " owns no slot of placement version " + std::to_string(version_);
-    return false;
+    return InvalidArgumentError("server " + std::to_string(rank) + " owns no slot of placement version " +
+                                std::to_string(version_));
   }
   if (ActiveServers() == 1) {
-    *why = "server " + std::to_string(rank) + " is the last one that owns slots: nothing could take them";
-    return false;
+    return FailedPreconditionError("server " + std::to_string(rank) +
+                                   " is the last one that owns slots: nothing could take them");
   }
   Placement next = *this;
   ++next.version_;
@@ -87,8 +97,7 @@ bool Placement::Drain(int rank, Placement* out, std::string* why) const {
     ++next.slots_of_[static_cast<size_t>(to)];
     --next.slots_of_[static_cast<size_t>(rank)];
   }
-  *out = std::move(next);
-  return true;
+  return next;
 }
 
 int Placement::SlotsMoved(const Placement& a, const Placement& b) {

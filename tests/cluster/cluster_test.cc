@@ -801,6 +801,101 @@ TEST(Cluster, MoreServersThanPlacementSlotsAreRefused) {
   EXPECT_NE(c.status().message().find("names 5041 servers"), std::string::npos) << c.status();
 }
 
+// Protocol 1.16 places ids and chunks by slots: for a server count that does not divide 5,040 (11
+// here) a 1.15 client or server would place them elsewhere, so each side refuses the other at the
+// handshake, naming the versions; for a count that divides it (2) nothing moved and 1.15 is
+// accepted.
+TEST(Cluster, APeerOfThePlacementBeforeSlotsIsRefusedWhereItWouldPlaceElsewhere) {
+  auto context = Context::Create(1);
+  auto hello = [](uint16_t minor, int num_servers) {
+    flatbuffers::FlatBufferBuilder fbb;
+    wire::HeaderBuilder b(fbb);
+    b.add_major(wire::kMajor);
+    b.add_minor(minor);
+    b.add_kind(wire::Kind::Hello);
+    b.add_request_id(7);
+    b.add_rank(0);
+    b.add_num_workers(1);
+    b.add_num_servers(num_servers);
+    b.add_server_rank(0);
+    wire::FinishHeaderBuffer(fbb, b.Finish());
+    transport::Frames f;
+    f.push_back(wire::ToFrame(fbb));
+    return f;
+  };
+  for (const int servers : {11, 2}) {
+    ServerOptions s;
+    s.bind = "inproc://placement-" + std::to_string(servers);
+    s.context = context;
+    s.num_servers = servers;
+    s.num_workers = 1;
+    auto server = Server::Start(s);
+    ASSERT_TRUE(server.ok()) << server.status();
+    for (const uint16_t minor : {uint16_t{15}, wire::kMinor}) {
+      auto raw = transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::dealer);
+      ASSERT_TRUE(raw.ok());
+      raw->set(zmq::sockopt::rcvtimeo, 10000);
+      raw->connect(s.bind);
+      auto frames = hello(minor, servers);
+      ASSERT_TRUE(transport::Send(*raw, frames).ok());
+      transport::Frames reply;
+      ASSERT_TRUE(transport::Recv(*raw, &reply).ok()) << "no reply";
+      const wire::Header* h = nullptr;
+      ASSERT_TRUE(wire::VerifyHeader(reply[0], &h).ok());
+      if (servers == 11 && minor == 15) {
+        ASSERT_EQ(h->kind(), wire::Kind::Error);
+        const Status st = wire::ErrorStatus(*h);
+        EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+        EXPECT_NE(st.message().find("placement mismatch: a client of protocol 1.15"), std::string::npos) << st;
+        EXPECT_NE(st.message().find("a job of 11 servers"), std::string::npos) << st;
+      } else {
+        EXPECT_EQ(h->kind(), wire::Kind::Reply) << servers << " servers, 1." << minor << ": "
+                                                 << (h->kind() == wire::Kind::Error ? wire::ErrorStatus(*h).ToString()
+                                                                                    : "");
+      }
+      raw->close();
+    }
+    (*server)->Stop();
+  }
+  // The client: 11 servers that answer Hello as a 1.15 server would.
+  auto router = transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router);
+  ASSERT_TRUE(router.ok());
+  ClientOptions o;
+  for (int i = 0; i < 11; ++i) {
+    o.servers.push_back("inproc://old-placement-" + std::to_string(i));
+    router->bind(o.servers.back());
+  }
+  std::thread old_servers([&] {
+    router->set(zmq::sockopt::rcvtimeo, 20000);
+    for (int i = 0; i < 11; ++i) {
+      transport::Frames req;
+      if (!transport::Recv(*router, &req).ok() || req.size() < 2) return;
+      const wire::Header* h = nullptr;
+      if (!wire::VerifyHeader(req[1], &h).ok()) return;
+      flatbuffers::FlatBufferBuilder fbb;
+      wire::HeaderBuilder b(fbb);
+      b.add_major(wire::kMajor);
+      b.add_minor(15);
+      b.add_kind(wire::Kind::Reply);
+      b.add_request_kind(h->kind());
+      b.add_request_id(h->request_id());
+      wire::FinishHeaderBuffer(fbb, b.Finish());
+      transport::Frames reply;
+      reply.push_back(std::move(req[0]));
+      reply.push_back(wire::ToFrame(fbb));
+      if (!transport::Send(*router, reply).ok()) return;
+    }
+  });
+  o.context = context;
+  o.connect_timeout = 20s;
+  auto client = Client::Connect(o);
+  old_servers.join();
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), StatusCode::kFailedPrecondition) << client.status();
+  EXPECT_NE(client.status().message().find("placement mismatch: server"), std::string::npos) << client.status();
+  EXPECT_NE(client.status().message().find("speaks protocol 1.15"), std::string::npos) << client.status();
+}
+
 // compute_threads 0 means no helper thread: the I/O thread does every update and read itself,
 // with the same results bit for bit as a server with helpers (large dense chunks and sparse reads
 // are what the helpers share). -1, the default, is one per core, minus one.

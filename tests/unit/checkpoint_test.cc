@@ -174,6 +174,57 @@ TEST_F(CheckpointTest, RestoresBitwiseIntoOneThreeAndTwoServers) {
   }
 }
 
+// The manifest says by which placement its servers held what they saved (1.16: slots). One without
+// it was written before, under the rule "mod S": what its shards recorded per server is read by
+// that rule, which for 11 servers differs from the slots' (for 2, as here, it does not).
+TEST_F(CheckpointTest, TheManifestNamesItsPlacementAndOneWithoutItIsReadByTheRuleBefore) {
+  Save(7);
+  const fs::path manifest = dir_ / "MANIFEST-00000000000000000007";
+  nlohmann::json m;
+  std::ifstream(manifest) >> m;
+  EXPECT_EQ(m["placement"], "slots-5040");
+  auto ckpt = ReadCheckpointAt(dir_.string(), 7);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_FALSE(ckpt->before_slots);
+  auto rewrite = [&](const nlohmann::json& j) { std::ofstream(manifest, std::ios::trunc) << j.dump(1) << "\n"; };
+  nlohmann::json before = m;
+  before.erase("placement");
+  rewrite(before);
+  ckpt = ReadCheckpointAt(dir_.string(), 7);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_TRUE(ckpt->before_slots);
+  std::vector<TableRegistry> restored;
+  for (int r = 0; r < 2; ++r) {
+    restored.emplace_back(r, 2);
+    ASSERT_TRUE(RestoreShard(*ckpt, r, 2, &restored.back()).ok());
+  }
+  EXPECT_TRUE(Gather(restored) == before_) << "2 servers: the same placement either way";
+  // The record of who held what, for a job of 11 (a count that does not divide 5,040).
+  Table::Replay old_rule, slots;
+  old_rule.servers = slots.servers = 11;
+  old_rule.before_slots = true;
+  int differ = 0;
+  for (int64_t id = 0; id < 1000; ++id) {
+    ASSERT_EQ(old_rule.IdServer(id), placement::IdServerBeforeSlots(id, 11));
+    ASSERT_EQ(slots.IdServer(id), placement::IdServer(id, 11));
+    differ += old_rule.IdServer(id) != slots.IdServer(id);
+  }
+  EXPECT_GT(differ, 500) << "the two rules place most ids of 11 servers apart";
+  for (int64_t c = 0; c < 100; ++c) {
+    ASSERT_EQ(old_rule.ChunkServer(TableId("w"), c), placement::ChunkServerBeforeSlots(TableId("w"), c, 11));
+  }
+  // A placement this build does not know is refused, naming it.
+  nlohmann::json other = m;
+  other["placement"] = "rendezvous";
+  rewrite(other);
+  ckpt = ReadCheckpointAt(dir_.string(), 7);
+  ASSERT_FALSE(ckpt.ok());
+  EXPECT_EQ(ckpt.status().code(), StatusCode::kFailedPrecondition) << ckpt.status();
+  EXPECT_NE(ckpt.status().message().find("placement \"rendezvous\", this build knows \"slots-5040\""),
+            std::string::npos)
+      << ckpt.status();
+}
+
 TEST_F(CheckpointTest, TheSameTablesGiveTheSameBytes) {
   Save(7);
   Save(8);

@@ -92,13 +92,17 @@ double RowsMoved(const placement::Placement& a, const placement::Placement& b, i
 TEST(Placement, AServerAddedTakesItsShareFromTheOthersAndNothingElseMoves) {
   placement::Placement p = placement::Placement::First(1);
   for (int servers = 1; servers < 24; ++servers) {
-    const placement::Placement next = p.Grow();
+    auto grown = p.Grow();
+    ASSERT_TRUE(grown.ok()) << grown.status();
+    const placement::Placement next = *grown;
     EXPECT_EQ(next.version(), p.version() + 1);
     ASSERT_EQ(next.num_servers(), servers + 1);
     // Every slot that moved went to the new server; it got its fair share, the others kept the
     // floor or the ceiling of theirs.
     for (int s = 0; s < placement::kSlots; ++s) {
-      if (next.SlotServer(s) != p.SlotServer(s)) ASSERT_EQ(next.SlotServer(s), servers) << "slot " << s;
+      if (next.SlotServer(s) != p.SlotServer(s)) {
+        ASSERT_EQ(next.SlotServer(s), servers) << "slot " << s;
+      }
     }
     const int moved = placement::Placement::SlotsMoved(p, next);
     EXPECT_EQ(moved, next.SlotsOf(servers));
@@ -115,15 +119,17 @@ TEST(Placement, AServerAddedTakesItsShareFromTheOthersAndNothingElseMoves) {
 
 TEST(Placement, AServerDrainedGivesItsSlotsToTheLeastLoadedAndNothingElseMoves) {
   const placement::Placement four = placement::Placement::First(4);
-  placement::Placement three;
-  std::string why;
-  ASSERT_TRUE(four.Drain(1, &three, &why)) << why;
+  auto drained = four.Drain(1);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  const placement::Placement three = *drained;
   EXPECT_EQ(three.version(), 2u);
   EXPECT_EQ(three.SlotsOf(1), 0);
   EXPECT_EQ(three.ActiveServers(), 3);
   EXPECT_EQ(three.num_servers(), 4);  // the ranks stay; rank 1 owns nothing
   for (int s = 0; s < placement::kSlots; ++s) {
-    if (four.SlotServer(s) != 1) ASSERT_EQ(three.SlotServer(s), four.SlotServer(s)) << "slot " << s;
+    if (four.SlotServer(s) != 1) {
+      ASSERT_EQ(three.SlotServer(s), four.SlotServer(s)) << "slot " << s;
+    }
   }
   EXPECT_EQ(placement::Placement::SlotsMoved(four, three), placement::kSlots / 4);
   EXPECT_EQ(three.SlotsOf(0), placement::kSlots / 3);
@@ -132,21 +138,63 @@ TEST(Placement, AServerDrainedGivesItsSlotsToTheLeastLoadedAndNothingElseMoves) 
   EXPECT_NEAR(RowsMoved(four, three, 200000) * 4, 1.0, 0.05);
   for (int64_t id = 0; id < 10000; ++id) ASSERT_NE(three.IdServer(id), 1);
   // Grown again, the new rank (4) takes a fair share; rank 1 stays empty.
-  const placement::Placement back = three.Grow();
+  const placement::Placement back = *three.Grow();
   EXPECT_EQ(back.num_servers(), 5);
   EXPECT_EQ(back.SlotsOf(1), 0);
   EXPECT_EQ(back.SlotsOf(4), placement::kSlots / 4);
   EXPECT_NEAR(RowsMoved(three, back, 200000) * 4, 1.0, 0.05);
   // Refused: a rank that owns nothing, one out of range, the last one with slots.
-  placement::Placement untouched = three;
-  EXPECT_FALSE(three.Drain(1, &untouched, &why));
-  EXPECT_NE(why.find("server 1 owns no slot of placement version 2"), std::string::npos) << why;
-  EXPECT_FALSE(three.Drain(7, &untouched, &why));
-  EXPECT_FALSE(three.Drain(-1, &untouched, &why));
-  EXPECT_EQ(untouched.version(), three.version());
-  placement::Placement one = placement::Placement::First(1);
-  EXPECT_FALSE(one.Drain(0, &untouched, &why));
-  EXPECT_NE(why.find("the last one"), std::string::npos) << why;
+  Status s = three.Drain(1).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("server 1 owns no slot of placement version 2"), std::string::npos) << s;
+  EXPECT_EQ(three.Drain(7).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(three.Drain(-1).status().code(), StatusCode::kInvalidArgument);
+  s = placement::Placement::First(1).Drain(0).status();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("the last one"), std::string::npos) << s;
+}
+
+// The most slots one server holds among any `window` consecutive slots (around the ring).
+int MostInAWindow(const placement::Placement& p, int window) {
+  int most = 0;
+  for (int r = 0; r < p.num_servers(); ++r) {
+    int in = 0;
+    for (int s = 0; s < window; ++s) in += p.SlotServer(s) == r;
+    most = std::max(most, in);
+    for (int s = 0; s < placement::kSlots; ++s) {
+      in += (p.SlotServer((s + window) % placement::kSlots) == r) - (p.SlotServer(s) == r);
+      most = std::max(most, in);
+    }
+  }
+  return most;
+}
+
+// A job that starts with S servers and adds one (not only growth one server at a time): the new
+// server's slots are spread around the ring, so a table of S+1 chunks puts at most two on any
+// server. Taking each donor's slots at an even pace along its own list put runs of S consecutive
+// slots on the new server (10 of 11 after First(10).Grow(): a review found it).
+TEST(Placement, AServerAddedToAFirstMapTakesSlotsSpreadAroundTheRing) {
+  for (int servers = 2; servers <= 24; ++servers) {
+    const placement::Placement first = placement::Placement::First(servers);
+    auto grown = first.Grow();
+    ASSERT_TRUE(grown.ok()) << grown.status();
+    EXPECT_EQ(grown->SlotsOf(servers), placement::kSlots / (servers + 1)) << servers;
+    EXPECT_EQ(placement::Placement::SlotsMoved(first, *grown), placement::kSlots / (servers + 1));
+    EXPECT_LE(MostInAWindow(*grown, servers + 1), 2) << servers << " + 1 servers";
+    auto again = grown->Grow();  // and once more
+    ASSERT_TRUE(again.ok());
+    EXPECT_LE(MostInAWindow(*again, servers + 2), 2) << servers << " + 2 servers";
+  }
+}
+
+TEST(Placement, GrowingPastOneSlotAServerIsRefused) {
+  auto p = placement::Placement::First(placement::kSlots - 1).Grow();
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->ActiveServers(), placement::kSlots);
+  for (int r = 0; r < placement::kSlots; ++r) ASSERT_EQ(p->SlotsOf(r), 1) << r;
+  const Status s = p->Grow().status();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("no server can be added"), std::string::npos) << s;
 }
 
 TEST(Placement, InitialValuesIndependentOfServerCount) {

@@ -105,6 +105,12 @@ class ClientImpl final : public Client {
       if (options_.resumes) h.add_resumes(true);
       OnReply on_reply = [this, s](const Header& reply, Frames&) -> Status {
         engine_.set_minor(s, reply.minor());
+        if (reply.minor() < 16 && placement::kSlots % num_servers() != 0) {
+          return FailedPreconditionError("placement mismatch: server " + std::to_string(s) + " speaks protocol 1." +
+                                         std::to_string(reply.minor()) +
+                                         ", which places ids and chunks of a job of " + std::to_string(num_servers()) +
+                                         " servers by the rule before 1.16's slots: upgrade the servers");
+        }
         // The lowest over the servers that know (-1: this one does not, or is before 1.11).
         if (reply.minor() < 11) some_server_before_1_11_.store(true);
         if (reply.minor() < 13) some_server_before_1_13_.store(true);

@@ -151,6 +151,10 @@ Status WriteManifest(const std::string& dir, int64_t step, const std::vector<Sha
 struct CheckpointData {
   int64_t step = 0;
   int num_servers = 0;
+  // The manifest does not say "placement": written before placement by slots (1.16), so what its
+  // shards recorded per server follows the rule before (placement::IdServerBeforeSlots); the
+  // same servers for counts dividing placement::kSlots.
+  bool before_slots = false;
   std::string manifest;  // the manifest it came from
   std::string meaning;
   std::vector<int64_t> worker_steps;  // by rank, -1 unknown (WriteManifest); empty in a manifest without them

@@ -485,6 +485,14 @@ struct Table {
   // highest floor of w (no push at or past it is a replay).
   struct Replay {
     int servers = 0;
+    bool before_slots = false;  // written under the placement rule of 1.15 (placement.h)
+    int IdServer(int64_t id) const {
+      return before_slots ? placement::IdServerBeforeSlots(id, servers) : placement::IdServer(id, servers);
+    }
+    int ChunkServer(uint64_t table_id, int64_t chunk) const {
+      return before_slots ? placement::ChunkServerBeforeSlots(table_id, chunk, servers)
+                          : placement::ChunkServer(table_id, chunk, servers);
+    }
     std::vector<std::vector<int64_t>> floors;
     std::vector<int64_t> until;
     int64_t Floor(int owner, int rank) const {

@@ -449,7 +449,12 @@ struct Manifest {
   std::string meaning;
   std::vector<int64_t> worker_steps;
   std::vector<ShardFile> shards;  // with their chains
+  bool before_slots = false;      // no "placement": written before 1.16
 };
+
+// What a manifest's "placement" says: where its servers held chunks and rows.
+constexpr const char* kPlacementBySlots = "slots-5040";
+static_assert(placement::kSlots == 5040, "a new slot count is a new placement name");
 
 // A list of workers' steps (integers in [-1, 2^62]) named `what`.
 Status ParseSteps(const nlohmann::json& steps, const std::string& where, const char* what, std::vector<int64_t>* out) {
@@ -502,6 +507,12 @@ StatusOr<Manifest> ParseManifest(const fs::path& dir, const std::string& manifes
     }
     out.step = j.at("step").get<int64_t>();
     out.meaning = j.at("meaning").get<std::string>();
+    if (!j.contains("placement")) {
+      out.before_slots = true;
+    } else if (j.at("placement") != kPlacementBySlots) {
+      return FailedPreconditionError(name + ": placement " + j.at("placement").dump() + ", this build knows \"" +
+                                     kPlacementBySlots + "\" (and manifests without one, written before it)");
+    }
     if (j.contains("worker_steps")) {
       FERRY_RETURN_IF_ERROR(ParseSteps(j.at("worker_steps"), name, "worker_steps", &out.worker_steps));
     }
@@ -601,6 +612,7 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
   out.meaning = std::move(m.meaning);
   out.worker_steps = std::move(m.worker_steps);
   out.num_servers = static_cast<int>(m.shards.size());
+  out.before_slots = m.before_slots;
   out.manifest = manifest;
   for (const auto& s : m.shards) {
     out.shard_worker_steps.push_back(s.worker_steps);
@@ -975,6 +987,7 @@ Status WriteManifest(const std::string& dir, int64_t step, const std::vector<Sha
   j["format"] = chains ? kCheckpointDeltaFormat : kCheckpointFormat;
   j["step"] = step;
   j["meaning"] = meaning;
+  j["placement"] = kPlacementBySlots;
   if (!worker_steps.empty()) j["worker_steps"] = worker_steps;
   j["shards"] = nlohmann::ordered_json::array();
   for (const auto& s : shards) {
@@ -1144,6 +1157,7 @@ std::optional<Table::Replay> ReplayOf(const CheckpointData& ckpt, int num_worker
   if (static_cast<int>(ckpt.shard_worker_steps.size()) != ckpt.num_servers) return std::nullopt;
   Table::Replay replay;
   replay.servers = ckpt.num_servers;
+  replay.before_slots = ckpt.before_slots;
   replay.until.assign(static_cast<size_t>(num_workers), -1);
   bool any = false;
   for (const auto& steps : ckpt.shard_worker_steps) {
@@ -1189,7 +1203,7 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, Table
         c->state = it->second.state;
         c->version = it->second.version;
         std::fill(c->last_pulled.begin(), c->last_pulled.end(), c->version);
-        c->replay_owner = placement::ChunkServer(id, i, ckpt.num_servers);
+        c->replay_owner = replay ? replay->ChunkServer(id, i) : -1;
       }
     } else {
       FERRY_ASSIGN_OR_RETURN(Table * table, tables->Find(id, TableType::kSparse));

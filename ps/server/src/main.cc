@@ -35,7 +35,7 @@ void Usage(std::FILE* out) {
       "                     (default tcp://127.0.0.1:7000); HOST: an IP address, an interface (eth0),\n"
       "                     * or 0.0.0.0 for all, localhost for 127.0.0.1 (not another host name)\n"
       "  --rank             this server's index in the server list (default 0)\n"
-      "  --num-servers      servers in the cluster (default 1)\n"
+      "  --num-servers      servers in the cluster, 1-5040 (default 1)\n"
       "  --num-workers      workers in the job (default: the first worker to connect says, and that\n"
       "                     count then holds for the rest of this server's life: a later job with\n"
       "                     another count needs a restarted server; a line says when it is set so)\n"

@@ -106,7 +106,18 @@ void ServerImpl::LogRateLimited(const std::string& line) {
   }
   // One write of the whole line: the main thread prints to stdout on the same pipe (a launcher's
   // task merges them), and a line written in pieces let "listening on" land inside this one.
-  std::string text = "ferry-ps " + std::to_string(options_.rank) + ": " + wire::Printable(line);
+  // A pipe keeps a write whole up to PIPE_BUF (4096) bytes: a longer line (a peer's message in it)
+  // is cut. A newline a peer's text brings is written as \n: one line stays one line.
+  constexpr size_t kMaxLine = 3800;
+  std::string text = "ferry-ps " + std::to_string(options_.rank) + ": ";
+  for (char c : wire::Printable(line)) {
+    if (c == '\n') {
+      text += "\\n";
+    } else {
+      text += c;
+    }
+  }
+  if (text.size() > kMaxLine) text.resize(kMaxLine), text += " [...]";
   if (logs_held_back_ > 0) text += " (and " + std::to_string(logs_held_back_) + " similar line(s) held back)";
   text += '\n';
   std::fwrite(text.data(), 1, text.size(), stderr);

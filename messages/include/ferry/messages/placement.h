@@ -5,10 +5,15 @@
 // Ids and chunks hash to one of kSlots slots, and slots belong to servers. A job's first map gives
 // slot s to server s mod S: since kSlots is a multiple of every S up to 10 (and of 12, 14, 15, 16,
 // 18, 20, 21, 24, 28, ...), that is exactly the rule of protocol 1.15 and before (an id on server
-// mix64(id) mod S, chunk c of table t on (mix64(t) + c) mod S) for those server counts. A server
-// set that changes moves whole slots (Placement::Grow and Drain): adding a server to S moves
-// about 1/(S + 1) of the rows and chunks, removing one about 1/S, where a rule of "mod S" would
-// move nearly all of them.
+// mix64(id) mod S, chunk c of table t on (mix64(t) mod S + c) mod S) for those server counts. A
+// server set that changes moves whole slots (Placement::Grow and Drain): adding a server to S
+// moves about 1/(S + 1) of the rows and chunks, removing one about 1/S, where a rule of "mod S"
+// would move nearly all of them.
+//
+// Limits of whole slots: a server holds 5040 / S of them, rounded, so the most loaded server of a
+// first map holds up to 1 + S / 5040 times the mean (1.002 at S = 10, 1.19 at S = 1000); and for
+// an S that does not divide 5040 the chunks of a table whose slots wrap past 5039 to 0 may put
+// two of S consecutive chunks on one server.
 //
 // Thread-safety: pure functions; a Placement is a value (const use from any thread).
 #pragma once
@@ -16,6 +21,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "ferry/status.h"
 
 namespace ferry::placement {
 
@@ -49,12 +56,22 @@ inline int ChunkServer(uint64_t table_id, int64_t chunk, int num_servers) {
   return ChunkSlot(table_id, chunk) % num_servers;
 }
 
+// The rule of protocol 1.15 and before, for what checkpoints written under it recorded (the server
+// that held a chunk or row): the same as the first map for server counts dividing kSlots.
+inline int IdServerBeforeSlots(int64_t id, int num_servers) {
+  return static_cast<int>(Mix64(static_cast<uint64_t>(id)) % static_cast<uint64_t>(num_servers));
+}
+inline int ChunkServerBeforeSlots(uint64_t table_id, int64_t chunk, int num_servers) {
+  const uint64_t first = Mix64(table_id) % static_cast<uint64_t>(num_servers);
+  return static_cast<int>((first + static_cast<uint64_t>(chunk)) % static_cast<uint64_t>(num_servers));
+}
+
 // A map of slots to servers, with the version that names it. Servers are ranks 0..size()-1; a
 // rank drained of every slot stays a rank that owns nothing (the ranks of the others do not move).
 class Placement {
  public:
   // The first map of `num_servers` servers (version 1): slot s on server s mod num_servers.
-  // num_servers in [1, kSlots].
+  // num_servers in [1, kSlots] (the callers check it: Server::Start, Client::Connect).
   static Placement First(int num_servers);
 
   uint64_t version() const { return version_; }
@@ -71,13 +88,14 @@ class Placement {
 
   // The next version with one more server, rank num_servers(): it takes kSlots / (active + 1)
   // slots (rounded so that every active server ends with the floor or the ceiling of the fair
-  // share), each from a server above its new share, spread over the ring of slots. Nothing else
-  // moves.
-  Placement Grow() const;
+  // share), each from a server above its new share, at an even pace around the ring of slots (so
+  // a table's consecutive chunks stay spread). Nothing else moves. FAILED_PRECONDITION when every
+  // slot has a server of its own already.
+  StatusOr<Placement> Grow() const;
   // The next version without server `rank`'s slots: each goes to the active server with the
-  // fewest (the lowest rank among equals). Nothing else moves. INVALID for the last active server
-  // or a rank that owns nothing: returns false and leaves *out alone, with the reason in *why.
-  bool Drain(int rank, Placement* out, std::string* why) const;
+  // fewest (the lowest rank among equals). Nothing else moves. INVALID_ARGUMENT for a rank that
+  // owns nothing, FAILED_PRECONDITION for the last one that owns slots.
+  StatusOr<Placement> Drain(int rank) const;
 
   // The slots whose server differs between a and b (any two versions).
   static int SlotsMoved(const Placement& a, const Placement& b);

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "ferry/messages/placement.h"
+#include "ferry/messages/wire.h"
 #include "internal/sync.h"
 
 namespace ferry::ps {
@@ -67,6 +69,13 @@ Status ServerImpl::OnHello(Request& req) {
         "cluster mismatch: the client expects server rank " + std::to_string(h.server_rank()) + " of " +
         std::to_string(h.num_servers()) + " at " + endpoint_ + ", but this is server rank " +
         std::to_string(options_.rank) + " of " + std::to_string(options_.num_servers));
+  }
+  if (h.minor() < 16 && placement::kSlots % options_.num_servers != 0) {
+    return FailedPreconditionError("placement mismatch: a client of protocol 1." + std::to_string(h.minor()) +
+                                   " places ids and chunks by the rule before 1.16's slots, which for a job of " +
+                                   std::to_string(options_.num_servers) +
+                                   " servers puts them elsewhere: upgrade the client to this server's 1." +
+                                   std::to_string(wire::kMinor));
   }
   // Before Join: a Hello refused for speaking for a live worker, or from a replaced incarnation
   // of it, changes nothing of it. A later incarnation takes the rank over from whichever

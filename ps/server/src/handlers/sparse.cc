@@ -138,7 +138,7 @@ void ServerImpl::SkipReplayedRows(const ps::Table& t, int64_t step, int rank, st
   std::vector<float> kept;
   for (size_t i = 0; i < ids->size(); ++i) {
     const int64_t id = (*ids)[i];
-    if (step < r.Floor(placement::IdServer(id, r.servers), rank)) {
+    if (step < r.Floor(r.IdServer(id), rank)) {
       Count(kReplayedUpdatesSkipped);
       continue;
     }

@@ -20,6 +20,10 @@ void ServerImpl::Send(Request& req, zmq::message_t header, Frames payload) {
   out.push_back(std::move(header));
   for (auto& p : payload) out.push_back(std::move(p));
   ObserveLatency(req);
+  // Answered: what the request held counts against the bounds no more. Released before the reply
+  // leaves, so that whoever reads the gauges after the reply (a test did, under load) sees it.
+  req.held_bytes = {};
+  req.held_by_peer = {};
   int64_t bytes = 0;
   for (auto& f : out) bytes += static_cast<int64_t>(f.size());
   Count(kBytesOut, bytes);

@@ -105,7 +105,7 @@ class ClientImpl final : public Client {
       if (options_.resumes) h.add_resumes(true);
       OnReply on_reply = [this, s](const Header& reply, Frames&) -> Status {
         engine_.set_minor(s, reply.minor());
-        if (reply.minor() < 16 && placement::kSlots % num_servers() != 0) {
+        if (!placement::PlacesAlike(reply.minor(), num_servers())) {
           return FailedPreconditionError("placement mismatch: server " + std::to_string(s) + " speaks protocol 1." +
                                          std::to_string(reply.minor()) +
                                          ", which places ids and chunks of a job of " + std::to_string(num_servers()) +

@@ -56,6 +56,14 @@ inline int ChunkServer(uint64_t table_id, int64_t chunk, int num_servers) {
   return ChunkSlot(table_id, chunk) % num_servers;
 }
 
+// The protocol minor version since which ids and chunks are placed by slots (1.16).
+inline constexpr uint16_t kSlotsSinceMinor = 16;
+// Whether a peer of protocol 1.`minor` places the ids and chunks of a job of `num_servers` servers
+// where this build does: by slots, or by the rule before for a count where the two agree.
+inline bool PlacesAlike(uint16_t minor, int num_servers) {
+  return minor >= kSlotsSinceMinor || kSlots % num_servers == 0;
+}
+
 // The rule of protocol 1.15 and before, for what checkpoints written under it recorded (the server
 // that held a chunk or row): the same as the first map for server counts dividing kSlots.
 inline int IdServerBeforeSlots(int64_t id, int num_servers) {

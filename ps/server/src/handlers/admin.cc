@@ -70,7 +70,7 @@ Status ServerImpl::OnHello(Request& req) {
         std::to_string(h.num_servers()) + " at " + endpoint_ + ", but this is server rank " +
         std::to_string(options_.rank) + " of " + std::to_string(options_.num_servers));
   }
-  if (h.minor() < 16 && placement::kSlots % options_.num_servers != 0) {
+  if (!placement::PlacesAlike(h.minor(), options_.num_servers)) {
     return FailedPreconditionError("placement mismatch: a client of protocol 1." + std::to_string(h.minor()) +
                                    " places ids and chunks by the rule before 1.16's slots, which for a job of " +
                                    std::to_string(options_.num_servers) +

@@ -20,6 +20,39 @@ Placement Placement::First(int num_servers) {
   return p;
 }
 
+StatusOr<Placement> Placement::FromOwners(uint64_t version, std::span<const uint16_t> owners, int num_servers) {
+  if (version == 0) return InvalidArgumentError("placement version 0 (versions start at 1)");
+  if (owners.size() != static_cast<size_t>(kSlots)) {
+    return InvalidArgumentError("placement version " + std::to_string(version) + " lists " +
+                                std::to_string(owners.size()) + " slots, not " + std::to_string(kSlots));
+  }
+  if (num_servers < 1 || num_servers > kSlots) {
+    return InvalidArgumentError("a placement of " + std::to_string(num_servers) + " servers (1 to " +
+                                std::to_string(kSlots) + ")");
+  }
+  Placement p;
+  p.version_ = version;
+  p.owner_.resize(kSlots);
+  p.slots_of_.assign(static_cast<size_t>(num_servers), 0);
+  for (int s = 0; s < kSlots; ++s) {
+    const int owner = owners[static_cast<size_t>(s)];
+    if (owner >= num_servers) {
+      return InvalidArgumentError("placement version " + std::to_string(version) + " gives slot " + std::to_string(s) +
+                                  " to server " + std::to_string(owner) + " of a job of " +
+                                  std::to_string(num_servers));
+    }
+    p.owner_[static_cast<size_t>(s)] = owner;
+    ++p.slots_of_[static_cast<size_t>(owner)];
+  }
+  return p;
+}
+
+std::vector<uint16_t> Placement::Owners() const {
+  std::vector<uint16_t> owners(owner_.size());
+  for (size_t s = 0; s < owner_.size(); ++s) owners[s] = static_cast<uint16_t>(owner_[s]);
+  return owners;
+}
+
 int Placement::ActiveServers() const {
   return static_cast<int>(std::count_if(slots_of_.begin(), slots_of_.end(), [](int n) { return n > 0; }));
 }

@@ -70,6 +70,9 @@ struct HeaderFields {
   std::vector<std::pair<std::string, uint64_t>> shards;
   uint64_t call = 0;  // 1.10: a push call in pieces
   uint32_t piece = 0, pieces = 0;
+  uint64_t placement_version = 0;  // 1.17
+  std::vector<uint16_t> placement;
+  bool full = false;
 };
 
 std::string Header(const HeaderFields& f) {
@@ -80,6 +83,8 @@ std::string Header(const HeaderFields& f) {
   if (!f.sparse.empty()) sparse = fbb.CreateVectorOfStructs(f.sparse);
   flatbuffers::Offset<wire::TableSpec> spec;
   if (f.spec != nullptr) spec = wire::SpecToWire(fbb, *f.spec);
+  flatbuffers::Offset<flatbuffers::Vector<uint16_t>> placement;
+  if (!f.placement.empty()) placement = fbb.CreateVector(f.placement);
   flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::ShardFile>>> shards;
   if (!f.shards.empty()) {
     std::vector<flatbuffers::Offset<wire::ShardFile>> files;
@@ -109,6 +114,9 @@ std::string Header(const HeaderFields& f) {
     b.add_heartbeat_ms(0);
   }
   if (!f.shards.empty()) b.add_shards(shards);
+  if (f.placement_version != 0) b.add_placement_version(f.placement_version);
+  if (!f.placement.empty()) b.add_placement(placement);
+  if (f.full) b.add_full(true);
   if (f.call != 0) {
     b.add_call(f.call);
     b.add_piece(f.piece);
@@ -268,6 +276,18 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
   h.shards = {{"../../etc/passwd", 1}};
   add("commit_checkpoint_bad_name", h);
   add("finish", make(Kind::Finish));
+  // 1.17: a map of the one server's slots (its own: version 2 refused as not moving anything
+  // new, or taken over from a checkpoint the folder lacks), and a pull placed by another map.
+  h = make(Kind::Placement);
+  h.placement_version = 2;
+  h.placement.assign(5040, 0);
+  h.full = true;
+  add("placement", h);
+  h = make(Kind::PullDense);
+  h.slices = Slices(sync);
+  h.step = 1;
+  h.placement_version = 7;
+  add("pull_dense_other_placement", h);
   return seeds;
 }
 

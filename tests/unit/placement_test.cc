@@ -232,6 +232,34 @@ TEST(TableSpec, ParsesConsistency) {
   EXPECT_NE(bad.message().find("eventual"), std::string::npos);
 }
 
+// What a Hello reply, a "moved" error or a Placement request carries (1.17) reads back as the
+// map it was; anything else is refused, saying what is wrong.
+TEST(Placement, FromOwnersRefusesAMalformedMap) {
+  const placement::Placement grown = *placement::Placement::First(3).Drain(2);
+  auto back = placement::Placement::FromOwners(grown.version(), grown.Owners(), 3);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->version(), 2u);
+  EXPECT_EQ(back->Owners(), grown.Owners());
+  EXPECT_EQ(back->SlotsOf(2), 0);
+  EXPECT_EQ(back->SlotsOf(0) + back->SlotsOf(1), placement::kSlots);
+  for (int64_t id = 0; id < 2000; ++id) EXPECT_EQ(back->IdServer(id), grown.IdServer(id));
+
+  std::vector<uint16_t> owners = grown.Owners();
+  auto zero = placement::Placement::FromOwners(0, owners, 3);
+  EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(zero.status().message().find("version 0"), std::string::npos) << zero.status();
+  owners.pop_back();
+  auto shorter = placement::Placement::FromOwners(2, owners, 3);
+  EXPECT_NE(shorter.status().message().find("lists 5039 slots, not 5040"), std::string::npos) << shorter.status();
+  owners = grown.Owners();
+  owners[4000] = 3;
+  auto outside = placement::Placement::FromOwners(2, owners, 3);
+  EXPECT_NE(outside.status().message().find("slot 4000 to server 3 of a job of 3"), std::string::npos)
+      << outside.status();
+  EXPECT_FALSE(placement::Placement::FromOwners(2, grown.Owners(), 0).ok());
+  EXPECT_FALSE(placement::Placement::FromOwners(2, grown.Owners(), placement::kSlots + 1).ok());
+}
+
 TEST(TableSpec, ValidateNamesTheField) {
   TableSpec s;
   s.name = "w";

@@ -58,13 +58,14 @@ class ClientImpl final : public Client {
   ClientImpl(ClientOptions options, std::shared_ptr<Context> context)
       : options_(std::move(options)),
         engine_(options_, std::move(context)),
-        placement_(placement::Placement::First(static_cast<int>(options_.servers.size()))) {}
+        placement_(std::make_shared<const placement::Placement>(
+            placement::Placement::First(static_cast<int>(options_.servers.size())))) {}
 
   // The engine stops first: replies read on its thread call into this object.
   ~ClientImpl() override { engine_.Stop(); }
 
   Status Start() {
-    FERRY_RETURN_IF_ERROR(engine_.Start());
+    FERRY_RETURN_IF_ERROR(engine_.Start([this](int s, const Header& h) { AdoptFrom(s, h); }));
     // A server refuses a Hello for this rank while another connection that is alive speaks for
     // it: this worker's predecessor, whose connection may not have closed yet (a client closed
     // just now in this process: ZeroMQ closes it in the background; a stopped process: the
@@ -120,6 +121,7 @@ class ClientImpl final : public Client {
           }
           if (!reply.worker_step_restored()) some_step_not_restored_.store(true);
         }
+        AdoptFrom(s, reply);  // 1.17: the map the server places by
         if (s == 0) {
           restored_step_.store(reply.version());
           first_collective_.store(reply.next_collective());
@@ -136,6 +138,74 @@ class ClientImpl final : public Client {
   int rank() const override { return options_.rank; }
   int num_workers() const override { return options_.num_workers; }
   int num_servers() const override { return engine_.num_servers(); }
+
+  // ---- placement versions (1.17) -----------------------------------------------------------
+
+  // The map requests are placed by now.
+  std::shared_ptr<const placement::Placement> Map() const {
+    MutexLock lock(&placement_mu_);
+    return placement_;
+  }
+  uint64_t placement_version() const override { return Map()->version(); }
+
+  // Takes the map a server's header carries (a Hello reply, a "moved" error) when it is newer
+  // than this client's. One that does not parse is ignored (the request then fails as moved).
+  void AdoptFrom(int s, const Header& h) {
+    if (h.placement() == nullptr) return;
+    auto map = placement::Placement::FromOwners(h.placement_version(), {h.placement()->data(), h.placement()->size()},
+                                                num_servers());
+    if (!map.ok()) {
+      std::fprintf(stderr, "ferry client: server %d sent a placement this client cannot use: %s\n", s,
+                   map.status().ToString().c_str());
+      return;
+    }
+    MutexLock lock(&placement_mu_);
+    if (map->version() > placement_->version()) {
+      placement_ = std::make_shared<const placement::Placement>(std::move(*map));
+    }
+  }
+
+  Status MoveSlots(uint64_t version, std::span<const uint16_t> owners, int64_t step) override {
+    FERRY_ASSIGN_OR_RETURN(placement::Placement next,
+                           placement::Placement::FromOwners(version, owners, num_servers()));
+    // The same map again is sent again (a MoveSlots that failed half-way: the servers that took it
+    // answer OK at once); an older version, or another map of this one, is refused.
+    if (const auto map = Map(); next.version() < map->version() ||
+                                (next.version() == map->version() && next.Owners() != map->Owners())) {
+      return FailedPreconditionError("MoveSlots: version " + std::to_string(version) + ", this client is at " +
+                                     std::to_string(map->version()) + " already");
+    }
+    for (int s = 0; s < num_servers(); ++s) {
+      if (engine_.minor(s) < 17) {
+        return FailedPreconditionError("MoveSlots: server " + std::to_string(s) + " speaks protocol 1." +
+                                       std::to_string(engine_.minor(s)) + ", which has no placement versions (1.17)");
+      }
+    }
+    // Two rounds: every server checks that it can, and only then does any adopt the map.
+    for (const bool adopt : {false, true}) {
+      auto op = engine_.NewOp();
+      for (int s = 0; s < num_servers(); ++s) {
+        flatbuffers::FlatBufferBuilder fbb(12 * 1024);
+        auto vec = fbb.CreateVector(owners.data(), owners.size());
+        auto h = engine_.BeginHeader(fbb, Kind::Placement);
+        h.add_step(step);
+        h.add_placement_version(version);
+        h.add_placement(vec);
+        h.add_full(adopt);
+        engine_.Submit(op, s, Kind::Placement, engine_.FinishHeader(fbb, h), {}, nullptr,
+                       options_.request_timeout);
+      }
+      if (Status st = Handle(op).wait(); !st.ok()) {
+        return st.WithContext(adopt ? "MoveSlots (adopting; the servers that answered OK hold the new map)"
+                                    : "MoveSlots (checking; nothing changed)");
+      }
+    }
+    MutexLock lock(&placement_mu_);
+    if (next.version() > placement_->version()) {
+      placement_ = std::make_shared<const placement::Placement>(std::move(next));
+    }
+    return Status::Ok();
+  }
 
   ClientStats stats() const override {
     ClientStats s = engine_.stats();
@@ -244,7 +314,8 @@ class ClientImpl final : public Client {
 
   // Splits tensors into chunks grouped per server, each group cut between chunks into messages
   // of about dense_message_bytes (0: of at most max_message_bytes; never more).
-  StatusOr<std::vector<std::vector<std::vector<ChunkRef>>>> Route(std::span<const std::string_view> names,
+  StatusOr<std::vector<std::vector<std::vector<ChunkRef>>>> Route(const placement::Placement& map,
+                                                                  std::span<const std::string_view> names,
                                                                   std::span<const size_t> sizes) const {
     std::vector<std::vector<std::vector<ChunkRef>>> per_server(static_cast<size_t>(num_servers()));
     std::vector<int64_t> bytes(static_cast<size_t>(num_servers()), 0);
@@ -259,7 +330,7 @@ class ClientImpl final : public Client {
       }
       const uint64_t id = TableId(spec.name);
       for (int64_t c = 0; c < spec.num_chunks(); ++c) {
-        const int s = placement_.ChunkServer(id, c);
+        const int s = map.ChunkServer(id, c);
         const int64_t offset = c * spec.chunk_elems;
         const int64_t count = std::min(spec.chunk_elems, spec.num_elements() - offset);
         auto& msgs = per_server[static_cast<size_t>(s)];
@@ -329,7 +400,8 @@ class ClientImpl final : public Client {
     uint32_t pieces = 0;
   };
 
-  zmq::message_t DenseHeader(Kind kind, const std::vector<ChunkRef>& chunks, int64_t step, Piece piece) {
+  zmq::message_t DenseHeader(Kind kind, const std::vector<ChunkRef>& chunks, int64_t step, Piece piece,
+                             uint64_t placement_version) {
     flatbuffers::FlatBufferBuilder fbb(128 + 24 * chunks.size());
     std::vector<wire::DenseSlice> slices;
     slices.reserve(chunks.size());
@@ -338,6 +410,7 @@ class ClientImpl final : public Client {
     auto h = engine_.BeginHeader(fbb, kind);
     h.add_step(step);
     h.add_slices(vec);
+    h.add_placement_version(placement_version);
     if (piece.call != 0) {
       h.add_call(piece.call);
       h.add_piece(piece.piece);
@@ -375,10 +448,44 @@ class ClientImpl final : public Client {
   // A dense call. With `view` (PullDenseView, PushPullDenseView) the pulled values are kept where
   // they arrive instead of being copied into `outs` (then empty), and `view_tables` names the
   // tables of a PullDenseView.
+  // A call's arguments kept for a re-run (1.17: every request answered "moved"): the caller's
+  // buffers stay theirs until the call is waited for; the lists and the names are copied.
+  struct DenseArgs {
+    std::vector<std::string> names_in, names_out, names_view;
+    std::vector<DenseIn> grads;
+    std::vector<DenseOut> outs;
+    std::vector<std::string_view> view_tables;
+    DenseArgs(std::span<const DenseIn> g, std::span<const DenseOut> o, std::span<const std::string_view> v) {
+      for (const auto& x : g) names_in.emplace_back(x.table);
+      for (const auto& x : o) names_out.emplace_back(x.table);
+      for (const auto& x : v) names_view.emplace_back(x);
+      for (size_t i = 0; i < g.size(); ++i) grads.push_back({names_in[i], g[i].data});
+      for (size_t i = 0; i < o.size(); ++i) outs.push_back({names_out[i], o[i].data});
+      for (const auto& n : names_view) view_tables.emplace_back(n);
+    }
+  };
+
   Handle DenseOp(Kind kind, std::span<const DenseIn> grads, std::span<const DenseOut> outs, int64_t step,
                  std::span<const std::string_view> view_tables = {},
                  std::shared_ptr<const PulledDense>* view = nullptr) {
     auto op = engine_.NewOp();
+    // A view's values: one object, which a re-run fills (the caller may hold it already).
+    auto kept = view != nullptr ? std::make_shared<std::shared_ptr<PulledDenseImpl>>() : nullptr;
+    op->rerun = [this, kind, step, kept, args = std::make_shared<const DenseArgs>(grads, outs, view_tables)](
+                    const std::shared_ptr<Handle::State>& again) {
+      return SubmitDense(again, kind, args->grads, args->outs, step, args->view_tables, kept.get(), /*rerun=*/true);
+    };
+    const Status s = SubmitDense(op, kind, grads, outs, step, view_tables, kept.get(), /*rerun=*/false);
+    if (view != nullptr) *view = *kept;
+    if (!s.ok()) return engine_.Failed(op, s);
+    return Handle(op);
+  }
+
+  // Builds and sends the requests of a dense call by the client's map (DenseOp; again, after
+  // "moved", with `rerun`); an error before any is sent.
+  Status SubmitDense(const std::shared_ptr<Handle::State>& op, Kind kind, std::span<const DenseIn> grads,
+                     std::span<const DenseOut> outs, int64_t step, std::span<const std::string_view> view_tables,
+                     std::shared_ptr<PulledDenseImpl>* view, bool rerun) {
     std::vector<std::string_view> names;
     std::vector<size_t> sizes;
     if (kind == Kind::PullDense && view != nullptr) {
@@ -390,31 +497,44 @@ class ClientImpl final : public Client {
     }
     if (kind == Kind::PushPullDense && view == nullptr) {
       if (outs.size() != grads.size())
-        return engine_.Failed(op, InvalidArgumentError("PushPullDense: grads and outputs differ in count"));
+        return InvalidArgumentError("PushPullDense: grads and outputs differ in count");
       for (size_t t = 0; t < outs.size(); ++t) {
         if (outs[t].table != grads[t].table || outs[t].data.size() != grads[t].data.size()) {
-          return engine_.Failed(op, InvalidArgumentError("PushPullDense: output " + std::to_string(t) + " ('" +
-                                                         std::string(outs[t].table) + "') does not match gradient '" +
-                                                         std::string(grads[t].table) + "'"));
+          return InvalidArgumentError("PushPullDense: output " + std::to_string(t) + " ('" +
+                                      std::string(outs[t].table) + "') does not match gradient '" +
+                                      std::string(grads[t].table) + "'");
         }
       }
     }
     for (size_t i = 0; i < names.size(); ++i) {
       for (size_t j = 0; j < i; ++j) {
         if (names[i] == names[j]) {
-          return engine_.Failed(op, InvalidArgumentError("table '" + std::string(names[i]) +
-                                                         "' appears twice in one call; name each table once"));
+          return InvalidArgumentError("table '" + std::string(names[i]) +
+                                      "' appears twice in one call; name each table once");
         }
       }
     }
-    auto routed = Route(names, sizes);
-    if (!routed.ok()) return engine_.Failed(op, routed.status());
+    const std::shared_ptr<const placement::Placement> map = Map();
+    auto routed = Route(*map, names, sizes);
+    if (!routed.ok()) return routed.status();
+    if (rerun && kind != Kind::PullDense) {
+      for (const auto& msgs : *routed) {
+        for (const auto& m : msgs) {
+          for (const ChunkRef& c : m) {
+            if (c.topk_ratio == 0.0f) continue;
+            return FailedPreconditionError(
+                "moved: the placement changed under this push, and a push of a top-k table cannot be sent again "
+                "(its residual took the gradient already); nothing of it was applied");
+          }
+        }
+      }
+    }
     std::vector<std::span<float>> out_spans;
     for (const auto& o : outs) out_spans.push_back(o.data);
     std::shared_ptr<PulledDenseImpl> kept;
     if (view != nullptr) {
-      kept = std::make_shared<PulledDenseImpl>(*routed, names.size());
-      *view = kept;
+      if (*view == nullptr) *view = std::make_shared<PulledDenseImpl>(*routed, names.size());
+      kept = *view;
     }
     // The servers' messages in turns (each server's first, then each one's second, ...), so that
     // every server starts on its share while the rest travels.
@@ -451,11 +571,11 @@ class ClientImpl final : public Client {
                                                    : ScatterDense(chunks, out_spans);
         const Piece piece{calls[static_cast<size_t>(s)], static_cast<uint32_t>(m),
                           static_cast<uint32_t>((*routed)[static_cast<size_t>(s)].size())};
-        engine_.Submit(op, s, kind, DenseHeader(kind, chunks, step, piece), std::move(payload), std::move(on_reply),
-                       options_.request_timeout);
+        engine_.Submit(op, s, kind, DenseHeader(kind, chunks, step, piece, map->version()), std::move(payload),
+                       std::move(on_reply), options_.request_timeout);
       }
     }
-    return Handle(op);
+    return Status::Ok();
   }
 
   // A compressed table's chunk as it travels (1.6): 16-bit values, or a top-k frame of the chunk
@@ -518,8 +638,8 @@ class ClientImpl final : public Client {
   // Deduplicates (unless the caller says the ids are distinct) and groups one table's ids per
   // server. `grads` (push) is summed per distinct id, in order of appearance; `shares` gets
   // this table's share for each server (an empty one where the server holds none of its ids).
-  void ShareTable(size_t table, const TableSpec& spec, std::span<const int64_t> ids, const float* grads, bool distinct,
-                  bool push, std::vector<std::vector<SparseShare>>* shares) const {
+  void ShareTable(const placement::Placement& map, size_t table, const TableSpec& spec, std::span<const int64_t> ids,
+                  const float* grads, bool distinct, bool push, std::vector<std::vector<SparseShare>>* shares) const {
     const int S = num_servers();
     const int64_t dim = spec.dim;
     std::vector<SparseShare> mine(static_cast<size_t>(S));
@@ -546,13 +666,13 @@ class ClientImpl final : public Client {
         int64_t row = 0;
         bool first = true;
         if (distinct) {
-          s = placement_.IdServer(ids[p]);
+          s = map.IdServer(ids[p]);
           row = static_cast<int64_t>(mine[static_cast<size_t>(s)].own_ids.size());
         } else {
           if (p + kAhead < ids.size()) where.prefetch(ids[p + kAhead]);
           auto [it, inserted] = where.try_emplace(ids[p], 0);
           if (inserted) {
-            const int to = placement_.IdServer(ids[p]);
+            const int to = map.IdServer(ids[p]);
             it->second = (int64_t{to} << kRowBits) | static_cast<int64_t>(mine[static_cast<size_t>(to)].own_ids.size());
           }
           s = static_cast<int>(it->second >> kRowBits);
@@ -581,8 +701,32 @@ class ClientImpl final : public Client {
   // which is sent once it holds about sparse_message_bytes (cut between tables; never past
   // max_message_bytes or the frame limit): the server starts on it while the client builds the
   // rest. A server older than protocol 1.5 gets one PullSparse / PushSparse per table instead.
+  struct SparseArgs {  // as DenseArgs
+    std::vector<std::string> names;
+    std::vector<SparseOut> pulls;
+    std::vector<SparseIn> pushes;
+    SparseArgs(std::span<const SparseOut> o, std::span<const SparseIn> g) {
+      for (const auto& x : o) names.emplace_back(x.table);
+      for (const auto& x : g) names.emplace_back(x.table);
+      for (size_t i = 0; i < o.size(); ++i) pulls.push_back({names[i], o[i].ids, o[i].rows});
+      for (size_t i = 0; i < g.size(); ++i) pushes.push_back({names[o.size() + i], g[i].ids, g[i].grads});
+    }
+  };
+
   Handle SparseOp(std::span<const SparseOut> pulls, std::span<const SparseIn> pushes, int64_t step, SparseIds id_kind) {
     auto op = engine_.NewOp();
+    op->rerun = [this, step, id_kind, args = std::make_shared<const SparseArgs>(pulls, pushes)](
+                    const std::shared_ptr<Handle::State>& again) {
+      return SubmitSparse(again, args->pulls, args->pushes, step, id_kind);
+    };
+    if (Status s = SubmitSparse(op, pulls, pushes, step, id_kind); !s.ok()) return engine_.Failed(op, s);
+    return Handle(op);
+  }
+
+  // Builds and sends the requests of a sparse call by the client's map (SparseOp; again, after
+  // "moved"); an error before any is sent.
+  Status SubmitSparse(const std::shared_ptr<Handle::State>& op, std::span<const SparseOut> pulls,
+                      std::span<const SparseIn> pushes, int64_t step, SparseIds id_kind) {
     const bool push = !pushes.empty();
     const size_t T = push ? pushes.size() : pulls.size();
     const int S = num_servers();
@@ -595,19 +739,18 @@ class ClientImpl final : public Client {
       const std::span<const int64_t> ids = push ? pushes[t].ids : pulls[t].ids;
       for (size_t u = 0; u < t; ++u) {
         if ((push ? pushes[u].table : pulls[u].table) == name) {
-          return engine_.Failed(op, InvalidArgumentError("table '" + std::string(name) +
-                                                         "' appears twice in one call; name each table once"));
+          return InvalidArgumentError("table '" + std::string(name) +
+                                      "' appears twice in one call; name each table once");
         }
       }
       auto spec = Lookup(name, TableType::kSparse);
-      if (!spec.ok()) return engine_.Failed(op, spec.status());
+      if (!spec.ok()) return spec.status();
       const size_t want = ids.size() * static_cast<size_t>(spec->dim);
       const size_t have = push ? pushes[t].grads.size() : pulls[t].rows.size();
       if (have != want) {
-        return engine_.Failed(op, InvalidArgumentError(std::string(push ? "PushSparse '" : "PullSparse '") +
-                                                       spec->name + "': " + (push ? "gradient" : "output") + " has " +
-                                                       std::to_string(have) + " floats, ids x dim is " +
-                                                       std::to_string(want)));
+        return InvalidArgumentError(std::string(push ? "PushSparse '" : "PullSparse '") + spec->name + "': " +
+                                    (push ? "gradient" : "output") + " has " + std::to_string(have) +
+                                    " floats, ids x dim is " + std::to_string(want));
       }
       specs[t] = std::move(*spec);
       if (push) {
@@ -616,6 +759,7 @@ class ClientImpl final : public Client {
         outs[t] = pulls[t].rows;
       }
     }
+    const std::shared_ptr<const placement::Placement> map = Map();
     std::vector<std::vector<SparseShare>> shares(static_cast<size_t>(S));
     std::vector<size_t> first_unsent(static_cast<size_t>(S), 0);
     std::vector<int64_t> unsent_bytes(static_cast<size_t>(S), 0);
@@ -625,13 +769,14 @@ class ClientImpl final : public Client {
       if (from == end) return;
       const bool legacy = engine_.minor(s) < 5;
       SendSparse(op, s, std::span<SparseShare>(shares[static_cast<size_t>(s)]).subspan(from, end - from), push, legacy,
-                 step, ins, outs);
+                 step, ins, outs, map->version());
       from = end;
       unsent_bytes[static_cast<size_t>(s)] = 0;
     };
     const size_t most_tables = (wire::kMaxFrames - 1) / (push ? 2 : 1);
     for (size_t t = 0; t < T; ++t) {
-      ShareTable(t, specs[t], push ? pushes[t].ids : pulls[t].ids, push ? pushes[t].grads.data() : nullptr, distinct,
+      ShareTable(*map, t, specs[t], push ? pushes[t].ids : pulls[t].ids, push ? pushes[t].grads.data() : nullptr,
+                 distinct,
                  push, &shares);
       // A sync table reaches every server, even with no ids there: each server closes every step
       // with every worker's (maybe empty) gradient, and a pull for step t waits until every server
@@ -657,11 +802,12 @@ class ClientImpl final : public Client {
       }
     }
     for (int s = 0; s < S; ++s) send_unsent(s, shares[static_cast<size_t>(s)].size());
-    return Handle(op);
+    return Status::Ok();
   }
 
   void SendSparse(const std::shared_ptr<Handle::State>& op, int s, std::span<SparseShare> group, bool push, bool legacy,
-                  int64_t step, std::span<const std::span<const float>> ins, std::span<const std::span<float>> outs) {
+                  int64_t step, std::span<const std::span<const float>> ins, std::span<const std::span<float>> outs,
+                  uint64_t placement_version) {
     const Kind kind = legacy ? (push ? Kind::PushSparse : Kind::PullSparse)
                              : (push ? Kind::PushSparseTables : Kind::PullSparseTables);
     flatbuffers::FlatBufferBuilder fbb(128 + 24 * group.size());
@@ -674,6 +820,7 @@ class ClientImpl final : public Client {
     }
     auto h = engine_.BeginHeader(fbb, kind);
     h.add_step(step);
+    h.add_placement_version(placement_version);
     if (legacy) {
       h.add_table_id(group[0].table_id);
       h.add_num_ids(static_cast<int64_t>(group[0].ids.size()));
@@ -840,6 +987,7 @@ class ClientImpl final : public Client {
         const auto* f = reply.shards()->Get(0);
         *out = {f->file()->str(), f->bytes(), f->crc32(), std::chrono::microseconds(reply.snapshot_us()), {}};
         if (reply.worker_steps()) out->worker_steps.assign(reply.worker_steps()->begin(), reply.worker_steps()->end());
+        out->placement_version = reply.placement_version();
         return Status::Ok();
       };
       engine_.Submit(op, s, Kind::Checkpoint, engine_.FinishHeader(fbb, h), {}, std::move(on_reply),
@@ -849,6 +997,16 @@ class ClientImpl final : public Client {
   }
 
   Status CommitCheckpoint(int64_t step, std::span<const CheckpointShard> shards) override {
+    // 1.17: the shards' map, which must be one (server 0 checks it is still its own).
+    uint64_t map_version = shards.empty() ? 0 : shards[0].placement_version;
+    for (size_t s = 1; s < shards.size(); ++s) {
+      if (shards[s].placement_version == map_version) continue;
+      return FailedPreconditionError("CommitCheckpoint of step " + std::to_string(step) +
+                                     ": server 0 wrote its shard " +
+                                     "under placement version " + std::to_string(map_version) + ", server " +
+                                     std::to_string(s) + " under " + std::to_string(shards[s].placement_version) +
+                                     ": a hand-over ran while they saved; take the checkpoint again");
+    }
     auto op = engine_.NewOp();
     flatbuffers::FlatBufferBuilder fbb(128 + 96 * shards.size());
     std::vector<flatbuffers::Offset<wire::ShardFile>> files;
@@ -875,6 +1033,7 @@ class ClientImpl final : public Client {
     flatbuffers::Offset<flatbuffers::Vector<int64_t>> steps_vec;
     if (!steps.empty()) steps_vec = fbb.CreateVector(steps);
     auto h = engine_.BeginHeader(fbb, Kind::CommitCheckpoint);
+    h.add_placement_version(map_version);
     h.add_step(step);
     h.add_shards(vec);
     if (!steps.empty()) h.add_worker_steps(steps_vec);
@@ -907,7 +1066,9 @@ class ClientImpl final : public Client {
  private:
   const ClientOptions options_;
   io::Engine engine_;                           // after options_, which it reads
-  const placement::Placement placement_;        // which server holds each chunk and id
+  mutable Mutex placement_mu_;
+  // Which server holds each chunk and id: the newest map a server sent (1.17), or the first.
+  std::shared_ptr<const placement::Placement> placement_ ABSL_GUARDED_BY(placement_mu_);
   std::atomic<int64_t> barrier_generation_{0};  // the next collective's id (server 0 says the first)
   std::atomic<int64_t> restored_step_{0};       // server 0's restored checkpoint step
   std::atomic<int64_t> lowest_worker_step_{INT64_MAX};  // worker_step(): the lowest the servers said

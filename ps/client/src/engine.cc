@@ -40,18 +40,72 @@ void DriveUntilAnswered(Handle::State& op, SteadyClock::time_point deadline) {
 }
 }  // namespace
 
+namespace {
+// Once every request of `op` is answered: if some were answered "moved" (1.17) and no push was
+// applied, sends the operation again by the client's new map (true: it did, and is in flight
+// again); if a push was, or the re-runs are spent, the operation fails with the moved status.
+// One caller re-runs at a time: the re-run counts as a request of the operation until it has
+// sent (so no other caller finds it answered meanwhile), and holds the client's Stop back (a
+// Handle may outlive its client: then the operation fails, CANCELLED).
+bool RerunIfMoved(const std::shared_ptr<Handle::State>& op) {
+  if (!op->rerun) return false;
+  {
+    MutexLock lock(&op->mu);
+    if (op->pending != 0 || op->moved == 0) return false;
+    const Status moved = op->moved_status;
+    op->moved = 0;
+    op->moved_status = Status::Ok();
+    if (!op->status.ok()) return false;  // failed otherwise too: that failure is the operation's
+    if (op->applied > 0) {
+      op->status = Status(moved.code(), moved.message() + "; " + std::to_string(op->applied) +
+                                            " push request(s) of the operation were applied, so it is not sent "
+                                            "again (a push may not run twice): the placement changed while it ran");
+      return false;
+    }
+    if (++op->reruns > Handle::State::kMaxReruns) {
+      op->status = Status(moved.code(), moved.message() + "; sent " + std::to_string(Handle::State::kMaxReruns) +
+                                            " times again, answered \"moved\" each time");
+      return false;
+    }
+    ++op->pending;  // the re-run itself
+  }
+  io::IoGate& gate = *op->gate;
+  bool alive = false;
+  {
+    MutexLock lock(&gate.mu);
+    alive = gate.engine != nullptr;
+    if (alive) ++gate.rerunning;
+  }
+  const Status sent =
+      alive ? op->rerun(op)
+            : CancelledError("client closed before the operation could be sent again by the new placement");
+  if (alive) {
+    MutexLock lock(&gate.mu);
+    --gate.rerunning;
+    gate.idle.SignalAll();
+  }
+  MutexLock lock(&op->mu);
+  if (!sent.ok() && op->status.ok()) op->status = sent;
+  if (--op->pending == 0) {
+    op->finished = SteadyClock::now();
+    op->cv.SignalAll();
+  }
+  return true;
+}
+}  // namespace
+
 Status Handle::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return Status::Ok();
   const auto deadline = SteadyClock::now() + timeout;
-  if (state_->gate && !state_->Answered()) DriveUntilAnswered(*state_, deadline);
-  {
+  do {
+    if (state_->gate && !state_->Answered()) DriveUntilAnswered(*state_, deadline);
     MutexLock lock(&state_->mu);
     while (state_->pending != 0) {
       if (!state_->cv.WaitUntil(&state_->mu, deadline) && state_->pending != 0) {
         return DeadlineExceededError("operation still in flight after " + std::to_string(timeout.count()) + " ms");
       }
     }
-  }
+  } while (RerunIfMoved(state_));
   if (state_->lender && !state_->lender->WaitReturned(deadline)) {
     return DeadlineExceededError("operation answered, but ZeroMQ still holds " +
                                  std::to_string(state_->lender->outstanding()) +
@@ -78,6 +132,7 @@ std::chrono::nanoseconds Handle::elapsed() const {
 
 bool Handle::done() const {
   if (!state_) return true;
+  if (RerunIfMoved(state_)) return false;
   MutexLock lock(&state_->mu);
   return state_->pending == 0 && (!state_->lender || state_->lender->outstanding() == 0);
 }
@@ -106,7 +161,8 @@ Engine::Engine(const ClientOptions& options, std::shared_ptr<Context> context)
   gate_->engine = this;
 }
 
-Status Engine::Start() {
+Status Engine::Start(OnMoved on_moved) {
+  on_moved_ = std::move(on_moved);
   if (!waker_.ok() || !driver_waker_.ok()) return InternalError("cannot create an eventfd for the client's I/O");
   {
     MutexLock lock(&io_mu_);
@@ -132,9 +188,13 @@ void Engine::Stop() {
     // A caller driving the sockets leaves (it looks at stopping_ whenever it wakes); no other
     // starts. Its operations, and everything else in flight, fail as the I/O thread ends (FailAll).
     driver_waker_.Notify();
+    {
+      MutexLock lock(&room_mu_);  // a re-run waiting for room leaves (stopping_)
+      room_cv_.SignalAll();
+    }
     MutexLock lock(&gate_->mu);
     gate_->engine = nullptr;
-    while (gate_->driving) gate_->idle.Wait(&gate_->mu);
+    while (gate_->driving || gate_->rerunning > 0) gate_->idle.Wait(&gate_->mu);
   }
   {
     MutexLock lock(&room_mu_);
@@ -267,8 +327,10 @@ void Engine::TellIoThread() {
   if (!io_watching_.load() && !io_told_.exchange(true)) waker_.Notify();
 }
 
-void Engine::Done(Request& r, const Status& s) {
-  r.op->Finish(s);
+void Engine::Done(Request& r, const Status& s, bool moved) {
+  r.op->Finish(s, moved,
+               r.kind == Kind::PushDense || r.kind == Kind::PushPullDense || r.kind == Kind::PushSparse ||
+                   r.kind == Kind::PushSparseTables);
   if (driving_.load() && std::this_thread::get_id() != driver_thread_) driver_waker_.Notify();
   {
     MutexLock lock(&room_mu_);
@@ -570,7 +632,11 @@ void Engine::HandleReply(int server, Frames& frames, bool truncated) {
   // A reply in another major version (wire.h): its id matched; say which versions differ.
   if (!verified.ok()) return Done(r, verified.WithContext(where + ": the server's reply"));
   if (truncated) return Done(r, DataLossError(where + ": reply has too many frames"));
-  if (h->kind() == Kind::Error) return Done(r, wire::ErrorStatus(*h).WithContext(where));
+  if (h->kind() == Kind::Error) {
+    const bool moved = h->placement() != nullptr && on_moved_ && r.op->rerun;
+    if (moved) on_moved_(server, *h);
+    return Done(r, wire::ErrorStatus(*h).WithContext(where), moved);
+  }
   if (h->kind() != Kind::Reply || h->request_kind() != r.kind) {
     return Done(r, DataLossError(where + ": unexpected reply kind " + std::string(wire::KindName(h->kind()))));
   }

@@ -48,6 +48,7 @@ struct IoGate {
   CondVar idle;  // signalled when the driving caller leaves
   Engine* engine ABSL_GUARDED_BY(mu) = nullptr;
   bool driving ABSL_GUARDED_BY(mu) = false;
+  int rerunning ABSL_GUARDED_BY(mu) = 0;  // callers sending an operation again (1.17); Stop waits for them
 };
 }  // namespace io
 
@@ -62,9 +63,28 @@ struct Handle::State {
   const io::SteadyClock::time_point started = io::SteadyClock::now();  // the call
   io::SteadyClock::time_point finished ABSL_GUARDED_BY(mu);        // its last reply
 
-  void Finish(const Status& s) {
+  // 1.17: a request answered "moved" (placed by another map than its server's) is not a failure
+  // yet: once every request of the operation is answered, Handle::wait runs it again by the
+  // client's new map (`rerun`) if none of its requests was applied, or fails with the moved
+  // status if some were (RerunIfMoved).
+  std::function<Status(const std::shared_ptr<State>&)> rerun;  // set before sharing; null: never re-run
+  int moved ABSL_GUARDED_BY(mu) = 0;        // requests answered "moved" (this run)
+  int applied ABSL_GUARDED_BY(mu) = 0;      // push requests answered OK (this run): not to be sent twice
+  int reruns ABSL_GUARDED_BY(mu) = 0;
+  Status moved_status ABSL_GUARDED_BY(mu);  // the first "moved" answer
+  static constexpr int kMaxReruns = 4;
+
+  // `push`: the request applies something when it succeeds (pulls do not).
+  void Finish(const Status& s, bool was_moved = false, bool push = false) {
     MutexLock lock(&mu);
-    if (!s.ok() && status.ok()) status = s;
+    if (was_moved) {
+      ++moved;
+      if (moved_status.ok()) moved_status = s;
+    } else if (!s.ok() && status.ok()) {
+      status = s;
+    } else if (s.ok() && push) {
+      ++applied;
+    }
     if (--pending == 0) {
       finished = io::SteadyClock::now();
       cv.SignalAll();
@@ -99,6 +119,9 @@ using wire::Kind;
 
 // Called with a verified Reply header and its payload frames, on the thread reading the replies.
 using OnReply = std::function<Status(const Header&, Frames&)>;
+// Called with a verified "moved" Error header (one with a `placement`, 1.17) from server `s`, on
+// the thread reading the replies, before its request completes as moved.
+using OnMoved = std::function<void(int s, const Header&)>;
 
 // A reply's payload has `n` frames / a frame has `bytes` (DATA_LOSS saying what it has).
 Status ExpectFrames(const Frames& payload, size_t n);
@@ -112,8 +135,8 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Opens a socket per server and starts the I/O thread.
-  Status Start();
+  // Opens a socket per server and starts the I/O thread. `on_moved`: see OnMoved (may be null).
+  Status Start(OnMoved on_moved = nullptr);
   // Heartbeats go from now on (after the handshake: a server takes them from a worker it knows).
   void StartHeartbeats();
   // Fails everything in flight or submitted from now on ("client closed"), lets a driving caller
@@ -178,7 +201,7 @@ class Engine {
 
   // Completes one request and frees its slot. A caller driving the sockets is told when another
   // thread completed something (its own operation, perhaps: a failed server, an expired request).
-  void Done(Request& r, const Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  void Done(Request& r, const Status& s, bool moved = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
 
   // (Re)opens the socket to server `s` and its monitor (a PAIR that receives the socket's
   // ZMQ_EVENT_DISCONNECTED: the connection closed, or heartbeats went unanswered).
@@ -262,6 +285,7 @@ class Engine {
   // submitted from now on.
   void FailAll(const Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   const ClientOptions& options_;
+  OnMoved on_moved_;  // set by Start
   std::shared_ptr<Context> context_;
   transport::Waker waker_;
   std::atomic<bool> stopping_{false};

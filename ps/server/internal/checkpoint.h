@@ -141,11 +141,13 @@ Status CheckShardList(int64_t step, const std::vector<ShardFile>& shards);
 // newest `keep`, except the files their chains need (and the manifests all of whose files those
 // are: the earlier checkpoints of a kept chain stay restorable).
 // `meaning`: what the cut is ("sync: every server at global step 120"; "async: ...").
+// `map`: the servers' placement, written when a hand-over changed it (version above 1).
 // `worker_steps`: the steps each worker had done, by rank, as the servers knew them when they
 // saved (the lowest any server knew; -1: none knew; empty: not written). A worker resumes at its
 // own.
 Status WriteManifest(const std::string& dir, int64_t step, const std::vector<ShardFile>& shards,
-                     const std::string& meaning, int keep, const std::vector<int64_t>& worker_steps = {});
+                     const std::string& meaning, int keep, const std::vector<int64_t>& worker_steps = {},
+                     const placement::Placement* map = nullptr);
 
 // A checkpoint read back: every table whole, whatever the servers that wrote it.
 struct CheckpointData {
@@ -155,6 +157,9 @@ struct CheckpointData {
   // shards recorded per server follows the rule before (placement::IdServerBeforeSlots); the
   // same servers for counts dividing placement::kSlots.
   bool before_slots = false;
+  // The map its shards were written under when a hand-over had changed the job's (1.17; the
+  // manifest's "placement_owners"); null: the first map of num_servers.
+  std::shared_ptr<const placement::Placement> placement;
   std::string manifest;  // the manifest it came from
   std::string meaning;
   std::vector<int64_t> worker_steps;  // by rank, -1 unknown (WriteManifest); empty in a manifest without them
@@ -212,5 +217,20 @@ StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step);
 // a worker resumes at the lowest step any server knew, and a push it replays is skipped for the
 // chunks and rows whose server at the checkpoint had taken that step already.
 Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, TableRegistry* tables);
+
+// A placement hand-over (protocol 1.17, PROTOCOL.md "Placement versions"): server `rank` goes
+// from its registry's map to `next`, taking the chunks and rows of the slots it gains from `ckpt`
+// (the job's checkpoint of the hand-over's step, which every server of the job reads) and
+// dropping those of the slots it gives up; then the registry holds `next`. Everything is
+// checked before anything changes (FAILED_PRECONDITION saying what): the tables here are the
+// checkpoint's, none has a disk tier or a table being declared, no sync step is in progress
+// here, what this server gives up is as the checkpoint holds it (a dense chunk at the
+// checkpoint's version, a sparse row with its update count: a push applied since would be lost),
+// and the memory budget has room for what it takes. `check_only`: checks and changes nothing.
+struct HandOverCounts {
+  int64_t chunks_taken = 0, chunks_dropped = 0, rows_taken = 0, rows_dropped = 0;
+};
+StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::Placement& next, int rank,
+                                  int num_workers, TableRegistry* tables, bool check_only);
 
 }  // namespace ferry::ps

@@ -91,6 +91,7 @@ enum Counter : int {
   kDiskTierRequestsHeld,
   kDiskTierRowsReadAhead,
   kDiskTierIoThreadWaits,
+  kMovedAnswered,
   kNumCounters
 };
 inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
@@ -100,7 +101,7 @@ inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped",
     "wire_values_saturated", "pieces_held", "piece_calls_refused", "nonfinite_updates_refused",
     "replayed_updates_skipped", "feed_pages", "feed_rows_sent", "disk_tier_errors",
-    "disk_tier_requests_held", "disk_tier_rows_read_ahead", "disk_tier_io_thread_waits"};
+    "disk_tier_requests_held", "disk_tier_rows_read_ahead", "disk_tier_io_thread_waits", "moved_answered"};
 inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the server's and each table's
 // Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
 // bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
@@ -396,11 +397,26 @@ class ServerImpl final : public Server {
   Status OnFinish(Request& req);
   Status OnCollective(Request& req);
 
+  // ---- placement versions (handlers/placement.cc) ---------------------------------------------
+
+  // A placed request (kinds.h) names the map its client placed it by: another than this
+  // server's is refused whole as "moved", with this server's map (true: answered so).
+  bool AnswerMoved(Request& req);
+  // This server's map, into a reply or error header being built (its vector built before).
+  flatbuffers::Offset<flatbuffers::Vector<uint16_t>> PlacementVector(flatbuffers::FlatBufferBuilder& fbb) const;
+  // Placement: adopt the request's map, taking over from the checkpoint of its step (HandOver);
+  // with `full` false only checks that it could (the first of the client's two rounds).
+  Status OnPlacement(Request& req);
+
   // ---- checkpoints (handlers/checkpoints.cc) -------------------------------------------------
 
   std::string Who() const { return "server " + std::to_string(options_.rank); }
   // Refuses a checkpoint request this server cannot take now.
   Status CheckpointPossible() const;
+  // A checkpoint's shards are all of one map: a CommitCheckpoint whose shards were written under
+  // another placement version than this server's (the client says which, from the Checkpoint
+  // replies) is refused (FAILED_PRECONDITION; 0: a client before 1.17).
+  Status SamePlacement(const Header& h) const;
   // Checkpoint at `step`: the server copies its shard of every table (the pause), then writes the
   // copy on another thread while it goes on serving; the reply names the file once it is durable.
   Status OnCheckpoint(Request& req);
@@ -511,6 +527,15 @@ class ServerImpl final : public Server {
     uint64_t chain_bytes = 0;  // the deltas' since
   };
   SavedShard saved_ ABSL_GUARDED_BY(job_mu_);
+  // The checkpoint a Placement's check round read (I/O thread), kept for its adopting round
+  // until max_wait has passed (on_tick); any other Placement drops it.
+  struct HandOverRead {
+    int64_t step = 0;
+    uint64_t version = 0;
+    std::shared_ptr<const CheckpointData> ckpt;
+    Clock::time_point until;
+  };
+  std::optional<HandOverRead> handover_read_;
 
   // Last: starts after everything above is built. Joined only under stop_mu_.
   std::thread thread_ ABSL_GUARDED_BY(stop_mu_);

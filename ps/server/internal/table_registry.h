@@ -39,6 +39,9 @@ class TableRegistry {
   void SetDiskTier(DiskTier* disk) { disk_ = disk; }
   DiskTier* disk_tier() const { return disk_; }
   const placement::Placement& placement() const { return placement_; }
+  // The map from now on (a hand-over's, HandOver in checkpoint.h, once the shards hold what it
+  // gives this server).
+  void SetPlacement(placement::Placement next) { placement_ = std::move(next); }
 
   // Declares `spec` under `claimed_id` (which must be the hash of its name) for a job of
   // `num_workers`. Declaring the same spec again is a no-op; a different spec under the same
@@ -103,7 +106,7 @@ class TableRegistry {
 
  private:
   const int rank_;
-  const placement::Placement placement_;  // which server holds each chunk and id
+  placement::Placement placement_;  // which server holds each chunk and id
   std::unique_ptr<MemoryBudget> budget_;  // behind a pointer: shards keep its address across moves
   std::unique_ptr<RowLifecycleTotals> lifecycle_;  // likewise
   DiskTier* disk_ = nullptr;                       // SetDiskTier

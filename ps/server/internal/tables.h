@@ -95,6 +95,14 @@ class DenseShard {
   static int64_t HeldBytes(const TableSpec& spec, uint64_t table_id, int rank, const placement::Placement& placement);
   // nullptr when `chunk` is out of range or not held here.
   DenseChunk* chunk(int64_t index);
+  // A placement hand-over (1.17): chunk `index` comes here (allocated and initialised as the
+  // constructor would: the caller then gives it the values it had), or goes (its frames already
+  // sent keep their values: SharedFloats). Take of a chunk held, or Drop of one not, is a no-op.
+  // Take throws std::bad_alloc as the constructor does.
+  DenseChunk* Take(const TableSpec& spec, uint64_t table_id, int64_t index, int num_workers);
+  void Drop(int64_t index);
+  // The bytes chunk `index` of `spec` takes (parameters and optimizer state).
+  static int64_t ChunkBytes(const TableSpec& spec, int64_t index);
   const DenseChunk* chunk(int64_t index) const { return const_cast<DenseShard*>(this)->chunk(index); }
   int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
   int64_t held_chunks() const { return held_; }
@@ -253,6 +261,12 @@ class SparseShard {
   int64_t steps(RowIndex index) const { return steps_[index]; }
   // Floats a row holds: its dim values, then its optimizer state.
   int64_t row_floats() const { return row_floats_; }
+  // A placement hand-over (1.17): the row of `id` leaves this server (another holds it from now
+  // on): its id is unindexed, and noted as deleted where an eviction would be (delta checkpoints,
+  // the change feed). With lifecycle settings its slot is freed for the next row; without, it
+  // stays allocated and charged until the process ends (such a shard keeps no free list). A no-op
+  // for an id without a row.
+  void Forget(int64_t id);
   // Calls fn(id, index) for every row, in no particular order (evicted rows are gone).
   template <typename Fn>
   void ForEachRow(Fn&& fn) const {
@@ -349,6 +363,8 @@ class SparseShard {
   // (nothing evicted) when the filter estimates the victim's pushes at `pushes` or more.
   Room EvictOne(int pushes);
   void Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* total);
+  // Row `slot` of `id` is leaving: noted as deleted for delta checkpoints and the change feed.
+  void NoteGone(RowIndex slot, int64_t id);
   void SweepAged(int64_t slots);
   // TrackChanges: notes row `r` of `id` as changed (once until TakeChanges).
   void NoteChanged(int64_t id, RowIndex r);
@@ -486,10 +502,13 @@ struct Table {
   struct Replay {
     int servers = 0;
     bool before_slots = false;  // written under the placement rule of 1.15 (placement.h)
+    std::shared_ptr<const placement::Placement> map;  // a hand-over's map (1.17); null: the first map
     int IdServer(int64_t id) const {
+      if (map) return map->IdServer(id);
       return before_slots ? placement::IdServerBeforeSlots(id, servers) : placement::IdServer(id, servers);
     }
     int ChunkServer(uint64_t table_id, int64_t chunk) const {
+      if (map) return map->ChunkServer(table_id, chunk);
       return before_slots ? placement::ChunkServerBeforeSlots(table_id, chunk, servers)
                           : placement::ChunkServer(table_id, chunk, servers);
     }

@@ -450,6 +450,7 @@ struct Manifest {
   std::vector<int64_t> worker_steps;
   std::vector<ShardFile> shards;  // with their chains
   bool before_slots = false;      // no "placement": written before 1.16
+  std::shared_ptr<const placement::Placement> map;  // "placement_owners" (1.17): a map after a hand-over
 };
 
 // What a manifest's "placement" says: where its servers held chunks and rows.
@@ -515,6 +516,13 @@ StatusOr<Manifest> ParseManifest(const fs::path& dir, const std::string& manifes
     }
     if (j.contains("worker_steps")) {
       FERRY_RETURN_IF_ERROR(ParseSteps(j.at("worker_steps"), name, "worker_steps", &out.worker_steps));
+    }
+    if (j.contains("placement_owners")) {
+      const auto owners = j.at("placement_owners").get<std::vector<uint16_t>>();
+      auto map = placement::Placement::FromOwners(j.at("placement_version").get<uint64_t>(), owners,
+                                                  static_cast<int>(j.at("shards").size()));
+      if (!map.ok()) return DataLossError(name + ": " + map.status().message());
+      out.map = std::make_shared<const placement::Placement>(std::move(*map));
     }
     for (const auto& s : j.at("shards")) {
       FERRY_ASSIGN_OR_RETURN(ShardFile f, ShardEntry(s, name, out.format == kCheckpointDeltaFormat));
@@ -613,6 +621,7 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
   out.worker_steps = std::move(m.worker_steps);
   out.num_servers = static_cast<int>(m.shards.size());
   out.before_slots = m.before_slots;
+  out.placement = std::move(m.map);
   out.manifest = manifest;
   for (const auto& s : m.shards) {
     out.shard_worker_steps.push_back(s.worker_steps);
@@ -978,7 +987,8 @@ StatusOr<ShardFile> WithChain(const std::string& dir, ShardFile shard) {
 }
 
 Status WriteManifest(const std::string& dir, int64_t step, const std::vector<ShardFile>& shards,
-                     const std::string& meaning, int keep, const std::vector<int64_t>& worker_steps) {
+                     const std::string& meaning, int keep, const std::vector<int64_t>& worker_steps,
+                     const placement::Placement* map) {
   const bool chains = std::ranges::any_of(shards, [](const ShardFile& s) { return !s.base.empty(); });
   auto entry = [](const ShardFile& s) {
     return nlohmann::ordered_json{{"file", s.name}, {"bytes", s.bytes}, {"crc32", s.crc32}};
@@ -988,6 +998,10 @@ Status WriteManifest(const std::string& dir, int64_t step, const std::vector<Sha
   j["step"] = step;
   j["meaning"] = meaning;
   j["placement"] = kPlacementBySlots;
+  if (map != nullptr && map->version() > 1) {  // (version 1: the first map of the shards' count)
+    j["placement_version"] = map->version();
+    j["placement_owners"] = map->Owners();
+  }
   if (!worker_steps.empty()) j["worker_steps"] = worker_steps;
   j["shards"] = nlohmann::ordered_json::array();
   for (const auto& s : shards) {
@@ -1158,6 +1172,7 @@ std::optional<Table::Replay> ReplayOf(const CheckpointData& ckpt, int num_worker
   Table::Replay replay;
   replay.servers = ckpt.num_servers;
   replay.before_slots = ckpt.before_slots;
+  replay.map = ckpt.placement;
   replay.until.assign(static_cast<size_t>(num_workers), -1);
   bool any = false;
   for (const auto& steps : ckpt.shard_worker_steps) {
@@ -1245,6 +1260,160 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, Table
     }
   }
   return Status::Ok();
+}
+
+StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::Placement& next, int rank,
+                                  int num_workers, TableRegistry* tables, bool check_only) {
+  const placement::Placement& now = tables->placement();
+  const std::string at = "the hand-over to placement version " + std::to_string(next.version()) + " from checkpoint " +
+                         ckpt.manifest;
+  if (next.num_servers() != now.num_servers()) {
+    return FailedPreconditionError(at + ": it places over " + std::to_string(next.num_servers()) +
+                                   " servers, this job has " + std::to_string(now.num_servers()));
+  }
+  if (tables->pending() > 0) return FailedPreconditionError(at + ": a table is still being declared here");
+  // Checks, and what would move.
+  HandOverCounts counts;
+  int64_t bytes_in = 0, bytes_out = 0;
+  Status refused = Status::Ok();
+  auto refuse = [&](const std::string& why) {
+    if (refused.ok()) refused = FailedPreconditionError(at + ": " + why);
+  };
+  size_t declared = 0;
+  tables->ForEach([&](const Table& t) {
+    ++declared;
+    const std::string name = "table '" + t.spec.name + "'";
+    auto it = ckpt.tables.find(t.id);
+    if (it == ckpt.tables.end() || it->second.spec.type != t.spec.type) {
+      return refuse(name + " is not in the checkpoint (declared after it)");
+    }
+    const CheckpointData::Table& saved = it->second;
+    if (t.dense) {
+      if (t.feed_epoch != 0) return refuse(name + " has change-feed readers (they cannot follow a hand-over yet)");
+      if (saved.spec.num_chunks() != t.spec.num_chunks() || saved.spec.chunk_elems != t.spec.chunk_elems) {
+        return refuse(name + " is chunked otherwise in the checkpoint");
+      }
+      for (int64_t c = 0; c < t.dense->num_chunks(); ++c) {
+        const bool here = now.ChunkServer(t.id, c) == rank, stays = next.ChunkServer(t.id, c) == rank;
+        if (here == stays) continue;
+        auto chunk = saved.chunks.find(c);
+        if (chunk == saved.chunks.end()) return refuse(name + " chunk " + std::to_string(c) + " is not in it");
+        if (stays) {
+          ++counts.chunks_taken;
+          bytes_in += DenseShard::ChunkBytes(t.spec, c);
+          continue;
+        }
+        const DenseChunk* held = t.dense->chunk(c);
+        if (held->sync.received > 0) return refuse(name + " chunk " + std::to_string(c) + " is in a sync step");
+        if (held->version != chunk->second.version) {
+          return refuse(name + " chunk " + std::to_string(c) + " is at version " + std::to_string(held->version) +
+                        " here, " + std::to_string(chunk->second.version) +
+                        " in the checkpoint (updated since: the workers must wait from the checkpoint to the "
+                        "hand-over)");
+        }
+        ++counts.chunks_dropped;
+        bytes_out += DenseShard::ChunkBytes(t.spec, c);
+      }
+      return;
+    }
+    if (t.feed_epoch != 0) return refuse(name + " has change-feed readers (they cannot follow a hand-over yet)");
+    const SparseShard& s = *t.sparse;
+    if (s.has_disk()) return refuse(name + " has a disk tier (its rows cannot be handed over yet)");
+    if (s.sync.received > 0) return refuse(name + " is in a sync step");
+    s.ForEachRow([&](int64_t id, RowIndex r) {
+      if (!refused.ok() || next.IdServer(id) == rank) return;
+      auto row = saved.rows.find(id);
+      const int64_t saved_steps = row == saved.rows.end() ? 0 : row->second.steps;
+      if (s.steps(r) != saved_steps) {
+        return refuse(name + " id " + std::to_string(id) + " has " + std::to_string(s.steps(r)) +
+                      " updates here, " + std::to_string(saved_steps) +
+                      " in the checkpoint (updated since: the workers must wait from the checkpoint to the "
+                      "hand-over)");
+      }
+      ++counts.rows_dropped;
+    });
+    int64_t rows_in = 0;
+    for (const auto& [id, row] : saved.rows) {
+      if (next.IdServer(id) != rank || now.IdServer(id) == rank) continue;
+      if (static_cast<int64_t>(row.values.size()) != s.row_floats()) {
+        return refuse(name + " id " + std::to_string(id) + " has the wrong width in the checkpoint");
+      }
+      ++rows_in;
+    }
+    if (s.has_lifecycle() && t.spec.max_rows > 0 &&
+        static_cast<int64_t>(s.size()) - counts.rows_dropped + rows_in > t.spec.max_rows) {
+      return refuse(name + " would hold more than its max_rows=" + std::to_string(t.spec.max_rows) + " rows here");
+    }
+    counts.rows_taken += rows_in;
+    bytes_in += rows_in * s.RowBytes();
+  });
+  FERRY_RETURN_IF_ERROR(refused);
+  if (declared != ckpt.tables.size()) {
+    return FailedPreconditionError(at + ": it holds " + std::to_string(ckpt.tables.size()) +
+                                   " tables, this server " + std::to_string(declared) +
+                                   " (declare every table of the job before a hand-over)");
+  }
+  const MemoryBudget& budget = tables->budget();
+  if (bytes_in > bytes_out && budget.used() + (bytes_in - bytes_out) > budget.limit()) {
+    return ResourceExhaustedError(at + ": server " + std::to_string(rank) + " would take " +
+                                  std::to_string(bytes_in - bytes_out) + " more bytes; its memory budget has " +
+                                  std::to_string(std::max<int64_t>(budget.limit() - budget.used(), 0)) + " left");
+  }
+  if (check_only) return counts;
+  // What leaves goes first, so that what comes finds the memory the check counted on (a
+  // lifecycle table's new row would otherwise make room by evicting one). Then what comes; only
+  // running out of memory can fail there.
+  tables->ForEach([&](Table& t) {
+    if (t.dense) {
+      for (int64_t c = 0; c < t.dense->num_chunks(); ++c) {
+        if (now.ChunkServer(t.id, c) == rank && next.ChunkServer(t.id, c) != rank) {
+          t.dense->Drop(c);
+          tables->budget().Give(DenseShard::ChunkBytes(t.spec, c));
+        }
+      }
+      return;
+    }
+    std::vector<int64_t> leaving;
+    t.sparse->ForEachRow([&](int64_t id, RowIndex) {
+      if (next.IdServer(id) != rank) leaving.push_back(id);
+    });
+    for (int64_t id : leaving) t.sparse->Forget(id);
+  });
+  try {
+    tables->ForEach([&](Table& t) {
+      const CheckpointData::Table& saved = ckpt.tables.at(t.id);
+      if (t.dense) {
+        for (int64_t c = 0; c < t.dense->num_chunks(); ++c) {
+          if (now.ChunkServer(t.id, c) == rank || next.ChunkServer(t.id, c) != rank) continue;
+          DenseChunk* taken = t.dense->Take(t.spec, t.id, c, num_workers);
+          tables->budget().Force(DenseShard::ChunkBytes(t.spec, c));
+          const CheckpointData::Chunk& from = saved.chunks.at(c);
+          taken->params.Assign(from.params);
+          taken->state = from.state;
+          taken->version = from.version;
+          std::fill(taken->last_pulled.begin(), taken->last_pulled.end(), taken->version);
+          taken->replay_owner = t.replay ? t.replay->ChunkServer(t.id, c) : -1;
+        }
+        return;
+      }
+      SparseShard& s = *t.sparse;
+      for (const auto& [id, row] : saved.rows) {
+        if (next.IdServer(id) != rank || now.IdServer(id) == rank) continue;
+        const RowIndex r = s.FindOrCreate(id, /*over_budget_ok=*/true);
+        std::copy(row.values.begin(), row.values.end(), s.row(r));
+        s.steps(r) = row.steps;
+      }
+    });
+  } catch (const std::bad_alloc&) {
+    // Half taken: this server holds neither map's share. It keeps the new map (what it holds is
+    // a part of it) and says so; the job must restore from the checkpoint.
+    tables->SetPlacement(next);
+    return InternalError(at + ": server " + std::to_string(rank) +
+                         " ran out of memory taking over its new slots; it holds part of them: restore the job "
+                         "from that checkpoint");
+  }
+  tables->SetPlacement(next);
+  return counts;
 }
 
 }  // namespace ferry::ps

@@ -136,7 +136,9 @@ void ServerImpl::Loop() {
     return transport::Earliest(
         transport::Earliest(transport::Earliest(held_.NextDeadline(), collectives_.NextDeadline()),
                             calls_.NextDeadline()),
-        transport::Earliest(transport::Earliest(NextLivenessCheck(), NextConnectionCheck()), next_heap_check_));
+        transport::Earliest(transport::Earliest(NextLivenessCheck(), NextConnectionCheck()),
+                            transport::Earliest(next_heap_check_, handover_read_ ? std::optional(handover_read_->until)
+                                                                                 : std::nullopt)));
   };
   h.on_tick = [this] {
     try {
@@ -145,6 +147,7 @@ void ServerImpl::Loop() {
       CheckConnections();
       CheckHeap(Clock::now());
       CheckDiskWaits(Clock::now());
+      if (handover_read_ && Clock::now() >= handover_read_->until) handover_read_.reset();  // no adopting round came
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ferry-ps %d: %s while expiring held requests; continuing\n", options_.rank, e.what());
     }
@@ -283,6 +286,7 @@ Status ServerImpl::Dispatch(Request& req) {
   if (handle == nullptr) {
     return InvalidArgumentError("a server does not accept " + std::string(wire::KindName(h.kind())) + " messages");
   }
+  if (AnswerMoved(req)) return Status::Ok();
   if (readers_ != nullptr && !req.read_ahead && WaitForDisk(req)) return Status::Ok();  // (taken: it waits)
   const int rank = h.rank();
   const int64_t step = h.step();
@@ -322,6 +326,7 @@ ServerImpl::Handler ServerImpl::HandlerOf(Kind kind) {
       {Kind::AllReduce, &ServerImpl::OnCollective},
       {Kind::Checkpoint, &ServerImpl::OnCheckpoint},
       {Kind::CommitCheckpoint, &ServerImpl::OnCommitCheckpoint},
+      {Kind::Placement, &ServerImpl::OnPlacement},
   };
   static constexpr std::array<Handler, 256> kByKind = [] {
     std::array<Handler, 256> by{};
@@ -439,6 +444,9 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     auto ckpt = ps::ReadCheckpoint(options.checkpoint_dir, &skipped);
     if (!ckpt.ok()) return ckpt.status().WithContext(who);
     for (const auto& s : skipped) std::fprintf(stderr, "%s: passed over a checkpoint: %s\n", who.c_str(), s.c_str());
+    // A job of the checkpoint's servers restores the map they held (1.17: the manifest's, if a
+    // hand-over had changed it): every server of the job restores from the same checkpoint.
+    if (ckpt->placement && ckpt->num_servers == options.num_servers) tables.SetPlacement(*ckpt->placement);
     try {
       FERRY_RETURN_IF_ERROR(ps::RestoreShard(*ckpt, options.rank, options.num_workers, &tables)
                                 .WithContext(who + ": restoring " + ckpt->manifest));

@@ -126,6 +126,8 @@ constexpr Series kSeries[] = {
      "Ids the I/O thread looked up on disk itself, serving nothing meanwhile (none read ahead for them)"},
     {"disk_tier_io_thread_waits", "ferry_disk_tier_io_thread_waits_total", true,
      "Times the I/O thread waited for a disk read: the requests held for the disk were at their bound"},
+    {"moved_answered", "ferry_moved_answered_total", true,
+     "Requests refused as placed by another placement version than the server's (the client re-sends them)"},
     {"disk_tier_requests_waiting", "ferry_disk_tier_requests_waiting", false,
      "Requests held now while the disk tier's readers read their rows"},
     {"disk_tier_rows_kept", "ferry_disk_tier_rows_kept", false,

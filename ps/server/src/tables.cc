@@ -25,25 +25,39 @@ void SyncSlots::Reset(int num_workers, bool sparse) {
 
 DenseShard::DenseShard(const TableSpec& spec, uint64_t table_id, int rank, const placement::Placement& placement,
                        int num_workers, const std::atomic<bool>* cancel) {
-  const int64_t n = spec.num_elements();
-  const int64_t count = spec.num_chunks();
-  const int slots = StateSlots(spec.optimizer.type);
-  chunks_.resize(static_cast<size_t>(count));
-  for (int64_t c = 0; c < count; ++c) {
+  chunks_.resize(static_cast<size_t>(spec.num_chunks()));
+  for (int64_t c = 0; c < spec.num_chunks(); ++c) {
     if (placement.ChunkServer(table_id, c) != rank) continue;
     if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) throw Cancelled();
-    auto ch = std::make_unique<DenseChunk>();
-    ch->offset = c * spec.chunk_elems;
-    ch->size = std::min(spec.chunk_elems, n - ch->offset);
-    ch->params = SharedFloats(static_cast<size_t>(ch->size));
-    InitDense(spec, table_id, ch->offset, ch->params.data(), ch->size);
-    ch->state.resize(static_cast<size_t>(ch->size) * static_cast<size_t>(slots));
-    InitState(spec.optimizer, ch->state.data(), static_cast<size_t>(ch->size));
-    ch->last_pulled.assign(static_cast<size_t>(num_workers), 0);
-    ch->sync.Reset(num_workers, /*sparse=*/false);
-    chunks_[static_cast<size_t>(c)] = std::move(ch);
-    ++held_;
+    Take(spec, table_id, c, num_workers);
   }
+}
+
+DenseChunk* DenseShard::Take(const TableSpec& spec, uint64_t table_id, int64_t index, int num_workers) {
+  if (DenseChunk* held = chunk(index)) return held;
+  auto ch = std::make_unique<DenseChunk>();
+  ch->offset = index * spec.chunk_elems;
+  ch->size = std::min(spec.chunk_elems, spec.num_elements() - ch->offset);
+  ch->params = SharedFloats(static_cast<size_t>(ch->size));
+  InitDense(spec, table_id, ch->offset, ch->params.data(), ch->size);
+  ch->state.resize(static_cast<size_t>(ch->size) * static_cast<size_t>(StateSlots(spec.optimizer.type)));
+  InitState(spec.optimizer, ch->state.data(), static_cast<size_t>(ch->size));
+  ch->last_pulled.assign(static_cast<size_t>(num_workers), 0);
+  ch->sync.Reset(num_workers, /*sparse=*/false);
+  chunks_[static_cast<size_t>(index)] = std::move(ch);
+  ++held_;
+  return chunks_[static_cast<size_t>(index)].get();
+}
+
+void DenseShard::Drop(int64_t index) {
+  if (chunk(index) == nullptr) return;
+  chunks_[static_cast<size_t>(index)].reset();
+  --held_;
+}
+
+int64_t DenseShard::ChunkBytes(const TableSpec& spec, int64_t index) {
+  const int64_t elems = std::min(spec.chunk_elems, spec.num_elements() - index * spec.chunk_elems);
+  return elems * (1 + StateSlots(spec.optimizer.type)) * static_cast<int64_t>(sizeof(float));
 }
 
 DenseChunk* DenseShard::chunk(int64_t index) {
@@ -53,14 +67,11 @@ DenseChunk* DenseShard::chunk(int64_t index) {
 
 int64_t DenseShard::HeldBytes(const TableSpec& spec, uint64_t table_id, int rank,
                               const placement::Placement& placement) {
-  const int64_t n = spec.num_elements();
-  const int64_t floats_per_elem = 1 + StateSlots(spec.optimizer.type);
   int64_t held = 0;
   for (int64_t c = 0; c < spec.num_chunks(); ++c) {
-    if (placement.ChunkServer(table_id, c) != rank) continue;
-    held += std::min(spec.chunk_elems, n - c * spec.chunk_elems);
+    if (placement.ChunkServer(table_id, c) == rank) held += ChunkBytes(spec, c);
   }
-  return held * floats_per_elem * static_cast<int64_t>(sizeof(float));
+  return held;
 }
 
 SparseShard::SparseShard(const TableSpec& spec, uint64_t table_id, int num_workers, MemoryBudget* budget,
@@ -556,12 +567,38 @@ SparseShard::Room SparseShard::EvictOne(int pushes) {
   return Room::kMade;
 }
 
+void SparseShard::Forget(int64_t id) {
+  const RowIndex slot = Find(id);
+  if (slot == kNoRow) return;
+  if (lifecycle_) {
+    int64_t moved = 0;  // (not an eviction of the lifecycle's: counted by the hand-over)
+    return Evict(slot, &moved, nullptr);
+  }
+  NoteGone(slot, id);
+  index_.erase(id);  // never throws
+  steps_[slot] = 0;
+  // The feed's scans pass the slot by from now on (it is never reused).
+  if (feed_ != nullptr && slot < feed_->seq.size()) feed_->seq[slot] = INT64_MIN;
+}
+
 void SparseShard::Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* total) {
+  NoteGone(slot, ids_[slot]);
+  if (!probation_.empty()) probation_.erase(ids_[slot]);
+  index_.erase(ids_[slot]);  // never throws (it leaves a deleted slot: see ReserveOneMore)
+  ids_[slot] = static_cast<int64_t>(free_head_);
+  touch_[slot] = kFree;
+  steps_[slot] = 0;
+  free_head_ = slot;
+  ++*counter;
+  if (total != nullptr) total->fetch_add(1, std::memory_order_relaxed);
+}
+
+void SparseShard::NoteGone(RowIndex slot, int64_t id) {
   if (track_ && !overflow_) {
     if (slot < changed_.size()) changed_[slot] = 0;
     if (steps_[slot] > 0) {
       try {
-        deleted_.insert(ids_[slot]);
+        deleted_.insert(id);
       } catch (const std::bad_alloc&) {
         GiveUpChanges();  // (an eviction never fails: the next checkpoint copies the table whole)
       }
@@ -577,21 +614,13 @@ void SparseShard::Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* t
         feed_->log_floor = log[drop - 1].first;
         log.erase(log.begin(), log.begin() + static_cast<std::ptrdiff_t>(drop));
       }
-      log.emplace_back(feed_->clock, ids_[slot]);
+      log.emplace_back(feed_->clock, id);
     } catch (const std::bad_alloc&) {
       // An eviction never fails: the log starts over, and every reader gets a full round.
       feed_->log_floor = feed_->clock;
       std::vector<std::pair<int64_t, int64_t>>().swap(log);
     }
   }
-  if (!probation_.empty()) probation_.erase(ids_[slot]);
-  index_.erase(ids_[slot]);  // never throws (it leaves a deleted slot: see ReserveOneMore)
-  ids_[slot] = static_cast<int64_t>(free_head_);
-  touch_[slot] = kFree;
-  steps_[slot] = 0;
-  free_head_ = slot;
-  ++*counter;
-  if (total != nullptr) total->fetch_add(1, std::memory_order_relaxed);
 }
 
 void SparseShard::SweepAged(int64_t count) {

@@ -54,32 +54,36 @@ struct KindInfo {
   Payload payload;
   bool reports_version;  // its reply's `version` is the lowest version of the parts served
   Wait wait;
+  // 1.17: it names chunks or ids, placed by the client's map (Header placement_version), and a
+  // server of another map refuses it whole as "moved" (PROTOCOL.md, "Placement versions").
+  bool placed;
 };
 
 // clang-format off
 inline constexpr KindInfo kKinds[] = {
-  // kind                  minor route                payload                      version wait
-  {Kind::Hello,             0, Route::kBeforeHello, Payload::kNone,              false, Wait::kServer},
-  {Kind::Stats,             0, Route::kBeforeHello, Payload::kNone,              false, Wait::kNothing},
-  {Kind::CreateTable,       0, Route::kWorker,      Payload::kNone,              false, Wait::kNothing},
-  {Kind::PullDense,         0, Route::kWorker,      Payload::kSliceNames,        true,  Wait::kStep},
-  {Kind::PushDense,         0, Route::kWorker,      Payload::kSliceValues,       true,  Wait::kNothing},
-  {Kind::PushPullDense,     0, Route::kWorker,      Payload::kSliceValues,       true,  Wait::kStep},
-  {Kind::PullSparse,        0, Route::kWorker,      Payload::kIds,               true,  Wait::kStep},
-  {Kind::PushSparse,        0, Route::kWorker,      Payload::kIdsAndRows,        true,  Wait::kNothing},
-  {Kind::Clock,             0, Route::kWorker,      Payload::kNone,              false, Wait::kNothing},
-  {Kind::Barrier,           0, Route::kWorker,      Payload::kNone,              false, Wait::kAllWorkers},
-  {Kind::AllReduce,         1, Route::kWorker,      Payload::kDoubles,           false, Wait::kAllWorkers},
-  {Kind::Finish,            2, Route::kWorker,      Payload::kNone,              false, Wait::kNothing},
-  {Kind::Checkpoint,        3, Route::kWorker,      Payload::kNone,              false, Wait::kNothing},
-  {Kind::CommitCheckpoint,  3, Route::kWorker,      Payload::kNone,              false, Wait::kNothing},
-  {Kind::Heartbeat,         3, Route::kWorker,      Payload::kNone,              false, Wait::kNothing},
-  {Kind::PullSparseTables,  5, Route::kWorker,      Payload::kTablesIds,         true,  Wait::kStep},
-  {Kind::PushSparseTables,  5, Route::kWorker,      Payload::kTablesIdsAndRows,  true,  Wait::kNothing},
-  {Kind::Waiting,           8, Route::kWorker,      Payload::kNone,              false, Wait::kNothing},
-  {Kind::Changes,          14, Route::kBeforeHello, Payload::kNone,              false, Wait::kNothing},
-  {Kind::Reply,             0, Route::kReply,       Payload::kUnchecked,         false, Wait::kNothing},
-  {Kind::Error,             0, Route::kReply,       Payload::kUnchecked,         false, Wait::kNothing},
+  // kind                  minor route                payload                      version wait         placed
+  {Kind::Hello,             0, Route::kBeforeHello, Payload::kNone,              false, Wait::kServer,     false},
+  {Kind::Stats,             0, Route::kBeforeHello, Payload::kNone,              false, Wait::kNothing,    false},
+  {Kind::CreateTable,       0, Route::kWorker,      Payload::kNone,              false, Wait::kNothing,    false},
+  {Kind::PullDense,         0, Route::kWorker,      Payload::kSliceNames,        true,  Wait::kStep,       true},
+  {Kind::PushDense,         0, Route::kWorker,      Payload::kSliceValues,       true,  Wait::kNothing,    true},
+  {Kind::PushPullDense,     0, Route::kWorker,      Payload::kSliceValues,       true,  Wait::kStep,       true},
+  {Kind::PullSparse,        0, Route::kWorker,      Payload::kIds,               true,  Wait::kStep,       true},
+  {Kind::PushSparse,        0, Route::kWorker,      Payload::kIdsAndRows,        true,  Wait::kNothing,    true},
+  {Kind::Clock,             0, Route::kWorker,      Payload::kNone,              false, Wait::kNothing,    false},
+  {Kind::Barrier,           0, Route::kWorker,      Payload::kNone,              false, Wait::kAllWorkers, false},
+  {Kind::AllReduce,         1, Route::kWorker,      Payload::kDoubles,           false, Wait::kAllWorkers, false},
+  {Kind::Finish,            2, Route::kWorker,      Payload::kNone,              false, Wait::kNothing,    false},
+  {Kind::Checkpoint,        3, Route::kWorker,      Payload::kNone,              false, Wait::kNothing,    false},
+  {Kind::CommitCheckpoint,  3, Route::kWorker,      Payload::kNone,              false, Wait::kNothing,    false},
+  {Kind::Heartbeat,         3, Route::kWorker,      Payload::kNone,              false, Wait::kNothing,    false},
+  {Kind::PullSparseTables,  5, Route::kWorker,      Payload::kTablesIds,         true,  Wait::kStep,       true},
+  {Kind::PushSparseTables,  5, Route::kWorker,      Payload::kTablesIdsAndRows,  true,  Wait::kNothing,    true},
+  {Kind::Waiting,           8, Route::kWorker,      Payload::kNone,              false, Wait::kNothing,    false},
+  {Kind::Changes,          14, Route::kBeforeHello, Payload::kNone,              false, Wait::kNothing,    false},
+  {Kind::Placement,        17, Route::kWorker,      Payload::kNone,              false, Wait::kNothing,    false},
+  {Kind::Reply,             0, Route::kReply,       Payload::kUnchecked,         false, Wait::kNothing,    false},
+  {Kind::Error,             0, Route::kReply,       Payload::kUnchecked,         false, Wait::kNothing,    false},
 };
 // clang-format on
 

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,13 @@ class Placement {
   // The first map of `num_servers` servers (version 1): slot s on server s mod num_servers.
   // num_servers in [1, kSlots] (the callers check it: Server::Start, Client::Connect).
   static Placement First(int num_servers);
+  // The map `owners` lists (the server of each of the kSlots slots, in slot order) as version
+  // `version`, of a job of `num_servers` server ranks (1.17: a Hello reply's or a "moved" error's,
+  // a Placement request's). INVALID_ARGUMENT, saying what is wrong, for version 0, a list of
+  // another length, or a server outside [0, num_servers).
+  static StatusOr<Placement> FromOwners(uint64_t version, std::span<const uint16_t> owners, int num_servers);
+  // The server of each slot, in slot order (what FromOwners reads).
+  std::vector<uint16_t> Owners() const;
 
   uint64_t version() const { return version_; }
   int num_servers() const { return static_cast<int>(slots_of_.size()); }  // ranks, drained ones too

@@ -38,8 +38,10 @@ inline constexpr uint16_t kMajor = 1;
 // worker's replayed async steps are skipped where a server had taken them); 1.15: TableSpec's
 // disk_tier (a sparse table whose rows beyond max_rows go to the server's disk, not away); 1.16: ids
 // and chunks placed by slots (ferry/messages/placement.h; the same servers as before for counts
-// that divide 5,040, other servers for 11, 13, 17, ...)
-inline constexpr uint16_t kMinor = 16;
+// that divide 5,040, other servers for 11, 13, 17, ...); 1.17: placement versions (the map every
+// placed request names, "moved" errors with the server's map, the map in the Hello reply, and
+// Placement: a server adopts a new map, taking over its new slots from a checkpoint)
+inline constexpr uint16_t kMinor = 17;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

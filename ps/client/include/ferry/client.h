@@ -205,6 +205,9 @@ struct CheckpointShard {
   // lowest any server knew in the manifest (0 where none knew: the worker had pushed nothing):
   // where each async/ssp worker resumes.
   std::vector<int64_t> worker_steps;
+  // The placement version the server held when it saved (1.17; 0: a server before it): every
+  // shard of a checkpoint must be of one map (CommitCheckpoint refuses shards of two).
+  uint64_t placement_version = 0;
 };
 
 struct ClientStats {
@@ -347,6 +350,24 @@ class Client {
 
   // One server's counters (messages, bad_messages, staleness_<k>, ...).
   virtual StatusOr<std::map<std::string, int64_t>> ServerCounters(int server) = 0;
+
+  // ---- placement versions (protocol 1.17; PROTOCOL.md, "Placement versions") ----
+  // Which server holds each slot of ids and chunks (ferry/messages/placement.h) can change while
+  // the job runs. The servers say their map in the handshake; a request placed by an older map
+  // is answered "moved" with the new one, and the client then sends the operation again by it
+  // (when Handle::wait or done() finds every request answered and none applied; a push some of
+  // whose requests were applied fails instead, as does one of a top-k table).
+  //
+  // Moves slots between the job's servers: every server adopts `owners` (the server of each of
+  // placement::kSlots slots, by slot) as placement version `version` (above the job's), taking
+  // over the rows and chunks of the slots it gains from the job's committed checkpoint of `step`
+  // and dropping those of the slots it gives up. Nothing may be pushed between that checkpoint
+  // and this call's return (a sync job: call it between steps, with the other workers waiting,
+  // e.g. at a Barrier): a server refuses to give up a row or chunk updated since. Two rounds:
+  // every server checks that it can (a refusal changes nothing), then every server adopts.
+  virtual Status MoveSlots(uint64_t version, std::span<const uint16_t> owners, int64_t step) = 0;
+  // The placement version this client places its requests by.
+  virtual uint64_t placement_version() const = 0;
   virtual ClientStats stats() const = 0;
 
   // Single-tensor conveniences.

@@ -132,8 +132,11 @@ Status ServerImpl::OnHello(Request& req) {
   }
   // The reply tells the client where the job is: the step of the checkpoint this server started
   // from, and (server 0) the id the next collective takes.
-  flatbuffers::FlatBufferBuilder fbb(128);
+  flatbuffers::FlatBufferBuilder fbb(12 * 1024);
+  auto owners = PlacementVector(fbb);  // 1.17: the map requests are placed by (10 KiB)
   wire::HeaderBuilder b = BeginReply(fbb, Kind::Hello, h.request_id());
+  b.add_placement_version(tables_.placement().version());
+  b.add_placement(owners);
   b.add_version(std::max<int64_t>(restored_step_, 0));
   b.add_next_collective(collectives_.next_id());
   b.add_worker_step(workers_.done(h.rank()));

@@ -71,7 +71,7 @@ Status ServerImpl::OnCheckpoint(Request& req) {
   const uint64_t id = req.h()->request_id();
   RunFileJob(std::move(req), "the checkpoint of step " + std::to_string(step),
              [this, step, id, snapshot_us, delta, image = std::move(image),
-              disk_folder = disk ? disk->folder : std::string(),
+              map_version = tables_.placement().version(), disk_folder = disk ? disk->folder : std::string(),
               worker_steps = workers_.KnownDone()]() mutable -> StatusOr<zmq::message_t> {
                // Room first: the shards of the checkpoints this one's commit will remove.
                for (int64_t old :
@@ -115,6 +115,7 @@ Status ServerImpl::OnCheckpoint(Request& req) {
                b.add_shards(vec);
                b.add_worker_steps(steps);
                b.add_snapshot_us(snapshot_us);
+               b.add_placement_version(map_version);  // 1.17: the map the shard was written under
                wire::FinishHeaderBuffer(fbb, b.Finish());
                return wire::ToFrame(fbb);
              });
@@ -134,6 +135,7 @@ std::string ServerImpl::CheckpointMeaning(int64_t step) const {
 Status ServerImpl::OnCommitCheckpoint(Request& req) {
   const Header& h = *req.h();
   FERRY_RETURN_IF_ERROR(CheckpointPossible());
+  FERRY_RETURN_IF_ERROR(SamePlacement(h));
   std::vector<ps::ShardFile> shards;
   if (h.shards()) {
     for (const auto* f : *h.shards()) {
@@ -167,7 +169,8 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
   const uint64_t id = h.request_id();
   RunFileJob(std::move(req), "the manifest of step " + std::to_string(step),
              [this, step, id, shards = std::move(shards), meaning = CheckpointMeaning(step),
-              worker_steps = std::move(worker_steps)]() mutable -> StatusOr<zmq::message_t> {
+              worker_steps = std::move(worker_steps),
+              map = tables_.placement()]() mutable -> StatusOr<zmq::message_t> {
                // Each shard must be on disk as its server reported it.
                for (const auto& f : shards) {
                  const std::string path = options_.checkpoint_dir + "/" + f.name;
@@ -186,7 +189,7 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
                }
                FERRY_RETURN_IF_ERROR(
                    ps::WriteManifest(options_.checkpoint_dir, step, shards, meaning, options_.keep_checkpoints,
-                                     worker_steps));
+                                     worker_steps, &map));
                return wire::MakeReply(id, Kind::CommitCheckpoint, step);
              });
   return Status::Ok();

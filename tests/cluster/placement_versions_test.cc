@@ -1,0 +1,247 @@
+// Placement versions (protocol 1.17, PROTOCOL.md "Placement versions"), on in-process clusters:
+// slots move between the servers of a running sync job (all of server 1's to server 0, then back)
+// and the job ends with the bits of one whose placement never changed; the other worker's
+// requests placed by the old map are answered "moved" and sent again by the new one; a hand-over
+// that would lose an update is refused and changes nothing.
+#include <barrier>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "ferry/messages/placement.h"
+#include "support/cluster.h"
+#include "support/temp_dir.h"
+
+namespace ferry::test {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr int64_t kDense = 40;  // 10 chunks of 4: on both servers
+constexpr int64_t kDim = 4;
+constexpr int kWorkers = 2;
+
+TableSpec Dense() {
+  TableSpec spec = SgdTable("w", kDense, Consistency::kSync);
+  spec.chunk_elems = 4;
+  spec.optimizer.type = OptimizerType::kAdam;  // state that must move with the values
+  spec.optimizer.learning_rate = 0.01f;
+  return spec;
+}
+
+TableSpec Sparse() {
+  TableSpec spec = SgdSparseTable("emb", kDim, Consistency::kSync);
+  spec.optimizer.type = OptimizerType::kAdagrad;
+  spec.optimizer.learning_rate = 0.1f;
+  return spec;
+}
+
+// Worker `rank`'s ids of `step`: 12 of 0..59, on both servers, repeating across steps.
+std::vector<int64_t> Ids(int rank, int64_t step) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 12; ++i) ids.push_back((step * 7 + rank * 13 + i * 5) % 60);
+  return ids;
+}
+
+float Grad(int rank, int64_t step, int64_t i) {
+  return static_cast<float>(((rank + 1) * 31 + step * 17 + i * 7) % 23) / 23.0f - 0.4f;
+}
+
+struct Outcome {
+  std::vector<float> dense, rows;
+  int64_t moved_answered = 0;
+  uint64_t w1_version = 0;
+};
+
+// Trains `steps` sync steps with two workers; at each step of `moves` (after every worker's pull
+// of it), worker 0 checkpoints, and with `move` set moves the slots to that entry's map between
+// two barriers (without: the same checkpoint and barriers, nothing moved).
+Outcome Train(const fs::path& dir, int64_t steps, const std::vector<std::pair<int64_t, std::vector<uint16_t>>>& moves,
+              bool move) {
+  ServerOptions o;
+  o.checkpoint_dir = dir.string();
+  o.num_workers = kWorkers;
+  auto c = LocalCluster::Start(2, false, o);
+  std::vector<std::unique_ptr<Client>> w;
+  for (int r = 0; r < kWorkers; ++r) w.push_back(c.Connect(r, kWorkers));
+  for (auto& client : w) {
+    EXPECT_TRUE(client->Declare(Dense()).ok());
+    EXPECT_TRUE(client->Declare(Sparse()).ok());
+  }
+  uint64_t version = 1;
+  auto worker = [&](int rank) {
+    Client& me = *w[static_cast<size_t>(rank)];
+    std::vector<float> g(kDense), out(kDense), rows(12 * kDim), grads(12 * kDim);
+    for (int64_t step = 0; step < steps; ++step) {
+      for (const auto& [at, owners] : moves) {
+        if (at != step) continue;
+        if (rank == 0) EXPECT_TRUE(me.Checkpoint(step).ok());
+        EXPECT_TRUE(me.Barrier().ok());
+        if (rank == 0 && move) {
+          const Status s = me.MoveSlots(++version, owners, step);
+          EXPECT_TRUE(s.ok()) << s;
+        }
+        EXPECT_TRUE(me.Barrier().ok());
+      }
+      for (int64_t i = 0; i < kDense; ++i) g[static_cast<size_t>(i)] = Grad(rank, step, i);
+      const std::vector<int64_t> ids = Ids(rank, step);
+      for (size_t i = 0; i < grads.size(); ++i) grads[i] = Grad(rank, step, static_cast<int64_t>(i) + 100);
+      Status s = me.PushDense("w", g, step).wait(20s);
+      EXPECT_TRUE(s.ok()) << "worker " << rank << " step " << step << ": " << s;
+      s = me.PushSparse("emb", ids, grads, step).wait(20s);
+      EXPECT_TRUE(s.ok()) << "worker " << rank << " step " << step << ": " << s;
+      if (rank == 0) {
+        s = me.PullDense("w", out, step + 1).wait(20s);
+      } else {  // a view: after a move its one object is filled by the re-run
+        std::shared_ptr<const PulledDense> view;
+        const std::string_view names[] = {"w"};
+        s = me.PullDenseView(names, step + 1, &view).wait(20s);
+        if (s.ok()) s = view->CopyTo(0, out);
+      }
+      EXPECT_TRUE(s.ok()) << "worker " << rank << " step " << step << ": " << s;
+      s = me.PullSparse("emb", ids, rows, step + 1).wait(20s);
+      EXPECT_TRUE(s.ok()) << "worker " << rank << " step " << step << ": " << s;
+    }
+  };
+  std::thread t1(worker, 1);
+  worker(0);
+  t1.join();
+  Outcome result;
+  result.dense.resize(kDense);
+  EXPECT_TRUE(w[0]->PullDense("w", result.dense, steps).wait(20s).ok());
+  std::vector<int64_t> all(60);
+  for (int64_t i = 0; i < 60; ++i) all[static_cast<size_t>(i)] = i;
+  result.rows.resize(60 * kDim);
+  EXPECT_TRUE(w[0]->PullSparse("emb", all, result.rows, steps).wait(20s).ok());
+  for (const auto& server : c.servers) result.moved_answered += server->stats().counters.at("moved_answered");
+  result.w1_version = w[1]->placement_version();
+  return result;
+}
+
+TEST(PlacementVersions, SlotsMovedWhileASyncJobTrainsLeaveItsBitsAsTheyWere) {
+  TempDir moved_dir("placement-moved"), still_dir("placement-still");
+  const placement::Placement first = placement::Placement::First(2);
+  const placement::Placement drained = *first.Drain(1);  // every slot on server 0
+  // Step 3: all of server 1's slots to server 0; step 6: back to the first map's.
+  const std::vector<std::pair<int64_t, std::vector<uint16_t>>> moves = {{3, drained.Owners()},
+                                                                        {6, first.Owners()}};
+  const Outcome moved = Train(moved_dir.path(), 9, moves, true);
+  const Outcome still = Train(still_dir.path(), 9, moves, false);
+  ASSERT_EQ(moved.dense.size(), still.dense.size());
+  EXPECT_EQ(std::memcmp(moved.dense.data(), still.dense.data(), moved.dense.size() * sizeof(float)), 0)
+      << "dense values differ from the job that never moved";
+  EXPECT_EQ(std::memcmp(moved.rows.data(), still.rows.data(), moved.rows.size() * sizeof(float)), 0)
+      << "sparse rows differ from the job that never moved";
+  EXPECT_NE(moved.dense, std::vector<float>(kDense, 0.0f));  // it trained
+  // Worker 1 placed its first requests after each move by the old map: answered "moved", sent
+  // again by the new one, which it took from the answer.
+  EXPECT_GT(moved.moved_answered, 0);
+  EXPECT_EQ(moved.w1_version, 3u);
+  EXPECT_EQ(still.moved_answered, 0);
+  EXPECT_EQ(still.w1_version, 1u);
+}
+
+// A pull held for a step is placed by the map it came with: a hand-over waits for the step.
+TEST(PlacementVersions, AHandOverIsRefusedWhileAPullWaitsForItsStep) {
+  TempDir dir("placement-held");
+  ServerOptions o;
+  o.checkpoint_dir = dir.path().string();
+  o.num_workers = 2;
+  auto c = LocalCluster::Start(2, false, o);
+  auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+  ASSERT_TRUE(w0->Declare(Dense()).ok());
+  ASSERT_TRUE(w1->Declare(Dense()).ok());
+  ASSERT_TRUE(w0->Checkpoint(0).ok());
+  std::vector<float> out(kDense);
+  Handle held = w1->PullDense("w", out, 1);  // waits for step 0's pushes
+  const placement::Placement drained = *placement::Placement::First(2).Drain(1);
+  // (two clients' messages are not ordered: the servers hold the pull first)
+  for (int i = 0; i < 2000 && (c.servers[0]->stats().counters.at("pulls_held") == 0 ||
+                               c.servers[1]->stats().counters.at("pulls_held") == 0);
+       ++i) {
+    std::this_thread::sleep_for(5ms);
+  }
+  const Status s = w0->MoveSlots(2, drained.Owners(), 0);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("pull(s) waiting for a step"), std::string::npos) << s;
+  EXPECT_EQ(w0->placement_version(), 1u);
+  std::vector<float> g(kDense, 0.5f);
+  ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
+  ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
+  ASSERT_TRUE(held.wait(20s).ok());
+}
+
+TEST(PlacementVersions, AHandOverThatWouldLoseAnUpdateIsRefusedAndChangesNothing) {
+  TempDir dir("placement-refused");
+  ServerOptions o;
+  o.checkpoint_dir = dir.path().string();
+  o.num_workers = 1;
+  auto c = LocalCluster::Start(2, false, o);
+  auto w = c.Connect(0, 1);
+  TableSpec spec = SgdTable("a", kDense, Consistency::kAsync);
+  spec.chunk_elems = 4;
+  ASSERT_TRUE(w->Declare(spec).ok());
+  std::vector<float> g(kDense, 1.0f), out(kDense);
+  ASSERT_TRUE(w->PushDense("a", g, 0).wait().ok());
+  ASSERT_TRUE(w->Checkpoint(1).ok());
+  ASSERT_TRUE(w->PushDense("a", g, 1).wait().ok());  // after the checkpoint: server 1's chunks would lose it
+  const placement::Placement drained = *placement::Placement::First(2).Drain(1);
+  Status s = w->MoveSlots(2, drained.Owners(), 1);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("updated since"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("checking; nothing changed"), std::string::npos) << s;
+  EXPECT_EQ(w->placement_version(), 1u);
+  ASSERT_TRUE(w->PullDense("a", out, 2).wait().ok());
+  EXPECT_EQ(out, std::vector<float>(kDense, -2.0f));
+  // A version not above the job's, and a map of a server the job lacks, are refused too.
+  s = w->MoveSlots(1, drained.Owners(), 1);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  std::vector<uint16_t> bad = drained.Owners();
+  bad[17] = 2;
+  s = w->MoveSlots(2, bad, 1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("slot 17 to server 2"), std::string::npos) << s;
+  // A checkpoint of the step after the push can be handed over from: server 1's chunks go to 0.
+  ASSERT_TRUE(w->Checkpoint(2).ok());
+  s = w->MoveSlots(2, drained.Owners(), 2);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(w->placement_version(), 2u);
+  ASSERT_TRUE(w->PushDense("a", g, 2).wait().ok());
+  ASSERT_TRUE(w->PullDense("a", out, 3).wait().ok());
+  EXPECT_EQ(out, std::vector<float>(kDense, -3.0f));
+  EXPECT_EQ(c.servers[1]->stats().counters.at("updates_applied"), 2 * 5);  // its 5 chunks, twice, before
+
+  // A checkpoint under the new map says so in its manifest; a job of its servers restores that
+  // map with every chunk (server 0's shard holds them all), and one of another count its first.
+  ASSERT_TRUE(w->Checkpoint(3).ok());
+  std::ifstream in(dir.path() / "MANIFEST-00000000000000000003");
+  const nlohmann::json manifest = nlohmann::json::parse(in);
+  EXPECT_EQ(manifest.at("placement_version"), 2);
+  EXPECT_EQ(manifest.at("placement_owners").get<std::vector<uint16_t>>(), drained.Owners());
+  w.reset();
+  c = {};
+  o.restore = true;
+  for (const int servers : {2, 3}) {
+    auto restored = LocalCluster::Start(servers, false, o);
+    auto v = restored.Connect(0, 1);
+    EXPECT_EQ(v->placement_version(), servers == 2 ? 2u : 1u);
+    ASSERT_TRUE(v->Declare(spec).ok());
+    ASSERT_TRUE(v->PullDense("a", out, 3).wait().ok());
+    EXPECT_EQ(out, std::vector<float>(kDense, -3.0f));
+    ASSERT_TRUE(v->PushDense("a", g, 3).wait().ok());
+    ASSERT_TRUE(v->PullDense("a", out, 4).wait().ok());
+    EXPECT_EQ(out, std::vector<float>(kDense, -4.0f));
+    // Server 1 holds nothing under the restored map (version 2): nothing is applied there.
+    EXPECT_EQ(restored.servers[1]->stats().counters.at("updates_applied"), servers == 2 ? 0 : 4);
+  }
+}
+
+}  // namespace
+}  // namespace ferry::test

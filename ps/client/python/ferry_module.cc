@@ -95,10 +95,9 @@ class PyHandle {
 
   ~PyHandle() {
     // The client may still write into the arrays: wait (without the GIL) before letting them go.
-    if (!handle_.done()) {
-      py::gil_scoped_release release;
-      handle_.wait().IgnoreError();
-    }
+    // (done() too may send: an operation answered "moved" goes again by the new placement.)
+    py::gil_scoped_release release;
+    if (!handle_.done()) handle_.wait().IgnoreError();
   }
 
   // Waits (timeout in seconds; None: until done, bounded by the client's request timeout) and
@@ -112,7 +111,10 @@ class PyHandle {
     Check(s);
     return result_;
   }
-  bool Done() const { return handle_.done(); }
+  bool Done() const {
+    py::gil_scoped_release release;  // it may send (an operation answered "moved" goes again)
+    return handle_.done();
+  }
   // Once done: the lowest table version the servers reported (a sync pull: the step served).
   int64_t Version() const { return handle_.served().version; }
   int64_t Used() const { return handle_.served().used; }

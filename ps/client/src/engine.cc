@@ -43,15 +43,16 @@ void DriveUntilAnswered(Handle::State& op, SteadyClock::time_point deadline) {
 namespace {
 // Once every request of `op` is answered: if some were answered "moved" (1.17) and no push was
 // applied, sends the operation again by the client's new map (true: it did, and is in flight
-// again); if a push was, or the re-runs are spent, the operation fails with the moved status.
+// again, or another caller did and it is in flight); if a push was, or the re-runs are spent, the
+// operation fails with the moved status.
 // One caller re-runs at a time: the re-run counts as a request of the operation until it has
 // sent (so no other caller finds it answered meanwhile), and holds the client's Stop back (a
 // Handle may outlive its client: then the operation fails, CANCELLED).
-bool RerunIfMoved(const std::shared_ptr<Handle::State>& op) {
-  if (!op->rerun) return false;
+bool RerunOne(const std::shared_ptr<Handle::State>& op) {
   {
     MutexLock lock(&op->mu);
-    if (op->pending != 0 || op->moved == 0) return false;
+    if (op->pending != 0) return true;  // another caller sent it again: wait for that
+    if (op->moved == 0) return false;
     const Status moved = op->moved_status;
     op->moved = 0;
     op->moved_status = Status::Ok();
@@ -91,6 +92,21 @@ bool RerunIfMoved(const std::shared_ptr<Handle::State>& op) {
     op->cv.SignalAll();
   }
   return true;
+}
+
+// RerunOne for `op`, after the client's other operations that wait to be sent again (IoGate::moved).
+bool RerunIfMoved(const std::shared_ptr<Handle::State>& op) {
+  if (!op->rerun) return false;
+  // The client's other operations waiting to be sent again go first, in order.
+  std::deque<std::weak_ptr<Handle::State>> waiting;
+  {
+    MutexLock lock(&op->gate->mu);
+    waiting.swap(op->gate->moved);
+  }
+  for (const auto& w : waiting) {
+    if (auto other = w.lock(); other != nullptr && other != op) RerunOne(other);
+  }
+  return RerunOne(op);
 }
 }  // namespace
 
@@ -331,6 +347,10 @@ void Engine::Done(Request& r, const Status& s, bool moved) {
   r.op->Finish(s, moved,
                r.kind == Kind::PushDense || r.kind == Kind::PushPullDense || r.kind == Kind::PushSparse ||
                    r.kind == Kind::PushSparseTables);
+  if (moved && r.op->WaitsForRerun()) {
+    MutexLock lock(&gate_->mu);
+    gate_->moved.push_back(r.op);
+  }
   if (driving_.load() && std::this_thread::get_id() != driver_thread_) driver_waker_.Notify();
   {
     MutexLock lock(&room_mu_);
@@ -364,6 +384,7 @@ void Engine::Drive(Handle::State& op, SteadyClock::time_point deadline) {
       AddSocketFds(&fds);
       timeout_ms = PollTimeout(transport::Earliest(NextDeadline(), deadline), now);
     }
+    if (RerunQueued()) continue;  // (it sent: look at the sockets again at once)
     if (::poll(fds.data(), fds.size(), timeout_ms) > 0 && (fds[0].revents & POLLIN)) driver_waker_.Drain();
   }
   MutexLock lock(&io_mu_);
@@ -371,6 +392,24 @@ void Engine::Drive(Handle::State& op, SteadyClock::time_point deadline) {
   // Replies for other operations are the I/O thread's again: it watches the sockets. (If it
   // saw this caller driving, it stored io_watching_ false before it looked: seen here.)
   if (!in_flight_.empty() || more_) TellIoThread();
+}
+
+bool Engine::RerunQueued() {
+  std::deque<std::weak_ptr<Handle::State>> waiting;
+  {
+    MutexLock lock(&gate_->mu);
+    if (gate_->moved.empty()) return false;
+    {
+      // A driver waiting for room would wait for itself: with none, the re-runs wait for a wait().
+      MutexLock room(&room_mu_);
+      if (outstanding_ >= options_.max_in_flight) return false;
+    }
+    waiting.swap(gate_->moved);
+  }
+  for (const auto& w : waiting) {
+    if (auto op = w.lock()) RerunOne(op);
+  }
+  return true;
 }
 
 std::string Engine::ServerName(int s) const {

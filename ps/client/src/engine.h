@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -49,6 +50,11 @@ struct IoGate {
   Engine* engine ABSL_GUARDED_BY(mu) = nullptr;
   bool driving ABSL_GUARDED_BY(mu) = false;
   int rerunning ABSL_GUARDED_BY(mu) = 0;  // callers sending an operation again (1.17); Stop waits for them
+  // Operations every request of which is answered, some "moved", not yet sent again, in the order
+  // they became so: whoever sends one again sends these first (Handle's RerunIfMoved), so that a
+  // re-sent sync pull does not wait for this worker's own push of the step, answered "moved" too
+  // but not yet waited for.
+  std::deque<std::weak_ptr<Handle::State>> moved ABSL_GUARDED_BY(mu);
 };
 }  // namespace io
 
@@ -108,6 +114,11 @@ struct Handle::State {
   bool Answered() {
     MutexLock lock(&mu);
     return pending == 0;
+  }
+  // Every request answered, some "moved": it waits to be sent again (RerunIfMoved).
+  bool WaitsForRerun() {
+    MutexLock lock(&mu);
+    return rerun && pending == 0 && moved > 0;
   }
 };
 
@@ -175,7 +186,8 @@ class Engine {
               OnReply on_reply, std::chrono::milliseconds timeout);
 
   // Reads the sockets on the calling thread until `op` is answered, `deadline` passes or the
-  // client closes (see DriveUntilAnswered, which lets one caller in at a time).
+  // client closes (see DriveUntilAnswered, which lets one caller in at a time). Operations of
+  // the client answered "moved" meanwhile (IoGate::moved) are sent again on the way.
   void Drive(Handle::State& op, SteadyClock::time_point deadline);
 
  private:
@@ -195,6 +207,10 @@ class Engine {
   // Sends one request on the calling thread, and records it in flight (or completes it with the
   // send's failure).
   void SendNow(Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+
+  // Sends again the operations waiting in IoGate::moved (1.17), on the driving caller's thread,
+  // while there is room for their requests; true when it took any.
+  bool RerunQueued() ABSL_LOCKS_EXCLUDED(io_mu_);
 
   // Tells the I/O thread to watch the sockets, unless it does or was told since it last looked.
   void TellIoThread();

@@ -1288,6 +1288,10 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
       return refuse(name + " is not in the checkpoint (declared after it)");
     }
     const CheckpointData::Table& saved = it->second;
+    if (saved.spec.shape != t.spec.shape || saved.spec.dim != t.spec.dim ||
+        saved.spec.optimizer.type != t.spec.optimizer.type) {
+      return refuse(name + " has another shape, dimension or optimizer in the checkpoint");
+    }
     if (t.dense) {
       if (t.feed_epoch != 0) return refuse(name + " has change-feed readers (they cannot follow a hand-over yet)");
       if (saved.spec.num_chunks() != t.spec.num_chunks() || saved.spec.chunk_elems != t.spec.chunk_elems) {
@@ -1299,11 +1303,20 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
         auto chunk = saved.chunks.find(c);
         if (chunk == saved.chunks.end()) return refuse(name + " chunk " + std::to_string(c) + " is not in it");
         if (stays) {
+          const int64_t elems = DenseShard::ChunkBytes(t.spec, c) / static_cast<int64_t>(sizeof(float)) /
+                                (1 + StateSlots(t.spec.optimizer.type));
+          if (static_cast<int64_t>(chunk->second.params.size()) != elems ||
+              static_cast<int64_t>(chunk->second.state.size()) != elems * StateSlots(t.spec.optimizer.type)) {
+            return refuse(name + " chunk " + std::to_string(c) + " has the wrong size in the checkpoint");
+          }
           ++counts.chunks_taken;
           bytes_in += DenseShard::ChunkBytes(t.spec, c);
           continue;
         }
         const DenseChunk* held = t.dense->chunk(c);
+        if (held == nullptr) {  // (a hand-over that ran out of memory half-way)
+          return refuse(name + " chunk " + std::to_string(c) + " is missing here: restore the job");
+        }
         if (held->sync.received > 0) return refuse(name + " chunk " + std::to_string(c) + " is in a sync step");
         if (held->version != chunk->second.version) {
           return refuse(name + " chunk " + std::to_string(c) + " is at version " + std::to_string(held->version) +
@@ -1320,6 +1333,7 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
     const SparseShard& s = *t.sparse;
     if (s.has_disk()) return refuse(name + " has a disk tier (its rows cannot be handed over yet)");
     if (s.sync.received > 0) return refuse(name + " is in a sync step");
+    int64_t rows_out = 0;
     s.ForEachRow([&](int64_t id, RowIndex r) {
       if (!refused.ok() || next.IdServer(id) == rank) return;
       auto row = saved.rows.find(id);
@@ -1330,8 +1344,9 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
                       " in the checkpoint (updated since: the workers must wait from the checkpoint to the "
                       "hand-over)");
       }
-      ++counts.rows_dropped;
+      ++rows_out;
     });
+    counts.rows_dropped += rows_out;
     int64_t rows_in = 0;
     for (const auto& [id, row] : saved.rows) {
       if (next.IdServer(id) != rank || now.IdServer(id) == rank) continue;
@@ -1341,7 +1356,7 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
       ++rows_in;
     }
     if (s.has_lifecycle() && t.spec.max_rows > 0 &&
-        static_cast<int64_t>(s.size()) - counts.rows_dropped + rows_in > t.spec.max_rows) {
+        static_cast<int64_t>(s.size()) - rows_out + rows_in > t.spec.max_rows) {
       return refuse(name + " would hold more than its max_rows=" + std::to_string(t.spec.max_rows) + " rows here");
     }
     counts.rows_taken += rows_in;

@@ -54,6 +54,14 @@ float Grad(int rank, int64_t step, int64_t i) {
   return static_cast<float>(((rank + 1) * 31 + step * 17 + i * 7) % 23) / 23.0f - 0.4f;
 }
 
+// Servers of a job of `workers` that write checkpoints into `dir`.
+ServerOptions WithFolder(const fs::path& dir, int workers) {
+  ServerOptions o;
+  o.checkpoint_dir = dir.string();
+  o.num_workers = workers;
+  return o;
+}
+
 struct Outcome {
   std::vector<float> dense, rows;
   int64_t moved_answered = 0;
@@ -65,9 +73,7 @@ struct Outcome {
 // two barriers (without: the same checkpoint and barriers, nothing moved).
 Outcome Train(const fs::path& dir, int64_t steps, const std::vector<std::pair<int64_t, std::vector<uint16_t>>>& moves,
               bool move) {
-  ServerOptions o;
-  o.checkpoint_dir = dir.string();
-  o.num_workers = kWorkers;
+  ServerOptions o = WithFolder(dir, kWorkers);
   auto c = LocalCluster::Start(2, false, o);
   std::vector<std::unique_ptr<Client>> w;
   for (int r = 0; r < kWorkers; ++r) w.push_back(c.Connect(r, kWorkers));
@@ -158,9 +164,7 @@ TEST(PlacementVersions, SlotsMovedWhileASyncJobTrainsLeaveItsBitsAsTheyWere) {
 // A pull held for a step is placed by the map it came with: a hand-over waits for the step.
 TEST(PlacementVersions, AHandOverIsRefusedWhileAPullWaitsForItsStep) {
   TempDir dir("placement-held");
-  ServerOptions o;
-  o.checkpoint_dir = dir.path().string();
-  o.num_workers = 2;
+  ServerOptions o = WithFolder(dir.path(), 2);
   auto c = LocalCluster::Start(2, false, o);
   auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
   ASSERT_TRUE(w0->Declare(Dense()).ok());
@@ -187,9 +191,7 @@ TEST(PlacementVersions, AHandOverIsRefusedWhileAPullWaitsForItsStep) {
 
 TEST(PlacementVersions, AHandOverThatWouldLoseAnUpdateIsRefusedAndChangesNothing) {
   TempDir dir("placement-refused");
-  ServerOptions o;
-  o.checkpoint_dir = dir.path().string();
-  o.num_workers = 1;
+  ServerOptions o = WithFolder(dir.path(), 1);
   auto c = LocalCluster::Start(2, false, o);
   auto w = c.Connect(0, 1);
   TableSpec spec = SgdTable("a", kDense, Consistency::kAsync);

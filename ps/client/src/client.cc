@@ -159,10 +159,14 @@ class ClientImpl final : public Client {
                    map.status().ToString().c_str());
       return;
     }
+    Adopt(std::move(*map));
+  }
+
+  // `map` from now on, if it is newer than this client's.
+  void Adopt(placement::Placement map) {
     MutexLock lock(&placement_mu_);
-    if (map->version() > placement_->version()) {
-      placement_ = std::make_shared<const placement::Placement>(std::move(*map));
-    }
+    if (map.version() <= placement_->version()) return;
+    placement_ = std::make_shared<const placement::Placement>(std::move(map));
   }
 
   Status MoveSlots(uint64_t version, std::span<const uint16_t> owners, int64_t step) override {
@@ -200,10 +204,7 @@ class ClientImpl final : public Client {
                                     : "MoveSlots (checking; nothing changed)");
       }
     }
-    MutexLock lock(&placement_mu_);
-    if (next.version() > placement_->version()) {
-      placement_ = std::make_shared<const placement::Placement>(std::move(next));
-    }
+    Adopt(std::move(next));
     return Status::Ok();
   }
 

@@ -94,18 +94,22 @@ bool RerunOne(const std::shared_ptr<Handle::State>& op) {
   return true;
 }
 
+// Sends again, in order, the operations `waiting` (taken from IoGate::moved) that still exist.
+void RerunAll(const std::deque<std::weak_ptr<Handle::State>>& waiting) {
+  for (const auto& w : waiting) {
+    if (auto op = w.lock()) RerunOne(op);
+  }
+}
+
 // RerunOne for `op`, after the client's other operations that wait to be sent again (IoGate::moved).
 bool RerunIfMoved(const std::shared_ptr<Handle::State>& op) {
   if (!op->rerun) return false;
-  // The client's other operations waiting to be sent again go first, in order.
   std::deque<std::weak_ptr<Handle::State>> waiting;
   {
     MutexLock lock(&op->gate->mu);
     waiting.swap(op->gate->moved);
   }
-  for (const auto& w : waiting) {
-    if (auto other = w.lock(); other != nullptr && other != op) RerunOne(other);
-  }
+  RerunAll(waiting);  // (op among them: sent there, and RerunOne below then waits for it)
   return RerunOne(op);
 }
 }  // namespace
@@ -406,9 +410,7 @@ bool Engine::RerunQueued() {
     }
     waiting.swap(gate_->moved);
   }
-  for (const auto& w : waiting) {
-    if (auto op = w.lock()) RerunOne(op);
-  }
+  RerunAll(waiting);
   return true;
 }
 

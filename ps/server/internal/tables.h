@@ -101,7 +101,11 @@ class DenseShard {
   // Take throws std::bad_alloc as the constructor does.
   DenseChunk* Take(const TableSpec& spec, uint64_t table_id, int64_t index, int num_workers);
   void Drop(int64_t index);
-  // The bytes chunk `index` of `spec` takes (parameters and optimizer state).
+  // The elements of chunk `index` of `spec` (the last may be shorter), and the bytes it takes
+  // (parameters and optimizer state).
+  static int64_t ChunkElems(const TableSpec& spec, int64_t index) {
+    return std::min(spec.chunk_elems, spec.num_elements() - index * spec.chunk_elems);
+  }
   static int64_t ChunkBytes(const TableSpec& spec, int64_t index);
   const DenseChunk* chunk(int64_t index) const { return const_cast<DenseShard*>(this)->chunk(index); }
   int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }

@@ -1303,8 +1303,7 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
         auto chunk = saved.chunks.find(c);
         if (chunk == saved.chunks.end()) return refuse(name + " chunk " + std::to_string(c) + " is not in it");
         if (stays) {
-          const int64_t elems = DenseShard::ChunkBytes(t.spec, c) / static_cast<int64_t>(sizeof(float)) /
-                                (1 + StateSlots(t.spec.optimizer.type));
+          const int64_t elems = DenseShard::ChunkElems(t.spec, c);
           if (static_cast<int64_t>(chunk->second.params.size()) != elems ||
               static_cast<int64_t>(chunk->second.state.size()) != elems * StateSlots(t.spec.optimizer.type)) {
             return refuse(name + " chunk " + std::to_string(c) + " has the wrong size in the checkpoint");

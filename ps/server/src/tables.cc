@@ -37,7 +37,7 @@ DenseChunk* DenseShard::Take(const TableSpec& spec, uint64_t table_id, int64_t i
   if (DenseChunk* held = chunk(index)) return held;
   auto ch = std::make_unique<DenseChunk>();
   ch->offset = index * spec.chunk_elems;
-  ch->size = std::min(spec.chunk_elems, spec.num_elements() - ch->offset);
+  ch->size = ChunkElems(spec, index);
   ch->params = SharedFloats(static_cast<size_t>(ch->size));
   InitDense(spec, table_id, ch->offset, ch->params.data(), ch->size);
   ch->state.resize(static_cast<size_t>(ch->size) * static_cast<size_t>(StateSlots(spec.optimizer.type)));
@@ -56,8 +56,7 @@ void DenseShard::Drop(int64_t index) {
 }
 
 int64_t DenseShard::ChunkBytes(const TableSpec& spec, int64_t index) {
-  const int64_t elems = std::min(spec.chunk_elems, spec.num_elements() - index * spec.chunk_elems);
-  return elems * (1 + StateSlots(spec.optimizer.type)) * static_cast<int64_t>(sizeof(float));
+  return ChunkElems(spec, index) * (1 + StateSlots(spec.optimizer.type)) * static_cast<int64_t>(sizeof(float));
 }
 
 DenseChunk* DenseShard::chunk(int64_t index) {

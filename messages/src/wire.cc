@@ -230,8 +230,11 @@ std::string Printable(std::string_view text) {
   return out;
 }
 
-zmq::message_t MakeError(uint64_t request_id, Kind request_kind, const Status& status) {
-  flatbuffers::FlatBufferBuilder fbb(256 + status.message().size());
+zmq::message_t MakeError(uint64_t request_id, Kind request_kind, const Status& status, uint64_t placement_version,
+                         std::span<const uint16_t> owners) {
+  flatbuffers::FlatBufferBuilder fbb(256 + status.message().size() + 2 * owners.size());
+  flatbuffers::Offset<flatbuffers::Vector<uint16_t>> map;
+  if (!owners.empty()) map = fbb.CreateVector(owners.data(), owners.size());
   auto msg = fbb.CreateString(Printable(status.message()));
   HeaderBuilder b(fbb);
   b.add_major(kMajor);
@@ -241,6 +244,8 @@ zmq::message_t MakeError(uint64_t request_id, Kind request_kind, const Status& s
   b.add_request_kind(request_kind);
   b.add_error_code(static_cast<int>(status.code()));
   b.add_error_message(msg);
+  if (placement_version != 0) b.add_placement_version(placement_version);
+  if (!map.IsNull()) b.add_placement(map);
   FinishHeaderBuffer(fbb, b.Finish());
   return ToFrame(fbb);
 }

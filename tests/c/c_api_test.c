@@ -160,6 +160,24 @@ int main(int argc, char** argv) {
   EXPECT_ERROR(ferry_checkpoint(client, 0), FERRY_FAILED_PRECONDITION, "--checkpoint-dir");
   EXPECT_ERROR(ferry_checkpoint(NULL, 0), FERRY_INVALID_ARGUMENT, "client is NULL");
 
+  /* Placement versions: the job's first map (slot s on server s mod 2); moving slots takes a
+   * checkpoint, which these servers cannot write, and a whole map. */
+  static uint16_t owners[FERRY_PLACEMENT_SLOTS];
+  CHECK(ferry_placement_version(client) == 1);
+  CHECK(ferry_placement_version(NULL) == 0);
+  CHECK(ferry_placement_owners(client, owners, FERRY_PLACEMENT_SLOTS) == FERRY_OK);
+  CHECK(owners[0] == 0 && owners[1] == 1 && owners[FERRY_PLACEMENT_SLOTS - 1] == 1);
+  EXPECT_ERROR(ferry_placement_owners(client, owners, 10), FERRY_INVALID_ARGUMENT, "n is 10, a map has");
+  EXPECT_ERROR(ferry_placement_owners(client, NULL, FERRY_PLACEMENT_SLOTS), FERRY_INVALID_ARGUMENT,
+               "owners is NULL");
+  owners[1] = 0;
+  EXPECT_ERROR(ferry_move_slots(client, 2, owners, FERRY_PLACEMENT_SLOTS, 0), FERRY_FAILED_PRECONDITION,
+               "--checkpoint-dir");
+  EXPECT_ERROR(ferry_move_slots(client, 2, owners, 3, 0), FERRY_INVALID_ARGUMENT, "n is 3");
+  EXPECT_ERROR(ferry_move_slots(NULL, 2, owners, FERRY_PLACEMENT_SLOTS, 0), FERRY_INVALID_ARGUMENT,
+               "client is NULL");
+  CHECK(ferry_placement_version(client) == 1);
+
   /* A compressed table: fp16 values, top-k 0.5 (2 of its 4 elements a push), sgd from zeros with
    * learning rate 1. The push sends -3 and 2; the rest waits in the client's residual and goes
    * with the next push (0.1 as fp16: 0.0999755859375). */

@@ -88,7 +88,9 @@ Outcome Train(const fs::path& dir, int64_t steps, const std::vector<std::pair<in
     for (int64_t step = 0; step < steps; ++step) {
       for (const auto& [at, owners] : moves) {
         if (at != step) continue;
-        if (rank == 0) EXPECT_TRUE(me.Checkpoint(step).ok());
+        if (rank == 0) {
+          EXPECT_TRUE(me.Checkpoint(step).ok());
+        }
         EXPECT_TRUE(me.Barrier().ok());
         if (rank == 0 && move) {
           const Status s = me.MoveSlots(++version, owners, step);

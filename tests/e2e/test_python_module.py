@@ -2,7 +2,8 @@
 one Client each) train a small model with numpy in sync mode; arrays are used in place; errors
 raise ferry.Error with the server's text; TF_CONFIG is read; ids must be integers; a `with`
 block's normal exit finishes the worker; the server's log line when it takes the worker count
-from the first worker.
+from the first worker; slots moved between the running servers (move_slots), another worker's
+client following the new map.
 
 Needs FERRY_BUILD_DIR (ctest sets it) and Debian's python3 with python3-numpy (the module is
 built for it: build/python). Run by hand, from tests/e2e/:
@@ -330,6 +331,56 @@ class PythonModuleTest(unittest.TestCase):
                 c.pull_dense("w", w, step=1).wait()
                 np.testing.assert_array_equal(w, -np.arange(6, dtype=np.float32))
                 c.close()
+
+    def test_slots_move_between_the_running_servers(self):
+        # Two workers' clients (async tables): worker 0 checkpoints and moves every slot of server 1
+        # to server 0; worker 1, still at the first map, is answered "moved" and sends its pull
+        # again by the new map, reading what was pushed before the move.
+        with tempfile.TemporaryDirectory(prefix="ferry-py-move-") as d:
+            with Servers(2, extra_args=["--checkpoint-dir", d, "--num-workers", "2"]) as s:
+                c0 = ferry.Client(s.endpoints, rank=0, num_workers=2)
+                c1 = ferry.Client(s.endpoints, rank=1, num_workers=2)
+                c0.declare_dense("w", (64,), lr=1.0, options={"chunk_elems": 8})
+                c0.declare_sparse("e", 4, lr=1.0)
+                c1.declare_dense("w", (64,), lr=1.0, options={"chunk_elems": 8})
+                c1.declare_sparse("e", 4, lr=1.0)
+                ids = np.arange(40, dtype=np.int64)
+                c0.push_dense("w", np.arange(64, dtype=np.float32)).wait()
+                c0.push_sparse("e", ids, np.ones((40, 4), np.float32)).wait()
+                first = c0.placement_owners
+                self.assertEqual((c0.placement_version, first.dtype, len(first)), (1, np.uint16, ferry.PLACEMENT_SLOTS))
+                self.assertEqual(set(first.tolist()), {0, 1})
+                c0.checkpoint(5)
+                drained = np.zeros(ferry.PLACEMENT_SLOTS, np.uint16)
+                with self.assertRaises(ValueError) as e:
+                    c0.move_slots(2, drained.astype(np.int64) - 1, 5)
+                self.assertIn("owners[0] is -1", str(e.exception))
+                with self.assertRaises(ferry.Error) as e:
+                    c0.move_slots(2, drained[:10], 5)
+                self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+                c0.move_slots(2, drained, 5)
+                self.assertEqual(c0.placement_version, 2)
+                np.testing.assert_array_equal(c0.placement_owners, drained)
+                with self.assertRaises(ferry.Error) as e:  # another map of a version taken already
+                    c0.move_slots(2, first, 5)
+                self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
+
+                self.assertEqual(c1.placement_version, 1)
+                w = c1.pull_dense("w", np.empty(64, np.float32)).wait()
+                np.testing.assert_array_equal(w, -np.arange(64, dtype=np.float32))
+                rows = c1.pull_sparse("e", ids).wait()
+                np.testing.assert_array_equal(rows, -np.ones((40, 4), np.float32))
+                self.assertEqual(c1.placement_version, 2)
+                self.assertGreater(c1.server_counters(1)["moved_answered"], 0)
+                # Server 1 holds nothing now: a push goes to server 0 alone (all 8 chunks).
+                applied = [c1.server_counters(r).get("updates_applied", 0) for r in (0, 1)]
+                c1.push_dense("w", np.ones(64, np.float32)).wait()
+                self.assertEqual(c1.server_counters(0)["updates_applied"], applied[0] + 8)
+                self.assertEqual(c1.server_counters(1).get("updates_applied", 0), applied[1])
+                c0.pull_dense("w", w).wait()
+                np.testing.assert_array_equal(w, -np.arange(64, dtype=np.float32) - 1)
+                c0.close()
+                c1.close()
 
     def test_the_cluster_comes_from_tf_config(self):
         with Servers(2) as s:

@@ -640,6 +640,29 @@ class PyClient {
     Blocking([step](ferry::Client& c) { return c.Checkpoint(step); });
   }
 
+  uint64_t placement_version() { return client().placement_version(); }
+  py::array_t<uint16_t> PlacementOwners() {
+    const std::vector<uint16_t> map = client().placement_owners();
+    py::array_t<uint16_t> out(static_cast<py::ssize_t>(map.size()));
+    std::copy(map.begin(), map.end(), out.mutable_data());
+    return out;
+  }
+  // owners: any integer array of one server per slot; a value that is no uint16 raises ValueError
+  // (the servers check the rest: length, ranks).
+  void MoveSlots(uint64_t version, const py::handle& owners_in, int64_t step) {
+    const IdsIn owners = IntegerArray(owners_in, "move_slots: owners");
+    std::vector<uint16_t> map(static_cast<size_t>(owners.size()));
+    for (size_t i = 0; i < map.size(); ++i) {
+      const int64_t o = owners.data()[i];
+      if (o < 0 || o > 0xffff) {
+        throw py::value_error("move_slots: owners[" + std::to_string(i) + "] is " + std::to_string(o) +
+                              ", not a server rank");
+      }
+      map[i] = static_cast<uint16_t>(o);
+    }
+    Blocking([&](ferry::Client& c) { return c.MoveSlots(version, map, step); });
+  }
+
   py::array_t<double> AllReduceSum(const py::array_t<double, py::array::c_style | py::array::forcecast>& values) {
     std::span<const double> v(values.data(), static_cast<size_t>(values.size()));
     ferry::StatusOr<std::vector<double>> sum = ferry::InternalError("not run");
@@ -846,6 +869,7 @@ PYBIND11_MODULE(_ferry, m) {
   error.attr("code") = "UNKNOWN";
   error_type = error.ptr();
   Py_INCREF(error_type);
+  m.attr("PLACEMENT_SLOTS") = ferry::placement::kSlots;  // slots of a placement map (client.placement_owners)
 
   py::class_<PyHandle>(m, "Handle", "An operation in flight; wait() returns the pulled array (or None).")
       .def("wait", &PyHandle::Wait, py::arg("timeout") = py::none(),
@@ -945,6 +969,17 @@ PYBIND11_MODULE(_ferry, m) {
            "Has every server save its shard of every table as of `step` in its checkpoint folder\n"
            "(ferry-ps --checkpoint-dir), then server 0 write the manifest; returns once it exists.\n"
            "For sync tables `step` must be the global step every server is at.")
+      .def_property_readonly("placement_version", &PyClient::placement_version,
+                             "The placement version this client places its requests by (protocol 1.17).")
+      .def_property_readonly("placement_owners", &PyClient::PlacementOwners,
+                             "That version's map: the server of each slot (numpy uint16, ferry.PLACEMENT_SLOTS "
+                             "long). A map for move_slots is a copy with the slots to move given their new server.")
+      .def("move_slots", &PyClient::MoveSlots, py::arg("version"), py::arg("owners"), py::arg("step"),
+           "Moves slots between the job's servers: every server adopts `owners` as placement version `version`\n"
+           "(above placement_version), taking over what it gains from the job's committed checkpoint of `step`\n"
+           "and dropping what it gives up. Call it between steps (other workers waiting, e.g. at a barrier),\n"
+           "with nothing pushed since that checkpoint; a refusal changes nothing. Requests placed by the old\n"
+           "map are answered 'moved' and sent again by the new one.")
       .def_property_readonly("restored_step", &PyClient::restored_step,
                              "The step of the checkpoint the servers started from (0 if none).")
       .def_property_readonly("worker_step", &PyClient::worker_step,

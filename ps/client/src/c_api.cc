@@ -16,6 +16,9 @@
 
 #include "ferry/client.h"
 #include "ferry/cluster.h"
+#include "ferry/messages/placement.h"
+
+static_assert(FERRY_PLACEMENT_SLOTS == ferry::placement::kSlots, "c_api.h's slot count is placement.h's");
 
 struct ferry_client {
   std::unique_ptr<ferry::Client> client;
@@ -283,6 +286,44 @@ int64_t ferry_restored_step(const ferry_client* client) {
 
 int64_t ferry_worker_step(const ferry_client* client) {
   return client != nullptr && client->client ? client->client->worker_step() : -1;
+}
+
+uint64_t ferry_placement_version(const ferry_client* client) {
+  return client != nullptr && client->client ? client->client->placement_version() : 0;
+}
+
+namespace {
+// n must be the number of slots (the caller's array is that long).
+bool CheckSlots(const char* call, size_t n, ferry_code* code) {
+  if (n == FERRY_PLACEMENT_SLOTS) return false;
+  *code = Invalid(std::string(call) + ": n is " + std::to_string(n) + ", a map has FERRY_PLACEMENT_SLOTS (" +
+                  std::to_string(FERRY_PLACEMENT_SLOTS) + ") slots");
+  return true;
+}
+}  // namespace
+
+ferry_code ferry_placement_owners(const ferry_client* client, uint16_t* owners, size_t n) {
+  return Guard("ferry_placement_owners", [&] {
+    ferry_code code;
+    if (Null(client, "ferry_placement_owners", "client", &code) ||
+        Null(owners, "ferry_placement_owners", "owners", &code) || CheckSlots("ferry_placement_owners", n, &code)) {
+      return code;
+    }
+    const std::vector<uint16_t> map = client->client->placement_owners();
+    std::memcpy(owners, map.data(), map.size() * sizeof(uint16_t));
+    return Done(ferry::Status::Ok());
+  });
+}
+
+ferry_code ferry_move_slots(ferry_client* client, uint64_t version, const uint16_t* owners, size_t n, int64_t step) {
+  return Guard("ferry_move_slots", [&] {
+    ferry_code code;
+    if (Null(client, "ferry_move_slots", "client", &code) || Null(owners, "ferry_move_slots", "owners", &code) ||
+        CheckSlots("ferry_move_slots", n, &code)) {
+      return code;
+    }
+    return Done(client->client->MoveSlots(version, {owners, n}, step));
+  });
 }
 
 }  // extern "C"

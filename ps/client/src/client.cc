@@ -147,6 +147,7 @@ class ClientImpl final : public Client {
     return placement_;
   }
   uint64_t placement_version() const override { return Map()->version(); }
+  std::vector<uint16_t> placement_owners() const override { return Map()->Owners(); }
 
   // Takes the map a server's header carries (a Hello reply, a "moved" error) when it is newer
   // than this client's. One that does not parse is ignored (the request then fails as moved).

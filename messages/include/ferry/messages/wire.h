@@ -88,8 +88,10 @@ zmq::message_t ToFrame(const flatbuffers::FlatBufferBuilder& fbb);
 std::string Printable(std::string_view text);
 
 // A finished Error header answering `request_kind`/`request_id` with `status` (its message made
-// Printable).
-zmq::message_t MakeError(uint64_t request_id, Kind request_kind, const Status& status);
+// Printable). A "moved" answer (PROTOCOL.md "Placement versions") also carries the server's map:
+// its version and the server of each slot (`owners`, empty otherwise).
+zmq::message_t MakeError(uint64_t request_id, Kind request_kind, const Status& status,
+                         uint64_t placement_version = 0, std::span<const uint16_t> owners = {});
 // A finished Reply header with no extra fields.
 zmq::message_t MakeReply(uint64_t request_id, Kind request_kind, int64_t version = 0);
 // What a push or pull reply reports besides the version (protocol 1.2).

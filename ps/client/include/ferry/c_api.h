@@ -156,6 +156,19 @@ int64_t ferry_restored_step(const ferry_client* client);
  * Client::worker_step): where a restarted async worker resumes. -1 if a server is older. */
 int64_t ferry_worker_step(const ferry_client* client);
 
+/* Placement versions (protocol 1.17; PROTOCOL.md "Placement versions"): which server holds each
+ * of FERRY_PLACEMENT_SLOTS slots of sparse ids and dense chunks can change while the job runs.
+ * The version this client places its requests by, and its map: owners[slot] = server (n must be
+ * FERRY_PLACEMENT_SLOTS). */
+#define FERRY_PLACEMENT_SLOTS 5040
+uint64_t ferry_placement_version(const ferry_client* client);
+ferry_code ferry_placement_owners(const ferry_client* client, uint16_t* owners, size_t n);
+/* Moves slots between the job's servers (Client::MoveSlots): every server adopts `owners` (n =
+ * FERRY_PLACEMENT_SLOTS) as placement version `version` (above the client's), taking over what it
+ * gains from the job's committed checkpoint of `step` and dropping what it gives up. Call it
+ * between steps, with nothing pushed since that checkpoint; a refusal changes nothing. */
+ferry_code ferry_move_slots(ferry_client* client, uint64_t version, const uint16_t* owners, size_t n, int64_t step);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

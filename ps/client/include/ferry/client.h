@@ -368,6 +368,9 @@ class Client {
   virtual Status MoveSlots(uint64_t version, std::span<const uint16_t> owners, int64_t step) = 0;
   // The placement version this client places its requests by.
   virtual uint64_t placement_version() const = 0;
+  // The map of that version: the server of each of placement::kSlots slots, by slot. A new map for
+  // MoveSlots is this one with the slots that should move given their new server.
+  virtual std::vector<uint16_t> placement_owners() const = 0;
   virtual ClientStats stats() const = 0;
 
   // Single-tensor conveniences.

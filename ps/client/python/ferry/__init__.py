@@ -11,11 +11,11 @@ ferry.torch puts Ferry's tables behind PyTorch modules (it needs
 python3-torch and is imported only when asked for).
 """
 
-from ._ferry import (ChangeFeed, Client, Error, Handle, WorkerMetrics, cluster_from_tf_config, id_server,  # noqa: F401
-                     optimizers, table_option_keys)
+from ._ferry import (PLACEMENT_SLOTS, ChangeFeed, Client, Error, Handle, WorkerMetrics,  # noqa: F401
+                     cluster_from_tf_config, id_server, optimizers, table_option_keys)
 
 # Errors read as ferry.Error (the class lives in the extension).
 Error.__module__ = "ferry"
 
-__all__ = ["ChangeFeed", "Client", "Error", "Handle", "WorkerMetrics", "cluster_from_tf_config", "id_server",
-           "optimizers", "table_option_keys"]
+__all__ = ["PLACEMENT_SLOTS", "ChangeFeed", "Client", "Error", "Handle", "WorkerMetrics", "cluster_from_tf_config",
+           "id_server", "optimizers", "table_option_keys"]

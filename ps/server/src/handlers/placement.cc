@@ -28,22 +28,8 @@ bool ServerImpl::AnswerMoved(Request& req) {
       "moved: the request is placed by placement version " + std::to_string(h.placement_version()) + ", server " +
       std::to_string(options_.rank) + " is at version " + std::to_string(map.version()) +
       " (this reply carries it); nothing of the request was applied");
-  flatbuffers::FlatBufferBuilder fbb(12 * 1024);
-  auto owners = PlacementVector(fbb);
-  auto msg = fbb.CreateString(why.message());
-  wire::HeaderBuilder b(fbb);
-  b.add_major(wire::kMajor);
-  b.add_minor(wire::kMinor);
-  b.add_kind(Kind::Error);
-  b.add_request_id(h.request_id());
-  b.add_request_kind(h.kind());
-  b.add_error_code(static_cast<int>(why.code()));
-  b.add_error_message(msg);
-  b.add_placement_version(map.version());
-  b.add_placement(owners);
-  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Send(req, wire::MakeError(h.request_id(), h.kind(), why, map.version(), map.Owners()));
   Count(kErrorsSent);
-  Send(req, wire::ToFrame(fbb));
   return true;
 }
 

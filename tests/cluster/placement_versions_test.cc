@@ -2,7 +2,8 @@
 // slots move between the servers of a running sync job (all of server 1's to server 0, then back)
 // and the job ends with the bits of one whose placement never changed; the other worker's
 // requests placed by the old map are answered "moved" and sent again by the new one; a hand-over
-// that would lose an update is refused and changes nothing.
+// that would lose an update is refused and changes nothing, as is one while a client that cannot
+// follow a new map (before 1.17) is connected.
 #include <barrier>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ferry/messages/placement.h"
+#include "ferry/messages/transport.h"
+#include "ferry/messages/wire.h"
 #include "support/cluster.h"
 #include "support/temp_dir.h"
 
@@ -189,6 +192,56 @@ TEST(PlacementVersions, AHandOverIsRefusedWhileAPullWaitsForItsStep) {
   ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
   ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
   ASSERT_TRUE(held.wait(20s).ok());
+}
+
+TEST(PlacementVersions, AHandOverIsRefusedWhileAClientBeforePlacementVersionsIsConnected) {
+  TempDir dir("placement-old-client");
+  auto c = LocalCluster::Start(2, /*tcp=*/true, WithFolder(dir.path(), 2));
+  auto w0 = c.Connect(0, 2);
+  ASSERT_TRUE(w0->Declare(Dense()).ok());
+  ASSERT_TRUE(w0->Checkpoint(0).ok());
+  // Worker 1 of protocol 1.16 says Hello to server 1 (a raw socket: this library speaks 1.17).
+  auto old = transport::MakeSocket(transport::Zmq(*c.context), zmq::socket_type::dealer);
+  ASSERT_TRUE(old.ok());
+  old->set(zmq::sockopt::rcvtimeo, 10000);
+  old->set(zmq::sockopt::linger, 0);
+  old->connect(c.endpoints[1]);
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    wire::HeaderBuilder b(fbb);
+    b.add_major(wire::kMajor);
+    b.add_minor(16);
+    b.add_kind(wire::Kind::Hello);
+    b.add_request_id(7);
+    b.add_rank(1);
+    b.add_num_workers(2);
+    b.add_num_servers(2);
+    b.add_server_rank(1);
+    wire::FinishHeaderBuffer(fbb, b.Finish());
+    transport::Frames f;
+    f.push_back(wire::ToFrame(fbb));
+    ASSERT_TRUE(transport::Send(*old, f).ok());
+    transport::Frames reply;
+    ASSERT_TRUE(transport::Recv(*old, &reply).ok()) << "no reply to the Hello";
+    const wire::Header* h = nullptr;
+    ASSERT_TRUE(wire::VerifyHeader(reply[0], &h).ok());
+    ASSERT_EQ(h->kind(), wire::Kind::Reply);
+  }
+  const placement::Placement drained = *placement::Placement::First(2).Drain(1);
+  Status s = w0->MoveSlots(2, drained.Owners(), 0);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("1 client(s) of a protocol before 1.17 connected (127.0.0.1:"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("(1.16)"), std::string::npos) << s;
+  EXPECT_EQ(w0->placement_version(), 1u);
+  // Gone, it no longer holds the map (the server learns of the closed connection in its own time).
+  old->close();
+  for (int i = 0; i < 2000; ++i) {
+    s = w0->MoveSlots(2, drained.Owners(), 0);
+    if (s.ok() || s.message().find("before 1.17") == std::string::npos) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(w0->placement_version(), 2u);
 }
 
 TEST(PlacementVersions, AHandOverThatWouldLoseAnUpdateIsRefusedAndChangesNothing) {

@@ -181,7 +181,7 @@ class ClientImpl final : public Client {
                                      std::to_string(map->version()) + " already");
     }
     for (int s = 0; s < num_servers(); ++s) {
-      if (engine_.minor(s) < 17) {
+      if (engine_.minor(s) < wire::kPlacementVersionsSinceMinor) {
         return FailedPreconditionError("MoveSlots: server " + std::to_string(s) + " speaks protocol 1." +
                                        std::to_string(engine_.minor(s)) + ", which has no placement versions (1.17)");
       }

@@ -107,6 +107,14 @@ class Connections {
   template <typename Held>
   std::vector<ToClose> Due(Clock::time_point now, Held&& held);
 
+  // Connection `fd`'s Hello named protocol 1.`minor` (what its client can follow).
+  void SaidHello(int fd, uint16_t minor) {
+    if (auto it = conns_.find(fd); it != conns_.end()) it->second.minor = minor;
+  }
+  // The peers (for a message) of the open connections whose Hello named a minor below `minor`.
+  // In-process peers (inproc://) are not tracked.
+  std::vector<std::string> PeersBelow(uint16_t minor) const;
+
   bool Tracks(int fd) const { return conns_.contains(fd); }
   // Whether `fd` is tracked and has spoken with ZeroMQ routing id `routing`: a message of that
   // connection. False for one that has not spoken yet, and for a descriptor reused by a new
@@ -131,6 +139,7 @@ class Connections {
     std::string routing;
     Clock::time_point accepted, heard;
     int rank = -1;
+    uint16_t minor = 0;  // the protocol minor its Hello named (0: no Hello yet)
     bool refused = false;
     bool spoke = false;    // sent a message (Heard)
     bool evicted = false;  // closed to make room (Accepted): no longer admitted

@@ -93,6 +93,14 @@ Status Connections::Heard(int fd, std::string_view routing, Clock::time_point no
                                 "connections open?");
 }
 
+std::vector<std::string> Connections::PeersBelow(uint16_t minor) const {
+  std::vector<std::string> peers;
+  for (const auto& [fd, c] : conns_) {
+    if (c.minor != 0 && c.minor < minor) peers.push_back(c.peer + " (1." + std::to_string(c.minor) + ")");
+  }
+  return peers;
+}
+
 Connections::Conn* Connections::Owner(int rank, int* owner_fd) {
   auto it = rank_owner_.find(rank);
   if (it == rank_owner_.end()) return nullptr;

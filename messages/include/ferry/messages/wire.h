@@ -42,6 +42,8 @@ inline constexpr uint16_t kMajor = 1;
 // placed request names, "moved" errors with the server's map, the map in the Hello reply, and
 // Placement: a server adopts a new map, taking over its new slots from a checkpoint)
 inline constexpr uint16_t kMinor = 17;
+// The first minor with placement versions: an earlier client cannot follow a moved map.
+inline constexpr uint16_t kPlacementVersionsSinceMinor = 17;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

@@ -116,6 +116,7 @@ Status ServerImpl::OnHello(Request& req) {
                  options_.rank, workers_.count(), workers_.count() == 1 ? "" : "s", h.rank());
   }
   workers_.Promise(h.rank(), h.heartbeat_ms(), req.arrived);
+  connections_.SaidHello(req.fd, h.minor());
   {
     MutexLock lock(&by_rank_mu_);
     if (used_by_rank_.empty()) {

@@ -55,6 +55,16 @@ Status ServerImpl::OnPlacement(Request& req) {
     SendOk(req, static_cast<int64_t>(now.version()));  // adopted already (a Placement sent again)
     return Status::Ok();
   }
+  // A client before 1.17 places by the first map whatever the servers hold, and cannot be told
+  // otherwise: while one is connected the map stays.
+  if (const std::vector<std::string> old = connections_.PeersBelow(wire::kPlacementVersionsSinceMinor);
+      !old.empty()) {
+    std::string peers;
+    for (const std::string& p : old) peers += (peers.empty() ? "" : ", ") + p;
+    return FailedPreconditionError(Who() + " has " + std::to_string(old.size()) + " client(s) of a protocol before 1." +
+                                   std::to_string(wire::kPlacementVersionsSinceMinor) + " connected (" + peers +
+                                   "), which cannot follow a new map: upgrade or stop them first");
+  }
   // The hand-over is between steps: a pull held here waits for a step, and a push call in pieces
   // is half here; either would be served or applied by the map it was placed by.
   if (held_.size() > 0 || calls_.calls() > 0) {

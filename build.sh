@@ -22,12 +22,23 @@
 #   ./build.sh matrix [ARGS]  install, build, run bench/ferry-matrix (sync vs async vs ssp on
 #                      local clusters; ARGS go to it, e.g. --preset small --straggler x2)
 #
-# Environment: BUILD_DIR (default build), JOBS (default: cores), FERRY_CMAKE_ARGS (extra args).
+# Environment: BUILD_DIR (default build), JOBS (default: cores), TEST_JOBS (tests of the plain
+# build run at once, default: twice the cores), FERRY_CMAKE_ARGS (extra args).
 set -euo pipefail
 cd "$(dirname "$0")"
 
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
+# Tests at once in the plain build: many of them wait more than they compute (processes
+# starting, heartbeats, deadlines), so twice the cores keeps the CPUs busy: the plain suite took
+# 315 s at -j 2 and 217 s at -j 4 on 2 cores (stop 58), the CPUs 92% busy. Each test must pass on
+# a loaded machine anyway (the busy stage loads every core). Under the sanitizers, where the
+# compute-bound training tests run 10x slower, -j 4 took two of them past their 120 s limit: that
+# stage runs one test per core.
+TEST_JOBS=${TEST_JOBS:-$((JOBS * 2))}
+T0=$SECONDS
+# What a stage took, and the whole run so far: where CI's time goes.
+took() { say "$1 took $(( SECONDS - $2 )) s ($(( (SECONDS - T0) / 60 )) min since the start)"; }
 PACKAGES=(cmake ninja-build g++ pkg-config
           libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
           libabsl-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev librocksdb-dev libmicrohttpd-dev prometheus-cpp-dev prometheus
@@ -54,16 +65,20 @@ install_deps() {
 }
 
 build() {
+  local t0=$SECONDS
   say "configuring ($BUILD_DIR)"
   # shellcheck disable=SC2086
   cmake -S . -B "$BUILD_DIR" -G Ninja ${FERRY_CMAKE_ARGS:-}
   say "building with $JOBS jobs"
   cmake --build "$BUILD_DIR" -j "$JOBS"
+  took "the build" "$t0"
 }
 
 run_tests() {
-  say "running the tests"
-  ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 300
+  local t0=$SECONDS
+  say "running the tests ($TEST_JOBS at once)"
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$TEST_JOBS" --timeout 300
+  took "the tests" "$t0"
 }
 
 # The tests whose assertions involve time (heartbeats, deadlines, held and expired requests,
@@ -175,11 +190,17 @@ EOF_PROBE
 #include <climits>
 int main(int argc, char**) { int x = INT_MAX - 1 + argc; volatile int y = x + argc; (void)y; return 0; }
 EOF_PROBE
+  local t0=$SECONDS
   configure_clang "$dir" address,undefined,fuzzer-no-link "$TSA_FLAGS" -DFERRY_FUZZ=ON
   cmake --build "$dir" -j "$JOBS"
+  took "the sanitizer build" "$t0"
+  t0=$SECONDS
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 600 -E "$SANITIZE_SKIP"
+  took "the tests under the sanitizers" "$t0"
+  t0=$SECONDS
   fuzz_runs "$dir"
+  took "the fuzz runs" "$t0"
 }
 
 # The libFuzzer targets of tests/fuzz (built by sanitize_check), each for a bounded time from the
@@ -223,8 +244,11 @@ tsan_check() {
 int n = 0;
 int main() { std::thread t([] { for (int i = 0; i < 100000; ++i) ++n; }); for (int i = 0; i < 100000; ++i) ++n; t.join(); return 0; }
 EOF_PROBE
+  local t0=$SECONDS
   configure_clang "$dir" thread ""
   cmake --build "$dir" -j "$JOBS" --target "${TSAN_TESTS[@]}"
+  took "the ThreadSanitizer build" "$t0"
+  t0=$SECONDS
   local t bin failed=0
   for t in "${TSAN_TESTS[@]}"; do
     bin=$(find "$dir/tests" -type f -name "$t" -perm -u+x | head -n 1)
@@ -235,6 +259,7 @@ EOF_PROBE
       failed=1
     fi
   done
+  took "the ThreadSanitizer tests" "$t0"
   return $failed
 }
 

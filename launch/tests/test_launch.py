@@ -1406,6 +1406,7 @@ class CheckpointFlagsTest(unittest.TestCase):
 
 class JobProgressTest(unittest.TestCase):
     def test_the_slowest_worker_moves_the_job_line(self):
+        load_launcher_module()
         from ferry_launch.progress import JobProgress
         lines, now = [], [100.0]
 

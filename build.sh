@@ -31,10 +31,10 @@ BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 # Tests at once in the plain build: many of them wait more than they compute (processes
 # starting, heartbeats, deadlines), so twice the cores keeps the CPUs busy: the plain suite took
-# 315 s at -j 2 and 217 s at -j 4 on 2 cores (stop 58), the CPUs 92% busy. Each test must pass on
-# a loaded machine anyway (the busy stage loads every core). Under the sanitizers, where the
-# compute-bound training tests run 10x slower, -j 4 took two of them past their 120 s limit: that
-# stage runs one test per core.
+# 315 s at -j 2 and 217 s at -j 4 on 2 cores (stop 58), the CPUs 92% busy; 191 s with launch_test
+# split by class. Each test must pass on a loaded machine anyway (the busy stage loads every
+# core). Under the sanitizers, where the compute-bound training tests run 10x slower, -j 4 took
+# two of them past their 120 s limit: that stage runs one test per core.
 TEST_JOBS=${TEST_JOBS:-$((JOBS * 2))}
 T0=$SECONDS
 # What a stage took, and the whole run so far: where CI's time goes.

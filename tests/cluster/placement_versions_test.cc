@@ -194,25 +194,24 @@ TEST(PlacementVersions, AHandOverIsRefusedWhileAPullWaitsForItsStep) {
   ASSERT_TRUE(held.wait(20s).ok());
 }
 
-TEST(PlacementVersions, AHandOverIsRefusedWhileAClientBeforePlacementVersionsIsConnected) {
-  TempDir dir("placement-old-client");
-  auto c = LocalCluster::Start(2, /*tcp=*/true, WithFolder(dir.path(), 2));
-  auto w0 = c.Connect(0, 2);
-  ASSERT_TRUE(w0->Declare(Dense()).ok());
-  ASSERT_TRUE(w0->Checkpoint(0).ok());
-  // Worker 1 of protocol 1.16 says Hello to server 1 (a raw socket: this library speaks 1.17).
-  auto old = transport::MakeSocket(transport::Zmq(*c.context), zmq::socket_type::dealer);
-  ASSERT_TRUE(old.ok());
-  old->set(zmq::sockopt::rcvtimeo, 10000);
-  old->set(zmq::sockopt::linger, 0);
-  old->connect(c.endpoints[1]);
-  {
+// A raw socket to `endpoint` that sends one request of `kind` naming protocol 1.`minor` as worker
+// 1 of 2 (a Hello also names server 1 of 2), and returns the kind of the answer.
+struct OldPeer {
+  OldPeer(Context& context, const std::string& endpoint) {
+    auto made = transport::MakeSocket(transport::Zmq(context), zmq::socket_type::dealer);
+    EXPECT_TRUE(made.ok());
+    socket = std::move(*made);
+    socket.set(zmq::sockopt::rcvtimeo, 10000);
+    socket.set(zmq::sockopt::linger, 0);
+    socket.connect(endpoint);
+  }
+  StatusOr<wire::Kind> Ask(wire::Kind kind, uint16_t minor, std::string* error = nullptr) {
     flatbuffers::FlatBufferBuilder fbb;
     wire::HeaderBuilder b(fbb);
     b.add_major(wire::kMajor);
-    b.add_minor(16);
-    b.add_kind(wire::Kind::Hello);
-    b.add_request_id(7);
+    b.add_minor(minor);
+    b.add_kind(kind);
+    b.add_request_id(++id);
     b.add_rank(1);
     b.add_num_workers(2);
     b.add_num_servers(2);
@@ -220,21 +219,42 @@ TEST(PlacementVersions, AHandOverIsRefusedWhileAClientBeforePlacementVersionsIsC
     wire::FinishHeaderBuffer(fbb, b.Finish());
     transport::Frames f;
     f.push_back(wire::ToFrame(fbb));
-    ASSERT_TRUE(transport::Send(*old, f).ok());
+    FERRY_RETURN_IF_ERROR(transport::Send(socket, f));
     transport::Frames reply;
-    ASSERT_TRUE(transport::Recv(*old, &reply).ok()) << "no reply to the Hello";
+    FERRY_RETURN_IF_ERROR(transport::Recv(socket, &reply));
     const wire::Header* h = nullptr;
-    ASSERT_TRUE(wire::VerifyHeader(reply[0], &h).ok());
-    ASSERT_EQ(h->kind(), wire::Kind::Reply);
+    FERRY_RETURN_IF_ERROR(wire::VerifyHeader(reply[0], &h));
+    if (error != nullptr && h->kind() == wire::Kind::Error) *error = wire::ErrorStatus(*h).ToString();
+    return h->kind();
   }
+  zmq::socket_t socket;
+  uint64_t id = 0;
+};
+
+TEST(PlacementVersions, AHandOverIsRefusedWhileAClientBeforePlacementVersionsIsConnected) {
+  TempDir dir("placement-old-client");
+  auto c = LocalCluster::Start(2, /*tcp=*/true, WithFolder(dir.path(), 2));
+  auto w0 = c.Connect(0, 2);
+  ASSERT_TRUE(w0->Declare(Dense()).ok());
+  ASSERT_TRUE(w0->Checkpoint(0).ok());
+  // Worker 1 of protocol 1.16 says Hello to server 1 (a raw socket: this library speaks 1.17);
+  // another connection of 1.0 sends a request without a Hello of its own (a client that
+  // reconnected after a drop sends none again).
+  OldPeer hello(*c.context, c.endpoints[1]), reconnected(*c.context, c.endpoints[1]);
+  StatusOr<wire::Kind> k = hello.Ask(wire::Kind::Hello, 16);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_EQ(*k, wire::Kind::Reply);
+  ASSERT_TRUE(reconnected.Ask(wire::Kind::Stats, 0).ok());
   const placement::Placement drained = *placement::Placement::First(2).Drain(1);
   Status s = w0->MoveSlots(2, drained.Owners(), 0);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("1 client(s) of a protocol before 1.17 connected (127.0.0.1:"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("2 client(s) of a protocol before 1.17 connected (127.0.0.1:"), std::string::npos) << s;
   EXPECT_NE(s.message().find("(1.16)"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("(1.0)"), std::string::npos) << s;
   EXPECT_EQ(w0->placement_version(), 1u);
-  // Gone, it no longer holds the map (the server learns of the closed connection in its own time).
-  old->close();
+  // Gone, they no longer hold the map (the server learns of closed connections in its own time).
+  hello.socket.close();
+  reconnected.socket.close();
   for (int i = 0; i < 2000; ++i) {
     s = w0->MoveSlots(2, drained.Owners(), 0);
     if (s.ok() || s.message().find("before 1.17") == std::string::npos) break;
@@ -242,6 +262,14 @@ TEST(PlacementVersions, AHandOverIsRefusedWhileAClientBeforePlacementVersionsIsC
   }
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(w0->placement_version(), 2u);
+  // Slots moved, such a client is refused at its Hello.
+  OldPeer late(*c.context, c.endpoints[1]);
+  std::string error;
+  k = late.Ask(wire::Kind::Hello, 16, &error);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(*k, wire::Kind::Error);
+  EXPECT_NE(error.find("a client of protocol 1.16 places ids and chunks by the job's first map"), std::string::npos)
+      << error;
 }
 
 TEST(PlacementVersions, AHandOverThatWouldLoseAnUpdateIsRefusedAndChangesNothing) {

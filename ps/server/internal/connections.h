@@ -107,11 +107,16 @@ class Connections {
   template <typename Held>
   std::vector<ToClose> Due(Clock::time_point now, Held&& held);
 
-  // Connection `fd`'s Hello named protocol 1.`minor` (what its client can follow).
-  void SaidHello(int fd, uint16_t minor) {
-    if (auto it = conns_.find(fd); it != conns_.end()) it->second.minor = minor;
+  // A verified message of connection `fd` named protocol 1.`minor` (every header does): the
+  // lowest a connection named is what its client can follow. Every message, not the Hello alone:
+  // a client that reconnects after a drop sends no Hello again.
+  void SawMinor(int fd, uint16_t minor) {
+    if (fd < 0) return;
+    if (auto it = conns_.find(fd); it != conns_.end() && (it->second.minor < 0 || minor < it->second.minor)) {
+      it->second.minor = minor;
+    }
   }
-  // The peers (for a message) of the open connections whose Hello named a minor below `minor`.
+  // The peers (for a message) of the open connections that named a minor below `minor`.
   // In-process peers (inproc://) are not tracked.
   std::vector<std::string> PeersBelow(uint16_t minor) const;
 
@@ -139,7 +144,7 @@ class Connections {
     std::string routing;
     Clock::time_point accepted, heard;
     int rank = -1;
-    uint16_t minor = 0;  // the protocol minor its Hello named (0: no Hello yet)
+    int minor = -1;  // the lowest protocol minor its messages named (-1: none yet)
     bool refused = false;
     bool spoke = false;    // sent a message (Heard)
     bool evicted = false;  // closed to make room (Accepted): no longer admitted

@@ -96,7 +96,7 @@ Status Connections::Heard(int fd, std::string_view routing, Clock::time_point no
 std::vector<std::string> Connections::PeersBelow(uint16_t minor) const {
   std::vector<std::string> peers;
   for (const auto& [fd, c] : conns_) {
-    if (c.minor != 0 && c.minor < minor) peers.push_back(c.peer + " (1." + std::to_string(c.minor) + ")");
+    if (c.minor >= 0 && c.minor < minor) peers.push_back(c.peer + " (1." + std::to_string(c.minor) + ")");
   }
   return peers;
 }

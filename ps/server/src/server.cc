@@ -198,6 +198,7 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
   req.verified = header != nullptr;
   if (!s.ok()) return bad(s);
   if (!refused.ok()) return SendError(req, refused);
+  connections_.SawMinor(req.fd, header->minor());  // (what its client can follow: OnPlacement)
   if (options_.curve) {
     if (s = CheckKeyRank(req, key_rank); !s.ok()) {
       Count(kPermissionDenied);

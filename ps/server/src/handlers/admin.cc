@@ -77,6 +77,15 @@ Status ServerImpl::OnHello(Request& req) {
                                    " servers puts them elsewhere: upgrade the client to this server's 1." +
                                    std::to_string(wire::kMinor));
   }
+  // A client before 1.17 places by the job's first map and cannot follow another: once slots
+  // have moved it is refused (while one is connected, a hand-over is: OnPlacement).
+  if (h.minor() < wire::kPlacementVersionsSinceMinor &&
+      tables_.placement().Owners() != placement::Placement::First(options_.num_servers).Owners()) {
+    return FailedPreconditionError("placement mismatch: a client of protocol 1." + std::to_string(h.minor()) +
+                                   " places ids and chunks by the job's first map, and this job's servers moved them "
+                                   "(placement version " + std::to_string(tables_.placement().version()) +
+                                   "): upgrade the client to this server's 1." + std::to_string(wire::kMinor));
+  }
   // Before Join: a Hello refused for speaking for a live worker, or from a replaced incarnation
   // of it, changes nothing of it. A later incarnation takes the rank over from whichever
   // connection has it: the launcher restarted the worker, so its predecessor is gone or fenced.
@@ -116,7 +125,6 @@ Status ServerImpl::OnHello(Request& req) {
                  options_.rank, workers_.count(), workers_.count() == 1 ? "" : "s", h.rank());
   }
   workers_.Promise(h.rank(), h.heartbeat_ms(), req.arrived);
-  connections_.SaidHello(req.fd, h.minor());
   {
     MutexLock lock(&by_rank_mu_);
     if (used_by_rank_.empty()) {

@@ -272,6 +272,54 @@ TEST(RowLifecycle, AFullMemoryBudgetEvictsInsteadOfRefusingAndTheShardGivesItBac
   EXPECT_EQ(budget.used(), 0) << "the shard gave its slots back";
 }
 
+// A row given up in a placement hand-over (Forget) frees its slot in a table without lifecycle
+// settings too: the next new rows take the slots (no new memory, nothing charged again), and the
+// delta a checkpoint takes names each row by its own id, never a given-up id whose slot another
+// row now holds.
+TEST(RowLifecycle, RowsGivenUpWithoutSettingsLeaveSlotsTheNextRowsTake) {
+  const TableSpec spec = Spec();
+  ASSERT_FALSE(spec.has_lifecycle());
+  const int64_t row_bytes = SparseShard(spec, kTableId, 1).RowBytes();
+  MemoryBudget budget(1000 * row_bytes);
+  SparseShard shard(spec, kTableId, 1, &budget);
+  shard.TrackChanges();
+  std::vector<int64_t> first(100);
+  for (int64_t i = 0; i < 100; ++i) first[static_cast<size_t>(i)] = i;
+  Push(shard, first);
+  (void)shard.TakeChanges();
+  const int64_t used = budget.used();
+  EXPECT_EQ(used, 100 * row_bytes);
+  for (int64_t id = 0; id < 100; id += 2) shard.Forget(id);  // 50 given up
+  Push(shard, {1, 3});                                        // changed, kept
+  std::vector<int64_t> fresh;
+  for (int64_t i = 0; i < 50; ++i) fresh.push_back(1000 + i);
+  Push(shard, fresh);
+  EXPECT_EQ(shard.size(), 100u);
+  EXPECT_EQ(shard.slots(), 100u) << "the new rows took the given-up slots";
+  EXPECT_EQ(budget.used(), used) << "nothing charged twice";
+  Push(shard, {7000});  // no free slot left: a new one, charged
+  EXPECT_EQ(shard.slots(), 101u);
+  EXPECT_EQ(budget.used(), used + row_bytes);
+
+  const SparseShard::Changes delta = shard.TakeChanges();
+  ASSERT_TRUE(delta.complete);
+  std::set<int64_t> ids;
+  for (const auto& [id, r] : delta.rows) {
+    EXPECT_EQ(shard.Find(id), r) << "id " << id << " named by another row's slot";
+    ids.insert(id);
+  }
+  std::set<int64_t> want(fresh.begin(), fresh.end());
+  want.insert({1, 3, 7000});
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(delta.deleted.size(), 50u);
+  EXPECT_EQ(delta.deleted.front(), 0);
+  for (int64_t id : fresh) {  // each new row starts from its own initial values (one push)
+    std::vector<float> v = Initial(spec, id);
+    for (float& x : v) x -= 0.5f;
+    EXPECT_EQ(Pulled(shard, id), v) << "id " << id;
+  }
+}
+
 // A resumed job's new settings (ChangeLifecycle, then the table's spec becomes them, as the
 // registry does): admission, the row bound and the filter's share of the budget follow them at
 // once; turning the lifecycle off, or a filter the budget has no room for, is refused and changes

@@ -267,9 +267,9 @@ class SparseShard {
   int64_t row_floats() const { return row_floats_; }
   // A placement hand-over (1.17): the row of `id` leaves this server (another holds it from now
   // on): its id is unindexed, and noted as deleted where an eviction would be (delta checkpoints,
-  // the change feed). With lifecycle settings its slot is freed for the next row; without, it
-  // stays allocated and charged until the process ends (such a shard keeps no free list). A no-op
-  // for an id without a row.
+  // the change feed). Its slot is freed for the next row this shard makes (and stays allocated
+  // and charged to the memory budget until then: memory reused, not returned). A no-op for an id
+  // without a row.
   void Forget(int64_t id);
   // Calls fn(id, index) for every row, in no particular order (evicted rows are gone).
   template <typename Fn>
@@ -417,6 +417,18 @@ class SparseShard {
   uint64_t block_rows_;  // rows per block: about 16 MiB a block, at least one row
   absl::flat_hash_map<int64_t, RowIndex> index_;
   size_t index_reserved_ = 0;  // index_ holds this many ids without growing (FindOrCreate)
+  // Whether ids are ever erased from index_ (lifecycle settings, or a row given up by Forget):
+  // ReserveOneMore then grows it earlier (absl reuses erased entries only below 25/32 full).
+  bool erases_ = false;
+  // Without lifecycle settings: the slots of rows given up (Forget), which new rows take first.
+  std::vector<RowIndex> forgotten_;
+  // Whether slot `r`, noted for `id`, holds another id's row now (or none): `id` was evicted or
+  // given up since. (Without lifecycle settings and with nothing ever given up, slots never change
+  // hands: no lookup.)
+  bool SlotTakenSince(int64_t id, RowIndex r) const {
+    if (lifecycle_) return ids_[r] != id;
+    return erases_ && Find(id) != r;
+  }
   std::vector<std::unique_ptr<float[]>> blocks_;
   std::vector<int64_t> steps_;  // per slot: updates applied to its row
   bool track_ = false;          // TrackChanges

@@ -373,7 +373,7 @@ void SparseShard::ReserveOneMore() {
   // ("deleted") slots. It rehashes in place, without allocating, when it runs out of empty slots
   // while at most 25/32 full; fuller, it would grow inside emplace, which must not throw. So such
   // a table grows index_ here, by the copy below, once 3/4 of what was reserved is in use.
-  const size_t limit = lifecycle_ ? index_reserved_ / 4 * 3 : index_reserved_;
+  const size_t limit = lifecycle_ || erases_ ? index_reserved_ / 4 * 3 : index_reserved_;
   if (index_.size() + 1 <= limit) return;
   // absl's flat_hash_map (Debian's 20220623) is not exception-safe when it grows: it records
   // the new capacity before allocating, so after a bad_alloc the map is corrupt (even its
@@ -424,9 +424,9 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
   }
   // A new slot is charged to the budget first: refused, nothing has changed (a table with
   // lifecycle settings gives up a row instead, and reuses its slot). Charged, every later
-  // failure gives it back. A free slot is charged already.
+  // failure gives it back. A free slot (evicted, or given up by Forget) is charged already.
   MemoryBudget* charged = nullptr;
-  if (free_head_ == kNoRow && budget_ != nullptr) {
+  if (free_head_ == kNoRow && forgotten_.empty() && budget_ != nullptr) {
     const std::string what = "a new row of sparse table '" + spec_.name + "'";
     if (!lifecycle_) {
       if (over_budget_ok) {
@@ -456,8 +456,8 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
       if (budget != nullptr) budget->Give(bytes);
     }
   } refund{charged, RowBytes()};
-  const bool reuse = free_head_ != kNoRow;
-  const RowIndex index = reuse ? free_head_ : steps_.size();
+  const bool reuse = lifecycle_ ? free_head_ != kNoRow : !forgotten_.empty();
+  const RowIndex index = !reuse ? steps_.size() : lifecycle_ ? free_head_ : forgotten_.back();
   // Every step that can throw comes before the id is indexed, and each leaves the shard valid:
   // a block allocated for a row that then failed is simply used by the next row.
   if (!reuse && index / block_rows_ >= blocks_.size()) {
@@ -480,7 +480,8 @@ RowIndex SparseShard::MakeRow(int64_t id, bool over_budget_ok, bool drop_if_no_r
     }
   }
   // Nothing below throws.
-  if (reuse) free_head_ = static_cast<RowIndex>(ids_[index]);
+  if (reuse && lifecycle_) free_head_ = static_cast<RowIndex>(ids_[index]);
+  if (reuse && !lifecycle_) forgotten_.pop_back();
   index_.emplace(id, index);  // within the reserved size: no allocation, cannot throw
   steps_[index] = 0;
   if (lifecycle_) {
@@ -575,9 +576,15 @@ void SparseShard::Forget(int64_t id) {
   }
   NoteGone(slot, id);
   index_.erase(id);  // never throws
+  erases_ = true;
   steps_[slot] = 0;
-  // The feed's scans pass the slot by from now on (it is never reused).
+  // The feed's scans pass the slot by until a new row takes it (FeedStamp).
   if (feed_ != nullptr && slot < feed_->seq.size()) feed_->seq[slot] = INT64_MIN;
+  try {
+    forgotten_.push_back(slot);
+  } catch (const std::bad_alloc&) {
+    // (Forget never fails: the slot is then simply not reused)
+  }
 }
 
 void SparseShard::Evict(RowIndex slot, int64_t* counter, std::atomic<int64_t>* total) {
@@ -732,7 +739,7 @@ void SparseShard::NoteChanged(int64_t id, RowIndex r) {
     // Slots evicted and reused left entries behind: keep one of each row still noted (marked 2
     // while kept, so a row noted twice is kept once).
     std::erase_if(changed_list_, [&](const std::pair<int64_t, RowIndex>& e) {
-      const bool stale = changed_[e.second] != 1 || (lifecycle_ && ids_[e.second] != e.first);
+      const bool stale = changed_[e.second] != 1 || SlotTakenSince(e.first, e.second);
       if (!stale) changed_[e.second] = 2;
       return stale;
     });
@@ -755,7 +762,7 @@ SparseShard::Changes SparseShard::TakeChanges() {
   out.rows.reserve(changed_list_.size());
   for (const auto& [id, r] : changed_list_) {
     if (r >= changed_.size() || !changed_[r]) continue;  // taken already, or evicted since
-    if (lifecycle_ && ids_[r] != id) continue;  // evicted, its slot now another id's (noted apart)
+    if (SlotTakenSince(id, r)) continue;  // evicted or given up, its slot now another id's (noted apart)
     changed_[r] = 0;
     if (steps_[r] > 0) out.rows.emplace_back(id, r);  // (a push refused whole changed nothing)
   }

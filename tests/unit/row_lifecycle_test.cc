@@ -293,6 +293,11 @@ TEST(RowLifecycle, RowsGivenUpWithoutSettingsLeaveSlotsTheNextRowsTake) {
   Push(shard, {1, 3});                                        // changed, kept
   std::vector<int64_t> fresh;
   for (int64_t i = 0; i < 50; ++i) fresh.push_back(1000 + i);
+  // What a request's budget check counts as new memory: none for 50 new ids, one for 51.
+  EXPECT_EQ(shard.NewRows(fresh), 0);
+  std::vector<int64_t> more = fresh;
+  more.push_back(7000);
+  EXPECT_EQ(shard.NewRows(more), 1);
   Push(shard, fresh);
   EXPECT_EQ(shard.size(), 100u);
   EXPECT_EQ(shard.slots(), 100u) << "the new rows took the given-up slots";

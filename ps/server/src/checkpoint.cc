@@ -1359,7 +1359,11 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
       return refuse(name + " would hold more than its max_rows=" + std::to_string(t.spec.max_rows) + " rows here");
     }
     counts.rows_taken += rows_in;
-    bytes_in += rows_in * s.RowBytes();
+    // A row that comes takes a free slot first (charged already): those of the rows that leave,
+    // and those free before (evicted, or given up in an earlier hand-over). Only the rest is new
+    // memory (what leaves frees no memory: its slot waits for the next row).
+    const int64_t free_slots = static_cast<int64_t>(s.slots()) - static_cast<int64_t>(s.size()) + rows_out;
+    bytes_in += std::max<int64_t>(0, rows_in - free_slots) * s.RowBytes();
   });
   FERRY_RETURN_IF_ERROR(refused);
   if (declared != ckpt.tables.size()) {

@@ -198,7 +198,6 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
   req.verified = header != nullptr;
   if (!s.ok()) return bad(s);
   if (!refused.ok()) return SendError(req, refused);
-  connections_.SawMinor(req.fd, header->minor());  // (what its client can follow: OnPlacement)
   if (options_.curve) {
     if (s = CheckKeyRank(req, key_rank); !s.ok()) {
       Count(kPermissionDenied);
@@ -219,6 +218,7 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
     return t ? wire::TableCoding{t->spec.wire, t->spec.topk_ratio} : wire::TableCoding{};
   });
   if (!s.ok()) return bad(s.WithContext(std::string(wire::KindName(req.h()->kind()))));
+  connections_.SawMinor(req.fd, header->minor());  // (what its client can follow: OnPlacement)
   DispatchAndAnswer(req);
 }
 

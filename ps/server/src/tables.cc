@@ -132,7 +132,8 @@ int64_t SparseShard::NewRows(std::span<const int64_t> ids) const {
   for (int64_t id : ids) {
     if (!index_.contains(id)) fresh.insert(id);
   }
-  return static_cast<int64_t>(fresh.size());
+  // The first of them take the slots of rows given up (Forget), charged already.
+  return std::max<int64_t>(0, static_cast<int64_t>(fresh.size()) - static_cast<int64_t>(forgotten_.size()));
 }
 
 void SparseShard::InitialRow(int64_t id, float* out) const {
@@ -786,7 +787,10 @@ Status SparseShard::StartFeed() {
   }
   try {
     auto feed = std::make_unique<Feed>();
-    feed->seq.assign(steps_.size(), 0);
+    // Every row there is now counts as changed at clock 0 (a reader's first, full round sends
+    // it); a slot without a row (evicted, or given up by Forget) is passed by until a row takes it.
+    feed->seq.assign(steps_.size(), INT64_MIN);
+    for (const auto& [id, r] : index_) feed->seq[r] = 0;
     feed->block_max.assign((steps_.size() + kFeedBlock - 1) / kFeedBlock, 0);
     if (!lifecycle_) {
       feed->ids.assign(steps_.size(), 0);

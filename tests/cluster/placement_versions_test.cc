@@ -272,6 +272,60 @@ TEST(PlacementVersions, AHandOverIsRefusedWhileAClientBeforePlacementVersionsIsC
       << error;
 }
 
+// A hand-over charges a server's memory budget only for the rows that come beyond the slots of
+// those that leave (charged already): two servers whose budgets are full can swap their rows; one
+// of them cannot take the other's on top of its own.
+TEST(PlacementVersions, ServersWithFullBudgetsCanSwapRowsButNotTakeMore) {
+  constexpr int64_t kRows = 200;  // per server
+  std::vector<int64_t> ids;       // kRows on each server, by the first map
+  int on[2] = {0, 0};
+  for (int64_t id = 0; on[0] < kRows || on[1] < kRows; ++id) {
+    const int server = placement::IdServer(id, 2);
+    if (on[server] < kRows) {
+      ids.push_back(id);
+      ++on[server];
+    }
+  }
+  TableSpec spec = SgdSparseTable("emb", 64, Consistency::kAsync);
+  std::vector<float> grads(ids.size() * 64);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i % 97) / 97.0f;
+  auto fill = [&](LocalCluster& c, Client& w) {
+    EXPECT_TRUE(w.Declare(spec).ok());
+    EXPECT_TRUE(w.PushSparse("emb", ids, grads, 0).wait().ok());
+    return std::max(c.servers[0]->stats().counters.at("memory_budget_used_bytes"),
+                    c.servers[1]->stats().counters.at("memory_budget_used_bytes"));
+  };
+  int64_t used = 0;
+  {
+    TempDir dir("placement-budget-measure");
+    auto c = LocalCluster::Start(2, false, WithFolder(dir.path(), 1));
+    used = fill(c, *c.Connect(0, 1));
+  }
+  ASSERT_GT(used, kRows * 64 * 4);
+  TempDir dir("placement-budget");
+  ServerOptions o = WithFolder(dir.path(), 1);
+  o.memory_budget_bytes = used + 1024;  // room for 3 more rows of 64 floats, not 200
+  auto c = LocalCluster::Start(2, false, o);
+  auto w = c.Connect(0, 1);
+  ASSERT_EQ(fill(c, *w), used);
+  std::vector<float> before(ids.size() * 64), after(ids.size() * 64);
+  ASSERT_TRUE(w->PullSparse("emb", ids, before, 0).wait().ok());
+  ASSERT_TRUE(w->Checkpoint(1).ok());
+  const placement::Placement first = placement::Placement::First(2);
+  Status s = w->MoveSlots(2, first.Drain(1)->Owners(), 1);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("server 0 would take"), std::string::npos) << s;
+  std::vector<uint16_t> swapped = first.Owners();
+  for (uint16_t& owner : swapped) owner = static_cast<uint16_t>(1 - owner);
+  s = w->MoveSlots(2, swapped, 1);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(w->PullSparse("emb", ids, after, 0).wait().ok());
+  EXPECT_EQ(before, after);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(c.servers[r]->stats().counters.at("memory_budget_used_bytes"), used) << "server " << r;
+  }
+}
+
 TEST(PlacementVersions, AHandOverThatWouldLoseAnUpdateIsRefusedAndChangesNothing) {
   TempDir dir("placement-refused");
   ServerOptions o = WithFolder(dir.path(), 1);

@@ -107,10 +107,10 @@ class Connections {
   template <typename Held>
   std::vector<ToClose> Due(Clock::time_point now, Held&& held);
 
-  // A verified message of connection `fd` named protocol 1.`minor` (every header does): the
-  // lowest a connection named is what its client can follow. Every message, not the Hello alone:
-  // a client that reconnects after a drop sends no Hello again.
-  void SawMinor(int fd, uint16_t minor) {
+  // A verified message of connection `fd` named protocol 1.`minor`, older than this server's
+  // (the caller checks): the lowest a connection named is what its client can follow. Any message,
+  // not the Hello alone: a client that reconnects after a drop sends no Hello again.
+  void SawOldMinor(int fd, uint16_t minor) {
     if (fd < 0) return;
     if (auto it = conns_.find(fd); it != conns_.end() && (it->second.minor < 0 || minor < it->second.minor)) {
       it->second.minor = minor;
@@ -144,7 +144,7 @@ class Connections {
     std::string routing;
     Clock::time_point accepted, heard;
     int rank = -1;
-    int minor = -1;  // the lowest protocol minor its messages named (-1: none yet)
+    int minor = -1;  // the lowest older protocol minor its messages named (-1: none)
     bool refused = false;
     bool spoke = false;    // sent a message (Heard)
     bool evicted = false;  // closed to make room (Accepted): no longer admitted

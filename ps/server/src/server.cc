@@ -218,7 +218,8 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
     return t ? wire::TableCoding{t->spec.wire, t->spec.topk_ratio} : wire::TableCoding{};
   });
   if (!s.ok()) return bad(s.WithContext(std::string(wire::KindName(req.h()->kind()))));
-  connections_.SawMinor(req.fd, header->minor());  // (what its client can follow: OnPlacement)
+  // A client that cannot follow a moved map (OnPlacement); a current one costs no lookup here.
+  if (header->minor() < wire::kPlacementVersionsSinceMinor) connections_.SawOldMinor(req.fd, header->minor());
   DispatchAndAnswer(req);
 }
 

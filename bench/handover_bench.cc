@@ -2,9 +2,11 @@
 // Client::MoveSlots). Two servers (in this process, tcp on loopback, a shared checkpoint folder)
 // hold a dense table (Adam) and a sparse one (Adagrad, dim 16); one sync worker trains. Each
 // round: a training step's time (median of 5), the checkpoint the hand-over needs, reading that
-// checkpoint alone (ps::ReadCheckpointAt: what every server does in a hand-over, the floor of
-// this design), and MoveSlots moving every slot of server 1 to server 0, then back after 5 more
-// steps. The pause a worker sees is checkpoint + MoveSlots; it is reported as a ratio to the step.
+// checkpoint whole (ps::ReadCheckpointAt: what every server did in a hand-over before
+// HandOverFilter), reading what server 0 reads of it in the hand-over (the shards and slots that
+// move to or from it: read_moving_ms), and MoveSlots moving every slot of server 1 to server 0,
+// then back after 5 more steps. The pause a worker sees is checkpoint + MoveSlots; it is reported
+// as a ratio to the step.
 //
 //   ferry-handover-bench [--dense-mb M] [--rows R] [--rounds K] [--dir D]
 // Prints a table (stdout); bench/results/placement/ keeps a run.
@@ -136,8 +138,8 @@ int main(int argc, char** argv) {
               "2 servers in one process (tcp loopback), 1 sync worker; checkpoint folder %s\n",
               static_cast<long long>(dense_mb), static_cast<long long>(rows), static_cast<long long>(kDim),
               dir.c_str());
-  std::printf("%-6s %-9s %9s %9s %12s %9s %9s %10s %10s\n", "round", "move", "step_ms", "ckpt_ms", "ckpt_MiB",
-              "read_ms", "move_ms", "pause/step", "move/read");
+  std::printf("%-6s %-9s %9s %9s %12s %9s %9s %10s %10s %15s\n", "round", "move", "step_ms", "ckpt_ms", "ckpt_MiB",
+              "read_ms", "move_ms", "pause/step", "move/read", "read_moving_ms");
   for (int round = 0; round < rounds; ++round) {
     for (const bool drain : {true, false}) {
       const double step_ms = train(5);
@@ -154,13 +156,23 @@ int main(int argc, char** argv) {
           bytes += e.file_size();
         }
       }
+      *read = ferry::ps::CheckpointData{};  // (its memory back before the next read)
+      const ferry::ps::CheckpointFilter moving = ferry::ps::HandOverFilter(drain ? first : drained,
+                                                                           drain ? drained : first, 0);
+      double read_moving_ms = 0;
+      {
+        const auto t5 = Clock::now();
+        auto part = ferry::ps::ReadCheckpointAt(dir, step, &moving);
+        read_moving_ms = Ms(t5, Clock::now());
+        if (!part.ok()) Die("reading what moves", part.status());
+      }
       const auto t3 = Clock::now();
       Check("MoveSlots", w.MoveSlots(++version, (drain ? drained : first).Owners(), step));
       const auto t4 = Clock::now();
       const double ckpt_ms = Ms(t0, t1), read_ms = Ms(t1, t2), move_ms = Ms(t3, t4);
-      std::printf("%-6d %-9s %9.2f %9.1f %12.1f %9.1f %9.1f %10.1f %10.2f\n", round,
+      std::printf("%-6d %-9s %9.2f %9.1f %12.1f %9.1f %9.1f %10.1f %10.2f %15.1f\n", round,
                   drain ? "1->0" : "back", step_ms, ckpt_ms, static_cast<double>(bytes) / (1 << 20), read_ms,
-                  move_ms, (ckpt_ms + move_ms) / step_ms, move_ms / read_ms);
+                  move_ms, (ckpt_ms + move_ms) / step_ms, move_ms / read_ms, read_moving_ms);
       std::fflush(stdout);
     }
   }

@@ -326,6 +326,59 @@ TEST(PlacementVersions, ServersWithFullBudgetsCanSwapRowsButNotTakeMore) {
   }
 }
 
+// A hand-over reads only the shards of the servers that give slots up (and only their moving
+// chunks and rows): with server 2's shard of the checkpoint broken, slots move between servers
+// 0 and 1 and server 2 takes the map; a move of server 2's slots is refused naming its shard.
+TEST(PlacementVersions, AHandOverReadsOnlyTheShardsOfTheSlotsThatMove) {
+  TempDir dir("placement-shards");
+  auto c = LocalCluster::Start(3, false, WithFolder(dir.path(), 1));
+  auto w = c.Connect(0, 1);
+  TableSpec dense = SgdTable("a", kDense, Consistency::kAsync);
+  dense.chunk_elems = 4;
+  const TableSpec sparse = SgdSparseTable("emb", kDim, Consistency::kAsync);
+  ASSERT_TRUE(w->Declare(dense).ok());
+  ASSERT_TRUE(w->Declare(sparse).ok());
+  std::vector<int64_t> ids(300);
+  for (int64_t i = 0; i < 300; ++i) ids[static_cast<size_t>(i)] = i * 7 - 40;
+  std::vector<float> g(kDense, 1.0f), grads(ids.size() * kDim, 0.5f), dense_before(kDense), dense_after(kDense),
+      rows_before(grads.size()), rows_after(grads.size());
+  ASSERT_TRUE(w->PushDense("a", g, 0).wait().ok());
+  ASSERT_TRUE(w->PushSparse("emb", ids, grads, 0).wait().ok());
+  ASSERT_TRUE(w->PullDense("a", dense_before, 1).wait().ok());
+  ASSERT_TRUE(w->PullSparse("emb", ids, rows_before, 1).wait().ok());
+  ASSERT_TRUE(w->Checkpoint(1).ok());
+  const fs::path shard2 = dir.path() / "step-00000000000000000001-shard-00002-of-00003.ckpt";
+  ASSERT_TRUE(fs::exists(shard2));
+  {
+    std::fstream f(shard2, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(shard2) / 2));
+    f.put('\x5a');
+  }
+  const placement::Placement first = placement::Placement::First(3);
+  std::vector<uint16_t> two_to_zero = first.Owners(), one_to_zero = first.Owners();
+  for (uint16_t& owner : two_to_zero) owner = owner == 2 ? 0 : owner;
+  for (uint16_t& owner : one_to_zero) owner = owner == 1 ? 0 : owner;
+  Status s = w->MoveSlots(2, two_to_zero, 1);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(shard2.filename().string()), std::string::npos) << s;
+  EXPECT_EQ(w->placement_version(), 1u);
+  s = w->MoveSlots(2, one_to_zero, 1);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(w->placement_version(), 2u);
+  ASSERT_TRUE(w->PullDense("a", dense_after, 1).wait().ok());
+  ASSERT_TRUE(w->PullSparse("emb", ids, rows_after, 1).wait().ok());
+  EXPECT_EQ(dense_after, dense_before);
+  EXPECT_EQ(rows_after, rows_before);
+  // Server 1 holds nothing now: a push is applied on servers 0 and 2 alone.
+  const int64_t applied1 = c.servers[1]->stats().counters.at("updates_applied");
+  ASSERT_TRUE(w->PushDense("a", g, 1).wait().ok());
+  ASSERT_TRUE(w->PullDense("a", dense_after, 2).wait().ok());
+  EXPECT_EQ(dense_after, std::vector<float>(kDense, -2.0f));
+  EXPECT_EQ(c.servers[1]->stats().counters.at("updates_applied"), applied1);
+  // Server 2, which read nothing, took the map: it answered none of the requests "moved".
+  EXPECT_EQ(c.servers[2]->stats().counters.at("moved_answered"), 0);
+}
+
 TEST(PlacementVersions, AHandOverThatWouldLoseAnUpdateIsRefusedAndChangesNothing) {
   TempDir dir("placement-refused");
   ServerOptions o = WithFolder(dir.path(), 1);

@@ -269,6 +269,104 @@ TEST_F(CheckpointTest, EveryFlippedByteIsCaughtAndTheOlderCheckpointUsed) {
   }
 }
 
+// A hand-over reads only what moves (CheckpointFilter): the shards whose writers owned a slot it
+// keeps, each verified whole, and of them only the chunks and rows of its slots, as a read of the
+// whole checkpoint has them.
+TEST_F(CheckpointTest, AFilteredReadOpensOnlyTheShardsOfItsSlotsAndKeepsOnlyThem) {
+  Save(7);
+  auto whole = ReadCheckpointAt(dir_.string(), 7);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  CheckpointFilter filter;  // every third slot of server 1 (the first map of 2: the odd slots)
+  filter.slots.assign(placement::kSlots, false);
+  for (int slot = 1; slot < placement::kSlots; slot += 6) filter.slots[static_cast<size_t>(slot)] = true;
+  auto part = ReadCheckpointAt(dir_.string(), 7, &filter);
+  ASSERT_TRUE(part.ok()) << part.status();
+  ASSERT_EQ(part->tables.size(), whole->tables.size()) << "every table's spec, from the shard read";
+  const auto& w = whole->tables.at(TableId("w"));
+  const auto& emb = whole->tables.at(TableId("emb"));
+  const auto& pw = part->tables.at(TableId("w"));
+  const auto& pemb = part->tables.at(TableId("emb"));
+  EXPECT_TRUE(pw.spec == Dense());
+  size_t chunks = 0, rows = 0;
+  for (const auto& [c, chunk] : w.chunks) {
+    if (!filter.Keeps(placement::ChunkSlot(TableId("w"), c))) continue;
+    ++chunks;
+    ASSERT_EQ(pw.chunks.count(c), 1u) << "chunk " << c;
+    EXPECT_EQ(pw.chunks.at(c).params, chunk.params);
+    EXPECT_EQ(pw.chunks.at(c).state, chunk.state);
+    EXPECT_EQ(pw.chunks.at(c).version, chunk.version);
+  }
+  for (const auto& [id, row] : emb.rows) {
+    if (!filter.Keeps(placement::IdSlot(id))) continue;
+    ++rows;
+    ASSERT_EQ(pemb.rows.count(id), 1u) << "id " << id;
+    EXPECT_EQ(pemb.rows.at(id).values, row.values);
+    EXPECT_EQ(pemb.rows.at(id).steps, row.steps);
+  }
+  EXPECT_EQ(pw.chunks.size(), chunks);
+  EXPECT_EQ(pemb.rows.size(), rows);
+  EXPECT_GT(rows, 5u);
+  EXPECT_LT(rows, emb.rows.size() / 4);
+  EXPECT_EQ(pemb.sparse_version, emb.sparse_version);
+  // Of what it gives up a hand-over keeps versions and update counts alone (versions_only).
+  CheckpointFilter counts = filter;
+  counts.versions_only.assign(placement::kSlots, false);
+  for (int slot = 1; slot < placement::kSlots; slot += 12) counts.versions_only[static_cast<size_t>(slot)] = true;
+  auto lean = ReadCheckpointAt(dir_.string(), 7, &counts);
+  ASSERT_TRUE(lean.ok()) << lean.status();
+  size_t without_values = 0;
+  for (const auto& [id, row] : lean->tables.at(TableId("emb")).rows) {
+    ASSERT_EQ(row.steps, emb.rows.at(id).steps) << "id " << id;
+    const bool values = !counts.versions_only[static_cast<size_t>(placement::IdSlot(id))];
+    EXPECT_EQ(row.values, values ? emb.rows.at(id).values : std::vector<float>{}) << "id " << id;
+    without_values += !values;
+  }
+  EXPECT_EQ(lean->tables.at(TableId("emb")).rows.size(), rows);
+  EXPECT_GT(without_values, 0u);
+  EXPECT_LT(without_values, rows);
+  for (const auto& [c, chunk] : lean->tables.at(TableId("w")).chunks) {
+    EXPECT_EQ(chunk.version, w.chunks.at(c).version);
+    const bool values = !counts.versions_only[static_cast<size_t>(placement::ChunkSlot(TableId("w"), c))];
+    EXPECT_EQ(chunk.params.size(), values ? w.chunks.at(c).params.size() : 0u) << "chunk " << c;
+  }
+  // Shard 0 is not opened: without its file the filtered read is as before, the whole read
+  // refused naming it; a filter with one slot of server 0 reads it, and is refused too.
+  const fs::path moved_away = dir_ / "shard-0.away";
+  fs::rename(Shard(7, 0), moved_away);
+  auto refused = ReadCheckpointAt(dir_.string(), 7);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(Shard(7, 0).string()), std::string::npos) << refused.status();
+  auto again = ReadCheckpointAt(dir_.string(), 7, &filter);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->tables.at(TableId("emb")).rows.size(), rows);
+  CheckpointFilter with_zero = filter;
+  with_zero.slots[0] = true;
+  refused = ReadCheckpointAt(dir_.string(), 7, &with_zero);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(Shard(7, 0).string()), std::string::npos) << refused.status();
+  fs::rename(moved_away, Shard(7, 0));
+  // A shard read is verified whole: any byte flipped in shard 1 is refused, in a block the filter
+  // keeps or not.
+  std::string shard1;
+  {
+    std::ifstream in(Shard(7, 1), std::ios::binary);
+    shard1.assign((std::istreambuf_iterator<char>(in)), {});
+  }
+  ASSERT_LT(shard1.size(), 20000u);  // keeps the loop short
+  for (size_t i = 0; i < shard1.size(); ++i) {
+    std::string bad = shard1;
+    bad[i] = static_cast<char>(bad[i] ^ 0x41);
+    std::ofstream(Shard(7, 1), std::ios::binary | std::ios::trunc) << bad;
+    auto read = ReadCheckpointAt(dir_.string(), 7, &filter);
+    ASSERT_FALSE(read.ok()) << "byte " << i << " of shard 1 flipped, yet it was read";
+    ASSERT_NE(read.status().message().find(Shard(7, 1).string()), std::string::npos) << read.status();
+  }
+  // A filter of another size is refused.
+  CheckpointFilter short_filter;
+  short_filter.slots.assign(10, true);
+  EXPECT_EQ(ReadCheckpointAt(dir_.string(), 7, &short_filter).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(CheckpointTest, TruncatedFilesAndMissingManifestsFallBackSayingWhy) {
   Save(5);
   Save(7);
@@ -450,10 +548,37 @@ TEST_F(DeltaCheckpointTest, AChainOfDeltasReadsBackAsTheTablesWereAtEachStep) {
     evicted += (*reg.Find(TableId("life"), TableType::kSparse))->sparse->lifecycle().evicted_capacity;
   }
   EXPECT_GT(evicted, 0) << "the test must evict rows, so that deltas record deletions";
+  // A filtered read of a chain (a hand-over's) keeps what the whole read has of its slots.
+  CheckpointFilter filter;
+  filter.slots.assign(placement::kSlots, false);
+  for (int slot = 0; slot < placement::kSlots; slot += 3) filter.slots[static_cast<size_t>(slot)] = true;
   for (int64_t step : {10, 20, 30, 40}) {
     auto ckpt = ReadCheckpointAt(dir_.string(), step);
     ASSERT_TRUE(ckpt.ok()) << ckpt.status();
     EXPECT_TRUE(Read(*ckpt) == held_[step]) << "step " << step;
+    auto part = ReadCheckpointAt(dir_.string(), step, &filter);
+    ASSERT_TRUE(part.ok()) << part.status();
+    ASSERT_EQ(part->tables.size(), ckpt->tables.size());
+    for (const auto& [id, t] : ckpt->tables) {
+      const auto& p = part->tables.at(id);
+      size_t chunks = 0, rows = 0;
+      for (const auto& [c, chunk] : t.chunks) {
+        if (!filter.Keeps(placement::ChunkSlot(id, c))) continue;
+        ++chunks;
+        ASSERT_EQ(p.chunks.count(c), 1u) << "step " << step << " chunk " << c;
+        EXPECT_EQ(p.chunks.at(c).params, chunk.params);
+        EXPECT_EQ(p.chunks.at(c).version, chunk.version);
+      }
+      for (const auto& [row_id, row] : t.rows) {
+        if (!filter.Keeps(placement::IdSlot(row_id))) continue;
+        ++rows;
+        ASSERT_EQ(p.rows.count(row_id), 1u) << "step " << step << " id " << row_id;
+        EXPECT_EQ(p.rows.at(row_id).values, row.values);
+        EXPECT_EQ(p.rows.at(row_id).steps, row.steps);
+      }
+      EXPECT_EQ(p.chunks.size(), chunks) << "step " << step << " table " << t.spec.name;
+      EXPECT_EQ(p.rows.size(), rows) << "step " << step << " table " << t.spec.name;
+    }
   }
   // The deltas hold only what changed: each smaller than the full shard by far.
   for (int r = 0; r < 2; ++r) {

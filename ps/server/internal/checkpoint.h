@@ -207,9 +207,30 @@ struct KeptCheckpoints {
 };
 StatusOr<KeptCheckpoints> ListCheckpoints(const std::string& dir);
 
-// Reads and verifies the checkpoint of `step` (its manifest and every shard it names); no
-// fallback to another. NotFound, naming the steps kept, when `dir` has none of that step.
-StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step);
+// What a reader keeps of a checkpoint: the dense chunks and sparse rows of some slots
+// (placement::IdSlot, ChunkSlot), read from only the shards whose writers owned one of them (by
+// the map the checkpoint was written under; every shard of a manifest before slots). The files
+// not read are not verified. A file read has its size and checksum checked as without a filter,
+// and every block it keeps is checked as before; a dense chunk's block it drops is not parsed
+// (its checksum and the structure around it are the file's). A table's spec comes from any
+// shard, so every table is there whenever a shard is read. A hand-over reads with one
+// (HandOverFilter): what it reads and holds is what moves to or from its server, not the model.
+struct CheckpointFilter {
+  std::vector<bool> slots;  // placement::kSlots entries
+  // Empty, or kSlots entries: of the slots kept, those whose chunks keep only their version and
+  // rows only their update count (no values): what a hand-over's server gives up is checked
+  // against them, not taken.
+  std::vector<bool> versions_only;
+  bool Keeps(int slot) const { return slots[static_cast<size_t>(slot)]; }
+  bool ValuesOf(int slot) const { return versions_only.empty() || !versions_only[static_cast<size_t>(slot)]; }
+  bool KeepsAny() const;
+};
+
+// Reads and verifies the checkpoint of `step` (its manifest and every shard it names, or those
+// `filter` needs, keeping only what it keeps); no fallback to another. NotFound, naming the steps
+// kept, when `dir` has none of that step.
+StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step,
+                                          const CheckpointFilter* filter = nullptr);
 
 // Declares every table of `ckpt` in `tables` (server `rank`, a job of `num_workers`) and fills
 // in the chunks and rows that the registry's placement gives this server. An async or
@@ -227,9 +248,12 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, Table
 // here, what this server gives up is as the checkpoint holds it (a dense chunk at the
 // checkpoint's version, a sparse row with its update count: a push applied since would be lost),
 // and the memory budget has room for what it takes. `check_only`: checks and changes nothing.
+// `ckpt` may be read with HandOverFilter(now, next, rank) (now: the registry's map): a server
+// that neither gains nor gives up a slot reads no shard, checks no table and only takes the map.
 struct HandOverCounts {
   int64_t chunks_taken = 0, chunks_dropped = 0, rows_taken = 0, rows_dropped = 0;
 };
+CheckpointFilter HandOverFilter(const placement::Placement& now, const placement::Placement& next, int rank);
 StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::Placement& next, int rank,
                                   int num_workers, TableRegistry* tables, bool check_only);
 

@@ -532,6 +532,7 @@ class ServerImpl final : public Server {
   struct HandOverRead {
     int64_t step = 0;
     uint64_t version = 0;
+    std::vector<uint16_t> owners;  // the map it was read for (what it keeps depends on it)
     std::shared_ptr<const CheckpointData> ckpt;
     Clock::time_point until;
   };

@@ -200,6 +200,20 @@ class Reader {
     at_ += static_cast<size_t>(n) * sizeof(T);
     return Status::Ok();
   }
+  // Passes `n` values of T by.
+  template <typename T>
+  Status Skip(uint64_t n) {
+    if (n > (data_.size() - at_) / sizeof(T)) return Short();
+    at_ += static_cast<size_t>(n) * sizeof(T);
+    return Status::Ok();
+  }
+  // The next `n` bytes, in place.
+  Status GetBytes(std::span<const char>* out, uint64_t n) {
+    if (n > data_.size() - at_) return Short();
+    *out = data_.subspan(at_, static_cast<size_t>(n));
+    at_ += static_cast<size_t>(n);
+    return Status::Ok();
+  }
   Status Done() const {
     return at_ == data_.size()
                ? Status::Ok()
@@ -293,16 +307,28 @@ Status ParsePrevious(Reader& r, const std::string& where, DeltaOf* out) {
   return Status::Ok();
 }
 
-Status ReadShard(const fs::path& path, const ShardFile& listed, FileData* file) {
+// Reads one shard file whole and verifies it; keeps what `filter` keeps (all without one). A
+// dense chunk's block that the filter drops is not parsed or checked on its own (the file's
+// checksum covered it); a rows block is parsed, and only the rows kept are copied.
+Status ReadShard(const fs::path& path, const ShardFile& listed, const CheckpointFilter* filter, FileData* file) {
   CheckpointData* out = &file->data;
   const std::string name = path.string();
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return NotFoundError(name + ": cannot open (" + std::strerror(errno) + ")");
-  std::vector<char> all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (all.size() != listed.bytes) {
-    return DataLossError(name + ": " + std::to_string(all.size()) + " bytes, the manifest says " +
+  // One read of the size the file has (a byte at a time through a stream iterator was the
+  // larger part of reading a checkpoint); the size must be the manifest's.
+  const std::streamoff size = in.tellg();
+  if (size < 0) return DataLossError(name + ": cannot tell its size (" + std::strerror(errno) + ")");
+  if (static_cast<uint64_t>(size) != listed.bytes) {
+    return DataLossError(name + ": " + std::to_string(size) + " bytes, the manifest says " +
                          std::to_string(listed.bytes) + " (truncated or overwritten)");
   }
+  std::unique_ptr<char[]> buffer(new char[static_cast<size_t>(size) + 1]);
+  in.seekg(0);
+  if (!in.read(buffer.get(), size) || in.gcount() != size || in.peek() != std::ifstream::traits_type::eof()) {
+    return DataLossError(name + ": not the " + std::to_string(size) + " bytes it had when opened (changed while read)");
+  }
+  const std::span<const char> all(buffer.get(), static_cast<size_t>(size));
   if (Crc(0, all.data(), all.size()) != listed.crc32)
     return DataLossError(name + ": checksum differs from the manifest's");
   if (all.size() < 16 || std::memcmp(all.data(), kMagic, 8) != 0)
@@ -331,14 +357,21 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, FileData* file) 
     if (len > kMaxBlockBytes || len > all.size() - at)
       return DataLossError(where + ": length " + std::to_string(len) + " runs past the file");
     std::span<const char> payload(all.data() + at, static_cast<size_t>(len));
-    if (BlockCrc(kind, len, payload.data()) != crc) return DataLossError(where + ": checksum mismatch");
     at += static_cast<size_t>(len);
     ++blocks;
-    Reader r(payload, where);
     // A delta's first block, and only it, names its predecessor.
     if (delta && blocks == 1 && kind != kPrevious) {
       return DataLossError(where + ": a delta shard must begin with the block naming its predecessor");
     }
+    if (filter != nullptr && kind == kDenseChunk && len >= 16) {  // table id, chunk index first
+      uint64_t table_id = 0;
+      int64_t chunk = 0;
+      std::memcpy(&table_id, payload.data(), 8);
+      std::memcpy(&chunk, payload.data() + 8, 8);
+      if (chunk >= 0 && !filter->Keeps(placement::ChunkSlot(table_id, chunk))) continue;
+    }
+    if (BlockCrc(kind, len, payload.data()) != crc) return DataLossError(where + ": checksum mismatch");
+    Reader r(payload, where);
     if (kind == kPrevious) {
       if (!delta || blocks != 1) return DataLossError(where + ": a predecessor block outside a delta's first block");
       file->previous.emplace();
@@ -408,8 +441,14 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, FileData* file) 
       FERRY_RETURN_IF_ERROR(r.Get(&c.version));
       FERRY_RETURN_IF_ERROR(r.Get(&state_floats));
       if (size < 0) return DataLossError(where + ": negative chunk size");
-      FERRY_RETURN_IF_ERROR(r.GetArray(&c.params, static_cast<uint64_t>(size)));
-      FERRY_RETURN_IF_ERROR(r.GetArray(&c.state, state_floats));
+      if (filter != nullptr && !filter->ValuesOf(placement::ChunkSlot(table_id, chunk))) {
+        // The version alone is kept; the sizes are still checked.
+        FERRY_RETURN_IF_ERROR(r.Skip<float>(static_cast<uint64_t>(size)));
+        FERRY_RETURN_IF_ERROR(r.Skip<float>(state_floats));
+      } else {
+        FERRY_RETURN_IF_ERROR(r.GetArray(&c.params, static_cast<uint64_t>(size)));
+        FERRY_RETURN_IF_ERROR(r.GetArray(&c.state, state_floats));
+      }
       FERRY_RETURN_IF_ERROR(r.Done());
       if (!t.chunks.emplace(chunk, std::move(c)).second)
         return DataLossError(where + ": chunk " + std::to_string(chunk) + " twice");
@@ -417,7 +456,6 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, FileData* file) 
       int64_t version = 0, row_floats = 0;
       uint64_t n = 0;
       std::vector<int64_t> ids, steps;
-      std::vector<float> values;
       FERRY_RETURN_IF_ERROR(r.Get(&version));
       FERRY_RETURN_IF_ERROR(r.Get(&row_floats));
       FERRY_RETURN_IF_ERROR(r.Get(&n));
@@ -425,14 +463,20 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, FileData* file) 
       FERRY_RETURN_IF_ERROR(r.GetArray(&ids, n));
       FERRY_RETURN_IF_ERROR(r.GetArray(&steps, n));
       if (n > len / static_cast<uint64_t>(row_floats)) return DataLossError(where + ": the block ends early");
-      FERRY_RETURN_IF_ERROR(r.GetArray(&values, n * static_cast<uint64_t>(row_floats)));
+      const size_t row_bytes = static_cast<size_t>(row_floats) * sizeof(float);
+      std::span<const char> values;
+      FERRY_RETURN_IF_ERROR(r.GetBytes(&values, n * row_bytes));
       FERRY_RETURN_IF_ERROR(r.Done());
       t.sparse_version = std::max(t.sparse_version, version);
       for (uint64_t i = 0; i < n; ++i) {
+        const int slot = filter != nullptr ? placement::IdSlot(ids[i]) : 0;
+        if (filter != nullptr && !filter->Keeps(slot)) continue;
         CheckpointData::Row row;
         row.steps = steps[i];
-        row.values.assign(values.begin() + static_cast<std::ptrdiff_t>(i * row_floats),
-                          values.begin() + static_cast<std::ptrdiff_t>((i + 1) * row_floats));
+        if (filter == nullptr || filter->ValuesOf(slot)) {
+          row.values.resize(static_cast<size_t>(row_floats));
+          std::memcpy(row.values.data(), values.data() + i * row_bytes, row_bytes);
+        }
         if (!t.rows.emplace(ids[i], std::move(row)).second)
           return DataLossError(where + ": id " + std::to_string(ids[i]) + " twice");
       }
@@ -570,7 +614,7 @@ Status Merge(CheckpointData&& from, CheckpointData* into, const std::string& whe
 
 // One server's shard as its chain leaves it: the full file, then each delta in order (a dense
 // chunk replaced, a sparse table's deleted ids removed and its changed rows put in).
-StatusOr<CheckpointData> ReadChain(const fs::path& dir, const ShardFile& shard) {
+StatusOr<CheckpointData> ReadChain(const fs::path& dir, const ShardFile& shard, const CheckpointFilter* filter) {
   std::vector<const ShardFile*> files;
   for (const auto& b : shard.base) files.push_back(&b);
   files.push_back(&shard);
@@ -578,7 +622,7 @@ StatusOr<CheckpointData> ReadChain(const fs::path& dir, const ShardFile& shard) 
   for (size_t i = 0; i < files.size(); ++i) {
     const ShardFile& f = *files[i];
     FileData d;
-    FERRY_RETURN_IF_ERROR(ReadShard(dir / f.name, f, &d));
+    FERRY_RETURN_IF_ERROR(ReadShard(dir / f.name, f, filter, &d));
     const std::string name = (dir / f.name).string();
     if (i == 0) {
       if (d.previous) {
@@ -611,8 +655,10 @@ StatusOr<CheckpointData> ReadChain(const fs::path& dir, const ShardFile& shard) 
   return acc;
 }
 
-// Reads and verifies one manifest and every shard it names (a delta with its whole chain).
-StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& manifest) {
+// Reads and verifies one manifest and every shard it names (a delta with its whole chain), or
+// those `filter` needs.
+StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& manifest,
+                                      const CheckpointFilter* filter = nullptr) {
   const std::string name = (dir / manifest).string();
   FERRY_ASSIGN_OR_RETURN(Manifest m, ParseManifest(dir, manifest));
   CheckpointData out;
@@ -623,9 +669,22 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
   out.before_slots = m.before_slots;
   out.placement = std::move(m.map);
   out.manifest = manifest;
-  for (const auto& s : m.shards) {
+  // The shards to read: every one, or with a filter those whose writers owned a slot it keeps.
+  std::vector<bool> read(m.shards.size(), true);
+  if (filter != nullptr && !m.before_slots && out.num_servers >= 1 && out.num_servers <= placement::kSlots) {
+    const placement::Placement written = out.placement ? *out.placement : placement::Placement::First(out.num_servers);
+    if (written.num_servers() == out.num_servers) {
+      read.assign(read.size(), false);
+      for (int slot = 0; slot < placement::kSlots; ++slot) {
+        if (filter->Keeps(slot)) read[static_cast<size_t>(written.SlotServer(slot))] = true;
+      }
+    }
+  }
+  for (size_t i = 0; i < m.shards.size(); ++i) {
+    const ShardFile& s = m.shards[i];
     out.shard_worker_steps.push_back(s.worker_steps);
-    FERRY_ASSIGN_OR_RETURN(CheckpointData shard, ReadChain(dir, s));
+    if (!read[i]) continue;
+    FERRY_ASSIGN_OR_RETURN(CheckpointData shard, ReadChain(dir, s, filter));
     FERRY_RETURN_IF_ERROR(Merge(std::move(shard), &out, (dir / s.name).string()));
   }
   for (const auto& [id, t] : out.tables) {
@@ -1151,7 +1210,9 @@ StatusOr<KeptCheckpoints> ListCheckpoints(const std::string& dir) {
   return kept;
 }
 
-StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step) {
+bool CheckpointFilter::KeepsAny() const { return std::ranges::find(slots, true) != slots.end(); }
+
+StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step, const CheckpointFilter* filter) {
   FERRY_ASSIGN_OR_RETURN(KeptCheckpoints kept, ListCheckpoints(dir));
   if (std::ranges::find(kept.steps, step) == kept.steps.end()) {
     std::string steps;
@@ -1159,7 +1220,14 @@ StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step) 
     return NotFoundError("no checkpoint of step " + std::to_string(step) + " in " + dir +
                          (steps.empty() ? " (it keeps none)" : " (it keeps steps " + steps + ")"));
   }
-  return ReadManifest(dir, ManifestName(step));
+  if (filter != nullptr && (filter->slots.size() != static_cast<size_t>(placement::kSlots) ||
+                            (!filter->versions_only.empty() &&
+                             filter->versions_only.size() != static_cast<size_t>(placement::kSlots)))) {
+    return InvalidArgumentError("a checkpoint filter of " + std::to_string(filter->slots.size()) + " and " +
+                                std::to_string(filter->versions_only.size()) + " slots, not " +
+                                std::to_string(placement::kSlots));
+  }
+  return ReadManifest(dir, ManifestName(step), filter);
 }
 
 namespace {
@@ -1262,6 +1330,18 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, Table
   return Status::Ok();
 }
 
+CheckpointFilter HandOverFilter(const placement::Placement& now, const placement::Placement& next, int rank) {
+  CheckpointFilter filter;
+  filter.slots.resize(placement::kSlots);
+  filter.versions_only.resize(placement::kSlots);
+  for (int slot = 0; slot < placement::kSlots; ++slot) {
+    const int from = now.SlotServer(slot), to = next.SlotServer(slot);
+    filter.slots[static_cast<size_t>(slot)] = from != to && (from == rank || to == rank);
+    filter.versions_only[static_cast<size_t>(slot)] = from != to && from == rank;
+  }
+  return filter;
+}
+
 StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::Placement& next, int rank,
                                   int num_workers, TableRegistry* tables, bool check_only) {
   const placement::Placement& now = tables->placement();
@@ -1272,6 +1352,12 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
                                    " servers, this job has " + std::to_string(now.num_servers()));
   }
   if (tables->pending() > 0) return FailedPreconditionError(at + ": a table is still being declared here");
+  // A server that neither gains nor gives up a slot only takes the map (it may have read no shard
+  // of the checkpoint: HandOverFilter); the servers whose slots move check the tables.
+  if (!HandOverFilter(now, next, rank).KeepsAny()) {
+    if (!check_only) tables->SetPlacement(next);
+    return HandOverCounts{};
+  }
   // Checks, and what would move.
   HandOverCounts counts;
   int64_t bytes_in = 0, bytes_out = 0;
@@ -1332,19 +1418,27 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
     const SparseShard& s = *t.sparse;
     if (s.has_disk()) return refuse(name + " has a disk tier (its rows cannot be handed over yet)");
     if (s.sync.received > 0) return refuse(name + " is in a sync step");
-    int64_t rows_out = 0;
+    // The rows it gives up against the checkpoint's, both in id order (one lookup a row in a map
+    // of as many was most of a hand-over's time).
+    std::vector<std::pair<int64_t, int64_t>> leaving;  // id, updates here
     s.ForEachRow([&](int64_t id, RowIndex r) {
-      if (!refused.ok() || next.IdServer(id) == rank) return;
-      auto row = saved.rows.find(id);
-      const int64_t saved_steps = row == saved.rows.end() ? 0 : row->second.steps;
-      if (s.steps(r) != saved_steps) {
-        return refuse(name + " id " + std::to_string(id) + " has " + std::to_string(s.steps(r)) +
-                      " updates here, " + std::to_string(saved_steps) +
+      if (now.IdServer(id) != rank) return refuse(name + " id " + std::to_string(id) + " is held outside its slots");
+      if (next.IdServer(id) != rank) leaving.emplace_back(id, s.steps(r));
+    });
+    if (!refused.ok()) return;
+    std::ranges::sort(leaving);
+    auto row = saved.rows.begin();
+    for (const auto& [id, steps] : leaving) {
+      while (row != saved.rows.end() && row->first < id) ++row;
+      const int64_t saved_steps = row != saved.rows.end() && row->first == id ? row->second.steps : 0;
+      if (steps != saved_steps) {
+        return refuse(name + " id " + std::to_string(id) + " has " + std::to_string(steps) + " updates here, " +
+                      std::to_string(saved_steps) +
                       " in the checkpoint (updated since: the workers must wait from the checkpoint to the "
                       "hand-over)");
       }
-      ++rows_out;
-    });
+    }
+    const auto rows_out = static_cast<int64_t>(leaving.size());
     counts.rows_dropped += rows_out;
     int64_t rows_in = 0;
     for (const auto& [id, row] : saved.rows) {

@@ -80,20 +80,26 @@ Status ServerImpl::OnPlacement(Request& req) {
                                    std::to_string(next.version()));
   }
   // The pause of the hand-over: the checkpoint is read on the I/O thread (the workers wait for
-  // the hand-over anyway; PROTOCOL.md).
+  // the hand-over anyway; PROTOCOL.md), only the shards and slots that move to or from this
+  // server (HandOverFilter).
   // The check round's read serves the adopting round that follows it (the same step and map).
   std::shared_ptr<const ps::CheckpointData> ckpt;
-  if (handover_read_ && handover_read_->step == h.step() && handover_read_->version == next.version()) {
+  std::vector<uint16_t> owners = next.Owners();
+  if (handover_read_ && handover_read_->step == h.step() && handover_read_->version == next.version() &&
+      handover_read_->owners == owners) {
     ckpt = handover_read_->ckpt;
   } else {
-    FERRY_ASSIGN_OR_RETURN(ps::CheckpointData read, ps::ReadCheckpointAt(options_.checkpoint_dir, h.step()));
+    const ps::CheckpointFilter filter = ps::HandOverFilter(now, next, options_.rank);
+    FERRY_ASSIGN_OR_RETURN(ps::CheckpointData read,
+                           ps::ReadCheckpointAt(options_.checkpoint_dir, h.step(), &filter));
     ckpt = std::make_shared<const ps::CheckpointData>(std::move(read));
   }
   handover_read_.reset();
   FERRY_ASSIGN_OR_RETURN(const ps::HandOverCounts moved,
                          ps::HandOver(*ckpt, next, options_.rank, workers_.count(), &tables_, check_only));
   if (check_only) {
-    handover_read_ = HandOverRead{h.step(), next.version(), std::move(ckpt), Clock::now() + options_.max_wait};
+    handover_read_ =
+        HandOverRead{h.step(), next.version(), std::move(owners), std::move(ckpt), Clock::now() + options_.max_wait};
   }
   if (!check_only) {
     {

@@ -1242,6 +1242,65 @@ class RecoveryTest(unittest.TestCase):
         self.assert_all_gone(r.output)
 
 
+@unittest.skipUnless(os.access(PS_BIN, os.X_OK) and os.access(TRAINER_BIN, os.X_OK),
+                     f"ferry-ps / ferry-trainer not built under {BUILD_DIR}")
+class SlotMoveTest(unittest.TestCase):
+    """Issue 38 (protocol 1.17, placement versions) with the real binaries under the launcher: a
+    sync ctr job (Adam; dense tables in chunks of 256 on every server) of 3 servers and 2
+    workers empties server 2 into the others while it trains
+    (ferry-trainer --move-slots: worker 0 checkpoints and moves the slots between two barriers)
+    and fills it again by the job's first map, and ends with the numbers of the same job whose
+    slots never moved, to the last bit of the final test loss and AUC."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-slots-test-")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def job(self, name, extra):
+        """Runs the job: (launcher output, worker 0's final evaluation from --metrics-out)."""
+        metrics = os.path.join(self.dir, name + "-{rank}.jsonl")
+        rc, out = run_launcher(
+            ["--num-ps", "3", "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
+             "--bin-dir", BUILD_DIR, "--log-dir", os.path.join(self.dir, name),
+             "--checkpoint-dir", os.path.join(self.dir, name + "-ckpt"), "--",
+             "--model", "ctr", "--ctr-train", "3000", "--ctr-test", "500", "--steps", "30",
+             "--batch", "32", "--consistency", "sync", "--log-every", "10", "--blas-threads", "1",
+             "--optimizer", "adam", "--lr", "0.01", "--table", "ctr/*:chunk_elems=256",
+             "--metrics-out", metrics] + extra, timeout=180)
+        self.assertEqual(rc, 0, out)
+        with open(metrics.replace("{rank}", "0")) as f:
+            events = [json.loads(line) for line in f]
+        ends = [e for e in events if e["event"] == "end"]
+        self.assertEqual(len(ends), 1, events)
+        return out, ends[0]["final"]
+
+    def test_a_server_emptied_and_filled_again_while_training_leaves_the_bits(self):
+        out, moved = self.job("moved", ["--move-slots", "10:drain=2,20:first"])
+        self.assertRegex(out, r"(?m)^\[worker 0\] moved 1680 slots at step 10 \(server 2 drained\): "
+                              r"placement version 2; checkpoint [\d.]+ s, hand-over [\d.]+ s$")
+        self.assertRegex(out, r"(?m)^\[worker 0\] moved 1680 slots at step 20 \(the first map\): "
+                              r"placement version 3; checkpoint [\d.]+ s, hand-over [\d.]+ s$")
+        with open(os.path.join(self.dir, "moved", "ps-2.log")) as f:
+            ps2 = f.read()
+        gave = re.search(r"placement version 2 from the checkpoint of step 10: took 0 chunks and 0 "
+                         r"rows, gave up (\d+) chunks and (\d+) rows", ps2)
+        took = re.search(r"placement version 3 from the checkpoint of step 20: took (\d+) chunks "
+                         r"and (\d+) rows, gave up 0 chunks and 0 rows", ps2)
+        self.assertTrue(gave and took, ps2)
+        # The dense chunks (with Adam's state) went and came back; the embeddings' rows too, with
+        # those made since.
+        self.assertGreater(int(gave.group(1)), 0, ps2)
+        self.assertEqual(int(took.group(1)), int(gave.group(1)), ps2)
+        self.assertGreater(int(gave.group(2)), 0, ps2)
+        self.assertGreater(int(took.group(2)), int(gave.group(2)), ps2)
+        _, still = self.job("still", [])
+        self.assertEqual(moved, still)  # every number, as JSON writes a double: all its bits
+        self.assertIn("auc", moved)
+
+
 class CheckpointFlagsTest(unittest.TestCase):
     """--checkpoint-dir, --checkpoint-every, --resume, --max-restarts: usage errors, the
     preflight of the checkpoint folder, and what --dry-run prints. Nothing is started."""

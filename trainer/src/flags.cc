@@ -42,6 +42,37 @@ Status ParseStraggler(std::string_view value, TrainerOptions* o) {
   return Status::Ok();
 }
 
+// "STEP:drain=K" or "STEP:first", comma-separated, steps increasing.
+Status ParseMoveSlots(std::string_view value, TrainerOptions* o) {
+  o->move_slots.clear();
+  while (!value.empty()) {
+    const size_t comma = value.find(',');
+    const std::string_view one = value.substr(0, comma);
+    value = comma == std::string_view::npos ? std::string_view() : value.substr(comma + 1);
+    const size_t colon = one.find(':');
+    if (colon == std::string_view::npos) {
+      return InvalidArgumentError("--move-slots: '" + std::string(one) + "' is not STEP:drain=K or STEP:first");
+    }
+    TrainerOptions::SlotMove move;
+    FERRY_RETURN_IF_ERROR(ParseInt("--move-slots step", one.substr(0, colon), 0, INT64_MAX / 2, &move.step));
+    const std::string_view to = one.substr(colon + 1);
+    if (to.starts_with("drain=")) {
+      int64_t rank = 0;
+      FERRY_RETURN_IF_ERROR(ParseInt("--move-slots server", to.substr(6), 0, 65535, &rank));
+      move.drain = static_cast<int>(rank);
+    } else if (to != "first") {
+      return InvalidArgumentError("--move-slots: '" + std::string(to) + "' is neither drain=K nor first");
+    }
+    if (!o->move_slots.empty() && move.step <= o->move_slots.back().step) {
+      return InvalidArgumentError("--move-slots: step " + std::to_string(move.step) + " after step " +
+                                  std::to_string(o->move_slots.back().step) + " (one move a step, in step order)");
+    }
+    o->move_slots.push_back(move);
+  }
+  if (o->move_slots.empty()) return InvalidArgumentError("--move-slots: no move given");
+  return Status::Ok();
+}
+
 // ---- The flags: one row each (name, value, group, help; the setter holds the type and range;
 // the default is TrainerOptions'). Parsing, --help and the unknown-flag hint come from here. ----
 
@@ -235,6 +266,7 @@ Status SetMetricsBind(TrainerOptions& o, std::string_view, std::string_view valu
 }
 
 Status SetStraggler(TrainerOptions& o, std::string_view, std::string_view value) { return ParseStraggler(value, &o); }
+Status SetMoveSlots(TrainerOptions& o, std::string_view, std::string_view value) { return ParseMoveSlots(value, &o); }
 
 Status SetDevice(TrainerOptions& o, std::string_view flag, std::string_view value) {
   return Choice(flag, value, kDevices, &o.device);
@@ -391,6 +423,11 @@ const Flag kFlags[] = {
      "continue the job the servers hold, at their step (servers started from a "
      "checkpoint, or a restarted worker)",
      Switch<&O::resume, true>},
+    {"--move-slots", "STEP:drain=K|STEP:first[,...]", "recovery",
+     "at STEP every worker waits while worker 0 checkpoints and moves the servers' slots: drain=K "
+     "empties server K into the others, first restores the job's first map (the servers need a "
+     "checkpoint folder)",
+     SetMoveSlots},
     {"--curve-keys", "DIR", "security",
      "the job's CURVE key folder from ferry-keys (reads server.pub and "
      "worker-R.key; needed when the servers run with --curve-keys)",

@@ -201,6 +201,7 @@ Status TrainerOptions::Validate() const {
       return InvalidArgumentError(
           "--checkpoint-every(-s) and --resume need servers (checkpoints are the servers'), not --local");
     }
+    if (!move_slots.empty()) return InvalidArgumentError("--move-slots moves the servers' slots: not with --local");
     if (num_workers != 1 || rank != 0) return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
   } else {
     if (servers.empty()) return InvalidArgumentError("--servers is required (or pass --local)");

@@ -15,6 +15,7 @@
 #include "ferry/data/criteo.h"
 #include "ferry/data/shard.h"
 #include "ferry/kernels.h"
+#include "ferry/messages/placement.h"
 #include "ferry/trainer/model_registry.h"
 #include "ferry/trainer/param_store.h"
 
@@ -341,6 +342,52 @@ class WorkerRun final : public TrainingRun {
     return step;
   }
 
+  // ---- moving slots between the servers (--move-slots) ----
+
+  // At a step of --move-slots, after the step's pull and before anything of it is pushed (or the
+  // next step's rows asked for), every worker meets at a barrier: nothing is in flight then, and
+  // nothing is pushed between the checkpoint and the hand-over (PROTOCOL.md, "Placement
+  // versions"). Worker 0 commits a checkpoint in flight, takes one of the step and moves the
+  // slots; a second barrier lets every worker go on. The others learn the map from the servers'
+  // "moved" answers to their next requests, which their client sends again by it. A worker
+  // resumed at that very step does not: the others are past the barriers.
+  Status MaybeMoveSlots(int64_t t) {
+    if (client_ == nullptr || (options_.resume && t == t0_)) return Status::Ok();
+    for (const TrainerOptions::SlotMove& move : options_.move_slots) {
+      if (move.step != t) continue;
+      const std::string at = "moving slots at step " + std::to_string(t);
+      FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for every worker before " + at));
+      if (rank_ == 0) {
+        const Clock::time_point began = Clock::now();
+        CommitCheckpoint(/*wait=*/true);
+        FERRY_RETURN_IF_ERROR(ckpt_stop_);
+        const int64_t step = sync_servers_ ? store_->progress().step : t;
+        FERRY_RETURN_IF_ERROR(client_->Checkpoint(step).WithContext(at + ": the checkpoint it starts from"));
+        ckpt_last_ = step;
+        ckpt_last_time_ = Clock::now();
+        const Clock::time_point saved = Clock::now();
+        const uint64_t version = client_->placement_version();
+        FERRY_ASSIGN_OR_RETURN(
+            const placement::Placement now,
+            placement::Placement::FromOwners(version, client_->placement_owners(), client_->num_servers()));
+        StatusOr<placement::Placement> next =
+            move.drain < 0 ? placement::Placement::First(client_->num_servers()) : now.Drain(move.drain);
+        FERRY_RETURN_IF_ERROR(next.status().WithContext(at));
+        FERRY_RETURN_IF_ERROR(client_->MoveSlots(version + 1, next->Owners(), step).WithContext(at));
+        char line[240];
+        std::snprintf(line, sizeof line,
+                      "moved %d slots at step %lld (%s): placement version %llu; checkpoint %.2f s, hand-over %.2f s",
+                      placement::Placement::SlotsMoved(now, *next), static_cast<long long>(step),
+                      move.drain < 0 ? "the first map" : ("server " + std::to_string(move.drain) + " drained").c_str(),
+                      static_cast<unsigned long long>(version + 1), Seconds(began, saved),
+                      Seconds(saved, Clock::now()));
+        Say(line);
+      }
+      FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for worker 0 " + at));
+    }
+    return Status::Ok();
+  }
+
   // ---- checkpoints (worker 0, --checkpoint-every) ----
 
   bool Checkpointing() const {
@@ -499,6 +546,8 @@ class WorkerRun final : public TrainingRun {
     }
     lap_.To(&times.compute_s);
     FERRY_RETURN_IF_ERROR(Pull(t));
+    FERRY_RETURN_IF_ERROR(MaybeMoveSlots(t));  // before the next step's rows are asked for
+    lap_.To(&times.wait_s);
     FERRY_RETURN_IF_ERROR(ReadRowsAhead(t + 1));
     if (sync_servers_ && JobStep() >= plan_.total_steps) {
       // Sync: the budget is the job's, in global steps. A worker that fell behind (a backup

@@ -156,6 +156,17 @@ struct TrainerOptions {
   // data (epoch, position and shuffle follow from the step), without waiting for the others.
   bool resume = false;
 
+  // --move-slots STEP:drain=K|first[,...]: at step STEP (after its pull, before its push) every
+  // worker meets at a barrier, worker 0 takes a checkpoint of the step and moves the servers'
+  // slots (Client::MoveSlots; protocol 1.17): drain=K gives all of server K's to the others
+  // (Placement::Drain of the map the job has), first gives them back by the job's first map; a
+  // second barrier lets the workers go on. The servers need a checkpoint folder. In step order.
+  struct SlotMove {
+    int64_t step = 0;
+    int drain = -1;  // the server emptied; -1: the first map
+  };
+  std::vector<SlotMove> move_slots;
+
   // --connect-timeout-s: the longest the first handshake with every server may take.
   double connect_timeout_s = 30;
 

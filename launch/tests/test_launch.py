@@ -1279,6 +1279,8 @@ class SlotMoveTest(unittest.TestCase):
 
     def test_a_server_emptied_and_filled_again_while_training_leaves_the_bits(self):
         out, moved = self.job("moved", ["--move-slots", "10:drain=2,20:first"])
+        # The move's checkpoint is one as any other: the launcher can restart the job from it.
+        self.assertRegex(out, r"(?m)^\[worker 0\] checkpoint of step 10 saved: ")
         self.assertRegex(out, r"(?m)^\[worker 0\] moved 1680 slots at step 10 \(server 2 drained\): "
                               r"placement version 2; checkpoint [\d.]+ s, hand-over [\d.]+ s$")
         self.assertRegex(out, r"(?m)^\[worker 0\] moved 1680 slots at step 20 \(the first map\): "

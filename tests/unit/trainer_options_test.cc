@@ -114,7 +114,7 @@ TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
   auto l = Parse({"--servers", "tcp://a:1", "--push-by-layer"});
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_TRUE(l->push_by_layer);
-  auto m = Parse({"--servers", "tcp://a:1", "--move-slots", "10:drain=2,20:first,35:drain=0"});
+  auto m = Parse({"--servers", "tcp://a:1,tcp://b:1,tcp://c:1", "--move-slots", "10:drain=2,20:first,35:drain=0"});
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ(m->move_slots.size(), 3u);
   EXPECT_EQ(m->move_slots[0].step, 10);
@@ -201,11 +201,21 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
       {{"--servers", "tcp://a:1", "--num-workers", "2", "--straggler", "1:10ms", "--push-by-layer"}, "--straggler"},
       {{"--local", "--straggler", "1"}, "--straggler"},
       {{"--local", "--move-slots", "10:first"}, "--move-slots"},
-      {{"--servers", "tcp://a:1", "--move-slots", "10"}, "--move-slots"},
-      {{"--servers", "tcp://a:1", "--move-slots", "10:drain"}, "--move-slots"},
-      {{"--servers", "tcp://a:1", "--move-slots", "10:drain=-1"}, "--move-slots"},
-      {{"--servers", "tcp://a:1", "--move-slots", "10:first,10:drain=1"}, "--move-slots"},
-      {{"--servers", "tcp://a:1", "--move-slots", "-3:first"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "10"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "10:drain"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "10:drain=-1"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "10:first,10:drain=1"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "-3:first"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "10:first,"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "10:drain=2"}, "--move-slots"},
+      {{"--servers", "tcp://a:1", "--move-slots", "10:first"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--steps", "10", "--move-slots", "10:first"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--num-workers", "3", "--backup-workers", "1", "--move-slots",
+        "10:first"},
+       "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--consistency", "async", "--pipeline", "prefetch", "--move-slots",
+        "10:first"},
+       "--move-slots"},
       {{"--local", "--straggler", "0:fast"}, "--straggler"},
       {{"--local", "--straggler", "0:x0.5"}, "--straggler"},
       {{"--servers", "tcp://a:1", "--num-workers", "2", "--straggler", "2:10ms"}, "--straggler"},

@@ -50,8 +50,9 @@ Status ParseMoveSlots(std::string_view value, TrainerOptions* o) {
     const std::string_view one = value.substr(0, comma);
     value = comma == std::string_view::npos ? std::string_view() : value.substr(comma + 1);
     const size_t colon = one.find(':');
-    if (colon == std::string_view::npos) {
-      return InvalidArgumentError("--move-slots: '" + std::string(one) + "' is not STEP:drain=K or STEP:first");
+    if (colon == std::string_view::npos || (comma != std::string_view::npos && value.empty())) {
+      return InvalidArgumentError("--move-slots: '" + std::string(one) + "' is not STEP:drain=K or STEP:first" +
+                                  (colon == std::string_view::npos ? "" : " (a comma with nothing after it)"));
     }
     TrainerOptions::SlotMove move;
     FERRY_RETURN_IF_ERROR(ParseInt("--move-slots step", one.substr(0, colon), 0, INT64_MAX / 2, &move.step));

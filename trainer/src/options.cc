@@ -210,6 +210,31 @@ Status TrainerOptions::Validate() const {
           "--straggler delays a worker after its backward, and --push-by-layer has sent its layers by then: "
           "use one or the other");
     }
+    if (!move_slots.empty()) {
+      // A move needs every worker between the same two steps with nothing in flight (PROTOCOL.md,
+      // "Placement versions").
+      if (backup_workers > 0) {
+        return InvalidArgumentError(
+            "--move-slots needs every worker at the move's step: not with --backup-workers (a late worker is at "
+            "another)");
+      }
+      if (pipeline == Pipeline::kPrefetch) {
+        return InvalidArgumentError(
+            "--move-slots needs nothing in flight at the move's step: not with --pipeline prefetch (the step "
+            "before's pushes are still travelling)");
+      }
+      if (servers.size() < 2) return InvalidArgumentError("--move-slots moves slots between servers: give 2 or more");
+      for (const SlotMove& m : move_slots) {
+        if (m.drain >= static_cast<int>(servers.size())) {
+          return InvalidArgumentError("--move-slots: step " + std::to_string(m.step) + " drains server " +
+                                      std::to_string(m.drain) + ", the job has " + std::to_string(servers.size()));
+        }
+        if (steps > 0 && m.step >= steps) {
+          return InvalidArgumentError("--move-slots: step " + std::to_string(m.step) + " is not below --steps " +
+                                      std::to_string(steps));
+        }
+      }
+    }
     if (push_by_layer && pipeline == Pipeline::kNone) {
       return InvalidArgumentError(
           "--push-by-layer sends each layer with its pull ahead: it needs --pipeline exchange or prefetch, not none");

@@ -349,42 +349,59 @@ class WorkerRun final : public TrainingRun {
   // nothing is pushed between the checkpoint and the hand-over (PROTOCOL.md, "Placement
   // versions"). Worker 0 commits a checkpoint in flight, takes one of the step and moves the
   // slots; a second barrier lets every worker go on. The others learn the map from the servers'
-  // "moved" answers to their next requests, which their client sends again by it. A worker
-  // resumed at that very step does not: the others are past the barriers.
+  // "moved" answers to their next requests, which their client sends again by it. A move changes
+  // where values are held, never what they are: when one cannot be made the job trains on
+  // without it, saying so. A worker restarted at that very step skips it (it cannot tell which
+  // of the move's barriers the others wait in): they are refused there, restarted, and skip it
+  // too (README, "Moving rows and chunks between servers").
   Status MaybeMoveSlots(int64_t t) {
-    if (client_ == nullptr || (options_.resume && t == t0_)) return Status::Ok();
+    if (client_ == nullptr) return Status::Ok();
     for (const TrainerOptions::SlotMove& move : options_.move_slots) {
       if (move.step != t) continue;
       const std::string at = "moving slots at step " + std::to_string(t);
-      FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for every worker before " + at));
-      if (rank_ == 0) {
-        const Clock::time_point began = Clock::now();
-        CommitCheckpoint(/*wait=*/true);
-        FERRY_RETURN_IF_ERROR(ckpt_stop_);
-        const int64_t step = sync_servers_ ? store_->progress().step : t;
-        FERRY_RETURN_IF_ERROR(client_->Checkpoint(step).WithContext(at + ": the checkpoint it starts from"));
-        ckpt_last_ = step;
-        ckpt_last_time_ = Clock::now();
-        const Clock::time_point saved = Clock::now();
-        const uint64_t version = client_->placement_version();
-        FERRY_ASSIGN_OR_RETURN(
-            const placement::Placement now,
-            placement::Placement::FromOwners(version, client_->placement_owners(), client_->num_servers()));
-        StatusOr<placement::Placement> next =
-            move.drain < 0 ? placement::Placement::First(client_->num_servers()) : now.Drain(move.drain);
-        FERRY_RETURN_IF_ERROR(next.status().WithContext(at));
-        FERRY_RETURN_IF_ERROR(client_->MoveSlots(version + 1, next->Owners(), step).WithContext(at));
-        char line[240];
-        std::snprintf(line, sizeof line,
-                      "moved %d slots at step %lld (%s): placement version %llu; checkpoint %.2f s, hand-over %.2f s",
-                      placement::Placement::SlotsMoved(now, *next), static_cast<long long>(step),
-                      move.drain < 0 ? "the first map" : ("server " + std::to_string(move.drain) + " drained").c_str(),
-                      static_cast<unsigned long long>(version + 1), Seconds(began, saved),
-                      Seconds(saved, Clock::now()));
-        Say(line);
+      if (options_.resume && t == t0_) {
+        Say("not " + at + ": this worker was restarted at that step (the job trains on without the move)");
+        continue;
       }
+      FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for every worker before " + at));
+      if (rank_ == 0) FERRY_RETURN_IF_ERROR(MoveSlots(move, t, at));
       FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for worker 0 " + at));
     }
+    return Status::Ok();
+  }
+
+  // Worker 0's part of a move (MaybeMoveSlots): the checkpoint of the step, as any other (the
+  // launcher and the metrics see it), then the hand-over from it.
+  Status MoveSlots(const TrainerOptions::SlotMove& move, int64_t t, const std::string& at) {
+    const Clock::time_point began = Clock::now();
+    CommitCheckpoint(/*wait=*/true);
+    FERRY_RETURN_IF_ERROR(ckpt_stop_);
+    const int64_t step = sync_servers_ ? store_->progress().step : t;
+    const int64_t saved_before = report_.checkpoints;
+    AskCheckpoint(step);
+    CommitCheckpoint(/*wait=*/true);
+    FERRY_RETURN_IF_ERROR(ckpt_stop_);
+    if (report_.checkpoints == saved_before) {
+      Say("warning: not " + at + ": its checkpoint was not saved (above); the job trains on without the move");
+      return Status::Ok();
+    }
+    const Clock::time_point saved = Clock::now();
+    const uint64_t version = client_->placement_version();
+    FERRY_ASSIGN_OR_RETURN(
+        const placement::Placement now,
+        placement::Placement::FromOwners(version, client_->placement_owners(), client_->num_servers()));
+    StatusOr<placement::Placement> next =
+        move.drain < 0 ? placement::Placement::First(client_->num_servers()) : now.Drain(move.drain);
+    FERRY_RETURN_IF_ERROR(next.status().WithContext(at));
+    FERRY_RETURN_IF_ERROR(client_->MoveSlots(version + 1, next->Owners(), step).WithContext(at));
+    char line[240];
+    std::snprintf(line, sizeof line,
+                  "moved %d slots at step %lld (%s): placement version %llu; checkpoint %.2f s, hand-over %.2f s",
+                  placement::Placement::SlotsMoved(now, *next), static_cast<long long>(step),
+                  move.drain < 0 ? "the first map" : ("server " + std::to_string(move.drain) + " drained").c_str(),
+                  static_cast<unsigned long long>(version + 1), Seconds(began, saved),
+                  Seconds(saved, Clock::now()));
+    Say(line);
     return Status::Ok();
   }
 

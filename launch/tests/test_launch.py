@@ -1259,23 +1259,28 @@ class SlotMoveTest(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def job(self, name, extra):
-        """Runs the job: (launcher output, worker 0's final evaluation from --metrics-out)."""
-        metrics = os.path.join(self.dir, name + "-{rank}.jsonl")
-        rc, out = run_launcher(
-            ["--num-ps", "3", "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
-             "--bin-dir", BUILD_DIR, "--log-dir", os.path.join(self.dir, name),
-             "--checkpoint-dir", os.path.join(self.dir, name + "-ckpt"), "--",
-             "--model", "ctr", "--ctr-train", "3000", "--ctr-test", "500", "--steps", "30",
-             "--batch", "32", "--consistency", "sync", "--log-every", "10", "--blas-threads", "1",
-             "--optimizer", "adam", "--lr", "0.01", "--table", "ctr/*:chunk_elems=256",
-             "--metrics-out", metrics] + extra, timeout=180)
-        self.assertEqual(rc, 0, out)
-        with open(metrics.replace("{rank}", "0")) as f:
+    def argv(self, name, extra):
+        return (["--num-ps", "3", "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
+                 "--bin-dir", BUILD_DIR, "--log-dir", os.path.join(self.dir, name),
+                 "--checkpoint-dir", os.path.join(self.dir, name + "-ckpt"), "--",
+                 "--model", "ctr", "--ctr-train", "3000", "--ctr-test", "500", "--steps", "30",
+                 "--batch", "32", "--consistency", "sync", "--log-every", "10", "--blas-threads", "1",
+                 "--optimizer", "adam", "--lr", "0.01", "--table", "ctr/*:chunk_elems=256",
+                 "--metrics-out", os.path.join(self.dir, name + "-{rank}.jsonl")] + extra)
+
+    def final(self, name, out):
+        """Worker 0's final evaluation from --metrics-out (its last run's)."""
+        with open(os.path.join(self.dir, name + "-0.jsonl")) as f:
             events = [json.loads(line) for line in f]
         ends = [e for e in events if e["event"] == "end"]
-        self.assertEqual(len(ends), 1, events)
-        return out, ends[0]["final"]
+        self.assertEqual(len(ends), 1, out)
+        return ends[0]["final"]
+
+    def job(self, name, extra):
+        """Runs the job: (launcher output, worker 0's final evaluation)."""
+        rc, out = run_launcher(self.argv(name, extra), timeout=180)
+        self.assertEqual(rc, 0, out)
+        return out, self.final(name, out)
 
     def test_a_server_emptied_and_filled_again_while_training_leaves_the_bits(self):
         out, moved = self.job("moved", ["--move-slots", "10:drain=2,20:first"])
@@ -1301,6 +1306,29 @@ class SlotMoveTest(unittest.TestCase):
         _, still = self.job("still", [])
         self.assertEqual(moved, still)  # every number, as JSON writes a double: all its bits
         self.assertIn("auc", moved)
+
+    def test_a_worker_killed_at_a_move_leaves_the_bits(self):
+        """Worker 1 is killed with SIGKILL as it reaches the move's step (worker 0, a straggler,
+        keeps it waiting there), and in another run once worker 0 has saved the move's
+        checkpoint. Restarted with --resume, it either redoes the step before and takes part in
+        the move, or resumes at the move's step and skips it (when the others still wait in the
+        move's barriers they are refused there, restarted, and skip it too). Every way, the job
+        ends with the numbers of the job that never moved."""
+        _, still = self.job("still", [])
+        for name, extra, after in (("killed-before", ["--straggler", "0:300ms"], r"^\[worker 1\] step 10/30 "),
+                                   ("killed-during", [], r"^\[worker 0\] checkpoint of step 10 saved")):
+            r = Run(self.argv(name, ["--move-slots", "10:drain=2"] + extra))
+            r.wait_for(after, 60)
+            victim = r.pids()["worker 1"]
+            os.kill(victim, signal.SIGKILL)
+            rc = r.finish(180)
+            out = r.output
+            self.assertEqual(rc, 0, out)
+            self.assertIn(f"worker 1 (pid {victim}) died (killed by SIGKILL)", out)
+            self.assertTrue(re.search(r"(?m)^\[worker 0\] moved 1680 slots at step 10 ", out) or
+                            re.search(r"(?m)^\[worker \d\] not moving slots at step 10: this worker was "
+                                      r"restarted at that step", out), out)
+            self.assertEqual(self.final(name, out), still, name)
 
 
 class CheckpointFlagsTest(unittest.TestCase):

@@ -7,8 +7,11 @@ time is the median of the log windows without a move (a window's examples/s on w
 every step is --batch examples). Every worker waits at the move's barrier for all of it, so the
 pause is the same for each.
 
-  run.py --bin build/bin --out DIR [--rounds K] [--vocab V] [--steps N]
-Writes DIR/run-<k>.txt (the launcher's output) and prints the summary (DIR/summary.txt)."""
+  run.py --bin build/bin --out DIR [--rounds K] [--vocab V] [--steps N] [--configs full,deltas]
+Configurations, alternating in each round: "full" (no other checkpoint: the move's own is full);
+"deltas" (servers with --checkpoint-deltas 8, a checkpoint every 50 steps: the move's checkpoint
+is a delta of the one before, and the hand-over reads the chain). Writes DIR/run-<config>-<k>.txt
+(the launcher's output) and prints the summary (DIR/summary.txt)."""
 import argparse
 import os
 import re
@@ -21,31 +24,36 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.join(HERE, "..", "..", "..", "..", "launch", "ferry-launch")
 
 
-def one(args, k):
+def one(args, k, config):
     with tempfile.TemporaryDirectory(prefix="ferry-move-bench-") as tmp:
         first, back = args.steps // 2, args.steps * 3 // 4
+        deltas = config == "deltas"
         argv = [sys.executable, LAUNCHER, "--num-ps", "3", "--num-workers", "2", "--base-port", "0",
                 "--gpus-per-host", "0", "--bin-dir", args.bin, "--log-dir", os.path.join(tmp, "logs"),
-                "--checkpoint-dir", os.path.join(tmp, "ckpt"), "--",
+                "--checkpoint-dir", os.path.join(tmp, "ckpt")]
+        if deltas:
+            argv += ["--checkpoint-every", "50", "--ps-arg", "--checkpoint-deltas 8"]
+        argv += ["--",
                 "--model", "ctr", "--ctr-train", str(args.train), "--ctr-test", "2000", "--ctr-vocab",
                 str(args.vocab), "--steps", str(args.steps), "--batch", str(args.batch), "--consistency", "sync",
                 "--log-every", str(args.log_every), "--blas-threads", "1", "--optimizer", "adam", "--lr", "0.01",
                 "--table", "ctr/*:chunk_elems=4096", "--move-slots", f"{first}:drain=2,{back}:first"]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=600).stdout
-    with open(os.path.join(args.out, f"run-{k}.txt"), "w") as f:
+    with open(os.path.join(args.out, f"run-{config}-{k}.txt"), "w") as f:
         f.write(out)
     moves = re.findall(r"^\[worker 0\] moved \d+ slots at step (\d+) \(([^)]*)\): placement version \d+; "
                        r"checkpoint ([\d.]+) s, hand-over ([\d.]+) s$", out, re.M)
-    sizes = re.findall(r"^\[worker 0\] checkpoint of step (\d+) saved: ([\d.]+) MB", out, re.M)
+    sizes = dict(re.findall(r"^\[worker 0\] checkpoint of step (\d+) saved: ([\d.]+) MB", out, re.M))
     windows = [(int(s), float(e)) for s, e in
                re.findall(r"^\[worker 0\] step (\d+)/\d+ .* (\d+) examples/s", out, re.M)]
     move_steps = [int(m[0]) for m in moves]
     quiet = [e for s, e in windows if not any(s - args.log_every < m <= s for m in move_steps)]
     step_s = args.batch / statistics.median(quiet)
     rows = []
-    for (step, what, ckpt, hand), (_, mb) in zip(moves, sizes):
+    for step, what, ckpt, hand in moves:
         pause = float(ckpt) + float(hand)
-        rows.append((k, int(step), what, float(mb), float(ckpt), float(hand), step_s * 1e3, pause / step_s))
+        rows.append((k, int(step), f"{config}: {what}", float(sizes[step]), float(ckpt), float(hand), step_s * 1e3,
+                     pause / step_s))
     return rows
 
 
@@ -59,20 +67,24 @@ def main():
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--configs", default="full")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for k in range(args.rounds):
-        rows += one(args, k)
-    lines = [f"{'round':5} {'step':>5} {'move':18} {'ckpt_MB':>8} {'ckpt_s':>7} {'handover_s':>10} "
+        for config in args.configs.split(","):
+            rows += one(args, k, config)
+    lines = [f"{'round':5} {'step':>5} {'move':26} {'ckpt_MB':>8} {'ckpt_s':>7} {'handover_s':>10} "
              f"{'step_ms':>8} {'pause/step':>10}"]
     for r in rows:
-        lines.append(f"{r[0]:5} {r[1]:5} {r[2]:18} {r[3]:8.1f} {r[4]:7.2f} {r[5]:10.2f} {r[6]:8.2f} {r[7]:10.1f}")
+        lines.append(f"{r[0]:5} {r[1]:5} {r[2]:26} {r[3]:8.1f} {r[4]:7.2f} {r[5]:10.2f} {r[6]:8.2f} {r[7]:10.1f}")
     for what in sorted({r[2] for r in rows}):
         ratios = [r[7] for r in rows if r[2] == what]
         hands = [r[5] for r in rows if r[2] == what]
+        ckpts = [r[4] for r in rows if r[2] == what]
         lines.append(f"# {what}: pause/step median {statistics.median(ratios):.1f} ({min(ratios):.1f}-"
-                     f"{max(ratios):.1f}); hand-over s median {statistics.median(hands):.2f}, {len(ratios)} rounds")
+                     f"{max(ratios):.1f}); checkpoint s median {statistics.median(ckpts):.2f}, hand-over s median "
+                     f"{statistics.median(hands):.2f}, {len(ratios)} rounds")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "summary.txt"), "w") as f:
         f.write(text)

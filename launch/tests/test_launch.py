@@ -1280,6 +1280,7 @@ class SlotMoveTest(unittest.TestCase):
         """Runs the job: (launcher output, worker 0's final evaluation)."""
         rc, out = run_launcher(self.argv(name, extra), timeout=180)
         self.assertEqual(rc, 0, out)
+        self.assert_all_gone(out)
         return out, self.final(name, out)
 
     def test_a_server_emptied_and_filled_again_while_training_leaves_the_bits(self):
@@ -1307,28 +1308,59 @@ class SlotMoveTest(unittest.TestCase):
         self.assertEqual(moved, still)  # every number, as JSON writes a double: all its bits
         self.assertIn("auc", moved)
 
+    assert_all_gone = RecoveryTest.assert_all_gone
+
+    def start(self, name, extra):
+        r = Run(self.argv(name, extra))
+        self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
+        return r
+
     def test_a_worker_killed_at_a_move_leaves_the_bits(self):
-        """Worker 1 is killed with SIGKILL as it reaches the move's step (worker 0, a straggler,
-        keeps it waiting there), and in another run once worker 0 has saved the move's
-        checkpoint. Restarted with --resume, it either redoes the step before and takes part in
-        the move, or resumes at the move's step and skips it (when the others still wait in the
-        move's barriers they are refused there, restarted, and skip it too). Every way, the job
-        ends with the numbers of the job that never moved."""
+        """Worker 1 is killed with SIGKILL at the move's step, two ways; the job ends with the
+        numbers of the job that never moved either way.
+        - At the move's barrier: worker 0 is stopped (SIGSTOP) once it has pushed step 9, while
+          it waits for step 10's pull (worker 1 is a straggler by 700 ms a step); worker 1 is
+          killed once it has pushed step 9 too. Restarted, worker 1 resumes at step 10 and skips
+          the move; worker 0, let go, finds the barrier it enters cannot complete, is refused,
+          restarted at step 10 and skips it too.
+        - Before the move: worker 0 (the straggler) has not pushed step 9 yet, so the restarted
+          worker 1 redoes step 9 and takes part in the move (on a loaded machine it may resume
+          at step 10 and skip it instead)."""
         _, still = self.job("still", [])
-        for name, extra, after in (("killed-before", ["--straggler", "0:300ms"], r"^\[worker 1\] step 10/30 "),
-                                   ("killed-during", [], r"^\[worker 0\] checkpoint of step 10 saved")):
-            r = Run(self.argv(name, ["--move-slots", "10:drain=2"] + extra))
-            r.wait_for(after, 60)
+        # In the barrier.
+        r = self.start("in-barrier", ["--move-slots", "10:drain=2", "--straggler", "1:700ms"])
+        r.wait_for(r"^\[worker 0\] step 10/30 ", 60)
+        worker0 = r.pids()["worker 0"]
+        os.kill(worker0, signal.SIGSTOP)
+        try:
+            r.wait_for(r"^\[worker 1\] step 10/30 ", 60)  # it pushed step 9
             victim = r.pids()["worker 1"]
             os.kill(victim, signal.SIGKILL)
-            rc = r.finish(180)
-            out = r.output
-            self.assertEqual(rc, 0, out)
-            self.assertIn(f"worker 1 (pid {victim}) died (killed by SIGKILL)", out)
-            self.assertTrue(re.search(r"(?m)^\[worker 0\] moved 1680 slots at step 10 ", out) or
-                            re.search(r"(?m)^\[worker \d\] not moving slots at step 10: this worker was "
-                                      r"restarted at that step", out), out)
-            self.assertEqual(self.final(name, out), still, name)
+            r.wait_for(r"^\[worker 1\] not moving slots at step 10: this worker was restarted at that step", 60)
+        finally:
+            os.kill(worker0, signal.SIGCONT)
+        rc = r.finish(180)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"worker 1 (pid {victim}) died (killed by SIGKILL)", out)
+        self.assertRegex(out, r"(?m)^\[worker 1\] resuming the job at step 10 of 30")
+        self.assertNotRegex(out, r"(?m)^\[worker 0\] moved \d+ slots")
+        self.assertEqual(self.final("in-barrier", out), still)
+        self.assert_all_gone(out)
+        # Before the move.
+        r = self.start("before", ["--move-slots", "10:drain=2", "--straggler", "0:300ms"])
+        r.wait_for(r"^\[worker 1\] step 10/30 ", 60)
+        victim = r.pids()["worker 1"]
+        os.kill(victim, signal.SIGKILL)
+        rc = r.finish(180)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"worker 1 (pid {victim}) died (killed by SIGKILL)", out)
+        self.assertTrue(re.search(r"(?m)^\[worker 0\] moved 1680 slots at step 10 ", out) or
+                        re.search(r"(?m)^\[worker 1\] not moving slots at step 10: this worker was "
+                                  r"restarted at that step", out), out)
+        self.assertEqual(self.final("before", out), still)
+        self.assert_all_gone(out)
 
 
 class CheckpointFlagsTest(unittest.TestCase):

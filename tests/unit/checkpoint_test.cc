@@ -361,6 +361,15 @@ TEST_F(CheckpointTest, AFilteredReadOpensOnlyTheShardsOfItsSlotsAndKeepsOnlyThem
     ASSERT_FALSE(read.ok()) << "byte " << i << " of shard 1 flipped, yet it was read";
     ASSERT_NE(read.status().message().find(Shard(7, 1).string()), std::string::npos) << read.status();
   }
+  // A filter that keeps no slot reads no shard, whatever the manifest (one before slots too).
+  CheckpointFilter none;
+  none.slots.assign(placement::kSlots, false);
+  fs::rename(Shard(7, 0), moved_away);
+  auto nothing = ReadCheckpointAt(dir_.string(), 7, &none);
+  ASSERT_TRUE(nothing.ok()) << nothing.status();
+  EXPECT_TRUE(nothing->tables.empty());
+  EXPECT_EQ(nothing->num_servers, 2);
+  fs::rename(moved_away, Shard(7, 0));
   // A filter of another size is refused.
   CheckpointFilter short_filter;
   short_filter.slots.assign(10, true);

@@ -680,6 +680,7 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
       }
     }
   }
+  if (filter != nullptr && !filter->KeepsAny()) read.assign(read.size(), false);  // (a manifest before slots too)
   for (size_t i = 0; i < m.shards.size(); ++i) {
     const ShardFile& s = m.shards[i];
     out.shard_worker_steps.push_back(s.worker_steps);

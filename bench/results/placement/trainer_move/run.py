@@ -3,12 +3,13 @@
 --move-slots), as a ratio to its step time: a sync ctr job of 3 servers and 2 workers under
 ferry-launch (tcp loopback) empties server 2 into the others at one step and fills it again by the
 first map at a later one. Worker 0 prints each move's checkpoint and hand-over seconds; the step
-time is the median of the log windows without a move (a window's examples/s on worker 0, whose
-every step is --batch examples). Every worker waits at the move's barrier for all of it, so the
+time is the median of the log windows holding no move and no checkpoint (a window's examples/s
+on worker 0, whose every step is --batch examples). Every worker waits at the move's barrier for all of it, so the
 pause is the same for each.
 
   run.py --bin build/bin --out DIR [--rounds K] [--vocab V] [--steps N] [--configs full,deltas]
-Configurations, alternating in each round: "full" (no other checkpoint: the move's own is full);
+         [--from-files]
+Configurations, in turn (the order alternating by round): "full" (no other checkpoint: the move's own is full);
 "deltas" (servers with --checkpoint-deltas 8, a checkpoint every 50 steps: the move's checkpoint
 is a delta of the one before, and the hand-over reads the chain). Writes DIR/run-<config>-<k>.txt
 (the launcher's output) and prints the summary (DIR/summary.txt)."""
@@ -25,6 +26,7 @@ LAUNCHER = os.path.join(HERE, "..", "..", "..", "..", "launch", "ferry-launch")
 
 
 def one(args, k, config):
+    """Runs one job; returns the launcher's output (also written to DIR/run-<config>-<k>.txt)."""
     with tempfile.TemporaryDirectory(prefix="ferry-move-bench-") as tmp:
         first, back = args.steps // 2, args.steps * 3 // 4
         deltas = config == "deltas"
@@ -34,21 +36,31 @@ def one(args, k, config):
         if deltas:
             argv += ["--checkpoint-every", "50", "--ps-arg", "--checkpoint-deltas 8"]
         argv += ["--",
-                "--model", "ctr", "--ctr-train", str(args.train), "--ctr-test", "2000", "--ctr-vocab",
-                str(args.vocab), "--steps", str(args.steps), "--batch", str(args.batch), "--consistency", "sync",
-                "--log-every", str(args.log_every), "--blas-threads", "1", "--optimizer", "adam", "--lr", "0.01",
-                "--table", "ctr/*:chunk_elems=4096", "--move-slots", f"{first}:drain=2,{back}:first"]
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=600).stdout
+                 "--model", "ctr", "--ctr-train", str(args.train), "--ctr-test", "2000", "--ctr-vocab",
+                 str(args.vocab), "--steps", str(args.steps), "--batch", str(args.batch), "--consistency", "sync",
+                 "--log-every", str(args.log_every), "--blas-threads", "1", "--optimizer", "adam", "--lr", "0.01",
+                 "--table", "ctr/*:chunk_elems=4096", "--move-slots", f"{first}:drain=2,{back}:first"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     with open(os.path.join(args.out, f"run-{config}-{k}.txt"), "w") as f:
-        f.write(out)
+        f.write(done.stdout)
+    if done.returncode != 0:
+        sys.exit(f"run.py: the {config} job of round {k} exited {done.returncode}: see run-{config}-{k}.txt")
+    return done.stdout
+
+
+def parse(out, k, config, batch, log_every):
+    """The rows of one job's moves. A window's line "step S" follows the steps S - log_every to
+    S - 1 (0-based); the step time is the median of the windows holding no move and no checkpoint."""
     moves = re.findall(r"^\[worker 0\] moved \d+ slots at step (\d+) \(([^)]*)\): placement version \d+; "
                        r"checkpoint ([\d.]+) s, hand-over ([\d.]+) s$", out, re.M)
     sizes = dict(re.findall(r"^\[worker 0\] checkpoint of step (\d+) saved: ([\d.]+) MB", out, re.M))
     windows = [(int(s), float(e)) for s, e in
                re.findall(r"^\[worker 0\] step (\d+)/\d+ .* (\d+) examples/s", out, re.M)]
-    move_steps = [int(m[0]) for m in moves]
-    quiet = [e for s, e in windows if not any(s - args.log_every < m <= s for m in move_steps)]
-    step_s = args.batch / statistics.median(quiet)
+    busy = [int(m[0]) for m in moves] + [int(c) for c in sizes]
+    quiet = [e for s, e in windows if not any(s - log_every <= b < s for b in busy)]
+    if len(moves) != 2 or not quiet:
+        sys.exit(f"run.py: round {k} ({config}): {len(moves)} moves and {len(quiet)} quiet windows in its output")
+    step_s = batch / statistics.median(quiet)
     rows = []
     for step, what, ckpt, hand in moves:
         pause = float(ckpt) + float(hand)
@@ -67,13 +79,20 @@ def main():
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--configs", default="full")
+    ap.add_argument("--configs", default="full,deltas")
+    ap.add_argument("--from-files", action="store_true", help="parse DIR's run files again, run nothing")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rows = []
+    configs = args.configs.split(",")
     for k in range(args.rounds):
-        for config in args.configs.split(","):
-            rows += one(args, k, config)
+        for config in (configs if k % 2 == 0 else configs[::-1]):  # the order alternates by round
+            if args.from_files:
+                with open(os.path.join(args.out, f"run-{config}-{k}.txt")) as f:
+                    out = f.read()
+            else:
+                out = one(args, k, config)
+            rows += parse(out, k, config, args.batch, args.log_every)
     lines = [f"{'round':5} {'step':>5} {'move':26} {'ckpt_MB':>8} {'ckpt_s':>7} {'handover_s':>10} "
              f"{'step_ms':>8} {'pause/step':>10}"]
     for r in rows:

@@ -1363,6 +1363,89 @@ class SlotMoveTest(unittest.TestCase):
         self.assert_all_gone(out)
 
 
+class WorkerLeaveTest(unittest.TestCase):
+    """Issue 38 (protocol 1.18, a worker leaving a job in progress) with the real binaries under
+    the launcher: a sync ctr job of 2 servers and 3 workers in which worker 2, a straggler by
+    1 s a step, leaves before step 10 (ferry-trainer --leave 2@10). The other two are waited for
+    by nothing from then on, read its share of every step's examples between them, and a server
+    killed later restarts every process from a checkpoint, worker 2 too, which leaves again at
+    once: the job ends with the uninterrupted run's numbers, to the last bit (a straggler's delay
+    changes when, not what)."""
+
+    STEP_EXAMPLES = 32
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-leave-test-")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def argv(self, name, straggler="2:1000ms"):
+        return (["--num-ps", "2", "--num-workers", "3", "--base-port", "0", "--gpus-per-host", "0",
+                 "--bin-dir", BUILD_DIR, "--log-dir", os.path.join(self.dir, name),
+                 "--checkpoint-dir", os.path.join(self.dir, name + "-ckpt"), "--checkpoint-every", "5",
+                 "--", "--model", "ctr", "--ctr-train", "3000", "--ctr-test", "500", "--steps", "30",
+                 "--batch", str(self.STEP_EXAMPLES), "--consistency", "sync", "--log-every", "5",
+                 "--eval-every", "15", "--blas-threads", "1", "--optimizer", "adam", "--lr", "0.01",
+                 "--straggler", straggler, "--leave", "2@10",
+                 "--metrics-out", os.path.join(self.dir, name + "-{rank}.jsonl")])
+
+    def events(self, name, rank):
+        with open(os.path.join(self.dir, f"{name}-{rank}.jsonl")) as f:
+            return [json.loads(line) for line in f]
+
+    assert_all_gone = RecoveryTest.assert_all_gone
+
+    def test_a_worker_that_leaves_is_waited_for_by_no_one_and_its_examples_are_read_by_the_others(self):
+        r = Run(self.argv("left"))
+        self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
+        rc = r.finish(180)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertRegex(out, r"(?m)^\[worker 2\] left the job before step 10 \(--leave\): the other "
+                              r"workers train on without it$")
+        self.assertIn("ferry-launch: worker 2 finished (exit status 0)", out)
+        self.assert_all_gone(out)
+        # Steps 0-9 read 32 examples on each worker; from step 10 on, workers 0 and 1 each read
+        # their own 32 and 16 of worker 2's.
+        ends = {rank: [e for e in self.events("left", rank) if e["event"] == "end"] for rank in (0, 1)}
+        for rank in (0, 1):
+            self.assertEqual(len(ends[rank]), 1, out)
+            self.assertEqual(ends[rank][0]["examples"], 10 * 32 + 20 * 48, out)
+        left = [e for e in self.events("left", 2) if e["event"] == "left"]
+        self.assertEqual(len(left), 1, out)
+        self.assertEqual((left[0]["step"], left[0]["examples"]), (10, 10 * 32), out)
+        # Not waited for: worker 2 slept 1 s in each of its steps; had the others waited for it
+        # after it left, their last 20 steps would have taken 20 s or more.
+        train = {e["step"]: e["wall_s"] for e in self.events("left", 0) if e["event"] == "train"}
+        self.assertLess(train[30] - train[10], 10.0, out)
+        # The merged evaluation of step 15 is the two workers' (500 examples).
+        self.assertRegex(out, r"(?m)^\[worker 0\] eval  step 15: .*\(500 examples\)$")
+        want = ends[0][0]["final"]
+        self.assertIn("auc", want)
+
+        # Again, with ps 1 killed once step 20's checkpoint is saved: every process restarts from
+        # a checkpoint of step 20 or later, worker 2 leaves at once, and the numbers are the same.
+        # (Worker 1 is the straggler here, by 200 ms a step: the job is still running then.)
+        r = Run(self.argv("killed", straggler="1:200ms"))
+        self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
+        r.wait_for(r"^\[worker 0\] checkpoint of step 20 saved", 120)
+        victim = r.pids()["ps 1"]
+        os.kill(victim, signal.SIGKILL)
+        rc = r.finish(180)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"ps 1 (pid {victim}) died (killed by SIGKILL)", out)
+        m = re.search(r"(?m)^\[worker 2\] resuming the job at step (\d+) of 30", out)
+        self.assertTrue(m, out)
+        self.assertGreaterEqual(int(m.group(1)), 20, out)
+        self.assertRegex(out, rf"(?m)^\[worker 2\] left the job before step {m.group(1)} \(--leave\)")
+        got = [e for e in self.events("killed", 0) if e["event"] == "end"]
+        self.assertEqual(got[-1]["final"], want)  # every number, as JSON writes a double: all its bits
+        self.assert_all_gone(out)
+
+
 class CheckpointFlagsTest(unittest.TestCase):
     """--checkpoint-dir, --checkpoint-every, --resume, --max-restarts: usage errors, the
     preflight of the checkpoint folder, and what --dry-run prints. Nothing is started."""

@@ -152,6 +152,7 @@ int main(int argc, char** argv) {
   CHECK(out[0] == 1.5 && out[1] == -2.0 && out[2] == 1e300);
   CHECK(ferry_advance_clock(client, 5) == FERRY_OK);
   CHECK(ferry_finish(client) == FERRY_OK);
+  EXPECT_ERROR(ferry_leave(NULL), FERRY_INVALID_ARGUMENT, "client is NULL");
 
   /* Checkpoints: these servers were started without a checkpoint folder, and say so. */
   CHECK(ferry_restored_step(client) == 0);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <latch>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -721,6 +722,80 @@ TEST(Cluster, FinishClosesTheStepAndAReconnectedWorkerIsWaitedForAgain) {
   s = pull.wait(5s);
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(q, (std::vector<float>{-3, -4, -5}));  // -1 - (1 + 3) / 2, ...
+}
+
+// A worker that leaves (1.18, Client::Leave) is waited for by nothing from then on: the step it
+// missed closes with the others' gradients, and collectives complete without it, one already
+// waiting for it included. Over two servers, where its Leave can reach server 0 after the others'
+// all-reduce. Finish alone (the end of training) still counts it in collectives.
+TEST(Cluster, AWorkerThatLeavesIsWaitedForByNoStepAndNoCollective) {
+  ServerOptions opts;
+  opts.max_wait = 60s;  // a wait for the worker that left would outlast the test's own bounds
+  auto c = LocalCluster::Start(2, false, opts);
+  auto w0 = c.Connect(0, 3), w1 = c.Connect(1, 3), w2 = c.Connect(2, 3);
+  TableSpec spec = SgdTable("w", 6, Consistency::kSync);
+  spec.chunk_elems = 3;  // one chunk on each server
+  for (auto* w : {w0.get(), w1.get(), w2.get()}) ASSERT_TRUE(w->Declare(spec).ok());
+  std::vector<float> g0 = {1, 1, 1, 1, 1, 1}, g1 = {3, 3, 3, 3, 3, 3}, g2 = {5, 5, 5, 5, 5, 5}, p(6);
+  // Step 0 with all three.
+  ASSERT_TRUE(w0->PushDense("w", g0, 0).wait(5s).ok());
+  ASSERT_TRUE(w1->PushDense("w", g1, 0).wait(5s).ok());
+  ASSERT_TRUE(w2->PushDense("w", g2, 0).wait(5s).ok());
+  ASSERT_TRUE(w0->PullDense("w", p, 1).wait(10s).ok());
+  EXPECT_EQ(p, std::vector<float>(6, -3.0f));  // 0 - (1 + 3 + 5) / 3
+  // Workers 0 and 1 enter an all-reduce, then worker 2 leaves without entering it.
+  std::optional<StatusOr<std::vector<double>>> sum0, sum1;
+  std::thread a([&] { sum0 = w0->AllReduceSum(std::vector<double>{1.0}); });
+  std::thread b([&] { sum1 = w1->AllReduceSum(std::vector<double>{2.0}); });
+  std::this_thread::sleep_for(100ms);  // (either order must work: both are waited for below)
+  Status s = w2->Leave();
+  ASSERT_TRUE(s.ok()) << s;
+  a.join();
+  b.join();
+  ASSERT_TRUE(sum0->ok()) << sum0->status();
+  ASSERT_TRUE(sum1->ok()) << sum1->status();
+  EXPECT_EQ(**sum0, std::vector<double>{3.0});
+  EXPECT_EQ(**sum1, std::vector<double>{3.0});
+  // Step 1 closes with workers 0 and 1 alone; a barrier of the two completes.
+  ASSERT_TRUE(w0->PushDense("w", g0, 1).wait(5s).ok());
+  ASSERT_TRUE(w1->PushDense("w", g1, 1).wait(5s).ok());
+  s = w1->PullDense("w", p, 2).wait(10s);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(p, std::vector<float>(6, -5.0f));  // -3 - (1 + 3) / 2
+  Status b0, b1;
+  std::thread c0([&] { b0 = w0->Barrier(); });
+  std::thread c1([&] { b1 = w1->Barrier(); });
+  c0.join();
+  c1.join();
+  EXPECT_TRUE(b0.ok()) << b0;
+  EXPECT_TRUE(b1.ok()) << b1;
+  // Worker 1 finishes (not leaves): the closing barrier still waits for it.
+  ASSERT_TRUE(w1->Finish().ok());
+  std::atomic<bool> passed{false};
+  std::thread d0([&] {
+    b0 = w0->Barrier();
+    passed = true;
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(passed.load()) << "a worker that finished still counts in the closing barrier";
+  EXPECT_TRUE(w1->Barrier().ok());
+  d0.join();
+  EXPECT_TRUE(b0.ok()) << b0;
+  // A new process of rank 2 takes part again: the next barrier waits for it.
+  w2.reset();
+  w2 = c.Connect(2, 3);
+  passed = false;
+  std::thread e0([&] {
+    b0 = w0->Barrier();
+    passed = true;
+  });
+  std::thread e1([&] { b1 = w1->Barrier(); });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(passed.load()) << "rank 2 said Hello again: it takes part";
+  EXPECT_TRUE(w2->Barrier().ok());
+  e0.join();
+  e1.join();
+  EXPECT_TRUE(b0.ok()) << b0;
 }
 
 // 20 rounds of: start a server, Stop() it from two threads at once, then destroy it (~Server

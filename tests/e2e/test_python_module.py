@@ -382,6 +382,29 @@ class PythonModuleTest(unittest.TestCase):
                 c0.close()
                 c1.close()
 
+    def test_a_worker_that_leaves_is_waited_for_by_no_step_and_no_barrier(self):
+        # Three sync workers' clients; worker 2 pushes step 0 and leaves: step 1 closes with the
+        # other two's gradients, and their barrier completes without it.
+        with Servers(1, extra_args=["--num-workers", "3"]) as s:
+            cs = [ferry.Client(s.endpoints, rank=r, num_workers=3, request_timeout=60) for r in range(3)]
+            for c in cs:
+                c.declare_dense("w", (4,), lr=1.0, consistency="sync")
+            for r, c in enumerate(cs):
+                c.push_dense("w", np.full(4, r, np.float32), step=0).wait()
+            cs[2].leave()
+            for r, c in enumerate(cs[:2]):
+                c.push_dense("w", np.full(4, 3 + r, np.float32), step=1).wait()
+            w = cs[0].pull_dense("w", np.empty(4, np.float32), step=2).wait()
+            np.testing.assert_array_equal(w, np.full(4, -1.0 - 3.5, np.float32))  # -(0+1+2)/3 - (3+4)/2
+            errors = []
+            t = threading.Thread(target=lambda: errors.append(cs[1].barrier()))
+            t.start()
+            cs[0].barrier()
+            t.join(timeout=60)
+            self.assertEqual(errors, [None])
+            for c in cs:
+                c.close()
+
     def test_the_cluster_comes_from_tf_config(self):
         with Servers(2) as s:
             cluster = {"ps": [e.removeprefix("tcp://") for e in s.endpoints], "worker": ["w-0:1"]}

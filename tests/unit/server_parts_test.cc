@@ -222,12 +222,15 @@ TEST(HeldCalls, PiecesComeInOrderChunksOnceAndACallIsTakenWhole) {
   EXPECT_FALSE(calls.NextDeadline().has_value());
 }
 
+// Every one of n workers takes part (none has left).
+std::vector<bool> All(int n) { return std::vector<bool>(static_cast<size_t>(n), true); }
+
 TEST(Collectives, AnAllReduceCompletesInRankOrderWithTheSum) {
   Collectives c;
   const auto deadline = Clock::now() + milliseconds(1000);
   ASSERT_TRUE(c.CheckEntry(MakeRequest(wire::Kind::AllReduce, 2, 7, {1.0, 2.0})).ok());
-  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 2, 7, {1.0, 2.0}), deadline, 3).empty());
-  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 0, 7, {10.0, 20.0}), deadline, 3).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 2, 7, {1.0, 2.0}), deadline, All(3)).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 0, 7, {10.0, 20.0}), deadline, All(3)).empty());
   EXPECT_EQ(c.size(), 2u);
   // The same rank again, or another kind or length, is refused: it would never complete.
   EXPECT_NE(c.CheckEntry(MakeRequest(wire::Kind::AllReduce, 0, 7, {1.0, 2.0})).message().find("twice"),
@@ -236,7 +239,7 @@ TEST(Collectives, AnAllReduceCompletesInRankOrderWithTheSum) {
   EXPECT_EQ(mismatch.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(mismatch.message().find("does not match"), std::string::npos) << mismatch;
   EXPECT_TRUE(c.CheckEntry(MakeRequest(wire::Kind::Barrier, 1, 8)).ok());  // another collective
-  std::vector<Request> group = c.Enter(MakeRequest(wire::Kind::AllReduce, 1, 7, {100.0, 200.0}), deadline, 3);
+  std::vector<Request> group = c.Enter(MakeRequest(wire::Kind::AllReduce, 1, 7, {100.0, 200.0}), deadline, All(3));
   ASSERT_EQ(group.size(), 3u);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(group[static_cast<size_t>(r)].h()->rank(), r);
   EXPECT_EQ(Collectives::Sum(group), (std::vector<double>{111.0, 222.0}));
@@ -247,12 +250,12 @@ TEST(Collectives, AnAllReduceCompletesInRankOrderWithTheSum) {
 TEST(Collectives, ExpiryNamesTheRanksThatNeverCame) {
   Collectives c;
   const auto t0 = Clock::now();
-  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 1, 3), t0 + milliseconds(10), 4).empty());
-  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 2, 3), t0 + milliseconds(50), 4).empty());
-  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 0, 4), t0 + milliseconds(30), 4).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 1, 3), t0 + milliseconds(10), All(4)).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 2, 3), t0 + milliseconds(50), All(4)).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 0, 4), t0 + milliseconds(30), All(4)).empty());
   EXPECT_EQ(c.NextDeadline(), t0 + milliseconds(10));  // the first arrival's
-  EXPECT_TRUE(c.TakeExpired(t0, 4).empty());
-  std::vector<Collectives::Expired> expired = c.TakeExpired(t0 + milliseconds(20), 4);
+  EXPECT_TRUE(c.TakeExpired(t0, All(4)).empty());
+  std::vector<Collectives::Expired> expired = c.TakeExpired(t0 + milliseconds(20), All(4));
   ASSERT_EQ(expired.size(), 1u);
   EXPECT_EQ(expired[0].id, 3);
   EXPECT_EQ(expired[0].arrived.size(), 2u);
@@ -278,11 +281,11 @@ TEST(Collectives, ARestartedRankReentersWhereTheJobIs) {
   // Collective 0 of 3 workers completes; in collective 1, ranks 1 (first to arrive) and 0 wait
   // for rank 2 when rank 1's process dies.
   for (int r = 0; r < 2; ++r)
-    EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, r, 0), t0 + milliseconds(100), 3).empty());
-  EXPECT_EQ(c.Enter(MakeRequest(wire::Kind::Barrier, 2, 0), t0 + milliseconds(100), 3).size(), 3u);
+    EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, r, 0), t0 + milliseconds(100), All(3)).empty());
+  EXPECT_EQ(c.Enter(MakeRequest(wire::Kind::Barrier, 2, 0), t0 + milliseconds(100), All(3)).size(), 3u);
   EXPECT_EQ(c.next_id(), 1);
-  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 1, 1, {5.0}), t0 + milliseconds(10), 3).empty());
-  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 0, 1, {1.0}), t0 + milliseconds(40), 3).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 1, 1, {5.0}), t0 + milliseconds(10), All(3)).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 0, 1, {1.0}), t0 + milliseconds(40), All(3)).empty());
   // Its new process connects: the dead one's entry goes, and the collective's deadline becomes
   // that of the first arrival still there.
   c.Forget(1);
@@ -290,18 +293,47 @@ TEST(Collectives, ARestartedRankReentersWhereTheJobIs) {
   EXPECT_EQ(c.NextDeadline(), t0 + milliseconds(40));
   EXPECT_EQ(c.next_id(), 1);  // the new process continues the sequence here
   ASSERT_TRUE(c.CheckEntry(MakeRequest(wire::Kind::AllReduce, 1, 1, {2.0})).ok());
-  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 1, 1, {2.0}), t0 + milliseconds(90), 3).empty());
-  std::vector<Request> group = c.Enter(MakeRequest(wire::Kind::AllReduce, 2, 1, {4.0}), t0 + milliseconds(90), 3);
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 1, 1, {2.0}), t0 + milliseconds(90), All(3)).empty());
+  std::vector<Request> group = c.Enter(MakeRequest(wire::Kind::AllReduce, 2, 1, {4.0}), t0 + milliseconds(90), All(3));
   ASSERT_EQ(group.size(), 3u);
   EXPECT_EQ(Collectives::Sum(group), (std::vector<double>{7.0}));  // the dead process's 5 is not in it
   EXPECT_EQ(c.next_id(), 2);
   EXPECT_FALSE(c.NextDeadline().has_value());
   // Forgetting a rank that waits alone removes the collective and its deadline.
-  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 0, 2), t0 + milliseconds(10), 3).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 0, 2), t0 + milliseconds(10), All(3)).empty());
   c.Forget(0);
   EXPECT_EQ(c.size(), 0u);
   EXPECT_FALSE(c.NextDeadline().has_value());
-  EXPECT_TRUE(c.TakeExpired(t0 + milliseconds(1000), 3).empty());
+  EXPECT_TRUE(c.TakeExpired(t0 + milliseconds(1000), All(3)).empty());
+}
+
+TEST(Collectives, AWorkerThatLeftIsNotWaitedFor) {
+  Collectives c;
+  const auto t0 = Clock::now();
+  // Workers 0 and 2 of 3 wait in an all-reduce and a barrier; worker 1 then leaves (1.18).
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 2, 5, {4.0}), t0 + milliseconds(1000), All(3)).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::AllReduce, 0, 5, {1.0}), t0 + milliseconds(1000), All(3)).empty());
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 0, 6), t0 + milliseconds(1000), All(3)).empty());
+  EXPECT_TRUE(c.TakeComplete(All(3)).empty());  // nobody left: both still wait for worker 1
+  EXPECT_EQ(c.Describe(0, All(3)),
+            (std::vector<std::string>{"AllReduce 5 waits for worker(s) 1 (2 of 3 arrived)",
+                                      "Barrier 6 waits for worker(s) 1, 2 (1 of 3 arrived)"}));
+  const std::vector<bool> part = {true, false, true};
+  std::vector<std::vector<Request>> done = c.TakeComplete(part);
+  ASSERT_EQ(done.size(), 1u);  // the all-reduce; the barrier still waits for worker 2
+  ASSERT_EQ(done[0].size(), 2u);
+  EXPECT_EQ(done[0][0].h()->rank(), 0);  // in rank order: the sum adds the same numbers in the same order
+  EXPECT_EQ(done[0][1].h()->rank(), 2);
+  EXPECT_EQ(Collectives::Sum(done[0]), (std::vector<double>{5.0}));
+  EXPECT_EQ(c.next_id(), 6);
+  EXPECT_EQ(c.Describe(0, part), (std::vector<std::string>{"Barrier 6 waits for worker(s) 2 (1 of 2 arrived)"}));
+  EXPECT_EQ(c.Enter(MakeRequest(wire::Kind::Barrier, 2, 6), t0 + milliseconds(1000), part).size(), 2u);
+  // From now on a collective completes without it; expiry does not name it.
+  EXPECT_EQ(c.Enter(MakeRequest(wire::Kind::Barrier, 0, 7), t0 + milliseconds(10), part).size(), 0u);
+  std::vector<Collectives::Expired> expired = c.TakeExpired(t0 + milliseconds(20), part);
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0].missing, "2");
+  EXPECT_EQ(c.size(), 0u);
 }
 
 TEST(Sync, ARestartedRanksHeldGradientIsDroppedSoItsNewProcessCanPushTheStep) {

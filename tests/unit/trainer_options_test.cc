@@ -123,6 +123,13 @@ TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
   EXPECT_EQ(m->move_slots[1].drain, -1);
   EXPECT_EQ(m->move_slots[2].step, 35);
   EXPECT_EQ(m->move_slots[2].drain, 0);
+  auto v = Parse({"--servers", "tcp://a:1", "--num-workers", "4", "--leave", "3@10,1@2"});
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_EQ(v->leave.size(), 2u);
+  EXPECT_EQ(v->LeaveStep(3), 10);
+  EXPECT_EQ(v->LeaveStep(1), 2);
+  EXPECT_EQ(v->LeaveStep(2), -1);
+  EXPECT_EQ(v->LeaveStep(0), -1);
 }
 
 TEST(TrainerOptions, EvalEveryEpoch) {
@@ -216,6 +223,17 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
       {{"--servers", "tcp://a:1,tcp://b:1", "--consistency", "async", "--pipeline", "prefetch", "--move-slots",
         "10:first"},
        "--move-slots"},
+      {{"--local", "--leave", "1@5"}, "--leave"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "0@5"},
+       "--leave: worker 0 is not one of workers 1 to 2"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "3@5"}, "--leave: worker 3"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "1@0"}, "--leave step"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "1@5,1@7"}, "leaves twice"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "1@5,"}, "--leave"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "1"}, "is not WORKER@STEP"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--steps", "5", "--leave", "1@5"}, "not below --steps 5"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--backup-workers", "1", "--leave", "1@5"},
+       "--backup-workers"},
       {{"--local", "--straggler", "0:fast"}, "--straggler"},
       {{"--local", "--straggler", "0:x0.5"}, "--straggler"},
       {{"--servers", "tcp://a:1", "--num-workers", "2", "--straggler", "2:10ms"}, "--straggler"},

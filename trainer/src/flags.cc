@@ -74,6 +74,31 @@ Status ParseMoveSlots(std::string_view value, TrainerOptions* o) {
   return Status::Ok();
 }
 
+Status ParseLeave(std::string_view value, TrainerOptions* o) {
+  o->leave.clear();
+  while (!value.empty()) {
+    const size_t comma = value.find(',');
+    const std::string_view one = value.substr(0, comma);
+    value = comma == std::string_view::npos ? std::string_view() : value.substr(comma + 1);
+    const size_t at = one.find('@');
+    if (at == std::string_view::npos || (comma != std::string_view::npos && value.empty())) {
+      return InvalidArgumentError("--leave: '" + std::string(one) + "' is not WORKER@STEP" +
+                                  (at == std::string_view::npos ? "" : " (a comma with nothing after it)"));
+    }
+    TrainerOptions::WorkerLeave l;
+    int64_t rank = 0;
+    FERRY_RETURN_IF_ERROR(ParseInt("--leave worker", one.substr(0, at), 0, 65535, &rank));
+    l.rank = static_cast<int>(rank);
+    FERRY_RETURN_IF_ERROR(ParseInt("--leave step", one.substr(at + 1), 1, INT64_MAX / 2, &l.step));
+    if (o->LeaveStep(l.rank) >= 0) {
+      return InvalidArgumentError("--leave: worker " + std::to_string(l.rank) + " leaves twice");
+    }
+    o->leave.push_back(l);
+  }
+  if (o->leave.empty()) return InvalidArgumentError("--leave: no worker given");
+  return Status::Ok();
+}
+
 // ---- The flags: one row each (name, value, group, help; the setter holds the type and range;
 // the default is TrainerOptions'). Parsing, --help and the unknown-flag hint come from here. ----
 
@@ -268,6 +293,7 @@ Status SetMetricsBind(TrainerOptions& o, std::string_view, std::string_view valu
 
 Status SetStraggler(TrainerOptions& o, std::string_view, std::string_view value) { return ParseStraggler(value, &o); }
 Status SetMoveSlots(TrainerOptions& o, std::string_view, std::string_view value) { return ParseMoveSlots(value, &o); }
+Status SetLeave(TrainerOptions& o, std::string_view, std::string_view value) { return ParseLeave(value, &o); }
 
 Status SetDevice(TrainerOptions& o, std::string_view flag, std::string_view value) {
   return Choice(flag, value, kDevices, &o.device);
@@ -429,6 +455,11 @@ const Flag kFlags[] = {
      "empties server K into the others, first restores the job's first map (the servers need a "
      "checkpoint folder)",
      SetMoveSlots},
+    {"--leave", "WORKER@STEP[,...]", "recovery",
+     "worker WORKER leaves the job before step STEP and exits; the others train on without it, "
+     "splitting its share of each step's examples among them (sync; give every worker the same "
+     "list)",
+     SetLeave},
     {"--curve-keys", "DIR", "security",
      "the job's CURVE key folder from ferry-keys (reads server.pub and "
      "worker-R.key; needed when the servers run with --curve-keys)",

@@ -202,6 +202,7 @@ Status TrainerOptions::Validate() const {
           "--checkpoint-every(-s) and --resume need servers (checkpoints are the servers'), not --local");
     }
     if (!move_slots.empty()) return InvalidArgumentError("--move-slots moves the servers' slots: not with --local");
+    if (!leave.empty()) return InvalidArgumentError("--leave: --local runs one worker, which cannot leave");
     if (num_workers != 1 || rank != 0) return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
   } else {
     if (servers.empty()) return InvalidArgumentError("--servers is required (or pass --local)");
@@ -233,6 +234,21 @@ Status TrainerOptions::Validate() const {
           return InvalidArgumentError("--move-slots: step " + std::to_string(m.step) + " is not below --steps " +
                                       std::to_string(steps));
         }
+      }
+    }
+    for (const WorkerLeave& l : leave) {
+      // Worker 0 saves the job's checkpoints, moves its slots and reports its evaluation.
+      if (l.rank == 0 || l.rank >= num_workers) {
+        return InvalidArgumentError("--leave: worker " + std::to_string(l.rank) + " is not one of workers 1 to " +
+                                    std::to_string(num_workers - 1) + " (worker 0 stays: it checkpoints and reports)");
+      }
+      if (steps > 0 && l.step >= steps) {
+        return InvalidArgumentError("--leave: step " + std::to_string(l.step) + " is not below --steps " +
+                                    std::to_string(steps));
+      }
+      if (backup_workers > 0) {
+        return InvalidArgumentError(
+            "--leave: not with --backup-workers (a step's quorum would count a worker that left)");
       }
     }
     if (push_by_layer && pipeline == Pipeline::kNone) {

@@ -201,6 +201,7 @@ class WorkerRun final : public TrainingRun {
         options_.eval_every > 0 ? options_.eval_every : options_.eval_each_epoch ? plan_.steps_per_epoch : 0;
     int64_t last_eval = t0_ > 0 ? t0_ - 1 : 0;
     for (int64_t t = t0_; t < plan_.total_steps; ++t) {
+      if (const int64_t leave = options_.LeaveStep(rank_); leave >= 0 && t >= leave) return LeaveJob(t);
       const int64_t job_t = t == t0_ ? t0_ : sync_servers_ ? JobStep() + 1 : t;
       if (eval_period > 0 && job_t < plan_.total_steps && job_t / eval_period > last_eval / eval_period) {
         FERRY_RETURN_IF_ERROR(Evaluate(job_t));
@@ -270,7 +271,16 @@ class WorkerRun final : public TrainingRun {
     plan_.test_n = options_.test_limit > 0 ? std::min(options_.test_limit, model_->test_size()) : model_->test_size();
     plan_.merged_eval = client_ != nullptr && all_sync_ && num_workers_ > 1 &&
                         options_.backup_workers == 0;
+    if (!options_.leave.empty() && (client_ == nullptr || !all_sync_)) {
+      return InvalidArgumentError(
+          "--leave needs every table sync (a sync step is what waits for a worker, and what stops waiting)");
+    }
     if (model_->train_size() == Model::kStreamed) {
+      if (!options_.leave.empty()) {
+        return InvalidArgumentError(
+            "--leave: a streamed training set cannot hand a leaving worker's share to the others; load it in "
+            "memory");
+      }
       // Each worker streams its own part of the data (the reader shards it) and passes over it
       // again at its end; the run is as long as --steps says (TrainerOptions::Validate).
       if (options_.steps <= 0 || options_.eval_each_epoch) {
@@ -511,8 +521,12 @@ class WorkerRun final : public TrainingRun {
     StepTimes& times = report_.times;
     if (plan_.test_n == 0 || (!plan_.merged_eval && rank_ != 0)) return Status::Ok();
     std::vector<double> state;
-    const int64_t first = plan_.merged_eval ? plan_.test_n * rank_ / num_workers_ : 0;
-    const int64_t last = plan_.merged_eval ? plan_.test_n * (rank_ + 1) / num_workers_ : plan_.test_n;
+    // Merged: the workers that take part at `step` (--leave) split the test set.
+    const std::vector<int> present = Present(step);
+    const auto n = static_cast<int64_t>(present.size());
+    const auto index = static_cast<int64_t>(std::ranges::find(present, rank_) - present.begin());
+    const int64_t first = plan_.merged_eval ? plan_.test_n * index / n : 0;
+    const int64_t last = plan_.merged_eval ? plan_.test_n * (index + 1) / n : plan_.test_n;
     const double waited_before = PullWait();
     FERRY_RETURN_IF_ERROR(model_->Evaluate(*store_, step, first, last - first, &state)
                               .WithContext("evaluating at step " + std::to_string(step)));
@@ -612,6 +626,7 @@ class WorkerRun final : public TrainingRun {
   // and pushes (model.h, ReadsRowsAhead).
   Status ReadRowsAhead(int64_t next) {
     if (next >= plan_.total_steps || store_->pull_ahead() < 2 || !model_->ReadsRowsAhead()) return Status::Ok();
+    if (const int64_t leave = options_.LeaveStep(rank_); leave >= 0 && next >= leave) return Status::Ok();
     StepTimes& times = report_.times;
     model_->LoadIntoNext(true);
     StatusOr<int64_t> examples = LoadBatch(next);
@@ -653,11 +668,63 @@ class WorkerRun final : public TrainingRun {
       order_epoch_ = epoch;
     }
     const int64_t first = step_in_epoch * plan_.step_examples;
-    const int64_t examples = step_in_epoch + 1 == plan_.steps_per_epoch ? static_cast<int64_t>(order_.size()) - first
-                                                                          : plan_.step_examples;
-    FERRY_RETURN_IF_ERROR(model_->LoadTrainBatch(
-        std::span<const int64_t>(order_).subspan(static_cast<size_t>(first), static_cast<size_t>(examples))));
-    return examples;
+    // A shard's slice of the step: the epoch's last step takes what is left of it.
+    auto slice = [&](const std::vector<int64_t>& order) {
+      const int64_t n = step_in_epoch + 1 == plan_.steps_per_epoch ? static_cast<int64_t>(order.size()) - first
+                                                                    : plan_.step_examples;
+      return std::span<const int64_t>(order).subspan(static_cast<size_t>(first), static_cast<size_t>(n));
+    };
+    const std::vector<int> present = Present(t);
+    if (static_cast<int>(present.size()) == num_workers_) {
+      const std::span<const int64_t> mine = slice(order_);
+      FERRY_RETURN_IF_ERROR(model_->LoadTrainBatch(mine));
+      return static_cast<int64_t>(mine.size());
+    }
+    // --leave: this worker's slice, then its part of each slice the workers that left would have read.
+    const std::span<const int64_t> mine = slice(order_);
+    std::vector<int64_t> batch(mine.begin(), mine.end());
+    const int index = static_cast<int>(std::ranges::find(present, rank_) - present.begin());
+    for (int w = 0; w < num_workers_; ++w) {
+      if (std::ranges::find(present, w) != present.end()) continue;
+      auto& [order_epoch, order] = left_orders_.try_emplace(w, -1, std::vector<int64_t>{}).first->second;
+      if (order_epoch != epoch) {
+        FERRY_ASSIGN_OR_RETURN(order, data::EpochIndices(plan_.train_n, data::ShardSpec{w, num_workers_}, epoch,
+                                                         {options_.shuffle, options_.seed}));
+        order_epoch = epoch;
+      }
+      data::AppendLeftShare(slice(order), index, static_cast<int>(present.size()), &batch);
+    }
+    FERRY_RETURN_IF_ERROR(model_->LoadTrainBatch(batch));
+    return static_cast<int64_t>(batch.size());
+  }
+
+  // The workers that take part in step t, in rank order: all but those that left before it (--leave).
+  std::vector<int> Present(int64_t t) const {
+    std::vector<int> present;
+    for (int w = 0; w < num_workers_; ++w) {
+      const int64_t leave = options_.LeaveStep(w);
+      if (leave < 0 || t < leave) present.push_back(w);
+    }
+    return present;
+  }
+
+  // --leave: this worker leaves the job before step t. Its pushes of the steps before are
+  // applied (Flush), then the servers are told (Client::Leave): no sync step and no collective
+  // waits for it from now on, and the others split its share of each step's examples. A worker
+  // restarted at or after its step leaves at once.
+  StatusOr<TrainReport> LeaveJob(int64_t t) {
+    StepTimes& times = report_.times;
+    lap_.To(&times.compute_s);
+    FERRY_RETURN_IF_ERROR(store_->Flush());
+    lap_.To(&times.push_s);
+    FERRY_RETURN_IF_ERROR(client_->Leave().WithContext("telling the servers this worker leaves the job"));
+    report_.wall_s = Wall();
+    report_.examples_per_sec = report_.wall_s > 0 ? static_cast<double>(report_.examples) / report_.wall_s : 0.0;
+    report_.progress = store_->progress();
+    Say("left the job before step " + std::to_string(t) + " (--leave): the other workers train on without it");
+    Json f = {{"step", t}, {"steps", report_.steps}, {"examples", report_.examples}, {"time", TimesJson(times)}};
+    Event("left", std::move(f));
+    return std::move(report_);
   }
 
   // Pulls step t's parameters. After the first pull the workers meet, before any gradient is
@@ -943,6 +1010,8 @@ class WorkerRun final : public TrainingRun {
 
   std::vector<int64_t> order_;  // this epoch's example order
   int64_t order_epoch_ = -1;
+  // --leave: the epoch orders of the workers that left, by rank (with the epoch each is of).
+  std::map<int, std::pair<int64_t, std::vector<int64_t>>> left_orders_;
   // The logging window: the steps since the last progress line.
   double window_loss_ = 0;
   int64_t window_correct_ = 0, window_examples_ = 0;

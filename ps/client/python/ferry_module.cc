@@ -696,6 +696,10 @@ class PyClient {
     Blocking([](ferry::Client& c) { return c.Finish(); });
   }
 
+  void Leave() {
+    Blocking([](ferry::Client& c) { return c.Leave(); });
+  }
+
   std::map<std::string, int64_t> ServerCounters(int server) {
     ferry::Client& c = client();
     ferry::StatusOr<std::map<std::string, int64_t>> counters = ferry::InternalError("not run");
@@ -965,6 +969,10 @@ PYBIND11_MODULE(_ferry, m) {
            "Advances this worker's clock to `clock` on every server (ssp). wait=False: returns its Handle at "
            "once (a later request of this client reaches each server after it).")
       .def("finish", &PyClient::Finish)
+      .def("leave", &PyClient::Leave,
+           "Leaves the job while the other workers train on (servers of protocol 1.18): as finish(), and no "
+           "barrier or all_reduce_sum waits for this worker any more. Call it between steps, with no push in "
+           "flight.")
       .def("checkpoint", &PyClient::Checkpoint, py::arg("step"),
            "Has every server save its shard of every table as of `step` in its checkpoint folder\n"
            "(ferry-ps --checkpoint-dir), then server 0 write the manifest; returns once it exists.\n"

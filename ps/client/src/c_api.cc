@@ -458,4 +458,12 @@ ferry_code ferry_finish(ferry_client* client) {
   });
 }
 
+ferry_code ferry_leave(ferry_client* client) {
+  return Guard("ferry_leave", [&] {
+    ferry_code code;
+    if (Null(client, "ferry_leave", "client", &code)) return code;
+    return Done(client->client->Leave());
+  });
+}
+
 }  // extern "C"

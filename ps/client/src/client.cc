@@ -908,12 +908,13 @@ class ClientImpl final : public Client {
   // ---- clocks, barriers, stats -------------------------------------------------------------
 
   // One header-only request of `kind` (with `step`) to every server, all in flight together.
-  Handle ToEveryServer(Kind kind, int64_t step) {
+  Handle ToEveryServer(Kind kind, int64_t step, bool leaves = false) {
     auto op = engine_.NewOp();
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(96);
       auto h = engine_.BeginHeader(fbb, kind);
       h.add_step(step);
+      if (leaves) h.add_leaves(true);
       engine_.Submit(op, s, kind, engine_.FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
     }
     return Handle(op);
@@ -922,6 +923,18 @@ class ClientImpl final : public Client {
   Handle AdvanceClock(int64_t clock) override { return ToEveryServer(Kind::Clock, clock); }
 
   Status Finish() override { return ToEveryServer(Kind::Finish, 0).wait(); }
+
+  Status Leave() override {
+    for (int s = 0; s < num_servers(); ++s) {
+      if (engine_.minor(s) < wire::kLeavesSinceMinor) {
+        return FailedPreconditionError("Leave: server " + std::to_string(s) + " speaks protocol 1." +
+                                       std::to_string(engine_.minor(s)) +
+                                       ", which would go on counting this worker in its collectives (leaving needs "
+                                       "1.18); upgrade the servers");
+      }
+    }
+    return ToEveryServer(Kind::Finish, 0, /*leaves=*/true).wait();
+  }
 
   Status Barrier() override { return EnterBarrier(false); }
   Status StartBarrier() override { return EnterBarrier(true); }

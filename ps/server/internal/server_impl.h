@@ -393,9 +393,12 @@ class ServerImpl final : public Server {
   Status OnClock(Request& req);
   // The worker has ended its training: it is no longer waited for. Sync steps that were missing
   // only its gradient close now; ssp pulls no longer wait for its clock. A later Hello from the
-  // same rank makes it take part again.
+  // same rank makes it take part again. One that `leaves` (1.18) is out of the collectives too:
+  // those that then hold every worker that takes part complete.
   Status OnFinish(Request& req);
   Status OnCollective(Request& req);
+  // Answers a complete collective's requests (in rank order): an all-reduce's sum, or OK.
+  void Complete(std::vector<Request>& group);
 
   // ---- placement versions (handlers/placement.cc) ---------------------------------------------
 

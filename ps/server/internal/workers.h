@@ -75,6 +75,17 @@ class Workers {
   void SetDone(const std::vector<int64_t>& per_rank, int64_t step);
   // The worker has ended its training: it is no longer waited for.
   void Finish(int rank) { SetFinished(rank, true); }
+  // The worker has left the job while it trains (1.18, Finish's `leaves`): finished, and out of
+  // the job's collectives too, until its rank says Hello again.
+  void Leave(int rank) {
+    SetFinished(rank, true);
+    left_[static_cast<size_t>(rank)] = true;
+  }
+  bool left(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < left_.size() && left_[static_cast<size_t>(rank)];
+  }
+  // Per rank: whether it takes part in the job's collectives (it has not left).
+  std::vector<bool> TakingPart() const;
 
   // Raises the clock of `rank` to `clock` (clocks never go back); returns the clock.
   int64_t AdvanceClock(int rank, int64_t clock);
@@ -131,6 +142,7 @@ class Workers {
   int count_ = 0;
   std::vector<bool> finished_;   // per rank: sent Finish (and no Hello since)
   int num_finished_ = 0;         // the true entries of finished_
+  std::vector<bool> left_;       // per rank: left the job (Leave; and no Hello since)
   std::vector<int64_t> clocks_;  // per rank (ssp)
   std::vector<uint32_t> incarnations_;  // per rank: the highest incarnation a Hello brought
   std::vector<int64_t> done_;            // per rank: steps done (Did)

@@ -36,22 +36,39 @@ Status Collectives::CheckEntry(const Request& req) const {
   return Status::Ok();
 }
 
-std::vector<Request> Collectives::Enter(Request req, Clock::time_point deadline, int num_workers) {
+namespace {
+void SortByRank(std::vector<Request>& group) {
+  std::sort(group.begin(), group.end(),
+            [](const Request& a, const Request& b) { return a.h()->rank() < b.h()->rank(); });
+}
+}  // namespace
+
+std::vector<Request> Collectives::Enter(Request req, Clock::time_point deadline, const std::vector<bool>& part) {
   const int64_t id = req.h()->barrier_id();
   std::vector<Request>& arrived = by_id_[id];
   if (arrived.empty()) deadlines_.Add(deadline, id);
   req.deadline = deadline;
   arrived.push_back(std::move(req));
   ++waiting_;
-  if (static_cast<int>(arrived.size()) < num_workers) return {};
+  if (!Missing(arrived, part).empty()) return {};
   std::vector<Request> group = std::move(arrived);
   next_id_ = std::max(next_id_, id + 1);
   deadlines_.Remove(group[0].deadline, id);
   by_id_.erase(id);
   waiting_ -= group.size();
-  std::sort(group.begin(), group.end(),
-            [](const Request& a, const Request& b) { return a.h()->rank() < b.h()->rank(); });
+  SortByRank(group);
   return group;
+}
+
+std::vector<std::vector<Request>> Collectives::TakeComplete(const std::vector<bool>& part) {
+  std::vector<std::vector<Request>> out;
+  for (Expired& e : TakeIf(part, [](const std::vector<Request>&, const std::vector<int>& missing) {
+         return missing.empty();
+       })) {
+    SortByRank(e.arrived);
+    out.push_back(std::move(e.arrived));
+  }
+  return out;
 }
 
 template <typename Pred>
@@ -102,19 +119,21 @@ std::vector<double> Collectives::Sum(const std::vector<Request>& group) {
   return sum;
 }
 
-std::vector<int> Collectives::Missing(const std::vector<Request>& arrived, int num_workers) {
-  std::vector<bool> came(static_cast<size_t>(num_workers), false);
-  for (const auto& r : arrived) came[static_cast<size_t>(r.h()->rank())] = true;
+std::vector<int> Collectives::Missing(const std::vector<Request>& arrived, const std::vector<bool>& part) {
+  std::vector<bool> came(part.size(), false);
+  for (const auto& r : arrived) {
+    if (static_cast<size_t>(r.h()->rank()) < came.size()) came[static_cast<size_t>(r.h()->rank())] = true;
+  }
   std::vector<int> missing;
   for (size_t w = 0; w < came.size(); ++w) {
-    if (!came[w]) missing.push_back(static_cast<int>(w));
+    if (part[w] && !came[w]) missing.push_back(static_cast<int>(w));
   }
   return missing;
 }
 
-Collectives::Expired Collectives::Take(int64_t id, int num_workers) {
+Collectives::Expired Collectives::Take(int64_t id, const std::vector<bool>& part) {
   auto it = by_id_.find(id);
-  std::vector<int> missing = Missing(it->second, num_workers);
+  std::vector<int> missing = Missing(it->second, part);
   Expired e{id, std::move(it->second), "", std::move(missing)};
   by_id_.erase(it);
   waiting_ -= e.arrived.size();
@@ -123,24 +142,25 @@ Collectives::Expired Collectives::Take(int64_t id, int num_workers) {
   return e;
 }
 
-std::vector<std::string> Collectives::Describe(int rank, int num_workers) const {
+std::vector<std::string> Collectives::Describe(int rank, const std::vector<bool>& part) const {
+  const auto taking_part = static_cast<size_t>(std::count(part.begin(), part.end(), true));
   std::vector<std::string> out;
   for (const auto& [id, arrived] : by_id_) {
     if (std::none_of(arrived.begin(), arrived.end(), [&](const Request& r) { return r.h()->rank() == rank; })) {
       continue;
     }
     std::string missing;
-    for (int w : Missing(arrived, num_workers)) missing += (missing.empty() ? "" : ", ") + std::to_string(w);
+    for (int w : Missing(arrived, part)) missing += (missing.empty() ? "" : ", ") + std::to_string(w);
     out.push_back(std::string(wire::KindName(arrived[0].h()->kind())) + " " + std::to_string(id) +
                   " waits for worker(s) " + missing + " (" + std::to_string(arrived.size()) + " of " +
-                  std::to_string(num_workers) + " arrived)");
+                  std::to_string(taking_part) + " arrived)");
   }
   return out;
 }
 
-std::vector<Collectives::Expired> Collectives::TakeExpired(Clock::time_point now, int num_workers) {
+std::vector<Collectives::Expired> Collectives::TakeExpired(Clock::time_point now, const std::vector<bool>& part) {
   std::vector<Expired> expired;
-  for (int64_t id : deadlines_.TakeDue(now)) expired.push_back(Take(id, num_workers));
+  for (int64_t id : deadlines_.TakeDue(now)) expired.push_back(Take(id, part));
   return expired;
 }
 

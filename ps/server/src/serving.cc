@@ -344,7 +344,7 @@ void ServerImpl::FailDeadlockedCollectives(Clock::time_point now) {
     }
     refusals.push_back({id, rank, std::move(why)});
   };
-  collectives_.ForEach(workers_.count(), [&](int64_t id, const std::vector<Request>& arrived,
+  collectives_.ForEach(workers_.TakingPart(), [&](int64_t id, const std::vector<Request>& arrived,
                                              const std::vector<int>& missing) {
     // A worker at the job's start (protocol 1.12) that has pushed nothing since its Hello, while
     // one missing here has pushed since its own and was heard from after the start came: that
@@ -431,7 +431,7 @@ void ServerImpl::CheckLiveness() {
   auto all_silent = [&](const std::vector<int>& ranks) {
     return std::all_of(ranks.begin(), ranks.end(), [&](int r) { return first_silent({r}) >= 0; });
   };
-  auto taken = collectives_.TakeIf(workers_.count(), [&](const std::vector<Request>& arrived,
+  auto taken = collectives_.TakeIf(workers_.TakingPart(), [&](const std::vector<Request>& arrived,
                                                          const std::vector<int>& missing) {
     return arrived[0].h()->kind() == Kind::Barrier ? all_silent(missing) : first_silent(missing) >= 0;
   });
@@ -478,7 +478,7 @@ void ServerImpl::ExpireHeld() {
                               " pieces arrived within " + waited + " on server " + std::to_string(options_.rank));
     FailCall(std::move(c), why);
   }
-  for (auto& c : collectives_.TakeExpired(now, workers_.count())) {
+  for (auto& c : collectives_.TakeExpired(now, workers_.TakingPart())) {
     for (auto& r : c.arrived) {
       Count(kHeldExpired);
       SendError(r, DeadlineExceededError(std::string(wire::KindName(r.h()->kind())) + " " + std::to_string(c.id) +

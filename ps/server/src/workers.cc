@@ -12,6 +12,7 @@ Status Workers::SetCount(int num_workers) {
   count_ = num_workers;
   clocks_.assign(static_cast<size_t>(count_), 0);
   finished_.assign(static_cast<size_t>(count_), false);
+  left_.assign(static_cast<size_t>(count_), false);
   promised_ms_.assign(static_cast<size_t>(count_), 0);
   incarnations_.assign(static_cast<size_t>(count_), 0);
   done_.assign(static_cast<size_t>(count_), 0);
@@ -65,10 +66,17 @@ Status Workers::Join(int rank, int num_workers, uint32_t incarnation) {
   if (count_ == 0) FERRY_RETURN_IF_ERROR(SetCount(num_workers));
   // A worker that connects (again) takes part in the sync quorum (again).
   SetFinished(rank, false);
+  left_[static_cast<size_t>(rank)] = false;
   trained_[static_cast<size_t>(rank)] = false;  // this process has pushed nothing yet
   auto& have = incarnations_[static_cast<size_t>(rank)];
   have = std::max(have, incarnation);
   return Status::Ok();
+}
+
+std::vector<bool> Workers::TakingPart() const {
+  std::vector<bool> part(left_.size());
+  for (size_t r = 0; r < left_.size(); ++r) part[r] = !left_[r];
+  return part;
 }
 
 void Workers::SetFinished(int rank, bool finished) {

@@ -82,5 +82,60 @@ TEST(ShardTest, InvalidSpecs) {
   EXPECT_TRUE((ShardSpec{1, 2}).Validate().ok());
 }
 
+TEST(ShardTest, WorkersThatLeaveHandTheirShareToTheOthersAndEveryExampleIsStillReadOncePerEpoch) {
+  // 1003 examples, 4 workers, steps of 10 examples a worker: 25 steps an epoch (the smallest shard
+  // has 250), the last one taking the rest. Worker 1 leaves before step 7 and worker 3 before step
+  // 31 (epoch 1), as ferry-trainer --leave 1@7,3@31 reads them: from its step on, each step's
+  // slice of a worker that left is split among the workers that remain.
+  constexpr int64_t kN = 1003, kStep = 10, kStepsPerEpoch = 25;
+  constexpr int kWorkers = 4;
+  auto leave_step = [](int w) -> int64_t { return w == 1 ? 7 : w == 3 ? 31 : -1; };
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<std::vector<int64_t>> orders;
+    for (int w = 0; w < kWorkers; ++w) orders.push_back(*EpochIndices(kN, {w, kWorkers}, epoch, {true, 9}));
+    std::vector<int> reads(kN, 0);
+    for (int64_t k = 0; k < kStepsPerEpoch; ++k) {
+      const int64_t t = epoch * kStepsPerEpoch + k;
+      auto slice = [&](int w) {
+        const std::vector<int64_t>& order = orders[static_cast<size_t>(w)];
+        const int64_t first = k * kStep;
+        const int64_t n = k + 1 == kStepsPerEpoch ? static_cast<int64_t>(order.size()) - first : kStep;
+        return std::span<const int64_t>(order).subspan(static_cast<size_t>(first), static_cast<size_t>(n));
+      };
+      std::vector<int> present;
+      for (int w = 0; w < kWorkers; ++w) {
+        if (leave_step(w) < 0 || t < leave_step(w)) present.push_back(w);
+      }
+      size_t read_this_step = 0, slices_this_step = 0;
+      for (int w = 0; w < kWorkers; ++w) slices_this_step += slice(w).size();
+      for (size_t index = 0; index < present.size(); ++index) {
+        const std::span<const int64_t> own = slice(present[index]);
+        std::vector<int64_t> batch(own.begin(), own.end());
+        for (int w = 0; w < kWorkers; ++w) {
+          if (std::find(present.begin(), present.end(), w) != present.end()) continue;
+          AppendLeftShare(slice(w), static_cast<int>(index), static_cast<int>(present.size()), &batch);
+        }
+        // The share of one worker that left is 10 / 3 or 10 / 2 examples: batches differ by at most 1 a leaver.
+        EXPECT_LE(batch.size(), static_cast<size_t>(kStep + 1 + (kWorkers - present.size()) * (kStep / 2 + 1)));
+        for (int64_t id : batch) ++reads[static_cast<size_t>(id)];
+        read_this_step += batch.size();
+      }
+      EXPECT_EQ(read_this_step, slices_this_step) << "step " << t;  // the step's examples, as if none left
+    }
+    for (int64_t id = 0; id < kN; ++id) {
+      ASSERT_EQ(reads[static_cast<size_t>(id)], 1) << "example " << id << " epoch " << epoch;
+    }
+  }
+  // The split itself: contiguous, in order, sizes differing by at most one.
+  const std::vector<int64_t> slice = {10, 11, 12, 13, 14, 15, 16};
+  std::vector<int64_t> a, b, c;
+  AppendLeftShare(slice, 0, 3, &a);
+  AppendLeftShare(slice, 1, 3, &b);
+  AppendLeftShare(slice, 2, 3, &c);
+  EXPECT_EQ(a, (std::vector<int64_t>{10, 11}));
+  EXPECT_EQ(b, (std::vector<int64_t>{12, 13}));
+  EXPECT_EQ(c, (std::vector<int64_t>{14, 15, 16}));
+}
+
 }  // namespace
 }  // namespace ferry::data

@@ -51,4 +51,10 @@ StatusOr<std::vector<int64_t>> EpochIndices(int64_t num_examples, ShardSpec shar
   return mine;
 }
 
+void AppendLeftShare(std::span<const int64_t> left_slice, int index, int present, std::vector<int64_t>* out) {
+  const auto size = static_cast<int64_t>(left_slice.size());
+  const int64_t begin = size * index / present, end = size * (index + 1) / present;
+  out->insert(out->end(), left_slice.begin() + begin, left_slice.begin() + end);
+}
+
 }  // namespace ferry::data

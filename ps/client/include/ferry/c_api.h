@@ -144,6 +144,9 @@ ferry_code ferry_barrier(ferry_client* client);
 ferry_code ferry_all_reduce_sum(ferry_client* client, const double* values, double* out, size_t n);
 ferry_code ferry_advance_clock(ferry_client* client, int64_t clock);
 ferry_code ferry_finish(ferry_client* client);
+/* Leaves the job while the others train on (protocol 1.18): as ferry_finish, and no barrier or
+ * all-reduce waits for this worker any more. Between steps, with no push in flight. */
+ferry_code ferry_leave(ferry_client* client);
 
 /* Checkpoints (messages/CHECKPOINT.md): every server saves its shard of every table as of `step`
  * in its checkpoint folder (ferry-ps --checkpoint-dir), then server 0 writes the manifest; returns

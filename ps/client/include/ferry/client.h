@@ -293,6 +293,12 @@ class Client {
   // for its clock. Barriers and AllReduceSum still count it. A new Client of the same rank
   // (its Hello) makes the worker take part again.
   virtual Status Finish() = 0;
+  // Tells every server that this worker leaves the job while the others train on (protocol
+  // 1.18): as Finish, and besides no barrier or AllReduceSum waits for it any more (one waiting
+  // only for it completes now). The worker's pushes sent before it are applied first. Call it
+  // between steps, with no push in flight; a new Client of the same rank takes part again.
+  // FAILED_PRECONDITION, nothing sent, when a server is older than 1.18.
+  virtual Status Leave() = 0;
   // Waits until every worker has entered the barrier (bounded by the request timeout).
   virtual Status Barrier() = 0;
   // The job's start: a Barrier that also says this worker has not trained yet (it begins at

@@ -180,7 +180,7 @@ Status ServerImpl::OnWaiting(Request& req) {
     std::string clause = std::string(wire::KindName(r.h()->kind())) + ": " + WaitingOn(r).what;
     if (std::find(clauses.begin(), clauses.end(), clause) == clauses.end()) clauses.push_back(std::move(clause));
   });
-  for (std::string& c : collectives_.Describe(rank, workers_.count())) clauses.push_back(std::move(c));
+  for (std::string& c : collectives_.Describe(rank, workers_.TakingPart())) clauses.push_back(std::move(c));
   std::string text;
   for (const std::string& c : clauses) text += (text.empty() ? "" : "; ") + c;
   flatbuffers::FlatBufferBuilder fbb(128 + text.size());

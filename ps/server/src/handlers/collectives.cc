@@ -12,7 +12,15 @@ Status ServerImpl::OnClock(Request& req) {
 }
 
 Status ServerImpl::OnFinish(Request& req) {
-  workers_.Finish(req.h()->rank());
+  const int rank = req.h()->rank();
+  // 1.18: a worker that leaves the job while it trains is out of its collectives too; the ones
+  // that now have every worker that takes part complete.
+  const bool leaves = req.h()->leaves();
+  if (leaves) {
+    workers_.Leave(rank);
+  } else {
+    workers_.Finish(rank);
+  }
   Status refused = Status::Ok();
   ForEachSyncUnit([&](ps::Table& t, int64_t chunk, int64_t, ps::SyncSlots& sync) {
     if (!workers_.StepComplete(t.spec, sync)) return;
@@ -26,6 +34,9 @@ Status ServerImpl::OnFinish(Request& req) {
   } else {
     SendError(req, refused);
   }
+  if (leaves) {
+    for (std::vector<Request>& group : collectives_.TakeComplete(workers_.TakingPart())) Complete(group);
+  }
   ServeHeld();
   return Status::Ok();
 }
@@ -34,8 +45,13 @@ Status ServerImpl::OnCollective(Request& req) {
   FERRY_RETURN_IF_ERROR(collectives_.CheckEntry(req));
   FERRY_RETURN_IF_ERROR(RoomToHold(req));
   req.held = true;
-  std::vector<Request> group = collectives_.Enter(std::move(req), Clock::now() + options_.max_wait, workers_.count());
-  if (group.empty()) return Status::Ok();
+  std::vector<Request> group =
+      collectives_.Enter(std::move(req), Clock::now() + options_.max_wait, workers_.TakingPart());
+  if (!group.empty()) Complete(group);
+  return Status::Ok();
+}
+
+void ServerImpl::Complete(std::vector<Request>& group) {
   if (group[0].h()->kind() == Kind::AllReduce) {
     const std::vector<double> sum = ps::Collectives::Sum(group);
     for (auto& r : group) {
@@ -46,7 +62,6 @@ Status ServerImpl::OnCollective(Request& req) {
   } else {
     for (auto& r : group) SendOk(r);
   }
-  return Status::Ok();
 }
 
 }  // namespace ferry::ps

@@ -167,6 +167,24 @@ struct TrainerOptions {
   };
   std::vector<SlotMove> move_slots;
 
+  // --leave WORKER@STEP[,...]: worker WORKER leaves the job before step STEP (after pushing
+  // STEP - 1; Client::Leave, protocol 1.18) and exits 0; the others train on without waiting for
+  // it. Every worker is given the same list: from STEP on, each step's share of the leaver's data
+  // is split among the workers that remain, so every example is still read once an epoch
+  // (data::LeftShare). Sync tables only; worker 0 stays (it checkpoints and reports).
+  struct WorkerLeave {
+    int rank = 0;
+    int64_t step = 0;
+  };
+  std::vector<WorkerLeave> leave;
+  // The step before which worker `worker` leaves; -1: it stays.
+  int64_t LeaveStep(int worker) const {
+    for (const WorkerLeave& l : leave) {
+      if (l.rank == worker) return l.step;
+    }
+    return -1;
+  }
+
   // --connect-timeout-s: the longest the first handshake with every server may take.
   double connect_timeout_s = 30;
 

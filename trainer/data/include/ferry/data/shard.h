@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "ferry/status.h"
@@ -55,5 +56,13 @@ StatusOr<std::vector<int64_t>> EpochIndices(int64_t num_examples, ShardSpec shar
 // The full epoch order (all shards interleaved): a permutation of [0, num_examples).
 std::vector<int64_t> EpochPermutation(int64_t num_examples, int64_t epoch,
                                       const ShuffleOptions& options);
+
+// A sync worker that left a job in progress (ferry-trainer --leave) reads no more: each step, the
+// slice of its shard it would have read, `left_slice`, is split among the `present` workers that
+// remain, in their rank order. Appends to `out` the part of the worker at `index` in that order:
+// the contiguous positions [size * index / present, size * (index + 1) / present) of the slice.
+// Together the workers that remain read each example of the slice once. Requires
+// 0 <= index < present.
+void AppendLeftShare(std::span<const int64_t> left_slice, int index, int present, std::vector<int64_t>* out);
 
 }  // namespace ferry::data

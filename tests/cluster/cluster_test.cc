@@ -747,7 +747,15 @@ TEST(Cluster, AWorkerThatLeavesIsWaitedForByNoStepAndNoCollective) {
   std::optional<StatusOr<std::vector<double>>> sum0, sum1;
   std::thread a([&] { sum0 = w0->AllReduceSum(std::vector<double>{1.0}); });
   std::thread b([&] { sum1 = w1->AllReduceSum(std::vector<double>{2.0}); });
-  std::this_thread::sleep_for(100ms);  // (either order must work: both are waited for below)
+  // Both held on server 0 (their 8-byte values charged there) before worker 2 leaves: the Leave
+  // itself must complete them.
+  for (int i = 0;; ++i) {
+    auto counters = w2->ServerCounters(0);
+    ASSERT_TRUE(counters.ok()) << counters.status();
+    if ((*counters)["held_payload_bytes"] == 16) break;
+    ASSERT_LT(i, 1000) << "the two all-reduce entries never both arrived";
+    std::this_thread::sleep_for(10ms);
+  }
   Status s = w2->Leave();
   ASSERT_TRUE(s.ok()) << s;
   a.join();

@@ -328,8 +328,11 @@ TEST(Collectives, AWorkerThatLeftIsNotWaitedFor) {
   EXPECT_EQ(c.next_id(), 6);
   EXPECT_EQ(c.Describe(0, part), (std::vector<std::string>{"Barrier 6 waits for worker(s) 2 (1 of 2 arrived)"}));
   EXPECT_EQ(c.Enter(MakeRequest(wire::Kind::Barrier, 2, 6), t0 + milliseconds(1000), part).size(), 2u);
-  // From now on a collective completes without it; expiry does not name it.
+  // From now on a collective completes without it; expiry does not name it. An entry it made
+  // before it left is not counted as one of the workers taking part.
+  EXPECT_TRUE(c.Enter(MakeRequest(wire::Kind::Barrier, 1, 7), t0 + milliseconds(10), All(3)).empty());
   EXPECT_EQ(c.Enter(MakeRequest(wire::Kind::Barrier, 0, 7), t0 + milliseconds(10), part).size(), 0u);
+  EXPECT_EQ(c.Describe(0, part), (std::vector<std::string>{"Barrier 7 waits for worker(s) 2 (1 of 2 arrived)"}));
   std::vector<Collectives::Expired> expired = c.TakeExpired(t0 + milliseconds(20), part);
   ASSERT_EQ(expired.size(), 1u);
   EXPECT_EQ(expired[0].missing, "2");

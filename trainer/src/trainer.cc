@@ -200,6 +200,8 @@ class WorkerRun final : public TrainingRun {
     const int64_t eval_period =
         options_.eval_every > 0 ? options_.eval_every : options_.eval_each_epoch ? plan_.steps_per_epoch : 0;
     int64_t last_eval = t0_ > 0 ? t0_ - 1 : 0;
+    // --leave: a worker resumed at or after its step (the job's last one included) leaves at once.
+    if (const int64_t leave = options_.LeaveStep(rank_); leave >= 0 && t0_ >= leave) return LeaveJob(t0_);
     for (int64_t t = t0_; t < plan_.total_steps; ++t) {
       if (const int64_t leave = options_.LeaveStep(rank_); leave >= 0 && t >= leave) return LeaveJob(t);
       const int64_t job_t = t == t0_ ? t0_ : sync_servers_ ? JobStep() + 1 : t;
@@ -305,6 +307,13 @@ class WorkerRun final : public TrainingRun {
     }
     plan_.steps_per_epoch = (smallest_shard + plan_.step_examples - 1) / plan_.step_examples;
     plan_.total_steps = options_.steps > 0 ? options_.steps : options_.epochs * plan_.steps_per_epoch;
+    for (const TrainerOptions::WorkerLeave& l : options_.leave) {
+      if (l.step >= plan_.total_steps) {
+        return InvalidArgumentError("--leave: worker " + std::to_string(l.rank) + " leaves before step " +
+                                    std::to_string(l.step) + ", and the job has " +
+                                    std::to_string(plan_.total_steps) + " steps");
+      }
+    }
     return Status::Ok();
   }
 
@@ -525,6 +534,10 @@ class WorkerRun final : public TrainingRun {
     const std::vector<int> present = Present(step);
     const auto n = static_cast<int64_t>(present.size());
     const auto index = static_cast<int64_t>(std::ranges::find(present, rank_) - present.begin());
+    if (index == n) {  // a worker evaluates only at the steps it takes part in (LeaveJob comes first)
+      return InternalError("worker " + std::to_string(rank_) + " evaluating at step " + std::to_string(step) +
+                           ", which it does not take part in (--leave)");
+    }
     const int64_t first = plan_.merged_eval ? plan_.test_n * index / n : 0;
     const int64_t last = plan_.merged_eval ? plan_.test_n * (index + 1) / n : plan_.test_n;
     const double waited_before = PullWait();
@@ -626,7 +639,6 @@ class WorkerRun final : public TrainingRun {
   // and pushes (model.h, ReadsRowsAhead).
   Status ReadRowsAhead(int64_t next) {
     if (next >= plan_.total_steps || store_->pull_ahead() < 2 || !model_->ReadsRowsAhead()) return Status::Ok();
-    if (const int64_t leave = options_.LeaveStep(rank_); leave >= 0 && next >= leave) return Status::Ok();
     StepTimes& times = report_.times;
     model_->LoadIntoNext(true);
     StatusOr<int64_t> examples = LoadBatch(next);
@@ -667,23 +679,16 @@ class WorkerRun final : public TrainingRun {
                              data::EpochIndices(plan_.train_n, plan_.shard, epoch, {options_.shuffle, options_.seed}));
       order_epoch_ = epoch;
     }
-    const int64_t first = step_in_epoch * plan_.step_examples;
-    // A shard's slice of the step: the epoch's last step takes what is left of it.
-    auto slice = [&](const std::vector<int64_t>& order) {
-      const int64_t n = step_in_epoch + 1 == plan_.steps_per_epoch ? static_cast<int64_t>(order.size()) - first
-                                                                    : plan_.step_examples;
-      return std::span<const int64_t>(order).subspan(static_cast<size_t>(first), static_cast<size_t>(n));
-    };
     const std::vector<int> present = Present(t);
     if (static_cast<int>(present.size()) == num_workers_) {
-      const std::span<const int64_t> mine = slice(order_);
+      const std::span<const int64_t> mine =
+          data::StepSlice(order_, step_in_epoch, plan_.steps_per_epoch, plan_.step_examples);
       FERRY_RETURN_IF_ERROR(model_->LoadTrainBatch(mine));
       return static_cast<int64_t>(mine.size());
     }
     // --leave: this worker's slice, then its part of each slice the workers that left would have read.
-    const std::span<const int64_t> mine = slice(order_);
-    std::vector<int64_t> batch(mine.begin(), mine.end());
-    const int index = static_cast<int>(std::ranges::find(present, rank_) - present.begin());
+    std::vector<const std::vector<int64_t>*> orders(static_cast<size_t>(num_workers_), nullptr);
+    orders[static_cast<size_t>(rank_)] = &order_;
     for (int w = 0; w < num_workers_; ++w) {
       if (std::ranges::find(present, w) != present.end()) continue;
       auto& [order_epoch, order] = left_orders_.try_emplace(w, -1, std::vector<int64_t>{}).first->second;
@@ -692,8 +697,10 @@ class WorkerRun final : public TrainingRun {
                                                          {options_.shuffle, options_.seed}));
         order_epoch = epoch;
       }
-      data::AppendLeftShare(slice(order), index, static_cast<int>(present.size()), &batch);
+      orders[static_cast<size_t>(w)] = &order;
     }
+    const std::vector<int64_t> batch =
+        data::StepBatch(rank_, present, orders, step_in_epoch, plan_.steps_per_epoch, plan_.step_examples);
     FERRY_RETURN_IF_ERROR(model_->LoadTrainBatch(batch));
     return static_cast<int64_t>(batch.size());
   }
@@ -722,8 +729,21 @@ class WorkerRun final : public TrainingRun {
     report_.examples_per_sec = report_.wall_s > 0 ? static_cast<double>(report_.examples) / report_.wall_s : 0.0;
     report_.progress = store_->progress();
     Say("left the job before step " + std::to_string(t) + " (--leave): the other workers train on without it");
-    Json f = {{"step", t}, {"steps", report_.steps}, {"examples", report_.examples}, {"time", TimesJson(times)}};
-    Event("left", std::move(f));
+    // Its "end" (as every worker's), saying where it left.
+    Json f = {{"left_at", t},
+              {"steps", report_.steps},
+              {"examples", report_.examples},
+              {"examples_per_sec", report_.examples_per_sec},
+              {"train_s", report_.wall_s - times.eval_s},
+              {"global_step", report_.progress.step},
+              {"first_step", t0_},
+              {"pushes_used", report_.progress.pushes_used},
+              {"pushes_dropped", report_.progress.pushes_dropped},
+              {"peak_rss_kib", PeakRssKiB()},
+              {"time", TimesJson(times)},
+              {"comm_s", report_.progress.comm_s}};
+    AddBytes(f);
+    Event("end", std::move(f));
     return std::move(report_);
   }
 

@@ -59,6 +59,9 @@ class Collectives {
   // worker(s) 1 (1 of 2 arrived)" (the Waiting request).
   std::vector<std::string> Describe(int rank, const std::vector<bool>& part) const;
 
+  // How many of `arrived` take part (a rank that left may have entered before it left).
+  static size_t ArrivedTakingPart(const std::vector<Request>& arrived, const std::vector<bool>& part);
+
   // The element-wise sum, in the order given, of the values each request of an all-reduce carries.
   static std::vector<double> Sum(const std::vector<Request>& group);
 

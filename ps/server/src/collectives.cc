@@ -119,6 +119,13 @@ std::vector<double> Collectives::Sum(const std::vector<Request>& group) {
   return sum;
 }
 
+size_t Collectives::ArrivedTakingPart(const std::vector<Request>& arrived, const std::vector<bool>& part) {
+  return static_cast<size_t>(std::count_if(arrived.begin(), arrived.end(), [&](const Request& r) {
+    const auto rank = static_cast<size_t>(r.h()->rank());
+    return rank < part.size() && part[rank];
+  }));
+}
+
 std::vector<int> Collectives::Missing(const std::vector<Request>& arrived, const std::vector<bool>& part) {
   std::vector<bool> came(part.size(), false);
   for (const auto& r : arrived) {
@@ -152,8 +159,8 @@ std::vector<std::string> Collectives::Describe(int rank, const std::vector<bool>
     std::string missing;
     for (int w : Missing(arrived, part)) missing += (missing.empty() ? "" : ", ") + std::to_string(w);
     out.push_back(std::string(wire::KindName(arrived[0].h()->kind())) + " " + std::to_string(id) +
-                  " waits for worker(s) " + missing + " (" + std::to_string(arrived.size()) + " of " +
-                  std::to_string(taking_part) + " arrived)");
+                  " waits for worker(s) " + missing + " (" + std::to_string(ArrivedTakingPart(arrived, part)) +
+                  " of " + std::to_string(taking_part) + " arrived)");
   }
   return out;
 }

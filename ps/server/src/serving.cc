@@ -478,13 +478,16 @@ void ServerImpl::ExpireHeld() {
                               " pieces arrived within " + waited + " on server " + std::to_string(options_.rank));
     FailCall(std::move(c), why);
   }
-  for (auto& c : collectives_.TakeExpired(now, workers_.TakingPart())) {
+  const std::vector<bool> part = workers_.TakingPart();
+  const auto taking_part = std::count(part.begin(), part.end(), true);
+  for (auto& c : collectives_.TakeExpired(now, part)) {
+    const size_t arrived = ps::Collectives::ArrivedTakingPart(c.arrived, part);
     for (auto& r : c.arrived) {
       Count(kHeldExpired);
       SendError(r, DeadlineExceededError(std::string(wire::KindName(r.h()->kind())) + " " + std::to_string(c.id) +
                                          " waited " + waited + " on server " + std::to_string(options_.rank) +
-                                         " for worker(s) " + c.missing + " (" + std::to_string(c.arrived.size()) +
-                                         " of " + std::to_string(workers_.count()) + " arrived)"));
+                                         " for worker(s) " + c.missing + " (" + std::to_string(arrived) + " of " +
+                                         std::to_string(taking_part) + " arrived)"));
     }
   }
 }

@@ -84,9 +84,10 @@ TEST(ShardTest, InvalidSpecs) {
 
 TEST(ShardTest, WorkersThatLeaveHandTheirShareToTheOthersAndEveryExampleIsStillReadOncePerEpoch) {
   // 1003 examples, 4 workers, steps of 10 examples a worker: 25 steps an epoch (the smallest shard
-  // has 250), the last one taking the rest. Worker 1 leaves before step 7 and worker 3 before step
-  // 31 (epoch 1), as ferry-trainer --leave 1@7,3@31 reads them: from its step on, each step's
-  // slice of a worker that left is split among the workers that remain.
+  // has 250), the last one taking the rest (the first 3 shards hold 251). Worker 1 leaves before
+  // step 7 and worker 3 before step 31 (epoch 1), as ferry-trainer --leave 1@7,3@31 reads them:
+  // from its step on, each step's slice of a worker that left is split among the workers that
+  // remain (StepBatch, which the trainer calls).
   constexpr int64_t kN = 1003, kStep = 10, kStepsPerEpoch = 25;
   constexpr int kWorkers = 4;
   auto leave_step = [](int w) -> int64_t { return w == 1 ? 7 : w == 3 ? 31 : -1; };
@@ -96,27 +97,30 @@ TEST(ShardTest, WorkersThatLeaveHandTheirShareToTheOthersAndEveryExampleIsStillR
     std::vector<int> reads(kN, 0);
     for (int64_t k = 0; k < kStepsPerEpoch; ++k) {
       const int64_t t = epoch * kStepsPerEpoch + k;
-      auto slice = [&](int w) {
-        const std::vector<int64_t>& order = orders[static_cast<size_t>(w)];
-        const int64_t first = k * kStep;
-        const int64_t n = k + 1 == kStepsPerEpoch ? static_cast<int64_t>(order.size()) - first : kStep;
-        return std::span<const int64_t>(order).subspan(static_cast<size_t>(first), static_cast<size_t>(n));
-      };
       std::vector<int> present;
       for (int w = 0; w < kWorkers; ++w) {
         if (leave_step(w) < 0 || t < leave_step(w)) present.push_back(w);
       }
       size_t read_this_step = 0, slices_this_step = 0;
-      for (int w = 0; w < kWorkers; ++w) slices_this_step += slice(w).size();
-      for (size_t index = 0; index < present.size(); ++index) {
-        const std::span<const int64_t> own = slice(present[index]);
-        std::vector<int64_t> batch(own.begin(), own.end());
+      for (int w = 0; w < kWorkers; ++w) {
+        const std::span<const int64_t> slice = StepSlice(orders[static_cast<size_t>(w)], k, kStepsPerEpoch, kStep);
+        EXPECT_EQ(slice.size(), k + 1 < kStepsPerEpoch ? 10u : w < 3 ? 11u : 10u);  // the rest of 251 or 250
+        slices_this_step += slice.size();
+      }
+      for (int rank : present) {
+        // Only the orders of `rank` and of the absent workers are needed.
+        std::vector<const std::vector<int64_t>*> needed(kWorkers, nullptr);
         for (int w = 0; w < kWorkers; ++w) {
-          if (std::find(present.begin(), present.end(), w) != present.end()) continue;
-          AppendLeftShare(slice(w), static_cast<int>(index), static_cast<int>(present.size()), &batch);
+          if (w == rank || std::find(present.begin(), present.end(), w) == present.end()) {
+            needed[static_cast<size_t>(w)] = &orders[static_cast<size_t>(w)];
+          }
         }
-        // The share of one worker that left is 10 / 3 or 10 / 2 examples: batches differ by at most 1 a leaver.
-        EXPECT_LE(batch.size(), static_cast<size_t>(kStep + 1 + (kWorkers - present.size()) * (kStep / 2 + 1)));
+        const std::vector<int64_t> batch = StepBatch(rank, present, needed, k, kStepsPerEpoch, kStep);
+        // Its own slice first, then a part of each absent worker's (10 / 3 or 10 / 2 examples of 10 or 11).
+        const std::span<const int64_t> own = StepSlice(orders[static_cast<size_t>(rank)], k, kStepsPerEpoch, kStep);
+        ASSERT_GE(batch.size(), own.size());
+        EXPECT_TRUE(std::equal(own.begin(), own.end(), batch.begin()));
+        EXPECT_LE(batch.size(), own.size() + (kWorkers - present.size()) * (kStep / 2 + 1));
         for (int64_t id : batch) ++reads[static_cast<size_t>(id)];
         read_this_step += batch.size();
       }

@@ -57,4 +57,26 @@ void AppendLeftShare(std::span<const int64_t> left_slice, int index, int present
   out->insert(out->end(), left_slice.begin() + begin, left_slice.begin() + end);
 }
 
+std::span<const int64_t> StepSlice(std::span<const int64_t> order, int64_t step_in_epoch, int64_t steps_per_epoch,
+                                   int64_t step_examples) {
+  const int64_t first = step_in_epoch * step_examples;
+  const int64_t n = step_in_epoch + 1 == steps_per_epoch ? static_cast<int64_t>(order.size()) - first : step_examples;
+  return order.subspan(static_cast<size_t>(first), static_cast<size_t>(n));
+}
+
+std::vector<int64_t> StepBatch(int rank, std::span<const int> present,
+                               std::span<const std::vector<int64_t>* const> orders, int64_t step_in_epoch,
+                               int64_t steps_per_epoch, int64_t step_examples) {
+  const std::span<const int64_t> own =
+      StepSlice(*orders[static_cast<size_t>(rank)], step_in_epoch, steps_per_epoch, step_examples);
+  std::vector<int64_t> batch(own.begin(), own.end());
+  const int index = static_cast<int>(std::find(present.begin(), present.end(), rank) - present.begin());
+  for (size_t w = 0; w < orders.size(); ++w) {
+    if (std::find(present.begin(), present.end(), static_cast<int>(w)) != present.end()) continue;
+    AppendLeftShare(StepSlice(*orders[w], step_in_epoch, steps_per_epoch, step_examples), index,
+                    static_cast<int>(present.size()), &batch);
+  }
+  return batch;
+}
+
 }  // namespace ferry::data

@@ -171,7 +171,7 @@ struct TrainerOptions {
   // STEP - 1; Client::Leave, protocol 1.18) and exits 0; the others train on without waiting for
   // it. Every worker is given the same list: from STEP on, each step's share of the leaver's data
   // is split among the workers that remain, so every example is still read once an epoch
-  // (data::LeftShare). Sync tables only; worker 0 stays (it checkpoints and reports).
+  // (data::StepBatch). Sync tables only; worker 0 stays (it checkpoints and reports).
   struct WorkerLeave {
     int rank = 0;
     int64_t step = 0;

@@ -65,4 +65,20 @@ std::vector<int64_t> EpochPermutation(int64_t num_examples, int64_t epoch,
 // 0 <= index < present.
 void AppendLeftShare(std::span<const int64_t> left_slice, int index, int present, std::vector<int64_t>* out);
 
+// The slice of a shard's epoch order read at step `step_in_epoch` of an epoch of
+// `steps_per_epoch` steps of `step_examples` each: positions [k * step_examples, (k + 1) *
+// step_examples), and the epoch's last step takes what is left of the shard (a trainer plans
+// ceil(smallest shard / step_examples) steps, so that is 1 .. step_examples + 1 examples).
+std::span<const int64_t> StepSlice(std::span<const int64_t> order, int64_t step_in_epoch, int64_t steps_per_epoch,
+                                   int64_t step_examples);
+
+// What worker `rank` reads at step `step_in_epoch` (StepSlice), when only the workers in
+// `present` (ascending; `rank` among them) take part in the step: its own slice, then its part
+// (AppendLeftShare) of the slice of each worker of [0, orders.size()) not in `present`, in rank
+// order. orders[w] is worker w's epoch order (EpochIndices); only those of `rank` and of the
+// absent workers are read (the others may be null).
+std::vector<int64_t> StepBatch(int rank, std::span<const int> present,
+                               std::span<const std::vector<int64_t>* const> orders, int64_t step_in_epoch,
+                               int64_t steps_per_epoch, int64_t step_examples);
+
 }  // namespace ferry::data

@@ -1447,6 +1447,86 @@ class WorkerLeaveTest(unittest.TestCase):
         self.assert_all_gone(out)
 
 
+class WorkerJoinTest(unittest.TestCase):
+    """Issue 38 (protocol 1.18, a worker joining a job in progress) with the real binaries under
+    the launcher: a sync ctr job of 2 servers and 3 workers in which worker 2 takes part from step
+    10 (ferry-trainer --join 2@10) and worker 1 leaves before step 25. Each step's examples are
+    those of the job where all three train throughout (the workers present split an absent one's
+    share), so the two learn the same model but for float rounding; a server killed before the
+    join restarts every process from a checkpoint, and the job ends with the bits of the same job
+    uninterrupted."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-join-test-")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def argv(self, name, extra):
+        return (["--num-ps", "2", "--num-workers", "3", "--base-port", "0", "--gpus-per-host", "0",
+                 "--bin-dir", BUILD_DIR, "--log-dir", os.path.join(self.dir, name),
+                 "--checkpoint-dir", os.path.join(self.dir, name + "-ckpt"), "--checkpoint-every", "5",
+                 "--", "--model", "ctr", "--ctr-train", "3000", "--ctr-test", "500", "--steps", "40",
+                 "--batch", "32", "--consistency", "sync", "--log-every", "5", "--eval-every", "15",
+                 "--blas-threads", "1", "--optimizer", "adam", "--lr", "0.01",
+                 "--metrics-out", os.path.join(self.dir, name + "-{rank}.jsonl")] + extra)
+
+    def ends(self, name):
+        out = {}
+        for rank in range(3):
+            with open(os.path.join(self.dir, f"{name}-{rank}.jsonl")) as f:
+                out[rank] = [e for e in (json.loads(line) for line in f) if e["event"] == "end"][-1]
+        return out
+
+    def job(self, name, extra):
+        r = Run(self.argv(name, extra))
+        self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
+        rc = r.finish(180)
+        self.assertEqual(rc, 0, r.output)
+        RecoveryTest.assert_all_gone(self, r.output)
+        return r.output, self.ends(name)
+
+    def test_a_worker_that_joins_contributes_from_its_first_step(self):
+        membership = ["--join", "2@10", "--leave", "1@25"]
+        out, ends = self.job("joined", membership)
+        self.assertRegex(out, r"(?m)^\[worker 2\] joins the job at step 10 \(--join\)$")
+        self.assertRegex(out, r"(?m)^\[worker 1\] left the job before step 25 \(--leave\)")
+        # 32 steps an epoch of 32 examples a worker (the last: the shard's 8 left). Worker 0 reads
+        # 48 a step while one of the three is absent (12 at step 31), 32 while all take part.
+        self.assertEqual(ends[0]["examples"], 10 * 48 + 15 * 32 + 6 * 48 + 12 + 8 * 48, out)
+        self.assertEqual(ends[1]["examples"], 10 * 48 + 15 * 32, out)
+        self.assertEqual(ends[1]["left_at"], 25, out)
+        self.assertEqual(ends[2]["examples"], 15 * 32 + 6 * 48 + 12 + 8 * 48, out)
+        # Worker 2 contributed to every step from its first: one push a step, none late.
+        self.assertEqual((ends[2]["steps"], ends[2]["pushes_used"], ends[2]["pushes_dropped"]), (30, 30, 0), out)
+        self.assertEqual(ends[0]["pushes_used"], 40, out)
+        joined = ends[0]["final"]
+        _, plain = self.job("plain", [])
+        for key in ("loss", "log_loss", "auc", "accuracy"):  # the same examples each step
+            self.assertAlmostEqual(joined[key], plain[0]["final"][key], delta=1e-6 * max(1.0, abs(joined[key])),
+                                   msg=f"{key}: {joined} against {plain[0]['final']}")
+
+        # ps 1 killed after step 5's checkpoint, before worker 2 joins (worker 0 a straggler by
+        # 200 ms a step, so the job is still there): every process restarts from it, worker 2
+        # waits to join at step 10 again, and the job ends with the bits of the run above.
+        r = Run(self.argv("killed", membership + ["--straggler", "0:200ms"]))
+        self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
+        r.wait_for(r"^\[worker 0\] checkpoint of step 5 saved", 120)
+        victim = r.pids()["ps 1"]
+        os.kill(victim, signal.SIGKILL)
+        rc = r.finish(180)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"ps 1 (pid {victim}) died (killed by SIGKILL)", out)
+        m = re.search(r"(?m)^\[worker 2\] resuming the job at step (\d+) of 40", out)
+        self.assertTrue(m, out)
+        self.assertLess(int(m.group(1)), 10, out)
+        self.assertEqual(self.ends("killed")[0]["final"], joined)  # every number, all its bits
+        self.assertEqual(self.ends("killed")[2]["pushes_dropped"], 0, out)
+        RecoveryTest.assert_all_gone(self, out)
+
+
 class CheckpointFlagsTest(unittest.TestCase):
     """--checkpoint-dir, --checkpoint-every, --resume, --max-restarts: usage errors, the
     preflight of the checkpoint folder, and what --dry-run prints. Nothing is started."""

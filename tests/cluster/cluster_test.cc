@@ -806,6 +806,53 @@ TEST(Cluster, AWorkerThatLeavesIsWaitedForByNoStepAndNoCollective) {
   EXPECT_TRUE(b0.ok()) << b0;
 }
 
+// A worker that joins later (1.18, ClientOptions::joins_at) is not waited for before its step,
+// may not push before it, and is waited for from it on. Servers that learn of it only after the
+// others pushed (restored servers: its Hello comes late) close the step at its Hello.
+TEST(Cluster, AWorkerThatJoinsLaterIsWaitedForFromItsStepOn) {
+  ServerOptions opts;
+  opts.max_wait = 60s;
+  auto c = LocalCluster::Start(1, false, opts);
+  auto w0 = c.Connect(0, 3), w1 = c.Connect(1, 3);
+  TableSpec spec = SgdTable("w", 2, Consistency::kSync);
+  ASSERT_TRUE(w0->Declare(spec).ok());
+  ASSERT_TRUE(w1->Declare(spec).ok());
+  std::vector<float> g0 = {1, 1}, g1 = {3, 3}, g2 = {8, 8}, p(2);
+  // Step 0: workers 0 and 1 push; worker 2 has not said Hello, so it is waited for.
+  ASSERT_TRUE(w0->PushDense("w", g0, 0).wait(5s).ok());
+  ASSERT_TRUE(w1->PushDense("w", g1, 0).wait(5s).ok());
+  Handle pull = w0->PullDense("w", p, 1);
+  EXPECT_EQ(pull.wait(300ms).code(), StatusCode::kDeadlineExceeded) << "worker 2 is still expected at step 0";
+  // Its Hello says it joins at step 2: step 0 closes with the two gradients.
+  ClientOptions later;
+  later.joins_at = 2;
+  auto w2 = c.Connect(2, 3, later);
+  ASSERT_TRUE(w2->Declare(spec).ok());
+  Status s = pull.wait(10s);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(p, (std::vector<float>{-2, -2}));  // 0 - (1 + 3) / 2
+  // Before its step, its push is refused and changes nothing.
+  s = w2->PushDense("w", g2, 1).wait(5s);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("worker 2 takes part from step 2 (its Hello's joins_at): its sync push for step 1 is "
+                             "refused"),
+            std::string::npos)
+      << s;
+  ASSERT_TRUE(w0->PushDense("w", g0, 1).wait(5s).ok());
+  ASSERT_TRUE(w1->PushDense("w", g1, 1).wait(5s).ok());
+  ASSERT_TRUE(w0->PullDense("w", p, 2).wait(10s).ok());
+  EXPECT_EQ(p, (std::vector<float>{-4, -4}));
+  // Step 2 waits for it, and takes its gradient.
+  ASSERT_TRUE(w0->PushDense("w", g0, 2).wait(5s).ok());
+  ASSERT_TRUE(w1->PushDense("w", g1, 2).wait(5s).ok());
+  pull = w0->PullDense("w", p, 3);
+  EXPECT_EQ(pull.wait(300ms).code(), StatusCode::kDeadlineExceeded) << "step 2 is worker 2's first: it waits for it";
+  ASSERT_TRUE(w2->PushDense("w", g2, 2).wait(5s).ok());
+  s = pull.wait(10s);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(p, (std::vector<float>{-8, -8}));  // -4 - (1 + 3 + 8) / 3
+}
+
 // 20 rounds of: start a server, Stop() it from two threads at once, then destroy it (~Server
 // calls Stop() once more). Exits 0 after the last round.
 [[noreturn]] void StopFromTwoThreadsRoundsThenExit() {

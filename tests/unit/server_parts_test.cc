@@ -98,21 +98,40 @@ TEST(Workers, ASyncStepWaitsForEveryWorkerTakingPart) {
   Workers w;
   ASSERT_TRUE(w.Join(0, 3).ok());
   TableSpec all;  // replicas_to_aggregate 0: every worker
-  EXPECT_FALSE(w.StepComplete(all, Slots(3, {})));
-  EXPECT_FALSE(w.StepComplete(all, Slots(3, {0, 2})));
-  EXPECT_EQ(w.MissingRanks(Slots(3, {0, 2})), "1");
-  EXPECT_TRUE(w.StepComplete(all, Slots(3, {0, 1, 2})));
+  EXPECT_FALSE(w.StepComplete(all, Slots(3, {}), 0));
+  EXPECT_FALSE(w.StepComplete(all, Slots(3, {0, 2}), 0));
+  EXPECT_EQ(w.MissingRanks(Slots(3, {0, 2}), 0), "1");
+  EXPECT_TRUE(w.StepComplete(all, Slots(3, {0, 1, 2}), 0));
   TableSpec two = all;
   two.replicas_to_aggregate = 2;  // one backup worker
-  EXPECT_TRUE(w.StepComplete(two, Slots(3, {0, 2})));
+  EXPECT_TRUE(w.StepComplete(two, Slots(3, {0, 2}), 0));
   // A finished worker is not waited for, but its gradient held for the step still counts.
   w.Finish(1);
-  EXPECT_TRUE(w.StepComplete(all, Slots(3, {0, 2})));
-  EXPECT_EQ(w.MissingRanks(Slots(3, {0})), "2");
-  EXPECT_FALSE(w.StepComplete(all, Slots(3, {0})));
+  EXPECT_TRUE(w.StepComplete(all, Slots(3, {0, 2}), 0));
+  EXPECT_EQ(w.MissingRanks(Slots(3, {0}), 0), "2");
+  EXPECT_FALSE(w.StepComplete(all, Slots(3, {0}), 0));
   // A Hello from the finished rank makes it take part again.
   ASSERT_TRUE(w.Join(1, 3).ok());
-  EXPECT_FALSE(w.StepComplete(all, Slots(3, {0, 2})));
+  EXPECT_FALSE(w.StepComplete(all, Slots(3, {0, 2}), 0));
+}
+
+TEST(Workers, AWorkerThatJoinsLaterIsWaitedForFromItsStepOn) {
+  Workers w;
+  ASSERT_TRUE(w.Join(0, 3).ok());
+  ASSERT_TRUE(w.Join(1, 3).ok());
+  ASSERT_TRUE(w.Join(2, 3, 0, /*joins_at=*/10).ok());  // 1.18: worker 2 takes part from step 10
+  EXPECT_EQ(w.joins_at(2), 10);
+  TableSpec all;
+  EXPECT_TRUE(w.StepComplete(all, Slots(3, {0, 1}), 9));
+  EXPECT_EQ(w.MissingRanks(Slots(3, {0}), 9), "1");
+  EXPECT_EQ(w.Quorum(all, Slots(3, {0, 1}), 9), 2);
+  EXPECT_FALSE(w.StepComplete(all, Slots(3, {0, 1}), 10));
+  EXPECT_EQ(w.MissingRanks(Slots(3, {0, 1}), 10), "2");
+  EXPECT_EQ(w.Quorum(all, Slots(3, {0, 1}), 10), 3);
+  EXPECT_TRUE(w.StepComplete(all, Slots(3, {0, 1, 2}), 12));
+  // A new Hello of the rank says again when it joins (0: at once).
+  ASSERT_TRUE(w.Join(2, 3, 0, 0).ok());
+  EXPECT_FALSE(w.StepComplete(all, Slots(3, {0, 1}), 3));
 }
 
 TEST(Workers, SspPullsWaitForTheSlowestClockStillTraining) {

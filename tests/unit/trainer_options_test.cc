@@ -130,6 +130,17 @@ TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
   EXPECT_EQ(v->LeaveStep(1), 2);
   EXPECT_EQ(v->LeaveStep(2), -1);
   EXPECT_EQ(v->LeaveStep(0), -1);
+  auto j = Parse({"--servers", "tcp://a:1", "--num-workers", "4", "--join", "2@10", "--leave", "2@30,1@5"});
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->JoinStep(2), 10);
+  EXPECT_EQ(j->JoinStep(1), 0);
+  EXPECT_FALSE(j->TakesPart(2, 9));
+  EXPECT_TRUE(j->TakesPart(2, 10));
+  EXPECT_TRUE(j->TakesPart(2, 29));
+  EXPECT_FALSE(j->TakesPart(2, 30));
+  EXPECT_TRUE(j->TakesPart(1, 4));
+  EXPECT_FALSE(j->TakesPart(1, 5));
+  EXPECT_TRUE(j->TakesPart(0, 1000));
 }
 
 TEST(TrainerOptions, EvalEveryEpoch) {
@@ -228,12 +239,20 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
        "--leave: worker 0 is not one of workers 1 to 2"},
       {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "3@5"}, "--leave: worker 3"},
       {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "1@0"}, "--leave step"},
-      {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "1@5,1@7"}, "leaves twice"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "1@5,1@7"}, "--leave: worker 1 given twice"},
       {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "1@5,"}, "--leave"},
       {{"--servers", "tcp://a:1", "--num-workers", "3", "--leave", "1"}, "is not WORKER@STEP"},
       {{"--servers", "tcp://a:1", "--num-workers", "3", "--steps", "5", "--leave", "1@5"}, "not below --steps 5"},
       {{"--servers", "tcp://a:1", "--num-workers", "3", "--backup-workers", "1", "--leave", "1@5"},
        "--backup-workers"},
+      {{"--local", "--join", "1@5"}, "--join"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--join", "0@5"}, "--join: worker 0 is not one of workers 1"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--join", "1@0"}, "--join step"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--join", "1@5,1@6"}, "--join: worker 1 given twice"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--steps", "5", "--join", "1@5"}, "not below --steps 5"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--join", "1@5", "--leave", "1@5"},
+       "it would take part in no step"},
+      {{"--servers", "tcp://a:1", "--num-workers", "3", "--backup-workers", "1", "--join", "1@5"}, "--backup-workers"},
       {{"--local", "--straggler", "0:fast"}, "--straggler"},
       {{"--local", "--straggler", "0:x0.5"}, "--straggler"},
       {{"--servers", "tcp://a:1", "--num-workers", "2", "--straggler", "2:10ms"}, "--straggler"},

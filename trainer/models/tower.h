@@ -173,13 +173,13 @@ struct Tower {
 };
 
 // Examples at once: one evaluation batch, or a step's kB (and one more for an epoch's last step on a larger
-// shard, trainer.h), and with --leave a part of each leaver's step too (data::StepBatch: at most
-// ceil(slice / the workers that remain) of a slice of at most kB + 1).
+// shard, trainer.h), and with --leave or --join a part of each absent worker's step too
+// (data::StepBatch: at most ceil(slice / the workers present) of a slice of at most kB + 1).
 inline int64_t MaxBatch(const TrainerOptions& o) {
   const int64_t step = o.batch * o.accumulate + 1;
-  const auto leavers = static_cast<int64_t>(o.leave.size());
-  const int64_t remain = std::max<int64_t>(1, o.num_workers - leavers);
-  return std::max(step + leavers * ((step + remain - 1) / remain), kEvalBatch);
+  const auto absent = static_cast<int64_t>(o.leave.size() + o.join.size());
+  const int64_t present = std::max<int64_t>(1, o.num_workers - absent);
+  return std::max(step + absent * ((step + present - 1) / present), kEvalBatch);
 }
 
 }  // namespace ferry::trainer::models

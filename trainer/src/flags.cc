@@ -74,28 +74,30 @@ Status ParseMoveSlots(std::string_view value, TrainerOptions* o) {
   return Status::Ok();
 }
 
-Status ParseLeave(std::string_view value, TrainerOptions* o) {
-  o->leave.clear();
+// --leave / --join: WORKER@STEP[,...] into `out` (each worker once).
+Status ParseWorkerSteps(std::string_view flag, std::string_view value, std::vector<TrainerOptions::WorkerAt>* out) {
+  const std::string f(flag);
+  out->clear();
   while (!value.empty()) {
     const size_t comma = value.find(',');
     const std::string_view one = value.substr(0, comma);
     value = comma == std::string_view::npos ? std::string_view() : value.substr(comma + 1);
     const size_t at = one.find('@');
     if (at == std::string_view::npos || (comma != std::string_view::npos && value.empty())) {
-      return InvalidArgumentError("--leave: '" + std::string(one) + "' is not WORKER@STEP" +
+      return InvalidArgumentError(f + ": '" + std::string(one) + "' is not WORKER@STEP" +
                                   (at == std::string_view::npos ? "" : " (a comma with nothing after it)"));
     }
-    TrainerOptions::WorkerLeave l;
+    TrainerOptions::WorkerAt w;
     int64_t rank = 0;
-    FERRY_RETURN_IF_ERROR(ParseInt("--leave worker", one.substr(0, at), 0, 65535, &rank));
-    l.rank = static_cast<int>(rank);
-    FERRY_RETURN_IF_ERROR(ParseInt("--leave step", one.substr(at + 1), 1, INT64_MAX / 2, &l.step));
-    if (o->LeaveStep(l.rank) >= 0) {
-      return InvalidArgumentError("--leave: worker " + std::to_string(l.rank) + " leaves twice");
+    FERRY_RETURN_IF_ERROR(ParseInt(f + " worker", one.substr(0, at), 0, 65535, &rank));
+    w.rank = static_cast<int>(rank);
+    FERRY_RETURN_IF_ERROR(ParseInt(f + " step", one.substr(at + 1), 1, INT64_MAX / 2, &w.step));
+    for (const TrainerOptions::WorkerAt& seen : *out) {
+      if (seen.rank == w.rank) return InvalidArgumentError(f + ": worker " + std::to_string(w.rank) + " given twice");
     }
-    o->leave.push_back(l);
+    out->push_back(w);
   }
-  if (o->leave.empty()) return InvalidArgumentError("--leave: no worker given");
+  if (out->empty()) return InvalidArgumentError(f + ": no worker given");
   return Status::Ok();
 }
 
@@ -293,7 +295,12 @@ Status SetMetricsBind(TrainerOptions& o, std::string_view, std::string_view valu
 
 Status SetStraggler(TrainerOptions& o, std::string_view, std::string_view value) { return ParseStraggler(value, &o); }
 Status SetMoveSlots(TrainerOptions& o, std::string_view, std::string_view value) { return ParseMoveSlots(value, &o); }
-Status SetLeave(TrainerOptions& o, std::string_view, std::string_view value) { return ParseLeave(value, &o); }
+Status SetLeave(TrainerOptions& o, std::string_view flag, std::string_view value) {
+  return ParseWorkerSteps(flag, value, &o.leave);
+}
+Status SetJoin(TrainerOptions& o, std::string_view flag, std::string_view value) {
+  return ParseWorkerSteps(flag, value, &o.join);
+}
 
 Status SetDevice(TrainerOptions& o, std::string_view flag, std::string_view value) {
   return Choice(flag, value, kDevices, &o.device);
@@ -460,6 +467,11 @@ const Flag kFlags[] = {
      "splitting its share of each step's examples among them (sync; give every worker the same "
      "list)",
      SetLeave},
+    {"--join", "WORKER@STEP[,...]", "recovery",
+     "worker WORKER takes part in the job's steps from STEP on (it starts with the others and "
+     "meets them at barriers and evaluations); until then the others read its share of each "
+     "step's examples (sync; give every worker the same list)",
+     SetJoin},
     {"--curve-keys", "DIR", "security",
      "the job's CURVE key folder from ferry-keys (reads server.pub and "
      "worker-R.key; needed when the servers run with --curve-keys)",

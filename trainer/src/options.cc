@@ -202,7 +202,9 @@ Status TrainerOptions::Validate() const {
           "--checkpoint-every(-s) and --resume need servers (checkpoints are the servers'), not --local");
     }
     if (!move_slots.empty()) return InvalidArgumentError("--move-slots moves the servers' slots: not with --local");
-    if (!leave.empty()) return InvalidArgumentError("--leave: --local runs one worker, which cannot leave");
+    if (!leave.empty() || !join.empty()) {
+      return InvalidArgumentError("--leave and --join: --local runs one worker, which takes part in every step");
+    }
     if (num_workers != 1 || rank != 0) return InvalidArgumentError("--local runs one worker: no --rank/--num-workers");
   } else {
     if (servers.empty()) return InvalidArgumentError("--servers is required (or pass --local)");
@@ -236,19 +238,31 @@ Status TrainerOptions::Validate() const {
         }
       }
     }
-    for (const WorkerLeave& l : leave) {
-      // Worker 0 saves the job's checkpoints, moves its slots and reports its evaluation.
-      if (l.rank == 0 || l.rank >= num_workers) {
-        return InvalidArgumentError("--leave: worker " + std::to_string(l.rank) + " is not one of workers 1 to " +
-                                    std::to_string(num_workers - 1) + " (worker 0 stays: it checkpoints and reports)");
+    for (const auto& [flag, list] : {std::pair<std::string_view, const std::vector<WorkerAt>*>{"--leave", &leave},
+                                     {"--join", &join}}) {
+      for (const WorkerAt& w : *list) {
+        // Worker 0 saves the job's checkpoints, moves its slots and reports its evaluation.
+        if (w.rank == 0 || w.rank >= num_workers) {
+          return InvalidArgumentError(std::string(flag) + ": worker " + std::to_string(w.rank) +
+                                      " is not one of workers 1 to " + std::to_string(num_workers - 1) +
+                                      " (worker 0 takes part in every step: it checkpoints and reports)");
+        }
+        if (steps > 0 && w.step >= steps) {
+          return InvalidArgumentError(std::string(flag) + ": step " + std::to_string(w.step) +
+                                      " is not below --steps " + std::to_string(steps));
+        }
+        if (backup_workers > 0) {
+          return InvalidArgumentError(std::string(flag) +
+                                      ": not with --backup-workers (a step's quorum would count a worker absent "
+                                      "from it)");
+        }
       }
-      if (steps > 0 && l.step >= steps) {
-        return InvalidArgumentError("--leave: step " + std::to_string(l.step) + " is not below --steps " +
-                                    std::to_string(steps));
-      }
-      if (backup_workers > 0) {
-        return InvalidArgumentError(
-            "--leave: not with --backup-workers (a step's quorum would count a worker that left)");
+    }
+    for (const WorkerAt& j : join) {
+      if (const int64_t l = LeaveStep(j.rank); l >= 0 && l <= j.step) {
+        return InvalidArgumentError("--join: worker " + std::to_string(j.rank) + " joins at step " +
+                                    std::to_string(j.step) + " and leaves before step " + std::to_string(l) +
+                                    ": it would take part in no step");
       }
     }
     if (push_by_layer && pipeline == Pipeline::kNone) {

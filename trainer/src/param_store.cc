@@ -220,6 +220,10 @@ class ServerStore final : public ParamStore {
     return Status::Ok();
   }
 
+  void JoinAt(int64_t step) override {
+    if (any_sync_) next_step_ = step;
+  }
+
   Status Flush() override {
     // A step sent in part whose Push never came (its caller failed mid-step): its requests end
     // here, and what they pulled is not used.

@@ -202,13 +202,20 @@ class WorkerRun final : public TrainingRun {
     int64_t last_eval = t0_ > 0 ? t0_ - 1 : 0;
     // --leave: a worker resumed at or after its step (the job's last one included) leaves at once.
     if (const int64_t leave = options_.LeaveStep(rank_); leave >= 0 && t0_ >= leave) return LeaveJob(t0_);
+    const int64_t join = options_.JoinStep(rank_);
     for (int64_t t = t0_; t < plan_.total_steps; ++t) {
       if (const int64_t leave = options_.LeaveStep(rank_); leave >= 0 && t >= leave) return LeaveJob(t);
-      const int64_t job_t = t == t0_ ? t0_ : sync_servers_ ? JobStep() + 1 : t;
+      // (--join has no backup workers: every worker is at step t; a joiner's pulls began late.)
+      const int64_t job_t = t == t0_ ? t0_ : sync_servers_ && join == 0 ? JobStep() + 1 : t;
       if (eval_period > 0 && job_t < plan_.total_steps && job_t / eval_period > last_eval / eval_period) {
         FERRY_RETURN_IF_ERROR(Evaluate(job_t));
         last_eval = job_t;
       }
+      if (t < join) {
+        FERRY_RETURN_IF_ERROR(WaitToJoin(t));
+        continue;
+      }
+      if (t == join) store_->JoinAt(t);  // its first pull waits for the step before
       FERRY_ASSIGN_OR_RETURN(const bool stepped, Step(t));
       if (!stepped) break;
     }
@@ -273,15 +280,16 @@ class WorkerRun final : public TrainingRun {
     plan_.test_n = options_.test_limit > 0 ? std::min(options_.test_limit, model_->test_size()) : model_->test_size();
     plan_.merged_eval = client_ != nullptr && all_sync_ && num_workers_ > 1 &&
                         options_.backup_workers == 0;
-    if (!options_.leave.empty() && (client_ == nullptr || !all_sync_)) {
+    const bool membership = !options_.leave.empty() || !options_.join.empty();
+    if (membership && (client_ == nullptr || !all_sync_)) {
       return InvalidArgumentError(
-          "--leave needs every table sync (a sync step is what waits for a worker, and what stops waiting)");
+          "--leave and --join need every table sync (a sync step is what waits for a worker, and what does not)");
     }
     if (model_->train_size() == Model::kStreamed) {
-      if (!options_.leave.empty()) {
+      if (membership) {
         return InvalidArgumentError(
-            "--leave: a streamed training set cannot hand a leaving worker's share to the others; load it in "
-            "memory");
+            "--leave and --join: a streamed training set cannot hand an absent worker's share to the others; load "
+            "it in memory");
       }
       // Each worker streams its own part of the data (the reader shards it) and passes over it
       // again at its end; the run is as long as --steps says (TrainerOptions::Validate).
@@ -307,11 +315,13 @@ class WorkerRun final : public TrainingRun {
     }
     plan_.steps_per_epoch = (smallest_shard + plan_.step_examples - 1) / plan_.step_examples;
     plan_.total_steps = options_.steps > 0 ? options_.steps : options_.epochs * plan_.steps_per_epoch;
-    for (const TrainerOptions::WorkerLeave& l : options_.leave) {
-      if (l.step >= plan_.total_steps) {
-        return InvalidArgumentError("--leave: worker " + std::to_string(l.rank) + " leaves before step " +
-                                    std::to_string(l.step) + ", and the job has " +
-                                    std::to_string(plan_.total_steps) + " steps");
+    for (const auto* list : {&options_.leave, &options_.join}) {
+      for (const TrainerOptions::WorkerAt& w : *list) {
+        if (w.step >= plan_.total_steps) {
+          return InvalidArgumentError(std::string(list == &options_.leave ? "--leave" : "--join") + ": worker " +
+                                      std::to_string(w.rank) + " at step " + std::to_string(w.step) +
+                                      ", and the job has " + std::to_string(plan_.total_steps) + " steps");
+        }
       }
     }
     return Status::Ok();
@@ -534,12 +544,10 @@ class WorkerRun final : public TrainingRun {
     const std::vector<int> present = Present(step);
     const auto n = static_cast<int64_t>(present.size());
     const auto index = static_cast<int64_t>(std::ranges::find(present, rank_) - present.begin());
-    if (index == n) {  // a worker evaluates only at the steps it takes part in (LeaveJob comes first)
-      return InternalError("worker " + std::to_string(rank_) + " evaluating at step " + std::to_string(step) +
-                           ", which it does not take part in (--leave)");
-    }
-    const int64_t first = plan_.merged_eval ? plan_.test_n * index / n : 0;
-    const int64_t last = plan_.merged_eval ? plan_.test_n * (index + 1) / n : plan_.test_n;
+    // A worker that has not joined yet (--join) evaluates none of the test set, and adds zeros to
+    // the merged state (one that left evaluates no more: LeaveJob comes first).
+    const int64_t first = !plan_.merged_eval ? 0 : index == n ? plan_.test_n : plan_.test_n * index / n;
+    const int64_t last = !plan_.merged_eval ? plan_.test_n : index == n ? plan_.test_n : plan_.test_n * (index + 1) / n;
     const double waited_before = PullWait();
     FERRY_RETURN_IF_ERROR(model_->Evaluate(*store_, step, first, last - first, &state)
                               .WithContext("evaluating at step " + std::to_string(step)));
@@ -602,7 +610,7 @@ class WorkerRun final : public TrainingRun {
           std::to_string(store_->progress().step) + ") after " + std::to_string(t) + " of this worker's: stopping");
       return false;
     }
-    report_.steps = t + 1 - t0_;
+    report_.steps = t + 1 - std::max(t0_, options_.JoinStep(rank_));
     FERRY_RETURN_IF_ERROR(MaybeCheckpoint(t));
     lap_.To(&times.push_s);  // asking for or committing a checkpoint: talking to the servers
     if (hooks_.on_params) hooks_.on_params(t, model_->dense_params());
@@ -614,7 +622,7 @@ class WorkerRun final : public TrainingRun {
     FERRY_RETURN_IF_ERROR(store_->EndStep(t));  // ssp: sends the clock without waiting
     lap_.To(&times.push_s);
 
-    if (t == t0_) report_.first_loss = loss_sum / static_cast<double>(examples);
+    if (t == std::max(t0_, options_.JoinStep(rank_))) report_.first_loss = loss_sum / static_cast<double>(examples);
     report_.examples += examples;
     window_loss_ += loss_sum;
     window_correct_ += correct;
@@ -705,14 +713,29 @@ class WorkerRun final : public TrainingRun {
     return static_cast<int64_t>(batch.size());
   }
 
-  // The workers that take part in step t, in rank order: all but those that left before it (--leave).
+  // The workers that take part in step t, in rank order: all but those that left before it
+  // (--leave) or join after it (--join).
   std::vector<int> Present(int64_t t) const {
     std::vector<int> present;
     for (int w = 0; w < num_workers_; ++w) {
-      const int64_t leave = options_.LeaveStep(w);
-      if (leave < 0 || t < leave) present.push_back(w);
+      if (options_.TakesPart(w, t)) present.push_back(w);
     }
     return present;
+  }
+
+  // --join: step t, before this worker's first: it trains nothing and pushes nothing (no server
+  // waits for its gradient: ClientOptions::joins_at), but meets the others where they meet: the
+  // job's start barrier, a move's barriers (MaybeMoveSlots); its evaluations (Run) add nothing.
+  Status WaitToJoin(int64_t t) {
+    if (client_ == nullptr) return Status::Ok();
+    if (t == t0_ && !options_.resume) {
+      if (t == 0) Say("joins the job at step " + std::to_string(options_.JoinStep(rank_)) + " (--join)");
+      FERRY_RETURN_IF_ERROR(client_->StartBarrier().WithContext("waiting for every worker to connect"));
+      lap_.To(&report_.times.wait_s);
+    }
+    FERRY_RETURN_IF_ERROR(MaybeMoveSlots(t));
+    lap_.To(&report_.times.wait_s);
+    return Status::Ok();
   }
 
   // --leave: this worker leaves the job before step t. Its pushes of the steps before are

@@ -104,6 +104,7 @@ class ClientImpl final : public Client {
       h.add_server_rank(s);
       h.add_heartbeat_ms(engine_.HeartbeatEvery().count());
       if (options_.resumes) h.add_resumes(true);
+      if (options_.joins_at > 0) h.add_joins_at(options_.joins_at);
       OnReply on_reply = [this, s](const Header& reply, Frames&) -> Status {
         engine_.set_minor(s, reply.minor());
         if (!placement::PlacesAlike(reply.minor(), num_servers())) {
@@ -111,6 +112,12 @@ class ClientImpl final : public Client {
                                          std::to_string(reply.minor()) +
                                          ", which places ids and chunks of a job of " + std::to_string(num_servers()) +
                                          " servers by the rule before 1.16's slots: upgrade the servers");
+        }
+        if (options_.joins_at > 0 && reply.minor() < wire::kLeavesSinceMinor) {
+          return FailedPreconditionError("server " + std::to_string(s) + " speaks protocol 1." +
+                                         std::to_string(reply.minor()) + ", which would wait for this worker (joins " +
+                                         "at step " + std::to_string(options_.joins_at) +
+                                         ") from now on (joining later needs 1.18): upgrade the servers");
         }
         // The lowest over the servers that know (-1: this one does not, or is before 1.11).
         if (reply.minor() < 11) some_server_before_1_11_.store(true);

@@ -399,6 +399,11 @@ class ServerImpl final : public Server {
   Status OnCollective(Request& req);
   // Answers a complete collective's requests (in rank order): an all-reduce's sum, or OK.
   void Complete(std::vector<Request>& group);
+  // Closes every sync step that has all it waits for now (after a Finish, or a Hello of a worker
+  // that joins later, 1.18); the first refusal of an update that would not be finite.
+  Status CloseCompleteSteps();
+  // A sync push of `rank` for `step`, before the step its Hello said it joins at (1.18): refused.
+  Status CheckJoined(int rank, int64_t step) const;
 
   // ---- placement versions (handlers/placement.cc) ---------------------------------------------
 

@@ -30,8 +30,9 @@ class Workers {
   Status SetCount(int num_workers);
   // A Hello from `rank` of a job of `num_workers`, sent by its process of `incarnation`: fixes the
   // count on the first one, refuses one that disagrees with it, and makes `rank` take part
-  // (again), with `incarnation` as the rank's (CheckIncarnation has passed).
-  Status Join(int rank, int num_workers, uint32_t incarnation = 0);
+  // (again), with `incarnation` as the rank's (CheckIncarnation has passed), in the sync steps
+  // from `joins_at` on (1.18; 0: at once).
+  Status Join(int rank, int num_workers, uint32_t incarnation = 0, int64_t joins_at = 0);
   // What Join would refuse, changing nothing.
   Status CheckJoin(int rank, int num_workers) const;
 
@@ -92,20 +93,26 @@ class Workers {
 
   // A sync step closes once it holds the gradients of min(replicas_to_aggregate, workers that
   // take part) workers, where a worker takes part unless it has finished (a finished worker's
-  // gradient already held for the step still counts).
-  bool StepComplete(const TableSpec& spec, const SyncSlots& sync) const;
+  // gradient already held for the step still counts) or joins at a later step than `step` (the
+  // unit's version: the step it is at).
+  bool StepComplete(const TableSpec& spec, const SyncSlots& sync, int64_t step) const;
   // Whether the step can still get its quorum without the gradients of `silent` workers (with
   // backup workers it may: the others are enough).
-  bool CanCompleteWithout(const TableSpec& spec, const SyncSlots& sync, const std::vector<int>& silent) const;
+  bool CanCompleteWithout(const TableSpec& spec, const SyncSlots& sync, int64_t step,
+                          const std::vector<int>& silent) const;
   // Whether a pull for `step` of a table (or chunk) at `version` may be served now.
   bool Ready(const TableSpec& spec, int64_t version, int64_t step) const;
 
   // How many gradients a sync step needs to close (StepComplete): min(replicas_to_aggregate,
   // workers that take part), or every worker that takes part.
-  int Quorum(const TableSpec& spec, const SyncSlots& sync) const;
-  // The ranks still expected for a sync step ("none" if none): they take part and have not pushed it.
-  std::string MissingRanks(const SyncSlots& sync) const;
-  std::vector<int> Missing(const SyncSlots& sync) const;
+  int Quorum(const TableSpec& spec, const SyncSlots& sync, int64_t step) const;
+  // The ranks still expected for sync step `step` ("none" if none): they take part and have not pushed it.
+  std::string MissingRanks(const SyncSlots& sync, int64_t step) const;
+  std::vector<int> Missing(const SyncSlots& sync, int64_t step) const;
+  // The step from which `rank` takes part in sync steps (1.18 Hello's joins_at; 0: from its Hello).
+  int64_t joins_at(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < joins_at_.size() ? joins_at_[static_cast<size_t>(rank)] : 0;
+  }
   // The workers an ssp pull for `step` waits for, with their clocks: "1 (clock 3), 2 (clock 4)".
   std::string Behind(int64_t step, int staleness) const;
   std::vector<int> BehindRanks(int64_t step, int staleness) const;
@@ -136,6 +143,9 @@ class Workers {
 
  private:
   void SetFinished(int rank, bool finished);
+  // Whether `rank` takes part in sync step `step`: not finished, and joined at or before it.
+  bool TakesPart(size_t rank, int64_t step) const;
+  int Needed(const TableSpec& spec, const SyncSlots& sync, int64_t step) const;
   // The slowest clock among the workers still training; finished workers hold no one back.
   int64_t MinClock() const;
 
@@ -143,6 +153,8 @@ class Workers {
   std::vector<bool> finished_;   // per rank: sent Finish (and no Hello since)
   int num_finished_ = 0;         // the true entries of finished_
   std::vector<bool> left_;       // per rank: left the job (Leave; and no Hello since)
+  std::vector<int64_t> joins_at_;  // per rank: the first sync step it takes part in (its last Hello's)
+  int num_joining_ = 0;            // ranks whose joins_at_ is above 0
   std::vector<int64_t> clocks_;  // per rank (ssp)
   std::vector<uint32_t> incarnations_;  // per rank: the highest incarnation a Hello brought
   std::vector<int64_t> done_;            // per rank: steps done (Did)

@@ -268,12 +268,12 @@ ServerImpl::Waiting ServerImpl::WaitingOn(const Request& req, const std::vector<
                          workers_.Behind(req.pull_step, t.spec.staleness),
                      workers_.BehindRanks(req.pull_step, t.spec.staleness)};
     }
-    const bool blocked = silent == nullptr || !workers_.CanCompleteWithout(t.spec, sync, *silent);
+    const bool blocked = silent == nullptr || !workers_.CanCompleteWithout(t.spec, sync, version, *silent);
     return Waiting{"table '" + t.spec.name + "'" + part + " is at step " + std::to_string(version) +
-                       " and waits for the gradients of worker(s) " + workers_.MissingRanks(sync) + " (" +
-                       std::to_string(sync.received) + " of " + std::to_string(workers_.Quorum(t.spec, sync)) +
-                       " pushed)",
-                   blocked ? workers_.Missing(sync) : std::vector<int>{}};
+                       " and waits for the gradients of worker(s) " + workers_.MissingRanks(sync, version) + " (" +
+                       std::to_string(sync.received) + " of " +
+                       std::to_string(workers_.Quorum(t.spec, sync, version)) + " pushed)",
+                   blocked ? workers_.Missing(sync, version) : std::vector<int>{}};
   };
   if (h.kind() == Kind::PullSparse) {
     const ps::Table* t = tables_.Find(h.table_id());

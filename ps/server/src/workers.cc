@@ -13,6 +13,7 @@ Status Workers::SetCount(int num_workers) {
   clocks_.assign(static_cast<size_t>(count_), 0);
   finished_.assign(static_cast<size_t>(count_), false);
   left_.assign(static_cast<size_t>(count_), false);
+  joins_at_.assign(static_cast<size_t>(count_), 0);
   promised_ms_.assign(static_cast<size_t>(count_), 0);
   incarnations_.assign(static_cast<size_t>(count_), 0);
   done_.assign(static_cast<size_t>(count_), 0);
@@ -61,12 +62,15 @@ Status Workers::CheckJoin(int rank, int num_workers) const {
   return Status::Ok();
 }
 
-Status Workers::Join(int rank, int num_workers, uint32_t incarnation) {
+Status Workers::Join(int rank, int num_workers, uint32_t incarnation, int64_t joins_at) {
   FERRY_RETURN_IF_ERROR(CheckJoin(rank, num_workers));
   if (count_ == 0) FERRY_RETURN_IF_ERROR(SetCount(num_workers));
   // A worker that connects (again) takes part in the sync quorum (again).
   SetFinished(rank, false);
   left_[static_cast<size_t>(rank)] = false;
+  auto& j = joins_at_[static_cast<size_t>(rank)];
+  num_joining_ += (joins_at > 0 ? 1 : 0) - (j > 0 ? 1 : 0);
+  j = std::clamp<int64_t>(joins_at, 0, kMaxStep);
   trained_[static_cast<size_t>(rank)] = false;  // this process has pushed nothing yet
   auto& have = incarnations_[static_cast<size_t>(rank)];
   have = std::max(have, incarnation);
@@ -91,31 +95,35 @@ int64_t Workers::AdvanceClock(int rank, int64_t clock) {
   return c;
 }
 
+bool Workers::TakesPart(size_t rank, int64_t step) const {
+  return !finished_[rank] && joins_at_[rank] <= step;
+}
+
 // The gradients a sync step needs: min(replicas_to_aggregate, workers taking part).
-static int Needed(const TableSpec& spec, const SyncSlots& sync, int count, int num_finished,
-                  const std::vector<bool>& finished) {
-  int taking_part = count;  // the common case, no worker finished: no scan per push
-  if (num_finished > 0) {
+int Workers::Needed(const TableSpec& spec, const SyncSlots& sync, int64_t step) const {
+  int taking_part = count_;  // the common case, no worker finished or joining later: no scan per push
+  if (num_finished_ > 0 || num_joining_ > 0) {
     taking_part = 0;
-    for (size_t r = 0; r < finished.size(); ++r) taking_part += (!finished[r] || sync.by_rank[r]) ? 1 : 0;
+    for (size_t r = 0; r < finished_.size(); ++r) taking_part += (TakesPart(r, step) || sync.by_rank[r]) ? 1 : 0;
   }
-  const int wanted = spec.replicas_to_aggregate > 0 ? spec.replicas_to_aggregate : count;
+  const int wanted = spec.replicas_to_aggregate > 0 ? spec.replicas_to_aggregate : count_;
   return std::min(wanted, taking_part);
 }
 
-bool Workers::StepComplete(const TableSpec& spec, const SyncSlots& sync) const {
+bool Workers::StepComplete(const TableSpec& spec, const SyncSlots& sync, int64_t step) const {
   if (sync.received == 0) return false;
-  return sync.received >= Needed(spec, sync, count_, num_finished_, finished_);
+  return sync.received >= Needed(spec, sync, step);
 }
 
-int Workers::Quorum(const TableSpec& spec, const SyncSlots& sync) const {
-  return Needed(spec, sync, count_, num_finished_, finished_);
+int Workers::Quorum(const TableSpec& spec, const SyncSlots& sync, int64_t step) const {
+  return Needed(spec, sync, step);
 }
 
-bool Workers::CanCompleteWithout(const TableSpec& spec, const SyncSlots& sync, const std::vector<int>& silent) const {
+bool Workers::CanCompleteWithout(const TableSpec& spec, const SyncSlots& sync, int64_t step,
+                                 const std::vector<int>& silent) const {
   int possible = sync.received;
-  for (int r : Missing(sync)) possible += std::find(silent.begin(), silent.end(), r) == silent.end() ? 1 : 0;
-  return possible >= Needed(spec, sync, count_, num_finished_, finished_);
+  for (int r : Missing(sync, step)) possible += std::find(silent.begin(), silent.end(), r) == silent.end() ? 1 : 0;
+  return possible >= Needed(spec, sync, step);
 }
 
 int64_t Workers::MinClock() const {
@@ -135,17 +143,17 @@ bool Workers::Ready(const TableSpec& spec, int64_t version, int64_t step) const 
   return true;
 }
 
-std::vector<int> Workers::Missing(const SyncSlots& sync) const {
+std::vector<int> Workers::Missing(const SyncSlots& sync, int64_t step) const {
   std::vector<int> out;
   for (size_t r = 0; r < finished_.size(); ++r) {
-    if (!finished_[r] && !sync.by_rank[r]) out.push_back(static_cast<int>(r));
+    if (TakesPart(r, step) && !sync.by_rank[r]) out.push_back(static_cast<int>(r));
   }
   return out;
 }
 
-std::string Workers::MissingRanks(const SyncSlots& sync) const {
+std::string Workers::MissingRanks(const SyncSlots& sync, int64_t step) const {
   std::string out;
-  for (int r : Missing(sync)) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  for (int r : Missing(sync, step)) out += (out.empty() ? "" : ", ") + std::to_string(r);
   return out.empty() ? "none" : out;
 }
 

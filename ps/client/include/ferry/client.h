@@ -53,6 +53,11 @@ struct ClientOptions {
   // everywhere. Only for a program that counts its steps and resumes at worker_step(): one that
   // pushes step 0 again and again must leave it false. Servers before 1.14 ignore it.
   bool resumes = false;
+  // The first sync step this worker takes part in (protocol 1.18; 0: every step from now on): no
+  // server waits for its gradient of an earlier step, while it still takes part in the job's
+  // barriers and all-reduces (ferry-trainer --join). Connect() refuses servers before 1.18,
+  // which would wait for it.
+  int64_t joins_at = 0;
   // Longest the handshake with every server may take in Connect().
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
   // Told about long waits, so that no wait is silent: every `long_wait_every` while requests

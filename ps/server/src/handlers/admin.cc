@@ -99,7 +99,10 @@ Status ServerImpl::OnHello(Request& req) {
     FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank(), took_over));
   }
   const bool count_from_worker = workers_.count() == 0;  // no --num-workers, no worker yet
-  FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers(), h.incarnation()));
+  if (h.joins_at() < 0 || h.joins_at() > ps::kMaxStep) {
+    return InvalidArgumentError("Hello: joins_at " + std::to_string(h.joins_at()) + " is outside [0, 2^62]");
+  }
+  FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers(), h.incarnation(), h.joins_at()));
   if (h.resumes() && h.rank() >= 0 && h.rank() < workers_.count()) {
     // The new process resumes at the lowest step any server knew: what this server took of its
     // predecessor's later steps is not applied again (ps::StepsTaken).
@@ -136,6 +139,13 @@ Status ServerImpl::OnHello(Request& req) {
   // one left waiting goes, so the new one can push its step and enter its collectives again.
   ForEachSyncUnit([&](ps::Table&, int64_t, int64_t, ps::SyncSlots& sync) { ps::DropGradient(sync, h.rank()); });
   collectives_.Forget(h.rank());
+  // 1.18: a worker that joins at a later step is not waited for before it; a step that waited
+  // only for it (servers restored before its Hello) closes now. (A refused update was logged
+  // and marked its table; the step's pushes learn of it from the table.)
+  if (h.joins_at() > 0) {
+    if (Status s = CloseCompleteSteps(); !s.ok()) LogRateLimited(s.message());
+    ServeHeld();
+  }
   for (ps::HeldCalls::Call& c : calls_.TakeRank(h.rank())) {
     FailCall(std::move(c), AbortedError("worker " + std::to_string(h.rank()) + " said Hello again (a new process)"));
   }

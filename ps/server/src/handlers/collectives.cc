@@ -21,14 +21,9 @@ Status ServerImpl::OnFinish(Request& req) {
   } else {
     workers_.Finish(rank);
   }
-  Status refused = Status::Ok();
-  ForEachSyncUnit([&](ps::Table& t, int64_t chunk, int64_t, ps::SyncSlots& sync) {
-    if (!workers_.StepComplete(t.spec, sync)) return;
-    // An update that would not be finite marks its table diverged, and this worker's Finish,
-    // the request that closed the step, is told (its job must not end as if trained).
-    Status s = chunk < 0 ? CloseSyncStep(t) : CloseSyncStep(t, *t.dense->chunk(chunk));
-    if (refused.ok()) refused = std::move(s);
-  });
+  // An update that would not be finite marks its table diverged, and this worker's Finish,
+  // the request that closed the step, is told (its job must not end as if trained).
+  Status refused = CloseCompleteSteps();
   if (refused.ok()) {
     SendOk(req);
   } else {
@@ -49,6 +44,25 @@ Status ServerImpl::OnCollective(Request& req) {
       collectives_.Enter(std::move(req), Clock::now() + options_.max_wait, workers_.TakingPart());
   if (!group.empty()) Complete(group);
   return Status::Ok();
+}
+
+Status ServerImpl::CheckJoined(int rank, int64_t step) const {
+  if (const int64_t from = workers_.joins_at(rank); step < from) {
+    return FailedPreconditionError("worker " + std::to_string(rank) + " takes part from step " + std::to_string(from) +
+                                   " (its Hello's joins_at): its sync push for step " + std::to_string(step) +
+                                   " is refused");
+  }
+  return Status::Ok();
+}
+
+Status ServerImpl::CloseCompleteSteps() {
+  Status refused = Status::Ok();
+  ForEachSyncUnit([&](ps::Table& t, int64_t chunk, int64_t version, ps::SyncSlots& sync) {
+    if (!workers_.StepComplete(t.spec, sync, version)) return;
+    Status s = chunk < 0 ? CloseSyncStep(t) : CloseSyncStep(t, *t.dense->chunk(chunk));
+    if (refused.ok()) refused = std::move(s);
+  });
+  return refused;
 }
 
 void ServerImpl::Complete(std::vector<Request>& group) {

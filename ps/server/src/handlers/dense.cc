@@ -43,6 +43,7 @@ Status ServerImpl::CheckPush(Request& req, std::vector<ps::TableRegistry::SliceR
     FERRY_RETURN_IF_ERROR(Diverged(*r.table));
     if (r.table->spec.consistency != Consistency::kSync) continue;
     FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(r.table->spec, r.chunk->sync, r.chunk->version, rank, h.step()));
+    FERRY_RETURN_IF_ERROR(CheckJoined(rank, h.step()));
   }
   return Status::Ok();
 }
@@ -126,7 +127,7 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
     if (t->spec.consistency == Consistency::kSync) {
       ++info.used;
       ps::HoldGradient(c->sync, rank, std::move(req.payload[i]));
-      if (workers_.StepComplete(t->spec, c->sync)) {
+      if (workers_.StepComplete(t->spec, c->sync, c->version)) {
         if (Status s = CloseSyncStep(*t, *c); refused.ok()) refused = s;
         applied = true;
       }

@@ -65,6 +65,7 @@ Status ServerImpl::OnPushSparse(Request& req) {
     FERRY_RETURN_IF_ERROR(Diverged(t));
     if (t.spec.consistency == Consistency::kSync) {
       FERRY_RETURN_IF_ERROR(ps::CheckSyncPush(t.spec, t.sparse->sync, t.sparse->version, rank, h.step()));
+      FERRY_RETURN_IF_ERROR(CheckJoined(rank, h.step()));
     }
   }
   FERRY_RETURN_IF_ERROR(RoomForRows(parts, ids));
@@ -83,7 +84,7 @@ Status ServerImpl::OnPushSparse(Request& req) {
       }
       ps::HoldGradient(shard.sync, rank, std::move(req.payload[parts[i].ids_frame]),
                        std::move(req.payload[parts[i].grads_frame]));
-      if (workers_.StepComplete(t.spec, shard.sync)) {
+      if (workers_.StepComplete(t.spec, shard.sync, shard.version)) {
         if (Status s = CloseSyncStep(t); refused.ok()) refused = s;
       }
     } else if (shard.steps_taken.Replayed(rank, h.step())) {

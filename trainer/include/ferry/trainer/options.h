@@ -169,20 +169,35 @@ struct TrainerOptions {
 
   // --leave WORKER@STEP[,...]: worker WORKER leaves the job before step STEP (after pushing
   // STEP - 1; Client::Leave, protocol 1.18) and exits 0; the others train on without waiting for
-  // it. Every worker is given the same list: from STEP on, each step's share of the leaver's data
-  // is split among the workers that remain, so every example is still read once an epoch
-  // (data::StepBatch). Sync tables only; worker 0 stays (it checkpoints and reports).
-  struct WorkerLeave {
+  // it. --join WORKER@STEP[,...]: worker WORKER takes part from step STEP on (ClientOptions::
+  // joins_at): its process starts with the job, meets the others at its barriers and evaluations,
+  // and trains from STEP. Every worker is given the same lists: in each step, the share of the
+  // data of a worker absent from it (not joined yet, or left) is split among the workers present,
+  // so every example is still read once an epoch (data::StepBatch). Sync tables only; worker 0
+  // takes part in every step (it checkpoints and reports).
+  struct WorkerAt {
     int rank = 0;
     int64_t step = 0;
   };
-  std::vector<WorkerLeave> leave;
+  std::vector<WorkerAt> leave, join;
   // The step before which worker `worker` leaves; -1: it stays.
   int64_t LeaveStep(int worker) const {
-    for (const WorkerLeave& l : leave) {
+    for (const WorkerAt& l : leave) {
       if (l.rank == worker) return l.step;
     }
     return -1;
+  }
+  // The first step worker `worker` takes part in; 0: from the start.
+  int64_t JoinStep(int worker) const {
+    for (const WorkerAt& j : join) {
+      if (j.rank == worker) return j.step;
+    }
+    return 0;
+  }
+  // Whether worker `worker` takes part in step `step`.
+  bool TakesPart(int worker, int64_t step) const {
+    const int64_t leave_step = LeaveStep(worker);
+    return step >= JoinStep(worker) && (leave_step < 0 || step < leave_step);
   }
 
   // --connect-timeout-s: the longest the first handshake with every server may take.

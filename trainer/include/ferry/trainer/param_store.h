@@ -113,6 +113,9 @@ class ParamStore {
   }
   // Waits for what is still in flight and forgets what was pulled ahead: the next Pull reads
   // every table again (the final parameters, after the other workers finished).
+  // Sync: the next pull asks for `step` and the next push counts for it (a worker that joins
+  // the job at that step, --join); otherwise the step the servers serve first.
+  virtual void JoinAt(int64_t step) { (void)step; }
   virtual Status Flush() = 0;
   // 0: Push does not pull ahead (then_pull is ignored); 1: then_pull is for the next step
   // (Pipeline::kExchange); 2: for the step after it (kPrefetch).

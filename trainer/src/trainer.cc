@@ -207,15 +207,20 @@ class WorkerRun final : public TrainingRun {
       if (const int64_t leave = options_.LeaveStep(rank_); leave >= 0 && t >= leave) return LeaveJob(t);
       // (--join has no backup workers: every worker is at step t; a joiner's pulls began late.)
       const int64_t job_t = t == t0_ ? t0_ : sync_servers_ && join == 0 ? JobStep() + 1 : t;
+      if (t == join) {  // its first step: from here its pulls (an evaluation's too) wait for the step before
+        store_->JoinAt(t);
+        window_start_ = Clock::now();  // its throughput counts from here
+      }
+      if (t < join) FERRY_RETURN_IF_ERROR(WaitToJoin(t));
       if (eval_period > 0 && job_t < plan_.total_steps && job_t / eval_period > last_eval / eval_period) {
         FERRY_RETURN_IF_ERROR(Evaluate(job_t));
         last_eval = job_t;
       }
-      if (t < join) {
-        FERRY_RETURN_IF_ERROR(WaitToJoin(t));
+      if (t < join) {  // a move's barriers, after the evaluation as the others meet them
+        FERRY_RETURN_IF_ERROR(MaybeMoveSlots(t));
+        lap_.To(&report_.times.wait_s);
         continue;
       }
-      if (t == join) store_->JoinAt(t);  // its first pull waits for the step before
       FERRY_ASSIGN_OR_RETURN(const bool stepped, Step(t));
       if (!stepped) break;
     }
@@ -244,6 +249,14 @@ class WorkerRun final : public TrainingRun {
     any_ssp_ = std::ranges::any_of(specs, [](const TableSpec& s) { return s.consistency == Consistency::kSsp; });
     sync_servers_ = client_ != nullptr &&
                     std::ranges::any_of(specs, [](const TableSpec& s) { return s.consistency == Consistency::kSync; });
+    // --join: the smallest dense sync table, which a worker waiting to join pulls each step to
+    // keep in step with the job (WaitToJoin).
+    for (const TableSpec& s : specs) {
+      if (s.type == TableType::kDense && s.consistency == Consistency::kSync &&
+          (pace_table_.name.empty() || s.num_elements() < pace_table_.num_elements())) {
+        pace_table_ = s;
+      }
+    }
     FERRY_RETURN_IF_ERROR(PlanData());
     if (!options_.metrics_out.empty()) {
       const std::string path = MetricsPath(options_.metrics_out, rank_);
@@ -724,16 +737,26 @@ class WorkerRun final : public TrainingRun {
   }
 
   // --join: step t, before this worker's first: it trains nothing and pushes nothing (no server
-  // waits for its gradient: ClientOptions::joins_at), but meets the others where they meet: the
-  // job's start barrier, a move's barriers (MaybeMoveSlots); its evaluations (Run) add nothing.
+  // waits for its gradient: ClientOptions::joins_at), but meets the others where they meet, in
+  // their order: the job's start barrier (here), the evaluation and a move's barriers (Run; its
+  // evaluations add nothing). Each step it pulls the smallest dense sync table at that step,
+  // which waits for the step before to close: so it keeps in step with the job, and never waits
+  // for it longer than a step (a pull or collective held past the servers' --max-wait-s fails).
   Status WaitToJoin(int64_t t) {
     if (client_ == nullptr) return Status::Ok();
-    if (t == t0_ && !options_.resume) {
-      if (t == 0) Say("joins the job at step " + std::to_string(options_.JoinStep(rank_)) + " (--join)");
+    if (t == t0_) Say("joins the job at step " + std::to_string(options_.JoinStep(rank_)) + " (--join)");
+    // The job's start barrier, as Pull enters it: unless resumed into a job that has begun.
+    if (t == t0_ && (!options_.resume || (t0_ == 0 && client_->first_collective() == 0))) {
       FERRY_RETURN_IF_ERROR(client_->StartBarrier().WithContext("waiting for every worker to connect"));
       lap_.To(&report_.times.wait_s);
     }
-    FERRY_RETURN_IF_ERROR(MaybeMoveSlots(t));
+    if (!pace_table_.name.empty()) {
+      pace_.resize(static_cast<size_t>(pace_table_.num_elements()));
+      FERRY_RETURN_IF_ERROR(client_->PullDense(pace_table_.name, pace_, t)
+                                .wait()
+                                .WithContext("following the job to step " + std::to_string(t) +
+                                             " before joining it (--join)"));
+    }
     lap_.To(&report_.times.wait_s);
     return Status::Ok();
   }
@@ -1053,6 +1076,8 @@ class WorkerRun final : public TrainingRun {
 
   std::vector<int64_t> order_;  // this epoch's example order
   int64_t order_epoch_ = -1;
+  TableSpec pace_table_;     // --join: what a worker waiting to join pulls each step (WaitToJoin)
+  std::vector<float> pace_;  // ... into here
   // --leave: the epoch orders of the workers that left, by rank (with the epoch each is of).
   std::map<int, std::pair<int64_t, std::vector<int64_t>>> left_orders_;
   // The logging window: the steps since the last progress line.

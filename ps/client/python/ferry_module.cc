@@ -364,9 +364,11 @@ class PyClient {
  public:
   PyClient(std::vector<std::string> servers, int rank, int num_workers, double request_timeout, double connect_timeout,
            std::optional<std::string> curve_keys, double heartbeat_timeout, double long_wait_every,
-           uint32_t incarnation, bool resumes = false) {
+           uint32_t incarnation, bool resumes = false, int64_t joins_at = 0) {
     ferry::ClientOptions o;
     o.resumes = resumes;
+    if (joins_at < 0) throw py::value_error("joins_at is " + std::to_string(joins_at) + ": want a step >= 0");
+    o.joins_at = joins_at;
     o.servers = std::move(servers);
     o.rank = rank;
     o.num_workers = num_workers;
@@ -898,10 +900,11 @@ PYBIND11_MODULE(_ferry, m) {
       "servers of protocol 1.6)";
   py::class_<PyClient>(m, "Client")
       .def(py::init<std::vector<std::string>, int, int, double, double, std::optional<std::string>, double, double,
-                    uint32_t, bool>(),
+                    uint32_t, bool, int64_t>(),
            py::arg("servers"), py::arg("rank") = 0, py::arg("num_workers") = 1, py::arg("request_timeout") = 360.0,
            py::arg("connect_timeout") = 30.0, py::arg("curve_keys") = py::none(), py::arg("heartbeat_timeout") = 5.0,
            py::arg("long_wait_every") = 5.0, py::arg("incarnation") = 0, py::arg("resumes") = false,
+           py::arg("joins_at") = 0,
            "Connects to every server (endpoints like tcp://host:7470, in server-rank order). curve_keys: the "
            "job's CURVE key folder (ferry-keys writes one), needed when the servers run with --curve-keys. "
            "heartbeat_timeout: seconds a server may stay silent before its requests fail with UNAVAILABLE (0: "
@@ -911,7 +914,9 @@ PYBIND11_MODULE(_ferry, m) {
            "rank this process is (0, then one more per restart; ferry-launch sets FERRY_INCARNATION): the servers "
            "give the rank to the highest at once and refuse an earlier one's requests. resumes: this process "
            "resumes its rank's training at worker_step (its predecessor dead): the servers skip its async and ssp "
-           "pushes of steps they had taken of the rank (leave it False for a program that does not count steps).")
+           "pushes of steps they had taken of the rank (leave it False for a program that does not count steps). "
+           "joins_at: the first sync step this worker takes part in (servers of protocol 1.18): no earlier step "
+           "waits for its gradient or takes one; 0: every step from now on.")
       .def_static("from_tf_config", &PyClient::FromTfConfig, py::arg("request_timeout") = 360.0,
                   py::arg("connect_timeout") = 30.0, py::arg("curve_keys") = py::none(),
                   py::arg("heartbeat_timeout") = 5.0, py::arg("long_wait_every") = 5.0, py::arg("incarnation") = 0,

@@ -86,6 +86,9 @@ Status ServerImpl::OnHello(Request& req) {
                                    "(placement version " + std::to_string(tables_.placement().version()) +
                                    "): upgrade the client to this server's 1." + std::to_string(wire::kMinor));
   }
+  if (h.joins_at() < 0 || h.joins_at() > ps::kMaxStep) {
+    return InvalidArgumentError("Hello: joins_at " + std::to_string(h.joins_at()) + " is outside [0, 2^62]");
+  }
   // Before Join: a Hello refused for speaking for a live worker, or from a replaced incarnation
   // of it, changes nothing of it. A later incarnation takes the rank over from whichever
   // connection has it: the launcher restarted the worker, so its predecessor is gone or fenced.
@@ -99,9 +102,6 @@ Status ServerImpl::OnHello(Request& req) {
     FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank(), took_over));
   }
   const bool count_from_worker = workers_.count() == 0;  // no --num-workers, no worker yet
-  if (h.joins_at() < 0 || h.joins_at() > ps::kMaxStep) {
-    return InvalidArgumentError("Hello: joins_at " + std::to_string(h.joins_at()) + " is outside [0, 2^62]");
-  }
   FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers(), h.incarnation(), h.joins_at()));
   if (h.resumes() && h.rank() >= 0 && h.rank() < workers_.count()) {
     // The new process resumes at the lowest step any server knew: what this server took of its

@@ -1363,6 +1363,23 @@ class SlotMoveTest(unittest.TestCase):
         self.assert_all_gone(out)
 
 
+def kill_ps_1_once_saved(test, argv, step):
+    """Runs a launcher job of 40 steps (argv), kills ps 1 with SIGKILL once worker 0 has saved the
+    checkpoint of `step`, and checks that the job ends well: (output, the step worker 2 resumed at)."""
+    r = Run(argv)
+    test.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
+    r.wait_for(rf"^\[worker 0\] checkpoint of step {step} saved", 120)
+    victim = r.pids()["ps 1"]
+    os.kill(victim, signal.SIGKILL)
+    rc = r.finish(180)
+    out = r.output
+    test.assertEqual(rc, 0, out)
+    test.assertIn(f"ps 1 (pid {victim}) died (killed by SIGKILL)", out)
+    m = re.search(r"(?m)^\[worker 2\] resuming the job at step (\d+) of 40", out)
+    test.assertTrue(m, out)
+    return out, int(m.group(1))
+
+
 class WorkerLeaveTest(unittest.TestCase):
     """Issue 38 (protocol 1.18, a worker leaving a job in progress) with the real binaries under
     the launcher: a sync ctr job of 2 servers and 3 workers in which worker 2, a straggler by
@@ -1429,19 +1446,9 @@ class WorkerLeaveTest(unittest.TestCase):
         # Again, with ps 1 killed once step 15's checkpoint is saved: every process restarts from
         # a checkpoint of step 15 or later, worker 2 leaves at once, and the numbers are the same.
         # (Worker 1 is the straggler here, by 200 ms a step: the job is still running then.)
-        r = Run(self.argv("killed", straggler="1:200ms"))
-        self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
-        r.wait_for(r"^\[worker 0\] checkpoint of step 15 saved", 120)
-        victim = r.pids()["ps 1"]
-        os.kill(victim, signal.SIGKILL)
-        rc = r.finish(180)
-        out = r.output
-        self.assertEqual(rc, 0, out)
-        self.assertIn(f"ps 1 (pid {victim}) died (killed by SIGKILL)", out)
-        m = re.search(r"(?m)^\[worker 2\] resuming the job at step (\d+) of 40", out)
-        self.assertTrue(m, out)
-        self.assertGreaterEqual(int(m.group(1)), 15, out)
-        self.assertRegex(out, rf"(?m)^\[worker 2\] left the job before step {m.group(1)} \(--leave\)")
+        out, resumed = kill_ps_1_once_saved(self, self.argv("killed", straggler="1:200ms"), 15)
+        self.assertGreaterEqual(resumed, 15, out)
+        self.assertRegex(out, rf"(?m)^\[worker 2\] left the job before step {resumed} \(--leave\)")
         got = [e for e in self.events("killed", 0) if e["event"] == "end"]
         self.assertEqual(got[-1]["final"], want)  # every number, as JSON writes a double: all its bits
         self.assert_all_gone(out)
@@ -1515,18 +1522,8 @@ class WorkerJoinTest(unittest.TestCase):
         # again and joins, and the job ends with the bits of the run above.
         argv = self.argv("killed", membership + ["--straggler", "0:400ms"])
         argv[argv.index("--"):argv.index("--")] = ["--ps-arg", "--max-wait-s 5"]
-        r = Run(argv)
-        self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
-        r.wait_for(r"^\[worker 0\] checkpoint of step 5 saved", 120)
-        victim = r.pids()["ps 1"]
-        os.kill(victim, signal.SIGKILL)
-        rc = r.finish(180)
-        out = r.output
-        self.assertEqual(rc, 0, out)
-        self.assertIn(f"ps 1 (pid {victim}) died (killed by SIGKILL)", out)
-        m = re.search(r"(?m)^\[worker 2\] resuming the job at step (\d+) of 40", out)
-        self.assertTrue(m, out)
-        self.assertLess(int(m.group(1)), 25, out)
+        out, resumed = kill_ps_1_once_saved(self, argv, 5)
+        self.assertLess(resumed, 25, out)
         # Only the server's death restarted anything: no worker failed waiting.
         self.assertIn("recovery summary: 1 restart of at most 3 (0 after a worker died, 1 after a server died)", out)
         self.assertEqual(self.ends("killed")[0]["final"], joined)  # every number, all its bits

@@ -1523,7 +1523,7 @@ class WorkerJoinTest(unittest.TestCase):
         argv = self.argv("killed", membership + ["--straggler", "0:400ms"])
         argv[argv.index("--"):argv.index("--")] = ["--ps-arg", "--max-wait-s 5"]
         out, resumed = kill_ps_1_once_saved(self, argv, 5)
-        self.assertLess(resumed, 25, out)
+        self.assertLessEqual(resumed, 10, out)  # so the run-up to step 25 is 6 s or more
         # Only the server's death restarted anything: no worker failed waiting.
         self.assertIn("recovery summary: 1 restart of at most 3 (0 after a worker died, 1 after a server died)", out)
         self.assertEqual(self.ends("killed")[0]["final"], joined)  # every number, all its bits

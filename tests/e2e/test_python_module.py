@@ -408,23 +408,25 @@ class PythonModuleTest(unittest.TestCase):
     def test_a_worker_that_joins_later_is_waited_for_from_its_step_on(self):
         with Servers(1, extra_args=["--num-workers", "2"]) as s:
             c0 = ferry.Client(s.endpoints, rank=0, num_workers=2, request_timeout=60)
+            self.addCleanup(c0.close)
             c1 = ferry.Client(s.endpoints, rank=1, num_workers=2, request_timeout=60, joins_at=1)
+            self.addCleanup(c1.close)
             with self.assertRaises(ValueError):
                 ferry.Client(s.endpoints, rank=1, num_workers=2, joins_at=-1)
             for c in (c0, c1):
                 c.declare_dense("w", (2,), lr=1.0, consistency="sync")
-            c0.push_dense("w", np.ones(2, np.float32), step=0).wait()  # step 0: worker 0 alone
+            # Worker 1's push for step 0, while it is open, is refused and not counted.
             with self.assertRaises(ferry.Error) as e:
                 c1.push_dense("w", np.ones(2, np.float32), step=0).wait()
             self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
+            self.assertIn("joins_at", str(e.exception))
+            c0.push_dense("w", np.ones(2, np.float32), step=0).wait()  # step 0: worker 0 alone
             w = c0.pull_dense("w", np.empty(2, np.float32), step=1).wait()
             np.testing.assert_array_equal(w, np.full(2, -1.0, np.float32))
             c0.push_dense("w", np.ones(2, np.float32), step=1).wait()
             c1.push_dense("w", np.full(2, 3.0, np.float32), step=1).wait()
             w = c1.pull_dense("w", np.empty(2, np.float32), step=2).wait()
             np.testing.assert_array_equal(w, np.full(2, -3.0, np.float32))  # -1 - (1 + 3) / 2
-            c0.close()
-            c1.close()
 
     def test_the_cluster_comes_from_tf_config(self):
         with Servers(2) as s:

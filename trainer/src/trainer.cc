@@ -207,9 +207,9 @@ class WorkerRun final : public TrainingRun {
       if (const int64_t leave = options_.LeaveStep(rank_); leave >= 0 && t >= leave) return LeaveJob(t);
       // (--join has no backup workers: every worker is at step t; a joiner's pulls began late.)
       const int64_t job_t = t == t0_ ? t0_ : sync_servers_ && join == 0 ? JobStep() + 1 : t;
-      if (t == join) {  // its first step: from here its pulls (an evaluation's too) wait for the step before
+      if (join > 0 && t == join) {  // its first step: its pulls (an evaluation's too) wait for the step before
         store_->JoinAt(t);
-        window_start_ = Clock::now();  // its throughput counts from here
+        joined_ = window_start_ = Clock::now();  // its throughput counts from here
       }
       if (t < join) FERRY_RETURN_IF_ERROR(WaitToJoin(t));
       if (eval_period > 0 && job_t < plan_.total_steps && job_t / eval_period > last_eval / eval_period) {
@@ -297,6 +297,11 @@ class WorkerRun final : public TrainingRun {
     if (membership && (client_ == nullptr || !all_sync_)) {
       return InvalidArgumentError(
           "--leave and --join need every table sync (a sync step is what waits for a worker, and what does not)");
+    }
+    if (!options_.join.empty() && pace_table_.name.empty()) {
+      return InvalidArgumentError("--join: model '" + options_.model +
+                                  "' has no dense sync table, which a worker waiting to join pulls each step to "
+                                  "keep in step with the job");
     }
     if (model_->train_size() == Model::kStreamed) {
       if (membership) {
@@ -915,7 +920,9 @@ class WorkerRun final : public TrainingRun {
     FERRY_RETURN_IF_ERROR(store_->Flush());
     lap_.Split(&times.push_s, &times.wait_s, PullWait() - flush_waited_before);
     report_.wall_s = Wall();
-    report_.examples_per_sec = report_.wall_s > 0 ? static_cast<double>(report_.examples) / report_.wall_s : 0.0;
+    // (--join: over the time since it joined.)
+    const double trained_s = joined_ ? Seconds(*joined_, Clock::now()) : report_.wall_s;
+    report_.examples_per_sec = trained_s > 0 ? static_cast<double>(report_.examples) / trained_s : 0.0;
     const double train_s = report_.wall_s - times.eval_s;
     report_.progress = store_->progress();
     FERRY_RETURN_IF_ERROR(CheckGradientsUsed());
@@ -1076,6 +1083,7 @@ class WorkerRun final : public TrainingRun {
 
   std::vector<int64_t> order_;  // this epoch's example order
   int64_t order_epoch_ = -1;
+  std::optional<Clock::time_point> joined_;  // --join: when this worker took its first step
   TableSpec pace_table_;     // --join: what a worker waiting to join pulls each step (WaitToJoin)
   std::vector<float> pace_;  // ... into here
   // --leave: the epoch orders of the workers that left, by rank (with the epoch each is of).

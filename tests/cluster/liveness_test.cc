@@ -251,6 +251,32 @@ TEST_F(Liveness, ASlowWorkerThatIsAliveIsWaitedFor) {
   EXPECT_EQ(c.servers[0]->stats().counters.at("failed_for_silent_worker"), 0);
 }
 
+// The same with worker 1 a restarted process (incarnation 1, as the launcher numbers restarts):
+// its heartbeats carry its incarnation. They did not, so the servers refused each as its
+// predecessor's and called it silent after 1 s, failing worker 0's pull naming it.
+TEST_F(Liveness, ARestartedWorkerThatIsAliveIsWaitedFor) {
+  ServerOptions so;
+  so.worker_timeout = 1s;
+  so.max_wait = 20s;
+  auto c = LocalCluster::Start(2, false, so);
+  auto w0 = Worker(c, 0);
+  ClientOptions restarted = Options(200ms);
+  restarted.incarnation = 1;
+  auto w1 = c.Connect(1, 2, restarted);
+  ASSERT_TRUE(w1->Declare(SyncTable()).ok());
+  std::vector<float> g(8, 1.0f), out(8);
+  ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
+  Handle pull = w0->PullDense("w", out, 1);
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_FALSE(pull.done()) << pull.wait(0ms);
+  ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
+  EXPECT_TRUE(pull.wait().ok());
+  for (const auto& server : c.servers) {
+    EXPECT_EQ(server->stats().counters.at("failed_for_silent_worker"), 0);
+    EXPECT_EQ(server->stats().counters.at("rank_conflicts"), 0);
+  }
+}
+
 TEST_F(Liveness, WithBackupWorkersAStepThatCanCloseWithoutTheDeadIsWaitedFor) {
   // 3 workers, each step aggregates 2: worker 2 dies; worker 0's pull waits for worker 1, which
   // is alive and slow: the pull must not fail for worker 2's silence.

@@ -477,6 +477,9 @@ void Engine::SendHeartbeats() {
     h.add_minor(wire::kMinor);
     h.add_kind(Kind::Heartbeat);
     h.add_rank(options_.rank);
+    // A restarted worker's too: without it a server took the heartbeat for its predecessor's
+    // (incarnation 0), refused it, and called the waiting worker silent.
+    h.add_incarnation(options_.incarnation);
     wire::FinishHeaderBuffer(fbb, h.Finish());
     Frames frames;
     frames.push_back(wire::ToFrame(fbb));

@@ -231,50 +231,44 @@ TEST_F(Liveness, ABarrierCompletesWithoutWorkersThatAreSilent) {
   for (const auto& x : s) EXPECT_TRUE(x.ok()) << x;
 }
 
-TEST_F(Liveness, ASlowWorkerThatIsAliveIsWaitedFor) {
-  // Servers that call a worker silent after 1 s, and a worker 1 that pings every 50 ms: it stays
-  // alive unless its client's thread gets no CPU for most of a second.
+// Servers that call a worker silent after 1 s, and a worker 1 (its client's `options`) that
+// pings every 50 ms: while it computes for 2.5 times the servers' timeout, its heartbeats keep it
+// alive, and worker 0's pull waits for it (unless its client's thread gets no CPU for most of a
+// second).
+void ExpectASlowLiveWorkerWaitedFor(const ClientOptions& options) {
   ServerOptions so;
   so.worker_timeout = 1s;
   so.max_wait = 20s;
   auto c = LocalCluster::Start(2, false, so);
-  auto w0 = Worker(c, 0), w1 = Worker(c, 1, 200ms);
+  ClientOptions living;
+  living.heartbeat_timeout = kLiving;
+  living.request_timeout = 30s;
+  auto w0 = c.Connect(0, 2, living);
+  auto w1 = c.Connect(1, 2, options);
+  for (auto* w : {w0.get(), w1.get()}) ASSERT_TRUE(w->Declare(SyncTable()).ok());
   std::vector<float> g(8, 1.0f), out(8);
   ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
   Handle pull = w0->PullDense("w", out, 1);
-  // Worker 1 computes for 2.5 times the servers' timeout: its client's heartbeats keep it alive.
   std::this_thread::sleep_for(2500ms);
   EXPECT_FALSE(pull.done()) << pull.wait(0ms);
   ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
   EXPECT_TRUE(pull.wait().ok());
   EXPECT_EQ(pull.served().version, 1);
-  EXPECT_EQ(c.servers[0]->stats().counters.at("failed_for_silent_worker"), 0);
+  for (const auto& server : c.servers) {
+    EXPECT_EQ(server->stats().counters.at("failed_for_silent_worker"), 0);
+    EXPECT_EQ(server->stats().counters.at("rank_conflicts"), 0);
+  }
 }
+
+TEST_F(Liveness, ASlowWorkerThatIsAliveIsWaitedFor) { ExpectASlowLiveWorkerWaitedFor(Options(200ms)); }
 
 // The same with worker 1 a restarted process (incarnation 1, as the launcher numbers restarts):
 // its heartbeats carry its incarnation. They did not, so the servers refused each as its
 // predecessor's and called it silent after 1 s, failing worker 0's pull naming it.
 TEST_F(Liveness, ARestartedWorkerThatIsAliveIsWaitedFor) {
-  ServerOptions so;
-  so.worker_timeout = 1s;
-  so.max_wait = 20s;
-  auto c = LocalCluster::Start(2, false, so);
-  auto w0 = Worker(c, 0);
   ClientOptions restarted = Options(200ms);
   restarted.incarnation = 1;
-  auto w1 = c.Connect(1, 2, restarted);
-  ASSERT_TRUE(w1->Declare(SyncTable()).ok());
-  std::vector<float> g(8, 1.0f), out(8);
-  ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
-  Handle pull = w0->PullDense("w", out, 1);
-  std::this_thread::sleep_for(2500ms);
-  EXPECT_FALSE(pull.done()) << pull.wait(0ms);
-  ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
-  EXPECT_TRUE(pull.wait().ok());
-  for (const auto& server : c.servers) {
-    EXPECT_EQ(server->stats().counters.at("failed_for_silent_worker"), 0);
-    EXPECT_EQ(server->stats().counters.at("rank_conflicts"), 0);
-  }
+  ExpectASlowLiveWorkerWaitedFor(restarted);
 }
 
 TEST_F(Liveness, WithBackupWorkersAStepThatCanCloseWithoutTheDeadIsWaitedFor) {

@@ -766,6 +766,25 @@ class WorkerRun final : public TrainingRun {
     return Status::Ok();
   }
 
+  // The fields of a worker's "end" event that every worker has (Finish, LeaveJob): what it did
+  // (report_, filled in) and its bytes.
+  Json EndJson(double train_s) {
+    const StoreProgress& progress = report_.progress;
+    Json f = {{"steps", report_.steps},
+              {"examples", report_.examples},
+              {"examples_per_sec", report_.examples_per_sec},
+              {"train_s", train_s},
+              {"global_step", progress.step},
+              {"first_step", t0_},
+              {"pushes_used", progress.pushes_used},
+              {"pushes_dropped", progress.pushes_dropped},
+              {"peak_rss_kib", PeakRssKiB()},
+              {"time", TimesJson(report_.times)},
+              {"comm_s", progress.comm_s}};
+    AddBytes(f);
+    return f;
+  }
+
   // --leave: this worker leaves the job before step t. Its pushes of the steps before are
   // applied (Flush), then the servers are told (Client::Leave): no sync step and no collective
   // waits for it from now on, and the others split its share of each step's examples. A worker
@@ -781,19 +800,8 @@ class WorkerRun final : public TrainingRun {
     report_.progress = store_->progress();
     Say("left the job before step " + std::to_string(t) + " (--leave): the other workers train on without it");
     // Its "end" (as every worker's), saying where it left.
-    Json f = {{"left_at", t},
-              {"steps", report_.steps},
-              {"examples", report_.examples},
-              {"examples_per_sec", report_.examples_per_sec},
-              {"train_s", report_.wall_s - times.eval_s},
-              {"global_step", report_.progress.step},
-              {"first_step", t0_},
-              {"pushes_used", report_.progress.pushes_used},
-              {"pushes_dropped", report_.progress.pushes_dropped},
-              {"peak_rss_kib", PeakRssKiB()},
-              {"time", TimesJson(times)},
-              {"comm_s", report_.progress.comm_s}};
-    AddBytes(f);
+    Json f = EndJson(report_.wall_s - times.eval_s);
+    f["left_at"] = t;
     Event("end", std::move(f));
     return std::move(report_);
   }
@@ -945,20 +953,8 @@ class WorkerRun final : public TrainingRun {
 
     FERRY_ASSIGN_OR_RETURN(Json staleness, StalenessJson());
     lap_.To(&times.pull_s);  // reading the servers' counters
-    const StoreProgress& progress = report_.progress;
-    Json f = {{"steps", report_.steps},
-              {"examples", report_.examples},
-              {"examples_per_sec", report_.examples_per_sec},
-              {"train_s", train_s},
-              {"final_wait_s", final_wait_s},
-              {"global_step", progress.step},
-              {"first_step", t0_},
-              {"pushes_used", progress.pushes_used},
-              {"pushes_dropped", progress.pushes_dropped},
-              {"peak_rss_kib", PeakRssKiB()},
-              {"time", TimesJson(times)},
-              {"comm_s", progress.comm_s}};
-    AddBytes(f);
+    Json f = EndJson(train_s);
+    f["final_wait_s"] = final_wait_s;
     if (const DeviceTimes d = device_->times(); d.measured) {  // FERRY_DEVICE_TIMING on a GPU
       f["device_time"] = {{"h2d_s", d.h2d_s},         {"compute_s", d.compute_s},
                           {"d2h_s", d.d2h_s},         {"h2d_bytes", d.h2d_bytes},

@@ -1259,10 +1259,10 @@ class SlotMoveTest(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def argv(self, name, extra):
+    def argv(self, name, extra, launcher=()):
         return (["--num-ps", "3", "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
                  "--bin-dir", BUILD_DIR, "--log-dir", os.path.join(self.dir, name),
-                 "--checkpoint-dir", os.path.join(self.dir, name + "-ckpt"), "--",
+                 "--checkpoint-dir", os.path.join(self.dir, name + "-ckpt")] + list(launcher) + ["--",
                  "--model", "ctr", "--ctr-train", "3000", "--ctr-test", "500", "--steps", "30",
                  "--batch", "32", "--consistency", "sync", "--log-every", "10", "--blas-threads", "1",
                  "--optimizer", "adam", "--lr", "0.01", "--table", "ctr/*:chunk_elems=256",
@@ -1307,6 +1307,26 @@ class SlotMoveTest(unittest.TestCase):
         _, still = self.job("still", [])
         self.assertEqual(moved, still)  # every number, as JSON writes a double: all its bits
         self.assertIn("auc", moved)
+
+    def test_a_move_read_ahead_leaves_the_bits(self):
+        """With a checkpoint every 5 steps, each a delta (--checkpoint-deltas), the servers read
+        the checkpoint before each move ahead while the job trains (protocol 1.19), and the
+        move's hand-over reads only its own delta: the job ends with the bits of the job that
+        never moved."""
+        launcher = ["--checkpoint-every", "5", "--ps-arg", "--checkpoint-deltas 4 --checkpoint-delta-share 100"]
+        rc, out = run_launcher(self.argv("ahead", ["--move-slots", "10:drain=2,20:first"], launcher), timeout=180)
+        self.assertEqual(rc, 0, out)
+        self.assert_all_gone(out)
+        for step, what, base in ((10, "server 2 drained", 5), (20, "the first map", 15)):
+            self.assertRegex(out, rf"(?m)^\[worker 0\] moved 1680 slots at step {step} \({what}\): placement "
+                                  rf"version \d; checkpoint [\d.]+ s, hand-over [\d.]+ s \(read ahead from the "
+                                  rf"checkpoint of step {base}\)$")
+        self.assertNotIn("could not read the checkpoint", out)
+        with open(os.path.join(self.dir, "ahead", "ps-2.log")) as f:
+            ps2 = f.read()
+        self.assertRegex(ps2, r"placement version 3 from the checkpoint of step 20: took [1-9]\d* chunks")
+        _, still = self.job("still", [])
+        self.assertEqual(self.final("ahead", out), still)
 
     assert_all_gone = RecoveryTest.assert_all_gone
 

@@ -379,6 +379,62 @@ TEST(PlacementVersions, AHandOverReadsOnlyTheShardsOfTheSlotsThatMove) {
   EXPECT_EQ(c.servers[2]->stats().counters.at("moved_answered"), 0);
 }
 
+// A hand-over read ahead (1.19, Client::PrepareMoveSlots): the servers read the checkpoint of
+// step 1 for the map while the job trains; the MoveSlots from step 2's checkpoint, a delta of it,
+// then reads only the deltas: it succeeds with step 1's shards gone, and moves the values as
+// they are. A read ahead for a map not above the client's is refused.
+TEST(PlacementVersions, AHandOverReadAheadReadsOnlyTheDeltasWrittenSince) {
+  TempDir dir("placement-ahead");
+  ServerOptions o = WithFolder(dir.path(), 1);
+  o.checkpoint_deltas = 4;
+  o.checkpoint_delta_share = 1.0;
+  auto c = LocalCluster::Start(2, false, o);
+  auto w = c.Connect(0, 1);
+  TableSpec dense = SgdTable("a", kDense, Consistency::kAsync);
+  dense.chunk_elems = 4;
+  const TableSpec sparse = SgdSparseTable("emb", kDim, Consistency::kAsync);
+  ASSERT_TRUE(w->Declare(dense).ok());
+  ASSERT_TRUE(w->Declare(sparse).ok());
+  std::vector<int64_t> ids(300);
+  for (int64_t i = 0; i < 300; ++i) ids[static_cast<size_t>(i)] = i * 7 - 40;
+  std::vector<float> g(kDense, 1.0f), grads(ids.size() * kDim, 0.5f), dense_before(kDense), dense_after(kDense),
+      rows_before(grads.size()), rows_after(grads.size());
+  ASSERT_TRUE(w->PushDense("a", g, 0).wait().ok());
+  ASSERT_TRUE(w->PushSparse("emb", ids, grads, 0).wait().ok());
+  ASSERT_TRUE(w->Checkpoint(1).ok());
+  const placement::Placement drained = *placement::Placement::First(2).Drain(1);
+  EXPECT_EQ(w->PrepareMoveSlots(1, drained.Owners(), 1).wait().code(), StatusCode::kFailedPrecondition);
+  Status s = w->PrepareMoveSlots(2, drained.Owners(), 1).wait();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(w->placement_version(), 1u);  // nothing changed
+  // Training goes on; some ids only now.
+  for (int64_t& id : ids) id += 1000;
+  ASSERT_TRUE(w->PushDense("a", g, 1).wait().ok());
+  ASSERT_TRUE(w->PushSparse("emb", ids, grads, 1).wait().ok());
+  ASSERT_TRUE(w->Checkpoint(2).ok());
+  ASSERT_TRUE(w->PullDense("a", dense_before, 2).wait().ok());
+  ASSERT_TRUE(w->PullSparse("emb", ids, rows_before, 2).wait().ok());
+  nlohmann::json m;
+  std::ifstream(dir.path() / "MANIFEST-00000000000000000002") >> m;
+  ASSERT_EQ(m["format"], 2) << m.dump();  // step 2's shards are deltas of step 1's
+  for (int r = 0; r < 2; ++r) {
+    const fs::path full = dir.path() / ("step-00000000000000000001-shard-0000" + std::to_string(r) + "-of-00002.ckpt");
+    ASSERT_TRUE(fs::exists(full));
+    fs::rename(full, dir.path() / ("away-" + std::to_string(r)));
+  }
+  s = w->MoveSlots(2, drained.Owners(), 2);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(w->placement_version(), 2u);
+  ASSERT_TRUE(w->PullDense("a", dense_after, 2).wait().ok());
+  ASSERT_TRUE(w->PullSparse("emb", ids, rows_after, 2).wait().ok());
+  EXPECT_EQ(dense_after, dense_before);
+  EXPECT_EQ(rows_after, rows_before);
+  EXPECT_NE(rows_after, std::vector<float>(rows_after.size(), 0.0f));
+  // A read ahead for the map the servers hold already, or one not above it, changes nothing.
+  s = w->PrepareMoveSlots(2, drained.Owners(), 2).wait();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+}
+
 TEST(PlacementVersions, AHandOverThatWouldLoseAnUpdateIsRefusedAndChangesNothing) {
   TempDir dir("placement-refused");
   ServerOptions o = WithFolder(dir.path(), 1);

@@ -350,8 +350,14 @@ class PythonModuleTest(unittest.TestCase):
                 first = c0.placement_owners
                 self.assertEqual((c0.placement_version, first.dtype, len(first)), (1, np.uint16, ferry.PLACEMENT_SLOTS))
                 self.assertEqual(set(first.tolist()), {0, 1})
-                c0.checkpoint(5)
                 drained = np.zeros(ferry.PLACEMENT_SLOTS, np.uint16)
+                c0.checkpoint(4)
+                c0.prepare_move_slots(2, drained, 4)  # read ahead: changes nothing
+                self.assertEqual(c0.placement_version, 1)
+                with self.assertRaises(ValueError) as e:
+                    c0.prepare_move_slots(2, drained.astype(np.int64) - 1, 4)
+                self.assertIn("prepare_move_slots: owners[0] is -1", str(e.exception))
+                c0.checkpoint(5)
                 with self.assertRaises(ValueError) as e:
                     c0.move_slots(2, drained.astype(np.int64) - 1, 5)
                 self.assertIn("owners[0] is -1", str(e.exception))

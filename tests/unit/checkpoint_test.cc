@@ -613,6 +613,66 @@ TEST_F(DeltaCheckpointTest, AChainOfDeltasReadsBackAsTheTablesWereAtEachStep) {
   EXPECT_TRUE(Live(three) == held_[40]);
 }
 
+// A hand-over's read ahead (protocol 1.19, Placement's `prepare`): the chains of an earlier
+// checkpoint, read with the hand-over's filter, serve the read of a later delta checkpoint, which
+// then reads only the files written since (the earlier ones may even be gone) and keeps what a
+// read of the whole chain keeps. A chain that does not begin with what was read ahead (a full
+// shard written since), or another filter, is read as without.
+TEST_F(DeltaCheckpointTest, AChainReadAheadServesALaterDeltaWhichReadsOnlyItsNewFiles) {
+  SaveStep(10, /*delta=*/false);
+  Train(1);
+  SaveStep(20, /*delta=*/true);
+  CheckpointFilter filter;
+  filter.slots.assign(placement::kSlots, false);
+  filter.versions_only.assign(placement::kSlots, false);
+  for (int slot = 0; slot < placement::kSlots; slot += 3) filter.slots[static_cast<size_t>(slot)] = true;
+  for (int slot = 0; slot < placement::kSlots; slot += 6) filter.versions_only[static_cast<size_t>(slot)] = true;
+  auto ahead = PrepareChains(dir_.string(), 20, filter);
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  ASSERT_EQ(ahead->shards.size(), 2u);  // both servers wrote slots the filter keeps
+  EXPECT_EQ(ahead->shards.at(1).files.size(), 2u);
+  Train(2);
+  Train(3);
+  SaveStep(30, /*delta=*/true);
+  auto expected = ReadCheckpointAt(dir_.string(), 30, &filter);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  // The files read ahead go away: a read that needed them would fail.
+  const fs::path away = dir_ / "away";
+  fs::create_directory(away);
+  for (int64_t step : {10, 20}) {
+    for (int r = 0; r < 2; ++r) fs::rename(Shard(step, r), away / Shard(step, r).filename());
+  }
+  ASSERT_FALSE(ReadCheckpointAt(dir_.string(), 30, &filter).ok());
+  PreparedChains other = *ahead;
+  other.filter.slots[1] = true;  // another hand-over's
+  auto refused = ReadCheckpointAt(dir_.string(), 30, &filter, &other);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(Shard(10, 0).filename().string()), std::string::npos) << refused.status();
+  auto read = ReadCheckpointAt(dir_.string(), 30, &filter, &*ahead);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(Read(*read) == Read(*expected));
+  EXPECT_TRUE(ahead->shards.empty()) << "each chain read ahead serves one read";
+  for (int64_t step : {10, 20}) {
+    for (int r = 0; r < 2; ++r) fs::rename(away / Shard(step, r).filename(), Shard(step, r));
+  }
+  // Server 1 writes a full shard at step 40: its chain read ahead does not fit and is not used;
+  // server 0's does.
+  ahead = PrepareChains(dir_.string(), 30, filter);
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  Train(4);
+  SaveStep(40, /*delta=*/true, /*keep=*/100, /*full_rank=*/1);
+  expected = ReadCheckpointAt(dir_.string(), 40, &filter);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  fs::rename(Shard(10, 0), away / Shard(10, 0).filename());
+  read = ReadCheckpointAt(dir_.string(), 40, &filter, &*ahead);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(Read(*read) == Read(*expected));
+  // No checkpoint of that step: said as a read says it.
+  auto none = PrepareChains(dir_.string(), 35, filter);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound) << none.status();
+}
+
 TEST_F(DeltaCheckpointTest, AFullShardAfterDeltasStartsANewChainAndTheOldOneGoes) {
   SaveStep(10, false, /*keep=*/1);
   Train(1);

@@ -421,6 +421,13 @@ class WorkerRun final : public TrainingRun {
   // launcher and the metrics see it), then the hand-over from it.
   Status MoveSlots(const TrainerOptions::SlotMove& move, int64_t t, const std::string& at) {
     const Clock::time_point began = Clock::now();
+    // The checkpoints committed here read nothing ahead: this move reads its own, and the next
+    // move's map is not known until this one is made.
+    moving_ = true;
+    struct Moving {
+      bool* on;
+      ~Moving() { *on = false; }
+    } moving{&moving_};
     CommitCheckpoint(/*wait=*/true);
     FERRY_RETURN_IF_ERROR(ckpt_stop_);
     const int64_t step = sync_servers_ ? store_->progress().step : t;
@@ -433,23 +440,73 @@ class WorkerRun final : public TrainingRun {
       return Status::Ok();
     }
     const Clock::time_point saved = Clock::now();
-    const uint64_t version = client_->placement_version();
-    FERRY_ASSIGN_OR_RETURN(
-        const placement::Placement now,
-        placement::Placement::FromOwners(version, client_->placement_owners(), client_->num_servers()));
-    StatusOr<placement::Placement> next =
-        move.drain < 0 ? placement::Placement::First(client_->num_servers()) : now.Drain(move.drain);
+    FERRY_ASSIGN_OR_RETURN(const placement::Placement now, Map());
+    StatusOr<placement::Placement> next = NextMap(move, now);
     FERRY_RETURN_IF_ERROR(next.status().WithContext(at));
-    FERRY_RETURN_IF_ERROR(client_->MoveSlots(version + 1, next->Owners(), step).WithContext(at));
-    char line[240];
+    FERRY_RETURN_IF_ERROR(client_->MoveSlots(next->version(), next->Owners(), step).WithContext(at));
+    char line[300];
     std::snprintf(line, sizeof line,
-                  "moved %d slots at step %lld (%s): placement version %llu; checkpoint %.2f s, hand-over %.2f s",
+                  "moved %d slots at step %lld (%s): placement version %llu; checkpoint %.3f s, hand-over %.3f s%s",
                   placement::Placement::SlotsMoved(now, *next), static_cast<long long>(step),
                   move.drain < 0 ? "the first map" : ("server " + std::to_string(move.drain) + " drained").c_str(),
-                  static_cast<unsigned long long>(version + 1), Seconds(began, saved),
-                  Seconds(saved, Clock::now()));
+                  static_cast<unsigned long long>(next->version()), Seconds(began, saved), Seconds(saved, Clock::now()),
+                  read_ahead_.move_step == t ? (" (read ahead from the checkpoint of step " +
+                                                std::to_string(read_ahead_.from) + ")").c_str()
+                                             : "");
     Say(line);
     return Status::Ok();
+  }
+
+  // The servers' map now, as this client places by it.
+  StatusOr<placement::Placement> Map() const {
+    return placement::Placement::FromOwners(client_->placement_version(), client_->placement_owners(),
+                                            client_->num_servers());
+  }
+
+  // The map `move` makes of `now`, at the version after it.
+  StatusOr<placement::Placement> NextMap(const TrainerOptions::SlotMove& move, const placement::Placement& now) const {
+    StatusOr<placement::Placement> next =
+        move.drain < 0 ? placement::Placement::First(client_->num_servers()) : now.Drain(move.drain);
+    FERRY_RETURN_IF_ERROR(next.status());
+    return placement::Placement::FromOwners(now.version() + 1, next->Owners(), client_->num_servers());
+  }
+
+  // Worker 0, once the checkpoint of `step` is committed: when the next move comes before another
+  // checkpoint is due, the servers read this one ahead for its hand-over while the job trains
+  // (Client::PrepareMoveSlots), so that the move's pause reads only what its own checkpoint (a
+  // delta of this one, with --checkpoint-deltas) adds. Failing to is said, not fatal.
+  void ReadAheadFor(int64_t step) {
+    const TrainerOptions::SlotMove* move = nullptr;
+    for (const TrainerOptions::SlotMove& m : options_.move_slots) {
+      if (m.step > step) {
+        move = &m;
+        break;
+      }
+    }
+    if (moving_ || move == nullptr ||
+        (options_.checkpoint_every > 0 && step + options_.checkpoint_every < move->step)) {
+      return;
+    }
+    StatusOr<placement::Placement> next = Map();
+    if (next.ok()) next = NextMap(*move, *next);
+    if (!next.ok()) return;  // the move says why, when it comes
+    WaitReadAhead();
+    ahead_ = ReadAhead{move->step, step, client_->PrepareMoveSlots(next->version(), next->Owners(), step)};
+  }
+
+  // Waits for the servers' read ahead, if one is in flight, and says when it failed.
+  void WaitReadAhead() {
+    if (!ahead_) return;
+    const Status s = ahead_->handle.wait();
+    read_ahead_ = {};
+    if (s.ok()) {
+      read_ahead_ = {ahead_->move_step, ahead_->from};
+    } else {
+      Say("warning: the servers could not read the checkpoint of step " + std::to_string(ahead_->from) +
+          " ahead for the move at step " + std::to_string(ahead_->move_step) + " (" + s.ToString() +
+          "); its hand-over reads all it needs then");
+    }
+    ahead_.reset();
   }
 
   // ---- checkpoints (worker 0, --checkpoint-every) ----
@@ -499,6 +556,7 @@ class WorkerRun final : public TrainingRun {
   }
 
   void AskCheckpoint(int64_t step) {
+    WaitReadAhead();  // a server refuses a checkpoint while it reads one
     ckpt_.emplace();
     ckpt_->step = step;
     ckpt_->asked = Clock::now();
@@ -532,6 +590,7 @@ class WorkerRun final : public TrainingRun {
                     static_cast<long long>(ckpt_->step), static_cast<double>(bytes) / 1e6, ckpt_->shards.size(),
                     static_cast<double>(paused.count()) / 1e3);
       Say(line);
+      ReadAheadFor(ckpt_->step);
     } else {
       f["error"] = s.ToString();
       ++report_.checkpoints_failed;
@@ -1072,6 +1131,17 @@ class WorkerRun final : public TrainingRun {
   int64_t t0_ = 0;  // the step this worker began at (> 0: --resume)
 
   std::optional<PendingCheckpoint> ckpt_;  // worker 0's checkpoint in flight (--checkpoint-every)
+  // Worker 0: the servers reading the next move's checkpoint ahead (PrepareAhead).
+  struct ReadAhead {
+    int64_t move_step = 0;  // the --move-slots step it is for
+    int64_t from = 0;       // the checkpoint read
+    Handle handle;
+  };
+  std::optional<ReadAhead> ahead_;
+  struct ReadAheadDone {
+    int64_t move_step = -1, from = -1;
+  } read_ahead_;  // the last read ahead the servers made: for the move at move_step, of checkpoint `from`
+  bool moving_ = false;           // worker 0 is in MoveSlots
   std::vector<int64_t> ckpt_failed_in_row_;  // the steps of the checkpoints that failed since the last saved
   Status ckpt_stop_;  // set once --max-checkpoint-failures in a row failed: the job stops with it
   int64_t ckpt_last_ = -1;  // the last step checkpointed (or resumed from); -1: none yet

@@ -651,18 +651,26 @@ class PyClient {
   }
   // owners: any integer array of one server per slot; a value that is no uint16 raises ValueError
   // (the servers check the rest: length, ranks).
-  void MoveSlots(uint64_t version, const py::handle& owners_in, int64_t step) {
-    const IdsIn owners = IntegerArray(owners_in, "move_slots: owners");
+  static std::vector<uint16_t> Owners(const py::handle& owners_in, const std::string& what) {
+    const IdsIn owners = IntegerArray(owners_in, what + ": owners");
     std::vector<uint16_t> map(static_cast<size_t>(owners.size()));
     for (size_t i = 0; i < map.size(); ++i) {
       const int64_t o = owners.data()[i];
       if (o < 0 || o > 0xffff) {
-        throw py::value_error("move_slots: owners[" + std::to_string(i) + "] is " + std::to_string(o) +
+        throw py::value_error(what + ": owners[" + std::to_string(i) + "] is " + std::to_string(o) +
                               ", not a server rank");
       }
       map[i] = static_cast<uint16_t>(o);
     }
+    return map;
+  }
+  void MoveSlots(uint64_t version, const py::handle& owners_in, int64_t step) {
+    const std::vector<uint16_t> map = Owners(owners_in, "move_slots");
     Blocking([&](ferry::Client& c) { return c.MoveSlots(version, map, step); });
+  }
+  void PrepareMoveSlots(uint64_t version, const py::handle& owners_in, int64_t step) {
+    const std::vector<uint16_t> map = Owners(owners_in, "prepare_move_slots");
+    Blocking([&](ferry::Client& c) { return c.PrepareMoveSlots(version, map, step).wait(); });
   }
 
   py::array_t<double> AllReduceSum(const py::array_t<double, py::array::c_style | py::array::forcecast>& values) {
@@ -993,6 +1001,12 @@ PYBIND11_MODULE(_ferry, m) {
            "and dropping what it gives up. Call it between steps (other workers waiting, e.g. at a barrier),\n"
            "with nothing pushed since that checkpoint; a refusal changes nothing. Requests placed by the old\n"
            "map are answered 'moved' and sent again by the new one.")
+      .def("prepare_move_slots", &PyClient::PrepareMoveSlots, py::arg("version"), py::arg("owners"), py::arg("step"),
+           "Makes a later move_slots to this map pause the job for less (servers of protocol 1.19): the servers\n"
+           "whose slots it moves read the committed checkpoint of `step` now, while the job trains, and the\n"
+           "move's hand-over then reads only the files written since (a later checkpoint's deltas, with\n"
+           "ferry-ps --checkpoint-deltas). Checks and changes nothing; returns once every server has read.\n"
+           "A server refuses it while it writes a checkpoint, and a checkpoint while it reads.")
       .def_property_readonly("restored_step", &PyClient::restored_step,
                              "The step of the checkpoint the servers started from (0 if none).")
       .def_property_readonly("worker_step", &PyClient::worker_step,

@@ -195,25 +195,49 @@ class ClientImpl final : public Client {
     }
     // Two rounds: every server checks that it can, and only then does any adopt the map.
     for (const bool adopt : {false, true}) {
-      auto op = engine_.NewOp();
-      for (int s = 0; s < num_servers(); ++s) {
-        flatbuffers::FlatBufferBuilder fbb(12 * 1024);
-        auto vec = fbb.CreateVector(owners.data(), owners.size());
-        auto h = engine_.BeginHeader(fbb, Kind::Placement);
-        h.add_step(step);
-        h.add_placement_version(version);
-        h.add_placement(vec);
-        h.add_full(adopt);
-        engine_.Submit(op, s, Kind::Placement, engine_.FinishHeader(fbb, h), {}, nullptr,
-                       options_.request_timeout);
-      }
-      if (Status st = Handle(op).wait(); !st.ok()) {
+      if (Status st = PlacementRound(version, owners, step, adopt, /*prepare=*/false).wait(); !st.ok()) {
         return st.WithContext(adopt ? "MoveSlots (adopting; the servers that answered OK hold the new map)"
                                     : "MoveSlots (checking; nothing changed)");
       }
     }
     Adopt(std::move(next));
     return Status::Ok();
+  }
+
+  Handle PrepareMoveSlots(uint64_t version, std::span<const uint16_t> owners, int64_t step) override {
+    auto op = engine_.NewOp();
+    if (Status st = placement::Placement::FromOwners(version, owners, num_servers()).status(); !st.ok()) {
+      return engine_.Failed(op, st.WithContext("PrepareMoveSlots"));
+    }
+    if (const uint64_t now = Map()->version(); version <= now) {
+      return engine_.Failed(op, FailedPreconditionError("PrepareMoveSlots: version " + std::to_string(version) +
+                                                        ", this client is at " + std::to_string(now) + " already"));
+    }
+    for (int s = 0; s < num_servers(); ++s) {
+      if (engine_.minor(s) >= wire::kPrepareSinceMinor) continue;
+      // A server before 1.19 would take it for a MoveSlots' check round.
+      return engine_.Failed(op, FailedPreconditionError("PrepareMoveSlots: server " + std::to_string(s) +
+                                                        " speaks protocol 1." + std::to_string(engine_.minor(s)) +
+                                                        ", which cannot read a hand-over ahead (1.19)"));
+    }
+    return PlacementRound(version, owners, step, /*adopt=*/false, /*prepare=*/true);
+  }
+
+  // One Placement request of the map to every server, all in flight together.
+  Handle PlacementRound(uint64_t version, std::span<const uint16_t> owners, int64_t step, bool adopt, bool prepare) {
+    auto op = engine_.NewOp();
+    for (int s = 0; s < num_servers(); ++s) {
+      flatbuffers::FlatBufferBuilder fbb(12 * 1024);
+      auto vec = fbb.CreateVector(owners.data(), owners.size());
+      auto h = engine_.BeginHeader(fbb, Kind::Placement);
+      h.add_step(step);
+      h.add_placement_version(version);
+      h.add_placement(vec);
+      h.add_full(adopt);
+      if (prepare) h.add_prepare(true);
+      engine_.Submit(op, s, Kind::Placement, engine_.FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
+    }
+    return Handle(op);
   }
 
   ClientStats stats() const override {

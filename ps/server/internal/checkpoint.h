@@ -224,13 +224,35 @@ struct CheckpointFilter {
   bool Keeps(int slot) const { return slots[static_cast<size_t>(slot)]; }
   bool ValuesOf(int slot) const { return versions_only.empty() || !versions_only[static_cast<size_t>(slot)]; }
   bool KeepsAny() const;
+  bool operator==(const CheckpointFilter&) const = default;
 };
+
+// A hand-over's checkpoint read ahead (protocol 1.19, Placement's `prepare`), while the job
+// trains: each shard's chain as `filter` keeps it, by the rank of the server that wrote it (not
+// merged). A later read with the same filter of a checkpoint whose chain of a shard begins with
+// the files read here starts from what they left and reads only the files after them (a delta
+// checkpoint of a later step reads its new deltas alone).
+struct PreparedChains {
+  int64_t step = -1;
+  CheckpointFilter filter;
+  struct Chain {
+    std::vector<ShardFile> files;  // read and verified, oldest (a full shard) first
+    CheckpointData data;           // what they leave, filtered
+  };
+  std::map<size_t, Chain> shards;  // by the rank of the server that wrote the shard
+};
+
+// Reads and verifies the checkpoint of `step` as ReadCheckpointAt with `filter` does, keeping each
+// shard's chain apart (PreparedChains).
+StatusOr<PreparedChains> PrepareChains(const std::string& dir, int64_t step, const CheckpointFilter& filter);
 
 // Reads and verifies the checkpoint of `step` (its manifest and every shard it names, or those
 // `filter` needs, keeping only what it keeps); no fallback to another. NotFound, naming the steps
-// kept, when `dir` has none of that step.
+// kept, when `dir` has none of that step. `prepared` (optional, with the same filter): chains read
+// ahead, which the read starts from where they fit (taken out of it: each serves one read).
 StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step,
-                                          const CheckpointFilter* filter = nullptr);
+                                          const CheckpointFilter* filter = nullptr,
+                                          PreparedChains* prepared = nullptr);
 
 // Declares every table of `ckpt` in `tables` (server `rank`, a job of `num_workers`) and fills
 // in the chunks and rows that the registry's placement gives this server. An async or

@@ -543,8 +543,22 @@ class ServerImpl final : public Server {
     std::vector<uint16_t> owners;  // the map it was read for (what it keeps depends on it)
     std::shared_ptr<const CheckpointData> ckpt;
     Clock::time_point until;
+    double read_s = 0, checked_s = 0;  // what the check round took (the log of the adopting one)
   };
   std::optional<HandOverRead> handover_read_;
+  // A hand-over's checkpoint read ahead (1.19, Placement's `prepare`; a file job), for the check
+  // round of that map: set by the file job, taken by that round, dropped by any adopting
+  // Placement, another prepare, or kPreparedKeep after it was read (on_tick).
+  struct PreparedRead {
+    uint64_t version = 0;
+    std::vector<uint16_t> owners;  // the map it was read for
+    ps::PreparedChains chains;
+    Clock::time_point until;
+  };
+  static constexpr std::chrono::minutes kPreparedKeep{30};
+  std::optional<PreparedRead> prepared_ ABSL_GUARDED_BY(job_mu_);
+  // Placement with `prepare`: the read ahead, as a file job.
+  Status PrepareHandOver(Request& req, const placement::Placement& next);
 
   // Last: starts after everything above is built. Joined only under stop_mu_.
   std::thread thread_ ABSL_GUARDED_BY(stop_mu_);

@@ -612,14 +612,29 @@ Status Merge(CheckpointData&& from, CheckpointData* into, const std::string& whe
   return Status::Ok();
 }
 
+bool SameFile(const ShardFile& a, const ShardFile& b) {
+  return a.name == b.name && a.bytes == b.bytes && a.crc32 == b.crc32;
+}
+
 // One server's shard as its chain leaves it: the full file, then each delta in order (a dense
-// chunk replaced, a sparse table's deleted ids removed and its changed rows put in).
-StatusOr<CheckpointData> ReadChain(const fs::path& dir, const ShardFile& shard, const CheckpointFilter* filter) {
+// chunk replaced, a sparse table's deleted ids removed and its changed rows put in). `from`
+// (optional): the chain read before (with the same filter); when its files begin this one's,
+// the read starts from what they left (taken out of it) and reads only the files after them.
+StatusOr<CheckpointData> ReadChain(const fs::path& dir, const ShardFile& shard, const CheckpointFilter* filter,
+                                   PreparedChains::Chain* from = nullptr) {
   std::vector<const ShardFile*> files;
   for (const auto& b : shard.base) files.push_back(&b);
   files.push_back(&shard);
   CheckpointData acc;
-  for (size_t i = 0; i < files.size(); ++i) {
+  size_t first = 0;
+  if (from != nullptr && !from->files.empty() && from->files.size() <= files.size() &&
+      std::equal(from->files.begin(), from->files.end(), files.begin(),
+                 [](const ShardFile& a, const ShardFile* b) { return SameFile(a, *b); })) {
+    acc = std::move(from->data);
+    first = from->files.size();
+    from->files.clear();
+  }
+  for (size_t i = first; i < files.size(); ++i) {
     const ShardFile& f = *files[i];
     FileData d;
     FERRY_RETURN_IF_ERROR(ReadShard(dir / f.name, f, filter, &d));
@@ -655,12 +670,32 @@ StatusOr<CheckpointData> ReadChain(const fs::path& dir, const ShardFile& shard, 
   return acc;
 }
 
+// The shards of manifest `m` to read: every one, or with a filter those whose writers owned a
+// slot it keeps.
+std::vector<bool> ShardsToRead(const Manifest& m, const CheckpointFilter* filter) {
+  const int num_servers = static_cast<int>(m.shards.size());
+  std::vector<bool> read(m.shards.size(), true);
+  if (filter != nullptr && !m.before_slots && num_servers >= 1 && num_servers <= placement::kSlots) {
+    const placement::Placement written = m.map ? *m.map : placement::Placement::First(num_servers);
+    if (written.num_servers() == num_servers) {
+      read.assign(read.size(), false);
+      for (int slot = 0; slot < placement::kSlots; ++slot) {
+        if (filter->Keeps(slot)) read[static_cast<size_t>(written.SlotServer(slot))] = true;
+      }
+    }
+  }
+  if (filter != nullptr && !filter->KeepsAny()) read.assign(read.size(), false);  // (a manifest before slots too)
+  return read;
+}
+
 // Reads and verifies one manifest and every shard it names (a delta with its whole chain), or
-// those `filter` needs.
+// those `filter` needs, from `prepared`'s chains where they fit (ReadCheckpointAt).
 StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& manifest,
-                                      const CheckpointFilter* filter = nullptr) {
+                                      const CheckpointFilter* filter = nullptr, PreparedChains* prepared = nullptr) {
   const std::string name = (dir / manifest).string();
   FERRY_ASSIGN_OR_RETURN(Manifest m, ParseManifest(dir, manifest));
+  const std::vector<bool> read = ShardsToRead(m, filter);
+  if (prepared != nullptr && (filter == nullptr || !(prepared->filter == *filter))) prepared = nullptr;
   CheckpointData out;
   out.step = m.step;
   out.meaning = std::move(m.meaning);
@@ -669,24 +704,18 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
   out.before_slots = m.before_slots;
   out.placement = std::move(m.map);
   out.manifest = manifest;
-  // The shards to read: every one, or with a filter those whose writers owned a slot it keeps.
-  std::vector<bool> read(m.shards.size(), true);
-  if (filter != nullptr && !m.before_slots && out.num_servers >= 1 && out.num_servers <= placement::kSlots) {
-    const placement::Placement written = out.placement ? *out.placement : placement::Placement::First(out.num_servers);
-    if (written.num_servers() == out.num_servers) {
-      read.assign(read.size(), false);
-      for (int slot = 0; slot < placement::kSlots; ++slot) {
-        if (filter->Keeps(slot)) read[static_cast<size_t>(written.SlotServer(slot))] = true;
-      }
-    }
-  }
-  if (filter != nullptr && !filter->KeepsAny()) read.assign(read.size(), false);  // (a manifest before slots too)
   for (size_t i = 0; i < m.shards.size(); ++i) {
     const ShardFile& s = m.shards[i];
     out.shard_worker_steps.push_back(s.worker_steps);
     if (!read[i]) continue;
-    FERRY_ASSIGN_OR_RETURN(CheckpointData shard, ReadChain(dir, s, filter));
-    FERRY_RETURN_IF_ERROR(Merge(std::move(shard), &out, (dir / s.name).string()));
+    PreparedChains::Chain* from = nullptr;
+    if (prepared != nullptr) {
+      if (auto it = prepared->shards.find(i); it != prepared->shards.end()) from = &it->second;
+    }
+    StatusOr<CheckpointData> shard = ReadChain(dir, s, filter, from);
+    if (from != nullptr) prepared->shards.erase(i);  // taken, or of another chain: it serves no other read
+    FERRY_RETURN_IF_ERROR(shard.status());
+    FERRY_RETURN_IF_ERROR(Merge(std::move(*shard), &out, (dir / s.name).string()));
   }
   for (const auto& [id, t] : out.tables) {
     if (t.spec.name.empty()) return DataLossError(name + ": table id " + std::to_string(id) + " has data but no spec");
@@ -1213,7 +1242,10 @@ StatusOr<KeptCheckpoints> ListCheckpoints(const std::string& dir) {
 
 bool CheckpointFilter::KeepsAny() const { return std::ranges::find(slots, true) != slots.end(); }
 
-StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step, const CheckpointFilter* filter) {
+namespace {
+
+// OK when `dir` keeps a checkpoint of `step` and `filter` (optional) has a slot count.
+Status CheckReadable(const std::string& dir, int64_t step, const CheckpointFilter* filter) {
   FERRY_ASSIGN_OR_RETURN(KeptCheckpoints kept, ListCheckpoints(dir));
   if (std::ranges::find(kept.steps, step) == kept.steps.end()) {
     std::string steps;
@@ -1228,7 +1260,35 @@ StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step, 
                                 std::to_string(filter->versions_only.size()) + " slots, not " +
                                 std::to_string(placement::kSlots));
   }
-  return ReadManifest(dir, ManifestName(step), filter);
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step, const CheckpointFilter* filter,
+                                          PreparedChains* prepared) {
+  FERRY_RETURN_IF_ERROR(CheckReadable(dir, step, filter));
+  return ReadManifest(dir, ManifestName(step), filter, prepared);
+}
+
+StatusOr<PreparedChains> PrepareChains(const std::string& dir, int64_t step, const CheckpointFilter& filter) {
+  FERRY_RETURN_IF_ERROR(CheckReadable(dir, step, &filter));
+  FERRY_ASSIGN_OR_RETURN(Manifest m, ParseManifest(dir, ManifestName(step)));
+  const std::vector<bool> read = ShardsToRead(m, &filter);
+  PreparedChains out;
+  out.step = step;
+  out.filter = filter;
+  for (size_t i = 0; i < m.shards.size(); ++i) {
+    if (!read[i]) continue;
+    const ShardFile& s = m.shards[i];
+    FERRY_ASSIGN_OR_RETURN(CheckpointData data, ReadChain(dir, s, &filter));
+    PreparedChains::Chain& chain = out.shards[i];
+    chain.files = s.base;
+    chain.files.push_back(s);
+    chain.files.back().base.clear();
+    chain.data = std::move(data);
+  }
+  return out;
 }
 
 namespace {

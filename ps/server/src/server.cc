@@ -148,6 +148,10 @@ void ServerImpl::Loop() {
       CheckHeap(Clock::now());
       CheckDiskWaits(Clock::now());
       if (handover_read_ && Clock::now() >= handover_read_->until) handover_read_.reset();  // no adopting round came
+      {
+        MutexLock lock(&job_mu_);
+        if (prepared_ && Clock::now() >= prepared_->until) prepared_.reset();  // no hand-over came
+      }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ferry-ps %d: %s while expiring held requests; continuing\n", options_.rank, e.what());
     }

@@ -42,13 +42,16 @@ inline constexpr uint16_t kMajor = 1;
 // placed request names, "moved" errors with the server's map, the map in the Hello reply, and
 // Placement: a server adopts a new map, taking over its new slots from a checkpoint); 1.18: Finish's
 // `leaves` (a worker leaves a job in progress: no sync step and no collective waits for it again) and
-// Hello's `joins_at` (a worker takes part in sync steps from that step on)
-inline constexpr uint16_t kMinor = 18;
+// Hello's `joins_at` (a worker takes part in sync steps from that step on); 1.19: Placement's
+// `prepare` (a server reads a hand-over's checkpoint ahead, while the job trains)
+inline constexpr uint16_t kMinor = 19;
 // The first minor with placement versions: an earlier client cannot follow a moved map.
 inline constexpr uint16_t kPlacementVersionsSinceMinor = 17;
 // The first minor whose servers know a worker that leaves (Finish's `leaves`) or joins later (Hello's
 // `joins_at`).
 inline constexpr uint16_t kLeavesSinceMinor = 18;
+// The first minor whose servers read a hand-over's checkpoint ahead (Placement's `prepare`).
+inline constexpr uint16_t kPrepareSinceMinor = 19;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

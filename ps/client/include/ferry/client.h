@@ -377,6 +377,16 @@ class Client {
   // e.g. at a Barrier): a server refuses to give up a row or chunk updated since. Two rounds:
   // every server checks that it can (a refusal changes nothing), then every server adopts.
   virtual Status MoveSlots(uint64_t version, std::span<const uint16_t> owners, int64_t step) = 0;
+  // Makes a later MoveSlots to the same `version` and `owners` pause the job for less: every
+  // server whose slots that map moves reads the job's committed checkpoint of `step` (an earlier
+  // one than the MoveSlots will name) now, on a thread of its own while the job trains, and keeps
+  // what moves; the MoveSlots' hand-over then reads only the files written since (the deltas of a
+  // server with --checkpoint-deltas; a full shard written since is read whole). Checks nothing and
+  // changes nothing; the handle completes when every server has read. A server reads ahead for
+  // one map at a time, keeps it 30 minutes at most, and refuses (UNAVAILABLE) while it writes a
+  // checkpoint, as a checkpoint is refused while it reads: wait for the handle before the next
+  // SaveCheckpoint. Servers of protocol 1.19 and later (FAILED_PRECONDITION before any is asked).
+  virtual Handle PrepareMoveSlots(uint64_t version, std::span<const uint16_t> owners, int64_t step) = 0;
   // The placement version this client places its requests by.
   virtual uint64_t placement_version() const = 0;
   // The map of that version: the server of each of placement::kSlots slots, by slot. A new map for

@@ -13,7 +13,7 @@ Status ServerImpl::CheckpointPossible() const {
   if (options_.checkpoint_dir.empty()) {
     return FailedPreconditionError(Who() + " was started without a checkpoint folder (ferry-ps --checkpoint-dir)");
   }
-  if (job_req_) return UnavailableError(Who() + " is still writing " + job_what_ + "; ask again once it is done");
+  if (job_req_) return UnavailableError(Who() + " is still busy with " + job_what_ + "; ask again once it is done");
   return Status::Ok();
 }
 

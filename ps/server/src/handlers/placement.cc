@@ -9,6 +9,13 @@
 #include "internal/checkpoint.h"
 
 namespace ferry::ps {
+namespace {
+
+double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
 
 flatbuffers::Offset<flatbuffers::Vector<uint16_t>> ServerImpl::PlacementVector(
     flatbuffers::FlatBufferBuilder& fbb) const {
@@ -55,6 +62,7 @@ Status ServerImpl::OnPlacement(Request& req) {
     SendOk(req, static_cast<int64_t>(now.version()));  // adopted already (a Placement sent again)
     return Status::Ok();
   }
+  if (h.prepare()) return PrepareHandOver(req, next);
   // A client before 1.17 places by the first map whatever the servers hold, and cannot be told
   // otherwise: while one is connected the map stays.
   if (const std::vector<std::string> old = connections_.PeersBelow(wire::kPlacementVersionsSinceMinor);
@@ -85,37 +93,89 @@ Status ServerImpl::OnPlacement(Request& req) {
   // The check round's read serves the adopting round that follows it (the same step and map).
   std::shared_ptr<const ps::CheckpointData> ckpt;
   std::vector<uint16_t> owners = next.Owners();
+  const Clock::time_point began = Clock::now();
+  double read_s = 0, checked_s = 0;  // the check round's, for the adopting round's log
   if (handover_read_ && handover_read_->step == h.step() && handover_read_->version == next.version() &&
       handover_read_->owners == owners) {
     ckpt = handover_read_->ckpt;
+    read_s = handover_read_->read_s;
+    checked_s = handover_read_->checked_s;
   } else {
     const ps::CheckpointFilter filter = ps::HandOverFilter(now, next, options_.rank);
-    FERRY_ASSIGN_OR_RETURN(ps::CheckpointData read,
-                           ps::ReadCheckpointAt(options_.checkpoint_dir, h.step(), &filter));
+    std::optional<ps::PreparedChains> ahead;  // read ahead for this map (1.19): the read starts from it
+    {
+      MutexLock lock(&job_mu_);
+      if (prepared_ && prepared_->version == next.version() && prepared_->owners == owners) {
+        ahead = std::move(prepared_->chains);
+      }
+      prepared_.reset();
+    }
+    FERRY_ASSIGN_OR_RETURN(ps::CheckpointData read, ps::ReadCheckpointAt(options_.checkpoint_dir, h.step(), &filter,
+                                                                         ahead ? &*ahead : nullptr));
     ckpt = std::make_shared<const ps::CheckpointData>(std::move(read));
   }
   handover_read_.reset();
+  const Clock::time_point read = Clock::now();
   FERRY_ASSIGN_OR_RETURN(const ps::HandOverCounts moved,
                          ps::HandOver(*ckpt, next, options_.rank, workers_.count(), &tables_, check_only));
   if (check_only) {
-    handover_read_ =
-        HandOverRead{h.step(), next.version(), std::move(owners), std::move(ckpt), Clock::now() + options_.max_wait};
+    handover_read_ = HandOverRead{h.step(), next.version(), std::move(owners), std::move(ckpt),
+                                  Clock::now() + options_.max_wait, Seconds(began, read), Seconds(read, Clock::now())};
   }
   if (!check_only) {
     {
       // The next checkpoint of this server is whole: a delta of the shard before would not say
-      // which rows and chunks left.
+      // which rows and chunks left. A read ahead was filtered by the map before.
       MutexLock lock(&job_mu_);
       saved_ = SavedShard{};
+      prepared_.reset();
     }
     std::fprintf(stderr,
                  "ferry-ps %d: placement version %llu from the checkpoint of step %lld: took %lld chunks and %lld "
-                 "rows, gave up %lld chunks and %lld rows\n",
+                 "rows, gave up %lld chunks and %lld rows (checking: read %.3f s, checked %.3f s; adopting: read "
+                 "%.3f s, applied %.3f s)\n",
                  options_.rank, static_cast<unsigned long long>(next.version()), static_cast<long long>(h.step()),
                  static_cast<long long>(moved.chunks_taken), static_cast<long long>(moved.rows_taken),
-                 static_cast<long long>(moved.chunks_dropped), static_cast<long long>(moved.rows_dropped));
+                 static_cast<long long>(moved.chunks_dropped), static_cast<long long>(moved.rows_dropped),
+                 read_s, checked_s, Seconds(began, read), Seconds(read, Clock::now()));
   }
   SendOk(req, static_cast<int64_t>(next.version()));
+  return Status::Ok();
+}
+
+// The read ahead runs on the file job's thread while the server goes on serving: it touches no
+// table, only the checkpoint folder, and keeps what it read for the check round of the same map
+// (OnPlacement), which then reads only the files written since.
+Status ServerImpl::PrepareHandOver(Request& req, const placement::Placement& next) {
+  const Header& h = *req.h();
+  const placement::Placement& now = tables_.placement();
+  if (next.version() <= now.version()) {
+    return FailedPreconditionError(Who() + " is at placement version " + std::to_string(now.version()) +
+                                   " already; a map to read ahead for needs a higher version than " +
+                                   std::to_string(next.version()));
+  }
+  ps::CheckpointFilter filter = ps::HandOverFilter(now, next, options_.rank);
+  {
+    MutexLock lock(&job_mu_);
+    prepared_.reset();  // replaced, or of no use
+  }
+  if (!filter.KeepsAny()) {  // none of this server's slots move: its hand-over reads nothing
+    SendOk(req, static_cast<int64_t>(next.version()));
+    return Status::Ok();
+  }
+  const int64_t step = h.step();  // (no file job runs: OnPlacement checked CheckpointPossible)
+  const uint64_t id = h.request_id();
+  RunFileJob(std::move(req),
+             "the read ahead of the checkpoint of step " + std::to_string(step) + " for placement version " +
+                 std::to_string(next.version()),
+             [this, step, id, filter = std::move(filter), version = next.version(),
+              owners = next.Owners()]() mutable -> StatusOr<zmq::message_t> {
+               FERRY_ASSIGN_OR_RETURN(ps::PreparedChains chains,
+                                      ps::PrepareChains(options_.checkpoint_dir, step, filter));
+               MutexLock lock(&job_mu_);
+               prepared_ = PreparedRead{version, std::move(owners), std::move(chains), Clock::now() + kPreparedKeep};
+               return wire::MakeReply(id, Kind::Placement, static_cast<int64_t>(version));
+             });
   return Status::Ok();
 }
 

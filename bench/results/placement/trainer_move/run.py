@@ -8,11 +8,13 @@ on worker 0, whose every step is --batch examples). Every worker waits at the mo
 pause is the same for each.
 
   run.py --bin build/bin --out DIR [--rounds K] [--vocab V] [--steps N] [--configs full,deltas]
-         [--from-files]
+         [--before-bin DIR] [--from-files]
 Configurations, in turn (the order alternating by round): "full" (no other checkpoint: the move's own is full);
 "deltas" (servers with --checkpoint-deltas 8, a checkpoint every 50 steps: the move's checkpoint
-is a delta of the one before, and the hand-over reads the chain). Writes DIR/run-<config>-<k>.txt
-(the launcher's output) and prints the summary (DIR/summary.txt)."""
+is a delta of the one before, and the hand-over reads the chain). A configuration named
+"<config>-before" runs the binaries of --before-bin (another build) the same way, for a before and
+after in one run. Writes DIR/run-<config>-<k>.txt (the launcher's output) and prints the summary
+(DIR/summary.txt)."""
 import argparse
 import os
 import re
@@ -29,9 +31,11 @@ def one(args, k, config):
     """Runs one job; returns the launcher's output (also written to DIR/run-<config>-<k>.txt)."""
     with tempfile.TemporaryDirectory(prefix="ferry-move-bench-") as tmp:
         first, back = args.steps // 2, args.steps * 3 // 4
-        deltas = config == "deltas"
+        before = config.endswith("-before")
+        deltas = config.removesuffix("-before") == "deltas"
         argv = [sys.executable, LAUNCHER, "--num-ps", "3", "--num-workers", "2", "--base-port", "0",
-                "--gpus-per-host", "0", "--bin-dir", args.bin, "--log-dir", os.path.join(tmp, "logs"),
+                "--gpus-per-host", "0", "--bin-dir", args.before_bin if before else args.bin,
+                "--log-dir", os.path.join(tmp, "logs"),
                 "--checkpoint-dir", os.path.join(tmp, "ckpt")]
         if deltas:
             argv += ["--checkpoint-every", "50", "--ps-arg", "--checkpoint-deltas 8"]
@@ -52,7 +56,8 @@ def parse(out, k, config, batch, log_every):
     """The rows of one job's moves. A window's line "step S" follows the steps S - log_every to
     S - 1 (0-based); the step time is the median of the windows holding no move and no checkpoint."""
     moves = re.findall(r"^\[worker 0\] moved \d+ slots at step (\d+) \(([^)]*)\): placement version \d+; "
-                       r"checkpoint ([\d.]+) s, hand-over ([\d.]+) s$", out, re.M)
+                       r"checkpoint ([\d.]+) s, hand-over ([\d.]+) s(?: \(read ahead from the checkpoint of step "
+                       r"\d+\))?$", out, re.M)
     sizes = dict(re.findall(r"^\[worker 0\] checkpoint of step (\d+) saved: ([\d.]+) MB", out, re.M))
     windows = [(int(s), float(e)) for s, e in
                re.findall(r"^\[worker 0\] step (\d+)/\d+ .* (\d+) examples/s", out, re.M)]
@@ -80,6 +85,7 @@ def main():
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--configs", default="full,deltas")
+    ap.add_argument("--before-bin", help="the binaries of the <config>-before configurations")
     ap.add_argument("--from-files", action="store_true", help="parse DIR's run files again, run nothing")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)

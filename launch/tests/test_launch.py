@@ -1309,22 +1309,28 @@ class SlotMoveTest(unittest.TestCase):
         self.assertIn("auc", moved)
 
     def test_a_move_read_ahead_leaves_the_bits(self):
-        """With a checkpoint every 5 steps, each a delta (--checkpoint-deltas), the servers read
-        the checkpoint before each move ahead while the job trains (protocol 1.19), and the
-        move's hand-over reads only its own delta: the job ends with the bits of the job that
-        never moved."""
-        launcher = ["--checkpoint-every", "5", "--ps-arg", "--checkpoint-deltas 4 --checkpoint-delta-share 100"]
-        rc, out = run_launcher(self.argv("ahead", ["--move-slots", "10:drain=2,20:first"], launcher), timeout=180)
+        """With a checkpoint every 10 steps, each but the first after a move a delta
+        (--checkpoint-deltas), worker 0 asks the servers to read the checkpoint of steps 10 and
+        20 ahead for the moves at steps 19 and 29 (protocol 1.19) while the job trains (worker 1
+        is a straggler by 200 ms a step, so the checkpoint is committed well before the move),
+        and each move's hand-over starts from what they read: the job ends with the bits of the
+        job that never moved."""
+        launcher = ["--checkpoint-every", "10", "--ps-arg", "--checkpoint-deltas 4 --checkpoint-delta-share 100"]
+        rc, out = run_launcher(self.argv("ahead", ["--move-slots", "19:drain=2,29:first", "--straggler", "1:200ms"],
+                                         launcher), timeout=180)
         self.assertEqual(rc, 0, out)
         self.assert_all_gone(out)
-        for step, what, base in ((10, "server 2 drained", 5), (20, "the first map", 15)):
+        for step, what, base in ((19, "server 2 drained", 10), (29, "the first map", 20)):
             self.assertRegex(out, rf"(?m)^\[worker 0\] moved 1680 slots at step {step} \({what}\): placement "
-                                  rf"version \d; checkpoint [\d.]+ s, hand-over [\d.]+ s \(read ahead from the "
-                                  rf"checkpoint of step {base}\)$")
+                                  rf"version \d; checkpoint [\d.]+ s, hand-over [\d.]+ s \(the servers had read the "
+                                  rf"checkpoint of step {base} ahead\)$")
         self.assertNotIn("could not read the checkpoint", out)
         with open(os.path.join(self.dir, "ahead", "ps-2.log")) as f:
             ps2 = f.read()
-        self.assertRegex(ps2, r"placement version 3 from the checkpoint of step 20: took [1-9]\d* chunks")
+        for version, step in ((2, 19), (3, 29)):
+            self.assertRegex(ps2, rf"placement version {version} from the checkpoint of step {step}: .*; [1-9]\d* "
+                                  r"shard chain\(s\) started from the read ahead")
+        self.assertRegex(ps2, r"placement version 3 from the checkpoint of step 29: took [1-9]\d* chunks")
         _, still = self.job("still", [])
         self.assertEqual(self.final("ahead", out), still)
 

@@ -312,7 +312,14 @@ TEST(PlacementVersions, ServersWithFullBudgetsCanSwapRowsButNotTakeMore) {
   ASSERT_TRUE(w->PullSparse("emb", ids, before, 0).wait().ok());
   ASSERT_TRUE(w->Checkpoint(1).ok());
   const placement::Placement first = placement::Placement::First(2);
-  Status s = w->MoveSlots(2, first.Drain(1)->Owners(), 1);
+  // A read ahead is kept on the budget (1.19): no room for what server 0 would keep.
+  Status s = w->PrepareMoveSlots(2, first.Drain(1)->Owners(), 1).wait();
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("keeping the read ahead of the checkpoint of step 1"), std::string::npos) << s;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(c.servers[r]->stats().counters.at("memory_budget_used_bytes"), used) << "server " << r;
+  }
+  s = w->MoveSlots(2, first.Drain(1)->Owners(), 1);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("server 0 would take"), std::string::npos) << s;
   std::vector<uint16_t> swapped = first.Owners();
@@ -329,21 +336,29 @@ TEST(PlacementVersions, ServersWithFullBudgetsCanSwapRowsButNotTakeMore) {
 // A hand-over reads only the shards of the servers that give slots up (and only their moving
 // chunks and rows): with server 2's shard of the checkpoint broken, slots move between servers
 // 0 and 1 and server 2 takes the map; a move of server 2's slots is refused naming its shard.
+// Declares an async dense table "a" of kDense (chunks of 4: on every server) and an async sparse
+// table "emb" on `w`, and pushes ones to "a" and halves to 300 rows of "emb" at step 0: returns
+// their ids.
+std::vector<int64_t> DeclareAndPushAsync(Client& w) {
+  TableSpec dense = SgdTable("a", kDense, Consistency::kAsync);
+  dense.chunk_elems = 4;
+  EXPECT_TRUE(w.Declare(dense).ok());
+  EXPECT_TRUE(w.Declare(SgdSparseTable("emb", kDim, Consistency::kAsync)).ok());
+  std::vector<int64_t> ids(300);
+  for (int64_t i = 0; i < 300; ++i) ids[static_cast<size_t>(i)] = i * 7 - 40;
+  const std::vector<float> g(kDense, 1.0f), grads(ids.size() * kDim, 0.5f);
+  EXPECT_TRUE(w.PushDense("a", g, 0).wait().ok());
+  EXPECT_TRUE(w.PushSparse("emb", ids, grads, 0).wait().ok());
+  return ids;
+}
+
 TEST(PlacementVersions, AHandOverReadsOnlyTheShardsOfTheSlotsThatMove) {
   TempDir dir("placement-shards");
   auto c = LocalCluster::Start(3, false, WithFolder(dir.path(), 1));
   auto w = c.Connect(0, 1);
-  TableSpec dense = SgdTable("a", kDense, Consistency::kAsync);
-  dense.chunk_elems = 4;
-  const TableSpec sparse = SgdSparseTable("emb", kDim, Consistency::kAsync);
-  ASSERT_TRUE(w->Declare(dense).ok());
-  ASSERT_TRUE(w->Declare(sparse).ok());
-  std::vector<int64_t> ids(300);
-  for (int64_t i = 0; i < 300; ++i) ids[static_cast<size_t>(i)] = i * 7 - 40;
+  std::vector<int64_t> ids = DeclareAndPushAsync(*w);
   std::vector<float> g(kDense, 1.0f), grads(ids.size() * kDim, 0.5f), dense_before(kDense), dense_after(kDense),
       rows_before(grads.size()), rows_after(grads.size());
-  ASSERT_TRUE(w->PushDense("a", g, 0).wait().ok());
-  ASSERT_TRUE(w->PushSparse("emb", ids, grads, 0).wait().ok());
   ASSERT_TRUE(w->PullDense("a", dense_before, 1).wait().ok());
   ASSERT_TRUE(w->PullSparse("emb", ids, rows_before, 1).wait().ok());
   ASSERT_TRUE(w->Checkpoint(1).ok());
@@ -382,25 +397,18 @@ TEST(PlacementVersions, AHandOverReadsOnlyTheShardsOfTheSlotsThatMove) {
 // A hand-over read ahead (1.19, Client::PrepareMoveSlots): the servers read the checkpoint of
 // step 1 for the map while the job trains; the MoveSlots from step 2's checkpoint, a delta of it,
 // then reads only the deltas: it succeeds with step 1's shards gone, and moves the values as
-// they are. A read ahead for a map not above the client's is refused.
+// they are. A read ahead for a map not above the client's or the servers' is refused.
 TEST(PlacementVersions, AHandOverReadAheadReadsOnlyTheDeltasWrittenSince) {
   TempDir dir("placement-ahead");
-  ServerOptions o = WithFolder(dir.path(), 1);
+  ServerOptions o = WithFolder(dir.path(), 2);
   o.checkpoint_deltas = 4;
   o.checkpoint_delta_share = 1.0;
   auto c = LocalCluster::Start(2, false, o);
-  auto w = c.Connect(0, 1);
-  TableSpec dense = SgdTable("a", kDense, Consistency::kAsync);
-  dense.chunk_elems = 4;
-  const TableSpec sparse = SgdSparseTable("emb", kDim, Consistency::kAsync);
-  ASSERT_TRUE(w->Declare(dense).ok());
-  ASSERT_TRUE(w->Declare(sparse).ok());
-  std::vector<int64_t> ids(300);
-  for (int64_t i = 0; i < 300; ++i) ids[static_cast<size_t>(i)] = i * 7 - 40;
+  auto w = c.Connect(0, 2);
+  auto other = c.Connect(1, 2);  // a worker that pushes nothing: it stays at the first map
+  std::vector<int64_t> ids = DeclareAndPushAsync(*w);
   std::vector<float> g(kDense, 1.0f), grads(ids.size() * kDim, 0.5f), dense_before(kDense), dense_after(kDense),
       rows_before(grads.size()), rows_after(grads.size());
-  ASSERT_TRUE(w->PushDense("a", g, 0).wait().ok());
-  ASSERT_TRUE(w->PushSparse("emb", ids, grads, 0).wait().ok());
   ASSERT_TRUE(w->Checkpoint(1).ok());
   const placement::Placement drained = *placement::Placement::First(2).Drain(1);
   EXPECT_EQ(w->PrepareMoveSlots(1, drained.Owners(), 1).wait().code(), StatusCode::kFailedPrecondition);
@@ -430,9 +438,16 @@ TEST(PlacementVersions, AHandOverReadAheadReadsOnlyTheDeltasWrittenSince) {
   EXPECT_EQ(dense_after, dense_before);
   EXPECT_EQ(rows_after, rows_before);
   EXPECT_NE(rows_after, std::vector<float>(rows_after.size(), 0.0f));
-  // A read ahead for the map the servers hold already, or one not above it, changes nothing.
+  // A read ahead for a map not above the client's is refused by the client; one for the map the
+  // servers hold is answered OK, and one for another map of their version is refused by them.
   s = w->PrepareMoveSlots(2, drained.Owners(), 2).wait();
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  ASSERT_EQ(other->placement_version(), 1u);
+  s = other->PrepareMoveSlots(2, drained.Owners(), 2).wait();
+  EXPECT_TRUE(s.ok()) << s;
+  s = other->PrepareMoveSlots(2, placement::Placement::First(2).Owners(), 2).wait();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("a map to read ahead for needs a higher version than 2"), std::string::npos) << s;
 }
 
 TEST(PlacementVersions, AHandOverThatWouldLoseAnUpdateIsRefusedAndChangesNothing) {

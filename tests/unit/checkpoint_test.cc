@@ -652,6 +652,7 @@ TEST_F(DeltaCheckpointTest, AChainReadAheadServesALaterDeltaWhichReadsOnlyItsNew
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_TRUE(Read(*read) == Read(*expected));
   EXPECT_TRUE(ahead->shards.empty()) << "each chain read ahead serves one read";
+  EXPECT_EQ(ahead->used, 2);
   for (int64_t step : {10, 20}) {
     for (int r = 0; r < 2; ++r) fs::rename(away / Shard(step, r).filename(), Shard(step, r));
   }
@@ -663,10 +664,12 @@ TEST_F(DeltaCheckpointTest, AChainReadAheadServesALaterDeltaWhichReadsOnlyItsNew
   SaveStep(40, /*delta=*/true, /*keep=*/100, /*full_rank=*/1);
   expected = ReadCheckpointAt(dir_.string(), 40, &filter);
   ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_GT(ahead->Bytes(), 0);
   fs::rename(Shard(10, 0), away / Shard(10, 0).filename());
   read = ReadCheckpointAt(dir_.string(), 40, &filter, &*ahead);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_TRUE(Read(*read) == Read(*expected));
+  EXPECT_EQ(ahead->used, 1);  // server 0's chain; server 1's began anew
   // No checkpoint of that step: said as a read says it.
   auto none = PrepareChains(dir_.string(), 35, filter);
   ASSERT_FALSE(none.ok());

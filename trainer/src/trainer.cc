@@ -450,8 +450,8 @@ class WorkerRun final : public TrainingRun {
                   placement::Placement::SlotsMoved(now, *next), static_cast<long long>(step),
                   move.drain < 0 ? "the first map" : ("server " + std::to_string(move.drain) + " drained").c_str(),
                   static_cast<unsigned long long>(next->version()), Seconds(began, saved), Seconds(saved, Clock::now()),
-                  read_ahead_.move_step == t ? (" (read ahead from the checkpoint of step " +
-                                                std::to_string(read_ahead_.from) + ")").c_str()
+                  read_ahead_.move_step == t ? (" (the servers had read the checkpoint of step " +
+                                                std::to_string(read_ahead_.from) + " ahead)").c_str()
                                              : "");
     Say(line);
     return Status::Ok();
@@ -483,9 +483,16 @@ class WorkerRun final : public TrainingRun {
         break;
       }
     }
-    if (moving_ || move == nullptr ||
-        (options_.checkpoint_every > 0 && step + options_.checkpoint_every < move->step)) {
-      return;
+    if (moving_ || move == nullptr) return;
+    // Another checkpoint due before the move (by steps, or by time at this job's pace so far)
+    // would be the one to read.
+    if (options_.checkpoint_every > 0 && step + options_.checkpoint_every < move->step) return;
+    if (options_.checkpoint_every_s > 0) {
+      const int64_t done = step - t0_;
+      if (done <= 0) return;
+      const double to_move = Seconds(start_, Clock::now()) / static_cast<double>(done) *
+                             static_cast<double>(move->step - step);
+      if (to_move >= options_.checkpoint_every_s) return;
     }
     StatusOr<placement::Placement> next = Map();
     if (next.ok()) next = NextMap(*move, *next);
@@ -1034,6 +1041,7 @@ class WorkerRun final : public TrainingRun {
   // Worker 0, with --checkpoint-every: after every worker has finished (the closing barrier) and
   // the final pull, the job's final state is saved too, unless that step's is already.
   void FinalCheckpoint() {
+    WaitReadAhead();  // (no move is left: one for a step the job did not reach)
     if (!Checkpointing()) {
       CommitCheckpoint(/*wait=*/true);  // one asked for on request
       return;

@@ -240,6 +240,9 @@ struct PreparedChains {
     CheckpointData data;           // what they leave, filtered
   };
   std::map<size_t, Chain> shards;  // by the rank of the server that wrote the shard
+  int used = 0;  // chains a read started from (ReadCheckpointAt)
+  // About the memory it holds: the values and states of its chunks and rows.
+  int64_t Bytes() const;
 };
 
 // Reads and verifies the checkpoint of `step` as ReadCheckpointAt with `filter` does, keeping each

@@ -544,6 +544,7 @@ class ServerImpl final : public Server {
     std::shared_ptr<const CheckpointData> ckpt;
     Clock::time_point until;
     double read_s = 0, checked_s = 0;  // what the check round took (the log of the adopting one)
+    int ahead = -1;                     // chains it started from a read ahead (-1: none was there)
   };
   std::optional<HandOverRead> handover_read_;
   // A hand-over's checkpoint read ahead (1.19, Placement's `prepare`; a file job), for the check
@@ -554,6 +555,7 @@ class ServerImpl final : public Server {
     std::vector<uint16_t> owners;  // the map it was read for
     ps::PreparedChains chains;
     Clock::time_point until;
+    ps::BudgetCharge charge;  // its bytes, on the memory budget while it is kept
   };
   static constexpr std::chrono::minutes kPreparedKeep{30};
   std::optional<PreparedRead> prepared_ ABSL_GUARDED_BY(job_mu_);

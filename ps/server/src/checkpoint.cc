@@ -713,7 +713,10 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
       if (auto it = prepared->shards.find(i); it != prepared->shards.end()) from = &it->second;
     }
     StatusOr<CheckpointData> shard = ReadChain(dir, s, filter, from);
-    if (from != nullptr) prepared->shards.erase(i);  // taken, or of another chain: it serves no other read
+    if (from != nullptr) {
+      if (from->files.empty()) ++prepared->used;  // ReadChain took it
+      prepared->shards.erase(i);  // taken, or of another chain: it serves no other read
+    }
     FERRY_RETURN_IF_ERROR(shard.status());
     FERRY_RETURN_IF_ERROR(Merge(std::move(*shard), &out, (dir / s.name).string()));
   }
@@ -1269,6 +1272,19 @@ StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step, 
                                           PreparedChains* prepared) {
   FERRY_RETURN_IF_ERROR(CheckReadable(dir, step, filter));
   return ReadManifest(dir, ManifestName(step), filter, prepared);
+}
+
+int64_t PreparedChains::Bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [rank, chain] : shards) {
+    for (const auto& [id, t] : chain.data.tables) {
+      for (const auto& [index, c] : t.chunks) {
+        bytes += static_cast<int64_t>((c.params.size() + c.state.size()) * sizeof(float)) + 64;
+      }
+      for (const auto& [row, r] : t.rows) bytes += static_cast<int64_t>(r.values.size() * sizeof(float)) + 64;
+    }
+  }
+  return bytes;
 }
 
 StatusOr<PreparedChains> PrepareChains(const std::string& dir, int64_t step, const CheckpointFilter& filter) {

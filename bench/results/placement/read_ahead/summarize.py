@@ -2,10 +2,10 @@
 """Before and after the hand-over's read ahead (protocol 1.19), from this folder's runs of
 ../trainer_move/run.py --configs deltas,deltas-before (the same job, the two builds in turn, the
 order alternating by round). Prints, per move, the pause in steps and the hand-over's seconds of
-each build and their ratio by round (after / before); and what reading ahead costs the training
-around it: worker 0's examples/s in the log windows holding the checkpoints read ahead (steps
-140-159 and 240-259: both builds checkpoint there, only "after" reads ahead) and in the quiet
-windows, after / before by round.
+each build and their ratio by round (after / before); what reading ahead costs the training
+around it: worker 0's examples/s from the checkpoint read ahead to the move (steps 140-199 and
+240-299: both builds checkpoint there, only "after" reads ahead) and in run.py's quiet windows,
+after / before by round; and the servers' own split of each hand-over after.
 
   summarize.py [DIR]   (DIR: this folder)"""
 import glob
@@ -49,21 +49,33 @@ def main():
                      f"after/before by round {med(ratio)}")
         lines.append(f"{what}: hand-over s before {med(hand['deltas-before'])}, after {med(hand['deltas'])}; "
                      f"after/before by round {med(hratio)}")
-    for window in (160, 260):
-        r = [windows(outs["deltas", k])[window] / windows(outs["deltas-before", k])[window] for k in rounds]
-        lines.append(f"examples/s of the window of steps {window - 20}-{window - 1} (a checkpoint in both; the read "
-                     f"ahead after): after/before by round {med(r)}")
+    # From the checkpoint read ahead to the step before the move: steps 140-199 and 240-299 (the
+    # windows ending at 160, 180, 200 and 260, 280, 300), a checkpoint in both builds, the read
+    # ahead after: worker 0's examples/s over the stretch (its time, summed over the windows).
+    def rate(out, ends):
+        w = windows(out)
+        return len(ends) * 20 * 512 / sum(20 * 512 / w[e] for e in ends)
+    for ends in ((160, 180, 200), (260, 280, 300)):
+        r = [rate(outs["deltas", k], ends) / rate(outs["deltas-before", k], ends) for k in rounds]
+        lines.append(f"examples/s over steps {ends[0] - 20}-{ends[-1] - 1} (a checkpoint in both; the read ahead "
+                     f"after): after/before by round {med(r)}")
+    def total(out):  # worker 0's seconds at its last log line: the whole training, moves included
+        return float(re.findall(r"^\[worker 0\] step \d+/\d+ .* ([\d.]+) s  ETA", out, re.M)[-1])
+    tr = [total(outs["deltas", k]) / total(outs["deltas-before", k]) for k in rounds]
+    lines.append(f"worker 0's training seconds (400 steps, 0.1 s resolution) after/before by round {med(tr)}")
     step = {c: [rows[c, k][0][6] for k in rounds] for c in ("deltas", "deltas-before")}
-    sr = [rows["deltas", k][0][6] / rows["deltas-before", k][0][6] for k in rounds]
-    lines.append(f"step ms (quiet windows) before {med(step['deltas-before'])}, after {med(step['deltas'])}; "
-                 f"after/before by round {med(sr)}")
+    sr = [rows["deltas-before", k][0][6] / rows["deltas", k][0][6] for k in rounds]
+    lines.append(f"step ms (run.py's quiet windows, which may hold the end of a read ahead) before "
+                 f"{med(step['deltas-before'])}, after {med(step['deltas'])}; examples/s after/before by round "
+                 f"{med(sr)}")
     # The servers' own split of each hand-over (the build after logs it): the check round's read
     # and check, the adopting round's work, in seconds, min-max over the rounds.
     split = {}
     for k in rounds:
         for rank, version, read, checked, applied in re.findall(
                 r"^\[ps \d\] ferry-ps (\d): placement version (\d) from the checkpoint of step \d+: .*\(checking: "
-                r"read ([\d.]+) s, checked ([\d.]+) s; adopting: read [\d.]+ s, applied ([\d.]+) s\)$",
+                r"read ([\d.]+) s, checked ([\d.]+) s; adopting: read [\d.]+ s, applied ([\d.]+) s\)"
+                r"(?:; \d+ shard chain\(s\) started from the read ahead)?$",
                 outs["deltas", k], re.M):
             split.setdefault((int(version), int(rank)), []).append((float(read), float(checked), float(applied)))
     for (version, rank), xs in sorted(split.items()):

@@ -57,7 +57,7 @@ def parse(out, k, config, batch, log_every):
     S - 1 (0-based); the step time is the median of the windows holding no move and no checkpoint."""
     moves = re.findall(r"^\[worker 0\] moved \d+ slots at step (\d+) \(([^)]*)\): placement version \d+; "
                        r"checkpoint ([\d.]+) s, hand-over ([\d.]+) s(?: \(read ahead from the checkpoint of step "
-                       r"\d+\))?$", out, re.M)
+                       r"\d+\)| \(the servers had read the checkpoint of step \d+ ahead\))?$", out, re.M)
     sizes = dict(re.findall(r"^\[worker 0\] checkpoint of step (\d+) saved: ([\d.]+) MB", out, re.M))
     windows = [(int(s), float(e)) for s, e in
                re.findall(r"^\[worker 0\] step (\d+)/\d+ .* (\d+) examples/s", out, re.M)]

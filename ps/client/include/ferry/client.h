@@ -383,9 +383,11 @@ class Client {
   // what moves; the MoveSlots' hand-over then reads only the files written since (the deltas of a
   // server with --checkpoint-deltas; a full shard written since is read whole). Checks nothing and
   // changes nothing; the handle completes when every server has read. A server reads ahead for
-  // one map at a time, keeps it 30 minutes at most, and refuses (UNAVAILABLE) while it writes a
-  // checkpoint, as a checkpoint is refused while it reads: wait for the handle before the next
-  // SaveCheckpoint. Servers of protocol 1.19 and later (FAILED_PRECONDITION before any is asked).
+  // one map at a time, keeps it for the next MoveSlots' check round or 30 minutes at most, on its
+  // memory budget (RESOURCE_EXHAUSTED when there is no room), and refuses (UNAVAILABLE) while it
+  // writes a checkpoint, as a checkpoint is refused while it reads: wait for the handle before the
+  // next SaveCheckpoint. Servers of protocol 1.19 and later (FAILED_PRECONDITION before any is
+  // asked).
   virtual Handle PrepareMoveSlots(uint64_t version, std::span<const uint16_t> owners, int64_t step) = 0;
   // The placement version this client places its requests by.
   virtual uint64_t placement_version() const = 0;

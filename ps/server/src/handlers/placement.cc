@@ -95,11 +95,13 @@ Status ServerImpl::OnPlacement(Request& req) {
   std::vector<uint16_t> owners = next.Owners();
   const Clock::time_point began = Clock::now();
   double read_s = 0, checked_s = 0;  // the check round's, for the adopting round's log
+  int from_ahead = -1;               // chains started from a read ahead (-1: none was there)
   if (handover_read_ && handover_read_->step == h.step() && handover_read_->version == next.version() &&
       handover_read_->owners == owners) {
     ckpt = handover_read_->ckpt;
     read_s = handover_read_->read_s;
     checked_s = handover_read_->checked_s;
+    from_ahead = handover_read_->ahead;
   } else {
     const ps::CheckpointFilter filter = ps::HandOverFilter(now, next, options_.rank);
     std::optional<ps::PreparedChains> ahead;  // read ahead for this map (1.19): the read starts from it
@@ -113,6 +115,7 @@ Status ServerImpl::OnPlacement(Request& req) {
     FERRY_ASSIGN_OR_RETURN(ps::CheckpointData read, ps::ReadCheckpointAt(options_.checkpoint_dir, h.step(), &filter,
                                                                          ahead ? &*ahead : nullptr));
     ckpt = std::make_shared<const ps::CheckpointData>(std::move(read));
+    if (ahead) from_ahead = ahead->used;
   }
   handover_read_.reset();
   const Clock::time_point read = Clock::now();
@@ -120,7 +123,8 @@ Status ServerImpl::OnPlacement(Request& req) {
                          ps::HandOver(*ckpt, next, options_.rank, workers_.count(), &tables_, check_only));
   if (check_only) {
     handover_read_ = HandOverRead{h.step(), next.version(), std::move(owners), std::move(ckpt),
-                                  Clock::now() + options_.max_wait, Seconds(began, read), Seconds(read, Clock::now())};
+                                  Clock::now() + options_.max_wait, Seconds(began, read), Seconds(read, Clock::now()),
+                                  from_ahead};
   }
   if (!check_only) {
     {
@@ -133,11 +137,14 @@ Status ServerImpl::OnPlacement(Request& req) {
     std::fprintf(stderr,
                  "ferry-ps %d: placement version %llu from the checkpoint of step %lld: took %lld chunks and %lld "
                  "rows, gave up %lld chunks and %lld rows (checking: read %.3f s, checked %.3f s; adopting: read "
-                 "%.3f s, applied %.3f s)\n",
+                 "%.3f s, applied %.3f s)%s\n",
                  options_.rank, static_cast<unsigned long long>(next.version()), static_cast<long long>(h.step()),
                  static_cast<long long>(moved.chunks_taken), static_cast<long long>(moved.rows_taken),
                  static_cast<long long>(moved.chunks_dropped), static_cast<long long>(moved.rows_dropped),
-                 read_s, checked_s, Seconds(began, read), Seconds(read, Clock::now()));
+                 read_s, checked_s, Seconds(began, read), Seconds(read, Clock::now()),
+                 from_ahead < 0 ? ""
+                                : ("; " + std::to_string(from_ahead) + " shard chain(s) started from the read ahead")
+                                      .c_str());
   }
   SendOk(req, static_cast<int64_t>(next.version()));
   return Status::Ok();
@@ -168,12 +175,17 @@ Status ServerImpl::PrepareHandOver(Request& req, const placement::Placement& nex
   RunFileJob(std::move(req),
              "the read ahead of the checkpoint of step " + std::to_string(step) + " for placement version " +
                  std::to_string(next.version()),
-             [this, step, id, filter = std::move(filter), version = next.version(),
-              owners = next.Owners()]() mutable -> StatusOr<zmq::message_t> {
+             [this, step, id, filter = std::move(filter), version = next.version(), owners = next.Owners(),
+              budget = &tables_.budget()]() mutable -> StatusOr<zmq::message_t> {
                FERRY_ASSIGN_OR_RETURN(ps::PreparedChains chains,
                                       ps::PrepareChains(options_.checkpoint_dir, step, filter));
+               // Kept while the job trains: on the budget (the read itself, as a hand-over's, is not).
+               const int64_t bytes = chains.Bytes();
+               FERRY_RETURN_IF_ERROR(budget->Take(bytes, Who() + ": keeping the read ahead of the checkpoint of step " +
+                                                             std::to_string(step)));
                MutexLock lock(&job_mu_);
-               prepared_ = PreparedRead{version, std::move(owners), std::move(chains), Clock::now() + kPreparedKeep};
+               prepared_ = PreparedRead{version, std::move(owners), std::move(chains), Clock::now() + kPreparedKeep,
+                                        ps::BudgetCharge(budget, bytes)};
                return wire::MakeReply(id, Kind::Placement, static_cast<int64_t>(version));
              });
   return Status::Ok();

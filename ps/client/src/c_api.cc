@@ -326,6 +326,19 @@ ferry_code ferry_move_slots(ferry_client* client, uint64_t version, const uint16
   });
 }
 
+ferry_code ferry_prepare_move_slots(ferry_client* client, uint64_t version, const uint16_t* owners, size_t n,
+                                    int64_t step) {
+  return Guard("ferry_prepare_move_slots", [&] {
+    ferry_code code;
+    if (Null(client, "ferry_prepare_move_slots", "client", &code) ||
+        Null(owners, "ferry_prepare_move_slots", "owners", &code) ||
+        CheckSlots("ferry_prepare_move_slots", n, &code)) {
+      return code;
+    }
+    return Done(client->client->PrepareMoveSlots(version, {owners, n}, step).wait());
+  });
+}
+
 }  // extern "C"
 
 namespace {

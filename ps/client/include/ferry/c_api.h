@@ -171,6 +171,12 @@ ferry_code ferry_placement_owners(const ferry_client* client, uint16_t* owners, 
  * gains from the job's committed checkpoint of `step` and dropping what it gives up. Call it
  * between steps, with nothing pushed since that checkpoint; a refusal changes nothing. */
 ferry_code ferry_move_slots(ferry_client* client, uint64_t version, const uint16_t* owners, size_t n, int64_t step);
+/* Makes a later ferry_move_slots to the same map pause the job for less (Client::PrepareMoveSlots,
+ * servers of protocol 1.19): the servers whose slots it moves read the committed checkpoint of
+ * `step` now, while the job trains, and the move then reads only the files written since. Checks
+ * and changes nothing; returns once every server has read. */
+ferry_code ferry_prepare_move_slots(ferry_client* client, uint64_t version, const uint16_t* owners, size_t n,
+                                    int64_t step);
 
 #ifdef __cplusplus
 }  /* extern "C" */

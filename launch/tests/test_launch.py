@@ -1308,6 +1308,29 @@ class SlotMoveTest(unittest.TestCase):
         self.assertEqual(moved, still)  # every number, as JSON writes a double: all its bits
         self.assertIn("auc", moved)
 
+    def test_a_server_killed_in_a_move_leaves_the_bits(self):
+        """Server 2 is killed with SIGKILL in the hand-over at step 10, once it has adopted the new
+        map (the other servers may have or not): the launcher restarts every process from the
+        newest checkpoint, the move's own (of step 10, written under the first map), whose map
+        every server restores; the workers, resumed at step 10, skip that move, and the job ends
+        with the bits of the job that never moved."""
+        _, still = self.job("still", [])
+        # (Worker 1 a straggler by 100 ms a step, so that the job is still at it when the kill comes.)
+        r = self.start("killed", ["--move-slots", "10:drain=2,20:first", "--straggler", "1:100ms"])
+        r.wait_for(r"^\[ps 2\] ferry-ps 2: placement version 2 from the checkpoint of step 10: ", 120)
+        victim = r.pids()["ps 2"]
+        os.kill(victim, signal.SIGKILL)
+        rc = r.finish(180)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"ps 2 (pid {victim}) died (killed by SIGKILL)", out)
+        self.assertRegex(out, r"(?m)^ferry-launch: recovery 1 of at most \d+: ps 2 .* the job resumed at step 10, "
+                              r"the step of the checkpoint restored")
+        self.assertRegex(out, r"(?m)^\[worker 0\] not moving slots at step 10: this worker was restarted at that "
+                              r"step")
+        self.assertEqual(self.final("killed", out), still)
+        self.assert_all_gone(out)
+
     def test_a_move_read_ahead_leaves_the_bits(self):
         """With a checkpoint every 10 steps, each but the first after a move a delta
         (--checkpoint-deltas), worker 0 asks the servers to read the checkpoint of steps 10 and

@@ -183,6 +183,9 @@ int main(int argc, char** argv) {
                "this client is at 1 already");
   EXPECT_ERROR(ferry_prepare_move_slots(client, 2, NULL, FERRY_PLACEMENT_SLOTS, 0), FERRY_INVALID_ARGUMENT,
                "owners is NULL");
+  EXPECT_ERROR(ferry_prepare_move_slots(client, 2, owners, 3, 0), FERRY_INVALID_ARGUMENT, "n is 3");
+  EXPECT_ERROR(ferry_prepare_move_slots(NULL, 2, owners, FERRY_PLACEMENT_SLOTS, 0), FERRY_INVALID_ARGUMENT,
+               "client is NULL");
   CHECK(ferry_placement_version(client) == 1);
 
   /* A compressed table: fp16 values, top-k 0.5 (2 of its 4 elements a push), sgd from zeros with

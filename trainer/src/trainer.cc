@@ -483,15 +483,16 @@ class WorkerRun final : public TrainingRun {
         break;
       }
     }
-    if (moving_ || move == nullptr) return;
+    if (moving_ || finishing_ || move == nullptr) return;
     // Another checkpoint due before the move (by steps, or by time at this job's pace so far)
     // would be the one to read.
-    if (options_.checkpoint_every > 0 && step + options_.checkpoint_every < move->step) return;
+    const int64_t every = options_.checkpoint_every;
+    if (every > 0 && (step / every + 1) * every < move->step) return;
     if (options_.checkpoint_every_s > 0) {
-      const int64_t done = step - t0_;
-      if (done <= 0) return;
-      const double to_move = Seconds(start_, Clock::now()) / static_cast<double>(done) *
-                             static_cast<double>(move->step - step);
+      const int64_t now = std::max(step, at_step_);  // (the commit may come a few steps after its step)
+      if (now <= t0_) return;
+      const double to_move = Seconds(start_, Clock::now()) / static_cast<double>(now - t0_) *
+                             static_cast<double>(std::max<int64_t>(move->step - now, 0));
       if (to_move >= options_.checkpoint_every_s) return;
     }
     StatusOr<placement::Placement> next = Map();
@@ -530,6 +531,7 @@ class WorkerRun final : public TrainingRun {
   // (a disk slower than the checkpoints asked for), the worker waits for it and says so.
   Status MaybeCheckpoint(int64_t t) {
     if (rank_ != 0 || client_ == nullptr) return Status::Ok();
+    at_step_ = t;
     const int64_t step = sync_servers_ ? store_->progress().step : t;
     if (ckpt_last_ < 0) {  // the job's first step: nothing to save yet
       ckpt_last_ = step;
@@ -1041,7 +1043,8 @@ class WorkerRun final : public TrainingRun {
   // Worker 0, with --checkpoint-every: after every worker has finished (the closing barrier) and
   // the final pull, the job's final state is saved too, unless that step's is already.
   void FinalCheckpoint() {
-    WaitReadAhead();  // (no move is left: one for a step the job did not reach)
+    finishing_ = true;  // no move is left to read ahead for (one past where the job ended: none)
+    WaitReadAhead();
     if (!Checkpointing()) {
       CommitCheckpoint(/*wait=*/true);  // one asked for on request
       return;
@@ -1150,6 +1153,8 @@ class WorkerRun final : public TrainingRun {
     int64_t move_step = -1, from = -1;
   } read_ahead_;  // the last read ahead the servers made: for the move at move_step, of checkpoint `from`
   bool moving_ = false;           // worker 0 is in MoveSlots
+  bool finishing_ = false;        // worker 0 is in FinalCheckpoint
+  int64_t at_step_ = 0;           // worker 0: the step of its last MaybeCheckpoint
   std::vector<int64_t> ckpt_failed_in_row_;  // the steps of the checkpoints that failed since the last saved
   Status ckpt_stop_;  // set once --max-checkpoint-failures in a row failed: the job stops with it
   int64_t ckpt_last_ = -1;  // the last step checkpointed (or resumed from); -1: none yet

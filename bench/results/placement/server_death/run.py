@@ -6,9 +6,10 @@ steps, --checkpoint-deltas 8), run whole and with ps 1 killed by SIGKILL once wo
 step 240 (steps 220-239 done; the checkpoint of step 200 saved), in turn, the order alternating by
 round. The launcher then restarts every process from the newest checkpoint. Reports, per round:
 the launcher's recovery line (steps lost, recovery time: from noticing the death to the last
-restarted worker's "resuming the job" line), and the job's whole wall time against the same job
-not killed, as seconds and as steps of the unkilled job's median step (its log windows holding no
-checkpoint).
+restarted worker's "resuming the job" line, also in steps), and the job's whole wall time against
+the same job not killed, as seconds and as steps, and what is left of it past the steps redone
+and the recovery (rest_s); a step is the unkilled job's median step (its
+log windows holding no checkpoint), as ../trainer_move/run.py takes a hand-over's pause in steps.
 
   run.py --bin build/bin --out DIR [--rounds K] [--from-files]
 Writes DIR/run-<killed|whole>-<k>.txt (the launcher's output, with the wall time as its last
@@ -83,9 +84,9 @@ def main():
     ap.add_argument("--from-files", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    lines = [f"{'round':5} {'lost':>5} {'recovery_s':>10} {'wall_killed_s':>13} {'wall_whole_s':>12} "
-             f"{'step_ms':>8} {'extra_s':>8} {'extra_steps':>11}"]
-    extra_steps, recovery, lost = [], [], []
+    lines = [f"{'round':5} {'lost':>5} {'recovery_s':>10} {'recovery_steps':>14} {'wall_killed_s':>13} "
+             f"{'wall_whole_s':>12} {'step_ms':>8} {'extra_s':>8} {'extra_steps':>11} {'rest_s':>7}"]
+    extra_steps, recovery, recovery_steps, lost = [], [], [], []
     for k in range(args.rounds):
         outs = {}
         for config in (("whole", "killed") if k % 2 == 0 else ("killed", "whole")):
@@ -103,10 +104,13 @@ def main():
         lost.append(int(m.group(1)))
         recovery.append(float(m.group(2)))
         extra_steps.append(extra / step)
-        lines.append(f"{k:5} {lost[-1]:5} {recovery[-1]:10.2f} {wall(outs['killed']):13.2f} "
-                     f"{wall(outs['whole']):12.2f} {step * 1e3:8.2f} {extra:8.2f} {extra_steps[-1]:11.1f}")
+        recovery_steps.append(recovery[-1] / step)
+        lines.append(f"{k:5} {lost[-1]:5} {recovery[-1]:10.2f} {recovery_steps[-1]:14.1f} "
+                     f"{wall(outs['killed']):13.2f} {wall(outs['whole']):12.2f} {step * 1e3:8.2f} {extra:8.2f} "
+                     f"{extra_steps[-1]:11.1f} {extra - lost[-1] * step - recovery[-1]:7.2f}")
     lines.append(f"# {args.rounds} rounds: steps lost median {statistics.median(lost)} ({min(lost)}-{max(lost)}); "
-                 f"recovery time median {statistics.median(recovery):.2f} s ({min(recovery):.2f}-{max(recovery):.2f}); "
+                 f"recovery time median {statistics.median(recovery):.2f} s ({min(recovery):.2f}-{max(recovery):.2f}), "
+                 f"{statistics.median(recovery_steps):.1f} steps ({min(recovery_steps):.1f}-{max(recovery_steps):.1f}); "
                  f"the killed job took longer by a median {statistics.median(extra_steps):.1f} steps "
                  f"({min(extra_steps):.1f}-{max(extra_steps):.1f}) of the whole job's step")
     text = "\n".join(lines) + "\n"

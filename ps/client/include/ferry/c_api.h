@@ -174,7 +174,10 @@ ferry_code ferry_move_slots(ferry_client* client, uint64_t version, const uint16
 /* Makes a later ferry_move_slots to the same map pause the job for less (Client::PrepareMoveSlots,
  * servers of protocol 1.19): the servers whose slots it moves read the committed checkpoint of
  * `step` now, while the job trains, and the move then reads only the files written since. Checks
- * and changes nothing; returns once every server has read. */
+ * and changes nothing; returns once every server has read. FERRY_FAILED_PRECONDITION for a version
+ * not above the client's or the servers' map, or servers without a checkpoint folder;
+ * FERRY_UNAVAILABLE while a server writes a checkpoint; FERRY_RESOURCE_EXHAUSTED when a server's
+ * memory budget has no room to keep what it read. */
 ferry_code ferry_prepare_move_slots(ferry_client* client, uint64_t version, const uint16_t* owners, size_t n,
                                     int64_t step);
 

@@ -715,4 +715,38 @@ TEST(TrainerOptions, TableSettingsTakeWireFormatsAndTopk) {
   EXPECT_NE(s.message().find("table 'ctr/emb0': topk is for dense tables"), std::string::npos) << s;
 }
 
+// --move-slots with checkpoints: worker 0 has the servers read a committed checkpoint ahead for
+// the next move only when no other checkpoint is due before that move.
+TEST(TrainerOptions, AMoveIsReadAheadFromTheLastCheckpointBeforeIt) {
+  TrainerOptions o;
+  o.move_slots = {{200, 2}, {300, -1}};
+  auto move_at = [&](int64_t step, int64_t now, double pace) {
+    const TrainerOptions::SlotMove* m = o.ReadAheadFor(step, now, pace);
+    return m == nullptr ? int64_t{-1} : m->step;
+  };
+  // Checkpoints only on request: the next move, whatever the distance.
+  EXPECT_EQ(move_at(10, 12, 0.1), 200);
+  EXPECT_EQ(move_at(200, 203, 0.1), 300);
+  EXPECT_EQ(move_at(300, 301, 0.1), -1);  // no move after it
+  // Every 50 steps: the checkpoint of 150 (the next is 200, the move's), not of 100.
+  o.checkpoint_every = 50;
+  EXPECT_EQ(move_at(100, 101, 0.1), -1);
+  EXPECT_EQ(move_at(150, 152, 0.1), 200);
+  // One off the multiples (asked on request, or at a resume): the next is due at the multiple.
+  EXPECT_EQ(move_at(140, 141, 0.1), -1);  // 150 comes before 200
+  EXPECT_EQ(move_at(163, 165, 0.1), 200);
+  o.move_slots = {{280, 2}};
+  EXPECT_EQ(move_at(240, 241, 0.1), -1);  // 250 comes first, though 240 + 50 is past 280
+  EXPECT_EQ(move_at(250, 251, 0.1), 280);
+  // Every 60 s at 0.1 s a step: a move under 600 steps away from where the job is.
+  o.checkpoint_every = 0;
+  o.checkpoint_every_s = 60;
+  o.move_slots = {{200, 2}};
+  EXPECT_EQ(move_at(10, 12, 0.1), 200);
+  o.move_slots = {{1000, 2}};
+  EXPECT_EQ(move_at(10, 12, 0.1), -1);    // 98.8 s away
+  EXPECT_EQ(move_at(10, 500, 0.1), 1000);  // the commit came late: 50 s away from where the job is
+  EXPECT_EQ(move_at(10, 12, -1.0), -1);    // no pace known yet
+}
+
 }  // namespace ferry::trainer

@@ -305,4 +305,23 @@ Status ApplyTableOverrides(const TrainerOptions& options, std::vector<TableSpec>
   return Status::Ok();
 }
 
+const TrainerOptions::SlotMove* TrainerOptions::ReadAheadFor(int64_t step, int64_t now,
+                                                              double seconds_per_step) const {
+  const SlotMove* move = nullptr;
+  for (const SlotMove& m : move_slots) {
+    if (m.step > step) {
+      move = &m;
+      break;
+    }
+  }
+  if (move == nullptr) return nullptr;
+  if (checkpoint_every > 0 && (step / checkpoint_every + 1) * checkpoint_every < move->step) return nullptr;
+  if (checkpoint_every_s > 0 &&
+      !(seconds_per_step >= 0 &&
+        seconds_per_step * static_cast<double>(std::max<int64_t>(move->step - now, 0)) < checkpoint_every_s)) {
+    return nullptr;
+  }
+  return move;
+}
+
 }  // namespace ferry::trainer

@@ -476,25 +476,11 @@ class WorkerRun final : public TrainingRun {
   // (Client::PrepareMoveSlots), so that the move's pause reads only what its own checkpoint (a
   // delta of this one, with --checkpoint-deltas) adds. Failing to is said, not fatal.
   void ReadAheadFor(int64_t step) {
-    const TrainerOptions::SlotMove* move = nullptr;
-    for (const TrainerOptions::SlotMove& m : options_.move_slots) {
-      if (m.step > step) {
-        move = &m;
-        break;
-      }
-    }
-    if (moving_ || finishing_ || move == nullptr) return;
-    // Another checkpoint due before the move (by steps, or by time at this job's pace so far)
-    // would be the one to read.
-    const int64_t every = options_.checkpoint_every;
-    if (every > 0 && (step / every + 1) * every < move->step) return;
-    if (options_.checkpoint_every_s > 0) {
-      const int64_t now = std::max(step, at_step_);  // (the commit may come a few steps after its step)
-      if (now <= t0_) return;
-      const double to_move = Seconds(start_, Clock::now()) / static_cast<double>(now - t0_) *
-                             static_cast<double>(std::max<int64_t>(move->step - now, 0));
-      if (to_move >= options_.checkpoint_every_s) return;
-    }
+    if (moving_ || finishing_) return;
+    const int64_t now = std::max(step, at_step_);  // (the commit may come a few steps after its step)
+    const double pace = now > t0_ ? Seconds(start_, Clock::now()) / static_cast<double>(now - t0_) : -1.0;
+    const TrainerOptions::SlotMove* move = options_.ReadAheadFor(step, now, pace);
+    if (move == nullptr) return;
     StatusOr<placement::Placement> next = Map();
     if (next.ok()) next = NextMap(*move, *next);
     if (!next.ok()) return;  // the move says why, when it comes

@@ -166,6 +166,12 @@ struct TrainerOptions {
     int drain = -1;  // the server emptied; -1: the first map
   };
   std::vector<SlotMove> move_slots;
+  // The move whose hand-over the servers should read the checkpoint of `step` ahead for (protocol
+  // 1.19; worker 0, once that checkpoint is committed, at step `now`, having taken
+  // `seconds_per_step` a step so far): the first move after `step`, unless another checkpoint is
+  // due before it (by checkpoint_every, from its next multiple; by checkpoint_every_s, at that
+  // pace). Null: none.
+  const SlotMove* ReadAheadFor(int64_t step, int64_t now, double seconds_per_step) const;
 
   // --leave WORKER@STEP[,...]: worker WORKER leaves the job before step STEP (after pushing
   // STEP - 1; Client::Leave, protocol 1.18) and exits 0; the others train on without waiting for

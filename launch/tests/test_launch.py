@@ -1318,14 +1318,8 @@ class SlotMoveTest(unittest.TestCase):
         # (Worker 1 a straggler by 300 ms a step, so that the kill comes before the next checkpoint,
         # the move's at step 20; on a machine so loaded that it does not, the job restores that one
         # and skips that move instead, with the same bits.)
-        r = self.start("killed", ["--move-slots", "10:drain=2,20:first", "--straggler", "1:300ms"])
-        r.wait_for(r"^\[ps 2\] ferry-ps 2: placement version 2 from the checkpoint of step 10: ", 120)
-        victim = r.pids()["ps 2"]
-        os.kill(victim, signal.SIGKILL)
-        rc = r.finish(180)
-        out = r.output
-        self.assertEqual(rc, 0, out)
-        self.assertIn(f"ps 2 (pid {victim}) died (killed by SIGKILL)", out)
+        out = self.kill_once("killed", ["--move-slots", "10:drain=2,20:first", "--straggler", "1:300ms"],
+                             r"^\[ps 2\] ferry-ps 2: placement version 2 from the checkpoint of step 10: ", "ps 2")
         m = re.search(r"(?m)^ferry-launch: recovery 1 of at most \d+: ps 2 .* the job resumed at step (10|20), "
                       r"the step of the checkpoint restored", out)
         self.assertTrue(m, out)
@@ -1367,6 +1361,19 @@ class SlotMoveTest(unittest.TestCase):
         self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
         return r
 
+    def kill_once(self, name, extra, line, who):
+        """Runs the job, kills `who` ("ps 2", "worker 1") with SIGKILL once the launcher's output
+        has `line`, and checks that the job ends well: the launcher's output."""
+        r = self.start(name, extra)
+        r.wait_for(line, 120)
+        victim = r.pids()[who]
+        os.kill(victim, signal.SIGKILL)
+        rc = r.finish(180)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"{who} (pid {victim}) died (killed by SIGKILL)", out)
+        return out
+
     def test_a_worker_killed_at_a_move_leaves_the_bits(self):
         """Worker 1 is killed with SIGKILL at the move's step, two ways; the job ends with the
         numbers of the job that never moved either way.
@@ -1400,14 +1407,8 @@ class SlotMoveTest(unittest.TestCase):
         self.assertEqual(self.final("in-barrier", out), still)
         self.assert_all_gone(out)
         # Before the move.
-        r = self.start("before", ["--move-slots", "10:drain=2", "--straggler", "0:300ms"])
-        r.wait_for(r"^\[worker 1\] step 10/30 ", 60)
-        victim = r.pids()["worker 1"]
-        os.kill(victim, signal.SIGKILL)
-        rc = r.finish(180)
-        out = r.output
-        self.assertEqual(rc, 0, out)
-        self.assertIn(f"worker 1 (pid {victim}) died (killed by SIGKILL)", out)
+        out = self.kill_once("before", ["--move-slots", "10:drain=2", "--straggler", "0:300ms"],
+                             r"^\[worker 1\] step 10/30 ", "worker 1")
         self.assertTrue(re.search(r"(?m)^\[worker 0\] moved 1680 slots at step 10 ", out) or
                         re.search(r"(?m)^\[worker 1\] not moving slots at step 10: this worker was "
                                   r"restarted at that step", out), out)

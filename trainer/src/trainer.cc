@@ -423,11 +423,11 @@ class WorkerRun final : public TrainingRun {
     const Clock::time_point began = Clock::now();
     // The checkpoints committed here read nothing ahead: this move reads its own, and the next
     // move's map is not known until this one is made.
-    moving_ = true;
+    no_read_ahead_ = true;
     struct Moving {
-      bool* on;
-      ~Moving() { *on = false; }
-    } moving{&moving_};
+      bool* no_read_ahead;
+      ~Moving() { *no_read_ahead = false; }
+    } moving{&no_read_ahead_};
     CommitCheckpoint(/*wait=*/true);
     FERRY_RETURN_IF_ERROR(ckpt_stop_);
     const int64_t step = sync_servers_ ? store_->progress().step : t;
@@ -450,9 +450,10 @@ class WorkerRun final : public TrainingRun {
                   placement::Placement::SlotsMoved(now, *next), static_cast<long long>(step),
                   move.drain < 0 ? "the first map" : ("server " + std::to_string(move.drain) + " drained").c_str(),
                   static_cast<unsigned long long>(next->version()), Seconds(began, saved), Seconds(saved, Clock::now()),
-                  read_ahead_.move_step == t ? (" (the servers had read the checkpoint of step " +
-                                                std::to_string(read_ahead_.from) + " ahead)").c_str()
-                                             : "");
+                  ahead_ && ahead_->read && ahead_->move_step == t
+                      ? (" (the servers had read the checkpoint of step " + std::to_string(ahead_->from) + " ahead)")
+                            .c_str()
+                      : "");
     Say(line);
     return Status::Ok();
   }
@@ -476,7 +477,7 @@ class WorkerRun final : public TrainingRun {
   // (Client::PrepareMoveSlots), so that the move's pause reads only what its own checkpoint (a
   // delta of this one, with --checkpoint-deltas) adds. Failing to is said, not fatal.
   void ReadAheadFor(int64_t step) {
-    if (moving_ || finishing_) return;
+    if (no_read_ahead_) return;
     const int64_t now = std::max(step, at_step_);  // (the commit may come a few steps after its step)
     const double pace = now > t0_ ? Seconds(start_, Clock::now()) / static_cast<double>(now - t0_) : -1.0;
     const TrainerOptions::SlotMove* move = options_.ReadAheadFor(step, now, pace);
@@ -490,17 +491,14 @@ class WorkerRun final : public TrainingRun {
 
   // Waits for the servers' read ahead, if one is in flight, and says when it failed.
   void WaitReadAhead() {
-    if (!ahead_) return;
+    if (!ahead_ || ahead_->waited) return;
     const Status s = ahead_->handle.wait();
-    read_ahead_ = {};
-    if (s.ok()) {
-      read_ahead_ = {ahead_->move_step, ahead_->from};
-    } else {
-      Say("warning: the servers could not read the checkpoint of step " + std::to_string(ahead_->from) +
-          " ahead for the move at step " + std::to_string(ahead_->move_step) + " (" + s.ToString() +
-          "); its hand-over reads all it needs then");
-    }
-    ahead_.reset();
+    ahead_->waited = true;
+    ahead_->read = s.ok();
+    if (s.ok()) return;
+    Say("warning: the servers could not read the checkpoint of step " + std::to_string(ahead_->from) +
+        " ahead for the move at step " + std::to_string(ahead_->move_step) + " (" + s.ToString() +
+        "); its hand-over reads all it needs then");
   }
 
   // ---- checkpoints (worker 0, --checkpoint-every) ----
@@ -1029,7 +1027,7 @@ class WorkerRun final : public TrainingRun {
   // Worker 0, with --checkpoint-every: after every worker has finished (the closing barrier) and
   // the final pull, the job's final state is saved too, unless that step's is already.
   void FinalCheckpoint() {
-    finishing_ = true;  // no move is left to read ahead for (one past where the job ended: none)
+    no_read_ahead_ = true;  // no move is left to read ahead for
     WaitReadAhead();
     if (!Checkpointing()) {
       CommitCheckpoint(/*wait=*/true);  // one asked for on request
@@ -1128,19 +1126,17 @@ class WorkerRun final : public TrainingRun {
   int64_t t0_ = 0;  // the step this worker began at (> 0: --resume)
 
   std::optional<PendingCheckpoint> ckpt_;  // worker 0's checkpoint in flight (--checkpoint-every)
-  // Worker 0: the servers reading the next move's checkpoint ahead (PrepareAhead).
+  // Worker 0: the servers' last read ahead of a move's checkpoint (ReadAheadFor), in flight until
+  // WaitReadAhead.
   struct ReadAhead {
     int64_t move_step = 0;  // the --move-slots step it is for
     int64_t from = 0;       // the checkpoint read
     Handle handle;
+    bool waited = false, read = false;  // read: the servers said they had
   };
   std::optional<ReadAhead> ahead_;
-  struct ReadAheadDone {
-    int64_t move_step = -1, from = -1;
-  } read_ahead_;  // the last read ahead the servers made: for the move at move_step, of checkpoint `from`
-  bool moving_ = false;           // worker 0 is in MoveSlots
-  bool finishing_ = false;        // worker 0 is in FinalCheckpoint
-  int64_t at_step_ = 0;           // worker 0: the step of its last MaybeCheckpoint
+  bool no_read_ahead_ = false;  // worker 0 is in MoveSlots or FinalCheckpoint
+  int64_t at_step_ = 0;         // worker 0: the step of its last MaybeCheckpoint
   std::vector<int64_t> ckpt_failed_in_row_;  // the steps of the checkpoints that failed since the last saved
   Status ckpt_stop_;  // set once --max-checkpoint-failures in a row failed: the job stops with it
   int64_t ckpt_last_ = -1;  // the last step checkpointed (or resumed from); -1: none yet

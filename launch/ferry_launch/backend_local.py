@@ -3,6 +3,7 @@
 import collections
 import os
 import queue
+import re
 import shlex
 import signal
 import time
@@ -18,6 +19,9 @@ from .supervise import (
 USAGE_EXIT = 2
 
 
+# ferry-ps's line when it leaves the job (--exit-when-drained), just before it exits 0.
+LEFT_LINE = re.compile(r"ferry-ps rank \d+: left the job \(it owns no slot\), stopping$")
+
 class TaskProc:
     """One task started here or over ssh: one run of it (a restart makes a new TaskProc)."""
 
@@ -29,6 +33,7 @@ class TaskProc:
         self.cleaned = False   # its process group was killed after it was reaped
         self.stopped_since = None  # when the launcher first found it stopped (state T), if it is
         self.killed_stopped = None  # seconds it had been stopped when the launcher killed it
+        self.left_line = False  # a server said it left the job (ferry-ps --exit-when-drained)
 
     @property
     def done(self):
@@ -122,6 +127,8 @@ class Launcher(Supervisor):
                 # Seen before shown: whatever a line on the console says (a step reached), the
                 # launcher already knows when it handles a death that follows.
                 self.watch.see(p, text)
+                if task.role == "ps" and LEFT_LINE.match(text):
+                    p.left_line = True
                 stream.line(text)
 
             try:
@@ -212,6 +219,10 @@ class Launcher(Supervisor):
                     return None
                 if ev[0] != "exit":
                     self.backlog.append(ev)
+                elif self.is_current(ev[1]) and self.has_left(ev[1]):
+                    self.say(f"{ev[1].task.name} left the job at its start (exit status 0: the "
+                             "checkpoint's map gives it no slot)")
+                    gone.add(ev[1].task.rank)
                 elif self.is_current(ev[1]):
                     return ev[1]
                 # else: a process of before a restart, or one the launcher stopped
@@ -219,7 +230,18 @@ class Launcher(Supervisor):
         def say(msg):
             self.say(msg, err=msg.startswith("rendezvous timed out"))
 
-        return wait_for_servers(self.cluster.ps, self.opts.rendezvous_timeout, say, pause)
+        gone = set()  # the ranks of servers that left
+        return wait_for_servers(self.cluster.ps, self.opts.rendezvous_timeout, say, pause, left=gone)
+
+    @staticmethod
+    def has_left(p):
+        """p is a server that left the job: it exited 0 after its line saying so (ferry-ps
+        --exit-when-drained, once it owns no slot and no worker needs it), not asked to by the
+        launcher. (A ferry-ps stopped by anyone else's SIGTERM exits 0 too: a death.)"""
+        if p.task.role != "ps" or p.child.returncode != 0 or p.stopping:
+            return False
+        p.child.join_output()  # (its last lines may come after its exit)
+        return p.left_line
 
     def dead_server(self, wait):
         """A running server found dead, waiting up to `wait` seconds for one (events that come
@@ -227,7 +249,7 @@ class Launcher(Supervisor):
         deadline = time.monotonic() + wait
         while True:
             for p in self.current.values():
-                if p.task.role == "ps" and p.done and not p.stopping:
+                if p.task.role == "ps" and p.done and not p.stopping and not self.has_left(p):
                     return p
             left = deadline - time.monotonic()
             if left <= 0:
@@ -452,6 +474,10 @@ class Launcher(Supervisor):
             if p.task.role == "worker" and p.child.returncode == 0:
                 self.unfinished.discard(p.task.name)
                 self.say(f"{p.task.name} finished (exit status 0)")
+                continue
+            if self.has_left(p):
+                self.say(f"{p.task.name} left the job (exit status 0: it owns no slot, and every "
+                         "worker holds the map that says so)")
                 continue
             rc = self.on_death(p)
             if rc is not None:

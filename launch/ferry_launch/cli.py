@@ -272,6 +272,10 @@ def launch(ap, opts, console, signals):
     if opts.slurm and opts.no_slurm:
         raise LaunchError("--slurm and --no-slurm are exclusive")
     why = slurm_reason(opts)
+    if why and "--exit-when-drained" in getattr(opts, "ps_args", []):
+        raise LaunchError("--ps-arg --exit-when-drained: a server that leaves the job is not followed "
+                          "under Slurm yet (its end would end the job step); run without Slurm, or "
+                          "without it")
     if why:
         return run_slurm(opts, console, signals, why)
     cluster = load_cluster(ap, opts)

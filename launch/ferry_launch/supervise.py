@@ -284,13 +284,15 @@ class Supervisor:
             return 128 + s.signum
 
 
-def wait_for_servers(ps, timeout_s, say, pause, progress=True):
+def wait_for_servers(ps, timeout_s, say, pause, progress=True, left=frozenset()):
     """Blocks until every server in ps accepts a TCP connection from here, or the deadline.
     Every server has a prober thread of its own (a name lookup or connect that hangs delays no
     other server, and no report); each connect is bounded by PROBE_TIMEOUT_S and the time left.
     With progress, says who is missing every WAIT_REPORT_EVERY_S and when all are up.
     pause(seconds) waits between looks at the probers' results; a non-None result gives up and
-    is returned. Returns None when all are up, "timeout" at the deadline (after saying who never
+    is returned. left: the ranks of servers that left the job (ferry-ps --exit-when-drained exits
+    0 when it restores a map that gives it no slot), waited for no more; the set may grow while
+    this waits. Returns None when all are up, "timeout" at the deadline (after saying who never
     came up)."""
     start = time.monotonic()
     deadline = start + timeout_s
@@ -318,7 +320,7 @@ def wait_for_servers(ps, timeout_s, say, pause, progress=True):
     try:
         while True:
             with lock:
-                missing = [t for t in ps if t.rank not in up]
+                missing = [t for t in ps if t.rank not in up and t.rank not in left]
             if not missing:
                 break
             now = time.monotonic()
@@ -337,5 +339,7 @@ def wait_for_servers(ps, timeout_s, say, pause, progress=True):
     finally:
         finished.set()
     if progress:
-        say(f"rendezvous: all {len(ps)} servers up ({time.monotonic() - start:.1f} s)")
+        n = len([t for t in ps if t.rank not in left])
+        gone = f", {len(ps) - n} left the job" if n < len(ps) else ""
+        say(f"rendezvous: all {n} servers up{gone} ({time.monotonic() - start:.1f} s)")
     return None

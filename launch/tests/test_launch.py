@@ -1259,8 +1259,8 @@ class SlotMoveTest(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def argv(self, name, extra, launcher=()):
-        return (["--num-ps", "3", "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
+    def argv(self, name, extra, launcher=(), num_ps=3):
+        return (["--num-ps", str(num_ps), "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
                  "--bin-dir", BUILD_DIR, "--log-dir", os.path.join(self.dir, name),
                  "--checkpoint-dir", os.path.join(self.dir, name + "-ckpt")] + list(launcher) + ["--",
                  "--model", "ctr", "--ctr-train", "3000", "--ctr-test", "500", "--steps", "30",
@@ -1276,9 +1276,9 @@ class SlotMoveTest(unittest.TestCase):
         self.assertEqual(len(ends), 1, out)
         return ends[0]["final"]
 
-    def job(self, name, extra):
+    def job(self, name, extra, num_ps=3):
         """Runs the job: (launcher output, worker 0's final evaluation)."""
-        rc, out = run_launcher(self.argv(name, extra), timeout=180)
+        rc, out = run_launcher(self.argv(name, extra, num_ps=num_ps), timeout=180)
         self.assertEqual(rc, 0, out)
         self.assert_all_gone(out)
         return out, self.final(name, out)
@@ -1328,6 +1328,85 @@ class SlotMoveTest(unittest.TestCase):
         self.assertEqual(self.final("killed", out), still)
         self.assert_all_gone(out)
 
+    def test_a_drained_server_leaves_the_job_and_the_job_keeps_the_bits(self):
+        """Issue 38, protocol 1.20: server 2, started with --exit-when-drained, is drained at step
+        5; it leaves the job once every worker holds the new map (and 2 s more), and exits 0, which
+        the launcher reports and does not restart. The checkpoints of steps 10 and 20 list its
+        shard, which server 0 wrote, empty. Then, in a second run, ps 1 is killed with SIGKILL once
+        server 2 has left and the checkpoint of step 20 is saved: the launcher restarts every
+        process from it, and server 2, restored to a map that gives it no slot, leaves at once; the
+        workers speak to servers 0 and 1 alone. Both runs end with the bits of the job whose server
+        set never changed. (Worker 1 is a straggler by 300 ms a step, so that the job runs on for
+        some seconds after the drain.)"""
+        _, still = self.job("still", [])
+        launcher = ["--checkpoint-every", "10", "--ps-arg=--exit-when-drained"]
+        extra = ["--move-slots", "5:drain=2", "--straggler", "1:300ms"]
+        rc, out = run_launcher(self.argv("left", extra, launcher), timeout=180)
+        self.assertEqual(rc, 0, out)
+        self.assert_all_gone(out)
+        self.assertRegex(out, r"(?m)^\[ps 2\] ferry-ps 2: owns no slot of placement version 2 and no worker will "
+                              r"send here again: left the job after [\d.]+ s$")
+        self.assertRegex(out, r"(?m)^ferry-launch: ps 2 left the job \(exit status 0: it owns no slot")
+        for step in (10, 20):
+            self.assertRegex(out, rf"(?m)^\[ps 0\] ferry-ps 0: checkpoint of step {step}: step-0+{step}-shard-00002-of-"
+                                  r"00003\.ckpt, the shard of server 2, which owns no slot \(empty\)$")
+            self.assertNotRegex(out, rf"(?m)^\[ps 2\] ferry-ps 2: checkpoint of step {step}")
+        self.assertEqual(self.final("left", out), still)
+
+        r = self.start("left-killed", extra, launcher)
+        r.wait_for(r"^ferry-launch: ps 2 left the job ", 120)
+        r.wait_for(r"^\[worker 0\] checkpoint of step 20 saved: ", 120)
+        victim = r.pids()["ps 1"]
+        os.kill(victim, signal.SIGKILL)
+        rc = r.finish(180)
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"ps 1 (pid {victim}) died (killed by SIGKILL)", out)
+        self.assertRegex(out, r"(?m)^ferry-launch: recovery 1 of at most \d+: ps 1 .* the job resumed at step 20, "
+                              r"the step of the checkpoint restored")
+        # It left before the kill, and restored it leaves at once: during the rendezvous, or just
+        # after it on a loaded machine.
+        self.assertEqual(len(re.findall(r"(?m)^ferry-launch: ps 2 left the job (at its start )?\(exit status 0: ",
+                                        out)), 2, out)
+        self.assertRegex(out, r"(?m)^\[ps 2\] ferry-ps 2: owns no slot of placement version 2 \(restored\): ")
+        self.assertEqual(self.final("left-killed", out), still)
+        self.assert_all_gone(out)
+
+    def test_a_job_grows_from_2_to_3_servers_and_back_to_2_and_keeps_the_bits(self):
+        """Issue 38, protocol 1.20: the servers' first map gives slots to servers 0 and 1 of 3
+        (ferry-ps --active-servers 2): no worker speaks to server 2 until worker 0 gives it a fair
+        share at step 5 (--move-slots 5:join=2: it says Hello there, declares the tables, and
+        server 2 takes its rows and chunks from the checkpoint of step 5); at step 12 it is
+        drained, leaves the job and exits 0 (--exit-when-drained). The job ends with the bits of
+        the job of 2 servers."""
+        _, still = self.job("still-2", [], num_ps=2)
+        launcher = ["--checkpoint-every", "10", "--ps-arg", "--exit-when-drained --active-servers 2"]
+        rc, out = run_launcher(self.argv("grown", ["--move-slots", "5:join=2,12:drain=2", "--straggler", "1:300ms"],
+                                         launcher), timeout=180)
+        self.assertEqual(rc, 0, out)
+        self.assert_all_gone(out)
+        self.assertRegex(out, r"(?m)^\[ps 0\] ferry-ps 0: checkpoint of step 5: step-0+5-shard-00002-of-00003\.ckpt, "
+                              r"the shard of server 2, which owns no slot \(empty\)$")
+        self.assertRegex(out, r"(?m)^\[worker 0\] moved 1680 slots at step 5 \(server 2 joined\): placement version 2;")
+        self.assertRegex(out, r"(?m)^\[worker 0\] moved 1680 slots at step 12 \(server 2 drained\): placement version 3;")
+        with open(os.path.join(self.dir, "grown", "ps-2.log")) as f:
+            ps2 = f.read()
+        took = re.search(r"placement version 2 from the checkpoint of step 5: took (\d+) chunks and (\d+) rows, "
+                         r"gave up 0 chunks and 0 rows", ps2)
+        gave = re.search(r"placement version 3 from the checkpoint of step 12: took 0 chunks and 0 rows, gave up "
+                         r"(\d+) chunks and (\d+) rows", ps2)
+        self.assertTrue(took and gave, ps2)
+        self.assertGreater(int(took.group(1)), 0, ps2)
+        self.assertGreater(int(took.group(2)), 0, ps2)
+        self.assertEqual(int(gave.group(1)), int(took.group(1)), ps2)
+        self.assertGreaterEqual(int(gave.group(2)), int(took.group(2)), ps2)
+        # While it owned slots it wrote its own shard (step 10), before and after none.
+        self.assertNotRegex(ps2, r"ferry-ps 2: checkpoint of step 5: ")
+        self.assertRegex(ps2, r"ferry-ps 2: checkpoint of step 10: step-0+10-shard-00002-of-00003\.ckpt \(full\)")
+        self.assertNotRegex(ps2, r"ferry-ps 2: checkpoint of step 20: ")
+        self.assertRegex(out, r"(?m)^ferry-launch: ps 2 left the job \(exit status 0: it owns no slot")
+        self.assertEqual(self.final("grown", out), still)
+
     def test_a_move_read_ahead_leaves_the_bits(self):
         """With a checkpoint every 10 steps, each but the first after a move a delta
         (--checkpoint-deltas), worker 0 asks the servers to read the checkpoint of steps 10 and
@@ -1356,15 +1435,15 @@ class SlotMoveTest(unittest.TestCase):
 
     assert_all_gone = RecoveryTest.assert_all_gone
 
-    def start(self, name, extra):
-        r = Run(self.argv(name, extra))
+    def start(self, name, extra, launcher=()):
+        r = Run(self.argv(name, extra, launcher))
         self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
         return r
 
-    def kill_once(self, name, extra, line, who):
+    def kill_once(self, name, extra, line, who, launcher=()):
         """Runs the job, kills `who` ("ps 2", "worker 1") with SIGKILL once the launcher's output
         has `line`, and checks that the job ends well: the launcher's output."""
-        r = self.start(name, extra)
+        r = self.start(name, extra, launcher)
         r.wait_for(line, 120)
         victim = r.pids()[who]
         os.kill(victim, signal.SIGKILL)

@@ -7,15 +7,17 @@
 
 namespace ferry::placement {
 
-Placement Placement::First(int num_servers) {
-  assert(num_servers >= 1 && num_servers <= kSlots);
+Placement Placement::First(int num_servers) { return First(num_servers, num_servers); }
+
+Placement Placement::First(int active, int num_servers) {
+  assert(active >= 1 && active <= num_servers && num_servers <= kSlots);
   Placement p;
   p.version_ = 1;
   p.owner_.resize(kSlots);
   p.slots_of_.assign(static_cast<size_t>(num_servers), 0);
   for (int s = 0; s < kSlots; ++s) {
-    p.owner_[static_cast<size_t>(s)] = s % num_servers;
-    ++p.slots_of_[static_cast<size_t>(s % num_servers)];
+    p.owner_[static_cast<size_t>(s)] = s % active;
+    ++p.slots_of_[static_cast<size_t>(s % active)];
   }
   return p;
 }
@@ -57,27 +59,33 @@ int Placement::ActiveServers() const {
   return static_cast<int>(std::count_if(slots_of_.begin(), slots_of_.end(), [](int n) { return n > 0; }));
 }
 
-StatusOr<Placement> Placement::Grow() const {
+StatusOr<Placement> Placement::Grow(int rank) const {
   const int active = ActiveServers() + 1;
   if (active > kSlots) {
     return FailedPreconditionError("placement version " + std::to_string(version_) + " gives each of its " +
                                    std::to_string(kSlots) + " slots a server of its own: no server can be added");
   }
+  if (rank >= 0 && (rank >= num_servers() || slots_of_[static_cast<size_t>(rank)] > 0)) {
+    return InvalidArgumentError("server " + std::to_string(rank) + (rank >= num_servers() ? " is not one of the " +
+                                std::to_string(num_servers()) + " servers" : " owns slots") +
+                                " of placement version " + std::to_string(version_) + ": only a server that owns "
+                                "none can take a share");
+  }
   Placement next = *this;
   ++next.version_;
-  const int added = num_servers();
-  next.slots_of_.push_back(0);
+  const int added = rank >= 0 ? rank : num_servers();
+  if (rank < 0) next.slots_of_.push_back(0);
   // Fair shares: every active server ends with kSlots / active slots, the first kSlots % active
   // of them (the most loaded now, then the lowest ranks) with one more. The new server is last
   // among equals, so it takes the floor.
   std::vector<int> order;
-  for (int r = 0; r < added; ++r) {
+  for (int r = 0; r < num_servers(); ++r) {
     if (slots_of_[static_cast<size_t>(r)] > 0) order.push_back(r);
   }
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     return slots_of_[static_cast<size_t>(a)] > slots_of_[static_cast<size_t>(b)];
   });
-  std::vector<int> give(static_cast<size_t>(added), 0);
+  std::vector<int> give(static_cast<size_t>(num_servers()), 0);
   int total = 0;
   for (size_t i = 0; i < order.size(); ++i) {
     const int share = kSlots / active + (static_cast<int>(i) < kSlots % active ? 1 : 0);

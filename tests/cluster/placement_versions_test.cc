@@ -166,6 +166,220 @@ TEST(PlacementVersions, SlotsMovedWhileASyncJobTrainsLeaveItsBitsAsTheyWere) {
   EXPECT_EQ(still.w1_version, 1u);
 }
 
+// Servers leaving (protocol 1.20, PROTOCOL.md "Servers leaving"): a sync job of 2 workers on 3
+// servers over tcp, each with exit_when_drained, trains 9 steps; with `move`, worker 0 drains
+// server 2 at step 3 (its checkpoint, between two barriers). Server 2 stays while worker 1, which
+// holds the old map, is connected; it leaves once worker 1 has been answered "moved", and is
+// then stopped; the job trains on, and checkpoints at step 6 with server 2's shard written,
+// empty, by server 0.
+// Worker `rank`'s sync step `step`: its pushes and pulls of "w" and "emb", each waited for.
+void SyncStep(Client& me, int rank, int64_t step) {
+  std::vector<float> g(kDense), out(kDense), rows(12 * kDim), grads(12 * kDim);
+  for (int64_t i = 0; i < kDense; ++i) g[static_cast<size_t>(i)] = Grad(rank, step, i);
+  const std::vector<int64_t> ids = Ids(rank, step);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = Grad(rank, step, static_cast<int64_t>(i) + 100);
+  Status s = me.PushDense("w", g, step).wait(20s);
+  EXPECT_TRUE(s.ok()) << "worker " << rank << " step " << step << ": " << s;
+  s = me.PullDense("w", out, step + 1).wait(20s);
+  EXPECT_TRUE(s.ok()) << "worker " << rank << " step " << step << ": " << s;
+  s = me.PushSparse("emb", ids, grads, step).wait(20s);
+  EXPECT_TRUE(s.ok()) << "worker " << rank << " step " << step << ": " << s;
+  s = me.PullSparse("emb", ids, rows, step + 1).wait(20s);
+  EXPECT_TRUE(s.ok()) << "worker " << rank << " step " << step << ": " << s;
+}
+
+// After `steps` steps: the values of "w" and of rows 0..59 of "emb" (worker 0 pulls them); then
+// every worker finishes.
+void Finish(std::vector<std::unique_ptr<Client>>& w, int64_t steps, std::vector<float>* dense,
+            std::vector<float>* rows) {
+  dense->resize(kDense);
+  EXPECT_TRUE(w[0]->PullDense("w", *dense, steps).wait(20s).ok());
+  std::vector<int64_t> all(60);
+  for (int64_t i = 0; i < 60; ++i) all[static_cast<size_t>(i)] = i;
+  rows->resize(60 * kDim);
+  EXPECT_TRUE(w[0]->PullSparse("emb", all, *rows, steps).wait(20s).ok());
+  for (auto& client : w) EXPECT_TRUE(client->Finish().ok());
+}
+
+struct LeftOutcome {
+  std::vector<float> dense, rows;
+  bool left_while_a_worker_held_the_old_map = false;
+  bool left = false;
+};
+
+LeftOutcome TrainLeaving(const fs::path& dir, bool move) {
+  ServerOptions o = WithFolder(dir, kWorkers);
+  o.exit_when_drained = true;
+  auto c = LocalCluster::Start(3, /*tcp=*/true, o);
+  std::vector<std::unique_ptr<Client>> w;
+  for (int r = 0; r < kWorkers; ++r) w.push_back(c.Connect(r, kWorkers));
+  for (auto& client : w) {
+    EXPECT_TRUE(client->Declare(Dense()).ok());
+    EXPECT_TRUE(client->Declare(Sparse()).ok());
+  }
+  LeftOutcome result;
+  const placement::Placement drained = *placement::Placement::First(3).Drain(2);
+  constexpr int64_t kSteps = 9;
+  auto worker = [&](int rank) {
+    Client& me = *w[static_cast<size_t>(rank)];
+    for (int64_t step = 0; step < kSteps; ++step) {
+      if (step == 3) {
+        if (rank == 0) {
+          EXPECT_TRUE(me.Checkpoint(step).ok());
+        }
+        EXPECT_TRUE(me.Barrier().ok());
+        if (rank == 0 && move) {
+          const Status s = me.MoveSlots(2, drained.Owners(), step);
+          EXPECT_TRUE(s.ok()) << s;
+          // Worker 1 waits in the barrier with the first map, connected to server 2 (longer than
+          // the 2 s a server waits once every worker holds the map).
+          std::this_thread::sleep_for(3s);
+          result.left_while_a_worker_held_the_old_map = c.servers[2]->left();
+        }
+        EXPECT_TRUE(me.Barrier().ok());
+      }
+      if (step == 6 && rank == 0 && move) {
+        // Worker 1 has pushed steps 3 to 5 since: it was answered "moved" at step 3.
+        for (int i = 0; i < 2000 && !c.servers[2]->left(); ++i) std::this_thread::sleep_for(10ms);
+        result.left = c.servers[2]->left();
+        c.servers[2]->Stop();  // as ferry-ps exits
+      }
+      if (step == 6 && rank == 0) {
+        EXPECT_TRUE(me.Checkpoint(step).ok());
+      }
+      SyncStep(me, rank, step);
+    }
+  };
+  std::thread t1(worker, 1);
+  worker(0);
+  t1.join();
+  Finish(w, kSteps, &result.dense, &result.rows);  // (Finish is not sent to server 2, which is gone)
+  return result;
+}
+
+TEST(PlacementVersions, ADrainedServerLeavesOnceNoWorkerHoldsTheOldMapAndTheJobKeepsItsBits) {
+  TempDir left_dir("placement-left"), still_dir("placement-left-still");
+  const LeftOutcome left = TrainLeaving(left_dir.path(), true);
+  const LeftOutcome still = TrainLeaving(still_dir.path(), false);
+  EXPECT_FALSE(left.left_while_a_worker_held_the_old_map);
+  EXPECT_TRUE(left.left);
+  ASSERT_EQ(left.dense.size(), still.dense.size());
+  EXPECT_EQ(std::memcmp(left.dense.data(), still.dense.data(), left.dense.size() * sizeof(float)), 0)
+      << "dense values differ from the job whose server set never changed";
+  EXPECT_EQ(std::memcmp(left.rows.data(), still.rows.data(), left.rows.size() * sizeof(float)), 0)
+      << "sparse rows differ from the job whose server set never changed";
+  // Step 6's manifest lists a shard per server: server 2's, written by server 0, holds no table.
+  nlohmann::json manifest;
+  std::ifstream(left_dir.path() / "MANIFEST-00000000000000000006") >> manifest;
+  ASSERT_EQ(manifest.at("shards").size(), 3u) << manifest.dump();
+  const auto& shard2 = manifest.at("shards").at(2);
+  EXPECT_EQ(shard2.at("file"), "step-00000000000000000006-shard-00002-of-00003.ckpt");
+  EXPECT_LT(shard2.at("bytes").get<int64_t>(), 100) << manifest.dump();
+  EXPECT_EQ(shard2.at("bytes").get<int64_t>(),
+            static_cast<int64_t>(fs::file_size(left_dir.path() / shard2.at("file").get<std::string>())));
+
+  // Restored, server 2 leaves at once (its map gives it nothing); a client that connects to the
+  // restored job speaks to servers 0 and 1 alone, and finds the values of step 6's checkpoint.
+  ServerOptions o = WithFolder(left_dir.path(), kWorkers);
+  o.exit_when_drained = true;
+  o.restore = true;
+  auto c = LocalCluster::Start(3, /*tcp=*/true, o);
+  EXPECT_FALSE(c.servers[0]->left());
+  EXPECT_FALSE(c.servers[1]->left());
+  EXPECT_TRUE(c.servers[2]->left());
+  c.servers[2]->Stop();
+  for (int r = 0; r < kWorkers; ++r) {
+    auto w = c.Connect(r, kWorkers);
+    ASSERT_EQ(w->placement_version(), 2u);
+    ASSERT_TRUE(w->Declare(Dense()).ok());
+    ASSERT_TRUE(w->Declare(Sparse()).ok());
+    std::vector<float> dense(kDense);
+    EXPECT_TRUE(w->PullDense("w", dense, 6).wait(20s).ok());
+    EXPECT_NE(dense, std::vector<float>(kDense, 0.0f));
+  }
+}
+
+// Servers joining (1.20): a sync job of 2 workers whose first map gives slots to servers 0 and 1
+// of 3 (ServerOptions::active_servers); no client speaks to server 2 until worker 0 gives it a
+// fair share at step 3 (MoveSlots by Placement::Grow(2), after it says Hello there and declares
+// the tables); worker 1 learns the map from a "moved" answer and says Hello to it before its
+// next request; at step 6 it is drained again and leaves. The job ends with the bits of the job
+// of 2 servers whose set never changed.
+struct JoinOutcome {
+  std::vector<float> dense, rows;
+  int64_t spoken_to_before = -1, took_after = -1;
+  bool left = false;
+};
+
+JoinOutcome TrainJoining(const fs::path& dir, bool join) {
+  ServerOptions o = WithFolder(dir, kWorkers);
+  o.exit_when_drained = true;
+  if (join) o.active_servers = 2;
+  auto c = LocalCluster::Start(join ? 3 : 2, /*tcp=*/true, o);
+  std::vector<std::unique_ptr<Client>> w;
+  for (int r = 0; r < kWorkers; ++r) w.push_back(c.Connect(r, kWorkers));
+  for (auto& client : w) {
+    EXPECT_TRUE(client->Declare(Dense()).ok());
+    EXPECT_TRUE(client->Declare(Sparse()).ok());
+  }
+  JoinOutcome result;
+  constexpr int64_t kSteps = 9;
+  auto worker = [&](int rank) {
+    Client& me = *w[static_cast<size_t>(rank)];
+    for (int64_t step = 0; step < kSteps; ++step) {
+      if (step == 3 || step == 6) {
+        if (rank == 0) {
+          EXPECT_TRUE(me.Checkpoint(step).ok());
+        }
+        EXPECT_TRUE(me.Barrier().ok());
+        if (rank == 0 && join) {
+          auto now = placement::Placement::FromOwners(me.placement_version(), me.placement_owners(), 3);
+          EXPECT_TRUE(now.ok()) << now.status();
+          if (step == 3) result.spoken_to_before = c.servers[2]->stats().counters.at("messages");
+          auto next = step == 3 ? now->Grow(2) : now->Drain(2);
+          EXPECT_TRUE(next.ok()) << next.status();
+          const Status s = me.MoveSlots(next->version(), next->Owners(), step);
+          EXPECT_TRUE(s.ok()) << s;
+        }
+        EXPECT_TRUE(me.Barrier().ok());
+      }
+      if (step == 7 && rank == 0 && join) {
+        // Worker 1 has pushed step 6 since: it was answered "moved" then.
+        for (int i = 0; i < 2000 && !c.servers[2]->left(); ++i) std::this_thread::sleep_for(10ms);
+        result.left = c.servers[2]->left();
+        c.servers[2]->Stop();  // as ferry-ps exits
+      }
+      SyncStep(me, rank, step);
+      if (join && rank == 0 && step == 5) result.took_after = c.servers[2]->stats().counters.at("updates_applied");
+    }
+  };
+  std::thread t1(worker, 1);
+  worker(0);
+  t1.join();
+  Finish(w, kSteps, &result.dense, &result.rows);
+  return result;
+}
+
+TEST(PlacementVersions, AServerLeftOutOfTheFirstMapJoinsLeavesAgainAndTheJobKeepsItsBits) {
+  TempDir join_dir("placement-join"), still_dir("placement-join-still");
+  const JoinOutcome joined = TrainJoining(join_dir.path(), true);
+  const JoinOutcome still = TrainJoining(still_dir.path(), false);
+  EXPECT_EQ(joined.spoken_to_before, 0);  // no client sent server 2 anything before it joined
+  EXPECT_GT(joined.took_after, 0);        // then it applied updates of steps 3 to 5
+  EXPECT_TRUE(joined.left);
+  ASSERT_EQ(joined.dense.size(), still.dense.size());
+  EXPECT_EQ(std::memcmp(joined.dense.data(), still.dense.data(), joined.dense.size() * sizeof(float)), 0)
+      << "dense values differ from the job of 2 servers";
+  EXPECT_EQ(std::memcmp(joined.rows.data(), still.rows.data(), joined.rows.size() * sizeof(float)), 0)
+      << "sparse rows differ from the job of 2 servers";
+  // The checkpoint of step 3 was written before server 2 joined: server 0 wrote its shard.
+  nlohmann::json manifest;
+  std::ifstream(join_dir.path() / "MANIFEST-00000000000000000003") >> manifest;
+  EXPECT_LT(manifest.at("shards").at(2).at("bytes").get<int64_t>(), 100) << manifest.dump();
+  // It records the first map, which is not the first map of 3 servers a reader would assume.
+  EXPECT_EQ(manifest.at("placement_version"), 1) << manifest.dump();
+}
+
 // A pull held for a step is placed by the map it came with: a hand-over waits for the step.
 TEST(PlacementVersions, AHandOverIsRefusedWhileAPullWaitsForItsStep) {
   TempDir dir("placement-held");
@@ -214,7 +428,7 @@ struct OldPeer {
     b.add_request_id(++id);
     b.add_rank(1);
     b.add_num_workers(2);
-    b.add_num_servers(2);
+    b.add_num_servers(servers);
     b.add_server_rank(1);
     wire::FinishHeaderBuffer(fbb, b.Finish());
     transport::Frames f;
@@ -229,7 +443,31 @@ struct OldPeer {
   }
   zmq::socket_t socket;
   uint64_t id = 0;
+  int servers = 2;  // the job's, as its Hello says
 };
+
+// A client before 1.20 would place by the first map of all the servers: a job whose first map
+// leaves some out refuses its Hello, saying why.
+TEST(PlacementVersions, AClientBeforeServersJoiningIsRefusedByAJobWhoseFirstMapLeavesServersOut) {
+  ServerOptions o;
+  o.num_workers = 2;
+  o.active_servers = 2;
+  auto c = LocalCluster::Start(3, /*tcp=*/true, o);
+  OldPeer old(*c.context, c.endpoints[1]);
+  old.servers = 3;
+  std::string error;
+  StatusOr<wire::Kind> k = old.Ask(wire::Kind::Hello, 19, &error);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(*k, wire::Kind::Error);
+  EXPECT_NE(error.find("a first map of all 3 servers, and this job's gives slots to 2 (ferry-ps --active-servers)"),
+            std::string::npos)
+      << error;
+  OldPeer current(*c.context, c.endpoints[1]);
+  current.servers = 3;
+  k = current.Ask(wire::Kind::Hello, wire::kMinor);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(*k, wire::Kind::Reply);
+}
 
 TEST(PlacementVersions, AHandOverIsRefusedWhileAClientBeforePlacementVersionsIsConnected) {
   TempDir dir("placement-old-client");

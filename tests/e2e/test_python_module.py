@@ -350,6 +350,7 @@ class PythonModuleTest(unittest.TestCase):
                 first = c0.placement_owners
                 self.assertEqual((c0.placement_version, first.dtype, len(first)), (1, np.uint16, ferry.PLACEMENT_SLOTS))
                 self.assertEqual(set(first.tolist()), {0, 1})
+                self.assertEqual(c0.servers_in_job, [0, 1])
                 drained = np.zeros(ferry.PLACEMENT_SLOTS, np.uint16)
                 c0.checkpoint(4)
                 c0.prepare_move_slots(2, drained, 4)  # read ahead: changes nothing
@@ -367,6 +368,7 @@ class PythonModuleTest(unittest.TestCase):
                 c0.move_slots(2, drained, 5)
                 self.assertEqual(c0.placement_version, 2)
                 np.testing.assert_array_equal(c0.placement_owners, drained)
+                self.assertEqual(c0.servers_in_job, [0])  # server 1 owns no slot: it may leave the job
                 with self.assertRaises(ferry.Error) as e:  # another map of a version taken already
                     c0.move_slots(2, first, 5)
                 self.assertEqual(e.exception.code, "FAILED_PRECONDITION")

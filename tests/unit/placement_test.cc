@@ -187,6 +187,43 @@ TEST(Placement, AServerAddedToAFirstMapTakesSlotsSpreadAroundTheRing) {
   }
 }
 
+// A job whose first map gives slots to some of its servers (ferry-ps --active-servers): the
+// others own none until Grow(rank) gives one a fair share, which moves only to it, about 1/(S+1)
+// of the rows; drained again, the map is the first one's slots under a later version.
+TEST(Placement, AServerOutsideTheFirstMapJoinsWithAFairShareAndLeavesAgain) {
+  const placement::Placement two = placement::Placement::First(2, 3);
+  EXPECT_EQ(two.version(), 1u);
+  EXPECT_EQ(two.num_servers(), 3);
+  EXPECT_EQ(two.ActiveServers(), 2);
+  EXPECT_EQ(two.SlotsOf(2), 0);
+  const placement::Placement first2 = placement::Placement::First(2);
+  for (int s = 0; s < placement::kSlots; ++s) ASSERT_EQ(two.SlotServer(s), first2.SlotServer(s));
+  auto grown = two.Grow(2);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  const placement::Placement three = *grown;
+  EXPECT_EQ(three.version(), 2u);
+  EXPECT_EQ(three.num_servers(), 3);  // no rank added: rank 2 took its share
+  EXPECT_EQ(three.SlotsOf(2), placement::kSlots / 3);
+  EXPECT_EQ(three.SlotsOf(0), placement::kSlots / 3);
+  EXPECT_EQ(three.SlotsOf(1), placement::kSlots / 3);
+  for (int s = 0; s < placement::kSlots; ++s) {
+    if (three.SlotServer(s) != two.SlotServer(s)) ASSERT_EQ(three.SlotServer(s), 2) << "slot " << s;
+  }
+  EXPECT_NEAR(RowsMoved(two, three, 200000) * 3, 1.0, 0.05);
+  EXPECT_LE(MostInAWindow(three, 3), 2);
+  const placement::Placement back = *three.Drain(2);
+  EXPECT_EQ(back.version(), 3u);
+  EXPECT_EQ(back.SlotsOf(2), 0);
+  EXPECT_EQ(back.ActiveServers(), 2);
+  // Refused: a rank that owns slots, one out of range.
+  Status s = three.Grow(1).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("server 1 owns slots of placement version 2"), std::string::npos) << s;
+  s = two.Grow(3).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("server 3 is not one of the 3 servers"), std::string::npos) << s;
+}
+
 TEST(Placement, GrowingPastOneSlotAServerIsRefused) {
   auto p = placement::Placement::First(placement::kSlots - 1).Grow();
   ASSERT_TRUE(p.ok()) << p.status();

@@ -114,9 +114,14 @@ TEST(TrainerOptions, ParsesTheCtrAndExperimentFlags) {
   auto l = Parse({"--servers", "tcp://a:1", "--push-by-layer"});
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_TRUE(l->push_by_layer);
-  auto m = Parse({"--servers", "tcp://a:1,tcp://b:1,tcp://c:1", "--move-slots", "10:drain=2,20:first,35:drain=0"});
+  auto m = Parse(
+      {"--servers", "tcp://a:1,tcp://b:1,tcp://c:1", "--move-slots", "10:drain=2,20:first,35:drain=0,40:join=0"});
   ASSERT_TRUE(m.ok()) << m.status();
-  ASSERT_EQ(m->move_slots.size(), 3u);
+  ASSERT_EQ(m->move_slots.size(), 4u);
+  EXPECT_EQ(m->move_slots[3].step, 40);
+  EXPECT_EQ(m->move_slots[3].join, 0);
+  EXPECT_EQ(m->move_slots[3].drain, -1);
+  EXPECT_EQ(m->move_slots[0].join, -1);
   EXPECT_EQ(m->move_slots[0].step, 10);
   EXPECT_EQ(m->move_slots[0].drain, 2);
   EXPECT_EQ(m->move_slots[1].step, 20);
@@ -226,6 +231,9 @@ TEST(TrainerOptions, BadValuesNameTheFlag) {
       {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "-3:first"}, "--move-slots"},
       {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "10:first,"}, "--move-slots"},
       {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "10:drain=2"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "10:join=2"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "10:join"}, "--move-slots"},
+      {{"--servers", "tcp://a:1,tcp://b:1", "--move-slots", "10:join=x"}, "--move-slots"},
       {{"--servers", "tcp://a:1", "--move-slots", "10:first"}, "--move-slots"},
       {{"--servers", "tcp://a:1,tcp://b:1", "--steps", "10", "--move-slots", "10:first"}, "--move-slots"},
       {{"--servers", "tcp://a:1,tcp://b:1", "--num-workers", "3", "--backup-workers", "1", "--move-slots",

@@ -42,7 +42,7 @@ Status ParseStraggler(std::string_view value, TrainerOptions* o) {
   return Status::Ok();
 }
 
-// "STEP:drain=K" or "STEP:first", comma-separated, steps increasing.
+// "STEP:drain=K", "STEP:join=K" or "STEP:first", comma-separated, steps increasing.
 Status ParseMoveSlots(std::string_view value, TrainerOptions* o) {
   o->move_slots.clear();
   while (!value.empty()) {
@@ -51,7 +51,8 @@ Status ParseMoveSlots(std::string_view value, TrainerOptions* o) {
     value = comma == std::string_view::npos ? std::string_view() : value.substr(comma + 1);
     const size_t colon = one.find(':');
     if (colon == std::string_view::npos || (comma != std::string_view::npos && value.empty())) {
-      return InvalidArgumentError("--move-slots: '" + std::string(one) + "' is not STEP:drain=K or STEP:first" +
+      return InvalidArgumentError("--move-slots: '" + std::string(one) +
+                                  "' is not STEP:drain=K, STEP:join=K or STEP:first" +
                                   (colon == std::string_view::npos ? "" : " (a comma with nothing after it)"));
     }
     TrainerOptions::SlotMove move;
@@ -61,8 +62,12 @@ Status ParseMoveSlots(std::string_view value, TrainerOptions* o) {
       int64_t rank = 0;
       FERRY_RETURN_IF_ERROR(ParseInt("--move-slots server", to.substr(6), 0, 65535, &rank));
       move.drain = static_cast<int>(rank);
+    } else if (to.starts_with("join=")) {
+      int64_t rank = 0;
+      FERRY_RETURN_IF_ERROR(ParseInt("--move-slots server", to.substr(5), 0, 65535, &rank));
+      move.join = static_cast<int>(rank);
     } else if (to != "first") {
-      return InvalidArgumentError("--move-slots: '" + std::string(to) + "' is neither drain=K nor first");
+      return InvalidArgumentError("--move-slots: '" + std::string(to) + "' is none of drain=K, join=K and first");
     }
     if (!o->move_slots.empty() && move.step <= o->move_slots.back().step) {
       return InvalidArgumentError("--move-slots: step " + std::to_string(move.step) + " after step " +
@@ -457,10 +462,11 @@ const Flag kFlags[] = {
      "continue the job the servers hold, at their step (servers started from a "
      "checkpoint, or a restarted worker)",
      Switch<&O::resume, true>},
-    {"--move-slots", "STEP:drain=K|STEP:first[,...]", "recovery",
+    {"--move-slots", "STEP:drain=K|STEP:join=K|STEP:first[,...]", "recovery",
      "at STEP every worker waits while worker 0 checkpoints and moves the servers' slots: drain=K "
-     "empties server K into the others, first restores the job's first map (the servers need a "
-     "checkpoint folder)",
+     "empties server K into the others, join=K gives server K (one that owns no slot: drained, or "
+     "left out of the servers' first map) a fair share, first gives every server its share of a "
+     "first map of them all (the servers need a checkpoint folder)",
      SetMoveSlots},
     {"--leave", "WORKER@STEP[,...]", "recovery",
      "worker WORKER leaves the job before step STEP and exits; the others train on without it, "

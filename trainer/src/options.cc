@@ -228,9 +228,11 @@ Status TrainerOptions::Validate() const {
       }
       if (servers.size() < 2) return InvalidArgumentError("--move-slots moves slots between servers: give 2 or more");
       for (const SlotMove& m : move_slots) {
-        if (m.drain >= static_cast<int>(servers.size())) {
-          return InvalidArgumentError("--move-slots: step " + std::to_string(m.step) + " drains server " +
-                                      std::to_string(m.drain) + ", the job has " + std::to_string(servers.size()));
+        if (m.drain >= static_cast<int>(servers.size()) || m.join >= static_cast<int>(servers.size())) {
+          return InvalidArgumentError("--move-slots: step " + std::to_string(m.step) +
+                                      (m.drain >= 0 ? " drains server " + std::to_string(m.drain)
+                                                    : " gives server " + std::to_string(m.join) + " slots") +
+                                      ", the job has " + std::to_string(servers.size()));
         }
         if (steps > 0 && m.step >= steps) {
           return InvalidArgumentError("--move-slots: step " + std::to_string(m.step) + " is not below --steps " +

@@ -448,7 +448,9 @@ class WorkerRun final : public TrainingRun {
     std::snprintf(line, sizeof line,
                   "moved %d slots at step %lld (%s): placement version %llu; checkpoint %.3f s, hand-over %.3f s%s",
                   placement::Placement::SlotsMoved(now, *next), static_cast<long long>(step),
-                  move.drain < 0 ? "the first map" : ("server " + std::to_string(move.drain) + " drained").c_str(),
+                  move.drain >= 0  ? ("server " + std::to_string(move.drain) + " drained").c_str()
+                  : move.join >= 0 ? ("server " + std::to_string(move.join) + " joined").c_str()
+                                   : "the first map",
                   static_cast<unsigned long long>(next->version()), Seconds(began, saved), Seconds(saved, Clock::now()),
                   ahead_ && ahead_->read && ahead_->move_step == t
                       ? (" (the servers had read the checkpoint of step " + std::to_string(ahead_->from) + " ahead)")
@@ -466,8 +468,9 @@ class WorkerRun final : public TrainingRun {
 
   // The map `move` makes of `now`, at the version after it.
   StatusOr<placement::Placement> NextMap(const TrainerOptions::SlotMove& move, const placement::Placement& now) const {
-    StatusOr<placement::Placement> next =
-        move.drain < 0 ? placement::Placement::First(client_->num_servers()) : now.Drain(move.drain);
+    StatusOr<placement::Placement> next = move.drain >= 0  ? now.Drain(move.drain)
+                                          : move.join >= 0 ? now.Grow(move.join)
+                                                           : placement::Placement::First(client_->num_servers());
     FERRY_RETURN_IF_ERROR(next.status());
     return placement::Placement::FromOwners(now.version() + 1, next->Owners(), client_->num_servers());
   }
@@ -1056,12 +1059,14 @@ class WorkerRun final : public TrainingRun {
   }
 
   // Worker 0: the servers' staleness histogram {"staleness": updates}, summed over the servers
-  // (every worker is done: they met in Finish). Others: empty.
+  // in the job (every worker is done: they met in Finish). A server that owns no slot now is not
+  // asked (it may have left the job): what it counted while it owned some is not in the sum.
+  // Others: empty.
   StatusOr<Json> StalenessJson() {
     std::map<int64_t, int64_t> staleness;
     if (client_ != nullptr && rank_ == 0) {
       constexpr std::string_view kPrefix = "staleness_";
-      for (int s = 0; s < client_->num_servers(); ++s) {
+      for (const int s : client_->servers_in_job()) {
         FERRY_ASSIGN_OR_RETURN(auto counters, client_->ServerCounters(s));
         for (const auto& [name, value] : counters) {
           if (name.rfind(kPrefix, 0) == 0 && value > 0) staleness[std::stoll(name.substr(kPrefix.size()))] += value;

@@ -643,6 +643,7 @@ class PyClient {
   }
 
   uint64_t placement_version() { return client().placement_version(); }
+  std::vector<int> ServersInJob() { return client().servers_in_job(); }
   py::array_t<uint16_t> PlacementOwners() {
     const std::vector<uint16_t> map = client().placement_owners();
     py::array_t<uint16_t> out(static_cast<py::ssize_t>(map.size()));
@@ -992,6 +993,9 @@ PYBIND11_MODULE(_ferry, m) {
            "For sync tables `step` must be the global step every server is at.")
       .def_property_readonly("placement_version", &PyClient::placement_version,
                              "The placement version this client places its requests by (protocol 1.17).")
+      .def_property_readonly("servers_in_job", &PyClient::ServersInJob,
+                             "The servers this client speaks to, by rank (protocol 1.20): server 0 and those its map "
+                             "gives slots; one that owns none may have left the job (ferry-ps --exit-when-drained).")
       .def_property_readonly("placement_owners", &PyClient::PlacementOwners,
                              "That version's map: the server of each slot (numpy uint16, ferry.PLACEMENT_SLOTS "
                              "long). A map for move_slots is a copy with the slots to move given their new server.")

@@ -87,16 +87,66 @@ class ClientImpl final : public Client {
     return Status::Ok();
   }
 
-  // Says Hello to every server at once. Server 0 says where the job is: the step of the
-  // checkpoint it started from, and the id of the job's next collective (a restarted worker
-  // continues the sequence the others are in).
+  // Says Hello to server 0, then to the other servers of its map at once (1.20: those that own
+  // slots; every one under a server 0 before 1.20). Server 0 says where the job is: the step of
+  // the checkpoint it started from, the id of the job's next collective (a restarted worker
+  // continues the sequence the others are in), and the map.
   Status Handshake() {
-    auto op = engine_.NewOp();
     lowest_worker_step_.store(INT64_MAX);
     some_step_not_restored_.store(false);
     some_server_before_1_11_.store(false);
     some_server_before_1_13_.store(false);
-    for (int s = 0; s < num_servers(); ++s) {
+    {
+      MutexLock lock(&greet_mu_);
+      greeted_.assign(static_cast<size_t>(num_servers()), false);
+    }
+    FERRY_RETURN_IF_ERROR(Greet({0}, options_.connect_timeout));
+    const auto map = Map();
+    std::vector<int> rest;
+    for (int s : Members(*map)) {
+      if (s != 0) rest.push_back(s);
+    }
+    FERRY_RETURN_IF_ERROR(Greet(rest, options_.connect_timeout));
+    greeted_version_.store(map->version(), std::memory_order_release);
+    ShareMap();
+    return Status::Ok();
+  }
+
+  // Hello to each of `servers` this client has not greeted yet, all at once; waits for the
+  // replies (a server that refuses is greeted again next time).
+  Status Greet(const std::vector<int>& servers, std::chrono::milliseconds timeout) {
+    std::vector<int> sent;
+    Handle hello = GreetAsync(servers, timeout, /*assume_minor=*/false, &sent);
+    const Status s = hello.wait(timeout + std::chrono::seconds(1));
+    if (!s.ok()) Ungreet(sent);
+    return s;
+  }
+
+  void Ungreet(const std::vector<int>& servers) {
+    MutexLock lock(&greet_mu_);
+    for (const int s : servers) greeted_[static_cast<size_t>(s)] = false;
+    greeted_version_.store(0);
+  }
+
+  // Sends Hello to each of `servers` this client has not greeted yet (`sent`), all in one
+  // operation, and counts them greeted at once: a request sent after the Hello on the same
+  // connection reaches the server after it. Never waits (it may run on the thread that reads the
+  // sockets, sending an operation again). With `assume_minor`, a server's protocol is taken to be
+  // 1.20 until its reply says (only such a server can join: MoveSlots checks).
+  Handle GreetAsync(const std::vector<int>& servers, std::chrono::milliseconds timeout, bool assume_minor,
+                    std::vector<int>* sent) {
+    {
+      MutexLock lock(&greet_mu_);  // (held for the marks alone: none is sent twice)
+      for (const int s : servers) {
+        if (greeted_[static_cast<size_t>(s)]) continue;
+        greeted_[static_cast<size_t>(s)] = true;
+        sent->push_back(s);
+      }
+    }
+    if (sent->empty()) return Handle();
+    auto op = engine_.NewOp();
+    for (const int s : *sent) {
+      if (assume_minor && engine_.minor(s) == 0) engine_.set_minor(s, wire::kMembersSinceMinor);
       flatbuffers::FlatBufferBuilder fbb(128);
       auto h = engine_.BeginHeader(fbb, Kind::Hello);
       h.add_num_workers(options_.num_workers);
@@ -128,7 +178,9 @@ class ClientImpl final : public Client {
           }
           if (!reply.worker_step_restored()) some_step_not_restored_.store(true);
         }
-        AdoptFrom(s, reply);  // 1.17: the map the server places by
+        // 1.17: the map the server places by; server 0's at the handshake whatever its version (1.20:
+        // a job's first map may give slots to some of its servers alone, ferry-ps --active-servers).
+        AdoptFrom(s, reply, /*even_same_version=*/s == 0 && reply.minor() >= wire::kMembersSinceMinor);
         if (s == 0) {
           restored_step_.store(reply.version());
           first_collective_.store(reply.next_collective());
@@ -136,10 +188,65 @@ class ClientImpl final : public Client {
         }
         return Status::Ok();
       };
-      engine_.Submit(op, s, Kind::Hello, engine_.FinishHeader(fbb, h), {}, std::move(on_reply),
-                     options_.connect_timeout);
+      engine_.Submit(op, s, Kind::Hello, engine_.FinishHeader(fbb, h), {}, std::move(on_reply), timeout);
     }
-    return Handle(op).wait(options_.connect_timeout + std::chrono::seconds(1));
+    return Handle(op);
+  }
+
+  // The servers this client speaks to under `map` (1.20, PROTOCOL.md "Servers joining and
+  // leaving"): server 0 (the collectives, the checkpoints' manifests) and those that own slots;
+  // every server while server 0 is before 1.20 (it would not write the shard of one that owns
+  // none).
+  std::vector<int> Members(const placement::Placement& map) const {
+    std::vector<int> out;
+    const bool all = engine_.minor(0) < wire::kMembersSinceMinor;
+    for (int s = 0; s < num_servers(); ++s) {
+      if (all || s == 0 || map.SlotsOf(s) > 0) out.push_back(s);
+    }
+    return out;
+  }
+  std::vector<int> Members() const { return Members(*Map()); }
+  std::vector<int> servers_in_job() const override { return Members(); }
+
+  // The map requests are placed by, once this client has said Hello to every server it names (a
+  // server that joined the job since: its Hello goes first, not waited for). A greeting that
+  // failed is said, and sent again by the next call.
+  std::shared_ptr<const placement::Placement> GreetedMap() {
+    auto map = Map();
+    if (greeted_version_.load(std::memory_order_acquire) == map->version()) return map;
+    std::vector<int> sent;
+    Handle hello = GreetAsync(Members(*map), options_.request_timeout, /*assume_minor=*/true, &sent);
+    {
+      MutexLock lock(&greet_mu_);
+      for (auto it = greetings_.begin(); it != greetings_.end();) {
+        if (!it->first.done()) {
+          ++it;
+          continue;
+        }
+        if (Status st = it->first.wait(std::chrono::milliseconds(0)); !st.ok()) {
+          std::fprintf(stderr, "ferry client: worker %d: a Hello to a server that joined the job failed: %s\n",
+                       options_.rank, st.ToString().c_str());
+          for (const int s : it->second) greeted_[static_cast<size_t>(s)] = false;
+        }
+        it = greetings_.erase(it);
+      }
+      if (!sent.empty()) greetings_.emplace_back(std::move(hello), std::move(sent));
+    }
+    greeted_version_.store(map->version(), std::memory_order_release);
+    ShareMap();
+    return map;
+  }
+
+  // Tells the engine which servers to send heartbeats to (those of the map this client has said
+  // Hello to), and the map's version they carry.
+  void ShareMap() {
+    const auto map = Map();
+    std::vector<bool> member(static_cast<size_t>(num_servers()), false);
+    {
+      MutexLock lock(&greet_mu_);
+      for (const int s : Members(*map)) member[static_cast<size_t>(s)] = greeted_[static_cast<size_t>(s)];
+    }
+    engine_.SetMap(map->version(), std::move(member));
   }
 
   int rank() const override { return options_.rank; }
@@ -158,7 +265,7 @@ class ClientImpl final : public Client {
 
   // Takes the map a server's header carries (a Hello reply, a "moved" error) when it is newer
   // than this client's. One that does not parse is ignored (the request then fails as moved).
-  void AdoptFrom(int s, const Header& h) {
+  void AdoptFrom(int s, const Header& h, bool even_same_version = false) {
     if (h.placement() == nullptr) return;
     auto map = placement::Placement::FromOwners(h.placement_version(), {h.placement()->data(), h.placement()->size()},
                                                 num_servers());
@@ -167,14 +274,19 @@ class ClientImpl final : public Client {
                    map.status().ToString().c_str());
       return;
     }
-    Adopt(std::move(*map));
+    Adopt(std::move(*map), even_same_version);
   }
 
-  // `map` from now on, if it is newer than this client's.
-  void Adopt(placement::Placement map) {
-    MutexLock lock(&placement_mu_);
-    if (map.version() <= placement_->version()) return;
-    placement_ = std::make_shared<const placement::Placement>(std::move(map));
+  // `map` from now on, if it is newer than this client's (or as new, with `even_same_version`).
+  void Adopt(placement::Placement map, bool even_same_version = false) {
+    {
+      MutexLock lock(&placement_mu_);
+      if (map.version() < placement_->version() || (map.version() == placement_->version() && !even_same_version)) {
+        return;
+      }
+      placement_ = std::make_shared<const placement::Placement>(std::move(map));
+    }
+    ShareMap();
   }
 
   Status MoveSlots(uint64_t version, std::span<const uint16_t> owners, int64_t step) override {
@@ -187,15 +299,30 @@ class ClientImpl final : public Client {
       return FailedPreconditionError("MoveSlots: version " + std::to_string(version) + ", this client is at " +
                                      std::to_string(map->version()) + " already");
     }
-    for (int s = 0; s < num_servers(); ++s) {
+    // 1.20: a server the new map gives slots to that this client does not speak to yet (one that
+    // owned none) is greeted, and given this client's tables, first.
+    const std::vector<int> servers = RoundServers(next);
+    FERRY_RETURN_IF_ERROR(Greet(servers, options_.request_timeout).WithContext("MoveSlots (greeting the servers)"));
+    FERRY_RETURN_IF_ERROR(DeclareOnJoining(next).WithContext("MoveSlots (declaring the tables where they move)"));
+    const auto map = Map();
+    for (const int s : servers) {
       if (engine_.minor(s) < wire::kPlacementVersionsSinceMinor) {
         return FailedPreconditionError("MoveSlots: server " + std::to_string(s) + " speaks protocol 1." +
                                        std::to_string(engine_.minor(s)) + ", which has no placement versions (1.17)");
       }
+      // Under a server 0 of 1.20 a server that owns no slot hears nothing of the job: one that
+      // joins or leaves must know so (it takes the step from the checkpoint, or leaves).
+      if (s != 0 && engine_.minor(0) >= wire::kMembersSinceMinor &&
+          (map->SlotsOf(s) == 0) != (next.SlotsOf(s) == 0) && engine_.minor(s) < wire::kMembersSinceMinor) {
+        return FailedPreconditionError("MoveSlots: server " + std::to_string(s) + " speaks protocol 1." +
+                                       std::to_string(engine_.minor(s)) + ", and the map makes it " +
+                                       (next.SlotsOf(s) == 0 ? "leave" : "join") +
+                                       " the job, which needs 1.20: upgrade it");
+      }
     }
     // Two rounds: every server checks that it can, and only then does any adopt the map.
     for (const bool adopt : {false, true}) {
-      if (Status st = PlacementRound(version, owners, step, adopt, /*prepare=*/false).wait(); !st.ok()) {
+      if (Status st = PlacementRound(servers, version, owners, step, adopt, /*prepare=*/false).wait(); !st.ok()) {
         return st.WithContext(adopt ? "MoveSlots (adopting; the servers that answered OK hold the new map)"
                                     : "MoveSlots (checking; nothing changed)");
       }
@@ -206,27 +333,70 @@ class ClientImpl final : public Client {
 
   Handle PrepareMoveSlots(uint64_t version, std::span<const uint16_t> owners, int64_t step) override {
     auto op = engine_.NewOp();
-    if (Status st = placement::Placement::FromOwners(version, owners, num_servers()).status(); !st.ok()) {
-      return engine_.Failed(op, st.WithContext("PrepareMoveSlots"));
+    auto next = placement::Placement::FromOwners(version, owners, num_servers());
+    if (!next.ok()) return engine_.Failed(op, next.status().WithContext("PrepareMoveSlots"));
+    const std::vector<int> servers = RoundServers(*next);
+    if (Status st = Greet(servers, options_.request_timeout); !st.ok()) {
+      return engine_.Failed(op, st.WithContext("PrepareMoveSlots (greeting the servers)"));
     }
     if (const uint64_t now = Map()->version(); version <= now) {
       return engine_.Failed(op, FailedPreconditionError("PrepareMoveSlots: version " + std::to_string(version) +
                                                         ", this client is at " + std::to_string(now) + " already"));
     }
-    for (int s = 0; s < num_servers(); ++s) {
+    for (const int s : servers) {
       if (engine_.minor(s) >= wire::kPrepareSinceMinor) continue;
       // A server before 1.19 would take it for a MoveSlots' check round.
       return engine_.Failed(op, FailedPreconditionError("PrepareMoveSlots: server " + std::to_string(s) +
                                                         " speaks protocol 1." + std::to_string(engine_.minor(s)) +
                                                         ", which cannot read a hand-over ahead (1.19)"));
     }
-    return PlacementRound(version, owners, step, /*adopt=*/false, /*prepare=*/true);
+    return PlacementRound(servers, version, owners, step, /*adopt=*/false, /*prepare=*/true);
   }
 
-  // One Placement request of the map to every server, all in flight together.
-  Handle PlacementRound(uint64_t version, std::span<const uint16_t> owners, int64_t step, bool adopt, bool prepare) {
+  // The servers a hand-over to `next` involves: this client's now, and those `next` gives slots.
+  std::vector<int> RoundServers(const placement::Placement& next) const {
+    std::vector<int> now = Members(), then = Members(next), out;
+    std::ranges::set_union(now, then, std::back_inserter(out));
+    return out;
+  }
+
+  // Declares this client's tables on each server `next` gives slots to that owns none now: it
+  // may have been started after they were declared, or drained while they were.
+  Status DeclareOnJoining(const placement::Placement& next) {
+    const auto map = Map();
+    std::vector<int> joining;
+    for (const int s : Members(next)) {
+      if (map->SlotsOf(s) == 0 && s != 0) joining.push_back(s);
+    }
+    if (joining.empty()) return Status::Ok();
+    std::vector<TableSpec> specs;
+    {
+      MutexLock lock(&tables_mu_);
+      for (const auto& [name, spec] : tables_) specs.push_back(spec);
+    }
     auto op = engine_.NewOp();
-    for (int s = 0; s < num_servers(); ++s) {
+    for (const TableSpec& spec : specs) {
+      for (const int s : joining) SubmitCreateTable(op, s, spec, nullptr);
+    }
+    return Handle(op).wait();
+  }
+
+  // A CreateTable of `spec` to server `s`, in `op`.
+  void SubmitCreateTable(const std::shared_ptr<Handle::State>& op, int s, const TableSpec& spec, OnReply on_reply) {
+    flatbuffers::FlatBufferBuilder fbb(512);
+    auto wspec = wire::SpecToWire(fbb, spec);
+    auto h = engine_.BeginHeader(fbb, Kind::CreateTable);
+    h.add_table_id(TableId(spec.name));
+    h.add_spec(wspec);
+    engine_.Submit(op, s, Kind::CreateTable, engine_.FinishHeader(fbb, h), {}, std::move(on_reply),
+                   options_.request_timeout);
+  }
+
+  // One Placement request of the map to each of `servers`, all in flight together.
+  Handle PlacementRound(const std::vector<int>& servers, uint64_t version, std::span<const uint16_t> owners,
+                        int64_t step, bool adopt, bool prepare) {
+    auto op = engine_.NewOp();
+    for (const int s : servers) {
       flatbuffers::FlatBufferBuilder fbb(12 * 1024);
       auto vec = fbb.CreateVector(owners.data(), owners.size());
       auto h = engine_.BeginHeader(fbb, Kind::Placement);
@@ -250,10 +420,13 @@ class ClientImpl final : public Client {
 
   Status Declare(const TableSpec& spec) override {
     FERRY_RETURN_IF_ERROR(spec.Validate());
+    // The servers of this client's map (1.20): one that owns no slot gets the table when a map
+    // gives it slots (DeclareOnJoining).
+    const std::vector<int> servers = Members(*GreetedMap());
     // A server before 1.6 would read a compressed table's frames as float32: refused here, before
     // any server is asked.
     if (spec.wire != WireFormat::kF32 || spec.topk_ratio > 0.0f) {
-      for (int s = 0; s < num_servers(); ++s) {
+      for (const int s : servers) {
         const int minor = engine_.minor(s);
         if (minor >= 6) continue;
         return FailedPreconditionError(
@@ -266,7 +439,7 @@ class ClientImpl final : public Client {
     }
     // A server before 1.15 would not see disk_tier: it would keep max_rows rows and drop the rest.
     if (spec.disk_tier) {
-      for (int s = 0; s < num_servers(); ++s) {
+      for (const int s : servers) {
         const int minor = engine_.minor(s);
         if (minor >= 15) continue;
         return FailedPreconditionError("table '" + spec.name + "' is declared with disk_tier, but server " +
@@ -279,24 +452,18 @@ class ClientImpl final : public Client {
     // Each server's chunking of the table (1.9: the reply's spec; -1: not said). A table that
     // exists keeps its own (a checkpoint's, another worker's), which this client then routes by.
     auto chunking = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(num_servers()), -1);
-    for (int s = 0; s < num_servers(); ++s) {
-      flatbuffers::FlatBufferBuilder fbb(512);
-      auto wspec = wire::SpecToWire(fbb, spec);
-      auto h = engine_.BeginHeader(fbb, Kind::CreateTable);
-      h.add_table_id(TableId(spec.name));
-      h.add_spec(wspec);
+    for (const int s : servers) {
       OnReply on_reply = [chunking, s](const Header& reply, Frames& payload) -> Status {
         FERRY_RETURN_IF_ERROR(ExpectFrames(payload, 0));
         if (reply.spec() != nullptr) (*chunking)[static_cast<size_t>(s)] = reply.spec()->chunk_elems();
         return Status::Ok();
       };
-      engine_.Submit(op, s, Kind::CreateTable, engine_.FinishHeader(fbb, h), {}, std::move(on_reply),
-                     options_.request_timeout);
+      SubmitCreateTable(op, s, spec, std::move(on_reply));
     }
     FERRY_RETURN_IF_ERROR(Handle(op).wait());
     TableSpec held = spec;
     if (spec.type == TableType::kDense) {
-      for (int s = 0; s < num_servers(); ++s) {
+      for (const int s : servers) {
         const int64_t c = (*chunking)[static_cast<size_t>(s)];
         if (c < 0 || c == held.chunk_elems) continue;
         if (held.chunk_elems != spec.chunk_elems) {
@@ -547,7 +714,7 @@ class ClientImpl final : public Client {
         }
       }
     }
-    const std::shared_ptr<const placement::Placement> map = Map();
+    const std::shared_ptr<const placement::Placement> map = GreetedMap();
     auto routed = Route(*map, names, sizes);
     if (!routed.ok()) return routed.status();
     if (rerun && kind != Kind::PullDense) {
@@ -792,7 +959,9 @@ class ClientImpl final : public Client {
         outs[t] = pulls[t].rows;
       }
     }
-    const std::shared_ptr<const placement::Placement> map = Map();
+    const std::shared_ptr<const placement::Placement> map = GreetedMap();
+    std::vector<bool> member(static_cast<size_t>(S), false);
+    for (const int s : Members(*map)) member[static_cast<size_t>(s)] = true;
     std::vector<std::vector<SparseShare>> shares(static_cast<size_t>(S));
     std::vector<size_t> first_unsent(static_cast<size_t>(S), 0);
     std::vector<int64_t> unsent_bytes(static_cast<size_t>(S), 0);
@@ -811,13 +980,14 @@ class ClientImpl final : public Client {
       ShareTable(*map, t, specs[t], push ? pushes[t].ids : pulls[t].ids, push ? pushes[t].grads.data() : nullptr,
                  distinct,
                  push, &shares);
-      // A sync table reaches every server, even with no ids there: each server closes every step
-      // with every worker's (maybe empty) gradient, and a pull for step t waits until every server
-      // has closed step t - 1.
+      // A sync table reaches every server of the map, even with no ids there: each server closes
+      // every step with every worker's (maybe empty) gradient, and a pull for step t waits until
+      // every server has closed step t - 1. (1.20: not one that owns no slot; a hand-over that
+      // gives it slots brings it to the checkpoint's step.)
       const bool sync = specs[t].consistency == Consistency::kSync;
       for (int s = 0; s < S; ++s) {
         auto& list = shares[static_cast<size_t>(s)];
-        if (list.back().ids.empty() && !sync) {
+        if (list.back().ids.empty() && (!sync || !member[static_cast<size_t>(s)])) {
           list.pop_back();
           continue;
         }
@@ -939,9 +1109,10 @@ class ClientImpl final : public Client {
   // ---- clocks, barriers, stats -------------------------------------------------------------
 
   // One header-only request of `kind` (with `step`) to every server, all in flight together.
+  // (1.20: every server of this client's map, PROTOCOL.md "Servers joining and leaving".)
   Handle ToEveryServer(Kind kind, int64_t step, bool leaves = false) {
     auto op = engine_.NewOp();
-    for (int s = 0; s < num_servers(); ++s) {
+    for (const int s : Members(*GreetedMap())) {
       flatbuffers::FlatBufferBuilder fbb(96);
       auto h = engine_.BeginHeader(fbb, kind);
       h.add_step(step);
@@ -956,7 +1127,7 @@ class ClientImpl final : public Client {
   Status Finish() override { return ToEveryServer(Kind::Finish, 0).wait(); }
 
   Status Leave() override {
-    for (int s = 0; s < num_servers(); ++s) {
+    for (const int s : Members()) {
       if (engine_.minor(s) < wire::kLeavesSinceMinor) {
         return FailedPreconditionError("Leave: server " + std::to_string(s) + " speaks protocol 1." +
                                        std::to_string(engine_.minor(s)) +
@@ -1019,10 +1190,14 @@ class ClientImpl final : public Client {
       return engine_.Failed(op, InvalidArgumentError("SaveCheckpoint: " + std::to_string(shards.size()) +
                                                      " shard slots for " + std::to_string(num_servers()) + " servers"));
     }
+    // 1.20: server 0 writes the shard of a server that owns no slot (empty), which may have left.
+    std::vector<bool> member(static_cast<size_t>(num_servers()), false);
+    for (const int s : Members(*GreetedMap())) member[static_cast<size_t>(s)] = true;
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(96);
       auto h = engine_.BeginHeader(fbb, Kind::Checkpoint);
       h.add_step(step);
+      if (!member[static_cast<size_t>(s)]) h.add_server_rank(s);
       // A server may write a delta over it, if server 0 records chains in manifests (1.13).
       h.add_previous_step(some_server_before_1_13_.load() ? -1 : last_committed_.load());
       CheckpointShard* out = &shards[static_cast<size_t>(s)];
@@ -1036,8 +1211,8 @@ class ClientImpl final : public Client {
         out->placement_version = reply.placement_version();
         return Status::Ok();
       };
-      engine_.Submit(op, s, Kind::Checkpoint, engine_.FinishHeader(fbb, h), {}, std::move(on_reply),
-                     options_.request_timeout);
+      engine_.Submit(op, member[static_cast<size_t>(s)] ? s : 0, Kind::Checkpoint, engine_.FinishHeader(fbb, h), {},
+                     std::move(on_reply), options_.request_timeout);
     }
     return Handle(op);
   }
@@ -1125,6 +1300,13 @@ class ClientImpl final : public Client {
   std::atomic<uint64_t> next_call_{1};        // ids of push calls in pieces (1.10), never 0
   std::atomic<int64_t> first_collective_{0};  // server 0's next collective id at the handshake
   std::atomic<int64_t> last_committed_{-1};   // the step of the newest checkpoint this client committed
+  // The servers this client has said Hello to (1.20: a server that joins the job later is greeted
+  // when a map first names it), and the newest map whose servers it has greeted all.
+  Mutex greet_mu_;
+  std::vector<bool> greeted_ ABSL_GUARDED_BY(greet_mu_);
+  std::atomic<uint64_t> greeted_version_{0};
+  // Hellos in flight that GreetedMap did not wait for, with the servers each greets.
+  std::vector<std::pair<Handle, std::vector<int>>> greetings_ ABSL_GUARDED_BY(greet_mu_);
 
   mutable Mutex tables_mu_;
   std::unordered_map<std::string, TableSpec> tables_ ABSL_GUARDED_BY(tables_mu_);

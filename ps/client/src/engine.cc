@@ -463,14 +463,28 @@ std::chrono::milliseconds Engine::HeartbeatEvery() const {
 }
 
 void Engine::SendHeartbeats() {
-  if (!heartbeats_on_.load(std::memory_order_relaxed)) return;
+  // (A goodbye, the heartbeat owed to a server that stopped being one of the map's, goes at the
+  // next tick, heartbeats or not: a server waiting to leave the job waits for it.)
+  const bool on = heartbeats_on_.load(std::memory_order_relaxed);
+  const bool owed = goodbyes_owed_.load(std::memory_order_relaxed);
+  if (!on && !owed) return;
   const auto now = SteadyClock::now();
-  if (now < next_heartbeat_) return;
+  const bool beat = on && now >= next_heartbeat_;
+  if (!beat && !owed) return;
   const auto every = HeartbeatEvery();
-  next_heartbeat_ = now + every;
+  if (beat) next_heartbeat_ = now + every;
   if (last_sent_.size() != sockets_.size()) last_sent_.assign(sockets_.size(), SteadyClock::time_point{});
+  uint64_t version = 0;
+  std::vector<bool> member, goodbye;
+  {
+    MutexLock lock(&map_mu_);
+    version = map_version_;
+    member = member_;
+    goodbye = goodbye_;
+  }
   for (size_t s = 0; s < sockets_.size(); ++s) {
-    if (now - last_sent_[s] < every) continue;
+    const bool last = s < member.size() && !member[s];
+    if (last ? !goodbye[s] : (!beat || now - last_sent_[s] < every)) continue;
     flatbuffers::FlatBufferBuilder fbb(64);
     wire::HeaderBuilder h(fbb);
     h.add_major(wire::kMajor);
@@ -480,11 +494,19 @@ void Engine::SendHeartbeats() {
     // A restarted worker's too: without it a server took the heartbeat for its predecessor's
     // (incarnation 0), refused it, and called the waiting worker silent.
     h.add_incarnation(options_.incarnation);
+    if (version > 0) h.add_placement_version(version);  // 1.20: the map this client holds
     wire::FinishHeaderBuffer(fbb, h.Finish());
     Frames frames;
     frames.push_back(wire::ToFrame(fbb));
     // A full queue already carries traffic to that server: nothing is lost by dropping this.
-    if (transport::Send(sockets_[s], frames, /*dontwait=*/true).ok()) last_sent_[s] = now;
+    if (transport::Send(sockets_[s], frames, /*dontwait=*/true).ok()) {
+      last_sent_[s] = now;
+      if (last) {
+        MutexLock lock(&map_mu_);
+        if (s < goodbye_.size() && map_version_ == version) goodbye_[s] = false;  // (a newer map owes it another)
+        goodbyes_owed_.store(std::ranges::any_of(goodbye_, [](bool b) { return b; }));
+      }
+    }
     Pump(s);  // as after any send (SendNow)
   }
 }

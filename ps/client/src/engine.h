@@ -150,6 +150,25 @@ class Engine {
   Status Start(OnMoved on_moved = nullptr);
   // Heartbeats go from now on (after the handshake: a server takes them from a worker it knows).
   void StartHeartbeats();
+  // The client's map (1.20): heartbeats carry its version, and go to the servers `member` marks
+  // (by rank; empty: every one); a server that stops being one is sent one heartbeat more (a
+  // server waiting to leave hears so that this client holds the map that drained it).
+  void SetMap(uint64_t version, std::vector<bool> member) {
+    bool owed = false;
+    {
+      MutexLock lock(&map_mu_);
+      if (goodbye_.size() != member.size()) goodbye_.assign(member.size(), false);
+      for (size_t s = 0; s < member.size(); ++s) {
+        if (!member[s] && s < member_.size() && member_[s]) goodbye_[s] = true;
+        if (member[s]) goodbye_[s] = false;
+        owed = owed || goodbye_[s];
+      }
+      map_version_ = version;
+      member_ = std::move(member);
+      goodbyes_owed_.store(owed);
+    }
+    if (owed) waker_.Notify();  // the I/O thread sends it at its next tick
+  }
   // Fails everything in flight or submitted from now on ("client closed"), lets a driving caller
   // go, and joins the I/O thread. Idempotent.
   void Stop();
@@ -346,6 +365,11 @@ class Engine {
   // Heartbeats: when each server was last sent anything, and when to look again.
   std::atomic<bool> heartbeats_on_{false};  // set once the handshake succeeded
   std::vector<SteadyClock::time_point> last_sent_ ABSL_GUARDED_BY(io_mu_);
+  Mutex map_mu_;
+  uint64_t map_version_ ABSL_GUARDED_BY(map_mu_) = 0;
+  std::vector<bool> member_ ABSL_GUARDED_BY(map_mu_);
+  std::vector<bool> goodbye_ ABSL_GUARDED_BY(map_mu_);  // per server: owes it a heartbeat (it stopped being one)
+  std::atomic<bool> goodbyes_owed_{false};               // any goodbye_
   SteadyClock::time_point next_heartbeat_ ABSL_GUARDED_BY(io_mu_){};
   std::unordered_map<uint64_t, Request> in_flight_ ABSL_GUARDED_BY(io_mu_);
   transport::Deadlines<uint64_t> deadlines_ ABSL_GUARDED_BY(io_mu_);  // (deadline, id) of every request in in_flight_

@@ -101,6 +101,9 @@ StatusOr<DiskStoreCopy> CopyDiskTier(DiskTier& disk, const std::string& dir, int
 ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta = nullptr, bool track = false,
                          const DiskStoreCopy* disk = nullptr);
 
+// A shard with no table (what server 0 writes for a server that owns no slot, protocol 1.20).
+ShardImage EmptyShard();
+
 // About the bytes a delta snapshot of `tables` would take now (an upper bound for sparse rows):
 // what a server weighs against its chain's full shard before writing a delta.
 uint64_t DeltaBytes(const TableRegistry& tables);

@@ -121,6 +121,9 @@ class Connections {
   std::vector<std::string> PeersBelow(uint16_t minor) const;
 
   bool Tracks(int fd) const { return conns_.contains(fd); }
+  // Whether an open connection speaks for worker `rank` (it sent a request as that rank, and
+  // ZeroMQ has not reported it gone).
+  bool HasRank(int rank) const { return rank_owner_.contains(rank); }
   // Whether `fd` is tracked and has spoken with ZeroMQ routing id `routing`: a message of that
   // connection. False for one that has not spoken yet, and for a descriptor reused by a new
   // connection before the old one's DISCONNECTED was read.

@@ -122,6 +122,7 @@ class ServerImpl final : public Server {
   std::string endpoint() const override { return endpoint_; }
   int64_t restored_step() const override { return restored_step_; }
   std::string metrics_url() const override { return metrics_url_; }
+  bool left() const override { return left_.load(); }
   ServerStats stats() const override;  // handlers/admin.cc
   void Stop() override;
 
@@ -415,6 +416,20 @@ class ServerImpl final : public Server {
   // Placement: adopt the request's map, taking over from the checkpoint of its step (HandOver);
   // with `full` false only checks that it could (the first of the client's two rounds).
   Status OnPlacement(Request& req);
+  // Servers leaving (1.20, ServerOptions::exit_when_drained): once the map held here leaves this
+  // server no slot, it waits until every worker holds that map (or a later one), then leaves.
+  // Starts the wait (the map was just adopted, or restored: `restored`, when no worker can hold
+  // an older map that names this server).
+  void BeginLeaving(bool restored);
+  // Worker `rank` holds the map of `version` (a request or heartbeat named it, or a "moved" reply
+  // carried it).
+  void HeardMapOf(int rank, uint64_t version) {
+    if (leaving_ && version >= leaving_->version && rank >= 0 && static_cast<size_t>(rank) < leaving_->holds.size()) {
+      leaving_->holds[static_cast<size_t>(rank)] = true;
+    }
+  }
+  // On the tick: leaves once no worker may still send here; says whom it waits for, every 10 s.
+  void CheckLeaving();
 
   // ---- checkpoints (handlers/checkpoints.cc) -------------------------------------------------
 
@@ -428,6 +443,9 @@ class ServerImpl final : public Server {
   // Checkpoint at `step`: the server copies its shard of every table (the pause), then writes the
   // copy on another thread while it goes on serving; the reply names the file once it is durable.
   Status OnCheckpoint(Request& req);
+  // Checkpoint with another `server_rank` (1.20): server 0 writes that server's shard, empty, if
+  // it owns no slot.
+  Status StandInShard(Request& req, int rank);
   // What a checkpoint of the tables held here means (the manifest says it).
   std::string CheckpointMeaning(int64_t step) const;
   // Every server has written its shard of `step`: write the manifest naming them, then CURRENT.
@@ -561,6 +579,19 @@ class ServerImpl final : public Server {
   std::optional<PreparedRead> prepared_ ABSL_GUARDED_BY(job_mu_);
   // Placement with `prepare`: the read ahead, as a file job.
   Status PrepareHandOver(Request& req, const placement::Placement& next);
+
+  // A server that owns no slot and waits to leave (I/O thread): the version of the map that
+  // drained it, and which workers hold that map.
+  struct Leaving {
+    uint64_t version = 0;
+    std::vector<bool> holds;
+    Clock::time_point since, next_say;
+    std::optional<Clock::time_point> all_hold_since;  // when no worker was left to wait for
+    bool restored = false;                            // it restored that map: no worker holds another
+  };
+  static constexpr std::chrono::seconds kLeaveGrace{2};
+  std::optional<Leaving> leaving_;
+  std::atomic<bool> left_{false};
 
   // Last: starts after everything above is built. Joined only under stop_mu_.
   std::thread thread_ ABSL_GUARDED_BY(stop_mu_);

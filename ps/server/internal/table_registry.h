@@ -30,7 +30,7 @@ class TableRegistry {
   // `memory_budget`: the bytes this server's tables may take (0: MemoryBudget::DefaultLimit()).
   TableRegistry(int rank, int num_servers, int64_t memory_budget = 0)
       : rank_(rank),
-        placement_(placement::Placement::First(num_servers)),
+        placement_(placement::Placement::First(num_servers)),  // (Server::Start: active_servers' first map)
         budget_(std::make_unique<MemoryBudget>(memory_budget)),
         lifecycle_(std::make_unique<RowLifecycleTotals>()) {}
 

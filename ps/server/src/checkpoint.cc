@@ -794,10 +794,11 @@ uint64_t DeltaBytes(const TableRegistry& tables) {
   return total;
 }
 
-ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta, bool track, const DiskStoreCopy* disk) {
+namespace {
+
+// The shard file of `parts` (SnapshotShard; none: an empty shard).
+ShardImage ImageOf(const std::vector<TablePart>& parts, const DeltaOf* delta, const DiskStoreCopy* disk) {
   ShardImage image;
-  std::vector<TablePart> parts;
-  tables.ForEach([&](Table& t) { parts.push_back(Select(t, delta != nullptr, track)); });
   // Sizes first, so the image is allocated once (a large shard is copied at memory speed).
   size_t total = 16 + 16 + sizeof(int64_t);
   if (delta) total += 16 + 40 + delta->file.name.size();
@@ -922,6 +923,16 @@ ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta, bool track
   end_block();
   return image;
 }
+
+}  // namespace
+
+ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta, bool track, const DiskStoreCopy* disk) {
+  std::vector<TablePart> parts;
+  tables.ForEach([&](Table& t) { parts.push_back(Select(t, delta != nullptr, track)); });
+  return ImageOf(parts, delta, disk);
+}
+
+ShardImage EmptyShard() { return ImageOf({}, nullptr, nullptr); }
 
 StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_servers, int64_t step, ShardImage image) {
   auto& bytes = image.bytes;
@@ -1090,7 +1101,8 @@ Status WriteManifest(const std::string& dir, int64_t step, const std::vector<Sha
   j["step"] = step;
   j["meaning"] = meaning;
   j["placement"] = kPlacementBySlots;
-  if (map != nullptr && map->version() > 1) {  // (version 1: the first map of the shards' count)
+  // (Version 1 of every server: the first map of the shards' count, which a reader knows.)
+  if (map != nullptr && (map->version() > 1 || map->ActiveServers() < map->num_servers())) {
     j["placement_version"] = map->version();
     j["placement_owners"] = map->Owners();
   }
@@ -1495,6 +1507,14 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
     const SparseShard& s = *t.sparse;
     if (s.has_disk()) return refuse(name + " has a disk tier (its rows cannot be handed over yet)");
     if (s.sync.received > 0) return refuse(name + " is in a sync step");
+    // A sync table is at the checkpoint's step on every server that owns slots (a server that
+    // owns none takes it: 1.20), or a step ran since: a server joining would take a stale step.
+    if (t.spec.consistency == Consistency::kSync && now.SlotsOf(rank) > 0 && s.version != saved.sparse_version) {
+      return refuse(name + " is at step " + std::to_string(s.version) + " here, " +
+                    std::to_string(saved.sparse_version) +
+                    " in the checkpoint (a step ran since: the workers must wait from the checkpoint to the "
+                    "hand-over)");
+    }
     // The rows it gives up against the checkpoint's, both in id order (one lookup a row in a map
     // of as many was most of a hand-over's time).
     std::vector<std::pair<int64_t, int64_t>> leaving;  // id, updates here
@@ -1586,6 +1606,13 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
         return;
       }
       SparseShard& s = *t.sparse;
+      // A server that owned no slot heard none of the steps since (1.20: the workers send a sync
+      // table's empty gradients only to the servers that own slots): it takes the checkpoint's
+      // version, which the others hold too (a hand-over is at that step).
+      if (now.SlotsOf(rank) == 0 && saved.sparse_version > s.version) {
+        s.version = saved.sparse_version;
+        std::fill(s.last_pulled.begin(), s.last_pulled.end(), s.version);
+      }
       for (const auto& [id, row] : saved.rows) {
         if (next.IdServer(id) != rank || now.IdServer(id) == rank) continue;
         const RowIndex r = s.FindOrCreate(id, /*over_budget_ok=*/true);

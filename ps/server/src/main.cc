@@ -27,7 +27,8 @@ void Usage(std::FILE* out) {
       "usage: ferry-ps --bind ENDPOINT [--rank R] [--num-servers N] [--num-workers W]\n"
       "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S] [--worker-timeout-s S]\n"
       "                [--checkpoint-dir DIR [--keep-checkpoints K] [--checkpoint-deltas D]\n"
-      "                [--checkpoint-delta-share F] [--restore]] [--curve-keys DIR]\n"
+      "                [--checkpoint-delta-share F] [--restore]] [--active-servers M] [--exit-when-drained]\n"
+      "                [--curve-keys DIR]\n"
       "                [--max-held-per-peer N] [--memory-budget-mb M] [--max-connections N]\n"
       "                [--idle-timeout-s S] [--metrics [HOST:]PORT] [--disk-tier-dir DIR\n"
       "                [--disk-tier-cache-mb M] [--disk-tier-readers N]]\n"
@@ -55,6 +56,12 @@ void Usage(std::FILE* out) {
       "                     full shard's bytes (default 0.5)\n"
       "  --restore          start from the newest checkpoint in --checkpoint-dir that verifies (for\n"
       "                     any number of servers; needs --num-workers); fails if there is none\n"
+      "  --active-servers   the job's first map gives slots to servers 0..M-1 alone; the others join\n"
+      "                     when a move gives them a share (ferry-trainer --move-slots STEP:join=K).\n"
+      "                     Give every server the same M (default: all servers)\n"
+      "  --exit-when-drained  leave the job and exit 0 once this server owns no slot (a hand-over, the\n"
+      "                     trainer's --move-slots, drained it) and every worker holds that map; at once\n"
+      "                     after restoring a map that leaves it none. Server 0 never leaves\n"
       "  --memory-budget-mb memory the tables may take; declaring a table or creating sparse rows\n"
       "                     beyond it is refused (default: 80% of the machine's memory, or of its\n"
       "                     cgroup's limit if lower: v1 or v2, its own cgroup and its ancestors);\n"
@@ -117,6 +124,10 @@ int main(int argc, char** argv) {
       options.restore = true;
       continue;
     }
+    if (flag == "--exit-when-drained") {
+      options.exit_when_drained = true;
+      continue;
+    }
     constexpr std::string_view kValueFlags[] = {"--bind", "--rank", "--num-servers", "--compute-threads",
                                                 "--max-message-mb", "--max-wait-s", "--num-workers",
                                                 "--checkpoint-dir", "--keep-checkpoints", "--worker-timeout-s",
@@ -124,9 +135,9 @@ int main(int argc, char** argv) {
                                                 "--curve-keys", "--max-held-per-peer", "--memory-budget-mb",
                                                 "--max-connections", "--idle-timeout-s", "--metrics",
                                                 "--disk-tier-dir", "--disk-tier-cache-mb",
-                                                "--disk-tier-readers"};
+                                                "--disk-tier-readers", "--active-servers"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
-      constexpr std::string_view kOtherFlags[] = {"--help", "--restore"};
+      constexpr std::string_view kOtherFlags[] = {"--help", "--restore", "--exit-when-drained"};
       std::vector<std::string_view> known(std::begin(kValueFlags), std::end(kValueFlags));
       known.insert(known.end(), std::begin(kOtherFlags), std::end(kOtherFlags));
       std::fprintf(stderr, "ferry-ps: unknown flag %s%s\n", argv[i], ferry::DidYouMean(flag, known).c_str());
@@ -178,6 +189,9 @@ int main(int argc, char** argv) {
         return 2;
       }
       options.checkpoint_dir = value;
+    } else if (flag == "--active-servers") {
+      if (!ParseInt(flag, value, 1, 5040, &v)) return 2;
+      options.active_servers = static_cast<int>(v);
     } else if (flag == "--keep-checkpoints") {
       if (!ParseInt(flag, value, 1, 1000000, &v)) return 2;
       options.keep_checkpoints = static_cast<int>(v);
@@ -289,8 +303,18 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
   int sig = 0;
-  sigwait(&stop, &sig);
-  std::printf("ferry-ps rank %d: %s, stopping\n", options.rank, sig == SIGINT ? "SIGINT" : "SIGTERM");
+  if (!options.exit_when_drained) {
+    sigwait(&stop, &sig);
+  } else {  // a server that may leave the job looks every 100 ms whether it has
+    const timespec every{0, 100'000'000};
+    while (sig <= 0 && !(*server)->left()) sig = sigtimedwait(&stop, nullptr, &every);
+  }
+  if (sig > 0) {
+    std::printf("ferry-ps rank %d: %s, stopping\n", options.rank, sig == SIGINT ? "SIGINT" : "SIGTERM");
+  } else {
+    std::printf("ferry-ps rank %d: left the job (it owns no slot), stopping\n", options.rank);
+  }
+  std::fflush(stdout);
   (*server)->Stop();
   // libzmq leaves an ipc:// socket file behind; the path is ours, remove it.
   const std::string endpoint = (*server)->endpoint();

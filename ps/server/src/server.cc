@@ -92,6 +92,12 @@ ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, 
   if (disk_tier_ && options_.disk_tier_readers > 0) {
     readers_ = std::make_unique<ps::DiskReaders>(options_.disk_tier_readers, [this] { waker_.Notify(); });
   }
+  // A server restored to a map that leaves it no slot: every worker restarts with the job and
+  // learns the map from server 0, so none will send here.
+  if (restored_step_ >= 0 && options_.exit_when_drained && options_.rank != 0 &&
+      tables_.placement().SlotsOf(options_.rank) == 0) {
+    BeginLeaving(/*restored=*/true);
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -148,6 +154,7 @@ void ServerImpl::Loop() {
       CheckHeap(Clock::now());
       CheckDiskWaits(Clock::now());
       if (handover_read_ && Clock::now() >= handover_read_->until) handover_read_.reset();  // no adopting round came
+      if (leaving_) CheckLeaving();
       {
         MutexLock lock(&job_mu_);
         if (prepared_ && Clock::now() >= prepared_->until) prepared_.reset();  // no hand-over came
@@ -223,7 +230,8 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
   });
   if (!s.ok()) return bad(s.WithContext(std::string(wire::KindName(req.h()->kind()))));
   // A client that cannot follow a moved map (OnPlacement); a current one costs no lookup here.
-  if (header->minor() < wire::kPlacementVersionsSinceMinor) connections_.SawOldMinor(req.fd, header->minor());
+  // (1.20: and one that would go on sending a server that left the job its clocks: CheckLeaving.)
+  if (header->minor() < wire::kMembersSinceMinor) connections_.SawOldMinor(req.fd, header->minor());
   DispatchAndAnswer(req);
 }
 
@@ -289,6 +297,7 @@ Status ServerImpl::Dispatch(Request& req) {
     FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank()));
     workers_.Heard(h.rank(), req.arrived);
   }
+  if (leaving_) HeardMapOf(h.rank(), h.placement_version());
   if (handle == nullptr) {
     return InvalidArgumentError("a server does not accept " + std::string(wire::KindName(h.kind())) + " messages");
   }
@@ -423,6 +432,14 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.max_connections == 0) options.max_connections = DefaultMaxConnections();
   std::unique_ptr<ps::DiskTier> disk_tier;  // before the tables: their shards point to it
   ps::TableRegistry tables(options.rank, options.num_servers, options.memory_budget_bytes);
+  if (options.active_servers < 0 || options.active_servers > options.num_servers) {
+    return InvalidArgumentError("ferry-ps rank " + std::to_string(options.rank) + ": active_servers " +
+                                std::to_string(options.active_servers) + " is outside [0, " +
+                                std::to_string(options.num_servers) + "] (0: all)");
+  }
+  if (options.active_servers > 0) {
+    tables.SetPlacement(placement::Placement::First(options.active_servers, options.num_servers));
+  }
   if (!options.disk_tier_dir.empty()) {
     if (options.disk_tier_cache_bytes < 0) return InvalidArgumentError("disk_tier_cache_bytes must be >= 0");
     FERRY_RETURN_IF_ERROR(ps::CheckDiskTierDir(options));

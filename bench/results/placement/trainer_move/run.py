@@ -11,7 +11,11 @@ pause is the same for each.
          [--before-bin DIR] [--from-files]
 Configurations, in turn (the order alternating by round): "full" (no other checkpoint: the move's own is full);
 "deltas" (servers with --checkpoint-deltas 8, a checkpoint every 50 steps: the move's checkpoint
-is a delta of the one before, and the hand-over reads the chain). A configuration named
+is a delta of the one before, and the hand-over reads the chain); "join" (protocol 1.20: the
+servers' first map gives slots to servers 0 and 1 alone, --active-servers 2; server 2 joins at
+the first move, taking a fair share, and is drained at the second, after which it leaves the job,
+--exit-when-drained: the summary adds how long after its drain it left, and the rows and chunks
+it took against those servers 0 and 1 gave up). A configuration named
 "<config>-before" runs the binaries of --before-bin (another build) the same way, for a before and
 after in one run. Writes DIR/run-<config>-<k>.txt (the launcher's output) and prints the summary
 (DIR/summary.txt)."""
@@ -37,13 +41,17 @@ def one(args, k, config):
                 "--gpus-per-host", "0", "--bin-dir", args.before_bin if before else args.bin,
                 "--log-dir", os.path.join(tmp, "logs"),
                 "--checkpoint-dir", os.path.join(tmp, "ckpt")]
+        join = config.removesuffix("-before") == "join"
         if deltas:
             argv += ["--checkpoint-every", "50", "--ps-arg", "--checkpoint-deltas 8"]
+        if join:
+            argv += ["--ps-arg", "--active-servers 2 --exit-when-drained"]
         argv += ["--",
                  "--model", "ctr", "--ctr-train", str(args.train), "--ctr-test", "2000", "--ctr-vocab",
                  str(args.vocab), "--steps", str(args.steps), "--batch", str(args.batch), "--consistency", "sync",
                  "--log-every", str(args.log_every), "--blas-threads", "1", "--optimizer", "adam", "--lr", "0.01",
-                 "--table", "ctr/*:chunk_elems=4096", "--move-slots", f"{first}:drain=2,{back}:first"]
+                 "--table", "ctr/*:chunk_elems=4096", "--move-slots",
+                 f"{first}:join=2,{back}:drain=2" if join else f"{first}:drain=2,{back}:first"]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     with open(os.path.join(args.out, f"run-{config}-{k}.txt"), "w") as f:
         f.write(done.stdout)
@@ -74,6 +82,21 @@ def parse(out, k, config, batch, log_every):
     return rows
 
 
+def leaving(out):
+    """A join run's server 2: (seconds from its drain to leaving the job, rows and chunks it took
+    when it joined, rows and chunks servers 0 and 1 gave up then), or None."""
+    left = re.search(r"^\[ps 2\] ferry-ps 2: owns no slot of placement version \d+ and no worker will send here "
+                     r"again: left the job after ([\d.]+) s$", out, re.M)
+    took = re.search(r"^\[ps 2\] ferry-ps 2: placement version 2 from the checkpoint of step \d+: took (\d+) chunks "
+                     r"and (\d+) rows", out, re.M)
+    held = re.findall(r"^\[ps [01]\] ferry-ps [01]: placement version 2 from the checkpoint of step \d+: took 0 "
+                      r"chunks and 0 rows, gave up (\d+) chunks and (\d+) rows", out, re.M)
+    if not (left and took and len(held) == 2):
+        return None
+    return float(left.group(1)), int(took.group(2)), int(took.group(1)), sum(int(h[1]) for h in held), \
+        sum(int(h[0]) for h in held)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -89,7 +112,7 @@ def main():
     ap.add_argument("--from-files", action="store_true", help="parse DIR's run files again, run nothing")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    rows = []
+    rows, joins = [], []
     configs = args.configs.split(",")
     for k in range(args.rounds):
         for config in (configs if k % 2 == 0 else configs[::-1]):  # the order alternates by round
@@ -99,6 +122,8 @@ def main():
             else:
                 out = one(args, k, config)
             rows += parse(out, k, config, args.batch, args.log_every)
+            if config.removesuffix("-before") == "join":
+                joins.append(leaving(out))
     lines = [f"{'round':5} {'step':>5} {'move':26} {'ckpt_MB':>8} {'ckpt_s':>7} {'handover_s':>10} "
              f"{'step_ms':>8} {'pause/step':>10}"]
     for r in rows:
@@ -110,6 +135,15 @@ def main():
         lines.append(f"# {what}: pause/step median {statistics.median(ratios):.1f} ({min(ratios):.1f}-"
                      f"{max(ratios):.1f}); checkpoint s median {statistics.median(ckpts):.2f}, hand-over s median "
                      f"{statistics.median(hands):.2f}, {len(ratios)} rounds")
+    if joins:
+        if None in joins:
+            sys.exit("run.py: a join run's server 2 lines are missing")
+        # The rows and chunks server 2 took are the ones servers 0 and 1 gave up (a check).
+        for k, (left_s, rows_took, chunks_took, rows_gave, chunks_gave) in enumerate(joins):
+            lines.append(f"# join round {k}: server 2 left {left_s:.3f} s after its drain; it took {rows_took} rows "
+                         f"and {chunks_took} chunks (servers 0 and 1 gave up {rows_gave} and {chunks_gave})")
+        lines.append(f"# join: left after its drain, median {statistics.median(j[0] for j in joins):.3f} s "
+                     f"({min(j[0] for j in joins):.3f}-{max(j[0] for j in joins):.3f}), {len(joins)} rounds")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "summary.txt"), "w") as f:
         f.write(text)

@@ -82,6 +82,10 @@ class Placement {
   // The first map of `num_servers` servers (version 1): slot s on server s mod num_servers.
   // num_servers in [1, kSlots] (the callers check it: Server::Start, Client::Connect).
   static Placement First(int num_servers);
+  // The first map of a job of `num_servers` server ranks of which the first `active` own slots
+  // (slot s on server s mod active; the others own none until a map gives them a share: Grow).
+  // 1 <= active <= num_servers <= kSlots.
+  static Placement First(int active, int num_servers);
   // The map `owners` lists (the server of each of the kSlots slots, in slot order) as version
   // `version`, of a job of `num_servers` server ranks (1.17: a Hello reply's or a "moved" error's,
   // a Placement request's). INVALID_ARGUMENT, saying what is wrong, for version 0, a list of
@@ -102,12 +106,13 @@ class Placement {
   // The servers that own at least one slot.
   int ActiveServers() const;
 
-  // The next version with one more server, rank num_servers(): it takes kSlots / (active + 1)
-  // slots (rounded so that every active server ends with the floor or the ceiling of the fair
-  // share), each from a server above its new share, at an even pace around the ring of slots (so
-  // a table's consecutive chunks stay spread). Nothing else moves. FAILED_PRECONDITION when every
-  // slot has a server of its own already.
-  StatusOr<Placement> Grow() const;
+  // The next version with one more server, rank num_servers() (or `rank`, one that owns no
+  // slot: INVALID_ARGUMENT for another): it takes kSlots / (active + 1) slots (rounded so that
+  // every active server ends with the floor or the ceiling of the fair share), each from a server
+  // above its new share, at an even pace around the ring of slots (so a table's consecutive
+  // chunks stay spread). Nothing else moves. FAILED_PRECONDITION when every slot has a server of
+  // its own already.
+  StatusOr<Placement> Grow(int rank = -1) const;
   // The next version without server `rank`'s slots: each goes to the active server with the
   // fewest (the lowest rank among equals). Nothing else moves. INVALID_ARGUMENT for a rank that
   // owns nothing, FAILED_PRECONDITION for the last one that owns slots.

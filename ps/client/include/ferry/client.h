@@ -394,6 +394,10 @@ class Client {
   // The map of that version: the server of each of placement::kSlots slots, by slot. A new map for
   // MoveSlots is this one with the slots that should move given their new server.
   virtual std::vector<uint16_t> placement_owners() const = 0;
+  // The servers this client speaks to, by rank (1.20, PROTOCOL.md "Servers joining and
+  // leaving"): server 0 and those its map gives slots; one that owns none may have left the job,
+  // or not joined it yet. Every server while server 0 is before 1.20.
+  virtual std::vector<int> servers_in_job() const = 0;
   virtual ClientStats stats() const = 0;
 
   // Single-tensor conveniences.

@@ -103,6 +103,17 @@ struct ServerOptions {
   // rank and the server count (which may differ from the one that wrote it). Start fails, naming
   // what is wrong with each, if none does.
   bool restore = false;
+  // Leave the job once this server owns no slot of the map it holds (protocol 1.20, PROTOCOL.md
+  // "Servers joining and leaving"): after a Placement drained it, as soon as every worker holds
+  // that map (its heartbeats say so, or it was answered "moved" here, or it has left, or it is
+  // not connected); at once when it restored a map that leaves it nothing. Then left() turns true
+  // (ferry-ps exits 0). Server 0 never leaves: it coordinates the collectives and the checkpoints.
+  bool exit_when_drained = false;
+  // The job's first map gives slots to servers 0..active_servers-1 alone (0: to all); the others
+  // own none until a map gives them a share (Client::MoveSlots, the trainer's --move-slots
+  // STEP:join=K): they join the job then. Every server of a job must be given the same count, and
+  // its clients be of protocol 1.20 or later (an older one is refused at its Hello).
+  int active_servers = 0;
   // CURVE (ferry/curve.h): every connection must authenticate with one of `workers`' keys and is
   // encrypted; a key speaks for its worker's rank alone. Unset: no authentication (bind to
   // loopback, or to a network only the job's hosts reach). Needs tcp:// or ipc:// and the
@@ -140,6 +151,9 @@ class Server {
   virtual int64_t restored_step() const = 0;
   // Where the metrics are served (ServerOptions::metrics_bind), or empty.
   virtual std::string metrics_url() const = 0;
+  // Whether this server has left the job (ServerOptions::exit_when_drained): it answers on until
+  // stopped, but no worker needs it any more.
+  virtual bool left() const = 0;
   // Stops serving and joins the threads; requests in flight get no reply. Idempotent.
   virtual void Stop() = 0;
 };

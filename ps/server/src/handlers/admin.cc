@@ -86,6 +86,17 @@ Status ServerImpl::OnHello(Request& req) {
                                    "(placement version " + std::to_string(tables_.placement().version()) +
                                    "): upgrade the client to this server's 1." + std::to_string(wire::kMinor));
   }
+  // A client before 1.20 takes a map of the server's version only when it is newer than its own
+  // first one: the first map of a job whose first servers are fewer than its ranks it would not.
+  if (h.minor() < wire::kMembersSinceMinor && tables_.placement().version() == 1 &&
+      tables_.placement().ActiveServers() < options_.num_servers) {
+    return FailedPreconditionError("placement mismatch: a client of protocol 1." + std::to_string(h.minor()) +
+                                   " places ids and chunks by a first map of all " +
+                                   std::to_string(options_.num_servers) + " servers, and this job's gives slots to " +
+                                   std::to_string(tables_.placement().ActiveServers()) +
+                                   " (ferry-ps --active-servers): upgrade the client to this server's 1." +
+                                   std::to_string(wire::kMinor));
+  }
   if (h.joins_at() < 0 || h.joins_at() > ps::kMaxStep) {
     return InvalidArgumentError("Hello: joins_at " + std::to_string(h.joins_at()) + " is outside [0, 2^62]");
   }

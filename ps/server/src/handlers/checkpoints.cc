@@ -19,6 +19,7 @@ Status ServerImpl::CheckpointPossible() const {
 
 Status ServerImpl::OnCheckpoint(Request& req) {
   const int64_t step = req.h()->step();
+  if (const int other = req.h()->server_rank(); other != 0 && other != options_.rank) return StandInShard(req, other);
   FERRY_RETURN_IF_ERROR(CheckpointPossible());
   Status diverged = Status::Ok();  // the model has diverged: a checkpoint would hold it
   bool disk_tables = false;
@@ -119,6 +120,45 @@ Status ServerImpl::OnCheckpoint(Request& req) {
                wire::FinishHeaderBuffer(fbb, b.Finish());
                return wire::ToFrame(fbb);
              });
+  return Status::Ok();
+}
+
+// 1.20: a server that owns no slot holds nothing a checkpoint keeps, and may have left the job:
+// server 0 writes its shard, empty, so that the manifest lists one shard per server as before
+// (and every reader, older ones too, reads it). Written here on the I/O thread: a few bytes, while
+// server 0's own shard may be on the file job's.
+Status ServerImpl::StandInShard(Request& req, int rank) {
+  const int64_t step = req.h()->step();
+  if (options_.rank != 0) {
+    return InvalidArgumentError(Who() + " was asked for the shard of server " + std::to_string(rank) +
+                                ": only server 0 writes the shard of a server that owns no slot");
+  }
+  if (rank < 0 || rank >= options_.num_servers) {
+    return InvalidArgumentError("no server " + std::to_string(rank) + " in a job of " +
+                                std::to_string(options_.num_servers));
+  }
+  if (options_.checkpoint_dir.empty()) return CheckpointPossible();
+  const placement::Placement& map = tables_.placement();
+  if (const int slots = map.SlotsOf(rank); slots > 0) {
+    return FailedPreconditionError("server " + std::to_string(rank) + " owns " + std::to_string(slots) +
+                                   " slots of placement version " + std::to_string(map.version()) +
+                                   ": it writes its own shard");
+  }
+  FERRY_ASSIGN_OR_RETURN(ps::ShardFile f, ps::WriteShardImage(options_.checkpoint_dir, rank, options_.num_servers,
+                                                              step, ps::EmptyShard()));
+  std::printf("ferry-ps %d: checkpoint of step %lld: %s, the shard of server %d, which owns no slot (empty)\n",
+              options_.rank, static_cast<long long>(step), f.name.c_str(), rank);
+  std::fflush(stdout);
+  flatbuffers::FlatBufferBuilder fbb(256);
+  std::vector<flatbuffers::Offset<wire::ShardFile>> files = {
+      wire::CreateShardFile(fbb, fbb.CreateString(f.name), f.bytes, f.crc32)};
+  auto vec = fbb.CreateVector(files);
+  wire::HeaderBuilder b = BeginReply(fbb, Kind::Checkpoint, req.h()->request_id());
+  b.add_version(step);
+  b.add_shards(vec);
+  b.add_placement_version(map.version());
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Send(req, wire::ToFrame(fbb));
   return Status::Ok();
 }
 

@@ -31,6 +31,7 @@ bool ServerImpl::AnswerMoved(Request& req) {
     return false;
   }
   Count(kMovedAnswered);
+  if (leaving_) HeardMapOf(h.rank(), map.version());  // this reply gives it the map
   const Status why = FailedPreconditionError(
       "moved: the request is placed by placement version " + std::to_string(h.placement_version()) + ", server " +
       std::to_string(options_.rank) + " is at version " + std::to_string(map.version()) +
@@ -52,11 +53,13 @@ Status ServerImpl::OnPlacement(Request& req) {
   const Header& h = *req.h();
   FERRY_RETURN_IF_ERROR(CheckpointPossible());
   if (h.placement() == nullptr) return InvalidArgumentError("Placement without a map (`placement`)");
+  if (left_.load()) return FailedPreconditionError(Who() + " has left the job (it owned no slot): it takes no map");
   FERRY_ASSIGN_OR_RETURN(placement::Placement next,
                          placement::Placement::FromOwners(h.placement_version(),
                                                           {h.placement()->data(), h.placement()->size()},
                                                           options_.num_servers));
   const placement::Placement& now = tables_.placement();
+  const int now_slots = now.SlotsOf(options_.rank);  // (`now` is the new map once it is adopted)
   const bool check_only = !h.full();
   if (next.version() == now.version() && next.Owners() == now.Owners()) {
     SendOk(req, static_cast<int64_t>(now.version()));  // adopted already (a Placement sent again)
@@ -146,8 +149,78 @@ Status ServerImpl::OnPlacement(Request& req) {
                                 : ("; " + std::to_string(from_ahead) + " shard chain(s) started from the read ahead")
                                       .c_str());
   }
+  if (!check_only && now_slots == 0 && next.SlotsOf(options_.rank) > 0) {
+    // It joins (1.20): it heard no clock since it owned no slot; every worker is at the step of
+    // the hand-over's checkpoint (the workers wait between it and the hand-over).
+    for (int r = 0; r < workers_.count(); ++r) workers_.AdvanceClock(r, h.step());
+  }
+  if (!check_only) {
+    if (options_.exit_when_drained && options_.rank != 0 && next.SlotsOf(options_.rank) == 0) {
+      BeginLeaving(/*restored=*/false);
+    } else if (leaving_) {
+      leaving_.reset();  // slots again before it could leave: it stays
+      std::fprintf(stderr, "ferry-ps %d: placement version %llu gives it slots again: it stays in the job\n",
+                   options_.rank, static_cast<unsigned long long>(next.version()));
+    }
+  }
   SendOk(req, static_cast<int64_t>(next.version()));
   return Status::Ok();
+}
+
+void ServerImpl::BeginLeaving(bool restored) {
+  const uint64_t version = tables_.placement().version();
+  const auto now = Clock::now();
+  leaving_ = Leaving{version, std::vector<bool>(static_cast<size_t>(workers_.count()), restored), now,
+                     now + std::chrono::seconds(10), std::nullopt, restored};
+  std::fprintf(stderr,
+               "ferry-ps %d: owns no slot of placement version %llu%s: it leaves the job once every worker holds "
+               "that map (--exit-when-drained)\n",
+               options_.rank, static_cast<unsigned long long>(version), restored ? " (restored)" : "");
+  CheckLeaving();
+}
+
+void ServerImpl::CheckLeaving() {
+  if (!leaving_ || left_.load()) return;
+  // A worker that has left, or finished, or has no connection here sends nothing here again: a
+  // restarted one learns the map from server 0 (its Hello) and never speaks to this server. A
+  // client before 1.20 would go on sending its clocks and checkpoints here.
+  std::string workers, waits_for;
+  for (int r = 0; r < static_cast<int>(leaving_->holds.size()); ++r) {
+    if (leaving_->holds[static_cast<size_t>(r)] || workers_.left(r) || workers_.finished(r) ||
+        !connections_.HasRank(r)) {
+      continue;
+    }
+    workers += (workers.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!workers.empty()) waits_for = "worker(s) " + workers + " connected here and not known to hold it";
+  if (const std::vector<std::string> old = connections_.PeersBelow(wire::kMembersSinceMinor); !old.empty()) {
+    waits_for += (waits_for.empty() ? "" : "; ") + std::to_string(old.size()) +
+                 " client(s) before 1.20, which would send here whatever the map (" + old.front() +
+                 (old.size() > 1 ? ", ..." : "") + ")";
+  }
+  const auto now = Clock::now();
+  if (!waits_for.empty()) {
+    leaving_->all_hold_since.reset();
+  } else if (!leaving_->all_hold_since) {
+    leaving_->all_hold_since = now;
+  }
+  // Then a grace (none after a restore): a request its client placed by the old map before it
+  // took the new one may still be on its way, and is answered "moved" here and sent again.
+  if (waits_for.empty() && (leaving_->restored || now - *leaving_->all_hold_since >= kLeaveGrace)) {
+    left_.store(true);
+    std::fprintf(stderr,
+                 "ferry-ps %d: owns no slot of placement version %llu and no worker will send here again: left "
+                 "the job after %.3f s\n",
+                 options_.rank, static_cast<unsigned long long>(leaving_->version), Seconds(leaving_->since, now));
+    return;
+  }
+  if (waits_for.empty() || now < leaving_->next_say) return;
+  leaving_->next_say = now + std::chrono::seconds(10);
+  std::fprintf(stderr,
+               "ferry-ps %d: still waits to leave the job (placement version %llu gives it no slot, for %.0f s): "
+               "%s; a worker's next request or heartbeat says it holds the map\n",
+               options_.rank, static_cast<unsigned long long>(leaving_->version), Seconds(leaving_->since, now),
+               waits_for.c_str());
 }
 
 // The read ahead runs on the file job's thread while the server goes on serving: it touches no

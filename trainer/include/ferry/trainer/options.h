@@ -163,7 +163,8 @@ struct TrainerOptions {
   // second barrier lets the workers go on. The servers need a checkpoint folder. In step order.
   struct SlotMove {
     int64_t step = 0;
-    int drain = -1;  // the server emptied; -1: the first map
+    int drain = -1;  // the server emptied; -1: the first map (or `join`)
+    int join = -1;   // the server, owning no slot, given a share (Placement::Grow)
   };
   std::vector<SlotMove> move_slots;
   // The move whose hand-over the servers should read the checkpoint of `step` ahead for (protocol

@@ -13,7 +13,8 @@ Configurations, in turn (the order alternating by round): "full" (no other check
 "deltas" (servers with --checkpoint-deltas 8, a checkpoint every 50 steps: the move's checkpoint
 is a delta of the one before, and the hand-over reads the chain); "join" (protocol 1.20: the
 servers' first map gives slots to servers 0 and 1 alone, --active-servers 2; server 2 joins at
-the first move, taking a fair share, and is drained at the second, after which it leaves the job,
+the first move (a quarter of the steps), taking a fair share, and is drained at the second (half
+of them), after which it leaves the job,
 --exit-when-drained: the summary adds how long after its drain it left, and the rows and chunks
 it took against those servers 0 and 1 gave up). A configuration named
 "<config>-before" runs the binaries of --before-bin (another build) the same way, for a before and
@@ -34,14 +35,16 @@ LAUNCHER = os.path.join(HERE, "..", "..", "..", "..", "launch", "ferry-launch")
 def one(args, k, config):
     """Runs one job; returns the launcher's output (also written to DIR/run-<config>-<k>.txt)."""
     with tempfile.TemporaryDirectory(prefix="ferry-move-bench-") as tmp:
-        first, back = args.steps // 2, args.steps * 3 // 4
         before = config.endswith("-before")
         deltas = config.removesuffix("-before") == "deltas"
+        join = config.removesuffix("-before") == "join"
+        # (A server leaves 2 s after every worker holds the map that drained it: the join job
+        # trains on for half its steps after the drain, so that it leaves before the job ends.)
+        first, back = (args.steps // 4, args.steps // 2) if join else (args.steps // 2, args.steps * 3 // 4)
         argv = [sys.executable, LAUNCHER, "--num-ps", "3", "--num-workers", "2", "--base-port", "0",
                 "--gpus-per-host", "0", "--bin-dir", args.before_bin if before else args.bin,
                 "--log-dir", os.path.join(tmp, "logs"),
                 "--checkpoint-dir", os.path.join(tmp, "ckpt")]
-        join = config.removesuffix("-before") == "join"
         if deltas:
             argv += ["--checkpoint-every", "50", "--ps-arg", "--checkpoint-deltas 8"]
         if join:
@@ -86,15 +89,15 @@ def leaving(out):
     """A join run's server 2: (seconds from its drain to leaving the job, rows and chunks it took
     when it joined, rows and chunks servers 0 and 1 gave up then), or None."""
     left = re.search(r"^\[ps 2\] ferry-ps 2: owns no slot of placement version \d+ and no worker will send here "
-                     r"again: left the job after ([\d.]+) s$", out, re.M)
+                     r"again: left the job after ([\d.]+) s \(every worker held the map after ([\d.]+) s\)$", out, re.M)
     took = re.search(r"^\[ps 2\] ferry-ps 2: placement version 2 from the checkpoint of step \d+: took (\d+) chunks "
                      r"and (\d+) rows", out, re.M)
     held = re.findall(r"^\[ps [01]\] ferry-ps [01]: placement version 2 from the checkpoint of step \d+: took 0 "
                       r"chunks and 0 rows, gave up (\d+) chunks and (\d+) rows", out, re.M)
     if not (left and took and len(held) == 2):
         return None
-    return float(left.group(1)), int(took.group(2)), int(took.group(1)), sum(int(h[1]) for h in held), \
-        sum(int(h[0]) for h in held)
+    return float(left.group(1)), float(left.group(2)), int(took.group(2)), int(took.group(1)), \
+        sum(int(h[1]) for h in held), sum(int(h[0]) for h in held)
 
 
 def main():
@@ -139,11 +142,14 @@ def main():
         if None in joins:
             sys.exit("run.py: a join run's server 2 lines are missing")
         # The rows and chunks server 2 took are the ones servers 0 and 1 gave up (a check).
-        for k, (left_s, rows_took, chunks_took, rows_gave, chunks_gave) in enumerate(joins):
-            lines.append(f"# join round {k}: server 2 left {left_s:.3f} s after its drain; it took {rows_took} rows "
-                         f"and {chunks_took} chunks (servers 0 and 1 gave up {rows_gave} and {chunks_gave})")
-        lines.append(f"# join: left after its drain, median {statistics.median(j[0] for j in joins):.3f} s "
-                     f"({min(j[0] for j in joins):.3f}-{max(j[0] for j in joins):.3f}), {len(joins)} rounds")
+        for k, (left_s, held_s, rows_took, chunks_took, rows_gave, chunks_gave) in enumerate(joins):
+            lines.append(f"# join round {k}: server 2 left {left_s:.3f} s after its drain (every worker held the map "
+                         f"after {held_s:.3f} s); it took {rows_took} rows and {chunks_took} chunks (servers 0 and 1 "
+                         f"gave up {rows_gave} and {chunks_gave})")
+        for i, what in ((0, "left"), (1, "every worker held the map")):
+            v = [j[i] for j in joins]
+            lines.append(f"# join: {what} after its drain, median {statistics.median(v):.3f} s ({min(v):.3f}-"
+                         f"{max(v):.3f}), {len(joins)} rounds")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "summary.txt"), "w") as f:
         f.write(text)

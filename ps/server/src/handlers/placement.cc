@@ -210,8 +210,9 @@ void ServerImpl::CheckLeaving() {
     left_.store(true);
     std::fprintf(stderr,
                  "ferry-ps %d: owns no slot of placement version %llu and no worker will send here again: left "
-                 "the job after %.3f s\n",
-                 options_.rank, static_cast<unsigned long long>(leaving_->version), Seconds(leaving_->since, now));
+                 "the job after %.3f s (every worker held the map after %.3f s)\n",
+                 options_.rank, static_cast<unsigned long long>(leaving_->version), Seconds(leaving_->since, now),
+                 Seconds(leaving_->since, *leaving_->all_hold_since));
     return;
   }
   if (waits_for.empty() || now < leaving_->next_say) return;

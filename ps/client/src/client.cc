@@ -129,14 +129,16 @@ class ClientImpl final : public Client {
   }
 
   // Sends Hello to each of `servers` this client has not greeted yet (`sent`), all in one
-  // operation, and counts them greeted at once: a request sent after the Hello on the same
-  // connection reaches the server after it. Never waits (it may run on the thread that reads the
-  // sockets, sending an operation again). With `assume_minor`, a server's protocol is taken to be
-  // 1.20 until its reply says (only such a server can join: MoveSlots checks).
+  // operation, and counts them greeted: a request sent after the Hello on the same connection
+  // reaches the server after it (another thread's too: hello_mu_ holds it back until the Hello is
+  // submitted). Waits for no reply (it may run on the thread that reads the sockets, sending an
+  // operation again). With `assume_minor`, a server's protocol is taken to be 1.20 until its reply
+  // says (only such a server can join: MoveSlots checks).
   Handle GreetAsync(const std::vector<int>& servers, std::chrono::milliseconds timeout, bool assume_minor,
                     std::vector<int>* sent) {
+    MutexLock ordered(&hello_mu_);
     {
-      MutexLock lock(&greet_mu_);  // (held for the marks alone: none is sent twice)
+      MutexLock lock(&greet_mu_);  // (held for the marks alone: the I/O thread takes it in ShareMap)
       for (const int s : servers) {
         if (greeted_[static_cast<size_t>(s)]) continue;
         greeted_[static_cast<size_t>(s)] = true;
@@ -213,9 +215,10 @@ class ClientImpl final : public Client {
   // failed is said, and sent again by the next call.
   std::shared_ptr<const placement::Placement> GreetedMap() {
     auto map = Map();
-    if (greeted_version_.load(std::memory_order_acquire) == map->version()) return map;
+    if (greeted_version_.load(std::memory_order_acquire) == map->version() && !greeting_.load()) return map;
     std::vector<int> sent;
     Handle hello = GreetAsync(Members(*map), options_.request_timeout, /*assume_minor=*/true, &sent);
+    bool failed = false;
     {
       MutexLock lock(&greet_mu_);
       for (auto it = greetings_.begin(); it != greetings_.end();) {
@@ -227,12 +230,15 @@ class ClientImpl final : public Client {
           std::fprintf(stderr, "ferry client: worker %d: a Hello to a server that joined the job failed: %s\n",
                        options_.rank, st.ToString().c_str());
           for (const int s : it->second) greeted_[static_cast<size_t>(s)] = false;
+          failed = true;
         }
         it = greetings_.erase(it);
       }
       if (!sent.empty()) greetings_.emplace_back(std::move(hello), std::move(sent));
+      greeting_.store(!greetings_.empty());
     }
-    greeted_version_.store(map->version(), std::memory_order_release);
+    // (A failed one is sent again by the next call: its server is not greeted.)
+    greeted_version_.store(failed ? 0 : map->version(), std::memory_order_release);
     ShareMap();
     return map;
   }
@@ -242,9 +248,18 @@ class ClientImpl final : public Client {
   void ShareMap() {
     const auto map = Map();
     std::vector<bool> member(static_cast<size_t>(num_servers()), false);
+    const std::vector<int> members = Members(*map);
     {
       MutexLock lock(&greet_mu_);
-      for (const int s : Members(*map)) member[static_cast<size_t>(s)] = greeted_[static_cast<size_t>(s)];
+      if (was_member_.size() != member.size()) was_member_.assign(member.size(), false);
+      for (int s = 0; s < num_servers(); ++s) {
+        const auto i = static_cast<size_t>(s);
+        const bool is = std::ranges::find(members, s) != members.end();
+        if (is) member[i] = greeted_[i];
+        // One that stops being a server of the map may leave: a process of it that comes back is new.
+        if (!is && was_member_[i]) greeted_[i] = false;
+        was_member_[i] = is;
+      }
     }
     engine_.SetMap(map->version(), std::move(member));
   }
@@ -1307,6 +1322,9 @@ class ClientImpl final : public Client {
   std::atomic<uint64_t> greeted_version_{0};
   // Hellos in flight that GreetedMap did not wait for, with the servers each greets.
   std::vector<std::pair<Handle, std::vector<int>>> greetings_ ABSL_GUARDED_BY(greet_mu_);
+  std::atomic<bool> greeting_{false};  // greetings_ holds some: GreetedMap looks whether they failed
+  std::vector<bool> was_member_ ABSL_GUARDED_BY(greet_mu_);  // ShareMap's last map's servers
+  Mutex hello_mu_;                     // GreetAsync's: marks a server greeted and submits its Hello, in one
 
   mutable Mutex tables_mu_;
   std::unordered_map<std::string, TableSpec> tables_ ABSL_GUARDED_BY(tables_mu_);

@@ -157,6 +157,7 @@ class Engine {
     bool owed = false;
     {
       MutexLock lock(&map_mu_);
+      if (version < map_version_) return;  // (an older map's, set late by another thread)
       if (goodbye_.size() != member.size()) goodbye_.assign(member.size(), false);
       for (size_t s = 0; s < member.size(); ++s) {
         if (!member[s] && s < member_.size() && member_[s]) goodbye_[s] = true;

@@ -1448,6 +1448,8 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
     return HandOverCounts{};
   }
   // Checks, and what would move.
+  bool joins = false;  // a server that owns no slot gains some
+  for (int r = 0; r < now.num_servers(); ++r) joins = joins || (now.SlotsOf(r) == 0 && next.SlotsOf(r) > 0);
   HandOverCounts counts;
   int64_t bytes_in = 0, bytes_out = 0;
   Status refused = Status::Ok();
@@ -1507,9 +1509,10 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
     const SparseShard& s = *t.sparse;
     if (s.has_disk()) return refuse(name + " has a disk tier (its rows cannot be handed over yet)");
     if (s.sync.received > 0) return refuse(name + " is in a sync step");
-    // A sync table is at the checkpoint's step on every server that owns slots (a server that
-    // owns none takes it: 1.20), or a step ran since: a server joining would take a stale step.
-    if (t.spec.consistency == Consistency::kSync && now.SlotsOf(rank) > 0 && s.version != saved.sparse_version) {
+    // A sync table is at the checkpoint's step on every server that owns slots, or a step ran
+    // since: a server joining (one that owns none, 1.20) would take a stale step.
+    if (joins && t.spec.consistency == Consistency::kSync && now.SlotsOf(rank) > 0 &&
+        s.version != saved.sparse_version) {
       return refuse(name + " is at step " + std::to_string(s.version) + " here, " +
                     std::to_string(saved.sparse_version) +
                     " in the checkpoint (a step ran since: the workers must wait from the checkpoint to the "

@@ -92,10 +92,12 @@ ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, 
   if (disk_tier_ && options_.disk_tier_readers > 0) {
     readers_ = std::make_unique<ps::DiskReaders>(options_.disk_tier_readers, [this] { waker_.Notify(); });
   }
-  // A server restored to a map that leaves it no slot: every worker restarts with the job and
-  // learns the map from server 0, so none will send here.
+  // A server restored to a map that drained it (it had slots in the job's first map, and a later
+  // map took them): every worker restarts with the job and learns the map from server 0, so none
+  // will send here. (One outside the first map may not have joined yet: it stays.)
   if (restored_step_ >= 0 && options_.exit_when_drained && options_.rank != 0 &&
-      tables_.placement().SlotsOf(options_.rank) == 0) {
+      (options_.active_servers == 0 || options_.rank < options_.active_servers) &&
+      tables_.placement().version() > 1 && tables_.placement().SlotsOf(options_.rank) == 0) {
     BeginLeaving(/*restored=*/true);
   }
   thread_ = std::thread([this] { Loop(); });

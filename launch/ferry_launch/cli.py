@@ -138,6 +138,11 @@ def parse_args(argv):
     ap.add_argument("--checkpoint-every", type=_count_arg(1), metavar="N",
                     help="passed to every trainer: worker 0 asks for a checkpoint every N steps "
                          "and at the end (needs --checkpoint-dir or --resume)")
+    ap.add_argument("--replication", type=int, choices=(1, 2), default=1, metavar="R",
+                    help="2: every ferry-ps keeps a replica of the previous server's slots and "
+                         "answers a push once the next server (its backup) has applied it too "
+                         "(--replication 2 --peers ...; async and ssp tables, no CURVE yet; README, "
+                         "\"Replicas\"); default 1: none")
     ap.add_argument("--disk-tier-dir", metavar="DIR",
                     help="the disk tier's folder (tables declared with disk_tier, e.g. --table "
                          "'ctr/emb*:max_rows=N,disk_tier=1'): ferry-ps rank R gets --disk-tier-dir "

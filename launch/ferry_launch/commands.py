@@ -136,6 +136,11 @@ def _server_commands(cluster, binaries, opts, curve):
                 "--num-servers", str(len(cluster.ps)),
                 "--compute-threads", str(opts.ps_threads)]
         base += _metrics_flag(t, opts) + ckpt + curve
+        if getattr(opts, "replication", 1) == 2:  # a backup each: the next server
+            if curve:
+                raise LaunchError("--replication 2 does not work with CURVE yet: run the job with "
+                                  "--no-curve on a network only its hosts reach, or without replication")
+            base += ["--replication", "2", "--peers", ",".join(f"tcp://{p.address}" for p in cluster.ps)]
         if getattr(opts, "disk_tier_dir", None):  # each server a store of its own
             base += ["--disk-tier-dir", os.path.join(opts.disk_tier_dir, f"server-{t.rank}")]
         # Restarted after a server died (or the whole job under --resume): from the newest

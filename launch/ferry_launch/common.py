@@ -64,7 +64,8 @@ LAUNCHER_OWNED_PS_FLAGS = {"--bind": None, "--rank": None, "--num-servers": None
                            "--checkpoint-dir": "--checkpoint-dir", "--restore": "--resume DIR",
                            "--curve-keys": "--curve or --curve-keys DIR",
                            "--metrics": "--metrics loopback|all|off",
-                           "--disk-tier-dir": "--disk-tier-dir"}
+                           "--disk-tier-dir": "--disk-tier-dir",
+                           "--replication": "--replication", "--peers": "--replication"}
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

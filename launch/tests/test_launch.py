@@ -1951,6 +1951,37 @@ class RecoveryAccountingTest(unittest.TestCase):
         self.assertEqual(watch.last_steps([p]), {"worker 1": 1230})
 
 
+@unittest.skipUnless(os.access(PS_BIN, os.X_OK) and os.access(TRAINER_BIN, os.X_OK),
+                     f"ferry-ps / ferry-trainer not built under {BUILD_DIR}")
+class ReplicationTest(unittest.TestCase):
+    """Issue 38, replicas (protocol 1.21) with the real binaries under the launcher: an async ctr
+    job of 3 servers and 2 workers with --replication 2, each server forwarding every update it
+    applies to the next, over tcp. Each ferry-ps says at its end what its replication did: every
+    update it applied was forwarded, and its backup applied exactly those to its replica."""
+
+    LINE = re.compile(r"\[ps (\d)\] ferry-ps rank \d: replicas: (\d+) updates applied here, (\d+) forwarded to "
+                      r"its backup \(server (\d)\), (\d+) applied to its replica of server (\d)'s slots, "
+                      r"(\d+) replication errors")
+
+    def test_every_update_applied_reaches_the_next_servers_replica(self):
+        with tempfile.TemporaryDirectory(prefix="ferry-replicas-test-") as tmp:
+            rc, out = run_launcher(["--num-ps", "3", "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
+                                    "--bin-dir", BUILD_DIR, "--log-dir", os.path.join(tmp, "logs"),
+                                    "--replication", "2", "--",
+                                    "--model", "ctr", "--ctr-train", "2000", "--ctr-test", "200", "--steps", "40",
+                                    "--batch", "32", "--consistency", "async", "--log-every", "20",
+                                    "--blas-threads", "1", "--optimizer", "adam", "--lr", "0.01"], timeout=120)
+            self.assertEqual(rc, 0, out)
+            found = {int(m[0]): [int(x) for x in m[1:]] for m in self.LINE.findall(out)}
+            self.assertEqual(sorted(found), [0, 1, 2], out)
+            for rank, (applied, forwarded, backup, _, primary, errors) in found.items():
+                self.assertEqual((backup, primary), ((rank + 1) % 3, (rank + 2) % 3), out)
+                self.assertGreater(applied, 0, out)
+                self.assertEqual(forwarded, applied, out)
+                self.assertEqual(found[backup][3], forwarded, out)  # the backup's replica took them all
+                self.assertEqual(errors, 0, out)
+
+
 class UsageErrorTest(unittest.TestCase):
     """Bad specs and flags: exit 2 with one clear line; nothing is started."""
 
@@ -2066,6 +2097,27 @@ class UsageErrorTest(unittest.TestCase):
         rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--dry-run", "--disk-tier-dir="])
         self.assertEqual(rc, 2, out)
         self.assertIn("argument --disk-tier-dir: empty folder name", out)
+
+    def test_replication_2_gives_every_server_the_servers_list(self):
+        rc, out = run_in_process(["--num-ps", "3", "--num-workers", "1", "--base-port", "7470",
+                                  "--gpus-per-host", "0", "--dry-run", "--no-curve", "--replication", "2",
+                                  "--", "--steps", "5"])
+        self.assertEqual(rc, 0, out)
+        cmds = command_lines(out)
+        peers = "tcp://127.0.0.1:7470,tcp://127.0.0.1:7471,tcp://127.0.0.1:7472"
+        for rank in (0, 1, 2):
+            self.assertIn(f"--replication 2 --peers {peers}", cmds[f"ps {rank}"])
+        self.assertNotIn("--replication", cmds["worker 0"])
+        rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--dry-run", "--replication", "3"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("argument --replication: invalid choice: 3", out)
+        rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--dry-run", "--ps-arg=--peers a,b"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--ps-arg flag --peers is set by the launcher; remove it (use --replication)", out)
+        rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--dry-run", "--curve",
+                                  "--replication", "2"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--replication 2 does not work with CURVE yet", out)
 
     def test_ps_args_go_to_every_server(self):
         rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--base-port", "7470",

@@ -288,6 +288,13 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
   h.step = 1;
   h.placement_version = 7;
   add("pull_dense_other_placement", h);
+  // 1.21: a primary's updates for its backup's replica (this server keeps none: refused).
+  h = make(Kind::Replicate);
+  h.slices = Slices(async);
+  add("replicate_dense", h, Gradients(h.slices, 0.5f));
+  h = make(Kind::Replicate);
+  h.sparse = {wire::SparseSlice(TableId(sparse.name), sparse.dim, 4)};
+  add("replicate_sparse", h, {Array(ids), Array(std::vector<float>(static_cast<size_t>(4 * sparse.dim), 0.1f))});
   return seeds;
 }
 

@@ -30,9 +30,15 @@ LocalCluster LocalCluster::Start(int num_servers, bool tcp, ServerOptions base) 
   const int id = next_cluster++;
   LocalCluster c;
   c.context = Context::Create(1);
+  auto inproc = [&](int s) { return "inproc://ferry-test-" + std::to_string(id) + "-ps" + std::to_string(s); };
+  // Replication 2 over inproc: every server's endpoint is known before it binds (a backup is
+  // connected to before it is started).
+  if (base.replication > 1 && base.peers.empty() && !tcp) {
+    for (int s = 0; s < num_servers; ++s) base.peers.push_back(inproc(s));
+  }
   for (int s = 0; s < num_servers; ++s) {
     ServerOptions o = base;
-    o.bind = tcp ? "tcp://127.0.0.1:0" : "inproc://ferry-test-" + std::to_string(id) + "-ps" + std::to_string(s);
+    o.bind = tcp ? "tcp://127.0.0.1:0" : inproc(s);
     o.rank = s;
     o.num_servers = num_servers;
     if (!o.curve) o.context = c.context;  // a CURVE server has its own (for its ZAP handler)

@@ -1279,12 +1279,13 @@ class ClientImpl final : public Client {
     return s;
   }
 
-  StatusOr<std::map<std::string, int64_t>> ServerCounters(int server) override {
+  StatusOr<std::map<std::string, int64_t>> ServerCounters(int server, bool digests) override {
     if (server < 0 || server >= num_servers()) return InvalidArgumentError("no server " + std::to_string(server));
     auto op = engine_.NewOp();
     auto result = std::make_shared<std::map<std::string, int64_t>>();
     flatbuffers::FlatBufferBuilder fbb(96);
     auto h = engine_.BeginHeader(fbb, Kind::Stats);
+    if (digests) h.add_digests(true);
     OnReply on_reply = [result](const Header& reply, Frames&) -> Status {
       if (reply.counters()) {
         for (const auto* c : *reply.counters()) {

@@ -121,6 +121,11 @@ class Connections {
   std::vector<std::string> PeersBelow(uint16_t minor) const;
 
   bool Tracks(int fd) const { return conns_.contains(fd); }
+  // Connection `fd` is another server's (1.21: its primary's Replicates): never closed for
+  // idleness, as a worker's is not (a primary may have nothing to forward for minutes).
+  void FromServer(int fd) {
+    if (auto it = conns_.find(fd); it != conns_.end()) it->second.server = true;
+  }
   // Whether an open connection speaks for worker `rank` (it sent a request as that rank, and
   // ZeroMQ has not reported it gone).
   bool HasRank(int rank) const { return rank_owner_.contains(rank); }
@@ -152,6 +157,7 @@ class Connections {
     bool spoke = false;    // sent a message (Heard)
     bool evicted = false;  // closed to make room (Accepted): no longer admitted
     bool closing = false;  // handed out by Due or evicted: not handed out again
+    bool server = false;   // another server of the job's (1.21: a primary forwarding to this backup)
   };
   // The connection that owns `rank`, if any.
   Conn* Owner(int rank, int* owner_fd);
@@ -218,7 +224,8 @@ std::vector<Connections::ToClose> Connections::Due(Clock::time_point now, Held&&
       }
       continue;
     }
-    if (idle_timeout_.count() > 0 && c.rank < 0 && now - c.heard >= idle_timeout_ && held(c.routing) == 0) {
+    if (idle_timeout_.count() > 0 && c.rank < 0 && !c.server && now - c.heard >= idle_timeout_ &&
+        held(c.routing) == 0) {
       c.closing = true;
       out.push_back({fd, true, "idle for " + std::to_string(idle_timeout_.count()) + " ms: " + Describe(c, now)});
     }

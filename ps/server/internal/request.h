@@ -56,6 +56,13 @@ struct Request {
   }
 };
 
+// The bytes of a request's payload frames.
+inline int64_t PayloadBytes(const transport::Frames& payload) {
+  int64_t bytes = 0;
+  for (const auto& f : payload) bytes += static_cast<int64_t>(f.size());
+  return bytes;
+}
+
 // A read-only view of a frame as T[], copying only when the frame is not aligned for T.
 template <typename T>
 std::span<const T> View(const zmq::message_t& frame, std::vector<T>& scratch) {

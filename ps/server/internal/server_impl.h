@@ -24,6 +24,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -92,6 +93,9 @@ enum Counter : int {
   kDiskTierRowsReadAhead,
   kDiskTierIoThreadWaits,
   kMovedAnswered,
+  kUpdatesForwarded,
+  kReplicaUpdatesApplied,
+  kReplicaErrors,
   kNumCounters
 };
 inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
@@ -101,7 +105,8 @@ inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "connections_refused", "connections_idle_closed", "rank_conflicts", "replies_dropped",
     "wire_values_saturated", "pieces_held", "piece_calls_refused", "nonfinite_updates_refused",
     "replayed_updates_skipped", "feed_pages", "feed_rows_sent", "disk_tier_errors",
-    "disk_tier_requests_held", "disk_tier_rows_read_ahead", "disk_tier_io_thread_waits", "moved_answered"};
+    "disk_tier_requests_held", "disk_tier_rows_read_ahead", "disk_tier_io_thread_waits", "moved_answered",
+    "updates_forwarded", "replica_updates_applied", "replica_errors"};
 inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the server's and each table's
 // Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
 // bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
@@ -113,10 +118,13 @@ class ServerImpl final : public Server {
  public:
   // `tables`: empty, or restored from the checkpoint of `restored_step`.
   // `monitor`: receives `socket`'s ACCEPTED and DISCONNECTED events. `zap`: with CURVE, the
-  // socket bound at ZeroMQ's ZAP endpoint that this server's handshakes ask; empty otherwise.
+  // socket bound at ZeroMQ's ZAP endpoint that this server's handshakes ask; with replication 2
+  // (never with CURVE), the DEALER connected to this server's backup; empty otherwise.
+  // `replicas`: with replication 2, the replica of server rank-1's slots (restored with `tables`).
   ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket, zmq::socket_t monitor,
              zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables, int64_t restored_step,
-             const std::vector<int64_t>& restored_worker_steps = {}, std::unique_ptr<ps::DiskTier> disk_tier = nullptr);
+             const std::vector<int64_t>& restored_worker_steps = {}, std::unique_ptr<ps::DiskTier> disk_tier = nullptr,
+             std::unique_ptr<ps::TableRegistry> replicas = nullptr);
   ~ServerImpl() override { Stop(); }
 
   std::string endpoint() const override { return endpoint_; }
@@ -431,6 +439,70 @@ class ServerImpl final : public Server {
   // On the tick: leaves once no worker may still send here; says whom it waits for, every 10 s.
   void CheckLeaving();
 
+  // ---- replicas (handlers/replicas.cc; protocol 1.21, PROTOCOL.md "Replicas") ---------------
+  //
+  // With replication 2 every server keeps a replica of server rank-1's slots (replicas_, a
+  // registry placed as that server's) and is the backup of its own at server rank+1. A primary
+  // forwards each update it applied (the gradients as applied: after decoding, and without the
+  // rows or chunks it skipped) to its backup, on one connection, in the order applied, so that the
+  // backup's optimizer makes the same bits; the push is answered once the backup has applied them.
+
+  bool Replicating() const { return replicas_ != nullptr; }
+  int BackupRank() const { return (options_.rank + 1) % options_.num_servers; }
+  int PrimaryRank() const { return (options_.rank + options_.num_servers - 1) % options_.num_servers; }
+  // A declaration a replica cannot follow yet: sync tables (their steps close from every worker's
+  // gradient), sparse tables with lifecycle settings or a disk tier (what they keep depends on
+  // pulls too), top-k tables (a forwarded push would be the chunks decoded whole).
+  // FAILED_PRECONDITION saying so; OK for the others, or without replication.
+  Status ReplicaRefusal(const TableSpec& spec) const;
+  // What one push applied, for the backup: the Replicate message's dense slices or sparse
+  // entries, and their frames (float32 gradients; sparse: ids, then rows).
+  struct Forward {
+    std::vector<wire::DenseSlice> dense;
+    std::vector<wire::SparseSlice> sparse;
+    std::vector<int64_t> versions;  // each part's chunk or shard version before the update
+    Frames frames;
+  };
+  // Before a push is applied (replication 2): room for its `bytes` to wait for the backup, in the
+  // held requests' count and the held payloads' bound; RESOURCE_EXHAUSTED (nothing applied) when
+  // the backup is that far behind. OK without replication.
+  Status RoomToForward(int64_t bytes);
+  // The frame of gradients `applied` (a view of `frame`, or of a copy): `frame` itself when it is
+  // the view's, else a copy.
+  static zmq::message_t Applied(zmq::message_t& frame, std::span<const std::byte> applied);
+  // Answers a push with `refused` (its first refusal, if any) or its reply (`info`; PushPullDense:
+  // then serves its pull): now, or, when it applied updates (`fwd` not empty), once the backup
+  // has applied them too (OnBackupReply). Serves the held pulls its updates may release.
+  void AnswerPush(Request& req, Forward fwd, Status refused, wire::ReplyInfo info, bool then_pull);
+  void FinishPush(Request& req, const Status& refused, const wire::ReplyInfo& info, bool then_pull);
+  // The backup's side: applies a primary's updates to the replica, in the order they come.
+  Status OnReplicate(Request& req);
+  // The replica of table `id` (made on first use from the declaration held here).
+  StatusOr<ps::Table*> ReplicaTable(uint64_t id, TableType type);
+  // The primary's side: the backup's answer to a Replicate (the DEALER's frames: its header).
+  void OnBackupReply(Frames& frames);
+  // Pushes whose backup has not answered within BackupTimeout fail, naming it.
+  void ExpireBackupWaits(Clock::time_point now);
+  std::optional<Clock::time_point> NextBackupDeadline() const;
+  std::chrono::milliseconds BackupTimeout() const;
+  // Stats with `digests`: each table's digest here, and its replica's (PROTOCOL.md, "Replicas").
+  // They read every row on the I/O thread: refused (UNAVAILABLE) once they took 200 ms of the
+  // last second, so that no peer can keep the server at them.
+  Status AddDigests(flatbuffers::FlatBufferBuilder& fbb, std::vector<flatbuffers::Offset<wire::Counter>>* out);
+  // A replica table out of step with its primary (a Replicate refused or lost): why, by table id.
+  // It takes no more updates (each is refused, failing its push), until the job restarts.
+  Status OutOfStep(const ps::Table& t, std::string why);
+
+  // A push applied here, waiting for its backup (I/O thread), by its Replicate's id.
+  struct AwaitingBackup {
+    Request req;
+    Status refused;
+    wire::ReplyInfo info;
+    bool then_pull = false;
+    Clock::time_point sent;
+    ps::BudgetCharge charge;  // the bytes forwarded, on the held payloads' bound until confirmed
+  };
+
   // ---- checkpoints (handlers/checkpoints.cc) -------------------------------------------------
 
   std::string Who() const { return "server " + std::to_string(options_.rank); }
@@ -462,7 +534,8 @@ class ServerImpl final : public Server {
   std::shared_ptr<Context> context_;  // keeps the zmq context alive for the sockets
   // Owned by the I/O thread after construction: the server's ROUTER, its monitor, and (CURVE)
   // its ZAP socket.
-  static constexpr size_t kMain = 0, kMonitor = 1, kZap = 2;
+  // kBackup (replication 2) shares its place with kZap (CURVE): a server has one or the other.
+  static constexpr size_t kMain = 0, kMonitor = 1, kZap = 2, kBackup = 2;
   std::array<zmq::socket_t, 3> sockets_;
   absl::flat_hash_map<std::string, int> worker_keys_;  // CURVE: raw public key -> worker rank
   absl::flat_hash_map<std::string, int> reader_keys_;  // CURVE: raw public key -> reader rank (read only)
@@ -485,6 +558,15 @@ class ServerImpl final : public Server {
   ps::HeldPulls held_;          // waiting pulls; with collectives_, at most options_.max_held
   ps::Collectives collectives_;
   ps::HeldCalls calls_;  // push calls in pieces (1.10); their pieces count as held requests
+  // Replication 2 (handlers/replicas.cc): the replica of server rank-1's slots, placed as that
+  // server's, and the pushes applied here that wait for the backup (ids rise: in the order sent).
+  std::unique_ptr<ps::TableRegistry> replicas_;
+  std::map<uint64_t, AwaitingBackup> awaiting_backup_;
+  uint64_t next_replicate_ = 0;
+  Clock::time_point backup_said_{};  // the last log of a backup's silence
+  absl::flat_hash_map<uint64_t, std::string> out_of_step_;  // replica tables (OutOfStep)
+  Clock::time_point digests_since_{};                       // AddDigests' window, and its time in it
+  Clock::duration digests_spent_{};
   Clock::time_point last_liveness_check_{};
   std::optional<Clock::time_point> next_heap_check_;  // NoteRefused
   Clock::time_point last_heap_trim_{};

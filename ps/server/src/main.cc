@@ -28,7 +28,7 @@ void Usage(std::FILE* out) {
       "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S] [--worker-timeout-s S]\n"
       "                [--checkpoint-dir DIR [--keep-checkpoints K] [--checkpoint-deltas D]\n"
       "                [--checkpoint-delta-share F] [--restore]] [--active-servers M] [--exit-when-drained]\n"
-      "                [--curve-keys DIR]\n"
+      "                [--replication 2 --peers EP0,EP1,...] [--curve-keys DIR]\n"
       "                [--max-held-per-peer N] [--memory-budget-mb M] [--max-connections N]\n"
       "                [--idle-timeout-s S] [--metrics [HOST:]PORT] [--disk-tier-dir DIR\n"
       "                [--disk-tier-cache-mb M] [--disk-tier-readers N]]\n"
@@ -62,6 +62,10 @@ void Usage(std::FILE* out) {
       "  --exit-when-drained  leave the job and exit 0 once this server owns no slot (a hand-over, the\n"
       "                     trainer's --move-slots, drained it) and every worker holds that map; at once\n"
       "                     after restoring a map that leaves it none. Server 0 never leaves\n"
+      "  --replication      2: keep a replica of server R-1's slots, and answer a push only once server\n"
+      "                     R+1 (this one's backup) has applied its updates too (default 1: none). For\n"
+      "                     now async and ssp tables only; no moves, CURVE or disk tier (README, \"Replicas\")\n"
+      "  --peers            with --replication 2: every server's endpoint, by rank, comma-separated\n"
       "  --memory-budget-mb memory the tables may take; declaring a table or creating sparse rows\n"
       "                     beyond it is refused (default: 80% of the machine's memory, or of its\n"
       "                     cgroup's limit if lower: v1 or v2, its own cgroup and its ancestors);\n"
@@ -135,7 +139,8 @@ int main(int argc, char** argv) {
                                                 "--curve-keys", "--max-held-per-peer", "--memory-budget-mb",
                                                 "--max-connections", "--idle-timeout-s", "--metrics",
                                                 "--disk-tier-dir", "--disk-tier-cache-mb",
-                                                "--disk-tier-readers", "--active-servers"};
+                                                "--disk-tier-readers", "--active-servers",
+                                                "--replication", "--peers"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
       constexpr std::string_view kOtherFlags[] = {"--help", "--restore", "--exit-when-drained"};
       std::vector<std::string_view> known(std::begin(kValueFlags), std::end(kValueFlags));
@@ -189,6 +194,16 @@ int main(int argc, char** argv) {
         return 2;
       }
       options.checkpoint_dir = value;
+    } else if (flag == "--replication") {
+      if (!ParseInt(flag, value, 1, 2, &v)) return 2;
+      options.replication = static_cast<int>(v);
+    } else if (flag == "--peers") {
+      options.peers.clear();
+      for (std::string_view rest = value; !rest.empty();) {
+        const size_t comma = rest.find(',');
+        options.peers.emplace_back(rest.substr(0, comma));
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      }
     } else if (flag == "--active-servers") {
       if (!ParseInt(flag, value, 1, 5040, &v)) return 2;
       options.active_servers = static_cast<int>(v);
@@ -316,6 +331,17 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
   (*server)->Stop();
+  if (options.replication == 2) {  // what this server's replication did (pushes still waiting for it are counted)
+    const auto c = (*server)->stats().counters;
+    std::printf("ferry-ps rank %d: replicas: %lld updates applied here, %lld forwarded to its backup (server %d), "
+                "%lld applied to its replica of server %d's slots, %lld replication errors\n",
+                options.rank, static_cast<long long>(c.at("updates_applied")),
+                static_cast<long long>(c.at("updates_forwarded")), (options.rank + 1) % options.num_servers,
+                static_cast<long long>(c.at("replica_updates_applied")),
+                (options.rank + options.num_servers - 1) % options.num_servers,
+                static_cast<long long>(c.at("replica_errors")));
+    std::fflush(stdout);
+  }
   // libzmq leaves an ipc:// socket file behind; the path is ours, remove it.
   const std::string endpoint = (*server)->endpoint();
   if (endpoint.starts_with("ipc://")) ::unlink(endpoint.c_str() + 6);

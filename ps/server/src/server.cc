@@ -64,7 +64,7 @@ Status CheckDiskTierDir(const ServerOptions& options) {
 ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket,
                        zmq::socket_t monitor, zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables,
                        int64_t restored_step, const std::vector<int64_t>& restored_worker_steps,
-                       std::unique_ptr<ps::DiskTier> disk_tier)
+                       std::unique_ptr<ps::DiskTier> disk_tier, std::unique_ptr<ps::TableRegistry> replicas)
     : options_(std::move(options)),
       context_(std::move(context)),
       sockets_{std::move(socket), std::move(monitor), std::move(zap)},
@@ -74,6 +74,7 @@ ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, 
       updater_(pool_),
       disk_tier_(std::move(disk_tier)),
       tables_(std::move(tables)),
+      replicas_(std::move(replicas)),
       connections_(options_.max_connections, options_.idle_timeout) {
   if (options_.num_workers > 0) workers_.SetCount(options_.num_workers).IgnoreError();  // checked in Start
   if (restored_step_ >= 0) workers_.SetDone(restored_worker_steps, restored_step_);  // (a restore has the count)
@@ -127,7 +128,8 @@ void ServerImpl::Loop() {
   // lost, the server goes on; its client times out with a clear error.
   h.on_message = [this](size_t socket, Frames& frames, bool truncated) {
     try {
-      if (socket == kZap) return OnZapRequest(frames);
+      if (socket == kZap && options_.curve) return OnZapRequest(frames);
+      if (socket == kBackup && Replicating()) return OnBackupReply(frames);
       if (socket == kMonitor) return OnMonitorEvent(frames);
       HandleMessage(frames, truncated);
     } catch (const std::exception& e) {
@@ -145,8 +147,9 @@ void ServerImpl::Loop() {
         transport::Earliest(transport::Earliest(held_.NextDeadline(), collectives_.NextDeadline()),
                             calls_.NextDeadline()),
         transport::Earliest(transport::Earliest(NextLivenessCheck(), NextConnectionCheck()),
-                            transport::Earliest(next_heap_check_, handover_read_ ? std::optional(handover_read_->until)
-                                                                                 : std::nullopt)));
+                            transport::Earliest(
+                                transport::Earliest(next_heap_check_, NextBackupDeadline()),
+                                handover_read_ ? std::optional(handover_read_->until) : std::nullopt)));
   };
   h.on_tick = [this] {
     try {
@@ -155,6 +158,7 @@ void ServerImpl::Loop() {
       CheckConnections();
       CheckHeap(Clock::now());
       CheckDiskWaits(Clock::now());
+      ExpireBackupWaits(Clock::now());
       if (handover_read_ && Clock::now() >= handover_read_->until) handover_read_.reset();  // no adopting round came
       if (leaving_) CheckLeaving();
       {
@@ -165,7 +169,8 @@ void ServerImpl::Loop() {
       std::fprintf(stderr, "ferry-ps %d: %s while expiring held requests; continuing\n", options_.rank, e.what());
     }
   };
-  const Status s = transport::EventLoop::Run({sockets_.data(), options_.curve ? 3u : 2u}, waker_, stopping_,
+  const size_t sockets = options_.curve || Replicating() ? 3 : 2;  // (kZap, or kBackup)
+  const Status s = transport::EventLoop::Run({sockets_.data(), sockets}, waker_, stopping_,
                                              wire::kMaxFrames + 1, h);
   if (!s.ok()) std::fprintf(stderr, "ferry-ps %d: %s; stopping\n", options_.rank, s.message().c_str());
 }
@@ -221,9 +226,11 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
   if (truncated) {
     return bad(InvalidArgumentError("message has more than " + std::to_string(wire::kMaxFrames) + " frames"));
   }
-  if (bytes > options_.max_message_bytes) {
+  // A primary forwards a push's 16-bit values as float32 (1.21 Replicate): twice the bytes at most.
+  const int64_t limit = options_.max_message_bytes * (header->kind() == Kind::Replicate ? 2 : 1);
+  if (bytes > limit) {
     return bad(ResourceExhaustedError("message of " + std::to_string(bytes) + " bytes exceeds this server's limit of " +
-                                      std::to_string(options_.max_message_bytes) + " bytes"));
+                                      std::to_string(limit) + " bytes"));
   }
   for (size_t i = 2; i < frames.size(); ++i) req.payload.push_back(std::move(frames[i]));
   s = wire::CheckPayloadShape(*header, req.payload, [this](uint64_t table_id) {
@@ -284,7 +291,11 @@ Status ServerImpl::Dispatch(Request& req) {
   const Header& h = *req.h();
   const Handler handle = HandlerOf(h.kind());
   // VerifyHeader passed: the kind has a row.
-  if (wire::FindKind(h.kind())->route == wire::Route::kBeforeHello) return (this->*handle)(req);
+  // (A peer's Replicate carries the rank and step of the worker whose push it forwards: checked there.)
+  if (const wire::Route route = wire::FindKind(h.kind())->route; route == wire::Route::kBeforeHello ||
+                                                                  route == wire::Route::kPeer) {
+    return (this->*handle)(req);
+  }
   if (workers_.count() == 0) return FailedPreconditionError("no Hello yet: the client must handshake first");
   if (h.rank() < 0 || h.rank() >= workers_.count()) {
     return InvalidArgumentError("rank " + std::to_string(h.rank()) + " is outside [0, " +
@@ -344,6 +355,7 @@ ServerImpl::Handler ServerImpl::HandlerOf(Kind kind) {
       {Kind::Checkpoint, &ServerImpl::OnCheckpoint},
       {Kind::CommitCheckpoint, &ServerImpl::OnCommitCheckpoint},
       {Kind::Placement, &ServerImpl::OnPlacement},
+      {Kind::Replicate, &ServerImpl::OnReplicate},
   };
   static constexpr std::array<Handler, 256> kByKind = [] {
     std::array<Handler, 256> by{};
@@ -401,6 +413,34 @@ Status CheckCurveOptions(ServerOptions* options) {
   return Status::Ok();
 }
 
+// Replication 2 (ServerOptions::replication): every server's endpoint, and none of what it cannot
+// follow yet.
+Status CheckReplicationOptions(const ServerOptions& o) {
+  const std::string who = "ferry-ps rank " + std::to_string(o.rank) + ": replication " + std::to_string(o.replication);
+  if (o.replication == 1) {
+    if (!o.peers.empty()) return InvalidArgumentError(who + ": peers are for replication 2");
+    return Status::Ok();
+  }
+  if (o.replication != 2) return InvalidArgumentError(who + ": 1 (none) or 2 (a backup of each server's slots)");
+  if (o.num_servers < 2) return InvalidArgumentError(who + " needs at least 2 servers (a backup is another server)");
+  if (o.peers.size() != static_cast<size_t>(o.num_servers)) {
+    return InvalidArgumentError(who + " needs every server's endpoint (peers): " + std::to_string(o.peers.size()) +
+                                " given for " + std::to_string(o.num_servers) + " servers");
+  }
+  for (const std::string& p : o.peers) {
+    if (!p.starts_with("tcp://") && !p.starts_with("ipc://") && !p.starts_with("inproc://")) {
+      return InvalidArgumentError(who + ": peer endpoint '" + p + "' is not tcp://, ipc:// or inproc://");
+    }
+  }
+  const char* not_yet = o.curve                      ? "CURVE"
+                        : o.active_servers > 0       ? "active_servers (servers joining)"
+                        : o.exit_when_drained        ? "exit_when_drained (servers leaving)"
+                        : !o.disk_tier_dir.empty()   ? "a disk tier"
+                                                     : nullptr;
+  if (not_yet != nullptr) return UnimplementedError(who + " does not work with " + not_yet + " yet");
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
@@ -433,7 +473,11 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.idle_timeout.count() < 0) return InvalidArgumentError("idle_timeout must be >= 0");
   if (options.max_connections == 0) options.max_connections = DefaultMaxConnections();
   std::unique_ptr<ps::DiskTier> disk_tier;  // before the tables: their shards point to it
-  ps::TableRegistry tables(options.rank, options.num_servers, options.memory_budget_bytes);
+  FERRY_RETURN_IF_ERROR(CheckReplicationOptions(options));
+  // With replication 2 the budget is the shard's and its replica's together: half each.
+  int64_t budget = options.memory_budget_bytes;
+  if (options.replication == 2) budget = (budget > 0 ? budget : ps::MemoryBudget::DefaultLimit()) / 2;
+  ps::TableRegistry tables(options.rank, options.num_servers, budget);
   if (options.active_servers < 0 || options.active_servers > options.num_servers) {
     return InvalidArgumentError("ferry-ps rank " + std::to_string(options.rank) + ": active_servers " +
                                 std::to_string(options.active_servers) + " is outside [0, " +
@@ -441,6 +485,11 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   }
   if (options.active_servers > 0) {
     tables.SetPlacement(placement::Placement::First(options.active_servers, options.num_servers));
+  }
+  std::unique_ptr<ps::TableRegistry> replicas;  // the replica of server rank-1's slots, placed as its
+  if (options.replication == 2) {
+    const int primary = (options.rank + options.num_servers - 1) % options.num_servers;
+    replicas = std::make_unique<ps::TableRegistry>(primary, options.num_servers, budget);
   }
   if (!options.disk_tier_dir.empty()) {
     if (options.disk_tier_cache_bytes < 0) return InvalidArgumentError("disk_tier_cache_bytes must be >= 0");
@@ -472,9 +521,21 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     // A job of the checkpoint's servers restores the map they held (1.17: the manifest's, if a
     // hand-over had changed it): every server of the job restores from the same checkpoint.
     if (ckpt->placement && ckpt->num_servers == options.num_servers) tables.SetPlacement(*ckpt->placement);
+    if (replicas && tables.placement().version() > 1) {
+      return FailedPreconditionError(who + ": " + ckpt->manifest +
+                                     " was written under a moved map: replication 2 keeps replicas of the first "
+                                     "map's slots only, for now");
+    }
     try {
       FERRY_RETURN_IF_ERROR(ps::RestoreShard(*ckpt, options.rank, options.num_workers, &tables)
                                 .WithContext(who + ": restoring " + ckpt->manifest));
+      if (replicas) {  // the primary's shard, as it restores it
+        const int primary = (options.rank + options.num_servers - 1) % options.num_servers;
+        FERRY_RETURN_IF_ERROR(
+            ps::RestoreShard(*ckpt, primary, options.num_workers, replicas.get())
+                .WithContext(who + ": restoring the replica of server " + std::to_string(primary) + "'s shard from " +
+                             ckpt->manifest));
+      }
     } catch (const ps::BudgetExceeded& e) {
       return ResourceExhaustedError(who + ": restoring " + ckpt->manifest + ": " + e.what());
     } catch (const ps::DiskTierError& e) {
@@ -514,9 +575,24 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     return UnavailableError("ferry-ps rank " + std::to_string(options.rank) + ": cannot bind " + options.bind + ": " +
                             e.what());
   }
+  if (options.replication == 2) {
+    // The backup's connection (in kZap's place: never with CURVE). Its queue holds as many
+    // updates as a ROUTER holds replies; one that finds it full fails its push (AnswerPush).
+    const std::string& backup = options.peers[static_cast<size_t>((options.rank + 1) % options.num_servers)];
+    FERRY_ASSIGN_OR_RETURN(zap, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::dealer));
+    try {
+      zap.set(zmq::sockopt::sndhwm, ps::kReplyQueue);
+      zap.set(zmq::sockopt::linger, 0);
+      zap.connect(backup);
+    } catch (const zmq::error_t& e) {
+      return InvalidArgumentError("ferry-ps rank " + std::to_string(options.rank) + ": cannot connect to its backup " +
+                                  backup + ": " + e.what());
+    }
+  }
   auto server = std::make_unique<ps::ServerImpl>(std::move(options), std::move(context), std::move(socket),
                                                 std::move(monitor), std::move(zap), endpoint, std::move(tables),
-                                                restored_step, restored_worker_steps, std::move(disk_tier));
+                                                restored_step, restored_worker_steps, std::move(disk_tier),
+                                                std::move(replicas));
   FERRY_RETURN_IF_ERROR(server->StartMetrics());
   return std::unique_ptr<Server>(std::move(server));
 }

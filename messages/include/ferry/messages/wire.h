@@ -46,8 +46,9 @@ inline constexpr uint16_t kMajor = 1;
 // `prepare` (a server reads a hand-over's checkpoint ahead, while the job trains); 1.20: servers that
 // own no slot leave (the clients speak only to the servers that own slots, and server 0; Heartbeat's
 // `placement_version`: the map the worker holds; Checkpoint's `server_rank`: server 0 writes an empty
-// shard for a server that owns no slot)
-inline constexpr uint16_t kMinor = 20;
+// shard for a server that owns no slot); 1.21: replicas (Replicate: a server forwards the updates it
+// applies to its backup, and answers the push once the backup has them; Stats' `digests`)
+inline constexpr uint16_t kMinor = 21;
 // The first minor with placement versions: an earlier client cannot follow a moved map.
 inline constexpr uint16_t kPlacementVersionsSinceMinor = 17;
 // The first minor whose servers know a worker that leaves (Finish's `leaves`) or joins later (Hello's
@@ -58,6 +59,8 @@ inline constexpr uint16_t kPrepareSinceMinor = 19;
 // The first minor whose server 0 writes the shard of a server that owns no slot (Checkpoint's
 // `server_rank`), and whose servers hear which map each worker holds from its heartbeats.
 inline constexpr uint16_t kMembersSinceMinor = 20;
+// The first minor whose servers keep replicas (Replicate, Stats' `digests`).
+inline constexpr uint16_t kReplicasSinceMinor = 21;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

@@ -359,8 +359,11 @@ class Client {
   // are in), or on servers an earlier job used.
   virtual int64_t first_collective() const = 0;
 
-  // One server's counters (messages, bad_messages, staleness_<k>, ...).
-  virtual StatusOr<std::map<std::string, int64_t>> ServerCounters(int server) = 0;
+  // One server's counters (messages, bad_messages, staleness_<k>, ...). With `digests` (a server
+  // of 1.21 or later; PROTOCOL.md "Replicas"), also "digest:<table>" for each table it holds and,
+  // with replication 2, "replica_digest:<table>" for its replica of server rank-1's: a replica
+  // holds the bits of its primary when the two are equal (computed over every row: for checks).
+  virtual StatusOr<std::map<std::string, int64_t>> ServerCounters(int server, bool digests = false) = 0;
 
   // ---- placement versions (protocol 1.17; PROTOCOL.md, "Placement versions") ----
   // Which server holds each slot of ids and chunks (ferry/messages/placement.h) can change while

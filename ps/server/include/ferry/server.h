@@ -114,6 +114,18 @@ struct ServerOptions {
   // STEP:join=K): they join the job then. Every server of a job must be given the same count, and
   // its clients be of protocol 1.20 or later (an older one is refused at its Hello).
   int active_servers = 0;
+  // Copies of each server's slots (protocol 1.21, PROTOCOL.md "Replicas"): 1, none; 2, server r
+  // keeps a replica of server r-1's (mod num_servers), and a server forwards every update it
+  // applies to its backup, server r+1, answering the push only once the backup has it too
+  // (chain replication). A backup that does not answer within worker_timeout (max_wait if 0)
+  // fails the pushes that wait for it (UNAVAILABLE, naming it); a replica that misses an update
+  // is out of step and refuses later ones. For now: async and ssp tables without lifecycle
+  // settings, a disk tier or top-k (others are refused when declared), no moves, no CURVE, and a
+  // dead primary still restarts the job from its checkpoint (failover is to come). The memory
+  // budget is then the shard's and the replica's together, half each.
+  int replication = 1;
+  // With replication 2: every server's endpoint, by rank (num_servers of them), to reach its backup.
+  std::vector<std::string> peers;
   // CURVE (ferry/curve.h): every connection must authenticate with one of `workers`' keys and is
   // encrypted; a key speaks for its worker's rank alone. Unset: no authentication (bind to
   // loopback, or to a network only the job's hosts reach). Needs tcp:// or ipc:// and the

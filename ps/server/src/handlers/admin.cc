@@ -185,6 +185,7 @@ Status ServerImpl::OnStats(Request& req) {
     cs.push_back(wire::CreateCounter(fbb, fbb.CreateString("staleness_" + std::to_string(i)),
                                      s.staleness_histogram[i]));
   }
+  if (req.h()->digests()) FERRY_RETURN_IF_ERROR(AddDigests(fbb, &cs));
   auto vec = fbb.CreateVector(cs);
   wire::HeaderBuilder b = BeginReply(fbb, Kind::Stats, req.h()->request_id());
   b.add_counters(vec);

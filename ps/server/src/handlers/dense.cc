@@ -15,6 +15,7 @@ Status ServerImpl::PushDense(Request& req, bool then_pull) {
   std::vector<std::vector<float>> scratch;
   std::vector<std::span<const float>> grads;
   FERRY_RETURN_IF_ERROR(CheckPush(req, &refs, &scratch, &grads));
+  FERRY_RETURN_IF_ERROR(RoomToForward(PayloadBytes(req.payload)));
   ApplyPush(req, refs, grads, then_pull);
   return Status::Ok();
 }
@@ -82,12 +83,18 @@ Status ServerImpl::PushDensePiece(Request& req, bool then_pull) {
     std::vector<std::span<const float>> grads;
   };
   std::vector<Checked> checked(c.held.size());
+  int64_t bytes = 0;
   for (size_t i = 0; i < c.held.size(); ++i) {
     Checked& k = checked[i];
     if (Status again = CheckPush(c.held[i], &k.refs, &k.scratch, &k.grads, /*values=*/false); !again.ok()) {
       FailCall(std::move(c), again);
       return Status::Ok();
     }
+    bytes += PayloadBytes(c.held[i].payload);
+  }
+  if (Status room = RoomToForward(bytes); !room.ok()) {  // the whole call, before any piece is applied
+    FailCall(std::move(c), room);
+    return Status::Ok();
   }
   for (size_t i = 0; i < c.held.size(); ++i) {
     c.held[i].held_by_peer = {};
@@ -112,6 +119,7 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
   bool applied = false;
   Status refused = Status::Ok();  // an update that would not be finite (the first)
   wire::ReplyInfo info;
+  Forward fwd;  // replication 2: what was applied, for the backup
   const ps::Table* last = nullptr;
   for (size_t i = 0; i < refs.size(); ++i) {
     const auto& [t, c] = refs[i];
@@ -140,12 +148,17 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
     } else {
       ++info.used;
       RecordStaleness(*t, c->version - c->last_pulled[static_cast<size_t>(rank)]);
+      if (Replicating()) fwd.versions.push_back(c->version);
       const ps::NotFinite nf = updater_.ApplyDense(t->spec.optimizer, *c, grads[i].data(), c->version + 1);
       ++c->version;
       c->feed_seq = t->dense->feed_clock;
       c->steps_taken.Took(rank, h.step());
       Count(kUpdatesApplied);
       applied = true;
+      if (Replicating()) {
+        fwd.dense.emplace_back(t->id, h.slices()->Get(static_cast<uint32_t>(i))->chunk(), c->size);
+        fwd.frames.push_back(Applied(req.payload[i], std::as_bytes(grads[i])));
+      }
       if (nf.any()) {  // every table's refusal is noted; the reply names the first
         Status s = NotFiniteUpdate(*t, nf, c->offset, "worker " + std::to_string(rank) + "'s push");
         if (refused.ok()) refused = std::move(s);
@@ -153,22 +166,29 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
     }
   }
   CountPush(rank, info.used, info.dropped);
+  if (refused.ok() && !then_pull) {
+    info.version = INT64_MAX;
+    for (const auto& r : refs) info.version = std::min(info.version, r.chunk->version);
+  }
+  AnswerPush(req, std::move(fwd), std::move(refused), info, then_pull);
+  if (applied || then_pull) ServeHeld();
+}
+
+void ServerImpl::FinishPush(Request& req, const Status& refused, const wire::ReplyInfo& info, bool then_pull) {
+  const Header& h = *req.h();
   if (!refused.ok()) {
     SendError(req, refused);
   } else if (!then_pull) {
-    info.version = INT64_MAX;
-    for (const auto& r : refs) info.version = std::min(info.version, r.chunk->version);
     Send(req, wire::MakeReply(h.request_id(), h.kind(), info));
   } else {
     // PushPullDense at step t: push for t, clock to t + 1, pull for t + 1.
-    workers_.AdvanceClock(rank, h.step() + 1);
+    workers_.AdvanceClock(h.rank(), h.step() + 1);
     req.pull_step = h.step() + 1;
     req.wait_from = Clock::now();
     req.info = info;
     req.payload.clear();
     HoldOrServe(std::move(req));
   }
-  if (applied || then_pull) ServeHeld();
 }
 
 Status ServerImpl::DecodePush(Request& req, std::span<const ps::TableRegistry::SliceRef> refs) {

@@ -51,6 +51,9 @@ Status ServerImpl::SamePlacement(const Header& h) const {
 
 Status ServerImpl::OnPlacement(Request& req) {
   const Header& h = *req.h();
+  if (Replicating()) {
+    return UnimplementedError(Who() + " keeps replicas (replication 2): its slots cannot move yet");
+  }
   FERRY_RETURN_IF_ERROR(CheckpointPossible());
   if (h.placement() == nullptr) return InvalidArgumentError("Placement without a map (`placement`)");
   if (left_.load()) return FailedPreconditionError(Who() + " has left the job (it owned no slot): it takes no map");

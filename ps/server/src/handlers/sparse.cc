@@ -69,8 +69,10 @@ Status ServerImpl::OnPushSparse(Request& req) {
     }
   }
   FERRY_RETURN_IF_ERROR(RoomForRows(parts, ids));
+  FERRY_RETURN_IF_ERROR(RoomToForward(PayloadBytes(req.payload)));
   int64_t used = 0, dropped = 0, version = INT64_MAX;
   Status refused = Status::Ok();  // an update that would not be finite (the first)
+  Forward fwd;                    // replication 2: what was applied, for the backup
   for (size_t i = 0; i < n; ++i) {
     ps::Table& t = *parts[i].table;
     ps::SparseShard& shard = *t.sparse;
@@ -109,6 +111,12 @@ Status ServerImpl::OnPushSparse(Request& req) {
       ++shard.version;
       shard.steps_taken.Took(rank, h.step());
       Count(kUpdatesApplied);
+      if (Replicating()) {
+        fwd.versions.push_back(shard.version - 1);  // (before this update)
+        fwd.sparse.emplace_back(t.id, t.spec.dim, static_cast<int64_t>(ids[i].size()));
+        fwd.frames.push_back(Applied(req.payload[parts[i].ids_frame], std::as_bytes(ids[i])));
+        fwd.frames.push_back(Applied(req.payload[parts[i].grads_frame], std::as_bytes(grads[i])));
+      }
       if (nf.any()) {  // every table's refusal is noted; the reply names the first
         Status s = NotFiniteUpdate(t, nf, 0, "worker " + std::to_string(rank) + "'s push");
         if (refused.ok()) refused = std::move(s);
@@ -120,11 +128,8 @@ Status ServerImpl::OnPushSparse(Request& req) {
     version = std::min(version, shard.version);
   }
   CountPush(rank, used, dropped);
-  if (!refused.ok()) {
-    SendError(req, refused);
-  } else {
-    Send(req, wire::MakeReply(h.request_id(), h.kind(), {.version = version, .used = used, .dropped = dropped}));
-  }
+  AnswerPush(req, std::move(fwd), std::move(refused), {.version = version, .used = used, .dropped = dropped},
+             /*then_pull=*/false);
   ServeHeld();
   return Status::Ok();
 }

@@ -9,6 +9,7 @@ namespace ferry::ps {
 Status ServerImpl::OnCreateTable(Request& req) {
   TableSpec spec;
   FERRY_RETURN_IF_ERROR(wire::SpecFromWire(req.h()->spec(), &spec));
+  FERRY_RETURN_IF_ERROR(ReplicaRefusal(spec));
   FERRY_RETURN_IF_ERROR(CheckRestoredHolds(spec.name));
   bool pending = false;
   auto declared = tables_.Declare(std::move(spec), req.h()->table_id(), workers_.count(), &pending,

@@ -1,0 +1,370 @@
+// Replicas (protocol 1.21, PROTOCOL.md "Replicas"; ServerOptions::replication): a primary
+// forwards the updates it applied to its backup and answers the push once the backup has applied
+// them too; the backup applies them to its replica of the primary's slots, in the order they came.
+#include "internal/server_impl.h"
+
+#include <cstring>
+
+#include <zlib.h>
+
+#include "ferry/messages/kinds.h"
+#include "internal/finite.h"
+
+namespace ferry::ps {
+namespace {
+
+// Mixes a 64-bit value (splitmix64's finaliser): digests add these, so they need no order.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t Crc(uint64_t key, const float* values, size_t n) {
+  uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(&key), sizeof key);
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(values), static_cast<uInt>(n * sizeof(float)));
+  return Mix((key << 32) ^ static_cast<uint64_t>(crc));
+}
+
+// A digest of what a table holds on one server, the same whatever order its rows were made in:
+// each dense chunk held (values and optimizer state, by index), and each sparse row pushed at least
+// once (values and state, by id; a row only ever pulled holds its initial values, which the id
+// alone decides, and a replica makes it only when it is pushed).
+uint64_t Digest(const Table& t) {
+  uint64_t d = 0;
+  if (t.dense) {
+    for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+      const DenseChunk* c = t.dense->chunk(i);
+      if (c == nullptr) continue;
+      d += Crc(static_cast<uint64_t>(i), c->params.data(), static_cast<size_t>(c->size));
+      d += Crc(static_cast<uint64_t>(i) | (uint64_t{1} << 63), c->state.data(), c->state.size());
+    }
+  } else {
+    const SparseShard& s = *t.sparse;
+    s.ForEachRow([&](int64_t id, RowIndex r) {
+      if (s.steps(r) == 0) return;
+      d += Crc(static_cast<uint64_t>(id), s.row(r), static_cast<size_t>(s.row_floats()));
+    });
+  }
+  return d;
+}
+
+}  // namespace
+
+Status ServerImpl::ReplicaRefusal(const TableSpec& spec) const {
+  if (!Replicating()) return Status::Ok();
+  const char* why = spec.consistency == Consistency::kSync ? "a sync table"
+                    : spec.type == TableType::kSparse && (spec.has_lifecycle() || spec.disk_tier)
+                        ? "a sparse table with lifecycle settings or a disk tier"
+                    : spec.topk_ratio > 0.0f ? "a top-k table"
+                                             : nullptr;
+  if (why == nullptr) return Status::Ok();
+  return FailedPreconditionError("table '" + spec.name + "': " + Who() +
+                                 " keeps replicas (replication 2), which do not follow " + why +
+                                 " yet: declare it async or ssp without them, or run with replication 1");
+}
+
+zmq::message_t ServerImpl::Applied(zmq::message_t& frame, std::span<const std::byte> applied) {
+  if (applied.data() == frame.data() && applied.size() == frame.size()) return std::move(frame);
+  return zmq::message_t(applied.data(), applied.size());
+}
+
+Status ServerImpl::RoomToForward(int64_t bytes) {
+  if (!Replicating()) return Status::Ok();
+  if (awaiting_backup_.size() >= options_.max_held || held_payloads_.used() + bytes > held_payloads_.limit()) {
+    Count(kHeldRefused);
+    return ResourceExhaustedError(Who() + "'s backup, server " + std::to_string(BackupRank()) + ", has " +
+                                  std::to_string(awaiting_backup_.size()) +
+                                  " updates to confirm, and what waits on this server (" +
+                                  ps::Mib(held_payloads_.used()) + " of " + ps::Mib(held_payloads_.limit()) +
+                                  ") has no room for this push's " + ps::Mib(bytes) + " more: nothing applied; "
+                                  "send it again once the backup has caught up");
+  }
+  return Status::Ok();
+}
+
+std::chrono::milliseconds ServerImpl::BackupTimeout() const {
+  return options_.worker_timeout.count() > 0 ? options_.worker_timeout
+                                              : std::chrono::duration_cast<std::chrono::milliseconds>(options_.max_wait);
+}
+
+void ServerImpl::AnswerPush(Request& req, Forward fwd, Status refused, wire::ReplyInfo info, bool then_pull) {
+  if (fwd.frames.empty()) return FinishPush(req, refused, info, then_pull);
+  const Header& h = *req.h();
+  const uint64_t id = ++next_replicate_;
+  flatbuffers::FlatBufferBuilder fbb(256 + 24 * (fwd.dense.size() + fwd.sparse.size()));
+  flatbuffers::Offset<flatbuffers::Vector<const wire::DenseSlice*>> dense;
+  flatbuffers::Offset<flatbuffers::Vector<const wire::SparseSlice*>> sparse;
+  if (!fwd.dense.empty()) dense = fbb.CreateVectorOfStructs(fwd.dense);
+  if (!fwd.sparse.empty()) sparse = fbb.CreateVectorOfStructs(fwd.sparse);
+  auto versions = fbb.CreateVector(fwd.versions);
+  wire::HeaderBuilder b(fbb);
+  b.add_major(wire::kMajor);
+  b.add_minor(wire::kMinor);
+  b.add_kind(Kind::Replicate);
+  b.add_request_id(id);
+  b.add_rank(h.rank());
+  b.add_step(h.step());
+  if (!dense.IsNull()) b.add_slices(dense);
+  if (!sparse.IsNull()) b.add_sparse(sparse);
+  b.add_versions(versions);
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Frames out;
+  out.reserve(1 + fwd.frames.size());
+  out.push_back(wire::ToFrame(fbb));
+  int64_t bytes = 0;
+  for (auto& f : fwd.frames) {
+    bytes += static_cast<int64_t>(f.size());
+    out.push_back(std::move(f));
+  }
+  // Never blocks: a backup that reads nothing fills the queue, and the push fails instead.
+  if (Status s = transport::Send(sockets_[kBackup], out, /*dontwait=*/true); !s.ok()) {
+    Count(kReplicaErrors);
+    const std::string why = Who() + " applied worker " + std::to_string(h.rank()) + "'s push of step " +
+                            std::to_string(h.step()) + " but could not forward it to its backup, server " +
+                            std::to_string(BackupRank()) + " (" + s.message() +
+                            "): the replica misses it; is the backup running?";
+    LogRateLimited(why);
+    return FinishPush(req, UnavailableError(why), info, then_pull);
+  }
+  Count(kUpdatesForwarded, static_cast<int64_t>(fwd.dense.size() + fwd.sparse.size()));
+  AwaitingBackup& a = awaiting_backup_[id];
+  a.refused = std::move(refused);
+  a.info = info;
+  a.then_pull = then_pull;
+  a.sent = Clock::now();
+  // What waits for the backup is charged in place of what the request held (pieces of a call).
+  held_payloads_.Force(bytes);
+  a.charge = ps::BudgetCharge(&held_payloads_, bytes);
+  req.payload.clear();  // (its frames went to the backup, or are no longer needed)
+  req.held_bytes = {};
+  a.req = std::move(req);
+}
+
+void ServerImpl::OnBackupReply(Frames& frames) {
+  if (frames.empty()) return;
+  const Header* h = nullptr;
+  zmq::message_t header = std::move(frames[0]);
+  if (Status s = wire::VerifyHeader(header, &h); !s.ok() || h->request_kind() != Kind::Replicate) {
+    Count(kReplicaErrors);
+    LogRateLimited(Who() + ": its backup, server " + std::to_string(BackupRank()) +
+                   ", sent a message that answers no Replicate: " + (s.ok() ? "another kind" : s.message()));
+    return;
+  }
+  auto it = awaiting_backup_.find(h->request_id());
+  if (it == awaiting_backup_.end()) return;  // failed already for the backup's silence (ExpireBackupWaits)
+  AwaitingBackup a = std::move(it->second);
+  awaiting_backup_.erase(it);
+  if (h->kind() == Kind::Error) {
+    Count(kReplicaErrors);
+    const Status why = wire::ErrorStatus(*h);
+    const std::string what = Who() + " applied worker " + std::to_string(a.req.h()->rank()) + "'s push of step " +
+                             std::to_string(a.req.h()->step()) + ", but its backup, server " +
+                             std::to_string(BackupRank()) + ", refused it (" + why.ToString() +
+                             "): the replica misses it";
+    LogRateLimited(what);
+    if (a.refused.ok()) a.refused = Status(why.code() == StatusCode::kUnknown ? StatusCode::kInternal : why.code(), what);
+  }
+  FinishPush(a.req, a.refused, a.info, a.then_pull);
+  if (a.then_pull) ServeHeld();
+}
+
+std::optional<Clock::time_point> ServerImpl::NextBackupDeadline() const {
+  if (awaiting_backup_.empty()) return std::nullopt;
+  return awaiting_backup_.begin()->second.sent + BackupTimeout();
+}
+
+void ServerImpl::ExpireBackupWaits(Clock::time_point now) {
+  const auto timeout = BackupTimeout();
+  int64_t failed = 0;
+  while (!awaiting_backup_.empty() && awaiting_backup_.begin()->second.sent + timeout <= now) {
+    AwaitingBackup a = std::move(awaiting_backup_.begin()->second);
+    awaiting_backup_.erase(awaiting_backup_.begin());
+    ++failed;
+    const std::string why = Who() + " applied worker " + std::to_string(a.req.h()->rank()) + "'s push of step " +
+                            std::to_string(a.req.h()->step()) + ", but its backup, server " +
+                            std::to_string(BackupRank()) + ", has not confirmed it in " +
+                            std::to_string(timeout.count()) + " ms (dead, stopped or cut off?)";
+    SendError(a.req, UnavailableError(why));
+  }
+  if (failed == 0) return;
+  Count(kReplicaErrors, failed);
+  if (now - backup_said_ >= std::chrono::seconds(10)) {
+    backup_said_ = now;
+    std::fprintf(stderr, "ferry-ps %d: its backup, server %d, has not confirmed %lld update(s) in %lld ms: "
+                 "their pushes failed (UNAVAILABLE)\n",
+                 options_.rank, BackupRank(), static_cast<long long>(failed), static_cast<long long>(timeout.count()));
+  }
+}
+
+StatusOr<ps::Table*> ServerImpl::ReplicaTable(uint64_t id, TableType type) {
+  // Every server of the job has the same declaration (a restored table's new settings too).
+  const ps::Table* here = tables_.Find(id);
+  if (here == nullptr) {
+    return FailedPreconditionError(Who() + " has no table of id " + std::to_string(id) +
+                                   " declared: it cannot keep its replica");
+  }
+  if (replicas_->Find(id) == nullptr) FERRY_RETURN_IF_ERROR(replicas_->Create(here->spec, id, workers_.count()));
+  FERRY_ASSIGN_OR_RETURN(ps::Table * t, replicas_->Find(id, type));
+  if (!(t->spec == here->spec)) t->spec = here->spec;  // a restored table's new settings (the shard reads them)
+  return t;
+}
+
+Status ServerImpl::OutOfStep(const ps::Table& t, std::string why) {
+  Count(kReplicaErrors);
+  const std::string what = Who() + ": its replica of server " + std::to_string(PrimaryRank()) + "'s part of table '" +
+                           t.spec.name + "' is out of step (" + why +
+                           "): it takes no more updates, and every push to that part fails; restart the job (from "
+                           "its checkpoint) to replicate it again";
+  if (out_of_step_.emplace(t.id, why).second) std::fprintf(stderr, "ferry-ps %d: %s\n", options_.rank, what.c_str());
+  return FailedPreconditionError(what);
+}
+
+Status ServerImpl::OnReplicate(Request& req) {
+  if (!Replicating()) {
+    return FailedPreconditionError(Who() + " keeps no replica (replication 1): it takes no Replicate");
+  }
+  connections_.FromServer(req.fd);
+  const Header& h = *req.h();
+  const int rank = h.rank();
+  if (rank < 0 || rank >= workers_.count()) {
+    return InvalidArgumentError("Replicate for worker " + std::to_string(rank) + ", outside [0, " +
+                                std::to_string(workers_.count()) + ")");
+  }
+  if (h.step() < 0 || h.step() > ps::kMaxStep) return InvalidArgumentError("Replicate: step outside [0, 2^62]");
+  const auto* slices = h.slices();
+  const auto* sparse = h.sparse();
+  const size_t n_dense = slices ? slices->size() : 0, n_sparse = sparse ? sparse->size() : 0;
+  if ((n_dense == 0) == (n_sparse == 0)) {
+    return InvalidArgumentError("Replicate carries dense slices or sparse entries, one kind of them");
+  }
+  const size_t n = n_dense + n_sparse;
+  if (req.payload.size() != n_dense + 2 * n_sparse) {
+    return InvalidArgumentError("Replicate with " + std::to_string(req.payload.size()) + " payload frames for " +
+                                std::to_string(n) + " parts");
+  }
+  if (h.versions() == nullptr || h.versions()->size() != n) {
+    return InvalidArgumentError("Replicate without one version for each of its " + std::to_string(n) + " parts");
+  }
+  // Everything checked before anything is applied, or confirmed.
+  struct Part {
+    ps::Table* table;
+    ps::DenseChunk* chunk = nullptr;
+    std::vector<float> g_scratch;
+    std::vector<int64_t> id_scratch;
+    std::span<const float> grads;
+    std::span<const int64_t> ids;
+  };
+  std::vector<Part> parts(n);
+  int64_t new_row_bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Part& p = parts[i];
+    std::string where;
+    if (i < n_dense) {
+      const wire::DenseSlice& sl = *slices->Get(static_cast<uint32_t>(i));
+      FERRY_ASSIGN_OR_RETURN(p.table, ReplicaTable(sl.table_id(), TableType::kDense));
+      const ps::Table& t = *p.table;
+      where = "table '" + t.spec.name + "' chunk " + std::to_string(sl.chunk());
+      p.chunk = t.dense->chunk(sl.chunk());
+      if (p.chunk == nullptr) {
+        return FailedPreconditionError(where + " is not server " + std::to_string(PrimaryRank()) + "'s, whose replica " +
+                                       Who() + " keeps");
+      }
+      const zmq::message_t& frame = req.payload[i];
+      if (sl.count() != p.chunk->size || frame.size() != static_cast<size_t>(p.chunk->size) * sizeof(float)) {
+        return InvalidArgumentError(where + ": Replicate of " + std::to_string(p.chunk->size) + " floats carries " +
+                                    std::to_string(frame.size()) + " bytes");
+      }
+      p.grads = View<float>(frame, p.g_scratch);
+    } else {
+      const wire::SparseSlice& sl = *sparse->Get(static_cast<uint32_t>(i - n_dense));
+      FERRY_ASSIGN_OR_RETURN(p.table, ReplicaTable(sl.table_id(), TableType::kSparse));
+      const ps::Table& t = *p.table;
+      where = "table '" + t.spec.name + "'";
+      const zmq::message_t& ids = req.payload[n_dense + 2 * (i - n_dense)];
+      const zmq::message_t& rows = req.payload[n_dense + 2 * (i - n_dense) + 1];
+      // By division: the counts a hostile header names cannot overflow anything.
+      const size_t row_bytes = static_cast<size_t>(t.spec.dim) * sizeof(float);
+      if (sl.dim() != t.spec.dim || sl.num_ids() < 0 || ids.size() % 8 != 0 ||
+          ids.size() / 8 != static_cast<uint64_t>(sl.num_ids()) || rows.size() % row_bytes != 0 ||
+          rows.size() / row_bytes != ids.size() / 8) {
+        return InvalidArgumentError(where + ": Replicate of " + std::to_string(sl.num_ids()) + " rows of dim " +
+                                    std::to_string(sl.dim()) + " carries " + std::to_string(ids.size()) +
+                                    " id bytes and " + std::to_string(rows.size()) + " row bytes (the table's dim is " +
+                                    std::to_string(t.spec.dim) + ")");
+      }
+      p.ids = View<int64_t>(ids, p.id_scratch);
+      p.grads = View<float>(rows, p.g_scratch);
+      FERRY_RETURN_IF_ERROR(replicas_->CheckIds(t, p.ids));
+      new_row_bytes += t.sparse->NewRows(p.ids) * t.sparse->RowBytes();
+    }
+    if (const int64_t bad = ps::FirstNonFinite(p.grads); bad >= 0) {
+      return InvalidArgumentError(where + ": Replicate holds NaN or Inf (value " + std::to_string(bad) +
+                                  "), which no primary applies");
+    }
+    if (auto it = out_of_step_.find(p.table->id); it != out_of_step_.end()) {
+      return OutOfStep(*p.table, "since: " + it->second);
+    }
+    // The update the primary applied to what this replica holds, or the replica is out of step.
+    const int64_t mine = p.chunk != nullptr ? p.chunk->version : p.table->sparse->version;
+    if (const int64_t theirs = h.versions()->Get(static_cast<uint32_t>(i)); theirs != mine) {
+      return OutOfStep(*p.table, where + " is at version " + std::to_string(mine) + " here and " +
+                                     std::to_string(theirs) + " on server " + std::to_string(PrimaryRank()) +
+                                     " before worker " + std::to_string(rank) + "'s update of step " +
+                                     std::to_string(h.step()));
+    }
+  }
+  if (ps::MemoryBudget& budget = replicas_->budget();
+      new_row_bytes > 0 && new_row_bytes > budget.limit() - budget.used()) {
+    budget.CountRefusal();
+    return OutOfStep(*parts[n_dense].table, budget.Refusal(new_row_bytes, "the replica's new rows"));
+  }
+  // Confirmed before it is applied: the backup has the updates once it holds the message (it applies
+  // them next, before it reads anything else), and the primary's push waits for no optimizer here.
+  SendOk(req);
+  // Applied as the primary applied them: the same gradients, in the same order, as the same
+  // update numbers; whatever the primary's optimizer kept from a non-finite result, this keeps too.
+  for (Part& p : parts) {
+    ps::Table& t = *p.table;
+    try {
+      if (p.chunk != nullptr) {
+        updater_.ApplyDense(t.spec.optimizer, *p.chunk, p.grads.data(), p.chunk->version + 1);
+        ++p.chunk->version;
+        p.chunk->steps_taken.Took(rank, h.step());
+      } else {
+        updater_.ApplyRows(*t.sparse, p.ids, p.grads.data());  // (room checked above)
+        ++t.sparse->version;
+        t.sparse->steps_taken.Took(rank, h.step());
+      }
+    } catch (const std::exception& e) {  // (out of memory: confirmed already, so said here)
+      OutOfStep(t, std::string("an update it confirmed could not be applied: ") + e.what()).IgnoreError();
+      continue;
+    }
+    Count(kReplicaUpdatesApplied);
+  }
+  return Status::Ok();
+}
+
+Status ServerImpl::AddDigests(flatbuffers::FlatBufferBuilder& fbb,
+                              std::vector<flatbuffers::Offset<wire::Counter>>* out) {
+  const Clock::time_point began = Clock::now();
+  if (began - digests_since_ >= std::chrono::seconds(1)) digests_since_ = began, digests_spent_ = {};
+  if (digests_spent_ >= std::chrono::milliseconds(200)) {
+    return UnavailableError(Who() + " spent 200 ms of the last second on digests already; ask again in a second");
+  }
+  auto add = [&](const std::string& name, uint64_t d) {
+    out->push_back(wire::CreateCounter(fbb, fbb.CreateString(name), static_cast<int64_t>(d)));
+  };
+  tables_.ForEach([&](const ps::Table& t) { add("digest:" + t.spec.name, Digest(t)); });
+  if (replicas_) {
+    replicas_->ForEach([&](const ps::Table& t) {
+      add("replica_digest:" + t.spec.name, Digest(t));
+      if (out_of_step_.contains(t.id)) add("replica_out_of_step:" + t.spec.name, 1);
+    });
+  }
+  digests_spent_ += Clock::now() - began;
+  return Status::Ok();
+}
+
+}  // namespace ferry::ps

@@ -14,7 +14,7 @@ The pulls are the control: replication does not touch them. Prints, per operatio
 over the rounds of each factor and their ratio (factor 2 / factor 1), and writes every round's
 numbers to --out (JSON).
 
-  python3 bench/replication/run.py --build-dir build [--rounds 5] [--min-time 0.5] --out FILE
+  python3 bench/replication/run.py --build-dir build [--rounds 5] [--min-time 0.5] [--ps-threads 1] --out FILE
 """
 
 import argparse
@@ -59,13 +59,13 @@ def free_ports(n):
     return ports
 
 
-def start_servers(build, factor, workers):
+def start_servers(build, factor, workers, threads):
     ports = free_ports(2)
     peers = ",".join(f"tcp://127.0.0.1:{p}" for p in ports)
     procs = []
     for rank, port in enumerate(ports):
         argv = [os.path.join(build, "bin", "ferry-ps"), "--bind", f"tcp://127.0.0.1:{port}", "--rank", str(rank),
-                "--num-servers", "2", "--num-workers", str(workers), "--compute-threads", "1"]
+                "--num-servers", "2", "--num-workers", str(workers), "--compute-threads", str(threads)]
         if factor == 2:
             argv += ["--replication", "2", "--peers", peers]
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -108,9 +108,9 @@ def results(proc):
     return got
 
 
-def one(build, factor, min_time):
+def one(build, factor, min_time, threads):
     """One factor: the latencies of one client, then the throughput of two at once."""
-    procs, servers = start_servers(build, factor, workers=2)
+    procs, servers = start_servers(build, factor, workers=2, threads=threads)
     try:
         single = results(client_bench(build, servers, LATENCY, min_time, rank=0, workers=2))
         cpu_before = cpu_seconds(procs)
@@ -134,6 +134,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.5)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--ps-threads", type=int, default=1, help="each ferry-ps's --compute-threads (default 1)")
     a = ap.parse_args()
     build = os.path.abspath(a.build_dir)
     rounds = []
@@ -141,7 +142,7 @@ def main():
         order = (1, 2) if r % 2 == 0 else (2, 1)
         got = {}
         for factor in order:
-            got[factor] = one(build, factor, a.min_time)
+            got[factor] = one(build, factor, a.min_time, a.ps_threads)
             print(f"round {r + 1}/{a.rounds} factor {factor}: " +
                   ", ".join(f"{k} {v:.0f} us" for k, v in got[factor]["latency_us"].items()), flush=True)
         rounds.append({"order": list(order), "factor1": got[1], "factor2": got[2]})
@@ -161,7 +162,8 @@ def main():
                   f"{statistics.median(f2):10.1f} {unit}  ratio {statistics.median(f2) / statistics.median(f1):.2f} "
                   f"[{each}]")
     with open(a.out, "w") as f:
-        json.dump({"machine": machine, "cpus": os.cpu_count(), "commit": commit, "rounds": rounds}, f, indent=1)
+        json.dump({"machine": machine, "cpus": os.cpu_count(), "commit": commit, "ps_threads": a.ps_threads,
+                   "rounds": rounds}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -235,7 +235,7 @@ fuzz_runs() {
 TSAN_TESTS=(cluster_test checkpoint_request_test liveness_test event_loop_test server_parts_test
             trainer_sync_equivalence_test trainer_ctr_test trainer_backup_workers_test trainer_resume_test
             metrics_test sparse_tables_test trainer_pipeline_test client_io_test dense_view_test feed_test
-            disk_tier_cluster_test placement_versions_test)
+            disk_tier_cluster_test placement_versions_test replicas_test)
 tsan_check() {
   local dir=${BUILD_DIR}-tsan
   say "clang ThreadSanitizer build of the in-process cluster tests ($dir)"

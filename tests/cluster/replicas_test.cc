@@ -314,6 +314,8 @@ TEST(Replicas, AMalformedReplicateIsRefusedWholeAndChangesNothing) {
        StatusCode::kInvalidArgument, "carries"},
       {"a negative count", 0, {}, {{sparse_id, kDim, -2}}, {Bytes(ids0), rows}, StatusCode::kInvalidArgument,
        "carries"},
+      {"a chunk twice", 0, {{dense_id, chunk0, 4}, {dense_id, chunk0, 4}}, {}, {four, four},
+       StatusCode::kInvalidArgument, "appears twice"},
   };
   for (const Case& k : cases) {
     const Status s = p.Send(k.rank, k.dense, k.sparse, k.frames, k.versions);
@@ -332,9 +334,11 @@ TEST(Replicas, AMalformedReplicateIsRefusedWholeAndChangesNothing) {
   // of step, said in Stats, and takes nothing more of that table, even at the right version.
   Status s = p.Send(0, {{dense_id, chunk0, 4}}, {}, {four}, std::vector<int64_t>{1});
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("is at version 2 here and 1 on server 0"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("chunk " + std::to_string(chunk0) + " at version 2 here and 1 on server 0"),
+            std::string::npos)
+      << s;
   s = p.Send(0, {{dense_id, chunk0, 4}}, {}, {four}, std::vector<int64_t>{2});
-  EXPECT_NE(s.message().find("out of step (since: table 'w' chunk"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("since: table 'w' chunk"), std::string::npos) << s;
   EXPECT_EQ(digests().at("replica_out_of_step:w"), 1);
   EXPECT_FALSE(digests().contains("replica_out_of_step:emb"));
   // A server without replication takes none.

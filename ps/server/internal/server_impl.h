@@ -486,8 +486,8 @@ class ServerImpl final : public Server {
   std::optional<Clock::time_point> NextBackupDeadline() const;
   std::chrono::milliseconds BackupTimeout() const;
   // Stats with `digests`: each table's digest here, and its replica's (PROTOCOL.md, "Replicas").
-  // They read every row on the I/O thread: refused (UNAVAILABLE) once they took 200 ms of the
-  // last second, so that no peer can keep the server at them.
+  // They read every row on the I/O thread: after digests that took d, more are refused
+  // (UNAVAILABLE) for 4 d, so that no peer can keep the server at them more than a fifth of its time.
   Status AddDigests(flatbuffers::FlatBufferBuilder& fbb, std::vector<flatbuffers::Offset<wire::Counter>>* out);
   // A replica table out of step with its primary (a Replicate refused or lost): why, by table id.
   // It takes no more updates (each is refused, failing its push), until the job restarts.
@@ -565,8 +565,7 @@ class ServerImpl final : public Server {
   uint64_t next_replicate_ = 0;
   Clock::time_point backup_said_{};  // the last log of a backup's silence
   absl::flat_hash_map<uint64_t, std::string> out_of_step_;  // replica tables (OutOfStep)
-  Clock::time_point digests_since_{};                       // AddDigests' window, and its time in it
-  Clock::duration digests_spent_{};
+  Clock::time_point digests_since_{};                       // AddDigests: none before then
   Clock::time_point last_liveness_check_{};
   std::optional<Clock::time_point> next_heap_check_;  // NoteRefused
   Clock::time_point last_heap_trim_{};

@@ -577,7 +577,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   }
   if (options.replication == 2) {
     // The backup's connection (in kZap's place: never with CURVE). Its queue holds as many
-    // updates as a ROUTER holds replies; one that finds it full fails its push (AnswerPush).
+    // updates as may wait for the backup (ServerImpl::RoomToForward's bound), so a push applied
+    // always finds room in it.
     const std::string& backup = options.peers[static_cast<size_t>((options.rank + 1) % options.num_servers)];
     FERRY_ASSIGN_OR_RETURN(zap, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::dealer));
     try {

@@ -133,7 +133,12 @@ constexpr Series kSeries[] = {
     {"replica_updates_applied", "ferry_replica_updates_applied_total", true,
      "Updates a primary forwarded that this server applied to its replica (replication 2)"},
     {"replica_errors", "ferry_replica_errors_total", true,
-     "Pushes applied here whose backup did not confirm them (refused, not reachable, or silent past the timeout)"},
+     "Replication failures (replication 2): pushes applied here whose backup did not confirm them (refused, not "
+     "reachable, or silent past the timeout), and updates this server's replica refused or could not apply"},
+    {"replica_memory_budget_bytes", "ferry_replica_memory_budget_bytes", false,
+     "The memory the replica may take (replication 2: half of --memory-budget-mb, the shard the other half)"},
+    {"replica_memory_budget_used_bytes", "ferry_replica_memory_budget_used_bytes", false,
+     "The memory the replica's tables take (replication 2)"},
     {"disk_tier_requests_waiting", "ferry_disk_tier_requests_waiting", false,
      "Requests held now while the disk tier's readers read their rows"},
     {"disk_tier_rows_kept", "ferry_disk_tier_rows_kept", false,

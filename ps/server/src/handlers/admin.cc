@@ -29,6 +29,10 @@ ServerStats ServerImpl::stats() const {
   s.counters["memory_budget_refused"] = budget.refusals();
   s.counters["memory_budget_bytes"] = budget.limit();
   s.counters["memory_budget_used_bytes"] = budget.used();
+  if (replicas_) {  // (replication 2: the replica's half of the budget)
+    s.counters["replica_memory_budget_bytes"] = replicas_->budget().limit();
+    s.counters["replica_memory_budget_used_bytes"] = replicas_->budget().used();
+  }
   s.counters["held_payload_bytes"] = held_payloads_.used();
   s.counters["held_payload_limit_bytes"] = held_payloads_.limit();
   s.counters["connections_open"] = connections_open_.load(std::memory_order_relaxed);

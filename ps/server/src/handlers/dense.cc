@@ -92,7 +92,12 @@ Status ServerImpl::PushDensePiece(Request& req, bool then_pull) {
     }
     bytes += PayloadBytes(c.held[i].payload);
   }
-  if (Status room = RoomToForward(bytes); !room.ok()) {  // the whole call, before any piece is applied
+  // The whole call, before any piece is applied (its pieces' own charges given back first: the
+  // bytes waiting for the backup take their place).
+  if (Replicating()) {
+    for (Request& r : c.held) r.held_bytes = {};
+  }
+  if (Status room = RoomToForward(bytes); !room.ok()) {
     FailCall(std::move(c), room);
     return Status::Ok();
   }

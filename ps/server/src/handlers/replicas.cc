@@ -29,8 +29,8 @@ uint64_t Crc(uint64_t key, const float* values, size_t n) {
 
 // A digest of what a table holds on one server, the same whatever order its rows were made in:
 // each dense chunk held (values and optimizer state, by index), and each sparse row pushed at least
-// once (values and state, by id; a row only ever pulled holds its initial values, which the id
-// alone decides, and a replica makes it only when it is pushed).
+// once (values, state and update count, by id; a row only ever pulled holds its initial values,
+// which the id alone decides, and a replica makes it only when it is pushed).
 uint64_t Digest(const Table& t) {
   uint64_t d = 0;
   if (t.dense) {
@@ -44,7 +44,8 @@ uint64_t Digest(const Table& t) {
     const SparseShard& s = *t.sparse;
     s.ForEachRow([&](int64_t id, RowIndex r) {
       if (s.steps(r) == 0) return;
-      d += Crc(static_cast<uint64_t>(id), s.row(r), static_cast<size_t>(s.row_floats()));
+      d += Crc(static_cast<uint64_t>(id), s.row(r), static_cast<size_t>(s.row_floats())) +
+           Mix(static_cast<uint64_t>(s.steps(r)) ^ (static_cast<uint64_t>(id) << 20));  // and its update count
     });
   }
   return d;
@@ -72,13 +73,17 @@ zmq::message_t ServerImpl::Applied(zmq::message_t& frame, std::span<const std::b
 
 Status ServerImpl::RoomToForward(int64_t bytes) {
   if (!Replicating()) return Status::Ok();
-  if (awaiting_backup_.size() >= options_.max_held || held_payloads_.used() + bytes > held_payloads_.limit()) {
+  // At most as many as the backup's queue holds (its send high-water mark): a push applied then
+  // always finds room there, never failing after the fact.
+  const size_t most = std::min<size_t>(options_.max_held, kReplyQueue);
+  if (awaiting_backup_.size() >= most || held_payloads_.used() + bytes > held_payloads_.limit()) {
     Count(kHeldRefused);
     return ResourceExhaustedError(Who() + "'s backup, server " + std::to_string(BackupRank()) + ", has " +
                                   std::to_string(awaiting_backup_.size()) +
                                   " updates to confirm, and what waits on this server (" +
                                   ps::Mib(held_payloads_.used()) + " of " + ps::Mib(held_payloads_.limit()) +
-                                  ") has no room for this push's " + ps::Mib(bytes) + " more: nothing applied; "
+                                  ") has no room for this push's " + ps::Mib(bytes) +
+                                  " more: nothing applied; "
                                   "send it again once the backup has caught up");
   }
   return Status::Ok();
@@ -86,7 +91,7 @@ Status ServerImpl::RoomToForward(int64_t bytes) {
 
 std::chrono::milliseconds ServerImpl::BackupTimeout() const {
   return options_.worker_timeout.count() > 0 ? options_.worker_timeout
-                                              : std::chrono::duration_cast<std::chrono::milliseconds>(options_.max_wait);
+                                             : std::chrono::duration_cast<std::chrono::milliseconds>(options_.max_wait);
 }
 
 void ServerImpl::AnswerPush(Request& req, Forward fwd, Status refused, wire::ReplyInfo info, bool then_pull) {
@@ -164,7 +169,8 @@ void ServerImpl::OnBackupReply(Frames& frames) {
                              std::to_string(BackupRank()) + ", refused it (" + why.ToString() +
                              "): the replica misses it";
     LogRateLimited(what);
-    if (a.refused.ok()) a.refused = Status(why.code() == StatusCode::kUnknown ? StatusCode::kInternal : why.code(), what);
+    if (a.refused.ok())
+      a.refused = Status(why.code() == StatusCode::kUnknown ? StatusCode::kInternal : why.code(), what);
   }
   FinishPush(a.req, a.refused, a.info, a.then_pull);
   if (a.then_pull) ServeHeld();
@@ -192,7 +198,8 @@ void ServerImpl::ExpireBackupWaits(Clock::time_point now) {
   Count(kReplicaErrors, failed);
   if (now - backup_said_ >= std::chrono::seconds(10)) {
     backup_said_ = now;
-    std::fprintf(stderr, "ferry-ps %d: its backup, server %d, has not confirmed %lld update(s) in %lld ms: "
+    std::fprintf(stderr,
+                 "ferry-ps %d: its backup, server %d, has not confirmed %lld update(s) in %lld ms: "
                  "their pushes failed (UNAVAILABLE)\n",
                  options_.rank, BackupRank(), static_cast<long long>(failed), static_cast<long long>(timeout.count()));
   }
@@ -205,6 +212,8 @@ StatusOr<ps::Table*> ServerImpl::ReplicaTable(uint64_t id, TableType type) {
     return FailedPreconditionError(Who() + " has no table of id " + std::to_string(id) +
                                    " declared: it cannot keep its replica");
   }
+  // (Made when the table was declared here, or restored; one declared before this server kept
+  // replicas, by a restore without them, is made now.)
   if (replicas_->Find(id) == nullptr) FERRY_RETURN_IF_ERROR(replicas_->Create(here->spec, id, workers_.count()));
   FERRY_ASSIGN_OR_RETURN(ps::Table * t, replicas_->Find(id, type));
   if (!(t->spec == here->spec)) t->spec = here->spec;  // a restored table's new settings (the shard reads them)
@@ -258,6 +267,13 @@ Status ServerImpl::OnReplicate(Request& req) {
   };
   std::vector<Part> parts(n);
   int64_t new_row_bytes = 0;
+  // A part named twice would be applied twice against one version check (a primary never sends so).
+  auto twice = [&](size_t i) {
+    for (size_t k = 0; k < i; ++k) {
+      if (parts[k].table == parts[i].table && parts[k].chunk == parts[i].chunk) return true;
+    }
+    return false;
+  };
   for (size_t i = 0; i < n; ++i) {
     Part& p = parts[i];
     std::string where;
@@ -268,8 +284,8 @@ Status ServerImpl::OnReplicate(Request& req) {
       where = "table '" + t.spec.name + "' chunk " + std::to_string(sl.chunk());
       p.chunk = t.dense->chunk(sl.chunk());
       if (p.chunk == nullptr) {
-        return FailedPreconditionError(where + " is not server " + std::to_string(PrimaryRank()) + "'s, whose replica " +
-                                       Who() + " keeps");
+        return FailedPreconditionError(where + " is not server " + std::to_string(PrimaryRank()) +
+                                       "'s, whose replica " + Who() + " keeps");
       }
       const zmq::message_t& frame = req.payload[i];
       if (sl.count() != p.chunk->size || frame.size() != static_cast<size_t>(p.chunk->size) * sizeof(float)) {
@@ -277,6 +293,7 @@ Status ServerImpl::OnReplicate(Request& req) {
                                     std::to_string(frame.size()) + " bytes");
       }
       p.grads = View<float>(frame, p.g_scratch);
+      if (twice(i)) return InvalidArgumentError(where + " appears twice in one Replicate");
     } else {
       const wire::SparseSlice& sl = *sparse->Get(static_cast<uint32_t>(i - n_dense));
       FERRY_ASSIGN_OR_RETURN(p.table, ReplicaTable(sl.table_id(), TableType::kSparse));
@@ -294,6 +311,7 @@ Status ServerImpl::OnReplicate(Request& req) {
                                     " id bytes and " + std::to_string(rows.size()) + " row bytes (the table's dim is " +
                                     std::to_string(t.spec.dim) + ")");
       }
+      if (twice(i)) return InvalidArgumentError(where + " appears twice in one Replicate");
       p.ids = View<int64_t>(ids, p.id_scratch);
       p.grads = View<float>(rows, p.g_scratch);
       FERRY_RETURN_IF_ERROR(replicas_->CheckIds(t, p.ids));
@@ -303,22 +321,37 @@ Status ServerImpl::OnReplicate(Request& req) {
       return InvalidArgumentError(where + ": Replicate holds NaN or Inf (value " + std::to_string(bad) +
                                   "), which no primary applies");
     }
+  }
+  // The message is refused whole from here on, its primary having applied it: every table it
+  // names is out of step then.
+  auto refuse_all = [&](const std::string& why) {
+    Status first;
+    for (const Part& p : parts) {
+      Status s = OutOfStep(*p.table, why);
+      if (first.ok()) first = s;
+    }
+    return first;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const Part& p = parts[i];
     if (auto it = out_of_step_.find(p.table->id); it != out_of_step_.end()) {
-      return OutOfStep(*p.table, "since: " + it->second);
+      return refuse_all("table '" + p.table->spec.name + "' since: " + it->second);
     }
     // The update the primary applied to what this replica holds, or the replica is out of step.
     const int64_t mine = p.chunk != nullptr ? p.chunk->version : p.table->sparse->version;
     if (const int64_t theirs = h.versions()->Get(static_cast<uint32_t>(i)); theirs != mine) {
-      return OutOfStep(*p.table, where + " is at version " + std::to_string(mine) + " here and " +
-                                     std::to_string(theirs) + " on server " + std::to_string(PrimaryRank()) +
-                                     " before worker " + std::to_string(rank) + "'s update of step " +
-                                     std::to_string(h.step()));
+      return refuse_all("table '" + p.table->spec.name + "' " +
+                        (p.chunk != nullptr ? "chunk " + std::to_string(slices->Get(static_cast<uint32_t>(i))->chunk())
+                                            : std::string("rows")) +
+                        " at version " + std::to_string(mine) + " here and " + std::to_string(theirs) + " on server " +
+                        std::to_string(PrimaryRank()) + " before worker " + std::to_string(rank) +
+                        "'s update of step " + std::to_string(h.step()));
     }
   }
   if (ps::MemoryBudget& budget = replicas_->budget();
       new_row_bytes > 0 && new_row_bytes > budget.limit() - budget.used()) {
     budget.CountRefusal();
-    return OutOfStep(*parts[n_dense].table, budget.Refusal(new_row_bytes, "the replica's new rows"));
+    return refuse_all(budget.Refusal(new_row_bytes, "the replica's new rows"));
   }
   // Confirmed before it is applied: the backup has the updates once it holds the message (it applies
   // them next, before it reads anything else), and the primary's push waits for no optimizer here.
@@ -348,10 +381,14 @@ Status ServerImpl::OnReplicate(Request& req) {
 
 Status ServerImpl::AddDigests(flatbuffers::FlatBufferBuilder& fbb,
                               std::vector<flatbuffers::Offset<wire::Counter>>* out) {
+  // A fifth of the I/O thread at most, however large the tables: after digests that took d, none
+  // for 4 d.
   const Clock::time_point began = Clock::now();
-  if (began - digests_since_ >= std::chrono::seconds(1)) digests_since_ = began, digests_spent_ = {};
-  if (digests_spent_ >= std::chrono::milliseconds(200)) {
-    return UnavailableError(Who() + " spent 200 ms of the last second on digests already; ask again in a second");
+  if (began < digests_since_) {
+    return UnavailableError(
+        Who() + " spends at most a fifth of its time on digests: ask again in " +
+        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(digests_since_ - began).count() + 1) +
+        " ms");
   }
   auto add = [&](const std::string& name, uint64_t d) {
     out->push_back(wire::CreateCounter(fbb, fbb.CreateString(name), static_cast<int64_t>(d)));
@@ -363,7 +400,8 @@ Status ServerImpl::AddDigests(flatbuffers::FlatBufferBuilder& fbb,
       if (out_of_step_.contains(t.id)) add("replica_out_of_step:" + t.spec.name, 1);
     });
   }
-  digests_spent_ += Clock::now() - began;
+  const Clock::time_point ended = Clock::now();
+  digests_since_ = ended + 4 * (ended - began);
   return Status::Ok();
 }
 

@@ -30,6 +30,21 @@ Status ServerImpl::OnCreateTable(Request& req) {
     builds_[req.h()->table_id()].waiting.push_back(std::move(req));
     return Status::Ok();
   }
+  // Replication 2: the replica of the previous server's part of the table is made now, on this
+  // thread (refused whole, the declaration too, when it does not fit its half of the budget).
+  if (Replicating() && replicas_->Find(table->id) == nullptr) {
+    Status s;
+    try {
+      s = replicas_->Create(table->spec, table->id, workers_.count());
+    } catch (const std::bad_alloc&) {
+      s = ResourceExhaustedError("out of memory");
+    }
+    if (!s.ok()) {
+      tables_.Forget(table->id);
+      return s.WithContext(Who() + ": table '" + table->spec.name + "': its replica of server " +
+                           std::to_string(PrimaryRank()) + "'s part");
+    }
+  }
   const int64_t bytes = tables_.BuildBytes(*table);
   if (bytes < ps::kBuildAsideBytes) {
     if (Status s = tables_.Build(*table, workers_.count()); !s.ok()) {

@@ -199,11 +199,17 @@ class ClientImpl final : public Client {
   // leaving"): server 0 (the collectives, the checkpoints' manifests) and those that own slots;
   // every server while server 0 is before 1.20 (it would not write the shard of one that owns
   // none).
-  std::vector<int> Members(const placement::Placement& map) const {
-    std::vector<int> out;
+  std::vector<bool> MemberFlags(const placement::Placement& map) const {
     const bool all = engine_.minor(0) < wire::kMembersSinceMinor;
+    std::vector<bool> member(static_cast<size_t>(num_servers()));
+    for (int s = 0; s < num_servers(); ++s) member[static_cast<size_t>(s)] = all || s == 0 || map.SlotsOf(s) > 0;
+    return member;
+  }
+  std::vector<int> Members(const placement::Placement& map) const {
+    const std::vector<bool> member = MemberFlags(map);
+    std::vector<int> out;
     for (int s = 0; s < num_servers(); ++s) {
-      if (all || s == 0 || map.SlotsOf(s) > 0) out.push_back(s);
+      if (member[static_cast<size_t>(s)]) out.push_back(s);
     }
     return out;
   }
@@ -247,15 +253,14 @@ class ClientImpl final : public Client {
   // Hello to), and the map's version they carry.
   void ShareMap() {
     const auto map = Map();
-    std::vector<bool> member(static_cast<size_t>(num_servers()), false);
-    const std::vector<int> members = Members(*map);
+    std::vector<bool> member = MemberFlags(*map);
     {
       MutexLock lock(&greet_mu_);
       if (was_member_.size() != member.size()) was_member_.assign(member.size(), false);
       for (int s = 0; s < num_servers(); ++s) {
         const auto i = static_cast<size_t>(s);
-        const bool is = std::ranges::find(members, s) != members.end();
-        if (is) member[i] = greeted_[i];
+        const bool is = member[i];
+        member[i] = is && greeted_[i];
         // One that stops being a server of the map may leave: a process of it that comes back is new.
         if (!is && was_member_[i]) greeted_[i] = false;
         was_member_[i] = is;
@@ -975,8 +980,7 @@ class ClientImpl final : public Client {
       }
     }
     const std::shared_ptr<const placement::Placement> map = GreetedMap();
-    std::vector<bool> member(static_cast<size_t>(S), false);
-    for (const int s : Members(*map)) member[static_cast<size_t>(s)] = true;
+    const std::vector<bool> member = MemberFlags(*map);
     std::vector<std::vector<SparseShare>> shares(static_cast<size_t>(S));
     std::vector<size_t> first_unsent(static_cast<size_t>(S), 0);
     std::vector<int64_t> unsent_bytes(static_cast<size_t>(S), 0);
@@ -1206,8 +1210,7 @@ class ClientImpl final : public Client {
                                                      " shard slots for " + std::to_string(num_servers()) + " servers"));
     }
     // 1.20: server 0 writes the shard of a server that owns no slot (empty), which may have left.
-    std::vector<bool> member(static_cast<size_t>(num_servers()), false);
-    for (const int s : Members(*GreetedMap())) member[static_cast<size_t>(s)] = true;
+    const std::vector<bool> member = MemberFlags(*GreetedMap());
     for (int s = 0; s < num_servers(); ++s) {
       flatbuffers::FlatBufferBuilder fbb(96);
       auto h = engine_.BeginHeader(fbb, Kind::Checkpoint);

@@ -487,10 +487,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     tables.SetPlacement(placement::Placement::First(options.active_servers, options.num_servers));
   }
   std::unique_ptr<ps::TableRegistry> replicas;  // the replica of server rank-1's slots, placed as its
-  if (options.replication == 2) {
-    const int primary = (options.rank + options.num_servers - 1) % options.num_servers;
-    replicas = std::make_unique<ps::TableRegistry>(primary, options.num_servers, budget);
-  }
+  const int primary = (options.rank + options.num_servers - 1) % options.num_servers;
+  if (options.replication == 2) replicas = std::make_unique<ps::TableRegistry>(primary, options.num_servers, budget);
   if (!options.disk_tier_dir.empty()) {
     if (options.disk_tier_cache_bytes < 0) return InvalidArgumentError("disk_tier_cache_bytes must be >= 0");
     FERRY_RETURN_IF_ERROR(ps::CheckDiskTierDir(options));
@@ -530,7 +528,6 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
       FERRY_RETURN_IF_ERROR(ps::RestoreShard(*ckpt, options.rank, options.num_workers, &tables)
                                 .WithContext(who + ": restoring " + ckpt->manifest));
       if (replicas) {  // the primary's shard, as it restores it
-        const int primary = (options.rank + options.num_servers - 1) % options.num_servers;
         FERRY_RETURN_IF_ERROR(
             ps::RestoreShard(*ckpt, primary, options.num_workers, replicas.get())
                 .WithContext(who + ": restoring the replica of server " + std::to_string(primary) + "'s shard from " +

@@ -153,7 +153,6 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
     } else {
       ++info.used;
       RecordStaleness(*t, c->version - c->last_pulled[static_cast<size_t>(rank)]);
-      if (Replicating()) fwd.versions.push_back(c->version);
       const ps::NotFinite nf = updater_.ApplyDense(t->spec.optimizer, *c, grads[i].data(), c->version + 1);
       ++c->version;
       c->feed_seq = t->dense->feed_clock;
@@ -161,6 +160,7 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
       Count(kUpdatesApplied);
       applied = true;
       if (Replicating()) {
+        fwd.versions.push_back(c->version - 1);  // (before this update)
         fwd.dense.emplace_back(t->id, h.slices()->Get(static_cast<uint32_t>(i))->chunk(), c->size);
         fwd.frames.push_back(Applied(req.payload[i], std::as_bytes(grads[i])));
       }

@@ -19,6 +19,10 @@ from .supervise import (
 USAGE_EXIT = 2
 
 
+# Why two servers dead at once fall back to the checkpoint under --replication 2.
+TWO_DEAD = ("with replication 2 a server's slots are on it and on the next server only, so two servers "
+            "dead at once may have taken both copies of some")
+
 # ferry-ps's line when it leaves the job (--exit-when-drained), just before it exits 0.
 LEFT_LINE = re.compile(r"ferry-ps rank \d+: left the job \(it owns no slot\), stopping$")
 
@@ -82,7 +86,8 @@ class Launcher(Supervisor):
     """Supervises a cluster started by the local and ssh backends, and restarts what dies
     (--max-restarts): a worker alone, with --resume (a worker program: FERRY_RESUME=1); after a
     server's death every process, the servers with --restore (the newest checkpoint) and the
-    workers with --resume.
+    workers with --resume; with --replication 2 that server alone, with --recover, at its
+    endpoint, while the workers wait for it (two servers dead at once: every process again).
 
     Every process is started from the main thread (a child's PR_SET_PDEATHSIG fires when the
     thread that forked it exits; the main thread lives as long as the launcher)."""
@@ -103,12 +108,13 @@ class Launcher(Supervisor):
 
     # ---- starting and stopping ----
 
-    def start(self, task, restart=None):
-        """Starts task; restart ("restart N") runs its resume_argv and continues its log. A
-        worker's restart carries its start number (Task.command's incarnation)."""
+    def start(self, task, restart=None, recover=False):
+        """Starts task; restart ("restart N") runs its resume_argv (with recover: a server's
+        recover_argv) and continues its log. A worker's restart carries its start number
+        (Task.command's incarnation)."""
         incarnation = self.starts[task.name]
         self.starts[task.name] += 1
-        argv, changes = task.command(resumed=bool(restart), incarnation=incarnation)
+        argv, changes = task.command(resumed=bool(restart), incarnation=incarnation, recover=recover)
         text = task.command_text(argv, changes)
         with self.signals.held():  # never lose track of a pid between fork and bookkeeping
             stream = Stream(task.name, os.path.join(self.opts.log_dir,
@@ -243,6 +249,12 @@ class Launcher(Supervisor):
         p.child.join_output()  # (its last lines may come after its exit)
         return p.left_line
 
+    def dead_servers(self, but=None):
+        """The current servers found dead (not stopped by the launcher, not left the job), but
+        `but`."""
+        return [q for q in self.current.values() if q.task.role == "ps" and q is not but and q.done
+                and not q.stopping and not self.has_left(q)]
+
     def dead_server(self, wait):
         """A running server found dead, waiting up to `wait` seconds for one (events that come
         meanwhile are kept for later); None when there is none."""
@@ -313,7 +325,9 @@ class Launcher(Supervisor):
 
     def on_death(self, p):
         """A current process died (a worker: non-zero status or a signal; a server: any end).
-        Restarts what is needed; returns None to go on, else the launcher's exit status."""
+        Restarts what is needed; returns None to go on, else the launcher's exit status. A dead
+        server: with --replication 2 it alone is replaced (replace_server), else every process
+        restarts from the checkpoint (restart_all)."""
         what = "failed" if p.task.role == "worker" else "exited unexpectedly"
         if not self.opts.max_restarts:  # no restarts: stop everything
             self.stop_all(f"{p.task.name} {what}")
@@ -337,7 +351,14 @@ class Launcher(Supervisor):
             if server is None:
                 return self.restart_worker(p)
             self.say(f"{p.describe()} {what} ({p.describe_exit()}) as {server.task.name} died")
-            p = server
+            if not self.replicated():
+                return self.restart_all(server)
+            # The server is replaced first, then this worker restarts alone (unless a fall back to
+            # the checkpoint restarted every process already).
+            rc = self.replace_server(server)
+            return rc if rc is not None or not self.is_current(p) else self.restart_worker(p)
+        if self.replicated():
+            return self.replace_server(p)
         return self.restart_all(p)
 
     def give_up(self, p, what, why):
@@ -351,9 +372,7 @@ class Launcher(Supervisor):
 
     def restart_worker(self, p):
         if not self.restarts_left():
-            return self.give_up(p, "failed", f"{p.task.name} is not restarted: "
-                                f"--max-restarts {self.opts.max_restarts} allows no more "
-                                "restarts")
+            return self.no_restarts_left(p, "failed")
         noticed = p.child.ended_at or time.monotonic()
         how = p.describe_exit()
         p.child.join_output()
@@ -370,6 +389,110 @@ class Launcher(Supervisor):
         r.restarted += f" (pid {new.pid})"
         return None
 
+    def no_restarts_left(self, p, what):
+        return self.give_up(p, what, f"{p.task.name} is not restarted: --max-restarts "
+                            f"{self.opts.max_restarts} allows no more restarts")
+
+    def replicated(self):
+        return getattr(self.opts, "replication", 1) == 2
+
+    def replace_server(self, p):
+        """Server p of a --replication 2 job died: p alone restarts, with --recover, at its own
+        endpoint (Task.recover_argv: the same --bind, so the workers and the other servers find
+        it where they connect; with --base-port 0, the port picked at the start). Before it
+        listens it takes its slots from its backup (server rank+1) and its replica from its
+        primary (rank-1); the workers keep running, wait for it and send again what the dead one
+        had not answered. No checkpoint is needed and no step is lost; one restart is counted,
+        complete once the replacement accepts connections (Recovery kind "replaced").
+
+        Two servers dead at once (another found dead now, or dying before the replacement
+        accepts connections) may have taken both copies of some slots: then every process
+        restarts from the newest checkpoint (restart_all), as without replicas. A replacement
+        that dies before it is up is replaced again (counted again); one that refused its flags
+        (exit status 2: a ferry-ps without --recover?) falls back to the checkpoint too."""
+        what = "exited unexpectedly"
+        others = self.dead_servers(but=p)
+        if others:
+            q = others[0]
+            return self.fall_back(p, f"{p.task.name} and {q.task.name} are both dead ({p.describe()}: "
+                                     f"{p.describe_exit()}; {q.describe()}: {q.describe_exit()}); "
+                                     f"{TWO_DEAD}")
+        if not self.restarts_left():
+            return self.no_restarts_left(p, what)
+        noticed = p.child.ended_at or time.monotonic()
+        how = p.describe_exit()
+        p.child.join_output()
+        t, servers = p.task, len(self.cluster.ps)
+        backup, primary = (t.rank + 1) % servers, (t.rank - 1) % servers
+        sources = f"server {backup}" if backup == primary else f"servers {backup} and {primary}"
+        n = len(self.recoveries) + 1
+        workers = [q for q in self.current.values() if q.task.role == "worker"]
+        r = Recovery(n, "replaced", p.describe(), how, f"{t.name} alone with --recover", noticed,
+                     self.watch.last_steps(workers), [])
+        self.say(f"{p.describe()} died ({how}); replication 2: restarting it alone with --recover "
+                 f"(it takes its state from {sources}); the workers wait for it (restart {n} of at "
+                 f"most {self.opts.max_restarts})")
+        self.recoveries.append(r)  # first: a signal during the start still reports it
+        self.pending.append(r)
+        new = self.start(t, restart=f"restart {n}", recover=True)
+        r.restarted += f" (pid {new.pid})"
+        failed = self.wait_for_replacement(new)
+        self.pending.remove(r)
+        if failed is None:
+            r.up(time.monotonic())
+            self.say(r.report(self.opts.max_restarts))
+            return None
+        if failed == "timeout":
+            self.say(r.unfinished(f"not up within --rendezvous-timeout {self.opts.rendezvous_timeout:g} s"),
+                     err=True)
+            self.stop_all(f"{t.name}'s replacement did not come up")
+            self.say(f"FAILED: {new.describe()}, the replacement of {p.describe()}, did not accept "
+                     f"connections at {t.address} within {self.opts.rendezvous_timeout:g} s", err=True)
+            return EXIT_FAILED
+        self.say(r.unfinished(f"the replacement ended first: {new.describe_exit()}" if failed is new
+                              else f"{failed.task.name} died first"), err=True)
+        if failed is not new:
+            return self.fall_back(failed, f"{failed.describe()} died ({failed.describe_exit()}) "
+                                          f"before {t.name}'s replacement accepted connections; "
+                                          f"{TWO_DEAD}")
+        if new.child.returncode == USAGE_EXIT:
+            return self.fall_back(new, f"{new.describe()}, the replacement of {t.name}, exited with "
+                                       f"status {USAGE_EXIT}: ferry-ps refused its flags (one without "
+                                       "--recover?), and a restart would fail the same way")
+        return self.replace_server(new)
+
+    def wait_for_replacement(self, new):
+        """Waits for a server's replacement `new` to accept connections: None once it does,
+        "timeout" after --rendezvous-timeout, or the TaskProc of a server found dead meanwhile
+        (new itself, or another). The events that come meanwhile are kept for later: the workers
+        go on (they may finish, or die)."""
+        def pause(seconds):  # sleeps, but wakes at once if a server dies
+            deadline = time.monotonic() + seconds
+            while True:
+                if new.done:
+                    return new
+                dead = self.dead_servers(but=new)
+                if dead:
+                    return dead[0]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                try:
+                    self.backlog.append(self.events.get(timeout=left))
+                except queue.Empty:
+                    return None
+
+        def say(msg):
+            self.say(msg, err=msg.startswith("rendezvous timed out"))
+
+        return wait_for_servers([new.task], self.opts.rendezvous_timeout, say, pause, up_line=False)
+
+    def fall_back(self, p, why):
+        """Replicas cannot bring server p's state back (why): every process restarts from the
+        newest checkpoint (restart_all), or the job stops where there is none."""
+        self.say(f"{why}: every process restarts from the newest checkpoint instead", err=True)
+        return self.restart_all(p)
+
     def restart_all(self, p):
         """Server p died: every process restarts, from the newest checkpoint."""
         what = "exited unexpectedly"
@@ -384,9 +507,7 @@ class Launcher(Supervisor):
             return self.give_up(p, what, f"cannot recover from the death of {p.task.name}: a "
                                 f"server's state comes back only from a checkpoint, and {why}")
         if not self.restarts_left():
-            return self.give_up(p, what, f"{p.task.name} is not restarted: "
-                                f"--max-restarts {self.opts.max_restarts} allows no more "
-                                "restarts")
+            return self.no_restarts_left(p, what)
         noticed = p.child.ended_at or time.monotonic()
         how = p.describe_exit()
         workers = [q for q in self.procs if q.task.role == "worker" and q.generation == self.generation]

@@ -264,10 +264,14 @@ def run_slurm(opts, console, signals, why):
                 "ps r on node r mod K, worker w on node w mod K")
     if curve_note:
         console.say(curve_note)
-    if opts.checkpoint_dir:
+    if opts.checkpoint_dir or getattr(opts, "replication", 1) == 2:
         console.say("Slurm backend: nothing is restarted (--max-restarts does not apply): a "
-                    "process that dies ends the step; --resume DIR then continues the job from "
-                    "its newest checkpoint")
+                    "process that dies ends the step" +
+                    ("; --resume DIR then continues the job from its newest checkpoint"
+                     if opts.checkpoint_dir else "") +
+                    (" (with --replication 2 too: a dead server is not replaced with --recover "
+                     "here, as the local and ssh backends do)"
+                     if getattr(opts, "replication", 1) == 2 else ""))
     python_note = program_warning(opts)
     if python_note:
         console.say(python_note, err=True)

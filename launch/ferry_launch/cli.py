@@ -142,7 +142,12 @@ def parse_args(argv):
                     help="2: every ferry-ps keeps a replica of the previous server's slots and "
                          "answers a push once the next server (its backup) has applied it too "
                          "(--replication 2 --peers ...; async and ssp tables, no CURVE yet; README, "
-                         "\"Replicas\"); default 1: none")
+                         "\"Replicas\"). A server that dies is then restarted alone, with "
+                         "--recover, at its own endpoint: it takes its state from its neighbours "
+                         "(its slots from the next server, its replica from the previous one) while "
+                         "the workers wait for it; no checkpoint, no step lost. Two servers dead at "
+                         "once: all restart from the newest checkpoint. Local and ssh backends (Slurm "
+                         "restarts nothing); default 1: none")
     ap.add_argument("--disk-tier-dir", metavar="DIR",
                     help="the disk tier's folder (tables declared with disk_tier, e.g. --table "
                          "'ctr/emb*:max_rows=N,disk_tier=1'): ferry-ps rank R gets --disk-tier-dir "
@@ -154,8 +159,10 @@ def parse_args(argv):
     ap.add_argument("--max-restarts", type=_count_arg(0), default=DEFAULT_MAX_RESTARTS,
                     metavar="K",
                     help="restarts allowed while the job runs: a worker that dies is restarted "
-                         "alone; when a server dies, all restart from the last checkpoint; 0 "
-                         "stops everything at the first death (default %(default)s)")
+                         "alone; when a server dies, all restart from the last checkpoint, or with "
+                         "--replication 2 that server alone, with --recover (the workers wait for "
+                         "it); each counts one; 0 stops everything at the first death (default "
+                         "%(default)s)")
     ap.add_argument("--kill-stopped-after", type=_seconds_arg(True),
                     default=DEFAULT_KILL_STOPPED_AFTER_S, metavar="S",
                     help="a process on this machine found stopped (state T: SIGSTOP, a job-control "
@@ -267,6 +274,9 @@ def restarts_plan(opts):
     servers = ("all processes restart, servers with --restore (from the newest checkpoint), "
                f"workers with {resumed}" if opts.checkpoint_dir else
                "everything stops (servers restart only from a checkpoint: --checkpoint-dir)")
+    if opts.replication == 2:
+        servers = ("it alone restarts with --recover, taking its state from its neighbours' "
+                   f"replicas, while the workers wait for it; two dead at once: {servers}")
     return (f"up to {opts.max_restarts} restarts (--max-restarts): a dead worker restarts alone "
             f"with {resumed}; a dead server: {servers}")
 
@@ -313,7 +323,7 @@ def launch(ap, opts, console, signals):
         for t in cluster.tasks:
             where = f" (on {t.host} over ssh)" if t.via_ssh else ""
             print(f"[{t.name}]{where} {t.command_text()}")
-        if opts.checkpoint_dir:
+        if opts.checkpoint_dir or opts.replication == 2:
             console.say(restarts_plan(opts))
         if remote:
             console.say(f"commands for other hosts run as: {shlex.join(ssh)} HOST 'sh -c "

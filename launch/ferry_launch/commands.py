@@ -147,6 +147,12 @@ def _server_commands(cluster, binaries, opts, curve):
         # checkpoint. Without a folder a server cannot be restarted.
         t.resume_argv = base + ["--restore"] + list(opts.ps_args) if folder else None
         t.argv = t.resume_argv if resume else base + list(opts.ps_args)
+        # Its replacement after it died, with replicas: the same command without --restore, plus
+        # --recover: it takes its state from its neighbours (its slots from server rank+1, its
+        # replica from rank-1), then listens at the same endpoint, where workers and servers
+        # connect again (the port stays the task's: with --base-port 0 the one picked at start).
+        t.recover_argv = (base + ["--recover"] + list(opts.ps_args)
+                          if getattr(opts, "replication", 1) == 2 else None)
         t.env, t.resume_env = {}, {}
 
 
@@ -198,7 +204,8 @@ def build_commands(cluster, binaries, opts, cards_for):
     restarted ones included, gets --curve-keys FOLDER; see curve.folder_for_commands).
 
     resume_argv is the command that continues the job: a server with --restore (None without a
-    checkpoint folder), a worker with --resume. Under --resume DIR, argv is resume_argv.
+    checkpoint folder), a worker with --resume. Under --resume DIR, argv is resume_argv. With
+    --replication 2 every server also gets recover_argv, its replacement's command (--recover).
 
     A worker program runs its command line unchanged, every start the same, and learns its
     place from its environment instead (PROGRAM_ENV): FERRY_SERVERS (the --servers value),

@@ -65,7 +65,8 @@ LAUNCHER_OWNED_PS_FLAGS = {"--bind": None, "--rank": None, "--num-servers": None
                            "--curve-keys": "--curve or --curve-keys DIR",
                            "--metrics": "--metrics loopback|all|off",
                            "--disk-tier-dir": "--disk-tier-dir",
-                           "--replication": "--replication", "--peers": "--replication"}
+                           "--replication": "--replication", "--peers": "--replication",
+                           "--recover": None}
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

@@ -69,16 +69,21 @@ class Recovery:
 
     before: {worker name: the last step it reported before the death, or None}: the dead
     worker (kind "worker": restarted alone), or every worker (kind "server": every process
-    restarted from the checkpoint). A worker that a recovery restarted but that died again
-    before it said where it resumed carries its step from that recovery (inherit): its loss is
-    counted once, by the recovery that completes.
+    restarted from the checkpoint; kind "replaced": a server of a --replication 2 job restarted
+    alone with --recover, while the workers, restarted by none, wait for it). A worker that a
+    recovery restarted but that died again before it said where it resumed carries its step
+    from that recovery (inherit): its loss is counted once, by the recovery that completes.
 
     Steps lost: the work the job does again. When the workers count the job's global step
     (sync), the highest step before the death less the lowest resumed at (a sync worker
     restarted alone rejoins at the global step and loses none). When each counts its own (the
     "resuming" line says "of its own": async, ssp), the sum over the workers of each one's own
     step before less the one it resumed at, in worker-steps. Recovery time: from the launcher
-    noticing the death (the dead process reaped) to the last restarted worker's "resuming" line."""
+    noticing the death (the dead process reaped) to the last restarted worker's "resuming" line.
+
+    A replaced server (kind "replaced") waits for no "resuming" line (waiting is empty): it is
+    complete once its replacement accepts connections (up()), and loses no step: it took the dead
+    one's state from the replicas, and the workers go on from where they were."""
 
     def __init__(self, number, kind, dead, how, restarted, noticed, before, waiting):
         self.number, self.kind, self.dead, self.how = number, kind, dead, how
@@ -88,6 +93,10 @@ class Recovery:
         self.at = {}        # worker name -> the step it resumed at
         self.own = False    # a resumed step counts the worker's own steps
         self.done_at = None
+
+    def up(self, when):
+        """A replaced server's replacement accepts connections (kind "replaced"): complete."""
+        self.done_at = when
 
     def inherit(self, superseded, only=None):
         """Takes, for each worker superseded restarted but never heard resume (only: that one),
@@ -119,6 +128,8 @@ class Recovery:
 
     @property
     def lost(self):
+        if self.kind == "replaced":
+            return None if self.done_at is None else 0
         if self.step is None:
             return None
         if self.own:
@@ -140,8 +151,18 @@ class Recovery:
                 f"{'it' if self.kind == 'worker' else 'a worker'} reported before the death: "
                 f"{max(reported.values())})")
 
+    def _before_text(self):
+        return ", ".join(f"{n} {b if b is not None else '(none)'}" for n, b in sorted(self.before.items()))
+
     def report(self, limit):
         """The line printed when the recovery is complete."""
+        if self.kind == "replaced":
+            return (f"recovery {self.number} of at most {limit}: {self.dead} died ({self.how}); "
+                    f"restarted {self.restarted}; its replacement accepts connections, and the "
+                    "workers, restarted by none, go on where they were (their last steps reported "
+                    f"before the death: {self._before_text() or 'none'}); steps lost: 0; recovery "
+                    f"time {self.seconds:.2f} s (from noticing the death to the replacement "
+                    "accepting connections)")
         if self.kind == "worker":
             where = f"it rejoined the job at step {self.step}"
         elif self.own:
@@ -159,6 +180,10 @@ class Recovery:
         """The line printed when the recovery did not complete; counted_later: the next
         recovery counts its steps lost."""
         waiting = ", ".join(sorted(self.waiting))
+        if self.kind == "replaced":
+            return (f"recovery {self.number}: {self.dead} died ({self.how}); restarted "
+                    f"{self.restarted}; not complete ({why}; the replacement never accepted "
+                    "connections)")
         return (f"recovery {self.number}: {self.dead} died ({self.how}); restarted "
                 f"{self.restarted}; not complete ({why}; no 'resuming the job' line from "
                 f"{waiting})" + ("; its steps lost are counted by the next recovery"
@@ -169,13 +194,15 @@ def summary(recoveries, limit):
     """The recovery summary at the end of a run with restarts: one line."""
     workers = sum(1 for r in recoveries if r.kind == "worker")
     servers = len(recoveries) - workers
+    replaced = sum(1 for r in recoveries if r.kind == "replaced")
     done = [r for r in recoveries if r.done_at is not None]
     lost = sum(r.lost for r in done)
     times = ", ".join(f"{r.seconds:.2f} s" for r in done)
+    alone = f", {replaced} of them replaced alone with --recover" if replaced else ""
     text = (f"recovery summary: {len(recoveries)} restart{'s' if len(recoveries) != 1 else ''} "
-            f"of at most {limit} ({workers} after a worker died, {servers} after a server died); "
-            f"steps lost: {lost}" + (" (async/ssp: in the workers' own steps)"
-                                     if any(r.own for r in done) else ""))
+            f"of at most {limit} ({workers} after a worker died, {servers} after a server "
+            f"died{alone}); steps lost: {lost}" + (" (async/ssp: in the workers' own steps)"
+                                                  if any(r.own for r in done) else ""))
     if done:
         text += f"; recovery time {sum(r.seconds for r in done):.2f} s in all ({times})"
     if len(done) < len(recoveries):

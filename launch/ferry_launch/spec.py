@@ -37,6 +37,9 @@ class Task:
         self.via_ssh = False  # set by the backend: started over ssh
         self.argv = None      # set by build_commands
         self.resume_argv = None  # set by build_commands: argv to continue the job (restarts)
+        # set by build_commands for a server of a --replication 2 job: argv of its replacement
+        # after it died (--recover: it takes its state from its neighbours' replicas); else None
+        self.recover_argv = None
         self.env = {}         # set by build_commands: changes to the inherited environment
         self.resume_env = {}  # set by build_commands: the same for resume_argv
         # set by build_commands for a worker: how a start tells the process which start of its
@@ -51,12 +54,16 @@ class Task:
     def address(self):
         return f"{self.host}:{self.port}"
 
-    def command(self, resumed=False, incarnation=0):
-        """(argv, env) of a start of this task: the first start, or with resumed the one that
-        continues the job (a restart). A worker's start number `incarnation` (0: the first) goes
-        with it when not 0: the servers give its rank to the highest at once, even while an
-        earlier start's connection looks alive, and refuse that one from then on."""
-        argv, env = (self.resume_argv, self.resume_env) if resumed else (self.argv, self.env)
+    def command(self, resumed=False, incarnation=0, recover=False):
+        """(argv, env) of a start of this task: the first start, with resumed the one that
+        continues the job (a restart), or with recover a server's replacement (recover_argv). A
+        worker's start number `incarnation` (0: the first) goes with it when not 0: the servers
+        give its rank to the highest at once, even while an earlier start's connection looks
+        alive, and refuse that one from then on."""
+        if recover:
+            argv, env = self.recover_argv, self.env
+        else:
+            argv, env = (self.resume_argv, self.resume_env) if resumed else (self.argv, self.env)
         if incarnation and self.incarnation_via == "flag":
             argv = argv + ["--incarnation", str(incarnation)]
         elif incarnation and self.incarnation_via == "env":

@@ -1931,6 +1931,31 @@ class RecoveryAccountingTest(unittest.TestCase):
         self.assertTrue(again.resumed("worker 1", 70, 3.0, own=True))
         self.assertEqual(again.lost, 20)
 
+    def test_a_server_replaced_alone_loses_no_step(self):
+        # --replication 2: a dead server is replaced alone (--recover); no worker restarts, no "resuming" line is
+        # awaited: complete once the replacement accepts connections, 0 steps lost.
+        r = self.Recovery(1, "replaced", "ps 1 (pid 7)", "killed by SIGKILL", "ps 1 alone with --recover (pid 9)",
+                          10.0, {"worker 0": 60, "worker 1": None}, [])
+        self.assertIsNone(r.lost)
+        self.assertIn("recovery 1: ps 1 (pid 7) died (killed by SIGKILL); restarted ps 1 alone with --recover (pid 9); "
+                      "not complete (ps 2 died first; the replacement never accepted connections)",
+                      r.unfinished("ps 2 died first"))
+        self.assertFalse(r.resumed("worker 0", 60, 11.0))  # it awaits no worker
+        r.up(10.75)
+        self.assertEqual(r.lost, 0)
+        self.assertEqual(r.report(3), "recovery 1 of at most 3: ps 1 (pid 7) died (killed by SIGKILL); restarted ps 1 "
+                                      "alone with --recover (pid 9); its replacement accepts connections, and the "
+                                      "workers, restarted by none, go on where they were (their last steps reported "
+                                      "before the death: worker 0 60, worker 1 (none)); steps lost: 0; recovery time "
+                                      "0.75 s (from noticing the death to the replacement accepting connections)")
+        worker = self.Recovery(2, "worker", "worker 1", "killed by SIGKILL", "worker 1", 20.0, {"worker 1": 70},
+                               ["worker 1"])
+        worker.resumed("worker 1", 71, 20.5, own=True)
+        self.assertEqual(self.summary([r, worker], 3),
+                         "recovery summary: 2 restarts of at most 3 (1 after a worker died, 1 after a server died, 1 "
+                         "of them replaced alone with --recover); steps lost: 0 (async/ssp: in the workers' own "
+                         "steps); recovery time 1.25 s in all (0.75 s, 0.50 s)")
+
     def test_the_resuming_line_says_whose_steps(self):
         import queue
 
@@ -1980,6 +2005,302 @@ class ReplicationTest(unittest.TestCase):
                 self.assertEqual(forwarded, applied, out)
                 self.assertEqual(found[backup][3], forwarded, out)  # the backup's replica took them all
                 self.assertEqual(errors, 0, out)
+
+    # ferry-ps's lines at its end, one per dense table holding chunks there: how many, and the fewest and most updates
+    # (versions) any of them took over the job, a replacement's taken over from the replica it started from.
+    DENSE = re.compile(r"^\[ps (\d)\] ferry-ps rank (\d): table '([^']+)': (\d+) dense chunk\(s\) here, each updated "
+                       r"(\d+) to (\d+) times$", re.M)
+
+    def test_sigkill_of_a_server_loses_no_update(self):
+        # Failover (protocol 1.22): ps 1 of an async ctr job of 3 servers and 2 workers with --replication 2, and no
+        # checkpoint folder, is SIGKILLed once a worker reached step 60. The launcher restarts it alone, with
+        # --recover, at its endpoint (--base-port 0: the port picked at the start); it takes its slots from server
+        # 2's replica and its replica of server 0's slots from server 0; the workers wait for it, send again what
+        # it had not answered, and go on: none is restarted, each takes its 200 steps. No update is lost or applied
+        # twice: an async worker pushes every dense table once a step (trainer/src/trainer.cc Step: one
+        # model_->Push(*store_, t) for each of its steps 0..199; ctr.cc Push -> Tower::Push -> ParamStore::Push,
+        # which sends each dense table once, in the exchange or PushDense), and each push updates each chunk of
+        # the table once, so at the end every chunk on every server, the replacement's included, took exactly
+        # 2 workers x 200 steps = 400 updates.
+        workers, steps = 2, 200
+        with tempfile.TemporaryDirectory(prefix="ferry-replicas-test-") as tmp:
+            r = Run(["--num-ps", "3", "--num-workers", str(workers), "--base-port", "0", "--gpus-per-host", "0",
+                     "--bin-dir", BUILD_DIR, "--log-dir", os.path.join(tmp, "logs"), "--replication", "2", "--",
+                     "--model", "ctr", "--ctr-train", "2000", "--ctr-test", "200", "--ctr-fields", "8",
+                     "--ctr-dense", "4", "--emb-dim", "16", "--hidden", "512,512", "--steps", str(steps),
+                     "--batch", "32", "--consistency", "async", "--log-every", "10", "--blas-threads", "1",
+                     "--optimizer", "adam", "--lr", "0.01"])
+            self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
+            r.wait_for(r"^\[worker \d\] step 60/200 ", 60)
+            victim = r.pids()["ps 1"]
+            os.kill(victim, signal.SIGKILL)
+            rc = r.finish(120)
+            out = r.output
+        self.assertEqual(rc, 0, out)
+        # ps 1 alone restarted, with its command and --recover (the same --bind: the workers and servers connect
+        # there again); nothing else restarted or stopped before the end.
+        self.assertIn(f"ps 1 (pid {victim}) died (killed by SIGKILL); replication 2: restarting it alone with "
+                      "--recover (it takes its state from servers 2 and 0); the workers wait for it (restart 1 of at "
+                      "most 3)", out)
+        cmds = started_commands(out)
+        self.assertEqual(len(cmds["ps 1"]), 2, out)
+        self.assertEqual(cmds["ps 1"][1], cmds["ps 1"][0] + " --recover", out)
+        self.assertEqual({name: len(c) for name, c in cmds.items() if name != "ps 1"},
+                         {"ps 0": 1, "ps 2": 1, "worker 0": 1, "worker 1": 1}, out)
+        self.assertNotIn("restarting it with --resume", out)
+        self.assertNotIn("restarting every process", out)
+        self.assertEqual(stops(out), [(["ps 0", "ps 1", "ps 2"], "all workers finished")], out)
+        listening = re.findall(r"(?m)^\[ps 1\] ferry-ps rank 1 of 3 listening on (\S+)", out)
+        self.assertEqual(len(listening), 2, out)
+        self.assertEqual(listening[0], listening[1], out)
+        m = re.search(rf"recovery 1 of at most 3: ps 1 \(pid {victim}\) died \(killed by SIGKILL\); restarted ps 1 "
+                      r"alone with --recover \(pid \d+\); its replacement accepts connections, and the workers, "
+                      r"restarted by none, go on where they were \(their last steps reported before the death: "
+                      r"worker 0 (\d+|\(none\)), worker 1 (\d+|\(none\))\); steps lost: 0; recovery time ([\d.]+) s",
+                      out)
+        self.assertTrue(m, out)
+        before = [int(s) for s in m.group(1, 2) if s != "(none)"]
+        self.assertGreaterEqual(max(before, default=0), 60, out)  # killed once a worker said step 60
+        self.assertTrue(len(before) < workers or min(before) < steps, f"ps 1 died after the last step:\n{out}")
+        self.assertIn("recovery summary: 1 restart of at most 3 (0 after a worker died, 1 after a server died, 1 of "
+                      "them replaced alone with --recover); steps lost: 0; recovery time", out)
+        for w in range(workers):
+            self.assertRegex(out, rf"(?m)^\[worker {w}\] step {steps}/{steps} ")
+            self.assertIn(f"worker {w} finished (exit status 0)", out)
+        # No update lost or applied twice. The ctr tower's dense tables (trainer/models/mlp.cc, Mlp::TableSpecs; in
+        # chunks of 2^16 floats): input 8 fields x 16 floats, side input 4 dense features, --hidden 512,512, one
+        # output. ctr/w1 has 4 chunks, which go round the 3 servers (placement.h ChunkSlot): each one holds some.
+        sizes = {"ctr/w0": 128 * 512, "ctr/w0s": 4 * 512, "ctr/b0": 512, "ctr/w1": 512 * 512, "ctr/b1": 512,
+                 "ctr/w2": 512, "ctr/b2": 1}
+        chunks = {name: -(-n // (1 << 16)) for name, n in sizes.items()}
+        held, seen = collections.Counter(), collections.Counter()
+        for shown, rank, name, n, least, most in self.DENSE.findall(out):
+            self.assertEqual(shown, rank, out)
+            self.assertIn(name, chunks, out)
+            self.assertEqual((int(least), int(most)), (workers * steps, workers * steps),
+                             f"server {rank}, table '{name}': its chunks took {least} to {most} updates, not "
+                             f"{workers * steps}:\n{out}")
+            held[name] += int(n)
+            seen[int(rank)] += 1
+        self.assertEqual(dict(held), chunks, out)  # every chunk reported, once, by the server that holds it
+        self.assertEqual(sorted(seen), [0, 1, 2], out)  # the replacement among them
+        # The replicas. Each ferry-ps counts from its own start: ps 1's lines are the replacement's. ps 2 -> ps 0 was
+        # never touched: as in a job without a death. ps 1 forwarded all it applied to ps 2, whose replica took them
+        # (and the dead ps 1's before). No replication error on ps 0 (its pushes that waited for the dead backup were
+        # answered once the replacement took ps 0's image) nor on ps 1. Not asserted: ps 2's errors (a late
+        # Replicate of the dead ps 1 that ps 2 reads after the replacement took over is refused and counted: its
+        # worker sends that push again to the replacement), and ps 0's forwarded count (some went to the dead one).
+        found = {int(m[0]): [int(x) for x in m[1:]] for m in self.LINE.findall(out)}
+        self.assertEqual(sorted(found), [0, 1, 2], out)
+        for rank, (applied, _, backup, _, primary, _) in found.items():
+            self.assertEqual((backup, primary), ((rank + 1) % 3, (rank + 2) % 3), out)
+            self.assertGreater(applied, 0, out)
+        self.assertEqual(found[2][1], found[2][0], out)
+        self.assertEqual(found[0][3], found[2][1], out)
+        self.assertEqual(found[1][1], found[1][0], out)
+        self.assertGreaterEqual(found[2][3], found[1][1], out)
+        self.assertEqual((found[0][5], found[1][5]), (0, 0), out)
+        pids = [pid for _, pid in all_pids(out)]
+        wait_until_gone(pids)
+        self.assertEqual([pid for pid in pids if pid_alive(pid)], [], "processes survived the launcher")
+
+
+def stops(output):
+    """[(sorted names, why)] of the launcher's "stopping NAME, ... (WHY)" lines, in order."""
+    return [(sorted(names.split(", ")), why)
+            for names, why in re.findall(r"ferry-launch: stopping (.*?) \((.*)\)$", output, re.M)]
+
+
+# Stand-ins for ServerReplacementTest. A ferry-ps that listens on its --bind port and sleeps; with --recover it first
+# waits FERRY_STUB_RECOVER_S seconds (taking its state from the replicas) or exits FERRY_STUB_RECOVER_EXIT (a ferry-ps
+# that refuses the flag). A ferry-trainer that says step 10 (worker 0 with FERRY_STUB_SAVED=1: and a checkpoint of
+# step 10), with --resume that it resumes at step 10, then exits 0 once the file FERRY_STUB_FINISH exists.
+STUB_REPLICA_PS = textwrap.dedent(f"""\
+    #!{sys.executable}
+    import os, re, socket, sys, time
+    argv = sys.argv[1:]
+    if "--recover" in argv:
+        if os.environ.get("FERRY_STUB_RECOVER_EXIT"):
+            print("stub ps: unknown flag --recover", flush=True)
+            sys.exit(int(os.environ["FERRY_STUB_RECOVER_EXIT"]))
+        time.sleep(float(os.environ.get("FERRY_STUB_RECOVER_S", "0")))
+    host, port = re.fullmatch(r"tcp://(.+):(\\d+)", argv[argv.index("--bind") + 1]).groups()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, int(port)))
+    s.listen()
+    print(f"stub ps rank {{argv[argv.index('--rank') + 1]}} pid {{os.getpid()}} listening on port {{port}}",
+          flush=True)
+    time.sleep(120)
+    """)
+STUB_WAITING_TRAINER = textwrap.dedent(f"""\
+    #!{sys.executable}
+    import os, sys, time
+    argv = sys.argv[1:]
+    rank = argv[argv.index("--rank") + 1]
+    print(f"stub trainer rank {{rank}} pid {{os.getpid()}} args {{argv}}", flush=True)
+    if "--resume" in argv:
+        print(f"[worker {{rank}}] resuming the job at step 10 of 100", flush=True)
+    print(f"[worker {{rank}}] step 10/100 epoch 1/1: loss 0.5", flush=True)
+    if rank == "0" and os.environ.get("FERRY_STUB_SAVED") == "1":
+        print("[worker 0] checkpoint of step 10 saved: stub", flush=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.environ["FERRY_STUB_FINISH"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    """)
+
+
+class ServerReplacementTest(unittest.TestCase):
+    """--replication 2: a dead server restarts alone with --recover, with stand-ins for ferry-ps and ferry-trainer (no
+    --recover needed from the binaries): its command and endpoint, the workers left running, the restarts counted,
+    the fall back to the checkpoint when two servers are dead at once or the replacement refuses the flag."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-test-")
+        self.dir = self.tmp.name
+        self.finish = os.path.join(self.dir, "finish")  # the stand-in workers exit 0 once it exists
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_job(self, extra=(), env=None):
+        d = os.path.join(self.dir, "bin")
+        os.makedirs(d, exist_ok=True)
+        write_script(os.path.join(d, "ferry-ps"), STUB_REPLICA_PS)
+        write_script(os.path.join(d, "ferry-trainer"), STUB_WAITING_TRAINER)
+        r = Run(["--num-ps", "3", "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0", "--grace", "1",
+                 "--bin-dir", d, "--log-dir", os.path.join(self.dir, "logs"), "--replication", "2"] + list(extra),
+                env=dict(env or {}, FERRY_STUB_FINISH=self.finish))
+        self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
+        for w in (0, 1):
+            r.wait_for(rf"^\[worker {w}\] step 10/100 ", 30)
+        return r
+
+    def end_job(self, r):
+        with open(self.finish, "w"):
+            pass
+        rc = r.finish(30)
+        pids = [int(p) for p in re.findall(r"stub (?:ps|trainer) rank \d+ pid (\d+)", r.output)]
+        pids += [pid for _, pid in all_pids(r.output)]
+        wait_until_gone(pids)
+        self.assertEqual([p for p in pids if pid_alive(p)], [], "stand-ins survived")
+        return rc, r.output
+
+    def test_the_replacement_runs_the_same_command_with_recover_not_restore(self):
+        load_launcher_module()
+        from ferry_launch.cli import load_cluster, parse_args
+        from ferry_launch.commands import Binaries, build_commands
+        for resume in (False, True):
+            ap, opts = parse_args(["--num-ps", "2", "--num-workers", "1", "--base-port", "7470", "--replication", "2",
+                                   "--ps-arg=--max-wait-s 30", "--bin-dir", BUILD_DIR]
+                                  + (["--resume", self.dir] if resume else []))
+            cluster = load_cluster(ap, opts)
+            build_commands(cluster, Binaries(opts.bin_dir), opts, lambda t: [])
+            for t in cluster.ps:
+                self.assertEqual("--restore" in t.argv, resume)
+                # Its own command (its --bind, --peers, --ps-arg flags), without --restore, with --recover.
+                self.assertEqual(t.recover_argv, [w for w in t.argv if w != "--restore"][:-2]
+                                 + ["--recover", "--max-wait-s", "30"])
+                self.assertEqual(t.command(resumed=True, recover=True), (t.recover_argv, t.env))
+        ap, opts = parse_args(["--num-ps", "2", "--num-workers", "1", "--bin-dir", BUILD_DIR])
+        cluster = load_cluster(ap, opts)
+        build_commands(cluster, Binaries(opts.bin_dir), opts, lambda t: [])
+        self.assertEqual([t.recover_argv for t in cluster.ps], [None, None])  # no replicas, no --recover
+        rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--dry-run", "--ps-arg=--recover"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--ps-arg flag --recover is set by the launcher; remove it", out)
+        rc, out = run_in_process(["--num-ps", "2", "--num-workers", "1", "--dry-run", "--replication", "2"])
+        self.assertEqual(rc, 0, out)
+        self.assertIn("a dead server: it alone restarts with --recover, taking its state from its neighbours' "
+                      "replicas, while the workers wait for it; two dead at once: everything stops", out)
+
+    def test_a_dead_server_restarts_alone_with_recover_at_its_endpoint_twice(self):
+        r = self.run_job(env={"FERRY_STUB_RECOVER_S": "0.3"})
+        first = r.pids()["ps 1"]
+        os.kill(first, signal.SIGKILL)
+        r.wait_for(r"recovery 1 of at most 3: ps 1 ", 30)
+        second = r.pids()["ps 1"]  # (the newest "started" line's)
+        self.assertNotEqual(second, first)
+        os.kill(second, signal.SIGKILL)  # the replacement dies too: replaced the same way, counted again
+        r.wait_for(r"recovery 2 of at most 3: ps 1 ", 30)
+        rc, out = self.end_job(r)
+        self.assertEqual(rc, 0, out)
+        for n, pid in ((1, first), (2, second)):
+            self.assertIn(f"ps 1 (pid {pid}) died (killed by SIGKILL); replication 2: restarting it alone with "
+                          "--recover (it takes its state from servers 2 and 0); the workers wait for it (restart "
+                          f"{n} of at most 3)", out)
+            m = re.search(rf"recovery {n} of at most 3: ps 1 \(pid {pid}\) died \(killed by SIGKILL\); restarted ps 1 "
+                          r"alone with --recover \(pid \d+\); its replacement accepts connections, and the workers, "
+                          r"restarted by none, go on where they were \(their last steps reported before the death: "
+                          r"worker 0 10, worker 1 10\); steps lost: 0; recovery time ([\d.]+) s \(from noticing the "
+                          r"death to the replacement accepting connections\)", out)
+            self.assertTrue(m, out)
+            self.assertGreaterEqual(float(m.group(1)), 0.3)  # the replacement listens after taking its state
+        cmds = started_commands(out)
+        self.assertEqual(cmds["ps 1"][1:], [cmds["ps 1"][0] + " --recover"] * 2, out)
+        self.assertEqual({name: len(c) for name, c in cmds.items() if name != "ps 1"},
+                         {"ps 0": 1, "ps 2": 1, "worker 0": 1, "worker 1": 1}, out)
+        ports = re.findall(r"(?m)^\[ps 1\] stub ps rank 1 pid \d+ listening on port (\d+)$", out)
+        self.assertEqual(len(ports), 3, out)
+        self.assertEqual(len(set(ports)), 1, out)  # --base-port 0: the port picked at the start, each time
+        self.assertEqual(stops(out), [(["ps 0", "ps 1", "ps 2"], "all workers finished")], out)
+        self.assertIn("recovery summary: 2 restarts of at most 3 (0 after a worker died, 2 after a server died, 2 of "
+                      "them replaced alone with --recover); steps lost: 0; recovery time", out)
+
+    def test_a_second_death_before_the_replacement_is_up_falls_back_to_the_checkpoint(self):
+        # The replacement of ps 1 takes 5 s to take its state; ps 2 dies meanwhile: ps 1's slots may be gone
+        # from both their copies (on ps 1 and ps 2), so every process restarts from the checkpoint.
+        r = self.run_job(extra=["--checkpoint-dir", os.path.join(self.dir, "ckpt")],
+                         env={"FERRY_STUB_RECOVER_S": "5", "FERRY_STUB_SAVED": "1"})
+        r.wait_for(r"^\[worker 0\] checkpoint of step 10 saved", 30)
+        pids = r.pids()
+        os.kill(pids["ps 1"], signal.SIGKILL)
+        r.wait_for(r"restarting it alone with --recover", 30)
+        os.kill(pids["ps 2"], signal.SIGKILL)
+        r.wait_for(r"recovery 2 of at most 3: ps 2 ", 30)
+        rc, out = self.end_job(r)
+        self.assertEqual(rc, 0, out)
+        replacement = re.search(r"restarted ps 1 pid (\d+): .* --recover$", out, re.M)
+        self.assertTrue(replacement, out)
+        self.assertIn(f"recovery 1: ps 1 (pid {pids['ps 1']}) died (killed by SIGKILL); restarted ps 1 alone with "
+                      f"--recover (pid {replacement.group(1)}); not complete (ps 2 died first; the replacement never "
+                      "accepted connections)", out)
+        self.assertIn(f"ps 2 (pid {pids['ps 2']}) died (killed by SIGKILL) before ps 1's replacement accepted "
+                      "connections; with replication 2 a server's slots are on it and on the next server only, so two "
+                      "servers dead at once may have taken both copies of some: every process restarts from the "
+                      "newest checkpoint instead", out)
+        self.assertIn(f"ps 2 (pid {pids['ps 2']}) died (killed by SIGKILL); restarting every process from the newest "
+                      "checkpoint (step 10 or later)", out)
+        self.assertIn(f"recovery 2 of at most 3: ps 2 (pid {pids['ps 2']}) died (killed by SIGKILL); restarted ps 0, "
+                      "ps 1, ps 2 with --restore and worker 0, worker 1 with --resume; the job resumed at step 10", out)
+        cmds = started_commands(out)
+        for rank in (0, 1, 2):
+            self.assertTrue(cmds[f"ps {rank}"][-1].endswith(" --restore"), out)
+        self.assertIn("recovery summary: 2 restarts of at most 3 (0 after a worker died, 2 after a server died, 1 of "
+                      "them replaced alone with --recover); steps lost: 0; recovery time", out)
+        self.assertIn("; 1 not complete", out)
+
+    def test_a_replacement_that_refuses_recover_falls_back_to_the_checkpoint(self):
+        # A ferry-ps without --recover exits 2: another try would fail the same way. Without a checkpoint
+        # folder nothing can bring ps 1's state back: the job stops, saying why.
+        r = self.run_job(env={"FERRY_STUB_RECOVER_EXIT": "2"})
+        victim = r.pids()["ps 1"]
+        os.kill(victim, signal.SIGKILL)
+        rc = r.finish(30)
+        out = r.output
+        self.assertEqual(rc, 1, out)
+        replacement = re.search(r"restarted ps 1 pid (\d+): .* --recover$", out, re.M)
+        self.assertTrue(replacement, out)
+        self.assertEqual(len(re.findall(r"restarted ps 1 pid", out)), 1, out)
+        self.assertIn(f"ps 1 (pid {replacement.group(1)}), the replacement of ps 1, exited with status 2: ferry-ps "
+                      "refused its flags (one without --recover?), and a restart would fail the same way: every "
+                      "process restarts from the newest checkpoint instead", out)
+        self.assertIn("cannot recover from the death of ps 1: a server's state comes back only from a checkpoint, "
+                      "and there is no checkpoint folder (--checkpoint-dir DIR)", out)
+        self.assertIn("stub ps: unknown flag --recover", out)  # the failure summary shows why
+        self.assertIn("recovery summary: 1 restart of at most 3 (0 after a worker died, 1 after a server died, 1 of "
+                      "them replaced alone with --recover); steps lost: 0; 1 not complete", out)
+        self.assertNotRegex(out, r"restarted worker")
 
 
 class UsageErrorTest(unittest.TestCase):

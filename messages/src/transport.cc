@@ -58,6 +58,7 @@ Status FromZmq(const zmq::error_t& e, const char* what) {
 }  // namespace
 
 void internal::HandoffReceived() { transport::HandoffReceived(); }
+void internal::HandoffDone() { transport::HandoffSend(); }
 
 void Lender::Release() {
   if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) {

@@ -4,7 +4,9 @@
 // workers pushing at once every replica holds its primary's bits; a push is answered only once
 // the backup has its update, and fails naming the backup when it never confirms; a replica
 // restored with its primary follows it on; what replicas cannot follow yet is refused.
+#include <atomic>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <map>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include "ferry/messages/placement.h"
 #include "ferry/messages/transport.h"
@@ -160,7 +163,7 @@ TEST(Replicas, EveryReplicaHoldsItsPrimarysBitsAfterTwoWorkersPushedAtOnce) {
 
 TEST(Replicas, APushIsAnsweredOnlyOnceItsBackupHasItAndFailsNamingABackupThatNeverConfirms) {
   ServerOptions o = Replicated(1);
-  o.worker_timeout = 1s;
+  o.failover_timeout = 1s;
   auto c = LocalCluster::Start(2, false, o);
   ASSERT_EQ(c.servers.size(), 2u);
   std::unique_ptr<Client> me = c.Connect(0, 1, NoHeartbeats());
@@ -200,6 +203,183 @@ TEST(Replicas, AReplicaRestoredWithItsPrimaryHoldsItsBitsAndFollowsItOn) {
   ExpectReplicasHoldTheirPrimariesBits(Counters(c));
 }
 
+// Failover (1.22): one worker trains `steps` async steps from `first` (deterministic: one worker),
+// pushing and pulling "w", "emb" and "big" as Train does; after step `replace_at` (if in range), the
+// test calls `replace` while the worker goes on.
+void TrainOne(const LocalCluster& c, int64_t first, int64_t steps, int64_t replace_at = -1,
+              const std::function<void()>& replace = nullptr) {
+  std::atomic<int64_t> done{first};
+  std::thread replacer;
+  if (replace) {
+    replacer = std::thread([&] {
+      while (done.load() <= replace_at) std::this_thread::sleep_for(1ms);
+      replace();
+    });
+  }
+  {
+    std::unique_ptr<Client> me = c.Connect(0, 1, NoHeartbeats());
+    ASSERT_NE(me, nullptr);
+    for (const TableSpec& spec : {Dense(), Sparse(), Big()}) ASSERT_TRUE(me->Declare(spec).ok());
+    std::vector<float> g(kDense), out(kDense), rows(16 * kDim), grads(16 * kDim), big(kBig);
+    for (int64_t step = first; step < first + steps; ++step) {
+      for (int64_t i = 0; i < kDense; ++i) g[static_cast<size_t>(i)] = Grad(0, step, i);
+      const DenseIn in{"w", g};
+      const DenseOut o{"w", out};
+      Status s = me->PushPullDense(std::span(&in, 1), std::span(&o, 1), step).wait(60s);
+      ASSERT_TRUE(s.ok()) << "step " << step << ": " << s;
+      const std::vector<int64_t> ids = Ids(0, step);
+      for (size_t i = 0; i < grads.size(); ++i) grads[i] = Grad(0, step, static_cast<int64_t>(i) + 200);
+      // Not waited for one by one: a replacement finds several in flight.
+      Handle sparse = me->PushSparse("emb", ids, grads, step);
+      for (int64_t i = 0; i < kBig; i += 997) big[static_cast<size_t>(i)] = Grad(0, step, i);
+      Handle dense = me->PushDense("big", big, step);
+      s = sparse.wait(60s);
+      ASSERT_TRUE(s.ok()) << "step " << step << ": " << s;
+      s = dense.wait(60s);
+      ASSERT_TRUE(s.ok()) << "step " << step << ": " << s;
+      s = me->PullSparse("emb", ids, rows, step + 1).wait(60s);
+      ASSERT_TRUE(s.ok()) << "step " << step << ": " << s;
+      done.store(step + 1);
+    }
+  }
+  if (replacer.joinable()) replacer.join();
+}
+
+// Every server's digests of its own tables, by server and table.
+std::vector<std::map<std::string, int64_t>> Digests(const LocalCluster& c, int workers) {
+  std::unique_ptr<Client> reader = c.Connect(0, workers, NoHeartbeats());
+  std::vector<std::map<std::string, int64_t>> all(c.servers.size());
+  for (size_t s = 0; s < c.servers.size(); ++s) {
+    auto counters = reader->ServerCounters(static_cast<int>(s), /*digests=*/true);
+    // (A server spends a fifth of its time on digests at most: it says when to ask again.)
+    for (int i = 0; i < 100 && counters.status().code() == StatusCode::kUnavailable; ++i) {
+      std::this_thread::sleep_for(50ms);
+      counters = reader->ServerCounters(static_cast<int>(s), /*digests=*/true);
+    }
+    EXPECT_TRUE(counters.ok()) << counters.status();
+    if (!counters.ok()) continue;
+    for (const auto& [name, v] : *counters) {
+      if (name.starts_with("digest:") || name.starts_with("replica_digest:") || name.starts_with("replica_out_of"))
+        all[s][name] = v;
+    }
+  }
+  return all;
+}
+
+// A short folder for ipc endpoints (a socket's path has at most 107 bytes), removed at the end.
+struct IpcDir {
+  IpcDir() {
+    char name[] = "/tmp/ffoXXXXXX";
+    EXPECT_NE(::mkdtemp(name), nullptr);
+    path = name;
+  }
+  ~IpcDir() { std::filesystem::remove_all(path); }
+  std::string path;
+};
+
+// Three servers on ipc endpoints in `dir`, replication 2.
+ServerOptions ReplicatedOn(const IpcDir& dir, int workers) {
+  ServerOptions o = Replicated(workers);
+  for (int s = 0; s < 3; ++s) o.peers.push_back("ipc://" + dir.path + "/ps" + std::to_string(s));
+  o.failover_timeout = 30s;
+  return o;
+}
+
+TEST(Failover, AServerReplacedWithRecoverWhileAWorkerTrainsEndsWithTheBitsOfAJobThatLostNone) {
+  constexpr int64_t kSteps = 24;
+  // The job that lost no server.
+  IpcDir ref_dir;
+  auto ref = LocalCluster::Start(3, false, ReplicatedOn(ref_dir, 1));
+  ASSERT_EQ(ref.servers.size(), 3u);
+  TrainOne(ref, 0, kSteps);
+  const auto want = Digests(ref, 1);
+
+  IpcDir dir;
+  const ServerOptions base = ReplicatedOn(dir, 1);
+  auto c = LocalCluster::Start(3, false, base);
+  ASSERT_EQ(c.servers.size(), 3u);
+  TrainOne(c, 0, kSteps, /*replace_at=*/9, [&] {
+    c.servers[1].reset();  // stopped, its sockets closed: the worker and server 0 lose it
+    std::this_thread::sleep_for(200ms);  // pushes wait meanwhile
+    ServerOptions o = base;
+    o.bind = base.peers[1];
+    o.rank = 1;
+    o.num_servers = 3;
+    o.context = c.context;
+    o.compute_threads = 1;
+    o.recover = true;
+    auto replacement = Server::Start(o);
+    ASSERT_TRUE(replacement.ok()) << replacement.status();
+    c.servers[1] = std::move(replacement).value();
+  });
+  const auto got = Digests(c, 1);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < got.size(); ++s) {
+    EXPECT_FALSE(got[s].empty()) << "server " << s;
+    EXPECT_EQ(got[s], want[s]) << "server " << s;  // its tables and its replica, bit for bit
+  }
+  // The replacement took the steps its predecessor had taken with its slots (it came after step 9):
+  // a push of one of them, sent again (its reply lost with the old process), is skipped as a replay;
+  // one of a later step is applied.
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; ids.size() < 4; ++id) {
+    if (placement::IdServer(id, 3) == 1) ids.push_back(id);
+  }
+  const std::vector<float> grads(ids.size() * kDim, 0.25f);
+  const int64_t skipped = c.servers[1]->stats().counters.at("replayed_updates_skipped");
+  for (const int64_t step : {int64_t{5}, kSteps}) {
+    {
+      std::unique_ptr<Client> me = c.Connect(0, 1, NoHeartbeats());
+      ASSERT_TRUE(me->Declare(Sparse()).ok());
+      const Status again = me->PushSparse("emb", ids, grads, step).wait(20s);
+      ASSERT_TRUE(again.ok()) << again;
+    }
+    const bool replay = step < 10;
+    EXPECT_EQ(c.servers[1]->stats().counters.at("replayed_updates_skipped"), skipped + 1) << "step " << step;
+    EXPECT_EQ(Digests(c, 1)[1].at("digest:emb") == want[1].at("digest:emb"), replay) << "step " << step;
+  }
+  for (auto& server : c.servers) server->Stop();
+  for (size_t s = 0; s < c.servers.size(); ++s) {
+    for (const DenseUpdates& d : c.servers[s]->dense_updates()) {
+      EXPECT_EQ(d.least, kSteps) << "server " << s << " table " << d.table;  // each push once: none lost
+      EXPECT_EQ(d.most, kSteps) << "server " << s << " table " << d.table;   // none twice
+    }
+  }
+}
+
+TEST(Failover, ARecoverWithoutItsPeersFailsNamingThem) {
+  IpcDir dir;
+  ServerOptions o = ReplicatedOn(dir, 1);
+  o.bind = o.peers[1];
+  o.rank = 1;
+  o.num_servers = 3;
+  o.recover = true;
+  o.failover_timeout = 1s;
+  auto s = Server::Start(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kDeadlineExceeded) << s.status();
+  EXPECT_NE(s.status().message().find("server 2 (" + o.peers[2] + ") sent no image of server 1's slots"),
+            std::string::npos)
+      << s.status();
+  o.recover = true;
+  o.restore = true;
+  o.checkpoint_dir = dir.path;
+  s = Server::Start(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("exclusive"), std::string::npos) << s.status();
+  o.restore = false;
+  o.replication = 1;
+  o.peers.clear();
+  s = Server::Start(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("it needs replication 2"), std::string::npos) << s.status();
+}
+
+template <typename T>
+std::string Bytes(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
 // A peer that sends a backup Replicate messages by hand, as a primary would.
 struct Primary {
   Primary(Context& context, const std::string& backup) {
@@ -228,6 +408,7 @@ struct Primary {
     b.add_request_id(++id);
     b.add_rank(rank);
     b.add_step(3);
+    b.add_incarnation(incarnation);
     if (!d.IsNull()) b.add_slices(d);
     if (!sp.IsNull()) b.add_sparse(sp);
     if (!v.IsNull()) b.add_versions(v);
@@ -243,13 +424,95 @@ struct Primary {
     EXPECT_EQ(h->request_id(), id);
     return h->kind() == wire::Kind::Error ? wire::ErrorStatus(*h) : Status::Ok();
   }
+  // A page of the image of server `whose`'s slots (1.22 Snapshot): its header's fields, and its bytes.
+  struct Page {
+    Status status;
+    int64_t total = 0, position = 0;
+    uint64_t epoch = 0;
+    uint32_t incarnation = 0;
+    std::string bytes;
+  };
+  Page Snapshot(int whose, int64_t position, uint64_t epoch, int64_t max_bytes) {
+    flatbuffers::FlatBufferBuilder fbb;
+    wire::HeaderBuilder b(fbb);
+    b.add_major(wire::kMajor);
+    b.add_minor(wire::kMinor);
+    b.add_kind(wire::Kind::Snapshot);
+    b.add_request_id(++id);
+    b.add_server_rank(whose);
+    b.add_position(position);
+    b.add_epoch(epoch);
+    b.add_max_bytes(max_bytes);
+    wire::FinishHeaderBuffer(fbb, b.Finish());
+    transport::Frames f;
+    f.push_back(wire::ToFrame(fbb));
+    Page page;
+    if (page.status = transport::Send(socket, f); !page.status.ok()) return page;
+    transport::Frames reply;
+    if (page.status = transport::Recv(socket, &reply); !page.status.ok()) return page;
+    const wire::Header* h = nullptr;
+    if (page.status = wire::VerifyHeader(reply[0], &h); !page.status.ok()) return page;
+    if (h->kind() == wire::Kind::Error) {
+      page.status = wire::ErrorStatus(*h);
+      return page;
+    }
+    page.total = h->version();
+    page.position = h->position();
+    page.epoch = h->epoch();
+    page.incarnation = h->incarnation();
+    if (reply.size() > 1) page.bytes.assign(static_cast<const char*>(reply[1].data()), reply[1].size());
+    return page;
+  }
   zmq::socket_t socket;
   uint64_t id = 0;
+  uint32_t incarnation = 0;  // the primary's (1.22)
 };
 
-template <typename T>
-std::string Bytes(const std::vector<T>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+TEST(Failover, AReplicasImageGoesInPagesAndFencesItsOldPrimary) {
+  auto c = LocalCluster::Start(2, false, Replicated(1));
+  ASSERT_EQ(c.servers.size(), 2u);
+  std::unique_ptr<Client> me = c.Connect(0, 1, NoHeartbeats());
+  ASSERT_TRUE(me->Declare(Dense()).ok());
+  ASSERT_TRUE(me->PushDense("w", std::vector<float>(kDense, 0.25f), 0).wait(20s).ok());
+  const uint64_t w = TableId("w");
+  int64_t chunk0 = -1;
+  for (int64_t k = 0; k < kDense / 4 && chunk0 < 0; ++k) {
+    if (placement::ChunkServer(w, k, 2) == 0) chunk0 = k;
+  }
+  Primary p(*c.context, c.endpoints[1]);
+  // Server 1 holds its own slots and server 0's replica, no other server's.
+  EXPECT_EQ(p.Snapshot(5, 0, 0, 0).status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.Snapshot(1, 64, 77, 0).status.code(), StatusCode::kFailedPrecondition);  // no such image
+  // Server 0's slots, as server 1's replica holds them, in pages of 100 bytes.
+  Primary::Page first = p.Snapshot(0, 0, 0, 100);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  EXPECT_EQ(first.bytes.size(), 100u);
+  EXPECT_EQ(first.incarnation, 0u);
+  std::string image = first.bytes;
+  while (static_cast<int64_t>(image.size()) < first.total) {
+    Primary::Page next = p.Snapshot(0, static_cast<int64_t>(image.size()), first.epoch, 100);
+    ASSERT_TRUE(next.status.ok()) << next.status;
+    ASSERT_EQ(next.position, static_cast<int64_t>(image.size()));
+    ASSERT_FALSE(next.bytes.empty());
+    image += next.bytes;
+  }
+  EXPECT_EQ(static_cast<int64_t>(image.size()), first.total);
+  EXPECT_GT(first.total, 4 * kDense);  // the chunks' values and Adam's state, at least
+  // The image went to server 0's replacement (incarnation 1): what its predecessor sends late is
+  // refused, not applied; the replacement's updates are.
+  const std::string four = Bytes(std::vector<float>(4, 1.0f));
+  const auto before = *me->ServerCounters(1, /*digests=*/true);
+  const wire::DenseSlice slice(w, chunk0, 4);
+  Status late = p.Send(0, {slice}, {}, {four});
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition) << late;
+  EXPECT_NE(late.message().find("incarnation 0, which its replacement (incarnation 1) took over"), std::string::npos)
+      << late;
+  EXPECT_EQ(me->ServerCounters(1, true)->at("replica_digest:w"), before.at("replica_digest:w"));
+  p.incarnation = 1;
+  const Status next = p.Send(0, {slice}, {}, {four});
+  EXPECT_TRUE(next.ok()) << next;
+  std::this_thread::sleep_for(300ms);  // (digests: a fifth of the server's time at most)
+  EXPECT_NE(me->ServerCounters(1, true)->at("replica_digest:w"), before.at("replica_digest:w"));
 }
 
 TEST(Replicas, AMalformedReplicateIsRefusedWholeAndChangesNothing) {

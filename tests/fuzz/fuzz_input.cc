@@ -73,6 +73,8 @@ struct HeaderFields {
   uint64_t placement_version = 0;  // 1.17
   std::vector<uint16_t> placement;
   bool full = false;
+  int snapshot_of = -1;  // 1.22 Snapshot: whose slots
+  int64_t position = 0;
 };
 
 std::string Header(const HeaderFields& f) {
@@ -117,6 +119,11 @@ std::string Header(const HeaderFields& f) {
   if (f.placement_version != 0) b.add_placement_version(f.placement_version);
   if (!f.placement.empty()) b.add_placement(placement);
   if (f.full) b.add_full(true);
+  if (f.snapshot_of >= 0) {
+    b.add_server_rank(f.snapshot_of);
+    b.add_position(f.position);
+    b.add_max_bytes(4096);
+  }
   if (f.call != 0) {
     b.add_call(f.call);
     b.add_piece(f.piece);
@@ -295,6 +302,12 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
   h = make(Kind::Replicate);
   h.sparse = {wire::SparseSlice(TableId(sparse.name), sparse.dim, 4)};
   add("replicate_sparse", h, {Array(ids), Array(std::vector<float>(static_cast<size_t>(4 * sparse.dim), 0.1f))});
+  // 1.22: a replacement's request for a page of an image (this server keeps no replica: refused).
+  h = make(Kind::Snapshot);
+  h.snapshot_of = 0;
+  add("snapshot_first_page", h);
+  h.position = 4096;
+  add("snapshot_next_page", h);
   return seeds;
 }
 

@@ -39,6 +39,7 @@ LocalCluster LocalCluster::Start(int num_servers, bool tcp, ServerOptions base) 
   for (int s = 0; s < num_servers; ++s) {
     ServerOptions o = base;
     o.bind = tcp ? "tcp://127.0.0.1:0" : inproc(s);
+    if (!base.peers.empty() && !base.peers[static_cast<size_t>(s)].starts_with("inproc://")) o.bind = base.peers[s];
     o.rank = s;
     o.num_servers = num_servers;
     if (!o.curve) o.context = c.context;  // a CURVE server has its own (for its ZAP handler)

@@ -30,7 +30,8 @@ struct LocalCluster {
   // Starts `num_servers` servers; endpoints are unique per cluster. `tcp` binds 127.0.0.1:0.
   // They share `context`, but for servers with CURVE (base.curve), which have their own. With
   // base.disk_tier_dir, server s keeps its store in disk_tier_dir/server-s. With base.replication 2
-  // on inproc, base.peers are the servers' own endpoints (tcp: the test gives them).
+  // on inproc, base.peers are the servers' own endpoints (tcp: the test gives them); peers given on
+  // tcp or ipc are the endpoints the servers bind.
   static LocalCluster Start(int num_servers, bool tcp = false, ServerOptions base = {});
 
   // A connected client for worker `rank` of `num_workers` (fails the test on error).

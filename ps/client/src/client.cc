@@ -65,7 +65,8 @@ class ClientImpl final : public Client {
   ~ClientImpl() override { engine_.Stop(); }
 
   Status Start() {
-    FERRY_RETURN_IF_ERROR(engine_.Start([this](int s, const Header& h) { AdoptFrom(s, h); }));
+    FERRY_RETURN_IF_ERROR(engine_.Start([this](int s, const Header& h) { AdoptFrom(s, h); },
+                                        [this](int s) { return HelloHeader(s); }));
     // A server refuses a Hello for this rank while another connection that is alive speaks for
     // it: this worker's predecessor, whose connection may not have closed yet (a client closed
     // just now in this process: ZeroMQ closes it in the background; a stopped process: the
@@ -149,16 +150,9 @@ class ClientImpl final : public Client {
     auto op = engine_.NewOp();
     for (const int s : *sent) {
       if (assume_minor && engine_.minor(s) == 0) engine_.set_minor(s, wire::kMembersSinceMinor);
-      flatbuffers::FlatBufferBuilder fbb(128);
-      auto h = engine_.BeginHeader(fbb, Kind::Hello);
-      h.add_num_workers(options_.num_workers);
-      h.add_num_servers(num_servers());
-      h.add_server_rank(s);
-      h.add_heartbeat_ms(engine_.HeartbeatEvery().count());
-      if (options_.resumes) h.add_resumes(true);
-      if (options_.joins_at > 0) h.add_joins_at(options_.joins_at);
       OnReply on_reply = [this, s](const Header& reply, Frames&) -> Status {
         engine_.set_minor(s, reply.minor());
+        engine_.set_server(s, reply.epoch(), reply.replication() == 2);
         if (!placement::PlacesAlike(reply.minor(), num_servers())) {
           return FailedPreconditionError("placement mismatch: server " + std::to_string(s) + " speaks protocol 1." +
                                          std::to_string(reply.minor()) +
@@ -190,9 +184,22 @@ class ClientImpl final : public Client {
         }
         return Status::Ok();
       };
-      engine_.Submit(op, s, Kind::Hello, engine_.FinishHeader(fbb, h), {}, std::move(on_reply), timeout);
+      engine_.Submit(op, s, Kind::Hello, HelloHeader(s), {}, std::move(on_reply), timeout);
     }
     return Handle(op);
+  }
+
+  // This worker's Hello to server `s` (a replacement's too, 1.22: the engine sends that one).
+  zmq::message_t HelloHeader(int s) {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    auto h = engine_.BeginHeader(fbb, Kind::Hello);
+    h.add_num_workers(options_.num_workers);
+    h.add_num_servers(num_servers());
+    h.add_server_rank(s);
+    h.add_heartbeat_ms(engine_.HeartbeatEvery().count());
+    if (options_.resumes) h.add_resumes(true);
+    if (options_.joins_at > 0) h.add_joins_at(options_.joins_at);
+    return engine_.FinishHeader(fbb, h);
   }
 
   // The servers this client speaks to under `map` (1.20, PROTOCOL.md "Servers joining and

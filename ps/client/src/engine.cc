@@ -176,19 +176,23 @@ Engine::Engine(const ClientOptions& options, std::shared_ptr<Context> context)
     : options_(options),
       context_(std::move(context)),
       server_minor_(options.servers.size()),
+      server_epoch_(options.servers.size()),
+      replicated_(options.servers.size()),
       gate_(std::make_shared<IoGate>()) {
   MutexLock lock(&gate_->mu);
   gate_->engine = this;
 }
 
-Status Engine::Start(OnMoved on_moved) {
+Status Engine::Start(OnMoved on_moved, MakeHello make_hello) {
   on_moved_ = std::move(on_moved);
+  make_hello_ = std::move(make_hello);
   if (!waker_.ok() || !driver_waker_.ok()) return InternalError("cannot create an eventfd for the client's I/O");
   {
     MutexLock lock(&io_mu_);
     sockets_.resize(options_.servers.size());
     monitors_.resize(options_.servers.size());
     handshaken_.resize(options_.servers.size());
+    rehello_.resize(options_.servers.size());
     for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
   }
   MutexLock lock(&stop_mu_);
@@ -294,6 +298,10 @@ void Engine::Submit(const std::shared_ptr<Handle::State>& op, int server, Kind k
   r.frames.reserve(1 + payload.size());
   r.frames.push_back(std::move(header));
   for (auto& p : payload) r.frames.push_back(std::move(p));
+  if (replicated_[static_cast<size_t>(server)].load(std::memory_order_relaxed) && make_hello_) {
+    r.resend.resize(r.frames.size());
+    for (size_t i = 0; i < r.frames.size(); ++i) r.resend[i].copy(r.frames[i]);
+  }
   r.on_reply = std::move(on_reply);
   r.op = op;
   r.sent = SteadyClock::now();
@@ -348,6 +356,7 @@ void Engine::TellIoThread() {
 }
 
 void Engine::Done(Request& r, const Status& s, bool moved) {
+  r.resend.clear();  // (a lent frame goes back once ZeroMQ and these have let it go)
   r.op->Finish(s, moved,
                r.kind == Kind::PushDense || r.kind == Kind::PushPullDense || r.kind == Kind::PushSparse ||
                    r.kind == Kind::PushSparseTables);
@@ -699,6 +708,9 @@ void Engine::HandleReply(int server, Frames& frames, bool truncated) {
   if (!verified.ok()) return Done(r, verified.WithContext(where + ": the server's reply"));
   if (truncated) return Done(r, DataLossError(where + ": reply has too many frames"));
   if (h->kind() == Kind::Error) {
+    if (r.kind == Kind::Hello && rehello_[static_cast<size_t>(server)] == r.id) {
+      Replaced(server, r.id, 0, wire::ErrorStatus(*h).WithContext("its replacement refused this worker's Hello"));
+    }
     const bool moved = h->placement() != nullptr && on_moved_ && r.op->rerun;
     if (moved) on_moved_(server, *h);
     return Done(r, wire::ErrorStatus(*h).WithContext(where), moved);
@@ -784,6 +796,10 @@ bool Engine::OnMonitorEvent(int s, Frames& frames) {
     });
     return true;
   }
+  if (replicated_[static_cast<size_t>(s)].load() && make_hello_) {
+    AwaitReplacement(s);
+    return true;
+  }
   const std::string why = options_.heartbeat_timeout.count() > 0
                               ? " closed the connection or left heartbeats unanswered for " +
                                     std::to_string(options_.heartbeat_timeout.count()) + " ms"
@@ -820,6 +836,104 @@ void Engine::FailServer(int s, Why&& why) {
   }
   Status st = OpenSocket(s);
   if (!st.ok()) std::fprintf(stderr, "ferry client: %s\n", st.ToString().c_str());
+}
+
+void Engine::AwaitReplacement(int s) {
+  const uint64_t known = server_epoch_[static_cast<size_t>(s)].load();
+  // What the old socket still queued goes; what waits for an answer stays in flight.
+  if (Status st = OpenSocket(s); !st.ok()) {
+    std::fprintf(stderr, "ferry client: %s\n", st.ToString().c_str());
+    return;
+  }
+  zmq::message_t header = make_hello_(s);
+  const Header* verified = nullptr;
+  if (!wire::VerifyHeader(header, &verified).ok()) return;  // (our own header: also aligns it)
+  Request hello;
+  hello.id = verified->request_id();
+  hello.server = s;
+  hello.kind = Kind::Hello;
+  hello.frames.push_back(std::move(header));
+  const uint64_t id = hello.id;
+  rehello_[static_cast<size_t>(s)] = id;
+  hello.on_reply = [this, s, id](const Header& reply, Frames&) -> Status {
+    Replaced(s, id, reply.epoch(), Status::Ok());
+    return Status::Ok();
+  };
+  hello.op = NewOp();
+  {
+    MutexLock lock(&hello.op->mu);
+    hello.op->pending = 1;
+  }
+  hello.sent = SteadyClock::now();
+  hello.deadline = hello.sent + options_.request_timeout;
+  {
+    MutexLock lock(&room_mu_);
+    ++outstanding_;  // Done frees it
+  }
+  int64_t waiting = 0;
+  for (const auto& [rid, r] : in_flight_) waiting += r.server == s ? 1 : 0;
+  std::fprintf(stderr,
+               "ferry client: worker %d: %s closed the connection (process %llx); it keeps replicas: %lld request(s) "
+               "wait for its replacement, to be sent again once it listens\n",
+               options_.rank, ServerName(s).c_str(), static_cast<unsigned long long>(known),
+               static_cast<long long>(waiting));
+  SendNow(hello);
+  // A Hello that fails (or is never answered) fails what waits too.
+  auto it = in_flight_.find(id);
+  if (it == in_flight_.end()) Replaced(s, id, known, UnavailableError("the Hello to its replacement failed"));
+}
+
+void Engine::Replaced(int s, uint64_t hello, uint64_t epoch, const Status& failed) {
+  rehello_[static_cast<size_t>(s)] = 0;
+  const uint64_t known = server_epoch_[static_cast<size_t>(s)].load();
+  std::vector<uint64_t> ids;
+  for (const auto& [id, r] : in_flight_) {
+    if (r.server == s && id != hello) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  const bool same = failed.ok() && epoch == known;
+  if (!failed.ok() || same) {
+    const std::string why = !failed.ok() ? failed.message()
+                                         : "it is the same process (the connection alone was lost): it may have "
+                                           "applied them, so they are not sent again";
+    for (const uint64_t id : ids) {
+      auto it = in_flight_.find(id);
+      Request r = std::move(it->second);
+      in_flight_.erase(it);
+      deadlines_.Remove(r.deadline, r.id);
+      Done(r, UnavailableError(std::string(wire::KindName(r.kind)) + " abandoned: " + ServerName(s) +
+                               " closed the connection; " + why));
+    }
+    return;
+  }
+  server_epoch_[static_cast<size_t>(s)].store(epoch);
+  int64_t sent = 0, failed_now = 0;
+  for (const uint64_t id : ids) {
+    auto it = in_flight_.find(id);
+    Request& r = it->second;
+    Status st = r.resend.empty() ? UnavailableError("sent before this client knew it keeps replicas: not kept")
+                                 : Status::Ok();
+    if (st.ok()) {
+      Frames again(r.resend.size());
+      for (size_t i = 0; i < again.size(); ++i) again[i].copy(r.resend[i]);
+      st = transport::Send(sockets_[static_cast<size_t>(s)], again, /*dontwait=*/true);
+    }
+    if (st.ok()) {
+      ++sent;
+      continue;
+    }
+    ++failed_now;
+    Request left = std::move(r);
+    in_flight_.erase(it);
+    deadlines_.Remove(left.deadline, left.id);
+    Done(left, UnavailableError(std::string(wire::KindName(left.kind)) + " to " + ServerName(s) +
+                                " could not be sent again to its replacement: " + st.message()));
+  }
+  std::fprintf(stderr,
+               "ferry client: worker %d: %s was replaced (process %llx): %lld request(s) sent again%s\n",
+               options_.rank, ServerName(s).c_str(), static_cast<unsigned long long>(epoch),
+               static_cast<long long>(sent),
+               failed_now > 0 ? (", " + std::to_string(failed_now) + " failed").c_str() : "");
 }
 
 void Engine::FailAll(const Status& s) {

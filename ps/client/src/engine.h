@@ -133,6 +133,9 @@ using OnReply = std::function<Status(const Header&, Frames&)>;
 // Called with a verified "moved" Error header (one with a `placement`, 1.17) from server `s`, on
 // the thread reading the replies, before its request completes as moved.
 using OnMoved = std::function<void(int s, const Header&)>;
+// Builds a Hello header (BeginHeader, FinishHeader) for server `s` (1.22: the engine greets a
+// replacement server itself, on the thread reading the replies).
+using MakeHello = std::function<zmq::message_t(int s)>;
 
 // A reply's payload has `n` frames / a frame has `bytes` (DATA_LOSS saying what it has).
 Status ExpectFrames(const Frames& payload, size_t n);
@@ -147,7 +150,8 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Opens a socket per server and starts the I/O thread. `on_moved`: see OnMoved (may be null).
-  Status Start(OnMoved on_moved = nullptr);
+  // `make_hello`: see MakeHello (null: a lost server fails what is in flight to it, always).
+  Status Start(OnMoved on_moved = nullptr, MakeHello make_hello = nullptr);
   // Heartbeats go from now on (after the handshake: a server takes them from a worker it knows).
   void StartHeartbeats();
   // The client's map (1.20): heartbeats carry its version, and go to the servers `member` marks
@@ -179,6 +183,14 @@ class Engine {
   // Server `s`'s protocol minor (0 until its Hello reply said it: set_minor).
   int minor(int s) const { return server_minor_[static_cast<size_t>(s)].load(); }
   void set_minor(int s, int minor) { server_minor_[static_cast<size_t>(s)].store(minor); }
+  // 1.22, from server `s`'s Hello reply: its process (`epoch`, a new one per process), and whether
+  // it keeps replicas (replication 2). A client that loses such a server waits for its
+  // replacement: from then on it keeps a copy of each request to it (a reference, not the bytes),
+  // to send again what the lost one had not answered (PROTOCOL.md, "Failover").
+  void set_server(int s, uint64_t epoch, bool replicated) {
+    server_epoch_[static_cast<size_t>(s)].store(epoch);
+    replicated_[static_cast<size_t>(s)].store(replicated);
+  }
   // How often each server hears from this client at least (protocol 1.3 heartbeats: the servers
   // notice a worker that fell silent); 0: never. A quarter of the heartbeat timeout, as for
   // ZeroMQ's own pings to the servers.
@@ -217,6 +229,7 @@ class Engine {
     int server = 0;
     Kind kind = Kind::Invalid;
     Frames frames;  // [header][payload...]; empty once sent
+    Frames resend;  // 1.22, to a server that keeps replicas: the frames again (zmq_msg_copy: shared)
     OnReply on_reply;
     std::shared_ptr<Handle::State> op;
     SteadyClock::time_point sent, deadline;
@@ -317,6 +330,16 @@ class Engine {
   template <typename Why>
   void FailServer(int s, Why&& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
 
+  // 1.22: server `s`, which keeps replicas, closed its connection: a new socket to the same
+  // endpoint carries a Hello at once (queued until a replacement listens there), and what was in
+  // flight to it waits. Its Hello reply then decides (Replaced): a new process gets it all again,
+  // in the order first sent; the same process (the connection alone was lost) fails it, as
+  // without replicas: it may have applied it.
+  void AwaitReplacement(int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // The Hello of AwaitReplacement was answered (`epoch`: the server's process; `hello`: its id),
+  // or failed (`failed`). Runs from the reply's handler, io_mu_ held.
+  void Replaced(int s, uint64_t hello, uint64_t epoch, const Status& failed) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
   // The I/O thread is ending: fails everything in flight or queued, and (dead_) everything
   // submitted from now on.
   void FailAll(const Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
@@ -326,6 +349,9 @@ class Engine {
   transport::Waker waker_;
   std::atomic<bool> stopping_{false};
   std::vector<std::atomic<int>> server_minor_;  // each server's protocol minor, from its Hello reply
+  std::vector<std::atomic<uint64_t>> server_epoch_;  // 1.22: each server's process, from its Hello reply
+  std::vector<std::atomic<bool>> replicated_;        // 1.22: it keeps replicas (its Hello reply said)
+  MakeHello make_hello_;                             // set by Start
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<int64_t> requests_{0}, bytes_sent_{0}, bytes_received_{0};
 
@@ -341,6 +367,8 @@ class Engine {
   std::vector<zmq::socket_t> sockets_ ABSL_GUARDED_BY(io_mu_);   // one per server
   std::vector<zmq::socket_t> monitors_ ABSL_GUARDED_BY(io_mu_);  // one per server: its socket's disconnections
   std::vector<bool> handshaken_ ABSL_GUARDED_BY(io_mu_);         // per server: its current socket completed a handshake
+  // Per server: the Hello to its replacement in flight (0: none).
+  std::vector<uint64_t> rehello_ ABSL_GUARDED_BY(io_mu_);
   static constexpr std::chrono::milliseconds kMonitorEvery{100};
   SteadyClock::time_point last_monitor_check_ ABSL_GUARDED_BY(io_mu_){};
   SteadyClock::time_point next_wait_notice_ ABSL_GUARDED_BY(io_mu_){};

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <utility>
 #include <string>
 #include <vector>
@@ -103,6 +104,14 @@ ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta = nullptr, 
 
 // A shard with no table (what server 0 writes for a server that owns no slot, protocol 1.20).
 ShardImage EmptyShard();
+
+// Fills in the image's block checksums; returns the whole image's CRC-32 (a shard file's).
+uint32_t SealImage(ShardImage& image);
+
+// Every table of `tables` in a sealed image (a full shard), touching nothing of theirs (a
+// checkpoint's snapshot marks what it copied, for the next delta): what a server sends a
+// replacement peer (protocol 1.22, Snapshot). Throws std::bad_alloc when memory is short.
+ShardImage CopyShard(const TableRegistry& tables);
 
 // About the bytes a delta snapshot of `tables` would take now (an upper bound for sparse rows):
 // what a server weighs against its chain's full shard before writing a delta.
@@ -259,6 +268,10 @@ StatusOr<PreparedChains> PrepareChains(const std::string& dir, int64_t step, con
 StatusOr<CheckpointData> ReadCheckpointAt(const std::string& dir, int64_t step,
                                           const CheckpointFilter* filter = nullptr,
                                           PreparedChains* prepared = nullptr);
+
+// The tables of a full shard's bytes (CopyShard's image), every block verified; `name` says where
+// they came from in errors (and is the result's `manifest`).
+StatusOr<CheckpointData> ParseShardImage(std::span<const char> bytes, const std::string& name);
 
 // Declares every table of `ckpt` in `tables` (server `rank`, a job of `num_workers`) and fills
 // in the chunks and rows that the registry's placement gives this server. An async or

@@ -45,6 +45,7 @@
 #include "internal/disk_readers.h"
 #include "internal/held.h"
 #include "internal/pieces.h"
+#include "internal/recovery.h"
 #include "internal/request.h"
 #include "internal/server_metrics.h"
 #include "internal/table_builder.h"
@@ -124,7 +125,7 @@ class ServerImpl final : public Server {
   ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket, zmq::socket_t monitor,
              zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables, int64_t restored_step,
              const std::vector<int64_t>& restored_worker_steps = {}, std::unique_ptr<ps::DiskTier> disk_tier = nullptr,
-             std::unique_ptr<ps::TableRegistry> replicas = nullptr);
+             std::unique_ptr<ps::TableRegistry> replicas = nullptr, ps::Recovered recovered = {});
   ~ServerImpl() override { Stop(); }
 
   std::string endpoint() const override { return endpoint_; }
@@ -133,6 +134,7 @@ class ServerImpl final : public Server {
   bool left() const override { return left_.load(); }
   ServerStats stats() const override;  // handlers/admin.cc
   void Stop() override;
+  std::vector<DenseUpdates> dense_updates() const override;  // handlers/admin.cc
 
   // Starts the metrics endpoint (ServerOptions::metrics_bind), if any; before the server is used.
   Status StartMetrics();  // handlers/admin.cc
@@ -485,6 +487,26 @@ class ServerImpl final : public Server {
   void ExpireBackupWaits(Clock::time_point now);
   std::optional<Clock::time_point> NextBackupDeadline() const;
   std::chrono::milliseconds BackupTimeout() const;
+  // Failover (1.22, PROTOCOL.md "Failover"): a replacement server, before it listens, asks its
+  // backup for the image of its own slots (the backup's replica) and its primary for the image of
+  // the primary's (Snapshot, in pages). The image is taken at the first page and kept for the
+  // others (one at a time). The primary's updates that waited for the dead backup are in it:
+  // once its last page went, their pushes are answered. A replica's image fences its old
+  // primary: a Replicate of an earlier incarnation than the replacement's is refused from then on.
+  Status OnSnapshot(Request& req);
+  // Pushes applied here whose Replicate (id at most `upto`) the backup's replacement took in an
+  // image: answered now.
+  void ConfirmTakenInImage(uint64_t upto);
+  struct ServedImage {
+    uint64_t epoch = 0;
+    int rank = -1;  // whose slots it holds
+    std::vector<char> blob;  // recovery.h's format
+    uint64_t covers = 0;     // own slots: the Replicates sent before it was taken
+    uint32_t incarnation = 0;  // own slots: this server's; a replica: its replaced primary's
+    Clock::time_point until;
+  };
+  static constexpr std::chrono::seconds kImageKeep{60};  // after its last page was asked for
+
   // Stats with `digests`: each table's digest here, and its replica's (PROTOCOL.md, "Replicas").
   // They read every row on the I/O thread: after digests that took d, more are refused
   // (UNAVAILABLE) for 4 d, so that no peer can keep the server at them more than a fifth of its time.
@@ -564,6 +586,19 @@ class ServerImpl final : public Server {
   std::map<uint64_t, AwaitingBackup> awaiting_backup_;
   uint64_t next_replicate_ = 0;
   Clock::time_point backup_said_{};  // the last log of a backup's silence
+  Clock::time_point backup_waits_said_{};  // the last log of pushes waiting for a silent backup
+  // Failover (1.22): this process's incarnation as a primary (a replacement's is its
+  // predecessor's + 1; on Replicate), and of the primary this replica follows: Replicates of an
+  // incarnation below replica_fence_ are refused (a replaced primary's). replica_recovered_: the
+  // replica came from the primary's image, so a Replicate it holds already (below its version) is
+  // confirmed without being applied again.
+  const uint64_t process_epoch_ = ps::NewProcessEpoch();  // 1.22: in the Hello reply (never 0)
+  uint32_t incarnation_ = 0;
+  uint32_t primary_incarnation_ = 0;
+  uint32_t replica_fence_ = 0;
+  bool replica_recovered_ = false;
+  std::optional<ServedImage> image_;
+  uint64_t next_image_epoch_ = 0;
   absl::flat_hash_map<uint64_t, std::string> out_of_step_;  // replica tables (OutOfStep)
   Clock::time_point digests_since_{};                       // AddDigests: none before then
   Clock::time_point last_liveness_check_{};
@@ -605,7 +640,7 @@ class ServerImpl final : public Server {
   mutable Mutex by_rank_mu_;  // Stats() reads these from any thread
   std::vector<int64_t> used_by_rank_ ABSL_GUARDED_BY(by_rank_mu_);     // push messages that counted
   std::vector<int64_t> dropped_by_rank_ ABSL_GUARDED_BY(by_rank_mu_);  // push messages dropped as late
-  Mutex stop_mu_;  // serialises the join in Stop()
+  mutable Mutex stop_mu_;  // serialises the join in Stop()
   ps::RequestLatencies latencies_;  // the I/O thread's
   std::unique_ptr<metrics::HttpEndpoint> metrics_http_;  // set by StartMetrics, reset by Stop
   std::string metrics_url_;                        // set by StartMetrics, before any other thread

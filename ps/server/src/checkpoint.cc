@@ -310,8 +310,9 @@ Status ParsePrevious(Reader& r, const std::string& where, DeltaOf* out) {
 // Reads one shard file whole and verifies it; keeps what `filter` keeps (all without one). A
 // dense chunk's block that the filter drops is not parsed or checked on its own (the file's
 // checksum covered it); a rows block is parsed, and only the rows kept are copied.
+Status ParseShard(std::span<const char> all, const fs::path& path, const CheckpointFilter* filter, FileData* file);
+
 Status ReadShard(const fs::path& path, const ShardFile& listed, const CheckpointFilter* filter, FileData* file) {
-  CheckpointData* out = &file->data;
   const std::string name = path.string();
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return NotFoundError(name + ": cannot open (" + std::strerror(errno) + ")");
@@ -331,6 +332,14 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, const Checkpoint
   const std::span<const char> all(buffer.get(), static_cast<size_t>(size));
   if (Crc(0, all.data(), all.size()) != listed.crc32)
     return DataLossError(name + ": checksum differs from the manifest's");
+  return ParseShard(all, path, filter, file);
+}
+
+// A shard's bytes (`path`: its file, or what names them in errors), its blocks verified; keeps
+// what `filter` keeps (all without one).
+Status ParseShard(std::span<const char> all, const fs::path& path, const CheckpointFilter* filter, FileData* file) {
+  CheckpointData* out = &file->data;
+  const std::string name = path.string();
   if (all.size() < 16 || std::memcmp(all.data(), kMagic, 8) != 0)
     return DataLossError(name + ": not a Ferry checkpoint shard");
   uint32_t format = 0, reserved = 0;
@@ -934,7 +943,38 @@ ShardImage SnapshotShard(TableRegistry& tables, const DeltaOf* delta, bool track
 
 ShardImage EmptyShard() { return ImageOf({}, nullptr, nullptr); }
 
-StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_servers, int64_t step, ShardImage image) {
+ShardImage CopyShard(const TableRegistry& tables) {
+  std::vector<TablePart> parts;
+  tables.ForEach([&](const Table& t) {
+    TablePart& p = parts.emplace_back();
+    p.table = &t;
+    if (t.dense) {
+      for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+        if (t.dense->chunk(i) != nullptr) p.chunks.push_back(i);
+      }
+      return;
+    }
+    const SparseShard& sh = *t.sparse;
+    p.rows.reserve(sh.size());
+    sh.ForEachRow([&](int64_t id, RowIndex r) {
+      if (sh.steps(r) > 0) p.rows.emplace_back(id, r);  // (as Select: a row never updated is its id's)
+    });
+    std::sort(p.rows.begin(), p.rows.end());
+  });
+  ShardImage image = ImageOf(parts, nullptr, nullptr);
+  SealImage(image);
+  return image;
+}
+
+StatusOr<CheckpointData> ParseShardImage(std::span<const char> bytes, const std::string& name) {
+  FileData file;
+  FERRY_RETURN_IF_ERROR(ParseShard(bytes, fs::path(name), nullptr, &file));
+  if (file.previous) return DataLossError(name + ": a delta, not a whole shard");
+  file.data.manifest = name;
+  return std::move(file.data);
+}
+
+uint32_t SealImage(ShardImage& image) {
   auto& bytes = image.bytes;
   // One CRC pass over each payload gives both its block's CRC (over kind, length, payload) and
   // the whole file's (over every byte, block headers included), joined with crc32_combine.
@@ -953,6 +993,12 @@ StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_se
     covered = at + 16 + static_cast<size_t>(len);
   }
   if (covered != bytes.size()) std::abort();  // SnapshotShard lays the blocks end to end, to the end
+  return file_crc;
+}
+
+StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_servers, int64_t step, ShardImage image) {
+  const uint32_t file_crc = SealImage(image);
+  auto& bytes = image.bytes;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return InternalError("cannot create " + dir + ": " + ec.message());

@@ -28,7 +28,8 @@ void Usage(std::FILE* out) {
       "                [--compute-threads T] [--max-message-mb M] [--max-wait-s S] [--worker-timeout-s S]\n"
       "                [--checkpoint-dir DIR [--keep-checkpoints K] [--checkpoint-deltas D]\n"
       "                [--checkpoint-delta-share F] [--restore]] [--active-servers M] [--exit-when-drained]\n"
-      "                [--replication 2 --peers EP0,EP1,...] [--curve-keys DIR]\n"
+      "                [--replication 2 --peers EP0,EP1,... [--recover] [--failover-timeout-s S]]\n"
+      "                [--curve-keys DIR]\n"
       "                [--max-held-per-peer N] [--memory-budget-mb M] [--max-connections N]\n"
       "                [--idle-timeout-s S] [--metrics [HOST:]PORT] [--disk-tier-dir DIR\n"
       "                [--disk-tier-cache-mb M] [--disk-tier-readers N]]\n"
@@ -66,6 +67,11 @@ void Usage(std::FILE* out) {
       "                     R+1 (this one's backup) has applied its updates too (default 1: none). For\n"
       "                     now async and ssp tables only; no moves, CURVE or disk tier (README, \"Replicas\")\n"
       "  --peers            with --replication 2: every server's endpoint, by rank, comma-separated\n"
+      "  --recover          with --replication 2: start as the replacement of this rank's dead server,\n"
+      "                     taking its slots from server R+1's replica and its replica from server R-1\n"
+      "                     before it listens; the workers wait for it and go on (README, \"Failover\")\n"
+      "  --failover-timeout-s  with --replication 2: how long --recover waits for each peer, and a push\n"
+      "                     applied here for its backup to confirm it, before failing (default 60)\n"
       "  --memory-budget-mb memory the tables may take; declaring a table or creating sparse rows\n"
       "                     beyond it is refused (default: 80% of the machine's memory, or of its\n"
       "                     cgroup's limit if lower: v1 or v2, its own cgroup and its ancestors);\n"
@@ -132,6 +138,10 @@ int main(int argc, char** argv) {
       options.exit_when_drained = true;
       continue;
     }
+    if (flag == "--recover") {
+      options.recover = true;
+      continue;
+    }
     constexpr std::string_view kValueFlags[] = {"--bind", "--rank", "--num-servers", "--compute-threads",
                                                 "--max-message-mb", "--max-wait-s", "--num-workers",
                                                 "--checkpoint-dir", "--keep-checkpoints", "--worker-timeout-s",
@@ -140,7 +150,7 @@ int main(int argc, char** argv) {
                                                 "--max-connections", "--idle-timeout-s", "--metrics",
                                                 "--disk-tier-dir", "--disk-tier-cache-mb",
                                                 "--disk-tier-readers", "--active-servers",
-                                                "--replication", "--peers"};
+                                                "--replication", "--peers", "--failover-timeout-s"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
       constexpr std::string_view kOtherFlags[] = {"--help", "--restore", "--exit-when-drained"};
       std::vector<std::string_view> known(std::begin(kValueFlags), std::end(kValueFlags));
@@ -194,6 +204,9 @@ int main(int argc, char** argv) {
         return 2;
       }
       options.checkpoint_dir = value;
+    } else if (flag == "--failover-timeout-s") {
+      if (!ParseInt(flag, value, 1, 86400, &v)) return 2;
+      options.failover_timeout = std::chrono::seconds(v);
     } else if (flag == "--replication") {
       if (!ParseInt(flag, value, 1, 2, &v)) return 2;
       options.replication = static_cast<int>(v);
@@ -342,6 +355,14 @@ int main(int argc, char** argv) {
                 static_cast<long long>(c.at("replica_errors")));
     std::fflush(stdout);
   }
+  // Each dense table's chunks here, and how many updates each took over the job (their versions,
+  // which a replacement takes over): an async job's workers' pushes, each once.
+  for (const ferry::DenseUpdates& d : (*server)->dense_updates()) {
+    std::printf("ferry-ps rank %d: table '%s': %lld dense chunk(s) here, each updated %lld to %lld times\n",
+                options.rank, d.table.c_str(), static_cast<long long>(d.chunks), static_cast<long long>(d.least),
+                static_cast<long long>(d.most));
+  }
+  std::fflush(stdout);
   // libzmq leaves an ipc:// socket file behind; the path is ours, remove it.
   const std::string endpoint = (*server)->endpoint();
   if (endpoint.starts_with("ipc://")) ::unlink(endpoint.c_str() + 6);

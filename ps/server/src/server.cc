@@ -64,7 +64,8 @@ Status CheckDiskTierDir(const ServerOptions& options) {
 ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, zmq::socket_t socket,
                        zmq::socket_t monitor, zmq::socket_t zap, std::string endpoint, ps::TableRegistry tables,
                        int64_t restored_step, const std::vector<int64_t>& restored_worker_steps,
-                       std::unique_ptr<ps::DiskTier> disk_tier, std::unique_ptr<ps::TableRegistry> replicas)
+                       std::unique_ptr<ps::DiskTier> disk_tier, std::unique_ptr<ps::TableRegistry> replicas,
+                       ps::Recovered recovered)
     : options_(std::move(options)),
       context_(std::move(context)),
       sockets_{std::move(socket), std::move(monitor), std::move(zap)},
@@ -76,6 +77,9 @@ ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, 
       tables_(std::move(tables)),
       replicas_(std::move(replicas)),
       connections_(options_.max_connections, options_.idle_timeout) {
+  incarnation_ = recovered.incarnation;
+  primary_incarnation_ = replica_fence_ = recovered.primary_incarnation;
+  replica_recovered_ = recovered.done;
   if (options_.num_workers > 0) workers_.SetCount(options_.num_workers).IgnoreError();  // checked in Start
   if (restored_step_ >= 0) workers_.SetDone(restored_worker_steps, restored_step_);  // (a restore has the count)
   tables_.ForEach([&](const ps::Table& t) { restored_tables_.push_back(t.spec.name); });
@@ -356,6 +360,7 @@ ServerImpl::Handler ServerImpl::HandlerOf(Kind kind) {
       {Kind::CommitCheckpoint, &ServerImpl::OnCommitCheckpoint},
       {Kind::Placement, &ServerImpl::OnPlacement},
       {Kind::Replicate, &ServerImpl::OnReplicate},
+      {Kind::Snapshot, &ServerImpl::OnSnapshot},
   };
   static constexpr std::array<Handler, 256> kByKind = [] {
     std::array<Handler, 256> by{};
@@ -419,6 +424,8 @@ Status CheckReplicationOptions(const ServerOptions& o) {
   const std::string who = "ferry-ps rank " + std::to_string(o.rank) + ": replication " + std::to_string(o.replication);
   if (o.replication == 1) {
     if (!o.peers.empty()) return InvalidArgumentError(who + ": peers are for replication 2");
+    if (o.recover) return InvalidArgumentError(who + ": recover takes a dead server's state from its replicas: "
+                                               "it needs replication 2");
     return Status::Ok();
   }
   if (o.replication != 2) return InvalidArgumentError(who + ": 1 (none) or 2 (a backup of each server's slots)");
@@ -438,6 +445,10 @@ Status CheckReplicationOptions(const ServerOptions& o) {
                         : !o.disk_tier_dir.empty()   ? "a disk tier"
                                                      : nullptr;
   if (not_yet != nullptr) return UnimplementedError(who + " does not work with " + not_yet + " yet");
+  if (o.recover && o.restore) {
+    return InvalidArgumentError(who + ": recover (from the peers) and restore (from a checkpoint) are exclusive");
+  }
+  if (o.failover_timeout.count() <= 0) return InvalidArgumentError(who + ": failover_timeout must be positive");
   return Status::Ok();
 }
 
@@ -542,6 +553,11 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     restored_worker_steps = ckpt->worker_steps;
   }
   auto context = options.context ? options.context : Context::Create(1);
+  ps::Recovered recovered;
+  if (options.recover) {  // before the bind: no client reaches this server before its state is in
+    FERRY_ASSIGN_OR_RETURN(recovered, ps::Recover(options, transport::Zmq(*context), &tables, replicas.get()));
+    options.num_workers = recovered.num_workers;
+  }
   if (!transport::Waker().ok()) return InternalError("cannot create an eventfd (file descriptors exhausted?)");
   FERRY_ASSIGN_OR_RETURN(zmq::socket_t socket,
                          transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router));
@@ -590,7 +606,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   auto server = std::make_unique<ps::ServerImpl>(std::move(options), std::move(context), std::move(socket),
                                                 std::move(monitor), std::move(zap), endpoint, std::move(tables),
                                                 restored_step, restored_worker_steps, std::move(disk_tier),
-                                                std::move(replicas));
+                                                std::move(replicas), recovered);
   FERRY_RETURN_IF_ERROR(server->StartMetrics());
   return std::unique_ptr<Server>(std::move(server));
 }

@@ -35,7 +35,8 @@ enum class Payload : uint8_t {
 // Where a kind goes, and when a server takes it.
 enum class Route : uint8_t {
   kBeforeHello,  // to a server, taken before the client's Hello (the handshake itself, Stats)
-  kPeer,         // to a server, from another server of the job (1.21 Replicate): no Hello, no worker's rank
+  kPeer,         // to a server, from another server of the job (1.21 Replicate, 1.22 Snapshot): no Hello, no
+                 // worker's rank
   kWorker,       // to a server, from a worker that has said Hello: its rank and step are checked
   kReply,        // to a client (a server refuses it)
 };
@@ -84,6 +85,7 @@ inline constexpr KindInfo kKinds[] = {
   {Kind::Changes,          14, Route::kBeforeHello, Payload::kNone,              false, Wait::kNothing,    false},
   {Kind::Placement,        17, Route::kWorker,      Payload::kNone,              false, Wait::kNothing,    false},
   {Kind::Replicate,        21, Route::kPeer,        Payload::kUnchecked,         false, Wait::kServer,     false},
+  {Kind::Snapshot,         22, Route::kPeer,        Payload::kNone,              false, Wait::kServer,     false},
   {Kind::Reply,             0, Route::kReply,       Payload::kUnchecked,         false, Wait::kNothing,    false},
   {Kind::Error,             0, Route::kReply,       Payload::kUnchecked,         false, Wait::kNothing,    false},
 };

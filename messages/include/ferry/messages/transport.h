@@ -56,6 +56,10 @@ namespace internal {
 // Under ThreadSanitizer: orders what the sending thread did before every later receipt (see
 // transport.cc); nothing otherwise. For free functions that ZeroMQ calls on its own thread.
 void HandoffReceived();
+// Under ThreadSanitizer: orders what this thread did with a received frame before the free of a
+// frame whose content another thread shares (zmq_msg_copy: libzmq's reference count, which TSan
+// cannot see), when that free may come before this thread's next send; nothing otherwise.
+void HandoffDone();
 template <typename T>
 void FreeAdopted(void* /*data*/, void* hint) {
   HandoffReceived();  // the vector came from the sending thread through ZeroMQ

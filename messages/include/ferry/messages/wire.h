@@ -47,8 +47,11 @@ inline constexpr uint16_t kMajor = 1;
 // own no slot leave (the clients speak only to the servers that own slots, and server 0; Heartbeat's
 // `placement_version`: the map the worker holds; Checkpoint's `server_rank`: server 0 writes an empty
 // shard for a server that owns no slot); 1.21: replicas (Replicate: a server forwards the updates it
-// applies to its backup, and answers the push once the backup has them; Stats' `digests`)
-inline constexpr uint16_t kMinor = 21;
+// applies to its backup, and answers the push once the backup has them; Stats' `digests`); 1.22:
+// failover (Snapshot: a replacement server takes its state from its peers before it listens;
+// Hello's `replication`: a client waits for the replacement and sends it what was not answered;
+// Replicate's `incarnation`: the primary's, so that a replaced one's late updates are refused)
+inline constexpr uint16_t kMinor = 22;
 // The first minor with placement versions: an earlier client cannot follow a moved map.
 inline constexpr uint16_t kPlacementVersionsSinceMinor = 17;
 // The first minor whose servers know a worker that leaves (Finish's `leaves`) or joins later (Hello's
@@ -61,6 +64,8 @@ inline constexpr uint16_t kPrepareSinceMinor = 19;
 inline constexpr uint16_t kMembersSinceMinor = 20;
 // The first minor whose servers keep replicas (Replicate, Stats' `digests`).
 inline constexpr uint16_t kReplicasSinceMinor = 21;
+// The first minor whose servers recover from a peer (Snapshot) and say so in their Hello reply.
+inline constexpr uint16_t kFailoverSinceMinor = 22;
 // The most frames one message may carry (header + payloads); more is refused.
 inline constexpr size_t kMaxFrames = 1 + 4096;
 // A header larger than this is refused before the verifier runs.

@@ -117,15 +117,24 @@ struct ServerOptions {
   // Copies of each server's slots (protocol 1.21, PROTOCOL.md "Replicas"): 1, none; 2, server r
   // keeps a replica of server r-1's (mod num_servers), and a server forwards every update it
   // applies to its backup, server r+1, answering the push only once the backup has it too
-  // (chain replication). A backup that does not answer within worker_timeout (max_wait if 0)
-  // fails the pushes that wait for it (UNAVAILABLE, naming it); a replica that misses an update
-  // is out of step and refuses later ones. For now: async and ssp tables without lifecycle
-  // settings, a disk tier or top-k (others are refused when declared), no moves, no CURVE, and a
-  // dead primary still restarts the job from its checkpoint (failover is to come). The memory
-  // budget is then the shard's and the replica's together, half each.
+  // (chain replication). A backup that does not answer within failover_timeout fails the pushes
+  // that wait for it (UNAVAILABLE, naming it); a replica that misses an update is out of step and
+  // refuses later ones. A dead server is replaced by one started with `recover` (1.22), the others
+  // and the workers going on. For now: async and ssp tables without lifecycle settings, a disk
+  // tier or top-k (others are refused when declared), no moves, no CURVE. The memory budget is
+  // then the shard's and the replica's together, half each.
   int replication = 1;
   // With replication 2: every server's endpoint, by rank (num_servers of them), to reach its backup.
   std::vector<std::string> peers;
+  // Failover (protocol 1.22, PROTOCOL.md "Failover"; replication 2): start as the replacement of
+  // this rank's dead server. Before it binds, it takes its own slots from its backup's replica and
+  // its replica from its primary (each within failover_timeout), with every worker's steps there:
+  // a push the dead server's backup had, sent again by its worker, is skipped as a replay. The
+  // workers' clients wait for it and send again what the dead one had not answered.
+  bool recover = false;
+  // With replication 2: how long a replacement waits for each peer's image, and a primary's pushes
+  // for a backup that does not confirm them (it may be being replaced) before they fail.
+  std::chrono::milliseconds failover_timeout{std::chrono::seconds(60)};
   // CURVE (ferry/curve.h): every connection must authenticate with one of `workers`' keys and is
   // encrypted; a key speaks for its worker's rank alone. Unset: no authentication (bind to
   // loopback, or to a network only the job's hosts reach). Needs tcp:// or ipc:// and the
@@ -150,6 +159,13 @@ struct ServerStats {
   std::vector<int64_t> staleness_histogram;
 };
 
+// A dense table's chunks held by one server, and the updates each took (their versions: the
+// lowest and highest).
+struct DenseUpdates {
+  std::string table;
+  int64_t chunks = 0, least = 0, most = 0;
+};
+
 class Server {
  public:
   // Binds and starts serving. Fails with a clear status if the endpoint cannot be bound.
@@ -168,6 +184,8 @@ class Server {
   virtual bool left() const = 0;
   // Stops serving and joins the threads; requests in flight get no reply. Idempotent.
   virtual void Stop() = 0;
+  // Once stopped: each dense table with chunks here (empty while it serves).
+  virtual std::vector<DenseUpdates> dense_updates() const = 0;
 };
 
 }  // namespace ferry

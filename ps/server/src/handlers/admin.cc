@@ -175,9 +175,30 @@ Status ServerImpl::OnHello(Request& req) {
   b.add_next_collective(collectives_.next_id());
   b.add_worker_step(workers_.done(h.rank()));
   b.add_worker_step_restored(restored_step_ >= 0 && !workers_.pushed(h.rank()));
+  b.add_epoch(process_epoch_);              // 1.22: this process (a replacement is another)
+  if (Replicating()) b.add_replication(2);  // 1.22: a client that loses this server waits for its replacement
   wire::FinishHeaderBuffer(fbb, b.Finish());
   Send(req, wire::ToFrame(fbb));
   return Status::Ok();
+}
+
+std::vector<DenseUpdates> ServerImpl::dense_updates() const {
+  MutexLock lock(&stop_mu_);
+  if (thread_.joinable() || !stopping_.load()) return {};  // (the I/O thread owns the tables)
+  std::vector<DenseUpdates> out;
+  tables_.ForEach([&](const ps::Table& t) {
+    if (!t.dense) return;
+    DenseUpdates d{t.spec.name, 0, 0, 0};
+    for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+      const ps::DenseChunk* c = t.dense->chunk(i);
+      if (c == nullptr) continue;
+      d.least = d.chunks == 0 ? c->version : std::min(d.least, c->version);
+      d.most = std::max(d.most, c->version);
+      ++d.chunks;
+    }
+    if (d.chunks > 0) out.push_back(std::move(d));
+  });
+  return out;
 }
 
 Status ServerImpl::OnStats(Request& req) {

@@ -89,10 +89,7 @@ Status ServerImpl::RoomToForward(int64_t bytes) {
   return Status::Ok();
 }
 
-std::chrono::milliseconds ServerImpl::BackupTimeout() const {
-  return options_.worker_timeout.count() > 0 ? options_.worker_timeout
-                                             : std::chrono::duration_cast<std::chrono::milliseconds>(options_.max_wait);
-}
+std::chrono::milliseconds ServerImpl::BackupTimeout() const { return options_.failover_timeout; }
 
 void ServerImpl::AnswerPush(Request& req, Forward fwd, Status refused, wire::ReplyInfo info, bool then_pull) {
   if (fwd.frames.empty()) return FinishPush(req, refused, info, then_pull);
@@ -111,6 +108,7 @@ void ServerImpl::AnswerPush(Request& req, Forward fwd, Status refused, wire::Rep
   b.add_request_id(id);
   b.add_rank(h.rank());
   b.add_step(h.step());
+  b.add_incarnation(incarnation_);  // 1.22: a replaced primary's late updates are refused
   if (!dense.IsNull()) b.add_slices(dense);
   if (!sparse.IsNull()) b.add_sparse(sparse);
   b.add_versions(versions);
@@ -183,6 +181,16 @@ std::optional<Clock::time_point> ServerImpl::NextBackupDeadline() const {
 
 void ServerImpl::ExpireBackupWaits(Clock::time_point now) {
   const auto timeout = BackupTimeout();
+  if (!awaiting_backup_.empty() && now - awaiting_backup_.begin()->second.sent >= std::chrono::seconds(2) &&
+      now - backup_waits_said_ >= std::chrono::seconds(10)) {
+    backup_waits_said_ = now;
+    std::fprintf(stderr,
+                 "ferry-ps %d: %zu push(es) applied here wait for its backup, server %d, to confirm them, the oldest "
+                 "for %.1f s (dead and being replaced? they fail after %lld ms: --failover-timeout-s)\n",
+                 options_.rank, awaiting_backup_.size(), BackupRank(),
+                 std::chrono::duration<double>(now - awaiting_backup_.begin()->second.sent).count(),
+                 static_cast<long long>(timeout.count()));
+  }
   int64_t failed = 0;
   while (!awaiting_backup_.empty() && awaiting_backup_.begin()->second.sent + timeout <= now) {
     AwaitingBackup a = std::move(awaiting_backup_.begin()->second);
@@ -242,6 +250,14 @@ Status ServerImpl::OnReplicate(Request& req) {
                                 std::to_string(workers_.count()) + ")");
   }
   if (h.step() < 0 || h.step() > ps::kMaxStep) return InvalidArgumentError("Replicate: step outside [0, 2^62]");
+  if (h.incarnation() < replica_fence_) {
+    Count(kReplicaErrors);
+    return FailedPreconditionError(Who() + ": a Replicate of server " + std::to_string(PrimaryRank()) +
+                                   "'s incarnation " + std::to_string(h.incarnation()) +
+                                   ", which its replacement (incarnation " + std::to_string(replica_fence_) +
+                                   ") took over: refused, not applied");
+  }
+  primary_incarnation_ = std::max(primary_incarnation_, h.incarnation());
   const auto* slices = h.slices();
   const auto* sparse = h.sparse();
   const size_t n_dense = slices ? slices->size() : 0, n_sparse = sparse ? sparse->size() : 0;
@@ -332,6 +348,20 @@ Status ServerImpl::OnReplicate(Request& req) {
     }
     return first;
   };
+  // A replica taken from its primary's image (1.22) holds the updates the primary had applied when
+  // it was taken: their Replicates, queued for the dead backup, come after it, each below the
+  // replica's versions in every part. Confirmed again, not applied again.
+  size_t below = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Part& p = parts[i];
+    const int64_t mine = p.chunk != nullptr ? p.chunk->version : p.table->sparse->version;
+    if (h.versions()->Get(static_cast<uint32_t>(i)) < mine) ++below;
+  }
+  if (replica_recovered_ && below == n) {
+    SendOk(req);
+    Count(kReplayedUpdatesSkipped, static_cast<int64_t>(n));
+    return Status::Ok();
+  }
   for (size_t i = 0; i < n; ++i) {
     const Part& p = parts[i];
     if (auto it = out_of_step_.find(p.table->id); it != out_of_step_.end()) {
@@ -376,6 +406,9 @@ Status ServerImpl::OnReplicate(Request& req) {
     }
     Count(kReplicaUpdatesApplied);
   }
+  // (Confirmed before it was applied: over inproc the frames may be the worker's own, which its
+  // client, holding them to send again, frees once the last reference goes.)
+  transport::internal::HandoffDone();
   return Status::Ok();
 }
 
@@ -403,6 +436,93 @@ Status ServerImpl::AddDigests(flatbuffers::FlatBufferBuilder& fbb,
   const Clock::time_point ended = Clock::now();
   digests_since_ = ended + 4 * (ended - began);
   return Status::Ok();
+}
+
+Status ServerImpl::OnSnapshot(Request& req) {
+  if (!Replicating()) {
+    return FailedPreconditionError(Who() + " keeps no replica (replication 1): it has no image for a replacement");
+  }
+  connections_.FromServer(req.fd);
+  const Header& h = *req.h();
+  const int whose = h.server_rank();
+  if (whose != options_.rank && whose != PrimaryRank()) {
+    return InvalidArgumentError(Who() + " holds its own slots and its replica of server " +
+                                std::to_string(PrimaryRank()) + "'s, not server " + std::to_string(whose) + "'s");
+  }
+  const Clock::time_point now = Clock::now();
+  if (image_ && now >= image_->until) image_.reset();  // its replacement went away
+  const int64_t position = h.position();
+  if (position == 0 && h.epoch() == 0) {
+    // A new image, taken now: it holds every update applied here so far.
+    ServedImage im;
+    im.epoch = ++next_image_epoch_;
+    im.rank = whose;
+    const auto began = Clock::now();
+    im.blob = ps::EncodeImage(whose == options_.rank ? tables_ : *replicas_);
+    im.covers = next_replicate_;
+    if (whose == options_.rank) {
+      im.incarnation = incarnation_;
+    } else {
+      // The replacement of the primary takes over from here: its predecessor's late updates are
+      // refused (OnReplicate), and the replacement's incarnation is one more.
+      im.incarnation = primary_incarnation_;
+      replica_fence_ = primary_incarnation_ = primary_incarnation_ + 1;
+    }
+    std::fprintf(stderr,
+                 "ferry-ps %d: a replacement of server %d asked for %s (%zu bytes, copied in %.3f s)\n", options_.rank,
+                 whose == options_.rank ? BackupRank() : whose,
+                 whose == options_.rank ? "this server's slots, for its replica"
+                                        : ("the replica of server " + std::to_string(whose) + "'s slots").c_str(),
+                 im.blob.size(), std::chrono::duration<double>(Clock::now() - began).count());
+    image_ = std::move(im);
+  } else if (!image_ || image_->epoch != h.epoch() || image_->rank != whose) {
+    return FailedPreconditionError(Who() + " no longer holds the image of epoch " + std::to_string(h.epoch()) +
+                                   " (another was asked for since, or none for " + std::to_string(kImageKeep.count()) +
+                                   " s): ask again from position 0");
+  }
+  ServedImage& im = *image_;
+  if (position < 0 || static_cast<uint64_t>(position) > im.blob.size()) {
+    return InvalidArgumentError("Snapshot: position " + std::to_string(position) + " outside the image's " +
+                                std::to_string(im.blob.size()) + " bytes");
+  }
+  const int64_t most = std::clamp<int64_t>(h.max_bytes() > 0 ? h.max_bytes() : 16 << 20, 1, options_.max_message_bytes);
+  const size_t n = static_cast<size_t>(std::min<int64_t>(most, static_cast<int64_t>(im.blob.size()) - position));
+  flatbuffers::FlatBufferBuilder fbb(256);
+  wire::HeaderBuilder b = BeginReply(fbb, Kind::Snapshot, h.request_id());
+  b.add_version(static_cast<int64_t>(im.blob.size()));
+  b.add_epoch(im.epoch);
+  b.add_position(position);
+  b.add_incarnation(im.incarnation);
+  b.add_num_workers(workers_.count());
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Frames page;
+  page.emplace_back(im.blob.data() + position, n);
+  Send(req, wire::ToFrame(fbb), std::move(page));
+  im.until = now + kImageKeep;
+  if (static_cast<size_t>(position) + n == im.blob.size()) {
+    if (im.rank == options_.rank) ConfirmTakenInImage(im.covers);
+    image_.reset();
+  }
+  return Status::Ok();
+}
+
+void ServerImpl::ConfirmTakenInImage(uint64_t upto) {
+  int64_t answered = 0;
+  bool pulls = false;
+  while (!awaiting_backup_.empty() && awaiting_backup_.begin()->first <= upto) {
+    AwaitingBackup a = std::move(awaiting_backup_.begin()->second);
+    awaiting_backup_.erase(awaiting_backup_.begin());
+    FinishPush(a.req, a.refused, a.info, a.then_pull);
+    pulls = pulls || a.then_pull;
+    ++answered;
+  }
+  if (pulls) ServeHeld();
+  if (answered > 0) {
+    std::fprintf(stderr,
+                 "ferry-ps %d: its backup's replacement took %lld update(s) that waited for the backup in this "
+                 "server's image: their pushes are answered\n",
+                 options_.rank, static_cast<long long>(answered));
+  }
 }
 
 }  // namespace ferry::ps

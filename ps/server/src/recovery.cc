@@ -1,0 +1,302 @@
+// Failover (protocol 1.22): the image of a registry's slots, and a replacement server's fetch of
+// its state from its peers (recovery.h).
+#include "internal/recovery.h"
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include <unistd.h>
+
+#include <zlib.h>
+
+#include "ferry/messages/kinds.h"
+#include "ferry/messages/transport.h"
+#include "ferry/messages/wire.h"
+#include "internal/checkpoint.h"
+
+namespace ferry::ps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint32_t Crc32(const char* data, size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (n > 0) {  // (zlib takes a uInt at a time)
+    const uInt len = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), len);
+    data += len;
+    n -= len;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+template <typename T>
+void Put(std::vector<char>& out, T v) {
+  const size_t at = out.size();
+  out.resize(at + sizeof v);
+  std::memcpy(out.data() + at, &v, sizeof v);
+}
+
+// Reads the image's fields in order, each within its bytes.
+class Cursor {
+ public:
+  Cursor(std::span<const char> data, const std::string& where) : data_(data), where_(where) {}
+  template <typename T>
+  Status Get(T* v) {
+    if (data_.size() - at_ < sizeof *v) return DataLossError(where_ + ": the image ends inside a field");
+    std::memcpy(v, data_.data() + at_, sizeof *v);
+    at_ += sizeof *v;
+    return Status::Ok();
+  }
+  Status Take(uint64_t n, std::span<const char>* out) {
+    if (n > data_.size() - at_) return DataLossError(where_ + ": the image ends inside a block");
+    *out = data_.subspan(at_, static_cast<size_t>(n));
+    at_ += static_cast<size_t>(n);
+    return Status::Ok();
+  }
+  size_t left() const { return data_.size() - at_; }
+
+ private:
+  std::span<const char> data_;
+  const std::string& where_;
+  size_t at_ = 0;
+};
+
+template <typename Fn>
+void ForEachUnit(const TableRegistry& tables, Fn&& fn) {
+  tables.ForEach([&](const Table& t) {
+    if (t.dense) {
+      for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+        if (const DenseChunk* c = t.dense->chunk(i)) fn(t, i, c->steps_taken);
+      }
+    } else {
+      fn(t, int64_t{-1}, t.sparse->steps_taken);
+    }
+  });
+}
+
+}  // namespace
+
+uint64_t NewProcessEpoch() {
+  std::random_device rd;
+  uint64_t e = 0;
+  while (e == 0) e = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
+  return e;
+}
+
+std::vector<char> EncodeImage(const TableRegistry& tables) {
+  ShardImage image = CopyShard(tables);
+  std::vector<char> out;
+  out.reserve(image.bytes.size() + 64);
+  Put<uint64_t>(out, image.bytes.size());
+  out.insert(out.end(), image.bytes.begin(), image.bytes.end());
+  image = {};
+  uint64_t units = 0;
+  ForEachUnit(tables, [&](const Table&, int64_t, const StepsTaken&) { ++units; });
+  Put<uint64_t>(out, units);
+  ForEachUnit(tables, [&](const Table& t, int64_t chunk, const StepsTaken& s) {
+    Put<uint64_t>(out, t.id);
+    Put<int64_t>(out, chunk);
+    Put<uint64_t>(out, s.taken.size());
+    for (const int64_t v : s.taken) Put<int64_t>(out, v);
+  });
+  Put<uint32_t>(out, Crc32(out.data(), out.size()));
+  return out;
+}
+
+Status RestoreImage(std::span<const char> blob, int rank, int num_workers, TableRegistry* tables,
+                    const std::string& where) {
+  if (blob.size() < 4) return DataLossError(where + ": " + std::to_string(blob.size()) + " bytes, not an image");
+  uint32_t crc = 0;
+  std::memcpy(&crc, blob.data() + blob.size() - 4, 4);
+  if (Crc32(blob.data(), blob.size() - 4) != crc) return DataLossError(where + ": its checksum does not verify");
+  Cursor c(blob.first(blob.size() - 4), where);
+  uint64_t n = 0;
+  std::span<const char> shard;
+  FERRY_RETURN_IF_ERROR(c.Get(&n));
+  FERRY_RETURN_IF_ERROR(c.Take(n, &shard));
+  FERRY_ASSIGN_OR_RETURN(CheckpointData data, ParseShardImage(shard, where));
+  FERRY_RETURN_IF_ERROR(RestoreShard(data, rank, num_workers, tables));
+  uint64_t units = 0;
+  FERRY_RETURN_IF_ERROR(c.Get(&units));
+  std::map<std::pair<uint64_t, int64_t>, std::vector<int64_t>> taken;
+  for (uint64_t u = 0; u < units; ++u) {
+    uint64_t id = 0, k = 0;
+    int64_t chunk = 0;
+    FERRY_RETURN_IF_ERROR(c.Get(&id));
+    FERRY_RETURN_IF_ERROR(c.Get(&chunk));
+    FERRY_RETURN_IF_ERROR(c.Get(&k));
+    if (k > static_cast<uint64_t>(num_workers) || k > c.left() / 8) {
+      return DataLossError(where + ": steps of " + std::to_string(k) + " workers for a job of " +
+                           std::to_string(num_workers));
+    }
+    std::vector<int64_t> steps(static_cast<size_t>(k));
+    for (auto& s : steps) FERRY_RETURN_IF_ERROR(c.Get(&s));
+    if (!taken.emplace(std::pair(id, chunk), std::move(steps)).second) {
+      return DataLossError(where + ": the steps of table " + std::to_string(id) + " part " + std::to_string(chunk) +
+                           " twice");
+    }
+  }
+  if (c.left() != 0) return DataLossError(where + ": " + std::to_string(c.left()) + " bytes after its last field");
+  // Every unit held here has its steps in the image, and no other.
+  Status missing;
+  size_t found = 0;
+  auto fill = [&](Table& t, int64_t chunk, StepsTaken& s) {
+    auto it = taken.find(std::pair(t.id, chunk));
+    if (it == taken.end()) {
+      if (missing.ok()) {
+        missing = DataLossError(where + ": no steps for table '" + t.spec.name + "' " +
+                                (chunk >= 0 ? "chunk " + std::to_string(chunk) : std::string("rows")));
+      }
+      return;
+    }
+    ++found;
+    s.taken = it->second;
+    s.floor = it->second;  // a push the image holds, sent again, is a replay here
+  };
+  tables->ForEach([&](Table& t) {
+    if (t.dense) {
+      for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+        if (DenseChunk* ch = t.dense->chunk(i)) fill(t, i, ch->steps_taken);
+      }
+    } else {
+      fill(t, -1, t.sparse->steps_taken);
+    }
+  });
+  FERRY_RETURN_IF_ERROR(missing);
+  if (found != taken.size()) {
+    return DataLossError(where + ": steps of " + std::to_string(taken.size() - found) +
+                         " part(s) this server does not hold (another server's image?)");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// One peer's image of server `whose`'s slots, page by page.
+struct Fetched {
+  std::vector<char> blob;
+  uint32_t incarnation = 0;
+  int num_workers = 0;
+};
+
+StatusOr<Fetched> FetchImage(const ServerOptions& o, zmq::context_t& context, int peer, int whose,
+                             const std::string& who) {
+  const std::string& endpoint = o.peers[static_cast<size_t>(peer)];
+  const std::string from = "server " + std::to_string(peer) + " (" + endpoint + ")";
+  FERRY_ASSIGN_OR_RETURN(zmq::socket_t sock, transport::MakeSocket(context, zmq::socket_type::dealer));
+  try {
+    sock.set(zmq::sockopt::linger, 0);
+    sock.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    return InvalidArgumentError(who + ": cannot connect to " + from + ": " + e.what());
+  }
+  const int64_t page = std::max<int64_t>(o.max_message_bytes / 2, 1 << 20);
+  const auto began = Clock::now();
+  const auto deadline = began + o.failover_timeout;
+  Fetched out;
+  uint64_t epoch = 0, total = 0, request_id = 0;
+  auto next_say = began + std::chrono::seconds(5);
+  while (true) {
+    flatbuffers::FlatBufferBuilder fbb(256);
+    wire::HeaderBuilder b(fbb);
+    b.add_major(wire::kMajor);
+    b.add_minor(wire::kMinor);
+    b.add_kind(wire::Kind::Snapshot);
+    b.add_request_id(++request_id);
+    b.add_server_rank(whose);
+    b.add_position(static_cast<int64_t>(out.blob.size()));
+    b.add_epoch(epoch);
+    b.add_max_bytes(page);
+    wire::FinishHeaderBuffer(fbb, b.Finish());
+    transport::Frames req;
+    req.push_back(wire::ToFrame(fbb));
+    FERRY_RETURN_IF_ERROR(transport::Send(sock, req).WithContext(who + ": asking " + from + " for its image"));
+    transport::Frames reply;
+    while (true) {
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        return DeadlineExceededError(who + ": " + from + " sent no image of server " + std::to_string(whose) +
+                                     "'s slots within " + std::to_string(o.failover_timeout.count()) +
+                                     " ms (--failover-timeout-s): is it running?");
+      }
+      if (now >= next_say) {
+        next_say = now + std::chrono::seconds(5);
+        std::fprintf(stderr, "%s: waiting for %s's image of server %d's slots (%lld of %s bytes so far)\n", who.c_str(),
+                     from.c_str(), whose, static_cast<long long>(out.blob.size()),
+                     total > 0 ? std::to_string(total).c_str() : "?");
+      }
+      zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
+      const auto wait = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(500));
+      if (zmq::poll(&item, 1, std::chrono::duration_cast<std::chrono::milliseconds>(wait)) <= 0) continue;
+      FERRY_RETURN_IF_ERROR(transport::Recv(sock, &reply, 2).WithContext(who + ": reading " + from + "'s image"));
+      break;
+    }
+    if (reply.empty()) return DataLossError(who + ": an empty message from " + from);
+    const wire::Header* h = nullptr;
+    FERRY_RETURN_IF_ERROR(wire::VerifyHeader(reply[0], &h).WithContext(who + ": " + from + "'s reply"));
+    if (h->request_id() != request_id || h->request_kind() != wire::Kind::Snapshot) {
+      return DataLossError(who + ": " + from + " answered another request");
+    }
+    if (h->kind() == wire::Kind::Error) {
+      return wire::ErrorStatus(*h).WithContext(who + ": " + from + " refused its image of server " +
+                                               std::to_string(whose) + "'s slots");
+    }
+    if (reply.size() != 2 || h->position() != static_cast<int64_t>(out.blob.size()) || h->version() <= 0 ||
+        (total > 0 && (static_cast<uint64_t>(h->version()) != total || h->epoch() != epoch)) ||
+        reply[1].size() > static_cast<uint64_t>(h->version()) - out.blob.size() ||
+        (reply[1].size() == 0 && out.blob.size() < static_cast<uint64_t>(h->version()))) {
+      return DataLossError(who + ": " + from + "'s page of its image does not follow the one before");
+    }
+    if (total == 0) {
+      total = static_cast<uint64_t>(h->version());
+      epoch = h->epoch();
+      out.incarnation = h->incarnation();
+      out.num_workers = static_cast<int>(h->num_workers());
+    }
+    const char* p = static_cast<const char*>(reply[1].data());
+    out.blob.insert(out.blob.end(), p, p + reply[1].size());
+    if (out.blob.size() == total) break;
+  }
+  std::fprintf(stderr, "%s: took server %d's slots from %s: %llu bytes in %.2f s\n", who.c_str(), whose, from.c_str(),
+               static_cast<unsigned long long>(total),
+               std::chrono::duration<double>(Clock::now() - began).count());
+  return out;
+}
+
+}  // namespace
+
+StatusOr<Recovered> Recover(const ServerOptions& o, zmq::context_t& context, TableRegistry* tables,
+                            TableRegistry* replicas) {
+  const std::string who = "ferry-ps rank " + std::to_string(o.rank) + " (--recover)";
+  const int backup = (o.rank + 1) % o.num_servers;
+  const int primary = (o.rank + o.num_servers - 1) % o.num_servers;
+  Recovered r;
+  // Its own slots first, from the backup's replica (which fences the dead one's late updates);
+  // then the primary's, whose image answers the pushes that waited for the dead backup.
+  FERRY_ASSIGN_OR_RETURN(Fetched own, FetchImage(o, context, backup, o.rank, who));
+  if (own.num_workers <= 0 || own.num_workers > 65536 || (o.num_workers > 0 && own.num_workers != o.num_workers)) {
+    return FailedPreconditionError(who + ": server " + std::to_string(backup) + " knows a job of " +
+                                   std::to_string(own.num_workers) + " workers" +
+                                   (o.num_workers > 0 ? ", this one " + std::to_string(o.num_workers) : ""));
+  }
+  r.num_workers = own.num_workers;
+  try {
+    FERRY_RETURN_IF_ERROR(RestoreImage(own.blob, o.rank, r.num_workers, tables,
+                                       who + ": server " + std::to_string(backup) + "'s image of its slots"));
+    own.blob = {};
+    FERRY_ASSIGN_OR_RETURN(Fetched theirs, FetchImage(o, context, primary, primary, who));
+    FERRY_RETURN_IF_ERROR(RestoreImage(theirs.blob, primary, r.num_workers, replicas,
+                                       who + ": server " + std::to_string(primary) + "'s image of its slots"));
+    r.primary_incarnation = theirs.incarnation;
+  } catch (const BudgetExceeded& e) {
+    return ResourceExhaustedError(who + ": " + e.what());
+  }
+  r.incarnation = own.incarnation + 1;
+  r.done = true;
+  return r;
+}
+
+}  // namespace ferry::ps

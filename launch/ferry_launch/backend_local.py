@@ -9,10 +9,13 @@ import signal
 import time
 
 from .commands import environ_for, remote_argv, resumed_with
-from .common import EXIT_FAILED, EXIT_OK, SETTLE_S, STOP_MARGIN_S, WATCH_EVERY_S, StartFailed
+from . import common
+from .common import (
+    EXIT_FAILED, EXIT_OK, FAILOVER_TIMEOUT_S, RECOVER_FAILED_EXIT, REPLACEMENT_MARGIN_S, SETTLE_S,
+    STOP_MARGIN_S, WATCH_EVERY_S, StartFailed)
 from .recovery import JobWatch, Recovery, summary
 from .supervise import (
-    Child, Stream, Supervisor, cause_report, describe_status, reap_all, wait_for_servers)
+    Child, Stream, Supervisor, cause_lines, cause_report, describe_status, reap_all, wait_for_servers)
 
 # The trainer's exit status for bad flags (and Python argparse's, for a worker program): a restart
 # would fail the same way.
@@ -25,6 +28,31 @@ TWO_DEAD = ("with replication 2 a server's slots are on it and on the next serve
 
 # ferry-ps's line when it leaves the job (--exit-when-drained), just before it exits 0.
 LEFT_LINE = re.compile(r"ferry-ps rank \d+: left the job \(it owns no slot\), stopping$")
+# ferry-ps's line once it serves (stdout): a replacement (--recover) prints it after it took its
+# state from its peers, while its endpoint, bound first, accepts TCP connections before that.
+LISTENING_LINE = re.compile(r"ferry-ps rank \d+ of \d+ listening on ")
+
+
+def failover_timeout_s(ps_args):
+    """ferry-ps's --failover-timeout-s as the --ps-arg words give it (the last one, as ferry-ps
+    takes it), else its default (FAILOVER_TIMEOUT_S). A value ferry-ps would refuse counts as
+    the default: such a job never gets past its start."""
+    value = FAILOVER_TIMEOUT_S
+    for flag, word in zip(ps_args, ps_args[1:]):
+        if flag == "--failover-timeout-s":
+            try:
+                value = int(word) if 1 <= int(word) <= 86400 else FAILOVER_TIMEOUT_S
+            except ValueError:
+                value = FAILOVER_TIMEOUT_S
+    return value
+
+
+def replacement_wait_s(opts):
+    """How long a server's replacement may take to say it listens: it waits up to the failover
+    timeout for each of its two peers, so max(--rendezvous-timeout, 2 x that + a margin)."""
+    failover = failover_timeout_s(getattr(opts, "ps_args", []))
+    return max(opts.rendezvous_timeout, 2 * failover + REPLACEMENT_MARGIN_S)
+
 
 class TaskProc:
     """One task started here or over ssh: one run of it (a restart makes a new TaskProc)."""
@@ -38,6 +66,8 @@ class TaskProc:
         self.stopped_since = None  # when the launcher first found it stopped (state T), if it is
         self.killed_stopped = None  # seconds it had been stopped when the launcher killed it
         self.left_line = False  # a server said it left the job (ferry-ps --exit-when-drained)
+        self.recover = False  # a server's replacement (ferry-ps --recover)
+        self.listening_at = None  # when its "listening on" line was read (a server)
 
     @property
     def done(self):
@@ -128,6 +158,7 @@ class Launcher(Supervisor):
                 run = argv
                 env = environ_for(os.environ, changes) if changes else None
             p = TaskProc(task, None, stream, self.generation)
+            p.recover = recover
 
             def on_line(text):  # the child's reader thread
                 # Seen before shown: whatever a line on the console says (a step reached), the
@@ -135,6 +166,10 @@ class Launcher(Supervisor):
                 self.watch.see(p, text)
                 if task.role == "ps" and LEFT_LINE.match(text):
                     p.left_line = True
+                if task.role == "ps" and p.listening_at is None and LISTENING_LINE.match(text):
+                    p.listening_at = time.monotonic()
+                    if p.recover:  # wakes wait_for_replacement (the main loop passes it by)
+                        self.events.put(("listening", p))
                 stream.line(text)
 
             try:
@@ -201,8 +236,9 @@ class Launcher(Supervisor):
     # ---- events ----
 
     def next_event(self, timeout=None):
-        """The next event: ("exit", TaskProc) or ("resumed", TaskProc, step, time seen).
-        Raises queue.Empty after timeout seconds."""
+        """The next event: ("exit", TaskProc), ("resumed", TaskProc, step, time seen, own) or
+        ("listening", TaskProc: a server's replacement said it listens). Raises queue.Empty after
+        timeout seconds."""
         if self.backlog:
             return self.backlog.popleft()
         return self.events.get(timeout=timeout)
@@ -255,14 +291,14 @@ class Launcher(Supervisor):
         return [q for q in self.current.values() if q.task.role == "ps" and q is not but and q.done
                 and not q.stopping and not self.has_left(q)]
 
-    def dead_server(self, wait):
-        """A running server found dead, waiting up to `wait` seconds for one (events that come
-        meanwhile are kept for later); None when there is none."""
+    def dead_server(self, wait, but=None):
+        """A running server (but `but`) found dead, waiting up to `wait` seconds for one (events
+        that come meanwhile are kept for later); None when there is none."""
         deadline = time.monotonic() + wait
         while True:
-            for p in self.current.values():
-                if p.task.role == "ps" and p.done and not p.stopping and not self.has_left(p):
-                    return p
+            dead = self.dead_servers(but=but)
+            if dead:
+                return dead[0]
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -399,17 +435,23 @@ class Launcher(Supervisor):
     def replace_server(self, p):
         """Server p of a --replication 2 job died: p alone restarts, with --recover, at its own
         endpoint (Task.recover_argv: the same --bind, so the workers and the other servers find
-        it where they connect; with --base-port 0, the port picked at the start). Before it
-        listens it takes its slots from its backup (server rank+1) and its replica from its
-        primary (rank-1); the workers keep running, wait for it and send again what the dead one
-        had not answered. No checkpoint is needed and no step is lost; one restart is counted,
-        complete once the replacement accepts connections (Recovery kind "replaced").
+        it where they connect; with --base-port 0, the port picked at the start). The replacement
+        binds that endpoint, takes its slots from its backup (server rank+1) and its replica from
+        its primary (rank-1), and then says it listens ("ferry-ps rank R of N listening on ..."):
+        it is up at that line, not when its port first accepts TCP (wait_for_replacement). The
+        workers keep running, wait for it and send again what the dead one had not answered. No
+        checkpoint is needed and no step is lost; one restart is counted, complete at that line
+        (Recovery kind "replaced").
 
-        Two servers dead at once (another found dead now, or dying before the replacement
-        accepts connections) may have taken both copies of some slots: then every process
-        restarts from the newest checkpoint (restart_all), as without replicas. A replacement
-        that dies before it is up is replaced again (counted again); one that refused its flags
-        (exit status 2: a ferry-ps without --recover?) falls back to the checkpoint too."""
+        When the replicas cannot bring p's state back, every process restarts from the newest
+        checkpoint instead (fall_back: restart_all, which stops the job where there is none): two
+        servers dead at once (another found dead now, one dying before the replacement is up, or
+        one found dead within SETTLE_S of the replacement's end: its death may be why the
+        replacement ended; counted once, by the fall back) may have taken both copies of some
+        slots; the replacement exits 3 (ferry-ps could not take its state from its peers) or 2
+        (it refused its flags: a ferry-ps without --recover?); it is not up within
+        replacement_wait_s() (replacement_not_up). A replacement that ends otherwise before it is
+        up is replaced again (counted again)."""
         what = "exited unexpectedly"
         others = self.dead_servers(but=p)
         if others:
@@ -436,65 +478,116 @@ class Launcher(Supervisor):
         self.pending.append(r)
         new = self.start(t, restart=f"restart {n}", recover=True)
         r.restarted += f" (pid {new.pid})"
-        failed = self.wait_for_replacement(new)
+        limit = replacement_wait_s(self.opts)
+        failed = self.wait_for_replacement(new, sources, limit)
         self.pending.remove(r)
         if failed is None:
-            r.up(time.monotonic())
+            r.up(new.listening_at)
             self.say(r.report(self.opts.max_restarts))
             return None
         if failed == "timeout":
-            self.say(r.unfinished(f"not up within --rendezvous-timeout {self.opts.rendezvous_timeout:g} s"),
-                     err=True)
-            self.stop_all(f"{t.name}'s replacement did not come up")
-            self.say(f"FAILED: {new.describe()}, the replacement of {p.describe()}, did not accept "
-                     f"connections at {t.address} within {self.opts.rendezvous_timeout:g} s", err=True)
-            return EXIT_FAILED
-        self.say(r.unfinished(f"the replacement ended first: {new.describe_exit()}" if failed is new
-                              else f"{failed.task.name} died first"), err=True)
+            return self.replacement_not_up(p, new, r, limit)
         if failed is not new:
+            self.say(r.unfinished(f"{failed.task.name} died first"), err=True)
             return self.fall_back(failed, f"{failed.describe()} died ({failed.describe_exit()}) "
-                                          f"before {t.name}'s replacement accepted connections; "
-                                          f"{TWO_DEAD}")
-        if new.child.returncode == USAGE_EXIT:
+                                          f"before {t.name}'s replacement was up; {TWO_DEAD}")
+        self.say(r.unfinished(f"the replacement ended first: {new.describe_exit()}"), err=True)
+        status = new.child.returncode
+        if status == USAGE_EXIT:
             return self.fall_back(new, f"{new.describe()}, the replacement of {t.name}, exited with "
                                        f"status {USAGE_EXIT}: ferry-ps refused its flags (one without "
                                        "--recover?), and a restart would fail the same way")
+        # A replacement that lost a peer ends at about the time that peer's death is noticed:
+        # look for it first (not after a signal: a signal killed the replacement, whatever its
+        # peers do), so that the peer's death is not counted twice (a replacement again, then the
+        # fall back once the peer is found dead).
+        q = self.dead_server(0.0 if new.killed_by_signal else SETTLE_S, but=new)
+        if q is not None:
+            return self.fall_back(new, f"{t.name}'s replacement and {q.task.name} are both dead "
+                                       f"({new.describe()}: {new.describe_exit()}; {q.describe()}: "
+                                       f"{q.describe_exit()}); {TWO_DEAD}")
+        if status == RECOVER_FAILED_EXIT:
+            return self.fall_back(new, f"{new.describe()}, the replacement of {t.name}, exited with "
+                                       f"status {RECOVER_FAILED_EXIT}: ferry-ps could not take "
+                                       f"{t.name}'s state from {sources} ({self.last_cause(new)})")
         return self.replace_server(new)
 
-    def wait_for_replacement(self, new):
-        """Waits for a server's replacement `new` to accept connections: None once it does,
-        "timeout" after --rendezvous-timeout, or the TaskProc of a server found dead meanwhile
-        (new itself, or another). The events that come meanwhile are kept for later: the workers
-        go on (they may finish, or die)."""
-        def pause(seconds):  # sleeps, but wakes at once if a server dies
-            deadline = time.monotonic() + seconds
-            while True:
-                if new.done:
-                    return new
-                dead = self.dead_servers(but=new)
-                if dead:
-                    return dead[0]
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                try:
-                    self.backlog.append(self.events.get(timeout=left))
-                except queue.Empty:
-                    return None
+    @staticmethod
+    def last_cause(p):
+        """What ended process p, in a few words: the last line of its output that says why."""
+        p.child.join_output()
+        chosen, _ = cause_lines(list(p.stream.tail), limit=1)
+        return f"it says: {chosen[-1].strip()}" if chosen else "it printed no reason"
 
-        def say(msg):
-            self.say(msg, err=msg.startswith("rendezvous timed out"))
+    def wait_for_replacement(self, new, sources, limit):
+        """Waits for a server's replacement `new` to say it listens (its "listening on" line,
+        read after its start; its endpoint accepts TCP before that, while it takes its state
+        from sources): None once it did, "timeout" after `limit` seconds, or the TaskProc of a
+        server found dead meanwhile (new itself, or another). Says every
+        REPLACEMENT_REPORT_EVERY_S what it waits for. The events that come meanwhile are kept for
+        later: the workers go on (they may finish, or die)."""
+        start = time.monotonic()
+        deadline = start + limit
+        every = common.REPLACEMENT_REPORT_EVERY_S
+        next_report = start + every
+        while True:
+            if new.listening_at is not None:
+                return None
+            if new.done:
+                return new
+            dead = self.dead_servers(but=new)
+            if dead:
+                return dead[0]
+            now = time.monotonic()
+            if now >= deadline:
+                return "timeout"
+            if now >= next_report:
+                self.say(f"waiting for {new.describe()}, the replacement of {new.task.name}, to take its "
+                         f"state from {sources} and say it listens, {now - start:.0f} s (at most "
+                         f"{limit:g} s)")
+                next_report += every
+            try:
+                ev = self.events.get(timeout=max(0.0, min(deadline, next_report) - now))
+            except queue.Empty:
+                continue
+            if ev[0] != "listening":
+                self.backlog.append(ev)
 
-        return wait_for_servers([new.task], self.opts.rendezvous_timeout, say, pause, up_line=False)
+    def replacement_not_up(self, p, new, r, limit):
+        """Server p's replacement `new` (recovery r) did not say it listens within `limit`
+        seconds: it is stopped and every process restarts from the newest checkpoint, or, without
+        a checkpoint or a restart left, the job stops."""
+        t = new.task
+        self.say(r.unfinished(f"not up within {limit:g} s"), err=True)
+        waited = (f"{new.describe()}, the replacement of {p.describe()}, did not say it listens "
+                  f"('ferry-ps rank {t.rank} of {len(self.cluster.ps)} listening on ...') within "
+                  f"{limit:g} s")
+        if self.watch.checkpoint_step() is not None and self.restarts_left():
+            self.stop([new], f"{t.name}'s replacement is not up after {limit:g} s")
+            return self.fall_back(new, waited, how=f"not up within {limit:g} s: stopped by the launcher")
+        self.stop_all(f"{t.name}'s replacement did not come up")
+        why = ("there is no checkpoint to restart every process from" if self.watch.checkpoint_step() is None
+               else f"--max-restarts {self.opts.max_restarts} allows no more restarts")
+        new.child.join_output()
+        self.say("\n".join([f"FAILED: {waited}; {why}"] + cause_report(new.stream)), err=True)
+        return EXIT_FAILED
 
-    def fall_back(self, p, why):
+    def fall_back(self, p, why, how=None):
         """Replicas cannot bring server p's state back (why): every process restarts from the
-        newest checkpoint (restart_all), or the job stops where there is none."""
-        self.say(f"{why}: every process restarts from the newest checkpoint instead", err=True)
-        return self.restart_all(p)
+        newest checkpoint (restart_all; how: how p ended, if not its exit status), or the job
+        stops where there is none (or no restart is left)."""
+        if self.watch.checkpoint_step() is None:
+            then = "only a checkpoint could bring its state back now"
+        elif not self.restarts_left():
+            then = "only a restart of every process from the newest checkpoint could go on"
+        else:
+            then = "every process restarts from the newest checkpoint instead"
+        self.say(f"{why}: {then}", err=True)
+        return self.restart_all(p, how)
 
-    def restart_all(self, p):
-        """Server p died: every process restarts, from the newest checkpoint."""
+    def restart_all(self, p, how=None):
+        """Server p died (how: how it ended, if not its exit status): every process restarts,
+        from the newest checkpoint."""
         what = "exited unexpectedly"
         checkpoint = self.watch.checkpoint_step()
         if checkpoint is None:
@@ -509,7 +602,7 @@ class Launcher(Supervisor):
         if not self.restarts_left():
             return self.no_restarts_left(p, what)
         noticed = p.child.ended_at or time.monotonic()
-        how = p.describe_exit()
+        how = how or p.describe_exit()
         workers = [q for q in self.procs if q.task.role == "worker" and q.generation == self.generation]
         before = dict.fromkeys((t.name for t in self.cluster.workers), None)
         before.update(self.watch.last_steps(workers))
@@ -588,6 +681,8 @@ class Launcher(Supervisor):
                 continue
             if ev[0] == "resumed":
                 self.on_resumed(*ev[1:])
+                continue
+            if ev[0] == "listening":  # a replacement's line, after wait_for_replacement ended
                 continue
             p = ev[1]
             if not self.is_current(p):

@@ -83,8 +83,8 @@ def parse_args(argv):
     ap.add_argument("--host", default="127.0.0.1",
                     help="host for --num-ps/--num-workers (default %(default)s)")
     ap.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
-                    help="ps R listens on BASE+R; 0 picks ports free on this machine "
-                         "(default %(default)s)")
+                    help="ps R listens on BASE+R; 0 picks ports free on this machine, outside "
+                         "the kernel's ephemeral range (default %(default)s)")
     ap.add_argument("--bin-dir", default=DEFAULT_BIN_DIR,
                     help="build dir (bin/ferry-ps, bin/ferry-trainer) or a flat dir "
                          "holding both (default %(default)s)")
@@ -115,7 +115,8 @@ def parse_args(argv):
     ap.add_argument("--rendezvous-timeout", type=_seconds_arg(False),
                     default=DEFAULT_RENDEZVOUS_TIMEOUT_S, metavar="S",
                     help="seconds to wait for all servers (Slurm: for every task of the step "
-                         "to run) (default %(default)s)")
+                         "to run; a server's replacement under --replication 2: at least this) "
+                         "(default %(default)s)")
     ap.add_argument("--grace", type=_seconds_arg(True), default=5.0, metavar="S",
                     help="seconds between SIGTERM and SIGKILL on shutdown (default %(default)s)")
     ap.add_argument("--ssh", default=DEFAULT_SSH, metavar="CMD",
@@ -145,9 +146,14 @@ def parse_args(argv):
                          "\"Replicas\"). A server that dies is then restarted alone, with "
                          "--recover, at its own endpoint: it takes its state from its neighbours "
                          "(its slots from the next server, its replica from the previous one) while "
-                         "the workers wait for it; no checkpoint, no step lost. Two servers dead at "
-                         "once: all restart from the newest checkpoint. Local and ssh backends (Slurm "
-                         "restarts nothing); default 1: none")
+                         "the workers wait for it, and is up once it prints its 'ferry-ps rank R of "
+                         "N listening on' line (waited for up to max(--rendezvous-timeout, 2 x "
+                         "ferry-ps --failover-timeout-s + 30 s)); no checkpoint, no step lost. Two "
+                         "servers dead at once, or a replacement that exits 3 (ferry-ps could not "
+                         "take the state from its peers: a peer refused or timed out, a bad image, "
+                         "no memory; its output says why) or 2 (flags refused): all restart from the "
+                         "newest checkpoint. Local and ssh backends (Slurm restarts nothing); "
+                         "default 1: none")
     ap.add_argument("--disk-tier-dir", metavar="DIR",
                     help="the disk tier's folder (tables declared with disk_tier, e.g. --table "
                          "'ctr/emb*:max_rows=N,disk_tier=1'): ferry-ps rank R gets --disk-tier-dir "

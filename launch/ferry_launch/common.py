@@ -30,6 +30,23 @@ SETTLE_S = 0.5
 # for a server (5 s). The launcher looks every WATCH_EVERY_S.
 DEFAULT_KILL_STOPPED_AFTER_S = 2.0
 WATCH_EVERY_S = 0.25
+# A server's replacement (--replication 2, ferry-ps --recover) binds its endpoint, takes its state
+# from its two neighbours, each within ferry-ps's --failover-timeout-s (FAILOVER_TIMEOUT_S unless a
+# --ps-arg gives one), then says it listens: the launcher waits for that line up to
+# max(--rendezvous-timeout, 2 x the failover timeout + REPLACEMENT_MARGIN_S), saying every
+# REPLACEMENT_REPORT_EVERY_S what it waits for. ferry-ps exits RECOVER_FAILED_EXIT when --recover
+# could not take its state from its peers (then only a checkpoint can bring it back).
+FAILOVER_TIMEOUT_S = 60
+REPLACEMENT_MARGIN_S = 30.0
+REPLACEMENT_REPORT_EVERY_S = 10.0
+RECOVER_FAILED_EXIT = 3
+# --base-port 0 picks ports from here up to 65535, outside the kernel's ephemeral range (the
+# local ports of outgoing connections, /proc/sys/net/ipv4/ip_local_port_range; Linux's default
+# EPHEMERAL_DEFAULT when it cannot be read): a client that reconnects to a dead server's port
+# cannot take that port as its own (a TCP self-connect), which would keep the replacement from
+# binding it.
+PICK_PORTS_FROM = 10000
+EPHEMERAL_DEFAULT = (32768, 60999)
 # The largest value any seconds flag (--rendezvous-timeout, --grace, --ssh-timeout) accepts.
 MAX_SECONDS = 86400.0
 # Where the launcher script (Slurm tasks run it with --slurm-task) and the programs are, and the

@@ -82,8 +82,9 @@ class Recovery:
     noticing the death (the dead process reaped) to the last restarted worker's "resuming" line.
 
     A replaced server (kind "replaced") waits for no "resuming" line (waiting is empty): it is
-    complete once its replacement accepts connections (up()), and loses no step: it took the dead
-    one's state from the replicas, and the workers go on from where they were."""
+    complete once its replacement says it listens (up(): ferry-ps's "listening on" line, printed
+    once it took the dead one's state from the replicas and serves), and loses no step: the
+    workers go on from where they were."""
 
     def __init__(self, number, kind, dead, how, restarted, noticed, before, waiting):
         self.number, self.kind, self.dead, self.how = number, kind, dead, how
@@ -95,7 +96,7 @@ class Recovery:
         self.done_at = None
 
     def up(self, when):
-        """A replaced server's replacement accepts connections (kind "replaced"): complete."""
+        """A replaced server's replacement said it listens (kind "replaced"): complete."""
         self.done_at = when
 
     def inherit(self, superseded, only=None):
@@ -158,11 +159,12 @@ class Recovery:
         """The line printed when the recovery is complete."""
         if self.kind == "replaced":
             return (f"recovery {self.number} of at most {limit}: {self.dead} died ({self.how}); "
-                    f"restarted {self.restarted}; its replacement accepts connections, and the "
-                    "workers, restarted by none, go on where they were (their last steps reported "
-                    f"before the death: {self._before_text() or 'none'}); steps lost: 0; recovery "
-                    f"time {self.seconds:.2f} s (from noticing the death to the replacement "
-                    "accepting connections)")
+                    f"restarted {self.restarted}; its replacement is up (it took the dead one's "
+                    "state from the replicas and listens), and the workers, restarted by none, go "
+                    "on where they were (their last steps reported before the death: "
+                    f"{self._before_text() or 'none'}); steps lost: 0; recovery "
+                    f"time {self.seconds:.2f} s (from noticing the death to the replacement's "
+                    "'listening on' line)")
         if self.kind == "worker":
             where = f"it rejoined the job at step {self.step}"
         elif self.own:
@@ -182,8 +184,8 @@ class Recovery:
         waiting = ", ".join(sorted(self.waiting))
         if self.kind == "replaced":
             return (f"recovery {self.number}: {self.dead} died ({self.how}); restarted "
-                    f"{self.restarted}; not complete ({why}; the replacement never accepted "
-                    "connections)")
+                    f"{self.restarted}; not complete ({why}; the replacement never said it "
+                    "listens)")
         return (f"recovery {self.number}: {self.dead} died ({self.how}); restarted "
                 f"{self.restarted}; not complete ({why}; no 'resuming the job' line from "
                 f"{waiting})" + ("; its steps lost are counted by the next recovery"

@@ -2,10 +2,11 @@
 
 import contextlib
 import json
+import random
 import shlex
 import socket
 
-from .common import DEFAULT_BASE_PORT, LaunchError
+from .common import DEFAULT_BASE_PORT, EPHEMERAL_DEFAULT, PICK_PORTS_FROM, LaunchError
 from .hosts import _HOST_RE, canonical_host, is_local
 
 # ferry/messages/placement.h's kSlots: a job of more servers would leave some without a slot.
@@ -214,23 +215,65 @@ def parse_spec(data):
     return Cluster(ps, workers)
 
 
+def ephemeral_ports():
+    """The kernel's ephemeral port range (lo, hi): where the local ports of outgoing connections
+    come from (Linux's default where /proc says nothing)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            lo, hi = (int(w) for w in f.read().split())
+        if 1 <= lo <= hi <= 65535:
+            return lo, hi
+    except (OSError, ValueError):
+        pass
+    return EPHEMERAL_DEFAULT
+
+
+def free_ports(n):
+    """n distinct ports free on this machine now, outside the ephemeral range (common's
+    PICK_PORTS_FROM): a port there is never the local port of an outgoing connection, so a client
+    that keeps reconnecting to a dead server's port cannot take it (a TCP self-connect) and keep
+    the server's replacement from binding it. The scan starts at a random port (launchers started
+    together pick different ones) and tries each in turn; each socket stays bound until every
+    port is picked. Only where no free port is left outside the range: ports the kernel picks."""
+    lo, hi = ephemeral_ports()
+
+    def outside(first):
+        return [p for p in range(first, 65536) if not lo <= p <= hi]
+
+    candidates = outside(PICK_PORTS_FROM)
+    if len(candidates) < 2 * n:  # an unusual range: below PICK_PORTS_FROM too
+        candidates = outside(1024)
+    start = random.randrange(len(candidates)) if candidates else 0
+    with contextlib.ExitStack() as held:
+        ports = []
+        for port in candidates[start:] + candidates[:start]:
+            if len(ports) == n:
+                break
+            s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            try:
+                s.bind(("0.0.0.0", port))  # free on every address, so on each host's too
+            except OSError:
+                s.close()
+                continue
+            ports.append(port)
+        while len(ports) < n:
+            s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("0.0.0.0", 0))
+            ports.append(s.getsockname()[1])
+        return ports
+
+
 def ps_ports(base_port, hosts, source):
     """The ports of ps 0..len(hosts)-1 (ps r runs on hosts[r]): base_port + r. With base_port 0,
-    ports free on this machine now (so every host must be this machine; source names where the
-    hosts came from), all distinct: each socket stays bound until every port is picked."""
+    ports free on this machine now, outside the kernel's ephemeral range (free_ports; so every
+    host must be this machine; source names where the hosts came from), all distinct."""
     if base_port == 0:
         remote = [h for h in hosts if not is_local(h)]
         if remote:
             raise LaunchError(f"--base-port 0 picks ports free on this machine, but {source} "
                               f"puts a server on {remote[0]}; give a port (e.g. --base-port "
                               f"{DEFAULT_BASE_PORT})")
-        with contextlib.ExitStack() as held:
-            ports = []
-            for _ in hosts:
-                s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                s.bind(("0.0.0.0", 0))  # free on every address, so on each host's too
-                ports.append(s.getsockname()[1])
-            return ports
+        return free_ports(len(hosts))
     last = base_port + len(hosts) - 1
     if base_port < 1 or last > 65535:
         raise LaunchError(f"--base-port {base_port}: ps ports {base_port}..{last} are not all "

@@ -284,11 +284,11 @@ class Supervisor:
             return 128 + s.signum
 
 
-def wait_for_servers(ps, timeout_s, say, pause, progress=True, left=frozenset(), up_line=True):
+def wait_for_servers(ps, timeout_s, say, pause, progress=True, left=frozenset()):
     """Blocks until every server in ps accepts a TCP connection from here, or the deadline.
     Every server has a prober thread of its own (a name lookup or connect that hangs delays no
     other server, and no report); each connect is bounded by PROBE_TIMEOUT_S and the time left.
-    With progress, says who is missing every WAIT_REPORT_EVERY_S and (up_line) when all are up.
+    With progress, says who is missing every WAIT_REPORT_EVERY_S and when all are up.
     pause(seconds) waits between looks at the probers' results; a non-None result gives up and
     is returned. left: the ranks of servers that left the job (ferry-ps --exit-when-drained exits
     0 when it restores a map that gives it no slot), waited for no more; the set may grow while
@@ -338,7 +338,7 @@ def wait_for_servers(ps, timeout_s, say, pause, progress=True, left=frozenset(),
                 return stop
     finally:
         finished.set()
-    if progress and up_line:
+    if progress:
         n = len([t for t in ps if t.rank not in left])
         gone = f", {len(ps) - n} left the job" if n < len(ps) else ""
         say(f"rendezvous: all {n} servers up{gone} ({time.monotonic() - start:.1f} s)")

@@ -1933,21 +1933,22 @@ class RecoveryAccountingTest(unittest.TestCase):
 
     def test_a_server_replaced_alone_loses_no_step(self):
         # --replication 2: a dead server is replaced alone (--recover); no worker restarts, no "resuming" line is
-        # awaited: complete once the replacement accepts connections, 0 steps lost.
+        # awaited: complete once the replacement says it listens, 0 steps lost.
         r = self.Recovery(1, "replaced", "ps 1 (pid 7)", "killed by SIGKILL", "ps 1 alone with --recover (pid 9)",
                           10.0, {"worker 0": 60, "worker 1": None}, [])
         self.assertIsNone(r.lost)
         self.assertIn("recovery 1: ps 1 (pid 7) died (killed by SIGKILL); restarted ps 1 alone with --recover (pid 9); "
-                      "not complete (ps 2 died first; the replacement never accepted connections)",
+                      "not complete (ps 2 died first; the replacement never said it listens)",
                       r.unfinished("ps 2 died first"))
         self.assertFalse(r.resumed("worker 0", 60, 11.0))  # it awaits no worker
         r.up(10.75)
         self.assertEqual(r.lost, 0)
         self.assertEqual(r.report(3), "recovery 1 of at most 3: ps 1 (pid 7) died (killed by SIGKILL); restarted ps 1 "
-                                      "alone with --recover (pid 9); its replacement accepts connections, and the "
-                                      "workers, restarted by none, go on where they were (their last steps reported "
-                                      "before the death: worker 0 60, worker 1 (none)); steps lost: 0; recovery time "
-                                      "0.75 s (from noticing the death to the replacement accepting connections)")
+                                      "alone with --recover (pid 9); its replacement is up (it took the dead one's "
+                                      "state from the replicas and listens), and the workers, restarted by none, go "
+                                      "on where they were (their last steps reported before the death: worker 0 60, "
+                                      "worker 1 (none)); steps lost: 0; recovery time 0.75 s (from noticing the "
+                                      "death to the replacement's 'listening on' line)")
         worker = self.Recovery(2, "worker", "worker 1", "killed by SIGKILL", "worker 1", 20.0, {"worker 1": 70},
                                ["worker 1"])
         worker.resumed("worker 1", 71, 20.5, own=True)
@@ -2054,10 +2055,11 @@ class ReplicationTest(unittest.TestCase):
         self.assertEqual(len(listening), 2, out)
         self.assertEqual(listening[0], listening[1], out)
         m = re.search(rf"recovery 1 of at most 3: ps 1 \(pid {victim}\) died \(killed by SIGKILL\); restarted ps 1 "
-                      r"alone with --recover \(pid \d+\); its replacement accepts connections, and the workers, "
-                      r"restarted by none, go on where they were \(their last steps reported before the death: "
-                      r"worker 0 (\d+|\(none\)), worker 1 (\d+|\(none\))\); steps lost: 0; recovery time ([\d.]+) s",
-                      out)
+                      r"alone with --recover \(pid \d+\); its replacement is up \(it took the dead one's state from "
+                      r"the replicas and listens\), and the workers, restarted by none, go on where they were \(their "
+                      r"last steps reported before the death: worker 0 (\d+|\(none\)), worker 1 (\d+|\(none\))\); "
+                      r"steps lost: 0; recovery time ([\d.]+) s \(from noticing the death to the replacement's "
+                      r"'listening on' line\)", out)
         self.assertTrue(m, out)
         before = [int(s) for s in m.group(1, 2) if s != "(none)"]
         self.assertGreaterEqual(max(before, default=0), 60, out)  # killed once a worker said step 60
@@ -2111,26 +2113,54 @@ def stops(output):
             for names, why in re.findall(r"ferry-launch: stopping (.*?) \((.*)\)$", output, re.M)]
 
 
-# Stand-ins for ServerReplacementTest. A ferry-ps that listens on its --bind port and sleeps; with --recover it first
-# waits FERRY_STUB_RECOVER_S seconds (taking its state from the replicas) or exits FERRY_STUB_RECOVER_EXIT (a ferry-ps
-# that refuses the flag). A ferry-trainer that says step 10 (worker 0 with FERRY_STUB_SAVED=1: and a checkpoint of
-# step 10), with --resume that it resumes at step 10, then exits 0 once the file FERRY_STUB_FINISH exists.
+# Stand-ins for ServerReplacementTest. A ferry-ps that binds its --bind port ("stub ps rank R pid N bound port P"),
+# then, with --recover, takes FERRY_STUB_RECOVER_S seconds to take its state from its peers, and only then prints
+# ferry-ps's "ferry-ps rank R of N listening on ENDPOINT" and sleeps (as ferry-ps --recover does: it binds first, so
+# its port accepts TCP before it is up). With --recover and FERRY_STUB_RECOVER_EXIT=2 it refuses the flag at once
+# (a ferry-ps without --recover); with another status it exits with that status after the delay, saying why (3:
+# ferry-ps could not take its state from its peers); with FERRY_STUB_WATCH_BACKUP=1 it exits 1 during the delay
+# as soon as its backup's port refuses connections (a replacement that lost a peer). SIGUSR1: it closes its
+# port, and exits 1 0.2 s later (a server whose death is noticed late). A ferry-trainer that says step 10
+# (worker 0 with FERRY_STUB_SAVED=1: and a checkpoint of step 10), with --resume that it resumes at step 10, then
+# exits 0 once the file FERRY_STUB_FINISH exists.
 STUB_REPLICA_PS = textwrap.dedent(f"""\
     #!{sys.executable}
-    import os, re, socket, sys, time
+    import os, re, signal, socket, sys, time
     argv = sys.argv[1:]
-    if "--recover" in argv:
-        if os.environ.get("FERRY_STUB_RECOVER_EXIT"):
-            print("stub ps: unknown flag --recover", flush=True)
-            sys.exit(int(os.environ["FERRY_STUB_RECOVER_EXIT"]))
-        time.sleep(float(os.environ.get("FERRY_STUB_RECOVER_S", "0")))
+    rank, num = int(argv[argv.index("--rank") + 1]), argv[argv.index("--num-servers") + 1]
     host, port = re.fullmatch(r"tcp://(.+):(\\d+)", argv[argv.index("--bind") + 1]).groups()
+    recover, code = "--recover" in argv, os.environ.get("FERRY_STUB_RECOVER_EXIT")
+    if recover and code == "2":
+        print("stub ps: unknown flag --recover", flush=True)
+        sys.exit(2)
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((host, int(port)))
     s.listen()
-    print(f"stub ps rank {{argv[argv.index('--rank') + 1]}} pid {{os.getpid()}} listening on port {{port}}",
-          flush=True)
+    print(f"stub ps rank {{rank}} pid {{os.getpid()}} bound port {{port}}", flush=True)
+
+    def leave(*_):
+        s.close()
+        time.sleep(0.2)
+        os._exit(1)
+
+    signal.signal(signal.SIGUSR1, leave)
+    if recover:
+        peers = argv[argv.index("--peers") + 1].split(",")
+        backup = (rank + 1) % len(peers)
+        deadline = time.monotonic() + float(os.environ.get("FERRY_STUB_RECOVER_S", "0"))
+        while time.monotonic() < deadline:
+            if os.environ.get("FERRY_STUB_WATCH_BACKUP") == "1":
+                try:
+                    socket.create_connection(("127.0.0.1", int(peers[backup].rsplit(":", 1)[1])), 1).close()
+                except OSError:
+                    print(f"ferry-ps: --recover: lost server {{backup}} (stub)", flush=True)
+                    sys.exit(1)
+            time.sleep(0.05)
+        if code:
+            print(f"ferry-ps: --recover: server {{backup}} refused to send its replica (stub)", flush=True)
+            sys.exit(int(code))
+    print(f"ferry-ps rank {{rank}} of {{num}} listening on tcp://{{host}}:{{port}}", flush=True)
     time.sleep(120)
     """)
 STUB_WAITING_TRAINER = textwrap.dedent(f"""\
@@ -2153,7 +2183,9 @@ STUB_WAITING_TRAINER = textwrap.dedent(f"""\
 class ServerReplacementTest(unittest.TestCase):
     """--replication 2: a dead server restarts alone with --recover, with stand-ins for ferry-ps and ferry-trainer (no
     --recover needed from the binaries): its command and endpoint, the workers left running, the restarts counted,
-    the fall back to the checkpoint when two servers are dead at once or the replacement refuses the flag."""
+    when the replacement is up (its "listening on" line, not its port), the fall back to the checkpoint when two
+    servers are dead at once, the replacement refuses the flag (exit 2), cannot take its state from its peers (exit
+    3) or is not up in time."""
 
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="ferry-launch-test-")
@@ -2230,17 +2262,18 @@ class ServerReplacementTest(unittest.TestCase):
                           "--recover (it takes its state from servers 2 and 0); the workers wait for it (restart "
                           f"{n} of at most 3)", out)
             m = re.search(rf"recovery {n} of at most 3: ps 1 \(pid {pid}\) died \(killed by SIGKILL\); restarted ps 1 "
-                          r"alone with --recover \(pid \d+\); its replacement accepts connections, and the workers, "
-                          r"restarted by none, go on where they were \(their last steps reported before the death: "
-                          r"worker 0 10, worker 1 10\); steps lost: 0; recovery time ([\d.]+) s \(from noticing the "
-                          r"death to the replacement accepting connections\)", out)
+                          r"alone with --recover \(pid \d+\); its replacement is up \(it took the dead one's state "
+                          r"from the replicas and listens\), and the workers, restarted by none, go on where they were "
+                          r"\(their last steps reported before the death: worker 0 10, worker 1 10\); steps lost: 0; "
+                          r"recovery time ([\d.]+) s \(from noticing the death to the replacement's 'listening on' "
+                          r"line\)", out)
             self.assertTrue(m, out)
-            self.assertGreaterEqual(float(m.group(1)), 0.3)  # the replacement listens after taking its state
+            self.assertGreaterEqual(float(m.group(1)), 0.3)  # up once it says it listens, after taking its state
         cmds = started_commands(out)
         self.assertEqual(cmds["ps 1"][1:], [cmds["ps 1"][0] + " --recover"] * 2, out)
         self.assertEqual({name: len(c) for name, c in cmds.items() if name != "ps 1"},
                          {"ps 0": 1, "ps 2": 1, "worker 0": 1, "worker 1": 1}, out)
-        ports = re.findall(r"(?m)^\[ps 1\] stub ps rank 1 pid \d+ listening on port (\d+)$", out)
+        ports = re.findall(r"(?m)^\[ps 1\] stub ps rank 1 pid \d+ bound port (\d+)$", out)
         self.assertEqual(len(ports), 3, out)
         self.assertEqual(len(set(ports)), 1, out)  # --base-port 0: the port picked at the start, each time
         self.assertEqual(stops(out), [(["ps 0", "ps 1", "ps 2"], "all workers finished")], out)
@@ -2264,11 +2297,11 @@ class ServerReplacementTest(unittest.TestCase):
         self.assertTrue(replacement, out)
         self.assertIn(f"recovery 1: ps 1 (pid {pids['ps 1']}) died (killed by SIGKILL); restarted ps 1 alone with "
                       f"--recover (pid {replacement.group(1)}); not complete (ps 2 died first; the replacement never "
-                      "accepted connections)", out)
-        self.assertIn(f"ps 2 (pid {pids['ps 2']}) died (killed by SIGKILL) before ps 1's replacement accepted "
-                      "connections; with replication 2 a server's slots are on it and on the next server only, so two "
-                      "servers dead at once may have taken both copies of some: every process restarts from the "
-                      "newest checkpoint instead", out)
+                      "said it listens)", out)
+        self.assertIn(f"ps 2 (pid {pids['ps 2']}) died (killed by SIGKILL) before ps 1's replacement was up; with "
+                      "replication 2 a server's slots are on it and on the next server only, so two servers dead at "
+                      "once may have taken both copies of some: every process restarts from the newest checkpoint "
+                      "instead", out)
         self.assertIn(f"ps 2 (pid {pids['ps 2']}) died (killed by SIGKILL); restarting every process from the newest "
                       "checkpoint (step 10 or later)", out)
         self.assertIn(f"recovery 2 of at most 3: ps 2 (pid {pids['ps 2']}) died (killed by SIGKILL); restarted ps 0, "
@@ -2293,14 +2326,169 @@ class ServerReplacementTest(unittest.TestCase):
         self.assertTrue(replacement, out)
         self.assertEqual(len(re.findall(r"restarted ps 1 pid", out)), 1, out)
         self.assertIn(f"ps 1 (pid {replacement.group(1)}), the replacement of ps 1, exited with status 2: ferry-ps "
-                      "refused its flags (one without --recover?), and a restart would fail the same way: every "
-                      "process restarts from the newest checkpoint instead", out)
+                      "refused its flags (one without --recover?), and a restart would fail the same way: only a "
+                      "checkpoint could bring its state back now", out)
         self.assertIn("cannot recover from the death of ps 1: a server's state comes back only from a checkpoint, "
                       "and there is no checkpoint folder (--checkpoint-dir DIR)", out)
         self.assertIn("stub ps: unknown flag --recover", out)  # the failure summary shows why
         self.assertIn("recovery summary: 1 restart of at most 3 (0 after a worker died, 1 after a server died, 1 of "
                       "them replaced alone with --recover); steps lost: 0; 1 not complete", out)
         self.assertNotRegex(out, r"restarted worker")
+
+    def test_a_replacement_that_cannot_take_its_state_falls_back_to_the_checkpoint(self):
+        # ferry-ps --recover exits 3 when its peers could not give it its state (a peer refused, timed out, sent a bad
+        # image; no memory): not replaced again, every process restarts from the checkpoint.
+        r = self.run_job(extra=["--checkpoint-dir", os.path.join(self.dir, "ckpt")],
+                         env={"FERRY_STUB_RECOVER_EXIT": "3", "FERRY_STUB_RECOVER_S": "0.3", "FERRY_STUB_SAVED": "1"})
+        r.wait_for(r"^\[worker 0\] checkpoint of step 10 saved", 30)
+        victim = r.pids()["ps 1"]
+        os.kill(victim, signal.SIGKILL)
+        r.wait_for(r"recovery 2 of at most 3: ps 1 ", 30)
+        rc, out = self.end_job(r)
+        self.assertEqual(rc, 0, out)
+        replacement = re.search(r"restarted ps 1 pid (\d+): .* --recover$", out, re.M)
+        self.assertTrue(replacement, out)
+        self.assertEqual(len(re.findall(r"restarted ps 1 pid \d+: .* --recover$", out, re.M)), 1, out)  # not again
+        new = replacement.group(1)
+        self.assertIn(f"recovery 1: ps 1 (pid {victim}) died (killed by SIGKILL); restarted ps 1 alone with --recover "
+                      f"(pid {new}); not complete (the replacement ended first: exit status 3; the replacement never "
+                      "said it listens)", out)
+        self.assertIn(f"ps 1 (pid {new}), the replacement of ps 1, exited with status 3: ferry-ps could not take "
+                      "ps 1's state from servers 2 and 0 (it says: ferry-ps: --recover: server 2 refused to send its "
+                      "replica (stub)): every process restarts from the newest checkpoint instead", out)
+        self.assertIn(f"recovery 2 of at most 3: ps 1 (pid {new}) died (exit status 3); restarted ps 0, ps 1, ps 2 "
+                      "with --restore and worker 0, worker 1 with --resume; the job resumed at step 10", out)
+        cmds = started_commands(out)
+        for rank in (0, 1, 2):
+            self.assertTrue(cmds[f"ps {rank}"][-1].endswith(" --restore"), out)
+        self.assertIn("recovery summary: 2 restarts of at most 3 (0 after a worker died, 2 after a server died, 1 of "
+                      "them replaced alone with --recover); steps lost: 0; recovery time", out)
+        self.assertIn("; 1 not complete", out)
+
+    def test_a_replacement_that_cannot_take_its_state_without_a_checkpoint_stops_the_job(self):
+        r = self.run_job(env={"FERRY_STUB_RECOVER_EXIT": "3"})
+        victim = r.pids()["ps 1"]
+        os.kill(victim, signal.SIGKILL)
+        rc = r.finish(30)
+        out = r.output
+        self.assertEqual(rc, 1, out)
+        replacement = re.search(r"restarted ps 1 pid (\d+): .* --recover$", out, re.M)
+        self.assertTrue(replacement, out)
+        self.assertEqual(len(re.findall(r"restarted ps 1 pid", out)), 1, out)
+        self.assertIn(f"ps 1 (pid {replacement.group(1)}), the replacement of ps 1, exited with status 3: ferry-ps "
+                      "could not take ps 1's state from servers 2 and 0 (it says: ferry-ps: --recover: server 2 "
+                      "refused to send its replica (stub)): only a checkpoint could bring its state back now", out)
+        self.assertIn("cannot recover from the death of ps 1: a server's state comes back only from a checkpoint, "
+                      "and there is no checkpoint folder (--checkpoint-dir DIR)", out)
+        self.assertRegex(out, rf"FAILED: ps 1 \(pid {replacement.group(1)}\) exited unexpectedly: exit status 3\n"
+                              r".*\n +ferry-ps: --recover: server 2 refused to send its replica \(stub\)")
+        self.assertIn("recovery summary: 1 restart of at most 3 (0 after a worker died, 1 after a server died, 1 of "
+                      "them replaced alone with --recover); steps lost: 0; 1 not complete", out)
+        self.assertNotRegex(out, r"restarted worker")
+
+    def test_a_replacement_whose_port_accepts_is_not_up_before_its_listening_line(self):
+        # ferry-ps --recover binds its endpoint first, then takes its state (here 2 s), then says it listens: the
+        # launcher waits for that line, not for the port.
+        r = self.run_job(env={"FERRY_STUB_RECOVER_S": "2"})
+        victim = r.pids()["ps 1"]
+        port = int(re.search(r"(?m)^\[ps 1\] stub ps rank 1 pid \d+ bound port (\d+)$", r.output).group(1))
+        os.kill(victim, signal.SIGKILL)
+        r.wait_for(r"restarted ps 1 pid \d+: .* --recover$", 30)
+        deadline = time.monotonic() + 10
+        while True:  # the replacement's port accepts connections ...
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                break
+            except OSError:
+                self.assertLess(time.monotonic(), deadline, r.output)
+                time.sleep(0.02)
+        time.sleep(0.5)
+        self.assertNotIn("recovery 1 of at most 3", r.output)  # ... but it is not up
+        self.assertNotRegex(r.output, r"(?m)^\[worker \d\] stub trainer rank \d+ pid \d+ args .*--resume")
+        r.wait_for(r"recovery 1 of at most 3: ps 1 ", 30)
+        rc, out = self.end_job(r)
+        self.assertEqual(rc, 0, out)
+        lines = out.splitlines()
+        said = [i for i, l in enumerate(lines) if re.match(r"\[ps 1\] ferry-ps rank 1 of 3 listening on ", l)]
+        up = [i for i, l in enumerate(lines) if "recovery 1 of at most 3: ps 1 " in l]
+        self.assertEqual(len(said), 2, out)  # the first start's and the replacement's
+        self.assertLess(said[1], up[0], out)
+        m = re.search(r"recovery 1 of at most 3: .*; recovery time ([\d.]+) s \(from noticing the death to the "
+                      r"replacement's 'listening on' line\)", out)
+        self.assertTrue(m, out)
+        self.assertGreaterEqual(float(m.group(1)), 2.0, out)
+        self.assertIn("recovery summary: 1 restart of at most 3 (0 after a worker died, 1 after a server died, 1 of "
+                      "them replaced alone with --recover); steps lost: 0; recovery time", out)
+
+    def test_a_replacement_not_up_in_time_falls_back_to_the_checkpoint(self):
+        # --failover-timeout-s 1 (a --ps-arg): the replacement may take max(--rendezvous-timeout 5, 2 x 1 + 30) = 32 s;
+        # this one would take 100. The launcher says every 10 s what it waits for, then stops it and falls back.
+        r = self.run_job(extra=["--checkpoint-dir", os.path.join(self.dir, "ckpt"), "--rendezvous-timeout", "5",
+                                "--ps-arg=--failover-timeout-s 1"],
+                         env={"FERRY_STUB_RECOVER_S": "100", "FERRY_STUB_SAVED": "1"})
+        r.wait_for(r"^\[worker 0\] checkpoint of step 10 saved", 30)
+        victim = r.pids()["ps 1"]
+        os.kill(victim, signal.SIGKILL)
+        r.wait_for(r"recovery 2 of at most 3: ps 1 ", 60)
+        rc, out = self.end_job(r)
+        self.assertEqual(rc, 0, out)
+        new = re.search(r"restarted ps 1 pid (\d+): .* --recover --failover-timeout-s 1$", out, re.M).group(1)
+        for waited in (10, 20, 30):
+            self.assertIn(f"waiting for ps 1 (pid {new}), the replacement of ps 1, to take its state from servers 2 "
+                          f"and 0 and say it listens, {waited} s (at most 32 s)", out)
+        self.assertNotIn("32 s (at most 32 s)", out)
+        self.assertIn(f"recovery 1: ps 1 (pid {victim}) died (killed by SIGKILL); restarted ps 1 alone with --recover "
+                      f"(pid {new}); not complete (not up within 32 s; the replacement never said it listens)", out)
+        self.assertIn(f"ps 1 (pid {new}), the replacement of ps 1 (pid {victim}), did not say it listens ('ferry-ps "
+                      "rank 1 of 3 listening on ...') within 32 s: every process restarts from the newest checkpoint "
+                      "instead", out)
+        self.assertIn(f"recovery 2 of at most 3: ps 1 (pid {new}) died (not up within 32 s: stopped by the launcher); "
+                      "restarted ps 0, ps 1, ps 2 with --restore and worker 0, worker 1 with --resume; the job resumed "
+                      "at step 10", out)
+        self.assertEqual(stops(out)[0], (["ps 1"], "ps 1's replacement is not up after 32 s"), out)
+        self.assertIn("recovery summary: 2 restarts of at most 3 (0 after a worker died, 2 after a server died, 1 of "
+                      "them replaced alone with --recover); steps lost: 0; recovery time", out)
+
+    def test_a_replacement_that_ends_as_its_peer_dies_counts_one_restart(self):
+        # ps 2 stops serving (SIGUSR1) and exits 0.2 s later, while ps 1's replacement takes its state from it; the
+        # replacement ends at once (it lost its peer), before the launcher notices ps 2's end. The launcher looks for
+        # a server's death first (SETTLE_S): the two are dead at once, which falls back to the checkpoint, counted
+        # once (not a second replacement, counted, and then the fall back).
+        r = self.run_job(extra=["--checkpoint-dir", os.path.join(self.dir, "ckpt")],
+                         env={"FERRY_STUB_RECOVER_S": "30", "FERRY_STUB_WATCH_BACKUP": "1", "FERRY_STUB_SAVED": "1"})
+        r.wait_for(r"^\[worker 0\] checkpoint of step 10 saved", 30)
+        pids = r.pids()
+        os.kill(pids["ps 1"], signal.SIGKILL)
+        r.wait_for(r"restarted ps 1 pid \d+: .* --recover$", 30)
+        time.sleep(0.5)
+        os.kill(pids["ps 2"], signal.SIGUSR1)
+        r.wait_for(r"recovery 2 of at most 3: ps 1 ", 30)
+        rc, out = self.end_job(r)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(len(re.findall(r"restarted ps 1 pid \d+: .* --recover$", out, re.M)), 1, out)
+        new = re.search(r"restarted ps 1 pid (\d+): .* --recover$", out, re.M).group(1)
+        self.assertIn(f"ps 1's replacement and ps 2 are both dead (ps 1 (pid {new}): exit status 1; ps 2 (pid "
+                      f"{pids['ps 2']}): exit status 1); with replication 2 a server's slots are on it and on the next "
+                      "server only, so two servers dead at once may have taken both copies of some: every process "
+                      "restarts from the newest checkpoint instead", out)
+        self.assertIn(f"recovery 2 of at most 3: ps 1 (pid {new}) died (exit status 1); restarted ps 0, ps 1, ps 2 "
+                      "with --restore and worker 0, worker 1 with --resume; the job resumed at step 10", out)
+        self.assertIn("recovery summary: 2 restarts of at most 3 (0 after a worker died, 2 after a server died, 1 of "
+                      "them replaced alone with --recover); steps lost: 0; recovery time", out)
+
+    def test_the_replacement_waits_for_two_failover_timeouts(self):
+        fl = load_launcher_module()
+        from ferry_launch.backend_local import failover_timeout_s, replacement_wait_s
+        self.assertEqual(failover_timeout_s([]), 60)  # ferry-ps's default
+        self.assertEqual(failover_timeout_s(["--max-wait-s", "30", "--failover-timeout-s", "5"]), 5)
+        self.assertEqual(failover_timeout_s(["--failover-timeout-s", "5", "--failover-timeout-s", "7"]), 7)  # the last
+        self.assertEqual(failover_timeout_s(["--failover-timeout-s", "x"]), 60)  # ferry-ps refuses it: never reached
+        for args, rendezvous, want in (([], None, 150), (["--ps-arg=--failover-timeout-s 10"], None, 60),
+                                       (["--ps-arg=--failover-timeout-s 100"], "45", 230),
+                                       (["--ps-arg=--failover-timeout-s 1"], "200", 200)):
+            _, opts = fl.cli.parse_args(["--num-ps", "2", "--num-workers", "1", "--replication", "2"] + args
+                                        + (["--rendezvous-timeout", rendezvous] if rendezvous else []))
+            self.assertEqual(replacement_wait_s(opts), want, args)
 
 
 class UsageErrorTest(unittest.TestCase):
@@ -2495,6 +2683,20 @@ class UsageErrorTest(unittest.TestCase):
         fl = load_launcher_module()
         ports = fl.ps_ports(0, ["127.0.0.1"] * 200, "--host")
         self.assertEqual(len(set(ports)), 200)
+        # Outside the kernel's ephemeral range (no outgoing connection's local port: a client reconnecting to a dead
+        # server's port never takes it by a TCP self-connect), from 10000 up.
+        lo, hi = fl.spec.ephemeral_ports()
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            self.assertEqual((lo, hi), tuple(int(w) for w in f.read().split()))
+        self.assertEqual([p for p in ports if lo <= p <= hi or p < 10000], [])
+        # Each port is tried in turn from a random start: one taken is passed over.
+        with unittest.mock.patch.object(fl.spec.random, "randrange", return_value=0):
+            first = fl.spec.free_ports(1)[0]
+            with socket.socket() as held:
+                held.bind(("127.0.0.1", first))
+                second = fl.spec.free_ports(1)[0]
+        self.assertGreater(second, first)
+        self.assertFalse(lo <= second <= hi)
         rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--host", "node7",
                                   "--base-port", "0", "--dry-run"])
         self.assertEqual(rc, 2, out)

@@ -285,6 +285,20 @@ ServerOptions ReplicatedOn(const IpcDir& dir, int workers) {
   return o;
 }
 
+// Server 1 of `c` (started from `base`) replaced by one started with `recover`, as ferry-launch does.
+void Replace1(LocalCluster& c, const ServerOptions& base) {
+  ServerOptions o = base;
+  o.bind = base.peers[1];
+  o.rank = 1;
+  o.num_servers = 3;
+  o.context = c.context;
+  o.compute_threads = 1;
+  o.recover = true;
+  auto replacement = Server::Start(o);
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  c.servers[1] = std::move(replacement).value();
+}
+
 TEST(Failover, AServerReplacedWithRecoverWhileAWorkerTrainsEndsWithTheBitsOfAJobThatLostNone) {
   constexpr int64_t kSteps = 24;
   // The job that lost no server.
@@ -301,16 +315,7 @@ TEST(Failover, AServerReplacedWithRecoverWhileAWorkerTrainsEndsWithTheBitsOfAJob
   TrainOne(c, 0, kSteps, /*replace_at=*/9, [&] {
     c.servers[1].reset();  // stopped, its sockets closed: the worker and server 0 lose it
     std::this_thread::sleep_for(200ms);  // pushes wait meanwhile
-    ServerOptions o = base;
-    o.bind = base.peers[1];
-    o.rank = 1;
-    o.num_servers = 3;
-    o.context = c.context;
-    o.compute_threads = 1;
-    o.recover = true;
-    auto replacement = Server::Start(o);
-    ASSERT_TRUE(replacement.ok()) << replacement.status();
-    c.servers[1] = std::move(replacement).value();
+    Replace1(c, base);
   });
   const auto got = Digests(c, 1);
   ASSERT_EQ(got.size(), want.size());
@@ -345,6 +350,72 @@ TEST(Failover, AServerReplacedWithRecoverWhileAWorkerTrainsEndsWithTheBitsOfAJob
       EXPECT_EQ(d.most, kSteps) << "server " << s << " table " << d.table;   // none twice
     }
   }
+}
+
+// A push in flight when the server went, and one sent while its replacement is awaited (after the
+// client's Hello to it), are each applied once: the first sent again, the second not.
+TEST(Failover, WhatWasInFlightIsSentAgainAndWhatWasSentSinceIsNot) {
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; ids.size() < 4; ++id) {
+    if (placement::IdServer(id, 3) == 1) ids.push_back(id);  // server 1's alone: one request each
+  }
+  auto run = [&](bool replace) {
+    IpcDir dir;
+    const ServerOptions base = ReplicatedOn(dir, 1);
+    auto c = LocalCluster::Start(3, false, base);
+    EXPECT_EQ(c.servers.size(), 3u);
+    std::unique_ptr<Client> me = c.Connect(0, 1, NoHeartbeats());
+    EXPECT_TRUE(me->Declare(Sparse()).ok());
+    auto grads = [&](int64_t step) { return std::vector<float>(ids.size() * kDim, 0.1f * static_cast<float>(step)); };
+    for (int64_t step = 0; step < 3; ++step) EXPECT_TRUE(me->PushSparse("emb", ids, grads(step), step).wait(20s).ok());
+    if (replace) c.servers[1].reset();
+    const std::vector<float> g3 = grads(3), g4 = grads(4);
+    Handle in_flight = me->PushSparse("emb", ids, g3, 3);
+    std::this_thread::sleep_for(500ms);  // the client saw the connection close, and said Hello again
+    Handle since = me->PushSparse("emb", ids, g4, 4);
+    if (replace) Replace1(c, base);
+    EXPECT_TRUE(in_flight.wait(30s).ok());
+    EXPECT_TRUE(since.wait(30s).ok());
+    me.reset();
+    auto d = Digests(c, 1);
+    return std::pair(d[1].at("digest:emb"), d[2].at("replica_digest:emb"));
+  };
+  const auto want = run(false);
+  const auto got = run(true);
+  EXPECT_EQ(got.first, want.first);    // server 1's rows: steps 0-4, each once
+  EXPECT_EQ(got.second, want.second);  // and its replica on server 2
+  EXPECT_EQ(got.first, got.second);
+}
+
+// An ssp pull on a replacement waits for the workers' clocks: it takes them from its peers, with
+// who has finished, so that a worker whose Clock the dead server had taken is not waited for.
+TEST(Failover, AReplacementKnowsTheWorkersClocksAndWhoFinished) {
+  IpcDir dir;
+  ServerOptions base = ReplicatedOn(dir, 2);
+  base.max_wait = 5s;  // a pull that would wait for a clock that never comes fails soon
+  auto c = LocalCluster::Start(3, false, base);
+  ASSERT_EQ(c.servers.size(), 3u);
+  TableSpec spec = SgdTable("ssp", kDense, Consistency::kSsp);
+  spec.chunk_elems = 4;  // on every server
+  spec.staleness = 0;
+  {
+    std::unique_ptr<Client> done = c.Connect(1, 2, NoHeartbeats());
+    ASSERT_TRUE(done->Declare(spec).ok());
+    ASSERT_TRUE(done->Finish().ok());
+  }
+  std::unique_ptr<Client> me = c.Connect(0, 2, NoHeartbeats());
+  ASSERT_TRUE(me->Declare(spec).ok());
+  std::vector<float> p(kDense), g(kDense, 0.1f);
+  auto step = [&](int64_t clock) {
+    Status s = me->PullDense("ssp", p, clock).wait(30s);
+    ASSERT_TRUE(s.ok()) << "clock " << clock << ": " << s;
+    ASSERT_TRUE(me->PushDense("ssp", g, clock).wait(30s).ok());
+    ASSERT_TRUE(me->AdvanceClock(clock + 1).wait(30s).ok());
+  };
+  for (int64_t clock = 0; clock < 5; ++clock) step(clock);
+  c.servers[1].reset();
+  Replace1(c, base);
+  for (int64_t clock = 5; clock < 8; ++clock) step(clock);
 }
 
 TEST(Failover, ARecoverWithoutItsPeersFailsNamingThem) {
@@ -604,6 +675,11 @@ TEST(Replicas, AMalformedReplicateIsRefusedWholeAndChangesNothing) {
   EXPECT_NE(s.message().find("since: table 'w' chunk"), std::string::npos) << s;
   EXPECT_EQ(digests().at("replica_out_of_step:w"), 1);
   EXPECT_FALSE(digests().contains("replica_out_of_step:emb"));
+  // A replica out of step cannot stand in for its primary (1.22): a replacement would lose updates.
+  const Primary::Page refused = p.Snapshot(0, 0, 0, 0);
+  EXPECT_EQ(refused.status.code(), StatusCode::kFailedPrecondition) << refused.status;
+  EXPECT_NE(refused.status.message().find("out of step for table(s) 'w'"), std::string::npos) << refused.status;
+  EXPECT_TRUE(p.Snapshot(1, 0, 0, 0).status.ok());  // its own slots it gives
   // A server without replication takes none.
   auto plain = LocalCluster::Start(1);
   std::unique_ptr<Client> other = plain.Connect(0, 1, NoHeartbeats());

@@ -17,6 +17,7 @@
 
 #include "ferry/messages/placement.h"
 #include "internal/checkpoint.h"
+#include "internal/recovery.h"
 #include "internal/table_registry.h"
 #include "support/temp_dir.h"
 
@@ -135,6 +136,83 @@ class CheckpointTest : public ::testing::Test {
 
 // A row never updated holds its initial values, which a pull makes again: it is not saved, so a
 // sync checkpoint does not depend on which workers had pulled (created) a step's new rows.
+// Failover (1.22): the image a peer sends a replacement (EncodeImage) restores the shard bit for bit,
+// each part's steps taken as its replay floors and the workers' state; an image with any byte
+// changed or missing, or one that verifies but does not hold what it says, is refused, never
+// half restored into a server.
+TEST_F(CheckpointTest, ARecoveryImageRestoresTheShardAndAnyDamageIsRefused) {
+  const std::vector<WorkerState> workers = {{4, false, false}, {2, true, false}};
+  std::vector<std::vector<char>> blobs;
+  for (int r = 0; r < 2; ++r) {
+    servers_[static_cast<size_t>(r)].ForEach([&](Table& t) {
+      if (t.sparse) t.sparse->steps_taken.taken = {5, 3};
+      for (int64_t i = 0; t.dense && i < t.dense->num_chunks(); ++i) {
+        if (DenseChunk* c = t.dense->chunk(i)) c->steps_taken.taken = {i, 2};
+      }
+    });
+    blobs.push_back(EncodeImage(servers_[static_cast<size_t>(r)], workers));
+  }
+  std::vector<TableRegistry> restored;
+  for (int r = 0; r < 2; ++r) {
+    restored.emplace_back(r, 2);
+    std::vector<WorkerState> got;
+    ASSERT_TRUE(RestoreImage(blobs[static_cast<size_t>(r)], r, 2, &restored.back(), "image", &got).ok());
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[0].clock, 4);
+    EXPECT_TRUE(got[1].finished);
+    EXPECT_FALSE(got[0].finished || got[0].left || got[1].left);
+    restored.back().ForEach([&](Table& t) {
+      EXPECT_FALSE(t.settings_open);
+      if (t.sparse) {
+        EXPECT_EQ(t.sparse->steps_taken.floor, (std::vector<int64_t>{5, 3}));
+        EXPECT_TRUE(t.sparse->steps_taken.Replayed(0, 4));
+        EXPECT_FALSE(t.sparse->steps_taken.Replayed(0, 5));
+      }
+      for (int64_t i = 0; t.dense && i < t.dense->num_chunks(); ++i) {
+        if (DenseChunk* c = t.dense->chunk(i)) EXPECT_EQ(c->steps_taken.floor, (std::vector<int64_t>{i, 2}));
+      }
+    });
+  }
+  EXPECT_EQ(Gather(restored), before_);
+  // Server 1's image is not server 0's: its rows and chunks are not server 0's to hold.
+  TableRegistry wrong(0, 2);
+  std::vector<WorkerState> ws;
+  EXPECT_FALSE(RestoreImage(blobs[1], 0, 2, &wrong, "image", &ws).ok());
+  const std::vector<char>& blob = blobs[0];
+  // Every byte changed (a sample of them, every block's included), and every length cut short.
+  for (size_t at = 0; at < blob.size(); at += std::max<size_t>(1, blob.size() / 300)) {
+    std::vector<char> bad = blob;
+    bad[at] = static_cast<char>(bad[at] ^ 0x20);
+    TableRegistry fresh(0, 2);
+    const Status st = RestoreImage(bad, 0, 2, &fresh, "image", &ws);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << "byte " << at << ": " << st;
+  }
+  for (size_t n : {size_t{0}, size_t{3}, size_t{20}, blob.size() / 2, blob.size() - 1}) {
+    TableRegistry fresh(0, 2);
+    EXPECT_FALSE(RestoreImage(std::span(blob).first(n), 0, 2, &fresh, "image", &ws).ok()) << n << " bytes";
+  }
+  // One that verifies (its CRC made again) but whose fields lie: counts beyond what it holds.
+  auto resealed = [](std::vector<char> b) {
+    const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(b.data()), static_cast<uInt>(b.size() - 4));
+    const uint32_t c = static_cast<uint32_t>(crc);
+    std::memcpy(b.data() + b.size() - 4, &c, 4);
+    return b;
+  };
+  uint64_t shard_bytes = 0;
+  std::memcpy(&shard_bytes, blob.data(), 8);
+  for (const uint64_t lie : {shard_bytes + 1, shard_bytes - 1, uint64_t{1} << 62}) {
+    std::vector<char> bad = blob;
+    std::memcpy(bad.data(), &lie, 8);
+    TableRegistry fresh(0, 2);
+    EXPECT_EQ(RestoreImage(resealed(bad), 0, 2, &fresh, "image", &ws).code(), StatusCode::kDataLoss) << lie;
+  }
+  std::vector<char> bad = blob;
+  const uint64_t units = uint64_t{1} << 40;
+  std::memcpy(bad.data() + 8 + shard_bytes, &units, 8);
+  TableRegistry fresh(0, 2);
+  EXPECT_EQ(RestoreImage(resealed(bad), 0, 2, &fresh, "image", &ws).code(), StatusCode::kDataLoss);
+}
+
 TEST_F(CheckpointTest, RowsNeverUpdatedAreNotSaved) {
   SparseShard& s = *(*servers_[0].Find(TableId("emb"), TableType::kSparse))->sparse;
   int64_t fresh = 1001;

@@ -193,6 +193,8 @@ Status Engine::Start(OnMoved on_moved, MakeHello make_hello) {
     monitors_.resize(options_.servers.size());
     handshaken_.resize(options_.servers.size());
     rehello_.resize(options_.servers.size());
+    lost_.resize(options_.servers.size());
+    held_.resize(options_.servers.size());
     for (size_t s = 0; s < options_.servers.size(); ++s) FERRY_RETURN_IF_ERROR(OpenSocket(static_cast<int>(s)));
   }
   MutexLock lock(&stop_mu_);
@@ -321,6 +323,20 @@ void Engine::Submit(const std::shared_ptr<Handle::State>& op, int server, Kind k
 
 void Engine::SendNow(Request& r) {
   const size_t server = static_cast<size_t>(r.server);
+  // 1.22: a server that keeps replicas may have gone since the monitors were last read: a request
+  // for it must not go on the old connection (ZeroMQ would take it to a replacement, without Hello).
+  if (replicated_[server].load(std::memory_order_relaxed) && make_hello_ && rehello_[server] == 0) {
+    ReadMonitor(r.server);
+  }
+  if (rehello_[server] != 0 && r.kind != Kind::Hello) {
+    // 1.22: its server is being replaced: held until what the lost one had goes again first, so
+    // that the replacement gets this worker's requests in the order they were made (Replaced).
+    held_[server].push_back(r.id);
+    deadlines_.Add(r.deadline, r.id);
+    const uint64_t id = r.id;
+    in_flight_.emplace(id, std::move(r));
+    return;
+  }
   int64_t bytes = 0;
   for (auto& f : r.frames) bytes += static_cast<int64_t>(f.size());
   Status s = transport::Send(sockets_[server], r.frames, /*dontwait=*/true);
@@ -709,7 +725,9 @@ void Engine::HandleReply(int server, Frames& frames, bool truncated) {
   if (truncated) return Done(r, DataLossError(where + ": reply has too many frames"));
   if (h->kind() == Kind::Error) {
     if (r.kind == Kind::Hello && rehello_[static_cast<size_t>(server)] == r.id) {
-      Replaced(server, r.id, 0, wire::ErrorStatus(*h).WithContext("its replacement refused this worker's Hello"));
+      Replaced(server, r.id, 0,
+               wire::ErrorStatus(*h).WithContext("the Hello sent on a new connection after the old one closed was "
+                                                 "refused"));
     }
     const bool moved = h->placement() != nullptr && on_moved_ && r.op->rerun;
     if (moved) on_moved_(server, *h);
@@ -834,6 +852,9 @@ void Engine::FailServer(int s, Why&& why) {
     deadlines_.Remove(it->second.deadline, it->first);
     it = in_flight_.erase(it);
   }
+  rehello_[static_cast<size_t>(s)] = 0;  // (a replacement awaited: failed, with what waited for it)
+  lost_[static_cast<size_t>(s)].clear();
+  held_[static_cast<size_t>(s)].clear();
   Status st = OpenSocket(s);
   if (!st.ok()) std::fprintf(stderr, "ferry client: %s\n", st.ToString().c_str());
 }
@@ -865,13 +886,22 @@ void Engine::AwaitReplacement(int s) {
     hello.op->pending = 1;
   }
   hello.sent = SteadyClock::now();
-  hello.deadline = hello.sent + options_.request_timeout;
+  // A replacement comes within seconds, or not at all: what waits for it fails after kReplacementWait.
+  hello.deadline = hello.sent + std::min<std::chrono::milliseconds>(options_.request_timeout, kReplacementWait);
   {
     MutexLock lock(&room_mu_);
     ++outstanding_;  // Done frees it
   }
-  int64_t waiting = 0;
-  for (const auto& [rid, r] : in_flight_) waiting += r.server == s ? 1 : 0;
+  // What was in flight to the lost process (an earlier Hello to a replacement among it): what
+  // Replaced sends again or fails. What is sent from now on goes after this Hello, on the new
+  // connection, and is answered as any request.
+  std::vector<uint64_t>& lost = lost_[static_cast<size_t>(s)];
+  lost.clear();
+  for (const auto& [rid, r] : in_flight_) {
+    if (r.server == s) lost.push_back(rid);
+  }
+  std::sort(lost.begin(), lost.end());
+  const int64_t waiting = static_cast<int64_t>(lost.size());
   std::fprintf(stderr,
                "ferry client: worker %d: %s closed the connection (process %llx); it keeps replicas: %lld request(s) "
                "wait for its replacement, to be sent again once it listens\n",
@@ -886,11 +916,11 @@ void Engine::AwaitReplacement(int s) {
 void Engine::Replaced(int s, uint64_t hello, uint64_t epoch, const Status& failed) {
   rehello_[static_cast<size_t>(s)] = 0;
   const uint64_t known = server_epoch_[static_cast<size_t>(s)].load();
-  std::vector<uint64_t> ids;
-  for (const auto& [id, r] : in_flight_) {
-    if (r.server == s && id != hello) ids.push_back(id);
+  std::vector<uint64_t> ids;  // those still in flight (their deadline may have failed some)
+  for (const uint64_t id : lost_[static_cast<size_t>(s)]) {
+    if (id != hello && in_flight_.contains(id)) ids.push_back(id);
   }
-  std::sort(ids.begin(), ids.end());
+  lost_[static_cast<size_t>(s)].clear();
   const bool same = failed.ok() && epoch == known;
   if (!failed.ok() || same) {
     const std::string why = !failed.ok() ? failed.message()
@@ -904,6 +934,7 @@ void Engine::Replaced(int s, uint64_t hello, uint64_t epoch, const Status& faile
       Done(r, UnavailableError(std::string(wire::KindName(r.kind)) + " abandoned: " + ServerName(s) +
                                " closed the connection; " + why));
     }
+    SendHeld(s, failed);
     return;
   }
   server_epoch_[static_cast<size_t>(s)].store(epoch);
@@ -929,11 +960,33 @@ void Engine::Replaced(int s, uint64_t hello, uint64_t epoch, const Status& faile
     Done(left, UnavailableError(std::string(wire::KindName(left.kind)) + " to " + ServerName(s) +
                                 " could not be sent again to its replacement: " + st.message()));
   }
+  SendHeld(s, Status::Ok());
   std::fprintf(stderr,
                "ferry client: worker %d: %s was replaced (process %llx): %lld request(s) sent again%s\n",
                options_.rank, ServerName(s).c_str(), static_cast<unsigned long long>(epoch),
                static_cast<long long>(sent),
                failed_now > 0 ? (", " + std::to_string(failed_now) + " failed").c_str() : "");
+}
+
+void Engine::SendHeld(int s, const Status& failed) {
+  std::vector<uint64_t> held;
+  held.swap(held_[static_cast<size_t>(s)]);
+  for (const uint64_t id : held) {
+    auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) continue;  // (failed meanwhile: its deadline)
+    Status st = failed;
+    if (st.ok()) st = transport::Send(sockets_[static_cast<size_t>(s)], it->second.frames, /*dontwait=*/true);
+    if (st.ok()) {
+      requests_.fetch_add(1, std::memory_order_relaxed);
+      if (static_cast<size_t>(s) < last_sent_.size()) last_sent_[static_cast<size_t>(s)] = SteadyClock::now();
+      continue;
+    }
+    Request left = std::move(it->second);
+    in_flight_.erase(it);
+    deadlines_.Remove(left.deadline, left.id);
+    Done(left, UnavailableError(std::string(wire::KindName(left.kind)) + " to " + ServerName(s) +
+                                " was not sent: " + st.message()));
+  }
 }
 
 void Engine::FailAll(const Status& s) {

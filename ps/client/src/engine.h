@@ -339,6 +339,9 @@ class Engine {
   // The Hello of AwaitReplacement was answered (`epoch`: the server's process; `hello`: its id),
   // or failed (`failed`). Runs from the reply's handler, io_mu_ held.
   void Replaced(int s, uint64_t hello, uint64_t epoch, const Status& failed) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Sends what SendNow held for server `s` while its replacement was awaited (or fails it with
+  // `failed`).
+  void SendHeld(int s, const Status& failed) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // The I/O thread is ending: fails everything in flight or queued, and (dead_) everything
   // submitted from now on.
@@ -369,7 +372,14 @@ class Engine {
   std::vector<bool> handshaken_ ABSL_GUARDED_BY(io_mu_);         // per server: its current socket completed a handshake
   // Per server: the Hello to its replacement in flight (0: none).
   std::vector<uint64_t> rehello_ ABSL_GUARDED_BY(io_mu_);
+  // Per server: what was in flight to it when its connection closed (AwaitReplacement), by id.
+  std::vector<std::vector<uint64_t>> lost_ ABSL_GUARDED_BY(io_mu_);
+  // Per server: what was submitted while its replacement's Hello was unanswered, in order (SendNow).
+  std::vector<std::vector<uint64_t>> held_ ABSL_GUARDED_BY(io_mu_);
   static constexpr std::chrono::milliseconds kMonitorEvery{100};
+  // 1.22: how long what waits for a lost server's replacement waits at most (its Hello's deadline;
+  // ferry-ps --recover waits up to --failover-timeout-s, 60 s, for each of its two peers).
+  static constexpr std::chrono::milliseconds kReplacementWait{std::chrono::minutes(3)};
   SteadyClock::time_point last_monitor_check_ ABSL_GUARDED_BY(io_mu_){};
   SteadyClock::time_point next_wait_notice_ ABSL_GUARDED_BY(io_mu_){};
   // Per server: the last Waiting request (AskWhyTheyWait) and its answer, which its reply writes

@@ -597,6 +597,9 @@ class ServerImpl final : public Server {
   uint32_t primary_incarnation_ = 0;
   uint32_t replica_fence_ = 0;
   bool replica_recovered_ = false;
+  // The primary's image the replica came from: its incarnation, and its Replicates (by id) it held.
+  uint32_t replica_image_incarnation_ = 0;
+  uint64_t replica_image_covers_ = 0;
   std::optional<ServedImage> image_;
   uint64_t next_image_epoch_ = 0;
   absl::flat_hash_map<uint64_t, std::string> out_of_step_;  // replica tables (OutOfStep)

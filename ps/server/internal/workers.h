@@ -128,6 +128,10 @@ class Workers {
                ? std::chrono::milliseconds(promised_ms_[static_cast<size_t>(rank)])
                : std::chrono::milliseconds(0);
   }
+  // Its clock (ssp; 0: none yet).
+  int64_t clock(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < clocks_.size() ? clocks_[static_cast<size_t>(rank)] : 0;
+  }
   bool finished(int rank) const {
     return rank >= 0 && static_cast<size_t>(rank) < finished_.size() && finished_[static_cast<size_t>(rank)];
   }

@@ -310,7 +310,9 @@ int main(int argc, char** argv) {
   auto server = ferry::Server::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "ferry-ps: %s\n", server.status().ToString().c_str());
-    return 1;
+    // 3: a replacement that could not take the dead server's place (its launcher falls back to the
+    // job's checkpoint rather than trying again).
+    return options.recover ? 3 : 1;
   }
   std::printf("ferry-ps rank %d of %d listening on %s%s\n", options.rank, options.num_servers,
               (*server)->endpoint().c_str(), options.curve ? " (CURVE: the job's worker keys only)" : "");

@@ -15,6 +15,7 @@
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "internal/checkpoint.h"
+#include "internal/workers.h"
 
 namespace ferry::ps {
 namespace {
@@ -86,7 +87,7 @@ uint64_t NewProcessEpoch() {
   return e;
 }
 
-std::vector<char> EncodeImage(const TableRegistry& tables) {
+std::vector<char> EncodeImage(const TableRegistry& tables, const std::vector<WorkerState>& workers) {
   ShardImage image = CopyShard(tables);
   std::vector<char> out;
   out.reserve(image.bytes.size() + 64);
@@ -102,12 +103,17 @@ std::vector<char> EncodeImage(const TableRegistry& tables) {
     Put<uint64_t>(out, s.taken.size());
     for (const int64_t v : s.taken) Put<int64_t>(out, v);
   });
+  Put<uint64_t>(out, workers.size());
+  for (const WorkerState& w : workers) {
+    Put<int64_t>(out, w.clock);
+    Put<uint8_t>(out, static_cast<uint8_t>((w.finished ? 1 : 0) | (w.left ? 2 : 0)));
+  }
   Put<uint32_t>(out, Crc32(out.data(), out.size()));
   return out;
 }
 
 Status RestoreImage(std::span<const char> blob, int rank, int num_workers, TableRegistry* tables,
-                    const std::string& where) {
+                    const std::string& where, std::vector<WorkerState>* workers) {
   if (blob.size() < 4) return DataLossError(where + ": " + std::to_string(blob.size()) + " bytes, not an image");
   uint32_t crc = 0;
   std::memcpy(&crc, blob.data() + blob.size() - 4, 4);
@@ -139,6 +145,23 @@ Status RestoreImage(std::span<const char> blob, int rank, int num_workers, Table
                            " twice");
     }
   }
+  uint64_t w = 0;
+  FERRY_RETURN_IF_ERROR(c.Get(&w));
+  if (w != static_cast<uint64_t>(num_workers)) {
+    return DataLossError(where + ": the state of " + std::to_string(w) + " workers for a job of " +
+                         std::to_string(num_workers));
+  }
+  workers->assign(static_cast<size_t>(w), {});
+  for (WorkerState& ws : *workers) {
+    uint8_t flags = 0;
+    FERRY_RETURN_IF_ERROR(c.Get(&ws.clock));
+    FERRY_RETURN_IF_ERROR(c.Get(&flags));
+    if (ws.clock < 0 || ws.clock > kMaxStep || flags > 3) {
+      return DataLossError(where + ": a worker's state out of range");
+    }
+    ws.finished = (flags & 1) != 0;
+    ws.left = (flags & 2) != 0;
+  }
   if (c.left() != 0) return DataLossError(where + ": " + std::to_string(c.left()) + " bytes after its last field");
   // Every unit held here has its steps in the image, and no other.
   Status missing;
@@ -166,6 +189,8 @@ Status RestoreImage(std::span<const char> blob, int rank, int num_workers, Table
     }
   });
   FERRY_RETURN_IF_ERROR(missing);
+  // Declared by the job already: the replacement takes no new settings the others would refuse.
+  tables->ForEach([](Table& t) { t.settings_open = false; });
   if (found != taken.size()) {
     return DataLossError(where + ": steps of " + std::to_string(taken.size() - found) +
                          " part(s) this server does not hold (another server's image?)");
@@ -179,6 +204,7 @@ namespace {
 struct Fetched {
   std::vector<char> blob;
   uint32_t incarnation = 0;
+  uint64_t covers = 0;
   int num_workers = 0;
 };
 
@@ -195,9 +221,10 @@ StatusOr<Fetched> FetchImage(const ServerOptions& o, zmq::context_t& context, in
   }
   const int64_t page = std::max<int64_t>(o.max_message_bytes / 2, 1 << 20);
   const auto began = Clock::now();
-  const auto deadline = began + o.failover_timeout;
+  auto deadline = began + o.failover_timeout;  // for each page: the peer may be slow, never silent
   Fetched out;
   uint64_t epoch = 0, total = 0, request_id = 0;
+  int restarts = 0;
   auto next_say = began + std::chrono::seconds(5);
   while (true) {
     flatbuffers::FlatBufferBuilder fbb(256);
@@ -218,9 +245,10 @@ StatusOr<Fetched> FetchImage(const ServerOptions& o, zmq::context_t& context, in
     while (true) {
       const auto now = Clock::now();
       if (now >= deadline) {
-        return DeadlineExceededError(who + ": " + from + " sent no image of server " + std::to_string(whose) +
-                                     "'s slots within " + std::to_string(o.failover_timeout.count()) +
-                                     " ms (--failover-timeout-s): is it running?");
+        return DeadlineExceededError(who + ": " + from + " sent no" + (out.blob.empty() ? "" : " more of its") +
+                                     " image of server " + std::to_string(whose) + "'s slots within " +
+                                     std::to_string(o.failover_timeout.count()) + " ms (--failover-timeout-s; " +
+                                     std::to_string(out.blob.size()) + " bytes had come): is it running?");
       }
       if (now >= next_say) {
         next_say = now + std::chrono::seconds(5);
@@ -241,8 +269,18 @@ StatusOr<Fetched> FetchImage(const ServerOptions& o, zmq::context_t& context, in
       return DataLossError(who + ": " + from + " answered another request");
     }
     if (h->kind() == wire::Kind::Error) {
-      return wire::ErrorStatus(*h).WithContext(who + ": " + from + " refused its image of server " +
-                                               std::to_string(whose) + "'s slots");
+      const Status refused = wire::ErrorStatus(*h);
+      // The image went (another was asked for, or it expired): from the start, a few times.
+      if (refused.code() == StatusCode::kFailedPrecondition && epoch != 0 && ++restarts <= 3) {
+        std::fprintf(stderr, "%s: %s: asking %s again from the start\n", who.c_str(), refused.message().c_str(),
+                     from.c_str());
+        out = {};
+        epoch = total = 0;
+        deadline = Clock::now() + o.failover_timeout;
+        continue;
+      }
+      return refused.WithContext(who + ": " + from + " refused its image of server " + std::to_string(whose) +
+                                 "'s slots");
     }
     if (reply.size() != 2 || h->position() != static_cast<int64_t>(out.blob.size()) || h->version() <= 0 ||
         (total > 0 && (static_cast<uint64_t>(h->version()) != total || h->epoch() != epoch)) ||
@@ -254,10 +292,12 @@ StatusOr<Fetched> FetchImage(const ServerOptions& o, zmq::context_t& context, in
       total = static_cast<uint64_t>(h->version());
       epoch = h->epoch();
       out.incarnation = h->incarnation();
+      out.covers = h->covers();
       out.num_workers = static_cast<int>(h->num_workers());
     }
     const char* p = static_cast<const char*>(reply[1].data());
     out.blob.insert(out.blob.end(), p, p + reply[1].size());
+    deadline = Clock::now() + o.failover_timeout;
     if (out.blob.size() == total) break;
   }
   std::fprintf(stderr, "%s: took server %d's slots from %s: %llu bytes in %.2f s\n", who.c_str(), whose, from.c_str(),
@@ -276,25 +316,45 @@ StatusOr<Recovered> Recover(const ServerOptions& o, zmq::context_t& context, Tab
   Recovered r;
   // Its own slots first, from the backup's replica (which fences the dead one's late updates);
   // then the primary's, whose image answers the pushes that waited for the dead backup.
+  auto workers_of = [&](const Fetched& f, int peer) -> Status {
+    if (f.num_workers <= 0 || f.num_workers > 65536 || (o.num_workers > 0 && f.num_workers != o.num_workers) ||
+        (r.num_workers > 0 && f.num_workers != r.num_workers)) {
+      return FailedPreconditionError(who + ": server " + std::to_string(peer) + " knows a job of " +
+                                     std::to_string(f.num_workers) + " workers" +
+                                     (o.num_workers > 0 ? ", this one " + std::to_string(o.num_workers) : ""));
+    }
+    r.num_workers = f.num_workers;
+    return Status::Ok();
+  };
+  // Each worker as the peers saw it: the highest clock either knew (a Clock the dead server had
+  // taken reached them too, or is sent again to the replacement), finished or left at either.
+  auto merge = [&](const std::vector<WorkerState>& seen) {
+    if (r.workers.empty()) r.workers.resize(seen.size());
+    for (size_t w = 0; w < seen.size() && w < r.workers.size(); ++w) {
+      r.workers[w].clock = std::max(r.workers[w].clock, seen[w].clock);
+      r.workers[w].finished = r.workers[w].finished || seen[w].finished;
+      r.workers[w].left = r.workers[w].left || seen[w].left;
+    }
+  };
   FERRY_ASSIGN_OR_RETURN(Fetched own, FetchImage(o, context, backup, o.rank, who));
-  if (own.num_workers <= 0 || own.num_workers > 65536 || (o.num_workers > 0 && own.num_workers != o.num_workers)) {
-    return FailedPreconditionError(who + ": server " + std::to_string(backup) + " knows a job of " +
-                                   std::to_string(own.num_workers) + " workers" +
-                                   (o.num_workers > 0 ? ", this one " + std::to_string(o.num_workers) : ""));
-  }
-  r.num_workers = own.num_workers;
+  FERRY_RETURN_IF_ERROR(workers_of(own, backup));
   try {
+    std::vector<WorkerState> seen;
     FERRY_RETURN_IF_ERROR(RestoreImage(own.blob, o.rank, r.num_workers, tables,
-                                       who + ": server " + std::to_string(backup) + "'s image of its slots"));
+                                       who + ": server " + std::to_string(backup) + "'s image of its slots", &seen));
+    merge(seen);
     own.blob = {};
     FERRY_ASSIGN_OR_RETURN(Fetched theirs, FetchImage(o, context, primary, primary, who));
+    FERRY_RETURN_IF_ERROR(workers_of(theirs, primary));
     FERRY_RETURN_IF_ERROR(RestoreImage(theirs.blob, primary, r.num_workers, replicas,
-                                       who + ": server " + std::to_string(primary) + "'s image of its slots"));
+                                       who + ": server " + std::to_string(primary) + "'s image of its slots", &seen));
+    merge(seen);
     r.primary_incarnation = theirs.incarnation;
+    r.primary_covers = theirs.covers;
   } catch (const BudgetExceeded& e) {
     return ResourceExhaustedError(who + ": " + e.what());
   }
-  r.incarnation = own.incarnation + 1;
+  r.incarnation = std::max(own.incarnation, own.incarnation + 1);  // (as the backup's fence: saturated)
   r.done = true;
   return r;
 }

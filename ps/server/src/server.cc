@@ -80,8 +80,20 @@ ServerImpl::ServerImpl(ServerOptions options, std::shared_ptr<Context> context, 
   incarnation_ = recovered.incarnation;
   primary_incarnation_ = replica_fence_ = recovered.primary_incarnation;
   replica_recovered_ = recovered.done;
+  replica_image_incarnation_ = recovered.primary_incarnation;
+  replica_image_covers_ = recovered.primary_covers;
   if (options_.num_workers > 0) workers_.SetCount(options_.num_workers).IgnoreError();  // checked in Start
   if (restored_step_ >= 0) workers_.SetDone(restored_worker_steps, restored_step_);  // (a restore has the count)
+  // A replacement (1.22): the workers as its peers saw them (their clocks, who finished or left).
+  for (size_t w = 0; w < recovered.workers.size() && static_cast<int>(w) < workers_.count(); ++w) {
+    const ps::WorkerState& ws = recovered.workers[w];
+    workers_.AdvanceClock(static_cast<int>(w), ws.clock);
+    if (ws.left) {
+      workers_.Leave(static_cast<int>(w));
+    } else if (ws.finished) {
+      workers_.Finish(static_cast<int>(w));
+    }
+  }
   tables_.ForEach([&](const ps::Table& t) { restored_tables_.push_back(t.spec.name); });
   std::ranges::sort(restored_tables_);
   if (options_.curve) {
@@ -152,7 +164,8 @@ void ServerImpl::Loop() {
                             calls_.NextDeadline()),
         transport::Earliest(transport::Earliest(NextLivenessCheck(), NextConnectionCheck()),
                             transport::Earliest(
-                                transport::Earliest(next_heap_check_, NextBackupDeadline()),
+                                transport::Earliest(transport::Earliest(next_heap_check_, NextBackupDeadline()),
+                                                    image_ ? std::optional(image_->until) : std::nullopt),
                                 handover_read_ ? std::optional(handover_read_->until) : std::nullopt)));
   };
   h.on_tick = [this] {
@@ -163,6 +176,7 @@ void ServerImpl::Loop() {
       CheckHeap(Clock::now());
       CheckDiskWaits(Clock::now());
       ExpireBackupWaits(Clock::now());
+      if (image_ && Clock::now() >= image_->until) image_.reset();  // its replacement went away
       if (handover_read_ && Clock::now() >= handover_read_->until) handover_read_.reset();  // no adopting round came
       if (leaving_) CheckLeaving();
       {
@@ -553,11 +567,6 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     restored_worker_steps = ckpt->worker_steps;
   }
   auto context = options.context ? options.context : Context::Create(1);
-  ps::Recovered recovered;
-  if (options.recover) {  // before the bind: no client reaches this server before its state is in
-    FERRY_ASSIGN_OR_RETURN(recovered, ps::Recover(options, transport::Zmq(*context), &tables, replicas.get()));
-    options.num_workers = recovered.num_workers;
-  }
   if (!transport::Waker().ok()) return InternalError("cannot create an eventfd (file descriptors exhausted?)");
   FERRY_ASSIGN_OR_RETURN(zmq::socket_t socket,
                          transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::router));
@@ -587,6 +596,13 @@ StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   } catch (const zmq::error_t& e) {
     return UnavailableError("ferry-ps rank " + std::to_string(options.rank) + ": cannot bind " + options.bind + ": " +
                             e.what());
+  }
+  ps::Recovered recovered;
+  if (options.recover) {
+    // After the bind (a live server at the endpoint fails it before any peer is asked, or fenced),
+    // before the first read: what clients send meanwhile waits in ZeroMQ's queues.
+    FERRY_ASSIGN_OR_RETURN(recovered, ps::Recover(options, transport::Zmq(*context), &tables, replicas.get()));
+    options.num_workers = recovered.num_workers;
   }
   if (options.replication == 2) {
     // The backup's connection (in kZap's place: never with CURVE). Its queue holds as many

@@ -257,7 +257,6 @@ Status ServerImpl::OnReplicate(Request& req) {
                                    ", which its replacement (incarnation " + std::to_string(replica_fence_) +
                                    ") took over: refused, not applied");
   }
-  primary_incarnation_ = std::max(primary_incarnation_, h.incarnation());
   const auto* slices = h.slices();
   const auto* sparse = h.sparse();
   const size_t n_dense = slices ? slices->size() : 0, n_sparse = sparse ? sparse->size() : 0;
@@ -357,9 +356,11 @@ Status ServerImpl::OnReplicate(Request& req) {
     const int64_t mine = p.chunk != nullptr ? p.chunk->version : p.table->sparse->version;
     if (h.versions()->Get(static_cast<uint32_t>(i)) < mine) ++below;
   }
-  if (replica_recovered_ && below == n) {
+  if (replica_recovered_ && below == n && h.incarnation() == replica_image_incarnation_ &&
+      h.request_id() <= replica_image_covers_) {
     SendOk(req);
     Count(kReplayedUpdatesSkipped, static_cast<int64_t>(n));
+    transport::internal::HandoffDone();
     return Status::Ok();
   }
   for (size_t i = 0; i < n; ++i) {
@@ -383,6 +384,7 @@ Status ServerImpl::OnReplicate(Request& req) {
     budget.CountRefusal();
     return refuse_all(budget.Refusal(new_row_bytes, "the replica's new rows"));
   }
+  primary_incarnation_ = std::max(primary_incarnation_, h.incarnation());  // (a replacement's, once it is heard)
   // Confirmed before it is applied: the backup has the updates once it holds the message (it applies
   // them next, before it reads anything else), and the primary's push waits for no optimizer here.
   SendOk(req);
@@ -442,23 +444,37 @@ Status ServerImpl::OnSnapshot(Request& req) {
   if (!Replicating()) {
     return FailedPreconditionError(Who() + " keeps no replica (replication 1): it has no image for a replacement");
   }
-  connections_.FromServer(req.fd);
   const Header& h = *req.h();
   const int whose = h.server_rank();
   if (whose != options_.rank && whose != PrimaryRank()) {
     return InvalidArgumentError(Who() + " holds its own slots and its replica of server " +
                                 std::to_string(PrimaryRank()) + "'s, not server " + std::to_string(whose) + "'s");
   }
+  connections_.FromServer(req.fd);
   const Clock::time_point now = Clock::now();
   if (image_ && now >= image_->until) image_.reset();  // its replacement went away
   const int64_t position = h.position();
   if (position == 0 && h.epoch() == 0) {
+    if (whose == PrimaryRank() && !out_of_step_.empty()) {
+      // What it holds misses updates of its primary's: the replacement would lose them.
+      std::string tables;
+      replicas_->ForEach([&](const ps::Table& t) {
+        if (out_of_step_.contains(t.id)) tables += (tables.empty() ? "'" : ", '") + t.spec.name + "'";
+      });
+      return FailedPreconditionError(Who() + "'s replica of server " + std::to_string(whose) + "'s slots is out of " +
+                                     "step for table(s) " + tables + ": it cannot stand in for them (restart the job " +
+                                     "from its checkpoint)");
+    }
     // A new image, taken now: it holds every update applied here so far.
     ServedImage im;
     im.epoch = ++next_image_epoch_;
     im.rank = whose;
     const auto began = Clock::now();
-    im.blob = ps::EncodeImage(whose == options_.rank ? tables_ : *replicas_);
+    std::vector<ps::WorkerState> workers(static_cast<size_t>(workers_.count()));
+    for (int w = 0; w < workers_.count(); ++w) {
+      workers[static_cast<size_t>(w)] = {workers_.clock(w), workers_.finished(w), workers_.left(w)};
+    }
+    im.blob = ps::EncodeImage(whose == options_.rank ? tables_ : *replicas_, workers);
     im.covers = next_replicate_;
     if (whose == options_.rank) {
       im.incarnation = incarnation_;
@@ -466,7 +482,7 @@ Status ServerImpl::OnSnapshot(Request& req) {
       // The replacement of the primary takes over from here: its predecessor's late updates are
       // refused (OnReplicate), and the replacement's incarnation is one more.
       im.incarnation = primary_incarnation_;
-      replica_fence_ = primary_incarnation_ = primary_incarnation_ + 1;
+      replica_fence_ = primary_incarnation_ = std::max(primary_incarnation_, primary_incarnation_ + 1);  // (saturated)
     }
     std::fprintf(stderr,
                  "ferry-ps %d: a replacement of server %d asked for %s (%zu bytes, copied in %.3f s)\n", options_.rank,
@@ -493,6 +509,7 @@ Status ServerImpl::OnSnapshot(Request& req) {
   b.add_epoch(im.epoch);
   b.add_position(position);
   b.add_incarnation(im.incarnation);
+  if (im.rank == options_.rank) b.add_covers(im.covers);
   b.add_num_workers(workers_.count());
   wire::FinishHeaderBuffer(fbb, b.Finish());
   Frames page;

@@ -166,11 +166,12 @@ class Launcher(Supervisor):
                 self.watch.see(p, text)
                 if task.role == "ps" and LEFT_LINE.match(text):
                     p.left_line = True
+                stream.line(text)
+                # (Shown first: the replacement's line comes before the launcher's line saying it is up.)
                 if task.role == "ps" and p.listening_at is None and LISTENING_LINE.match(text):
                     p.listening_at = time.monotonic()
                     if p.recover:  # wakes wait_for_replacement (the main loop passes it by)
                         self.events.put(("listening", p))
-                stream.line(text)
 
             try:
                 p.child = Child(run, self.events, on_line, p, env=env, keep_stdin=task.via_ssh)

@@ -398,11 +398,10 @@ TEST(Failover, AReplacementKnowsTheWorkersClocksAndWhoFinished) {
   TableSpec spec = SgdTable("ssp", kDense, Consistency::kSsp);
   spec.chunk_elems = 4;  // on every server
   spec.staleness = 0;
-  {
-    std::unique_ptr<Client> done = c.Connect(1, 2, NoHeartbeats());
-    ASSERT_TRUE(done->Declare(spec).ok());
-    ASSERT_TRUE(done->Finish().ok());
-  }
+  // Worker 1 finished, and its process lives on (as at a job's closing barrier).
+  std::unique_ptr<Client> done = c.Connect(1, 2, NoHeartbeats());
+  ASSERT_TRUE(done->Declare(spec).ok());
+  ASSERT_TRUE(done->Finish().ok());
   std::unique_ptr<Client> me = c.Connect(0, 2, NoHeartbeats());
   ASSERT_TRUE(me->Declare(spec).ok());
   std::vector<float> p(kDense), g(kDense, 0.1f);
@@ -415,6 +414,9 @@ TEST(Failover, AReplacementKnowsTheWorkersClocksAndWhoFinished) {
   for (int64_t clock = 0; clock < 5; ++clock) step(clock);
   c.servers[1].reset();
   Replace1(c, base);
+  // The finished worker's client meets the replacement (its Hello says it rejoins): still finished.
+  std::vector<float> seen(kDense);
+  ASSERT_TRUE(done->PullDense("ssp", seen, 0).wait(30s).ok());
   for (int64_t clock = 5; clock < 8; ++clock) step(clock);
 }
 

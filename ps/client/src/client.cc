@@ -66,7 +66,7 @@ class ClientImpl final : public Client {
 
   Status Start() {
     FERRY_RETURN_IF_ERROR(engine_.Start([this](int s, const Header& h) { AdoptFrom(s, h); },
-                                        [this](int s) { return HelloHeader(s); }));
+                                        [this](int s, bool rejoins) { return HelloHeader(s, rejoins); }));
     // A server refuses a Hello for this rank while another connection that is alive speaks for
     // it: this worker's predecessor, whose connection may not have closed yet (a client closed
     // just now in this process: ZeroMQ closes it in the background; a stopped process: the
@@ -190,7 +190,7 @@ class ClientImpl final : public Client {
   }
 
   // This worker's Hello to server `s` (a replacement's too, 1.22: the engine sends that one).
-  zmq::message_t HelloHeader(int s) {
+  zmq::message_t HelloHeader(int s, bool rejoins = false) {
     flatbuffers::FlatBufferBuilder fbb(128);
     auto h = engine_.BeginHeader(fbb, Kind::Hello);
     h.add_num_workers(options_.num_workers);
@@ -199,6 +199,7 @@ class ClientImpl final : public Client {
     h.add_heartbeat_ms(engine_.HeartbeatEvery().count());
     if (options_.resumes) h.add_resumes(true);
     if (options_.joins_at > 0) h.add_joins_at(options_.joins_at);
+    if (rejoins) h.add_rejoins(true);
     return engine_.FinishHeader(fbb, h);
   }
 

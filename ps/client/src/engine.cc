@@ -720,21 +720,23 @@ void Engine::HandleReply(int server, Frames& frames, bool truncated) {
   in_flight_.erase(it);
   deadlines_.Remove(r.deadline, r.id);
   const std::string where = std::string(wire::KindName(r.kind)) + " on " + ServerName(server);
-  // A reply in another major version (wire.h): its id matched; say which versions differ.
-  if (!verified.ok()) return Done(r, verified.WithContext(where + ": the server's reply"));
-  if (truncated) return Done(r, DataLossError(where + ": reply has too many frames"));
-  if (h->kind() == Kind::Error) {
+  // 1.22: the Hello to a replacement, failed: what waits for it fails too (Replaced).
+  auto failed = [&](const Status& st, bool moved = false) {
     if (r.kind == Kind::Hello && rehello_[static_cast<size_t>(server)] == r.id) {
-      Replaced(server, r.id, 0,
-               wire::ErrorStatus(*h).WithContext("the Hello sent on a new connection after the old one closed was "
-                                                 "refused"));
+      Replaced(server, r.id, 0, st.WithContext("the Hello sent on a new connection after the old one closed"));
     }
+    Done(r, st, moved);
+  };
+  // A reply in another major version (wire.h): its id matched; say which versions differ.
+  if (!verified.ok()) return failed(verified.WithContext(where + ": the server's reply"));
+  if (truncated) return failed(DataLossError(where + ": reply has too many frames"));
+  if (h->kind() == Kind::Error) {
     const bool moved = h->placement() != nullptr && on_moved_ && r.op->rerun;
     if (moved) on_moved_(server, *h);
-    return Done(r, wire::ErrorStatus(*h).WithContext(where), moved);
+    return failed(wire::ErrorStatus(*h).WithContext(where), moved);
   }
   if (h->kind() != Kind::Reply || h->request_kind() != r.kind) {
-    return Done(r, DataLossError(where + ": unexpected reply kind " + std::string(wire::KindName(h->kind()))));
+    return failed(DataLossError(where + ": unexpected reply kind " + std::string(wire::KindName(h->kind()))));
   }
   Frames payload;
   for (size_t i = 1; i < frames.size(); ++i) payload.push_back(std::move(frames[i]));
@@ -746,7 +748,19 @@ void Engine::HandleReply(int server, Frames& frames, bool truncated) {
 void Engine::ExpireRequests() {
   const auto now = SteadyClock::now();
   std::vector<int> dead;
-  for (uint64_t id : deadlines_.TakeDue(now)) dead.push_back(in_flight_.at(id).server);
+  for (uint64_t id : deadlines_.TakeDue(now)) {
+    const int s = in_flight_.at(id).server;
+    if (const uint64_t hello = rehello_[static_cast<size_t>(s)]; hello != 0 && id != hello) {
+      // 1.22: its server is being replaced: this request fails alone (the Hello's deadline ends the wait).
+      auto it = in_flight_.find(id);
+      Request r = std::move(it->second);
+      in_flight_.erase(it);
+      Done(r, DeadlineExceededError(std::string(wire::KindName(r.kind)) + " got no reply from " + ServerName(s) +
+                                    " in time: it was waiting for that server's replacement"));
+      continue;
+    }
+    dead.push_back(s);
+  }
   std::sort(dead.begin(), dead.end());
   dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
   for (int s : dead) {
@@ -797,6 +811,12 @@ bool Engine::OnMonitorEvent(int s, Frames& frames) {
   }
   if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) handshaken_[static_cast<size_t>(s)] = true;
   if (event != ZMQ_EVENT_DISCONNECTED) return false;
+  if (!handshaken_[static_cast<size_t>(s)] && rehello_[static_cast<size_t>(s)] != 0) {
+    // 1.22: a replacement awaited: the dead process's port, closing, took the connection and
+    // dropped it (or a replacement died before its handshake). ZeroMQ connects again by itself;
+    // the Hello and what waits behind it are still queued, and the Hello's deadline bounds the wait.
+    return false;
+  }
   if (!handshaken_[static_cast<size_t>(s)]) {
     // Closed before the handshake completed. A CURVE server drops a client whose first message it
     // cannot open (one that has another public key for it than its own) and one that offers no
@@ -861,12 +881,13 @@ void Engine::FailServer(int s, Why&& why) {
 
 void Engine::AwaitReplacement(int s) {
   const uint64_t known = server_epoch_[static_cast<size_t>(s)].load();
+  const uint64_t before = rehello_[static_cast<size_t>(s)];  // a replacement awaited already
   // What the old socket still queued goes; what waits for an answer stays in flight.
   if (Status st = OpenSocket(s); !st.ok()) {
     std::fprintf(stderr, "ferry client: %s\n", st.ToString().c_str());
     return;
   }
-  zmq::message_t header = make_hello_(s);
+  zmq::message_t header = make_hello_(s, /*rejoins=*/true);
   const Header* verified = nullptr;
   if (!wire::VerifyHeader(header, &verified).ok()) return;  // (our own header: also aligns it)
   Request hello;
@@ -896,12 +917,23 @@ void Engine::AwaitReplacement(int s) {
   // Replaced sends again or fails. What is sent from now on goes after this Hello, on the new
   // connection, and is answered as any request.
   std::vector<uint64_t>& lost = lost_[static_cast<size_t>(s)];
-  lost.clear();
-  for (const auto& [rid, r] : in_flight_) {
-    if (r.server == s) lost.push_back(rid);
+  if (before != 0) {
+    // A replacement lost before it answered: what was lost and held stays so; its Hello goes.
+    auto old = in_flight_.find(before);
+    if (old != in_flight_.end()) {
+      Request r = std::move(old->second);
+      in_flight_.erase(old);
+      deadlines_.Remove(r.deadline, r.id);
+      Done(r, CancelledError("Hello to " + ServerName(s) + "'s replacement: it went before it answered"));
+    }
+  } else {
+    lost.clear();
+    for (const auto& [rid, r] : in_flight_) {
+      if (r.server == s) lost.push_back(rid);
+    }
+    std::sort(lost.begin(), lost.end());
   }
-  std::sort(lost.begin(), lost.end());
-  const int64_t waiting = static_cast<int64_t>(lost.size());
+  const int64_t waiting = static_cast<int64_t>(lost.size() + held_[static_cast<size_t>(s)].size());
   std::fprintf(stderr,
                "ferry client: worker %d: %s closed the connection (process %llx); it keeps replicas: %lld request(s) "
                "wait for its replacement, to be sent again once it listens\n",
@@ -910,7 +942,9 @@ void Engine::AwaitReplacement(int s) {
   SendNow(hello);
   // A Hello that fails (or is never answered) fails what waits too.
   auto it = in_flight_.find(id);
-  if (it == in_flight_.end()) Replaced(s, id, known, UnavailableError("the Hello to its replacement failed"));
+  if (it == in_flight_.end() && rehello_[static_cast<size_t>(s)] == id) {
+    Replaced(s, id, known, UnavailableError("the Hello to its replacement failed"));
+  }
 }
 
 void Engine::Replaced(int s, uint64_t hello, uint64_t epoch, const Status& failed) {
@@ -975,9 +1009,16 @@ void Engine::SendHeld(int s, const Status& failed) {
     auto it = in_flight_.find(id);
     if (it == in_flight_.end()) continue;  // (failed meanwhile: its deadline)
     Status st = failed;
+    {
+      MutexLock lock(&it->second.op->mu);  // an operation failed elsewhere sends nothing more
+      if (st.ok() && !it->second.op->status.ok()) st = CancelledError("another part of its operation failed");
+    }
+    int64_t bytes = 0;
+    for (const auto& f : it->second.frames) bytes += static_cast<int64_t>(f.size());
     if (st.ok()) st = transport::Send(sockets_[static_cast<size_t>(s)], it->second.frames, /*dontwait=*/true);
     if (st.ok()) {
       requests_.fetch_add(1, std::memory_order_relaxed);
+      bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
       if (static_cast<size_t>(s) < last_sent_.size()) last_sent_[static_cast<size_t>(s)] = SteadyClock::now();
       continue;
     }

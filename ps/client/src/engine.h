@@ -135,7 +135,8 @@ using OnReply = std::function<Status(const Header&, Frames&)>;
 using OnMoved = std::function<void(int s, const Header&)>;
 // Builds a Hello header (BeginHeader, FinishHeader) for server `s` (1.22: the engine greets a
 // replacement server itself, on the thread reading the replies).
-using MakeHello = std::function<zmq::message_t(int s)>;
+// `rejoins`: the Hello to a replacement (1.22 Hello `rejoins`).
+using MakeHello = std::function<zmq::message_t(int s, bool rejoins)>;
 
 // A reply's payload has `n` frames / a frame has `bytes` (DATA_LOSS saying what it has).
 Status ExpectFrames(const Frames& payload, size_t n);

@@ -117,7 +117,8 @@ struct ServerOptions {
   // Copies of each server's slots (protocol 1.21, PROTOCOL.md "Replicas"): 1, none; 2, server r
   // keeps a replica of server r-1's (mod num_servers), and a server forwards every update it
   // applies to its backup, server r+1, answering the push only once the backup has it too
-  // (chain replication). A backup that does not answer within failover_timeout fails the pushes
+  // (chain replication). A backup that does not answer within 2 x failover_timeout (and half of it
+  // more, up to 30 s: the time a replacement may take) fails the pushes
   // that wait for it (UNAVAILABLE, naming it); a replica that misses an update is out of step and
   // refuses later ones. A dead server is replaced by one started with `recover` (1.22), the others
   // and the workers going on. For now: async and ssp tables without lifecycle settings, a disk

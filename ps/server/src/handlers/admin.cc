@@ -117,7 +117,15 @@ Status ServerImpl::OnHello(Request& req) {
     FERRY_RETURN_IF_ERROR(ClaimRank(req, h.rank(), took_over));
   }
   const bool count_from_worker = workers_.count() == 0;  // no --num-workers, no worker yet
+  // 1.22: the same process, to a replacement: what its peers said of it stays (finished, left).
+  const bool rejoins = h.rejoins() && h.rank() >= 0 && h.rank() < workers_.count();
+  const bool was_finished = rejoins && workers_.finished(h.rank()), was_left = rejoins && workers_.left(h.rank());
   FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers(), h.incarnation(), h.joins_at()));
+  if (was_left) {
+    workers_.Leave(h.rank());
+  } else if (was_finished) {
+    workers_.Finish(h.rank());
+  }
   if (h.resumes() && h.rank() >= 0 && h.rank() < workers_.count()) {
     // The new process resumes at the lowest step any server knew: what this server took of its
     // predecessor's later steps is not applied again (ps::StepsTaken).

@@ -89,7 +89,11 @@ Status ServerImpl::RoomToForward(int64_t bytes) {
   return Status::Ok();
 }
 
-std::chrono::milliseconds ServerImpl::BackupTimeout() const { return options_.failover_timeout; }
+// A replacement takes up to failover_timeout per peer (and the launcher that long and 30 s more):
+// the pushes that wait for a dead backup wait for its replacement as long.
+std::chrono::milliseconds ServerImpl::BackupTimeout() const {
+  return 2 * options_.failover_timeout + std::min(options_.failover_timeout / 2, std::chrono::milliseconds(30000));
+}
 
 void ServerImpl::AnswerPush(Request& req, Forward fwd, Status refused, wire::ReplyInfo info, bool then_pull) {
   if (fwd.frames.empty()) return FinishPush(req, refused, info, then_pull);

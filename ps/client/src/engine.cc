@@ -720,29 +720,30 @@ void Engine::HandleReply(int server, Frames& frames, bool truncated) {
   in_flight_.erase(it);
   deadlines_.Remove(r.deadline, r.id);
   const std::string where = std::string(wire::KindName(r.kind)) + " on " + ServerName(server);
-  // 1.22: the Hello to a replacement, failed: what waits for it fails too (Replaced).
-  auto failed = [&](const Status& st, bool moved = false) {
-    if (r.kind == Kind::Hello && rehello_[static_cast<size_t>(server)] == r.id) {
-      Replaced(server, r.id, 0, st.WithContext("the Hello sent on a new connection after the old one closed"));
-    }
-    Done(r, st, moved);
-  };
   // A reply in another major version (wire.h): its id matched; say which versions differ.
-  if (!verified.ok()) return failed(verified.WithContext(where + ": the server's reply"));
-  if (truncated) return failed(DataLossError(where + ": reply has too many frames"));
+  if (!verified.ok()) return FailReply(r, verified.WithContext(where + ": the server's reply"));
+  if (truncated) return FailReply(r, DataLossError(where + ": reply has too many frames"));
   if (h->kind() == Kind::Error) {
     const bool moved = h->placement() != nullptr && on_moved_ && r.op->rerun;
     if (moved) on_moved_(server, *h);
-    return failed(wire::ErrorStatus(*h).WithContext(where), moved);
+    return FailReply(r, wire::ErrorStatus(*h).WithContext(where), moved);
   }
   if (h->kind() != Kind::Reply || h->request_kind() != r.kind) {
-    return failed(DataLossError(where + ": unexpected reply kind " + std::string(wire::KindName(h->kind()))));
+    return FailReply(r, DataLossError(where + ": unexpected reply kind " + std::string(wire::KindName(h->kind()))));
   }
   Frames payload;
   for (size_t i = 1; i < frames.size(); ++i) payload.push_back(std::move(frames[i]));
   r.op->Record(*h);
   Status s = r.on_reply ? r.on_reply(*h, payload) : ExpectFrames(payload, 0);
   Done(r, s.ok() ? s : s.WithContext(where));
+}
+
+void Engine::FailReply(Request& r, const Status& s, bool moved) {
+  // 1.22: the Hello to a replacement, failed: what waits for it fails too (Replaced).
+  if (r.kind == Kind::Hello && rehello_[static_cast<size_t>(r.server)] == r.id) {
+    Replaced(r.server, r.id, 0, s.WithContext("the Hello sent on a new connection after the old one closed"));
+  }
+  Done(r, s, moved);
 }
 
 void Engine::ExpireRequests() {

@@ -310,6 +310,9 @@ class Engine {
   void Pump(size_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
 
   void HandleReply(int server, Frames& frames, bool truncated) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // A request answered without success (`moved`: a "moved" error): completes it, and when it is the
+  // Hello to a replacement (1.22) fails what waited for that too.
+  void FailReply(Request& r, const Status& s, bool moved = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
 
   void ExpireRequests() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
 

@@ -142,7 +142,7 @@ def parse_args(argv):
     ap.add_argument("--replication", type=int, choices=(1, 2), default=1, metavar="R",
                     help="2: every ferry-ps keeps a replica of the previous server's slots and "
                          "answers a push once the next server (its backup) has applied it too "
-                         "(--replication 2 --peers ...; async and ssp tables, no CURVE yet; README, "
+                         "(--replication 2 --peers ...; no row lifecycle, disk tier, top-k or CURVE yet; README, "
                          "\"Replicas\"). A server that dies is then restarted alone, with "
                          "--recover, at its own endpoint: it takes its state from its neighbours "
                          "(its slots from the next server, its replica from the previous one) while "

@@ -2106,6 +2106,59 @@ class ReplicationTest(unittest.TestCase):
         wait_until_gone(pids)
         self.assertEqual([pid for pid in pids if pid_alive(pid)], [], "processes survived the launcher")
 
+    SYNC_JOB = ["--model", "ctr", "--ctr-train", "2000", "--ctr-test", "400", "--ctr-fields", "8", "--ctr-dense", "4",
+                "--emb-dim", "16", "--hidden", "256,256", "--steps", "200", "--batch", "32", "--consistency", "sync",
+                "--log-every", "10", "--blas-threads", "1", "--optimizer", "adam", "--lr", "0.01",
+                "--straggler", "1:10ms"]  # (2 s or more: the kill comes in the middle)
+
+    @staticmethod
+    def ctr_eval(output):
+        """Worker 0's final test AUC, log-loss and accuracy, as printed, or None."""
+        found = re.findall(r"^\[worker 0\] done: .*; (test AUC \S+, log-loss \S+, accuracy \S+)$", output, re.M)
+        return found[-1] if found else None
+
+    def test_sigkill_of_a_server_keeps_a_sync_job_exact(self):
+        # Failover of sync tables (protocol 1.23): ps 1 of a sync ctr job of 3 servers and 2 workers with
+        # --replication 2 is SIGKILLed once a worker reached step 60, and replaced alone with --recover. Its backup
+        # held every gradient ps 1 held for its open step (a sync push is answered once the backup holds it), and
+        # closed every step ps 1 closed, by the same function: the job ends with the test loss and accuracy of the
+        # same job that lost no server, to the last printed digit, and every dense chunk took exactly one update a
+        # step (200), the replacement's included.
+        steps = 200
+        with tempfile.TemporaryDirectory(prefix="ferry-replicas-test-") as tmp:
+            common = ["--num-ps", "3", "--num-workers", "2", "--base-port", "0", "--gpus-per-host", "0",
+                      "--bin-dir", BUILD_DIR, "--replication", "2"]
+            rc, whole = run_launcher(common + ["--log-dir", os.path.join(tmp, "whole"), "--"] + self.SYNC_JOB,
+                                     timeout=180)
+            self.assertEqual(rc, 0, whole)
+            want = self.ctr_eval(whole)
+            self.assertIsNotNone(want, whole)
+            r = Run(common + ["--log-dir", os.path.join(tmp, "killed"), "--"] + self.SYNC_JOB)
+            self.addCleanup(lambda: r.proc.poll() is None and r.proc.kill())
+            r.wait_for(r"^\[worker \d\] step 60/200 ", 90)
+            victim = r.pids()["ps 1"]
+            os.kill(victim, signal.SIGKILL)
+            rc = r.finish(180)
+            out = r.output
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"ps 1 (pid {victim}) died (killed by SIGKILL); replication 2: restarting it alone with "
+                      "--recover", out)
+        cmds = started_commands(out)
+        self.assertEqual({name: len(c) for name, c in cmds.items()},
+                         {"ps 0": 1, "ps 1": 2, "ps 2": 1, "worker 0": 1, "worker 1": 1}, out)
+        self.assertIn("steps lost: 0", out)
+        self.assertEqual(self.ctr_eval(out), want, f"uninterrupted: {want}\n{out}")
+        seen = set()
+        for shown, rank, name, n, least, most in self.DENSE.findall(out):
+            self.assertEqual((int(least), int(most)), (steps, steps),
+                             f"server {rank}, table '{name}': its chunks took {least} to {most} updates, not "
+                             f"{steps}:\n{out}")
+            seen.add(int(rank))
+        self.assertIn(1, seen, out)  # the replacement among them (ps 2 holds no dense chunk of this tower)
+        pids = [pid for _, pid in all_pids(out)]
+        wait_until_gone(pids)
+        self.assertEqual([pid for pid in pids if pid_alive(pid)], [], "processes survived the launcher")
+
 
 def stops(output):
     """[(sorted names, why)] of the launcher's "stopping NAME, ... (WHY)" lines, in order."""

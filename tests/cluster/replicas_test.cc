@@ -185,6 +185,37 @@ TEST(Replicas, APushIsAnsweredOnlyOnceItsBackupHasItAndFailsNamingABackupThatNev
   EXPECT_EQ(counters.at("replica_errors"), 1);
 }
 
+// 1.23: a sync step's close is seen by pulls only once the backup has it (or was given up on):
+// no worker computes from a step its server's replacement might not have.
+TEST(Replicas, ASyncStepsPullsWaitForItsBackupToHaveItsClose) {
+  ServerOptions o = Replicated(2);
+  o.failover_timeout = 1s;  // a close never confirmed is given up on after 2.5 s (BackupTimeout)
+  auto c = LocalCluster::Start(2, false, o);
+  ASSERT_EQ(c.servers.size(), 2u);
+  std::unique_ptr<Client> w[2] = {c.Connect(0, 2, NoHeartbeats()), c.Connect(1, 2, NoHeartbeats())};
+  // One chunk, on server 0: its pushes and pulls go there alone (a stopped server 1 is seen by
+  // nothing but server 0's wait for its backup).
+  TableSpec spec = SgdTable("one", 4, Consistency::kSync);
+  spec.chunk_elems = 4;
+  for (int k = 0; placement::ChunkServer(TableId(spec.name), 0, 2) != 0; ++k) spec.name = "one" + std::to_string(k);
+  for (auto& me : w) ASSERT_TRUE(me->Declare(spec).ok());
+  const std::vector<float> g(4, 0.5f);
+  std::vector<float> out(4);
+  for (auto& me : w) ASSERT_TRUE(me->PushDense(spec.name, g, 0).wait(20s).ok());
+  ASSERT_TRUE(w[0]->PullDense(spec.name, out, 1).wait(20s).ok());  // (step 0 closed and confirmed)
+  ASSERT_TRUE(w[0]->PushDense(spec.name, g, 1).wait(20s).ok());    // held, and on the backup
+  c.servers[1]->Stop();
+  Handle closing = w[1]->PushDense(spec.name, g, 1);  // closes step 1 on server 0 at once
+  Handle pull = w[0]->PullDense(spec.name, out, 2);
+  Status s = pull.wait(1500ms);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;  // the backup has not confirmed the close
+  s = closing.wait(20s);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("has not confirmed it"), std::string::npos) << s;
+  s = pull.wait(20s);
+  EXPECT_TRUE(s.ok()) << s;  // given up on: served
+}
+
 TEST(Replicas, AReplicaRestoredWithItsPrimaryHoldsItsBitsAndFollowsItOn) {
   TempDir dir("replicas");
   ServerOptions o = Replicated(kWorkers);
@@ -352,6 +383,85 @@ TEST(Failover, AServerReplacedWithRecoverWhileAWorkerTrainsEndsWithTheBitsOfAJob
   }
 }
 
+// Sync tables (1.23): two workers train sync steps of a dense table (Adam) and a sparse one
+// (Adagrad) from one thread, in a fixed order; server 1 is replaced (if `replace`) at three points
+// of a step: with worker 0's gradient held and worker 1's not sent yet (its image must hold the
+// first), with worker 0's sparse push in flight (sent again, or held already), and with every push
+// of the step answered and the pulls not sent.
+std::vector<std::map<std::string, int64_t>> TrainSync(bool replace, std::vector<DenseUpdates>* updates) {
+  constexpr int64_t kSteps = 18;
+  IpcDir dir;
+  const ServerOptions base = ReplicatedOn(dir, 2);
+  auto c = LocalCluster::Start(3, false, base);
+  EXPECT_EQ(c.servers.size(), 3u);
+  TableSpec dense = Dense(), sparse = Sparse();
+  dense.name = "sw";
+  sparse.name = "semb";
+  dense.consistency = sparse.consistency = Consistency::kSync;
+  std::unique_ptr<Client> w[2] = {c.Connect(0, 2, NoHeartbeats()), c.Connect(1, 2, NoHeartbeats())};
+  for (auto& me : w) {
+    EXPECT_TRUE(me->Declare(dense).ok());
+    EXPECT_TRUE(me->Declare(sparse).ok());
+  }
+  auto kill = [&](int64_t step, int64_t at) {
+    if (!replace || step != at) return;
+    c.servers[1].reset();
+    std::this_thread::sleep_for(200ms);
+    Replace1(c, base);
+  };
+  std::vector<float> g[2], out(kDense), rows(16 * kDim), grads[2];
+  for (int64_t step = 0; step < kSteps; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      g[r].resize(kDense);
+      for (int64_t i = 0; i < kDense; ++i) g[r][static_cast<size_t>(i)] = Grad(r, step, i);
+      grads[r].resize(16 * kDim);
+      for (size_t i = 0; i < grads[r].size(); ++i) grads[r][i] = Grad(r, step, static_cast<int64_t>(i) + 200);
+    }
+    // (The first failure ends the job: later steps would only wait for it.)
+#define FERRY_OR_END(what, s)                                                     \
+  if (Status e = (s); !e.ok()) {                                                  \
+    ADD_FAILURE() << what << " step " << step << ": " << e;                       \
+    return {};                                                                    \
+  }
+    FERRY_OR_END("worker 0's dense push", w[0]->PushDense("sw", g[0], step).wait(30s));
+    kill(step, 4);  // worker 0's gradient held: the replacement's image holds it
+    FERRY_OR_END("worker 1's dense push", w[1]->PushDense("sw", g[1], step).wait(30s));
+    Handle in_flight = w[0]->PushSparse("semb", Ids(0, step), grads[0], step);
+    kill(step, 9);
+    FERRY_OR_END("worker 0's sparse push", in_flight.wait(30s));
+    FERRY_OR_END("worker 1's sparse push", w[1]->PushSparse("semb", Ids(1, step), grads[1], step).wait(30s));
+    kill(step, 14);  // the step closed everywhere: its pulls go to the replacement
+    for (int r = 0; r < 2; ++r) {
+      FERRY_OR_END("a dense pull", w[r]->PullDense("sw", out, step + 1).wait(30s));
+      FERRY_OR_END("a sparse pull", w[r]->PullSparse("semb", Ids(r, step), rows, step + 1).wait(30s));
+    }
+#undef FERRY_OR_END
+  }
+  for (auto& me : w) me.reset();
+  auto digests = Digests(c, 2);
+  for (auto& server : c.servers) {
+    server->Stop();
+    for (const DenseUpdates& d : server->dense_updates()) updates->push_back(d);
+  }
+  return digests;
+}
+
+TEST(Failover, SyncStepsStayExactAcrossAReplacement) {
+  std::vector<DenseUpdates> want_updates, got_updates;
+  const auto want = TrainSync(false, &want_updates);
+  const auto got = TrainSync(true, &got_updates);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < got.size(); ++s) {
+    EXPECT_TRUE(got[s].contains("digest:sw") && got[s].contains("replica_digest:semb")) << "server " << s;
+    EXPECT_EQ(got[s], want[s]) << "server " << s;  // its tables and its replica, bit for bit
+  }
+  ASSERT_FALSE(got_updates.empty());
+  for (const DenseUpdates& d : got_updates) {
+    EXPECT_EQ(d.least, 18) << d.table;  // every chunk: one update a step, none lost
+    EXPECT_EQ(d.most, 18) << d.table;   // none twice
+  }
+}
+
 // A push in flight when the server went, and one sent while its replacement is awaited (after the
 // client's Hello to it), are each applied once: the first sent again, the second not.
 TEST(Failover, WhatWasInFlightIsSentAgainAndWhatWasSentSinceIsNot) {
@@ -465,7 +575,9 @@ struct Primary {
   }
   // The backup's answer: OK, or its error. `versions`: each part's before the update (none: 1 each).
   Status Send(int rank, const std::vector<wire::DenseSlice>& dense, const std::vector<wire::SparseSlice>& sparse,
-              std::vector<std::string> frames, std::optional<std::vector<int64_t>> versions = std::nullopt) {
+              std::vector<std::string> frames, std::optional<std::vector<int64_t>> versions = std::nullopt,
+              const std::vector<uint8_t>& ops = {}, std::optional<std::vector<int32_t>> counts = std::nullopt) {
+    if (!counts) counts = std::vector<int32_t>(ops.size(), 1);  // (one held: a first hold's, or a close's)
     if (!versions) versions = std::vector<int64_t>(dense.size() + sparse.size(), 1);
     flatbuffers::FlatBufferBuilder fbb;
     flatbuffers::Offset<flatbuffers::Vector<const wire::DenseSlice*>> d;
@@ -474,6 +586,10 @@ struct Primary {
     if (!sparse.empty()) sp = fbb.CreateVectorOfStructs(sparse);
     flatbuffers::Offset<flatbuffers::Vector<int64_t>> v;
     if (!versions->empty()) v = fbb.CreateVector(*versions);
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> o;
+    flatbuffers::Offset<flatbuffers::Vector<int32_t>> n;
+    if (!ops.empty()) o = fbb.CreateVector(ops);
+    if (!counts->empty()) n = fbb.CreateVector(*counts);
     wire::HeaderBuilder b(fbb);
     b.add_major(wire::kMajor);
     b.add_minor(wire::kMinor);
@@ -485,6 +601,8 @@ struct Primary {
     if (!d.IsNull()) b.add_slices(d);
     if (!sp.IsNull()) b.add_sparse(sp);
     if (!v.IsNull()) b.add_versions(v);
+    if (!o.IsNull()) b.add_sync_ops(o);
+    if (!n.IsNull()) b.add_sync_counts(n);
     wire::FinishHeaderBuffer(fbb, b.Finish());
     transport::Frames f;
     f.push_back(wire::ToFrame(fbb));
@@ -594,8 +712,14 @@ TEST(Replicas, AMalformedReplicateIsRefusedWholeAndChangesNothing) {
   std::unique_ptr<Client> me = c.Connect(0, 1, NoHeartbeats());
   ASSERT_TRUE(me->Declare(Dense()).ok());
   ASSERT_TRUE(me->Declare(Sparse()).ok());
+  TableSpec sync = Dense();
+  sync.name = "sw";
+  sync.consistency = Consistency::kSync;
+  ASSERT_TRUE(me->Declare(sync).ok());
   // Server 1 keeps server 0's replica: a chunk of each, and ids of each.
-  const uint64_t dense_id = TableId("w"), sparse_id = TableId("emb");
+  const uint64_t dense_id = TableId("w"), sparse_id = TableId("emb"), sync_id = TableId("sw");
+  int64_t sync0 = 0;
+  while (placement::ChunkServer(sync_id, sync0, 2) != 0) ++sync0;
   int64_t chunk0 = -1, chunk1 = -1;
   for (int64_t k = 0; k < kDense / 4; ++k) {
     (placement::ChunkServer(dense_id, k, 2) == 0 ? chunk0 : chunk1) = k;
@@ -625,6 +749,8 @@ TEST(Replicas, AMalformedReplicateIsRefusedWholeAndChangesNothing) {
     StatusCode code;
     const char* says;
     std::optional<std::vector<int64_t>> versions = std::nullopt;
+    std::vector<uint8_t> ops = {};
+    std::optional<std::vector<int32_t>> counts = std::nullopt;
   };
   std::vector<float> nan(4, 1.0f);
   nan[2] = std::numeric_limits<float>::quiet_NaN();
@@ -652,9 +778,24 @@ TEST(Replicas, AMalformedReplicateIsRefusedWholeAndChangesNothing) {
        "carries"},
       {"a chunk twice", 0, {{dense_id, chunk0, 4}, {dense_id, chunk0, 4}}, {}, {four, four},
        StatusCode::kInvalidArgument, "appears twice"},
+      // 1.23: sync ops, one per part, each of a sync table, frames only with a gradient.
+      {"sync ops for another count", 0, {{sync_id, sync0, 4}}, {}, {four}, StatusCode::kInvalidArgument,
+       "2 sync ops for its 1 parts", std::nullopt, {1, 1}},
+      {"an unknown sync op", 0, {{sync_id, sync0, 4}}, {}, {four}, StatusCode::kInvalidArgument, "not one of 0-4",
+       std::nullopt, {5}},
+      {"a sync op for an async table", 0, {{dense_id, chunk0, 4}}, {}, {four}, StatusCode::kInvalidArgument,
+       "a table that is not sync", std::nullopt, {1}},
+      {"an update applied to a sync table", 0, {{sync_id, sync0, 4}}, {}, {four}, StatusCode::kInvalidArgument,
+       "for a sync table"},
+      {"a close with a frame", 0, {{sync_id, sync0, 4}}, {}, {four}, StatusCode::kInvalidArgument, "payload frames",
+       std::nullopt, {3}},
+      {"a held gradient without its frame", 0, {}, {{sparse_id, kDim, 2}}, {}, StatusCode::kInvalidArgument,
+       "payload frames", std::nullopt, {2}},
+      {"sync ops without their counts", 0, {{sync_id, sync0, 4}}, {}, {four}, StatusCode::kInvalidArgument,
+       "without one sync count", std::nullopt, {1}, std::vector<int32_t>{}},
   };
   for (const Case& k : cases) {
-    const Status s = p.Send(k.rank, k.dense, k.sparse, k.frames, k.versions);
+    const Status s = p.Send(k.rank, k.dense, k.sparse, k.frames, k.versions, k.ops, k.counts);
     EXPECT_EQ(s.code(), k.code) << k.what << ": " << s;
     EXPECT_NE(s.message().find(k.says), std::string::npos) << k.what << ": " << s;
   }
@@ -662,6 +803,7 @@ TEST(Replicas, AMalformedReplicateIsRefusedWholeAndChangesNothing) {
   EXPECT_EQ(after.at("replica_digest:w"), before.at("replica_digest:w"));
   EXPECT_EQ(after.at("replica_digest:emb"), before.at("replica_digest:emb"));
   EXPECT_EQ(after.at("replica_updates_applied"), before.at("replica_updates_applied"));
+  EXPECT_FALSE(after.contains("replica_out_of_step:sw"));
   // And one that is well formed changes the replica (which is then no longer its primary's).
   ASSERT_TRUE(p.Send(0, {{dense_id, chunk0, 4}}, {}, {four}).ok());
   EXPECT_NE(digests().at("replica_digest:w"), before.at("replica_digest:w"));
@@ -682,6 +824,17 @@ TEST(Replicas, AMalformedReplicateIsRefusedWholeAndChangesNothing) {
   EXPECT_EQ(refused.status.code(), StatusCode::kFailedPrecondition) << refused.status;
   EXPECT_NE(refused.status.message().find("out of step for table(s) 'w'"), std::string::npos) << refused.status;
   EXPECT_TRUE(p.Snapshot(1, 0, 0, 0).status.ok());  // its own slots it gives
+  // 1.23: a sync table's hold is taken; a close by a primary that holds more gradients than the
+  // replica (a hold missed) puts the replica out of step rather than close with fewer.
+  const std::vector<int64_t> step0{0};
+  s = p.Send(0, {{sync_id, sync0, 4}}, {}, {four}, step0, {1});
+  EXPECT_TRUE(s.ok()) << s;
+  s = p.Send(0, {{sync_id, sync0, 4}}, {}, {}, step0, {3}, std::vector<int32_t>{2});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("1 gradient(s) held here for step 0 and 2 on server 0 (a hold or drop missed)"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(digests().at("replica_out_of_step:sw"), 1);
   // A server without replication takes none.
   auto plain = LocalCluster::Start(1);
   std::unique_ptr<Client> other = plain.Connect(0, 1, NoHeartbeats());
@@ -708,9 +861,8 @@ TEST(Replicas, WhatReplicasCannotFollowYetIsRefused) {
 
   auto c = LocalCluster::Start(2, false, Replicated(1));
   std::unique_ptr<Client> me = c.Connect(0, 1, NoHeartbeats());
-  Status s = me->Declare(SgdTable("sync", 8, Consistency::kSync));
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("do not follow a sync table"), std::string::npos) << s;
+  Status s = me->Declare(SgdTable("sync", 8, Consistency::kSync));  // (1.23: replicas follow sync tables)
+  EXPECT_TRUE(s.ok()) << s;
   TableSpec bounded = Sparse();
   bounded.max_rows = 100;
   s = me->Declare(bounded);

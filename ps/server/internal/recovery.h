@@ -45,7 +45,9 @@ struct Recovered {
 //     declaration, each dense chunk with its version, each sparse row pushed at least once);
 //   u64 units; per unit (each dense chunk held, then each sparse shard): u64 table id, i64 chunk
 //     (-1: the sparse shard), u64 k, k x i64: by worker rank, one more than the highest step of
-//     its pushes the unit applied (StepsTaken::taken);
+//     its pushes the unit applied (StepsTaken::taken); (1.23) u64 g, g x (i64 rank, u64 a, a
+//     bytes of ids (dense: 0), u64 b, b bytes of float32 gradients): a sync table's gradients
+//     held for its open step, by rank;
 //   u64 w; per worker rank: i64 clock, u8 flags (1: finished, 2: left the job);
 //   u32: CRC-32 of every byte before.
 // Throws std::bad_alloc when memory is short.

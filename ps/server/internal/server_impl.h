@@ -19,6 +19,7 @@
 // Thread-safety: as ferry/server.h; everything not marked otherwise is the I/O thread's.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -452,9 +453,9 @@ class ServerImpl final : public Server {
   bool Replicating() const { return replicas_ != nullptr; }
   int BackupRank() const { return (options_.rank + 1) % options_.num_servers; }
   int PrimaryRank() const { return (options_.rank + options_.num_servers - 1) % options_.num_servers; }
-  // A declaration a replica cannot follow yet: sync tables (their steps close from every worker's
-  // gradient), sparse tables with lifecycle settings or a disk tier (what they keep depends on
-  // pulls too), top-k tables (a forwarded push would be the chunks decoded whole).
+  // A declaration a replica cannot follow yet: sparse tables with lifecycle settings or a disk
+  // tier (what they keep depends on pulls too), top-k tables (a forwarded push would be the
+  // chunks decoded whole).
   // FAILED_PRECONDITION saying so; OK for the others, or without replication.
   Status ReplicaRefusal(const TableSpec& spec) const;
   // What one push applied, for the backup: the Replicate message's dense slices or sparse
@@ -463,8 +464,34 @@ class ServerImpl final : public Server {
     std::vector<wire::DenseSlice> dense;
     std::vector<wire::SparseSlice> sparse;
     std::vector<int64_t> versions;  // each part's chunk or shard version before the update
+    std::vector<uint8_t> ops;       // each part's SyncOp (1.23); kApplied for every part of async tables
+    std::vector<int32_t> counts;    // each part's gradients held after its op (sync_counts; 0 if applied)
+    std::vector<std::pair<uint64_t, int64_t>> closes;  // the units (table id, chunk; -1: sparse) it closed
     Frames frames;
+    bool empty() const { return versions.empty(); }
+    bool any_sync() const {
+      return std::ranges::any_of(ops, [](uint8_t o) { return o != 0; });
+    }
   };
+  // 1.23 Replicate `sync_ops`: what the primary did with a part of a sync table.
+  enum SyncOp : uint8_t { kApplied = 0, kHeld = 1, kHeldAndClosed = 2, kClosed = 3, kDropped = 4 };
+  // The Replicate of `fwd`, as request `id` for worker `rank`'s `step`, queued for the backup
+  // without blocking (a full queue: UNAVAILABLE, nothing queued).
+  Status SendReplicate(uint64_t id, int rank, int64_t step, Forward& fwd);
+  // Sync steps closed, or held gradients dropped, with no push to answer (a worker finished, left
+  // or said Hello again): forwarded to the backup, whose answer nobody awaits (lost with a dead
+  // primary, they are redone by its replacement: CloseCompleteSteps once it starts).
+  // `rank`: the worker whose held gradients were dropped.
+  void ForwardSyncOps(Forward fwd, int rank = 0);
+  // A part without frames (kClosed, kDropped) of unit `chunk` (-1: the sparse shard) at `version`
+  // (a Replicate's parts are of one kind: dense and sparse ones go in two).
+  // `received`: the gradients the unit holds after a drop, before a close.
+  static void AddSyncOp(Forward& fwd, const ps::Table& t, int64_t chunk, int64_t version, SyncOp op, int received);
+  // The sync slots of unit `chunk` (-1: the sparse shard) of table `table` here, or null.
+  ps::SyncSlots* UnitSync(uint64_t table, int64_t chunk);
+  // A sync part's held gradient (its copy; the hold keeps its own) for the backup.
+  void ForwardHold(Forward& fwd, const ps::Table& t, int64_t chunk, int64_t version, const ps::SyncSlots& sync,
+                   int rank, bool closed);
   // Before a push is applied (replication 2): room for its `bytes` to wait for the backup, in the
   // held requests' count and the held payloads' bound; RESOURCE_EXHAUSTED (nothing applied) when
   // the backup is that far behind. OK without replication.
@@ -479,6 +506,11 @@ class ServerImpl final : public Server {
   void FinishPush(Request& req, const Status& refused, const wire::ReplyInfo& info, bool then_pull);
   // The backup's side: applies a primary's updates to the replica, in the order they come.
   Status OnReplicate(Request& req);
+  // A sync unit's version as pulls see it (1.23): without its closes the backup has not confirmed,
+  // so no worker computes from a step a replacement might not have.
+  static int64_t Settled(int64_t version, const ps::SyncSlots& sync) { return version - sync.closes_unconfirmed; }
+  // Closes the replica's sync step of chunk `c` (null: of the sparse shard) of `t`, as its primary did.
+  void CloseReplicaStep(ps::Table* t, ps::DenseChunk* c);
   // The replica of table `id` (made on first use from the declaration held here).
   StatusOr<ps::Table*> ReplicaTable(uint64_t id, TableType type);
   // The primary's side: the backup's answer to a Replicate (the DEALER's frames: its header).
@@ -517,6 +549,8 @@ class ServerImpl final : public Server {
 
   // A push applied here, waiting for its backup (I/O thread), by its Replicate's id.
   struct AwaitingBackup {
+    bool answers = true;  // a push's (false: ForwardSyncOps', which answers no request)
+    std::vector<std::pair<uint64_t, int64_t>> closes;  // its sync closes, which pulls wait for (Settled)
     Request req;
     Status refused;
     wire::ReplyInfo info;
@@ -524,6 +558,8 @@ class ServerImpl final : public Server {
     Clock::time_point sent;
     ps::BudgetCharge charge;  // the bytes forwarded, on the held payloads' bound until confirmed
   };
+  // The closes of `a` are confirmed (or given up on): pulls may see them. True if it had any.
+  bool SettleCloses(const AwaitingBackup& a);
 
   // ---- checkpoints (handlers/checkpoints.cc) -------------------------------------------------
 

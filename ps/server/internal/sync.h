@@ -22,6 +22,11 @@ namespace ferry::ps {
 // drops it and counts it.
 Status CheckSyncPush(const TableSpec& spec, const SyncSlots& sync, int64_t version, int rank, int64_t step);
 
+// True, and the mark taken away, when `rank`'s push for `step` is the one a replacement holds
+// from its backup's image already (SyncSlots::restored): sent again because its answer was lost.
+// The caller skips it as a replay (the gradient held is the same push's).
+bool ResentHold(SyncSlots& sync, int64_t version, int rank, int64_t step);
+
 // Holds `rank`'s gradient (and, for a sparse table, its ids) for the current step.
 void HoldGradient(SyncSlots& sync, int rank, zmq::message_t grad);
 void HoldGradient(SyncSlots& sync, int rank, zmq::message_t ids, zmq::message_t grad);

@@ -65,7 +65,7 @@ void Usage(std::FILE* out) {
       "                     after restoring a map that leaves it none. Server 0 never leaves\n"
       "  --replication      2: keep a replica of server R-1's slots, and answer a push only once server\n"
       "                     R+1 (this one's backup) has applied its updates too (default 1: none). For\n"
-      "                     now async and ssp tables only; no moves, CURVE or disk tier (README, \"Replicas\")\n"
+      "                     now no row lifecycle, top-k, moves, CURVE or disk tier (README, \"Replicas\")\n"
       "  --peers            with --replication 2: every server's endpoint, by rank, comma-separated\n"
       "  --recover          with --replication 2: start as the replacement of this rank's dead server,\n"
       "                     taking its slots from server R+1's replica and its replica from server R-1\n"

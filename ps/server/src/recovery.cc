@@ -15,6 +15,7 @@
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "internal/checkpoint.h"
+#include "internal/sync.h"
 #include "internal/workers.h"
 
 namespace ferry::ps {
@@ -70,12 +71,63 @@ void ForEachUnit(const TableRegistry& tables, Fn&& fn) {
   tables.ForEach([&](const Table& t) {
     if (t.dense) {
       for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
-        if (const DenseChunk* c = t.dense->chunk(i)) fn(t, i, c->steps_taken);
+        if (const DenseChunk* c = t.dense->chunk(i)) fn(t, i, c->steps_taken, c->sync);
       }
     } else {
-      fn(t, int64_t{-1}, t.sparse->steps_taken);
+      fn(t, int64_t{-1}, t.sparse->steps_taken, t.sparse->sync);
     }
   });
+}
+
+void PutBlock(std::vector<char>& out, const zmq::message_t* m) {
+  const size_t n = m != nullptr ? m->size() : 0;
+  Put<uint64_t>(out, n);
+  if (n > 0) out.insert(out.end(), static_cast<const char*>(m->data()), static_cast<const char*>(m->data()) + n);
+}
+
+// A gradient held for a sync step, as the image has it.
+struct Held {
+  int64_t rank = 0;
+  std::span<const char> ids;  // (dense: empty)
+  std::span<const char> grads;
+};
+
+struct UnitImage {
+  std::vector<int64_t> taken;
+  std::vector<Held> held;
+};
+
+// Puts `held` into `sync` (of a unit of `t`; `floats`: a dense chunk's length, 0 for the sparse
+// shard), each marked as restored, once each is checked against the table.
+Status RestoreHeld(const Table& t, int64_t floats, const std::vector<Held>& held, int num_workers,
+                   SyncSlots& sync, const std::string& where) {
+  if (!held.empty() && t.spec.consistency != Consistency::kSync) {
+    return DataLossError(where + ": gradients held for table '" + t.spec.name + "', which is not sync");
+  }
+  if (t.spec.consistency != Consistency::kSync) return Status::Ok();
+  const bool sparse = floats == 0;
+  sync.Reset(num_workers, sparse);
+  sync.restored.assign(static_cast<size_t>(num_workers), false);
+  const size_t row_bytes = static_cast<size_t>(t.spec.dim) * sizeof(float);
+  for (const Held& h : held) {
+    const size_t r = static_cast<size_t>(h.rank);
+    const bool fits = sparse ? h.ids.size() % 8 == 0 && row_bytes > 0 && h.grads.size() % row_bytes == 0 &&
+                                   h.grads.size() / row_bytes == h.ids.size() / 8
+                             : h.ids.empty() && h.grads.size() == static_cast<size_t>(floats) * sizeof(float);
+    if (h.rank < 0 || h.rank >= num_workers || sync.by_rank[r] || !fits) {
+      return DataLossError(where + ": a gradient held for table '" + t.spec.name + "' that does not fit it (rank " +
+                           std::to_string(h.rank) + ", " + std::to_string(h.ids.size()) + " id bytes, " +
+                           std::to_string(h.grads.size()) + " gradient bytes)");
+    }
+    zmq::message_t grads(h.grads.data(), h.grads.size());
+    if (sparse) {
+      HoldGradient(sync, static_cast<int>(h.rank), zmq::message_t(h.ids.data(), h.ids.size()), std::move(grads));
+    } else {
+      HoldGradient(sync, static_cast<int>(h.rank), std::move(grads));
+    }
+    sync.restored[r] = true;
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -95,13 +147,23 @@ std::vector<char> EncodeImage(const TableRegistry& tables, const std::vector<Wor
   out.insert(out.end(), image.bytes.begin(), image.bytes.end());
   image = {};
   uint64_t units = 0;
-  ForEachUnit(tables, [&](const Table&, int64_t, const StepsTaken&) { ++units; });
+  ForEachUnit(tables, [&](const Table&, int64_t, const StepsTaken&, const SyncSlots&) { ++units; });
   Put<uint64_t>(out, units);
-  ForEachUnit(tables, [&](const Table& t, int64_t chunk, const StepsTaken& s) {
+  ForEachUnit(tables, [&](const Table& t, int64_t chunk, const StepsTaken& s, const SyncSlots& sync) {
     Put<uint64_t>(out, t.id);
     Put<int64_t>(out, chunk);
     Put<uint64_t>(out, s.taken.size());
     for (const int64_t v : s.taken) Put<int64_t>(out, v);
+    // 1.23: the gradients a sync table holds for its open step.
+    uint64_t held = 0;
+    for (const auto& g : sync.by_rank) held += g.has_value() ? 1 : 0;
+    Put<uint64_t>(out, held);
+    for (size_t r = 0; r < sync.by_rank.size(); ++r) {
+      if (!sync.by_rank[r]) continue;
+      Put<int64_t>(out, static_cast<int64_t>(r));
+      PutBlock(out, r < sync.ids_by_rank.size() && sync.ids_by_rank[r] ? &*sync.ids_by_rank[r] : nullptr);
+      PutBlock(out, &*sync.by_rank[r]);
+    }
   });
   Put<uint64_t>(out, workers.size());
   for (const WorkerState& w : workers) {
@@ -127,9 +189,9 @@ Status RestoreImage(std::span<const char> blob, int rank, int num_workers, Table
   FERRY_RETURN_IF_ERROR(RestoreShard(data, rank, num_workers, tables));
   uint64_t units = 0;
   FERRY_RETURN_IF_ERROR(c.Get(&units));
-  std::map<std::pair<uint64_t, int64_t>, std::vector<int64_t>> taken;
+  std::map<std::pair<uint64_t, int64_t>, UnitImage> taken;
   for (uint64_t u = 0; u < units; ++u) {
-    uint64_t id = 0, k = 0;
+    uint64_t id = 0, k = 0, held = 0;
     int64_t chunk = 0;
     FERRY_RETURN_IF_ERROR(c.Get(&id));
     FERRY_RETURN_IF_ERROR(c.Get(&chunk));
@@ -138,9 +200,24 @@ Status RestoreImage(std::span<const char> blob, int rank, int num_workers, Table
       return DataLossError(where + ": steps of " + std::to_string(k) + " workers for a job of " +
                            std::to_string(num_workers));
     }
-    std::vector<int64_t> steps(static_cast<size_t>(k));
-    for (auto& s : steps) FERRY_RETURN_IF_ERROR(c.Get(&s));
-    if (!taken.emplace(std::pair(id, chunk), std::move(steps)).second) {
+    UnitImage unit;
+    unit.taken.resize(static_cast<size_t>(k));
+    for (auto& s : unit.taken) FERRY_RETURN_IF_ERROR(c.Get(&s));
+    FERRY_RETURN_IF_ERROR(c.Get(&held));
+    if (held > static_cast<uint64_t>(num_workers)) {
+      return DataLossError(where + ": " + std::to_string(held) + " held gradients for a job of " +
+                           std::to_string(num_workers) + " workers");
+    }
+    unit.held.resize(static_cast<size_t>(held));
+    for (Held& g : unit.held) {
+      uint64_t n = 0;
+      FERRY_RETURN_IF_ERROR(c.Get(&g.rank));
+      FERRY_RETURN_IF_ERROR(c.Get(&n));
+      FERRY_RETURN_IF_ERROR(c.Take(n, &g.ids));
+      FERRY_RETURN_IF_ERROR(c.Get(&n));
+      FERRY_RETURN_IF_ERROR(c.Take(n, &g.grads));
+    }
+    if (!taken.emplace(std::pair(id, chunk), std::move(unit)).second) {
       return DataLossError(where + ": the steps of table " + std::to_string(id) + " part " + std::to_string(chunk) +
                            " twice");
     }
@@ -166,26 +243,26 @@ Status RestoreImage(std::span<const char> blob, int rank, int num_workers, Table
   // Every unit held here has its steps in the image, and no other.
   Status missing;
   size_t found = 0;
-  auto fill = [&](Table& t, int64_t chunk, StepsTaken& s) {
+  auto fill = [&](Table& t, int64_t chunk, int64_t floats, StepsTaken& s, SyncSlots& sync) {
+    if (!missing.ok()) return;
     auto it = taken.find(std::pair(t.id, chunk));
     if (it == taken.end()) {
-      if (missing.ok()) {
-        missing = DataLossError(where + ": no steps for table '" + t.spec.name + "' " +
-                                (chunk >= 0 ? "chunk " + std::to_string(chunk) : std::string("rows")));
-      }
+      missing = DataLossError(where + ": no steps for table '" + t.spec.name + "' " +
+                              (chunk >= 0 ? "chunk " + std::to_string(chunk) : std::string("rows")));
       return;
     }
     ++found;
-    s.taken = it->second;
-    s.floor = it->second;  // a push the image holds, sent again, is a replay here
+    s.taken = it->second.taken;
+    s.floor = it->second.taken;  // a push the image holds, sent again, is a replay here
+    missing = RestoreHeld(t, floats, it->second.held, num_workers, sync, where);
   };
   tables->ForEach([&](Table& t) {
     if (t.dense) {
       for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
-        if (DenseChunk* ch = t.dense->chunk(i)) fill(t, i, ch->steps_taken);
+        if (DenseChunk* ch = t.dense->chunk(i)) fill(t, i, ch->size, ch->steps_taken, ch->sync);
       }
     } else {
-      fill(t, -1, t.sparse->steps_taken);
+      fill(t, -1, 0, t.sparse->steps_taken, t.sparse->sync);
     }
   });
   FERRY_RETURN_IF_ERROR(missing);

@@ -139,6 +139,17 @@ void ServerImpl::Stop() {
 }
 
 void ServerImpl::Loop() {
+  if (replica_recovered_) {
+    // A replacement (1.23): a sync step whose every gradient its image holds, which its
+    // predecessor closed (or would have) but its backup did not hear of, closes now, as it would
+    // have there: the same gradients by the same function (and the backup is told).
+    try {
+      if (Status s = CloseCompleteSteps(); !s.ok()) LogRateLimited(s.message());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ferry-ps %d: %s closing the steps its image held complete; continuing\n", options_.rank,
+                   e.what());
+    }
+  }
   transport::EventLoop::Handlers h;
   // Out of memory while serving (HandleMessage answers its own errors): the request in hand is
   // lost, the server goes on; its client times out with a clear error.

@@ -86,7 +86,7 @@ constexpr Series kSeries[] = {
     {"piece_calls_refused", "ferry_piece_calls_refused_total", true,
      "Push calls in pieces refused whole: none of their pieces applied"},
     {"replayed_updates_skipped", "ferry_replayed_updates_skipped_total", true,
-     "Parts of async and ssp pushes replayed after a restore, skipped: the restored checkpoint held them"},
+     "Parts of pushes replayed after a restore or a failover, skipped: the restored checkpoint or image held them"},
     {"feed_pages", "ferry_feed_pages_total", true, "Pages of the change feed served to readers (Changes requests)"},
     {"feed_rows_sent", "ferry_feed_rows_sent_total", true,
      "Sparse rows and dense chunks the change feed sent to readers"},
@@ -129,9 +129,11 @@ constexpr Series kSeries[] = {
     {"moved_answered", "ferry_moved_answered_total", true,
      "Requests refused as placed by another placement version than the server's (the client re-sends them)"},
     {"updates_forwarded", "ferry_updates_forwarded_total", true,
-     "Updates applied here and forwarded to this server's backup (replication 2)"},
+     "Parts forwarded to this server's backup (replication 2): updates applied here, and sync gradients held, "
+     "steps closed and gradients dropped"},
     {"replica_updates_applied", "ferry_replica_updates_applied_total", true,
-     "Updates a primary forwarded that this server applied to its replica (replication 2)"},
+     "Parts a primary forwarded that this server applied to its replica (replication 2): updates, and sync "
+     "holds, closes and drops"},
     {"replica_errors", "ferry_replica_errors_total", true,
      "Replication failures (replication 2): pushes applied here whose backup did not confirm them (refused, not "
      "reachable, or silent past the timeout), and updates this server's replica refused or could not apply"},

@@ -268,6 +268,11 @@ ServerImpl::Waiting ServerImpl::WaitingOn(const Request& req, const std::vector<
                          workers_.Behind(req.pull_step, t.spec.staleness),
                      workers_.BehindRanks(req.pull_step, t.spec.staleness)};
     }
+    if (sync.closes_unconfirmed > 0) {  // (1.23: no worker is waited for)
+      return Waiting{"table '" + t.spec.name + "'" + part + " closed step " + std::to_string(version - 1) +
+                         " and waits for its backup, server " + std::to_string(BackupRank()) + ", to confirm it",
+                     {}};
+    }
     const bool blocked = silent == nullptr || !workers_.CanCompleteWithout(t.spec, sync, version, *silent);
     return Waiting{"table '" + t.spec.name + "'" + part + " is at step " + std::to_string(version) +
                        " and waits for the gradients of worker(s) " + workers_.MissingRanks(sync, version) + " (" +
@@ -281,7 +286,8 @@ ServerImpl::Waiting ServerImpl::WaitingOn(const Request& req, const std::vector<
   } else if (h.kind() == Kind::PullSparseTables && h.sparse()) {
     for (const auto* sl : *h.sparse()) {
       const ps::Table* t = tables_.Find(sl->table_id());
-      if (t != nullptr && t->sparse && !workers_.Ready(t->spec, t->sparse->version, req.pull_step)) {
+      if (t != nullptr && t->sparse &&
+          !workers_.Ready(t->spec, Settled(t->sparse->version, t->sparse->sync), req.pull_step)) {
         return describe(*t, t->sparse->version, t->sparse->sync, "");
       }
     }
@@ -290,7 +296,7 @@ ServerImpl::Waiting ServerImpl::WaitingOn(const Request& req, const std::vector<
       const ps::Table* t = tables_.Find(sl->table_id());
       if (t == nullptr || !t->dense) continue;
       const ps::DenseChunk* c = t->dense->chunk(sl->chunk());
-      if (c != nullptr && !workers_.Ready(t->spec, c->version, req.pull_step)) {
+      if (c != nullptr && !workers_.Ready(t->spec, Settled(c->version, c->sync), req.pull_step)) {
         return describe(*t, c->version, c->sync, " chunk " + std::to_string(sl->chunk()));
       }
     }

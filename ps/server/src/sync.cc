@@ -14,11 +14,19 @@ Status CheckSyncPush(const TableSpec& spec, const SyncSlots& sync, int64_t versi
     return FailedPreconditionError("table '" + spec.name + "': push for step " + std::to_string(step) +
                                    " but the table is at step " + std::to_string(version));
   }
-  if (step == version && sync.by_rank[static_cast<size_t>(rank)]) {
+  const size_t r = static_cast<size_t>(rank);
+  if (step == version && sync.by_rank[r] && !(r < sync.restored.size() && sync.restored[r])) {
     return FailedPreconditionError("table '" + spec.name + "': rank " + std::to_string(rank) + " pushed step " +
                                    std::to_string(step) + " twice");
   }
   return Status::Ok();
+}
+
+bool ResentHold(SyncSlots& sync, int64_t version, int rank, int64_t step) {
+  const size_t r = static_cast<size_t>(rank);
+  if (step != version || r >= sync.restored.size() || !sync.restored[r] || !sync.by_rank[r]) return false;
+  sync.restored[r] = false;
+  return true;
 }
 
 void HoldGradient(SyncSlots& sync, int rank, zmq::message_t grad) {
@@ -36,6 +44,7 @@ bool DropGradient(SyncSlots& sync, int rank) {
   if (r >= sync.by_rank.size() || !sync.by_rank[r]) return false;
   sync.by_rank[r].reset();
   if (r < sync.ids_by_rank.size()) sync.ids_by_rank[r].reset();
+  if (r < sync.restored.size()) sync.restored[r] = false;
   --sync.received;
   return true;
 }

@@ -21,6 +21,7 @@ void SyncSlots::Reset(int num_workers, bool sparse) {
   ids_by_rank.clear();
   if (sparse) ids_by_rank.resize(static_cast<size_t>(num_workers));
   received = 0;
+  restored.clear();
 }
 
 DenseShard::DenseShard(const TableSpec& spec, uint64_t table_id, int rank, const placement::Placement& placement,

@@ -14,7 +14,11 @@ steps of that whole job (its median step, from worker 0's per-step lines, leavin
 that saved a checkpoint). With failover also the pause itself: each worker's longest step in the
 killed job, less the whole job's median step (a worker whose step waits for the replacement).
 
-  run.py --bin build/bin --out DIR [--rounds K] [--from-files]
+With --consistency sync (protocol 1.23: sync tables replicated) the same jobs train sync steps,
+and each killed job's final test metrics are compared with its whole job's (sync is exact: equal
+with failover, and with a restart from the checkpoint).
+
+  run.py --bin build/bin --out DIR [--rounds K] [--consistency async|sync] [--from-files]
 Writes DIR/run-<config>-<k>.txt (the launcher's output, with the kill time and the wall time as
 run.py lines) and prints DIR/summary.txt."""
 import argparse
@@ -42,7 +46,7 @@ def one(args, k, config):
         argv = [sys.executable, LAUNCHER, "--num-ps", "3", "--num-workers", "2", "--base-port", "0",
                 "--gpus-per-host", "0", "--bin-dir", args.bin, "--log-dir", os.path.join(tmp, "logs")] + setup + [
                 "--", "--model", "ctr", "--ctr-train", "400000", "--ctr-test", "2000", "--ctr-vocab", "1000000",
-                "--steps", str(STEPS), "--batch", str(BATCH), "--consistency", "async", "--log-every", "1",
+                "--steps", str(STEPS), "--batch", str(BATCH), "--consistency", args.consistency, "--log-every", "1",
                 "--blas-threads", "1", "--optimizer", "adam", "--lr", "0.01", "--table", "ctr/*:chunk_elems=4096"]
         began = time.monotonic()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -82,16 +86,24 @@ def steps_s(out, worker):
     return steps
 
 
+def final(out):
+    """Worker 0's final test metrics, as printed on its "done:" line, or None."""
+    found = re.findall(r"^\[worker 0\] done: .*; (test .*)$", out, re.M)
+    return found[-1] if found else None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--consistency", choices=("async", "sync"), default="async")
     ap.add_argument("--from-files", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     lines = [f"{'round':5} {'setup':5} {'lost':>5} {'recovery_s':>10} {'step_ms':>8} {'wall_killed_s':>13} "
-             f"{'wall_whole_s':>12} {'extra_s':>8} {'extra_steps':>11} {'pause_s':>8} {'pause_steps':>11}"]
+             f"{'wall_whole_s':>12} {'extra_s':>8} {'extra_steps':>11} {'pause_s':>8} {'pause_steps':>11} "
+             f"{'same_metrics':>13}"]
     table = {"r1": [], "r2": []}
     for k in range(args.rounds):
         outs = {}
@@ -113,11 +125,12 @@ def main():
             if setup == "r2":  # the workers went on: each one's longest step holds its wait
                 pause = max(max(steps_s(killed, w).values()) for w in (0, 1)) - step
             row = dict(lost=int(m.group(1)), recovery=float(m.group(2)), step=step, extra=extra,
-                       extra_steps=extra / step, pause=pause, pause_steps=pause / step)
+                       extra_steps=extra / step, pause=pause, pause_steps=pause / step,
+                       same=final(killed) == final(whole) and final(whole) is not None)
             table[setup].append(row)
             lines.append(f"{k:5} {setup:5} {row['lost']:5} {row['recovery']:10.2f} {step * 1e3:8.2f} "
                          f"{wall(killed):13.2f} {wall(whole):12.2f} {extra:8.2f} {row['extra_steps']:11.1f} "
-                         f"{pause:8.3f} {row['pause_steps']:11.1f}")
+                         f"{pause:8.3f} {row['pause_steps']:11.1f} {'yes' if row['same'] else 'no':>13}")
 
     def med(setup, key, fmt):
         v = [r[key] for r in table[setup]]
@@ -128,7 +141,9 @@ def main():
                      f"recovery {med(setup, 'recovery', '.2f')} s; the killed job longer by "
                      f"{med(setup, 'extra', '.2f')} s, {med(setup, 'extra_steps', '.1f')} steps"
                      + (f"; the longest step less the median {med(setup, 'pause', '.3f')} s, "
-                        f"{med(setup, 'pause_steps', '.1f')} steps" if setup == "r2" else ""))
+                        f"{med(setup, 'pause_steps', '.1f')} steps" if setup == "r2" else "")
+                     + f"; final test metrics equal to the whole job's in {sum(r['same'] for r in table[setup])} of "
+                       f"{len(table[setup])} rounds")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "summary.txt"), "w") as f:
         f.write(text)

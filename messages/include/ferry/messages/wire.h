@@ -51,7 +51,7 @@ inline constexpr uint16_t kMajor = 1;
 // failover (Snapshot: a replacement server takes its state from its peers before it listens;
 // Hello's `replication`: a client waits for the replacement and sends it what was not answered;
 // Replicate's `incarnation`: the primary's, so that a replaced one's late updates are refused)
-inline constexpr uint16_t kMinor = 22;
+inline constexpr uint16_t kMinor = 23;
 // The first minor with placement versions: an earlier client cannot follow a moved map.
 inline constexpr uint16_t kPlacementVersionsSinceMinor = 17;
 // The first minor whose servers know a worker that leaves (Finish's `leaves`) or joins later (Hello's

@@ -121,8 +121,9 @@ struct ServerOptions {
   // more, up to 30 s: the time a replacement may take) fails the pushes
   // that wait for it (UNAVAILABLE, naming it); a replica that misses an update is out of step and
   // refuses later ones. A dead server is replaced by one started with `recover` (1.22), the others
-  // and the workers going on. For now: async and ssp tables without lifecycle settings, a disk
-  // tier or top-k (others are refused when declared), no moves, no CURVE. The memory budget is
+  // and the workers going on; sync tables too (1.23: the backup holds each gradient held for a
+  // step, and closes the steps its primary closes). For now: no tables with lifecycle settings, a
+  // disk tier or top-k (refused when declared), no moves, no CURVE. The memory budget is
   // then the shard's and the replica's together, half each.
   int replication = 1;
   // With replication 2: every server's endpoint, by rank (num_servers of them), to reach its backup.

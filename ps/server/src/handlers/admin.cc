@@ -160,7 +160,16 @@ Status ServerImpl::OnHello(Request& req) {
   }
   // A rank that connects again is a new process of that worker (the old one died): what the old
   // one left waiting goes, so the new one can push its step and enter its collectives again.
-  ForEachSyncUnit([&](ps::Table&, int64_t, int64_t, ps::SyncSlots& sync) { ps::DropGradient(sync, h.rank()); });
+  // (Not one that rejoins, 1.22: the same process, whose pushes a replacement holds from its image.)
+  if (!rejoins) {
+    Forward drops[2];  // replication 2: the backup drops them from its replica too (dense, sparse)
+    ForEachSyncUnit([&](ps::Table& t, int64_t chunk, int64_t version, ps::SyncSlots& sync) {
+      if (ps::DropGradient(sync, h.rank()) && Replicating()) {
+        AddSyncOp(drops[chunk < 0], t, chunk, version, kDropped, sync.received);
+      }
+    });
+    for (Forward& f : drops) ForwardSyncOps(std::move(f), h.rank());
+  }
   collectives_.Forget(h.rank());
   // 1.18: a worker that joins at a later step is not waited for before it; a step that waited
   // only for it (servers restored before its Hello) closes now. (A refused update was logged

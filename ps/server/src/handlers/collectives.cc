@@ -57,11 +57,14 @@ Status ServerImpl::CheckJoined(int rank, int64_t step) const {
 
 Status ServerImpl::CloseCompleteSteps() {
   Status refused = Status::Ok();
+  Forward closes[2];  // replication 2: the backup closes the same steps of its replica (dense, sparse)
   ForEachSyncUnit([&](ps::Table& t, int64_t chunk, int64_t version, ps::SyncSlots& sync) {
     if (!workers_.StepComplete(t.spec, sync, version)) return;
+    if (Replicating()) AddSyncOp(closes[chunk < 0], t, chunk, version, kClosed, sync.received);
     Status s = chunk < 0 ? CloseSyncStep(t) : CloseSyncStep(t, *t.dense->chunk(chunk));
     if (refused.ok()) refused = std::move(s);
   });
+  for (Forward& f : closes) ForwardSyncOps(std::move(f));
   return refused;
 }
 

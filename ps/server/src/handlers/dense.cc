@@ -139,8 +139,14 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
     t->counters.rows_pushed += c->size;
     if (t->spec.consistency == Consistency::kSync) {
       ++info.used;
+      if (ps::ResentHold(c->sync, c->version, rank, h.step())) {  // (a replacement's, from its image)
+        Count(kReplayedUpdatesSkipped);
+        continue;
+      }
       ps::HoldGradient(c->sync, rank, std::move(req.payload[i]));
-      if (workers_.StepComplete(t->spec, c->sync, c->version)) {
+      const bool closes = workers_.StepComplete(t->spec, c->sync, c->version);
+      ForwardHold(fwd, *t, h.slices()->Get(static_cast<uint32_t>(i))->chunk(), c->version, c->sync, rank, closes);
+      if (closes) {
         if (Status s = CloseSyncStep(*t, *c); refused.ok()) refused = s;
         applied = true;
       }
@@ -161,6 +167,8 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
       applied = true;
       if (Replicating()) {
         fwd.versions.push_back(c->version - 1);  // (before this update)
+        fwd.ops.push_back(kApplied);
+        fwd.counts.push_back(0);
         fwd.dense.emplace_back(t->id, h.slices()->Get(static_cast<uint32_t>(i))->chunk(), c->size);
         fwd.frames.push_back(Applied(req.payload[i], std::as_bytes(grads[i])));
       }
@@ -238,7 +246,7 @@ bool ServerImpl::TryServeDense(Request& req) {
   std::vector<ps::TableRegistry::SliceRef> refs;
   if (Status s = tables_.ResolveSlices(h, options_.max_message_bytes, &refs); !s.ok()) return SendError(req, s), true;
   for (auto& r : refs) {
-    if (!workers_.Ready(r.table->spec, r.chunk->version, req.pull_step)) return false;
+    if (!workers_.Ready(r.table->spec, Settled(r.chunk->version, r.chunk->sync), req.pull_step)) return false;
   }
   req.released = Clock::now();
   req.info.held_us = req.waited_us();  // the wait, not the copies below

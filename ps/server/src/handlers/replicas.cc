@@ -9,6 +9,7 @@
 
 #include "ferry/messages/kinds.h"
 #include "internal/finite.h"
+#include "internal/sync.h"
 
 namespace ferry::ps {
 namespace {
@@ -55,8 +56,7 @@ uint64_t Digest(const Table& t) {
 
 Status ServerImpl::ReplicaRefusal(const TableSpec& spec) const {
   if (!Replicating()) return Status::Ok();
-  const char* why = spec.consistency == Consistency::kSync ? "a sync table"
-                    : spec.type == TableType::kSparse && (spec.has_lifecycle() || spec.disk_tier)
+  const char* why = spec.type == TableType::kSparse && (spec.has_lifecycle() || spec.disk_tier)
                         ? "a sparse table with lifecycle settings or a disk tier"
                     : spec.topk_ratio > 0.0f ? "a top-k table"
                                              : nullptr;
@@ -95,38 +95,119 @@ std::chrono::milliseconds ServerImpl::BackupTimeout() const {
   return 2 * options_.failover_timeout + std::min(options_.failover_timeout / 2, std::chrono::milliseconds(30000));
 }
 
-void ServerImpl::AnswerPush(Request& req, Forward fwd, Status refused, wire::ReplyInfo info, bool then_pull) {
-  if (fwd.frames.empty()) return FinishPush(req, refused, info, then_pull);
-  const Header& h = *req.h();
-  const uint64_t id = ++next_replicate_;
+Status ServerImpl::SendReplicate(uint64_t id, int rank, int64_t step, Forward& fwd) {
   flatbuffers::FlatBufferBuilder fbb(256 + 24 * (fwd.dense.size() + fwd.sparse.size()));
   flatbuffers::Offset<flatbuffers::Vector<const wire::DenseSlice*>> dense;
   flatbuffers::Offset<flatbuffers::Vector<const wire::SparseSlice*>> sparse;
+  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> ops;
+  flatbuffers::Offset<flatbuffers::Vector<int32_t>> counts;
   if (!fwd.dense.empty()) dense = fbb.CreateVectorOfStructs(fwd.dense);
   if (!fwd.sparse.empty()) sparse = fbb.CreateVectorOfStructs(fwd.sparse);
+  if (fwd.any_sync()) {
+    ops = fbb.CreateVector(fwd.ops);
+    counts = fbb.CreateVector(fwd.counts);
+  }
   auto versions = fbb.CreateVector(fwd.versions);
   wire::HeaderBuilder b(fbb);
   b.add_major(wire::kMajor);
   b.add_minor(wire::kMinor);
   b.add_kind(Kind::Replicate);
   b.add_request_id(id);
-  b.add_rank(h.rank());
-  b.add_step(h.step());
+  b.add_rank(rank);
+  b.add_step(step);
   b.add_incarnation(incarnation_);  // 1.22: a replaced primary's late updates are refused
   if (!dense.IsNull()) b.add_slices(dense);
   if (!sparse.IsNull()) b.add_sparse(sparse);
+  if (!ops.IsNull()) b.add_sync_ops(ops);
+  if (!counts.IsNull()) b.add_sync_counts(counts);
   b.add_versions(versions);
   wire::FinishHeaderBuffer(fbb, b.Finish());
   Frames out;
   out.reserve(1 + fwd.frames.size());
   out.push_back(wire::ToFrame(fbb));
-  int64_t bytes = 0;
-  for (auto& f : fwd.frames) {
-    bytes += static_cast<int64_t>(f.size());
-    out.push_back(std::move(f));
-  }
+  for (auto& f : fwd.frames) out.push_back(std::move(f));
   // Never blocks: a backup that reads nothing fills the queue, and the push fails instead.
-  if (Status s = transport::Send(sockets_[kBackup], out, /*dontwait=*/true); !s.ok()) {
+  return transport::Send(sockets_[kBackup], out, /*dontwait=*/true);
+}
+
+void ServerImpl::ForwardHold(Forward& fwd, const ps::Table& t, int64_t chunk, int64_t version,
+                             const ps::SyncSlots& sync, int rank, bool closed) {
+  if (!Replicating()) return;
+  const size_t r = static_cast<size_t>(rank);
+  fwd.versions.push_back(version);
+  fwd.ops.push_back(closed ? kHeldAndClosed : kHeld);
+  fwd.counts.push_back(sync.received);
+  if (closed) fwd.closes.emplace_back(t.id, chunk);
+  // Copies: the hold keeps its frames until the step closes, and a frame shared across threads
+  // would be freed under ZeroMQ's reference count alone.
+  if (chunk >= 0) {
+    fwd.dense.emplace_back(t.id, chunk, t.dense->chunk(chunk)->size);
+  } else {
+    const zmq::message_t& ids = *sync.ids_by_rank[r];
+    fwd.sparse.emplace_back(t.id, t.spec.dim, static_cast<int64_t>(ids.size() / sizeof(int64_t)));
+    fwd.frames.emplace_back(ids.data(), ids.size());
+  }
+  fwd.frames.emplace_back(sync.by_rank[r]->data(), sync.by_rank[r]->size());
+}
+
+void ServerImpl::AddSyncOp(Forward& fwd, const ps::Table& t, int64_t chunk, int64_t version, SyncOp op, int received) {
+  fwd.versions.push_back(version);
+  fwd.ops.push_back(op);
+  fwd.counts.push_back(received);
+  if (op == kClosed) fwd.closes.emplace_back(t.id, chunk);
+  if (chunk >= 0) {
+    fwd.dense.emplace_back(t.id, chunk, t.dense->chunk(chunk)->size);
+  } else {
+    fwd.sparse.emplace_back(t.id, t.spec.dim, 0);
+  }
+}
+
+void ServerImpl::ForwardSyncOps(Forward fwd, int rank) {
+  if (!Replicating() || fwd.empty()) return;
+  const size_t parts = fwd.versions.size();
+  const uint64_t id = ++next_replicate_;
+  if (Status s = SendReplicate(id, rank, 0, fwd); !s.ok()) {
+    Count(kReplicaErrors);
+    LogRateLimited(Who() + " could not forward " + std::to_string(parts) + " sync step close(s) or drop(s) to its " +
+                   "backup, server " + std::to_string(BackupRank()) + " (" + s.message() +
+                   "): the replica misses them");
+    return;
+  }
+  Count(kUpdatesForwarded, static_cast<int64_t>(parts));
+  // Awaited, though no request waits: its closes hold the pulls back until the backup has them,
+  // and a refusal is counted and said.
+  AwaitingBackup& a = awaiting_backup_[id];
+  a.answers = false;
+  a.sent = Clock::now();
+  a.closes = std::move(fwd.closes);
+  for (const auto& [table, chunk] : a.closes) {
+    if (ps::SyncSlots* s = UnitSync(table, chunk)) ++s->closes_unconfirmed;
+  }
+}
+
+ps::SyncSlots* ServerImpl::UnitSync(uint64_t table, int64_t chunk) {
+  // (Tables are never dropped, nor moved with replication 2.)
+  auto t = tables_.Find(table, chunk < 0 ? TableType::kSparse : TableType::kDense);
+  if (!t.ok()) return nullptr;
+  if (chunk < 0) return &(*t)->sparse->sync;
+  ps::DenseChunk* c = (*t)->dense->chunk(chunk);
+  return c != nullptr ? &c->sync : nullptr;
+}
+
+bool ServerImpl::SettleCloses(const AwaitingBackup& a) {
+  for (const auto& [table, chunk] : a.closes) {
+    if (ps::SyncSlots* s = UnitSync(table, chunk); s != nullptr && s->closes_unconfirmed > 0) --s->closes_unconfirmed;
+  }
+  return !a.closes.empty();
+}
+
+void ServerImpl::AnswerPush(Request& req, Forward fwd, Status refused, wire::ReplyInfo info, bool then_pull) {
+  if (fwd.empty()) return FinishPush(req, refused, info, then_pull);
+  const Header& h = *req.h();
+  const uint64_t id = ++next_replicate_;
+  int64_t bytes = 0;
+  for (const auto& f : fwd.frames) bytes += static_cast<int64_t>(f.size());
+  if (Status s = SendReplicate(id, h.rank(), h.step(), fwd); !s.ok()) {
     Count(kReplicaErrors);
     const std::string why = Who() + " applied worker " + std::to_string(h.rank()) + "'s push of step " +
                             std::to_string(h.step()) + " but could not forward it to its backup, server " +
@@ -137,6 +218,10 @@ void ServerImpl::AnswerPush(Request& req, Forward fwd, Status refused, wire::Rep
   }
   Count(kUpdatesForwarded, static_cast<int64_t>(fwd.dense.size() + fwd.sparse.size()));
   AwaitingBackup& a = awaiting_backup_[id];
+  a.closes = std::move(fwd.closes);
+  for (const auto& [table, chunk] : a.closes) {
+    if (ps::SyncSlots* s = UnitSync(table, chunk)) ++s->closes_unconfirmed;
+  }
   a.refused = std::move(refused);
   a.info = info;
   a.then_pull = then_pull;
@@ -163,19 +248,22 @@ void ServerImpl::OnBackupReply(Frames& frames) {
   if (it == awaiting_backup_.end()) return;  // failed already for the backup's silence (ExpireBackupWaits)
   AwaitingBackup a = std::move(it->second);
   awaiting_backup_.erase(it);
+  const bool settled = SettleCloses(a);  // (refused too: the pulls do not wait for it for ever)
   if (h->kind() == Kind::Error) {
     Count(kReplicaErrors);
     const Status why = wire::ErrorStatus(*h);
-    const std::string what = Who() + " applied worker " + std::to_string(a.req.h()->rank()) + "'s push of step " +
-                             std::to_string(a.req.h()->step()) + ", but its backup, server " +
-                             std::to_string(BackupRank()) + ", refused it (" + why.ToString() +
-                             "): the replica misses it";
+    const std::string what = Who() +
+                             (a.answers ? " applied worker " + std::to_string(a.req.h()->rank()) + "'s push of step " +
+                                              std::to_string(a.req.h()->step())
+                                        : " closed sync steps or dropped a restarted worker's gradients") +
+                             ", but its backup, server " + std::to_string(BackupRank()) + ", refused it (" +
+                             why.ToString() + "): the replica misses it";
     LogRateLimited(what);
     if (a.refused.ok())
       a.refused = Status(why.code() == StatusCode::kUnknown ? StatusCode::kInternal : why.code(), what);
   }
-  FinishPush(a.req, a.refused, a.info, a.then_pull);
-  if (a.then_pull) ServeHeld();
+  if (a.answers) FinishPush(a.req, a.refused, a.info, a.then_pull);
+  if (a.then_pull || settled) ServeHeld();
 }
 
 std::optional<Clock::time_point> ServerImpl::NextBackupDeadline() const {
@@ -196,16 +284,20 @@ void ServerImpl::ExpireBackupWaits(Clock::time_point now) {
                  static_cast<long long>(timeout.count()));
   }
   int64_t failed = 0;
+  bool settled = false;
   while (!awaiting_backup_.empty() && awaiting_backup_.begin()->second.sent + timeout <= now) {
     AwaitingBackup a = std::move(awaiting_backup_.begin()->second);
     awaiting_backup_.erase(awaiting_backup_.begin());
     ++failed;
+    settled = SettleCloses(a) || settled;
+    if (!a.answers) continue;
     const std::string why = Who() + " applied worker " + std::to_string(a.req.h()->rank()) + "'s push of step " +
                             std::to_string(a.req.h()->step()) + ", but its backup, server " +
                             std::to_string(BackupRank()) + ", has not confirmed it in " +
                             std::to_string(timeout.count()) + " ms (dead, stopped or cut off?)";
     SendError(a.req, UnavailableError(why));
   }
+  if (settled) ServeHeld();
   if (failed == 0) return;
   Count(kReplicaErrors, failed);
   if (now - backup_said_ >= std::chrono::seconds(10)) {
@@ -268,7 +360,28 @@ Status ServerImpl::OnReplicate(Request& req) {
     return InvalidArgumentError("Replicate carries dense slices or sparse entries, one kind of them");
   }
   const size_t n = n_dense + n_sparse;
-  if (req.payload.size() != n_dense + 2 * n_sparse) {
+  // 1.23: a sync table's parts say what the primary did (held, closed, dropped); frames come only
+  // with a gradient (held, or applied).
+  const auto* ops = h.sync_ops();
+  if (ops != nullptr && ops->size() != n) {
+    return InvalidArgumentError("Replicate with " + std::to_string(ops->size()) + " sync ops for its " +
+                                std::to_string(n) + " parts");
+  }
+  const auto* counts = h.sync_counts();
+  if (ops != nullptr && (counts == nullptr || counts->size() != n)) {
+    return InvalidArgumentError("Replicate with sync ops without one sync count for each of its " + std::to_string(n) +
+                                " parts");
+  }
+  auto op_of = [&](size_t i) { return ops != nullptr ? ops->Get(static_cast<uint32_t>(i)) : uint8_t{kApplied}; };
+  size_t frames = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (op_of(i) > kDropped) {
+      return InvalidArgumentError("Replicate part " + std::to_string(i) + " with sync op " + std::to_string(op_of(i)) +
+                                  ", not one of 0-4");
+    }
+    if (op_of(i) <= kHeldAndClosed) frames += i < n_dense ? 1 : 2;
+  }
+  if (req.payload.size() != frames) {
     return InvalidArgumentError("Replicate with " + std::to_string(req.payload.size()) + " payload frames for " +
                                 std::to_string(n) + " parts");
   }
@@ -279,10 +392,15 @@ Status ServerImpl::OnReplicate(Request& req) {
   struct Part {
     ps::Table* table;
     ps::DenseChunk* chunk = nullptr;
+    uint8_t op = kApplied;
+    int64_t theirs = 0;  // its version on the primary
+    size_t frame = 0;    // its first payload frame (with a gradient)
     std::vector<float> g_scratch;
     std::vector<int64_t> id_scratch;
     std::span<const float> grads;
     std::span<const int64_t> ids;
+    ps::SyncSlots& sync() const { return chunk != nullptr ? chunk->sync : table->sparse->sync; }
+    int64_t version() const { return chunk != nullptr ? chunk->version : table->sparse->version; }
   };
   std::vector<Part> parts(n);
   int64_t new_row_bytes = 0;
@@ -293,8 +411,13 @@ Status ServerImpl::OnReplicate(Request& req) {
     }
     return false;
   };
+  size_t f = 0;
   for (size_t i = 0; i < n; ++i) {
     Part& p = parts[i];
+    p.op = op_of(i);
+    p.theirs = h.versions()->Get(static_cast<uint32_t>(i));
+    const bool with_frames = p.op <= kHeldAndClosed;
+    p.frame = f;
     std::string where;
     if (i < n_dense) {
       const wire::DenseSlice& sl = *slices->Get(static_cast<uint32_t>(i));
@@ -306,20 +429,22 @@ Status ServerImpl::OnReplicate(Request& req) {
         return FailedPreconditionError(where + " is not server " + std::to_string(PrimaryRank()) +
                                        "'s, whose replica " + Who() + " keeps");
       }
-      const zmq::message_t& frame = req.payload[i];
-      if (sl.count() != p.chunk->size || frame.size() != static_cast<size_t>(p.chunk->size) * sizeof(float)) {
+      const size_t bytes = with_frames ? req.payload[f++].size() : static_cast<size_t>(p.chunk->size) * sizeof(float);
+      if (sl.count() != p.chunk->size || bytes != static_cast<size_t>(p.chunk->size) * sizeof(float)) {
         return InvalidArgumentError(where + ": Replicate of " + std::to_string(p.chunk->size) + " floats carries " +
-                                    std::to_string(frame.size()) + " bytes");
+                                    std::to_string(bytes) + " bytes");
       }
-      p.grads = View<float>(frame, p.g_scratch);
+      if (with_frames) p.grads = View<float>(req.payload[p.frame], p.g_scratch);
       if (twice(i)) return InvalidArgumentError(where + " appears twice in one Replicate");
     } else {
       const wire::SparseSlice& sl = *sparse->Get(static_cast<uint32_t>(i - n_dense));
       FERRY_ASSIGN_OR_RETURN(p.table, ReplicaTable(sl.table_id(), TableType::kSparse));
       const ps::Table& t = *p.table;
       where = "table '" + t.spec.name + "'";
-      const zmq::message_t& ids = req.payload[n_dense + 2 * (i - n_dense)];
-      const zmq::message_t& rows = req.payload[n_dense + 2 * (i - n_dense) + 1];
+      static const zmq::message_t kNone;
+      const zmq::message_t& ids = with_frames ? req.payload[f] : kNone;
+      const zmq::message_t& rows = with_frames ? req.payload[f + 1] : kNone;
+      if (with_frames) f += 2;
       // By division: the counts a hostile header names cannot overflow anything.
       const size_t row_bytes = static_cast<size_t>(t.spec.dim) * sizeof(float);
       if (sl.dim() != t.spec.dim || sl.num_ids() < 0 || ids.size() % 8 != 0 ||
@@ -331,10 +456,17 @@ Status ServerImpl::OnReplicate(Request& req) {
                                     std::to_string(t.spec.dim) + ")");
       }
       if (twice(i)) return InvalidArgumentError(where + " appears twice in one Replicate");
-      p.ids = View<int64_t>(ids, p.id_scratch);
-      p.grads = View<float>(rows, p.g_scratch);
+      if (with_frames) {
+        p.ids = View<int64_t>(ids, p.id_scratch);
+        p.grads = View<float>(rows, p.g_scratch);
+      }
       FERRY_RETURN_IF_ERROR(replicas_->CheckIds(t, p.ids));
-      new_row_bytes += t.sparse->NewRows(p.ids) * t.sparse->RowBytes();
+      // (A held gradient's rows are made when its step closes, as on the primary, which checked room.)
+      if (p.op <= kHeldAndClosed) new_row_bytes += t.sparse->NewRows(p.ids) * t.sparse->RowBytes();
+    }
+    if ((p.op != kApplied) != (p.table->spec.consistency == Consistency::kSync)) {
+      return InvalidArgumentError(where + ": Replicate with sync op " + std::to_string(p.op) + " for " +
+                                  (p.op != kApplied ? "a table that is not sync" : "a sync table"));
     }
     if (const int64_t bad = ps::FirstNonFinite(p.grads); bad >= 0) {
       return InvalidArgumentError(where + ": Replicate holds NaN or Inf (value " + std::to_string(bad) +
@@ -351,14 +483,19 @@ Status ServerImpl::OnReplicate(Request& req) {
     }
     return first;
   };
+  auto held = [&](const Part& p) {
+    const ps::SyncSlots& s = p.sync();
+    return static_cast<size_t>(rank) < s.by_rank.size() && s.by_rank[static_cast<size_t>(rank)].has_value();
+  };
   // A replica taken from its primary's image (1.22) holds the updates the primary had applied when
   // it was taken: their Replicates, queued for the dead backup, come after it, each below the
-  // replica's versions in every part. Confirmed again, not applied again.
+  // replica's versions in every part (1.23: or a gradient of the open step the image holds).
+  // Confirmed again, not applied again.
   size_t below = 0;
   for (size_t i = 0; i < n; ++i) {
     const Part& p = parts[i];
-    const int64_t mine = p.chunk != nullptr ? p.chunk->version : p.table->sparse->version;
-    if (h.versions()->Get(static_cast<uint32_t>(i)) < mine) ++below;
+    const int64_t theirs = h.versions()->Get(static_cast<uint32_t>(i));
+    if (theirs < p.version() || (p.op == kHeld && theirs == p.version() && held(p))) ++below;
   }
   if (replica_recovered_ && below == n && h.incarnation() == replica_image_incarnation_ &&
       h.request_id() <= replica_image_covers_) {
@@ -373,14 +510,34 @@ Status ServerImpl::OnReplicate(Request& req) {
       return refuse_all("table '" + p.table->spec.name + "' since: " + it->second);
     }
     // The update the primary applied to what this replica holds, or the replica is out of step.
-    const int64_t mine = p.chunk != nullptr ? p.chunk->version : p.table->sparse->version;
-    if (const int64_t theirs = h.versions()->Get(static_cast<uint32_t>(i)); theirs != mine) {
-      return refuse_all("table '" + p.table->spec.name + "' " +
-                        (p.chunk != nullptr ? "chunk " + std::to_string(slices->Get(static_cast<uint32_t>(i))->chunk())
-                                            : std::string("rows")) +
-                        " at version " + std::to_string(mine) + " here and " + std::to_string(theirs) + " on server " +
-                        std::to_string(PrimaryRank()) + " before worker " + std::to_string(rank) +
+    const int64_t mine = p.version(), theirs = h.versions()->Get(static_cast<uint32_t>(i));
+    const std::string part =
+        "table '" + p.table->spec.name + "' " +
+        (p.chunk != nullptr ? "chunk " + std::to_string(slices->Get(static_cast<uint32_t>(i))->chunk())
+                            : std::string("rows"));
+    // (A recovered replica's: its step closed in the image first, nothing held to drop.)
+    if (p.op == kDropped && theirs < mine && replica_recovered_) continue;
+    if (theirs != mine) {
+      return refuse_all(part + " at version " + std::to_string(mine) + " here and " + std::to_string(theirs) +
+                        " on server " + std::to_string(PrimaryRank()) + " before worker " + std::to_string(rank) +
                         "'s update of step " + std::to_string(h.step()));
+    }
+    if (p.op != kApplied) {
+      // As many gradients held as the primary holds after the op (before a close): a hold it missed
+      // would close the step with fewer.
+      const int now = p.sync().received;
+      const int after = p.op == kHeld || p.op == kHeldAndClosed ? now + (held(p) ? 0 : 1)
+                        : p.op == kDropped                      ? now - (held(p) ? 1 : 0)
+                                                                : now;
+      if (const int32_t want = counts->Get(static_cast<uint32_t>(i)); after != want) {
+        return refuse_all(part + ": " + std::to_string(after) + " gradient(s) held here for step " +
+                          std::to_string(mine) + " and " + std::to_string(want) + " on server " +
+                          std::to_string(PrimaryRank()) + " (a hold or drop missed)");
+      }
+      if (p.op == kClosed && now == 0) {
+        return refuse_all(part + ": its primary closed step " + std::to_string(mine) + ", of which this replica " +
+                          "holds no gradient");
+      }
     }
   }
   if (ps::MemoryBudget& budget = replicas_->budget();
@@ -394,17 +551,43 @@ Status ServerImpl::OnReplicate(Request& req) {
   SendOk(req);
   // Applied as the primary applied them: the same gradients, in the same order, as the same
   // update numbers; whatever the primary's optimizer kept from a non-finite result, this keeps too.
+  // A sync step is closed from the same gradients held, by the same function.
   for (Part& p : parts) {
     ps::Table& t = *p.table;
+    const size_t r = static_cast<size_t>(rank);
     try {
-      if (p.chunk != nullptr) {
-        updater_.ApplyDense(t.spec.optimizer, *p.chunk, p.grads.data(), p.chunk->version + 1);
-        ++p.chunk->version;
-        p.chunk->steps_taken.Took(rank, h.step());
-      } else {
-        updater_.ApplyRows(*t.sparse, p.ids, p.grads.data());  // (room checked above)
-        ++t.sparse->version;
-        t.sparse->steps_taken.Took(rank, h.step());
+      switch (p.op) {
+        case kApplied:
+          if (p.chunk != nullptr) {
+            updater_.ApplyDense(t.spec.optimizer, *p.chunk, p.grads.data(), p.chunk->version + 1);
+            ++p.chunk->version;
+            p.chunk->steps_taken.Took(rank, h.step());
+          } else {
+            updater_.ApplyRows(*t.sparse, p.ids, p.grads.data());  // (room checked above)
+            ++t.sparse->version;
+            t.sparse->steps_taken.Took(rank, h.step());
+          }
+          break;
+        case kHeld:
+        case kHeldAndClosed: {
+          ps::SyncSlots& s = p.sync();
+          if (s.by_rank.size() <= r) {  // (sized for the job's workers when made, or at a close)
+            s.by_rank.resize(std::max<size_t>(r + 1, static_cast<size_t>(workers_.count())));
+            if (p.chunk == nullptr) s.ids_by_rank.resize(s.by_rank.size());
+          }
+          ps::DropGradient(s, rank);  // (one held already: the same push's, or a new process's)
+          if (p.chunk != nullptr) {
+            ps::HoldGradient(s, rank, std::move(req.payload[p.frame]));
+          } else {
+            ps::HoldGradient(s, rank, std::move(req.payload[p.frame]), std::move(req.payload[p.frame + 1]));
+          }
+          if (p.op == kHeldAndClosed) CloseReplicaStep(p.table, p.chunk);
+          break;
+        }
+        case kClosed: CloseReplicaStep(p.table, p.chunk); break;
+        case kDropped:
+          if (p.theirs == p.version()) ps::DropGradient(p.sync(), rank);
+          break;
       }
     } catch (const std::exception& e) {  // (out of memory: confirmed already, so said here)
       OutOfStep(t, std::string("an update it confirmed could not be applied: ") + e.what()).IgnoreError();
@@ -416,6 +599,14 @@ Status ServerImpl::OnReplicate(Request& req) {
   // client, holding them to send again, frees once the last reference goes.)
   transport::internal::HandoffDone();
   return Status::Ok();
+}
+
+void ServerImpl::CloseReplicaStep(ps::Table* t, ps::DenseChunk* c) {
+  if (c != nullptr) {
+    ps::CloseSyncStep(updater_, t->spec, *c, workers_.count());
+  } else {
+    ps::CloseSyncStep(updater_, *t->sparse, workers_.count());
+  }
 }
 
 Status ServerImpl::AddDigests(flatbuffers::FlatBufferBuilder& fbb,
@@ -488,9 +679,8 @@ Status ServerImpl::OnSnapshot(Request& req) {
       im.incarnation = primary_incarnation_;
       replica_fence_ = primary_incarnation_ = std::max(primary_incarnation_, primary_incarnation_ + 1);  // (saturated)
     }
-    std::fprintf(stderr,
-                 "ferry-ps %d: a replacement of server %d asked for %s (%zu bytes, copied in %.3f s)\n", options_.rank,
-                 whose == options_.rank ? BackupRank() : whose,
+    std::fprintf(stderr, "ferry-ps %d: a replacement of server %d asked for %s (%zu bytes, copied in %.3f s)\n",
+                 options_.rank, whose == options_.rank ? BackupRank() : whose,
                  whose == options_.rank ? "this server's slots, for its replica"
                                         : ("the replica of server " + std::to_string(whose) + "'s slots").c_str(),
                  im.blob.size(), std::chrono::duration<double>(Clock::now() - began).count());
@@ -533,6 +723,8 @@ void ServerImpl::ConfirmTakenInImage(uint64_t upto) {
   while (!awaiting_backup_.empty() && awaiting_backup_.begin()->first <= upto) {
     AwaitingBackup a = std::move(awaiting_backup_.begin()->second);
     awaiting_backup_.erase(awaiting_backup_.begin());
+    pulls = SettleCloses(a) || pulls;
+    if (!a.answers) continue;
     FinishPush(a.req, a.refused, a.info, a.then_pull);
     pulls = pulls || a.then_pull;
     ++answered;

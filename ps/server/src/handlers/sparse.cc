@@ -84,9 +84,17 @@ Status ServerImpl::OnPushSparse(Request& req) {
         version = std::min(version, shard.version);
         continue;
       }
+      if (ps::ResentHold(shard.sync, shard.version, rank, h.step())) {  // (a replacement's, from its image)
+        Count(kReplayedUpdatesSkipped);
+        ++used;
+        version = std::min(version, shard.version);
+        continue;
+      }
       ps::HoldGradient(shard.sync, rank, std::move(req.payload[parts[i].ids_frame]),
                        std::move(req.payload[parts[i].grads_frame]));
-      if (workers_.StepComplete(t.spec, shard.sync, shard.version)) {
+      const bool closes = workers_.StepComplete(t.spec, shard.sync, shard.version);
+      ForwardHold(fwd, t, -1, shard.version, shard.sync, rank, closes);
+      if (closes) {
         if (Status s = CloseSyncStep(t); refused.ok()) refused = s;
       }
     } else if (shard.steps_taken.Replayed(rank, h.step())) {
@@ -113,6 +121,8 @@ Status ServerImpl::OnPushSparse(Request& req) {
       Count(kUpdatesApplied);
       if (Replicating()) {
         fwd.versions.push_back(shard.version - 1);  // (before this update)
+        fwd.ops.push_back(kApplied);
+        fwd.counts.push_back(0);
         fwd.sparse.emplace_back(t.id, t.spec.dim, static_cast<int64_t>(ids[i].size()));
         fwd.frames.push_back(Applied(req.payload[parts[i].ids_frame], std::as_bytes(ids[i])));
         fwd.frames.push_back(Applied(req.payload[parts[i].grads_frame], std::as_bytes(grads[i])));
@@ -246,7 +256,9 @@ bool ServerImpl::TryServeSparse(Request& req) {
   if (!parts.ok()) return SendError(req, parts.status()), true;
   for (const SparsePart& p : *parts) {
     if (Status s = DiskFailed(*p.table); !s.ok()) return SendError(req, s), true;
-    if (!workers_.Ready(p.table->spec, p.table->sparse->version, req.pull_step)) return false;
+    if (!workers_.Ready(p.table->spec, Settled(p.table->sparse->version, p.table->sparse->sync), req.pull_step)) {
+      return false;
+    }
   }
   req.released = Clock::now();
   req.info.held_us = req.waited_us();  // the wait, not the copies below

@@ -277,8 +277,8 @@ void TrainOne(const LocalCluster& c, int64_t first, int64_t steps, int64_t repla
 }
 
 // Every server's digests of its own tables, by server and table.
-std::vector<std::map<std::string, int64_t>> Digests(const LocalCluster& c, int workers) {
-  std::unique_ptr<Client> reader = c.Connect(0, workers, NoHeartbeats());
+std::vector<std::map<std::string, int64_t>> Digests(const LocalCluster& c, int workers, int rank = 0) {
+  std::unique_ptr<Client> reader = c.Connect(rank, workers, NoHeartbeats());
   std::vector<std::map<std::string, int64_t>> all(c.servers.size());
   for (size_t s = 0; s < c.servers.size(); ++s) {
     auto counters = reader->ServerCounters(static_cast<int>(s), /*digests=*/true);
@@ -295,6 +295,40 @@ std::vector<std::map<std::string, int64_t>> Digests(const LocalCluster& c, int w
     }
   }
   return all;
+}
+
+// 1.23: the gradient a worker's new process drops by its Hello is dropped from the replica too.
+// With backup workers (2 of 3 gradients make a step) the step then closes without it: a replica
+// that kept it would hold a step of other gradients (it says so: out of step, by the counts).
+TEST(Replicas, AGradientAWorkersNewProcessDropsIsDroppedFromTheReplicaToo) {
+  auto c = LocalCluster::Start(3, false, Replicated(3));
+  ASSERT_EQ(c.servers.size(), 3u);
+  TableSpec spec = Dense();
+  spec.name = "sw";
+  spec.consistency = Consistency::kSync;
+  spec.replicas_to_aggregate = 2;
+  std::unique_ptr<Client> w[3];
+  for (int r = 0; r < 3; ++r) {
+    w[r] = c.Connect(r, 3, NoHeartbeats());
+    ASSERT_TRUE(w[r]->Declare(spec).ok());
+  }
+  auto g = [](int r) { return std::vector<float>(kDense, 0.25f * static_cast<float>(r + 1)); };
+  ASSERT_TRUE(w[0]->PushDense("sw", g(0), 0).wait(20s).ok());  // held on every server, and its backup
+  w[0].reset();
+  ClientOptions again = NoHeartbeats();
+  again.incarnation = 1;  // worker 0's next process: its Hello drops what the first had pushed
+  w[0] = c.Connect(0, 3, again);
+  ASSERT_NE(w[0], nullptr);
+  ASSERT_TRUE(w[0]->Declare(spec).ok());
+  for (int r : {1, 2}) ASSERT_TRUE(w[r]->PushDense("sw", g(r), 0).wait(20s).ok());  // the step: 1 and 2
+  std::vector<float> out(kDense);
+  ASSERT_TRUE(w[1]->PullDense("sw", out, 1).wait(20s).ok());
+  const auto d = Digests(c, 3, /*rank=*/1);  // (rank 0's first incarnation was replaced)
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_FALSE(d[(s + 1) % 3].contains("replica_out_of_step:sw")) << "server " << (s + 1) % 3;
+    ASSERT_TRUE(d[s].contains("digest:sw") && d[(s + 1) % 3].contains("replica_digest:sw"));
+    EXPECT_EQ(d[s].at("digest:sw"), d[(s + 1) % 3].at("replica_digest:sw")) << "server " << s << "'s replica";
+  }
 }
 
 // A short folder for ipc endpoints (a socket's path has at most 107 bytes), removed at the end.

@@ -115,6 +115,9 @@ inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the serv
 // to it never loses a reply however slowly its side reads; a peer that sends without reading
 // loses replies beyond it (counted as replies_dropped).
 inline constexpr int kReplyQueue = 8192;
+// Of the backup's queue (kReplyQueue), what pushes leave to the sync closes and drops no push waits
+// for (ServerImpl::RoomToForward, ForwardSyncOps).
+inline constexpr int kSyncOpsRoom = 64;
 
 class ServerImpl final : public Server {
  public:
@@ -481,8 +484,9 @@ class ServerImpl final : public Server {
   // Sync steps closed, or held gradients dropped, with no push to answer (a worker finished, left
   // or said Hello again): forwarded to the backup, whose answer nobody awaits (lost with a dead
   // primary, they are redone by its replacement: CloseCompleteSteps once it starts).
-  // `rank`: the worker whose held gradients were dropped.
-  void ForwardSyncOps(Forward fwd, int rank = 0);
+  // `rank`: the worker whose held gradients were dropped. Returns the id it is awaited under (0:
+  // nothing forwarded).
+  uint64_t ForwardSyncOps(Forward fwd, int rank = 0);
   // A part without frames (kClosed, kDropped) of unit `chunk` (-1: the sparse shard) at `version`
   // (a Replicate's parts are of one kind: dense and sparse ones go in two).
   // `received`: the gradients the unit holds after a drop, before a close.
@@ -549,7 +553,8 @@ class ServerImpl final : public Server {
 
   // A push applied here, waiting for its backup (I/O thread), by its Replicate's id.
   struct AwaitingBackup {
-    bool answers = true;  // a push's (false: ForwardSyncOps', which answers no request)
+    bool answers = true;  // a push's, or a Hello's (false: ForwardSyncOps', which answers no request)
+    std::optional<zmq::message_t> reply;  // a Hello's reply, sent once its drops are confirmed
     std::vector<std::pair<uint64_t, int64_t>> closes;  // its sync closes, which pulls wait for (Settled)
     Request req;
     Status refused;
@@ -560,6 +565,10 @@ class ServerImpl final : public Server {
   };
   // The closes of `a` are confirmed (or given up on): pulls may see them. True if it had any.
   bool SettleCloses(const AwaitingBackup& a);
+  // Answers what waited in `a` for its backup, which confirmed it (or the image that held it).
+  void AnswerAwaited(AwaitingBackup& a);
+  // What `a` forwarded, said in a failure: "... worker 3's push of step 7", or the like.
+  static std::string Forwarded(const AwaitingBackup& a);
 
   // ---- checkpoints (handlers/checkpoints.cc) -------------------------------------------------
 

@@ -268,7 +268,7 @@ ServerImpl::Waiting ServerImpl::WaitingOn(const Request& req, const std::vector<
                          workers_.Behind(req.pull_step, t.spec.staleness),
                      workers_.BehindRanks(req.pull_step, t.spec.staleness)};
     }
-    if (sync.closes_unconfirmed > 0) {  // (1.23: no worker is waited for)
+    if (sync.closes_unconfirmed > 0 && workers_.Ready(t.spec, version, req.pull_step)) {  // (1.23: no worker is)
       return Waiting{"table '" + t.spec.name + "'" + part + " closed step " + std::to_string(version - 1) +
                          " and waits for its backup, server " + std::to_string(BackupRank()) + ", to confirm it",
                      {}};

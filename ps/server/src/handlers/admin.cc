@@ -161,6 +161,7 @@ Status ServerImpl::OnHello(Request& req) {
   // A rank that connects again is a new process of that worker (the old one died): what the old
   // one left waiting goes, so the new one can push its step and enter its collectives again.
   // (Not one that rejoins, 1.22: the same process, whose pushes a replacement holds from its image.)
+  uint64_t drops_awaited = 0;
   if (!rejoins) {
     Forward drops[2];  // replication 2: the backup drops them from its replica too (dense, sparse)
     ForEachSyncUnit([&](ps::Table& t, int64_t chunk, int64_t version, ps::SyncSlots& sync) {
@@ -168,7 +169,7 @@ Status ServerImpl::OnHello(Request& req) {
         AddSyncOp(drops[chunk < 0], t, chunk, version, kDropped, sync.received);
       }
     });
-    for (Forward& f : drops) ForwardSyncOps(std::move(f), h.rank());
+    for (Forward& f : drops) drops_awaited = std::max(drops_awaited, ForwardSyncOps(std::move(f), h.rank()));
   }
   collectives_.Forget(h.rank());
   // 1.18: a worker that joins at a later step is not waited for before it; a step that waited
@@ -195,6 +196,15 @@ Status ServerImpl::OnHello(Request& req) {
   b.add_epoch(process_epoch_);              // 1.22: this process (a replacement is another)
   if (Replicating()) b.add_replication(2);  // 1.22: a client that loses this server waits for its replacement
   wire::FinishHeaderBuffer(fbb, b.Finish());
+  if (auto it = awaiting_backup_.find(drops_awaited); drops_awaited != 0 && it != awaiting_backup_.end()) {
+    // 1.23: answered once the backup dropped them too (the later of its two Replicates). Else the
+    // new process's push, sent on, might reach a replacement that holds its predecessor's gradient
+    // from its image, and be taken for that one sent again (ResentHold).
+    it->second.answers = true;
+    it->second.reply = wire::ToFrame(fbb);
+    it->second.req = std::move(req);
+    return Status::Ok();
+  }
   Send(req, wire::ToFrame(fbb));
   return Status::Ok();
 }

@@ -75,7 +75,8 @@ Status ServerImpl::RoomToForward(int64_t bytes) {
   if (!Replicating()) return Status::Ok();
   // At most as many as the backup's queue holds (its send high-water mark): a push applied then
   // always finds room there, never failing after the fact.
-  const size_t most = std::min<size_t>(options_.max_held, kReplyQueue);
+  // (Less some room for the closes and drops no push waits for: ForwardSyncOps.)
+  const size_t most = std::min<size_t>(options_.max_held, kReplyQueue - kSyncOpsRoom);
   if (awaiting_backup_.size() >= most || held_payloads_.used() + bytes > held_payloads_.limit()) {
     Count(kHeldRefused);
     return ResourceExhaustedError(Who() + "'s backup, server " + std::to_string(BackupRank()) + ", has " +
@@ -162,8 +163,8 @@ void ServerImpl::AddSyncOp(Forward& fwd, const ps::Table& t, int64_t chunk, int6
   }
 }
 
-void ServerImpl::ForwardSyncOps(Forward fwd, int rank) {
-  if (!Replicating() || fwd.empty()) return;
+uint64_t ServerImpl::ForwardSyncOps(Forward fwd, int rank) {
+  if (!Replicating() || fwd.empty()) return 0;
   const size_t parts = fwd.versions.size();
   const uint64_t id = ++next_replicate_;
   if (Status s = SendReplicate(id, rank, 0, fwd); !s.ok()) {
@@ -171,7 +172,7 @@ void ServerImpl::ForwardSyncOps(Forward fwd, int rank) {
     LogRateLimited(Who() + " could not forward " + std::to_string(parts) + " sync step close(s) or drop(s) to its " +
                    "backup, server " + std::to_string(BackupRank()) + " (" + s.message() +
                    "): the replica misses them");
-    return;
+    return 0;
   }
   Count(kUpdatesForwarded, static_cast<int64_t>(parts));
   // Awaited, though no request waits: its closes hold the pulls back until the backup has them,
@@ -183,6 +184,27 @@ void ServerImpl::ForwardSyncOps(Forward fwd, int rank) {
   for (const auto& [table, chunk] : a.closes) {
     if (ps::SyncSlots* s = UnitSync(table, chunk)) ++s->closes_unconfirmed;
   }
+  return id;
+}
+
+void ServerImpl::AnswerAwaited(AwaitingBackup& a) {
+  if (!a.answers) return;
+  if (a.reply) {
+    if (a.refused.ok()) {
+      Send(a.req, std::move(*a.reply));
+    } else {
+      SendError(a.req, a.refused);
+    }
+    return;
+  }
+  FinishPush(a.req, a.refused, a.info, a.then_pull);
+}
+
+std::string ServerImpl::Forwarded(const AwaitingBackup& a) {
+  if (!a.answers) return " closed sync steps or dropped a restarted worker's gradients";
+  const Header& h = *a.req.h();
+  if (a.reply) return " dropped the gradients worker " + std::to_string(h.rank()) + "'s earlier process had pushed";
+  return " applied worker " + std::to_string(h.rank()) + "'s push of step " + std::to_string(h.step());
 }
 
 ps::SyncSlots* ServerImpl::UnitSync(uint64_t table, int64_t chunk) {
@@ -252,17 +274,13 @@ void ServerImpl::OnBackupReply(Frames& frames) {
   if (h->kind() == Kind::Error) {
     Count(kReplicaErrors);
     const Status why = wire::ErrorStatus(*h);
-    const std::string what = Who() +
-                             (a.answers ? " applied worker " + std::to_string(a.req.h()->rank()) + "'s push of step " +
-                                              std::to_string(a.req.h()->step())
-                                        : " closed sync steps or dropped a restarted worker's gradients") +
-                             ", but its backup, server " + std::to_string(BackupRank()) + ", refused it (" +
-                             why.ToString() + "): the replica misses it";
+    const std::string what = Who() + Forwarded(a) + ", but its backup, server " + std::to_string(BackupRank()) +
+                             ", refused it (" + why.ToString() + "): the replica misses it";
     LogRateLimited(what);
     if (a.refused.ok())
       a.refused = Status(why.code() == StatusCode::kUnknown ? StatusCode::kInternal : why.code(), what);
   }
-  if (a.answers) FinishPush(a.req, a.refused, a.info, a.then_pull);
+  AnswerAwaited(a);
   if (a.then_pull || settled) ServeHeld();
 }
 
@@ -277,7 +295,7 @@ void ServerImpl::ExpireBackupWaits(Clock::time_point now) {
       now - backup_waits_said_ >= std::chrono::seconds(10)) {
     backup_waits_said_ = now;
     std::fprintf(stderr,
-                 "ferry-ps %d: %zu push(es) applied here wait for its backup, server %d, to confirm them, the oldest "
+                 "ferry-ps %d: %zu update(s) forwarded wait for its backup, server %d, to confirm them, the oldest "
                  "for %.1f s (dead and being replaced? they fail after %lld ms: --failover-timeout-s)\n",
                  options_.rank, awaiting_backup_.size(), BackupRank(),
                  std::chrono::duration<double>(now - awaiting_backup_.begin()->second.sent).count(),
@@ -289,22 +307,21 @@ void ServerImpl::ExpireBackupWaits(Clock::time_point now) {
     AwaitingBackup a = std::move(awaiting_backup_.begin()->second);
     awaiting_backup_.erase(awaiting_backup_.begin());
     ++failed;
+    Count(kReplicaErrors);  // (before the error is sent: a client that reads the counters then sees it)
     settled = SettleCloses(a) || settled;
     if (!a.answers) continue;
-    const std::string why = Who() + " applied worker " + std::to_string(a.req.h()->rank()) + "'s push of step " +
-                            std::to_string(a.req.h()->step()) + ", but its backup, server " +
-                            std::to_string(BackupRank()) + ", has not confirmed it in " +
-                            std::to_string(timeout.count()) + " ms (dead, stopped or cut off?)";
+    const std::string why = Who() + Forwarded(a) + ", but its backup, server " + std::to_string(BackupRank()) +
+                            ", has not confirmed it in " + std::to_string(timeout.count()) +
+                            " ms (dead, stopped or cut off?)";
     SendError(a.req, UnavailableError(why));
   }
   if (settled) ServeHeld();
   if (failed == 0) return;
-  Count(kReplicaErrors, failed);
   if (now - backup_said_ >= std::chrono::seconds(10)) {
     backup_said_ = now;
     std::fprintf(stderr,
                  "ferry-ps %d: its backup, server %d, has not confirmed %lld update(s) in %lld ms: "
-                 "their pushes failed (UNAVAILABLE)\n",
+                 "their pushes failed (UNAVAILABLE), and their sync closes are served\n",
                  options_.rank, BackupRank(), static_cast<long long>(failed), static_cast<long long>(timeout.count()));
   }
 }
@@ -497,8 +514,14 @@ Status ServerImpl::OnReplicate(Request& req) {
     const int64_t theirs = h.versions()->Get(static_cast<uint32_t>(i));
     if (theirs < p.version() || (p.op == kHeld && theirs == p.version() && held(p))) ++below;
   }
-  if (replica_recovered_ && below == n && h.incarnation() == replica_image_incarnation_ &&
-      h.request_id() <= replica_image_covers_) {
+  if (replica_recovered_ && h.incarnation() == replica_image_incarnation_ && h.request_id() <= replica_image_covers_) {
+    // The image was taken after its primary made every Replicate it covers: it holds their effect,
+    // whatever later ones did (a sync hold dropped since, a drop at the image's version).
+    if (below != n && ops == nullptr) {
+      LogRateLimited(Who() + ": Replicate " + std::to_string(h.request_id()) + " of server " +
+                     std::to_string(PrimaryRank()) + ", which its image covers, names updates at the image's " +
+                     "versions (confirmed, not applied)");
+    }
     SendOk(req);
     Count(kReplayedUpdatesSkipped, static_cast<int64_t>(n));
     transport::internal::HandoffDone();
@@ -515,8 +538,6 @@ Status ServerImpl::OnReplicate(Request& req) {
         "table '" + p.table->spec.name + "' " +
         (p.chunk != nullptr ? "chunk " + std::to_string(slices->Get(static_cast<uint32_t>(i))->chunk())
                             : std::string("rows"));
-    // (A recovered replica's: its step closed in the image first, nothing held to drop.)
-    if (p.op == kDropped && theirs < mine && replica_recovered_) continue;
     if (theirs != mine) {
       return refuse_all(part + " at version " + std::to_string(mine) + " here and " + std::to_string(theirs) +
                         " on server " + std::to_string(PrimaryRank()) + " before worker " + std::to_string(rank) +
@@ -725,7 +746,7 @@ void ServerImpl::ConfirmTakenInImage(uint64_t upto) {
     awaiting_backup_.erase(awaiting_backup_.begin());
     pulls = SettleCloses(a) || pulls;
     if (!a.answers) continue;
-    FinishPush(a.req, a.refused, a.info, a.then_pull);
+    AnswerAwaited(a);
     pulls = pulls || a.then_pull;
     ++answered;
   }

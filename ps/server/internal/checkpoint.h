@@ -24,6 +24,9 @@
 
 namespace ferry::ps {
 
+// zlib's CRC-32 of `n` bytes at `data`, continuing `crc` (0 to start), in pieces of at most 1 GiB.
+uint32_t Crc32(uint32_t crc, const void* data, size_t n);
+
 inline constexpr uint32_t kCheckpointFormat = 1;       // a full shard, and a manifest of full shards
 inline constexpr uint32_t kCheckpointDeltaFormat = 2;  // a delta shard, and a manifest naming one
 

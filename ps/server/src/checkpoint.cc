@@ -22,9 +22,21 @@
 
 #include "ferry/messages/placement.h"
 #include "ferry/messages/wire.h"
+#include "internal/byte_reader.h"
 #include "internal/optimizer.h"
 
 namespace ferry::ps {
+uint32_t Crc32(uint32_t crc, const void* data, size_t n) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (n > 0) {
+    const uInt piece = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    crc = static_cast<uint32_t>(crc32(crc, p, piece));
+    p += piece;
+    n -= piece;
+  }
+  return crc;
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -50,16 +62,6 @@ constexpr uint64_t kMaxStoreFiles = uint64_t{1} << 20;
 // A delta's first block names its predecessor in at most this many bytes (WithChain reads no more).
 constexpr uint64_t kMaxPreviousBlock = 4096;
 
-uint32_t Crc(uint32_t crc, const void* data, size_t n) {
-  const auto* p = static_cast<const Bytef*>(data);
-  while (n > 0) {
-    const uInt piece = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    crc = static_cast<uint32_t>(crc32(crc, p, piece));
-    p += piece;
-    n -= piece;
-  }
-  return crc;
-}
 
 Status Errno(const std::string& what, const std::string& path) {
   return InternalError(what + " " + path + ": " + std::strerror(errno));
@@ -125,12 +127,12 @@ class AtomicFile {
 // A block's checksum covers its kind and length too, so a flipped header byte is caught. From the
 // payload's own CRC (the writer has it already: one pass over the payload serves both CRCs).
 uint32_t BlockCrc(uint32_t kind, uint64_t len, uint32_t payload_crc) {
-  uint32_t head = Crc(0, &kind, sizeof kind);
-  head = Crc(head, &len, sizeof len);
+  uint32_t head = Crc32(0, &kind, sizeof kind);
+  head = Crc32(head, &len, sizeof len);
   return static_cast<uint32_t>(crc32_combine(head, payload_crc, static_cast<z_off_t>(len)));
 }
 uint32_t BlockCrc(uint32_t kind, uint64_t len, const void* payload) {
-  return BlockCrc(kind, len, Crc(0, payload, static_cast<size_t>(len)));
+  return BlockCrc(kind, len, Crc32(0, payload, static_cast<size_t>(len)));
 }
 
 // The checkpoints' manifests in `dir` (MANIFEST-<zero-padded step>), newest first; none if the
@@ -181,51 +183,6 @@ std::string ManifestName(int64_t step) {
   return buf;
 }
 
-// Reads a block payload's fields in order; every read is bounds-checked.
-class Reader {
- public:
-  Reader(std::span<const char> data, std::string where) : data_(data), where_(std::move(where)) {}
-  template <typename T>
-  Status Get(T* v) {
-    if (data_.size() - at_ < sizeof(T)) return Short();
-    std::memcpy(v, data_.data() + at_, sizeof(T));
-    at_ += sizeof(T);
-    return Status::Ok();
-  }
-  template <typename T>
-  Status GetArray(std::vector<T>* out, uint64_t n) {
-    if (n > (data_.size() - at_) / sizeof(T)) return Short();
-    out->resize(static_cast<size_t>(n));
-    if (n > 0) std::memcpy(out->data(), data_.data() + at_, static_cast<size_t>(n) * sizeof(T));
-    at_ += static_cast<size_t>(n) * sizeof(T);
-    return Status::Ok();
-  }
-  // Passes `n` values of T by.
-  template <typename T>
-  Status Skip(uint64_t n) {
-    if (n > (data_.size() - at_) / sizeof(T)) return Short();
-    at_ += static_cast<size_t>(n) * sizeof(T);
-    return Status::Ok();
-  }
-  // The next `n` bytes, in place.
-  Status GetBytes(std::span<const char>* out, uint64_t n) {
-    if (n > data_.size() - at_) return Short();
-    *out = data_.subspan(at_, static_cast<size_t>(n));
-    at_ += static_cast<size_t>(n);
-    return Status::Ok();
-  }
-  Status Done() const {
-    return at_ == data_.size()
-               ? Status::Ok()
-               : DataLossError(where_ + ": " + std::to_string(data_.size() - at_) + " unexpected bytes");
-  }
-
- private:
-  Status Short() const { return DataLossError(where_ + ": the block ends early"); }
-  std::span<const char> data_;
-  size_t at_ = 0;
-  std::string where_;
-};
 
 // One shard file read back: its tables, and for a delta what it is a delta of and the ids it
 // deletes.
@@ -330,7 +287,7 @@ Status ReadShard(const fs::path& path, const ShardFile& listed, const Checkpoint
     return DataLossError(name + ": not the " + std::to_string(size) + " bytes it had when opened (changed while read)");
   }
   const std::span<const char> all(buffer.get(), static_cast<size_t>(size));
-  if (Crc(0, all.data(), all.size()) != listed.crc32)
+  if (Crc32(0, all.data(), all.size()) != listed.crc32)
     return DataLossError(name + ": checksum differs from the manifest's");
   return ParseShard(all, path, filter, file);
 }
@@ -979,16 +936,16 @@ uint32_t SealImage(ShardImage& image) {
   // One CRC pass over each payload gives both its block's CRC (over kind, length, payload) and
   // the whole file's (over every byte, block headers included), joined with crc32_combine.
   size_t covered = image.blocks.empty() ? bytes.size() : image.blocks[0];
-  uint32_t file_crc = Crc(0, bytes.data(), covered);
+  uint32_t file_crc = Crc32(0, bytes.data(), covered);
   for (const size_t at : image.blocks) {
     uint32_t kind = 0;
     uint64_t len = 0;
     std::memcpy(&kind, bytes.data() + at, sizeof kind);
     std::memcpy(&len, bytes.data() + at + 8, sizeof len);
-    const uint32_t payload = Crc(0, bytes.data() + at + 16, static_cast<size_t>(len));
+    const uint32_t payload = Crc32(0, bytes.data() + at + 16, static_cast<size_t>(len));
     const uint32_t crc = BlockCrc(kind, len, payload);
     std::memcpy(bytes.data() + at + 4, &crc, sizeof crc);
-    file_crc = Crc(file_crc, bytes.data() + at, 16);
+    file_crc = Crc32(file_crc, bytes.data() + at, 16);
     file_crc = static_cast<uint32_t>(crc32_combine(file_crc, payload, static_cast<z_off_t>(len)));
     covered = at + 16 + static_cast<size_t>(len);
   }

@@ -9,11 +9,10 @@
 
 #include <unistd.h>
 
-#include <zlib.h>
-
 #include "ferry/messages/kinds.h"
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
+#include "internal/byte_reader.h"
 #include "internal/checkpoint.h"
 #include "internal/sync.h"
 #include "internal/workers.h"
@@ -23,17 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-uint32_t Crc32(const char* data, size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (n > 0) {  // (zlib takes a uInt at a time)
-    const uInt len = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), len);
-    data += len;
-    n -= len;
-  }
-  return static_cast<uint32_t>(crc);
-}
-
 template <typename T>
 void Put(std::vector<char>& out, T v) {
   const size_t at = out.size();
@@ -41,30 +29,6 @@ void Put(std::vector<char>& out, T v) {
   std::memcpy(out.data() + at, &v, sizeof v);
 }
 
-// Reads the image's fields in order, each within its bytes.
-class Cursor {
- public:
-  Cursor(std::span<const char> data, const std::string& where) : data_(data), where_(where) {}
-  template <typename T>
-  Status Get(T* v) {
-    if (data_.size() - at_ < sizeof *v) return DataLossError(where_ + ": the image ends inside a field");
-    std::memcpy(v, data_.data() + at_, sizeof *v);
-    at_ += sizeof *v;
-    return Status::Ok();
-  }
-  Status Take(uint64_t n, std::span<const char>* out) {
-    if (n > data_.size() - at_) return DataLossError(where_ + ": the image ends inside a block");
-    *out = data_.subspan(at_, static_cast<size_t>(n));
-    at_ += static_cast<size_t>(n);
-    return Status::Ok();
-  }
-  size_t left() const { return data_.size() - at_; }
-
- private:
-  std::span<const char> data_;
-  const std::string& where_;
-  size_t at_ = 0;
-};
 
 template <typename Fn>
 void ForEachUnit(const TableRegistry& tables, Fn&& fn) {
@@ -170,7 +134,7 @@ std::vector<char> EncodeImage(const TableRegistry& tables, const std::vector<Wor
     Put<int64_t>(out, w.clock);
     Put<uint8_t>(out, static_cast<uint8_t>((w.finished ? 1 : 0) | (w.left ? 2 : 0)));
   }
-  Put<uint32_t>(out, Crc32(out.data(), out.size()));
+  Put<uint32_t>(out, Crc32(0, out.data(), out.size()));
   return out;
 }
 
@@ -179,12 +143,12 @@ Status RestoreImage(std::span<const char> blob, int rank, int num_workers, Table
   if (blob.size() < 4) return DataLossError(where + ": " + std::to_string(blob.size()) + " bytes, not an image");
   uint32_t crc = 0;
   std::memcpy(&crc, blob.data() + blob.size() - 4, 4);
-  if (Crc32(blob.data(), blob.size() - 4) != crc) return DataLossError(where + ": its checksum does not verify");
-  Cursor c(blob.first(blob.size() - 4), where);
+  if (Crc32(0, blob.data(), blob.size() - 4) != crc) return DataLossError(where + ": its checksum does not verify");
+  Reader c(blob.first(blob.size() - 4), where, "the image");
   uint64_t n = 0;
   std::span<const char> shard;
   FERRY_RETURN_IF_ERROR(c.Get(&n));
-  FERRY_RETURN_IF_ERROR(c.Take(n, &shard));
+  FERRY_RETURN_IF_ERROR(c.GetBytes(&shard, n));
   FERRY_ASSIGN_OR_RETURN(CheckpointData data, ParseShardImage(shard, where));
   FERRY_RETURN_IF_ERROR(RestoreShard(data, rank, num_workers, tables));
   uint64_t units = 0;
@@ -213,9 +177,9 @@ Status RestoreImage(std::span<const char> blob, int rank, int num_workers, Table
       uint64_t n = 0;
       FERRY_RETURN_IF_ERROR(c.Get(&g.rank));
       FERRY_RETURN_IF_ERROR(c.Get(&n));
-      FERRY_RETURN_IF_ERROR(c.Take(n, &g.ids));
+      FERRY_RETURN_IF_ERROR(c.GetBytes(&g.ids, n));
       FERRY_RETURN_IF_ERROR(c.Get(&n));
-      FERRY_RETURN_IF_ERROR(c.Take(n, &g.grads));
+      FERRY_RETURN_IF_ERROR(c.GetBytes(&g.grads, n));
     }
     if (!taken.emplace(std::pair(id, chunk), std::move(unit)).second) {
       return DataLossError(where + ": the steps of table " + std::to_string(id) + " part " + std::to_string(chunk) +

@@ -487,7 +487,7 @@ class ServerImpl final : public Server {
   // `rank`: the worker whose held gradients were dropped. Returns the id it is awaited under (0:
   // nothing forwarded).
   uint64_t ForwardSyncOps(Forward fwd, int rank = 0);
-  // A part without frames (kClosed, kDropped) of unit `chunk` (-1: the sparse shard) at `version`
+  // A sync part (no frames: ForwardHold adds a held gradient's) of unit `chunk` (-1: the sparse shard) at `version`
   // (a Replicate's parts are of one kind: dense and sparse ones go in two).
   // `received`: the gradients the unit holds after a drop, before a close.
   static void AddSyncOp(Forward& fwd, const ps::Table& t, int64_t chunk, int64_t version, SyncOp op, int received);
@@ -563,6 +563,9 @@ class ServerImpl final : public Server {
     Clock::time_point sent;
     ps::BudgetCharge charge;  // the bytes forwarded, on the held payloads' bound until confirmed
   };
+  // The entry of Replicate `id`, sent now, which forwarded `fwd`: its closes (taken from `fwd`) are
+  // hidden from pulls until it is confirmed.
+  AwaitingBackup& Await(uint64_t id, Forward& fwd);
   // The closes of `a` are confirmed (or given up on): pulls may see them. True if it had any.
   bool SettleCloses(const AwaitingBackup& a);
   // Answers what waited in `a` for its backup, which confirmed it (or the image that held it).

@@ -135,17 +135,12 @@ void ServerImpl::ForwardHold(Forward& fwd, const ps::Table& t, int64_t chunk, in
                              const ps::SyncSlots& sync, int rank, bool closed) {
   if (!Replicating()) return;
   const size_t r = static_cast<size_t>(rank);
-  fwd.versions.push_back(version);
-  fwd.ops.push_back(closed ? kHeldAndClosed : kHeld);
-  fwd.counts.push_back(sync.received);
-  if (closed) fwd.closes.emplace_back(t.id, chunk);
+  AddSyncOp(fwd, t, chunk, version, closed ? kHeldAndClosed : kHeld, sync.received);
   // Copies: the hold keeps its frames until the step closes, and a frame shared across threads
   // would be freed under ZeroMQ's reference count alone.
-  if (chunk >= 0) {
-    fwd.dense.emplace_back(t.id, chunk, t.dense->chunk(chunk)->size);
-  } else {
+  if (chunk < 0) {
     const zmq::message_t& ids = *sync.ids_by_rank[r];
-    fwd.sparse.emplace_back(t.id, t.spec.dim, static_cast<int64_t>(ids.size() / sizeof(int64_t)));
+    fwd.sparse.back() = wire::SparseSlice(t.id, t.spec.dim, static_cast<int64_t>(ids.size() / sizeof(int64_t)));
     fwd.frames.emplace_back(ids.data(), ids.size());
   }
   fwd.frames.emplace_back(sync.by_rank[r]->data(), sync.by_rank[r]->size());
@@ -155,7 +150,7 @@ void ServerImpl::AddSyncOp(Forward& fwd, const ps::Table& t, int64_t chunk, int6
   fwd.versions.push_back(version);
   fwd.ops.push_back(op);
   fwd.counts.push_back(received);
-  if (op == kClosed) fwd.closes.emplace_back(t.id, chunk);
+  if (op == kClosed || op == kHeldAndClosed) fwd.closes.emplace_back(t.id, chunk);
   if (chunk >= 0) {
     fwd.dense.emplace_back(t.id, chunk, t.dense->chunk(chunk)->size);
   } else {
@@ -177,14 +172,19 @@ uint64_t ServerImpl::ForwardSyncOps(Forward fwd, int rank) {
   Count(kUpdatesForwarded, static_cast<int64_t>(parts));
   // Awaited, though no request waits: its closes hold the pulls back until the backup has them,
   // and a refusal is counted and said.
-  AwaitingBackup& a = awaiting_backup_[id];
+  AwaitingBackup& a = Await(id, fwd);
   a.answers = false;
+  return id;
+}
+
+ServerImpl::AwaitingBackup& ServerImpl::Await(uint64_t id, Forward& fwd) {
+  AwaitingBackup& a = awaiting_backup_[id];
   a.sent = Clock::now();
   a.closes = std::move(fwd.closes);
   for (const auto& [table, chunk] : a.closes) {
     if (ps::SyncSlots* s = UnitSync(table, chunk)) ++s->closes_unconfirmed;
   }
-  return id;
+  return a;
 }
 
 void ServerImpl::AnswerAwaited(AwaitingBackup& a) {
@@ -239,15 +239,10 @@ void ServerImpl::AnswerPush(Request& req, Forward fwd, Status refused, wire::Rep
     return FinishPush(req, UnavailableError(why), info, then_pull);
   }
   Count(kUpdatesForwarded, static_cast<int64_t>(fwd.dense.size() + fwd.sparse.size()));
-  AwaitingBackup& a = awaiting_backup_[id];
-  a.closes = std::move(fwd.closes);
-  for (const auto& [table, chunk] : a.closes) {
-    if (ps::SyncSlots* s = UnitSync(table, chunk)) ++s->closes_unconfirmed;
-  }
+  AwaitingBackup& a = Await(id, fwd);
   a.refused = std::move(refused);
   a.info = info;
   a.then_pull = then_pull;
-  a.sent = Clock::now();
   // What waits for the backup is charged in place of what the request held (pieces of a call).
   held_payloads_.Force(bytes);
   a.charge = ps::BudgetCharge(&held_payloads_, bytes);

@@ -380,6 +380,83 @@ TEST(PlacementVersions, AServerLeftOutOfTheFirstMapJoinsLeavesAgainAndTheJobKeep
   EXPECT_EQ(manifest.at("placement_version"), 1) << manifest.dump();
 }
 
+// A move asked while the job runs (1.24, MoveAsk): server 0 checks it against its map, keeps one
+// at a time, and hands it to every worker at once at the first barrier all of them enter to take
+// moves (a plain barrier leaves it kept), then forgets it.
+TEST(PlacementVersions, AMoveAskedWhileTheJobRunsIsHandedToEveryWorkerAtOneBarrier) {
+  TempDir dir("placement-ask");
+  ServerOptions o = WithFolder(dir.path(), kWorkers);
+  o.active_servers = 2;
+  auto c = LocalCluster::Start(3, /*tcp=*/true, o);
+  auto ask = [&](int server, int join, int drain) {
+    AskMoveOptions a;
+    a.server0 = c.endpoints[static_cast<size_t>(server)];
+    a.join = join;
+    a.drain = drain;
+    a.timeout = 20s;
+    return AskMove(a);
+  };
+  Status s = ask(1, 2, -1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;  // not server 0
+  EXPECT_NE(s.message().find("not server 0"), std::string::npos) << s;
+  s = ask(0, 7, -1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;  // no such server
+  EXPECT_NE(s.message().find("the job has 3 servers"), std::string::npos) << s;
+  s = ask(0, 1, -1);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;  // server 1 owns slots: it cannot join
+  s = ask(0, -1, 2);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;  // server 2 owns none: nothing to drain
+  EXPECT_EQ(ask(0, -1, -1).code(), StatusCode::kInvalidArgument);  // no move named (refused before sending)
+  s = ask(0, 2, -1);
+  ASSERT_TRUE(s.ok()) << s;
+  s = ask(0, -1, 1);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;  // one is kept already
+  EXPECT_NE(s.message().find("server 2 to join"), std::string::npos) << s;
+
+  std::vector<std::unique_ptr<Client>> w;
+  for (int r = 0; r < kWorkers; ++r) w.push_back(c.Connect(r, kWorkers));
+  auto both = [&](auto enter) {
+    std::vector<StatusOr<Client::AskedMove>> got(kWorkers, Client::AskedMove{});
+    std::thread t1([&] { got[1] = enter(*w[1]); });
+    got[0] = enter(*w[0]);
+    t1.join();
+    return got;
+  };
+  auto taking = [](Client& me) { return me.BarrierTakingMoves(); };
+  // A plain barrier hands nothing over: the ask stays kept.
+  both([](Client& me) -> StatusOr<Client::AskedMove> {
+    FERRY_RETURN_IF_ERROR(me.Barrier());
+    return Client::AskedMove{};
+  });
+  EXPECT_EQ(ask(0, -1, 1).code(), StatusCode::kFailedPrecondition);
+  for (const auto& got : both(taking)) {
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->join, 2);
+    EXPECT_EQ(got->drain, -1);
+  }
+  // Handed over: forgotten, and the next barrier that takes moves gets none.
+  for (const auto& got : both(taking)) {
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_FALSE(got->asked());
+  }
+  // Another may be asked now (server 1 drained: it owns slots).
+  s = ask(0, -1, 1);
+  EXPECT_TRUE(s.ok()) << s;
+  for (const auto& got : both(taking)) {
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->drain, 1);
+    EXPECT_EQ(got->join, -1);
+  }
+  // A silent address: DEADLINE_EXCEEDED within the timeout, naming it.
+  AskMoveOptions silent;
+  silent.server0 = "tcp://127.0.0.1:9";  // (discard: nothing listens there)
+  silent.join = 2;
+  silent.timeout = 300ms;
+  s = AskMove(silent);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("tcp://127.0.0.1:9"), std::string::npos) << s;
+}
+
 // A pull held for a step is placed by the map it came with: a hand-over waits for the step.
 TEST(PlacementVersions, AHandOverIsRefusedWhileAPullWaitsForItsStep) {
   TempDir dir("placement-held");

@@ -75,6 +75,8 @@ struct HeaderFields {
   bool full = false;
   int snapshot_of = -1;  // 1.22 Snapshot: whose slots
   int64_t position = 0;
+  int move_join = -1, move_drain = -1;  // 1.24 MoveAsk
+  bool takes_moves = false;             // 1.24 Barrier
 };
 
 std::string Header(const HeaderFields& f) {
@@ -124,6 +126,9 @@ std::string Header(const HeaderFields& f) {
     b.add_position(f.position);
     b.add_max_bytes(4096);
   }
+  if (f.move_join >= 0) b.add_move_join(f.move_join);
+  if (f.move_drain >= 0) b.add_move_drain(f.move_drain);
+  if (f.takes_moves) b.add_takes_moves(true);
   if (f.call != 0) {
     b.add_call(f.call);
     b.add_piece(f.piece);
@@ -308,6 +313,18 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
   add("snapshot_first_page", h);
   h.position = 4096;
   add("snapshot_next_page", h);
+  // 1.24: a move asked of server 0 (the one server owns every slot: refused), and a barrier that
+  // takes moves.
+  h = make(Kind::MoveAsk);
+  h.move_join = 0;
+  add("move_ask_join", h);
+  h = make(Kind::MoveAsk);
+  h.move_drain = 0;
+  add("move_ask_drain", h);
+  h = make(Kind::Barrier);
+  h.barrier_id = 0;
+  h.takes_moves = true;
+  add("barrier_takes_moves", h);
   return seeds;
 }
 

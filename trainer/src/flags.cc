@@ -468,6 +468,11 @@ const Flag kFlags[] = {
      "left out of the servers' first map) a fair share, first gives every server its share of a "
      "first map of them all (the servers need a checkpoint folder)",
      SetMoveSlots},
+    {"--move-asks-every", "N", "recovery",
+     "every N steps every worker meets at a barrier to take a move asked of server 0 while the job "
+     "runs (ferry-move --server EP0 join=K|drain=K), and makes it there as a --move-slots move of "
+     "that step (0: no asks taken; the servers need a checkpoint folder)",
+     Int<&O::move_asks_every, 0, INT64_MAX / 2>, Show<&O::move_asks_every>},
     {"--leave", "WORKER@STEP[,...]", "recovery",
      "worker WORKER leaves the job before step STEP and exits; the others train on without it, "
      "splitting its share of each step's examples among them (sync; give every worker the same "

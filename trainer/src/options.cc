@@ -201,7 +201,9 @@ Status TrainerOptions::Validate() const {
       return InvalidArgumentError(
           "--checkpoint-every(-s) and --resume need servers (checkpoints are the servers'), not --local");
     }
-    if (!move_slots.empty()) return InvalidArgumentError("--move-slots moves the servers' slots: not with --local");
+    if (!move_slots.empty() || move_asks_every > 0) {
+      return InvalidArgumentError("--move-slots and --move-asks-every move the servers' slots: not with --local");
+    }
     if (!leave.empty() || !join.empty()) {
       return InvalidArgumentError("--leave and --join: --local runs one worker, which takes part in every step");
     }
@@ -213,20 +215,21 @@ Status TrainerOptions::Validate() const {
           "--straggler delays a worker after its backward, and --push-by-layer has sent its layers by then: "
           "use one or the other");
     }
-    if (!move_slots.empty()) {
+    if (!move_slots.empty() || move_asks_every > 0) {
       // A move needs every worker between the same two steps with nothing in flight (PROTOCOL.md,
       // "Placement versions").
+      const std::string flag = !move_slots.empty() ? "--move-slots" : "--move-asks-every";
       if (backup_workers > 0) {
-        return InvalidArgumentError(
-            "--move-slots needs every worker at the move's step: not with --backup-workers (a late worker is at "
-            "another)");
+        return InvalidArgumentError(flag +
+                                    " needs every worker at the move's step: not with --backup-workers (a late "
+                                    "worker is at another)");
       }
       if (pipeline == Pipeline::kPrefetch) {
-        return InvalidArgumentError(
-            "--move-slots needs nothing in flight at the move's step: not with --pipeline prefetch (the step "
-            "before's pushes are still travelling)");
+        return InvalidArgumentError(flag +
+                                    " needs nothing in flight at the move's step: not with --pipeline prefetch (the "
+                                    "step before's pushes are still travelling)");
       }
-      if (servers.size() < 2) return InvalidArgumentError("--move-slots moves slots between servers: give 2 or more");
+      if (servers.size() < 2) return InvalidArgumentError(flag + " moves slots between servers: give 2 or more");
       for (const SlotMove& m : move_slots) {
         if (m.drain >= static_cast<int>(servers.size()) || m.join >= static_cast<int>(servers.size())) {
           return InvalidArgumentError("--move-slots: step " + std::to_string(m.step) +

@@ -218,6 +218,7 @@ class WorkerRun final : public TrainingRun {
       }
       if (t < join) {  // a move's barriers, after the evaluation as the others meet them
         FERRY_RETURN_IF_ERROR(MaybeMoveSlots(t));
+        FERRY_RETURN_IF_ERROR(MaybeTakeAskedMove(t));
         lap_.To(&report_.times.wait_s);
         continue;
       }
@@ -415,6 +416,34 @@ class WorkerRun final : public TrainingRun {
       FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("waiting for worker 0 " + at));
     }
     return Status::Ok();
+  }
+
+  // --move-asks-every N: at steps N, 2N, ... (where a --move-slots move would be) every worker
+  // meets at a barrier that takes the move asked of server 0 since, if any (protocol 1.24,
+  // Client::BarrierTakingMoves: every worker gets the same answer); one asked is made there as a
+  // --move-slots move of this step, the barrier its first. A step with a --move-slots move of its
+  // own takes none (the next check does), and so does a worker restarted at that very step, as
+  // for --move-slots (MaybeMoveSlots).
+  Status MaybeTakeAskedMove(int64_t t) {
+    const int64_t every = options_.move_asks_every;
+    if (client_ == nullptr || every <= 0 || t == 0 || t % every != 0) return Status::Ok();
+    if (std::ranges::any_of(options_.move_slots, [t](const TrainerOptions::SlotMove& m) { return m.step == t; })) {
+      return Status::Ok();
+    }
+    if (options_.resume && t == t0_) return Status::Ok();
+    StatusOr<Client::AskedMove> asked = client_->BarrierTakingMoves();
+    if (!asked.ok()) {
+      return asked.status().WithContext("waiting for every worker at step " + std::to_string(t) +
+                                        " to take a move asked of the servers");
+    }
+    if (!asked->asked()) return Status::Ok();
+    const TrainerOptions::SlotMove move{t, asked->drain, asked->join};
+    const std::string at = "making the move asked (" +
+                           (move.join >= 0 ? "server " + std::to_string(move.join) + " to join"
+                                           : "server " + std::to_string(move.drain) + " drained") +
+                           ") at step " + std::to_string(t);
+    if (rank_ == 0) FERRY_RETURN_IF_ERROR(MoveSlots(move, t, at));
+    return client_->Barrier().WithContext("waiting for worker 0 " + at);
   }
 
   // Worker 0's part of a move (MaybeMoveSlots): the checkpoint of the step, as any other (the
@@ -672,6 +701,7 @@ class WorkerRun final : public TrainingRun {
     lap_.To(&times.compute_s);
     FERRY_RETURN_IF_ERROR(Pull(t));
     FERRY_RETURN_IF_ERROR(MaybeMoveSlots(t));  // before the next step's rows are asked for
+    FERRY_RETURN_IF_ERROR(MaybeTakeAskedMove(t));
     lap_.To(&times.wait_s);
     FERRY_RETURN_IF_ERROR(ReadRowsAhead(t + 1));
     if (sync_servers_ && JobStep() >= plan_.total_steps) {

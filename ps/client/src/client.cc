@@ -1167,13 +1167,34 @@ class ClientImpl final : public Client {
 
   Status Barrier() override { return EnterBarrier(false); }
   Status StartBarrier() override { return EnterBarrier(true); }
-  Status EnterBarrier(bool start) {
+  StatusOr<AskedMove> BarrierTakingMoves() override {
+    auto asked = std::make_shared<AskedMove>();
+    FERRY_RETURN_IF_ERROR(EnterBarrier(false, asked));
+    return *asked;
+  }
+  // `asked`: the barrier takes moves (1.24), and the reply's asked move goes there.
+  Status EnterBarrier(bool start, const std::shared_ptr<AskedMove>& asked = nullptr) {
     auto op = engine_.NewOp();
     flatbuffers::FlatBufferBuilder fbb(96);
     auto h = engine_.BeginHeader(fbb, Kind::Barrier);
     h.add_barrier_id(barrier_generation_.fetch_add(1));
     if (start) h.add_start(true);
-    engine_.Submit(op, 0, Kind::Barrier, engine_.FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
+    OnReply on_reply;
+    if (asked) {
+      h.add_takes_moves(true);
+      const int servers = num_servers();
+      on_reply = [asked, servers](const Header& reply, Frames&) -> Status {
+        const int join = reply.move_join(), drain = reply.move_drain();
+        if (join < -1 || drain < -1 || join >= servers || drain >= servers || (join >= 0 && drain >= 0)) {
+          return DataLossError("server 0's barrier hands over a move of no server of the job (join " +
+                               std::to_string(join) + ", drain " + std::to_string(drain) + ")");
+        }
+        *asked = AskedMove{join, drain};
+        return Status::Ok();
+      };
+    }
+    engine_.Submit(op, 0, Kind::Barrier, engine_.FinishHeader(fbb, h), {}, std::move(on_reply),
+                   options_.request_timeout);
     return Handle(op).wait();
   }
 
@@ -1385,6 +1406,65 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   auto client = std::make_unique<ClientImpl>(std::move(options), std::move(context));
   FERRY_RETURN_IF_ERROR(client->Start());
   return std::unique_ptr<Client>(std::move(client));
+}
+
+Status AskMove(const AskMoveOptions& o) {
+  const std::string where = "asking server 0 (" + o.server0 + ") for a move";
+  if ((o.join >= 0) == (o.drain >= 0) || o.join < -1 || o.drain < -1) {
+    return InvalidArgumentError(where + ": name one server, to join or to drain");
+  }
+  if (o.server0.starts_with("inproc://") && !o.context) {
+    return InvalidArgumentError(where + ": an inproc:// endpoint needs the servers' Context");
+  }
+  if (o.timeout.count() <= 0) return InvalidArgumentError(where + ": the timeout must be positive");
+  const std::shared_ptr<Context> context = o.context ? o.context : Context::Create(1);
+  FERRY_ASSIGN_OR_RETURN(zmq::socket_t sock, transport::MakeSocket(transport::Zmq(*context), zmq::socket_type::dealer));
+  if (o.curve) FERRY_RETURN_IF_ERROR(curve::SetClientKeys(sock.handle(), *o.curve).WithContext(where));
+  try {
+    sock.connect(o.server0);
+  } catch (const zmq::error_t& e) {
+    return InvalidArgumentError(where + ": cannot connect: " + e.what());
+  }
+  flatbuffers::FlatBufferBuilder fbb(128);
+  wire::HeaderBuilder b(fbb);
+  b.add_major(wire::kMajor);
+  b.add_minor(wire::kMinor);
+  b.add_kind(Kind::MoveAsk);
+  b.add_rank(o.rank);
+  b.add_request_id(1);
+  if (o.join >= 0) b.add_move_join(o.join);
+  if (o.drain >= 0) b.add_move_drain(o.drain);
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Frames frames;
+  frames.push_back(wire::ToFrame(fbb));
+  // Blocking, but for the connection only: ZeroMQ queues the message until it connects.
+  FERRY_RETURN_IF_ERROR(transport::Send(sock, frames, /*dontwait=*/false).WithContext(where));
+  const auto deadline = std::chrono::steady_clock::now() + o.timeout;
+  while (true) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return DeadlineExceededError(where + ": no answer within " + std::to_string(o.timeout.count()) +
+                                   " ms (is it running, at that address, and with these CURVE keys?)");
+    }
+    zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
+    try {
+      zmq::poll(&item, 1, std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(200)));
+    } catch (const zmq::error_t& e) {
+      return UnavailableError(where + ": " + e.what());
+    }
+    if ((item.revents & ZMQ_POLLIN) == 0) continue;
+    Frames reply;
+    bool got = false, truncated = false;
+    FERRY_RETURN_IF_ERROR(
+        transport::RecvNonBlocking(sock, &reply, &got, wire::kMaxFrames, &truncated).WithContext(where));
+    if (!got || reply.empty()) continue;
+    const Header* h = nullptr;
+    FERRY_RETURN_IF_ERROR(wire::VerifyHeader(reply[0], &h).WithContext(where + ": its answer"));
+    if (h->request_id() != 1 || h->request_kind() != Kind::MoveAsk) continue;  // (not ours)
+    if (h->kind() == Kind::Error) return wire::ErrorStatus(*h).WithContext(where);
+    return Status::Ok();
+  }
 }
 
 }  // namespace ferry

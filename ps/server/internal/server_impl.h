@@ -430,6 +430,9 @@ class ServerImpl final : public Server {
   // Placement: adopt the request's map, taking over from the checkpoint of its step (HandOver);
   // with `full` false only checks that it could (the first of the client's two rounds).
   Status OnPlacement(Request& req);
+  // MoveAsk (1.24), to server 0: keeps the asked move (a server to join or drain, checked against
+  // the map held here) until a Barrier that takes moves hands it to the workers (Complete).
+  Status OnMoveAsk(Request& req);
   // Servers leaving (1.20, ServerOptions::exit_when_drained): once the map held here leaves this
   // server no slot, it waits until every worker holds that map (or a later one), then leaves.
   // Starts the wait (the map was just adopted, or restored: `restored`, when no worker can hold
@@ -759,6 +762,17 @@ class ServerImpl final : public Server {
   static constexpr std::chrono::seconds kLeaveGrace{2};
   std::optional<Leaving> leaving_;
   std::atomic<bool> left_{false};
+  // Server 0 (I/O thread): the move asked by a MoveAsk and not handed to the workers yet.
+  struct AskedMove {
+    int join = -1;
+    int drain = -1;
+    Clock::time_point at;
+    std::string What() const {
+      return join >= 0 ? "server " + std::to_string(join) + " to join"
+                       : "server " + std::to_string(drain) + " to leave (drained)";
+    }
+  };
+  std::optional<AskedMove> asked_move_;
 
   // Last: starts after everything above is built. Joined only under stop_mu_.
   std::thread thread_ ABSL_GUARDED_BY(stop_mu_);

@@ -386,6 +386,7 @@ ServerImpl::Handler ServerImpl::HandlerOf(Kind kind) {
       {Kind::Placement, &ServerImpl::OnPlacement},
       {Kind::Replicate, &ServerImpl::OnReplicate},
       {Kind::Snapshot, &ServerImpl::OnSnapshot},
+      {Kind::MoveAsk, &ServerImpl::OnMoveAsk},
   };
   static constexpr std::array<Handler, 256> kByKind = [] {
     std::array<Handler, 256> by{};

@@ -34,7 +34,7 @@ enum class Payload : uint8_t {
 
 // Where a kind goes, and when a server takes it.
 enum class Route : uint8_t {
-  kBeforeHello,  // to a server, taken before the client's Hello (the handshake itself, Stats)
+  kBeforeHello,  // to a server, taken before the client's Hello (the handshake itself, Stats, 1.24 MoveAsk)
   kPeer,         // to a server, from another server of the job (1.21 Replicate, 1.22 Snapshot): no Hello, no
                  // worker's rank
   kWorker,       // to a server, from a worker that has said Hello: its rank and step are checked
@@ -86,6 +86,7 @@ inline constexpr KindInfo kKinds[] = {
   {Kind::Placement,        17, Route::kWorker,      Payload::kNone,              false, Wait::kNothing,    false},
   {Kind::Replicate,        21, Route::kPeer,        Payload::kUnchecked,         false, Wait::kServer,     false},
   {Kind::Snapshot,         22, Route::kPeer,        Payload::kNone,              false, Wait::kServer,     false},
+  {Kind::MoveAsk,          24, Route::kBeforeHello, Payload::kNone,              false, Wait::kNothing,    false},
   {Kind::Reply,             0, Route::kReply,       Payload::kUnchecked,         false, Wait::kNothing,    false},
   {Kind::Error,             0, Route::kReply,       Payload::kUnchecked,         false, Wait::kNothing,    false},
 };

@@ -50,8 +50,12 @@ inline constexpr uint16_t kMajor = 1;
 // applies to its backup, and answers the push once the backup has them; Stats' `digests`); 1.22:
 // failover (Snapshot: a replacement server takes its state from its peers before it listens;
 // Hello's `replication`: a client waits for the replacement and sends it what was not answered;
-// Replicate's `incarnation`: the primary's, so that a replaced one's late updates are refused)
-inline constexpr uint16_t kMinor = 23;
+// Replicate's `incarnation`: the primary's, so that a replaced one's late updates are refused);
+// 1.23: sync tables replicated (Replicate's `sync_ops`, `sync_counts`); 1.24: MoveAsk (a move asked
+// of server 0 while the job runs, handed to the workers by a Barrier that `takes_moves`)
+inline constexpr uint16_t kMinor = 24;
+// The first minor whose server 0 takes a MoveAsk and hands it to a Barrier that takes moves.
+inline constexpr uint16_t kMoveAsksSinceMinor = 24;
 // The first minor with placement versions: an earlier client cannot follow a moved map.
 inline constexpr uint16_t kPlacementVersionsSinceMinor = 17;
 // The first minor whose servers know a worker that leaves (Finish's `leaves`) or joins later (Hello's

@@ -314,6 +314,18 @@ class Client {
   // instead (ferry-trainer --resume), and enters the job's next collective with Barrier. A
   // server before 1.12 takes it as a Barrier.
   virtual Status StartBarrier() = 0;
+  // A move asked of the job while it runs (protocol 1.24, AskMove below): a server to join it
+  // (`join`) or to drain (`drain`); -1 both when none was asked.
+  struct AskedMove {
+    int join = -1;
+    int drain = -1;
+    bool asked() const { return join >= 0 || drain >= 0; }
+  };
+  // A Barrier at which the workers take the move asked of server 0 since the last one (AskMove):
+  // server 0 hands it to every worker at once, when all of them entered this barrier (not a
+  // plain one), and forgets it; the workers then make it together (ferry-trainer
+  // --move-asks-every). None when nothing was asked, or server 0 is before 1.24.
+  virtual StatusOr<AskedMove> BarrierTakingMoves() = 0;
   // A barrier that also adds up: every worker passes the same number of values and gets back
   // their element-wise sum over all workers, added in rank order on server 0 (so every worker,
   // and every run, gets the same bits). Barriers and AllReduceSums share one sequence: every
@@ -413,5 +425,24 @@ class Client {
     return PushDense(std::span<const DenseIn>(&t, 1), step);
   }
 };
+
+// Asks a running job to move slots (protocol 1.24, MoveAsk; PROTOCOL.md "Moves asked while the
+// job runs"): server 0 at `server0` (its endpoint) keeps the ask, checked against the map it holds,
+// and hands it to the workers at their next BarrierTakingMoves; they then make server `join` join
+// (a fair share of the slots) or server `drain` leave (its slots to the others). Exactly one of
+// `join`, `drain` is a server rank, the other -1. With CURVE, `curve` holds a worker key of the
+// job and `rank` that worker's rank (readers may not ask). Answered at once: OK once server 0
+// keeps the ask; FAILED_PRECONDITION when one is kept already or the map cannot make that move;
+// DEADLINE_EXCEEDED when server 0 does not answer within `timeout`.
+struct AskMoveOptions {
+  std::string server0;
+  int join = -1;
+  int drain = -1;
+  int rank = 0;
+  std::optional<CurveClientKeys> curve;
+  std::chrono::milliseconds timeout{10000};
+  std::shared_ptr<Context> context;  // the servers' own, for an inproc:// endpoint; else one is made
+};
+Status AskMove(const AskMoveOptions& options);
 
 }  // namespace ferry

@@ -1,6 +1,9 @@
 // Handlers of the workers' progress and meetings: Clock, Finish, Barrier and AllReduce.
 #include "internal/server_impl.h"
 
+#include <algorithm>
+#include <cstdio>
+
 #include "internal/sync.h"
 
 namespace ferry::ps {
@@ -76,8 +79,27 @@ void ServerImpl::Complete(std::vector<Request>& group) {
       payload.emplace_back(sum.data(), sum.size() * sizeof(double));
       Send(r, wire::MakeReply(r.h()->request_id(), r.h()->kind(), 0), std::move(payload));
     }
-  } else {
-    for (auto& r : group) SendOk(r);
+    return;
+  }
+  // 1.24: a barrier every worker entered to take moves hands them the move asked since (the
+  // same to each: they make it together), and server 0 forgets it.
+  const bool hand = asked_move_ && std::ranges::all_of(group, [](Request& r) { return r.h()->takes_moves(); });
+  for (auto& r : group) {
+    if (!hand) {
+      SendOk(r);
+      continue;
+    }
+    flatbuffers::FlatBufferBuilder fbb(96);
+    wire::HeaderBuilder b = BeginReply(fbb, Kind::Barrier, r.h()->request_id());
+    if (asked_move_->join >= 0) b.add_move_join(asked_move_->join);
+    if (asked_move_->drain >= 0) b.add_move_drain(asked_move_->drain);
+    wire::FinishHeaderBuffer(fbb, b.Finish());
+    Send(r, wire::ToFrame(fbb));
+  }
+  if (hand) {
+    std::fprintf(stderr, "ferry-ps 0: handed the move asked (%s) to the %zu workers at a barrier\n",
+                 asked_move_->What().c_str(), group.size());
+    asked_move_.reset();
   }
 }
 

@@ -49,6 +49,49 @@ Status ServerImpl::SamePlacement(const Header& h) const {
                                  ": a hand-over ran since they were; take the checkpoint again");
 }
 
+Status ServerImpl::OnMoveAsk(Request& req) {
+  const Header& h = *req.h();
+  if (options_.rank != 0) {
+    return InvalidArgumentError(Who() + " is not server 0: a move is asked of server 0, which hands it to the job");
+  }
+  const int join = h.move_join();
+  const int drain = h.move_drain();
+  if ((join >= 0) == (drain >= 0) || join < -1 || drain < -1) {
+    return InvalidArgumentError("a MoveAsk names one server, to join (move_join) or to drain (move_drain); it names " +
+                                std::to_string(join) + " to join and " + std::to_string(drain) + " to drain");
+  }
+  const int target = std::max(join, drain);
+  if (target >= options_.num_servers) {
+    return InvalidArgumentError("a MoveAsk names server " + std::to_string(target) + "; the job has " +
+                                std::to_string(options_.num_servers) + " servers (0 to " +
+                                std::to_string(options_.num_servers - 1) + ")");
+  }
+  if (Replicating()) {
+    return UnimplementedError(Who() + " keeps replicas (replication 2): its slots cannot move yet");
+  }
+  if (asked_move_) {
+    return FailedPreconditionError(
+        "a move is asked already (" + asked_move_->What() + ", " +
+        std::to_string(std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - asked_move_->at).count()) +
+        " s ago) and the job has not taken it yet (its workers take one at their next move check: "
+        "ferry-trainer --move-asks-every); ask again once it is made");
+  }
+  // Checked against the map now (the move is made from the map the job holds then, which the
+  // trainer checks again).
+  const placement::Placement& map = tables_.placement();
+  StatusOr<placement::Placement> next = join >= 0 ? map.Grow(join) : map.Drain(drain);
+  if (!next.ok()) {
+    return FailedPreconditionError("cannot ask for " + AskedMove{join, drain, {}}.What() + " at placement version " +
+                                   std::to_string(map.version()) + ": " + next.status().message());
+  }
+  asked_move_ = AskedMove{join, drain, Clock::now()};
+  std::fprintf(stderr,
+               "ferry-ps 0: asked for %s (%d slots would move); the workers take it at their next move check\n",
+               asked_move_->What().c_str(), placement::Placement::SlotsMoved(map, *next));
+  SendOk(req);
+  return Status::Ok();
+}
+
 Status ServerImpl::OnPlacement(Request& req) {
   const Header& h = *req.h();
   if (Replicating()) {

@@ -167,6 +167,11 @@ struct TrainerOptions {
     int join = -1;   // the server, owning no slot, given a share (Placement::Grow)
   };
   std::vector<SlotMove> move_slots;
+  // --move-asks-every N: every N steps (at steps N, 2N, ...; where a --move-slots move would
+  // be) every worker meets at a barrier that takes a move asked of server 0 since (ferry-move,
+  // AskMove; protocol 1.24), and when one was, they make it there as a --move-slots move of that
+  // step. 0: moves are not asked for.
+  int64_t move_asks_every = 0;
   // The move whose hand-over the servers should read the checkpoint of `step` ahead for (protocol
   // 1.19; worker 0, once that checkpoint is committed, at step `now`, having taken
   // `seconds_per_step` a step so far): the first move after `step`, unless another checkpoint is

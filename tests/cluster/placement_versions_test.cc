@@ -447,6 +447,87 @@ TEST(PlacementVersions, AMoveAskedWhileTheJobRunsIsHandedToEveryWorkerAtOneBarri
     EXPECT_EQ(got->drain, 1);
     EXPECT_EQ(got->join, -1);
   }
+  // A barrier some worker entered without taking moves hands nothing over: the ask stays kept.
+  ASSERT_TRUE(ask(0, 2, -1).ok());
+  {
+    StatusOr<Client::AskedMove> got0 = Client::AskedMove{};
+    std::thread t1([&] { EXPECT_TRUE(w[1]->Barrier().ok()); });
+    got0 = w[0]->BarrierTakingMoves();
+    t1.join();
+    ASSERT_TRUE(got0.ok()) << got0.status();
+    EXPECT_FALSE(got0->asked());
+  }
+  // A move made meanwhile (here by worker 0 itself, from a checkpoint) leaves the ask out of
+  // date: server 0 drops it at the next barrier that takes moves instead of handing it over.
+  {
+    ASSERT_TRUE(w[0]->Checkpoint(0).ok());
+    auto now = placement::Placement::FromOwners(w[0]->placement_version(), w[0]->placement_owners(), 3);
+    ASSERT_TRUE(now.ok()) << now.status();
+    auto next = now->Grow(2);
+    ASSERT_TRUE(next.ok()) << next.status();
+    const Status moved = w[0]->MoveSlots(next->version(), next->Owners(), 0);
+    ASSERT_TRUE(moved.ok()) << moved;
+  }
+  for (const auto& got : both(taking)) {
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_FALSE(got->asked());
+  }
+  EXPECT_TRUE(ask(0, -1, 2).ok());  // (dropped: not kept any more)
+  // What the client refuses to send, server 0 refuses too: no server named, both, a rank below -1.
+  {
+    auto made = transport::MakeSocket(transport::Zmq(*c.context), zmq::socket_type::dealer);
+    ASSERT_TRUE(made.ok());
+    zmq::socket_t raw = std::move(*made);
+    raw.set(zmq::sockopt::rcvtimeo, 20000);
+    raw.connect(c.endpoints[0]);
+    uint64_t id = 100;
+    for (const auto& [join, drain] : std::vector<std::pair<int, int>>{{-1, -1}, {2, 1}, {-5, -1}}) {
+      flatbuffers::FlatBufferBuilder fbb;
+      wire::HeaderBuilder b(fbb);
+      b.add_major(wire::kMajor);
+      b.add_minor(wire::kMinor);
+      b.add_kind(wire::Kind::MoveAsk);
+      b.add_request_id(++id);
+      b.add_move_join(join);
+      b.add_move_drain(drain);
+      wire::FinishHeaderBuffer(fbb, b.Finish());
+      transport::Frames f;
+      f.push_back(wire::ToFrame(fbb));
+      ASSERT_TRUE(transport::Send(raw, f).ok());
+      transport::Frames reply;
+      ASSERT_TRUE(transport::Recv(raw, &reply).ok());
+      const wire::Header* h = nullptr;
+      ASSERT_TRUE(wire::VerifyHeader(reply[0], &h).ok());
+      EXPECT_EQ(h->request_id(), id);
+      ASSERT_EQ(h->kind(), wire::Kind::Error) << join << " " << drain;
+      EXPECT_NE(wire::ErrorStatus(*h).message().find("a MoveAsk names one server"), std::string::npos)
+          << wire::ErrorStatus(*h);
+    }
+  }
+  // A server before 1.24 refuses the unknown kind with an Error of request id 0 (it could not read
+  // the header): that is the answer, not a reply to wait past.
+  {
+    zmq::socket_t router(transport::Zmq(*c.context), zmq::socket_type::router);
+    router.set(zmq::sockopt::rcvtimeo, 20000);
+    router.bind("inproc://placement-ask-old-server-0");
+    std::thread old([&] {
+      transport::Frames in;  // routing id, header
+      if (!transport::Recv(router, &in).ok() || in.empty()) return;
+      transport::Frames out;
+      out.push_back(std::move(in[0]));
+      out.push_back(wire::MakeError(0, wire::Kind::Invalid, InvalidArgumentError("unknown message kind 23")));
+      EXPECT_TRUE(transport::Send(router, out).ok());
+    });
+    AskMoveOptions a;
+    a.server0 = "inproc://placement-ask-old-server-0";
+    a.context = c.context;
+    a.join = 2;
+    a.timeout = 20s;
+    s = AskMove(a);
+    old.join();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("does not know MoveAsk"), std::string::npos) << s;
+  }
   // A silent address: DEADLINE_EXCEEDED within the timeout, naming it.
   AskMoveOptions silent;
   silent.server0 = "tcp://127.0.0.1:9";  // (discard: nothing listens there)

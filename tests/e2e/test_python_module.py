@@ -387,6 +387,23 @@ class PythonModuleTest(unittest.TestCase):
                 self.assertEqual(c1.server_counters(1).get("updates_applied", 0), applied[1])
                 c0.pull_dense("w", w).wait()
                 np.testing.assert_array_equal(w, -np.arange(64, dtype=np.float32) - 1)
+                # A move asked while the job runs (1.24): server 0 keeps it and hands it to both
+                # workers at one barrier that takes moves; a second ask while it is kept is refused.
+                with self.assertRaises(ValueError):
+                    ferry.ask_move(s.endpoints[0], join=1, drain=1)
+                with self.assertRaises(ferry.Error) as e:
+                    ferry.ask_move(s.endpoints[0], drain=1)  # server 1 owns no slot now
+                self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
+                ferry.ask_move(s.endpoints[0], join=1)
+                with self.assertRaises(ferry.Error) as e:
+                    ferry.ask_move(s.endpoints[0], join=1)
+                self.assertIn("a move is asked already", str(e.exception))
+                got = [None, None]
+                t = threading.Thread(target=lambda: got.__setitem__(1, c1.barrier_taking_moves()))
+                t.start()
+                got[0] = c0.barrier_taking_moves()
+                t.join(60)
+                self.assertEqual(got, [("join", 1), ("join", 1)])
                 c0.close()
                 c1.close()
 

@@ -470,8 +470,9 @@ const Flag kFlags[] = {
      SetMoveSlots},
     {"--move-asks-every", "N", "recovery",
      "every N steps every worker meets at a barrier to take a move asked of server 0 while the job "
-     "runs (ferry-move --server EP0 join=K|drain=K), and makes it there as a --move-slots move of "
-     "that step (0: no asks taken; the servers need a checkpoint folder)",
+     "runs (the ferry-move tool: join=K or drain=K), and makes it there as a --move-slots move of "
+     "that step (0: no asks taken; the servers need a checkpoint folder; a worker restarted at such "
+     "a step makes the others restart too, as at a --move-slots step: keep N well above 1)",
      Int<&O::move_asks_every, 0, INT64_MAX / 2>, Show<&O::move_asks_every>},
     {"--leave", "WORKER@STEP[,...]", "recovery",
      "worker WORKER leaves the job before step STEP and exits; the others train on without it, "

@@ -642,6 +642,17 @@ class PyClient {
     Blocking([step](ferry::Client& c) { return c.Checkpoint(step); });
   }
 
+  // None, or ("join", K) / ("drain", K): the move asked of server 0 that this barrier hands over.
+  py::object BarrierTakingMoves() {
+    ferry::Client::AskedMove asked;
+    Blocking([&asked](ferry::Client& c) -> ferry::Status {
+      FERRY_ASSIGN_OR_RETURN(asked, c.BarrierTakingMoves());
+      return ferry::Status::Ok();
+    });
+    if (!asked.asked()) return py::none();
+    return py::make_tuple(asked.join >= 0 ? "join" : "drain", asked.join >= 0 ? asked.join : asked.drain);
+  }
+
   uint64_t placement_version() { return client().placement_version(); }
   std::vector<int> ServersInJob() { return client().servers_in_job(); }
   py::array_t<uint16_t> PlacementOwners() {
@@ -978,6 +989,11 @@ PYBIND11_MODULE(_ferry, m) {
           "[(name, grad, out)].")
       .def("sparse_dim", &PyClient::SparseDim, py::arg("table"), "The row width of a sparse table declared here.")
       .def("barrier", &PyClient::Barrier)
+      .def("barrier_taking_moves", &PyClient::BarrierTakingMoves,
+           "A barrier at which the workers take the move asked of server 0 since (ferry.ask_move; servers of\n"
+           "protocol 1.24): every worker must call it (not barrier) for server 0 to hand the move over, and\n"
+           "each then gets the same answer: None, or ('join', K) / ('drain', K), the move to make now (worker\n"
+           "0: checkpoint, then move_slots with placement_owners changed so; the others wait at a barrier).")
       .def("all_reduce_sum", &PyClient::AllReduceSum, py::arg("values"))
       .def("advance_clock", &PyClient::AdvanceClock, py::arg("clock"), py::arg("wait") = true,
            "Advances this worker's clock to `clock` on every server (ssp). wait=False: returns its Handle at "
@@ -1114,6 +1130,39 @@ PYBIND11_MODULE(_ferry, m) {
            "Sets what the page shows: steps done, examples processed, the last loss, seconds by part "
            "(cumulative), the client's bytes.")
       .def("close", &PyWorkerMetrics::Close, "Stops serving.");
+  m.def(
+      "ask_move",
+      [](const std::string& server0, std::optional<int> join, std::optional<int> drain, int rank,
+         std::optional<std::string> curve_keys, double timeout_s) {
+        ferry::AskMoveOptions o;
+        o.server0 = server0;
+        if (join.has_value() == drain.has_value() || (join && *join < 0) || (drain && *drain < 0)) {
+          throw py::value_error("ask_move: give one server rank, join=K or drain=K");
+        }
+        o.join = join.value_or(-1);
+        o.drain = drain.value_or(-1);
+        o.rank = rank;
+        if (!(timeout_s > 0)) throw py::value_error("ask_move: timeout_s must be positive");
+        o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+        if (curve_keys && !curve_keys->empty()) {
+          auto keys = ferry::curve::LoadClientKeys(*curve_keys, rank);
+          if (!keys.ok()) Raise(keys.status().WithContext("curve_keys"));
+          o.curve = std::move(*keys);
+        }
+        ferry::Status s;
+        {
+          py::gil_scoped_release release;
+          s = ferry::AskMove(o);
+        }
+        Check(s);
+      },
+      py::arg("server0"), py::kw_only(), py::arg("join") = py::none(), py::arg("drain") = py::none(),
+      py::arg("rank") = 0, py::arg("curve_keys") = py::none(), py::arg("timeout_s") = 10.0,
+      "Asks a running job (server 0 at the endpoint server0; protocol 1.24) to make server `join` join or\n"
+      "server `drain` leave: server 0 checks it against its map, keeps it (one at a time) and hands it to\n"
+      "the workers at their next barrier_taking_moves (ferry-trainer --move-asks-every). With CURVE, the\n"
+      "job's key folder and a worker's rank. ferry.Error: refused (FAILED_PRECONDITION: one is kept\n"
+      "already, or the map cannot make that move) or no answer within timeout_s (DEADLINE_EXCEEDED).");
   m.def("dedup", &Dedup, py::arg("tables"),
         "dedup([ids, ...]) -> ([distinct ids per table], rows): each table's distinct ids in order of first "
         "appearance, and for every id, in order, the row of its distinct id counted over all tables (table t's "

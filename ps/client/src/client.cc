@@ -1451,6 +1451,7 @@ Status AskMove(const AskMoveOptions& o) {
     try {
       zmq::poll(&item, 1, std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(200)));
     } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
       return UnavailableError(where + ": " + e.what());
     }
     if ((item.revents & ZMQ_POLLIN) == 0) continue;
@@ -1461,8 +1462,14 @@ Status AskMove(const AskMoveOptions& o) {
     if (!got || reply.empty()) continue;
     const Header* h = nullptr;
     FERRY_RETURN_IF_ERROR(wire::VerifyHeader(reply[0], &h).WithContext(where + ": its answer"));
+    // This socket sends one request: an Error of request id 0 is its refusal by a server that could
+    // not read the header (one before 1.24 does not know the kind).
+    if (h->kind() == Kind::Error && (h->request_id() == 0 || h->request_id() == 1)) {
+      const std::string old =
+          " (a server before protocol 1." + std::to_string(wire::kMoveAsksSinceMinor) + " does not know MoveAsk)";
+      return wire::ErrorStatus(*h).WithContext(where + (h->request_id() == 0 ? old : ""));
+    }
     if (h->request_id() != 1 || h->request_kind() != Kind::MoveAsk) continue;  // (not ours)
-    if (h->kind() == Kind::Error) return wire::ErrorStatus(*h).WithContext(where);
     return Status::Ok();
   }
 }

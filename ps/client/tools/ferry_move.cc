@@ -21,9 +21,9 @@
 
 namespace {
 
-int Usage(const std::string& why) {
-  if (!why.empty()) std::fprintf(stderr, "ferry-move: %s\n", why.c_str());
-  std::fputs("usage: ferry-move --server EP0 join=K|drain=K [--curve-keys DIR [--rank R]] [--timeout-s S]\n", stderr);
+int Usage(const std::string& why, std::FILE* to = stderr) {
+  if (!why.empty()) std::fprintf(to, "ferry-move: %s\n", why.c_str());
+  std::fputs("usage: ferry-move --server EP0 join=K|drain=K [--curve-keys DIR [--rank R]] [--timeout-s S]\n", to);
   return 2;
 }
 
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     const std::string_view a = argv[i];
     const bool has_value = i + 1 < argc;
     if (a == "--help" || a == "-h") {
-      Usage("");
+      Usage("", stdout);
       return 0;
     } else if (a == "--server" && has_value) {
       options.server0 = argv[++i];

@@ -433,6 +433,18 @@ class ServerImpl final : public Server {
   // MoveAsk (1.24), to server 0: keeps the asked move (a server to join or drain, checked against
   // the map held here) until a Barrier that takes moves hands it to the workers (Complete).
   Status OnMoveAsk(Request& req);
+  // A move asked by a MoveAsk (1.24): a server to join, or one to drain.
+  struct AskedMove {
+    int join = -1;
+    int drain = -1;
+    Clock::time_point at;
+    std::string What() const {
+      return join >= 0 ? "server " + std::to_string(join) + " to join"
+                       : "server " + std::to_string(drain) + " to leave (drained)";
+    }
+  };
+  // OK when the map held here can make `asked` (Placement::Grow or Drain), else why not.
+  Status AskedMoveFits(const AskedMove& asked) const;
   // Servers leaving (1.20, ServerOptions::exit_when_drained): once the map held here leaves this
   // server no slot, it waits until every worker holds that map (or a later one), then leaves.
   // Starts the wait (the map was just adopted, or restored: `restored`, when no worker can hold
@@ -762,16 +774,7 @@ class ServerImpl final : public Server {
   static constexpr std::chrono::seconds kLeaveGrace{2};
   std::optional<Leaving> leaving_;
   std::atomic<bool> left_{false};
-  // Server 0 (I/O thread): the move asked by a MoveAsk and not handed to the workers yet.
-  struct AskedMove {
-    int join = -1;
-    int drain = -1;
-    Clock::time_point at;
-    std::string What() const {
-      return join >= 0 ? "server " + std::to_string(join) + " to join"
-                       : "server " + std::to_string(drain) + " to leave (drained)";
-    }
-  };
+  // Server 0 (I/O thread): the move asked and not handed to the workers yet.
   std::optional<AskedMove> asked_move_;
 
   // Last: starts after everything above is built. Joined only under stop_mu_.

@@ -12,10 +12,10 @@ python3-torch and is imported only when asked for).
 """
 
 from ._ferry import (PLACEMENT_SLOTS, ChangeFeed, Client, Error, Handle, WorkerMetrics,  # noqa: F401
-                     cluster_from_tf_config, id_server, optimizers, table_option_keys)
+                     ask_move, cluster_from_tf_config, id_server, optimizers, table_option_keys)
 
 # Errors read as ferry.Error (the class lives in the extension).
 Error.__module__ = "ferry"
 
-__all__ = ["PLACEMENT_SLOTS", "ChangeFeed", "Client", "Error", "Handle", "WorkerMetrics", "cluster_from_tf_config",
-           "id_server", "optimizers", "table_option_keys"]
+__all__ = ["PLACEMENT_SLOTS", "ChangeFeed", "Client", "Error", "Handle", "WorkerMetrics", "ask_move",
+           "cluster_from_tf_config", "id_server", "optimizers", "table_option_keys"]

@@ -82,7 +82,17 @@ void ServerImpl::Complete(std::vector<Request>& group) {
     return;
   }
   // 1.24: a barrier every worker entered to take moves hands them the move asked since (the
-  // same to each: they make it together), and server 0 forgets it.
+  // same to each: they make it together), and server 0 forgets it. The map may have changed since
+  // it was asked (a move made meanwhile): one that no longer fits it is dropped, said here, rather
+  // than handed to workers who would fail to make it. (No hand-over runs while every worker waits
+  // here: the map is the one they will move from.)
+  if (asked_move_ && std::ranges::all_of(group, [](Request& r) { return r.h()->takes_moves(); })) {
+    if (const Status fits = AskedMoveFits(*asked_move_); !fits.ok()) {
+      std::fprintf(stderr, "ferry-ps 0: dropped the move asked (%s): %s\n", asked_move_->What().c_str(),
+                   fits.message().c_str());
+      asked_move_.reset();
+    }
+  }
   const bool hand = asked_move_ && std::ranges::all_of(group, [](Request& r) { return r.h()->takes_moves(); });
   for (auto& r : group) {
     if (!hand) {

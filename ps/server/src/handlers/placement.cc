@@ -49,6 +49,14 @@ Status ServerImpl::SamePlacement(const Header& h) const {
                                  ": a hand-over ran since they were; take the checkpoint again");
 }
 
+Status ServerImpl::AskedMoveFits(const AskedMove& asked) const {
+  const placement::Placement& map = tables_.placement();
+  StatusOr<placement::Placement> next = asked.join >= 0 ? map.Grow(asked.join) : map.Drain(asked.drain);
+  if (next.ok()) return Status::Ok();
+  return FailedPreconditionError("cannot ask for " + asked.What() + " at placement version " +
+                                 std::to_string(map.version()) + ": " + next.status().message());
+}
+
 Status ServerImpl::OnMoveAsk(Request& req) {
   const Header& h = *req.h();
   if (options_.rank != 0) {
@@ -76,18 +84,12 @@ Status ServerImpl::OnMoveAsk(Request& req) {
         " s ago) and the job has not taken it yet (its workers take one at their next move check: "
         "ferry-trainer --move-asks-every); ask again once it is made");
   }
-  // Checked against the map now (the move is made from the map the job holds then, which the
-  // trainer checks again).
-  const placement::Placement& map = tables_.placement();
-  StatusOr<placement::Placement> next = join >= 0 ? map.Grow(join) : map.Drain(drain);
-  if (!next.ok()) {
-    return FailedPreconditionError("cannot ask for " + AskedMove{join, drain, {}}.What() + " at placement version " +
-                                   std::to_string(map.version()) + ": " + next.status().message());
-  }
-  asked_move_ = AskedMove{join, drain, Clock::now()};
-  std::fprintf(stderr,
-               "ferry-ps 0: asked for %s (%d slots would move); the workers take it at their next move check\n",
-               asked_move_->What().c_str(), placement::Placement::SlotsMoved(map, *next));
+  // Checked against the map now, and again when a barrier would hand it over (Complete).
+  const AskedMove asked{join, drain, Clock::now()};
+  FERRY_RETURN_IF_ERROR(AskedMoveFits(asked));
+  asked_move_ = asked;
+  std::fprintf(stderr, "ferry-ps 0: asked for %s; the workers take it at their next move check\n",
+               asked_move_->What().c_str());
   SendOk(req);
   return Status::Ok();
 }

@@ -1090,6 +1090,34 @@ TEST(Cluster, StoppedServerFailsRequestsWithinTheTimeout) {
   EXPECT_NE(s.message().find("server 1"), std::string::npos) << s;
 }
 
+// A server's connection closes while nothing is in flight to it (its process killed between two
+// steps): the client notices, and a request sent to it later fails UNAVAILABLE, naming it, once it
+// has been gone for the heartbeat timeout, not at the request's own deadline (it waited there on a
+// socket that could not connect: test_torch's killed server was reported after 60 s, under load).
+TEST(Cluster, ARequestToAServerWhoseConnectionClosedFailsWithinTheHeartbeatTimeout) {
+  auto c = LocalCluster::Start(2, /*tcp=*/true);
+  ClientOptions o;
+  o.heartbeat_timeout = 1s;
+  o.request_timeout = 120s;
+  auto w = c.Connect(0, 1, o);
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {1000};
+  spec.chunk_elems = 100;
+  ASSERT_TRUE(w->Declare(spec).ok());
+  std::vector<float> g(1000, 1.0f);
+  ASSERT_TRUE(w->PushDense("w", g, 0).wait().ok());
+  c.servers[1].reset();             // its socket closes, as a killed process's does
+  std::this_thread::sleep_for(3s);  // the client's heartbeats wake it: it reads the closed connection
+  const auto sent = std::chrono::steady_clock::now();
+  Status s = w->PushDense("w", g, 1).wait(60s);
+  const auto took = std::chrono::steady_clock::now() - sent;
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find(c.endpoints[1]), std::string::npos) << s;
+  EXPECT_NE(s.message().find("closed the connection"), std::string::npos) << s;
+  EXPECT_LT(took, 30s) << "failed after " << std::chrono::duration_cast<std::chrono::seconds>(took).count() << " s";
+}
+
 TEST(Cluster, ManySmallTensorsCostOneMessagePerServer) {
   auto c = LocalCluster::Start(2);
   auto w = c.Connect(0, 1);

@@ -215,6 +215,38 @@ TEST_F(Curve, AReaderKeyReadsTheChangeFeedAndNothingElse) {
   EXPECT_EQ(after, now);  // nothing the reader did changed the table
 }
 
+// A move asked of the job (1.24 MoveAsk) needs a worker's key, speaking for its own rank: a
+// reader's key, another rank's, or none is refused, and server 0 keeps nothing of them.
+TEST_F(Curve, AMoveIsAskedWithAWorkersKeyForItsOwnRankAlone) {
+  auto ask = [&](std::optional<CurveClientKeys> keys, int rank) {
+    AskMoveOptions a;
+    a.server0 = endpoints_[0];
+    a.drain = 1;
+    a.rank = rank;
+    a.curve = std::move(keys);
+    a.timeout = 3s;
+    return AskMove(a);
+  };
+  auto reader = curve::LoadReaderKeys(keys_, 0);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  Status s = ask(*reader, 0);
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("a reader may read"), std::string::npos) << s;
+  auto worker1 = curve::LoadClientKeys(keys_, 1);
+  ASSERT_TRUE(worker1.ok()) << worker1.status();
+  s = ask(*worker1, 0);
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("cannot speak for worker 0"), std::string::npos) << s;
+  s = ask(std::nullopt, 0);  // no key: the handshake fails, nothing is read
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  // Nothing was kept: worker 1's own ask is the first.
+  s = ask(*worker1, 1);
+  EXPECT_TRUE(s.ok()) << s;
+  s = ask(*worker1, 1);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("a move is asked already (server 1 to leave"), std::string::npos) << s;
+}
+
 // Raw sockets, as an attacker would use them: valid Ferry requests (create a table, push, pull,
 // finish) sent with no key and with a foreign key get no reply, reach no handler, and change
 // nothing the job's workers see.

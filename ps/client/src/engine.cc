@@ -192,6 +192,7 @@ Status Engine::Start(OnMoved on_moved, MakeHello make_hello) {
     sockets_.resize(options_.servers.size());
     monitors_.resize(options_.servers.size());
     handshaken_.resize(options_.servers.size());
+    gone_since_.resize(options_.servers.size());
     rehello_.resize(options_.servers.size());
     lost_.resize(options_.servers.size());
     held_.resize(options_.servers.size());
@@ -779,6 +780,20 @@ void Engine::CheckMonitors() {
   if (now - last_monitor_check_ < kMonitorEvery) return;
   last_monitor_check_ = now;
   for (int s = 0; s < num_servers(); ++s) ReadMonitor(s);
+  const auto after = options_.heartbeat_timeout;
+  for (int s = 0; s < num_servers(); ++s) {
+    const std::optional<SteadyClock::time_point>& gone = gone_since_[static_cast<size_t>(s)];
+    if (!gone || handshaken_[static_cast<size_t>(s)] || after.count() <= 0 || now - *gone < after) continue;
+    if (std::none_of(in_flight_.begin(), in_flight_.end(), [s](const auto& kv) { return kv.second.server == s; })) {
+      continue;
+    }
+    const std::string since = std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - *gone).count());
+    FailServer(s, [&](const Request& r) {
+      return UnavailableError(std::string(wire::KindName(r.kind)) + " abandoned: " + ServerName(s) +
+                              " closed the connection " + since +
+                              " s ago and has not taken a new one since (killed, hung, or unreachable?)");
+    });
+  }
 }
 
 void Engine::ReadMonitor(int s) {
@@ -810,7 +825,10 @@ bool Engine::OnMonitorEvent(int s, Frames& frames) {
     });
     return true;
   }
-  if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) handshaken_[static_cast<size_t>(s)] = true;
+  if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+    handshaken_[static_cast<size_t>(s)] = true;
+    gone_since_[static_cast<size_t>(s)].reset();
+  }
   if (event != ZMQ_EVENT_DISCONNECTED) return false;
   if (!handshaken_[static_cast<size_t>(s)] && rehello_[static_cast<size_t>(s)] != 0) {
     // 1.22: a replacement awaited: the dead process's port, closing, took the connection and
@@ -843,6 +861,7 @@ bool Engine::OnMonitorEvent(int s, Frames& frames) {
                               ? " closed the connection or left heartbeats unanswered for " +
                                     std::to_string(options_.heartbeat_timeout.count()) + " ms"
                               : " closed the connection";
+  if (!gone_since_[static_cast<size_t>(s)]) gone_since_[static_cast<size_t>(s)] = SteadyClock::now();
   FailServer(s, [&](const Request& r) {
     return UnavailableError(std::string(wire::KindName(r.kind)) + " abandoned: " + ServerName(s) + why +
                             " (killed, hung, or unreachable?)");

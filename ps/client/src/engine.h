@@ -374,6 +374,11 @@ class Engine {
   std::vector<zmq::socket_t> sockets_ ABSL_GUARDED_BY(io_mu_);   // one per server
   std::vector<zmq::socket_t> monitors_ ABSL_GUARDED_BY(io_mu_);  // one per server: its socket's disconnections
   std::vector<bool> handshaken_ ABSL_GUARDED_BY(io_mu_);         // per server: its current socket completed a handshake
+  // Per server: when the connection to it closed and failed what was in flight (a server that
+  // keeps no replica), until a new one completes a handshake. Requests sent to it meanwhile wait
+  // on a socket that cannot connect: CheckMonitors fails them once it has been gone for the
+  // heartbeat timeout, instead of at their own deadline.
+  std::vector<std::optional<SteadyClock::time_point>> gone_since_ ABSL_GUARDED_BY(io_mu_);
   // Per server: the Hello to its replacement in flight (0: none).
   std::vector<uint64_t> rehello_ ABSL_GUARDED_BY(io_mu_);
   // Per server: what was in flight to it when its connection closed (AwaitReplacement), by id.

@@ -1073,16 +1073,21 @@ TEST(Cluster, ZeroComputeThreadsMeansNoneAndGivesTheSameBits) {
   EXPECT_EQ(Server::Start(too_many).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A dense table "w" of 1000 values in chunks of 100: each server of a cluster of 2 holds some.
+void DeclareAcrossTwoServers(Client& w) {
+  TableSpec spec;
+  spec.name = "w";
+  spec.shape = {1000};
+  spec.chunk_elems = 100;
+  ASSERT_TRUE(w.Declare(spec).ok());
+}
+
 TEST(Cluster, StoppedServerFailsRequestsWithinTheTimeout) {
   auto c = LocalCluster::Start(2, /*tcp=*/true);
   ClientOptions o;
   o.request_timeout = 2s;  // server 0, which runs, answers within it on a loaded machine too
   auto w = c.Connect(0, 1, o);
-  TableSpec spec;
-  spec.name = "w";
-  spec.shape = {1000};
-  spec.chunk_elems = 100;
-  ASSERT_TRUE(w->Declare(spec).ok());
+  ASSERT_NO_FATAL_FAILURE(DeclareAcrossTwoServers(*w));
   c.servers[1]->Stop();
   std::vector<float> g(1000, 1.0f);
   Status s = w->PushDense("w", g, 0).wait(10s);
@@ -1100,11 +1105,7 @@ TEST(Cluster, ARequestToAServerWhoseConnectionClosedFailsWithinTheHeartbeatTimeo
   o.heartbeat_timeout = 1s;
   o.request_timeout = 120s;
   auto w = c.Connect(0, 1, o);
-  TableSpec spec;
-  spec.name = "w";
-  spec.shape = {1000};
-  spec.chunk_elems = 100;
-  ASSERT_TRUE(w->Declare(spec).ok());
+  ASSERT_NO_FATAL_FAILURE(DeclareAcrossTwoServers(*w));
   std::vector<float> g(1000, 1.0f);
   ASSERT_TRUE(w->PushDense("w", g, 0).wait().ok());
   c.servers[1].reset();             // its socket closes, as a killed process's does

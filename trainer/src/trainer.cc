@@ -442,23 +442,23 @@ class WorkerRun final : public TrainingRun {
                            (move.join >= 0 ? "server " + std::to_string(move.join) + " to join"
                                            : "server " + std::to_string(move.drain) + " drained") +
                            ") at step " + std::to_string(t);
-    if (rank_ == 0) {
-      // Server 0 checked the move against the map the workers move from (it hands over none that
-      // no longer fits), so this holds but for a map worker 0 cannot read: said, not fatal.
-      StatusOr<placement::Placement> next = Map();
-      if (next.ok()) next = NextMap(move, *next);
-      if (!next.ok()) {
-        Say("warning: not " + at + ": " + next.status().ToString() + "; the job trains on without it");
-      } else {
-        FERRY_RETURN_IF_ERROR(MoveSlots(move, t, at));
-      }
-    }
+    if (rank_ == 0) FERRY_RETURN_IF_ERROR(MoveSlots(move, t, at, /*asked=*/true));
     return client_->Barrier().WithContext("waiting for worker 0 " + at);
   }
 
   // Worker 0's part of a move (MaybeMoveSlots): the checkpoint of the step, as any other (the
-  // launcher and the metrics see it), then the hand-over from it.
-  Status MoveSlots(const TrainerOptions::SlotMove& move, int64_t t, const std::string& at) {
+  // launcher and the metrics see it), then the hand-over from it. A move the map cannot make
+  // fails the job, but for one `asked` of server 0 (MaybeTakeAskedMove): server 0 checked it
+  // against the map the workers move from (it hands over none that no longer fits), so that holds
+  // but for a map worker 0 cannot read, which is said, not fatal.
+  Status MoveSlots(const TrainerOptions::SlotMove& move, int64_t t, const std::string& at, bool asked = false) {
+    StatusOr<placement::Placement> now = Map();
+    StatusOr<placement::Placement> next = now.ok() ? NextMap(move, *now) : StatusOr<placement::Placement>(now.status());
+    if (!next.ok()) {
+      if (!asked) return next.status().WithContext(at);
+      Say("warning: not " + at + ": " + next.status().ToString() + "; the job trains on without it");
+      return Status::Ok();
+    }
     const Clock::time_point began = Clock::now();
     // The checkpoints committed here read nothing ahead: this move reads its own, and the next
     // move's map is not known until this one is made.
@@ -479,14 +479,11 @@ class WorkerRun final : public TrainingRun {
       return Status::Ok();
     }
     const Clock::time_point saved = Clock::now();
-    FERRY_ASSIGN_OR_RETURN(const placement::Placement now, Map());
-    StatusOr<placement::Placement> next = NextMap(move, now);
-    FERRY_RETURN_IF_ERROR(next.status().WithContext(at));
     FERRY_RETURN_IF_ERROR(client_->MoveSlots(next->version(), next->Owners(), step).WithContext(at));
     char line[300];
     std::snprintf(line, sizeof line,
                   "moved %d slots at step %lld (%s): placement version %llu; checkpoint %.3f s, hand-over %.3f s%s",
-                  placement::Placement::SlotsMoved(now, *next), static_cast<long long>(step),
+                  placement::Placement::SlotsMoved(*now, *next), static_cast<long long>(step),
                   move.drain >= 0  ? ("server " + std::to_string(move.drain) + " drained").c_str()
                   : move.join >= 0 ? ("server " + std::to_string(move.join) + " joined").c_str()
                                    : "the first map",

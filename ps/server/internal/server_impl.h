@@ -445,6 +445,8 @@ class ServerImpl final : public Server {
   };
   // OK when the map held here can make `asked` (Placement::Grow or Drain), else why not.
   Status AskedMoveFits(const AskedMove& asked) const;
+  // OK where this server's slots can move (a Placement or a MoveAsk): not while it keeps replicas.
+  Status MovesPossible() const;
   // Servers leaving (1.20, ServerOptions::exit_when_drained): once the map held here leaves this
   // server no slot, it waits until every worker holds that map (or a later one), then leaves.
   // Starts the wait (the map was just adopted, or restored: `restored`, when no worker can hold

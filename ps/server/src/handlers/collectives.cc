@@ -86,19 +86,19 @@ void ServerImpl::Complete(std::vector<Request>& group) {
   // it was asked (a move made meanwhile): one that no longer fits it is dropped, said here, rather
   // than handed to workers who would fail to make it. (No hand-over runs while every worker waits
   // here: the map is the one they will move from.)
-  if (asked_move_ && std::ranges::all_of(group, [](Request& r) { return r.h()->takes_moves(); })) {
+  const bool all_take_moves = std::ranges::all_of(group, [](Request& r) { return r.h()->takes_moves(); });
+  if (asked_move_ && all_take_moves) {
     if (const Status fits = AskedMoveFits(*asked_move_); !fits.ok()) {
       std::fprintf(stderr, "ferry-ps 0: dropped the move asked (%s): %s\n", asked_move_->What().c_str(),
                    fits.message().c_str());
       asked_move_.reset();
     }
   }
-  const bool hand = asked_move_ && std::ranges::all_of(group, [](Request& r) { return r.h()->takes_moves(); });
+  if (!asked_move_ || !all_take_moves) {
+    for (auto& r : group) SendOk(r);
+    return;
+  }
   for (auto& r : group) {
-    if (!hand) {
-      SendOk(r);
-      continue;
-    }
     flatbuffers::FlatBufferBuilder fbb(96);
     wire::HeaderBuilder b = BeginReply(fbb, Kind::Barrier, r.h()->request_id());
     if (asked_move_->join >= 0) b.add_move_join(asked_move_->join);
@@ -106,11 +106,9 @@ void ServerImpl::Complete(std::vector<Request>& group) {
     wire::FinishHeaderBuffer(fbb, b.Finish());
     Send(r, wire::ToFrame(fbb));
   }
-  if (hand) {
-    std::fprintf(stderr, "ferry-ps 0: handed the move asked (%s) to the %zu workers at a barrier\n",
-                 asked_move_->What().c_str(), group.size());
-    asked_move_.reset();
-  }
+  std::fprintf(stderr, "ferry-ps 0: handed the move asked (%s) to the %zu workers at a barrier\n",
+               asked_move_->What().c_str(), group.size());
+  asked_move_.reset();
 }
 
 }  // namespace ferry::ps

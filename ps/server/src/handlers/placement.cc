@@ -57,6 +57,13 @@ Status ServerImpl::AskedMoveFits(const AskedMove& asked) const {
                                  std::to_string(map.version()) + ": " + next.status().message());
 }
 
+Status ServerImpl::MovesPossible() const {
+  if (Replicating()) {
+    return UnimplementedError(Who() + " keeps replicas (replication 2): its slots cannot move yet");
+  }
+  return Status::Ok();
+}
+
 Status ServerImpl::OnMoveAsk(Request& req) {
   const Header& h = *req.h();
   if (options_.rank != 0) {
@@ -74,9 +81,7 @@ Status ServerImpl::OnMoveAsk(Request& req) {
                                 std::to_string(options_.num_servers) + " servers (0 to " +
                                 std::to_string(options_.num_servers - 1) + ")");
   }
-  if (Replicating()) {
-    return UnimplementedError(Who() + " keeps replicas (replication 2): its slots cannot move yet");
-  }
+  FERRY_RETURN_IF_ERROR(MovesPossible());
   if (asked_move_) {
     return FailedPreconditionError(
         "a move is asked already (" + asked_move_->What() + ", " +
@@ -96,9 +101,7 @@ Status ServerImpl::OnMoveAsk(Request& req) {
 
 Status ServerImpl::OnPlacement(Request& req) {
   const Header& h = *req.h();
-  if (Replicating()) {
-    return UnimplementedError(Who() + " keeps replicas (replication 2): its slots cannot move yet");
-  }
+  FERRY_RETURN_IF_ERROR(MovesPossible());
   FERRY_RETURN_IF_ERROR(CheckpointPossible());
   if (h.placement() == nullptr) return InvalidArgumentError("Placement without a map (`placement`)");
   if (left_.load()) return FailedPreconditionError(Who() + " has left the job (it owned no slot): it takes no map");

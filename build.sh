@@ -33,8 +33,9 @@ JOBS=${JOBS:-$(nproc)}
 # starting, heartbeats, deadlines), so twice the cores keeps the CPUs busy: the plain suite took
 # 315 s at -j 2 and 217 s at -j 4 on 2 cores (stop 58), the CPUs 92% busy; 191 s with launch_test
 # split by class. Each test must pass on a loaded machine anyway (the busy stage loads every
-# core). Under the sanitizers, where the compute-bound training tests run 10x slower, -j 4 took
-# two of them past their 120 s limit: that stage runs one test per core.
+# core). The sanitizer stage runs as many: there the training tests that compute (ctest
+# PROCESSORS 2, FERRY_COMPUTE_TESTS in tests/CMakeLists.txt) count as two each (at -j 4 they had
+# gone past their 120 s; at one test per core, the stage took 660 s for 1274 s of tests, stop 66).
 TEST_JOBS=${TEST_JOBS:-$((JOBS * 2))}
 T0=$SECONDS
 # What a stage took, and the whole run so far: where CI's time goes.
@@ -43,7 +44,7 @@ PACKAGES=(cmake ninja-build g++ pkg-config
           libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
           libabsl-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev zlib1g-dev librocksdb-dev libmicrohttpd-dev prometheus-cpp-dev prometheus
           dataset-fashion-mnist python3 python3-dev python3-numpy python3-torch pybind11-dev
-          python3-setuptools python3-wheel python3-pip python3-venv gnuplot-nox clang libclang-rt-dev
+          python3-setuptools python3-wheel python3-pip python3-venv gnuplot-nox clang libclang-rt-dev lld
           stress-ng)
 
 say() { printf '\033[1m[ferry]\033[0m %s\n' "$*"; }
@@ -196,7 +197,7 @@ EOF_PROBE
   took "the sanitizer build" "$t0"
   t0=$SECONDS
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 600 -E "$SANITIZE_SKIP"
+    ctest --test-dir "$dir" --output-on-failure -j "$TEST_JOBS" --timeout 600 -E "$SANITIZE_SKIP"
   took "the tests under the sanitizers" "$t0"
   t0=$SECONDS
   fuzz_runs "$dir"

@@ -350,9 +350,8 @@ void Engine::SendNow(Request& r) {
     ReadMonitor(static_cast<int>(server));
     auto it = in_flight_.find(id);
     if (it == in_flight_.end()) return;  // failed, with the monitor's reason
-    Request left = std::move(it->second);
-    in_flight_.erase(it);
-    Done(left, s.WithContext("sending " + std::string(wire::KindName(left.kind)) + " to " + ServerName(left.server)));
+    DoneInFlight(it, s.WithContext("sending " + std::string(wire::KindName(it->second.kind)) + " to " +
+                                   ServerName(it->second.server)));
   } else if (!s.ok()) {
     Done(r, s.WithContext("sending " + std::string(wire::KindName(r.kind)) + " to " + ServerName(r.server)));
   } else {
@@ -387,6 +386,13 @@ void Engine::Done(Request& r, const Status& s, bool moved) {
     --outstanding_;
   }
   room_cv_.Signal();  // after the unlock: the woken submitter need not wait for the lock
+}
+
+void Engine::DoneInFlight(std::unordered_map<uint64_t, Request>::iterator it, const Status& s) {
+  Request r = std::move(it->second);
+  in_flight_.erase(it);
+  deadlines_.Remove(r.deadline, r.id);
+  Done(r, s);
 }
 
 void Engine::Drive(Handle::State& op, SteadyClock::time_point deadline) {
@@ -755,10 +761,8 @@ void Engine::ExpireRequests() {
     if (const uint64_t hello = rehello_[static_cast<size_t>(s)]; hello != 0 && id != hello) {
       // 1.22: its server is being replaced: this request fails alone (the Hello's deadline ends the wait).
       auto it = in_flight_.find(id);
-      Request r = std::move(it->second);
-      in_flight_.erase(it);
-      Done(r, DeadlineExceededError(std::string(wire::KindName(r.kind)) + " got no reply from " + ServerName(s) +
-                                    " in time: it was waiting for that server's replacement"));
+      DoneInFlight(it, DeadlineExceededError(std::string(wire::KindName(it->second.kind)) + " got no reply from " +
+                                             ServerName(s) + " in time: it was waiting for that server's replacement"));
       continue;
     }
     dead.push_back(s);
@@ -941,10 +945,7 @@ void Engine::AwaitReplacement(int s) {
     // A replacement lost before it answered: what was lost and held stays so; its Hello goes.
     auto old = in_flight_.find(before);
     if (old != in_flight_.end()) {
-      Request r = std::move(old->second);
-      in_flight_.erase(old);
-      deadlines_.Remove(r.deadline, r.id);
-      Done(r, CancelledError("Hello to " + ServerName(s) + "'s replacement: it went before it answered"));
+      DoneInFlight(old, CancelledError("Hello to " + ServerName(s) + "'s replacement: it went before it answered"));
     }
   } else {
     lost.clear();
@@ -982,11 +983,8 @@ void Engine::Replaced(int s, uint64_t hello, uint64_t epoch, const Status& faile
                                            "applied them, so they are not sent again";
     for (const uint64_t id : ids) {
       auto it = in_flight_.find(id);
-      Request r = std::move(it->second);
-      in_flight_.erase(it);
-      deadlines_.Remove(r.deadline, r.id);
-      Done(r, UnavailableError(std::string(wire::KindName(r.kind)) + " abandoned: " + ServerName(s) +
-                               " closed the connection; " + why));
+      DoneInFlight(it, UnavailableError(std::string(wire::KindName(it->second.kind)) + " abandoned: " + ServerName(s) +
+                                        " closed the connection; " + why));
     }
     SendHeld(s, failed);
     return;
@@ -1008,11 +1006,8 @@ void Engine::Replaced(int s, uint64_t hello, uint64_t epoch, const Status& faile
       continue;
     }
     ++failed_now;
-    Request left = std::move(r);
-    in_flight_.erase(it);
-    deadlines_.Remove(left.deadline, left.id);
-    Done(left, UnavailableError(std::string(wire::KindName(left.kind)) + " to " + ServerName(s) +
-                                " could not be sent again to its replacement: " + st.message()));
+    DoneInFlight(it, UnavailableError(std::string(wire::KindName(r.kind)) + " to " + ServerName(s) +
+                                      " could not be sent again to its replacement: " + st.message()));
   }
   SendHeld(s, Status::Ok());
   std::fprintf(stderr,
@@ -1042,11 +1037,8 @@ void Engine::SendHeld(int s, const Status& failed) {
       if (static_cast<size_t>(s) < last_sent_.size()) last_sent_[static_cast<size_t>(s)] = SteadyClock::now();
       continue;
     }
-    Request left = std::move(it->second);
-    in_flight_.erase(it);
-    deadlines_.Remove(left.deadline, left.id);
-    Done(left, UnavailableError(std::string(wire::KindName(left.kind)) + " to " + ServerName(s) +
-                                " was not sent: " + st.message()));
+    DoneInFlight(it, UnavailableError(std::string(wire::KindName(it->second.kind)) + " to " + ServerName(s) +
+                                      " was not sent: " + st.message()));
   }
 }
 

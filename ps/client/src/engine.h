@@ -252,6 +252,9 @@ class Engine {
   // Completes one request and frees its slot. A caller driving the sockets is told when another
   // thread completed something (its own operation, perhaps: a failed server, an expired request).
   void Done(Request& r, const Status& s, bool moved = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Takes the request `it` names out of flight (and its deadline) and completes it with `s`.
+  void DoneInFlight(std::unordered_map<uint64_t, Request>::iterator it, const Status& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
 
   // (Re)opens the socket to server `s` and its monitor (a PAIR that receives the socket's
   // ZMQ_EVENT_DISCONNECTED: the connection closed, or heartbeats went unanswered).

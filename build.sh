@@ -33,9 +33,10 @@ JOBS=${JOBS:-$(nproc)}
 # starting, heartbeats, deadlines), so twice the cores keeps the CPUs busy: the plain suite took
 # 315 s at -j 2 and 217 s at -j 4 on 2 cores (stop 58), the CPUs 92% busy; 191 s with launch_test
 # split by class. Each test must pass on a loaded machine anyway (the busy stage loads every
-# core). The sanitizer stage runs as many: there the training tests that compute (ctest
-# PROCESSORS 2, FERRY_COMPUTE_TESTS in tests/CMakeLists.txt) count as two each (at -j 4 they had
-# gone past their 120 s; at one test per core, the stage took 660 s for 1274 s of tests, stop 66).
+# core). The sanitizer stage runs one test per core: at -j 4 two training tests had gone past their
+# 120 s; at 2 per core with those counted as two (ctest PROCESSORS) it took 598 s against 660 s,
+# and an async job's restore lost 4 of 240 examples (a checkpoint cut between a step's dense and
+# sparse pushes to one server: CheckpointRequests.DISABLED_AStepACheckpointCut..., stop 67).
 TEST_JOBS=${TEST_JOBS:-$((JOBS * 2))}
 T0=$SECONDS
 # What a stage took, and the whole run so far: where CI's time goes.
@@ -197,7 +198,7 @@ EOF_PROBE
   took "the sanitizer build" "$t0"
   t0=$SECONDS
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir "$dir" --output-on-failure -j "$TEST_JOBS" --timeout 600 -E "$SANITIZE_SKIP"
+    ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 600 -E "$SANITIZE_SKIP"
   took "the tests under the sanitizers" "$t0"
   t0=$SECONDS
   fuzz_runs "$dir"

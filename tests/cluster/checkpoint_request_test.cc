@@ -484,6 +484,50 @@ TEST_F(CheckpointRequests, AnAsyncPushReplayedAfterARestoreCountsOnceWhereTheChe
   }
 }
 
+// A worker's async step reaches a server in several requests (the dense push, then the sparse
+// one): a checkpoint taken between them holds the dense part of the step and not the sparse one.
+// The server's record of the worker's steps (Workers::Did, the checkpoint's worker_steps) says
+// the step was taken there, so the replay floors skip all of it on that server after a restore,
+// and the sparse part is lost: launch_test's RecoveryTest.test_async_criteo_stream_killed_twice...
+// counted 4 of 240 examples twice instead of 3 times once (stop 67, the sanitizer stage at 2 tests
+// per core). It fails today (the worker resumes at step 6, and nothing replays step 5's sparse
+// part): disabled until the floors are per dense chunk and per sparse table share, whose pushes
+// are never cut (issue 35's note of stop 67; PROTOCOL.md, "Checkpoints").
+TEST_F(CheckpointRequests, DISABLED_AStepACheckpointCutBetweenItsDenseAndSparsePushIsReplayedWhereItWasNotHeld) {
+  const TwoServerParts parts;
+  const std::string& on0 = parts.on0;
+  const std::vector<int64_t>& ids0 = parts.ids0;
+  const std::vector<float> g(4, 1.0f), rows(6, 1.0f);
+  std::vector<float> a(4), r0(6);
+  {
+    auto c = LocalCluster::Start(2, false, WithFolder(dir_, 1));
+    auto w = c.Connect(0, 1);
+    ASSERT_TRUE(w->Declare(SgdTable(on0, 4, Consistency::kAsync)).ok());
+    ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
+    for (int step = 0; step < 5; ++step) {
+      ASSERT_TRUE(w->PushDense(on0, g, step).wait().ok());
+      ASSERT_TRUE(w->PushSparse("e", ids0, rows, step).wait().ok());
+    }
+    ASSERT_TRUE(w->PushDense(on0, g, 5).wait().ok());  // step 5's dense part; its sparse part after the cut
+    ASSERT_TRUE(w->Checkpoint(6).ok());
+  }
+  ServerOptions ro = WithFolder(dir_, 1);
+  ro.restore = true;
+  auto c = LocalCluster::Start(2, false, ro);
+  auto w = c.Connect(0, 1);
+  ASSERT_TRUE(w->Declare(SgdTable(on0, 4, Consistency::kAsync)).ok());
+  ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
+  ASSERT_LE(w->worker_step(), 5) << "step 5 is not whole in the checkpoint: it must be replayed";
+  for (int64_t step = w->worker_step(); step <= 5; ++step) {
+    ASSERT_TRUE(w->PushDense(on0, g, step).wait().ok());
+    ASSERT_TRUE(w->PushSparse("e", ids0, rows, step).wait().ok());
+  }
+  ASSERT_TRUE(w->PullDense(on0, a, 6).wait(5s).ok());
+  ASSERT_TRUE(w->PullSparse("e", ids0, r0, 6).wait(5s).ok());
+  EXPECT_EQ(a, std::vector<float>(4, -6.0f)) << "the dense part of step 5, held, applied again";
+  EXPECT_EQ(r0, std::vector<float>(6, -6.0f)) << "the sparse part of step 5, not held, skipped";
+}
+
 // A worker restarted alone (the servers live on): its new process (a later incarnation) resumes
 // at the lowest step any server knew and pushes that step again; a server that had taken it skips
 // it, part by part (a dense chunk, a server's share of a sparse table), and one that had not

@@ -1506,7 +1506,11 @@ class SlotMoveTest(unittest.TestCase):
           at step 10 and skip it instead)."""
         _, still = self.job("still", [])
         # In the barrier.
-        r = self.start("in-barrier", ["--move-slots", "10:drain=2", "--straggler", "1:700ms"])
+        # The launcher leaves the stopped worker 0 alone (its default kills a process stopped
+        # for 2 s, which a loaded machine can reach before worker 1's restart), and the servers
+        # wait for it as long as the test may take (their default gives up after 10 s).
+        r = self.start("in-barrier", ["--move-slots", "10:drain=2", "--straggler", "1:700ms"],
+                       ["--kill-stopped-after", "0", "--ps-arg", "--worker-timeout-s 300"])
         r.wait_for(r"^\[worker 0\] step 10/30 ", 60)
         worker0 = r.pids()["worker 0"]
         os.kill(worker0, signal.SIGSTOP)
@@ -1516,7 +1520,8 @@ class SlotMoveTest(unittest.TestCase):
             os.kill(victim, signal.SIGKILL)
             r.wait_for(r"^\[worker 1\] not moving slots at step 10: this worker was restarted at that step", 60)
         finally:
-            os.kill(worker0, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # keep a failed wait's message
+                os.kill(worker0, signal.SIGCONT)
         rc = r.finish(180)
         out = r.output
         self.assertEqual(rc, 0, out)

@@ -326,6 +326,16 @@ flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& 
                          static_cast<wire::WireFormat>(s.wire), s.topk_ratio, s.disk_tier);
 }
 
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::TableSteps>>> TableStepsToWire(
+    flatbuffers::FlatBufferBuilder& fbb, const std::map<uint64_t, std::vector<int64_t>>& table_steps) {
+  if (table_steps.empty()) return 0;
+  std::vector<flatbuffers::Offset<wire::TableSteps>> tables;
+  for (const auto& [table_id, steps] : table_steps) {
+    tables.push_back(CreateTableSteps(fbb, table_id, fbb.CreateVector(steps)));
+  }
+  return fbb.CreateVector(tables);
+}
+
 Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {
   if (!in) return InvalidArgumentError("CreateTable without a spec");
   if (!in->name()) return InvalidArgumentError("table spec without a name");

@@ -422,6 +422,11 @@ struct TwoServerParts {
       (placement::IdServer(id, 2) == 0 ? ids0 : ids1).push_back(id);
     }
   }
+  // Declares both dense tables (async, 4 floats) and the sparse table "e" (dim 2).
+  void Declare(Client& w) const {
+    for (const auto& name : {on0, on1}) ASSERT_TRUE(w.Declare(SgdTable(name, 4, Consistency::kAsync)).ok());
+    ASSERT_TRUE(w.Declare(SgdSparseTable("e", 2)).ok());
+  }
 };
 
 TEST_F(CheckpointRequests, AnAsyncPushReplayedAfterARestoreCountsOnceWhereTheCheckpointHeldIt) {
@@ -486,22 +491,24 @@ TEST_F(CheckpointRequests, AnAsyncPushReplayedAfterARestoreCountsOnceWhereTheChe
 
 // A worker's async step reaches a server in several requests (the dense push, then the sparse
 // one): a checkpoint taken between them holds the dense part of the step and not the sparse one.
-// The server's record of the worker's steps (Workers::Did, the checkpoint's worker_steps) says
-// the step was taken there, so the replay floors skip all of it on that server after a restore,
-// and the sparse part is lost: launch_test's RecoveryTest.test_async_criteo_stream_killed_twice...
-// counted 4 of 240 examples twice instead of 3 times once (stop 67, the sanitizer stage at 2 tests
-// per core). It fails today (the worker resumes at step 6, and nothing replays step 5's sparse
-// part): disabled until the floors are per dense chunk and per sparse table share, whose pushes
-// are never cut (issue 35's note of stop 67; PROTOCOL.md, "Checkpoints").
-TEST_F(CheckpointRequests, DISABLED_AStepACheckpointCutBetweenItsDenseAndSparsePushIsReplayedWhereItWasNotHeld) {
+// Until protocol 1.25 the server's record of the worker's steps said the step was taken there, so
+// the worker resumed past it and the sparse part was lost (launch_test's RecoveryTest.
+// test_async_criteo_stream_killed_twice... counted 4 of 240 examples twice instead of 3 times
+// once, stop 67). Now the server holds step 5 whole for no table share that lags (the sparse
+// one), so the worker resumes at step 5, and the replay floors are by table share: the dense part
+// is skipped, the sparse part applied, whether 2 servers restore the checkpoint or 3.
+TEST_F(CheckpointRequests, AStepACheckpointCutBetweenItsDenseAndSparsePushIsReplayedWhereItWasNotHeld) {
   const TwoServerParts parts;
   const std::string& on0 = parts.on0;
   const std::vector<int64_t>& ids0 = parts.ids0;
   const std::vector<float> g(4, 1.0f), rows(6, 1.0f);
   std::vector<float> a(4), r0(6);
   {
-    auto c = LocalCluster::Start(2, false, WithFolder(dir_, 1));
-    auto w = c.Connect(0, 1);
+    // Worker 1 trains; worker 0 asks for the checkpoint (between its own steps) while worker 1
+    // is between the two requests of its step 5.
+    auto c = LocalCluster::Start(2, false, WithFolder(dir_, 2));
+    auto w0 = c.Connect(0, 2);
+    auto w = c.Connect(1, 2);
     ASSERT_TRUE(w->Declare(SgdTable(on0, 4, Consistency::kAsync)).ok());
     ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
     for (int step = 0; step < 5; ++step) {
@@ -509,23 +516,69 @@ TEST_F(CheckpointRequests, DISABLED_AStepACheckpointCutBetweenItsDenseAndSparseP
       ASSERT_TRUE(w->PushSparse("e", ids0, rows, step).wait().ok());
     }
     ASSERT_TRUE(w->PushDense(on0, g, 5).wait().ok());  // step 5's dense part; its sparse part after the cut
-    ASSERT_TRUE(w->Checkpoint(6).ok());
+    ASSERT_TRUE(w0->Checkpoint(6).ok());
   }
-  ServerOptions ro = WithFolder(dir_, 1);
-  ro.restore = true;
-  auto c = LocalCluster::Start(2, false, ro);
-  auto w = c.Connect(0, 1);
-  ASSERT_TRUE(w->Declare(SgdTable(on0, 4, Consistency::kAsync)).ok());
-  ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
-  ASSERT_LE(w->worker_step(), 5) << "step 5 is not whole in the checkpoint: it must be replayed";
-  for (int64_t step = w->worker_step(); step <= 5; ++step) {
-    ASSERT_TRUE(w->PushDense(on0, g, step).wait().ok());
-    ASSERT_TRUE(w->PushSparse("e", ids0, rows, step).wait().ok());
+  for (const int servers : {2, 3}) {
+    ServerOptions ro = WithFolder(dir_, 2);
+    ro.restore = true;
+    auto c = LocalCluster::Start(servers, false, ro);
+    auto w = c.Connect(1, 2);
+    ASSERT_TRUE(w->Declare(SgdTable(on0, 4, Consistency::kAsync)).ok());
+    ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
+    ASSERT_EQ(w->worker_step(), 5) << servers << " servers: step 5 is not whole in the checkpoint: it is replayed";
+    ASSERT_TRUE(w->PushDense(on0, g, 5).wait().ok());
+    ASSERT_TRUE(w->PushSparse("e", ids0, rows, 5).wait().ok());
+    ASSERT_TRUE(w->PullDense(on0, a, 6).wait(5s).ok());
+    ASSERT_TRUE(w->PullSparse("e", ids0, r0, 6).wait(5s).ok());
+    EXPECT_EQ(a, std::vector<float>(4, -6.0f)) << servers << " servers: the dense part of step 5, held, applied again";
+    EXPECT_EQ(r0, std::vector<float>(6, -6.0f)) << servers << " servers: the sparse part of step 5, not held, skipped";
+    int64_t skipped = 0;
+    for (const auto& s : c.servers) skipped += s->stats().counters["replayed_updates_skipped"];
+    EXPECT_EQ(skipped, 1) << servers << " servers: the dense chunk alone";
   }
+}
+
+// The same cut by a worker's death: its process dies between its dense and sparse pushes of step
+// 5 to server 0 (server 1 took the whole step). Restarted alone, it resumes at step 5, which
+// server 0 does not hold whole, and the replay is applied where it was not taken.
+TEST_F(CheckpointRequests, AnAsyncWorkerThatDiedBetweenTwoTablesPushesOfAStepResumesAtThatStep) {
+  const TwoServerParts parts;
+  const std::string &on0 = parts.on0, &on1 = parts.on1;
+  const std::vector<int64_t> &ids0 = parts.ids0, &ids1 = parts.ids1;
+  const std::vector<float> g(4, 1.0f), rows(6, 1.0f);
+  auto c = LocalCluster::Start(2);
+  {
+    auto w = c.Connect(0, 1);
+    parts.Declare(*w);
+    for (int s = 0; s <= 5; ++s) {
+      ASSERT_TRUE(w->PushDense(on1, g, s).wait().ok());
+      ASSERT_TRUE(w->PushSparse("e", ids1, rows, s).wait().ok());
+      ASSERT_TRUE(w->PushDense(on0, g, s).wait().ok());
+      if (s == 5) break;  // the process dies before its sparse push of step 5 to server 0
+      ASSERT_TRUE(w->PushSparse("e", ids0, rows, s).wait().ok());
+    }
+  }
+  ClientOptions next;
+  next.incarnation = 1;
+  next.resumes = true;
+  auto w = c.Connect(0, 1, next);
+  ASSERT_EQ(w->worker_step(), 5) << "server 0 did not take step 5 whole";
+  parts.Declare(*w);
+  ASSERT_TRUE(w->PushDense(on1, g, 5).wait().ok());
+  ASSERT_TRUE(w->PushSparse("e", ids1, rows, 5).wait().ok());
+  ASSERT_TRUE(w->PushDense(on0, g, 5).wait().ok());
+  ASSERT_TRUE(w->PushSparse("e", ids0, rows, 5).wait().ok());
+  std::vector<float> a(4), b(4), r0(6), r1(6);
   ASSERT_TRUE(w->PullDense(on0, a, 6).wait(5s).ok());
+  ASSERT_TRUE(w->PullDense(on1, b, 6).wait(5s).ok());
   ASSERT_TRUE(w->PullSparse("e", ids0, r0, 6).wait(5s).ok());
-  EXPECT_EQ(a, std::vector<float>(4, -6.0f)) << "the dense part of step 5, held, applied again";
-  EXPECT_EQ(r0, std::vector<float>(6, -6.0f)) << "the sparse part of step 5, not held, skipped";
+  ASSERT_TRUE(w->PullSparse("e", ids1, r1, 6).wait(5s).ok());
+  EXPECT_EQ(a, std::vector<float>(4, -6.0f));
+  EXPECT_EQ(b, std::vector<float>(4, -6.0f));
+  EXPECT_EQ(r0, std::vector<float>(6, -6.0f)) << "server 0's rows of step 5, never pushed before, applied";
+  EXPECT_EQ(r1, std::vector<float>(6, -6.0f));
+  EXPECT_EQ(c.servers[0]->stats().counters["replayed_updates_skipped"], 1) << "server 0's chunk";
+  EXPECT_EQ(c.servers[1]->stats().counters["replayed_updates_skipped"], 2) << "server 1's chunk and its rows";
 }
 
 // A worker restarted alone (the servers live on): its new process (a later incarnation) resumes
@@ -538,10 +591,6 @@ TEST_F(CheckpointRequests, AnAsyncWorkerRestartedAloneIsAppliedOnceWhereAServerT
   const std::vector<int64_t> &ids0 = parts.ids0, &ids1 = parts.ids1;
   const std::vector<float> g(4, 1.0f), rows(6, 1.0f);
   auto c = LocalCluster::Start(2);
-  auto declare = [&](Client& w) {
-    for (const auto& name : {on0, on1}) ASSERT_TRUE(w.Declare(SgdTable(name, 4, Consistency::kAsync)).ok());
-    ASSERT_TRUE(w.Declare(SgdSparseTable("e", 2)).ok());
-  };
   auto step = [&](Client& w, int s, bool server1_too) {
     ASSERT_TRUE(w.PushDense(on0, g, s).wait().ok());
     ASSERT_TRUE(w.PushSparse("e", ids0, rows, s).wait().ok());
@@ -551,7 +600,7 @@ TEST_F(CheckpointRequests, AnAsyncWorkerRestartedAloneIsAppliedOnceWhereAServerT
   };
   {
     auto w = c.Connect(0, 1);
-    declare(*w);
+    parts.Declare(*w);
     for (int s = 0; s < 5; ++s) step(*w, s, true);
     step(*w, 5, false);  // the process dies with step 5 taken by server 0 alone
   }
@@ -560,7 +609,7 @@ TEST_F(CheckpointRequests, AnAsyncWorkerRestartedAloneIsAppliedOnceWhereAServerT
   next.resumes = true;   // with --resume: it starts at worker_step()
   auto w = c.Connect(0, 1, next);
   ASSERT_EQ(w->worker_step(), 5) << "the worker resumes at the lowest step a server knew";
-  declare(*w);
+  parts.Declare(*w);
   step(*w, 5, true);  // the replay of step 5, whole
   std::vector<float> a(4), b(4), r0(6), r1(6);
   ASSERT_TRUE(w->PullDense(on0, a, 6).wait(5s).ok());

@@ -68,6 +68,7 @@ struct HeaderFields {
   const TableSpec* spec = nullptr;
   bool hello = false;
   std::vector<std::pair<std::string, uint64_t>> shards;
+  std::map<uint64_t, std::vector<int64_t>> table_steps;  // 1.25: each shard's
   uint64_t call = 0;  // 1.10: a push call in pieces
   uint32_t piece = 0, pieces = 0;
   uint64_t placement_version = 0;  // 1.17
@@ -93,7 +94,9 @@ std::string Header(const HeaderFields& f) {
   if (!f.shards.empty()) {
     std::vector<flatbuffers::Offset<wire::ShardFile>> files;
     for (const auto& [name, bytes] : f.shards) {
-      files.push_back(wire::CreateShardFile(fbb, fbb.CreateString(name), bytes, 0x12345678u));
+      auto file = fbb.CreateString(name);
+      auto tables = wire::TableStepsToWire(fbb, f.table_steps);
+      files.push_back(wire::CreateShardFile(fbb, file, bytes, 0x12345678u, {}, tables));
     }
     shards = fbb.CreateVector(files);
   }
@@ -287,6 +290,13 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
   add("commit_checkpoint", h);
   h.shards = {{"../../etc/passwd", 1}};
   add("commit_checkpoint_bad_name", h);
+  // 1.25: each shard's table shares (one worker); a step outside [-1, 2^62] is refused.
+  h.shards = {{"step-000000000000/shard-00000-of-00001.ckpt", 4096}};
+  h.table_steps = {{h.table_id, {3}}};
+  add("commit_checkpoint_table_steps", h);
+  h.table_steps = {{h.table_id, {-5}}};
+  add("commit_checkpoint_bad_table_steps", h);
+  h.table_steps.clear();
   add("finish", make(Kind::Finish));
   // 1.17: a map of the one server's slots (its own: version 2 refused as not moving anything
   // new, or taken over from a checkpoint the folder lacks), and a pull placed by another map.

@@ -303,6 +303,46 @@ TEST_F(CheckpointTest, TheManifestNamesItsPlacementAndOneWithoutItIsReadByTheRul
       << ckpt.status();
 }
 
+// 1.25: each shard's record of its async/ssp table shares (table_steps, by table id) is kept in
+// the manifest and read back by shard; anything but an object of decimal table ids naming lists of
+// steps is refused as damage, naming what is wrong.
+TEST_F(CheckpointTest, TheManifestKeepsEachShardsTableStepsAndRefusesDamagedOnes) {
+  std::vector<ShardFile> shards;
+  for (int r = 0; r < 2; ++r) {
+    auto f = WriteShard(dir_.string(), r, 2, 9, servers_[static_cast<size_t>(r)]);
+    ASSERT_TRUE(f.ok()) << f.status();
+    f->worker_steps = {6 - r, 5};
+    f->table_steps[TableId("w")] = {6 - r, 5};
+    f->table_steps[TableId("emb")] = {5, 5};
+    shards.push_back(*f);
+  }
+  ASSERT_TRUE(WriteManifest(dir_.string(), 9, shards, "async", 3, {5, 5}).ok());
+  auto ckpt = ReadCheckpointAt(dir_.string(), 9);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_EQ(ckpt->shard_table_steps.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ckpt->shard_table_steps[static_cast<size_t>(r)], shards[static_cast<size_t>(r)].table_steps) << r;
+  }
+  const fs::path manifest = dir_ / "MANIFEST-00000000000000000009";
+  nlohmann::json m;
+  std::ifstream(manifest) >> m;
+  const std::string w = std::to_string(TableId("w"));
+  for (const auto& [bad, says] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {nlohmann::json::array({5, 5}), "table_steps is not an object"},
+           {{{"w", {5, 5}}}, "names 'w', not a table id"},
+           {{{w + "x", {5, 5}}}, "not a table id"},
+           {{{w, "5"}}, "table_steps is not a list"},
+           {{{w, {5, -2}}}, "holds -2, not an integer in [-1, 2^62]"}}) {
+    nlohmann::json damaged = m;
+    damaged["shards"][1]["table_steps"] = bad;
+    std::ofstream(manifest, std::ios::trunc) << damaged.dump(1) << "\n";
+    ckpt = ReadCheckpointAt(dir_.string(), 9);
+    ASSERT_FALSE(ckpt.ok()) << bad.dump();
+    EXPECT_EQ(ckpt.status().code(), StatusCode::kDataLoss) << ckpt.status();
+    EXPECT_NE(ckpt.status().message().find(says), std::string::npos) << bad.dump() << ": " << ckpt.status();
+  }
+}
+
 TEST_F(CheckpointTest, TheSameTablesGiveTheSameBytes) {
   Save(7);
   Save(8);

@@ -1255,6 +1255,11 @@ class ClientImpl final : public Client {
         const auto* f = reply.shards()->Get(0);
         *out = {f->file()->str(), f->bytes(), f->crc32(), std::chrono::microseconds(reply.snapshot_us()), {}};
         if (reply.worker_steps()) out->worker_steps.assign(reply.worker_steps()->begin(), reply.worker_steps()->end());
+        if (f->table_steps()) {  // 1.25
+          for (const auto* t : *f->table_steps()) {
+            if (t->steps()) out->table_steps[t->table_id()].assign(t->steps()->begin(), t->steps()->end());
+          }
+        }
         out->placement_version = reply.placement_version();
         return Status::Ok();
       };
@@ -1282,7 +1287,8 @@ class ClientImpl final : public Client {
       auto name = fbb.CreateString(f.file);
       flatbuffers::Offset<flatbuffers::Vector<int64_t>> steps;
       if (!f.worker_steps.empty()) steps = fbb.CreateVector(f.worker_steps);
-      files.push_back(wire::CreateShardFile(fbb, name, f.bytes, f.crc32, steps));
+      auto tables = wire::TableStepsToWire(fbb, f.table_steps);  // (1.25)
+      files.push_back(wire::CreateShardFile(fbb, name, f.bytes, f.crc32, steps, tables));
     }
     auto vec = fbb.CreateVector(files);
     // Each worker's steps: the lowest a server knew (one that holds nothing a worker pushes knew

@@ -39,9 +39,15 @@ struct ShardFile {
   // the one it is a delta of. Empty for a full shard.
   std::vector<ShardFile> base;
   // By worker rank, the steps each worker had done as this shard's server knew them when it
-  // saved (-1: none known; empty: not recorded). A restore skips a replayed async/ssp push of a
-  // step this server had taken already, for what this server held (RestoreShard).
+  // saved (-1: none known; empty: not recorded); since 1.25 the steps it held whole (WholeStep).
+  // Without table_steps, a restore skips a replayed async/ssp push of a step this server had
+  // taken already, for what this server held (RestoreShard).
   std::vector<int64_t> worker_steps;
+  // 1.25, by table id: each async/ssp table's share on this shard's server, by worker rank, one
+  // more than the highest step of the worker's pushes it applied (ps::TakenByTable). A restore
+  // takes these as the replay floors where the manifest has them for every shard, instead of
+  // worker_steps (a step cut between two tables' pushes is replayed where it was not held).
+  std::map<uint64_t, std::vector<int64_t>> table_steps;
 };
 
 // A delta shard's predecessor: the shard file of the same server it records the changes since.
@@ -181,6 +187,9 @@ struct CheckpointData {
   // By the rank of the server that wrote each shard: its own record of the workers' steps
   // (ShardFile::worker_steps); an empty entry where the manifest has none.
   std::vector<std::vector<int64_t>> shard_worker_steps;
+  // By the same rank: its table_steps (ShardFile::table_steps); empty maps where the manifest
+  // has none (written before 1.25).
+  std::vector<std::map<uint64_t, std::vector<int64_t>>> shard_table_steps;
   struct Chunk {
     int64_t version = 0;
     std::vector<float> params, state;
@@ -279,9 +288,24 @@ StatusOr<CheckpointData> ParseShardImage(std::span<const char> bytes, const std:
 // Declares every table of `ckpt` in `tables` (server `rank`, a job of `num_workers`) and fills
 // in the chunks and rows that the registry's placement gives this server. An async or
 // ssp table whose shards recorded their own workers' steps gets replay floors (Table::replay):
-// a worker resumes at the lowest step any server knew, and a push it replays is skipped for the
-// chunks and rows whose server at the checkpoint had taken that step already.
+// a worker resumes at the lowest step any server held whole, and a push it replays is skipped for
+// the chunks and rows whose table share at the checkpoint had taken that step already (1.25:
+// table_steps; before, whose server had taken any push of that step). The floors are carried as
+// what the restored parts took (StepsTaken), so that a checkpoint saved before the replay is over
+// records them again.
 Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, TableRegistry* tables);
+
+// 1.25, what a checkpoint records of each async/ssp table's share held here (ShardFile::
+// table_steps): by worker rank (num_workers of them), one more than the highest step of that
+// worker's pushes the share applied (StepsTaken::taken; a dense table: the highest over its chunks
+// here, none where it holds no chunk here), 0 where none.
+std::map<uint64_t, std::vector<int64_t>> TakenByTable(const TableRegistry& tables, int num_workers);
+// The steps of worker `rank` a server holds whole, given its `done` (Workers::done: one more than
+// the highest step of the worker's pushes it took) and `taken` (TakenByTable): `done`, less one
+// where a share lags it. A worker's step reaches a server as one request per table (or a few
+// tables), so a checkpoint, or the worker's death, may cut a step between them: the worker
+// resumes at that step again, and the shares that took it skip it (the replay floors).
+int64_t WholeStep(int64_t done, int rank, const std::map<uint64_t, std::vector<int64_t>>& taken);
 
 // A placement hand-over (protocol 1.17, PROTOCOL.md "Placement versions"): server `rank` goes
 // from its registry's map to `next`, taking the chunks and rows of the slots it gains from `ckpt`

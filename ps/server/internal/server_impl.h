@@ -607,6 +607,9 @@ class ServerImpl final : public Server {
   Status StandInShard(Request& req, int rank);
   // What a checkpoint of the tables held here means (the manifest says it).
   std::string CheckpointMeaning(int64_t step) const;
+  // The steps of worker `rank` this server holds whole (1.25, ps::WholeStep; -1: none known):
+  // where it resumes, its Hello reply says.
+  int64_t WorkerStepKnown(int rank) const;
   // Every server has written its shard of `step`: write the manifest naming them, then CURRENT.
   Status OnCommitCheckpoint(Request& req);
   // Runs `work` (file I/O) on its own thread; its reply, or its error, answers `req` from the

@@ -518,7 +518,8 @@ struct Table {
   bool settings_open = false;
   // Exactly-once replay after a restore (async and ssp tables; RestoreShard): by the rank of
   // the server that held a chunk or row at the checkpoint (of `servers`), by worker rank, the
-  // steps that server had taken of that worker. A push of worker w at step s < floor is a
+  // steps this table's share on that server had taken of that worker (1.25; before, the steps
+  // that server had taken of any table). A push of worker w at step s < floor is a
   // replay of a push that server had applied: skipped for those chunks and rows. `until[w]`: the
   // highest floor of w (no push at or past it is a replay).
   struct Replay {

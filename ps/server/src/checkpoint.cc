@@ -482,11 +482,24 @@ Status ParseSteps(const nlohmann::json& steps, const std::string& where, const c
 // A shard's entry; `top`: one of the manifest's shards (with its chain and its server's record
 // of the workers' steps), not a link of a chain.
 StatusOr<ShardFile> ShardEntry(const nlohmann::json& s, const std::string& where, bool chain, bool top = true) {
-  ShardFile f{s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>(), {}, {}};
+  ShardFile f{s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>(),
+              {}, {}, {}};
   if (f.name.empty() || f.name.find('/') != std::string::npos)
     return DataLossError(where + ": shard name '" + f.name + "' is not a file name");
   if (top && s.contains("worker_steps")) {
     FERRY_RETURN_IF_ERROR(ParseSteps(s.at("worker_steps"), where, "a shard's worker_steps", &f.worker_steps));
+  }
+  if (top && s.contains("table_steps")) {  // 1.25: {"<table id>": [steps by rank], ...}
+    const auto& tables = s.at("table_steps");
+    if (!tables.is_object()) return DataLossError(where + ": a shard's table_steps is not an object");
+    for (const auto& [key, steps] : tables.items()) {
+      uint64_t id = 0;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || key.empty()) {
+        return DataLossError(where + ": a shard's table_steps names '" + key + "', not a table id");
+      }
+      FERRY_RETURN_IF_ERROR(ParseSteps(steps, where, "a shard's table_steps", &f.table_steps[id]));
+    }
   }
   if (!chain || !s.contains("base")) return f;
   if (!s.at("base").is_array() || s.at("base").empty())
@@ -673,6 +686,7 @@ StatusOr<CheckpointData> ReadManifest(const fs::path& dir, const std::string& ma
   for (size_t i = 0; i < m.shards.size(); ++i) {
     const ShardFile& s = m.shards[i];
     out.shard_worker_steps.push_back(s.worker_steps);
+    out.shard_table_steps.push_back(s.table_steps);
     if (!read[i]) continue;
     PreparedChains::Chain* from = nullptr;
     if (prepared != nullptr) {
@@ -959,7 +973,7 @@ StatusOr<ShardFile> WriteShardImage(const std::string& dir, int rank, int num_se
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return InternalError("cannot create " + dir + ": " + ec.message());
-  ShardFile out{ShardName(step, rank, num_servers), 0, 0, {}, {}};
+  ShardFile out{ShardName(step, rank, num_servers), 0, 0, {}, {}, {}};
   AtomicFile f((fs::path(dir) / out.name).string());
   FERRY_RETURN_IF_ERROR(f.Open());
   FERRY_RETURN_IF_ERROR(f.Write(bytes.data(), bytes.size()));
@@ -1114,6 +1128,11 @@ Status WriteManifest(const std::string& dir, int64_t step, const std::vector<Sha
   for (const auto& s : shards) {
     nlohmann::ordered_json e = entry(s);
     if (!s.worker_steps.empty()) e["worker_steps"] = s.worker_steps;
+    if (!s.table_steps.empty()) {
+      nlohmann::ordered_json tables = nlohmann::ordered_json::object();
+      for (const auto& [id, steps] : s.table_steps) tables[std::to_string(id)] = steps;
+      e["table_steps"] = std::move(tables);
+    }
     if (!s.base.empty()) {
       e["base"] = nlohmann::ordered_json::array();
       for (const auto& b : s.base) e["base"].push_back(entry(b));
@@ -1324,42 +1343,63 @@ StatusOr<PreparedChains> PrepareChains(const std::string& dir, int64_t step, con
 
 namespace {
 
-// The replay floors of an async/ssp table restored from `ckpt` (Table::Replay): none where no
-// shard recorded its workers' steps for this job's workers, or none is above the step the
-// workers resume at (the manifest's, the lowest any server knew).
-std::optional<Table::Replay> ReplayOf(const CheckpointData& ckpt, int num_workers) {
-  if (static_cast<int>(ckpt.shard_worker_steps.size()) != ckpt.num_servers) return std::nullopt;
+// The replay floors of async/ssp table `table_id` restored from `ckpt` (Table::Replay): by the
+// server that held each part, the record of that table's share there (1.25: the manifest has
+// table_steps; a share it has none of took no push), else that server's record of the workers'
+// steps (the same for every table). None where no shard recorded steps for this job's workers, or
+// none is above the step the workers resume at (the manifest's, the lowest any server knew).
+std::optional<Table::Replay> ReplayOf(const CheckpointData& ckpt, uint64_t table_id, int num_workers) {
+  const auto n = static_cast<size_t>(ckpt.num_servers);
+  if (ckpt.shard_worker_steps.size() != n) return std::nullopt;
+  const bool by_table = ckpt.shard_table_steps.size() == n &&
+                        std::ranges::any_of(ckpt.shard_table_steps, [](const auto& t) { return !t.empty(); });
   Table::Replay replay;
   replay.servers = ckpt.num_servers;
   replay.before_slots = ckpt.before_slots;
   replay.map = ckpt.placement;
   replay.until.assign(static_cast<size_t>(num_workers), -1);
   bool any = false;
-  for (const auto& steps : ckpt.shard_worker_steps) {
-    if (steps.size() != static_cast<size_t>(num_workers)) {
+  for (size_t i = 0; i < n; ++i) {
+    const std::vector<int64_t>* steps = &ckpt.shard_worker_steps[i];
+    if (by_table) {
+      const auto it = ckpt.shard_table_steps[i].find(table_id);
+      static const std::vector<int64_t> kNone;
+      steps = it != ckpt.shard_table_steps[i].end() ? &it->second : &kNone;
+    }
+    if (steps->size() != static_cast<size_t>(num_workers)) {
       replay.floors.emplace_back();
       continue;
     }
-    for (size_t w = 0; w < steps.size(); ++w) {
+    for (size_t w = 0; w < steps->size(); ++w) {
       const int64_t resume = w < ckpt.worker_steps.size() ? ckpt.worker_steps[w] : ckpt.step;
-      any = any || steps[w] > resume;
-      replay.until[w] = std::max(replay.until[w], steps[w]);
+      any = any || (*steps)[w] > resume;
+      replay.until[w] = std::max(replay.until[w], (*steps)[w]);
     }
-    replay.floors.push_back(steps);
+    replay.floors.push_back(*steps);
   }
   if (!any) return std::nullopt;
   return replay;
 }
 
+// What a restored part took of each worker's steps is its replay floor: a checkpoint saved before
+// the replay is over records it again (TakenByTable), not nothing.
+void CarryFloors(const Table::Replay& replay, int owner, int num_workers, StepsTaken* s) {
+  for (int w = 0; w < num_workers; ++w) {
+    const int64_t floor = replay.Floor(owner, w);
+    if (floor > 0) s->Took(w, floor - 1);
+  }
+}
+
 }  // namespace
 
 Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, TableRegistry* tables) {
-  const std::optional<Table::Replay> replay = ReplayOf(ckpt, num_workers);
   for (const auto& [id, t] : ckpt.tables) {
     FERRY_RETURN_IF_ERROR(tables->Create(t.spec, id, num_workers));
     FERRY_ASSIGN_OR_RETURN(Table * restored, tables->Find(id, t.spec.type));
     restored->settings_open = true;
-    if (t.spec.consistency != Consistency::kSync) restored->replay = replay;
+    std::optional<Table::Replay> replay;
+    if (t.spec.consistency != Consistency::kSync) replay = ReplayOf(ckpt, id, num_workers);
+    restored->replay = replay;
     if (t.spec.type == TableType::kDense) {
       FERRY_ASSIGN_OR_RETURN(Table * table, tables->Find(id, TableType::kDense));
       for (int64_t i = 0; i < table->dense->num_chunks(); ++i) {
@@ -1379,6 +1419,7 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, Table
         c->version = it->second.version;
         std::fill(c->last_pulled.begin(), c->last_pulled.end(), c->version);
         c->replay_owner = replay ? replay->ChunkServer(id, i) : -1;
+        if (replay) CarryFloors(*replay, c->replay_owner, num_workers, &c->steps_taken);
       }
     } else {
       FERRY_ASSIGN_OR_RETURN(Table * table, tables->Find(id, TableType::kSparse));
@@ -1395,6 +1436,17 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, Table
       }
       s.version = t.sparse_version;
       std::fill(s.last_pulled.begin(), s.last_pulled.end(), s.version);
+      // Its rows come from several servers' shares: the lowest of their floors is what it took
+      // of every row (a checkpoint before the replay ends may apply one row's step twice, never
+      // lose one).
+      for (int w = 0; replay && w < num_workers; ++w) {
+        int64_t lowest = -1;
+        for (int owner = 0; owner < replay->servers; ++owner) {
+          const int64_t f = replay->Floor(owner, w);
+          if (f >= 0 && (lowest < 0 || f < lowest)) lowest = f;
+        }
+        if (lowest > 0) s.steps_taken.Took(w, lowest - 1);
+      }
       // The rows beyond the RAM tiers go from the checkpoint's copies of the stores into this
       // server's store (its own ids), in batches: never more than a batch in RAM.
       if (!t.disk_stores.empty()) {
@@ -1420,6 +1472,40 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, Table
     }
   }
   return Status::Ok();
+}
+
+std::map<uint64_t, std::vector<int64_t>> TakenByTable(const TableRegistry& tables, int num_workers) {
+  std::map<uint64_t, std::vector<int64_t>> out;
+  const auto n = static_cast<size_t>(std::max(num_workers, 0));
+  auto take = [n](const StepsTaken& s, std::vector<int64_t>* steps) {
+    for (size_t r = 0; r < n && r < s.taken.size(); ++r) (*steps)[r] = std::max((*steps)[r], s.taken[r]);
+  };
+  tables.ForEach([&](const Table& t) {
+    if (t.spec.consistency == Consistency::kSync) return;
+    std::vector<int64_t> steps(n, 0);
+    if (t.sparse) {
+      take(t.sparse->steps_taken, &steps);
+    } else {
+      bool held = false;
+      for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
+        if (const DenseChunk* c = t.dense->chunk(i)) {
+          held = true;
+          take(c->steps_taken, &steps);
+        }
+      }
+      if (!held) return;
+    }
+    out.emplace(t.id, std::move(steps));
+  });
+  return out;
+}
+
+int64_t WholeStep(int64_t done, int rank, const std::map<uint64_t, std::vector<int64_t>>& taken) {
+  if (done <= 0) return done;
+  const auto r = static_cast<size_t>(rank);
+  const bool lags =
+      std::ranges::any_of(taken, [&](const auto& t) { return r < t.second.size() && t.second[r] < done; });
+  return lags ? done - 1 : done;
 }
 
 CheckpointFilter HandOverFilter(const placement::Placement& now, const placement::Placement& next, int rank) {

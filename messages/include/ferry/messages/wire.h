@@ -8,8 +8,10 @@
 #include <bit>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <flatbuffers/flatbuffers.h>
 #include <zmq.hpp>
@@ -52,8 +54,14 @@ inline constexpr uint16_t kMajor = 1;
 // Hello's `replication`: a client waits for the replacement and sends it what was not answered;
 // Replicate's `incarnation`: the primary's, so that a replaced one's late updates are refused);
 // 1.23: sync tables replicated (Replicate's `sync_ops`, `sync_counts`); 1.24: MoveAsk (a move asked
-// of server 0 while the job runs, handed to the workers by a Barrier that `takes_moves`)
-inline constexpr uint16_t kMinor = 24;
+// of server 0 while the job runs, handed to the workers by a Barrier that `takes_moves`); 1.25: a
+// checkpoint's replay floors by table (ShardFile's `table_steps`), and the workers' steps a server
+// reports are those it holds whole (a step of which it took one table's push and not another's is
+// not done)
+inline constexpr uint16_t kMinor = 25;
+// The first minor whose clients carry each shard's `table_steps` from the Checkpoint reply to the
+// CommitCheckpoint (a server answers an earlier client's Checkpoint with the steps of before).
+inline constexpr uint16_t kTableStepsSinceMinor = 25;
 // The first minor whose server 0 takes a MoveAsk and hands it to a Barrier that takes moves.
 inline constexpr uint16_t kMoveAsksSinceMinor = 24;
 // The first minor with placement versions: an earlier client cannot follow a moved map.
@@ -138,5 +146,9 @@ Status ErrorStatus(const Header& h);
 // TableSpec <-> wire. FromWire validates what it reads.
 flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& fbb, const ferry::TableSpec& spec);
 Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out);
+
+// A shard's table_steps (1.25, ShardFile): by table id, steps by worker rank; none when empty.
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::TableSteps>>> TableStepsToWire(
+    flatbuffers::FlatBufferBuilder& fbb, const std::map<uint64_t, std::vector<int64_t>>& table_steps);
 
 }  // namespace ferry::wire

@@ -210,6 +210,10 @@ struct CheckpointShard {
   // lowest any server knew in the manifest (0 where none knew: the worker had pushed nothing):
   // where each async/ssp worker resumes.
   std::vector<int64_t> worker_steps;
+  // By table id, each async/ssp table's share on the server, by worker rank: one more than the
+  // highest step of that worker's pushes it applied (1.25; empty: a server before it). A
+  // restore skips a replayed push where its table's share had taken that step.
+  std::map<uint64_t, std::vector<int64_t>> table_steps;
   // The placement version the server held when it saved (1.17; 0: a server before it): every
   // shard of a checkpoint must be of one map (CommitCheckpoint refuses shards of two).
   uint64_t placement_version = 0;

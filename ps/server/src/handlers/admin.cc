@@ -191,7 +191,7 @@ Status ServerImpl::OnHello(Request& req) {
   b.add_placement(owners);
   b.add_version(std::max<int64_t>(restored_step_, 0));
   b.add_next_collective(collectives_.next_id());
-  b.add_worker_step(workers_.done(h.rank()));
+  b.add_worker_step(WorkerStepKnown(h.rank()));
   b.add_worker_step_restored(restored_step_ >= 0 && !workers_.pushed(h.rank()));
   b.add_epoch(process_epoch_);              // 1.22: this process (a replacement is another)
   if (Replicating()) b.add_replication(2);  // 1.22: a client that loses this server waits for its replacement

@@ -8,6 +8,23 @@
 #include "internal/checkpoint.h"
 
 namespace ferry::ps {
+namespace {
+
+// A list of workers' steps from a request (`what` names it in errors): at most 65536, each in
+// [-1, 2^62]; none when absent.
+Status StepsFromWire(const flatbuffers::Vector<int64_t>* steps, const std::string& what, std::vector<int64_t>* out) {
+  if (steps == nullptr) return Status::Ok();
+  if (steps->size() > 65536) return InvalidArgumentError(what + " has more than 65536 entries");
+  for (const int64_t w : *steps) {
+    if (w < -1 || w > ps::kMaxStep) {
+      return InvalidArgumentError(what + " holds " + std::to_string(w) + ", outside [-1, 2^62]");
+    }
+    out->push_back(w);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status ServerImpl::CheckpointPossible() const {
   if (options_.checkpoint_dir.empty()) {
@@ -68,12 +85,29 @@ Status ServerImpl::OnCheckpoint(Request& req) {
     disk = std::move(*copy);
   }
   ps::ShardImage image = ps::SnapshotShard(tables_, delta ? &*delta : nullptr, deltas, disk ? &*disk : nullptr);
+  // What it holds of each worker's steps; from a client that carries them to the manifest (1.25),
+  // by table share, and the workers' steps it holds whole (else those of before: a manifest
+  // without table_steps replays by these alone). The asking worker asks between its steps, after
+  // its pushes, which this server has taken (a peer's requests are served in order): its steps
+  // are whole.
+  std::map<uint64_t, std::vector<int64_t>> table_steps;
+  std::vector<int64_t> worker_steps = workers_.KnownDone();
+  if (req.h()->minor() >= wire::kTableStepsSinceMinor) {
+    table_steps = ps::TakenByTable(tables_, workers_.count());
+    for (size_t r = 0; r < worker_steps.size(); ++r) {
+      const bool asks = static_cast<int>(r) == req.h()->rank() && step >= worker_steps[r];
+      if (workers_.pushed(static_cast<int>(r)) && !asks) {
+        worker_steps[r] = ps::WholeStep(worker_steps[r], static_cast<int>(r), table_steps);
+      }
+    }
+  }
   const int64_t snapshot_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
   const uint64_t id = req.h()->request_id();
   RunFileJob(std::move(req), "the checkpoint of step " + std::to_string(step),
              [this, step, id, snapshot_us, delta, image = std::move(image),
               map_version = tables_.placement().version(), disk_folder = disk ? disk->folder : std::string(),
-              worker_steps = workers_.KnownDone()]() mutable -> StatusOr<zmq::message_t> {
+              worker_steps = std::move(worker_steps),
+              table_steps = std::move(table_steps)]() mutable -> StatusOr<zmq::message_t> {
                // Room first: the shards of the checkpoints this one's commit will remove.
                for (int64_t old :
                     ps::MakeRoom(options_.checkpoint_dir, options_.rank, options_.keep_checkpoints, disk_folder)) {
@@ -107,8 +141,10 @@ Status ServerImpl::OnCheckpoint(Request& req) {
                            static_cast<double>(f.bytes) / 1e6, write_s, static_cast<double>(snapshot_us) / 1e3);
                std::fflush(stdout);
                flatbuffers::FlatBufferBuilder fbb(256);
+               auto name = fbb.CreateString(f.name);
+               auto tables = wire::TableStepsToWire(fbb, table_steps);
                std::vector<flatbuffers::Offset<wire::ShardFile>> files = {
-                   wire::CreateShardFile(fbb, fbb.CreateString(f.name), f.bytes, f.crc32)};
+                   wire::CreateShardFile(fbb, name, f.bytes, f.crc32, {}, tables)};
                auto vec = fbb.CreateVector(files);
                auto steps = fbb.CreateVector(worker_steps);  // what the image holds of each worker's steps
                wire::HeaderBuilder b = BeginReply(fbb, Kind::Checkpoint, id);
@@ -162,6 +198,12 @@ Status ServerImpl::StandInShard(Request& req, int rank) {
   return Status::Ok();
 }
 
+int64_t ServerImpl::WorkerStepKnown(int rank) const {
+  const int64_t done = workers_.done(rank);
+  if (done <= 0 || !workers_.pushed(rank)) return done;  // (a restored record is whole)
+  return ps::WholeStep(done, rank, ps::TakenByTable(tables_, workers_.count()));
+}
+
 std::string ServerImpl::CheckpointMeaning(int64_t step) const {
   int sync = 0, other = 0;
   tables_.ForEach([&](const ps::Table& t) { ++(t.spec.consistency == Consistency::kSync ? sync : other); });
@@ -179,16 +221,20 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
   std::vector<ps::ShardFile> shards;
   if (h.shards()) {
     for (const auto* f : *h.shards()) {
-      ps::ShardFile file{f->file() ? f->file()->str() : "", f->bytes(), f->crc32(), {}, {}};
-      if (f->worker_steps()) {  // 1.13: what its server knew of each worker's steps
-        if (f->worker_steps()->size() > 65536) {
-          return InvalidArgumentError("a shard's worker_steps has more than 65536 entries");
+      ps::ShardFile file{f->file() ? f->file()->str() : "", f->bytes(), f->crc32(), {}, {}, {}};
+      // 1.13: what its server knew of each worker's steps
+      FERRY_RETURN_IF_ERROR(StepsFromWire(f->worker_steps(), "a shard's worker_steps", &file.worker_steps));
+      if (f->table_steps()) {  // 1.25: each async/ssp table's share on its server
+        if (f->table_steps()->size() > 65536) {
+          return InvalidArgumentError("a shard's table_steps has more than 65536 tables");
         }
-        for (const int64_t w : *f->worker_steps()) {
-          if (w < -1 || w > ps::kMaxStep) {
-            return InvalidArgumentError("a shard's worker_steps holds " + std::to_string(w) + ", outside [-1, 2^62]");
+        for (const auto* t : *f->table_steps()) {
+          auto [at, fresh] = file.table_steps.try_emplace(t->table_id());
+          if (!fresh) {
+            return InvalidArgumentError("a shard's table_steps names table id " + std::to_string(t->table_id()) +
+                                        " twice");
           }
-          file.worker_steps.push_back(w);
+          FERRY_RETURN_IF_ERROR(StepsFromWire(t->steps(), "a shard's table_steps", &at->second));
         }
       }
       shards.push_back(std::move(file));
@@ -196,15 +242,7 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
   }
   FERRY_RETURN_IF_ERROR(ps::CheckShardList(h.step(), shards));
   std::vector<int64_t> worker_steps;  // (none from a 1.10 client: the manifest has none)
-  if (h.worker_steps()) {
-    if (h.worker_steps()->size() > 65536) return InvalidArgumentError("worker_steps has more than 65536 entries");
-    for (const int64_t w : *h.worker_steps()) {
-      if (w < -1 || w > ps::kMaxStep) {
-        return InvalidArgumentError("worker_steps holds " + std::to_string(w) + ", outside [-1, 2^62]");
-      }
-      worker_steps.push_back(w);
-    }
-  }
+  FERRY_RETURN_IF_ERROR(StepsFromWire(h.worker_steps(), "worker_steps", &worker_steps));
   const int64_t step = h.step();
   const uint64_t id = h.request_id();
   RunFileJob(std::move(req), "the manifest of step " + std::to_string(step),

@@ -329,11 +329,13 @@ flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& 
 flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::TableSteps>>> TableStepsToWire(
     flatbuffers::FlatBufferBuilder& fbb, const std::map<uint64_t, std::vector<int64_t>>& table_steps) {
   if (table_steps.empty()) return 0;
-  std::vector<flatbuffers::Offset<wire::TableSteps>> tables;
-  for (const auto& [table_id, steps] : table_steps) {
-    tables.push_back(CreateTableSteps(fbb, table_id, fbb.CreateVector(steps)));
+  std::map<std::vector<int64_t>, std::vector<uint64_t>> by_record;  // the tables of each record
+  for (const auto& [table_id, steps] : table_steps) by_record[steps].push_back(table_id);
+  std::vector<flatbuffers::Offset<wire::TableSteps>> records;
+  for (const auto& [steps, ids] : by_record) {
+    records.push_back(CreateTableSteps(fbb, fbb.CreateVector(ids), fbb.CreateVector(steps)));
   }
-  return fbb.CreateVector(tables);
+  return fbb.CreateVector(records);
 }
 
 Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out) {

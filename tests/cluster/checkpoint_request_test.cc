@@ -504,17 +504,20 @@ TEST_F(CheckpointRequests, AStepACheckpointCutBetweenItsDenseAndSparsePushIsRepl
   const std::vector<float> g(4, 1.0f), rows(6, 1.0f);
   std::vector<float> a(4), r0(6);
   {
-    // Worker 1 trains; worker 0 asks for the checkpoint (between its own steps) while worker 1
-    // is between the two requests of its step 5.
+    // Worker 1 trains; worker 0 asks for the checkpoint between its own steps (0 to 5, of a
+    // table of its own: it never pushes "e", whose shares so lag its steps) while worker 1 is
+    // between the two requests of its step 5.
     auto c = LocalCluster::Start(2, false, WithFolder(dir_, 2));
     auto w0 = c.Connect(0, 2);
     auto w = c.Connect(1, 2);
     ASSERT_TRUE(w->Declare(SgdTable(on0, 4, Consistency::kAsync)).ok());
     ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
+    ASSERT_TRUE(w0->Declare(SgdTable("own", 4, Consistency::kAsync)).ok());
     for (int step = 0; step < 5; ++step) {
       ASSERT_TRUE(w->PushDense(on0, g, step).wait().ok());
       ASSERT_TRUE(w->PushSparse("e", ids0, rows, step).wait().ok());
     }
+    for (int step = 0; step <= 5; ++step) ASSERT_TRUE(w0->PushDense("own", g, step).wait().ok());
     ASSERT_TRUE(w->PushDense(on0, g, 5).wait().ok());  // step 5's dense part; its sparse part after the cut
     ASSERT_TRUE(w0->Checkpoint(6).ok());
   }
@@ -522,6 +525,7 @@ TEST_F(CheckpointRequests, AStepACheckpointCutBetweenItsDenseAndSparsePushIsRepl
     ServerOptions ro = WithFolder(dir_, 2);
     ro.restore = true;
     auto c = LocalCluster::Start(servers, false, ro);
+    EXPECT_EQ(c.Connect(0, 2)->worker_step(), 6) << servers << " servers: the worker that asked had done 6 steps";
     auto w = c.Connect(1, 2);
     ASSERT_TRUE(w->Declare(SgdTable(on0, 4, Consistency::kAsync)).ok());
     ASSERT_TRUE(w->Declare(SgdSparseTable("e", 2)).ok());
@@ -531,7 +535,8 @@ TEST_F(CheckpointRequests, AStepACheckpointCutBetweenItsDenseAndSparsePushIsRepl
     ASSERT_TRUE(w->PullDense(on0, a, 6).wait(5s).ok());
     ASSERT_TRUE(w->PullSparse("e", ids0, r0, 6).wait(5s).ok());
     EXPECT_EQ(a, std::vector<float>(4, -6.0f)) << servers << " servers: the dense part of step 5, held, applied again";
-    EXPECT_EQ(r0, std::vector<float>(6, -6.0f)) << servers << " servers: the sparse part of step 5, not held, skipped";
+    EXPECT_EQ(r0, std::vector<float>(6, -6.0f))
+        << servers << " servers: the sparse part of step 5, not held, not applied";
     int64_t skipped = 0;
     for (const auto& s : c.servers) skipped += s->stats().counters["replayed_updates_skipped"];
     EXPECT_EQ(skipped, 1) << servers << " servers: the dense chunk alone";

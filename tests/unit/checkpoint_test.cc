@@ -331,6 +331,7 @@ TEST_F(CheckpointTest, TheManifestKeepsEachShardsTableStepsAndRefusesDamagedOnes
            {nlohmann::json::array({5, 5}), "table_steps is not an object"},
            {{{"w", {5, 5}}}, "names 'w', not a table id"},
            {{{w + "x", {5, 5}}}, "not a table id"},
+           {{{"0" + w, {5, 5}}}, "not a table id"},
            {{{w, "5"}}, "table_steps is not a list"},
            {{{w, {5, -2}}}, "holds -2, not an integer in [-1, 2^62]"}}) {
     nlohmann::json damaged = m;
@@ -341,6 +342,61 @@ TEST_F(CheckpointTest, TheManifestKeepsEachShardsTableStepsAndRefusesDamagedOnes
     EXPECT_EQ(ckpt.status().code(), StatusCode::kDataLoss) << ckpt.status();
     EXPECT_NE(ckpt.status().message().find(says), std::string::npos) << bad.dump() << ": " << ckpt.status();
   }
+}
+
+// 1.25: the parts a hand-over moves carry what their share had taken of each worker's steps (the
+// hand-over checkpoint's table_steps), so that the next checkpoint records it: a part taken over
+// with nothing taken would make the workers replay steps it holds, and apply them twice.
+TEST(CheckpointHandOver, PartsTakenOverCarryTheirSharesTableSteps) {
+  test::TempDir tmp("ckpt-handover");
+  TableSpec dense = Dense(), sparse = Sparse();
+  dense.consistency = sparse.consistency = Consistency::kAsync;
+  std::vector<TableRegistry> servers;
+  std::vector<ShardFile> shards;
+  for (int r = 0; r < 2; ++r) {
+    servers.emplace_back(r, 2);
+    TableRegistry& reg = servers.back();
+    ASSERT_TRUE(reg.Create(dense, TableId("w"), 2).ok());
+    ASSERT_TRUE(reg.Create(sparse, TableId("emb"), 2).ok());
+    Table* w = *reg.Find(TableId("w"), TableType::kDense);
+    for (int64_t i = 0; i < w->dense->num_chunks(); ++i) {
+      if (DenseChunk* c = w->dense->chunk(i)) {
+        c->steps_taken.Took(0, 5);  // worker 0 took steps up to 5, worker 1 up to 3 + r
+        c->steps_taken.Took(1, 3 + r);
+      }
+    }
+    SparseShard& s = *(*reg.Find(TableId("emb"), TableType::kSparse))->sparse;
+    for (int64_t id = 0; id < 40; ++id) {
+      if (placement::IdServer(id, 2) == r) s.steps(s.FindOrCreate(id)) = 1;
+    }
+    s.steps_taken.Took(0, 5);
+    if (r == 1) s.steps_taken.Took(1, 7);
+    auto f = WriteShard(tmp.path().string(), r, 2, 9, reg);
+    ASSERT_TRUE(f.ok()) << f.status();
+    f->table_steps = TakenByTable(reg, 2);
+    EXPECT_EQ(f->table_steps[TableId("w")], (std::vector<int64_t>{6, 4 + r}));
+    EXPECT_EQ(f->table_steps[TableId("emb")], (std::vector<int64_t>{6, r == 1 ? 8 : 0}));
+    f->worker_steps = {6, 4 + r};
+    shards.push_back(*f);
+  }
+  ASSERT_TRUE(WriteManifest(tmp.path().string(), 9, shards, "async", 3, {6, 4}).ok());
+  auto ckpt = ReadCheckpointAt(tmp.path().string(), 9);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  // Every slot of server 1 goes to server 0.
+  std::vector<uint16_t> owners = placement::Placement::First(2).Owners();
+  for (uint16_t& o : owners) o = 0;
+  auto next = placement::Placement::FromOwners(2, owners, 2);
+  ASSERT_TRUE(next.ok()) << next.status();
+  auto counts = HandOver(*ckpt, *next, 0, 2, &servers[0], false);
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_GT(counts->chunks_taken, 0);
+  EXPECT_GT(counts->rows_taken, 0);
+  const auto taken = TakenByTable(servers[0], 2);
+  // The dense table: the lowest over its chunks, server 1's carried (worker 1: 4 of its own, 5 of
+  // server 1's). The sparse share keeps what it had taken of its own (worker 0: 6), and takes
+  // server 1's for the worker it had taken nothing of (worker 1: 8).
+  EXPECT_EQ(taken.at(TableId("w")), (std::vector<int64_t>{6, 4}));
+  EXPECT_EQ(taken.at(TableId("emb")), (std::vector<int64_t>{6, 8}));
 }
 
 TEST_F(CheckpointTest, TheSameTablesGiveTheSameBytes) {

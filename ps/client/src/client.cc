@@ -1253,11 +1253,14 @@ class ClientImpl final : public Client {
           return DataLossError("Checkpoint reply does not name one shard file");
         }
         const auto* f = reply.shards()->Get(0);
-        *out = {f->file()->str(), f->bytes(), f->crc32(), std::chrono::microseconds(reply.snapshot_us()), {}};
+        *out = {f->file()->str(), f->bytes(), f->crc32(), std::chrono::microseconds(reply.snapshot_us()), {}, {}};
         if (reply.worker_steps()) out->worker_steps.assign(reply.worker_steps()->begin(), reply.worker_steps()->end());
         if (f->table_steps()) {  // 1.25
           for (const auto* t : *f->table_steps()) {
-            if (t->steps()) out->table_steps[t->table_id()].assign(t->steps()->begin(), t->steps()->end());
+            if (!t->table_ids() || !t->steps()) continue;
+            for (const uint64_t id : *t->table_ids()) {
+              out->table_steps[id].assign(t->steps()->begin(), t->steps()->end());
+            }
           }
         }
         out->placement_version = reply.placement_version();

@@ -495,10 +495,12 @@ StatusOr<ShardFile> ShardEntry(const nlohmann::json& s, const std::string& where
     for (const auto& [key, steps] : tables.items()) {
       uint64_t id = 0;
       const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
-      if (ec != std::errc() || end != key.data() + key.size() || key.empty()) {
+      if (ec != std::errc() || end != key.data() + key.size() || key.empty() || (key[0] == '0' && key.size() > 1)) {
         return DataLossError(where + ": a shard's table_steps names '" + key + "', not a table id");
       }
-      FERRY_RETURN_IF_ERROR(ParseSteps(steps, where, "a shard's table_steps", &f.table_steps[id]));
+      auto [at, fresh] = f.table_steps.try_emplace(id);
+      if (!fresh) return DataLossError(where + ": a shard's table_steps names table id " + key + " twice");
+      FERRY_RETURN_IF_ERROR(ParseSteps(steps, where, "a shard's table_steps", &at->second));
     }
   }
   if (!chain || !s.contains("base")) return f;
@@ -1343,50 +1345,70 @@ StatusOr<PreparedChains> PrepareChains(const std::string& dir, int64_t step, con
 
 namespace {
 
-// The replay floors of async/ssp table `table_id` restored from `ckpt` (Table::Replay): by the
-// server that held each part, the record of that table's share there (1.25: the manifest has
-// table_steps; a share it has none of took no push), else that server's record of the workers'
-// steps (the same for every table). None where no shard recorded steps for this job's workers, or
-// none is above the step the workers resume at (the manifest's, the lowest any server knew).
+// The replay floors of async/ssp table `table_id` in `ckpt`, by the rank of each server that wrote
+// it, by worker rank: the record of that table's share there where the shard has table_steps
+// (1.25; a share it has none of took no push: no floor), else that server's record of the
+// workers' steps (before 1.25, the same for every table: a shard of an older server, or of a
+// server with no async table); empty where it recorded none for this job's workers.
+std::vector<std::vector<int64_t>> FloorsOf(const CheckpointData& ckpt, uint64_t table_id, int num_workers) {
+  std::vector<std::vector<int64_t>> floors(ckpt.shard_worker_steps.size());
+  for (size_t i = 0; i < floors.size(); ++i) {
+    const std::vector<int64_t>* steps = &ckpt.shard_worker_steps[i];
+    if (i < ckpt.shard_table_steps.size() && !ckpt.shard_table_steps[i].empty()) {
+      const auto it = ckpt.shard_table_steps[i].find(table_id);
+      if (it == ckpt.shard_table_steps[i].end()) continue;
+      steps = &it->second;
+    }
+    if (steps->size() == static_cast<size_t>(num_workers)) floors[i] = *steps;
+  }
+  return floors;
+}
+
+// The replay floors of async/ssp table `table_id` restored from `ckpt` (Table::Replay, FloorsOf);
+// none where no shard recorded any for this job's workers.
 std::optional<Table::Replay> ReplayOf(const CheckpointData& ckpt, uint64_t table_id, int num_workers) {
-  const auto n = static_cast<size_t>(ckpt.num_servers);
-  if (ckpt.shard_worker_steps.size() != n) return std::nullopt;
-  const bool by_table = ckpt.shard_table_steps.size() == n &&
-                        std::ranges::any_of(ckpt.shard_table_steps, [](const auto& t) { return !t.empty(); });
+  if (static_cast<int>(ckpt.shard_worker_steps.size()) != ckpt.num_servers) return std::nullopt;
   Table::Replay replay;
   replay.servers = ckpt.num_servers;
   replay.before_slots = ckpt.before_slots;
   replay.map = ckpt.placement;
+  replay.floors = FloorsOf(ckpt, table_id, num_workers);
   replay.until.assign(static_cast<size_t>(num_workers), -1);
   bool any = false;
-  for (size_t i = 0; i < n; ++i) {
-    const std::vector<int64_t>* steps = &ckpt.shard_worker_steps[i];
-    if (by_table) {
-      const auto it = ckpt.shard_table_steps[i].find(table_id);
-      static const std::vector<int64_t> kNone;
-      steps = it != ckpt.shard_table_steps[i].end() ? &it->second : &kNone;
-    }
-    if (steps->size() != static_cast<size_t>(num_workers)) {
-      replay.floors.emplace_back();
-      continue;
-    }
-    for (size_t w = 0; w < steps->size(); ++w) {
-      const int64_t resume = w < ckpt.worker_steps.size() ? ckpt.worker_steps[w] : ckpt.step;
-      any = any || (*steps)[w] > resume;
-      replay.until[w] = std::max(replay.until[w], (*steps)[w]);
-    }
-    replay.floors.push_back(*steps);
+  for (const auto& steps : replay.floors) {
+    for (size_t w = 0; w < steps.size(); ++w) replay.until[w] = std::max(replay.until[w], steps[w]);
+    any = any || !steps.empty();
   }
   if (!any) return std::nullopt;
   return replay;
 }
 
-// What a restored part took of each worker's steps is its replay floor: a checkpoint saved before
-// the replay is over records it again (TakenByTable), not nothing.
-void CarryFloors(const Table::Replay& replay, int owner, int num_workers, StepsTaken* s) {
+// A part restored or taken over from a checkpoint took what its share there had taken (`floors`,
+// by worker rank; FloorsOf): a checkpoint saved before the replay is over records it again
+// (TakenByTable), not nothing.
+void CarryFloors(const std::vector<int64_t>& floors, StepsTaken* s) {
+  for (size_t w = 0; w < floors.size(); ++w) {
+    if (floors[w] > 0) s->Took(static_cast<int>(w), floors[w] - 1);
+  }
+}
+
+// A sparse share whose rows come from the shares of `owners` (by rank in `floors`): by worker, the
+// lowest of their floors is what it took of every row (a checkpoint before the replay ends may
+// apply one row's step twice, never lose one). A worker whose share here had taken some step of
+// its own keeps that.
+void CarryLowestFloors(const std::vector<std::vector<int64_t>>& floors, const std::set<int>& owners, int num_workers,
+                       StepsTaken* s) {
   for (int w = 0; w < num_workers; ++w) {
-    const int64_t floor = replay.Floor(owner, w);
-    if (floor > 0) s->Took(w, floor - 1);
+    if (static_cast<size_t>(w) < s->taken.size() && s->taken[static_cast<size_t>(w)] > 0) continue;
+    int64_t lowest = -1;
+    for (const int owner : owners) {
+      if (owner < 0 || static_cast<size_t>(owner) >= floors.size()) continue;
+      const auto& f = floors[static_cast<size_t>(owner)];
+      if (static_cast<size_t>(w) < f.size() && (lowest < 0 || f[static_cast<size_t>(w)] < lowest)) {
+        lowest = f[static_cast<size_t>(w)];
+      }
+    }
+    if (lowest > 0) s->Took(w, lowest - 1);
   }
 }
 
@@ -1419,7 +1441,7 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, Table
         c->version = it->second.version;
         std::fill(c->last_pulled.begin(), c->last_pulled.end(), c->version);
         c->replay_owner = replay ? replay->ChunkServer(id, i) : -1;
-        if (replay) CarryFloors(*replay, c->replay_owner, num_workers, &c->steps_taken);
+        if (replay) CarryFloors(replay->floors[static_cast<size_t>(c->replay_owner)], &c->steps_taken);
       }
     } else {
       FERRY_ASSIGN_OR_RETURN(Table * table, tables->Find(id, TableType::kSparse));
@@ -1436,16 +1458,10 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, Table
       }
       s.version = t.sparse_version;
       std::fill(s.last_pulled.begin(), s.last_pulled.end(), s.version);
-      // Its rows come from several servers' shares: the lowest of their floors is what it took
-      // of every row (a checkpoint before the replay ends may apply one row's step twice, never
-      // lose one).
-      for (int w = 0; replay && w < num_workers; ++w) {
-        int64_t lowest = -1;
-        for (int owner = 0; owner < replay->servers; ++owner) {
-          const int64_t f = replay->Floor(owner, w);
-          if (f >= 0 && (lowest < 0 || f < lowest)) lowest = f;
-        }
-        if (lowest > 0) s.steps_taken.Took(w, lowest - 1);
+      if (replay) {
+        std::set<int> owners;
+        for (int owner = 0; owner < replay->servers; ++owner) owners.insert(owner);
+        CarryLowestFloors(replay->floors, owners, num_workers, &s.steps_taken);
       }
       // The rows beyond the RAM tiers go from the checkpoint's copies of the stores into this
       // server's store (its own ids), in batches: never more than a batch in RAM.
@@ -1477,20 +1493,23 @@ Status RestoreShard(const CheckpointData& ckpt, int rank, int num_workers, Table
 std::map<uint64_t, std::vector<int64_t>> TakenByTable(const TableRegistry& tables, int num_workers) {
   std::map<uint64_t, std::vector<int64_t>> out;
   const auto n = static_cast<size_t>(std::max(num_workers, 0));
-  auto take = [n](const StepsTaken& s, std::vector<int64_t>* steps) {
-    for (size_t r = 0; r < n && r < s.taken.size(); ++r) (*steps)[r] = std::max((*steps)[r], s.taken[r]);
-  };
+  auto taken = [](const StepsTaken& s, size_t r) { return r < s.taken.size() ? s.taken[r] : 0; };
   tables.ForEach([&](const Table& t) {
     if (t.spec.consistency == Consistency::kSync) return;
     std::vector<int64_t> steps(n, 0);
     if (t.sparse) {
-      take(t.sparse->steps_taken, &steps);
+      for (size_t r = 0; r < n; ++r) steps[r] = taken(t.sparse->steps_taken, r);
     } else {
+      // The lowest over its chunks: a step one chunk took and another did not (chunks restored
+      // from several servers' shares) is replayed, and skipped where it was taken, never lost.
       bool held = false;
       for (int64_t i = 0; i < t.dense->num_chunks(); ++i) {
         if (const DenseChunk* c = t.dense->chunk(i)) {
+          for (size_t r = 0; r < n; ++r) {
+            const int64_t t_r = taken(c->steps_taken, r);
+            steps[r] = held ? std::min(steps[r], t_r) : t_r;
+          }
           held = true;
-          take(c->steps_taken, &steps);
         }
       }
       if (!held) return;
@@ -1683,6 +1702,14 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
   try {
     tables->ForEach([&](Table& t) {
       const CheckpointData::Table& saved = ckpt.tables.at(t.id);
+      // What the parts taken over had taken of each worker's steps, as their servers' shares
+      // recorded it (async and ssp tables): carried, so that the next checkpoint records it.
+      std::vector<std::vector<int64_t>> floors;
+      if (t.spec.consistency != Consistency::kSync) floors = FloorsOf(ckpt, t.id, num_workers);
+      auto floors_of = [&](int owner) -> const std::vector<int64_t>& {
+        static const std::vector<int64_t> kNone;
+        return static_cast<size_t>(owner) < floors.size() ? floors[static_cast<size_t>(owner)] : kNone;
+      };
       if (t.dense) {
         for (int64_t c = 0; c < t.dense->num_chunks(); ++c) {
           if (now.ChunkServer(t.id, c) == rank || next.ChunkServer(t.id, c) != rank) continue;
@@ -1694,6 +1721,7 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
           taken->version = from.version;
           std::fill(taken->last_pulled.begin(), taken->last_pulled.end(), taken->version);
           taken->replay_owner = t.replay ? t.replay->ChunkServer(t.id, c) : -1;
+          CarryFloors(floors_of(now.ChunkServer(t.id, c)), &taken->steps_taken);
         }
         return;
       }
@@ -1705,12 +1733,15 @@ StatusOr<HandOverCounts> HandOver(const CheckpointData& ckpt, const placement::P
         s.version = saved.sparse_version;
         std::fill(s.last_pulled.begin(), s.last_pulled.end(), s.version);
       }
+      std::set<int> donors;
       for (const auto& [id, row] : saved.rows) {
         if (next.IdServer(id) != rank || now.IdServer(id) == rank) continue;
         const RowIndex r = s.FindOrCreate(id, /*over_budget_ok=*/true);
         std::copy(row.values.begin(), row.values.end(), s.row(r));
         s.steps(r) = row.steps;
+        donors.insert(now.IdServer(id));
       }
+      if (!floors.empty()) CarryLowestFloors(floors, donors, num_workers, &s.steps_taken);
     });
   } catch (const std::bad_alloc&) {
     // Half taken: this server holds neither map's share. It keeps the new map (what it holds is

@@ -147,7 +147,8 @@ Status ErrorStatus(const Header& h);
 flatbuffers::Offset<wire::TableSpec> SpecToWire(flatbuffers::FlatBufferBuilder& fbb, const ferry::TableSpec& spec);
 Status SpecFromWire(const wire::TableSpec* in, ferry::TableSpec* out);
 
-// A shard's table_steps (1.25, ShardFile): by table id, steps by worker rank; none when empty.
+// A shard's table_steps (1.25, ShardFile): by table id, steps by worker rank, the tables of one
+// record listed together; none when empty.
 flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::TableSteps>>> TableStepsToWire(
     flatbuffers::FlatBufferBuilder& fbb, const std::map<uint64_t, std::vector<int64_t>>& table_steps);
 

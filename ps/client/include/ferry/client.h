@@ -360,7 +360,8 @@ class Client {
   virtual int64_t restored_step() const = 0;
   // How many steps this worker's rank has done, as the servers knew at the handshake (protocol
   // 1.11): one more than the highest step of its pushes they took (a predecessor's, for a
-  // restarted worker), or what the checkpoint they restored recorded for it; the lowest over the
+  // restarted worker; since 1.25 one fewer where a server holds that step in part: one of its
+  // async/ssp tables took none of it), or what the checkpoint they restored recorded for it; the lowest over the
   // servers that know (one that holds nothing this worker pushes does not); 0 if none knows (the
   // rank pushed nothing: each of its steps pushes to some server). Where a restarted async or ssp
   // worker resumes (its own step count, not worker 0's). -1 if a server is older than 1.11.

@@ -1392,23 +1392,24 @@ void CarryFloors(const std::vector<int64_t>& floors, StepsTaken* s) {
   }
 }
 
-// A sparse share whose rows come from the shares of `owners` (by rank in `floors`): by worker, the
-// lowest of their floors is what it took of every row (a checkpoint before the replay ends may
-// apply one row's step twice, never lose one). A worker whose share here had taken some step of
-// its own keeps that.
+// A sparse share whose rows come from the shares of `owners` (by rank in `floors`) besides its
+// own: by worker, the lowest of their floors and of what it had taken is what it took of every
+// row (a checkpoint before the replay ends may apply one row's step twice, never lose one).
 void CarryLowestFloors(const std::vector<std::vector<int64_t>>& floors, const std::set<int>& owners, int num_workers,
                        StepsTaken* s) {
   for (int w = 0; w < num_workers; ++w) {
-    if (static_cast<size_t>(w) < s->taken.size() && s->taken[static_cast<size_t>(w)] > 0) continue;
     int64_t lowest = -1;
     for (const int owner : owners) {
       if (owner < 0 || static_cast<size_t>(owner) >= floors.size()) continue;
       const auto& f = floors[static_cast<size_t>(owner)];
-      if (static_cast<size_t>(w) < f.size() && (lowest < 0 || f[static_cast<size_t>(w)] < lowest)) {
-        lowest = f[static_cast<size_t>(w)];
-      }
+      // (0: no push of the worker reached that share: its rows put no bound.)
+      const int64_t floor = static_cast<size_t>(w) < f.size() ? f[static_cast<size_t>(w)] : 0;
+      if (floor > 0 && (lowest < 0 || floor < lowest)) lowest = floor;
     }
-    if (lowest > 0) s->Took(w, lowest - 1);
+    if (lowest < 0) continue;
+    if (static_cast<size_t>(w) >= s->taken.size()) s->taken.resize(static_cast<size_t>(w) + 1, 0);
+    int64_t& own = s->taken[static_cast<size_t>(w)];
+    own = own > 0 ? std::min(own, lowest) : lowest;
   }
 }
 

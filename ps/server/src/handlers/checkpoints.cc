@@ -219,12 +219,21 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
   FERRY_RETURN_IF_ERROR(CheckpointPossible());
   FERRY_RETURN_IF_ERROR(SamePlacement(h));
   std::vector<ps::ShardFile> shards;
-  constexpr int64_t kMaxTableEntries = int64_t{1} << 22;  // 32 MiB of steps
-  int64_t table_entries = 0;
+  // What the shards' lists expand to is bounded: a few bytes of a request can name one list of
+  // steps for many shards or tables (a table counts as 8 steps: its map entry).
+  constexpr int64_t kMaxEntries = int64_t{1} << 22;
+  int64_t entries = 0;
+  auto charge = [&](int64_t n) {
+    entries += n;
+    return entries <= kMaxEntries ? Status::Ok()
+                                  : InvalidArgumentError("the shards' worker_steps and table_steps hold more than " +
+                                                         std::to_string(kMaxEntries) + " entries in all");
+  };
   if (h.shards()) {
     for (const auto* f : *h.shards()) {
       ps::ShardFile file{f->file() ? f->file()->str() : "", f->bytes(), f->crc32(), {}, {}, {}};
       // 1.13: what its server knew of each worker's steps
+      FERRY_RETURN_IF_ERROR(charge(f->worker_steps() ? f->worker_steps()->size() : 0));
       FERRY_RETURN_IF_ERROR(StepsFromWire(f->worker_steps(), "a shard's worker_steps", &file.worker_steps));
       if (f->table_steps()) {  // 1.25: each async/ssp table's share on its server
         for (const auto* t : *f->table_steps()) {
@@ -232,12 +241,7 @@ Status ServerImpl::OnCommitCheckpoint(Request& req) {
           FERRY_RETURN_IF_ERROR(StepsFromWire(t->steps(), "a shard's table_steps", &steps));
           if (!t->table_ids()) continue;
           for (const uint64_t table_id : *t->table_ids()) {
-            // (A record names many tables in a few bytes each: what they expand to is bounded.)
-            table_entries += static_cast<int64_t>(steps.size()) + 1;
-            if (file.table_steps.size() == 65536 || table_entries > kMaxTableEntries) {
-              return InvalidArgumentError("the shards' table_steps name more than 65536 tables on a server, or more "
-                                          "than " + std::to_string(kMaxTableEntries) + " steps in all");
-            }
+            FERRY_RETURN_IF_ERROR(charge(static_cast<int64_t>(steps.size()) + 8));
             if (!file.table_steps.try_emplace(table_id, steps).second) {
               return InvalidArgumentError("a shard's table_steps names table id " + std::to_string(table_id) +
                                           " twice");

@@ -9,6 +9,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "ferry/messages/transport.h"
 #include "ferry/messages/wire.h"
 #include "support/cluster.h"
+#include "support/raw_zmtp.h"
 #include "support/temp_dir.h"
 
 namespace ferry::test {
@@ -305,6 +307,79 @@ void SilentConnectionsCannotLockAWorkerOut(bool with_curve) {
 
 TEST(Connections, SilentConnectionsCannotLockAWorkerOut) { SilentConnectionsCannotLockAWorkerOut(false); }
 TEST(Connections, SilentConnectionsCannotLockAWorkerOutWithCurve) { SilentConnectionsCannotLockAWorkerOut(true); }
+
+// ZeroMQ hands a message over whole, so it keeps every frame of a multipart message until the
+// last comes, and bounds only a frame's size: before, a peer could make the server hold any
+// amount (two messages of 100,000 frames of 8 KiB left it 800 MB larger while they came) and keep
+// it for as long as it liked by never sending the last frame. Now the server counts what ZeroMQ
+// took in of each connection since its last message, and ends a connection holding more than a
+// message may have (twice the limit, as a primary's Replicate, and 1 MiB for framing: 9 MiB
+// here): this one sends 64 MiB of 64 KiB frames and never the last one.
+TEST(Connections, AMessageThatNeverEndsIsCutOffAtTheMessageLimit) {
+  ServerOptions so;
+  so.max_message_bytes = 4 << 20;
+  auto c = LocalCluster::Start(1, /*tcp=*/true, so);
+  const int fd = RawZmtp(c.endpoints[0]);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  const size_t sent = SendUnfinished(fd, size_t{64} << 20);
+  EXPECT_TRUE(EndedWithin(fd, 20s)) << "the server kept the connection after " << sent
+                                     << " bytes of a message that does not end";
+  ::close(fd);
+  auto counters = c.servers[0]->stats().counters;
+  EXPECT_EQ(counters["connections_unfinished_closed"], 1);
+  // The server serves on: a worker connects and trains.
+  auto w = c.Connect(0, 1);
+  ASSERT_TRUE(w->Declare(SgdTable("w", 4, Consistency::kAsync)).ok());
+  const std::vector<float> grad = {1, 1, 1, 1};
+  EXPECT_TRUE(w->PushDense("w", grad, 0).wait().ok());
+  EXPECT_EQ(Pull(*w), std::vector<float>(4, -1.0f));
+}
+
+// The connections that speak for no worker share a bound on what ZeroMQ holds of their messages
+// not finished, a quarter of the memory budget (or one message's bound, where that is more): six
+// peers that each sent most of a 900 MiB message could otherwise make a server of a 4 GiB budget
+// hold 5.4 GB. Past it, the connection holding most is ended, and the others are kept. Here the
+// message limit is 4 MiB (a connection's bound 9 MiB, as above) and the budget 32 MiB (so the
+// bound is 9 MiB): three peers hold 4.5, 3.5 and 2.5 MiB, 10.5 together.
+TEST(Connections, ConnectionsThatSpeakForNoWorkerShareABoundOnUnfinishedMessages) {
+  ServerOptions so;
+  so.max_message_bytes = 4 << 20;
+  so.memory_budget_bytes = 32 << 20;
+  auto c = LocalCluster::Start(1, /*tcp=*/true, so);
+  std::vector<int> fds;
+  for (size_t kib : {4608, 3584, 2560}) {
+    fds.push_back(RawZmtp(c.endpoints[0]));
+    ASSERT_GE(fds.back(), 0) << std::strerror(errno);
+    ASSERT_GE(SendUnfinished(fds.back(), kib << 10), kib << 10) << "the server ended a connection within the bounds";
+  }
+  EXPECT_TRUE(EndedWithin(fds[0], 20s)) << "the connection holding most was kept";
+  // A second of checks (every 250 ms) more: the two others, 6 MiB together, stay.
+  EXPECT_FALSE(EndedWithin(fds[1], 1s));
+  EXPECT_FALSE(EndedWithin(fds[2], 10ms));
+  auto counters = c.servers[0]->stats().counters;
+  EXPECT_EQ(counters["connections_unfinished_closed"], 1);
+  EXPECT_GE(counters["unfinished_message_bytes"], int64_t{6} << 20);
+  for (int fd : fds) ::close(fd);
+}
+
+// What a connection sent is not what ZeroMQ takes to keep it: a frame of no bytes is 2 bytes on
+// the wire and 64 in memory. So where the connections that speak for no worker hold unfinished
+// messages while the server's memory beyond its budget's charges is past their bound and 256 MiB,
+// they are all ended. Here a peer sends 7 million empty frames (14 MB, within its 17 MiB bound,
+// 450 MB in ZeroMQ's queue) and never the last one.
+TEST(Connections, UnfinishedMessagesOfSmallFramesAreWeighedByTheMemoryTheyTake) {
+  ServerOptions so;
+  so.max_message_bytes = 8 << 20;
+  so.memory_budget_bytes = 32 << 20;
+  auto c = LocalCluster::Start(1, /*tcp=*/true, so);
+  const int fd = RawZmtp(c.endpoints[0]);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  const size_t sent = SendUnfinished(fd, size_t{14} << 20, /*empty=*/true);
+  EXPECT_TRUE(EndedWithin(fd, 20s)) << "the server kept the connection after " << sent
+                                     << " bytes of empty frames of a message that does not end";
+  ::close(fd);
+  EXPECT_EQ(c.servers[0]->stats().counters["connections_unfinished_closed"], 1);
+}
 
 // A connection that speaks for no worker and says nothing is closed after idle_timeout; a
 // worker's connection is never closed for idleness (there is one per rank: they cannot pile up),

@@ -1,9 +1,11 @@
 // The parts the server is built from, one at a time: expiry order (transport::Deadlines, shared
-// with the client), the job's workers (quorum, readiness), held pulls and collectives.
+// with the client), the job's workers (quorum, readiness), held pulls and collectives, and what
+// the connections hold of messages not finished.
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -13,6 +15,7 @@
 
 #include "ferry/messages/deadlines.h"
 #include "internal/collectives.h"
+#include "internal/connections.h"
 #include "internal/held.h"
 #include "internal/pieces.h"
 #include "internal/request.h"
@@ -476,6 +479,77 @@ TEST(SharedFloats, AnUpdateUnderAReplyInFlightGivesTheBitsOfOneInPlace) {
   updater.ApplyDenseAverage(spec.optimizer, b, grads, 2);
   EXPECT_EQ(b.params.data(), now);  // nothing held it: in place
   EXPECT_EQ(a.params, b.params);
+}
+
+// What ZeroMQ holds of a connection's message not finished (Connections::Unfinished), with the
+// bytes it took in given by the test: a connection whose messages keep being handed over is never
+// judged, however much it sends between checks (a worker streaming pushes); one is judged by what
+// it held at the previous check and still holds, no message of it handed over since (bytes that
+// came since the previous check may be a finished message the I/O thread has not read yet); a
+// worker's connection is held to a message's bound alone; the connections of no worker share
+// theirs, the one judged by most closed first; one whose bytes cannot be told (ipc://) is never
+// judged.
+TEST(Connections, UnfinishedMessagesAreJudgedByWhatTheyStillHoldFromThePreviousCheck) {
+  using Why = Connections::ToClose::Why;
+  Connections conns(16, milliseconds(0));
+  const auto now = Connections::Clock::now();
+  Connections::Evicted evicted;
+  for (int fd : {5, 6, 7, 8, 9}) ASSERT_EQ(conns.Accepted(fd, "peer" + std::to_string(fd), now, &evicted),
+                                           Connections::Admit::kYes);
+  ASSERT_TRUE(conns.Heard(9, "w", now).ok());
+  ASSERT_TRUE(conns.Claim(9, 0, now, milliseconds(0), false, [](int) { return false; }).ok());  // a worker's
+  std::map<int, uint64_t> in;
+  auto taken_in = [&](int fd) -> std::optional<Connections::Taken> {
+    if (fd == 8) return std::nullopt;  // ipc://
+    return Connections::Taken{in[fd], in[fd]};
+  };
+  constexpr uint64_t kBound = 1000, kShared = 1500;
+  uint64_t held = 0;
+  auto check = [&] { return conns.Unfinished(now, kBound, kShared, taken_in, &held); };
+
+  // Connection 5 sends far past the bound between checks, but a message of it is handed over
+  // each time: never judged.
+  for (int i = 0; i < 5; ++i) {
+    in[5] += 10 * kBound;
+    ASSERT_TRUE(conns.Heard(5, "a", now).ok());
+    EXPECT_TRUE(check().empty()) << "check " << i;
+  }
+  // Then it stops handing messages over: the next check counts what came since the last one that
+  // found a message, the one after judges it by that.
+  in[5] += kBound + 1;
+  EXPECT_TRUE(check().empty());
+  EXPECT_EQ(held, kBound + 1);
+  auto closed = check();
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(closed[0].fd, 5);
+  EXPECT_EQ(closed[0].reason, Why::kUnfinished);
+  EXPECT_NE(closed[0].why.find("more than the 1000 a message may have"), std::string::npos) << closed[0].why;
+  EXPECT_TRUE(check().empty()) << "handed out twice";
+
+  // Connections 6 and 7 (no worker), silent for many checks, hold 900 and 700, each within the
+  // bound, 1600 together: not at the first check after they came (a finished message may wait
+  // there for the I/O thread), at the next the one judged by more is closed. The worker's 9 holds
+  // 1000, within its bound, and shares no bound with them. The ipc connection 8 is never judged.
+  in[6] = 900;
+  in[7] = 700;
+  in[9] = 1000;
+  EXPECT_TRUE(check().empty());
+  EXPECT_EQ(conns.anonymous_held(), 0u);
+  closed = check();
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(closed[0].fd, 6);
+  EXPECT_NE(closed[0].why.find("hold 1600 together, more than their bound of 1500"), std::string::npos)
+      << closed[0].why;
+  EXPECT_EQ(conns.anonymous_held(), 700u);
+  EXPECT_TRUE(check().empty());
+
+  // Short of memory: the connections of no worker judged holding at least 500 are closed (7); the
+  // worker's is not.
+  closed = conns.AnonymousHolders(now, 500, "short of memory");
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(closed[0].fd, 7);
+  EXPECT_NE(closed[0].why.find("short of memory"), std::string::npos);
+  EXPECT_TRUE(conns.AnonymousHolders(now, 1, "again").empty()) << "closed twice, or the ipc one (never judged)";
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 // Thread-safety: none; the server's I/O thread owns it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -101,11 +102,43 @@ class Connections {
   // second, not per message.
   struct ToClose {
     int fd;
-    bool idle;  // otherwise refused for the cap
+    enum class Why { kRefused, kIdle, kUnfinished } reason;
     std::string why;
   };
   template <typename Held>
   std::vector<ToClose> Due(Clock::time_point now, Held&& held);
+
+  // Bytes of messages ZeroMQ is still receiving, which no budget could charge otherwise: it hands
+  // a message over whole, so every frame of a multipart message waits in its buffers until the
+  // last one comes, and libzmq bounds a frame's size, not a message's. `taken_in(fd)` says how
+  // many bytes ZeroMQ has read from the kernel on connection `fd` (TakenIn, a Taken; nullopt where
+  // it cannot tell, as for ipc://): the low end counts what it holds, the high end is the base.
+  // What it read since a check that found a new message of that connection handed over is held
+  // in its buffers: a message not finished, or one finished that
+  // the I/O thread has not read yet. The I/O thread reads what is finished before each check
+  // (ZeroMQ takes its connections in turn), so what a connection held at the previous check and
+  // still holds, no message of it handed over since, is a message not finished: that is what it
+  // is judged by. The bytes read before the first check that found its previous message are not
+  // counted, so a message is seen from then on, and never a finished one the server read since.
+  // Returns the connections to close (Why::kUnfinished): each judged by more than
+  // `per_connection`, then, while the connections that speak for no worker and no server are
+  // judged by more than `anonymous_total` together, the one of them judged by most. `*held` = what
+  // all connections held at this check (the next check comes sooner while it is some).
+  // O(connections), two system calls each: call it a few times a second.
+  struct Taken {
+    uint64_t low = 0, high = 0;  // what ZeroMQ has read, bounded from below and above (TakenIn)
+  };
+  template <typename TakenIn>
+  std::vector<ToClose> Unfinished(Clock::time_point now, uint64_t per_connection, uint64_t anonymous_total,
+                                  TakenIn&& taken_in, uint64_t* held);
+  // What the last Unfinished judged the connections that speak for no worker and no server by.
+  uint64_t anonymous_held() const { return anonymous_held_; }
+  // The connections that speak for no worker and no server that the last Unfinished judged by at
+  // least `at_least`, to close (Why::kUnfinished), each with `cause` in its why: for a process short
+  // of memory. ZeroMQ keeps a frame of up to 33 bytes in 64 (and a larger one in its size and
+  // about 100), so what a connection holds in memory can be up to about 30 times the bytes it sent,
+  // for a message of empty frames; Unfinished counts what was sent.
+  std::vector<ToClose> AnonymousHolders(Clock::time_point now, uint64_t at_least, const std::string& cause);
 
   // A verified message of connection `fd` named protocol 1.`minor`, older than this server's
   // (the caller checks): the lowest a connection named is what its client can follow. Any message,
@@ -121,11 +154,13 @@ class Connections {
   std::vector<std::string> PeersBelow(uint16_t minor) const;
 
   bool Tracks(int fd) const { return conns_.contains(fd); }
-  // Connection `fd` is another server's (1.21: its primary's Replicates): never closed for
-  // idleness, as a worker's is not (a primary may have nothing to forward for minutes).
-  void FromServer(int fd) {
-    if (auto it = conns_.find(fd); it != conns_.end()) it->second.server = true;
-  }
+  // Connection `fd` is another server's (1.21: its primary's Replicates, a replacement's Snapshots,
+  // taken): never closed for idleness, as a worker's is not (a primary may have nothing to
+  // forward for minutes), and held to a message's bound alone (Unfinished). A replica has one
+  // primary and at most one replacement asking at a time: the connection marked so longest ago
+  // loses the mark when a third is marked.
+  static constexpr int kMaxServers = 2;
+  void FromServer(int fd, Clock::time_point now);
   // Whether an open connection speaks for worker `rank` (it sent a request as that rank, and
   // ZeroMQ has not reported it gone).
   bool HasRank(int rank) const { return rank_owner_.contains(rank); }
@@ -158,6 +193,11 @@ class Connections {
     bool evicted = false;  // closed to make room (Accepted): no longer admitted
     bool closing = false;  // handed out by Due or evicted: not handed out again
     bool server = false;   // another server of the job's (1.21: a primary forwarding to this backup)
+    Clock::time_point server_since{};  // when FromServer marked it
+    // For Unfinished: messages heard; their count and TakenIn at the last check that found it
+    // changed (0 at the start: the handshake's few bytes are counted); bytes held at the last
+    // check, and what it is judged by (what it held at the check before, no message since).
+    uint64_t messages = 0, messages_seen = 0, taken_at = 0, holding = 0, judged = 0;
   };
   // The connection that owns `rank`, if any.
   Conn* Owner(int rank, int* owner_fd);
@@ -175,6 +215,7 @@ class Connections {
   // Entries of connections that spoke, closed, or whose descriptor was reused are dropped when
   // met (and all of them once they outnumber the open connections twice).
   std::deque<std::pair<int, Clock::time_point>> unheard_;
+  uint64_t anonymous_held_ = 0;  // Unfinished
 };
 
 // Socket helpers for the connections ZeroMQ owns (the descriptors it reports).
@@ -185,6 +226,11 @@ std::string PeerName(int fd);
 bool PeerClosed(int fd);
 // Closes the connection under ZeroMQ: its engine sees the end and reports DISCONNECTED.
 void CloseConnection(int fd);
+// The bytes ZeroMQ has read from the kernel on tcp connection `fd`: what the kernel received
+// (TCP_INFO) less what waits in its receive queue (FIONREAD), the queue read before and after
+// (ZeroMQ's thread reads, and bytes arrive, meanwhile): the low end less the larger, the high end
+// less the smaller. nullopt for another kind of socket, or a kernel before 4.1.
+std::optional<Connections::Taken> TakenIn(int fd);
 
 // ---- templates ----------------------------------------------------------------------------
 
@@ -219,17 +265,74 @@ std::vector<Connections::ToClose> Connections::Due(Clock::time_point now, Held&&
     if (c.refused) {
       if (now - c.accepted >= kRefuseGrace) {
         c.closing = true;
-        out.push_back(
-            {fd, false, "refused (over the limit of " + std::to_string(max_) + " connections): " + Describe(c, now)});
+        out.push_back({fd, ToClose::Why::kRefused,
+                       "refused (over the limit of " + std::to_string(max_) + " connections): " + Describe(c, now)});
       }
       continue;
     }
     if (idle_timeout_.count() > 0 && c.rank < 0 && !c.server && now - c.heard >= idle_timeout_ &&
         held(c.routing) == 0) {
       c.closing = true;
-      out.push_back({fd, true, "idle for " + std::to_string(idle_timeout_.count()) + " ms: " + Describe(c, now)});
+      out.push_back({fd, ToClose::Why::kIdle,
+                     "idle for " + std::to_string(idle_timeout_.count()) + " ms: " + Describe(c, now)});
     }
   }
+  return out;
+}
+
+template <typename TakenIn>
+std::vector<Connections::ToClose> Connections::Unfinished(Clock::time_point now, uint64_t per_connection,
+                                                          uint64_t anonymous_total, TakenIn&& taken_in,
+                                                          uint64_t* held) {
+  std::vector<ToClose> out;
+  auto close = [&](int fd, Conn& c, const std::string& why) {
+    c.closing = true;
+    out.push_back({fd, ToClose::Why::kUnfinished,
+                   Describe(c, now) + ": ZeroMQ holds " + std::to_string(c.judged) +
+                       " bytes it received of a message not finished, " + why});
+  };
+  uint64_t anonymous = 0;
+  *held = 0;
+  for (auto& [fd, c] : conns_) {
+    const uint64_t before = c.holding;
+    c.holding = c.judged = 0;
+    if (c.closing) continue;
+    const std::optional<Taken> in = taken_in(fd);
+    if (!in) continue;
+    if (c.messages != c.messages_seen || in->high < c.taken_at) {  // a message, or a new connection
+      c.messages_seen = c.messages;
+      c.taken_at = in->high;
+      continue;
+    }
+    c.holding = in->low > c.taken_at ? in->low - c.taken_at : 0;
+    c.judged = std::min(before, c.holding);
+    *held += c.holding;
+    if (c.judged > per_connection) {
+      close(fd, c,
+            "more than the " + std::to_string(per_connection) +
+                " a message may have (twice ferry-ps --max-message-mb, as a primary's Replicate, and framing)");
+    } else if (c.rank < 0 && !c.server) {
+      anonymous += c.judged;
+    }
+  }
+  while (anonymous > anonymous_total) {
+    Conn* top = nullptr;
+    int top_fd = -1;
+    for (auto& [fd, c] : conns_) {
+      if (!c.closing && c.rank < 0 && !c.server && c.judged > 0 && (!top || c.judged > top->judged)) {
+        top = &c;
+        top_fd = fd;
+      }
+    }
+    if (!top) break;
+    close(top_fd, *top,
+          "the most of the connections that speak for no worker, which hold " + std::to_string(anonymous) +
+              " together, more than their bound of " + std::to_string(anonymous_total) +
+              " (the bound on held payloads, a quarter of the tables' memory budget, or one message's bound where "
+              "that is more)");
+    anonymous -= top->judged;
+  }
+  anonymous_held_ = anonymous;
   return out;
 }
 

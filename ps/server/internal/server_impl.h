@@ -98,6 +98,7 @@ enum Counter : int {
   kUpdatesForwarded,
   kReplicaUpdatesApplied,
   kReplicaErrors,
+  kConnectionsUnfinishedClosed,
   kNumCounters
 };
 inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
@@ -108,7 +109,7 @@ inline constexpr std::array<const char*, kNumCounters> kCounterNames = {
     "wire_values_saturated", "pieces_held", "piece_calls_refused", "nonfinite_updates_refused",
     "replayed_updates_skipped", "feed_pages", "feed_rows_sent", "disk_tier_errors",
     "disk_tier_requests_held", "disk_tier_rows_read_ahead", "disk_tier_io_thread_waits", "moved_answered",
-    "updates_forwarded", "replica_updates_applied", "replica_errors"};
+    "updates_forwarded", "replica_updates_applied", "replica_errors", "connections_unfinished_closed"};
 inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the server's and each table's
 // Replies queued for one peer (the ROUTER socket's send high-water mark): twice a client's own
 // bound on its requests in flight (ClientOptions::max_in_flight, 4096), so a client that keeps
@@ -118,6 +119,17 @@ inline constexpr int kReplyQueue = 8192;
 // Of the backup's queue (kReplyQueue), what pushes leave to the sync closes and drops no push waits
 // for (ServerImpl::RoomToForward, ForwardSyncOps).
 inline constexpr int kSyncOpsRoom = 64;
+// What ZeroMQ's framing may add on the wire to a message's bytes (a frame's header, and with CURVE
+// its command, nonce and MAC: at most 42 bytes for each of wire::kMaxFrames + 1 frames) and a
+// handshake's bytes, with room: a connection may hold a message's limit and this (CheckConnections).
+inline constexpr uint64_t kFramingAllowance = uint64_t{1} << 20;
+// What connections that speak for no worker hold of unfinished messages, at least, before the
+// server's memory is looked at (CheckConnections): more than a handshake's bytes.
+inline constexpr uint64_t kHoldingSome = uint64_t{4} << 10;
+// The server's memory beyond what its budget charges (tables, held payloads) that is not taken for
+// unfinished messages of connections that speak for no worker: libraries, stacks, replies being
+// sent, the allocator's slack (CheckConnections).
+inline constexpr uint64_t kMemorySlack = uint64_t{256} << 20;
 
 class ServerImpl final : public Server {
  public:
@@ -280,6 +292,10 @@ class ServerImpl final : public Server {
   // Closes the connections whose time is up (connections.h): refused ones after their grace,
   // idle ones.
   void CheckConnections();
+  // What ZeroMQ holds of messages not finished: the connections to close (CheckConnections).
+  void CheckUnfinished(Clock::time_point now);
+  // The bytes the tables and replicas are charged (their memory budgets).
+  int64_t TablesUsed() const;
 
   // ---- handshake, stats, metrics (handlers/admin.cc) -----------------------------------------
 
@@ -705,6 +721,11 @@ class ServerImpl final : public Server {
   std::atomic<int64_t> disk_waiting_{0};  // disk_waits_.size(), for stats() from any thread
   Clock::time_point last_connection_check_{};
   std::atomic<int64_t> connections_open_{0};  // connections_.open(), for stats() from any thread
+  std::atomic<int64_t> unfinished_bytes_{0};  // what Connections::Unfinished last found held
+  Clock::time_point last_unfinished_check_{};
+  // This process's memory when the loop began, less its tables' (Loop): what CheckUnfinished
+  // takes as given (libraries, an embedding program's own).
+  int64_t resident_base_ = 0;
 
   std::array<std::atomic<int64_t>, kNumCounters> counters_;
   std::array<std::atomic<int64_t>, kStalenessBuckets> staleness_;

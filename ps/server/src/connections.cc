@@ -1,10 +1,14 @@
 #include "internal/connections.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 
 #include <arpa/inet.h>
+#include <linux/tcp.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -85,12 +89,42 @@ Status Connections::Heard(int fd, std::string_view routing, Clock::time_point no
   Conn& c = it->second;
   c.heard = now;
   c.spoke = true;
+  ++c.messages;
   if (c.routing != routing) c.routing.assign(routing.data(), routing.size());
   if (!c.refused) return Status::Ok();
   return ResourceExhaustedError("this server has " + std::to_string(admitted()) +
                                 " connections open, its limit (ferry-ps --max-connections " + std::to_string(max_) +
                                 "): this connection is refused and will be closed; are stray clients holding "
                                 "connections open?");
+}
+
+void Connections::FromServer(int fd, Clock::time_point now) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end() || it->second.server) return;
+  it->second.server = true;
+  it->second.server_since = now;
+  int marked = 0;
+  Conn* oldest = nullptr;
+  for (auto& [other, c] : conns_) {
+    if (!c.server) continue;
+    ++marked;
+    if (!oldest || c.server_since < oldest->server_since) oldest = &c;
+  }
+  if (marked > kMaxServers) oldest->server = false;
+}
+
+std::vector<Connections::ToClose> Connections::AnonymousHolders(Clock::time_point now, uint64_t at_least,
+                                                                const std::string& cause) {
+  std::vector<ToClose> out;
+  for (auto& [fd, c] : conns_) {
+    if (c.closing || c.rank >= 0 || c.server || c.judged < at_least) continue;
+    c.closing = true;
+    anonymous_held_ -= std::min(anonymous_held_, c.judged);
+    out.push_back({fd, ToClose::Why::kUnfinished,
+                   Describe(c, now) + ": ZeroMQ holds " + std::to_string(c.judged) +
+                       " bytes it received of a message not finished, and " + cause});
+  }
+  return out;
 }
 
 std::vector<std::string> Connections::PeersBelow(uint16_t minor) const {
@@ -148,6 +182,22 @@ bool PeerClosed(int fd) {
 }
 
 void CloseConnection(int fd) { ::shutdown(fd, SHUT_RDWR); }
+
+std::optional<Connections::Taken> TakenIn(int fd) {
+  int before = 0, after = 0;
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (::ioctl(fd, FIONREAD, &before) != 0 || ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      len < offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received ||
+      ::ioctl(fd, FIONREAD, &after) != 0 || before < 0 || after < 0) {
+    return std::nullopt;
+  }
+  const uint64_t received = info.tcpi_bytes_received;
+  auto less = [&](int queued) {
+    return received >= static_cast<uint64_t>(queued) ? received - static_cast<uint64_t>(queued) : 0;
+  };
+  return Connections::Taken{less(std::max(before, after)), less(std::min(before, after))};
+}
 
 std::string Connections::Describe(const Conn& c, Clock::time_point now) const {
   char buf[96];

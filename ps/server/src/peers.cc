@@ -107,7 +107,10 @@ void ServerImpl::OnMonitorEvent(Frames& frames) {
 
 std::optional<Clock::time_point> ServerImpl::NextConnectionCheck() const {
   if (connections_.open() == 0) return std::nullopt;
-  return last_connection_check_ + std::chrono::milliseconds(250);
+  // Sooner while a connection holds some of a message not finished (CheckConnections).
+  return last_connection_check_ + std::chrono::milliseconds(
+                                      unfinished_bytes_.load(std::memory_order_relaxed) >= int64_t{kHoldingSome} ? 50
+                                                                                                                 : 250);
 }
 
 void ServerImpl::CheckConnections() {
@@ -117,10 +120,54 @@ void ServerImpl::CheckConnections() {
   last_connection_check_ = now;
   DrainMonitor();
   for (const auto& c : connections_.Due(now, [&](std::string_view routing) { return peer_load_.held(routing); })) {
-    if (c.idle) Count(kConnectionsIdleClosed);
+    if (c.reason == ps::Connections::ToClose::Why::kIdle) Count(kConnectionsIdleClosed);
     LogRateLimited("closing a connection " + c.why);
     ps::CloseConnection(c.fd);
   }
+  CheckUnfinished(now);
+}
+
+void ServerImpl::CheckUnfinished(Clock::time_point now) {
+  // Judged only once the I/O thread has read every finished message (Connections::Unfinished's
+  // premise; the loop reads at most EventLoop::kBatch of a socket's at a time), or a second on
+  // regardless (a server always behind its messages).
+  const bool drained = !(sockets_[kMain].get(zmq::sockopt::events) & ZMQ_POLLIN);
+  if (!drained && now - last_unfinished_check_ < std::chrono::seconds(1)) return;
+  last_unfinished_check_ = now;
+  // What ZeroMQ holds of messages it is still receiving: no connection more than the largest
+  // message (a primary's Replicate, twice the limit), and the connections that speak for no
+  // worker (or server) the bound on held payloads together, or one such message if that is more.
+  const uint64_t message = 2 * static_cast<uint64_t>(options_.max_message_bytes) + kFramingAllowance;
+  const uint64_t anonymous = std::max<uint64_t>(message, static_cast<uint64_t>(held_payloads_.limit()));
+  uint64_t held = 0;
+  auto to_close = connections_.Unfinished(now, message, anonymous, ps::TakenIn, &held);
+  // Their bytes count what was sent; in memory, a message of many small frames weighs up to about
+  // 30 times that. So where they hold a message's bytes while the memory no budget covers is past
+  // their bound and kMemorySlack, they are all closed.
+  if (connections_.anonymous_held() >= kHoldingSome) {
+    const int64_t resident = transport::ResidentBytes();
+    const int64_t accounted = resident_base_ + TablesUsed() + held_payloads_.used();
+    if (resident >= 0 && resident - accounted > static_cast<int64_t>(anonymous + kMemorySlack)) {
+      char cause[160];
+      std::snprintf(cause, sizeof cause,
+                    "this server's memory is %.0f MiB past its start, tables and held payloads, more than %.0f MiB",
+                    static_cast<double>(resident - accounted) / (1 << 20),
+                    static_cast<double>(anonymous + kMemorySlack) / (1 << 20));
+      auto more = connections_.AnonymousHolders(now, kHoldingSome, cause);
+      to_close.insert(to_close.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    }
+  }
+  for (const auto& c : to_close) {
+    Count(kConnectionsUnfinishedClosed);
+    LogRateLimited("closing a connection " + c.why);
+    ps::CloseConnection(c.fd);
+    NoteRefused(int64_t{1} << 20, true, now);  // give back the memory its frames took
+  }
+  unfinished_bytes_.store(static_cast<int64_t>(held), std::memory_order_relaxed);
+}
+
+int64_t ServerImpl::TablesUsed() const {
+  return tables_.budget().used() + (replicas_ ? replicas_->budget().used() : 0);
 }
 
 void ServerImpl::NoteRefused(int64_t bytes, bool truncated, Clock::time_point now) {

@@ -139,6 +139,7 @@ void ServerImpl::Stop() {
 }
 
 void ServerImpl::Loop() {
+  resident_base_ = std::max<int64_t>(0, transport::ResidentBytes() - TablesUsed());
   if (replica_recovered_) {
     // A replacement (1.23): a sync step whose every gradient its image holds, which its
     // predecessor closed (or would have) but its backup did not hear of, closes now, as it would
@@ -274,6 +275,8 @@ void ServerImpl::HandleMessage(Frames& frames, bool truncated) {
 }
 
 void ServerImpl::DispatchAndAnswer(Request& req) {
+  const Kind kind = req.h() ? req.h()->kind() : Kind::Invalid;  // (a handler may move req on)
+  const int fd = req.fd;
   Status s;
   try {
     s = Dispatch(req);
@@ -290,6 +293,9 @@ void ServerImpl::DispatchAndAnswer(Request& req) {
     s = ResourceExhaustedError(std::string("server ") + std::to_string(options_.rank) + ": " + e.what());
   }
   if (!s.ok() && req.h()) SendError(req, s.WithContext(std::string(wire::KindName(req.h()->kind()))));
+  // Another server's connection (Connections::FromServer), once one of its requests was taken:
+  // a refused one marks nothing.
+  if (s.ok() && (kind == Kind::Replicate || kind == Kind::Snapshot)) connections_.FromServer(fd, Clock::now());
 }
 
 int ServerImpl::KeyRank(zmq::message_t& frame) {

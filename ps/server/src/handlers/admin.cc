@@ -36,6 +36,7 @@ ServerStats ServerImpl::stats() const {
   s.counters["held_payload_bytes"] = held_payloads_.used();
   s.counters["held_payload_limit_bytes"] = held_payloads_.limit();
   s.counters["connections_open"] = connections_open_.load(std::memory_order_relaxed);
+  s.counters["unfinished_message_bytes"] = unfinished_bytes_.load(std::memory_order_relaxed);
   s.counters["tables_being_created"] = tables_being_created_.load(std::memory_order_relaxed);
   s.counters["compute_threads"] = pool_.helpers();  // a level: the helper threads it runs
   // The sparse tables' row lifecycle, summed over tables (per table: the metrics page).

@@ -350,7 +350,6 @@ Status ServerImpl::OnReplicate(Request& req) {
   if (!Replicating()) {
     return FailedPreconditionError(Who() + " keeps no replica (replication 1): it takes no Replicate");
   }
-  connections_.FromServer(req.fd);
   const Header& h = *req.h();
   const int rank = h.rank();
   if (rank < 0 || rank >= workers_.count()) {
@@ -661,7 +660,6 @@ Status ServerImpl::OnSnapshot(Request& req) {
     return InvalidArgumentError(Who() + " holds its own slots and its replica of server " +
                                 std::to_string(PrimaryRank()) + "'s, not server " + std::to_string(whose) + "'s");
   }
-  connections_.FromServer(req.fd);
   const Clock::time_point now = Clock::now();
   if (image_ && now >= image_->until) image_.reset();  // its replacement went away
   const int64_t position = h.position();

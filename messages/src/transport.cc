@@ -3,6 +3,13 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define FERRY_SANITIZER_ALLOCATOR 1
+#include <sanitizer/allocator_interface.h>
+#endif
+#endif
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -203,6 +210,15 @@ int64_t ResidentBytes() {
   if (std::fscanf(f, "%lld %lld", &pages, &resident) != 2) resident = -1;
   std::fclose(f);
   return resident < 0 ? -1 : resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+int64_t HeapInUseBytes() {
+#ifdef FERRY_SANITIZER_ALLOCATOR
+  return static_cast<int64_t>(__sanitizer_get_current_allocated_bytes());
+#else
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
+#endif
 }
 
 int64_t GiveFreeMemoryBack() {

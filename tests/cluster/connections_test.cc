@@ -364,7 +364,7 @@ TEST(Connections, ConnectionsThatSpeakForNoWorkerShareABoundOnUnfinishedMessages
 
 // What a connection sent is not what ZeroMQ takes to keep it: a frame of no bytes is 2 bytes on
 // the wire and 64 in memory. So where the connections that speak for no worker hold unfinished
-// messages while the server's memory beyond its budget's charges is past their bound and 256 MiB,
+// messages while the server's heap in use beyond its budget's charges is past their bound and 256 MiB,
 // they are all ended. Here a peer sends 7 million empty frames (14 MB, within its 17 MiB bound,
 // 450 MB in ZeroMQ's queue) and never the last one.
 TEST(Connections, UnfinishedMessagesOfSmallFramesAreWeighedByTheMemoryTheyTake) {

@@ -504,8 +504,9 @@ TEST(Connections, UnfinishedMessagesAreJudgedByWhatTheyStillHoldFromThePreviousC
     return Connections::Taken{in[fd], in[fd]};
   };
   constexpr uint64_t kBound = 1000, kShared = 1500;
-  uint64_t held = 0;
-  auto check = [&] { return conns.Unfinished(now, kBound, kShared, taken_in, &held); };
+  Connections::Holding held;
+  bool drained = true;
+  auto check = [&] { return conns.Unfinished(now, drained, kBound, kShared, taken_in, &held); };
 
   // Connection 5 sends far past the bound between checks, but a message of it is handed over
   // each time: never judged.
@@ -518,7 +519,8 @@ TEST(Connections, UnfinishedMessagesAreJudgedByWhatTheyStillHoldFromThePreviousC
   // found a message, the one after judges it by that.
   in[5] += kBound + 1;
   EXPECT_TRUE(check().empty());
-  EXPECT_EQ(held, kBound + 1);
+  EXPECT_EQ(held.arrived, kBound + 1);
+  EXPECT_EQ(held.judged, 0u);
   auto closed = check();
   ASSERT_EQ(closed.size(), 1u);
   EXPECT_EQ(closed[0].fd, 5);
@@ -550,6 +552,17 @@ TEST(Connections, UnfinishedMessagesAreJudgedByWhatTheyStillHoldFromThePreviousC
   EXPECT_EQ(closed[0].fd, 7);
   EXPECT_NE(closed[0].why.find("short of memory"), std::string::npos);
   EXPECT_TRUE(conns.AnonymousHolders(now, 1, "again").empty()) << "closed twice, or the ipc one (never judged)";
+
+  // While the I/O thread has not read every finished message (not drained), a worker's
+  // connection past its bound may only have them waiting: it is kept; later, drained, it is not.
+  in[9] = 5 * kBound;
+  drained = false;
+  EXPECT_TRUE(check().empty());
+  EXPECT_TRUE(check().empty());
+  drained = true;
+  closed = check();
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(closed[0].fd, 9);
 }
 
 }  // namespace

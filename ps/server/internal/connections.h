@@ -121,16 +121,21 @@ class Connections {
   // is judged by. The bytes read before the first check that found its previous message are not
   // counted, so a message is seen from then on, and never a finished one the server read since.
   // Returns the connections to close (Why::kUnfinished): each judged by more than
-  // `per_connection`, then, while the connections that speak for no worker and no server are
-  // judged by more than `anonymous_total` together, the one of them judged by most. `*held` = what
-  // all connections held at this check (the next check comes sooner while it is some).
-  // O(connections), two system calls each: call it a few times a second.
+  // `per_connection` (unless `drained` says the I/O thread may have left finished messages unread:
+  // then only connections of no worker), then, while the connections that speak for no worker and
+  // no server are judged by more than `anonymous_total` together, the one of them judged by most.
+  // `*held`: what all were judged by, and what came since the previous check (the next one comes
+  // sooner while it is much). O(connections), three system calls each: call it a few times a second.
   struct Taken {
     uint64_t low = 0, high = 0;  // what ZeroMQ has read, bounded from below and above (TakenIn)
   };
+  struct Holding {
+    uint64_t judged = 0;   // what the connections were judged by
+    uint64_t arrived = 0;  // what came since the previous check, no message handed over
+  };
   template <typename TakenIn>
-  std::vector<ToClose> Unfinished(Clock::time_point now, uint64_t per_connection, uint64_t anonymous_total,
-                                  TakenIn&& taken_in, uint64_t* held);
+  std::vector<ToClose> Unfinished(Clock::time_point now, bool drained, uint64_t per_connection,
+                                  uint64_t anonymous_total, TakenIn&& taken_in, Holding* held);
   // What the last Unfinished judged the connections that speak for no worker and no server by.
   uint64_t anonymous_held() const { return anonymous_held_; }
   // The connections that speak for no worker and no server that the last Unfinished judged by at
@@ -156,10 +161,10 @@ class Connections {
   bool Tracks(int fd) const { return conns_.contains(fd); }
   // Connection `fd` is another server's (1.21: its primary's Replicates, a replacement's Snapshots,
   // taken): never closed for idleness, as a worker's is not (a primary may have nothing to
-  // forward for minutes), and held to a message's bound alone (Unfinished). A replica has one
-  // primary and at most one replacement asking at a time: the connection marked so longest ago
-  // loses the mark when a third is marked.
-  static constexpr int kMaxServers = 2;
+  // forward for minutes), and held to a message's bound alone (Unfinished). A server has one
+  // primary, and a replacement of it or of its backup may ask for images: the connection marked
+  // least recently loses the mark when a fourth is marked.
+  static constexpr int kMaxServers = 3;
   void FromServer(int fd, Clock::time_point now);
   // Whether an open connection speaks for worker `rank` (it sent a request as that rank, and
   // ZeroMQ has not reported it gone).
@@ -193,7 +198,7 @@ class Connections {
     bool evicted = false;  // closed to make room (Accepted): no longer admitted
     bool closing = false;  // handed out by Due or evicted: not handed out again
     bool server = false;   // another server of the job's (1.21: a primary forwarding to this backup)
-    Clock::time_point server_since{};  // when FromServer marked it
+    Clock::time_point server_since{};  // when FromServer last marked it
     // For Unfinished: messages heard; their count and TakenIn at the last check that found it
     // changed (0 at the start: the handshake's few bytes are counted); bytes held at the last
     // check, and what it is judged by (what it held at the check before, no message since).
@@ -281,9 +286,9 @@ std::vector<Connections::ToClose> Connections::Due(Clock::time_point now, Held&&
 }
 
 template <typename TakenIn>
-std::vector<Connections::ToClose> Connections::Unfinished(Clock::time_point now, uint64_t per_connection,
-                                                          uint64_t anonymous_total, TakenIn&& taken_in,
-                                                          uint64_t* held) {
+std::vector<Connections::ToClose> Connections::Unfinished(Clock::time_point now, bool drained,
+                                                          uint64_t per_connection, uint64_t anonymous_total,
+                                                          TakenIn&& taken_in, Holding* held) {
   std::vector<ToClose> out;
   auto close = [&](int fd, Conn& c, const std::string& why) {
     c.closing = true;
@@ -292,7 +297,7 @@ std::vector<Connections::ToClose> Connections::Unfinished(Clock::time_point now,
                        " bytes it received of a message not finished, " + why});
   };
   uint64_t anonymous = 0;
-  *held = 0;
+  *held = {};
   for (auto& [fd, c] : conns_) {
     const uint64_t before = c.holding;
     c.holding = c.judged = 0;
@@ -306,8 +311,11 @@ std::vector<Connections::ToClose> Connections::Unfinished(Clock::time_point now,
     }
     c.holding = in->low > c.taken_at ? in->low - c.taken_at : 0;
     c.judged = std::min(before, c.holding);
-    *held += c.holding;
-    if (c.judged > per_connection) {
+    held->judged += c.judged;
+    held->arrived += c.holding - c.judged;
+    // Not drained, a worker's or server's finished messages may wait unread (ZeroMQ gives each
+    // connection one in turn): only a connection of no worker is held to the bound then.
+    if (c.judged > per_connection && (drained || (c.rank < 0 && !c.server))) {
       close(fd, c,
             "more than the " + std::to_string(per_connection) +
                 " a message may have (twice ferry-ps --max-message-mb, as a primary's Replicate, and framing)");

@@ -123,12 +123,15 @@ inline constexpr int kSyncOpsRoom = 64;
 // its command, nonce and MAC: at most 42 bytes for each of wire::kMaxFrames + 1 frames) and a
 // handshake's bytes, with room: a connection may hold a message's limit and this (CheckConnections).
 inline constexpr uint64_t kFramingAllowance = uint64_t{1} << 20;
-// What connections that speak for no worker hold of unfinished messages, at least, before the
-// server's memory is looked at (CheckConnections): more than a handshake's bytes.
-inline constexpr uint64_t kHoldingSome = uint64_t{4} << 10;
-// The server's memory beyond what its budget charges (tables, held payloads) that is not taken for
-// unfinished messages of connections that speak for no worker: libraries, stacks, replies being
-// sent, the allocator's slack (CheckConnections).
+// What connections that speak for no worker are judged by, at least, before the server's memory
+// is looked at (CheckUnfinished): more than a handshake's bytes and ZeroMQ's heartbeats (a PING of
+// 9 to 42 bytes a few seconds, never a message) over the idle timeout.
+inline constexpr uint64_t kHoldingSome = uint64_t{64} << 10;
+// What came of messages not finished since the last check that makes the next one come sooner.
+inline constexpr uint64_t kArrivingMuch = uint64_t{64} << 10;
+// The server's heap beyond what its budget charges (tables, held payloads) and an image it serves
+// that is not taken for unfinished messages of connections that speak for no worker: replies
+// being sent, buffers (CheckUnfinished).
 inline constexpr uint64_t kMemorySlack = uint64_t{256} << 20;
 
 class ServerImpl final : public Server {
@@ -723,9 +726,10 @@ class ServerImpl final : public Server {
   std::atomic<int64_t> connections_open_{0};  // connections_.open(), for stats() from any thread
   std::atomic<int64_t> unfinished_bytes_{0};  // what Connections::Unfinished last found held
   Clock::time_point last_unfinished_check_{};
-  // This process's memory when the loop began, less its tables' (Loop): what CheckUnfinished
-  // takes as given (libraries, an embedding program's own).
-  int64_t resident_base_ = 0;
+  bool unfinished_arriving_ = false;  // the last check saw kArrivingMuch come (NextConnectionCheck)
+  // This process's heap when the loop began, less its tables' (Loop): what CheckUnfinished takes
+  // as given (libraries, an embedding program's own).
+  int64_t heap_base_ = 0;
 
   std::array<std::atomic<int64_t>, kNumCounters> counters_;
   std::array<std::atomic<int64_t>, kStalenessBuckets> staleness_;

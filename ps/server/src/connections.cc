@@ -100,17 +100,18 @@ Status Connections::Heard(int fd, std::string_view routing, Clock::time_point no
 
 void Connections::FromServer(int fd, Clock::time_point now) {
   auto it = conns_.find(fd);
-  if (it == conns_.end() || it->second.server) return;
-  it->second.server = true;
+  if (it == conns_.end()) return;
   it->second.server_since = now;
+  if (it->second.server) return;
+  it->second.server = true;
   int marked = 0;
-  Conn* oldest = nullptr;
+  Conn* least = nullptr;
   for (auto& [other, c] : conns_) {
     if (!c.server) continue;
     ++marked;
-    if (!oldest || c.server_since < oldest->server_since) oldest = &c;
+    if (!least || c.server_since < least->server_since) least = &c;
   }
-  if (marked > kMaxServers) oldest->server = false;
+  if (marked > kMaxServers) least->server = false;
 }
 
 std::vector<Connections::ToClose> Connections::AnonymousHolders(Clock::time_point now, uint64_t at_least,

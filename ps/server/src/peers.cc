@@ -91,6 +91,8 @@ void ServerImpl::OnMonitorEvent(Frames& frames) {
     }
   } else if (e->event == ZMQ_EVENT_DISCONNECTED) {
     auto gone = connections_.Disconnected(fd, now);
+    // One this server closed (an unfinished message's, say) has had what ZeroMQ held of it freed.
+    if (gone && gone->closed_here) NoteRefused(int64_t{1} << 20, true, now);
     // Lost connections are logged, but not the expected ones: a finished worker's, and those
     // this server refused or closed itself (logged when it did).
     if (gone && !gone->refused && !gone->closed_here && !stopping_.load() && !workers_.finished(gone->rank)) {
@@ -107,10 +109,8 @@ void ServerImpl::OnMonitorEvent(Frames& frames) {
 
 std::optional<Clock::time_point> ServerImpl::NextConnectionCheck() const {
   if (connections_.open() == 0) return std::nullopt;
-  // Sooner while a connection holds some of a message not finished (CheckConnections).
-  return last_connection_check_ + std::chrono::milliseconds(
-                                      unfinished_bytes_.load(std::memory_order_relaxed) >= int64_t{kHoldingSome} ? 50
-                                                                                                                 : 250);
+  // Sooner while much of messages not finished came since the last check (CheckUnfinished).
+  return last_connection_check_ + std::chrono::milliseconds(unfinished_arriving_ ? 50 : 250);
 }
 
 void ServerImpl::CheckConnections() {
@@ -131,7 +131,10 @@ void ServerImpl::CheckUnfinished(Clock::time_point now) {
   // Judged only once the I/O thread has read every finished message (Connections::Unfinished's
   // premise; the loop reads at most EventLoop::kBatch of a socket's at a time), or a second on
   // regardless (a server always behind its messages).
-  const bool drained = !(sockets_[kMain].get(zmq::sockopt::events) & ZMQ_POLLIN);
+  int events = 0;
+  size_t size = sizeof events;
+  const bool drained = zmq_getsockopt(sockets_[kMain].handle(), ZMQ_EVENTS, &events, &size) == 0 &&
+                       (events & ZMQ_POLLIN) == 0;
   if (!drained && now - last_unfinished_check_ < std::chrono::seconds(1)) return;
   last_unfinished_check_ = now;
   // What ZeroMQ holds of messages it is still receiving: no connection more than the largest
@@ -139,19 +142,21 @@ void ServerImpl::CheckUnfinished(Clock::time_point now) {
   // worker (or server) the bound on held payloads together, or one such message if that is more.
   const uint64_t message = 2 * static_cast<uint64_t>(options_.max_message_bytes) + kFramingAllowance;
   const uint64_t anonymous = std::max<uint64_t>(message, static_cast<uint64_t>(held_payloads_.limit()));
-  uint64_t held = 0;
-  auto to_close = connections_.Unfinished(now, message, anonymous, ps::TakenIn, &held);
+  ps::Connections::Holding held;
+  auto to_close = connections_.Unfinished(now, drained, message, anonymous, ps::TakenIn, &held);
   // Their bytes count what was sent; in memory, a message of many small frames weighs up to about
-  // 30 times that. So where they hold a message's bytes while the memory no budget covers is past
-  // their bound and kMemorySlack, they are all closed.
+  // 30 times that. So where they hold a message's bytes while the heap's memory no budget covers
+  // is past their bound and kMemorySlack, they are all closed.
   if (connections_.anonymous_held() >= kHoldingSome) {
-    const int64_t resident = transport::ResidentBytes();
-    const int64_t accounted = resident_base_ + TablesUsed() + held_payloads_.used();
-    if (resident >= 0 && resident - accounted > static_cast<int64_t>(anonymous + kMemorySlack)) {
-      char cause[160];
+    const int64_t in_use = transport::HeapInUseBytes();
+    const int64_t accounted = heap_base_ + TablesUsed() + held_payloads_.used() +
+                              (image_ ? static_cast<int64_t>(image_->blob.size()) : 0);
+    if (in_use - accounted > static_cast<int64_t>(anonymous + kMemorySlack)) {
+      char cause[192];
       std::snprintf(cause, sizeof cause,
-                    "this server's memory is %.0f MiB past its start, tables and held payloads, more than %.0f MiB",
-                    static_cast<double>(resident - accounted) / (1 << 20),
+                    "this server's heap is %.0f MiB past what it had at its start, its tables, held payloads and "
+                    "image, more than %.0f MiB",
+                    static_cast<double>(in_use - accounted) / (1 << 20),
                     static_cast<double>(anonymous + kMemorySlack) / (1 << 20));
       auto more = connections_.AnonymousHolders(now, kHoldingSome, cause);
       to_close.insert(to_close.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
@@ -163,7 +168,8 @@ void ServerImpl::CheckUnfinished(Clock::time_point now) {
     ps::CloseConnection(c.fd);
     NoteRefused(int64_t{1} << 20, true, now);  // give back the memory its frames took
   }
-  unfinished_bytes_.store(static_cast<int64_t>(held), std::memory_order_relaxed);
+  unfinished_bytes_.store(static_cast<int64_t>(held.judged), std::memory_order_relaxed);
+  unfinished_arriving_ = held.arrived >= kArrivingMuch;
 }
 
 int64_t ServerImpl::TablesUsed() const {

@@ -139,7 +139,7 @@ void ServerImpl::Stop() {
 }
 
 void ServerImpl::Loop() {
-  resident_base_ = std::max<int64_t>(0, transport::ResidentBytes() - TablesUsed());
+  heap_base_ = std::max<int64_t>(0, transport::HeapInUseBytes() - TablesUsed());
   if (replica_recovered_) {
     // A replacement (1.23): a sync step whose every gradient its image holds, which its
     // predecessor closed (or would have) but its backup did not hear of, closes now, as it would
@@ -295,7 +295,9 @@ void ServerImpl::DispatchAndAnswer(Request& req) {
   if (!s.ok() && req.h()) SendError(req, s.WithContext(std::string(wire::KindName(req.h()->kind()))));
   // Another server's connection (Connections::FromServer), once one of its requests was taken:
   // a refused one marks nothing.
-  if (s.ok() && (kind == Kind::Replicate || kind == Kind::Snapshot)) connections_.FromServer(fd, Clock::now());
+  if (s.ok() && !req.read_ahead && (kind == Kind::Replicate || kind == Kind::Snapshot)) {
+    connections_.FromServer(fd, Clock::now());
+  }
 }
 
 int ServerImpl::KeyRank(zmq::message_t& frame) {

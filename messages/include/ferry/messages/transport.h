@@ -115,6 +115,10 @@ bool AllocatorTuningWanted(const char* ferry_malloc_tuning, const char* glibc_tu
 int64_t GiveFreeMemoryBack();
 // This process's resident memory in bytes (/proc/self/statm); -1 if unknown.
 int64_t ResidentBytes();
+// The bytes this process's heap has handed out and not had back (glibc's mallinfo2: in its arenas
+// and mapped apart; under a sanitizer, its allocator's count): unlike ResidentBytes, not what the
+// allocator keeps after a free.
+int64_t HeapInUseBytes();
 
 // A routing-id-free description of a zmq endpoint for error messages.
 std::string LastEndpoint(zmq::socket_t& socket);

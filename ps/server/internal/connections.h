@@ -114,8 +114,8 @@ class Connections {
   // many bytes ZeroMQ has read from the kernel on connection `fd` (TakenIn, a Taken; nullopt where
   // it cannot tell, as for ipc://): the low end counts what it holds, the high end is the base.
   // What it read since a check that found a new message of that connection handed over is held
-  // in its buffers: a message not finished, or one finished that
-  // the I/O thread has not read yet. The I/O thread reads what is finished before each check
+  // in its buffers: a message not finished, or one finished that the I/O thread has not read yet.
+  // The I/O thread reads what is finished before each check
   // (ZeroMQ takes its connections in turn), so what a connection held at the previous check and
   // still holds, no message of it handed over since, is a message not finished: that is what it
   // is judged by. The bytes read before the first check that found its previous message are not
@@ -203,12 +203,19 @@ class Connections {
     // changed (0 at the start: the handshake's few bytes are counted); bytes held at the last
     // check, and what it is judged by (what it held at the check before, no message since).
     uint64_t messages = 0, messages_seen = 0, taken_at = 0, holding = 0, judged = 0;
+    // Speaks for no worker and no server: idle ones are closed, and unfinished messages share a bound.
+    bool anonymous() const { return rank < 0 && !server; }
   };
   // The connection that owns `rank`, if any.
   Conn* Owner(int rank, int* owner_fd);
   // The oldest admitted connection that has not spoken, taken off unheard_; -1 if none.
   int TakeOldestSilent();
   std::string Describe(const Conn& c, Clock::time_point now) const;
+  // Why connection `c` is closed for what it holds of a message not finished (`c.judged`).
+  std::string HoldingWhy(const Conn& c, Clock::time_point now, const std::string& why) const {
+    return Describe(c, now) + ": ZeroMQ holds " + std::to_string(c.judged) +
+           " bytes it received of a message not finished, " + why;
+  }
 
   const size_t max_;
   const std::chrono::milliseconds idle_timeout_;
@@ -275,7 +282,7 @@ std::vector<Connections::ToClose> Connections::Due(Clock::time_point now, Held&&
       }
       continue;
     }
-    if (idle_timeout_.count() > 0 && c.rank < 0 && !c.server && now - c.heard >= idle_timeout_ &&
+    if (idle_timeout_.count() > 0 && c.anonymous() && now - c.heard >= idle_timeout_ &&
         held(c.routing) == 0) {
       c.closing = true;
       out.push_back({fd, ToClose::Why::kIdle,
@@ -292,9 +299,7 @@ std::vector<Connections::ToClose> Connections::Unfinished(Clock::time_point now,
   std::vector<ToClose> out;
   auto close = [&](int fd, Conn& c, const std::string& why) {
     c.closing = true;
-    out.push_back({fd, ToClose::Why::kUnfinished,
-                   Describe(c, now) + ": ZeroMQ holds " + std::to_string(c.judged) +
-                       " bytes it received of a message not finished, " + why});
+    out.push_back({fd, ToClose::Why::kUnfinished, HoldingWhy(c, now, why)});
   };
   uint64_t anonymous = 0;
   *held = {};
@@ -315,11 +320,11 @@ std::vector<Connections::ToClose> Connections::Unfinished(Clock::time_point now,
     held->arrived += c.holding - c.judged;
     // Not drained, a worker's or server's finished messages may wait unread (ZeroMQ gives each
     // connection one in turn): only a connection of no worker is held to the bound then.
-    if (c.judged > per_connection && (drained || (c.rank < 0 && !c.server))) {
+    if (c.judged > per_connection && (drained || c.anonymous())) {
       close(fd, c,
             "more than the " + std::to_string(per_connection) +
                 " a message may have (twice ferry-ps --max-message-mb, as a primary's Replicate, and framing)");
-    } else if (c.rank < 0 && !c.server) {
+    } else if (c.anonymous()) {
       anonymous += c.judged;
     }
   }
@@ -327,7 +332,7 @@ std::vector<Connections::ToClose> Connections::Unfinished(Clock::time_point now,
     Conn* top = nullptr;
     int top_fd = -1;
     for (auto& [fd, c] : conns_) {
-      if (!c.closing && c.rank < 0 && !c.server && c.judged > 0 && (!top || c.judged > top->judged)) {
+      if (!c.closing && c.anonymous() && c.judged > 0 && (!top || c.judged > top->judged)) {
         top = &c;
         top_fd = fd;
       }

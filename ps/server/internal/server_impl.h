@@ -291,6 +291,8 @@ class ServerImpl final : public Server {
   // refused message of 1 MiB or more (or of too many frames): its memory has no use to come. At
   // most once in 5 s (a trim walks every free chunk: an attacker cannot keep the thread at it).
   void NoteRefused(int64_t bytes, bool truncated, Clock::time_point now);
+  // Gives the heap's free memory back a second on (CheckHeap), at most once in 5 s.
+  void TrimSoon(Clock::time_point now);
   void CheckHeap(Clock::time_point now);
   // Closes the connections whose time is up (connections.h): refused ones after their grace,
   // idle ones.
@@ -724,7 +726,7 @@ class ServerImpl final : public Server {
   std::atomic<int64_t> disk_waiting_{0};  // disk_waits_.size(), for stats() from any thread
   Clock::time_point last_connection_check_{};
   std::atomic<int64_t> connections_open_{0};  // connections_.open(), for stats() from any thread
-  std::atomic<int64_t> unfinished_bytes_{0};  // what Connections::Unfinished last found held
+  std::atomic<int64_t> unfinished_bytes_{0};  // what Connections::Unfinished last judged by
   Clock::time_point last_unfinished_check_{};
   bool unfinished_arriving_ = false;  // the last check saw kArrivingMuch come (NextConnectionCheck)
   // This process's heap when the loop began, less its tables' (Loop): what CheckUnfinished takes

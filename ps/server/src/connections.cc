@@ -118,12 +118,10 @@ std::vector<Connections::ToClose> Connections::AnonymousHolders(Clock::time_poin
                                                                 const std::string& cause) {
   std::vector<ToClose> out;
   for (auto& [fd, c] : conns_) {
-    if (c.closing || c.rank >= 0 || c.server || c.judged < at_least) continue;
+    if (c.closing || !c.anonymous() || c.judged < at_least) continue;
     c.closing = true;
     anonymous_held_ -= std::min(anonymous_held_, c.judged);
-    out.push_back({fd, ToClose::Why::kUnfinished,
-                   Describe(c, now) + ": ZeroMQ holds " + std::to_string(c.judged) +
-                       " bytes it received of a message not finished, and " + cause});
+    out.push_back({fd, ToClose::Why::kUnfinished, HoldingWhy(c, now, "and " + cause)});
   }
   return out;
 }

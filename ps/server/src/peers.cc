@@ -92,7 +92,7 @@ void ServerImpl::OnMonitorEvent(Frames& frames) {
   } else if (e->event == ZMQ_EVENT_DISCONNECTED) {
     auto gone = connections_.Disconnected(fd, now);
     // One this server closed (an unfinished message's, say) has had what ZeroMQ held of it freed.
-    if (gone && gone->closed_here) NoteRefused(int64_t{1} << 20, true, now);
+    if (gone && gone->closed_here) TrimSoon(now);
     // Lost connections are logged, but not the expected ones: a finished worker's, and those
     // this server refused or closed itself (logged when it did).
     if (gone && !gone->refused && !gone->closed_here && !stopping_.load() && !workers_.finished(gone->rank)) {
@@ -166,7 +166,7 @@ void ServerImpl::CheckUnfinished(Clock::time_point now) {
     Count(kConnectionsUnfinishedClosed);
     LogRateLimited("closing a connection " + c.why);
     ps::CloseConnection(c.fd);
-    NoteRefused(int64_t{1} << 20, true, now);  // give back the memory its frames took
+    TrimSoon(now);  // give back the memory its frames took
   }
   unfinished_bytes_.store(static_cast<int64_t>(held.judged), std::memory_order_relaxed);
   unfinished_arriving_ = held.arrived >= kArrivingMuch;
@@ -177,8 +177,12 @@ int64_t ServerImpl::TablesUsed() const {
 }
 
 void ServerImpl::NoteRefused(int64_t bytes, bool truncated, Clock::time_point now) {
-  if ((!truncated && bytes < (int64_t{1} << 20)) || next_heap_check_) return;
-  // A second on, once the message is freed; 5 s after the last trim at the earliest.
+  if (truncated || bytes >= (int64_t{1} << 20)) TrimSoon(now);
+}
+
+void ServerImpl::TrimSoon(Clock::time_point now) {
+  if (next_heap_check_) return;
+  // A second on, once the memory is freed; 5 s after the last trim at the earliest.
   next_heap_check_ = std::max(now + std::chrono::seconds(1), last_heap_trim_ + std::chrono::seconds(5));
 }
 

@@ -11,7 +11,7 @@ import time
 from .commands import environ_for, remote_argv, resumed_with
 from . import common
 from .common import (
-    EXIT_FAILED, EXIT_OK, FAILOVER_TIMEOUT_S, RECOVER_FAILED_EXIT, REPLACEMENT_MARGIN_S, SETTLE_S,
+    EXIT_FAILED, EXIT_OK, FAILOVER_TIMEOUT_S, RECOVER_FAILED_EXIT, REPLACEMENT_MARGIN_S, REPLACEMENT_SETTLE_S, SETTLE_S,
     STOP_MARGIN_S, WATCH_EVERY_S, StartFailed)
 from .recovery import JobWatch, Recovery, summary
 from .supervise import (
@@ -447,7 +447,7 @@ class Launcher(Supervisor):
         When the replicas cannot bring p's state back, every process restarts from the newest
         checkpoint instead (fall_back: restart_all, which stops the job where there is none): two
         servers dead at once (another found dead now, one dying before the replacement is up, or
-        one found dead within SETTLE_S of the replacement's end: its death may be why the
+        one found dead within REPLACEMENT_SETTLE_S of the replacement's end: its death may be why the
         replacement ended; counted once, by the fall back) may have taken both copies of some
         slots; the replacement exits 3 (ferry-ps could not take its state from its peers) or 2
         (it refused its flags: a ferry-ps without --recover?); it is not up within
@@ -502,7 +502,7 @@ class Launcher(Supervisor):
         # look for it first (not after a signal: a signal killed the replacement, whatever its
         # peers do), so that the peer's death is not counted twice (a replacement again, then the
         # fall back once the peer is found dead).
-        q = self.dead_server(0.0 if new.killed_by_signal else SETTLE_S, but=new)
+        q = self.dead_server(0.0 if new.killed_by_signal else REPLACEMENT_SETTLE_S, but=new)
         if q is not None:
             return self.fall_back(new, f"{t.name}'s replacement and {q.task.name} are both dead "
                                        f"({new.describe()}: {new.describe_exit()}; {q.describe()}: "

@@ -24,6 +24,12 @@ PROBE_INTERVAL_S = 0.1
 # it: a worker whose server is gone exits with an error): then all roll back together.
 DEFAULT_MAX_RESTARTS = 3
 SETTLE_S = 0.5
+# After a server's replacement ended (not by a signal): how long the launcher waits for news that
+# one of its peers died (the replacement ends as soon as it loses one; the peer's own end may be
+# noticed later, on a loaded machine by more than SETTLE_S), before it replaces the server again.
+# Both dead fall back to the checkpoint, counted once; a replacement that ended for another
+# reason is replaced this much later.
+REPLACEMENT_SETTLE_S = 2.0
 # A process found stopped (state T: SIGSTOP, a job-control stop) for this long is killed and so
 # restarted like one that died (--kill-stopped-after): well inside ferry-ps's --worker-timeout-s
 # (10 s), after which a sync step's other workers would fail, and the trainers' heartbeat timeout

@@ -304,7 +304,7 @@ TEST_F(CheckpointRequests, ServersStartFromTheNewestCheckpointThatVerifies) {
   EXPECT_EQ(out, std::vector<float>(12, -1.0f));  // one step applied, as at step 1
 }
 
-TEST_F(CheckpointRequests, ARestartedWorkerPushesTheStepItsDeadProcessHadPushed) {
+TEST_F(CheckpointRequests, ARestartedWorkersPushOfTheStepItsDeadProcessHadPushedIsTakenForThatPush) {
   auto c = LocalCluster::Start(2);
   auto w0 = c.Connect(0, 2);
   std::vector<float> g(12, 1.0f), out(12);
@@ -316,8 +316,12 @@ TEST_F(CheckpointRequests, ARestartedWorkerPushesTheStepItsDeadProcessHadPushed)
     ASSERT_TRUE(w1->PushDense("w", std::vector<float>(12, 100.0f), 0).wait().ok());
   }
   // Its new process connects, pulls (the global step is still 0), and pushes step 0 again:
-  // accepted, and only its new gradient counts.
-  auto w1 = c.Connect(1, 2);
+  // answered, and taken for the dead process's push sent again: the step keeps that gradient, the
+  // one computed from the step's parameters (the new process's may not be: a step closed already
+  // on another server gives it the next step's). A different one here, to tell them apart.
+  ClientOptions next;
+  next.incarnation = 1;
+  auto w1 = c.Connect(1, 2, next);
   ASSERT_TRUE(w1->Declare(SyncSgd("w", 12)).ok());
   Handle p = w1->PullDense("w", out, 0);
   ASSERT_TRUE(p.wait(5s).ok());
@@ -325,7 +329,7 @@ TEST_F(CheckpointRequests, ARestartedWorkerPushesTheStepItsDeadProcessHadPushed)
   ASSERT_TRUE(w1->PushDense("w", g, 0).wait().ok());
   ASSERT_TRUE(w0->PushDense("w", g, 0).wait().ok());
   ASSERT_TRUE(w0->PullDense("w", out, 1).wait(5s).ok());
-  EXPECT_EQ(out, std::vector<float>(12, -1.0f));
+  EXPECT_EQ(out, std::vector<float>(12, -50.5f));  // 0 - (100 + 1) / 2
 }
 
 // A worker's steps (protocol 1.11) come from the servers that hold what it pushes: of 3 servers,

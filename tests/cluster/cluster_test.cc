@@ -724,6 +724,64 @@ TEST(Cluster, FinishClosesTheStepAndAReconnectedWorkerIsWaitedForAgain) {
   EXPECT_EQ(q, (std::vector<float>{-3, -4, -5}));  // -1 - (1 + 3) / 2, ...
 }
 
+// A worker's new process (a Hello of a later incarnation) repeats the step its predecessor had
+// pushed: the step keeps the predecessor's gradient, whether the other worker's push closes it
+// before the new process pushes (its push then comes late) or after (its push is taken for the
+// predecessor's sent again). Before, the Hello dropped the held gradient, so a step could close
+// with the old gradient on a server the other worker's push reached first and with the new
+// process's on another (computed from the first's next step): a job no longer bitwise the same.
+// Here the new process pushes another gradient, so the values say which one the step took.
+TEST(Cluster, AWorkersNewProcessRepeatsItsPredecessorsStepAndTheStepKeepsThePredecessorsPush) {
+  auto c = LocalCluster::Start(2);
+  TableSpec spec = SgdTable("w", 8, Consistency::kSync);
+  spec.chunk_elems = 2;  // chunks on both servers
+  auto w0 = c.Connect(0, 2), w1 = c.Connect(1, 2);
+  ASSERT_TRUE(w0->Declare(spec).ok());
+  ASSERT_TRUE(w1->Declare(spec).ok());
+  const std::vector<float> g0(8, 4.0f), g1(8, 2.0f), other(8, 100.0f);
+  auto replayed = [&] {
+    int64_t n = 0;
+    for (int s = 0; s < 2; ++s) {
+      auto counters = w0->ServerCounters(s);
+      EXPECT_TRUE(counters.ok()) << counters.status();
+      if (counters.ok() && counters->contains("replayed_updates_skipped")) {
+        n += counters->at("replayed_updates_skipped");
+      }
+    }
+    return n;
+  };
+  auto restart_worker_1 = [&](uint32_t incarnation) {
+    w1.reset();
+    ClientOptions again;
+    again.incarnation = incarnation;
+    w1 = c.Connect(1, 2, again);
+    ASSERT_NE(w1, nullptr);
+    ASSERT_TRUE(w1->Declare(spec).ok());
+  };
+  std::vector<float> p(8);
+  // Step 0: the other worker's push closes the step before the new process pushes.
+  ASSERT_TRUE(w1->PushDense("w", g1, 0).wait(5s).ok());
+  restart_worker_1(1);
+  ASSERT_TRUE(w0->PushDense("w", g0, 0).wait(5s).ok());
+  Status s = w0->PullDense("w", p, 1).wait(5s);
+  ASSERT_TRUE(s.ok()) << "step 0 holds both workers' gradients: " << s;
+  EXPECT_EQ(p, std::vector<float>(8, -3.0f));  // 0 - (4 + 2) / 2
+  ASSERT_TRUE(w1->PushDense("w", other, 0).wait(5s).ok());  // late: dropped
+  // Step 1: the new process pushes before the other worker.
+  ASSERT_TRUE(w1->PushDense("w", g1, 1).wait(5s).ok());
+  restart_worker_1(2);
+  const int64_t replayed_before = replayed();
+  ASSERT_TRUE(w1->PushDense("w", other, 1).wait(5s).ok());  // the predecessor's push sent again
+  EXPECT_EQ(replayed(), replayed_before + 4);  // one for each chunk
+  ASSERT_TRUE(w0->PushDense("w", g0, 1).wait(5s).ok());
+  s = w1->PullDense("w", p, 2).wait(5s);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(p, std::vector<float>(8, -6.0f));  // -3 - (4 + 2) / 2, not -3 - (4 + 100) / 2
+  // The next step is the new process's own: a second push of it is refused as before.
+  ASSERT_TRUE(w1->PushDense("w", g1, 2).wait(5s).ok());
+  EXPECT_EQ(w1->PushDense("w", g1, 2).wait(5s).code(), StatusCode::kFailedPrecondition);
+}
+
 // A worker that leaves (1.18, Client::Leave) is waited for by nothing from then on: the step it
 // missed closes with the others' gradients, and collectives complete without it, one already
 // waiting for it included. Over two servers, where its Leave can reach server 0 after the others'

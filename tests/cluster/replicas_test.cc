@@ -297,10 +297,12 @@ std::vector<std::map<std::string, int64_t>> Digests(const LocalCluster& c, int w
   return all;
 }
 
-// 1.23: the gradient a worker's new process drops by its Hello is dropped from the replica too.
-// With backup workers (2 of 3 gradients make a step) the step then closes without it: a replica
-// that kept it would hold a step of other gradients (it says so: out of step, by the counts).
-TEST(Replicas, AGradientAWorkersNewProcessDropsIsDroppedFromTheReplicaToo) {
+// A worker's new process keeps the gradient its predecessor pushed (its Hello marks it as sent;
+// 1.23 dropped it, and from the replica too), on the primary and on the replica alike. With backup
+// workers (2 of 3 gradients make a step) the step closes with it and the next worker's, the new
+// process's push of the step taken for its predecessor's sent again: a replica that dropped it, or
+// took the new push, would hold a step of other gradients (it says so: out of step, by the counts).
+TEST(Replicas, AGradientAWorkersNewProcessRepeatsStaysOnThePrimaryAndTheReplica) {
   auto c = LocalCluster::Start(3, false, Replicated(3));
   ASSERT_EQ(c.servers.size(), 3u);
   TableSpec spec = Dense();
@@ -316,11 +318,12 @@ TEST(Replicas, AGradientAWorkersNewProcessDropsIsDroppedFromTheReplicaToo) {
   ASSERT_TRUE(w[0]->PushDense("sw", g(0), 0).wait(20s).ok());  // held on every server, and its backup
   w[0].reset();
   ClientOptions again = NoHeartbeats();
-  again.incarnation = 1;  // worker 0's next process: its Hello drops what the first had pushed
+  again.incarnation = 1;  // worker 0's next process: its Hello marks what the first had pushed as sent
   w[0] = c.Connect(0, 3, again);
   ASSERT_NE(w[0], nullptr);
   ASSERT_TRUE(w[0]->Declare(spec).ok());
-  for (int r : {1, 2}) ASSERT_TRUE(w[r]->PushDense("sw", g(r), 0).wait(20s).ok());  // the step: 1 and 2
+  ASSERT_TRUE(w[0]->PushDense("sw", g(2), 0).wait(20s).ok());  // taken for the first's sent again
+  for (int r : {1, 2}) ASSERT_TRUE(w[r]->PushDense("sw", g(r), 0).wait(20s).ok());  // the step: 0 and 1
   std::vector<float> out(kDense);
   ASSERT_TRUE(w[1]->PullDense("sw", out, 1).wait(20s).ok());
   const auto d = Digests(c, 3, /*rank=*/1);  // (rank 0's first incarnation was replaced)

@@ -519,12 +519,11 @@ class ServerImpl final : public Server {
   // The Replicate of `fwd`, as request `id` for worker `rank`'s `step`, queued for the backup
   // without blocking (a full queue: UNAVAILABLE, nothing queued).
   Status SendReplicate(uint64_t id, int rank, int64_t step, Forward& fwd);
-  // Sync steps closed, or held gradients dropped, with no push to answer (a worker finished, left
-  // or said Hello again): forwarded to the backup, whose answer nobody awaits (lost with a dead
-  // primary, they are redone by its replacement: CloseCompleteSteps once it starts).
-  // `rank`: the worker whose held gradients were dropped. Returns the id it is awaited under (0:
-  // nothing forwarded).
-  uint64_t ForwardSyncOps(Forward fwd, int rank = 0);
+  // Sync steps closed with no push to answer (a worker finished or left): forwarded to the backup,
+  // whose answer nobody awaits (lost with a dead primary, they are redone by its replacement:
+  // CloseCompleteSteps once it starts). Returns the id it is awaited under (0: nothing forwarded).
+  // (kDropped, 1.23: this primary no longer sends it, a Hello keeps held gradients; a backup takes it.)
+  uint64_t ForwardSyncOps(Forward fwd);
   // A sync part (no frames: ForwardHold adds a held gradient's) of unit `chunk` (-1: the sparse shard) at `version`
   // (a Replicate's parts are of one kind: dense and sparse ones go in two).
   // `received`: the gradients the unit holds after a drop, before a close.
@@ -591,8 +590,7 @@ class ServerImpl final : public Server {
 
   // A push applied here, waiting for its backup (I/O thread), by its Replicate's id.
   struct AwaitingBackup {
-    bool answers = true;  // a push's, or a Hello's (false: ForwardSyncOps', which answers no request)
-    std::optional<zmq::message_t> reply;  // a Hello's reply, sent once its drops are confirmed
+    bool answers = true;  // a push's (false: ForwardSyncOps', which answers no request)
     std::vector<std::pair<uint64_t, int64_t>> closes;  // its sync closes, which pulls wait for (Settled)
     Request req;
     Status refused;

@@ -31,9 +31,13 @@ bool ResentHold(SyncSlots& sync, int64_t version, int rank, int64_t step);
 void HoldGradient(SyncSlots& sync, int rank, zmq::message_t grad);
 void HoldGradient(SyncSlots& sync, int rank, zmq::message_t ids, zmq::message_t grad);
 
-// Forgets `rank`'s gradient held for the current step, if any (a worker that connects again: its
-// earlier process died after pushing; the new one pushes the step again). True if one was held.
+// Forgets `rank`'s gradient held for the current step, if any (a replica told that its primary
+// dropped it). True if one was held.
 bool DropGradient(SyncSlots& sync, int rank);
+
+// Marks `rank`'s gradient held for the current step, if any, as sent already (SyncSlots::restored):
+// a worker that connects again is a new process, which pushes that step again (ResentHold).
+void MarkSent(SyncSlots& sync, int rank);
 
 // Closes the current step: applies the average of the held gradients, moves the version on and
 // empties the slots for `num_workers`. Sparse rows are summed per id, ids first seen in rank

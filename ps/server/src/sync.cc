@@ -29,6 +29,13 @@ bool ResentHold(SyncSlots& sync, int64_t version, int rank, int64_t step) {
   return true;
 }
 
+void MarkSent(SyncSlots& sync, int rank) {
+  const size_t r = static_cast<size_t>(rank);
+  if (r >= sync.by_rank.size() || !sync.by_rank[r]) return;
+  if (sync.restored.size() < sync.by_rank.size()) sync.restored.resize(sync.by_rank.size(), false);
+  sync.restored[r] = true;
+}
+
 void HoldGradient(SyncSlots& sync, int rank, zmq::message_t grad) {
   sync.by_rank[static_cast<size_t>(rank)] = std::move(grad);
   ++sync.received;

@@ -159,18 +159,15 @@ Status ServerImpl::OnHello(Request& req) {
       dropped_by_rank_.assign(static_cast<size_t>(workers_.count()), 0);
     }
   }
-  // A rank that connects again is a new process of that worker (the old one died): what the old
-  // one left waiting goes, so the new one can push its step and enter its collectives again.
+  // A rank that connects again is a new process of that worker (the old one died). A gradient the
+  // old one pushed for a sync step still open stays held, marked as sent already: the new process,
+  // which resumes at the servers' step, pushes that step again, and its push is taken for the same
+  // one sent again (ResentHold), not a second. Dropped instead, the step could close on one server
+  // with the old gradient (another worker's push coming before this Hello) and stay open on
+  // another, where the new process's gradient would be computed from the first's next step.
   // (Not one that rejoins, 1.22: the same process, whose pushes a replacement holds from its image.)
-  uint64_t drops_awaited = 0;
   if (!rejoins) {
-    Forward drops[2];  // replication 2: the backup drops them from its replica too (dense, sparse)
-    ForEachSyncUnit([&](ps::Table& t, int64_t chunk, int64_t version, ps::SyncSlots& sync) {
-      if (ps::DropGradient(sync, h.rank()) && Replicating()) {
-        AddSyncOp(drops[chunk < 0], t, chunk, version, kDropped, sync.received);
-      }
-    });
-    for (Forward& f : drops) drops_awaited = std::max(drops_awaited, ForwardSyncOps(std::move(f), h.rank()));
+    ForEachSyncUnit([&](ps::Table&, int64_t, int64_t, ps::SyncSlots& sync) { ps::MarkSent(sync, h.rank()); });
   }
   collectives_.Forget(h.rank());
   // 1.18: a worker that joins at a later step is not waited for before it; a step that waited
@@ -197,15 +194,6 @@ Status ServerImpl::OnHello(Request& req) {
   b.add_epoch(process_epoch_);              // 1.22: this process (a replacement is another)
   if (Replicating()) b.add_replication(2);  // 1.22: a client that loses this server waits for its replacement
   wire::FinishHeaderBuffer(fbb, b.Finish());
-  if (auto it = awaiting_backup_.find(drops_awaited); drops_awaited != 0 && it != awaiting_backup_.end()) {
-    // 1.23: answered once the backup dropped them too (the later of its two Replicates). Else the
-    // new process's push, sent on, might reach a replacement that holds its predecessor's gradient
-    // from its image, and be taken for that one sent again (ResentHold).
-    it->second.answers = true;
-    it->second.reply = wire::ToFrame(fbb);
-    it->second.req = std::move(req);
-    return Status::Ok();
-  }
   Send(req, wire::ToFrame(fbb));
   return Status::Ok();
 }

@@ -75,7 +75,7 @@ Status ServerImpl::RoomToForward(int64_t bytes) {
   if (!Replicating()) return Status::Ok();
   // At most as many as the backup's queue holds (its send high-water mark): a push applied then
   // always finds room there, never failing after the fact.
-  // (Less some room for the closes and drops no push waits for: ForwardSyncOps.)
+  // (Less some room for the closes no push waits for: ForwardSyncOps.)
   const size_t most = std::min<size_t>(options_.max_held, kReplyQueue - kSyncOpsRoom);
   if (awaiting_backup_.size() >= most || held_payloads_.used() + bytes > held_payloads_.limit()) {
     Count(kHeldRefused);
@@ -158,13 +158,13 @@ void ServerImpl::AddSyncOp(Forward& fwd, const ps::Table& t, int64_t chunk, int6
   }
 }
 
-uint64_t ServerImpl::ForwardSyncOps(Forward fwd, int rank) {
+uint64_t ServerImpl::ForwardSyncOps(Forward fwd) {
   if (!Replicating() || fwd.empty()) return 0;
   const size_t parts = fwd.versions.size();
   const uint64_t id = ++next_replicate_;
-  if (Status s = SendReplicate(id, rank, 0, fwd); !s.ok()) {
+  if (Status s = SendReplicate(id, 0, 0, fwd); !s.ok()) {
     Count(kReplicaErrors);
-    LogRateLimited(Who() + " could not forward " + std::to_string(parts) + " sync step close(s) or drop(s) to its " +
+    LogRateLimited(Who() + " could not forward " + std::to_string(parts) + " sync step close(s) to its " +
                    "backup, server " + std::to_string(BackupRank()) + " (" + s.message() +
                    "): the replica misses them");
     return 0;
@@ -189,21 +189,12 @@ ServerImpl::AwaitingBackup& ServerImpl::Await(uint64_t id, Forward& fwd) {
 
 void ServerImpl::AnswerAwaited(AwaitingBackup& a) {
   if (!a.answers) return;
-  if (a.reply) {
-    if (a.refused.ok()) {
-      Send(a.req, std::move(*a.reply));
-    } else {
-      SendError(a.req, a.refused);
-    }
-    return;
-  }
   FinishPush(a.req, a.refused, a.info, a.then_pull);
 }
 
 std::string ServerImpl::Forwarded(const AwaitingBackup& a) {
-  if (!a.answers) return " closed sync steps or dropped a restarted worker's gradients";
+  if (!a.answers) return " closed sync steps";
   const Header& h = *a.req.h();
-  if (a.reply) return " dropped the gradients worker " + std::to_string(h.rank()) + "'s earlier process had pushed";
   return " applied worker " + std::to_string(h.rank()) + "'s push of step " + std::to_string(h.step());
 }
 

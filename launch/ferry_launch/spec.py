@@ -1,10 +1,14 @@
 """The cluster description (Task, Cluster) from flags, a JSON spec or a Slurm allocation."""
 
+import atexit
 import contextlib
 import json
+import os
 import random
 import shlex
 import socket
+import tempfile
+import time
 
 from .common import DEFAULT_BASE_PORT, EPHEMERAL_DEFAULT, PICK_PORTS_FROM, LaunchError
 from .hosts import _HOST_RE, canonical_host, is_local
@@ -228,13 +232,88 @@ def ephemeral_ports():
     return EPHEMERAL_DEFAULT
 
 
+# Ports picked for --base-port 0 are claimed for the launcher's life: a file per port in
+# claims_dir() that names its pid. Its servers bind them only after the pick (and a server's
+# replacement binds its port again after a death), so another launcher picking meanwhile could
+# find the same port free and start a server on it: that one exits at its start ("Address already
+# in use"). A launcher passes over the ports a live launcher claims, takes over those of one that
+# died, and gives its own back as it exits. (Launchers of one user on one machine: of others, and
+# of other machines, ports are told apart only by their being free.)
+_claimed = []
+_CLAIM_WRITE_S = 5.0  # a claim with no pid in it yet (its launcher is writing it) is taken as live this long
+
+
+def claims_dir():
+    return os.path.join(tempfile.gettempdir(), f"ferry-launch-ports-{os.getuid()}")
+
+
+def _claim_live(path):
+    """Whether the claim at path is of a live process (this one's included)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+        age = time.time() - os.stat(path).st_mtime
+    except (OSError, UnicodeDecodeError):
+        return False  # gone, or unreadable: not a claim to keep
+    if not text.isdigit():
+        return age < _CLAIM_WRITE_S
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def claim_port(port):
+    """Claims port for this launcher: False where a live launcher (this one too) claims it."""
+    d = claims_dir()
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+    except OSError:
+        return True  # no claims here (a read-only temp folder): only the bind test tells
+    path = os.path.join(d, str(port))
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            if _claim_live(path):
+                return False
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # a dead launcher's: taken over
+            continue
+        except OSError:
+            return True
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(f"{os.getpid()}\n")
+        if not _claimed:
+            atexit.register(release_claims)
+        _claimed.append(path)
+        return True
+    return False
+
+
+def release_claims():
+    """Gives back this launcher's claims (at its exit)."""
+    while _claimed:
+        path = _claimed.pop()
+        with contextlib.suppress(OSError, ValueError):
+            with open(path, encoding="ascii") as f:
+                mine = int(f.read().strip() or -1) == os.getpid()
+            if mine:
+                os.unlink(path)
+
+
 def free_ports(n):
     """n distinct ports free on this machine now, outside the ephemeral range (common's
     PICK_PORTS_FROM): a port there is never the local port of an outgoing connection, so a client
     that keeps reconnecting to a dead server's port cannot take it (a TCP self-connect) and keep
     the server's replacement from binding it. The scan starts at a random port (launchers started
     together pick different ones) and tries each in turn; each socket stays bound until every
-    port is picked. Only where no free port is left outside the range: ports the kernel picks."""
+    port is picked; a port another live launcher here claims is passed over, and each one picked
+    is claimed (claim_port). Only where no free port is left outside the range: ports the kernel
+    picks."""
     lo, hi = ephemeral_ports()
 
     def outside(first):
@@ -255,11 +334,15 @@ def free_ports(n):
             except OSError:
                 s.close()
                 continue
+            if not claim_port(port):
+                s.close()
+                continue
             ports.append(port)
         while len(ports) < n:
             s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             s.bind(("0.0.0.0", 0))
             ports.append(s.getsockname()[1])
+            claim_port(ports[-1])
         return ports
 
 

@@ -2802,6 +2802,24 @@ class UsageErrorTest(unittest.TestCase):
                 second = fl.spec.free_ports(1)[0]
         self.assertGreater(second, first)
         self.assertFalse(lo <= second <= hi)
+        # Each port picked is claimed for the launcher's life, so another launcher that picks while this one's servers
+        # are still to bind them (or a replacement to bind one again) passes it over; a dead launcher's claim is
+        # taken over; claims go at the exit.
+        claim = os.path.join(fl.spec.claims_dir(), str(first))
+        with open(claim) as f:
+            self.assertEqual(f.read(), f"{os.getpid()}\n")
+        with unittest.mock.patch.object(fl.spec.random, "randrange", return_value=0):
+            self.assertNotIn(first, fl.spec.free_ports(1))  # free to bind, but claimed by a live launcher
+            fl.spec.release_claims()
+            self.assertFalse(os.path.exists(claim))
+            dead = subprocess.Popen(["true"])
+            dead.wait()
+            with open(claim, "w") as f:
+                f.write(f"{dead.pid}\n")
+            self.assertEqual(fl.spec.free_ports(1), [first])
+        with open(claim) as f:
+            self.assertEqual(f.read(), f"{os.getpid()}\n")
+        fl.spec.release_claims()
         rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--host", "node7",
                                   "--base-port", "0", "--dry-run"])
         self.assertEqual(rc, 2, out)

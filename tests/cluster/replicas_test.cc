@@ -322,7 +322,21 @@ TEST(Replicas, AGradientAWorkersNewProcessRepeatsStaysOnThePrimaryAndTheReplica)
   w[0] = c.Connect(0, 3, again);
   ASSERT_NE(w[0], nullptr);
   ASSERT_TRUE(w[0]->Declare(spec).ok());
+  auto summed = [&](const char* counter) {
+    int64_t n = 0;
+    for (int s = 0; s < 3; ++s) {
+      auto counters = w[1]->ServerCounters(s);
+      EXPECT_TRUE(counters.ok()) << counters.status();
+      if (counters.ok() && counters->contains(counter)) n += counters->at(counter);
+    }
+    return n;
+  };
+  const int64_t forwarded = summed("updates_forwarded"), replayed = summed("replayed_updates_skipped");
   ASSERT_TRUE(w[0]->PushDense("sw", g(2), 0).wait(20s).ok());  // taken for the first's sent again
+  // Each chunk's held gradient went to its backup again before the answer (the first push's forward
+  // might not have been confirmed, or lost).
+  EXPECT_EQ(summed("replayed_updates_skipped"), replayed + kDense / 4);
+  EXPECT_EQ(summed("updates_forwarded"), forwarded + kDense / 4);
   for (int r : {1, 2}) ASSERT_TRUE(w[r]->PushDense("sw", g(r), 0).wait(20s).ok());  // the step: 0 and 1
   std::vector<float> out(kDense);
   ASSERT_TRUE(w[1]->PullDense("sw", out, 1).wait(20s).ok());

@@ -116,8 +116,8 @@ inline constexpr size_t kStalenessBuckets = kTableStalenessBuckets;  // the serv
 // to it never loses a reply however slowly its side reads; a peer that sends without reading
 // loses replies beyond it (counted as replies_dropped).
 inline constexpr int kReplyQueue = 8192;
-// Of the backup's queue (kReplyQueue), what pushes leave to the sync closes and drops no push waits
-// for (ServerImpl::RoomToForward, ForwardSyncOps).
+// Of the backup's queue (kReplyQueue), what pushes leave to the sync closes no push waits for
+// (ServerImpl::RoomToForward, ForwardSyncOps).
 inline constexpr int kSyncOpsRoom = 64;
 // What ZeroMQ's framing may add on the wire to a message's bytes (a frame's header, and with CURVE
 // its command, nonce and MAC: at most 42 bytes for each of wire::kMaxFrames + 1 frames) and a
@@ -526,7 +526,7 @@ class ServerImpl final : public Server {
   uint64_t ForwardSyncOps(Forward fwd);
   // A sync part (no frames: ForwardHold adds a held gradient's) of unit `chunk` (-1: the sparse shard) at `version`
   // (a Replicate's parts are of one kind: dense and sparse ones go in two).
-  // `received`: the gradients the unit holds after a drop, before a close.
+  // `received`: the gradients the unit holds after the op, before a close.
   static void AddSyncOp(Forward& fwd, const ps::Table& t, int64_t chunk, int64_t version, SyncOp op, int received);
   // The sync slots of unit `chunk` (-1: the sparse shard) of table `table` here, or null.
   ps::SyncSlots* UnitSync(uint64_t table, int64_t chunk);

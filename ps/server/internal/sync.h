@@ -22,9 +22,10 @@ namespace ferry::ps {
 // drops it and counts it.
 Status CheckSyncPush(const TableSpec& spec, const SyncSlots& sync, int64_t version, int rank, int64_t step);
 
-// True, and the mark taken away, when `rank`'s push for `step` is the one a replacement holds
-// from its backup's image already (SyncSlots::restored): sent again because its answer was lost.
-// The caller skips it as a replay (the gradient held is the same push's).
+// True, and the mark taken away, when `rank`'s push for `step` is held already, marked as sent
+// (SyncSlots::restored: a replacement's from its backup's image, sent again because its answer was
+// lost; or a worker's earlier process's, sent again by its new process). The caller skips it as a
+// replay (the gradient held is that push's) and forwards the held one to its backup again.
 bool ResentHold(SyncSlots& sync, int64_t version, int rank, int64_t step);
 
 // Holds `rank`'s gradient (and, for a sparse table, its ids) for the current step.

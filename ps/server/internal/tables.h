@@ -36,8 +36,10 @@ struct SyncSlots {
   std::vector<std::optional<zmq::message_t>> by_rank;   // dense: the gradient frame
   std::vector<std::optional<zmq::message_t>> ids_by_rank;  // sparse: the id frame (grads in by_rank)
   int received = 0;
-  // 1.23: ranks whose held gradient a replacement took from its backup's image (the worker, told
-  // it was held, sends it again only if the answer was lost: then it is a replay, not a second push).
+  // Ranks whose held gradient is marked as sent already: one a replacement took from its backup's
+  // image (1.23: the worker, told it was held, sends it again only if the answer was lost), or one
+  // a worker's earlier process pushed (its new process's Hello marks it, and the new process sends
+  // the step again). Such a push of the step is a replay, not a second push (ResentHold).
   std::vector<bool> restored;
   // 1.23, replication 2: the closes of this unit forwarded to the backup and not confirmed yet;
   // pulls see the version less these (ServerImpl::Settled). Not cleared by Reset.

@@ -88,7 +88,8 @@ constexpr Series kSeries[] = {
     {"piece_calls_refused", "ferry_piece_calls_refused_total", true,
      "Push calls in pieces refused whole: none of their pieces applied"},
     {"replayed_updates_skipped", "ferry_replayed_updates_skipped_total", true,
-     "Parts of pushes replayed after a restore or a failover, skipped: the restored checkpoint or image held them"},
+     "Parts of pushes replayed after a restore, a failover or a worker's restart, skipped: the restored checkpoint "
+     "or image, or the worker's earlier process's push, held them"},
     {"feed_pages", "ferry_feed_pages_total", true, "Pages of the change feed served to readers (Changes requests)"},
     {"feed_rows_sent", "ferry_feed_rows_sent_total", true,
      "Sparse rows and dense chunks the change feed sent to readers"},
@@ -133,8 +134,8 @@ constexpr Series kSeries[] = {
     {"moved_answered", "ferry_moved_answered_total", true,
      "Requests refused as placed by another placement version than the server's (the client re-sends them)"},
     {"updates_forwarded", "ferry_updates_forwarded_total", true,
-     "Parts forwarded to this server's backup (replication 2): updates applied here, and sync gradients held, "
-     "steps closed and gradients dropped"},
+     "Parts forwarded to this server's backup (replication 2): updates applied here, and sync gradients held "
+     "and steps closed"},
     {"replica_updates_applied", "ferry_replica_updates_applied_total", true,
      "Parts a primary forwarded that this server applied to its replica (replication 2): updates, and sync "
      "holds, closes and drops"},

@@ -139,8 +139,12 @@ void ServerImpl::ApplyPush(Request& req, std::span<const ps::TableRegistry::Slic
     t->counters.rows_pushed += c->size;
     if (t->spec.consistency == Consistency::kSync) {
       ++info.used;
-      if (ps::ResentHold(c->sync, c->version, rank, h.step())) {  // (a replacement's, from its image)
+      if (ps::ResentHold(c->sync, c->version, rank, h.step())) {
+        // Held already: a replacement's, from its image, or a worker's earlier process's (its new
+        // one says Hello). Forwarded again as held, so that the answer comes once the backup has it
+        // (the earlier push's forward may not be confirmed yet, or may have been lost).
         Count(kReplayedUpdatesSkipped);
+        ForwardHold(fwd, *t, h.slices()->Get(static_cast<uint32_t>(i))->chunk(), c->version, c->sync, rank, false);
         continue;
       }
       ps::HoldGradient(c->sync, rank, std::move(req.payload[i]));

@@ -581,7 +581,7 @@ Status ServerImpl::OnReplicate(Request& req) {
             s.by_rank.resize(std::max<size_t>(r + 1, static_cast<size_t>(workers_.count())));
             if (p.chunk == nullptr) s.ids_by_rank.resize(s.by_rank.size());
           }
-          ps::DropGradient(s, rank);  // (one held already: the same push's, or a new process's)
+          ps::DropGradient(s, rank);  // (one held already: the same push's, forwarded again)
           if (p.chunk != nullptr) {
             ps::HoldGradient(s, rank, std::move(req.payload[p.frame]));
           } else {

@@ -84,8 +84,9 @@ Status ServerImpl::OnPushSparse(Request& req) {
         version = std::min(version, shard.version);
         continue;
       }
-      if (ps::ResentHold(shard.sync, shard.version, rank, h.step())) {  // (a replacement's, from its image)
+      if (ps::ResentHold(shard.sync, shard.version, rank, h.step())) {  // (as in ApplyPush: held already)
         Count(kReplayedUpdatesSkipped);
+        ForwardHold(fwd, t, -1, shard.version, shard.sync, rank, false);
         ++used;
         version = std::min(version, shard.version);
         continue;

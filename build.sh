@@ -76,12 +76,15 @@ build() {
   took "the build" "$t0"
 }
 
-# After a ctest run in $1 that failed: for each failed test, the last lines of its output (from
-# ctest's LastTest.log), so that the end of a long log, which is what CI shows, says why.
+# After a ctest run in $1 that failed, begun at $2 (seconds since the epoch): for each failed test,
+# the last lines of its output (from ctest's LastTest.log), so that the end of a long log, which is
+# what CI shows, says why. (ctest rewrites its list of failed tests only when one fails: an older
+# list is not this run's.)
 failed_tests_report() {
-  local dir=$1 log name
+  local dir=$1 since=$2 log failed name
   log=$dir/Testing/Temporary/LastTest.log
-  [ -f "$dir/Testing/Temporary/LastTestsFailed.log" ] && [ -f "$log" ] || return 0
+  failed=$dir/Testing/Temporary/LastTestsFailed.log
+  [ -f "$failed" ] && [ -f "$log" ] && [ "$(stat -c %Y "$failed")" -ge "$since" ] || return 0
   while IFS= read -r name; do
     name=${name#*:}
     say "why $name failed (the end of its output; all of it in $log):"
@@ -90,14 +93,15 @@ failed_tests_report() {
       on && /^<end of output>$/ { on = 0 }
       on { buf[n++ % 40] = $0 }
       END { for (i = (n > 40 ? n - 40 : 0); i < n; i++) print buf[i % 40] }' "$log"
-  done < "$dir/Testing/Temporary/LastTestsFailed.log"
+  done < "$failed"
 }
 
 run_tests() {
-  local t0=$SECONDS rc=0
+  local t0=$SECONDS rc=0 since
+  since=$(date +%s)
   say "running the tests ($TEST_JOBS at once)"
   ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$TEST_JOBS" --timeout 300 || rc=$?
-  [ $rc = 0 ] || failed_tests_report "$BUILD_DIR"
+  [ $rc = 0 ] || failed_tests_report "$BUILD_DIR" "$since"
   took "the tests" "$t0"
   return $rc
 }
@@ -109,7 +113,8 @@ run_tests() {
 # cores. BUSY_CPUS (default: cores) sets the load. The load is stopped however this ends; its own
 # --timeout bounds it even if this script is killed outright.
 run_busy() {
-  local cpus=${BUSY_CPUS:-$(nproc)} load rc=0 t0=$SECONDS
+  local cpus=${BUSY_CPUS:-$(nproc)} load rc=0 t0=$SECONDS since
+  since=$(date +%s)
   say "the timing-sensitive tests (ctest -L timing) beside stress-ng --cpu $cpus"
   stress-ng --cpu "$cpus" --timeout 900s --quiet &
   load=$!
@@ -118,7 +123,7 @@ run_busy() {
   # shellcheck disable=SC2064
   trap "kill $load 2>/dev/null || true; exit 130" INT TERM
   ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 300 -L timing || rc=$?
-  [ $rc = 0 ] || failed_tests_report "$BUILD_DIR"
+  [ $rc = 0 ] || failed_tests_report "$BUILD_DIR" "$since"
   kill "$load" 2>/dev/null || true
   wait "$load" 2>/dev/null || true
   trap - EXIT INT TERM
@@ -222,9 +227,11 @@ EOF_PROBE
   cmake --build "$dir" -j "$JOBS"
   took "the sanitizer build" "$t0"
   t0=$SECONDS
+  local since
+  since=$(date +%s)
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 600 -E "$SANITIZE_SKIP" ||
-    { failed_tests_report "$dir"; return 1; }
+    { failed_tests_report "$dir" "$since"; return 1; }
   took "the tests under the sanitizers" "$t0"
   t0=$SECONDS
   fuzz_runs "$dir"

@@ -7,6 +7,7 @@ import os
 import random
 import shlex
 import socket
+import stat
 import tempfile
 import time
 
@@ -237,14 +238,31 @@ def ephemeral_ports():
 # replacement binds its port again after a death), so another launcher picking meanwhile could
 # find the same port free and start a server on it: that one exits at its start ("Address already
 # in use"). A launcher passes over the ports a live launcher claims, takes over those of one that
-# died, and gives its own back as it exits. (Launchers of one user on one machine: of others, and
-# of other machines, ports are told apart only by their being free.)
+# died, and gives its own back as it exits. (Launchers of one user on one machine and in one pid
+# namespace: of others, ports are told apart only by their being free.) A claim is made while the
+# port's test socket is bound (free_ports), so no two launchers of one network namespace ever
+# claim the same port at once: that makes taking over a dead launcher's claim safe.
 _claimed = []
 _CLAIM_WRITE_S = 5.0  # a claim with no pid in it yet (its launcher is writing it) is taken as live this long
 
 
 def claims_dir():
     return os.path.join(tempfile.gettempdir(), f"ferry-launch-ports-{os.getuid()}")
+
+
+def _claims_dir_usable():
+    """claims_dir(), made if missing, where it is a real folder of this user's that no one else can
+    write (not a link, nor one another user made to fill with claims or take ours); else None:
+    then no claims, and only the bind test tells a port free."""
+    d = claims_dir()
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        st = os.lstat(d)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return d
 
 
 def _claim_live(path):
@@ -257,26 +275,35 @@ def _claim_live(path):
         return False  # gone, or unreadable: not a claim to keep
     if not text.isdigit():
         return age < _CLAIM_WRITE_S
+    pid = int(text)
+    if not 0 < pid < 2**22:  # (Linux's pid_max at most; 0 would ask about our own group)
+        return False
     try:
-        os.kill(int(text), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OverflowError):
+    except PermissionError:
         return True
     return True
 
 
+def port_claimed(port):
+    """Whether a live launcher (this one too) claims port: passed over before its test bind, which
+    could otherwise meet that launcher's server binding it again."""
+    d = _claims_dir_usable()
+    return d is not None and _claim_live(os.path.join(d, str(port)))
+
+
 def claim_port(port):
-    """Claims port for this launcher: False where a live launcher (this one too) claims it."""
-    d = claims_dir()
-    try:
-        os.makedirs(d, mode=0o700, exist_ok=True)
-    except OSError:
-        return True  # no claims here (a read-only temp folder): only the bind test tells
+    """Claims port for this launcher (its test socket bound: free_ports): False where a live
+    launcher (this one too) claims it."""
+    d = _claims_dir_usable()
+    if d is None:
+        return True
     path = os.path.join(d, str(port))
     for _ in range(2):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
             if _claim_live(path):
                 return False
@@ -328,6 +355,8 @@ def free_ports(n):
         for port in candidates[start:] + candidates[:start]:
             if len(ports) == n:
                 break
+            if port_claimed(port):
+                continue
             s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             try:
                 s.bind(("0.0.0.0", port))  # free on every address, so on each host's too

@@ -2808,7 +2808,8 @@ class UsageErrorTest(unittest.TestCase):
         claim = os.path.join(fl.spec.claims_dir(), str(first))
         with open(claim) as f:
             self.assertEqual(f.read(), f"{os.getpid()}\n")
-        with unittest.mock.patch.object(fl.spec.random, "randrange", return_value=0):
+        candidates = [p for p in range(10000, 65536) if not lo <= p <= hi]
+        with unittest.mock.patch.object(fl.spec.random, "randrange", return_value=candidates.index(first)):
             self.assertNotIn(first, fl.spec.free_ports(1))  # free to bind, but claimed by a live launcher
             fl.spec.release_claims()
             self.assertFalse(os.path.exists(claim))
@@ -2820,6 +2821,14 @@ class UsageErrorTest(unittest.TestCase):
         with open(claim) as f:
             self.assertEqual(f.read(), f"{os.getpid()}\n")
         fl.spec.release_claims()
+        # A claims folder that others can write (or not this user's, or a link) is not used: no claims then.
+        os.chmod(fl.spec.claims_dir(), 0o777)
+        try:
+            with unittest.mock.patch.object(fl.spec.random, "randrange", return_value=candidates.index(first)):
+                self.assertEqual(fl.spec.free_ports(1), [first])
+            self.assertFalse(os.path.exists(claim))
+        finally:
+            os.chmod(fl.spec.claims_dir(), 0o700)
         rc, out = run_in_process(["--num-ps", "1", "--num-workers", "1", "--host", "node7",
                                   "--base-port", "0", "--dry-run"])
         self.assertEqual(rc, 2, out)

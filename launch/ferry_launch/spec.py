@@ -314,13 +314,12 @@ def claim_port(port):
             return True
         with os.fdopen(fd, "w", encoding="ascii") as f:
             f.write(f"{os.getpid()}\n")
-        if not _claimed:
-            atexit.register(release_claims)
         _claimed.append(path)
         return True
     return False
 
 
+@atexit.register
 def release_claims():
     """Gives back this launcher's claims (at its exit)."""
     while _claimed:

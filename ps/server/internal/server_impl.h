@@ -521,9 +521,9 @@ class ServerImpl final : public Server {
   Status SendReplicate(uint64_t id, int rank, int64_t step, Forward& fwd);
   // Sync steps closed with no push to answer (a worker finished or left): forwarded to the backup,
   // whose answer nobody awaits (lost with a dead primary, they are redone by its replacement:
-  // CloseCompleteSteps once it starts). Returns the id it is awaited under (0: nothing forwarded).
+  // CloseCompleteSteps once it starts). Awaited all the same: its closes hold the pulls back.
   // (kDropped, 1.23: this primary no longer sends it, a Hello keeps held gradients; a backup takes it.)
-  uint64_t ForwardSyncOps(Forward fwd);
+  void ForwardSyncOps(Forward fwd);
   // A sync part (no frames: ForwardHold adds a held gradient's) of unit `chunk` (-1: the sparse shard) at `version`
   // (a Replicate's parts are of one kind: dense and sparse ones go in two).
   // `received`: the gradients the unit holds after the op, before a close.

@@ -158,8 +158,8 @@ void ServerImpl::AddSyncOp(Forward& fwd, const ps::Table& t, int64_t chunk, int6
   }
 }
 
-uint64_t ServerImpl::ForwardSyncOps(Forward fwd) {
-  if (!Replicating() || fwd.empty()) return 0;
+void ServerImpl::ForwardSyncOps(Forward fwd) {
+  if (!Replicating() || fwd.empty()) return;
   const size_t parts = fwd.versions.size();
   const uint64_t id = ++next_replicate_;
   if (Status s = SendReplicate(id, 0, 0, fwd); !s.ok()) {
@@ -167,14 +167,12 @@ uint64_t ServerImpl::ForwardSyncOps(Forward fwd) {
     LogRateLimited(Who() + " could not forward " + std::to_string(parts) + " sync step close(s) to its " +
                    "backup, server " + std::to_string(BackupRank()) + " (" + s.message() +
                    "): the replica misses them");
-    return 0;
+    return;
   }
   Count(kUpdatesForwarded, static_cast<int64_t>(parts));
   // Awaited, though no request waits: its closes hold the pulls back until the backup has them,
   // and a refusal is counted and said.
-  AwaitingBackup& a = Await(id, fwd);
-  a.answers = false;
-  return id;
+  Await(id, fwd).answers = false;
 }
 
 ServerImpl::AwaitingBackup& ServerImpl::Await(uint64_t id, Forward& fwd) {

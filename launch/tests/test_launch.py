@@ -145,6 +145,12 @@ class Run:
         self.proc.stdout.close()
         return rc
 
+    def kill_if_running(self):
+        """Kills the launcher if it still runs (a test that failed before the job's end)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.finish(timeout=30)
+
     @property
     def output(self):
         with self.cond:
@@ -1429,9 +1435,7 @@ class SlotMoveTest(unittest.TestCase):
             self.assertEqual(asked.returncode, 0, asked.stdout + asked.stderr)
             rc = run.finish(timeout=180)
         finally:
-            if run.proc.poll() is None:
-                run.proc.kill()
-                run.finish(timeout=30)
+            run.kill_if_running()
         out = run.output
         self.assertEqual(rc, 0, out)
         self.assert_all_gone(out)
@@ -1575,14 +1579,14 @@ class WorkerLeaveTest(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def argv(self, name, straggler="2:1000ms"):
+    def argv(self, name, straggler="2:1000ms", leave=("--leave", "2@10")):
         return (["--num-ps", "2", "--num-workers", "3", "--base-port", "0", "--gpus-per-host", "0",
                  "--bin-dir", BUILD_DIR, "--log-dir", os.path.join(self.dir, name),
                  "--checkpoint-dir", os.path.join(self.dir, name + "-ckpt"), "--checkpoint-every", "5",
                  "--", "--model", "ctr", "--ctr-train", "3000", "--ctr-test", "500", "--steps", "40",
                  "--batch", str(self.STEP_EXAMPLES), "--consistency", "sync", "--log-every", "5",
                  "--eval-every", "15", "--blas-threads", "1", "--optimizer", "adam", "--lr", "0.01",
-                 "--straggler", straggler, "--leave", "2@10",
+                 "--straggler", straggler, *leave,
                  "--metrics-out", os.path.join(self.dir, name + "-{rank}.jsonl")])
 
     def events(self, name, rank):
@@ -1629,6 +1633,47 @@ class WorkerLeaveTest(unittest.TestCase):
         got = [e for e in self.events("killed", 0) if e["event"] == "end"]
         self.assertEqual(got[-1]["final"], want)  # every number, as JSON writes a double: all its bits
         self.assert_all_gone(out)
+
+
+    def test_a_worker_asked_to_leave_while_the_job_runs_leaves_at_the_next_check(self):
+        """Protocol 1.26: nothing in the job's flags says worker 2 leaves. While the job trains
+        (worker 2 a straggler by 300 ms a step), ferry-move asks server 0 for worker 2's leave;
+        every worker takes the ask at the next check (--move-asks-every 5, step T), worker 2
+        trains step T and exits 0, and the other two read its share of every step's examples
+        from T + 1 on (so each example is still read once an epoch)."""
+        r = Run(self.argv("asked", straggler="2:300ms", leave=("--move-asks-every", "5")))
+        try:
+            r.wait_for(r"^\[worker 0\] step \d+/40", timeout=120)  # training
+            move = [os.path.join(BUILD_DIR, "bin", "ferry-move"), "--server", listening(r.output)["ps 0"]]
+            asked = subprocess.run(move + ["leave-worker=2"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(asked.returncode, 0, asked.stdout + asked.stderr)
+            self.assertIn("server 0 keeps the ask (leave-worker 2)", asked.stdout)
+            rc = r.finish(180)
+        finally:
+            r.kill_if_running()
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        left = re.search(r"(?m)^\[worker 2\] left the job before step (\d+) \(asked while the job ran\): the "
+                         r"other workers train on without it$", out)
+        self.assertTrue(left, out)
+        at = int(left.group(1))
+        self.assertEqual(at % 5, 1, out)  # after a check step
+        for rank in (0, 1):
+            self.assertRegex(out, rf"(?m)^\[worker {rank}\] worker 2 leaves the job before step {at} \(asked of "
+                                  r"server 0\): the others read its share of each step's examples$")
+        self.assertIn("ferry-launch: worker 2 finished (exit status 0)", out)
+        self.assert_all_gone(out)
+        # 32 examples a step each (epoch 0's last, step 31, reads the shard's 8 left); with worker
+        # 2 gone, workers 0 and 1 each read 16 of its 32 more (4 of its 8).
+        def read(step, absent):
+            return (8 if step == 31 else 32) * (3 if absent else 2) // 2
+        want = sum(read(s, s >= at) for s in range(40))
+        for rank in (0, 1):
+            ends = [e for e in self.events("asked", rank) if e["event"] == "end"]
+            self.assertEqual([e["examples"] for e in ends], [want], out)
+        ends = [e for e in self.events("asked", 2) if e["event"] == "end"]
+        self.assertEqual([(e["left_at"], e["examples"]) for e in ends], [(at, sum(read(s, False) for s in range(at)))],
+                         out)
 
 
 class WorkerJoinTest(unittest.TestCase):

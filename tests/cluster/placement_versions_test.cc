@@ -538,6 +538,98 @@ TEST(PlacementVersions, AMoveAskedWhileTheJobRunsIsHandedToEveryWorkerAtOneBarri
   EXPECT_NE(s.message().find("tcp://127.0.0.1:9"), std::string::npos) << s;
 }
 
+// A worker's leave asked while the job runs (1.26, MoveAsk's `move_leave_worker`): server 0 keeps
+// it (one ask at a time, with the servers' moves), hands it to every worker at a barrier that
+// takes moves, as a move; the worker's Leave says the step it leaves before, every server keeps
+// it, and a worker connecting later (a restarted one, or the leaver's own new process) hears it
+// in the handshake.
+TEST(PlacementVersions, AWorkersLeaveAskedWhileTheJobRunsIsHandedOverAndItsStepToldToLaterWorkers) {
+  constexpr int kThree = 3;
+  TempDir dir("placement-ask-leave");
+  auto c = LocalCluster::Start(2, /*tcp=*/true, WithFolder(dir.path(), kThree));
+  auto ask = [&](int worker) {
+    AskMoveOptions a;
+    a.server0 = c.endpoints[0];
+    a.leave_worker = worker;
+    a.timeout = 20s;
+    return AskMove(a);
+  };
+  Status s = ask(0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;  // worker 0 stays
+  EXPECT_NE(s.message().find("worker 0 stays"), std::string::npos) << s;
+  s = ask(3);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;  // no such worker
+  EXPECT_NE(s.message().find("workers are 0 to 2"), std::string::npos) << s;
+  {
+    AskMoveOptions both;  // a server and a worker: refused before sending
+    both.server0 = c.endpoints[0];
+    both.join = 1;
+    both.leave_worker = 2;
+    EXPECT_EQ(AskMove(both).code(), StatusCode::kInvalidArgument);
+  }
+  ASSERT_TRUE(ask(2).ok());
+  s = ask(1);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;  // one is kept already
+  EXPECT_NE(s.message().find("worker 2 to leave the job"), std::string::npos) << s;
+
+  std::vector<std::unique_ptr<Client>> w;
+  for (int r = 0; r < kThree; ++r) w.push_back(c.Connect(r, kThree));
+  EXPECT_TRUE(w[1]->workers_left().empty());
+  std::vector<StatusOr<Client::AskedMove>> got(kThree, Client::AskedMove{});
+  {
+    std::vector<std::thread> others;
+    for (int r = 1; r < kThree; ++r) {
+      others.emplace_back([&, r] { got[static_cast<size_t>(r)] = w[static_cast<size_t>(r)]->BarrierTakingMoves(6); });
+    }
+    got[0] = w[0]->BarrierTakingMoves(6);
+    for (auto& t : others) t.join();
+  }
+  for (const auto& g : got) {
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->leave_worker, 2);
+    EXPECT_EQ(g->join, -1);
+    EXPECT_EQ(g->drain, -1);
+  }
+  // Handed over at step 6: worker 2 leaves before step 7, which a worker restarted now hears
+  // from server 0 already, before worker 2's Finish says it.
+  auto restart = [&](int r) {
+    w[static_cast<size_t>(r)].reset();
+    w[static_cast<size_t>(r)] = c.Connect(r, kThree);
+    return w[static_cast<size_t>(r)]->workers_left();
+  };
+  EXPECT_EQ(restart(1), (std::map<int, int64_t>{{2, 7}}));
+  // Worker 2 leaves (after its step 6): the barriers go on without it, and asking its leave
+  // again is refused.
+  EXPECT_EQ(w[2]->Leave(int64_t{1} << 62 | 1).code(), StatusCode::kInvalidArgument);  // (past 2^62: not sent)
+  ASSERT_TRUE(w[2]->Leave(7).ok());
+  {
+    std::thread t1([&] { EXPECT_TRUE(w[1]->Barrier().ok()); });
+    EXPECT_TRUE(w[0]->Barrier().ok());
+    t1.join();
+  }
+  s = ask(2);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("has left already"), std::string::npos) << s;
+  // A new process of worker 1, and one of worker 2 itself, hear of the leave and its step, in
+  // whichever order they say Hello.
+  EXPECT_EQ(restart(2), (std::map<int, int64_t>{{2, 7}}));
+  EXPECT_EQ(restart(1), (std::map<int, int64_t>{{2, 7}}));
+  // Until worker 2 pushes a step at or past 7: then it takes part again, and no one hears of it.
+  TableSpec both = SgdTable("leave-w", 8, Consistency::kAsync);
+  both.chunk_elems = 4;  // two chunks, on consecutive slots: one on each server
+  for (auto& client : w) ASSERT_TRUE(client->Declare(both).ok());
+  std::vector<float> ones(8, 1.0f);
+  ASSERT_TRUE(w[2]->PushDense("leave-w", ones, 6).wait().ok());
+  EXPECT_EQ(restart(1), (std::map<int, int64_t>{{2, 7}}));
+  ASSERT_TRUE(w[2]->PushDense("leave-w", ones, 7).wait().ok());
+  EXPECT_TRUE(restart(1).empty());
+  std::thread t1([&] { EXPECT_TRUE(w[1]->Barrier().ok()); });
+  std::thread t2([&] { EXPECT_TRUE(w[2]->Barrier().ok()); });
+  EXPECT_TRUE(w[0]->Barrier().ok());  // all three meet
+  t1.join();
+  t2.join();
+}
+
 // A pull held for a step is placed by the map it came with: a hand-over waits for the step.
 TEST(PlacementVersions, AHandOverIsRefusedWhileAPullWaitsForItsStep) {
   TempDir dir("placement-held");

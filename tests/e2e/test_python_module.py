@@ -408,15 +408,29 @@ class PythonModuleTest(unittest.TestCase):
                 c1.close()
 
     def test_a_worker_that_leaves_is_waited_for_by_no_step_and_no_barrier(self):
-        # Three sync workers' clients; worker 2 pushes step 0 and leaves: step 1 closes with the
-        # other two's gradients, and their barrier completes without it.
+        # Three sync workers' clients; worker 2 pushes step 0 and leaves (asked of server 0, 1.26):
+        # step 1 closes with the other two's gradients, and their barrier completes without it.
         with Servers(1, extra_args=["--num-workers", "3"]) as s:
             cs = [ferry.Client(s.endpoints, rank=r, num_workers=3, request_timeout=60) for r in range(3)]
             for c in cs:
                 c.declare_dense("w", (4,), lr=1.0, consistency="sync")
             for r, c in enumerate(cs):
                 c.push_dense("w", np.full(4, r, np.float32), step=0).wait()
-            cs[2].leave()
+            # 1.26: its leave is asked of server 0 and handed to all three at a barrier that takes
+            # moves; it leaves before step 1, which a later process of worker 1 hears.
+            with self.assertRaises(ValueError):
+                ferry.ask_move(s.endpoints[0], join=0, leave_worker=2)
+            ferry.ask_move(s.endpoints[0], leave_worker=2)
+            got = [None] * 3
+            ts = [threading.Thread(target=lambda r=r: got.__setitem__(r, cs[r].barrier_taking_moves()))
+                  for r in (1, 2)]
+            for t in ts:
+                t.start()
+            got[0] = cs[0].barrier_taking_moves()
+            for t in ts:
+                t.join(60)
+            self.assertEqual(got, [("leave_worker", 2)] * 3)
+            cs[2].leave(at=1)
             for r, c in enumerate(cs[:2]):
                 c.push_dense("w", np.full(4, 3 + r, np.float32), step=1).wait()
             w = cs[0].pull_dense("w", np.empty(4, np.float32), step=2).wait()
@@ -429,6 +443,10 @@ class PythonModuleTest(unittest.TestCase):
             self.assertEqual(errors, [None])
             for c in cs:
                 c.close()
+            # A later process of worker 1 hears of the leave and its step.
+            later = ferry.Client(s.endpoints, rank=1, num_workers=3, request_timeout=60)
+            self.assertEqual(later.workers_left, {2: 1})
+            later.close()
 
     def test_a_worker_that_joins_later_is_waited_for_from_its_step_on(self):
         with Servers(1, extra_args=["--num-workers", "2"]) as s:

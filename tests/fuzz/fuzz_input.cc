@@ -78,6 +78,9 @@ struct HeaderFields {
   int64_t position = 0;
   int move_join = -1, move_drain = -1;  // 1.24 MoveAsk
   bool takes_moves = false;             // 1.24 Barrier
+  int move_leave_worker = -1;           // 1.26 MoveAsk
+  bool leaves = false;                  // 1.18 Finish
+  int64_t leaves_at = -1;               // 1.26 Finish
 };
 
 std::string Header(const HeaderFields& f) {
@@ -132,6 +135,9 @@ std::string Header(const HeaderFields& f) {
   if (f.move_join >= 0) b.add_move_join(f.move_join);
   if (f.move_drain >= 0) b.add_move_drain(f.move_drain);
   if (f.takes_moves) b.add_takes_moves(true);
+  if (f.move_leave_worker >= 0) b.add_move_leave_worker(f.move_leave_worker);
+  if (f.leaves) b.add_leaves(true);
+  if (f.leaves_at >= 0) b.add_leaves_at(f.leaves_at);
   if (f.call != 0) {
     b.add_call(f.call);
     b.add_piece(f.piece);
@@ -335,6 +341,15 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
   h.barrier_id = 0;
   h.takes_moves = true;
   add("barrier_takes_moves", h);
+  // 1.26: a worker's leave asked of server 0 (worker 0: refused, it stays), and a Finish that
+  // leaves before a step.
+  h = make(Kind::MoveAsk);
+  h.move_leave_worker = 0;
+  add("move_ask_leave_worker", h);
+  h = make(Kind::Finish);
+  h.leaves = true;
+  h.leaves_at = 3;
+  add("finish_leaves_at", h);
   return seeds;
 }
 

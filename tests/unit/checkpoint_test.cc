@@ -169,7 +169,9 @@ TEST_F(CheckpointTest, ARecoveryImageRestoresTheShardAndAnyDamageIsRefused) {
         EXPECT_FALSE(t.sparse->steps_taken.Replayed(0, 5));
       }
       for (int64_t i = 0; t.dense && i < t.dense->num_chunks(); ++i) {
-        if (DenseChunk* c = t.dense->chunk(i)) EXPECT_EQ(c->steps_taken.floor, (std::vector<int64_t>{i, 2}));
+        if (DenseChunk* c = t.dense->chunk(i)) {
+          EXPECT_EQ(c->steps_taken.floor, (std::vector<int64_t>{i, 2}));
+        }
       }
     });
   }

@@ -472,8 +472,14 @@ const Flag kFlags[] = {
      "every N steps every worker meets at a barrier to take a move asked of server 0 while the job "
      "runs (the ferry-move tool: join=K or drain=K), and makes it there as a --move-slots move of "
      "that step (0: no asks taken; the servers need a checkpoint folder; a worker restarted at such "
-     "a step makes the others restart too, as at a --move-slots step: keep N well above 1)",
+     "a step makes the others restart too, as at a --move-slots step: keep N well above 1); or a "
+     "worker's leave asked (leave-worker=W), taken as --leave W@STEP+1",
      Int<&O::move_asks_every, 0, INT64_MAX / 2>, Show<&O::move_asks_every>},
+    {"--max-asked-leaves", "N", "recovery",
+     "with --move-asks-every, at most N workers may be asked to leave while the job runs (the "
+     "batch buffers hold N more absent workers' shares of a step); a leave past it is said and not "
+     "made",
+     Int<&O::max_asked_leaves, 0, 65535>, Show<&O::max_asked_leaves>},
     {"--leave", "WORKER@STEP[,...]", "recovery",
      "worker WORKER leaves the job before step STEP and exits; the others train on without it, "
      "splitting its share of each step's examples among them (sync; give every worker the same "

@@ -200,11 +200,29 @@ class WorkerRun final : public TrainingRun {
     const int64_t eval_period =
         options_.eval_every > 0 ? options_.eval_every : options_.eval_each_epoch ? plan_.steps_per_epoch : 0;
     int64_t last_eval = t0_ > 0 ? t0_ - 1 : 0;
+    // A resumed worker takes the leaves the servers know (asked while the job ran, 1.26) as the
+    // workers that saw them take them.
+    if (options_.resume && client_ != nullptr) {
+      for (const auto& [w, at] : client_->workers_left()) {
+        if (LeaveStep(w) >= 0 && LeaveStep(w) <= at) continue;  // (one it knows: --leave)
+        // The others split the leaver's examples from `at` on: one that cannot would read others
+        // than they expect, so it does not train.
+        if (const Status can = CanLeave(w, at, /*asked=*/true); !can.ok()) {
+          return FailedPreconditionError("the servers say worker " + std::to_string(w) + " left the job before step " +
+                                         std::to_string(at) + ", which this worker cannot follow as the others " +
+                                         "did: " + std::string(can.message()) +
+                                         " (resume it with the others' flags: --move-asks-every, --max-asked-leaves)");
+        }
+        asked_leaves_.push_back({w, at});
+        Say("worker " + std::to_string(w) + " left the job before step " + std::to_string(at) +
+            " (the servers say so): its share of each step's examples from then on is the others'");
+      }
+    }
     // --leave: a worker resumed at or after its step (the job's last one included) leaves at once.
-    if (const int64_t leave = options_.LeaveStep(rank_); leave >= 0 && t0_ >= leave) return LeaveJob(t0_);
+    if (const int64_t leave = LeaveStep(rank_); leave >= 0 && t0_ >= leave) return LeaveJob(t0_);
     const int64_t join = options_.JoinStep(rank_);
     for (int64_t t = t0_; t < plan_.total_steps; ++t) {
-      if (const int64_t leave = options_.LeaveStep(rank_); leave >= 0 && t >= leave) return LeaveJob(t);
+      if (const int64_t leave = LeaveStep(rank_); leave >= 0 && t >= leave) return LeaveJob(t);
       // (--join has no backup workers: every worker is at step t; a joiner's pulls began late.)
       const int64_t job_t = t == t0_ ? t0_ : sync_servers_ && join == 0 ? JobStep() + 1 : t;
       if (join > 0 && t == join) {  // its first step: its pulls (an evaluation's too) wait for the step before
@@ -431,12 +449,13 @@ class WorkerRun final : public TrainingRun {
       return Status::Ok();
     }
     if (options_.resume && t == t0_) return Status::Ok();
-    StatusOr<Client::AskedMove> asked = client_->BarrierTakingMoves();
+    StatusOr<Client::AskedMove> asked = client_->BarrierTakingMoves(t);
     if (!asked.ok()) {
       return asked.status().WithContext("waiting for every worker at step " + std::to_string(t) +
                                         " to take a move asked of the servers");
     }
     if (!asked->asked()) return Status::Ok();
+    if (asked->leave_worker >= 0) return TakeAskedLeave(asked->leave_worker, t);
     const TrainerOptions::SlotMove move{t, asked->drain, asked->join};
     const std::string at = "making the move asked (" +
                            (move.join >= 0 ? "server " + std::to_string(move.join) + " to join"
@@ -444,6 +463,81 @@ class WorkerRun final : public TrainingRun {
                            ") at step " + std::to_string(t);
     if (rank_ == 0) FERRY_RETURN_IF_ERROR(MoveSlots(move, t, at, /*asked=*/true));
     return client_->Barrier().WithContext("waiting for worker 0 " + at);
+  }
+
+  // A worker's leave asked of server 0 while the job runs (1.26, MaybeTakeAskedMove at step t):
+  // every worker got the same answer at the same barrier, so each takes it as a --leave W@t+1 (W
+  // trains step t, then leaves; the others read its share of each step's examples from t + 1 on).
+  // One this job cannot follow (not every table sync, ...) is said and not made, by every worker
+  // alike (they share the options the checks read).
+  Status TakeAskedLeave(int w, int64_t t) {
+    const int64_t at = t + 1;
+    if (const int64_t l = LeaveStep(w); l >= 0 && l <= at) {
+      Say("worker " + std::to_string(w) + "'s leave asked at step " + std::to_string(t) + ": it leaves before step " +
+          std::to_string(l) + " already");
+      return Status::Ok();
+    }
+    if (const Status can = CanLeave(w, at, /*asked=*/true); !can.ok()) {
+      Say("warning: not making worker " + std::to_string(w) + "'s leave asked at step " + std::to_string(t) + ": " +
+          std::string(can.message()) + "; the job trains on with it");
+      return Status::Ok();
+    }
+    asked_leaves_.push_back({w, at});
+    Say("worker " + std::to_string(w) + " leaves the job before step " + std::to_string(at) +
+        " (asked of server 0): " + (w == rank_ ? "this worker" : "the others read its share of each step's examples"));
+    Json f = {{"step", t}, {"worker", w}, {"leaves_at", at}};
+    Event("leave_asked", std::move(f));
+    return Status::Ok();
+  }
+
+  // Why the job cannot make worker `w` leave before step `at` (as --leave W@AT's checks; `asked`:
+  // one more leave asked, which the batch buffers must have room for), or OK.
+  Status CanLeave(int w, int64_t at, bool asked) const {
+    if (w <= 0 || w >= num_workers_) {
+      return InvalidArgumentError("worker " + std::to_string(w) + " is not one of workers 1 to " +
+                                  std::to_string(num_workers_ - 1) + " (worker 0 takes part in every step)");
+    }
+    if (client_ == nullptr || !all_sync_) {
+      return FailedPreconditionError("a leave needs every table sync (a sync step is what waits for a worker)");
+    }
+    if (plan_.streamed) {
+      return FailedPreconditionError("a streamed training set cannot hand an absent worker's share to the others");
+    }
+    if (options_.backup_workers > 0) {
+      return FailedPreconditionError("not with --backup-workers (a step's quorum would count a worker absent from it)");
+    }
+    if (at >= plan_.total_steps) {
+      return FailedPreconditionError("step " + std::to_string(at) + " is past the job's last (" +
+                                     std::to_string(plan_.total_steps - 1) + ")");
+    }
+    if (const int64_t l = LeaveStep(w); l >= 0 && l <= at) {
+      return FailedPreconditionError("worker " + std::to_string(w) + " leaves before step " + std::to_string(l) +
+                                     " already");
+    }
+    if (asked && (options_.move_asks_every <= 0 ||
+                  static_cast<int64_t>(asked_leaves_.size()) >= options_.max_asked_leaves)) {
+      return FailedPreconditionError(
+          "the batch buffers hold the shares of " +
+          std::to_string(options_.move_asks_every > 0 ? options_.max_asked_leaves : 0) +
+          " worker(s) asked to leave, and " + std::to_string(asked_leaves_.size()) +
+          " did (--max-asked-leaves, with --move-asks-every)");
+    }
+    return Status::Ok();
+  }
+
+  // The step before which worker `w` leaves (--leave, or a leave asked while the job ran,
+  // whichever comes first); -1: it stays.
+  int64_t LeaveStep(int w) const {
+    int64_t step = options_.LeaveStep(w);
+    for (const TrainerOptions::WorkerAt& l : asked_leaves_) {
+      if (l.rank == w && (step < 0 || l.step < step)) step = l.step;
+    }
+    return step;
+  }
+  // Whether worker `w` takes part in step `t` (--join, --leave and the leaves asked).
+  bool TakesPart(int w, int64_t t) const {
+    const int64_t leave = LeaveStep(w);
+    return t >= options_.JoinStep(w) && (leave < 0 || t < leave);
   }
 
   // Worker 0's part of a move (MaybeMoveSlots): the checkpoint of the step, as any other (the
@@ -828,7 +922,7 @@ class WorkerRun final : public TrainingRun {
   std::vector<int> Present(int64_t t) const {
     std::vector<int> present;
     for (int w = 0; w < num_workers_; ++w) {
-      if (options_.TakesPart(w, t)) present.push_back(w);
+      if (TakesPart(w, t)) present.push_back(w);
     }
     return present;
   }
@@ -886,11 +980,15 @@ class WorkerRun final : public TrainingRun {
     lap_.To(&times.compute_s);
     FERRY_RETURN_IF_ERROR(store_->Flush());
     lap_.To(&times.push_s);
-    FERRY_RETURN_IF_ERROR(client_->Leave().WithContext("telling the servers this worker leaves the job"));
+    const int64_t leave = LeaveStep(rank_);  // (a resumed worker leaves at once, past its step: the step it left)
+    FERRY_RETURN_IF_ERROR(
+        client_->Leave(leave >= 0 ? leave : t).WithContext("telling the servers this worker leaves the job"));
     report_.wall_s = Wall();
     report_.examples_per_sec = report_.wall_s > 0 ? static_cast<double>(report_.examples) / report_.wall_s : 0.0;
     report_.progress = store_->progress();
-    Say("left the job before step " + std::to_string(t) + " (--leave): the other workers train on without it");
+    const bool asked = options_.LeaveStep(rank_) < 0 || options_.LeaveStep(rank_) > t;
+    Say("left the job before step " + std::to_string(t) + (asked ? " (asked while the job ran)" : " (--leave)") +
+        ": the other workers train on without it");
     // Its "end" (as every worker's), saying where it left.
     Json f = EndJson(report_.wall_s - times.eval_s);
     f["left_at"] = t;
@@ -1189,6 +1287,9 @@ class WorkerRun final : public TrainingRun {
   std::optional<Clock::time_point> joined_;  // --join: when this worker took its first step
   TableSpec pace_table_;     // --join: what a worker waiting to join pulls each step (WaitToJoin)
   std::vector<float> pace_;  // ... into here
+  // 1.26: the leaves asked of server 0 while the job ran (TakeAskedLeave), and those the servers
+  // said at a resumed worker's handshake; with --leave, what LeaveStep and TakesPart read.
+  std::vector<TrainerOptions::WorkerAt> asked_leaves_;
   // --leave: the epoch orders of the workers that left, by rank (with the epoch each is of).
   std::map<int, std::pair<int64_t, std::vector<int64_t>>> left_orders_;
   // The logging window: the steps since the last progress line.

@@ -643,16 +643,18 @@ class PyClient {
   }
 
   // None, or ("join", K) / ("drain", K): the move asked of server 0 that this barrier hands over.
-  py::object BarrierTakingMoves() {
+  py::object BarrierTakingMoves(int64_t step) {
     ferry::Client::AskedMove asked;
-    Blocking([&asked](ferry::Client& c) -> ferry::Status {
-      FERRY_ASSIGN_OR_RETURN(asked, c.BarrierTakingMoves());
+    Blocking([&asked, step](ferry::Client& c) -> ferry::Status {
+      FERRY_ASSIGN_OR_RETURN(asked, c.BarrierTakingMoves(step));
       return ferry::Status::Ok();
     });
     if (!asked.asked()) return py::none();
+    if (asked.leave_worker >= 0) return py::make_tuple("leave_worker", asked.leave_worker);
     return py::make_tuple(asked.join >= 0 ? "join" : "drain", asked.join >= 0 ? asked.join : asked.drain);
   }
 
+  std::map<int, int64_t> WorkersLeft() { return client().workers_left(); }
   uint64_t placement_version() { return client().placement_version(); }
   std::vector<int> ServersInJob() { return client().servers_in_job(); }
   py::array_t<uint16_t> PlacementOwners() {
@@ -718,8 +720,8 @@ class PyClient {
     Blocking([](ferry::Client& c) { return c.Finish(); });
   }
 
-  void Leave() {
-    Blocking([](ferry::Client& c) { return c.Leave(); });
+  void Leave(int64_t at) {
+    Blocking([at](ferry::Client& c) { return c.Leave(at); });
   }
 
   std::map<std::string, int64_t> ServerCounters(int server) {
@@ -989,20 +991,27 @@ PYBIND11_MODULE(_ferry, m) {
           "[(name, grad, out)].")
       .def("sparse_dim", &PyClient::SparseDim, py::arg("table"), "The row width of a sparse table declared here.")
       .def("barrier", &PyClient::Barrier)
-      .def("barrier_taking_moves", &PyClient::BarrierTakingMoves,
+      .def("barrier_taking_moves", &PyClient::BarrierTakingMoves, py::arg("step") = -1,
            "A barrier at which the workers take the move asked of server 0 since (ferry.ask_move; servers of\n"
            "protocol 1.24): every worker must call it (not barrier) for server 0 to hand the move over, and\n"
            "each then gets the same answer: None, or ('join', K) / ('drain', K), the move to make now (worker\n"
-           "0: checkpoint, then move_slots with placement_owners changed so; the others wait at a barrier).")
+           "0: checkpoint, then move_slots with placement_owners changed so; the others wait at a barrier), or\n"
+           "('leave_worker', W) (1.26): worker W leaves after this step (it calls leave(at=the next step)).\n"
+           "step (1.26): the step every worker is at, which a leave handed over here is kept with.")
       .def("all_reduce_sum", &PyClient::AllReduceSum, py::arg("values"))
       .def("advance_clock", &PyClient::AdvanceClock, py::arg("clock"), py::arg("wait") = true,
            "Advances this worker's clock to `clock` on every server (ssp). wait=False: returns its Handle at "
            "once (a later request of this client reaches each server after it).")
       .def("finish", &PyClient::Finish)
-      .def("leave", &PyClient::Leave,
+      .def("leave", &PyClient::Leave, py::arg("at") = -1,
            "Leaves the job while the other workers train on (servers of protocol 1.18): as finish(), and no "
            "barrier or all_reduce_sum waits for this worker any more. Call it between steps, with no push in "
-           "flight.")
+           "flight. at (1.26): the first step it takes no part in, which the servers tell workers that connect "
+           "later (workers_left).")
+      .def_property_readonly(
+          "workers_left", &PyClient::WorkersLeft,
+          "{rank: step}: the workers that had left the job when this client connected, each with the step it "
+          "left before (protocol 1.26; leaves whose step was not said are not listed).")
       .def("checkpoint", &PyClient::Checkpoint, py::arg("step"),
            "Has every server save its shard of every table as of `step` in its checkpoint folder\n"
            "(ferry-ps --checkpoint-dir), then server 0 write the manifest; returns once it exists.\n"
@@ -1133,14 +1142,16 @@ PYBIND11_MODULE(_ferry, m) {
   m.def(
       "ask_move",
       [](const std::string& server0, std::optional<int> join, std::optional<int> drain, int rank,
-         std::optional<std::string> curve_keys, double timeout_s) {
+         std::optional<std::string> curve_keys, double timeout_s, std::optional<int> leave_worker) {
         ferry::AskMoveOptions o;
         o.server0 = server0;
-        if (join.has_value() == drain.has_value() || (join && *join < 0) || (drain && *drain < 0)) {
-          throw py::value_error("ask_move: give one server rank, join=K or drain=K");
+        if (join.has_value() + drain.has_value() + leave_worker.has_value() != 1 || (join && *join < 0) ||
+            (drain && *drain < 0) || (leave_worker && *leave_worker < 0)) {
+          throw py::value_error("ask_move: give one server rank, join=K or drain=K, or one worker, leave_worker=W");
         }
         o.join = join.value_or(-1);
         o.drain = drain.value_or(-1);
+        o.leave_worker = leave_worker.value_or(-1);
         o.rank = rank;
         if (!(timeout_s > 0)) throw py::value_error("ask_move: timeout_s must be positive");
         o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -1158,11 +1169,13 @@ PYBIND11_MODULE(_ferry, m) {
       },
       py::arg("server0"), py::kw_only(), py::arg("join") = py::none(), py::arg("drain") = py::none(),
       py::arg("rank") = 0, py::arg("curve_keys") = py::none(), py::arg("timeout_s") = 10.0,
+      py::arg("leave_worker") = py::none(),
       "Asks a running job (server 0 at the endpoint server0; protocol 1.24) to make server `join` join or\n"
-      "server `drain` leave: server 0 checks it against its map, keeps it (one at a time) and hands it to\n"
-      "the workers at their next barrier_taking_moves (ferry-trainer --move-asks-every). With CURVE, the\n"
-      "job's key folder and a worker's rank. ferry.Error: refused (FAILED_PRECONDITION: one is kept\n"
-      "already, or the map cannot make that move) or no answer within timeout_s (DEADLINE_EXCEEDED).");
+      "server `drain` leave, or (1.26) worker `leave_worker` leave the job: server 0 checks it, keeps it\n"
+      "(one at a time) and hands it to the workers at their next barrier_taking_moves (ferry-trainer\n"
+      "--move-asks-every). With CURVE, the job's key folder and a worker's rank. ferry.Error: refused\n"
+      "(FAILED_PRECONDITION: one is kept already, the map cannot make that move, or the worker has left)\n"
+      "or no answer within timeout_s (DEADLINE_EXCEEDED).");
   m.def("dedup", &Dedup, py::arg("tables"),
         "dedup([ids, ...]) -> ([distinct ids per table], rows): each table's distinct ids in order of first "
         "appearance, and for every id, in order, the row of its distinct id counted over all tables (table t's "

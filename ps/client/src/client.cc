@@ -177,6 +177,30 @@ class ClientImpl final : public Client {
         // 1.17: the map the server places by; server 0's at the handshake whatever its version (1.20:
         // a job's first map may give slots to some of its servers alone, ferry-ps --active-servers).
         AdoptFrom(s, reply, /*even_same_version=*/s == 0 && reply.minor() >= wire::kMembersSinceMinor);
+        // 1.26: the workers that left, with their steps (each server that saw the leave knows it;
+        // a replacement server may not: the union).
+        if (reply.left_ranks() != nullptr || reply.left_at() != nullptr) {
+          const auto* ranks = reply.left_ranks();
+          const auto* at = reply.left_at();
+          if (ranks == nullptr || at == nullptr || ranks->size() != at->size()) {
+            return DataLossError("server " + std::to_string(s) + "'s Hello reply lists workers that left (" +
+                                 std::to_string(ranks ? ranks->size() : 0) + ") and their steps (" +
+                                 std::to_string(at ? at->size() : 0) + ") unpaired");
+          }
+          MutexLock lock(&left_mu_);
+          for (flatbuffers::uoffset_t i = 0; i < ranks->size(); ++i) {
+            const int w = ranks->Get(i);
+            const int64_t step = at->Get(i);
+            if (w < 0 || w >= options_.num_workers || step < 0 || step > kMaxLeaveStep) {
+              return DataLossError("server " + std::to_string(s) + "'s Hello reply says worker " + std::to_string(w) +
+                                   " left before step " + std::to_string(step) + ": no such worker or step");
+            }
+            // (servers that disagree: a leave handed over is noted by server 0 before the
+            // leaver's Finish says the step to all; the earliest stands)
+            auto [it, fresh] = workers_left_.try_emplace(w, step);
+            if (!fresh) it->second = std::min(it->second, step);
+          }
+        }
         if (s == 0) {
           restored_step_.store(reply.version());
           first_collective_.store(reply.next_collective());
@@ -1137,13 +1161,15 @@ class ClientImpl final : public Client {
 
   // One header-only request of `kind` (with `step`) to every server, all in flight together.
   // (1.20: every server of this client's map, PROTOCOL.md "Servers joining and leaving".)
-  Handle ToEveryServer(Kind kind, int64_t step, bool leaves = false) {
+  // (`leaves`: a Finish that leaves the job, before step `leaves_at` where that is 0 or more.)
+  Handle ToEveryServer(Kind kind, int64_t step, bool leaves = false, int64_t leaves_at = -1) {
     auto op = engine_.NewOp();
     for (const int s : Members(*GreetedMap())) {
       flatbuffers::FlatBufferBuilder fbb(96);
       auto h = engine_.BeginHeader(fbb, kind);
       h.add_step(step);
       if (leaves) h.add_leaves(true);
+      if (leaves && leaves_at >= 0) h.add_leaves_at(leaves_at);
       engine_.Submit(op, s, kind, engine_.FinishHeader(fbb, h), {}, nullptr, options_.request_timeout);
     }
     return Handle(op);
@@ -1153,7 +1179,7 @@ class ClientImpl final : public Client {
 
   Status Finish() override { return ToEveryServer(Kind::Finish, 0).wait(); }
 
-  Status Leave() override {
+  Status Leave(int64_t at) override {
     for (const int s : Members()) {
       if (engine_.minor(s) < wire::kLeavesSinceMinor) {
         return FailedPreconditionError("Leave: server " + std::to_string(s) + " speaks protocol 1." +
@@ -1162,34 +1188,45 @@ class ClientImpl final : public Client {
                                        "1.18); upgrade the servers");
       }
     }
-    return ToEveryServer(Kind::Finish, 0, /*leaves=*/true).wait();
+    if (at < -1 || at > kMaxLeaveStep) {
+      return InvalidArgumentError("Leave: step " + std::to_string(at) + " is outside [0, 2^62]");
+    }
+    return ToEveryServer(Kind::Finish, 0, /*leaves=*/true, at).wait();
   }
 
   Status Barrier() override { return EnterBarrier(false); }
   Status StartBarrier() override { return EnterBarrier(true); }
-  StatusOr<AskedMove> BarrierTakingMoves() override {
+  StatusOr<AskedMove> BarrierTakingMoves(int64_t step) override {
+    if (step < -1 || step > kMaxLeaveStep) {
+      return InvalidArgumentError("BarrierTakingMoves: step " + std::to_string(step) + " is outside [0, 2^62]");
+    }
     auto asked = std::make_shared<AskedMove>();
-    FERRY_RETURN_IF_ERROR(EnterBarrier(false, asked));
+    FERRY_RETURN_IF_ERROR(EnterBarrier(false, asked, step));
     return *asked;
   }
-  // `asked`: the barrier takes moves (1.24), and the reply's asked move goes there.
-  Status EnterBarrier(bool start, const std::shared_ptr<AskedMove>& asked = nullptr) {
+  // `asked`: the barrier takes moves (1.24), and the reply's asked move goes there; `step` (1.26,
+  // -1 none): the step the workers are at.
+  Status EnterBarrier(bool start, const std::shared_ptr<AskedMove>& asked = nullptr, int64_t step = -1) {
     auto op = engine_.NewOp();
     flatbuffers::FlatBufferBuilder fbb(96);
     auto h = engine_.BeginHeader(fbb, Kind::Barrier);
     h.add_barrier_id(barrier_generation_.fetch_add(1));
     if (start) h.add_start(true);
+    if (step >= 0) h.add_step(step);
     OnReply on_reply;
     if (asked) {
       h.add_takes_moves(true);
       const int servers = num_servers();
-      on_reply = [asked, servers](const Header& reply, Frames&) -> Status {
-        const int join = reply.move_join(), drain = reply.move_drain();
-        if (join < -1 || drain < -1 || join >= servers || drain >= servers || (join >= 0 && drain >= 0)) {
-          return DataLossError("server 0's barrier hands over a move of no server of the job (join " +
-                               std::to_string(join) + ", drain " + std::to_string(drain) + ")");
+      const int workers = options_.num_workers;
+      on_reply = [asked, servers, workers](const Header& reply, Frames&) -> Status {
+        const int join = reply.move_join(), drain = reply.move_drain(), leave = reply.move_leave_worker();
+        if (join < -1 || drain < -1 || join >= servers || drain >= servers || leave < -1 || leave == 0 ||
+            leave >= workers || (join >= 0) + (drain >= 0) + (leave >= 0) > 1) {
+          return DataLossError("server 0's barrier hands over a move of no server or worker of the job (join " +
+                               std::to_string(join) + ", drain " + std::to_string(drain) + ", worker to leave " +
+                               std::to_string(leave) + ")");
         }
-        *asked = AskedMove{join, drain};
+        *asked = AskedMove{join, drain, leave};
         return Status::Ok();
       };
     }
@@ -1231,6 +1268,10 @@ class ClientImpl final : public Client {
     return some_server_before_1_11_.load() ? -1 : 0;
   }
   int64_t first_collective() const override { return first_collective_.load(); }
+  std::map<int, int64_t> workers_left() const override {
+    MutexLock lock(&left_mu_);
+    return workers_left_;
+  }
 
   Handle SaveCheckpoint(int64_t step, std::span<CheckpointShard> shards) override {
     auto op = engine_.NewOp();
@@ -1356,6 +1397,10 @@ class ClientImpl final : public Client {
   std::atomic<int64_t> values_saturated_{0};
   std::atomic<uint64_t> next_call_{1};        // ids of push calls in pieces (1.10), never 0
   std::atomic<int64_t> first_collective_{0};  // server 0's next collective id at the handshake
+  // 1.26: the workers that had left, by rank, with the step each left before (the Hello replies).
+  mutable Mutex left_mu_;
+  std::map<int, int64_t> workers_left_ ABSL_GUARDED_BY(left_mu_);
+  static constexpr int64_t kMaxLeaveStep = int64_t{1} << 62;
   std::atomic<int64_t> last_committed_{-1};   // the step of the newest checkpoint this client committed
   // The servers this client has said Hello to (1.20: a server that joins the job later is greeted
   // when a map first names it), and the newest map whose servers it has greeted all.
@@ -1419,8 +1464,9 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 
 Status AskMove(const AskMoveOptions& o) {
   const std::string where = "asking server 0 (" + o.server0 + ") for a move";
-  if ((o.join >= 0) == (o.drain >= 0) || o.join < -1 || o.drain < -1) {
-    return InvalidArgumentError(where + ": name one server, to join or to drain");
+  if ((o.join >= 0) + (o.drain >= 0) + (o.leave_worker >= 0) != 1 || o.join < -1 || o.drain < -1 ||
+      o.leave_worker < -1) {
+    return InvalidArgumentError(where + ": name one server, to join or to drain, or one worker to leave");
   }
   if (o.server0.starts_with("inproc://") && !o.context) {
     return InvalidArgumentError(where + ": an inproc:// endpoint needs the servers' Context");
@@ -1443,6 +1489,7 @@ Status AskMove(const AskMoveOptions& o) {
   b.add_request_id(1);
   if (o.join >= 0) b.add_move_join(o.join);
   if (o.drain >= 0) b.add_move_drain(o.drain);
+  if (o.leave_worker >= 0) b.add_move_leave_worker(o.leave_worker);
   wire::FinishHeaderBuffer(fbb, b.Finish());
   Frames frames;
   frames.push_back(wire::ToFrame(fbb));
@@ -1476,7 +1523,12 @@ Status AskMove(const AskMoveOptions& o) {
     if (h->kind() == Kind::Error && (h->request_id() == 0 || h->request_id() == 1)) {
       const std::string old =
           " (a server before protocol 1." + std::to_string(wire::kMoveAsksSinceMinor) + " does not know MoveAsk)";
-      return wire::ErrorStatus(*h).WithContext(where + (h->request_id() == 0 ? old : ""));
+      // A server of 1.24 or 1.25 reads no worker in it, and so no move.
+      const std::string no_leaves = " (server 0 speaks protocol 1." + std::to_string(h->minor()) +
+                                    ": a worker's leave is asked of 1." + std::to_string(wire::kAskedLeavesSinceMinor) +
+                                    " and later)";
+      const bool before_leaves = o.leave_worker >= 0 && h->minor() < wire::kAskedLeavesSinceMinor;
+      return wire::ErrorStatus(*h).WithContext(where + (h->request_id() == 0 ? old : before_leaves ? no_leaves : ""));
     }
     if (h->request_id() != 1 || h->request_kind() != Kind::MoveAsk) continue;  // (not ours)
     return Status::Ok();

@@ -1,15 +1,17 @@
 // ferry-move: asks a running job to move the servers' slots (protocol 1.24, ferry::AskMove):
 // server 0 keeps the ask and hands it to the workers at their next move check (ferry-trainer
 // --move-asks-every N), where worker 0 checkpoints and makes server K join (a fair share of the
-// slots, taken from the others) or drains it (its slots to the others), as a --move-slots move.
+// slots, taken from the others) or drains it (its slots to the others), as a --move-slots move;
+// or (protocol 1.26) where worker W leaves the job after that step, the others reading its share
+// of each later step's examples, as a --leave.
 //
-//   ferry-move --server EP0 join=K|drain=K [--curve-keys DIR [--rank R]] [--timeout-s S]
+//   ferry-move --server EP0 join=K|drain=K|leave-worker=W [--curve-keys DIR [--rank R]] [--timeout-s S]
 //
 // EP0 is server 0's endpoint (tcp://host:port). With CURVE, a worker key of the job's key folder
 // (--rank R, default 0): whoever holds one may ask (a reader's may not). The job says when it made
-// the move (worker 0's "moved N slots" line; server 0's log says it handed the ask over).
-// Exit status: 0 server 0 keeps the ask, 1 it refused it (one is kept already, the map cannot make
-// that move, ...) or did not answer, 2 bad usage.
+// the move (worker 0's "moved N slots" line, worker W's "left the job" line; server 0's log says it
+// handed the ask over). Exit status: 0 server 0 keeps the ask, 1 it refused it (one is kept
+// already, the map cannot make that move, the worker has left, ...) or did not answer, 2 bad usage.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,7 +25,9 @@ namespace {
 
 int Usage(const std::string& why, std::FILE* to = stderr) {
   if (!why.empty()) std::fprintf(to, "ferry-move: %s\n", why.c_str());
-  std::fputs("usage: ferry-move --server EP0 join=K|drain=K [--curve-keys DIR [--rank R]] [--timeout-s S]\n", to);
+  std::fputs("usage: ferry-move --server EP0 join=K|drain=K|leave-worker=W [--curve-keys DIR [--rank R]] "
+             "[--timeout-s S]\n",
+             to);
   return 2;
 }
 
@@ -40,7 +44,7 @@ int main(int argc, char** argv) {
   ferry::AskMoveOptions options;
   std::string keys;
   long long rank = 0, timeout_s = 10, target = -1;
-  bool join = false;
+  std::string what;  // join, drain or leave-worker
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     const bool has_value = i + 1 < argc;
@@ -57,19 +61,20 @@ int main(int argc, char** argv) {
       if (!ParseInt(argv[++i], 1, 3600, &timeout_s)) {
         return Usage("--timeout-s: '" + std::string(argv[i]) + "' is not 1 to 3600 seconds");
       }
-    } else if (a.starts_with("join=") || a.starts_with("drain=")) {
+    } else if (a.starts_with("join=") || a.starts_with("drain=") || a.starts_with("leave-worker=")) {
       if (target >= 0) return Usage("one move at a time: '" + std::string(a) + "' is a second");
-      join = a.starts_with("join=");
-      if (!ParseInt(a.substr(join ? 5 : 6), 0, 65535, &target)) {
-        return Usage("'" + std::string(a) + "': K is a server rank (0 to 65535)");
+      what = std::string(a.substr(0, a.find('=')));
+      if (!ParseInt(a.substr(what.size() + 1), 0, 65535, &target)) {
+        return Usage("'" + std::string(a) + "': " + (what == "leave-worker" ? "W is a worker" : "K is a server") +
+                     " rank (0 to 65535)");
       }
     } else {
       return Usage("unknown or incomplete argument '" + std::string(a) + "'");
     }
   }
   if (options.server0.empty()) return Usage("--server (server 0's endpoint) is required");
-  if (target < 0) return Usage("name the move: join=K or drain=K");
-  (join ? options.join : options.drain) = static_cast<int>(target);
+  if (target < 0) return Usage("name the move: join=K, drain=K or leave-worker=W");
+  (what == "join" ? options.join : what == "drain" ? options.drain : options.leave_worker) = static_cast<int>(target);
   options.rank = static_cast<int>(rank);
   options.timeout = std::chrono::seconds(timeout_s);
   if (!keys.empty()) {
@@ -85,6 +90,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("ferry-move: server 0 keeps the ask (%s %lld); the workers make it at their next move check\n",
-              join ? "join" : "drain", target);
+              what.c_str(), target);
   return 0;
 }

@@ -454,17 +454,21 @@ class ServerImpl final : public Server {
   // MoveAsk (1.24), to server 0: keeps the asked move (a server to join or drain, checked against
   // the map held here) until a Barrier that takes moves hands it to the workers (Complete).
   Status OnMoveAsk(Request& req);
-  // A move asked by a MoveAsk (1.24): a server to join, or one to drain.
+  // A move asked by a MoveAsk (1.24): a server to join, or one to drain; 1.26: or a worker to
+  // leave the job.
   struct AskedMove {
     int join = -1;
     int drain = -1;
+    int leave_worker = -1;
     Clock::time_point at;
     std::string What() const {
-      return join >= 0 ? "server " + std::to_string(join) + " to join"
-                       : "server " + std::to_string(drain) + " to leave (drained)";
+      return join >= 0    ? "server " + std::to_string(join) + " to join"
+             : drain >= 0 ? "server " + std::to_string(drain) + " to leave (drained)"
+                          : "worker " + std::to_string(leave_worker) + " to leave the job";
     }
   };
-  // OK when the map held here can make `asked` (Placement::Grow or Drain), else why not.
+  // OK when the map held here can make `asked` (Placement::Grow or Drain), or the worker it asks
+  // to leave takes part in the job, else why not.
   Status AskedMoveFits(const AskedMove& asked) const;
   // OK where this server's slots can move (a Placement or a MoveAsk): not while it keeps replicas.
   Status MovesPossible() const;

@@ -57,6 +57,8 @@ class Workers {
     d = std::max(d, step + 1);
     pushed_[static_cast<size_t>(rank)] = true;
     trained_[static_cast<size_t>(rank)] = true;
+    // A push at or past the step it left before: the rank takes part again (a new process).
+    if (auto& l = left_at_[static_cast<size_t>(rank)]; l >= 0 && step >= l) l = -1;
   }
   // Whether `rank` is training: it pushed (Did) since its last Hello (Join), and has not finished.
   bool training(int rank) const {
@@ -77,13 +79,25 @@ class Workers {
   // The worker has ended its training: it is no longer waited for.
   void Finish(int rank) { SetFinished(rank, true); }
   // The worker has left the job while it trains (1.18, Finish's `leaves`): finished, and out of
-  // the job's collectives too, until its rank says Hello again.
-  void Leave(int rank) {
+  // the job's collectives too, until its rank says Hello again. `at` (1.26, Finish's `leaves_at`):
+  // the first step it takes no part in (LeavingAt); -1 not said.
+  void Leave(int rank, int64_t at = -1) {
     SetFinished(rank, true);
     left_[static_cast<size_t>(rank)] = true;
+    if (at >= 0) left_at_[static_cast<size_t>(rank)] = at;
   }
   bool left(int rank) const {
     return rank >= 0 && static_cast<size_t>(rank) < left_.size() && left_[static_cast<size_t>(rank)];
+  }
+  // 1.26: the worker leaves (or left) the job before step `at`: its Finish said so (Leave), or
+  // server 0 handed the workers its leave asked at step at - 1 (before its Finish comes). Kept,
+  // for the Hello replies (left_at), until a push of the rank at or past `at` is taken (Did: a new
+  // process takes part again), not cleared by a Hello: a worker restarted before or after the
+  // leaver's new process says Hello hears the same.
+  void LeavingAt(int rank, int64_t at) { left_at_[static_cast<size_t>(rank)] = at; }
+  // The step `rank` leaves or left before, as LeavingAt; -1: none known.
+  int64_t left_at(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < left_at_.size() ? left_at_[static_cast<size_t>(rank)] : -1;
   }
   // Per rank: whether it takes part in the job's collectives (it has not left).
   std::vector<bool> TakingPart() const;
@@ -157,6 +171,7 @@ class Workers {
   std::vector<bool> finished_;   // per rank: sent Finish (and no Hello since)
   int num_finished_ = 0;         // the true entries of finished_
   std::vector<bool> left_;       // per rank: left the job (Leave; and no Hello since)
+  std::vector<int64_t> left_at_;  // per rank: the step it leaves or left before (LeavingAt; -1 none)
   std::vector<int64_t> joins_at_;  // per rank: the first sync step it takes part in (its last Hello's)
   int num_joining_ = 0;            // ranks whose joins_at_ is above 0
   std::vector<int64_t> clocks_;  // per rank (ssp)

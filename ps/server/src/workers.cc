@@ -13,6 +13,7 @@ Status Workers::SetCount(int num_workers) {
   clocks_.assign(static_cast<size_t>(count_), 0);
   finished_.assign(static_cast<size_t>(count_), false);
   left_.assign(static_cast<size_t>(count_), false);
+  left_at_.assign(static_cast<size_t>(count_), -1);
   joins_at_.assign(static_cast<size_t>(count_), 0);
   promised_ms_.assign(static_cast<size_t>(count_), 0);
   incarnations_.assign(static_cast<size_t>(count_), 0);

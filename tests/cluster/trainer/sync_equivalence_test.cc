@@ -15,6 +15,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <mutex>
 #include <string>
@@ -200,6 +201,69 @@ TEST(AsyncPipeline, PushByLayerGivesOneWorkerTheBitsOfTheWholePush) {
     EXPECT_NE(traces[0][0], traces[0][8]);
     EXPECT_GT(messages[1], messages[0]);
   }
+}
+
+// A worker's leave asked of server 0 while the job runs (protocol 1.26, --move-asks-every) is made
+// as the same leave given up front (--leave 2@5): worker 2 trains steps 0-4, the others read its
+// share of every step from step 5, and the job's parameters are those of the job told so from the
+// start, bit for bit, step by step. 3 workers, 2 servers, Adam; the ask is made before the job
+// starts and handed over at the first check (step 4), so the leave is before step 5.
+TEST(Membership, AWorkersLeaveAskedWhileTheJobRunsGivesTheBitsOfTheSameLeaveGivenUpFront) {
+  const data::ImageDataset train = test::MakeImages(72, kDataSeed);
+  const Datasets ds{&train, nullptr};
+  test::Trace traces[2];
+  int64_t steps_of_2[2] = {0, 0}, examples_of_0[2] = {0, 0};
+  for (const bool asked : {false, true}) {
+    SCOPED_TRACE(asked ? "asked of server 0" : "--leave 2@5");
+    auto cluster = ferry::test::LocalCluster::Start(2);
+    TrainerOptions o = BaseOptions(OptimizerType::kAdam, 0.01f, 10);
+    o.batch = 4;
+    o.move_asks_every = 4;
+    if (asked) {
+      AskMoveOptions a;
+      a.server0 = cluster.endpoints[0];
+      a.context = cluster.context;
+      a.leave_worker = 2;
+      ASSERT_TRUE(AskMove(a).ok());
+    } else {
+      o.leave = {{2, 5}};
+    }
+    const auto runs = test::RunWorkers(cluster, 3, o, ds, /*record=*/true);
+    for (const auto& r : runs) ASSERT_TRUE(r.report.ok()) << r.report.status();
+    EXPECT_EQ(runs[0].trace, runs[1].trace);
+    traces[asked] = runs[0].trace;
+    steps_of_2[asked] = runs[2].report->steps;
+    examples_of_0[asked] = runs[0].report->examples;
+    if (!asked) continue;
+    // Workers resumed into the job (at its end) hear of the leave from the servers: 0 and 1 take
+    // it as the others did, and worker 2's new process, at or past its step, leaves at once.
+    std::FILE* out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    o.resume = true;
+    const auto resumed = test::RunWorkers(cluster, 3, o, ds, false, out);
+    for (const auto& r : resumed) ASSERT_TRUE(r.report.ok()) << r.report.status();
+    EXPECT_EQ(resumed[2].report->steps, 0);
+    std::string said(static_cast<size_t>(std::ftell(out)), '\0');
+    std::rewind(out);
+    said.resize(std::fread(said.data(), 1, said.size(), out));
+    std::fclose(out);
+    for (const int w : {0, 1}) {
+      EXPECT_NE(said.find("[worker " + std::to_string(w) +
+                          "] worker 2 left the job before step 5 (the servers say so)"),
+                std::string::npos)
+          << said;
+    }
+    EXPECT_NE(said.find("[worker 2] left the job before step 10 (asked while the job ran)"), std::string::npos)
+        << said;
+  }
+  EXPECT_EQ(steps_of_2[0], 5);
+  EXPECT_EQ(steps_of_2[1], 5);
+  // Worker 0 read its 4 a step, and half of worker 2's 4 from step 5 on.
+  EXPECT_EQ(examples_of_0[0], 10 * 4 + 5 * 2);
+  EXPECT_EQ(examples_of_0[1], examples_of_0[0]);
+  ASSERT_EQ(traces[0].size(), 11u);  // steps 0..9 and the final parameters
+  for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[1][t], traces[0][t]) << "step " << t;
+  EXPECT_NE(traces[0][0], traces[0][10]);
 }
 
 // Every example is used once per epoch across the workers, whatever N, B and M: the epoch's

@@ -57,8 +57,13 @@ inline constexpr uint16_t kMajor = 1;
 // of server 0 while the job runs, handed to the workers by a Barrier that `takes_moves`); 1.25: a
 // checkpoint's replay floors by table (ShardFile's `table_steps`), and the workers' steps a server
 // reports are those it holds whole (a step of which it took one table's push and not another's is
-// not done)
-inline constexpr uint16_t kMinor = 25;
+// not done); 1.26: a worker's leave asked while the job runs (MoveAsk's and the Barrier reply's
+// `move_leave_worker`), the step a worker leaves before (Finish's `leaves_at`), and the workers that
+// leave or left with their steps in every Hello reply (`left_ranks`, `left_at`)
+inline constexpr uint16_t kMinor = 26;
+// The first minor whose server 0 takes a worker's leave asked (MoveAsk's `move_leave_worker`) and
+// keeps the step each worker left before.
+inline constexpr uint16_t kAskedLeavesSinceMinor = 26;
 // The first minor whose clients carry each shard's `table_steps` from the Checkpoint reply to the
 // CommitCheckpoint (a server answers an earlier client's Checkpoint with the steps of before).
 inline constexpr uint16_t kTableStepsSinceMinor = 25;

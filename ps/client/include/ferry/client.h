@@ -306,8 +306,10 @@ class Client {
   // 1.18): as Finish, and besides no barrier or AllReduceSum waits for it any more (one waiting
   // only for it completes now). The worker's pushes sent before it are applied first. Call it
   // between steps, with no push in flight; a new Client of the same rank takes part again.
-  // FAILED_PRECONDITION, nothing sent, when a server is older than 1.18.
-  virtual Status Leave() = 0;
+  // FAILED_PRECONDITION, nothing sent, when a server is older than 1.18. `at` (1.26): the first
+  // step it takes no part in, which the servers keep and tell the workers that connect later
+  // (workers_left); -1: not said.
+  virtual Status Leave(int64_t at = -1) = 0;
   // Waits until every worker has entered the barrier (bounded by the request timeout).
   virtual Status Barrier() = 0;
   // The job's start: a Barrier that also says this worker has not trained yet (it begins at
@@ -319,17 +321,21 @@ class Client {
   // server before 1.12 takes it as a Barrier.
   virtual Status StartBarrier() = 0;
   // A move asked of the job while it runs (protocol 1.24, AskMove below): a server to join it
-  // (`join`) or to drain (`drain`); -1 both when none was asked.
+  // (`join`) or to drain (`drain`), or (1.26) a worker to leave the job (`leave_worker`); -1 each
+  // when none was asked.
   struct AskedMove {
     int join = -1;
     int drain = -1;
-    bool asked() const { return join >= 0 || drain >= 0; }
+    int leave_worker = -1;
+    bool asked() const { return join >= 0 || drain >= 0 || leave_worker >= 0; }
   };
   // A Barrier at which the workers take the move asked of server 0 since the last one (AskMove):
   // server 0 hands it to every worker at once, when all of them entered this barrier (not a
   // plain one), and forgets it; the workers then make it together (ferry-trainer
-  // --move-asks-every). None when nothing was asked, or server 0 is before 1.24.
-  virtual StatusOr<AskedMove> BarrierTakingMoves() = 0;
+  // --move-asks-every). None when nothing was asked, or server 0 is before 1.24. `step` (1.26):
+  // the step every worker is at (the same for all; -1 not said): a worker's leave handed over
+  // here is before step + 1, which server 0 then tells workers that connect (workers_left).
+  virtual StatusOr<AskedMove> BarrierTakingMoves(int64_t step = -1) = 0;
   // A barrier that also adds up: every worker passes the same number of values and gets back
   // their element-wise sum over all workers, added in rank order on server 0 (so every worker,
   // and every run, gets the same bits). Barriers and AllReduceSums share one sequence: every
@@ -375,6 +381,11 @@ class Client {
   // a client that joins a job in progress (a restarted worker continues the sequence the others
   // are in), or on servers an earlier job used.
   virtual int64_t first_collective() const = 0;
+  // The workers that had left the job when this client connected, with the step each left
+  // before (its Leave's `at`), by rank, as the servers said in the handshake (protocol 1.26; the
+  // leaves whose step was not said are not listed). A restarted worker reads the shares of those
+  // workers from their steps on, as the workers that saw them leave do.
+  virtual std::map<int, int64_t> workers_left() const = 0;
 
   // One server's counters (messages, bad_messages, staleness_<k>, ...). With `digests` (a server
   // of 1.21 or later; PROTOCOL.md "Replicas"), also "digest:<table>" for each table it holds and,
@@ -434,15 +445,18 @@ class Client {
 // Asks a running job to move slots (protocol 1.24, MoveAsk; PROTOCOL.md "Moves asked while the
 // job runs"): server 0 at `server0` (its endpoint) keeps the ask, checked against the map it holds,
 // and hands it to the workers at their next BarrierTakingMoves; they then make server `join` join
-// (a fair share of the slots) or server `drain` leave (its slots to the others). Exactly one of
-// `join`, `drain` is a server rank, the other -1. With CURVE, `curve` holds a worker key of the
-// job and `rank` that worker's rank (readers may not ask). Answered at once: OK once server 0
-// keeps the ask; FAILED_PRECONDITION when one is kept already or the map cannot make that move;
-// DEADLINE_EXCEEDED when server 0 does not answer within `timeout`.
+// (a fair share of the slots) or server `drain` leave (its slots to the others), or (1.26) worker
+// `leave_worker` leave the job after that step (its share of each later step's examples to the
+// others). Exactly one of `join`, `drain`, `leave_worker` is a rank, the others -1. With CURVE,
+// `curve` holds a worker key of the job and `rank` that worker's rank (readers may not ask).
+// Answered at once: OK once server 0 keeps the ask; FAILED_PRECONDITION when one is kept already,
+// the map cannot make that move or the worker has left; DEADLINE_EXCEEDED when server 0 does not
+// answer within `timeout`.
 struct AskMoveOptions {
   std::string server0;
   int join = -1;
   int drain = -1;
+  int leave_worker = -1;
   int rank = 0;
   std::optional<CurveClientKeys> curve;
   std::chrono::milliseconds timeout{10000};

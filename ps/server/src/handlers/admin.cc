@@ -121,9 +121,21 @@ Status ServerImpl::OnHello(Request& req) {
   // 1.22: the same process, to a replacement: what its peers said of it stays (finished, left).
   const bool rejoins = h.rejoins() && h.rank() >= 0 && h.rank() < workers_.count();
   const bool was_finished = rejoins && workers_.finished(h.rank()), was_left = rejoins && workers_.left(h.rank());
+  const int64_t left_at = was_left ? workers_.left_at(h.rank()) : -1;
+  // 1.26: the workers that leave or left with a known step, for the reply (a restarted worker
+  // reads their shares of each step from it on, as the workers that saw the leave do; a new
+  // process of a worker that left learns it did).
+  std::vector<int32_t> left_ranks;
+  std::vector<int64_t> left_at_steps;
+  for (int w = 0; w < workers_.count(); ++w) {
+    if (const int64_t at = workers_.left_at(w); at >= 0) {
+      left_ranks.push_back(w);
+      left_at_steps.push_back(at);
+    }
+  }
   FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers(), h.incarnation(), h.joins_at()));
   if (was_left) {
-    workers_.Leave(h.rank());
+    workers_.Leave(h.rank(), left_at);
   } else if (was_finished) {
     workers_.Finish(h.rank());
   }
@@ -184,7 +196,13 @@ Status ServerImpl::OnHello(Request& req) {
   // from, and (server 0) the id the next collective takes.
   flatbuffers::FlatBufferBuilder fbb(12 * 1024);
   auto owners = PlacementVector(fbb);  // 1.17: the map requests are placed by (10 KiB)
+  const auto left_ranks_vec = left_ranks.empty() ? 0 : fbb.CreateVector(left_ranks);
+  const auto left_at_vec = left_ranks.empty() ? 0 : fbb.CreateVector(left_at_steps);
   wire::HeaderBuilder b = BeginReply(fbb, Kind::Hello, h.request_id());
+  if (!left_ranks.empty()) {
+    b.add_left_ranks(left_ranks_vec);
+    b.add_left_at(left_at_vec);
+  }
   b.add_placement_version(tables_.placement().version());
   b.add_placement(owners);
   b.add_version(std::max<int64_t>(restored_step_, 0));

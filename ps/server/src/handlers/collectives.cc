@@ -19,8 +19,13 @@ Status ServerImpl::OnFinish(Request& req) {
   // 1.18: a worker that leaves the job while it trains is out of its collectives too; the ones
   // that now have every worker that takes part complete.
   const bool leaves = req.h()->leaves();
+  const int64_t leaves_at = req.h()->leaves_at();  // 1.26: the first step it takes no part in
+  if (leaves && (leaves_at < -1 || leaves_at > ps::kMaxStep)) {
+    return InvalidArgumentError("Finish: leaves_at " + std::to_string(leaves_at) +
+                                " is outside [0, 2^62] (or -1: not said)");
+  }
   if (leaves) {
-    workers_.Leave(rank);
+    workers_.Leave(rank, leaves_at);
   } else {
     workers_.Finish(rank);
   }
@@ -88,7 +93,20 @@ void ServerImpl::Complete(std::vector<Request>& group) {
   // here: the map is the one they will move from.)
   const bool all_take_moves = std::ranges::all_of(group, [](Request& r) { return r.h()->takes_moves(); });
   if (asked_move_ && all_take_moves) {
-    if (const Status fits = AskedMoveFits(*asked_move_); !fits.ok()) {
+    Status fits = AskedMoveFits(*asked_move_);
+    // 1.26: a worker's leave goes only to workers that know the field (an older one would train
+    // on, or read no share of the leaver's examples, while the others take it).
+    if (fits.ok() && asked_move_->leave_worker >= 0) {
+      for (Request& r : group) {
+        if (r.h()->minor() < wire::kAskedLeavesSinceMinor) {
+          fits = FailedPreconditionError("worker " + std::to_string(r.h()->rank()) + " speaks protocol 1." +
+                                         std::to_string(r.h()->minor()) + ", which does not know a leave asked (1." +
+                                         std::to_string(wire::kAskedLeavesSinceMinor) + ")");
+          break;
+        }
+      }
+    }
+    if (!fits.ok()) {
       std::fprintf(stderr, "ferry-ps 0: dropped the move asked (%s): %s\n", asked_move_->What().c_str(),
                    fits.message().c_str());
       asked_move_.reset();
@@ -103,8 +121,17 @@ void ServerImpl::Complete(std::vector<Request>& group) {
     wire::HeaderBuilder b = BeginReply(fbb, Kind::Barrier, r.h()->request_id());
     if (asked_move_->join >= 0) b.add_move_join(asked_move_->join);
     if (asked_move_->drain >= 0) b.add_move_drain(asked_move_->drain);
+    if (asked_move_->leave_worker >= 0) b.add_move_leave_worker(asked_move_->leave_worker);
     wire::FinishHeaderBuffer(fbb, b.Finish());
     Send(r, wire::ToFrame(fbb));
+  }
+  // 1.26: a leave handed over at step T (every worker's barrier says it) is before T + 1: kept
+  // for the Hello replies from now on, so a worker restarted before the leaver's Finish comes
+  // hears of it too.
+  const int64_t at = group[0].h()->step();
+  if (asked_move_->leave_worker >= 0 && at > 0 &&
+      std::ranges::all_of(group, [at](Request& r) { return r.h()->step() == at; })) {
+    workers_.LeavingAt(asked_move_->leave_worker, at + 1);
   }
   std::fprintf(stderr, "ferry-ps 0: handed the move asked (%s) to the %zu workers at a barrier\n",
                asked_move_->What().c_str(), group.size());

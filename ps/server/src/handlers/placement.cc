@@ -50,6 +50,20 @@ Status ServerImpl::SamePlacement(const Header& h) const {
 }
 
 Status ServerImpl::AskedMoveFits(const AskedMove& asked) const {
+  if (asked.leave_worker >= 0) {
+    const int w = asked.leave_worker;
+    if (workers_.count() > 0 && w >= workers_.count()) {  // (asked before the count was known)
+      return FailedPreconditionError("cannot ask for " + asked.What() + ": the job's workers are 0 to " +
+                                     std::to_string(workers_.count() - 1));
+    }
+    if (workers_.count() > 0 && workers_.left(w)) {
+      return FailedPreconditionError("cannot ask for " + asked.What() + ": it has left already");
+    }
+    if (workers_.count() > 0 && workers_.finished(w)) {
+      return FailedPreconditionError("cannot ask for " + asked.What() + ": it has finished its training");
+    }
+    return Status::Ok();
+  }
   const placement::Placement& map = tables_.placement();
   StatusOr<placement::Placement> next = asked.join >= 0 ? map.Grow(asked.join) : map.Drain(asked.drain);
   if (next.ok()) return Status::Ok();
@@ -71,17 +85,30 @@ Status ServerImpl::OnMoveAsk(Request& req) {
   }
   const int join = h.move_join();
   const int drain = h.move_drain();
-  if ((join >= 0) == (drain >= 0) || join < -1 || drain < -1) {
-    return InvalidArgumentError("a MoveAsk names one server, to join (move_join) or to drain (move_drain); it names " +
-                                std::to_string(join) + " to join and " + std::to_string(drain) + " to drain");
+  const int leave = h.move_leave_worker();  // 1.26
+  if ((join >= 0) + (drain >= 0) + (leave >= 0) != 1 || join < -1 || drain < -1 || leave < -1) {
+    return InvalidArgumentError(
+        "a MoveAsk names one server, to join (move_join) or to drain (move_drain), or one worker to leave "
+        "(move_leave_worker); it names " +
+        std::to_string(join) + " to join, " + std::to_string(drain) + " to drain and worker " + std::to_string(leave) +
+        " to leave");
   }
-  const int target = std::max(join, drain);
-  if (target >= options_.num_servers) {
+  if (leave >= 0) {
+    // Worker 0 checkpoints, moves the slots and reports: it stays (as for ferry-trainer --leave).
+    const int workers = workers_.count() > 0 ? workers_.count() : options_.num_workers;
+    if (leave == 0 || (workers > 0 && leave >= workers)) {
+      return InvalidArgumentError("a MoveAsk asks worker " + std::to_string(leave) + " to leave; " +
+                                  (workers > 0 ? "the job's workers are 0 to " + std::to_string(workers - 1) + ", and "
+                                               : std::string()) +
+                                  "worker 0 stays (it checkpoints and reports)");
+    }
+  } else if (const int target = std::max(join, drain); target >= options_.num_servers) {
     return InvalidArgumentError("a MoveAsk names server " + std::to_string(target) + "; the job has " +
                                 std::to_string(options_.num_servers) + " servers (0 to " +
                                 std::to_string(options_.num_servers - 1) + ")");
+  } else {
+    FERRY_RETURN_IF_ERROR(MovesPossible());
   }
-  FERRY_RETURN_IF_ERROR(MovesPossible());
   if (asked_move_) {
     return FailedPreconditionError(
         "a move is asked already (" + asked_move_->What() + ", " +
@@ -90,7 +117,7 @@ Status ServerImpl::OnMoveAsk(Request& req) {
         "ferry-trainer --move-asks-every); ask again once it is made");
   }
   // Checked against the map now, and again when a barrier would hand it over (Complete).
-  const AskedMove asked{join, drain, Clock::now()};
+  const AskedMove asked{join, drain, leave, Clock::now()};
   FERRY_RETURN_IF_ERROR(AskedMoveFits(asked));
   asked_move_ = asked;
   std::fprintf(stderr, "ferry-ps 0: asked for %s; the workers take it at their next move check\n",

@@ -172,6 +172,10 @@ struct TrainerOptions {
   // AskMove; protocol 1.24), and when one was, they make it there as a --move-slots move of that
   // step. 0: moves are not asked for.
   int64_t move_asks_every = 0;
+  // --max-asked-leaves N (1.26): with --move-asks-every, how many workers may be asked to leave
+  // while the job runs (ferry-move leave-worker=W): the batch buffers are sized for that many
+  // more absent workers' shares, and a leave past it is said and not made. 0: none.
+  int64_t max_asked_leaves = 1;
   // The move whose hand-over the servers should read the checkpoint of `step` ahead for (protocol
   // 1.19; worker 0, once that checkpoint is committed, at step `now`, having taken
   // `seconds_per_step` a step so far): the first move after `step`, unless another checkpoint is

@@ -491,7 +491,8 @@ class WorkerRun final : public TrainingRun {
   }
 
   // Why the job cannot make worker `w` leave before step `at` (as --leave W@AT's checks; `asked`:
-  // one more leave asked, which the batch buffers must have room for), or OK.
+  // one more leave asked, which the batch buffers must have room for), or OK. (Its callers pass
+  // over a leave the worker makes already, at or before `at`.)
   Status CanLeave(int w, int64_t at, bool asked) const {
     if (w <= 0 || w >= num_workers_) {
       return InvalidArgumentError("worker " + std::to_string(w) + " is not one of workers 1 to " +
@@ -509,10 +510,6 @@ class WorkerRun final : public TrainingRun {
     if (at >= plan_.total_steps) {
       return FailedPreconditionError("step " + std::to_string(at) + " is past the job's last (" +
                                      std::to_string(plan_.total_steps - 1) + ")");
-    }
-    if (const int64_t l = LeaveStep(w); l >= 0 && l <= at) {
-      return FailedPreconditionError("worker " + std::to_string(w) + " leaves before step " + std::to_string(l) +
-                                     " already");
     }
     if (asked && (options_.move_asks_every <= 0 ||
                   static_cast<int64_t>(asked_leaves_.size()) >= options_.max_asked_leaves)) {

@@ -121,7 +121,6 @@ Status ServerImpl::OnHello(Request& req) {
   // 1.22: the same process, to a replacement: what its peers said of it stays (finished, left).
   const bool rejoins = h.rejoins() && h.rank() >= 0 && h.rank() < workers_.count();
   const bool was_finished = rejoins && workers_.finished(h.rank()), was_left = rejoins && workers_.left(h.rank());
-  const int64_t left_at = was_left ? workers_.left_at(h.rank()) : -1;
   // 1.26: the workers that leave or left with a known step, for the reply (a restarted worker
   // reads their shares of each step from it on, as the workers that saw the leave do; a new
   // process of a worker that left learns it did).
@@ -135,7 +134,7 @@ Status ServerImpl::OnHello(Request& req) {
   }
   FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers(), h.incarnation(), h.joins_at()));
   if (was_left) {
-    workers_.Leave(h.rank(), left_at);
+    workers_.Leave(h.rank());  // (its step, left_at, stays: a Hello does not clear it)
   } else if (was_finished) {
     workers_.Finish(h.rank());
   }

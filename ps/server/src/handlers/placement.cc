@@ -52,14 +52,13 @@ Status ServerImpl::SamePlacement(const Header& h) const {
 Status ServerImpl::AskedMoveFits(const AskedMove& asked) const {
   if (asked.leave_worker >= 0) {
     const int w = asked.leave_worker;
-    if (workers_.count() > 0 && w >= workers_.count()) {  // (asked before the count was known)
+    if (workers_.count() == 0) return Status::Ok();  // (no worker yet: checked again at the hand-over)
+    if (w >= workers_.count()) {  // (asked before the count was known)
       return FailedPreconditionError("cannot ask for " + asked.What() + ": the job's workers are 0 to " +
                                      std::to_string(workers_.count() - 1));
     }
-    if (workers_.count() > 0 && workers_.left(w)) {
-      return FailedPreconditionError("cannot ask for " + asked.What() + ": it has left already");
-    }
-    if (workers_.count() > 0 && workers_.finished(w)) {
+    if (workers_.left(w)) return FailedPreconditionError("cannot ask for " + asked.What() + ": it has left already");
+    if (workers_.finished(w)) {
       return FailedPreconditionError("cannot ask for " + asked.What() + ": it has finished its training");
     }
     return Status::Ok();

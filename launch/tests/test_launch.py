@@ -1675,6 +1675,61 @@ class WorkerLeaveTest(unittest.TestCase):
         self.assertEqual([(e["left_at"], e["examples"]) for e in ends], [(at, sum(read(s, False) for s in range(at)))],
                          out)
 
+    def test_a_worker_that_left_joins_again_while_the_job_runs(self):
+        """Protocol 1.27: worker 2's leave is asked (ferry-move), it leaves after a check step and
+        exits 0; then a new ferry-trainer process of it, started by hand with the job's flags and
+        --resume --rejoin, asks server 0 to take it back, and joins at the step after the next
+        check (--move-asks-every 5): from there it trains, and the other two read its share no
+        more, so each example is still read once an epoch. Worker 1 straggles by 300 ms a step, so
+        that the job is still running when the new process comes."""
+        r = Run(self.argv("rejoin", straggler="1:300ms", leave=("--move-asks-every", "5")))
+        back = None
+        try:
+            r.wait_for(r"^\[worker 0\] step \d+/40", timeout=120)  # training
+            ends = listening(r.output)
+            move = [os.path.join(BUILD_DIR, "bin", "ferry-move"), "--server", ends["ps 0"]]
+            asked = subprocess.run(move + ["leave-worker=2"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(asked.returncode, 0, asked.stdout + asked.stderr)
+            r.wait_for(r"ferry-launch: worker 2 finished \(exit status 0\)", timeout=120)
+            argv = self.argv("rejoin", straggler="1:300ms", leave=("--move-asks-every", "5"))
+            trainer = argv[argv.index("--") + 1:]
+            trainer[trainer.index("--metrics-out") + 1] = os.path.join(self.dir, "rejoin-back.jsonl")
+            back = subprocess.Popen([os.path.join(BUILD_DIR, "bin", "ferry-trainer"), "--servers",
+                                     ",".join(ends[f"ps {i}"] for i in range(2)), "--rank", "2", "--num-workers", "3",
+                                     "--checkpoint-every", "5", "--incarnation", "1", "--resume", "--rejoin", *trainer],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            said, _ = back.communicate(timeout=180)
+            self.assertEqual(back.returncode, 0, said)
+            rc = r.finish(180)
+        finally:
+            r.kill_if_running()
+            if back is not None and back.poll() is None:
+                back.kill()
+                back.wait()
+        out = r.output
+        self.assertEqual(rc, 0, out)
+        at = int(re.search(r"(?m)^\[worker 2\] left the job before step (\d+) \(asked while the job ran\)", out)
+                 .group(1))
+        joined = re.search(r"(?m)^\[worker 2\] joins the job again at step (\d+) \(handed at the move check of "
+                           r"step \d+\)$", said)
+        self.assertTrue(joined, said)
+        again = int(joined.group(1))
+        self.assertEqual((at % 5, again % 5), (1, 1), out + said)
+        self.assertGreater(again, at)
+        for rank in (0, 1):
+            self.assertRegex(out, rf"(?m)^\[worker {rank}\] worker 2 joins the job again at step {again} \(asked "
+                                  r"of server 0\)")
+        self.assert_all_gone(out)
+        def read(step, absent):  # as in the leave test above
+            return (8 if step == 31 else 32) * (3 if absent else 2) // 2
+        want = sum(read(s, at <= s < again) for s in range(40))
+        for rank in (0, 1):
+            ends = [e for e in self.events("rejoin", rank) if e["event"] == "end"]
+            self.assertEqual([e["examples"] for e in ends], [want], out)
+        ends = [e for e in self.events("rejoin", "back") if e["event"] == "end"]
+        self.assertEqual([(e["first_step"], e["examples"]) for e in ends],
+                         [(again, sum(read(s, False) for s in range(again, 40)))], said)
+
 
 class WorkerJoinTest(unittest.TestCase):
     """Issue 38 (protocol 1.18, a worker joining a job in progress) with the real binaries under

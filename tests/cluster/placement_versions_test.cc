@@ -630,6 +630,149 @@ TEST(PlacementVersions, AWorkersLeaveAskedWhileTheJobRunsIsHandedOverAndItsStepT
   t2.join();
 }
 
+// 1.27: a worker that left joins again while the job runs. Its new process says in its Hello
+// that it waits (refused for a worker that has not left), asks server 0 until a barrier that
+// takes moves hands its join (step T), and then tells every server it takes part from T + 1: no
+// sync step before waits for it, the step T + 1 waits for it on every server, the workers meet it
+// at a second barrier, and a worker restarted in between hears of the join.
+TEST(PlacementVersions, AWorkerThatLeftJoinsAgainWhenServer0HandsItsJoinAndEveryServerWaitsForIt) {
+  constexpr int kThree = 3;
+  TempDir dir("placement-rejoin");
+  auto c = LocalCluster::Start(2, /*tcp=*/true, WithFolder(dir.path(), kThree));
+  std::vector<std::unique_ptr<Client>> w;
+  for (int r = 0; r < kThree; ++r) w.push_back(c.Connect(r, kThree));
+  TableSpec sync = SgdTable("rejoin-w", 8, Consistency::kSync);
+  sync.chunk_elems = 4;  // two chunks, on consecutive slots: one on each server
+  for (auto& client : w) ASSERT_TRUE(client->Declare(sync).ok());
+  ClientOptions waits;
+  waits.servers = c.endpoints;
+  waits.rank = 2;
+  waits.num_workers = kThree;
+  waits.incarnation = 1;
+  waits.waits_to_rejoin = true;
+  {
+    auto refused = Client::Connect(waits);  // worker 2 has not left
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();
+    EXPECT_NE(refused.status().message().find("it has not left the job"), std::string::npos) << refused.status();
+  }
+  auto ask = [&] {
+    AskMoveOptions a;
+    a.server0 = c.endpoints[0];
+    a.rejoin_worker = 2;
+    a.timeout = 20s;
+    return AskMove(a);
+  };
+  Status s = ask();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("no process of it waits"), std::string::npos) << s;
+  ASSERT_TRUE(w[2]->Leave(0).ok());
+  w[2].reset();
+  auto joined = Client::Connect(waits);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  w[2] = std::move(joined).value();
+  ASSERT_TRUE(w[2]->Declare(sync).ok());
+  std::vector<float> ones(8, 1.0f);
+  s = w[2]->PushDense("rejoin-w", ones, 0).wait();  // no step waits for it, nor takes its push
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  // Steps 0-8 close with workers 0 and 1, and their barriers go on without worker 2.
+  for (int64_t t = 0; t < 9; ++t) {
+    auto a = w[0]->PushDense("rejoin-w", ones, t);
+    ASSERT_TRUE(w[1]->PushDense("rejoin-w", ones, t).wait().ok());
+    ASSERT_TRUE(a.wait().ok());
+  }
+  {
+    std::thread t1([&] { EXPECT_TRUE(w[1]->Barrier().ok()); });
+    EXPECT_TRUE(w[0]->Barrier().ok());
+    t1.join();
+  }
+  StatusOr<int64_t> at = w[2]->AskToRejoin();
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(*at, 0);  // kept; not handed yet
+  at = w[2]->AskToRejoin();
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(*at, 0);
+  EXPECT_TRUE(ask().ok());  // the same join, asked by another: taken for the one kept
+  std::vector<StatusOr<Client::AskedMove>> got(2, Client::AskedMove{});
+  {
+    std::thread t1([&] { got[1] = w[1]->BarrierTakingMoves(8); });
+    got[0] = w[0]->BarrierTakingMoves(8);
+    t1.join();
+  }
+  for (const auto& g : got) {
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->rejoin_worker, 2);
+    EXPECT_EQ(g->leave_worker, -1);
+  }
+  // A worker restarted now hears of the join, from server 0.
+  w[1].reset();
+  w[1] = c.Connect(1, kThree);
+  ASSERT_TRUE(w[1]->Declare(sync).ok());
+  EXPECT_EQ(w[1]->workers_rejoined(), (std::map<int, int64_t>{{2, 9}}));
+  EXPECT_EQ(w[1]->rejoin_barrier(), w[1]->first_collective());  // the second barrier, not ended: it enters it
+  EXPECT_GE(w[1]->rejoin_barrier(), 0);
+  // Worker 2's next ask gets the step, and its client tells every server; the workers meet it at
+  // the hand-over's second barrier.
+  at = w[2]->AskToRejoin();
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(*at, 9);
+  EXPECT_EQ(w[2]->AskToRejoin().status().code(), StatusCode::kFailedPrecondition);  // joined already
+  {
+    std::thread t1([&] { EXPECT_TRUE(w[1]->Barrier().ok()); });
+    std::thread t2([&] { EXPECT_TRUE(w[2]->Barrier().ok()); });
+    EXPECT_TRUE(w[0]->Barrier().ok());  // all three meet
+    t1.join();
+    t2.join();
+  }
+  // Step 9 waits for worker 2 on both servers (a chunk on each): the pull of step 10 comes once
+  // its push does, and each chunk took its gradient.
+  auto a = w[0]->PushDense("rejoin-w", ones, 9);
+  ASSERT_TRUE(w[1]->PushDense("rejoin-w", ones, 9).wait().ok());
+  ASSERT_TRUE(a.wait().ok());
+  std::vector<float> got_w(8);
+  auto pull = w[0]->PullDense("rejoin-w", got_w, 10);
+  EXPECT_EQ(pull.wait(300ms).code(), StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(w[2]->PushDense("rejoin-w", std::vector<float>(8, 4.0f), 9).wait().ok());
+  ASSERT_TRUE(pull.wait().ok());
+  // Steps 0-8 took 2 gradients of 1 each, step 9 three: 1, 1 and 4 (SGD, lr 1: the mean gradient).
+  for (const float v : got_w) EXPECT_FLOAT_EQ(v, -9.0f - 2.0f);
+  // Pushed past its step, worker 2 takes part as any other: a worker restarted now hears of no
+  // leave, and of the join (server 0 keeps it: a --leave in the flags, or a server worker 2
+  // pushes nothing to, would otherwise say it is gone), its second barrier ended.
+  w[1].reset();
+  w[1] = c.Connect(1, kThree);
+  EXPECT_EQ(w[1]->workers_rejoined(), (std::map<int, int64_t>{{2, 9}}));
+  EXPECT_TRUE(w[1]->workers_left().empty());
+  EXPECT_EQ(w[1]->rejoin_barrier(), -1);
+}
+
+// A worker waiting to join again is refused once no other worker trains (no check would hand it
+// its join): its asks end rather than go on for ever.
+TEST(PlacementVersions, AWorkerWaitingToJoinAgainIsRefusedOnceTheOthersHaveFinished) {
+  TempDir dir("placement-rejoin-late");
+  auto c = LocalCluster::Start(1, /*tcp=*/true, WithFolder(dir.path(), 2));
+  auto w0 = c.Connect(0, 2);
+  {
+    auto w1 = c.Connect(1, 2);
+    ASSERT_TRUE(w1->Leave(0).ok());
+  }
+  ClientOptions waits;
+  waits.servers = c.endpoints;
+  waits.rank = 1;
+  waits.num_workers = 2;
+  waits.incarnation = 1;
+  waits.waits_to_rejoin = true;
+  auto w1 = Client::Connect(waits);
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  StatusOr<int64_t> at = (*w1)->AskToRejoin();
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(*at, 0);
+  ASSERT_TRUE(w0->Finish().ok());
+  at = (*w1)->AskToRejoin();
+  EXPECT_EQ(at.status().code(), StatusCode::kFailedPrecondition) << at.status();
+  EXPECT_NE(at.status().message().find("every other worker has finished"), std::string::npos) << at.status();
+}
+
 // A pull held for a step is placed by the map it came with: a hand-over waits for the step.
 TEST(PlacementVersions, AHandOverIsRefusedWhileAPullWaitsForItsStep) {
   TempDir dir("placement-held");

@@ -81,6 +81,8 @@ struct HeaderFields {
   int move_leave_worker = -1;           // 1.26 MoveAsk
   bool leaves = false;                  // 1.18 Finish
   int64_t leaves_at = -1;               // 1.26 Finish
+  int move_rejoin_worker = -1;          // 1.27 MoveAsk
+  int64_t joins_at = 0;                 // 1.18 Hello (1.27: wire::kWaitsToRejoin)
 };
 
 std::string Header(const HeaderFields& f) {
@@ -138,6 +140,8 @@ std::string Header(const HeaderFields& f) {
   if (f.move_leave_worker >= 0) b.add_move_leave_worker(f.move_leave_worker);
   if (f.leaves) b.add_leaves(true);
   if (f.leaves_at >= 0) b.add_leaves_at(f.leaves_at);
+  if (f.move_rejoin_worker >= 0) b.add_move_rejoin_worker(f.move_rejoin_worker);
+  if (f.joins_at != 0) b.add_joins_at(f.joins_at);
   if (f.call != 0) {
     b.add_call(f.call);
     b.add_piece(f.piece);
@@ -350,6 +354,15 @@ std::vector<std::pair<std::string, std::vector<std::string>>> SeedMessages() {
   h.leaves = true;
   h.leaves_at = 3;
   add("finish_leaves_at", h);
+  // 1.27: a worker's join again asked of server 0 (no process of it waits: refused), and a Hello
+  // of one that waits to join again (it has not left: refused).
+  h = make(Kind::MoveAsk);
+  h.move_rejoin_worker = 1;
+  add("move_ask_rejoin_worker", h);
+  h = make(Kind::Hello);
+  h.hello = true;
+  h.joins_at = wire::kWaitsToRejoin;
+  add("hello_waits_to_rejoin", h);
   return seeds;
 }
 

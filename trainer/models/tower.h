@@ -176,11 +176,16 @@ struct Tower {
 // shard, trainer.h), and with --leave or --join a part of each absent worker's step too
 // (data::StepBatch: at most ceil(slice / the workers present) of a slice of at most kB + 1). With
 // --move-asks-every, --max-asked-leaves more (1.26: leaves asked while the job runs); worker 0 stays.
-inline int64_t MaxBatch(const TrainerOptions& o) {
-  const int64_t step = o.batch * o.accumulate + 1;
-  const auto absent = std::min<int64_t>(
+// The absent workers a step's batch buffers hold the shares of: --leave's and --join's, and
+// --max-asked-leaves more with --move-asks-every; worker 0 is never absent.
+inline int64_t MaxAbsent(const TrainerOptions& o) {
+  return std::min<int64_t>(
       std::max<int64_t>(o.num_workers - 1, 0),
       static_cast<int64_t>(o.leave.size() + o.join.size()) + (o.move_asks_every > 0 ? o.max_asked_leaves : 0));
+}
+inline int64_t MaxBatch(const TrainerOptions& o) {
+  const int64_t step = o.batch * o.accumulate + 1;
+  const int64_t absent = MaxAbsent(o);
   const int64_t present = std::max<int64_t>(1, o.num_workers - absent);
   return std::max(step + absent * ((step + present - 1) / present), kEvalBatch);
 }

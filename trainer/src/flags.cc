@@ -480,6 +480,11 @@ const Flag kFlags[] = {
      "batch buffers hold N more absent workers' shares of a step); a leave past it is said and not "
      "made",
      Int<&O::max_asked_leaves, 0, 65535>, Show<&O::max_asked_leaves>},
+    {"--rejoin", "", "recovery",
+     "with --resume: this is a new process of a worker that left the job (--leave, or a leave "
+     "asked); it asks server 0 to take it back, and joins at the step after the job's next move "
+     "check (--move-asks-every, as the others'); the servers refuse it for a worker that has not left",
+     Switch<&O::rejoin, true>},
     {"--leave", "WORKER@STEP[,...]", "recovery",
      "worker WORKER leaves the job before step STEP and exits; the others train on without it, "
      "splitting its share of each step's examples among them (sync; give every worker the same "

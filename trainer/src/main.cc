@@ -83,6 +83,8 @@ int main(int argc, char** argv) {
     co.incarnation = options.incarnation;
     co.resumes = options.resume;  // it starts at worker_step() (async, ssp) or the job's step (sync)
     co.joins_at = options.JoinStep(options.rank);  // --join: no server waits for it before then
+    co.waits_to_rejoin = options.rejoin;  // --rejoin: nor for this process until its join is handed
+    if (options.rejoin) co.joins_at = 0;  // (server 0 says the step)
     co.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1000));
     // No wait is silent: a step held for a missing worker, a server that does not answer.
     const int rank = options.rank;

@@ -263,6 +263,15 @@ Status TrainerOptions::Validate() const {
         }
       }
     }
+    if (rejoin && (!resume || move_asks_every <= 0 || rank == 0 || backup_workers > 0)) {
+      return InvalidArgumentError(
+          "--rejoin (a new process of a worker that left, joining again) needs --resume and --move-asks-every "
+          "(its join is handed at a move check), a rank above 0 (worker 0 never leaves), and no --backup-workers");
+    }
+    if (rejoin && JoinStep(rank) > 0) {
+      return InvalidArgumentError("--rejoin and --join " + std::to_string(rank) + "@" + std::to_string(JoinStep(rank)) +
+                                  ": the step a worker joins again at is server 0's to say");
+    }
     for (const WorkerAt& j : join) {
       if (const int64_t l = LeaveStep(j.rank); l >= 0 && l <= j.step) {
         return InvalidArgumentError("--join: worker " + std::to_string(j.rank) + " joins at step " +

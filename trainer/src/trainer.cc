@@ -18,6 +18,7 @@
 #include "ferry/messages/placement.h"
 #include "ferry/trainer/model_registry.h"
 #include "ferry/trainer/param_store.h"
+#include "models/tower.h"
 
 namespace ferry::trainer {
 namespace {
@@ -199,30 +200,46 @@ class WorkerRun final : public TrainingRun {
     // pushed for. A resumed worker evaluates where the uninterrupted job would have.
     const int64_t eval_period =
         options_.eval_every > 0 ? options_.eval_every : options_.eval_each_epoch ? plan_.steps_per_epoch : 0;
-    int64_t last_eval = t0_ > 0 ? t0_ - 1 : 0;
-    // A resumed worker takes the leaves the servers know (asked while the job ran, 1.26) as the
-    // workers that saw them take them.
+    // A resumed worker takes the leaves and joins the servers know (asked while the job ran, 1.26
+    // and 1.27) as the workers that saw them take them.
     if (options_.resume && client_ != nullptr) {
       for (const auto& [w, at] : client_->workers_left()) {
-        if (LeaveStep(w) >= 0 && LeaveStep(w) <= at) continue;  // (one it knows: --leave)
+        if (!TakesPart(w, at)) continue;  // (one it knows: --leave)
         // The others split the leaver's examples from `at` on: one that cannot would read others
         // than they expect, so it does not train.
-        if (const Status can = CanLeave(w, at, /*asked=*/true); !can.ok()) {
+        if (const Status can = CanLeave(w, at, /*asked=*/true); !can.ok() && w != rank_) {
           return FailedPreconditionError("the servers say worker " + std::to_string(w) + " left the job before step " +
                                          std::to_string(at) + ", which this worker cannot follow as the others " +
                                          "did: " + std::string(can.message()) +
                                          " (resume it with the others' flags: --move-asks-every, --max-asked-leaves)");
         }
-        asked_leaves_.push_back({w, at});
-        Say("worker " + std::to_string(w) + " left the job before step " + std::to_string(at) +
-            " (the servers say so): its share of each step's examples from then on is the others'");
+        AddChange(w, at, /*present=*/false);
+        if (w != rank_) {
+          Say("worker " + std::to_string(w) + " left the job before step " + std::to_string(at) +
+              " (the servers say so): its share of each step's examples from then on is the others'");
+        }
+      }
+      for (const auto& [w, at] : client_->workers_rejoined()) {
+        if (TakesPart(w, at)) continue;
+        AddChange(w, at, /*present=*/true);
+        Say("worker " + std::to_string(w) + " joins the job again at step " + std::to_string(at) +
+            " (the servers say so): its share of each step's examples from then on is its own");
       }
     }
+    // --rejoin: a new process of a worker that left waits until the job takes it back.
+    if (options_.rejoin && client_ != nullptr) {
+      FERRY_ASSIGN_OR_RETURN(const int64_t at, WaitToRejoin());
+      AddChange(rank_, at, /*present=*/true);
+      store_->JoinAt(at);  // (its pulls until now were of the step it began waiting at)
+      t0_ = report_.first_step = at;
+      rejoined_ = true;
+    }
+    int64_t last_eval = t0_ > 0 ? t0_ - 1 : 0;
     // --leave: a worker resumed at or after its step (the job's last one included) leaves at once.
-    if (const int64_t leave = LeaveStep(rank_); leave >= 0 && t0_ >= leave) return LeaveJob(t0_);
-    const int64_t join = options_.JoinStep(rank_);
+    if (LeftBy(t0_)) return LeaveJob(t0_);
     for (int64_t t = t0_; t < plan_.total_steps; ++t) {
-      if (const int64_t leave = LeaveStep(rank_); leave >= 0 && t >= leave) return LeaveJob(t);
+      if (LeftBy(t)) return LeaveJob(t);
+      const int64_t join = options_.JoinStep(rank_);
       // (--join has no backup workers: every worker is at step t; a joiner's pulls began late.)
       const int64_t job_t = t == t0_ ? t0_ : sync_servers_ && join == 0 ? JobStep() + 1 : t;
       if (join > 0 && t == join) {  // its first step: its pulls (an evaluation's too) wait for the step before
@@ -425,7 +442,7 @@ class WorkerRun final : public TrainingRun {
     for (const TrainerOptions::SlotMove& move : options_.move_slots) {
       if (move.step != t) continue;
       const std::string at = "moving slots at step " + std::to_string(t);
-      if (options_.resume && t == t0_) {
+      if (options_.resume && t == t0_ && !rejoined_) {
         Say("not " + at + ": this worker was restarted at that step (the job trains on without the move)");
         continue;
       }
@@ -448,7 +465,16 @@ class WorkerRun final : public TrainingRun {
     if (std::ranges::any_of(options_.move_slots, [t](const TrainerOptions::SlotMove& m) { return m.step == t; })) {
       return Status::Ok();
     }
-    if (options_.resume && t == t0_) return Status::Ok();
+    if (options_.resume && t == t0_ && !rejoined_) {
+      // 1.27: restarted between a join's hand-over at this step and its second barrier, which the
+      // others wait in (server 0 said so at the handshake): it meets them there.
+      const bool pending = client_->rejoin_barrier() >= 0 && client_->first_collective() == client_->rejoin_barrier() &&
+                           std::ranges::any_of(changes_, [t](const Change& c) { return c.present && c.step == t + 1; });
+      if (!pending) return Status::Ok();
+      Say("meeting the others at the second barrier of a join handed at step " + std::to_string(t));
+      return client_->Barrier().WithContext("waiting for every worker at the hand-over of a join at step " +
+                                            std::to_string(t));
+    }
     StatusOr<Client::AskedMove> asked = client_->BarrierTakingMoves(t);
     if (!asked.ok()) {
       return asked.status().WithContext("waiting for every worker at step " + std::to_string(t) +
@@ -456,6 +482,7 @@ class WorkerRun final : public TrainingRun {
     }
     if (!asked->asked()) return Status::Ok();
     if (asked->leave_worker >= 0) return TakeAskedLeave(asked->leave_worker, t);
+    if (asked->rejoin_worker >= 0) return TakeAskedRejoin(asked->rejoin_worker, t);
     const TrainerOptions::SlotMove move{t, asked->drain, asked->join};
     const std::string at = "making the move asked (" +
                            (move.join >= 0 ? "server " + std::to_string(move.join) + " to join"
@@ -472,9 +499,9 @@ class WorkerRun final : public TrainingRun {
   // alike (they share the options the checks read).
   Status TakeAskedLeave(int w, int64_t t) {
     const int64_t at = t + 1;
-    if (const int64_t l = LeaveStep(w); l >= 0 && l <= at) {
-      Say("worker " + std::to_string(w) + "'s leave asked at step " + std::to_string(t) + ": it leaves before step " +
-          std::to_string(l) + " already");
+    if (!TakesPart(w, at)) {
+      Say("worker " + std::to_string(w) + "'s leave asked at step " + std::to_string(t) +
+          ": it takes no part in step " + std::to_string(at) + " already");
       return Status::Ok();
     }
     if (const Status can = CanLeave(w, at, /*asked=*/true); !can.ok()) {
@@ -482,7 +509,7 @@ class WorkerRun final : public TrainingRun {
           std::string(can.message()) + "; the job trains on with it");
       return Status::Ok();
     }
-    asked_leaves_.push_back({w, at});
+    AddChange(w, at, /*present=*/false);
     Say("worker " + std::to_string(w) + " leaves the job before step " + std::to_string(at) +
         " (asked of server 0): " + (w == rank_ ? "this worker" : "the others read its share of each step's examples"));
     Json f = {{"step", t}, {"worker", w}, {"leaves_at", at}};
@@ -511,30 +538,127 @@ class WorkerRun final : public TrainingRun {
       return FailedPreconditionError("step " + std::to_string(at) + " is past the job's last (" +
                                      std::to_string(plan_.total_steps - 1) + ")");
     }
-    if (asked && (options_.move_asks_every <= 0 ||
-                  static_cast<int64_t>(asked_leaves_.size()) >= options_.max_asked_leaves)) {
-      return FailedPreconditionError(
-          "the batch buffers hold the shares of " +
-          std::to_string(options_.move_asks_every > 0 ? options_.max_asked_leaves : 0) +
-          " worker(s) asked to leave, and " + std::to_string(asked_leaves_.size()) +
-          " did (--max-asked-leaves, with --move-asks-every)");
+    if (asked && options_.move_asks_every <= 0) {
+      return FailedPreconditionError("a leave asked needs --move-asks-every (the batch buffers hold no share for it)");
+    }
+    if (asked) {
+      // The batch buffers hold the shares of as many absent workers as MaxBatch counts: with this
+      // leave, no step from `at` on may have more (they change only at a leave's or a join's step).
+      const int64_t room = models::MaxAbsent(options_);
+      std::vector<int64_t> steps = {at};
+      for (const Change& c : Changes(/*with_options=*/true)) {
+        if (c.step > at) steps.push_back(c.step);
+      }
+      for (const int64_t t : steps) {
+        int64_t absent = 0;
+        for (int v = 0; v < num_workers_; ++v) absent += (v == w || !TakesPart(v, t)) ? 1 : 0;
+        if (absent > room) {
+          return FailedPreconditionError("the batch buffers hold the shares of " + std::to_string(room) +
+                                         " absent worker(s), and with this leave step " + std::to_string(t) +
+                                         " would have " + std::to_string(absent) +
+                                         " (--max-asked-leaves, with --move-asks-every)");
+        }
+      }
     }
     return Status::Ok();
   }
 
-  // The step before which worker `w` leaves (--leave, or a leave asked while the job ran,
-  // whichever comes first); -1: it stays.
-  int64_t LeaveStep(int w) const {
-    int64_t step = options_.LeaveStep(w);
-    for (const TrainerOptions::WorkerAt& l : asked_leaves_) {
-      if (l.rank == w && (step < 0 || l.step < step)) step = l.step;
-    }
-    return step;
+  // Who takes part in which step, beyond the start: each worker's changes of presence, by step
+  // (--join and --leave with `with_options`; the leaves and joins asked while the job ran, and
+  // those the servers said at a resumed worker's handshake).
+  struct Change {
+    int rank = 0;
+    int64_t step = 0;
+    bool present = false;
+  };
+  void AddChange(int w, int64_t step, bool present) {
+    changes_.push_back({w, step, present});
+    std::ranges::stable_sort(changes_, {}, &Change::step);
   }
-  // Whether worker `w` takes part in step `t` (--join, --leave and the leaves asked).
+  std::vector<Change> Changes(bool with_options) const {
+    std::vector<Change> all;
+    if (with_options) {
+      for (const TrainerOptions::WorkerAt& j : options_.join) all.push_back({j.rank, j.step, true});
+      for (const TrainerOptions::WorkerAt& l : options_.leave) all.push_back({l.rank, l.step, false});
+    }
+    all.insert(all.end(), changes_.begin(), changes_.end());
+    std::ranges::stable_sort(all, {}, &Change::step);
+    return all;
+  }
+  // Whether worker `w` takes part in step `t`: from the start unless it joins later (--join),
+  // then as its changes up to `t` say, the latest standing.
   bool TakesPart(int w, int64_t t) const {
-    const int64_t leave = LeaveStep(w);
-    return t >= options_.JoinStep(w) && (leave < 0 || t < leave);
+    bool present = options_.JoinStep(w) == 0;
+    for (const Change& c : Changes(/*with_options=*/true)) {
+      if (c.step > t) break;
+      if (c.rank == w) present = c.present;
+    }
+    return present;
+  }
+  // The step of this worker's latest leave at or before `t`; -1: none.
+  int64_t LastLeave(int64_t t) const {
+    int64_t last = -1;
+    for (const Change& c : Changes(/*with_options=*/true)) {
+      if (c.step > t) break;
+      if (c.rank == rank_ && !c.present) last = c.step;
+    }
+    return last;
+  }
+  // Whether this worker has left the job by step `t`: it takes no part in it, and not because it
+  // joins later (--join, or a join again handed to the job).
+  bool LeftBy(int64_t t) const {
+    if (t < options_.JoinStep(rank_) || TakesPart(rank_, t)) return false;
+    return std::ranges::none_of(changes_, [&](const Change& c) { return c.rank == rank_ && c.present && c.step > t; });
+  }
+
+  // --rejoin (1.27): a new process of a worker that left asks server 0 to take it back, every few
+  // milliseconds (Client::AskToRejoin: server 0 hears it is alive by the asks), until the workers
+  // are handed its join at a move check, step T: it then takes part from T + 1 (every server told,
+  // by the client), and meets the others at the hand-over's second barrier. Says what it waits for
+  // every 10 s; a refusal (the servers know no leave of it, the job's other workers have finished)
+  // ends it.
+  StatusOr<int64_t> WaitToRejoin() {
+    Say("asks server 0 to take it back into the job (--rejoin): it joins at the step after the job's next move "
+        "check (every " + std::to_string(options_.move_asks_every) + " steps)");
+    const Clock::time_point since = Clock::now();
+    Clock::time_point next_say = since + std::chrono::seconds(10);
+    for (;;) {
+      StatusOr<int64_t> at = client_->AskToRejoin();
+      FERRY_RETURN_IF_ERROR(at.status().WithContext("joining the job again (--rejoin)"));
+      if (*at > 0) {
+        lap_.To(&report_.times.wait_s);
+        Say("joins the job again at step " + std::to_string(*at) + " (handed at the move check of step " +
+            std::to_string(*at - 1) + ")");
+        FERRY_RETURN_IF_ERROR(client_->Barrier().WithContext("meeting the others at the hand-over of this worker's "
+                                                             "join at step " + std::to_string(*at - 1)));
+        Json f = {{"step", *at - 1}, {"worker", rank_}, {"joins_at", *at}};
+        Event("rejoin", std::move(f));
+        return *at;
+      }
+      if (const Clock::time_point now = Clock::now(); now >= next_say) {
+        Say("still waiting, after " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - since).count()) +
+            " s, for the job's next move check to take it back (asked of server 0)");
+        next_say = now + std::chrono::seconds(10);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  // A worker's join asked while the job runs (1.27, MaybeTakeAskedMove at step t): its new
+  // process (--rejoin) asked server 0, which handed it to every worker at this barrier and now
+  // counts it in; it takes part from t + 1, and the workers meet it at a second barrier, which it
+  // enters once every server knows its step (before it no push of step t + 1 can reach a server
+  // that would close that step without it).
+  Status TakeAskedRejoin(int w, int64_t t) {
+    const int64_t at = t + 1;
+    AddChange(w, at, /*present=*/true);
+    Say("worker " + std::to_string(w) + " joins the job again at step " + std::to_string(at) +
+        " (asked of server 0): from then on it reads its share of each step's examples");
+    Json f = {{"step", t}, {"worker", w}, {"joins_at", at}};
+    Event("rejoin_asked", std::move(f));
+    return client_->Barrier().WithContext("waiting for worker " + std::to_string(w) +
+                                          " to join the job again at step " + std::to_string(at));
   }
 
   // Worker 0's part of a move (MaybeMoveSlots): the checkpoint of the step, as any other (the
@@ -977,7 +1101,7 @@ class WorkerRun final : public TrainingRun {
     lap_.To(&times.compute_s);
     FERRY_RETURN_IF_ERROR(store_->Flush());
     lap_.To(&times.push_s);
-    const int64_t leave = LeaveStep(rank_);  // (a resumed worker leaves at once, past its step: the step it left)
+    const int64_t leave = LastLeave(t);  // (a resumed worker leaves at once, past its step: the step it left)
     FERRY_RETURN_IF_ERROR(
         client_->Leave(leave >= 0 ? leave : t).WithContext("telling the servers this worker leaves the job"));
     report_.wall_s = Wall();
@@ -1284,9 +1408,11 @@ class WorkerRun final : public TrainingRun {
   std::optional<Clock::time_point> joined_;  // --join: when this worker took its first step
   TableSpec pace_table_;     // --join: what a worker waiting to join pulls each step (WaitToJoin)
   std::vector<float> pace_;  // ... into here
-  // 1.26: the leaves asked of server 0 while the job ran (TakeAskedLeave), and those the servers
-  // said at a resumed worker's handshake; with --leave, what LeaveStep and TakesPart read.
-  std::vector<TrainerOptions::WorkerAt> asked_leaves_;
+  // 1.26, 1.27: the leaves and joins asked of server 0 while the job ran (TakeAskedLeave,
+  // TakeAskedRejoin), and those the servers said at a resumed worker's handshake, by step; with
+  // --leave and --join, what TakesPart reads.
+  std::vector<Change> changes_;
+  bool rejoined_ = false;  // --rejoin: this process joined the job again, at t0_
   // --leave: the epoch orders of the workers that left, by rank (with the epoch each is of).
   std::map<int, std::pair<int64_t, std::vector<int64_t>>> left_orders_;
   // The logging window: the steps since the last progress line.

@@ -651,6 +651,7 @@ class PyClient {
     });
     if (!asked.asked()) return py::none();
     if (asked.leave_worker >= 0) return py::make_tuple("leave_worker", asked.leave_worker);
+    if (asked.rejoin_worker >= 0) return py::make_tuple("rejoin_worker", asked.rejoin_worker);
     return py::make_tuple(asked.join >= 0 ? "join" : "drain", asked.join >= 0 ? asked.join : asked.drain);
   }
 
@@ -996,7 +997,9 @@ PYBIND11_MODULE(_ferry, m) {
            "protocol 1.24): every worker must call it (not barrier) for server 0 to hand the move over, and\n"
            "each then gets the same answer: None, or ('join', K) / ('drain', K), the move to make now (worker\n"
            "0: checkpoint, then move_slots with placement_owners changed so; the others wait at a barrier), or\n"
-           "('leave_worker', W) (1.26): worker W leaves after this step (it calls leave(at=the next step)).\n"
+           "('leave_worker', W) (1.26): worker W leaves after this step (it calls leave(at=the next step)), or\n"
+           "('rejoin_worker', W) (1.27): worker W, which left, takes part again from the next step (its\n"
+           "share of the examples is its own again), and every worker calls barrier() once more now.\n"
            "step (1.26): the step every worker is at, which a leave handed over here is kept with.")
       .def("all_reduce_sum", &PyClient::AllReduceSum, py::arg("values"))
       .def("advance_clock", &PyClient::AdvanceClock, py::arg("clock"), py::arg("wait") = true,

@@ -59,7 +59,9 @@ class ClientImpl final : public Client {
       : options_(std::move(options)),
         engine_(options_, std::move(context)),
         placement_(std::make_shared<const placement::Placement>(
-            placement::Placement::First(static_cast<int>(options_.servers.size())))) {}
+            placement::Placement::First(static_cast<int>(options_.servers.size())))) {
+    joins_at_.store(options_.waits_to_rejoin ? wire::kWaitsToRejoin : options_.joins_at);
+  }
 
   // The engine stops first: replies read on its thread call into this object.
   ~ClientImpl() override { engine_.Stop(); }
@@ -165,6 +167,12 @@ class ClientImpl final : public Client {
                                          "at step " + std::to_string(options_.joins_at) +
                                          ") from now on (joining later needs 1.18): upgrade the servers");
         }
+        if (options_.waits_to_rejoin && reply.minor() < wire::kRejoinsSinceMinor) {
+          return FailedPreconditionError("server " + std::to_string(s) + " speaks protocol 1." +
+                                         std::to_string(reply.minor()) + ", which does not know a worker that waits " +
+                                         "to join the job again (1." + std::to_string(wire::kRejoinsSinceMinor) +
+                                         "): upgrade the servers");
+        }
         // The lowest over the servers that know (-1: this one does not, or is before 1.11).
         if (reply.minor() < 11) some_server_before_1_11_.store(true);
         if (reply.minor() < 13) some_server_before_1_13_.store(true);
@@ -178,28 +186,20 @@ class ClientImpl final : public Client {
         // a job's first map may give slots to some of its servers alone, ferry-ps --active-servers).
         AdoptFrom(s, reply, /*even_same_version=*/s == 0 && reply.minor() >= wire::kMembersSinceMinor);
         // 1.26: the workers that left, with their steps (each server that saw the leave knows it;
-        // a replacement server may not: the union).
-        if (reply.left_ranks() != nullptr || reply.left_at() != nullptr) {
-          const auto* ranks = reply.left_ranks();
-          const auto* at = reply.left_at();
-          if (ranks == nullptr || at == nullptr || ranks->size() != at->size()) {
-            return DataLossError("server " + std::to_string(s) + "'s Hello reply lists workers that left (" +
-                                 std::to_string(ranks ? ranks->size() : 0) + ") and their steps (" +
-                                 std::to_string(at ? at->size() : 0) + ") unpaired");
-          }
-          MutexLock lock(&left_mu_);
-          for (flatbuffers::uoffset_t i = 0; i < ranks->size(); ++i) {
-            const int w = ranks->Get(i);
-            const int64_t step = at->Get(i);
-            if (w < 0 || w >= options_.num_workers || step < 0 || step > kMaxLeaveStep) {
-              return DataLossError("server " + std::to_string(s) + "'s Hello reply says worker " + std::to_string(w) +
-                                   " left before step " + std::to_string(step) + ": no such worker or step");
-            }
-            // (servers that disagree: a leave handed over is noted by server 0 before the
-            // leaver's Finish says the step to all; the earliest stands)
-            auto [it, fresh] = workers_left_.try_emplace(w, step);
-            if (!fresh) it->second = std::min(it->second, step);
-          }
+        // a replacement server may not: the union). Servers that disagree: a leave handed over
+        // is noted by server 0 before the leaver's Finish says the step to all; 1.27: a worker
+        // that came back and left again is at its later leave on server 0 first: the latest stands.
+        FERRY_RETURN_IF_ERROR(ReadRankSteps(s, reply.left_ranks(), reply.left_at(), 0, 0, "left", "left before step",
+                                            [this](int w, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(left_mu_) {
+                                              auto [it, fresh] = workers_left_.try_emplace(w, step);
+                                              if (!fresh) it->second = std::max(it->second, step);
+                                            }));
+        // 1.27: the workers handed their join again (server 0), with their steps.
+        FERRY_RETURN_IF_ERROR(ReadRankSteps(
+            s, reply.rejoin_ranks(), reply.rejoin_at(), 1, 1, "join again", "joins again at step",
+            [this](int w, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(left_mu_) { workers_rejoined_[w] = step; }));
+        if (s == 0 && reply.rejoin_ranks() != nullptr) {
+          rejoin_barrier_.store(reply.rejoin_barrier() >= 0 ? reply.rejoin_barrier() : -1);
         }
         if (s == 0) {
           restored_step_.store(reply.version());
@@ -213,6 +213,31 @@ class ClientImpl final : public Client {
     return Handle(op);
   }
 
+  // A Hello reply's workers with a step each (1.26 left_ranks and left_at, 1.27 rejoin_ranks and
+  // rejoin_at; both absent: none), checked (paired, ranks from `lowest` to the job's last, steps
+  // from `lowest_step` to 2^62), each given to `take` under left_mu_.
+  template <typename Take>
+  Status ReadRankSteps(int s, const flatbuffers::Vector<int32_t>* ranks, const flatbuffers::Vector<int64_t>* at,
+                       int lowest, int64_t lowest_step, std::string_view did, std::string_view when, Take take) {
+    if (ranks == nullptr && at == nullptr) return Status::Ok();
+    if (ranks == nullptr || at == nullptr || ranks->size() != at->size()) {
+      return DataLossError("server " + std::to_string(s) + "'s Hello reply lists workers that " + std::string(did) +
+                           " (" + std::to_string(ranks ? ranks->size() : 0) + ") and their steps (" +
+                           std::to_string(at ? at->size() : 0) + ") unpaired");
+    }
+    MutexLock lock(&left_mu_);
+    for (flatbuffers::uoffset_t i = 0; i < ranks->size(); ++i) {
+      const int w = ranks->Get(i);
+      const int64_t step = at->Get(i);
+      if (w < lowest || w >= options_.num_workers || step < lowest_step || step > kMaxLeaveStep) {
+        return DataLossError("server " + std::to_string(s) + "'s Hello reply says worker " + std::to_string(w) + " " +
+                             std::string(when) + " " + std::to_string(step) + ": no such worker or step");
+      }
+      take(w, step);
+    }
+    return Status::Ok();
+  }
+
   // This worker's Hello to server `s` (a replacement's too, 1.22: the engine sends that one).
   zmq::message_t HelloHeader(int s, bool rejoins = false) {
     flatbuffers::FlatBufferBuilder fbb(128);
@@ -222,7 +247,7 @@ class ClientImpl final : public Client {
     h.add_server_rank(s);
     h.add_heartbeat_ms(engine_.HeartbeatEvery().count());
     if (options_.resumes) h.add_resumes(true);
-    if (options_.joins_at > 0) h.add_joins_at(options_.joins_at);
+    if (const int64_t joins_at = joins_at_.load(); joins_at > 0) h.add_joins_at(joins_at);
     if (rejoins) h.add_rejoins(true);
     return engine_.FinishHeader(fbb, h);
   }
@@ -1226,7 +1251,14 @@ class ClientImpl final : public Client {
                                std::to_string(join) + ", drain " + std::to_string(drain) + ", worker to leave " +
                                std::to_string(leave) + ")");
         }
-        *asked = AskedMove{join, drain, leave};
+        // 1.27: a worker that left, to join again.
+        const int rejoin = reply.move_rejoin_worker();
+        if (rejoin < -1 || rejoin == 0 || rejoin >= workers ||
+            (rejoin >= 0 && (join >= 0 || drain >= 0 || leave >= 0))) {
+          return DataLossError("server 0's barrier hands over the join of no worker of the job that left (" +
+                               std::to_string(rejoin) + ")");
+        }
+        *asked = AskedMove{join, drain, leave, rejoin};
         return Status::Ok();
       };
     }
@@ -1271,6 +1303,69 @@ class ClientImpl final : public Client {
   std::map<int, int64_t> workers_left() const override {
     MutexLock lock(&left_mu_);
     return workers_left_;
+  }
+  std::map<int, int64_t> workers_rejoined() const override {
+    MutexLock lock(&left_mu_);
+    return workers_rejoined_;
+  }
+  int64_t rejoin_barrier() const override { return rejoin_barrier_.load(); }
+
+  StatusOr<int64_t> AskToRejoin() override {
+    if (joins_at_.load() != wire::kWaitsToRejoin) {
+      return FailedPreconditionError("AskToRejoin: this client " +
+                                     std::string(options_.waits_to_rejoin ? "has joined again already (at step " +
+                                                                                std::to_string(joins_at_.load()) + ")"
+                                                                          : "did not connect waiting to join again "
+                                                                            "(ClientOptions::waits_to_rejoin)"));
+    }
+    struct Answer {
+      int64_t joins_at = 0;
+      int64_t next_collective = 0;
+    };
+    auto answer = std::make_shared<Answer>();
+    auto op = engine_.NewOp();
+    flatbuffers::FlatBufferBuilder fbb(96);
+    auto h = engine_.BeginHeader(fbb, Kind::MoveAsk);
+    h.add_move_rejoin_worker(options_.rank);
+    OnReply on_reply = [answer](const Header& reply, Frames&) -> Status {
+      answer->joins_at = reply.joins_at();
+      answer->next_collective = reply.next_collective();
+      return Status::Ok();
+    };
+    engine_.Submit(op, 0, Kind::MoveAsk, engine_.FinishHeader(fbb, h), {}, std::move(on_reply),
+                   options_.request_timeout);
+    FERRY_RETURN_IF_ERROR(Handle(op).wait().WithContext("asking server 0 to take worker " +
+                                                        std::to_string(options_.rank) + " back into the job"));
+    const int64_t at = answer->joins_at;
+    if (at == 0) return int64_t{0};  // (asked: not handed yet)
+    if (at < 0 || at >= wire::kWaitsToRejoin || answer->next_collective < 0) {
+      return DataLossError("server 0 answers worker " + std::to_string(options_.rank) + "'s join with step " +
+                           std::to_string(at) + " and collective " + std::to_string(answer->next_collective));
+    }
+    // Handed: every server hears the step (a Hello saying it) before the workers meet at the
+    // hand-over's second barrier, whose id server 0 said; no step from `at` on closes without
+    // this worker.
+    barrier_generation_.store(answer->next_collective);
+    joins_at_.store(at);
+    // Server 0 first, whose map this client takes (slots may have moved while it waited: a
+    // server drained, or one joined), then every other server of that map; a server greeted here
+    // for the first time is greeted again by GreetedMap, harmlessly (the same joins_at).
+    auto first = engine_.NewOp();
+    OnReply adopt = [this](const Header& reply, Frames&) -> Status {
+      AdoptFrom(0, reply, /*even_same_version=*/reply.minor() >= wire::kMembersSinceMinor);
+      return Status::Ok();
+    };
+    engine_.Submit(first, 0, Kind::Hello, HelloHeader(0), {}, std::move(adopt), options_.request_timeout);
+    FERRY_RETURN_IF_ERROR(Handle(first).wait().WithContext("telling server 0 worker " + std::to_string(options_.rank) +
+                                                           " joins again at step " + std::to_string(at)));
+    auto hello = engine_.NewOp();
+    for (const int s : Members()) {
+      if (s == 0) continue;
+      engine_.Submit(hello, s, Kind::Hello, HelloHeader(s), {}, nullptr, options_.request_timeout);
+    }
+    FERRY_RETURN_IF_ERROR(Handle(hello).wait().WithContext(
+        "telling the servers worker " + std::to_string(options_.rank) + " joins again at step " + std::to_string(at)));
+    return at;
   }
 
   Handle SaveCheckpoint(int64_t step, std::span<CheckpointShard> shards) override {
@@ -1400,6 +1495,11 @@ class ClientImpl final : public Client {
   // 1.26: the workers that had left, by rank, with the step each left before (the Hello replies).
   mutable Mutex left_mu_;
   std::map<int, int64_t> workers_left_ ABSL_GUARDED_BY(left_mu_);
+  std::map<int, int64_t> workers_rejoined_ ABSL_GUARDED_BY(left_mu_);  // 1.27: by rank, the step it joins again at
+  // The joins_at this client's Hellos say (options_.joins_at; 1.27: wire::kWaitsToRejoin while it
+  // waits to join again, then the step its join was handed for).
+  std::atomic<int64_t> joins_at_{0};
+  std::atomic<int64_t> rejoin_barrier_{-1};  // 1.27: server 0's Hello reply's rejoin_barrier
   static constexpr int64_t kMaxLeaveStep = int64_t{1} << 62;
   std::atomic<int64_t> last_committed_{-1};   // the step of the newest checkpoint this client committed
   // The servers this client has said Hello to (1.20: a server that joins the job later is greeted
@@ -1438,6 +1538,14 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
                                 std::to_string(options.num_workers) + ")");
   }
   if (options.max_message_bytes < 4096) return InvalidArgumentError("max_message_bytes must be at least 4096");
+  if (options.joins_at < 0 || options.joins_at >= wire::kWaitsToRejoin) {
+    return InvalidArgumentError("joins_at " + std::to_string(options.joins_at) + " is outside [0, 2^62)");
+  }
+  if (options.waits_to_rejoin && (options.rank == 0 || options.joins_at > 0)) {
+    return InvalidArgumentError(options.rank == 0 ? "waits_to_rejoin: worker 0 never leaves the job"
+                                                  : "waits_to_rejoin and joins_at: the step a worker joins again at "
+                                                    "is server 0's to say");
+  }
   if (options.sparse_message_bytes < 0) return InvalidArgumentError("sparse_message_bytes must not be negative");
   if (options.dense_message_bytes < 0) return InvalidArgumentError("dense_message_bytes must not be negative");
   if (options.max_in_flight < 1) return InvalidArgumentError("max_in_flight must be at least 1");
@@ -1464,9 +1572,11 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 
 Status AskMove(const AskMoveOptions& o) {
   const std::string where = "asking server 0 (" + o.server0 + ") for a move";
-  if ((o.join >= 0) + (o.drain >= 0) + (o.leave_worker >= 0) != 1 || o.join < -1 || o.drain < -1 ||
-      o.leave_worker < -1) {
-    return InvalidArgumentError(where + ": name one server, to join or to drain, or one worker to leave");
+  if ((o.join >= 0) + (o.drain >= 0) + (o.leave_worker >= 0) + (o.rejoin_worker >= 0) != 1 || o.join < -1 ||
+      o.drain < -1 || o.leave_worker < -1 || o.rejoin_worker < -1) {
+    return InvalidArgumentError(where +
+                                ": name one server, to join or to drain, or one worker to leave or to join "
+                                "again");
   }
   if (o.server0.starts_with("inproc://") && !o.context) {
     return InvalidArgumentError(where + ": an inproc:// endpoint needs the servers' Context");
@@ -1490,6 +1600,7 @@ Status AskMove(const AskMoveOptions& o) {
   if (o.join >= 0) b.add_move_join(o.join);
   if (o.drain >= 0) b.add_move_drain(o.drain);
   if (o.leave_worker >= 0) b.add_move_leave_worker(o.leave_worker);
+  if (o.rejoin_worker >= 0) b.add_move_rejoin_worker(o.rejoin_worker);
   wire::FinishHeaderBuffer(fbb, b.Finish());
   Frames frames;
   frames.push_back(wire::ToFrame(fbb));
@@ -1524,10 +1635,13 @@ Status AskMove(const AskMoveOptions& o) {
       const std::string old =
           " (a server before protocol 1." + std::to_string(wire::kMoveAsksSinceMinor) + " does not know MoveAsk)";
       // A server of 1.24 or 1.25 reads no worker in it, and so no move.
-      const std::string no_leaves = " (server 0 speaks protocol 1." + std::to_string(h->minor()) +
-                                    ": a worker's leave is asked of 1." + std::to_string(wire::kAskedLeavesSinceMinor) +
-                                    " and later)";
-      const bool before_leaves = o.leave_worker >= 0 && h->minor() < wire::kAskedLeavesSinceMinor;
+      const std::string no_leaves =
+          " (server 0 speaks protocol 1." + std::to_string(h->minor()) + ": a worker's " +
+          (o.rejoin_worker >= 0 ? "join again is asked of 1." + std::to_string(wire::kRejoinsSinceMinor)
+                                : "leave is asked of 1." + std::to_string(wire::kAskedLeavesSinceMinor)) +
+          " and later)";
+      const bool before_leaves = (o.leave_worker >= 0 && h->minor() < wire::kAskedLeavesSinceMinor) ||
+                                 (o.rejoin_worker >= 0 && h->minor() < wire::kRejoinsSinceMinor);
       return wire::ErrorStatus(*h).WithContext(where + (h->request_id() == 0 ? old : before_leaves ? no_leaves : ""));
     }
     if (h->request_id() != 1 || h->request_kind() != Kind::MoveAsk) continue;  // (not ours)

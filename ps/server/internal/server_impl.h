@@ -460,13 +460,21 @@ class ServerImpl final : public Server {
     int join = -1;
     int drain = -1;
     int leave_worker = -1;
+    int rejoin_worker = -1;  // 1.27
     Clock::time_point at;
     std::string What() const {
-      return join >= 0    ? "server " + std::to_string(join) + " to join"
-             : drain >= 0 ? "server " + std::to_string(drain) + " to leave (drained)"
-                          : "worker " + std::to_string(leave_worker) + " to leave the job";
+      return join >= 0           ? "server " + std::to_string(join) + " to join"
+             : drain >= 0        ? "server " + std::to_string(drain) + " to leave (drained)"
+             : leave_worker >= 0 ? "worker " + std::to_string(leave_worker) + " to leave the job"
+                                 : "worker " + std::to_string(rejoin_worker) + " to join the job again";
     }
   };
+  // The reply to a worker's rejoin asked (1.27): `joins_at` the step it takes part from, once its
+  // join is handed (0: not yet), and the id of the job's next collective.
+  Status AnswerRejoin(Request& req, int64_t joins_at);
+  // The id of the second barrier of the latest join handed (1.27; -1: none): a worker resumed at
+  // the hand-over's step enters it while it has not ended (the Hello reply's rejoin_barrier).
+  int64_t rejoin_barrier_ = -1;
   // OK when the map held here can make `asked` (Placement::Grow or Drain), or the worker it asks
   // to leave takes part in the job, else why not.
   Status AskedMoveFits(const AskedMove& asked) const;

@@ -99,6 +99,26 @@ class Workers {
   int64_t left_at(int rank) const {
     return rank >= 0 && static_cast<size_t>(rank) < left_at_.size() ? left_at_[static_cast<size_t>(rank)] : -1;
   }
+  // 1.27: whether `rank` left and its new process waits to join again (its Hello's joins_at
+  // wire::kWaitsToRejoin): out of the job's steps and collectives until its join is handed.
+  bool waits_to_rejoin(int rank) const { return left(rank) && joins_at(rank) >= kMaxStep; }
+  // Server 0 handed the workers the join of `rank` (waits_to_rejoin) at step at - 1: it takes part
+  // in the job's collectives at once (the hand-over's second barrier waits for it) and in its sync
+  // steps from `at`. Kept for the rank's asks and the Hello replies (rejoins_at), pushes or not: a
+  // worker restarted later, whose flags may say the rank left (--leave), or which hears of the
+  // leave from a server the rank pushes nothing to, learns that it came back.
+  void Rejoin(int rank, int64_t at) {
+    SetFinished(rank, false);
+    left_[static_cast<size_t>(rank)] = false;
+    auto& j = joins_at_[static_cast<size_t>(rank)];
+    num_joining_ += (at > 0 ? 1 : 0) - (j > 0 ? 1 : 0);
+    j = at;
+    rejoins_at_[static_cast<size_t>(rank)] = at;
+  }
+  // The step from which `rank` takes part again (its latest Rejoin); -1: none handed.
+  int64_t rejoins_at(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < rejoins_at_.size() ? rejoins_at_[static_cast<size_t>(rank)] : -1;
+  }
   // Per rank: whether it takes part in the job's collectives (it has not left).
   std::vector<bool> TakingPart() const;
 
@@ -172,6 +192,7 @@ class Workers {
   int num_finished_ = 0;         // the true entries of finished_
   std::vector<bool> left_;       // per rank: left the job (Leave; and no Hello since)
   std::vector<int64_t> left_at_;  // per rank: the step it leaves or left before (LeavingAt; -1 none)
+  std::vector<int64_t> rejoins_at_;  // per rank: the step it takes part from again (Rejoin; -1 none)
   std::vector<int64_t> joins_at_;  // per rank: the first sync step it takes part in (its last Hello's)
   int num_joining_ = 0;            // ranks whose joins_at_ is above 0
   std::vector<int64_t> clocks_;  // per rank (ssp)

@@ -14,6 +14,7 @@ Status Workers::SetCount(int num_workers) {
   finished_.assign(static_cast<size_t>(count_), false);
   left_.assign(static_cast<size_t>(count_), false);
   left_at_.assign(static_cast<size_t>(count_), -1);
+  rejoins_at_.assign(static_cast<size_t>(count_), -1);
   joins_at_.assign(static_cast<size_t>(count_), 0);
   promised_ms_.assign(static_cast<size_t>(count_), 0);
   incarnations_.assign(static_cast<size_t>(count_), 0);

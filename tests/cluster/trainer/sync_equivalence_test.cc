@@ -19,6 +19,7 @@
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/data/fashion_mnist.h"
@@ -264,6 +265,132 @@ TEST(Membership, AWorkersLeaveAskedWhileTheJobRunsGivesTheBitsOfTheSameLeaveGive
   ASSERT_EQ(traces[0].size(), 11u);  // steps 0..9 and the final parameters
   for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[1][t], traces[0][t]) << "step " << t;
   EXPECT_NE(traces[0][0], traces[0][10]);
+}
+
+// A worker that left joins the job again while it runs (protocol 1.27): worker 2's leave is
+// asked (taken at the check of step 4: it leaves before step 5), then its new process, resumed
+// with --rejoin, asks server 0 to take it back; worker 0 holds step 7 until the ask is kept, so
+// the check of step 8 hands the join and worker 2 trains from step 9. Every example is read once:
+// worker 0 reads its 4 a step, and half of worker 2's 4 in steps 5-8; worker 2 trains steps 0-4
+// and 9-15. The job is repeatable to the bit, and ends within float rounding of the job in which
+// every worker trained throughout (a step's gradient is the same examples' sum, grouped otherwise).
+TEST(Membership, AWorkerThatLeftJoinsAgainWhileTheJobRunsAndEveryExampleIsReadOnce) {
+  const data::ImageDataset train = test::MakeImages(72, kDataSeed);
+  const Datasets ds{&train, nullptr};
+  test::Trace traces[3];
+  for (int run = 0; run < 3; ++run) {
+    const bool moves = run < 2;  // run 2: every worker throughout
+    SCOPED_TRACE(moves ? "leave and join again, run " + std::to_string(run) : std::string("no leave"));
+    auto cluster = ferry::test::LocalCluster::Start(2);
+    TrainerOptions o = BaseOptions(OptimizerType::kAdam, 0.01f, 16);
+    o.batch = 4;
+    o.move_asks_every = 4;
+    o.servers = cluster.endpoints;
+    o.num_workers = 3;
+    if (moves) {
+      AskMoveOptions a;
+      a.server0 = cluster.endpoints[0];
+      a.context = cluster.context;
+      a.leave_worker = 2;
+      ASSERT_TRUE(AskMove(a).ok());
+    }
+    std::FILE* out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    test::WorkerRun runs[3], back;
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 3; ++rank) {
+      threads.emplace_back([&, rank] {
+        TrainerOptions w = o;
+        w.rank = rank;
+        TrainHooks hooks = test::Recorder(&runs[rank].trace);
+        if (rank == 0 && moves) {
+          // After step 6: until worker 2's new process waits with its join asked (an ask of the
+          // same join from here is taken as that one, or kept for it; refused while none waits).
+          hooks.on_step = [&](const StepDone& info) {
+            if (info.step != 7) return;
+            AskMoveOptions a;
+            a.server0 = cluster.endpoints[0];
+            a.context = cluster.context;
+            a.rejoin_worker = 2;
+            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+            while (!AskMove(a).ok() && std::chrono::steady_clock::now() < until) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
+          };
+        }
+        auto device = test::TestDevice(w);
+        if (device == nullptr) return;
+        {
+          auto client = cluster.Connect(rank, 3);
+          runs[rank].report = RunTraining(w, device.get(), client.get(), ds, hooks, out);
+        }
+        if (rank != 2 || !moves) return;
+        w.resume = true;
+        w.rejoin = true;
+        ClientOptions co;
+        co.incarnation = 1;
+        co.resumes = true;
+        co.waits_to_rejoin = true;
+        auto client = cluster.Connect(2, 3, co);
+        back.report = RunTraining(w, device.get(), client.get(), ds, test::Recorder(&back.trace), out);
+      });
+    }
+    for (auto& t : threads) t.join();
+    std::string said(static_cast<size_t>(std::ftell(out)), '\0');
+    std::rewind(out);
+    said.resize(std::fread(said.data(), 1, said.size(), out));
+    std::fclose(out);
+    for (const auto& r : runs) ASSERT_TRUE(r.report.ok()) << r.report.status() << "\n" << said;
+    EXPECT_EQ(runs[0].trace, runs[1].trace);
+    traces[run] = runs[0].trace;
+    if (!moves) {
+      EXPECT_EQ(runs[0].report->examples, 16 * 4);
+      EXPECT_EQ(runs[2].report->steps, 16);
+      continue;
+    }
+    ASSERT_TRUE(back.report.ok()) << back.report.status() << "\n" << said;
+    EXPECT_EQ(runs[2].report->steps, 5);
+    EXPECT_EQ(runs[2].report->examples, 5 * 4);
+    EXPECT_EQ(back.report->first_step, 9) << said;
+    EXPECT_EQ(back.report->steps, 7) << said;
+    EXPECT_EQ(back.report->examples, 7 * 4);
+    EXPECT_EQ(runs[0].report->examples, 16 * 4 + 4 * 2);
+    EXPECT_EQ(runs[1].report->examples, runs[0].report->examples);
+    // From its first step on, the worker that joined again holds the others' parameters.
+    ASSERT_EQ(back.trace.size(), 8u);  // steps 9..15 and the final parameters
+    for (size_t i = 0; i < back.trace.size(); ++i) EXPECT_EQ(back.trace[i], runs[0].trace[9 + i]) << "step " << 9 + i;
+    EXPECT_NE(said.find("[worker 0] worker 2 joins the job again at step 9 (asked of server 0)"), std::string::npos)
+        << said;
+    EXPECT_NE(said.find("[worker 2] joins the job again at step 9"), std::string::npos) << said;
+    // Workers resumed into the job (at its end), even with flags that say worker 2 left before
+    // step 5 (--leave 2@5), hear of its join from server 0, worker 2's own new process too, which
+    // does not leave (it came back).
+    std::FILE* again = std::tmpfile();
+    ASSERT_NE(again, nullptr);
+    TrainerOptions resumed = o;
+    resumed.resume = true;
+    resumed.leave = {{2, 5}};
+    ClientOptions later;
+    later.incarnation = 2;  // (worker 2's last was 1)
+    later.resumes = true;
+    const auto ends = test::RunWorkers(cluster, 3, resumed, ds, false, again, {}, later);
+    for (const auto& r : ends) ASSERT_TRUE(r.report.ok()) << r.report.status();
+    std::string heard(static_cast<size_t>(std::ftell(again)), '\0');
+    std::rewind(again);
+    heard.resize(std::fread(heard.data(), 1, heard.size(), again));
+    std::fclose(again);
+    for (const int r : {0, 1, 2}) {
+      EXPECT_NE(heard.find("[worker " + std::to_string(r) +
+                           "] worker 2 joins the job again at step 9 (the servers say so)"),
+                std::string::npos)
+          << heard;
+    }
+    EXPECT_EQ(heard.find("[worker 2] left the job"), std::string::npos) << heard;
+  }
+  ASSERT_EQ(traces[0].size(), 17u);  // steps 0..15 and the final parameters
+  for (size_t t = 0; t < traces[0].size(); ++t) EXPECT_EQ(traces[1][t], traces[0][t]) << "step " << t;
+  EXPECT_LT(test::MaxRel(traces[0].back(), traces[2].back()), 1e-4);
+  EXPECT_GT(test::MaxRel(traces[0].back(), traces[0].front()), 1e-3) << "the parameters did not move";
 }
 
 // Every example is used once per epoch across the workers, whatever N, B and M: the epoch's

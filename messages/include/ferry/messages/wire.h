@@ -59,8 +59,16 @@ inline constexpr uint16_t kMajor = 1;
 // reports are those it holds whole (a step of which it took one table's push and not another's is
 // not done); 1.26: a worker's leave asked while the job runs (MoveAsk's and the Barrier reply's
 // `move_leave_worker`), the step a worker leaves before (Finish's `leaves_at`), and the workers that
-// leave or left with their steps in every Hello reply (`left_ranks`, `left_at`)
-inline constexpr uint16_t kMinor = 26;
+// leave or left with their steps in every Hello reply (`left_ranks`, `left_at`); 1.27: a worker
+// that left joins again while the job runs (a Hello's joins_at 2^62: its new process waits;
+// MoveAsk's and the Barrier reply's `move_rejoin_worker`; `rejoin_ranks`, `rejoin_at` in server 0's
+// Hello reply)
+inline constexpr uint16_t kMinor = 27;
+// The first minor whose servers take a worker that waits to join again (Hello's joins_at
+// kWaitsToRejoin) and whose server 0 hands its join (MoveAsk's `move_rejoin_worker`).
+inline constexpr uint16_t kRejoinsSinceMinor = 27;
+// A Hello's joins_at for a worker that left and whose new process waits to join again (1.27).
+inline constexpr int64_t kWaitsToRejoin = int64_t{1} << 62;
 // The first minor whose server 0 takes a worker's leave asked (MoveAsk's `move_leave_worker`) and
 // keeps the step each worker left before.
 inline constexpr uint16_t kAskedLeavesSinceMinor = 26;

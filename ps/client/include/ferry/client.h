@@ -58,6 +58,11 @@ struct ClientOptions {
   // barriers and all-reduces (ferry-trainer --join). Connect() refuses servers before 1.18,
   // which would wait for it.
   int64_t joins_at = 0;
+  // This process is a new one of a worker that left the job (Leave), and waits to join it again
+  // (protocol 1.27; ferry-trainer --resume --rejoin): its Hello says so, and until server 0 hands
+  // its join (AskToRejoin) no sync step and no collective waits for it. Connect() refuses servers
+  // before 1.27, and each server refuses the Hello of a worker that has not left.
+  bool waits_to_rejoin = false;
   // Longest the handshake with every server may take in Connect().
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
   // Told about long waits, so that no wait is silent: every `long_wait_every` while requests
@@ -327,7 +332,8 @@ class Client {
     int join = -1;
     int drain = -1;
     int leave_worker = -1;
-    bool asked() const { return join >= 0 || drain >= 0 || leave_worker >= 0; }
+    int rejoin_worker = -1;  // 1.27: a worker that left, whose new process waits, to join again
+    bool asked() const { return join >= 0 || drain >= 0 || leave_worker >= 0 || rejoin_worker >= 0; }
   };
   // A Barrier at which the workers take the move asked of server 0 since the last one (AskMove):
   // server 0 hands it to every worker at once, when all of them entered this barrier (not a
@@ -386,6 +392,24 @@ class Client {
   // leaves whose step was not said are not listed). A restarted worker reads the shares of those
   // workers from their steps on, as the workers that saw them leave do.
   virtual std::map<int, int64_t> workers_left() const = 0;
+  // The workers whose join again server 0 had handed when this client connected, with the step
+  // each takes part from (protocol 1.27; the latest of each): a worker restarted later reads their
+  // shares no more from then on.
+  virtual std::map<int, int64_t> workers_rejoined() const = 0;
+  // The id of the hand-over's second Barrier of the latest join handed (workers_rejoined), when
+  // server 0 said at the handshake that it has not ended; -1 otherwise. A worker restarted at the
+  // hand-over's step enters it (the others wait in it), as its next Barrier() does.
+  virtual int64_t rejoin_barrier() const = 0;
+  // For a client that connected waiting to join again (ClientOptions::waits_to_rejoin): asks
+  // server 0 to take this worker back (a MoveAsk; protocol 1.27). Server 0 keeps the ask and hands
+  // it to the workers at their next BarrierTakingMoves (step T); until then this returns 0: ask
+  // again (every few milliseconds: the asks are what server 0 hears of this process by, and one
+  // silent for 2 s is not handed its join). Once handed it returns T + 1, the first step this
+  // worker takes part in, after telling every server so: the other workers wait for it at one more
+  // Barrier, which its next Barrier() enters. While another move is asked it returns 0 too (its
+  // ask is kept once that one is made). FAILED_PRECONDITION for a client that did not wait to
+  // rejoin, or when the join can no longer be made (every other worker has finished).
+  virtual StatusOr<int64_t> AskToRejoin() = 0;
 
   // One server's counters (messages, bad_messages, staleness_<k>, ...). With `digests` (a server
   // of 1.21 or later; PROTOCOL.md "Replicas"), also "digest:<table>" for each table it holds and,
@@ -447,7 +471,10 @@ class Client {
 // and hands it to the workers at their next BarrierTakingMoves; they then make server `join` join
 // (a fair share of the slots) or server `drain` leave (its slots to the others), or (1.26) worker
 // `leave_worker` leave the job after that step (its share of each later step's examples to the
-// others). Exactly one of `join`, `drain`, `leave_worker` is a rank, the others -1. With CURVE,
+// others), or (1.27) worker `rejoin_worker`, which left and whose new process waits to join
+// again (ClientOptions::waits_to_rejoin; that process asks too: Client::AskToRejoin), join at
+// the step after. Exactly one of `join`, `drain`, `leave_worker`, `rejoin_worker` is a rank, the
+// others -1. With CURVE,
 // `curve` holds a worker key of the job and `rank` that worker's rank (readers may not ask).
 // Answered at once: OK once server 0 keeps the ask; FAILED_PRECONDITION when one is kept already,
 // the map cannot make that move or the worker has left; DEADLINE_EXCEEDED when server 0 does not
@@ -457,6 +484,7 @@ struct AskMoveOptions {
   int join = -1;
   int drain = -1;
   int leave_worker = -1;
+  int rejoin_worker = -1;
   int rank = 0;
   std::optional<CurveClientKeys> curve;
   std::chrono::milliseconds timeout{10000};

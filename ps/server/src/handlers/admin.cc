@@ -105,6 +105,18 @@ Status ServerImpl::OnHello(Request& req) {
   if (h.joins_at() < 0 || h.joins_at() > ps::kMaxStep) {
     return InvalidArgumentError("Hello: joins_at " + std::to_string(h.joins_at()) + " is outside [0, 2^62]");
   }
+  // 1.27: a new process of a worker that left, waiting to join again: out of the job's steps and
+  // collectives (it stays left) until server 0 hands its join (OnMoveAsk, Complete). Only for a
+  // worker that left: a worker that waits would otherwise drop out of the job with its share of
+  // the examples unread.
+  const bool waits_to_rejoin = h.joins_at() == wire::kWaitsToRejoin;
+  if (waits_to_rejoin && !workers_.left(h.rank())) {
+    return FailedPreconditionError("worker " + std::to_string(h.rank()) +
+                                   " says it waits to join the job again (--rejoin), but " +
+                                   (workers_.count() == 0 ? std::string("no worker has said Hello yet")
+                                                          : "it has not left the job") +
+                                   " as " + Who() + " knows");
+  }
   // Before Join: a Hello refused for speaking for a live worker, or from a replaced incarnation
   // of it, changes nothing of it. A later incarnation takes the rank over from whichever
   // connection has it: the launcher restarted the worker, so its predecessor is gone or fenced.
@@ -132,8 +144,18 @@ Status ServerImpl::OnHello(Request& req) {
       left_at_steps.push_back(at);
     }
   }
+  // 1.27: the workers handed their join again, with their steps (server 0: a worker restarted
+  // later splits the examples as the others do).
+  std::vector<int32_t> rejoin_ranks;
+  std::vector<int64_t> rejoin_steps;
+  for (int w = 0; w < workers_.count(); ++w) {
+    if (const int64_t at = workers_.rejoins_at(w); at >= 0) {
+      rejoin_ranks.push_back(w);
+      rejoin_steps.push_back(at);
+    }
+  }
   FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers(), h.incarnation(), h.joins_at()));
-  if (was_left) {
+  if (was_left || waits_to_rejoin) {
     workers_.Leave(h.rank());  // (its step, left_at, stays: a Hello does not clear it)
   } else if (was_finished) {
     workers_.Finish(h.rank());
@@ -197,10 +219,17 @@ Status ServerImpl::OnHello(Request& req) {
   auto owners = PlacementVector(fbb);  // 1.17: the map requests are placed by (10 KiB)
   const auto left_ranks_vec = left_ranks.empty() ? 0 : fbb.CreateVector(left_ranks);
   const auto left_at_vec = left_ranks.empty() ? 0 : fbb.CreateVector(left_at_steps);
+  const auto rejoin_ranks_vec = rejoin_ranks.empty() ? 0 : fbb.CreateVector(rejoin_ranks);
+  const auto rejoin_at_vec = rejoin_ranks.empty() ? 0 : fbb.CreateVector(rejoin_steps);
   wire::HeaderBuilder b = BeginReply(fbb, Kind::Hello, h.request_id());
   if (!left_ranks.empty()) {
     b.add_left_ranks(left_ranks_vec);
     b.add_left_at(left_at_vec);
+  }
+  if (!rejoin_ranks.empty()) {
+    b.add_rejoin_ranks(rejoin_ranks_vec);
+    b.add_rejoin_at(rejoin_at_vec);
+    if (rejoin_barrier_ >= collectives_.next_id()) b.add_rejoin_barrier(rejoin_barrier_);
   }
   b.add_placement_version(tables_.placement().version());
   b.add_placement(owners);

@@ -92,19 +92,37 @@ void ServerImpl::Complete(std::vector<Request>& group) {
   // than handed to workers who would fail to make it. (No hand-over runs while every worker waits
   // here: the map is the one they will move from.)
   const bool all_take_moves = std::ranges::all_of(group, [](Request& r) { return r.h()->takes_moves(); });
+  const int64_t at = group[0].h()->step();  // (1.26: the step every worker is at, when each says the same)
+  const bool same_step = at > 0 && std::ranges::all_of(group, [at](Request& r) { return r.h()->step() == at; });
   if (asked_move_ && all_take_moves) {
     Status fits = AskedMoveFits(*asked_move_);
     // 1.26: a worker's leave goes only to workers that know the field (an older one would train
     // on, or read no share of the leaver's examples, while the others take it).
-    if (fits.ok() && asked_move_->leave_worker >= 0) {
+    // 1.27: likewise a worker's join, which also needs the step the workers are at (the join is
+    // from the next), and its process heard from lately (it asks every few milliseconds, and a
+    // gap of 2 s only puts its join off to a later check): the workers would wait for a dead one
+    // at the hand-over's second barrier.
+    const bool rejoin = asked_move_->rejoin_worker >= 0;
+    if (fits.ok() && (asked_move_->leave_worker >= 0 || rejoin)) {
+      const uint16_t since = rejoin ? wire::kRejoinsSinceMinor : wire::kAskedLeavesSinceMinor;
       for (Request& r : group) {
-        if (r.h()->minor() < wire::kAskedLeavesSinceMinor) {
+        if (r.h()->minor() < since) {
           fits = FailedPreconditionError("worker " + std::to_string(r.h()->rank()) + " speaks protocol 1." +
-                                         std::to_string(r.h()->minor()) + ", which does not know a leave asked (1." +
-                                         std::to_string(wire::kAskedLeavesSinceMinor) + ")");
+                                         std::to_string(r.h()->minor()) + ", which does not know a " +
+                                         (rejoin ? "join" : "leave") + " asked (1." + std::to_string(since) + ")");
           break;
         }
       }
+    }
+    if (fits.ok() && rejoin && !same_step) {
+      fits = FailedPreconditionError("the workers' barrier does not say one step they are at");
+    }
+    if (fits.ok() && rejoin && workers_.SilentFor(asked_move_->rejoin_worker, Clock::now()) > std::chrono::seconds(2)) {
+      fits = FailedPreconditionError("its process has sent nothing for " +
+                                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                        workers_.SilentFor(asked_move_->rejoin_worker, Clock::now()))
+                                                        .count()) +
+                                     " ms");
     }
     if (!fits.ok()) {
       std::fprintf(stderr, "ferry-ps 0: dropped the move asked (%s): %s\n", asked_move_->What().c_str(),
@@ -122,16 +140,20 @@ void ServerImpl::Complete(std::vector<Request>& group) {
     if (asked_move_->join >= 0) b.add_move_join(asked_move_->join);
     if (asked_move_->drain >= 0) b.add_move_drain(asked_move_->drain);
     if (asked_move_->leave_worker >= 0) b.add_move_leave_worker(asked_move_->leave_worker);
+    if (asked_move_->rejoin_worker >= 0) b.add_move_rejoin_worker(asked_move_->rejoin_worker);
     wire::FinishHeaderBuffer(fbb, b.Finish());
     Send(r, wire::ToFrame(fbb));
   }
   // 1.26: a leave handed over at step T (every worker's barrier says it) is before T + 1: kept
   // for the Hello replies from now on, so a worker restarted before the leaver's Finish comes
   // hears of it too.
-  const int64_t at = group[0].h()->step();
-  if (asked_move_->leave_worker >= 0 && at > 0 &&
-      std::ranges::all_of(group, [at](Request& r) { return r.h()->step() == at; })) {
-    workers_.LeavingAt(asked_move_->leave_worker, at + 1);
+  if (asked_move_->leave_worker >= 0 && same_step) workers_.LeavingAt(asked_move_->leave_worker, at + 1);
+  // 1.27: a join handed at step T is from T + 1: the worker takes part in the collectives at once
+  // (the workers meet it at a second barrier, once it has told every server the step), and its
+  // next ask is answered with the step.
+  if (asked_move_->rejoin_worker >= 0) {
+    workers_.Rejoin(asked_move_->rejoin_worker, at + 1);
+    rejoin_barrier_ = collectives_.next_id();  // (this barrier has ended: the next is the second)
   }
   std::fprintf(stderr, "ferry-ps 0: handed the move asked (%s) to the %zu workers at a barrier\n",
                asked_move_->What().c_str(), group.size());

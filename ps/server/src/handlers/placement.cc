@@ -50,6 +50,19 @@ Status ServerImpl::SamePlacement(const Header& h) const {
 }
 
 Status ServerImpl::AskedMoveFits(const AskedMove& asked) const {
+  if (asked.rejoin_worker >= 0) {
+    const int w = asked.rejoin_worker;
+    if (!workers_.waits_to_rejoin(w)) {
+      return FailedPreconditionError("cannot ask for " + asked.What() +
+                                     ": no process of it waits to join (a worker that left, restarted with "
+                                     "ferry-trainer --resume --rejoin, says so in its Hello)");
+    }
+    for (int v = 0; v < workers_.count(); ++v) {
+      if (v != w && !workers_.finished(v)) return Status::Ok();
+    }
+    return FailedPreconditionError("cannot ask for " + asked.What() +
+                                   ": every other worker has finished its training (no job left to join)");
+  }
   if (asked.leave_worker >= 0) {
     const int w = asked.leave_worker;
     if (workers_.count() == 0) return Status::Ok();  // (no worker yet: checked again at the hand-over)
@@ -84,22 +97,39 @@ Status ServerImpl::OnMoveAsk(Request& req) {
   }
   const int join = h.move_join();
   const int drain = h.move_drain();
-  const int leave = h.move_leave_worker();  // 1.26
-  if ((join >= 0) + (drain >= 0) + (leave >= 0) != 1 || join < -1 || drain < -1 || leave < -1) {
+  const int leave = h.move_leave_worker();    // 1.26
+  const int rejoin = h.move_rejoin_worker();  // 1.27
+  if ((join >= 0) + (drain >= 0) + (leave >= 0) + (rejoin >= 0) != 1 || join < -1 || drain < -1 || leave < -1 ||
+      rejoin < -1) {
     return InvalidArgumentError(
         "a MoveAsk names one server, to join (move_join) or to drain (move_drain), or one worker to leave "
-        "(move_leave_worker); it names " +
-        std::to_string(join) + " to join, " + std::to_string(drain) + " to drain and worker " + std::to_string(leave) +
-        " to leave");
+        "(move_leave_worker) or to join again (move_rejoin_worker); it names " +
+        std::to_string(join) + " to join, " + std::to_string(drain) + " to drain, worker " + std::to_string(leave) +
+        " to leave and worker " + std::to_string(rejoin) + " to join again");
   }
-  if (leave >= 0) {
+  if (const int w = std::max(leave, rejoin); w >= 0) {
     // Worker 0 checkpoints, moves the slots and reports: it stays (as for ferry-trainer --leave).
     const int workers = workers_.count() > 0 ? workers_.count() : options_.num_workers;
-    if (leave == 0 || (workers > 0 && leave >= workers)) {
-      return InvalidArgumentError("a MoveAsk asks worker " + std::to_string(leave) + " to leave; " +
+    if (w == 0 || (workers > 0 && w >= workers)) {
+      return InvalidArgumentError("a MoveAsk asks worker " + std::to_string(w) +
+                                  (leave >= 0 ? " to leave; " : " to join again; ") +
                                   (workers > 0 ? "the job's workers are 0 to " + std::to_string(workers - 1) + ", and "
                                                : std::string()) +
                                   "worker 0 stays (it checkpoints and reports)");
+    }
+    // 1.27: the worker's new process asks until the answer says its step (handed at a barrier);
+    // its asks are what the hand-over hears of it by (Complete).
+    if (rejoin >= 0 && h.rank() == rejoin && rejoin < workers_.count()) workers_.Heard(rejoin, req.arrived);
+    if (rejoin >= 0 && workers_.rejoins_at(rejoin) >= 0) return AnswerRejoin(req, workers_.rejoins_at(rejoin));
+    if (rejoin >= 0 && asked_move_ && asked_move_->rejoin_worker == rejoin) {
+      // (kept: not yet, unless it can no longer be made, e.g. the others have finished)
+      if (Status fits = AskedMoveFits(*asked_move_); !fits.ok()) {
+        std::fprintf(stderr, "ferry-ps 0: dropped the move asked (%s): %s\n", asked_move_->What().c_str(),
+                     fits.message().c_str());
+        asked_move_.reset();
+        return fits;
+      }
+      return AnswerRejoin(req, 0);
     }
   } else if (const int target = std::max(join, drain); target >= options_.num_servers) {
     return InvalidArgumentError("a MoveAsk names server " + std::to_string(target) + "; the job has " +
@@ -107,6 +137,12 @@ Status ServerImpl::OnMoveAsk(Request& req) {
                                 std::to_string(options_.num_servers - 1) + ")");
   } else {
     FERRY_RETURN_IF_ERROR(MovesPossible());
+  }
+  const AskedMove asked{join, drain, leave, rejoin, Clock::now()};
+  if (asked_move_ && rejoin >= 0) {
+    // (its process asks again until its own ask is kept, then handed: not yet)
+    FERRY_RETURN_IF_ERROR(AskedMoveFits(asked));
+    return AnswerRejoin(req, 0);
   }
   if (asked_move_) {
     return FailedPreconditionError(
@@ -116,12 +152,23 @@ Status ServerImpl::OnMoveAsk(Request& req) {
         "ferry-trainer --move-asks-every); ask again once it is made");
   }
   // Checked against the map now, and again when a barrier would hand it over (Complete).
-  const AskedMove asked{join, drain, leave, Clock::now()};
   FERRY_RETURN_IF_ERROR(AskedMoveFits(asked));
   asked_move_ = asked;
   std::fprintf(stderr, "ferry-ps 0: asked for %s; the workers take it at their next move check\n",
                asked_move_->What().c_str());
+  if (rejoin >= 0) return AnswerRejoin(req, 0);
   SendOk(req);
+  return Status::Ok();
+}
+
+Status ServerImpl::AnswerRejoin(Request& req, int64_t joins_at) {
+  flatbuffers::FlatBufferBuilder fbb(128);
+  wire::HeaderBuilder b = BeginReply(fbb, Kind::MoveAsk, req.h()->request_id());
+  b.add_joins_at(joins_at);
+  // (the id of the collective the workers wait in for it: the hand-over's second barrier)
+  b.add_next_collective(collectives_.next_id());
+  wire::FinishHeaderBuffer(fbb, b.Finish());
+  Send(req, wire::ToFrame(fbb));
   return Status::Ok();
 }
 

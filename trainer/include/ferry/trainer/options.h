@@ -176,6 +176,11 @@ struct TrainerOptions {
   // while the job runs (ferry-move leave-worker=W): the batch buffers are sized for that many
   // more absent workers' shares, and a leave past it is said and not made. 0: none.
   int64_t max_asked_leaves = 1;
+  // --rejoin (1.27): with --resume, this process is a new one of a worker that left the job (a
+  // leave asked, or --leave): it asks server 0 to take it back (Client::AskToRejoin), waits,
+  // and joins at the step after the next move check (--move-asks-every, the same as the others'),
+  // from which the others read its share of each step's examples no more.
+  bool rejoin = false;
   // The move whose hand-over the servers should read the checkpoint of `step` ahead for (protocol
   // 1.19; worker 0, once that checkpoint is committed, at step `now`, having taken
   // `seconds_per_step` a step so far): the first move after `step`, unless another checkpoint is

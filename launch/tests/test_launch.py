@@ -1680,9 +1680,9 @@ class WorkerLeaveTest(unittest.TestCase):
         exits 0; then a new ferry-trainer process of it, started by hand with the job's flags and
         --resume --rejoin, asks server 0 to take it back, and joins at the step after the next
         check (--move-asks-every 5): from there it trains, and the other two read its share no
-        more, so each example is still read once an epoch. Worker 1 straggles by 300 ms a step, so
-        that the job is still running when the new process comes."""
-        r = Run(self.argv("rejoin", straggler="1:300ms", leave=("--move-asks-every", "5")))
+        more, so each example is still read once an epoch. Worker 1 straggles by 500 ms a step, so
+        that the job is still running when the new process comes (each step left takes 0.5 s)."""
+        r = Run(self.argv("rejoin", straggler="1:500ms", leave=("--move-asks-every", "5")))
         back = None
         try:
             r.wait_for(r"^\[worker 0\] step \d+/40", timeout=120)  # training
@@ -1691,7 +1691,7 @@ class WorkerLeaveTest(unittest.TestCase):
             asked = subprocess.run(move + ["leave-worker=2"], capture_output=True, text=True, timeout=60)
             self.assertEqual(asked.returncode, 0, asked.stdout + asked.stderr)
             r.wait_for(r"ferry-launch: worker 2 finished \(exit status 0\)", timeout=120)
-            argv = self.argv("rejoin", straggler="1:300ms", leave=("--move-asks-every", "5"))
+            argv = self.argv("rejoin", straggler="1:500ms", leave=("--move-asks-every", "5"))
             trainer = argv[argv.index("--") + 1:]
             trainer[trainer.index("--metrics-out") + 1] = os.path.join(self.dir, "rejoin-back.jsonl")
             back = subprocess.Popen([os.path.join(BUILD_DIR, "bin", "ferry-trainer"), "--servers",

@@ -744,6 +744,18 @@ TEST(PlacementVersions, AWorkerThatLeftJoinsAgainWhenServer0HandsItsJoinAndEvery
   EXPECT_EQ(w[1]->workers_rejoined(), (std::map<int, int64_t>{{2, 9}}));
   EXPECT_TRUE(w[1]->workers_left().empty());
   EXPECT_EQ(w[1]->rejoin_barrier(), -1);
+  // Asked to leave again (its Finish says before step 12), a new process of it waits again: its
+  // ask is kept anew, not answered with the step of the join before.
+  ASSERT_TRUE(w[2]->Leave(12).ok());
+  w[2].reset();
+  waits.incarnation = 2;
+  auto second = Client::Connect(waits);
+  ASSERT_TRUE(second.ok()) << second.status();
+  at = (*second)->AskToRejoin();
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(*at, 0);
+  EXPECT_EQ((*second)->workers_left(), (std::map<int, int64_t>{{2, 12}}));
+  EXPECT_EQ((*second)->workers_rejoined(), (std::map<int, int64_t>{{2, 9}}));
 }
 
 // A worker waiting to join again is refused once no other worker trains (no check would hand it

@@ -201,35 +201,17 @@ class WorkerRun final : public TrainingRun {
     const int64_t eval_period =
         options_.eval_every > 0 ? options_.eval_every : options_.eval_each_epoch ? plan_.steps_per_epoch : 0;
     // A resumed worker takes the leaves and joins the servers know (asked while the job ran, 1.26
-    // and 1.27) as the workers that saw them take them.
+    // and 1.27) as the workers that saw them take them (a new process that waits to join again
+    // checks its buffers' room once it knows its step).
     if (options_.resume && client_ != nullptr) {
-      for (const auto& [w, at] : client_->workers_left()) {
-        if (!TakesPart(w, at)) continue;  // (one it knows: --leave)
-        // The others split the leaver's examples from `at` on: one that cannot would read others
-        // than they expect, so it does not train.
-        if (const Status can = CanLeave(w, at, /*asked=*/true); !can.ok() && w != rank_) {
-          return FailedPreconditionError("the servers say worker " + std::to_string(w) + " left the job before step " +
-                                         std::to_string(at) + ", which this worker cannot follow as the others " +
-                                         "did: " + std::string(can.message()) +
-                                         " (resume it with the others' flags: --move-asks-every, --max-asked-leaves)");
-        }
-        AddChange(w, at, /*present=*/false);
-        if (w != rank_) {
-          Say("worker " + std::to_string(w) + " left the job before step " + std::to_string(at) +
-              " (the servers say so): its share of each step's examples from then on is the others'");
-        }
-      }
-      for (const auto& [w, at] : client_->workers_rejoined()) {
-        if (TakesPart(w, at)) continue;
-        AddChange(w, at, /*present=*/true);
-        Say("worker " + std::to_string(w) + " joins the job again at step " + std::to_string(at) +
-            " (the servers say so): its share of each step's examples from then on is its own");
-      }
+      FERRY_RETURN_IF_ERROR(FollowServers(t0_, /*check_room=*/!options_.rejoin));
     }
     // --rejoin: a new process of a worker that left waits until the job takes it back.
     if (options_.rejoin && client_ != nullptr) {
       FERRY_ASSIGN_OR_RETURN(const int64_t at, WaitToRejoin());
       AddChange(rank_, at, /*present=*/true);
+      // (and what was handed while it waited: its client heard server 0 again)
+      FERRY_RETURN_IF_ERROR(FollowServers(at, /*check_room=*/true));
       store_->JoinAt(at);  // (its pulls until now were of the step it began waiting at)
       t0_ = report_.first_step = at;
       rejoined_ = true;
@@ -541,24 +523,63 @@ class WorkerRun final : public TrainingRun {
     if (asked && options_.move_asks_every <= 0) {
       return FailedPreconditionError("a leave asked needs --move-asks-every (the batch buffers hold no share for it)");
     }
-    if (asked) {
-      // The batch buffers hold the shares of as many absent workers as MaxBatch counts: with this
-      // leave, no step from `at` on may have more (they change only at a leave's or a join's step).
-      const int64_t room = models::MaxAbsent(options_);
-      std::vector<int64_t> steps = {at};
-      for (const Change& c : Changes(/*with_options=*/true)) {
-        if (c.step > at) steps.push_back(c.step);
+    if (asked) return Room(at, w);
+    return Status::Ok();
+  }
+
+  // Whether the batch buffers hold the shares of the workers absent from each step from `from` on
+  // (as many as MaxBatch counts), with worker `also_absent` (-1: none) absent too: the count
+  // changes only at a leave's or a join's step.
+  Status Room(int64_t from, int also_absent = -1) const {
+    const int64_t room = models::MaxAbsent(options_);
+    std::vector<int64_t> steps = {from};
+    for (const Change& c : Changes(/*with_options=*/true)) {
+      if (c.step > from) steps.push_back(c.step);
+    }
+    for (const int64_t t : steps) {
+      int64_t absent = 0;
+      for (int v = 0; v < num_workers_; ++v) absent += (v == also_absent || !TakesPart(v, t)) ? 1 : 0;
+      if (absent > room) {
+        return FailedPreconditionError("the batch buffers hold the shares of " + std::to_string(room) +
+                                       " absent worker(s), and step " + std::to_string(t) + " would have " +
+                                       std::to_string(absent) + " (--max-asked-leaves, with --move-asks-every)");
       }
-      for (const int64_t t : steps) {
-        int64_t absent = 0;
-        for (int v = 0; v < num_workers_; ++v) absent += (v == w || !TakesPart(v, t)) ? 1 : 0;
-        if (absent > room) {
-          return FailedPreconditionError("the batch buffers hold the shares of " + std::to_string(room) +
-                                         " absent worker(s), and with this leave step " + std::to_string(t) +
-                                         " would have " + std::to_string(absent) +
-                                         " (--max-asked-leaves, with --move-asks-every)");
+    }
+    return Status::Ok();
+  }
+
+  // The leaves and joins the servers know (1.26, 1.27: each server says a worker's latest of
+  // each, its client their latest), taken in step order as the workers that saw them take them;
+  // those it knows already (its flags, or taken before) pass. One it cannot follow (not every
+  // table sync, ..., or, with `check_room`, no room in its buffers from `from` on) fails it: it
+  // would read other examples than the others expect.
+  Status FollowServers(int64_t from, bool check_room) {
+    std::vector<Change> said;
+    for (const auto& [w, at] : client_->workers_left()) said.push_back({w, at, false});
+    for (const auto& [w, at] : client_->workers_rejoined()) said.push_back({w, at, true});
+    std::ranges::stable_sort(said, {}, &Change::step);
+    const std::string advice = " (resume it with the others' flags: --move-asks-every, --max-asked-leaves)";
+    for (const Change& c : said) {
+      if (TakesPart(c.rank, c.step) == c.present) continue;
+      const std::string what = "worker " + std::to_string(c.rank) +
+                               (c.present ? " joins the job again at step " : " left the job before step ") +
+                               std::to_string(c.step);
+      if (!c.present && c.rank != rank_) {
+        if (const Status can = CanLeave(c.rank, c.step, /*asked=*/false); !can.ok()) {
+          return FailedPreconditionError("the servers say " + what + ", which this worker cannot follow as the " +
+                                         "others did: " + std::string(can.message()) + advice);
         }
       }
+      AddChange(c.rank, c.step, c.present);
+      if (c.rank != rank_ || c.present) {  // (its own leave: LeaveJob says it)
+        Say(what + " (the servers say so): its share of each step's examples from then on is " +
+            (c.present ? "its own" : "the others'"));
+      }
+    }
+    if (!check_room) return Status::Ok();
+    if (const Status room = Room(from); !room.ok()) {
+      return FailedPreconditionError("this worker cannot follow the leaves the servers say the others took: " +
+                                     std::string(room.message()) + advice);
     }
     return Status::Ok();
   }

@@ -186,18 +186,8 @@ class ClientImpl final : public Client {
         // a job's first map may give slots to some of its servers alone, ferry-ps --active-servers).
         AdoptFrom(s, reply, /*even_same_version=*/s == 0 && reply.minor() >= wire::kMembersSinceMinor);
         // 1.26: the workers that left, with their steps (each server that saw the leave knows it;
-        // a replacement server may not: the union). Servers that disagree: a leave handed over
-        // is noted by server 0 before the leaver's Finish says the step to all; 1.27: a worker
-        // that came back and left again is at its later leave on server 0 first: the latest stands.
-        FERRY_RETURN_IF_ERROR(ReadRankSteps(s, reply.left_ranks(), reply.left_at(), 0, 0, "left", "left before step",
-                                            [this](int w, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(left_mu_) {
-                                              auto [it, fresh] = workers_left_.try_emplace(w, step);
-                                              if (!fresh) it->second = std::max(it->second, step);
-                                            }));
-        // 1.27: the workers handed their join again (server 0), with their steps.
-        FERRY_RETURN_IF_ERROR(ReadRankSteps(
-            s, reply.rejoin_ranks(), reply.rejoin_at(), 1, 1, "join again", "joins again at step",
-            [this](int w, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(left_mu_) { workers_rejoined_[w] = step; }));
+        // a replacement server may not: the union); 1.27: the workers handed their join again.
+        FERRY_RETURN_IF_ERROR(ReadMembers(s, reply));
         if (s == 0 && reply.rejoin_ranks() != nullptr) {
           rejoin_barrier_.store(reply.rejoin_barrier() >= 0 ? reply.rejoin_barrier() : -1);
         }
@@ -213,6 +203,20 @@ class ClientImpl final : public Client {
     return Handle(op);
   }
 
+  // The workers that left and those that join again with their steps, from server `s`'s Hello
+  // reply (1.26, 1.27). Servers that disagree on a leave: a leave handed over is noted by server 0
+  // before the leaver's Finish says the step to all, and (1.27) a worker that came back and left
+  // again is at its later leave on server 0 first: the latest stands.
+  Status ReadMembers(int s, const Header& reply) {
+    FERRY_RETURN_IF_ERROR(ReadRankSteps(s, reply.left_ranks(), reply.left_at(), 0, 0, "left", "left before step",
+                                        [this](int w, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(left_mu_) {
+                                          auto [it, fresh] = workers_left_.try_emplace(w, step);
+                                          if (!fresh) it->second = std::max(it->second, step);
+                                        }));
+    return ReadRankSteps(s, reply.rejoin_ranks(), reply.rejoin_at(), 1, 1, "join again", "joins again at step",
+                         [this](int w, int64_t step)
+                             ABSL_EXCLUSIVE_LOCKS_REQUIRED(left_mu_) { workers_rejoined_[w] = step; });
+  }
   // A Hello reply's workers with a step each (1.26 left_ranks and left_at, 1.27 rejoin_ranks and
   // rejoin_at; both absent: none), checked (paired, ranks from `lowest` to the job's last, steps
   // from `lowest_step` to 2^62), each given to `take` under left_mu_.
@@ -1353,7 +1357,8 @@ class ClientImpl final : public Client {
     auto first = engine_.NewOp();
     OnReply adopt = [this](const Header& reply, Frames&) -> Status {
       AdoptFrom(0, reply, /*even_same_version=*/reply.minor() >= wire::kMembersSinceMinor);
-      return Status::Ok();
+      // (and the leaves and joins handed while it waited, which the trainer takes too)
+      return ReadMembers(0, reply);
     };
     engine_.Submit(first, 0, Kind::Hello, HelloHeader(0), {}, std::move(adopt), options_.request_timeout);
     FERRY_RETURN_IF_ERROR(Handle(first).wait().WithContext("telling server 0 worker " + std::to_string(options_.rank) +

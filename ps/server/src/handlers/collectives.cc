@@ -117,7 +117,9 @@ void ServerImpl::Complete(std::vector<Request>& group) {
     if (fits.ok() && rejoin && !same_step) {
       fits = FailedPreconditionError("the workers' barrier does not say one step they are at");
     }
-    if (fits.ok() && rejoin && workers_.SilentFor(asked_move_->rejoin_worker, Clock::now()) > std::chrono::seconds(2)) {
+    if (fits.ok() && rejoin &&
+        workers_.SilentFor(asked_move_->rejoin_worker, Clock::now()) >
+            std::max<Clock::duration>(std::chrono::seconds(2), 2 * workers_.promised(asked_move_->rejoin_worker))) {
       fits = FailedPreconditionError("its process has sent nothing for " +
                                      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
                                                         workers_.SilentFor(asked_move_->rejoin_worker, Clock::now()))

@@ -120,7 +120,10 @@ Status ServerImpl::OnMoveAsk(Request& req) {
     // 1.27: the worker's new process asks until the answer says its step (handed at a barrier);
     // its asks are what the hand-over hears of it by (Complete).
     if (rejoin >= 0 && h.rank() == rejoin && rejoin < workers_.count()) workers_.Heard(rejoin, req.arrived);
-    if (rejoin >= 0 && workers_.rejoins_at(rejoin) >= 0) return AnswerRejoin(req, workers_.rejoins_at(rejoin));
+    // (a join handed earlier, after which the worker left again: a new join is asked)
+    if (rejoin >= 0 && workers_.rejoins_at(rejoin) >= 0 && !workers_.left(rejoin)) {
+      return AnswerRejoin(req, workers_.rejoins_at(rejoin));
+    }
     if (rejoin >= 0 && asked_move_ && asked_move_->rejoin_worker == rejoin) {
       // (kept: not yet, unless it can no longer be made, e.g. the others have finished)
       if (Status fits = AskedMoveFits(*asked_move_); !fits.ok()) {

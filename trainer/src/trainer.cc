@@ -189,7 +189,11 @@ class WorkerRun final : public TrainingRun {
         hooks_(hooks),
         out_(out),
         num_workers_(options.local ? 1 : options.num_workers),
-        rank_(options.local ? 0 : options.rank) {}
+        rank_(options.local ? 0 : options.rank) {
+    for (const TrainerOptions::WorkerAt& j : options_.join) timeline_.push_back({j.rank, j.step, true});
+    for (const TrainerOptions::WorkerAt& l : options_.leave) timeline_.push_back({l.rank, l.step, false});
+    std::ranges::stable_sort(timeline_, {}, &Change::step);
+  }
 
   StatusOr<TrainReport> Run() override {
     FERRY_ASSIGN_OR_RETURN(t0_, StartStep());
@@ -450,8 +454,9 @@ class WorkerRun final : public TrainingRun {
     if (options_.resume && t == t0_ && !rejoined_) {
       // 1.27: restarted between a join's hand-over at this step and its second barrier, which the
       // others wait in (server 0 said so at the handshake): it meets them there.
-      const bool pending = client_->rejoin_barrier() >= 0 && client_->first_collective() == client_->rejoin_barrier() &&
-                           std::ranges::any_of(changes_, [t](const Change& c) { return c.present && c.step == t + 1; });
+      const bool pending =
+          client_->rejoin_barrier() >= 0 && client_->first_collective() == client_->rejoin_barrier() &&
+          std::ranges::any_of(timeline_, [t](const Change& c) { return c.present && c.step == t + 1; });
       if (!pending) return Status::Ok();
       Say("meeting the others at the second barrier of a join handed at step " + std::to_string(t));
       return client_->Barrier().WithContext("waiting for every worker at the hand-over of a join at step " +
@@ -533,7 +538,7 @@ class WorkerRun final : public TrainingRun {
   Status Room(int64_t from, int also_absent = -1) const {
     const int64_t room = models::MaxAbsent(options_);
     std::vector<int64_t> steps = {from};
-    for (const Change& c : Changes(/*with_options=*/true)) {
+    for (const Change& c : timeline_) {
       if (c.step > from) steps.push_back(c.step);
     }
     for (const int64_t t : steps) {
@@ -584,33 +589,21 @@ class WorkerRun final : public TrainingRun {
     return Status::Ok();
   }
 
-  // Who takes part in which step, beyond the start: each worker's changes of presence, by step
-  // (--join and --leave with `with_options`; the leaves and joins asked while the job ran, and
-  // those the servers said at a resumed worker's handshake).
+  // A change of a worker's presence from a step on (timeline_).
   struct Change {
     int rank = 0;
     int64_t step = 0;
     bool present = false;
   };
   void AddChange(int w, int64_t step, bool present) {
-    changes_.push_back({w, step, present});
-    std::ranges::stable_sort(changes_, {}, &Change::step);
-  }
-  std::vector<Change> Changes(bool with_options) const {
-    std::vector<Change> all;
-    if (with_options) {
-      for (const TrainerOptions::WorkerAt& j : options_.join) all.push_back({j.rank, j.step, true});
-      for (const TrainerOptions::WorkerAt& l : options_.leave) all.push_back({l.rank, l.step, false});
-    }
-    all.insert(all.end(), changes_.begin(), changes_.end());
-    std::ranges::stable_sort(all, {}, &Change::step);
-    return all;
+    timeline_.push_back({w, step, present});
+    std::ranges::stable_sort(timeline_, {}, &Change::step);
   }
   // Whether worker `w` takes part in step `t`: from the start unless it joins later (--join),
   // then as its changes up to `t` say, the latest standing.
   bool TakesPart(int w, int64_t t) const {
     bool present = options_.JoinStep(w) == 0;
-    for (const Change& c : Changes(/*with_options=*/true)) {
+    for (const Change& c : timeline_) {
       if (c.step > t) break;
       if (c.rank == w) present = c.present;
     }
@@ -619,7 +612,7 @@ class WorkerRun final : public TrainingRun {
   // The step of this worker's latest leave at or before `t`; -1: none.
   int64_t LastLeave(int64_t t) const {
     int64_t last = -1;
-    for (const Change& c : Changes(/*with_options=*/true)) {
+    for (const Change& c : timeline_) {
       if (c.step > t) break;
       if (c.rank == rank_ && !c.present) last = c.step;
     }
@@ -629,7 +622,7 @@ class WorkerRun final : public TrainingRun {
   // joins later (--join, or a join again handed to the job).
   bool LeftBy(int64_t t) const {
     if (t < options_.JoinStep(rank_) || TakesPart(rank_, t)) return false;
-    return std::ranges::none_of(changes_, [&](const Change& c) { return c.rank == rank_ && c.present && c.step > t; });
+    return std::ranges::none_of(timeline_, [&](const Change& c) { return c.rank == rank_ && c.present && c.step > t; });
   }
 
   // --rejoin (1.27): a new process of a worker that left asks server 0 to take it back, every few
@@ -1429,10 +1422,11 @@ class WorkerRun final : public TrainingRun {
   std::optional<Clock::time_point> joined_;  // --join: when this worker took its first step
   TableSpec pace_table_;     // --join: what a worker waiting to join pulls each step (WaitToJoin)
   std::vector<float> pace_;  // ... into here
-  // 1.26, 1.27: the leaves and joins asked of server 0 while the job ran (TakeAskedLeave,
-  // TakeAskedRejoin), and those the servers said at a resumed worker's handshake, by step; with
-  // --leave and --join, what TakesPart reads.
-  std::vector<Change> changes_;
+  // Who takes part in which step, beyond the start: every worker's changes of presence in step
+  // order, what TakesPart reads. --join and --leave (from the start, first at a step), then as
+  // they come the leaves and joins asked while the job ran (1.26, 1.27: TakeAskedLeave,
+  // TakeAskedRejoin) and those the servers said at a resumed worker's handshake (FollowServers).
+  std::vector<Change> timeline_;
   bool rejoined_ = false;  // --rejoin: this process joined the job again, at t0_
   // --leave: the epoch orders of the workers that left, by rank (with the epoch each is of).
   std::map<int, std::pair<int64_t, std::vector<int64_t>>> left_orders_;

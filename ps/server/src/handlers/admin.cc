@@ -133,27 +133,24 @@ Status ServerImpl::OnHello(Request& req) {
   // 1.22: the same process, to a replacement: what its peers said of it stays (finished, left).
   const bool rejoins = h.rejoins() && h.rank() >= 0 && h.rank() < workers_.count();
   const bool was_finished = rejoins && workers_.finished(h.rank()), was_left = rejoins && workers_.left(h.rank());
-  // 1.26: the workers that leave or left with a known step, for the reply (a restarted worker
-  // reads their shares of each step from it on, as the workers that saw the leave do; a new
-  // process of a worker that left learns it did).
-  std::vector<int32_t> left_ranks;
-  std::vector<int64_t> left_at_steps;
-  for (int w = 0; w < workers_.count(); ++w) {
-    if (const int64_t at = workers_.left_at(w); at >= 0) {
-      left_ranks.push_back(w);
-      left_at_steps.push_back(at);
+  // The ranks whose `step_of` is known (0 or more), with those steps: for the reply.
+  auto with_steps = [this](int64_t (Workers::*step_of)(int) const, std::vector<int32_t>& ranks,
+                           std::vector<int64_t>& steps) {
+    for (int w = 0; w < workers_.count(); ++w) {
+      if (const int64_t at = (workers_.*step_of)(w); at >= 0) {
+        ranks.push_back(w);
+        steps.push_back(at);
+      }
     }
-  }
-  // 1.27: the workers handed their join again, with their steps (server 0: a worker restarted
-  // later splits the examples as the others do).
-  std::vector<int32_t> rejoin_ranks;
-  std::vector<int64_t> rejoin_steps;
-  for (int w = 0; w < workers_.count(); ++w) {
-    if (const int64_t at = workers_.rejoins_at(w); at >= 0) {
-      rejoin_ranks.push_back(w);
-      rejoin_steps.push_back(at);
-    }
-  }
+  };
+  // 1.26: the workers that leave or left with a known step (a restarted worker reads their shares
+  // of each step from it on, as the workers that saw the leave do; a new process of a worker that
+  // left learns it did); 1.27: the workers handed their join again, with their steps (server 0: a
+  // worker restarted later splits the examples as the others do).
+  std::vector<int32_t> left_ranks, rejoin_ranks;
+  std::vector<int64_t> left_at_steps, rejoin_steps;
+  with_steps(&Workers::left_at, left_ranks, left_at_steps);
+  with_steps(&Workers::rejoins_at, rejoin_ranks, rejoin_steps);
   FERRY_RETURN_IF_ERROR(workers_.Join(h.rank(), h.num_workers(), h.incarnation(), h.joins_at()));
   if (was_left || waits_to_rejoin) {
     workers_.Leave(h.rank());  // (its step, left_at, stays: a Hello does not clear it)
